@@ -1,0 +1,108 @@
+# Shared steps of deploy/run and deploy/test: dependency install, the FAISS build, the
+# embedded PostgreSQL cluster. Sourced, never executed. Every function is idempotent.
+
+ENGRAM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ENGRAM_DEPS="$ENGRAM_ROOT/.deps"
+FAISS_VERSION=1.7.3
+PG_BINDIR=${PG_BINDIR:-/usr/lib/postgresql/15/bin}
+
+log() { printf '[deploy] %s\n' "$*" >&2; }
+die() { printf '[deploy] error: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# Debian packages the build, the server, the tests and the benchmarks need.
+ENGRAM_PACKAGES=(
+    build-essential g++ pkg-config meson ninja-build cmake dpkg-dev clang-format
+    libevent-dev libpq-dev libmsgpack-dev libopenblas-dev libfaiss-dev libsodium-dev
+    libinih-dev libomp-dev postgresql postgresql-contrib
+    python3 python3-msgpack python3-pytest gnuplot-nox procps iproute2 util-linux
+)
+
+# install_deps: installs missing Debian packages. Skips apt entirely when all are present,
+# so a second run starts in seconds.
+install_deps() {
+    local missing=() p
+    for p in "${ENGRAM_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
+            missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    log "installing Debian packages: ${missing[*]}"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null ||
+        die "apt-get update failed"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+        "${missing[@]}" >/dev/null || die "apt-get install failed"
+}
+
+# faiss_opt_level: avx2 when this CPU has AVX2 and FMA, generic otherwise.
+faiss_opt_level() {
+    if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+        echo avx2
+    else
+        echo generic
+    fi
+}
+
+# fetch_faiss_source DIR: Debian's faiss source package, patches applied, into DIR.
+# The deb-src list is derived from the machine's own apt sources and kept private to
+# .deps so the system's apt configuration is left untouched.
+fetch_faiss_source() {
+    local dir=$1 apt="$ENGRAM_DEPS/apt" src
+    mkdir -p "$apt/lists/partial" "$apt/etc"
+    : >"$apt/etc/sources.list"
+    for src in /etc/apt/sources.list.d/*.sources; do
+        [ -f "$src" ] || continue
+        sed 's/^Types:.*/Types: deb-src/' "$src" >"$apt/etc/$(basename "$src")"
+    done
+    if [ -f /etc/apt/sources.list ]; then
+        sed -n 's/^deb /deb-src /p' /etc/apt/sources.list >"$apt/etc/sources.list"
+    fi
+    local opts=(-o "Dir::Etc::SourceList=$apt/etc/sources.list"
+        -o "Dir::Etc::SourceParts=$apt/etc" -o "Dir::State::Lists=$apt/lists"
+        -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root")
+    apt-get "${opts[@]}" update -q >/dev/null || die "apt-get update (deb-src) failed"
+    rm -rf "$dir" && mkdir -p "$dir"
+    (cd "$dir" && apt-get "${opts[@]}" source -q faiss >/dev/null) ||
+        die "apt-get source faiss failed"
+}
+
+# build_faiss: FAISS with its C API, static, cached in .deps/faiss-<ver>-<opt>. Sets
+# FAISS_PREFIX. Rebuilds only when the cache is missing or incomplete.
+build_faiss() {
+    local opt
+    opt=$(faiss_opt_level)
+    FAISS_PREFIX="$ENGRAM_DEPS/faiss-$FAISS_VERSION-$opt"
+    export FAISS_PREFIX
+    [ -f "$FAISS_PREFIX/.complete" ] && return 0
+    log "building FAISS $FAISS_VERSION ($opt) with its C API; this takes a few minutes once"
+    local work="$ENGRAM_DEPS/faiss-src"
+    fetch_faiss_source "$work"
+    local srcdir
+    srcdir=$(find "$work" -maxdepth 1 -type d -name "faiss-$FAISS_VERSION*" | head -n 1)
+    [ -n "$srcdir" ] || die "faiss source not found after apt-get source"
+    local lib=faiss
+    [ "$opt" = avx2 ] && lib=faiss_avx2
+    # The C API links the generic library by default; point it at the one we use so
+    # only one copy of FAISS is compiled.
+    sed -i "s/target_link_libraries(faiss_c PRIVATE faiss)/target_link_libraries(faiss_c PRIVATE $lib)/" \
+        "$srcdir/c_api/CMakeLists.txt"
+    cmake -S "$srcdir" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DFAISS_OPT_LEVEL="$opt" -DFAISS_ENABLE_C_API=ON -DFAISS_ENABLE_GPU=OFF \
+        -DFAISS_ENABLE_PYTHON=OFF -DBUILD_TESTING=OFF -DBUILD_SHARED_LIBS=OFF \
+        -DBLA_VENDOR=OpenBLAS -DCMAKE_POSITION_INDEPENDENT_CODE=ON >"$work/cmake.log" 2>&1 ||
+        die "FAISS cmake failed, see $work/cmake.log"
+    cmake --build "$work/build" --target "$lib" faiss_c -j "$(nproc)" >"$work/build.log" 2>&1 ||
+        die "FAISS build failed, see $work/build.log"
+    rm -rf "$FAISS_PREFIX"
+    mkdir -p "$FAISS_PREFIX/lib" "$FAISS_PREFIX/include/faiss/c_api"
+    cp "$work/build/faiss/lib$lib.a" "$FAISS_PREFIX/lib/libfaiss.a"
+    cp "$work/build/c_api/libfaiss_c.a" "$FAISS_PREFIX/lib/libfaiss_c.a"
+    (cd "$srcdir/c_api" && find . -name '*.h' -exec cp --parents {} "$FAISS_PREFIX/include/faiss/c_api/" \;)
+    echo "$opt" >"$FAISS_PREFIX/opt_level"
+    touch "$FAISS_PREFIX/.complete"
+    rm -rf "$work"
+    log "FAISS ready in $FAISS_PREFIX"
+}

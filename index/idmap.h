@@ -1,0 +1,43 @@
+/* index/idmap.h: an open-addressing hash map from uint64 keys to uint64 values.
+ *
+ * Used for memory id -> slot lookups in the vector index and for other id tables. Not
+ * thread-safe: the owner serializes access. Key UINT64_MAX is reserved.
+ */
+#ifndef ENGRAM_INDEX_IDMAP_H
+#define ENGRAM_INDEX_IDMAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct idmap idmap;
+
+/* idmap_create returns an empty map sized for about hint entries, or NULL when out of
+ * memory. Free with idmap_destroy (NULL is a no-op). */
+idmap *idmap_create(size_t hint);
+void idmap_destroy(idmap *m);
+
+/* idmap_put sets key to value, replacing an existing value. Returns 0 or -ENOMEM (the map is
+ * unchanged then), -EINVAL for the reserved key. */
+int idmap_put(idmap *m, uint64_t key, uint64_t value);
+
+/* idmap_get stores the value of key in *value and returns true, or returns false. */
+bool idmap_get(const idmap *m, uint64_t key, uint64_t *value);
+
+/* idmap_del removes key; returns true when it was present. */
+bool idmap_del(idmap *m, uint64_t key);
+
+/* idmap_count returns the number of keys. */
+size_t idmap_count(const idmap *m);
+
+/* idmap_clear removes every key, keeping the memory. */
+void idmap_clear(idmap *m);
+
+/* idmap_bytes returns the memory the map holds, for memory accounting. */
+size_t idmap_bytes(const idmap *m);
+
+/* idmap_foreach calls fn for every key and value in unspecified order; fn must not change
+ * the map. Stops early and returns fn's value when it is non-zero. */
+int idmap_foreach(const idmap *m, int (*fn)(uint64_t key, uint64_t value, void *ctx), void *ctx);
+
+#endif

@@ -1,0 +1,255 @@
+/* proto/rpc.h: MessagePack-RPC framing, bounded decoding, parameter binding and encoding.
+ *
+ * Everything here works on byte buffers and msgpack-c objects; nothing does I/O, so the
+ * whole module can be fuzzed and unit-tested without a socket. The wire format is the
+ * public MessagePack-RPC spec:
+ *
+ *   request      [0, msgid, method, params]
+ *   response     [1, msgid, error, result]
+ *   notification [2, method, params]
+ *
+ * messages back to back on the stream, no other framing. Engram's params is a one-element
+ * array holding a map of named arguments (an empty array means no arguments). error is nil
+ * or a map {code, message, ...details}.
+ */
+#ifndef ENGRAM_PROTO_RPC_H
+#define ENGRAM_PROTO_RPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <msgpack.h>
+
+enum {
+    RPC_KIND_REQUEST = 0,
+    RPC_KIND_RESPONSE = 1,
+    RPC_KIND_NOTIFY = 2,
+};
+
+/* Positive result codes of this module (0 is success, negative is -errno). */
+enum {
+    RPC_E_INCOMPLETE = 1, /* more bytes are needed to finish the message */
+    RPC_E_MALFORMED,      /* not valid MessagePack, or not a valid RPC message */
+    RPC_E_TOO_LARGE,      /* the message passes limits.max_message bytes */
+    RPC_E_TOO_DEEP,       /* nesting passes limits.max_depth */
+    RPC_E_TOO_MANY,       /* more than limits.max_objects objects in one message */
+    RPC_E_INVALID,        /* parameters do not match the method's schema */
+};
+
+/* The stable error codes sent to clients in error.code. Order is not part of the protocol;
+ * the strings are. */
+typedef enum rpc_code {
+    RPC_OK = 0,
+    RPC_INVALID_ARGUMENT,
+    RPC_MALFORMED_REQUEST,
+    RPC_UNKNOWN_METHOD,
+    RPC_UNAUTHENTICATED,
+    RPC_PERMISSION_DENIED,
+    RPC_NOT_FOUND,
+    RPC_ALREADY_EXISTS,
+    RPC_CONFLICT,
+    RPC_QUOTA_EXCEEDED,
+    RPC_RATE_LIMITED,
+    RPC_COST_LIMIT_EXCEEDED,
+    RPC_UNAVAILABLE,
+    RPC_INTERNAL,
+    RPC_CODE_COUNT
+} rpc_code;
+
+/* rpc_code_name returns the wire string of code ("invalid_argument", ...); never NULL. */
+const char *rpc_code_name(rpc_code code);
+
+/* Limits applied before anything is allocated from a client's declared lengths. */
+typedef struct rpc_limits {
+    size_t max_message;  /* bytes in one message; default 16 MiB */
+    unsigned max_depth;  /* nesting depth of arrays and maps; default 32 */
+    size_t max_objects;  /* msgpack objects (every value counts) in one message */
+} rpc_limits;
+
+/* rpc_limits_default fills lim with the defaults: 16 MiB, depth 32, 4 Mi objects. */
+void rpc_limits_default(rpc_limits *lim);
+
+/* ---- framing ---------------------------------------------------------------------- */
+
+typedef struct rpc_scanner rpc_scanner;
+
+/* rpc_scanner_create returns a scanner bound to a copy of lim, or NULL when out of memory.
+ * Free with rpc_scanner_destroy. A scanner finds where one message ends in a byte stream
+ * without allocating anything sized by the input. */
+rpc_scanner *rpc_scanner_create(const rpc_limits *lim);
+
+/* rpc_scanner_destroy frees s; NULL is a no-op. */
+void rpc_scanner_destroy(rpc_scanner *s);
+
+/* rpc_scanner_reset forgets any partial scan; the next call starts a new message. */
+void rpc_scanner_reset(rpc_scanner *s);
+
+/* rpc_scanner_scan looks for the end of the message that starts at buf[0].
+ *
+ * buf holds len bytes; across calls for the same message buf must start with the same
+ * bytes and len may only grow: the scan resumes where it stopped, so a message that
+ * arrives in many pieces costs linear time overall.
+ *
+ * Returns 0 and sets *msg_len to the message's length when it is complete (the scanner
+ * is then reset for the next message, which starts at buf[*msg_len]); RPC_E_INCOMPLETE
+ * when more bytes are needed; RPC_E_MALFORMED, RPC_E_TOO_LARGE, RPC_E_TOO_DEEP or
+ * RPC_E_TOO_MANY with a message in err (NUL-terminated, at most errlen bytes) when the
+ * stream cannot be a valid message within the limits. A declared string, binary, array
+ * or map length that cannot fit in what remains of max_message fails at once, before the
+ * bytes arrive. Reserved byte 0xc1 is malformed. */
+int rpc_scanner_scan(rpc_scanner *s, const uint8_t *buf, size_t len, size_t *msg_len, char *err,
+                     size_t errlen);
+
+/* ---- decoding ---------------------------------------------------------------------- */
+
+/* A decoded request or notification. Pointers reference the zone and the message bytes
+ * given to rpc_decode: both must outlive this struct. */
+typedef struct rpc_request {
+    int kind;                     /* RPC_KIND_REQUEST or RPC_KIND_NOTIFY */
+    uint32_t msgid;               /* 0 for notifications */
+    const char *method;           /* not NUL-terminated */
+    size_t method_len;
+    const msgpack_object *params; /* the argument map, or NULL when params is [] */
+} rpc_request;
+
+/* A decoded response (used by clients). */
+typedef struct rpc_response {
+    uint32_t msgid;
+    const msgpack_object *error;  /* NULL when the error is nil */
+    const msgpack_object *result; /* NULL when the result is nil */
+} rpc_response;
+
+/* rpc_decode_request decodes one complete message of len bytes (as delimited by
+ * rpc_scanner_scan) into out, unpacking with msgpack-c into zone.
+ *
+ * Returns 0 on success; RPC_E_MALFORMED with a message in err when the bytes are not a
+ * request or notification of the shape above (wrong array length, kind, msgid type,
+ * method type, params not [] or [map], a map key that is not a string). When the message
+ * is malformed but a msgid could still be read, *msgid_known is set to true and out->msgid
+ * holds it, so the caller can send an error response before closing the connection.
+ * Strings and binaries in the objects point into msg: keep msg alive with the zone. */
+int rpc_decode_request(const uint8_t *msg, size_t len, msgpack_zone *zone, rpc_request *out,
+                       bool *msgid_known, char *err, size_t errlen);
+
+/* rpc_decode_response decodes a complete response message, as rpc_decode_request does for
+ * requests. Returns 0 or RPC_E_MALFORMED with err. */
+int rpc_decode_response(const uint8_t *msg, size_t len, msgpack_zone *zone, rpc_response *out,
+                        char *err, size_t errlen);
+
+/* ---- parameter binding --------------------------------------------------------------- */
+
+typedef enum rpc_type {
+    RPC_T_ANY = 0, /* any value */
+    RPC_T_BOOL,
+    RPC_T_UINT,    /* non-negative integer that fits uint64 */
+    RPC_T_INT,     /* integer that fits int64 */
+    RPC_T_NUM,     /* integer or float; min/max apply */
+    RPC_T_STR,     /* UTF-8 string; min/max bound its length in bytes */
+    RPC_T_BIN,     /* binary; min/max bound its length */
+    RPC_T_ARRAY,   /* min/max bound its element count */
+    RPC_T_MAP,     /* min/max bound its entry count; keys must be strings */
+    RPC_T_VECTOR,  /* bin of little-endian float32 or array of numbers; min/max: dimension */
+    RPC_T_STR_ARRAY, /* array of strings; min/max bound the element count */
+    RPC_T_UINT_ARRAY, /* array of non-negative integers; min/max bound the element count */
+} rpc_type;
+
+enum {
+    RPC_P_REQUIRED = 1 << 0, /* absence is invalid_argument */
+    RPC_P_NULLABLE = 1 << 1, /* nil is accepted and treated as absent */
+    RPC_P_RANGE = 1 << 2,    /* min and max apply (else the value is unbounded) */
+};
+
+/* One named parameter of a method. Tables of these are static and sorted by nothing in
+ * particular; lookups are linear (methods have a handful of parameters). */
+typedef struct rpc_param {
+    const char *name;
+    rpc_type type;
+    unsigned flags;
+    double min, max;
+} rpc_param;
+
+/* rpc_bind_params matches the argument map params (NULL means no arguments) against the
+ * schema of n entries and sets out[i] to the value of schema[i], or NULL when absent (or
+ * nil and RPC_P_NULLABLE).
+ *
+ * Returns 0, or RPC_E_INVALID with a message naming the parameter in err for: a key that
+ * is not in the schema ("unknown parameter 'x'"), a duplicate key, a missing required
+ * parameter, a value of the wrong type ("parameter 'top_k' must be an unsigned integer"),
+ * a value out of range, a vector whose binary length is not a multiple of 4 or that holds
+ * a NaN or infinity, a string that is not valid UTF-8. */
+int rpc_bind_params(const msgpack_object *params, const rpc_param *schema, size_t n,
+                    const msgpack_object **out, char *err, size_t errlen);
+
+/* Typed readers for values that rpc_bind_params has already checked. Each returns def
+ * when o is NULL. */
+uint64_t rpc_get_uint(const msgpack_object *o, uint64_t def);
+int64_t rpc_get_int(const msgpack_object *o, int64_t def);
+double rpc_get_num(const msgpack_object *o, double def);
+bool rpc_get_bool(const msgpack_object *o, bool def);
+
+/* rpc_get_str returns a NUL-terminated copy of the string o in memory from alloc(ud, n),
+ * or NULL when o is NULL or the allocation fails. */
+char *rpc_get_str(const msgpack_object *o, void *(*alloc)(void *ud, size_t n), void *ud);
+
+/* rpc_str_eq tells whether the string object o equals the C string s. */
+bool rpc_str_eq(const msgpack_object *o, const char *s);
+
+/* rpc_map_get returns the value for key in map m, or NULL; m may be NULL. */
+const msgpack_object *rpc_map_get(const msgpack_object *m, const char *key);
+
+/* rpc_vector_dim returns the dimension of a vector value (bin or array) checked by
+ * rpc_bind_params. */
+size_t rpc_vector_dim(const msgpack_object *o);
+
+/* rpc_get_vector writes the dim floats of the vector o into out (caller-owned, dim
+ * floats). Returns 0, or RPC_E_INVALID when the dimension differs or a value is not a
+ * finite number, with a message naming param in err. */
+int rpc_get_vector(const msgpack_object *o, const char *param, float *out, size_t dim, char *err,
+                   size_t errlen);
+
+/* rpc_check_value validates one value against a type and range exactly as rpc_bind_params
+ * does for a parameter, naming it what in messages ("memories[3].importance"). Used for
+ * nested structures. Returns 0 or RPC_E_INVALID with err. */
+int rpc_check_value(const msgpack_object *o, rpc_type type, unsigned flags, double min, double max,
+                    const char *what, char *err, size_t errlen);
+
+/* ---- encoding ------------------------------------------------------------------------ */
+
+/* A key and value added to an error map beside code and message. */
+typedef struct rpc_detail {
+    const char *key;
+    enum { RPC_D_INT, RPC_D_UINT, RPC_D_NUM, RPC_D_STR } type;
+    union {
+        int64_t i;
+        uint64_t u;
+        double d;
+        const char *s;
+    } v;
+} rpc_detail;
+
+/* rpc_pack_result_begin packs the head of a success response, [1, msgid, nil, ...]: the
+ * caller packs exactly one result object after it. */
+void rpc_pack_result_begin(msgpack_packer *pk, uint32_t msgid);
+
+/* rpc_pack_error packs a whole error response [1, msgid, {code, message, details...}, nil]. */
+void rpc_pack_error(msgpack_packer *pk, uint32_t msgid, rpc_code code, const char *message,
+                    const rpc_detail *details, size_t ndetails);
+
+/* rpc_pack_request_begin packs [0, msgid, method, [ ... : the caller packs exactly one
+ * argument map after it (or calls with has_args false for an empty params array). */
+void rpc_pack_request_begin(msgpack_packer *pk, uint32_t msgid, const char *method, bool has_args);
+
+/* Helpers for packing maps of named fields. */
+void rpc_pack_cstr(msgpack_packer *pk, const char *s);                    /* s NULL packs nil */
+void rpc_pack_strn(msgpack_packer *pk, const char *s, size_t n);
+void rpc_pack_kv_str(msgpack_packer *pk, const char *key, const char *s); /* s NULL: nil */
+void rpc_pack_kv_uint(msgpack_packer *pk, const char *key, uint64_t v);
+void rpc_pack_kv_int(msgpack_packer *pk, const char *key, int64_t v);
+void rpc_pack_kv_num(msgpack_packer *pk, const char *key, double v);
+void rpc_pack_kv_bool(msgpack_packer *pk, const char *key, bool v);
+void rpc_pack_kv_nil(msgpack_packer *pk, const char *key);
+/* rpc_pack_vector packs a float vector as bin of little-endian float32. */
+void rpc_pack_vector(msgpack_packer *pk, const float *v, size_t dim);
+
+#endif

@@ -18,10 +18,12 @@ idmap *idmap_create(size_t hint);
 void idmap_destroy(idmap *m);
 
 /* idmap_put sets key to value, replacing an existing value. Returns 0 or -ENOMEM (the map is
- * unchanged then), -EINVAL for the reserved key. */
+ * unchanged then), -EINVAL for the reserved key. Replacing the value of a key already present
+ * never allocates and never fails (the vector index relies on this while compacting). */
 int idmap_put(idmap *m, uint64_t key, uint64_t value);
 
-/* idmap_get stores the value of key in *value and returns true, or returns false. */
+/* idmap_get stores the value of key in *value (value may be NULL for a membership test) and
+ * returns true, or returns false. */
 bool idmap_get(const idmap *m, uint64_t key, uint64_t *value);
 
 /* idmap_del removes key; returns true when it was present. */

@@ -25,7 +25,7 @@ typedef struct vindex vindex;
 enum {
     VINDEX_E_NOT_FOUND = 1, /* no vector has this id */
     VINDEX_E_EXISTS,        /* a vector with this id is already present */
-    VINDEX_E_ZERO,          /* the vector has zero length and no direction */
+    VINDEX_E_ZERO,          /* the vector has no direction: zero length, or NaN/infinite */
     VINDEX_E_DIM,           /* the dimension does not match the index */
     VINDEX_E_FAISS,         /* FAISS reported an error (message in err where offered) */
 };
@@ -35,8 +35,9 @@ typedef struct vindex_opts {
     size_t meta_size; /* bytes of metadata per vector, may be 0 */
 } vindex_opts;
 
-/* vindex_create returns an empty index, or NULL when out of memory or dim is 0.
- * Free with vindex_destroy (NULL is a no-op). */
+/* vindex_create returns an empty index, or NULL when out of memory, when FAISS fails, or
+ * when opts are invalid (dim 0 or above 65536, meta_size above 1 MiB).
+ * Free with vindex_destroy (NULL is a no-op; no other thread may still use the index). */
 vindex *vindex_create(const vindex_opts *opts);
 void vindex_destroy(vindex *vi);
 
@@ -44,16 +45,34 @@ void vindex_destroy(vindex *vi);
 size_t vindex_dim(const vindex *vi);
 size_t vindex_count(vindex *vi);
 
-/* vindex_bytes returns the memory held (vectors, metadata, maps), for memory budgets. */
+/* vindex_bytes returns the memory held (vectors, metadata, maps), for memory budgets. The
+ * FAISS storage counts as its estimated capacity: it keeps its capacity after compaction. */
 size_t vindex_bytes(vindex *vi);
+
+typedef struct vindex_stats {
+    size_t count;       /* live vectors */
+    size_t slots;       /* stored vectors, live or tombstoned */
+    size_t tombstones;  /* removed vectors not yet compacted away */
+    size_t compactions; /* compactions since creation */
+    size_t bytes;       /* as vindex_bytes */
+} vindex_stats;
+
+/* vindex_get_stats fills *st with one consistent snapshot of the counters above. */
+void vindex_get_stats(vindex *vi, vindex_stats *st);
+
+/* vindex_last_error returns the text of the last FAISS error raised on the calling thread
+ * (after VINDEX_E_FAISS; valid until the thread's next index call), or NULL. */
+const char *vindex_last_error(void);
 
 /* vindex_add adds vec (dim floats, normalized here; the caller's array is not changed) with
  * id and a copy of meta (meta_size bytes; may be NULL when meta_size is 0).
- * Returns 0, VINDEX_E_EXISTS, VINDEX_E_ZERO, or -ENOMEM (the index is unchanged then). */
+ * Returns 0, VINDEX_E_EXISTS, VINDEX_E_ZERO, -EINVAL for the reserved id UINT64_MAX,
+ * -ENOMEM or VINDEX_E_FAISS (the index is unchanged on every error). */
 int vindex_add(vindex *vi, uint64_t id, const float *vec, const void *meta);
 
 /* vindex_remove removes the vector with id (a tombstone; space is reclaimed by compaction
- * inside the index). Returns 0 or VINDEX_E_NOT_FOUND. */
+ * inside the index, in place, once tombstones pass a quarter of the stored vectors).
+ * Returns 0 or VINDEX_E_NOT_FOUND. */
 int vindex_remove(vindex *vi, uint64_t id);
 
 /* vindex_contains tells whether id is live in the index. */
@@ -68,7 +87,8 @@ int vindex_set_meta(vindex *vi, uint64_t id, const void *meta);
 
 /* vindex_update_meta calls fn(meta, ctx) on the stored metadata of each of the n ids that
  * are present, under one exclusive lock; fn must be quick and must not call back into the
- * index. Returns the number of ids found. */
+ * index. Returns the number of ids found. Everywhere metadata is handed to a callback
+ * (here, vindex_foreach, keep, score), the pointer is NULL when meta_size is 0. */
 size_t vindex_update_meta(vindex *vi, const uint64_t *ids, size_t n,
                           void (*fn)(void *meta, void *ctx), void *ctx);
 
@@ -96,7 +116,11 @@ typedef struct vindex_query {
     bool (*keep)(const void *meta, void *ctx);
     /* score: NULL ranks by similarity; else the ranking score of a candidate. Scores must
      * satisfy score <= score_slope * similarity + score_bound (score_slope >= 0), which
-     * lets approximate structures stop early without losing exactness of the ranking. */
+     * lets approximate structures stop early without losing exactness of the ranking; the
+     * exact scan uses it too, to skip candidates (without calling keep or score) that
+     * cannot beat the k-th hit, so a bound that does not hold loses hits. score_slope and
+     * score_bound both 0 (a zero-initialized query) declare no bound: nothing is skipped
+     * then. A NaN score ranks as -infinity. */
     double (*score)(float similarity, const void *meta, void *ctx);
     double score_slope;
     double score_bound;
@@ -106,7 +130,10 @@ typedef struct vindex_query {
 /* vindex_search writes up to q->k hits, best score first (ties: higher similarity, then
  * lower id), into out (caller-owned, q->k entries) and their number into *n.
  * When at least k vectors pass keep, exactly k are returned. Returns 0, VINDEX_E_ZERO for a
- * zero query vector, or -ENOMEM. */
+ * query vector without direction, or -ENOMEM. The reported similarity of a vector depends
+ * only on it and the query (not on where it is stored), so two copies of one vector tie
+ * exactly and are ordered by id. Up to 1024 dimensions a search allocates nothing and uses
+ * about 8 KiB of stack. */
 int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n);
 
 #endif

@@ -324,11 +324,12 @@ static void skip_ws(struct parser *p)
 static int hex4(struct parser *p, size_t at, unsigned *v)
 {
     *v = 0;
-    if (p->len - at < 4)
-        return syntax(p, at, "truncated \\u escape");
     for (size_t i = 0; i < 4; i++) {
-        char c = p->s[at + i];
+        char c;
         unsigned d;
+        if (at + i >= p->len)
+            return syntax(p, at + i, "truncated \\u escape");
+        c = p->s[at + i];
         if (c >= '0' && c <= '9')
             d = (unsigned)(c - '0');
         else if (c >= 'a' && c <= 'f')

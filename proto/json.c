@@ -126,7 +126,8 @@ static int put_string(json_buf *b, const char *s, size_t n)
         if ((rc = json_buf_append(b, esc, elen)) != 0)
             return rc;
     }
-    if ((rc = json_buf_append(b, s + run, n - run)) != 0)
+    /* msgpack-c may give an empty string a NULL pointer: no arithmetic on it then */
+    if (run < n && (rc = json_buf_append(b, s + run, n - run)) != 0)
         return rc;
     return buf_putc(b, '"');
 }

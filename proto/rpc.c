@@ -296,8 +296,9 @@ static void scan_state_reset(struct scan_state *st)
 static int scan(struct scan_state *st, uint64_t *stack, const rpc_limits *lim, const uint8_t *buf,
                 size_t len, size_t *msg_len, char *err, size_t errlen)
 {
-    const uint64_t max_msg = lim->max_message;
-    const uint64_t max_obj = lim->max_objects;
+    /* Clamped so that pos + need + a header can never wrap, whatever limits were given. */
+    const uint64_t max_msg = lim->max_message < UINT64_MAX / 4 ? lim->max_message : UINT64_MAX / 4;
+    const uint64_t max_obj = lim->max_objects < UINT64_MAX / 4 ? lim->max_objects : UINT64_MAX / 4;
 
     for (;;) {
         struct header h;
@@ -837,7 +838,7 @@ static const char *str_problem(const char *s, size_t n)
     return NULL;
 }
 
-/* Walks a free-form value and checks every string in it (keys too). */
+/* Walks a free-form value and checks every string in it (keys too); refuses ext values. */
 static int deep_check(const msgpack_object *o, unsigned depth, const char *what, char *err,
                       size_t errlen)
 {
@@ -871,6 +872,11 @@ static int deep_check(const msgpack_object *o, unsigned depth, const char *what,
                 return rc;
         }
         return 0;
+    case MSGPACK_OBJECT_EXT:
+        /* The scanner lets ext through as valid MessagePack; no Engram parameter uses it. */
+        set_err(err, errlen, "parameter '%s' holds an extension value, which is not supported",
+                what);
+        return RPC_E_INVALID;
     default:
         return 0;
     }

@@ -170,7 +170,7 @@ int rpc_decode_response(const uint8_t *msg, size_t len, msgpack_zone *zone, rpc_
 /* ---- parameter binding --------------------------------------------------------------- */
 
 typedef enum rpc_type {
-    RPC_T_ANY = 0, /* any value; every string in it (keys too) is checked as RPC_T_STR is */
+    RPC_T_ANY = 0, /* any value but ext; every string in it (keys too) checked as RPC_T_STR */
     RPC_T_BOOL,
     RPC_T_UINT,       /* non-negative integer that fits uint64 */
     RPC_T_INT,        /* integer that fits int64 */
@@ -213,7 +213,8 @@ typedef struct rpc_param {
  * value out of range ("parameter 'top_k' must be between 1 and 1000"), a vector whose
  * binary length is not a multiple of 4, that is empty, or that holds a NaN, an infinity or
  * a number outside float32's range, a string that is not valid UTF-8 ("parameter 'content'
- * is not valid UTF-8") or holds U+0000. */
+ * is not valid UTF-8") or holds U+0000, an ext value (the scanner accepts ext as valid
+ * MessagePack; here it is refused wherever it appears). */
 int rpc_bind_params(const msgpack_object *params, const rpc_param *schema, size_t n,
                     const msgpack_object **out, char *err, size_t errlen);
 

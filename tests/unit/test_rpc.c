@@ -501,6 +501,17 @@ static void test_scan_hostile(void)
     rc = scan_once(&def, (const uint8_t *)"\xc1", 1, &mlen, NULL, 0);
     CHECK(rc == RPC_E_MALFORMED);
 
+    /* absurd limits must not wrap the arithmetic: huge declarations are then just pending */
+    {
+        rpc_limits huge = limits(SIZE_MAX, 32, SIZE_MAX);
+        expect_fail_now(&huge, "\xdd\xff\xff\xff\xff", 5, RPC_E_INCOMPLETE, "huge array32");
+        expect_fail_now(&huge, "\xdf\xff\xff\xff\xff\xdb\xff\xff\xff\xff", 10, RPC_E_INCOMPLETE,
+                        "huge map32 of str32");
+        rc = scan_once(&huge, (const uint8_t *)"\x92\xc6\x00\x00\x00\x01z\xc0", 8, &mlen, err,
+                       sizeof(err));
+        CHECK(rc == 0 && mlen == 8);
+    }
+
     /* truncated input is incomplete, not an error */
     expect_fail_now(&def, "\x94\x00\x01\xa4pi", 6, RPC_E_INCOMPLETE, "truncated str");
     expect_fail_now(&def, "\xdb\x00\x00", 3, RPC_E_INCOMPLETE, "truncated header");
@@ -643,6 +654,18 @@ static void test_decode(void)
             CHECK(c != NULL && c->via.str.ptr >= m && c->via.str.ptr < m + sizeof(m));
             CHECK(rpc_get_uint(rpc_map_get(d.req.params, "top_k"), 0) == 5);
         }
+        dfini(&d);
+    }
+
+    /* bin bodies are referenced in the message too, not copied */
+    {
+        static const char m[] = "\x94\x00\x01\xa1m\x91\x81\xa1"
+                                "b\xc4\x03xyz";
+        const msgpack_object *bin;
+        CHECK(dreq(&d, S(m)) == 0);
+        bin = rpc_map_get(d.req.params, "b");
+        CHECK(bin != NULL && bin->type == MSGPACK_OBJECT_BIN && bin->via.bin.size == 3);
+        CHECK(bin != NULL && bin->via.bin.ptr == m + 11);
         dfini(&d);
     }
 
@@ -932,6 +955,8 @@ PK(v_bin0, msgpack_pack_bin(pk, 0))
 PK(v_bin6, msgpack_pack_bin_with_body(pk, "abcdef", 6))
 PK(v_ext, msgpack_pack_ext_with_body(pk, "x", 1, 5))
 PK(v_empty_arr, msgpack_pack_array(pk, 0))
+PK(v_ext_nested, msgpack_pack_array(pk, 1); msgpack_pack_map(pk, 1); rpc_pack_cstr(pk, "e");
+   msgpack_pack_ext_with_body(pk, "x", 1, 5))
 PK(v_map_empty, msgpack_pack_map(pk, 0))
 /* vectors */
 PK(v_vec_bin3, float f[3] = {1.0f, -2.5f, 3.25f}; rpc_pack_vector(pk, f, 3))
@@ -1075,7 +1100,11 @@ static void test_bind_types(void)
                 "meta deep utf8");
     expect_bind("meta", v_meta_bad_key, "is not valid UTF-8", "meta key utf8");
     expect_bind("meta", v_tags2, "parameter 'meta' must be a map", "meta array");
-    expect_bind("any", v_ext, NULL, "any ext");
+    expect_bind("any", v_ext, "parameter 'any' holds an extension value", "any ext");
+    expect_bind("any", v_ext_nested, "parameter 'any' holds an extension value", "nested ext");
+    expect_bind("list", v_ext_nested, "parameter 'list' holds an extension value", "list ext");
+    expect_bind("top_k", v_ext, "parameter 'top_k' must be an unsigned integer, not extension",
+                "top_k ext");
     expect_bind("any", v_nil, NULL, "any nil");
     expect_bind("any", v_meta_intkey, NULL, "any int key");
     expect_bind("any", v_any_nested_nul, "parameter 'any' holds a string that contains a NUL",

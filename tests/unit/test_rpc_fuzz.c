@@ -114,7 +114,11 @@ static void build_seeds(void)
     rpc_pack_cstr(&pk, "blob");
     msgpack_pack_bin_with_body(&pk, "\x00\x01\x02\x03\x04", 5);
     rpc_pack_cstr(&pk, "any");
-    msgpack_pack_ext_with_body(&pk, "xy", 2, 3);
+    msgpack_pack_array(&pk, 3);
+    msgpack_pack_nil(&pk);
+    msgpack_pack_map(&pk, 1);
+    rpc_pack_kv_str(&pk, "x", "y");
+    msgpack_pack_double(&pk, -0.5);
     END();
 
     BEGIN(); /* a notification */
@@ -128,9 +132,11 @@ static void build_seeds(void)
 
     BEGIN(); /* responses */
     rpc_pack_result_begin(&pk, 9);
-    msgpack_pack_map(&pk, 2);
+    msgpack_pack_map(&pk, 3);
     rpc_pack_kv_uint(&pk, "id", 123);
     rpc_pack_kv_str(&pk, "content", "x");
+    rpc_pack_cstr(&pk, "ext");
+    msgpack_pack_ext_with_body(&pk, "xy", 2, 3);
     END();
 
     BEGIN();

@@ -60,23 +60,35 @@ typedef enum rpc_code {
 /* rpc_code_name returns the wire string of code ("invalid_argument", ...); never NULL. */
 const char *rpc_code_name(rpc_code code);
 
-/* Limits applied before anything is allocated from a client's declared lengths. */
+/* Limits applied before anything is allocated from a client's declared lengths.
+ *
+ * Depth counts every array and map, empty ones included: [[]] is depth 2. The decoder
+ * (msgpack-c's fixed unpack stack) cannot go past 32, so a max_depth above 32 only moves
+ * the failure from the scanner to rpc_decode_*. Memory: msgpack-c spends 24 bytes of zone
+ * per object, so a message at max_objects costs about 24 * max_objects bytes of zone
+ * (96 MiB at the defaults) on top of the message itself. */
 typedef struct rpc_limits {
-    size_t max_message;  /* bytes in one message; default 16 MiB */
-    unsigned max_depth;  /* nesting depth of arrays and maps; default 32 */
-    size_t max_objects;  /* msgpack objects (every value counts) in one message */
+    size_t max_message; /* bytes in one message; default 16 MiB */
+    unsigned max_depth; /* nesting depth of arrays and maps; default 32 */
+    size_t max_objects; /* msgpack objects (every value counts, a map entry 2) in one message */
 } rpc_limits;
 
 /* rpc_limits_default fills lim with the defaults: 16 MiB, depth 32, 4 Mi objects. */
 void rpc_limits_default(rpc_limits *lim);
 
+/* rpc_utf8_valid tells whether the n bytes at s are valid UTF-8 (RFC 3629: no overlong
+ * forms, no UTF-16 surrogates, nothing past U+10FFFF). U+0000 is valid here. */
+bool rpc_utf8_valid(const char *s, size_t n);
+
 /* ---- framing ---------------------------------------------------------------------- */
 
 typedef struct rpc_scanner rpc_scanner;
 
-/* rpc_scanner_create returns a scanner bound to a copy of lim, or NULL when out of memory.
- * Free with rpc_scanner_destroy. A scanner finds where one message ends in a byte stream
- * without allocating anything sized by the input. */
+/* rpc_scanner_create returns a scanner bound to a copy of lim (NULL: the defaults), or NULL
+ * when out of memory. Free with rpc_scanner_destroy. A scanner finds where one message ends
+ * in a byte stream without allocating anything sized by the input: its only memory is one
+ * struct with a stack of lim->max_depth counters. One scanner serves one stream and is not
+ * thread-safe; scanners are independent. */
 rpc_scanner *rpc_scanner_create(const rpc_limits *lim);
 
 /* rpc_scanner_destroy frees s; NULL is a no-op. */
@@ -85,7 +97,9 @@ void rpc_scanner_destroy(rpc_scanner *s);
 /* rpc_scanner_reset forgets any partial scan; the next call starts a new message. */
 void rpc_scanner_reset(rpc_scanner *s);
 
-/* rpc_scanner_scan looks for the end of the message that starts at buf[0].
+/* rpc_scanner_scan looks for the end of the message that starts at buf[0]. It checks the
+ * structure only (every type byte, lengths, counts, depth); ext values pass here and are
+ * left for the binder to refuse.
  *
  * buf holds len bytes; across calls for the same message buf must start with the same
  * bytes and len may only grow: the scan resumes where it stopped, so a message that
@@ -94,21 +108,26 @@ void rpc_scanner_reset(rpc_scanner *s);
  * Returns 0 and sets *msg_len to the message's length when it is complete (the scanner
  * is then reset for the next message, which starts at buf[*msg_len]); RPC_E_INCOMPLETE
  * when more bytes are needed; RPC_E_MALFORMED, RPC_E_TOO_LARGE, RPC_E_TOO_DEEP or
- * RPC_E_TOO_MANY with a message in err (NUL-terminated, at most errlen bytes) when the
- * stream cannot be a valid message within the limits. A declared string, binary, array
- * or map length that cannot fit in what remains of max_message fails at once, before the
- * bytes arrive. Reserved byte 0xc1 is malformed. */
+ * RPC_E_TOO_MANY with a message in err (NUL-terminated, at most errlen bytes; err may be
+ * NULL) when the stream cannot be a valid message within the limits. A declared string,
+ * binary, ext, array or map length that cannot fit in what remains of max_message fails at
+ * once with RPC_E_TOO_LARGE, before the bytes arrive (an element needs at least one byte, a
+ * map entry two), and a declared count that would pass max_objects fails at once with
+ * RPC_E_TOO_MANY. Reserved byte 0xc1 is malformed. After an error the stream cannot be
+ * resynchronised: drop the connection (the scanner is reset). */
 int rpc_scanner_scan(rpc_scanner *s, const uint8_t *buf, size_t len, size_t *msg_len, char *err,
                      size_t errlen);
 
 /* ---- decoding ---------------------------------------------------------------------- */
 
 /* A decoded request or notification. Pointers reference the zone and the message bytes
- * given to rpc_decode: both must outlive this struct. */
+ * given to rpc_decode_request: both must outlive this struct and every object reached
+ * from it (msgpack_unpack references str, bin and ext bodies in the input instead of
+ * copying them; arrays and maps live in the zone). */
 typedef struct rpc_request {
-    int kind;                     /* RPC_KIND_REQUEST or RPC_KIND_NOTIFY */
-    uint32_t msgid;               /* 0 for notifications */
-    const char *method;           /* not NUL-terminated */
+    int kind;           /* RPC_KIND_REQUEST or RPC_KIND_NOTIFY */
+    uint32_t msgid;     /* 0 for notifications */
+    const char *method; /* not NUL-terminated */
     size_t method_len;
     const msgpack_object *params; /* the argument map, or NULL when params is [] */
 } rpc_request;
@@ -121,43 +140,55 @@ typedef struct rpc_response {
 } rpc_response;
 
 /* rpc_decode_request decodes one complete message of len bytes (as delimited by
- * rpc_scanner_scan) into out, unpacking with msgpack-c into zone.
+ * rpc_scanner_scan) into out, unpacking with msgpack-c into zone (not NULL; the caller owns
+ * it and frees or clears it once done with out).
+ *
+ * The bytes are checked structurally again before msgpack-c sees them (every declared
+ * count and length must fit in len, depth at most 32), so even bytes that never went
+ * through a scanner cannot make msgpack-c allocate from a forged count.
  *
  * Returns 0 on success; RPC_E_MALFORMED with a message in err when the bytes are not a
- * request or notification of the shape above (wrong array length, kind, msgid type,
- * method type, params not [] or [map], a map key that is not a string). When the message
- * is malformed but a msgid could still be read, *msgid_known is set to true and out->msgid
- * holds it, so the caller can send an error response before closing the connection.
+ * request or notification of the shape above (not exactly one MessagePack value, wrong
+ * array length, kind 1 or unknown kind, msgid not a uint32, method not a string of 1 to 255
+ * bytes of valid UTF-8, params not [] or [map], a key of that map that is not a string);
+ * -ENOMEM when the zone cannot grow; -EINVAL when zone is NULL. *msgid_known (may be NULL)
+ * is set to true whenever a msgid could be read, from the bytes themselves, out->msgid
+ * then holding it: the message is an array of at least two elements starting with 0 and a
+ * uint32. This holds also when the rest is malformed (even when it is not valid
+ * MessagePack), so the caller can send an error response before closing the connection.
  * Strings and binaries in the objects point into msg: keep msg alive with the zone. */
 int rpc_decode_request(const uint8_t *msg, size_t len, msgpack_zone *zone, rpc_request *out,
                        bool *msgid_known, char *err, size_t errlen);
 
 /* rpc_decode_response decodes a complete response message, as rpc_decode_request does for
- * requests. Returns 0 or RPC_E_MALFORMED with err. */
+ * requests: [1, msgid (uint32), error (nil or a map), result (anything)]. Returns 0,
+ * RPC_E_MALFORMED with err, -ENOMEM or -EINVAL as rpc_decode_request does. The same
+ * lifetime rules apply. */
 int rpc_decode_response(const uint8_t *msg, size_t len, msgpack_zone *zone, rpc_response *out,
                         char *err, size_t errlen);
 
 /* ---- parameter binding --------------------------------------------------------------- */
 
 typedef enum rpc_type {
-    RPC_T_ANY = 0, /* any value */
+    RPC_T_ANY = 0, /* any value but ext; every string in it (keys too) checked as RPC_T_STR */
     RPC_T_BOOL,
-    RPC_T_UINT,    /* non-negative integer that fits uint64 */
-    RPC_T_INT,     /* integer that fits int64 */
-    RPC_T_NUM,     /* integer or float; min/max apply */
-    RPC_T_STR,     /* UTF-8 string; min/max bound its length in bytes */
-    RPC_T_BIN,     /* binary; min/max bound its length */
-    RPC_T_ARRAY,   /* min/max bound its element count */
-    RPC_T_MAP,     /* min/max bound its entry count; keys must be strings */
-    RPC_T_VECTOR,  /* bin of little-endian float32 or array of numbers; min/max: dimension */
-    RPC_T_STR_ARRAY, /* array of strings; min/max bound the element count */
+    RPC_T_UINT,       /* non-negative integer that fits uint64 */
+    RPC_T_INT,        /* integer that fits int64 */
+    RPC_T_NUM,        /* integer or float; min/max apply */
+    RPC_T_STR,        /* UTF-8 string without U+0000; min/max bound its length in bytes */
+    RPC_T_BIN,        /* binary; min/max bound its length */
+    RPC_T_ARRAY,      /* min/max bound its element count; strings inside checked as for ANY */
+    RPC_T_MAP,        /* min/max bound its entry count; keys must be strings; as ARRAY inside */
+    RPC_T_VECTOR,     /* bin of little-endian float32 or array of numbers; min/max: dimension */
+    RPC_T_STR_ARRAY,  /* array of strings (each as RPC_T_STR); min/max bound the count */
     RPC_T_UINT_ARRAY, /* array of non-negative integers; min/max bound the element count */
 } rpc_type;
 
 enum {
     RPC_P_REQUIRED = 1 << 0, /* absence is invalid_argument */
     RPC_P_NULLABLE = 1 << 1, /* nil is accepted and treated as absent */
-    RPC_P_RANGE = 1 << 2,    /* min and max apply (else the value is unbounded) */
+    RPC_P_RANGE = 1 << 2,    /* min and max apply (else the value is unbounded); use
+                              * -INFINITY or INFINITY for a one-sided bound */
 };
 
 /* One named parameter of a method. Tables of these are static and sorted by nothing in
@@ -171,25 +202,32 @@ typedef struct rpc_param {
 
 /* rpc_bind_params matches the argument map params (NULL means no arguments) against the
  * schema of n entries and sets out[i] to the value of schema[i], or NULL when absent (or
- * nil and RPC_P_NULLABLE).
+ * nil and RPC_P_NULLABLE). out[i] points into params. A nil value without RPC_P_NULLABLE
+ * is a type error unless the type is RPC_T_ANY.
  *
- * Returns 0, or RPC_E_INVALID with a message naming the parameter in err for: a key that
- * is not in the schema ("unknown parameter 'x'"), a duplicate key, a missing required
- * parameter, a value of the wrong type ("parameter 'top_k' must be an unsigned integer"),
- * a value out of range, a vector whose binary length is not a multiple of 4 or that holds
- * a NaN or infinity, a string that is not valid UTF-8. */
+ * Returns 0, or RPC_E_INVALID with a message naming the parameter in err (out[] all NULL)
+ * for: a key that is not in the schema ("unknown parameter 'x'", the name shown with
+ * unprintable bytes escaped), a key that is not a string, a duplicate key ("duplicate
+ * parameter 'x'"), a missing required parameter ("missing required parameter 'x'"), a
+ * value of the wrong type ("parameter 'top_k' must be an unsigned integer, not string"), a
+ * value out of range ("parameter 'top_k' must be between 1 and 1000"), a vector whose
+ * binary length is not a multiple of 4, that is empty, or that holds a NaN, an infinity or
+ * a number outside float32's range, a string that is not valid UTF-8 ("parameter 'content'
+ * is not valid UTF-8") or holds U+0000, an ext value (the scanner accepts ext as valid
+ * MessagePack; here it is refused wherever it appears). */
 int rpc_bind_params(const msgpack_object *params, const rpc_param *schema, size_t n,
                     const msgpack_object **out, char *err, size_t errlen);
 
 /* Typed readers for values that rpc_bind_params has already checked. Each returns def
- * when o is NULL. */
+ * when o is NULL (or, defensively, of a type the reader does not take). */
 uint64_t rpc_get_uint(const msgpack_object *o, uint64_t def);
 int64_t rpc_get_int(const msgpack_object *o, int64_t def);
 double rpc_get_num(const msgpack_object *o, double def);
 bool rpc_get_bool(const msgpack_object *o, bool def);
 
-/* rpc_get_str returns a NUL-terminated copy of the string o in memory from alloc(ud, n),
- * or NULL when o is NULL or the allocation fails. */
+/* rpc_get_str returns a NUL-terminated copy of the string o in memory from alloc(ud, n)
+ * (the caller owns it and frees it as alloc requires), or NULL when o is NULL, not a
+ * string, or the allocation fails. */
 char *rpc_get_str(const msgpack_object *o, void *(*alloc)(void *ud, size_t n), void *ud);
 
 /* rpc_str_eq tells whether the string object o equals the C string s. */
@@ -199,22 +237,29 @@ bool rpc_str_eq(const msgpack_object *o, const char *s);
 const msgpack_object *rpc_map_get(const msgpack_object *m, const char *key);
 
 /* rpc_vector_dim returns the dimension of a vector value (bin or array) checked by
- * rpc_bind_params. */
+ * rpc_bind_params; 0 for NULL or another type. */
 size_t rpc_vector_dim(const msgpack_object *o);
 
 /* rpc_get_vector writes the dim floats of the vector o into out (caller-owned, dim
- * floats). Returns 0, or RPC_E_INVALID when the dimension differs or a value is not a
- * finite number, with a message naming param in err. */
+ * floats). A bin is read as little-endian float32 whatever the host's byte order. Returns
+ * 0, or RPC_E_INVALID when o is NULL or not a vector, the dimension differs, or a value is
+ * not a finite float32, with a message naming param in err; out is then partly written. */
 int rpc_get_vector(const msgpack_object *o, const char *param, float *out, size_t dim, char *err,
                    size_t errlen);
 
 /* rpc_check_value validates one value against a type and range exactly as rpc_bind_params
  * does for a parameter, naming it what in messages ("memories[3].importance"). Used for
- * nested structures. Returns 0 or RPC_E_INVALID with err. */
+ * nested structures. Only RPC_P_NULLABLE (nil passes) and RPC_P_RANGE of flags matter; a
+ * NULL o is "missing parameter 'what'". Returns 0 or RPC_E_INVALID with err. */
 int rpc_check_value(const msgpack_object *o, rpc_type type, unsigned flags, double min, double max,
                     const char *what, char *err, size_t errlen);
 
-/* ---- encoding ------------------------------------------------------------------------ */
+/* ---- encoding ------------------------------------------------------------------------ *
+ *
+ * The packers return void: msgpack-c reports a failed write only through each call's
+ * return value, and these helpers drop it. Use a write callback that cannot fail (a
+ * buffer that aborts on OOM) or that remembers its own failure, and check that before
+ * sending. */
 
 /* A key and value added to an error map beside code and message. */
 typedef struct rpc_detail {
@@ -232,7 +277,9 @@ typedef struct rpc_detail {
  * caller packs exactly one result object after it. */
 void rpc_pack_result_begin(msgpack_packer *pk, uint32_t msgid);
 
-/* rpc_pack_error packs a whole error response [1, msgid, {code, message, details...}, nil]. */
+/* rpc_pack_error packs a whole error response [1, msgid, {code, message, details...}, nil]:
+ * code is rpc_code_name(code), message NULL packs "", each detail's key must not be NULL
+ * and a RPC_D_STR detail with s NULL packs nil. */
 void rpc_pack_error(msgpack_packer *pk, uint32_t msgid, rpc_code code, const char *message,
                     const rpc_detail *details, size_t ndetails);
 
@@ -241,7 +288,7 @@ void rpc_pack_error(msgpack_packer *pk, uint32_t msgid, rpc_code code, const cha
 void rpc_pack_request_begin(msgpack_packer *pk, uint32_t msgid, const char *method, bool has_args);
 
 /* Helpers for packing maps of named fields. */
-void rpc_pack_cstr(msgpack_packer *pk, const char *s);                    /* s NULL packs nil */
+void rpc_pack_cstr(msgpack_packer *pk, const char *s); /* s NULL packs nil */
 void rpc_pack_strn(msgpack_packer *pk, const char *s, size_t n);
 void rpc_pack_kv_str(msgpack_packer *pk, const char *key, const char *s); /* s NULL: nil */
 void rpc_pack_kv_uint(msgpack_packer *pk, const char *key, uint64_t v);
@@ -249,7 +296,8 @@ void rpc_pack_kv_int(msgpack_packer *pk, const char *key, int64_t v);
 void rpc_pack_kv_num(msgpack_packer *pk, const char *key, double v);
 void rpc_pack_kv_bool(msgpack_packer *pk, const char *key, bool v);
 void rpc_pack_kv_nil(msgpack_packer *pk, const char *key);
-/* rpc_pack_vector packs a float vector as bin of little-endian float32. */
+/* rpc_pack_vector packs a float vector as bin of little-endian float32 (nil when dim * 4
+ * would not fit a bin's 32-bit length). */
 void rpc_pack_vector(msgpack_packer *pk, const float *v, size_t dim);
 
 #endif

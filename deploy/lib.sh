@@ -18,7 +18,7 @@ ENGRAM_PACKAGES=(
     build-essential g++ pkg-config meson ninja-build cmake dpkg-dev clang-format
     libevent-dev libpq-dev libmsgpack-dev libopenblas-dev libfaiss-dev libsodium-dev
     libinih-dev libomp-dev postgresql postgresql-contrib
-    python3 python3-msgpack python3-pytest gnuplot-nox procps iproute2 util-linux
+    python3 python3-msgpack python3-pytest python3-numpy gnuplot-nox procps iproute2 util-linux
 )
 
 # install_deps: installs missing Debian packages. Skips apt entirely when all are present,
@@ -106,3 +106,84 @@ build_faiss() {
     rm -rf "$work"
     log "FAISS ready in $FAISS_PREFIX"
 }
+
+# ---- embedded PostgreSQL --------------------------------------------------------------
+# A private cluster: unix socket only (listen_addresses = ''), socket in DIR/run, trust
+# authentication on that socket (only its owner and root can reach the directory). As
+# root the cluster belongs to the postgres user, since PostgreSQL refuses to run as root.
+
+pg_owner() { if [ "$(id -u)" -eq 0 ]; then echo postgres; else id -un; fi; }
+
+pg_as_owner() {
+    if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# pg_cluster_init DIR: creates the cluster when DIR/data does not exist yet.
+pg_cluster_init() {
+    local dir=$1
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    if [ ! -f "$dir/data/PG_VERSION" ]; then
+        log "creating PostgreSQL cluster in $dir"
+        [ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
+        chmod 700 "$dir"
+        pg_as_owner mkdir -p "$dir/run"
+        pg_as_owner "$PG_BINDIR/initdb" -D "$dir/data" -U postgres --auth=trust \
+            --encoding=UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 ||
+            die "initdb failed, see $dir/initdb.log"
+        pg_as_owner tee -a "$dir/data/postgresql.conf" >/dev/null <<CONF
+# engram: private cluster, unix socket only
+listen_addresses = ''
+unix_socket_directories = '$dir/run'
+max_connections = 300
+shared_buffers = 256MB
+max_wal_size = 4GB
+fsync = on
+synchronous_commit = on
+log_min_messages = warning
+CONF
+    fi
+}
+
+# pg_cluster_start DIR [DBNAME]: starts the cluster (if not running), creates DBNAME, and
+# sets PG_DSN. The postmaster runs in its own session so a terminal's Ctrl-C reaches
+# engramd alone and the cluster is stopped in order afterwards.
+pg_cluster_start() {
+    local dir db=${2:-engram}
+    dir=$(cd "$1" && pwd)
+    if ! pg_as_owner "$PG_BINDIR/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+        pg_as_owner setsid "$PG_BINDIR/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
+            start >/dev/null || die "PostgreSQL did not start, see $dir/postgres.log"
+    fi
+    PG_DSN="host=$dir/run dbname=$db user=postgres"
+    if ! pg_as_owner "$PG_BINDIR/psql" -h "$dir/run" -U postgres -d postgres -tAc \
+        "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1; then
+        pg_as_owner "$PG_BINDIR/createdb" -h "$dir/run" -U postgres "$db" ||
+            die "cannot create database $db"
+    fi
+    export PG_DSN
+}
+
+# pg_cluster_stop DIR: fast shutdown, waits for it.
+pg_cluster_stop() {
+    local dir
+    dir=$(cd "$1" 2>/dev/null && pwd) || return 0
+    [ -f "$dir/data/PG_VERSION" ] || return 0
+    pg_as_owner "$PG_BINDIR/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
+}
+
+# build_engram BUILDDIR MESON_ARGS...: configures (once) and builds.
+build_engram() {
+    local dir=$1
+    shift
+    if [ ! -f "$ENGRAM_ROOT/$dir/build.ninja" ]; then
+        meson setup "$ENGRAM_ROOT/$dir" "$ENGRAM_ROOT" -Dfaiss_prefix="$FAISS_PREFIX" "$@" \
+            >"$ENGRAM_ROOT/$dir.setup.log" 2>&1 ||
+            { cat "$ENGRAM_ROOT/$dir.setup.log" >&2; die "meson setup failed"; }
+        rm -f "$ENGRAM_ROOT/$dir.setup.log"
+    fi
+    ninja -C "$ENGRAM_ROOT/$dir" >/dev/null || { ninja -C "$ENGRAM_ROOT/$dir"; die "build failed"; }
+}
+
+# The runtime environment every engramd gets: one BLAS/OpenMP thread per query.
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE

@@ -487,10 +487,7 @@ static bool peek_int(const uint8_t *m, size_t len, size_t *p, bool *neg, uint64_
     return true;
 }
 
-/* peek_msgid reads the msgid of a request straight from the bytes, so it can be reported
- * even when the rest of the message is not valid MessagePack: the message must start as
- * an array of at least two elements whose first is 0 and whose second is a uint32. */
-static bool peek_msgid(const uint8_t *m, size_t len, uint32_t *id)
+bool rpc_peek_msgid(const uint8_t *m, size_t len, uint32_t *id)
 {
     uint64_t count, mag;
     size_t p;
@@ -639,7 +636,7 @@ int rpc_decode_request(const uint8_t *msg, size_t len, msgpack_zone *zone, rpc_r
     memset(out, 0, sizeof(*out));
     if (msgid_known != NULL)
         *msgid_known = false;
-    if (peek_msgid(msg, len, &id)) {
+    if (rpc_peek_msgid(msg, len, &id)) {
         out->msgid = id;
         if (msgid_known != NULL)
             *msgid_known = true;

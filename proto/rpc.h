@@ -160,6 +160,12 @@ typedef struct rpc_response {
 int rpc_decode_request(const uint8_t *msg, size_t len, msgpack_zone *zone, rpc_request *out,
                        bool *msgid_known, char *err, size_t errlen);
 
+/* rpc_peek_msgid reads the msgid of a request straight from the first bytes of buf (len
+ * bytes), so an error response can name it even when the rest of the message is
+ * malformed, incomplete or hostile: the bytes must start an array of at least two elements
+ * whose first is 0 and whose second is a uint32. Returns true and sets *id when so. */
+bool rpc_peek_msgid(const uint8_t *buf, size_t len, uint32_t *id);
+
 /* rpc_decode_response decodes a complete response message, as rpc_decode_request does for
  * requests: [1, msgid (uint32), error (nil or a map), result (anything)]. Returns 0,
  * RPC_E_MALFORMED with err, -ENOMEM or -EINVAL as rpc_decode_request does. The same

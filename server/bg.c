@@ -1,0 +1,256 @@
+/* server/bg.c: background job threads and the change listener (see bg.h). */
+#include "bg.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "db.h"
+#include "log.h"
+#include "tenants.h"
+
+typedef struct job {
+    struct job *next;
+    void (*fn)(bg_ctx *ctx, void *arg);
+    void *arg;
+} job;
+
+struct bg_ctx {
+    bg *b;
+    PGconn *pg;
+    unsigned idx;
+};
+
+struct bg {
+    server *srv;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    job *head, *tail;
+    bool stopping;
+    unsigned nthreads;
+    pthread_t *threads;
+    bg_ctx *ctxs;
+    pthread_t listener;
+    bool listener_started;
+    atomic_bool listener_ok;
+    int wake[2]; /* pipe that interrupts the listener's poll on stop */
+};
+
+PGconn *bg_conn(bg_ctx *ctx, char *err, size_t errlen)
+{
+    if (ctx->pg && PQstatus(ctx->pg) != CONNECTION_OK) {
+        PQfinish(ctx->pg);
+        ctx->pg = NULL;
+    }
+    if (!ctx->pg) {
+        const config *cfg = &ctx->b->srv->cfg;
+        ctx->pg = db_connect_blocking(cfg->pg_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
+                                      (unsigned)cfg->db_queue_timeout_ms, err, errlen);
+    }
+    return ctx->pg;
+}
+
+void bg_conn_failed(bg_ctx *ctx)
+{
+    PQfinish(ctx->pg);
+    ctx->pg = NULL;
+}
+
+int bg_cancelled(bg_ctx *ctx)
+{
+    pthread_mutex_lock(&ctx->b->mu);
+    int s = ctx->b->stopping;
+    pthread_mutex_unlock(&ctx->b->mu);
+    return s;
+}
+
+static void *job_thread(void *arg)
+{
+    bg_ctx *ctx = arg;
+    bg *b = ctx->b;
+    for (;;) {
+        pthread_mutex_lock(&b->mu);
+        while (!b->head && !b->stopping)
+            pthread_cond_wait(&b->cv, &b->mu);
+        job *j = b->head;
+        if (j) {
+            b->head = j->next;
+            if (!b->head)
+                b->tail = NULL;
+        }
+        pthread_mutex_unlock(&b->mu);
+        if (!j)
+            break; /* stopping and nothing left */
+        j->fn(ctx, j->arg);
+        free(j);
+    }
+    PQfinish(ctx->pg);
+    ctx->pg = NULL;
+    return NULL;
+}
+
+int bg_submit(bg *b, void (*fn)(bg_ctx *ctx, void *arg), void *arg)
+{
+    job *j = malloc(sizeof(*j));
+    if (!j)
+        return -ENOMEM;
+    j->fn = fn;
+    j->arg = arg;
+    j->next = NULL;
+    pthread_mutex_lock(&b->mu);
+    if (b->stopping) {
+        pthread_mutex_unlock(&b->mu);
+        free(j);
+        return -ESHUTDOWN;
+    }
+    if (b->tail)
+        b->tail->next = j;
+    else
+        b->head = j;
+    b->tail = j;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+int bg_listener_ok(bg *b)
+{
+    return atomic_load(&b->listener_ok);
+}
+
+/* Parses "tenant:seq" and tells the registry. */
+static void handle_notify(bg *b, const char *payload)
+{
+    long long tid = 0;
+    unsigned long long seq = 0;
+    if (sscanf(payload, "%lld:%llu", &tid, &seq) == 2)
+        tenants_notify_change(b->srv->tenants, tid, seq);
+}
+
+static bool stopping(bg *b)
+{
+    pthread_mutex_lock(&b->mu);
+    bool s = b->stopping;
+    pthread_mutex_unlock(&b->mu);
+    return s;
+}
+
+/* The listener: LISTEN engram_changes on a dedicated connection; reconnect with backoff;
+ * after each (re)connection every loaded index catches up, since notifications sent while
+ * it was away are lost. */
+static void *listener_thread(void *arg)
+{
+    bg *b = arg;
+    const config *cfg = &b->srv->cfg;
+    unsigned backoff = 100;
+    bool first = true;
+    while (!stopping(b)) {
+        char err[256];
+        PGconn *c = db_connect_blocking(cfg->pg_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
+                                        (unsigned)cfg->db_queue_timeout_ms, err, sizeof(err));
+        PGresult *r =
+            c ? db_exec_blocking(c, "LISTEN engram_changes", 0, NULL, err, sizeof(err)) : NULL;
+        if (!r) {
+            PQfinish(c);
+            struct pollfd pfd = {.fd = b->wake[0], .events = POLLIN};
+            poll(&pfd, 1, (int)backoff);
+            backoff = backoff * 2 > (unsigned)cfg->db_backoff_max_ms
+                          ? (unsigned)cfg->db_backoff_max_ms
+                          : backoff * 2;
+            continue;
+        }
+        PQclear(r);
+        backoff = 100;
+        atomic_store(&b->listener_ok, true);
+        if (!first)
+            log_info("change listener reconnected; catching up loaded indexes");
+        if (!first)
+            tenants_catch_up_all(b->srv->tenants);
+        first = false;
+        while (!stopping(b)) {
+            struct pollfd pfd[2] = {{.fd = PQsocket(c), .events = POLLIN},
+                                    {.fd = b->wake[0], .events = POLLIN}};
+            int n = poll(pfd, 2, 1000);
+            if (n < 0 && errno != EINTR)
+                break;
+            if (pfd[1].revents)
+                break;
+            if (!PQconsumeInput(c))
+                break;
+            PGnotify *nt;
+            while ((nt = PQnotifies(c)) != NULL) {
+                handle_notify(b, nt->extra);
+                PQfreemem(nt);
+            }
+            if (PQstatus(c) != CONNECTION_OK)
+                break;
+        }
+        atomic_store(&b->listener_ok, false);
+        if (!stopping(b))
+            log_warn("change listener lost its database connection: %s", PQerrorMessage(c));
+        PQfinish(c);
+    }
+    return NULL;
+}
+
+bg *bg_create(server *s, unsigned nthreads)
+{
+    bg *b = calloc(1, sizeof(*b));
+    if (!b)
+        return NULL;
+    b->srv = s;
+    b->wake[0] = b->wake[1] = -1;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    b->threads = calloc(nthreads, sizeof(*b->threads));
+    b->ctxs = calloc(nthreads, sizeof(*b->ctxs));
+    if (!b->threads || !b->ctxs || pipe(b->wake) < 0)
+        goto fail;
+    for (unsigned i = 0; i < nthreads; i++) {
+        b->ctxs[i].b = b;
+        b->ctxs[i].idx = i;
+        if (pthread_create(&b->threads[i], NULL, job_thread, &b->ctxs[i]) != 0)
+            goto fail;
+        b->nthreads++;
+    }
+    if (pthread_create(&b->listener, NULL, listener_thread, b) != 0)
+        goto fail;
+    b->listener_started = true;
+    return b;
+fail:
+    bg_stop(b);
+    return NULL;
+}
+
+void bg_stop(bg *b)
+{
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->mu);
+    b->stopping = true;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    if (b->wake[1] >= 0) {
+        ssize_t w = write(b->wake[1], "x", 1);
+        (void)w;
+    }
+    for (unsigned i = 0; i < b->nthreads; i++)
+        pthread_join(b->threads[i], NULL);
+    if (b->listener_started)
+        pthread_join(b->listener, NULL);
+    /* jobs queued after the threads left (none can be: submit refuses once stopping) */
+    if (b->wake[0] >= 0)
+        close(b->wake[0]);
+    if (b->wake[1] >= 0)
+        close(b->wake[1]);
+    free(b->threads);
+    free(b->ctxs);
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}

@@ -1,0 +1,358 @@
+/* server/config.c: the settings table and its sources (see config.h). */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ini.h>
+
+#include "log.h"
+
+typedef enum { T_INT, T_LONG, T_DOUBLE, T_STR } cfg_type;
+
+enum { F_SECRET = 1 };
+
+typedef struct config_def {
+    const char *name;
+    cfg_type type;
+    size_t offset;
+    const char *def;
+    double min, max;
+    unsigned flags;
+    const char *help;
+} config_def;
+
+#define OFF(f) offsetof(config, f)
+
+/* The one table. Keep it sorted by topic; README's configuration section mirrors it. */
+static const config_def defs[] = {
+    {"listen_host", T_STR, OFF(listen_host), "127.0.0.1", 0, 0, 0,
+     "address the RPC and HTTP ports bind to"},
+    {"rpc_port", T_INT, OFF(rpc_port), "7420", 1, 65535, 0, "MessagePack-RPC TCP port"},
+    {"http_port", T_INT, OFF(http_port), "7421", 0, 65535, 0,
+     "HTTP port for /healthz and /metrics (0: disabled)"},
+    {"workers", T_INT, OFF(workers), "0", 0, 256, 0,
+     "worker threads, each with its own event loop (0: one per CPU core)"},
+    {"max_connections", T_INT, OFF(max_connections), "10000", 1, 1000000, 0,
+     "open client connections before new ones are refused"},
+    {"max_message_bytes", T_LONG, OFF(max_message_bytes), "16777216", 1024, 1073741824, 0,
+     "largest MessagePack-RPC message accepted"},
+    {"max_depth", T_INT, OFF(max_depth), "32", 4, 32, 0,
+     "deepest nesting of arrays and maps in a message"},
+    {"max_inflight_per_conn", T_INT, OFF(max_inflight_per_conn), "256", 1, 65536, 0,
+     "pipelined requests in progress per connection before reading pauses"},
+    {"max_output_bytes", T_LONG, OFF(max_output_bytes), "67108864", 65536, 4294967296.0, 0,
+     "unsent response bytes per connection before reading pauses"},
+    {"frame_timeout_ms", T_INT, OFF(frame_timeout_ms), "30000", 100, 3600000, 0,
+     "time allowed to finish sending a message once it has started"},
+    {"idle_timeout_s", T_INT, OFF(idle_timeout_s), "600", 0, 604800, 0,
+     "close connections idle this long (0: never)"},
+    {"shutdown_timeout_ms", T_INT, OFF(shutdown_timeout_ms), "10000", 0, 600000, 0,
+     "on SIGTERM, how long in-flight requests may take to finish"},
+    {"pg_dsn", T_STR, OFF(pg_dsn), "", 0, 0, F_SECRET,
+     "PostgreSQL connection string (libpq keyword=value or URI); required"},
+    {"pg_role", T_STR, OFF(pg_role), "", 0, 0, 0,
+     "role the server switches to after connecting (SET ROLE); empty: none"},
+    {"pg_pool_size", T_INT, OFF(pg_pool_size), "2", 1, 64, 0,
+     "PostgreSQL connections per worker (pipelined)"},
+    {"db_queue_timeout_ms", T_INT, OFF(db_queue_timeout_ms), "2000", 10, 600000, 0,
+     "longest a request waits for a database connection before 'unavailable'"},
+    {"db_query_timeout_ms", T_INT, OFF(db_query_timeout_ms), "10000", 100, 3600000, 0,
+     "longest a database statement may run before 'unavailable'"},
+    {"db_backoff_max_ms", T_INT, OFF(db_backoff_max_ms), "2000", 100, 600000, 0,
+     "longest pause between reconnection attempts"},
+    {"bg_threads", T_INT, OFF(bg_threads), "2", 1, 64, 0,
+     "background threads for index loads and maintenance"},
+    {"data_dir", T_STR, OFF(data_dir), "var", 0, 0, 0,
+     "directory for index snapshots and the server secret"},
+    {"admin_key_file", T_STR, OFF(admin_key_file), "", 0, 0, 0,
+     "file holding the admin key (created with a new key when missing; empty: no admin)"},
+    {"secret_file", T_STR, OFF(secret_file), "", 0, 0, 0,
+     "file holding the secret that keys API-key hashes (default: <data_dir>/secret.key, "
+     "created when missing)"},
+    {"log_level", T_STR, OFF(log_level), "info", 0, 0, 0, "debug, info, warn or error"},
+    {"embed_dim", T_INT, OFF(embed_dim), "384", 8, 4096, 0,
+     "dimension of the built-in embedder for new tenants"},
+    {"max_content_bytes", T_LONG, OFF(max_content_bytes), "65536", 1, 16777216, 0,
+     "largest memory content accepted"},
+    {"max_top_k", T_INT, OFF(max_top_k), "1000", 1, 100000, 0, "largest top_k a search may ask"},
+    {"similarity_weight", T_DOUBLE, OFF(similarity_weight), "0.7", 0, 1, 0,
+     "default share of similarity in the search score (the composite importance gets the rest)"},
+};
+
+#define NDEFS (sizeof(defs) / sizeof(defs[0]))
+
+static const config_def *find_def(const char *name, size_t n)
+{
+    for (size_t i = 0; i < NDEFS; i++)
+        if (strlen(defs[i].name) == n && memcmp(defs[i].name, name, n) == 0)
+            return &defs[i];
+    return NULL;
+}
+
+/* Parses and stores one value. Returns 0 or -1 after printing why. */
+static int set_value(config *cfg, const config_def *d, const char *val, const char *source,
+                     FILE *err)
+{
+    char *p = (char *)cfg + d->offset;
+    char *end = NULL;
+    errno = 0;
+    switch (d->type) {
+    case T_INT:
+    case T_LONG: {
+        long long v = strtoll(val, &end, 10);
+        if (errno || end == val || *end != '\0') {
+            fprintf(err, "engramd: invalid value for %s (from %s): '%s' is not an integer\n",
+                    d->name, source, val);
+            return -1;
+        }
+        if ((double)v < d->min || (double)v > d->max) {
+            fprintf(err,
+                    "engramd: invalid value for %s (from %s): %lld is out of range %.0f..%.0f\n",
+                    d->name, source, v, d->min, d->max);
+            return -1;
+        }
+        if (d->type == T_INT)
+            *(int *)(void *)p = (int)v;
+        else
+            *(long *)(void *)p = (long)v;
+        return 0;
+    }
+    case T_DOUBLE: {
+        double v = strtod(val, &end);
+        if (errno || end == val || *end != '\0' || !isfinite(v)) {
+            fprintf(err, "engramd: invalid value for %s (from %s): '%s' is not a number\n", d->name,
+                    source, val);
+            return -1;
+        }
+        if (v < d->min || v > d->max) {
+            fprintf(err, "engramd: invalid value for %s (from %s): %g is out of range %g..%g\n",
+                    d->name, source, v, d->min, d->max);
+            return -1;
+        }
+        *(double *)(void *)p = v;
+        return 0;
+    }
+    case T_STR: {
+        char *copy = strdup(val);
+        if (!copy) {
+            fprintf(err, "engramd: out of memory\n");
+            return -1;
+        }
+        char **slot = (char **)(void *)p;
+        free(*slot);
+        *slot = copy;
+        return 0;
+    }
+    }
+    return -1;
+}
+
+typedef struct ini_ctx {
+    config *cfg;
+    FILE *err;
+    const char *path;
+    int failed;
+} ini_ctx;
+
+static int on_ini(void *user, const char *section, const char *name, const char *value)
+{
+    ini_ctx *c = user;
+    if (c->failed)
+        return 0;
+    if (section[0] && strcmp(section, "engram") != 0 && strcmp(section, "engramd") != 0) {
+        fprintf(c->err, "engramd: %s: unknown section [%s]\n", c->path, section);
+        c->failed = 1;
+        return 0;
+    }
+    const config_def *d = find_def(name, strlen(name));
+    if (!d) {
+        fprintf(c->err, "engramd: %s: unknown setting '%s'\n", c->path, name);
+        c->failed = 1;
+        return 0;
+    }
+    char src[600];
+    snprintf(src, sizeof(src), "config file %s", c->path);
+    if (set_value(c->cfg, d, value, src, c->err) < 0) {
+        c->failed = 1;
+        return 0;
+    }
+    return 1;
+}
+
+static void env_name(const config_def *d, char *buf, size_t n)
+{
+    snprintf(buf, n, "ENGRAM_%s", d->name);
+    for (char *p = buf; *p; p++)
+        *p = (char)toupper((unsigned char)*p);
+}
+
+static void flag_name(const config_def *d, char *buf, size_t n)
+{
+    snprintf(buf, n, "--%s", d->name);
+    for (char *p = buf + 2; *p; p++)
+        if (*p == '_')
+            *p = '-';
+}
+
+static void print_help(FILE *out)
+{
+    fprintf(out, "usage: engramd [SETTINGS...]\n"
+                 "       engramd migrate [SETTINGS...]\n"
+                 "       engramd create-tenant NAME TIER KEY_FILE [SETTINGS...]\n\n"
+                 "Settings (flag / environment / config-file key, default, range):\n");
+    for (size_t i = 0; i < NDEFS; i++) {
+        const config_def *d = &defs[i];
+        char flag[64], env[64];
+        flag_name(d, flag, sizeof(flag));
+        env_name(d, env, sizeof(env));
+        fprintf(out, "  %-26s %-28s default '%s'", flag, env, d->def);
+        if (d->type == T_INT || d->type == T_LONG)
+            fprintf(out, ", %.0f..%.0f", d->min, d->max);
+        else if (d->type == T_DOUBLE)
+            fprintf(out, ", %g..%g", d->min, d->max);
+        fprintf(out, "\n      %s\n", d->help);
+    }
+    fprintf(out, "  --config PATH              ENGRAM_CONFIG                 an INI file of the "
+                 "settings above (name = value)\n");
+}
+
+int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *exit_now)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    *exit_now = false;
+    for (size_t i = 0; i < NDEFS; i++)
+        if (set_value(cfg, &defs[i], defs[i].def, "default", err) < 0)
+            return -1;
+    /* the config file first: flags and the environment override it */
+    const char *path = getenv("ENGRAM_CONFIG");
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            print_help(out);
+            *exit_now = true;
+            return 0;
+        }
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+            path = argv[i + 1];
+        else if (strncmp(argv[i], "--config=", 9) == 0)
+            path = argv[i] + 9;
+    }
+    if (path && *path) {
+        ini_ctx c = {.cfg = cfg, .err = err, .path = path};
+        int r = ini_parse(path, on_ini, &c);
+        if (r < 0) {
+            fprintf(err, "engramd: cannot read config file %s: %s\n", path, strerror(errno));
+            return -1;
+        }
+        if (c.failed)
+            return -1;
+        if (r > 0) {
+            fprintf(err, "engramd: %s:%d: syntax error\n", path, r);
+            return -1;
+        }
+    }
+    for (size_t i = 0; i < NDEFS; i++) {
+        char env[64];
+        env_name(&defs[i], env, sizeof(env));
+        const char *v = getenv(env);
+        if (v && set_value(cfg, &defs[i], v, env, err) < 0)
+            return -1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--config") == 0) {
+            i++;
+            continue;
+        }
+        if (strncmp(a, "--config=", 9) == 0)
+            continue;
+        if (strncmp(a, "--", 2) != 0) {
+            fprintf(err, "engramd: unexpected argument '%s' (try --help)\n", a);
+            return -1;
+        }
+        const char *name = a + 2;
+        const char *eq = strchr(name, '=');
+        size_t n = eq ? (size_t)(eq - name) : strlen(name);
+        char key[64];
+        if (n >= sizeof(key)) {
+            fprintf(err, "engramd: unknown setting '%s' (try --help)\n", a);
+            return -1;
+        }
+        for (size_t k = 0; k < n; k++)
+            key[k] = name[k] == '-' ? '_' : name[k];
+        key[n] = '\0';
+        const config_def *d = find_def(key, n);
+        if (!d) {
+            fprintf(err, "engramd: unknown setting '%s' (try --help)\n", a);
+            return -1;
+        }
+        const char *val = eq ? eq + 1 : NULL;
+        if (!val) {
+            if (i + 1 >= argc) {
+                fprintf(err, "engramd: %s needs a value\n", a);
+                return -1;
+            }
+            val = argv[++i];
+        }
+        char src[96];
+        snprintf(src, sizeof(src), "--%.*s", (int)n, name);
+        if (set_value(cfg, d, val, src, err) < 0)
+            return -1;
+    }
+    /* cross-field checks */
+    if (!cfg->pg_dsn[0]) {
+        fprintf(err, "engramd: pg_dsn is required (--pg-dsn or ENGRAM_PG_DSN); deploy/run "
+                     "provides an embedded PostgreSQL\n");
+        return -1;
+    }
+    if (log_parse_level(cfg->log_level) < 0) {
+        fprintf(err, "engramd: invalid value for log_level: '%s' (debug, info, warn, error)\n",
+                cfg->log_level);
+        return -1;
+    }
+    if (cfg->http_port == cfg->rpc_port) {
+        fprintf(err, "engramd: http_port and rpc_port must differ (both %d)\n", cfg->rpc_port);
+        return -1;
+    }
+    return 0;
+}
+
+void config_free(config *cfg)
+{
+    for (size_t i = 0; i < NDEFS; i++) {
+        if (defs[i].type != T_STR)
+            continue;
+        char **slot = (char **)(void *)((char *)cfg + defs[i].offset);
+        free(*slot);
+        *slot = NULL;
+    }
+}
+
+void config_print(const config *cfg, FILE *out)
+{
+    for (size_t i = 0; i < NDEFS; i++) {
+        const config_def *d = &defs[i];
+        const char *p = (const char *)cfg + d->offset;
+        fprintf(out, "%s = ", d->name);
+        switch (d->type) {
+        case T_INT:
+            fprintf(out, "%d\n", *(const int *)(const void *)p);
+            break;
+        case T_LONG:
+            fprintf(out, "%ld\n", *(const long *)(const void *)p);
+            break;
+        case T_DOUBLE:
+            fprintf(out, "%g\n", *(const double *)(const void *)p);
+            break;
+        case T_STR:
+            fprintf(out, "%s\n",
+                    (d->flags & F_SECRET) ? "(redacted)" : *(char *const *)(const void *)p);
+            break;
+        }
+    }
+}

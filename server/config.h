@@ -1,0 +1,63 @@
+/* server/config.h: every setting of engramd, in one table.
+ *
+ * A setting named `rpc_port` is read, in increasing precedence, from its default, from the
+ * config file (`rpc_port = 7420`, INI syntax, path from --config or ENGRAM_CONFIG), from
+ * the environment (ENGRAM_RPC_PORT) and from the command line (--rpc-port 7420 or
+ * --rpc-port=7420). Every value is validated against the table's type and range at start;
+ * the first bad one stops engramd with a message naming the setting and where it came
+ * from.
+ */
+#ifndef ENGRAM_SERVER_CONFIG_H
+#define ENGRAM_SERVER_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+typedef struct config {
+    /* network */
+    char *listen_host;
+    int rpc_port;
+    int http_port;
+    int workers;
+    int max_connections;
+    long max_message_bytes;
+    int max_depth;
+    int max_inflight_per_conn;
+    long max_output_bytes;
+    int frame_timeout_ms;
+    int idle_timeout_s;
+    int shutdown_timeout_ms;
+    /* database */
+    char *pg_dsn;
+    char *pg_role;
+    int pg_pool_size;
+    int db_queue_timeout_ms;
+    int db_query_timeout_ms;
+    int db_backoff_max_ms;
+    int bg_threads;
+    /* files */
+    char *data_dir;
+    char *admin_key_file;
+    char *secret_file;
+    char *log_level;
+    /* memories */
+    int embed_dim;
+    long max_content_bytes;
+    int max_top_k;
+    double similarity_weight;
+} config;
+
+/* config_load fills cfg from defaults, the config file, the environment and argv (argv[0]
+ * is skipped; argv entries that are not settings are errors). On --help it prints the
+ * settings table to out and sets *exit_now. Returns 0, or -1 after printing a message that
+ * names the bad setting to err. Strings in cfg are owned by cfg: free with config_free. */
+int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *exit_now);
+
+/* config_free releases the strings of cfg. */
+void config_free(config *cfg);
+
+/* config_print writes every effective setting as `name = value` (secrets redacted). */
+void config_print(const config *cfg, FILE *out);
+
+#endif

@@ -1,0 +1,389 @@
+/* server/conn.c: client connections: framing, backpressure and deadlines (see conn.h). */
+#include "conn.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "log.h"
+#include "metrics.h"
+#include "req.h"
+
+/* Bytes libevent may buffer from the socket before it stops reading; we drain from there
+ * into the connection's own contiguous buffer as messages are processed. */
+#define READ_HIGH_WATER (256 * 1024)
+
+struct conn {
+    worker *w;
+    server *srv;
+    struct bufferevent *bev;
+    conn *prev, *next;
+    unsigned refs;
+    bool open;         /* the socket is open */
+    bool closing;      /* close once the output is flushed */
+    bool read_stopped; /* drain: no new requests */
+    bool paused;       /* backpressure: reading paused */
+    bool processing;   /* process_input is on the stack (it must not nest) */
+    rpc_scanner *scan;
+    uint8_t *in; /* bytes of the message being assembled, and any after it */
+    size_t in_len, in_cap;
+    uint64_t msg_started_ms; /* when the first byte of an incomplete message arrived; 0: none */
+    uint64_t last_active_ms;
+    uint64_t close_deadline_ms;
+    unsigned inflight;
+    conn_auth auth;
+};
+
+static uint64_t mono_ms(void)
+{
+    return server_mono_ns() / 1000000u;
+}
+
+static void conn_free(conn *c)
+{
+    rpc_scanner_destroy(c->scan);
+    free(c->in);
+    free(c);
+}
+
+void conn_ref(conn *c)
+{
+    c->refs++;
+}
+
+void conn_unref(conn *c)
+{
+    if (--c->refs == 0)
+        conn_free(c);
+}
+
+bool conn_alive(conn *c)
+{
+    return c->open && !c->closing;
+}
+
+void conn_close(conn *c)
+{
+    if (!c->open)
+        return;
+    c->open = false;
+    bufferevent_free(c->bev);
+    c->bev = NULL;
+    worker_conn_removed(c->w, c);
+    metrics_connections(-1);
+    atomic_fetch_sub(&c->srv->nconns, 1);
+    conn_unref(c);
+}
+
+static void update_reading(conn *c)
+{
+    if (!c->open)
+        return;
+    bool want = !c->read_stopped && !c->closing && !c->paused;
+    if (want)
+        bufferevent_enable(c->bev, EV_READ);
+    else
+        bufferevent_disable(c->bev, EV_READ);
+}
+
+void conn_close_after_flush(conn *c)
+{
+    if (!c->open || c->closing)
+        return;
+    c->closing = true;
+    c->close_deadline_ms = mono_ms() + 5000;
+    update_reading(c);
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        conn_close(c);
+}
+
+void conn_stop_reading(conn *c)
+{
+    c->read_stopped = true;
+    update_reading(c);
+}
+
+size_t conn_output_pending(conn *c)
+{
+    return c->open ? evbuffer_get_length(bufferevent_get_output(c->bev)) : 0;
+}
+
+const conn_auth *conn_get_auth(conn *c)
+{
+    return &c->auth;
+}
+
+void conn_set_auth(conn *c, const conn_auth *a)
+{
+    c->auth = *a;
+}
+
+worker *conn_worker(conn *c)
+{
+    return c->w;
+}
+
+conn *conn_next(conn *c)
+{
+    return c->next;
+}
+
+void conn_link(conn **head, conn *c)
+{
+    c->prev = NULL;
+    c->next = *head;
+    if (*head)
+        (*head)->prev = c;
+    *head = c;
+}
+
+void conn_unlink(conn **head, conn *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        *head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->prev = c->next = NULL;
+}
+
+/* Reading pauses while too many requests are in flight or too much output is unsent: a
+ * client that pipelines without reading responses cannot grow our memory. */
+static void check_backpressure(conn *c)
+{
+    if (!c->open)
+        return;
+    size_t out = evbuffer_get_length(bufferevent_get_output(c->bev));
+    bool over = c->inflight >= (unsigned)c->srv->cfg.max_inflight_per_conn ||
+                out > (size_t)c->srv->cfg.max_output_bytes;
+    if (over != c->paused) {
+        c->paused = over;
+        update_reading(c);
+    }
+}
+
+void conn_write(conn *c, const void *data, size_t len)
+{
+    if (!c->open)
+        return;
+    if (evbuffer_add(bufferevent_get_output(c->bev), data, len) < 0) {
+        log_warn("connection: cannot buffer a response (out of memory); closing");
+        conn_close(c);
+        return;
+    }
+    check_backpressure(c);
+}
+
+static void process_input(conn *c);
+
+void conn_request_finished(conn *c)
+{
+    if (c->inflight)
+        c->inflight--;
+    if (!c->open)
+        return;
+    bool was_paused = c->paused;
+    check_backpressure(c);
+    /* complete messages may be waiting in our buffer from before the pause */
+    if (was_paused && !c->paused)
+        process_input(c);
+}
+
+/* Moves up to what libevent has buffered into c->in, keeping the partial message at the
+ * front. Returns the number of bytes moved, or -1 when out of memory. */
+static long pull_input(conn *c, size_t consumed)
+{
+    if (consumed) {
+        memmove(c->in, c->in + consumed, c->in_len - consumed);
+        c->in_len -= consumed;
+    }
+    struct evbuffer *input = bufferevent_get_input(c->bev);
+    size_t avail = evbuffer_get_length(input);
+    if (avail == 0)
+        return 0;
+    size_t limit = (size_t)c->srv->cfg.max_message_bytes + 65536;
+    size_t room = c->in_len < limit ? limit - c->in_len : 0;
+    size_t take = avail < room ? avail : room;
+    if (take == 0)
+        return 0;
+    if (c->in_len + take > c->in_cap) {
+        size_t cap = c->in_cap ? c->in_cap : 16384;
+        while (cap < c->in_len + take)
+            cap *= 2;
+        uint8_t *n = realloc(c->in, cap);
+        if (!n)
+            return -1;
+        c->in = n;
+        c->in_cap = cap;
+    }
+    int got = evbuffer_remove(input, c->in + c->in_len, take);
+    if (got < 0)
+        return -1;
+    c->in_len += (size_t)got;
+    return got;
+}
+
+/* Finds and dispatches every complete message, pulling input as needed, until input runs
+ * out, the connection pauses, or it is closed. */
+static void process_input(conn *c)
+{
+    size_t off = 0;
+    if (c->processing)
+        return; /* a request finished synchronously inside the loop below */
+    c->processing = true;
+    conn_ref(c);
+    while (c->open && !c->closing && !c->read_stopped) {
+        if (c->inflight >= (unsigned)c->srv->cfg.max_inflight_per_conn) {
+            check_backpressure(c);
+            break;
+        }
+        size_t mlen = 0;
+        char err[256];
+        int rc = RPC_E_INCOMPLETE;
+        if (off < c->in_len)
+            rc = rpc_scanner_scan(c->scan, c->in + off, c->in_len - off, &mlen, err, sizeof(err));
+        if (rc == 0) {
+            c->inflight++;
+            c->last_active_ms = mono_ms();
+            c->msg_started_ms = 0;
+            int d = req_dispatch(c, c->in + off, mlen);
+            off += mlen;
+            if (d < 0) {
+                metrics_malformed();
+                conn_close_after_flush(c);
+                break;
+            }
+            continue;
+        }
+        if (rc == RPC_E_INCOMPLETE) {
+            long got = pull_input(c, off);
+            off = 0;
+            if (got < 0) {
+                log_warn("connection: out of memory reading a message; closing");
+                conn_close(c);
+                break;
+            }
+            if (got == 0) {
+                if (c->in_len > 0 && c->msg_started_ms == 0)
+                    c->msg_started_ms = mono_ms();
+                break;
+            }
+            continue;
+        }
+        /* malformed or hostile: tell the client when a msgid is readable, then close */
+        uint32_t msgid;
+        if (rpc_peek_msgid(c->in + off, c->in_len - off, &msgid)) {
+            msgpack_sbuffer sb;
+            msgpack_packer pk;
+            msgpack_sbuffer_init(&sb);
+            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+            rpc_pack_error(&pk, msgid, RPC_MALFORMED_REQUEST, err, NULL, 0);
+            conn_write(c, sb.data, sb.size);
+            msgpack_sbuffer_destroy(&sb);
+        }
+        log_debug("connection: closing after a malformed message: %s", err);
+        metrics_malformed();
+        conn_close_after_flush(c);
+        break;
+    }
+    if (c->open && off) {
+        memmove(c->in, c->in + off, c->in_len - off);
+        c->in_len -= off;
+    }
+    c->processing = false;
+    conn_unref(c);
+}
+
+static void on_read(struct bufferevent *bev, void *arg)
+{
+    process_input(arg);
+}
+
+static void on_write(struct bufferevent *bev, void *arg)
+{
+    conn *c = arg;
+    if (c->closing) {
+        if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+            conn_close(c);
+        return;
+    }
+    bool was_paused = c->paused;
+    check_backpressure(c);
+    if (was_paused && !c->paused)
+        process_input(c);
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+    conn *c = arg;
+    if (what & BEV_EVENT_ERROR)
+        log_debug("connection: socket error: %s", strerror(EVUTIL_SOCKET_ERROR()));
+    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))
+        conn_close(c);
+}
+
+void conn_tick(conn *c, uint64_t now)
+{
+    if (!c->open)
+        return;
+    const config *cfg = &c->srv->cfg;
+    if (c->closing && now >= c->close_deadline_ms) {
+        conn_close(c);
+        return;
+    }
+    /* bufferevent timeouts reset on every byte; a message must finish by an absolute
+     * deadline however slowly it trickles in */
+    if (c->msg_started_ms && now - c->msg_started_ms > (uint64_t)cfg->frame_timeout_ms) {
+        log_debug("connection: message not completed within %d ms; closing", cfg->frame_timeout_ms);
+        conn_close(c);
+        return;
+    }
+    if (cfg->idle_timeout_s > 0 && c->inflight == 0 && c->in_len == 0 &&
+        now - c->last_active_ms > (uint64_t)cfg->idle_timeout_s * 1000u) {
+        log_debug("connection: idle for %d s; closing", cfg->idle_timeout_s);
+        conn_close(c);
+    }
+}
+
+conn *conn_create(worker *w, int fd)
+{
+    conn *c = calloc(1, sizeof(*c));
+    if (!c) {
+        close(fd);
+        return NULL;
+    }
+    c->w = w;
+    c->srv = worker_server(w);
+    c->refs = 1; /* the open socket's reference */
+    c->scan = rpc_scanner_create(&c->srv->limits);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    evutil_make_socket_nonblocking(fd);
+    c->bev = bufferevent_socket_new(worker_base(w), fd, BEV_OPT_CLOSE_ON_FREE);
+    if (!c->scan || !c->bev) {
+        if (c->bev)
+            bufferevent_free(c->bev);
+        else
+            close(fd);
+        rpc_scanner_destroy(c->scan);
+        free(c);
+        return NULL;
+    }
+    c->open = true;
+    c->last_active_ms = mono_ms();
+    bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    bufferevent_setwatermark(c->bev, EV_READ, 0, READ_HIGH_WATER);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    worker_conn_added(w, c);
+    metrics_connections(1);
+    return c;
+}

@@ -1,0 +1,46 @@
+/* server/handlers.h: every RPC handler and its parameter schema, for methods.c's table.
+ *
+ * Handlers live in m_*.c by topic. Each declares `h_<name>` and `p_<name>` (its
+ * parameters, in the order of the P_* enum its file uses with req_arg).
+ */
+#ifndef ENGRAM_SERVER_HANDLERS_H
+#define ENGRAM_SERVER_HANDLERS_H
+
+#include <stddef.h>
+
+#include "req.h"
+#include "rpc.h"
+
+#define HANDLER(name)                                                                              \
+    void h_##name(req *r);                                                                         \
+    extern const rpc_param p_##name[];                                                             \
+    extern const size_t np_##name
+
+/* m_sys.c */
+HANDLER(ping);
+HANDLER(auth);
+HANDLER(methods);
+
+/* m_memory.c */
+HANDLER(memory_store);
+HANDLER(memory_search);
+HANDLER(memory_get);
+HANDLER(memory_delete);
+
+/* m_admin.c */
+HANDLER(admin_tenant_create);
+
+#define PARAMS(name, ...)                                                                          \
+    const rpc_param p_##name[] = {__VA_ARGS__};                                                    \
+    const size_t np_##name = sizeof(p_##name) / sizeof(p_##name[0])
+
+#define NO_PARAMS(name)                                                                            \
+    const rpc_param p_##name[] = {{NULL, RPC_T_ANY, 0, 0, 0}};                                     \
+    const size_t np_##name = 0
+
+/* tier names, indexed by conn_auth.tier */
+enum { TIER_FREE = 0, TIER_STANDARD, TIER_PREMIUM, TIER_COUNT };
+const char *tier_name(int tier);
+int tier_parse(const char *s, size_t n);
+
+#endif

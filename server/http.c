@@ -1,0 +1,113 @@
+/* server/http.c: /healthz and /metrics (see http.h). */
+#include "http.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "bg.h"
+#include "metrics.h"
+#include "tenants.h"
+
+struct http_srv {
+    server *srv;
+    struct evhttp *http;
+};
+
+static void reply(struct evhttp_request *rq, int code, const char *reason, const char *ctype,
+                  struct evbuffer *body)
+{
+    evhttp_add_header(evhttp_request_get_output_headers(rq), "Content-Type", ctype);
+    evhttp_send_reply(rq, code, reason, body);
+}
+
+static void on_healthz(struct evhttp_request *rq, void *arg)
+{
+    http_srv *h = arg;
+    server *s = h->srv;
+    struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        evhttp_send_error(rq, 500, "out of memory");
+        return;
+    }
+    bool started = atomic_load(&s->ready);
+    bool draining = atomic_load(&s->draining);
+    unsigned ready = metrics_db_ready();
+    bool db = ready >= s->nworkers;
+    bool listener = s->bg && bg_listener_ok(s->bg);
+    bool ok = started && !draining && db && listener;
+    evbuffer_add_printf(b,
+                        "{\"status\":\"%s\",\"started\":%s,\"draining\":%s,\"database\":\"%s\","
+                        "\"db_connections_ready\":%u,\"change_listener\":\"%s\"}\n",
+                        ok ? "ok" : "unavailable", started ? "true" : "false",
+                        draining ? "true" : "false", db ? "up" : "down", ready,
+                        listener ? "up" : "down");
+    reply(rq, ok ? 200 : 503, ok ? "OK" : "Service Unavailable", "application/json", b);
+    evbuffer_free(b);
+}
+
+static void on_metrics(struct evhttp_request *rq, void *arg)
+{
+    http_srv *h = arg;
+    struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        evhttp_send_error(rq, 500, "out of memory");
+        return;
+    }
+    uint64_t loaded = 0, vectors = 0, bytes = 0;
+    if (h->srv->tenants)
+        tenants_stats(h->srv->tenants, &loaded, &vectors, &bytes);
+    const char *names[] = {"engram_indexes_loaded", "engram_index_vectors", "engram_index_bytes"};
+    double vals[] = {(double)loaded, (double)vectors, (double)bytes};
+    metrics_render(b, names, vals, 3);
+    reply(rq, 200, "OK", "text/plain; version=0.0.4", b);
+    evbuffer_free(b);
+}
+
+static void on_other(struct evhttp_request *rq, void *arg)
+{
+    evhttp_send_error(rq, 404, "not found: try /healthz or /metrics");
+}
+
+http_srv *http_start(server *s, struct event_base *base, const char *host, int port, char *err,
+                     size_t errlen)
+{
+    http_srv *h = calloc(1, sizeof(*h));
+    if (!h) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    h->srv = s;
+    h->http = evhttp_new(base);
+    if (!h->http) {
+        snprintf(err, errlen, "out of memory");
+        free(h);
+        return NULL;
+    }
+    evhttp_set_allowed_methods(h->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+    evhttp_set_max_headers_size(h->http, 16384);
+    evhttp_set_max_body_size(h->http, 0);
+    evhttp_set_timeout(h->http, 10);
+    evhttp_set_cb(h->http, "/healthz", on_healthz, h);
+    evhttp_set_cb(h->http, "/metrics", on_metrics, h);
+    evhttp_set_gencb(h->http, on_other, h);
+    if (!evhttp_bind_socket_with_handle(h->http, host, (ev_uint16_t)port)) {
+        snprintf(err, errlen, "cannot bind HTTP port %s:%d", host, port);
+        evhttp_free(h->http);
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+void http_stop(http_srv *h)
+{
+    if (!h)
+        return;
+    evhttp_free(h->http);
+    free(h);
+}

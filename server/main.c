@@ -1,0 +1,384 @@
+/* server/main.c: engramd: start-up, the accept loop, signals and graceful shutdown. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <event2/thread.h>
+
+#include "auth.h"
+#include "bg.h"
+#include "db.h"
+#include "handlers.h"
+#include "http.h"
+#include "log.h"
+#include "methods.h"
+#include "metrics.h"
+#include "migrate.h"
+#include "server.h"
+#include "tenants.h"
+#include "worker.h"
+
+/* OpenBLAS's own setter (cblas.h of libopenblas declares it). */
+void openblas_set_num_threads(int n);
+
+#define STARTUP_DB_WAIT_MS 30000
+
+int64_t server_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+uint64_t server_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+typedef struct app {
+    server srv;
+    struct event_base *base;
+    struct evconnlistener *listener;
+    struct event *ev_relisten;
+    struct event *ev_sigint, *ev_sigterm;
+    http_srv *http;
+    unsigned next_worker;
+} app;
+
+/* ---- accepting ------------------------------------------------------------------------- */
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *addr, int len,
+                      void *arg)
+{
+    app *a = arg;
+    server *s = &a->srv;
+    if (atomic_load(&s->nconns) >= s->cfg.max_connections) {
+        metrics_conn_refused();
+        close(fd);
+        return;
+    }
+    atomic_fetch_add(&s->nconns, 1);
+    worker *w = s->workers[a->next_worker++ % s->nworkers];
+    if (worker_adopt(w, fd) < 0) {
+        atomic_fetch_sub(&s->nconns, 1);
+        close(fd);
+    }
+}
+
+static void on_relisten(evutil_socket_t fd, short what, void *arg)
+{
+    app *a = arg;
+    if (a->listener && !atomic_load(&a->srv.draining))
+        evconnlistener_enable(a->listener);
+}
+
+/* On EMFILE/ENFILE the listener would spin on the pending connection: pause it briefly. */
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+    app *a = arg;
+    int err = EVUTIL_SOCKET_ERROR();
+    log_warn("accept failed: %s; pausing the listener for 100 ms", strerror(err));
+    evconnlistener_disable(l);
+    struct timeval tv = {.tv_sec = 0, .tv_usec = 100000};
+    evtimer_add(a->ev_relisten, &tv);
+}
+
+/* ---- shutdown -------------------------------------------------------------------------- */
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    app *a = arg;
+    if (atomic_exchange(&a->srv.draining, true)) {
+        log_warn("second signal: exiting without waiting");
+        _exit(1);
+    }
+    log_info("received %s: finishing in-flight requests (up to %d ms)",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", a->srv.cfg.shutdown_timeout_ms);
+    if (a->listener)
+        evconnlistener_disable(a->listener);
+    for (unsigned i = 0; i < a->srv.nworkers; i++)
+        worker_drain(a->srv.workers[i]);
+    event_base_loopexit(a->base, NULL);
+}
+
+/* ---- start-up helpers -------------------------------------------------------------------- */
+
+static PGconn *connect_with_wait(const config *cfg)
+{
+    char err[512];
+    uint64_t start = server_mono_ns();
+    unsigned delay = 100;
+    for (;;) {
+        PGconn *c = db_connect_blocking(cfg->pg_dsn, NULL, 5000, err, sizeof(err));
+        if (c)
+            return c;
+        if (server_mono_ns() - start > (uint64_t)STARTUP_DB_WAIT_MS * 1000000u) {
+            log_error("cannot connect to PostgreSQL: %s", err);
+            return NULL;
+        }
+        log_warn("waiting for PostgreSQL: %s", err);
+        struct timespec ts = {.tv_sec = delay / 1000, .tv_nsec = (long)(delay % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        delay = delay * 2 > 2000 ? 2000 : delay * 2;
+    }
+}
+
+static int ensure_dir(const char *path)
+{
+    if (mkdir(path, 0700) == 0 || errno == EEXIST)
+        return 0;
+    log_error("cannot create directory %s: %s", path, strerror(errno));
+    return -1;
+}
+
+/* engramd create-tenant NAME TIER KEY_FILE: creates the tenant (or a new key for an
+ * existing one) and writes the key to KEY_FILE (mode 600), unless KEY_FILE exists. */
+static int create_tenant_cmd(server *s, PGconn *c, const char *name, const char *tier,
+                             const char *path)
+{
+    if (access(path, F_OK) == 0) {
+        log_info("%s exists; tenant '%s' already has its key", path, name);
+        return 0;
+    }
+    if (tier_parse(tier, strlen(tier)) < 0) {
+        log_error("tier must be free, standard or premium, not '%s'", tier);
+        return -1;
+    }
+    char key[AUTH_KEY_LEN + 1], key_id[AUTH_KEY_ID_LEN + 1], hex[65], dim[16], err[512];
+    uint8_t hash[32];
+    auth_new_key(key, key_id);
+    auth_hash(s, key, AUTH_KEY_LEN, hash);
+    auth_hash_hex(hash, hex);
+    snprintf(dim, sizeof(dim), "%d", s->cfg.embed_dim);
+    const char *vals[] = {name, tier, dim, key_id, hex};
+    PGresult *r = db_exec_blocking(
+        c,
+        "WITH t AS (INSERT INTO tenants (name, tier, embed_provider, embed_dim) VALUES ($1, $2, "
+        "'builtin', $3) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id) "
+        "INSERT INTO api_keys (tenant_id, name, key_id, key_hash) SELECT t.id, 'bootstrap', $4, "
+        "decode($5, 'hex') FROM t RETURNING tenant_id",
+        5, vals, err, sizeof(err));
+    if (!r) {
+        log_error("cannot create tenant '%s': %s", name, err);
+        return -1;
+    }
+    long long tid = atoll(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+        log_error("cannot create %s: %s", path, strerror(errno));
+        return -1;
+    }
+    size_t n = strlen(key);
+    bool ok = write(fd, key, n) == (ssize_t)n && write(fd, "\n", 1) == 1 && fsync(fd) == 0;
+    close(fd);
+    if (!ok) {
+        log_error("cannot write %s", path);
+        return -1;
+    }
+    log_info("tenant '%s' (id %lld, tier %s): API key written to %s", name, tid, tier, path);
+    return 0;
+}
+
+static const char **method_names(void)
+{
+    const char **names = calloc(methods_count, sizeof(*names));
+    for (size_t i = 0; names && i < methods_count; i++)
+        names[i] = methods_table[i].name;
+    return names;
+}
+
+int main(int argc, char **argv)
+{
+    enum { CMD_SERVE, CMD_MIGRATE, CMD_CREATE_TENANT } cmd = CMD_SERVE;
+    const char *ct_name = NULL, *ct_tier = NULL, *ct_file = NULL;
+    int shift = 0;
+    if (argc > 1 && strcmp(argv[1], "migrate") == 0) {
+        cmd = CMD_MIGRATE;
+        shift = 1;
+    } else if (argc > 1 && strcmp(argv[1], "create-tenant") == 0) {
+        if (argc < 5) {
+            fprintf(stderr, "usage: engramd create-tenant NAME TIER KEY_FILE [SETTINGS...]\n");
+            return 2;
+        }
+        cmd = CMD_CREATE_TENANT;
+        ct_name = argv[2];
+        ct_tier = argv[3];
+        ct_file = argv[4];
+        shift = 4;
+    }
+    argv[shift] = argv[0];
+    argc -= shift;
+    argv += shift;
+
+    static app a;
+    server *s = &a.srv;
+    bool exit_now = false;
+    if (config_load(&s->cfg, argc, argv, stdout, stderr, &exit_now) < 0)
+        return 2;
+    if (exit_now) {
+        config_free(&s->cfg);
+        return 0;
+    }
+    log_set_level((log_level)log_parse_level(s->cfg.log_level));
+    signal(SIGPIPE, SIG_IGN);
+    evthread_use_pthreads();
+    log_route_libevent();
+    /* one BLAS thread per query; queries run in parallel across workers */
+    openblas_set_num_threads(1);
+
+    int rc = 1;
+    const char **names = NULL;
+    PGconn *pg = NULL;
+    char err[512];
+    if (auth_init() < 0) {
+        log_error("libsodium failed to initialize");
+        goto out;
+    }
+    if (ensure_dir(s->cfg.data_dir) < 0)
+        goto out;
+    char secret_path[1024];
+    if (s->cfg.secret_file[0])
+        snprintf(secret_path, sizeof(secret_path), "%s", s->cfg.secret_file);
+    else
+        snprintf(secret_path, sizeof(secret_path), "%s/secret.key", s->cfg.data_dir);
+    if (auth_load_secret(s, secret_path, err, sizeof(err)) < 0) {
+        log_error("server secret: %s", err);
+        goto out;
+    }
+    if (s->cfg.admin_key_file[0] &&
+        auth_load_admin(s, s->cfg.admin_key_file, err, sizeof(err)) < 0) {
+        log_error("admin key: %s", err);
+        goto out;
+    }
+    pg = connect_with_wait(&s->cfg);
+    if (!pg)
+        goto out;
+    int applied = 0;
+    if (migrate_run(pg, &applied, err, sizeof(err)) < 0) {
+        log_error("schema migration failed: %s", err);
+        goto out;
+    }
+    if (applied)
+        log_info("applied %d schema migration(s); schema version %d", applied, migrate_latest());
+    if (cmd == CMD_MIGRATE) {
+        rc = 0;
+        goto out;
+    }
+    if (cmd == CMD_CREATE_TENANT) {
+        rc = create_tenant_cmd(s, pg, ct_name, ct_tier, ct_file) == 0 ? 0 : 1;
+        goto out;
+    }
+    PQfinish(pg);
+    pg = NULL;
+
+    if (methods_check() < 0)
+        goto out;
+    names = method_names();
+    if (!names || metrics_init(names, methods_count) < 0)
+        goto out;
+    rpc_limits_default(&s->limits);
+    s->limits.max_message = (size_t)s->cfg.max_message_bytes;
+    s->limits.max_depth = (unsigned)s->cfg.max_depth;
+    score_defaults(&s->score);
+    s->tenants = tenants_create(s);
+    s->bg = bg_create(s, (unsigned)s->cfg.bg_threads);
+    a.base = event_base_new();
+    if (!s->tenants || !s->bg || !a.base)
+        goto out;
+
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    s->nworkers = s->cfg.workers > 0 ? (unsigned)s->cfg.workers : (unsigned)(ncpu > 0 ? ncpu : 1);
+    s->workers = calloc(s->nworkers, sizeof(*s->workers));
+    if (!s->workers)
+        goto out;
+    for (unsigned i = 0; i < s->nworkers; i++) {
+        s->workers[i] = worker_create(s, i);
+        if (!s->workers[i] || worker_start(s->workers[i]) < 0) {
+            log_error("cannot start worker %u", i);
+            goto out;
+        }
+    }
+
+    struct sockaddr_storage ss;
+    int sslen = sizeof(ss);
+    char hostport[300];
+    snprintf(hostport, sizeof(hostport), strchr(s->cfg.listen_host, ':') ? "[%s]:%d" : "%s:%d",
+             s->cfg.listen_host, s->cfg.rpc_port);
+    if (evutil_parse_sockaddr_port(hostport, (struct sockaddr *)&ss, &sslen) < 0) {
+        log_error("listen_host '%s' is not an IP address", s->cfg.listen_host);
+        goto out;
+    }
+    a.ev_relisten = evtimer_new(a.base, on_relisten, &a);
+    a.listener =
+        evconnlistener_new_bind(a.base, on_accept, &a, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE,
+                                1024, (struct sockaddr *)&ss, sslen);
+    if (!a.listener || !a.ev_relisten) {
+        log_error("cannot listen on %s: %s", hostport, strerror(errno));
+        goto out;
+    }
+    evconnlistener_set_error_cb(a.listener, on_accept_error);
+    if (s->cfg.http_port > 0) {
+        a.http = http_start(s, a.base, s->cfg.listen_host, s->cfg.http_port, err, sizeof(err));
+        if (!a.http) {
+            log_error("%s", err);
+            goto out;
+        }
+    }
+    a.ev_sigint = evsignal_new(a.base, SIGINT, on_signal, &a);
+    a.ev_sigterm = evsignal_new(a.base, SIGTERM, on_signal, &a);
+    event_add(a.ev_sigint, NULL);
+    event_add(a.ev_sigterm, NULL);
+    atomic_store(&s->ready, true);
+    log_info("engramd ready: rpc %s, http %s:%d, %u workers, schema %d", hostport,
+             s->cfg.listen_host, s->cfg.http_port, s->nworkers, migrate_latest());
+    event_base_dispatch(a.base);
+    rc = 0;
+
+out:
+    if (a.listener)
+        evconnlistener_free(a.listener);
+    a.listener = NULL;
+    for (unsigned i = 0; s->workers && i < s->nworkers; i++)
+        if (s->workers[i])
+            worker_drain(s->workers[i]);
+    for (unsigned i = 0; s->workers && i < s->nworkers; i++)
+        worker_join(s->workers[i]);
+    bg_stop(s->bg);
+    s->bg = NULL;
+    for (unsigned i = 0; s->workers && i < s->nworkers; i++)
+        worker_destroy(s->workers[i]);
+    free(s->workers);
+    http_stop(a.http);
+    if (a.ev_sigint)
+        event_free(a.ev_sigint);
+    if (a.ev_sigterm)
+        event_free(a.ev_sigterm);
+    if (a.ev_relisten)
+        event_free(a.ev_relisten);
+    if (a.base)
+        event_base_free(a.base);
+    tenants_destroy(s->tenants);
+    metrics_fini();
+    free(names);
+    PQfinish(pg);
+    if (rc == 0 && cmd == CMD_SERVE)
+        log_info("engramd stopped");
+    config_free(&s->cfg);
+    libevent_global_shutdown();
+    return rc;
+}

@@ -1,0 +1,208 @@
+/* server/metrics.c: counters, histograms and the Prometheus exposition (see metrics.h). */
+#include "metrics.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+/* Latency bucket upper bounds in microseconds; the last bucket is +Inf. */
+static const uint64_t bucket_us[] = {50,     100,     250,     500,     1000,   2500,
+                                     5000,   10000,   25000,   50000,   100000, 250000,
+                                     500000, 1000000, 2500000, 10000000};
+#define NBUCKETS (sizeof(bucket_us) / sizeof(bucket_us[0]) + 1)
+#define MAX_WORKERS 256
+
+typedef struct method_stats {
+    atomic_uint_fast64_t by_code[RPC_CODE_COUNT];
+    atomic_uint_fast64_t buckets[NBUCKETS];
+    atomic_uint_fast64_t sum_us;
+} method_stats;
+
+typedef struct db_slot {
+    atomic_uint connections, ready;
+    atomic_size_t queued, inflight;
+    atomic_uint_fast64_t reconnects, failures;
+} db_slot;
+
+static const char *const *method_names;
+static size_t nmethods;
+static method_stats *stats; /* nmethods + 1: the last is for unknown methods */
+static atomic_long open_conns;
+static atomic_uint_fast64_t refused, malformed;
+static db_slot db_slots[MAX_WORKERS];
+
+int metrics_init(const char *const *names, size_t n)
+{
+    stats = calloc(n + 1, sizeof(*stats));
+    if (!stats)
+        return -ENOMEM;
+    method_names = names;
+    nmethods = n;
+    return 0;
+}
+
+void metrics_fini(void)
+{
+    free(stats);
+    stats = NULL;
+    nmethods = 0;
+}
+
+void metrics_request(size_t method, rpc_code code, uint64_t latency_us)
+{
+    if (!stats)
+        return;
+    method_stats *m = &stats[method < nmethods ? method : nmethods];
+    if ((unsigned)code >= RPC_CODE_COUNT)
+        code = RPC_INTERNAL;
+    atomic_fetch_add_explicit(&m->by_code[code], 1, memory_order_relaxed);
+    size_t b = 0;
+    while (b < NBUCKETS - 1 && latency_us > bucket_us[b])
+        b++;
+    atomic_fetch_add_explicit(&m->buckets[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->sum_us, latency_us, memory_order_relaxed);
+}
+
+void metrics_connections(int delta)
+{
+    atomic_fetch_add_explicit(&open_conns, delta, memory_order_relaxed);
+}
+
+void metrics_conn_refused(void)
+{
+    atomic_fetch_add_explicit(&refused, 1, memory_order_relaxed);
+}
+
+void metrics_malformed(void)
+{
+    atomic_fetch_add_explicit(&malformed, 1, memory_order_relaxed);
+}
+
+void metrics_db_publish(unsigned worker, unsigned connections, unsigned ready, size_t queued,
+                        size_t inflight, uint64_t reconnects, uint64_t failures)
+{
+    if (worker >= MAX_WORKERS)
+        return;
+    db_slot *s = &db_slots[worker];
+    atomic_store_explicit(&s->connections, connections, memory_order_relaxed);
+    atomic_store_explicit(&s->ready, ready, memory_order_relaxed);
+    atomic_store_explicit(&s->queued, queued, memory_order_relaxed);
+    atomic_store_explicit(&s->inflight, inflight, memory_order_relaxed);
+    atomic_store_explicit(&s->reconnects, reconnects, memory_order_relaxed);
+    atomic_store_explicit(&s->failures, failures, memory_order_relaxed);
+}
+
+unsigned metrics_db_ready(void)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < MAX_WORKERS; i++)
+        n += atomic_load_explicit(&db_slots[i].ready, memory_order_relaxed);
+    return n;
+}
+
+void metrics_render(struct evbuffer *out, const char *const *gauge_names, const double *gauges,
+                    size_t ngauges)
+{
+    evbuffer_add_printf(out, "# HELP engram_requests_total RPC requests by method and result "
+                             "code.\n# TYPE engram_requests_total counter\n");
+    for (size_t i = 0; stats && i <= nmethods; i++) {
+        const char *name = i < nmethods ? method_names[i] : "unknown";
+        for (int c = 0; c < RPC_CODE_COUNT; c++) {
+            uint64_t v = atomic_load_explicit(&stats[i].by_code[c], memory_order_relaxed);
+            if (v)
+                evbuffer_add_printf(out, "engram_requests_total{method=\"%s\",code=\"%s\"} %llu\n",
+                                    name, c == RPC_OK ? "ok" : rpc_code_name((rpc_code)c),
+                                    (unsigned long long)v);
+        }
+    }
+    evbuffer_add_printf(out, "# HELP engram_errors_total RPC requests that returned an error, by "
+                             "method and code.\n# TYPE engram_errors_total counter\n");
+    for (size_t i = 0; stats && i <= nmethods; i++) {
+        const char *name = i < nmethods ? method_names[i] : "unknown";
+        for (int c = 1; c < RPC_CODE_COUNT; c++) {
+            uint64_t v = atomic_load_explicit(&stats[i].by_code[c], memory_order_relaxed);
+            if (v)
+                evbuffer_add_printf(out, "engram_errors_total{method=\"%s\",code=\"%s\"} %llu\n",
+                                    name, rpc_code_name((rpc_code)c), (unsigned long long)v);
+        }
+    }
+    evbuffer_add_printf(out, "# HELP engram_request_duration_seconds RPC latency from the "
+                             "message's arrival to its response, by method.\n"
+                             "# TYPE engram_request_duration_seconds histogram\n");
+    for (size_t i = 0; stats && i <= nmethods; i++) {
+        const char *name = i < nmethods ? method_names[i] : "unknown";
+        uint64_t cum = 0, counts[NBUCKETS];
+        for (size_t b = 0; b < NBUCKETS; b++) {
+            counts[b] = atomic_load_explicit(&stats[i].buckets[b], memory_order_relaxed);
+            cum += counts[b];
+        }
+        if (!cum)
+            continue;
+        cum = 0;
+        for (size_t b = 0; b < NBUCKETS; b++) {
+            cum += counts[b];
+            if (b < NBUCKETS - 1)
+                evbuffer_add_printf(
+                    out,
+                    "engram_request_duration_seconds_bucket{method=\"%s\",le=\"%g\"}"
+                    " %llu\n",
+                    name, (double)bucket_us[b] / 1e6, (unsigned long long)cum);
+            else
+                evbuffer_add_printf(
+                    out,
+                    "engram_request_duration_seconds_bucket{method=\"%s\",le=\"+Inf\"}"
+                    " %llu\n",
+                    name, (unsigned long long)cum);
+        }
+        evbuffer_add_printf(out, "engram_request_duration_seconds_sum{method=\"%s\"} %.6f\n", name,
+                            (double)atomic_load_explicit(&stats[i].sum_us, memory_order_relaxed) /
+                                1e6);
+        evbuffer_add_printf(out, "engram_request_duration_seconds_count{method=\"%s\"} %llu\n",
+                            name, (unsigned long long)cum);
+    }
+    evbuffer_add_printf(out,
+                        "# HELP engram_connections Open client connections.\n"
+                        "# TYPE engram_connections gauge\nengram_connections %ld\n"
+                        "# HELP engram_connections_refused_total Connections refused at "
+                        "max_connections.\n# TYPE engram_connections_refused_total counter\n"
+                        "engram_connections_refused_total %llu\n"
+                        "# HELP engram_malformed_messages_total Connections closed for a "
+                        "malformed or hostile message.\n"
+                        "# TYPE engram_malformed_messages_total counter\n"
+                        "engram_malformed_messages_total %llu\n",
+                        (long)atomic_load(&open_conns), (unsigned long long)atomic_load(&refused),
+                        (unsigned long long)atomic_load(&malformed));
+    unsigned conns = 0, ready = 0;
+    size_t queued = 0, inflight = 0;
+    uint64_t reconnects = 0, failures = 0;
+    for (unsigned i = 0; i < MAX_WORKERS; i++) {
+        conns += atomic_load_explicit(&db_slots[i].connections, memory_order_relaxed);
+        ready += atomic_load_explicit(&db_slots[i].ready, memory_order_relaxed);
+        queued += atomic_load_explicit(&db_slots[i].queued, memory_order_relaxed);
+        inflight += atomic_load_explicit(&db_slots[i].inflight, memory_order_relaxed);
+        reconnects += atomic_load_explicit(&db_slots[i].reconnects, memory_order_relaxed);
+        failures += atomic_load_explicit(&db_slots[i].failures, memory_order_relaxed);
+    }
+    evbuffer_add_printf(
+        out,
+        "# HELP engram_db_pool_connections Database connections configured in worker pools.\n"
+        "# TYPE engram_db_pool_connections gauge\nengram_db_pool_connections %u\n"
+        "# HELP engram_db_pool_ready Database connections connected and prepared.\n"
+        "# TYPE engram_db_pool_ready gauge\nengram_db_pool_ready %u\n"
+        "# HELP engram_db_pool_queued Database jobs waiting for a connection.\n"
+        "# TYPE engram_db_pool_queued gauge\nengram_db_pool_queued %zu\n"
+        "# HELP engram_db_pool_inflight Database jobs sent and not yet answered.\n"
+        "# TYPE engram_db_pool_inflight gauge\nengram_db_pool_inflight %zu\n"
+        "# HELP engram_db_reconnects_total Database connections re-established after a loss.\n"
+        "# TYPE engram_db_reconnects_total counter\nengram_db_reconnects_total %llu\n"
+        "# HELP engram_db_unavailable_total Database jobs failed as unavailable.\n"
+        "# TYPE engram_db_unavailable_total counter\nengram_db_unavailable_total %llu\n",
+        conns, ready, queued, inflight, (unsigned long long)reconnects,
+        (unsigned long long)failures);
+    for (size_t i = 0; i < ngauges; i++)
+        evbuffer_add_printf(out, "# TYPE %s gauge\n%s %.17g\n", gauge_names[i], gauge_names[i],
+                            gauges[i]);
+}

@@ -1,0 +1,46 @@
+/* server/metrics.h: process-wide counters and histograms, rendered for Prometheus.
+ *
+ * Every recording function is lock-free (relaxed atomics) and may be called from any
+ * thread. Methods are identified by their index in the method table.
+ */
+#ifndef ENGRAM_SERVER_METRICS_H
+#define ENGRAM_SERVER_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rpc.h"
+
+struct evbuffer;
+
+/* metrics_init prepares counters for n methods named by names (static strings). Call once
+ * before any worker starts. Returns 0 or -ENOMEM. */
+int metrics_init(const char *const *names, size_t n);
+
+/* metrics_fini frees the counters. */
+void metrics_fini(void);
+
+/* metrics_request records one finished request of method (an index, or SIZE_MAX for an
+ * unknown method) with its result code and latency in microseconds. */
+void metrics_request(size_t method, rpc_code code, uint64_t latency_us);
+
+/* metrics_connections adds delta to the open-connection gauge; metrics_conn_refused counts
+ * a connection refused at the limit; metrics_malformed counts a connection closed for a
+ * malformed message. */
+void metrics_connections(int delta);
+void metrics_conn_refused(void);
+void metrics_malformed(void);
+
+/* Database pool state, summed over workers. Each worker publishes its own slot. */
+void metrics_db_publish(unsigned worker, unsigned connections, unsigned ready, size_t queued,
+                        size_t inflight, uint64_t reconnects, uint64_t failures);
+
+/* metrics_render appends the Prometheus text exposition of everything to out, plus the
+ * gauges the caller passes (name/value pairs; names must be valid metric names). */
+void metrics_render(struct evbuffer *out, const char *const *gauge_names, const double *gauges,
+                    size_t ngauges);
+
+/* metrics_db_ready returns the number of ready database connections over all workers. */
+unsigned metrics_db_ready(void);
+
+#endif

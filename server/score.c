@@ -1,0 +1,24 @@
+/* server/score.c: composite importance (see score.h). */
+#include "score.h"
+
+#include <math.h>
+
+void score_defaults(score_params *p)
+{
+    p->w_recency = 0.3;
+    p->w_access = 0.3;
+    p->w_explicit = 0.4;
+    p->recency_days = 30.0;
+    p->access_saturation = 10.0;
+}
+
+double score_composite(const score_params *p, int64_t created_ms, uint32_t access_count,
+                       double importance, int64_t now_ms)
+{
+    double age_days = now_ms > created_ms ? (double)(now_ms - created_ms) / 86400000.0 : 0.0;
+    double recency = exp(-age_days / p->recency_days);
+    double access = (double)access_count / p->access_saturation;
+    if (access > 1.0)
+        access = 1.0;
+    return p->w_recency * recency + p->w_access * access + p->w_explicit * importance;
+}

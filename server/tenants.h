@@ -1,0 +1,86 @@
+/* server/tenants.h: the registry of tenants' vector indexes.
+ *
+ * A tenant's index is loaded from PostgreSQL on first use (on a background thread; the
+ * request waits without blocking its worker) and then kept current by applying every
+ * change: the worker that committed a change applies it at once, and changes committed
+ * by other processes arrive through the change log. Each change carries the tenant's
+ * change number; the registry applies each number once, in any order, and keeps deletes
+ * from being undone by an older write that arrives late, so an index always converges to
+ * the database's state.
+ */
+#ifndef ENGRAM_SERVER_TENANTS_H
+#define ENGRAM_SERVER_TENANTS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bg.h"
+#include "loader.h"
+#include "server.h"
+#include "vindex.h"
+#include "worker.h"
+
+/* What the index keeps per memory, next to its vector (vindex metadata). */
+typedef struct mem_meta {
+    uint64_t agent_id;
+    uint64_t clade_id;
+    uint64_t seq; /* the change that last wrote this memory */
+    int64_t created_ms;
+    int64_t last_access_ms; /* 0: never accessed */
+    int64_t expires_ms;     /* INT64_MAX: never expires */
+    int64_t archived_ms;    /* 0: live */
+    float importance;
+    uint32_t access_count;
+    uint8_t type;  /* mem_type */
+    uint8_t scope; /* mem_scope */
+} mem_meta;
+
+typedef struct tenants tenants;
+typedef struct tenant tenant;
+
+/* tenants_create returns an empty registry; tenants_destroy frees it and every index. */
+tenants *tenants_create(server *s);
+void tenants_destroy(tenants *ts);
+
+/* tenants_get returns the tenant's entry (created on first call, not yet loaded) with a
+ * reference the caller drops with tenant_put. dim is the tenant's embedding dimension.
+ * Returns NULL when out of memory. Any thread. */
+tenant *tenants_get(tenants *ts, int64_t id, uint32_t dim);
+void tenant_put(tenant *t);
+
+/* tenant_when_ready calls cb(arg, 0, NULL) on w's thread once the index is loaded, or
+ * cb(arg, -1, reason) when loading failed. When it is already loaded, returns 1 without
+ * calling cb (the caller continues at once); otherwise returns 0 and cb runs later. The
+ * reference on t must be held until cb has run. Returns -ENOMEM on failure. */
+int tenant_when_ready(tenant *t, worker *w, void (*cb)(void *arg, int status, const char *err),
+                      void *arg);
+
+/* tenant_index returns the loaded index (valid while the reference is held and the
+ * tenant is loaded). */
+vindex *tenant_index(tenant *t);
+
+/* tenant_apply_upsert applies change seq: memory id now has vector vec (NULL: unchanged)
+ * and metadata m. tenant_apply_delete applies change seq: id was deleted. Both are no-ops
+ * for changes already applied and safe from any thread. */
+void tenant_apply_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const mem_meta *m);
+void tenant_apply_delete(tenant *t, uint64_t seq, uint64_t id);
+
+/* tenants_notify_change tells the registry that change seq of tenant id was committed
+ * somewhere (listener thread); if the index is loaded and lacks it, a catch-up from the
+ * change log is scheduled. */
+void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq);
+
+/* tenants_catch_up_all schedules a catch-up of every loaded tenant (after the listener
+ * reconnects, notifications may have been missed). */
+void tenants_catch_up_all(tenants *ts);
+
+/* tenants_forget drops a tenant's index (tenant deleted). */
+void tenants_forget(tenants *ts, int64_t id);
+
+/* mem_meta_from_row fills m from a loader row. */
+void mem_meta_from_row(mem_meta *m, const loader_row *row);
+
+/* tenants_loaded returns how many indexes are loaded and their vectors in total. */
+void tenants_stats(tenants *ts, uint64_t *loaded, uint64_t *vectors, uint64_t *bytes);
+
+#endif

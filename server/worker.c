@@ -1,0 +1,327 @@
+/* server/worker.c: worker threads, their mailboxes and shutdown drain (see worker.h). */
+#include "worker.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "conn.h"
+#include "log.h"
+#include "metrics.h"
+#include "sql.h"
+
+typedef struct wmsg {
+    struct wmsg *next;
+    void (*fn)(void *arg);
+    void *arg;
+} wmsg;
+
+struct worker {
+    server *srv;
+    unsigned idx;
+    pthread_t th;
+    bool started;
+    struct event_base *base;
+    db_pool *db;
+    pthread_mutex_t mu; /* guards the mailbox */
+    wmsg *mhead, *mtail;
+    struct event *ev_mail;
+    struct event *ev_tick;
+    conn *conns;
+    unsigned nconns;
+    unsigned inflight;
+    bool draining;
+    uint64_t drain_deadline_ms;
+};
+
+static uint64_t mono_ms(void)
+{
+    return server_mono_ns() / 1000000u;
+}
+
+static void on_db_event(void *ud, int level, const char *msg)
+{
+    worker *w = ud;
+    switch (level) {
+    case 0:
+        log_debug("worker %u: %s", w->idx, msg);
+        break;
+    case 1:
+        log_info("worker %u: %s", w->idx, msg);
+        break;
+    case 2:
+        log_warn("worker %u: %s", w->idx, msg);
+        break;
+    default:
+        log_error("worker %u: %s", w->idx, msg);
+        break;
+    }
+}
+
+static void on_mail(evutil_socket_t fd, short what, void *arg)
+{
+    worker *w = arg;
+    pthread_mutex_lock(&w->mu);
+    wmsg *m = w->mhead;
+    w->mhead = w->mtail = NULL;
+    pthread_mutex_unlock(&w->mu);
+    while (m) {
+        wmsg *next = m->next;
+        m->fn(m->arg);
+        free(m);
+        m = next;
+    }
+}
+
+static void finish_drain(worker *w)
+{
+    conn *c = w->conns;
+    while (c) {
+        conn *next = conn_next(c);
+        conn_close(c);
+        c = next;
+    }
+    event_base_loopexit(w->base, NULL);
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    worker *w = arg;
+    uint64_t now = mono_ms();
+    for (conn *c = w->conns, *next; c; c = next) {
+        next = conn_next(c);
+        conn_tick(c, now);
+    }
+    db_pool_stats st;
+    db_pool_get_stats(w->db, &st);
+    metrics_db_publish(w->idx, st.connections, st.ready, st.queued, st.inflight, st.reconnects,
+                       st.failures);
+    if (w->draining) {
+        bool flushed = true;
+        for (conn *c = w->conns; c; c = conn_next(c))
+            if (conn_output_pending(c))
+                flushed = false;
+        if ((w->inflight == 0 && flushed) || now >= w->drain_deadline_ms) {
+            if (w->inflight)
+                log_warn("worker %u: shutdown timeout with %u requests in flight", w->idx,
+                         w->inflight);
+            finish_drain(w);
+        }
+    }
+}
+
+worker *worker_create(server *s, unsigned idx)
+{
+    worker *w = calloc(1, sizeof(*w));
+    if (!w)
+        return NULL;
+    w->srv = s;
+    w->idx = idx;
+    pthread_mutex_init(&w->mu, NULL);
+    w->base = event_base_new();
+    if (!w->base)
+        goto fail;
+    w->ev_mail = event_new(w->base, -1, EV_PERSIST, on_mail, w);
+    w->ev_tick = event_new(w->base, -1, EV_PERSIST, on_tick, w);
+    if (!w->ev_mail || !w->ev_tick)
+        goto fail;
+    event_add(w->ev_mail, NULL);
+    struct timeval tick = {.tv_sec = 0, .tv_usec = 100000};
+    event_add(w->ev_tick, &tick);
+    const config *cfg = &s->cfg;
+    db_config dc = {
+        .dsn = cfg->pg_dsn,
+        .connections = (unsigned)cfg->pg_pool_size,
+        .max_inflight = 128,
+        .queue_timeout_ms = (unsigned)cfg->db_queue_timeout_ms,
+        .query_timeout_ms = (unsigned)cfg->db_query_timeout_ms,
+        .backoff_min_ms = 50,
+        .backoff_max_ms = (unsigned)cfg->db_backoff_max_ms,
+        .max_queue = 65536,
+        .role = cfg->pg_role[0] ? cfg->pg_role : NULL,
+        .stmts = sql_stmts,
+        .nstmts = SQL__COUNT,
+        .on_event = on_db_event,
+        .ud = w,
+    };
+    w->db = db_pool_create(w->base, &dc);
+    if (!w->db)
+        goto fail;
+    return w;
+fail:
+    db_pool_destroy(w->db);
+    if (w->ev_mail)
+        event_free(w->ev_mail);
+    if (w->ev_tick)
+        event_free(w->ev_tick);
+    if (w->base)
+        event_base_free(w->base);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+    return NULL;
+}
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    event_base_dispatch(w->base);
+    return NULL;
+}
+
+int worker_start(worker *w)
+{
+    int rc = pthread_create(&w->th, NULL, worker_main, w);
+    if (rc != 0)
+        return -rc;
+    w->started = true;
+    return 0;
+}
+
+static void do_drain(void *arg)
+{
+    worker *w = arg;
+    if (w->draining)
+        return;
+    w->draining = true;
+    w->drain_deadline_ms = mono_ms() + (uint64_t)w->srv->cfg.shutdown_timeout_ms;
+    for (conn *c = w->conns; c; c = conn_next(c))
+        conn_stop_reading(c);
+}
+
+void worker_drain(worker *w)
+{
+    if (worker_post(w, do_drain, w) < 0)
+        event_base_loopexit(w->base, NULL);
+}
+
+void worker_join(worker *w)
+{
+    if (w && w->started) {
+        pthread_join(w->th, NULL);
+        w->started = false;
+    }
+}
+
+void worker_destroy(worker *w)
+{
+    if (!w)
+        return;
+    worker_join(w);
+    /* finish what other threads posted before they stopped, then fail whatever still waits
+     * on the database: the pool runs those callbacks as it is destroyed */
+    on_mail(-1, 0, w);
+    for (conn *c = w->conns, *next; c; c = next) {
+        next = conn_next(c);
+        conn_close(c);
+    }
+    db_pool_destroy(w->db);
+    w->db = NULL;
+    on_mail(-1, 0, w);
+    event_free(w->ev_mail);
+    event_free(w->ev_tick);
+    event_base_free(w->base);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}
+
+int worker_post(worker *w, void (*fn)(void *arg), void *arg)
+{
+    wmsg *m = malloc(sizeof(*m));
+    if (!m)
+        return -ENOMEM;
+    m->fn = fn;
+    m->arg = arg;
+    m->next = NULL;
+    pthread_mutex_lock(&w->mu);
+    if (w->mtail)
+        w->mtail->next = m;
+    else
+        w->mhead = m;
+    w->mtail = m;
+    pthread_mutex_unlock(&w->mu);
+    event_active(w->ev_mail, EV_READ, 0);
+    return 0;
+}
+
+typedef struct adopt_msg {
+    worker *w;
+    int fd;
+} adopt_msg;
+
+static void do_adopt(void *arg)
+{
+    adopt_msg *a = arg;
+    if (a->w->draining) {
+        close(a->fd);
+        atomic_fetch_sub(&a->w->srv->nconns, 1);
+    } else if (!conn_create(a->w, a->fd)) {
+        log_warn("worker %u: cannot set up a connection (out of memory)", a->w->idx);
+        atomic_fetch_sub(&a->w->srv->nconns, 1);
+    }
+    free(a);
+}
+
+int worker_adopt(worker *w, int fd)
+{
+    adopt_msg *a = malloc(sizeof(*a));
+    if (!a)
+        return -ENOMEM;
+    a->w = w;
+    a->fd = fd;
+    int rc = worker_post(w, do_adopt, a);
+    if (rc < 0)
+        free(a);
+    return rc;
+}
+
+struct event_base *worker_base(worker *w)
+{
+    return w->base;
+}
+
+db_pool *worker_db(worker *w)
+{
+    return w->db;
+}
+
+server *worker_server(worker *w)
+{
+    return w->srv;
+}
+
+unsigned worker_index(worker *w)
+{
+    return w->idx;
+}
+
+void worker_conn_added(worker *w, conn *c)
+{
+    conn_link(&w->conns, c);
+    w->nconns++;
+}
+
+void worker_conn_removed(worker *w, conn *c)
+{
+    conn_unlink(&w->conns, c);
+    w->nconns--;
+}
+
+void worker_req_started(worker *w)
+{
+    w->inflight++;
+}
+
+void worker_req_finished(worker *w)
+{
+    w->inflight--;
+}
+
+bool worker_draining(worker *w)
+{
+    return w->draining;
+}

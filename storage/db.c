@@ -1,0 +1,830 @@
+/* storage/db.c: the asynchronous PostgreSQL pool (see db.h for the contract). */
+#include "db.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/event.h>
+
+/* Kinds of statement a job can hold: internal set-up work uses the raw and prepare kinds. */
+enum { Q_EXEC_PREPARED, Q_EXEC_RAW, Q_PREPARE };
+
+struct db_conn;
+
+typedef struct db_job_query {
+    int kind;
+    const char *stmt; /* statement name (EXEC_PREPARED, PREPARE) */
+    const char *sql;  /* RAW and PREPARE */
+    int nparams;
+    const char **values;
+    int *lengths;
+    int *formats;
+    int result_format;
+} db_job_query;
+
+typedef struct db_job {
+    struct db_job *next;
+    db_cb cb;
+    void *arg;
+    void (*internal_done)(struct db_conn *c, struct db_job *j); /* set-up jobs */
+    int nq;                                                     /* queries in q */
+    db_job_query *q; /* nq entries, allocated with the job */
+    char *blob;      /* owns copies of parameter values */
+    uint64_t queued_ms;
+    uint64_t sent_ms;
+    /* result collection */
+    int cur;        /* index of the query whose results are arriving */
+    bool got_cur;   /* a result for q[cur] has been stored */
+    PGresult **res; /* nq entries, allocated with the job */
+    bool failed;
+    char sqlstate[6];
+    char *errmsg;
+    char *detail;
+} db_job;
+
+enum { C_DOWN, C_CONNECTING, C_SETUP, C_READY };
+
+typedef struct db_conn {
+    db_pool *pool;
+    PGconn *pg;
+    int state;
+    struct event *ev_io;    /* persistent read (and write while connecting/flushing) */
+    struct event *ev_retry; /* backoff timer */
+    bool want_write;
+    db_job *head, *tail; /* in flight, in pipeline order */
+    size_t ninflight;
+    unsigned backoff_ms;
+    bool ever_ready;
+} db_conn;
+
+struct db_pool {
+    struct event_base *base;
+    db_config cfg;
+    char *dsn;
+    char *role;           /* "SET ROLE ..." or NULL */
+    char timeout_sql[64]; /* "SET statement_timeout = ..." */
+    db_conn *conns;
+    db_job *qhead, *qtail; /* waiting for a connection */
+    size_t nqueued;
+    db_job *done_head, *done_tail; /* failed jobs whose callbacks are pending */
+    struct event *ev_done;
+    struct event *ev_tick;
+    uint64_t reconnects;
+    uint64_t failures;
+    bool destroying;
+};
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void emit(db_pool *p, int level, const char *fmt, ...)
+{
+    if (!p->cfg.on_event)
+        return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    /* libpq messages end with a newline; logs want one line */
+    size_t n = strlen(buf);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+        buf[--n] = '\0';
+    p->cfg.on_event(p->cfg.ud, level, buf);
+}
+
+/* Allocates a job with room for n queries and their results. */
+static db_job *job_alloc(int n)
+{
+    db_job *j = calloc(1, sizeof(*j) + (size_t)n * (sizeof(db_job_query) + sizeof(PGresult *)));
+    if (!j)
+        return NULL;
+    j->q = (db_job_query *)(void *)(j + 1);
+    j->res = (PGresult **)(void *)(j->q + n);
+    return j;
+}
+
+static void job_free(db_job *j)
+{
+    if (!j)
+        return;
+    for (int i = 0; i < j->nq; i++)
+        PQclear(j->res[i]);
+    free(j->errmsg);
+    free(j->detail);
+    free(j->blob);
+    free(j);
+}
+
+static void job_set_error(db_job *j, const char *sqlstate, const char *msg, const char *detail)
+{
+    if (j->failed)
+        return;
+    j->failed = true;
+    snprintf(j->sqlstate, sizeof(j->sqlstate), "%s", sqlstate ? sqlstate : "");
+    j->errmsg = strdup(msg ? msg : "unknown error");
+    j->detail = detail ? strdup(detail) : NULL;
+}
+
+/* Delivers a finished job to its callback and frees it. */
+static void job_complete(db_job *j, db_status st)
+{
+    db_result r = {0};
+    char msg[512];
+    r.status = st;
+    if (st == DB_OK) {
+        r.res = j->res;
+        r.nres = j->nq;
+        /* the RLS set-up query, when present, is hidden from the caller */
+        if (j->nq > 0 && j->q[0].kind == Q_EXEC_PREPARED && strcmp(j->q[0].stmt, "__rls") == 0) {
+            r.res = j->res + 1;
+            r.nres = j->nq - 1;
+        }
+    } else {
+        snprintf(msg, sizeof(msg), "%s", j->errmsg ? j->errmsg : "database unavailable");
+        size_t n = strlen(msg);
+        while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' '))
+            msg[--n] = '\0';
+        r.message = msg;
+        r.sqlstate = j->sqlstate;
+        r.detail = j->detail;
+    }
+    if (j->cb)
+        j->cb(j->arg, &r);
+    job_free(j);
+}
+
+/* Queues a job for a deferred DB_UNAVAILABLE callback (never called back synchronously). */
+static void job_defer_fail(db_pool *p, db_job *j, const char *why)
+{
+    if (!j->failed) {
+        j->failed = true;
+        j->errmsg = strdup(why);
+    }
+    j->next = NULL;
+    if (p->done_tail)
+        p->done_tail->next = j;
+    else
+        p->done_head = j;
+    p->done_tail = j;
+    p->failures++;
+    event_active(p->ev_done, 0, 0);
+}
+
+static void on_done(evutil_socket_t fd, short what, void *arg)
+{
+    db_pool *p = arg;
+    db_job *j = p->done_head;
+    p->done_head = p->done_tail = NULL;
+    while (j) {
+        db_job *next = j->next;
+        if (j->internal_done)
+            job_free(j);
+        else
+            job_complete(j, DB_UNAVAILABLE);
+        j = next;
+    }
+}
+
+static void conn_schedule_retry(db_conn *c);
+static void conn_start(db_conn *c);
+static void dispatch(db_pool *p);
+
+/* Closes c, fails everything in flight on it, and schedules a reconnect. */
+static void conn_fail(db_conn *c, const char *why)
+{
+    db_pool *p = c->pool;
+    if (c->state == C_READY || c->state == C_SETUP)
+        emit(p, 2, "database connection lost: %s", why);
+    db_job *j = c->head;
+    c->head = c->tail = NULL;
+    c->ninflight = 0;
+    while (j) {
+        db_job *next = j->next;
+        job_defer_fail(p, j, why);
+        j = next;
+    }
+    if (c->ev_io) {
+        event_free(c->ev_io);
+        c->ev_io = NULL;
+    }
+    if (c->pg) {
+        PQfinish(c->pg);
+        c->pg = NULL;
+    }
+    c->state = C_DOWN;
+    c->want_write = false;
+    if (!p->destroying)
+        conn_schedule_retry(c);
+}
+
+static void conn_update_io(db_conn *c, bool want_write)
+{
+    if (c->want_write == want_write && event_pending(c->ev_io, EV_READ, NULL))
+        return;
+    event_del(c->ev_io);
+    event_assign(c->ev_io, c->pool->base, PQsocket(c->pg),
+                 EV_READ | EV_PERSIST | (want_write ? EV_WRITE : 0), event_get_callback(c->ev_io),
+                 c);
+    event_add(c->ev_io, NULL);
+    c->want_write = want_write;
+}
+
+/* Flushes libpq's output buffer; waits for writability when the socket is full. */
+static bool conn_flush(db_conn *c)
+{
+    int r = PQflush(c->pg);
+    if (r < 0) {
+        conn_fail(c, PQerrorMessage(c->pg));
+        return false;
+    }
+    conn_update_io(c, r == 1);
+    return true;
+}
+
+/* Sends the queries of j and a sync; appends j to the in-flight list. Returns false when
+ * the connection failed (j is then not owned by c: the caller still owns it). */
+static bool conn_send(db_conn *c, db_job *j)
+{
+    for (int i = 0; i < j->nq; i++) {
+        db_job_query *q = &j->q[i];
+        int ok;
+        switch (q->kind) {
+        case Q_EXEC_PREPARED:
+            ok = PQsendQueryPrepared(c->pg, q->stmt, q->nparams, q->values, q->lengths, q->formats,
+                                     q->result_format);
+            break;
+        case Q_EXEC_RAW:
+            ok = PQsendQueryParams(c->pg, q->sql, 0, NULL, NULL, NULL, NULL, 0);
+            break;
+        default:
+            ok = PQsendPrepare(c->pg, q->stmt, q->sql, q->nparams, NULL);
+            break;
+        }
+        if (!ok)
+            return false;
+    }
+    if (!PQpipelineSync(c->pg))
+        return false;
+    j->sent_ms = now_ms();
+    j->cur = 0;
+    j->got_cur = false;
+    j->next = NULL;
+    if (c->tail)
+        c->tail->next = j;
+    else
+        c->head = j;
+    c->tail = j;
+    c->ninflight++;
+    return true;
+}
+
+static void setup_done(db_conn *c, db_job *j)
+{
+    db_pool *p = c->pool;
+    if (j->failed) {
+        emit(p, 3, "database session set-up failed: %s", j->errmsg ? j->errmsg : "?");
+        job_free(j);
+        conn_fail(c, "session set-up failed");
+        return;
+    }
+    job_free(j);
+    c->state = C_READY;
+    c->backoff_ms = 0;
+    if (c->ever_ready)
+        p->reconnects++;
+    emit(p, 1, "database connection %s", c->ever_ready ? "re-established" : "ready");
+    c->ever_ready = true;
+    dispatch(p);
+}
+
+/* Processes every result libpq has buffered. */
+static void conn_read_results(db_conn *c)
+{
+    while (c->state == C_READY || c->state == C_SETUP) {
+        db_job *j = c->head;
+        if (!j)
+            break;
+        if (PQisBusy(c->pg))
+            break;
+        PGresult *r = PQgetResult(c->pg);
+        if (j->cur < j->nq) {
+            if (r == NULL) {
+                j->cur++;
+                j->got_cur = false;
+                continue;
+            }
+            ExecStatusType st = PQresultStatus(r);
+            if (st == PGRES_FATAL_ERROR) {
+                job_set_error(j, PQresultErrorField(r, PG_DIAG_SQLSTATE),
+                              PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY),
+                              PQresultErrorField(r, PG_DIAG_MESSAGE_DETAIL));
+                PQclear(r);
+            } else if (st == PGRES_PIPELINE_ABORTED || j->got_cur) {
+                PQclear(r);
+            } else {
+                j->res[j->cur] = r;
+                j->got_cur = true;
+            }
+            continue;
+        }
+        /* every query answered: the next result is the sync */
+        if (r == NULL)
+            continue;
+        ExecStatusType st = PQresultStatus(r);
+        PQclear(r);
+        if (st != PGRES_PIPELINE_SYNC) {
+            conn_fail(c, "unexpected result order on database connection");
+            return;
+        }
+        c->head = j->next;
+        if (!c->head)
+            c->tail = NULL;
+        c->ninflight--;
+        if (j->internal_done) {
+            j->internal_done(c, j);
+        } else {
+            job_complete(j, j->failed ? DB_ERROR : DB_OK);
+        }
+    }
+}
+
+static void on_io(evutil_socket_t fd, short what, void *arg);
+
+static void conn_begin_setup(db_conn *c)
+{
+    db_pool *p = c->pool;
+    if (PQsetnonblocking(c->pg, 1) != 0 || PQenterPipelineMode(c->pg) != 1) {
+        conn_fail(c, "cannot enter pipeline mode");
+        return;
+    }
+    db_job *j = job_alloc(4 + (int)p->cfg.nstmts);
+    if (!j) {
+        conn_fail(c, "out of memory");
+        return;
+    }
+    j->internal_done = setup_done;
+    j->q[j->nq++] = (db_job_query){.kind = Q_EXEC_RAW, .sql = "SET client_min_messages = warning"};
+    /* PostgreSQL cancels a statement we have given up on */
+    j->q[j->nq++] = (db_job_query){.kind = Q_EXEC_RAW, .sql = p->timeout_sql};
+    if (p->role)
+        j->q[j->nq++] = (db_job_query){.kind = Q_EXEC_RAW, .sql = p->role};
+    j->q[j->nq++] = (db_job_query){.kind = Q_PREPARE,
+                                   .stmt = "__rls",
+                                   .sql = "SELECT set_config('engram.tenant_id', $1, true)",
+                                   .nparams = 1};
+    for (size_t i = 0; i < p->cfg.nstmts; i++) {
+        const db_stmt_def *s = &p->cfg.stmts[i];
+        j->q[j->nq++] = (db_job_query){
+            .kind = Q_PREPARE, .stmt = s->name, .sql = s->sql, .nparams = s->nparams};
+    }
+    c->state = C_SETUP;
+    if (!conn_send(c, j)) {
+        job_free(j);
+        conn_fail(c, PQerrorMessage(c->pg));
+        return;
+    }
+    conn_flush(c);
+}
+
+static void conn_poll_connect(db_conn *c)
+{
+    PostgresPollingStatusType st = PQconnectPoll(c->pg);
+    switch (st) {
+    case PGRES_POLLING_OK:
+        conn_begin_setup(c);
+        return;
+    case PGRES_POLLING_FAILED:
+        if (c->pool->cfg.on_event && (!c->ever_ready || c->backoff_ms == 0))
+            emit(c->pool, 2, "database connection failed: %s", PQerrorMessage(c->pg));
+        conn_fail(c, PQerrorMessage(c->pg));
+        return;
+    default:
+        /* the socket may change between attempts (several hosts, IPv4/IPv6) */
+        event_del(c->ev_io);
+        event_assign(c->ev_io, c->pool->base, PQsocket(c->pg),
+                     (st == PGRES_POLLING_WRITING ? EV_WRITE : EV_READ), on_io, c);
+        event_add(c->ev_io, NULL);
+        return;
+    }
+}
+
+static void on_io(evutil_socket_t fd, short what, void *arg)
+{
+    db_conn *c = arg;
+    if (c->state == C_CONNECTING) {
+        conn_poll_connect(c);
+        return;
+    }
+    if (what & EV_WRITE) {
+        if (!conn_flush(c))
+            return;
+    }
+    if (what & EV_READ) {
+        if (!PQconsumeInput(c->pg)) {
+            conn_fail(c, PQerrorMessage(c->pg));
+            return;
+        }
+        conn_read_results(c);
+        if (c->state == C_DOWN)
+            return;
+        if (PQstatus(c->pg) == CONNECTION_BAD) {
+            conn_fail(c, PQerrorMessage(c->pg));
+            return;
+        }
+        /* notices and stray notifications are simply dropped here */
+        PGnotify *n;
+        while ((n = PQnotifies(c->pg)) != NULL)
+            PQfreemem(n);
+    }
+}
+
+static void conn_start(db_conn *c)
+{
+    db_pool *p = c->pool;
+    c->pg = PQconnectStart(p->dsn);
+    if (!c->pg) {
+        conn_schedule_retry(c);
+        return;
+    }
+    if (PQstatus(c->pg) == CONNECTION_BAD) {
+        emit(p, 2, "database connection failed: %s", PQerrorMessage(c->pg));
+        PQfinish(c->pg);
+        c->pg = NULL;
+        conn_schedule_retry(c);
+        return;
+    }
+    c->state = C_CONNECTING;
+    c->ev_io = event_new(p->base, PQsocket(c->pg), EV_WRITE, on_io, c);
+    if (!c->ev_io) {
+        conn_fail(c, "out of memory");
+        return;
+    }
+    event_add(c->ev_io, NULL);
+    c->want_write = false;
+}
+
+static void on_retry(evutil_socket_t fd, short what, void *arg)
+{
+    conn_start(arg);
+}
+
+static void conn_schedule_retry(db_conn *c)
+{
+    db_pool *p = c->pool;
+    unsigned d = c->backoff_ms ? c->backoff_ms * 2 : p->cfg.backoff_min_ms;
+    if (d > p->cfg.backoff_max_ms)
+        d = p->cfg.backoff_max_ms;
+    c->backoff_ms = d;
+    struct timeval tv = {.tv_sec = d / 1000, .tv_usec = (d % 1000) * 1000};
+    evtimer_add(c->ev_retry, &tv);
+}
+
+/* Moves waiting jobs onto ready connections with room. */
+static void dispatch(db_pool *p)
+{
+    while (p->qhead) {
+        db_conn *best = NULL;
+        for (unsigned i = 0; i < p->cfg.connections; i++) {
+            db_conn *c = &p->conns[i];
+            if (c->state != C_READY || c->ninflight >= p->cfg.max_inflight)
+                continue;
+            if (!best || c->ninflight < best->ninflight)
+                best = c;
+        }
+        if (!best)
+            return;
+        db_job *j = p->qhead;
+        p->qhead = j->next;
+        if (!p->qhead)
+            p->qtail = NULL;
+        p->nqueued--;
+        if (!conn_send(best, j)) {
+            /* put it back at the front and drop the connection */
+            j->next = p->qhead;
+            p->qhead = j;
+            if (!p->qtail)
+                p->qtail = j;
+            p->nqueued++;
+            conn_fail(best, PQerrorMessage(best->pg));
+            continue;
+        }
+        if (!conn_flush(best))
+            continue;
+    }
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    db_pool *p = arg;
+    uint64_t now = now_ms();
+    /* jobs that waited too long for a connection */
+    db_job **pp = &p->qhead;
+    db_job *last = NULL;
+    while (*pp) {
+        db_job *j = *pp;
+        if (now - j->queued_ms >= p->cfg.queue_timeout_ms) {
+            *pp = j->next;
+            p->nqueued--;
+            job_defer_fail(p, j, "database unavailable: no connection");
+        } else {
+            last = j;
+            pp = &j->next;
+        }
+    }
+    p->qtail = last;
+    /* connections whose oldest job has run too long are presumed stuck */
+    for (unsigned i = 0; i < p->cfg.connections; i++) {
+        db_conn *c = &p->conns[i];
+        if ((c->state == C_READY || c->state == C_SETUP) && c->head &&
+            now - c->head->sent_ms >= p->cfg.query_timeout_ms + 1000)
+            conn_fail(c, "database did not answer in time");
+    }
+}
+
+db_pool *db_pool_create(struct event_base *base, const db_config *cfg)
+{
+    if (!base || !cfg || !cfg->dsn || cfg->connections == 0 || cfg->max_inflight == 0)
+        return NULL;
+    db_pool *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    p->base = base;
+    p->cfg = *cfg;
+    if (!p->cfg.backoff_min_ms)
+        p->cfg.backoff_min_ms = 100;
+    if (p->cfg.backoff_max_ms < p->cfg.backoff_min_ms)
+        p->cfg.backoff_max_ms = p->cfg.backoff_min_ms;
+    if (!p->cfg.queue_timeout_ms)
+        p->cfg.queue_timeout_ms = 2000;
+    if (!p->cfg.query_timeout_ms)
+        p->cfg.query_timeout_ms = 10000;
+    if (!p->cfg.max_queue)
+        p->cfg.max_queue = 100000;
+    snprintf(p->timeout_sql, sizeof(p->timeout_sql), "SET statement_timeout = %u",
+             p->cfg.query_timeout_ms);
+    p->dsn = strdup(cfg->dsn);
+    if (!p->dsn)
+        goto fail;
+    if (cfg->role) {
+        /* quote the role as an identifier; it comes from our configuration */
+        size_t n = strlen(cfg->role);
+        p->role = malloc(n * 2 + 16);
+        if (!p->role)
+            goto fail;
+        char *o = p->role + sprintf(p->role, "SET ROLE \"");
+        for (size_t i = 0; i < n; i++) {
+            if (cfg->role[i] == '"')
+                *o++ = '"';
+            *o++ = cfg->role[i];
+        }
+        *o++ = '"';
+        *o = '\0';
+    }
+    p->conns = calloc(cfg->connections, sizeof(*p->conns));
+    p->ev_done = event_new(base, -1, 0, on_done, p);
+    p->ev_tick = event_new(base, -1, EV_PERSIST, on_tick, p);
+    if (!p->conns || !p->ev_done || !p->ev_tick)
+        goto fail;
+    struct timeval tick = {.tv_sec = 0, .tv_usec = 100000};
+    event_add(p->ev_tick, &tick);
+    for (unsigned i = 0; i < cfg->connections; i++) {
+        db_conn *c = &p->conns[i];
+        c->pool = p;
+        c->ev_retry = evtimer_new(base, on_retry, c);
+        if (!c->ev_retry)
+            goto fail;
+    }
+    for (unsigned i = 0; i < cfg->connections; i++)
+        conn_start(&p->conns[i]);
+    return p;
+fail:
+    db_pool_destroy(p);
+    return NULL;
+}
+
+void db_pool_destroy(db_pool *p)
+{
+    if (!p)
+        return;
+    p->destroying = true;
+    if (p->conns) {
+        for (unsigned i = 0; i < p->cfg.connections; i++) {
+            db_conn *c = &p->conns[i];
+            if (c->state != C_DOWN || c->pg)
+                conn_fail(c, "shutting down");
+            if (c->ev_retry)
+                event_free(c->ev_retry);
+        }
+    }
+    while (p->qhead) {
+        db_job *j = p->qhead;
+        p->qhead = j->next;
+        job_defer_fail(p, j, "shutting down");
+    }
+    /* deliver the failures now: the loop may never run again */
+    if (p->ev_done)
+        on_done(-1, 0, p);
+    if (p->ev_done)
+        event_free(p->ev_done);
+    if (p->ev_tick)
+        event_free(p->ev_tick);
+    free(p->conns);
+    free(p->role);
+    free(p->dsn);
+    free(p);
+}
+
+/* Builds the job for nq caller queries (plus the RLS query when rls_tenant >= 0), copying
+ * every parameter into one allocation owned by the job. Returns NULL when out of memory. */
+static db_job *job_build(int64_t rls_tenant, const db_query *qs, int nq)
+{
+    int base = rls_tenant >= 0 ? 1 : 0;
+    size_t arrays = 0, bytes = 24;
+    for (int i = 0; i < nq; i++) {
+        const db_query *q = &qs[i];
+        arrays += (size_t)q->nparams;
+        for (int k = 0; k < q->nparams; k++) {
+            if (!q->values[k])
+                continue;
+            bool bin = q->formats && q->formats[k] == 1;
+            bytes += bin ? (size_t)q->lengths[k] : strlen(q->values[k]) + 1;
+        }
+    }
+    arrays += (size_t)base;
+    db_job *j = job_alloc(base + nq);
+    if (!j)
+        return NULL;
+    /* one block: value pointers, then lengths, then formats, then the bytes */
+    j->blob = malloc(arrays * (sizeof(char *) + 2 * sizeof(int)) + bytes);
+    if (!j->blob) {
+        free(j);
+        return NULL;
+    }
+    const char **vals = (const char **)(void *)j->blob;
+    int *lens = (int *)(void *)(vals + arrays);
+    int *fmts = lens + arrays;
+    char *w = (char *)(fmts + arrays);
+    if (base) {
+        j->q[0] = (db_job_query){.kind = Q_EXEC_PREPARED,
+                                 .stmt = "__rls",
+                                 .nparams = 1,
+                                 .values = vals,
+                                 .lengths = lens,
+                                 .formats = fmts};
+        int n = snprintf(w, 24, "%lld", (long long)rls_tenant);
+        vals[0] = w;
+        lens[0] = n;
+        fmts[0] = 0;
+        w += n + 1;
+        vals++, lens++, fmts++;
+    }
+    for (int i = 0; i < nq; i++) {
+        const db_query *q = &qs[i];
+        db_job_query *jq = &j->q[base + i];
+        *jq = (db_job_query){.kind = Q_EXEC_PREPARED,
+                             .stmt = q->stmt,
+                             .nparams = q->nparams,
+                             .values = vals,
+                             .lengths = lens,
+                             .formats = fmts,
+                             .result_format = q->result_format};
+        for (int k = 0; k < q->nparams; k++) {
+            bool bin = q->formats && q->formats[k] == 1;
+            fmts[k] = bin ? 1 : 0;
+            if (!q->values[k]) {
+                vals[k] = NULL;
+                lens[k] = 0;
+                continue;
+            }
+            size_t n = bin ? (size_t)q->lengths[k] : strlen(q->values[k]) + 1;
+            memcpy(w, q->values[k], n);
+            vals[k] = w;
+            lens[k] = bin ? q->lengths[k] : (int)(n - 1);
+            w += n;
+        }
+        vals += q->nparams;
+        lens += q->nparams;
+        fmts += q->nparams;
+    }
+    j->nq = base + nq;
+    return j;
+}
+
+int db_submit(db_pool *p, int64_t rls_tenant, const db_query *qs, int nq, db_cb cb, void *arg)
+{
+    if (!p || !qs || nq < 1 || nq > DB_MAX_QUERIES || p->destroying)
+        return -EINVAL;
+    for (int i = 0; i < nq; i++) {
+        if (!qs[i].stmt || qs[i].nparams < 0 || qs[i].nparams > DB_MAX_PARAMS ||
+            (qs[i].nparams > 0 && !qs[i].values))
+            return -EINVAL;
+        for (int k = 0; k < qs[i].nparams; k++)
+            if (qs[i].formats && qs[i].formats[k] == 1 && qs[i].values[k] &&
+                (!qs[i].lengths || qs[i].lengths[k] < 0))
+                return -EINVAL;
+    }
+    if (p->nqueued >= p->cfg.max_queue)
+        return -EAGAIN;
+    db_job *j = job_build(rls_tenant, qs, nq);
+    if (!j)
+        return -ENOMEM;
+    j->cb = cb;
+    j->arg = arg;
+    j->queued_ms = now_ms();
+    if (p->qtail)
+        p->qtail->next = j;
+    else
+        p->qhead = j;
+    p->qtail = j;
+    p->nqueued++;
+    dispatch(p);
+    return 0;
+}
+
+void db_pool_get_stats(db_pool *p, db_pool_stats *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->connections = p->cfg.connections;
+    for (unsigned i = 0; i < p->cfg.connections; i++) {
+        if (p->conns[i].state == C_READY)
+            st->ready++;
+        st->inflight += p->conns[i].ninflight;
+    }
+    st->queued = p->nqueued;
+    st->reconnects = p->reconnects;
+    st->failures = p->failures;
+}
+
+bool db_pool_idle(db_pool *p)
+{
+    if (p->nqueued || p->done_head)
+        return false;
+    for (unsigned i = 0; i < p->cfg.connections; i++)
+        if (p->conns[i].state == C_READY && p->conns[i].ninflight)
+            return false;
+    return true;
+}
+
+PGconn *db_connect_blocking(const char *dsn, const char *role, unsigned timeout_ms, char *err,
+                            size_t errlen)
+{
+    char tmo[16];
+    snprintf(tmo, sizeof(tmo), "%u", timeout_ms / 1000 ? timeout_ms / 1000 : 1);
+    const char *keys[] = {"dbname", "connect_timeout", NULL};
+    const char *vals[] = {dsn, tmo, NULL};
+    PGconn *c = PQconnectdbParams(keys, vals, 1);
+    if (!c || PQstatus(c) != CONNECTION_OK) {
+        snprintf(err, errlen, "%s", c ? PQerrorMessage(c) : "out of memory");
+        size_t n = strlen(err);
+        while (n > 0 && err[n - 1] == '\n')
+            err[--n] = '\0';
+        PQfinish(c);
+        return NULL;
+    }
+    PGresult *r = db_exec_blocking(c, "SET client_min_messages = warning", 0, NULL, err, errlen);
+    if (!r)
+        goto fail;
+    PQclear(r);
+    if (role) {
+        char *id = PQescapeIdentifier(c, role, strlen(role));
+        if (!id) {
+            snprintf(err, errlen, "bad role name");
+            goto fail;
+        }
+        char sql[300];
+        snprintf(sql, sizeof(sql), "SET ROLE %s", id);
+        PQfreemem(id);
+        r = db_exec_blocking(c, sql, 0, NULL, err, errlen);
+        if (!r)
+            goto fail;
+        PQclear(r);
+    }
+    return c;
+fail:
+    PQfinish(c);
+    return NULL;
+}
+
+PGresult *db_exec_blocking(PGconn *c, const char *sql, int nparams, const char *const *values,
+                           char *err, size_t errlen)
+{
+    PGresult *r = PQexecParams(c, sql, nparams, NULL, values, NULL, NULL, 0);
+    ExecStatusType st = PQresultStatus(r);
+    if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)
+        return r;
+    snprintf(err, errlen, "%s", r ? PQresultErrorMessage(r) : PQerrorMessage(c));
+    size_t n = strlen(err);
+    while (n > 0 && err[n - 1] == '\n')
+        err[--n] = '\0';
+    PQclear(r);
+    return NULL;
+}

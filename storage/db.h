@@ -1,0 +1,131 @@
+/* storage/db.h: an asynchronous PostgreSQL connection pool driven by a libevent loop.
+ *
+ * One pool belongs to one event_base (one worker thread); nothing here blocks. Each
+ * connection runs in libpq pipeline mode, so many jobs share a connection without waiting
+ * for each other's round trips. A job is one to DB_MAX_QUERIES prepared statements that run
+ * in one transaction (they are sent back to back and closed by one pipeline sync), so a job
+ * commits or fails as a whole. Statements are prepared on every connection as it comes up.
+ *
+ * Failure handling: a lost connection fails its in-flight jobs with DB_UNAVAILABLE and is
+ * reopened with exponential backoff; a job that finds no usable connection for
+ * queue_timeout_ms, or that runs longer than query_timeout_ms, fails with DB_UNAVAILABLE.
+ * A job's callback runs exactly once, on the pool's thread. A write whose callback did not
+ * report DB_OK may or may not have committed; callers never acknowledge it.
+ */
+#ifndef ENGRAM_STORAGE_DB_H
+#define ENGRAM_STORAGE_DB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <libpq-fe.h>
+
+struct event_base;
+
+typedef struct db_pool db_pool;
+
+#define DB_MAX_QUERIES 8
+#define DB_MAX_PARAMS 24
+
+/* A statement prepared on every connection under its name. */
+typedef struct db_stmt_def {
+    const char *name;
+    const char *sql;
+    int nparams;
+} db_stmt_def;
+
+typedef struct db_config {
+    const char *dsn;           /* libpq connection string (copied) */
+    unsigned connections;      /* connections in this pool, >= 1 */
+    unsigned max_inflight;     /* jobs in flight per connection before queueing */
+    unsigned queue_timeout_ms; /* longest wait for a usable connection */
+    unsigned query_timeout_ms; /* longest a job may run once sent */
+    unsigned backoff_min_ms;   /* first reconnect delay */
+    unsigned backoff_max_ms;   /* reconnect delay cap */
+    size_t max_queue;          /* jobs waiting for a connection before refusing */
+    const char *role;          /* SET ROLE to this after connecting, or NULL */
+    const db_stmt_def *stmts;  /* prepared on each connection (not copied: static) */
+    size_t nstmts;
+    /* on_event reports connection state changes (connected, lost, retrying) as text; may be
+     * NULL. level: 0 debug, 1 info, 2 warning, 3 error. Runs on the pool's thread. */
+    void (*on_event)(void *ud, int level, const char *msg);
+    void *ud;
+} db_config;
+
+typedef enum db_status {
+    DB_OK = 0,
+    DB_ERROR,       /* PostgreSQL rejected a statement: sqlstate and message are set */
+    DB_UNAVAILABLE, /* no connection, the connection was lost, or the job timed out */
+} db_status;
+
+/* What a job's callback receives. Every pointer is owned by the pool and valid only during
+ * the callback. */
+typedef struct db_result {
+    db_status status;
+    const char *sqlstate; /* DB_ERROR: the 5-character SQLSTATE */
+    const char *message;  /* DB_ERROR and DB_UNAVAILABLE: a human-readable reason */
+    const char *detail;   /* DB_ERROR: the error's DETAIL field, or NULL */
+    PGresult *const *res; /* DB_OK: one result per query of the job, in order */
+    int nres;
+} db_result;
+
+typedef void (*db_cb)(void *arg, const db_result *r);
+
+/* One statement of a job. Parameter memory is copied at submission. */
+typedef struct db_query {
+    const char *stmt;          /* a prepared statement's name from db_config.stmts */
+    int nparams;               /* <= DB_MAX_PARAMS */
+    const char *const *values; /* NULL entries are SQL NULL */
+    const int *lengths;        /* for binary parameters; may be NULL when all are text */
+    const int *formats;        /* 0 text, 1 binary; may be NULL when all are text */
+    int result_format;         /* 0 text, 1 binary */
+} db_query;
+
+/* db_pool_create starts a pool on base and begins connecting at once; jobs submitted before
+ * a connection is up wait (up to queue_timeout_ms). Returns NULL when out of memory or the
+ * configuration is invalid. Call from base's thread. */
+db_pool *db_pool_create(struct event_base *base, const db_config *cfg);
+
+/* db_pool_destroy closes every connection, fails waiting and in-flight jobs with
+ * DB_UNAVAILABLE ("shutting down") and frees the pool. NULL is a no-op. */
+void db_pool_destroy(db_pool *p);
+
+/* db_submit queues a job of nq queries (1..DB_MAX_QUERIES) that run in one transaction. When
+ * rls_tenant >= 0 the transaction first sets the setting engram.tenant_id to it (for
+ * row-level security). cb(arg, result) runs exactly once, later, on the pool's thread; never
+ * from inside db_submit. Returns 0, -EINVAL for bad arguments, -ENOMEM, or -EAGAIN when the
+ * wait queue is full (cb does not run then). */
+int db_submit(db_pool *p, int64_t rls_tenant, const db_query *qs, int nq, db_cb cb, void *arg);
+
+/* State for health checks and metrics. */
+typedef struct db_pool_stats {
+    unsigned connections; /* configured */
+    unsigned ready;       /* connected and prepared */
+    size_t queued;        /* jobs waiting for a connection */
+    size_t inflight;      /* jobs sent and not yet answered */
+    uint64_t reconnects;  /* connections re-established after a loss */
+    uint64_t failures;    /* jobs failed with DB_UNAVAILABLE */
+} db_pool_stats;
+
+/* db_pool_get_stats fills st; call from the pool's thread. */
+void db_pool_get_stats(db_pool *p, db_pool_stats *st);
+
+/* db_pool_idle tells whether no job is queued or in flight (for graceful shutdown). */
+bool db_pool_idle(db_pool *p);
+
+/* ---- blocking helpers, for start-up and background threads only ----------------------- */
+
+/* db_connect_blocking opens a connection with dsn, waiting at most timeout_ms, sets
+ * client_min_messages to warning and, when role is not NULL, SET ROLE role. Returns the
+ * connection or NULL with the reason in err. The caller owns the connection (PQfinish). */
+PGconn *db_connect_blocking(const char *dsn, const char *role, unsigned timeout_ms, char *err,
+                            size_t errlen);
+
+/* db_exec_blocking runs sql with text parameters and checks for PGRES_COMMAND_OK or
+ * PGRES_TUPLES_OK. Returns the result (caller frees with PQclear) or NULL with the error in
+ * err. */
+PGresult *db_exec_blocking(PGconn *c, const char *sql, int nparams, const char *const *values,
+                           char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,214 @@
+/* storage/loader.c: streaming index loads from PostgreSQL (see loader.h). */
+#include "loader.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db.h"
+#include "memrow.h"
+
+/* Binary-format columns of a loader row, after any leading columns of the query. */
+#define LOADER_COLS                                                                                \
+    "m.id, m.agent_id, m.clade_id, m.scope, m.type, m.importance, engram_ms(m.created_at), "       \
+    "engram_ms(m.last_accessed_at), m.access_count, engram_ms(m.expires_at), "                     \
+    "engram_ms(m.archived_at), m.seq, m.embedding"
+#define LOADER_NCOLS 13
+
+static uint64_t be64(const char *p)
+{
+    const unsigned char *u = (const unsigned char *)p;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | u[i];
+    return v;
+}
+
+static int64_t col_i64(const PGresult *r, int col, int64_t def)
+{
+    if (PQgetisnull(r, 0, col) || PQgetlength(r, 0, col) != 8)
+        return def;
+    return (int64_t)be64(PQgetvalue(r, 0, col));
+}
+
+/* Parses the LOADER_COLS at offset off of the single row of r into row; vec is scratch of
+ * dim floats. Returns 0 or -1. */
+static int parse_row(const PGresult *r, int off, size_t dim, float *vec, loader_row *row)
+{
+    memset(row, 0, sizeof(*row));
+    row->id = (uint64_t)col_i64(r, off + 0, 0);
+    row->agent_id = (uint64_t)col_i64(r, off + 1, 0);
+    row->clade_id = (uint64_t)col_i64(r, off + 2, 0);
+    row->scope = memrow_scope_parse(PQgetvalue(r, 0, off + 3), (size_t)PQgetlength(r, 0, off + 3));
+    row->type = memrow_type_parse(PQgetvalue(r, 0, off + 4), (size_t)PQgetlength(r, 0, off + 4));
+    if (row->scope < 0 || row->type < 0 || PQgetlength(r, 0, off + 5) != 8)
+        return -1;
+    uint64_t bits = be64(PQgetvalue(r, 0, off + 5));
+    memcpy(&row->importance, &bits, sizeof(bits));
+    row->created_ms = col_i64(r, off + 6, 0);
+    row->last_accessed_ms = col_i64(r, off + 7, MEMROW_NO_TIME);
+    row->access_count = col_i64(r, off + 8, 0);
+    row->expires_ms = col_i64(r, off + 9, MEMROW_NO_TIME);
+    row->archived_ms = col_i64(r, off + 10, MEMROW_NO_TIME);
+    row->seq = (uint64_t)col_i64(r, off + 11, 0);
+    if ((size_t)PQgetlength(r, 0, off + 12) != dim * sizeof(float))
+        return -1;
+    /* embeddings are little-endian float32, as is every host we build for */
+    memcpy(vec, PQgetvalue(r, 0, off + 12), dim * sizeof(float));
+    row->vec = vec;
+    row->dim = dim;
+    return 0;
+}
+
+static void set_err(char *err, size_t errlen, const char *what, const char *msg)
+{
+    snprintf(err, errlen, "%s: %s", what, msg);
+    size_t n = strlen(err);
+    while (n > 0 && err[n - 1] == '\n')
+        err[--n] = '\0';
+}
+
+/* Reads the tenant's change number inside the current transaction. */
+static int read_seq(PGconn *c, int64_t tenant, uint64_t *seq, char *err, size_t errlen)
+{
+    char t[24];
+    snprintf(t, sizeof(t), "%lld", (long long)tenant);
+    const char *vals[] = {t};
+    PGresult *r =
+        db_exec_blocking(c, "SELECT change_seq FROM tenants WHERE id = $1", 1, vals, err, errlen);
+    if (!r)
+        return -1;
+    if (PQntuples(r) != 1) {
+        PQclear(r);
+        snprintf(err, errlen, "tenant %lld not found", (long long)tenant);
+        return -1;
+    }
+    *seq = (uint64_t)strtoull(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return 0;
+}
+
+/* Runs sql (one bigint or two bigint parameters) in single-row mode, calling each(r) per
+ * row. Returns 0, the callback's non-zero value, or -1 with err. */
+static int stream(PGconn *c, const char *sql, int nparams, const char *const *vals,
+                  int (*each)(const PGresult *r, void *ctx), void *ctx, char *err, size_t errlen)
+{
+    if (!PQsendQueryParams(c, sql, nparams, NULL, vals, NULL, NULL, 1)) {
+        set_err(err, errlen, "query", PQerrorMessage(c));
+        return -1;
+    }
+    PQsetSingleRowMode(c);
+    int rc = 0;
+    PGresult *r;
+    while ((r = PQgetResult(c)) != NULL) {
+        ExecStatusType st = PQresultStatus(r);
+        if (st == PGRES_SINGLE_TUPLE && rc == 0) {
+            rc = each(r, ctx);
+        } else if (st == PGRES_FATAL_ERROR && rc == 0) {
+            set_err(err, errlen, "query", PQresultErrorMessage(r));
+            rc = -1;
+        }
+        PQclear(r);
+    }
+    return rc;
+}
+
+typedef struct load_ctx {
+    size_t dim;
+    float *vec;
+    int (*fn)(const loader_row *row, void *ctx);
+    int (*cfn)(uint64_t seq, uint64_t id, const loader_row *row, void *ctx);
+    void *ctx;
+    char *err;
+    size_t errlen;
+} load_ctx;
+
+static int each_row(const PGresult *r, void *arg)
+{
+    load_ctx *lc = arg;
+    loader_row row;
+    if (parse_row(r, 0, lc->dim, lc->vec, &row) < 0) {
+        snprintf(lc->err, lc->errlen, "memory %lld has a malformed row or embedding",
+                 (long long)col_i64(r, 0, 0));
+        return -1;
+    }
+    return lc->fn(&row, lc->ctx);
+}
+
+static int each_change(const PGresult *r, void *arg)
+{
+    load_ctx *lc = arg;
+    uint64_t seq = (uint64_t)col_i64(r, 0, 0);
+    uint64_t id = (uint64_t)col_i64(r, 1, 0);
+    if (PQgetisnull(r, 0, 2))
+        return lc->cfn(seq, id, NULL, lc->ctx);
+    loader_row row;
+    if (parse_row(r, 2, lc->dim, lc->vec, &row) < 0) {
+        snprintf(lc->err, lc->errlen, "memory %llu has a malformed row or embedding",
+                 (unsigned long long)id);
+        return -1;
+    }
+    return lc->cfn(seq, id, &row, lc->ctx);
+}
+
+/* Runs body inside a read-only repeatable-read transaction. */
+static int in_snapshot(PGconn *c, int64_t tenant, uint64_t *seq, const char *sql, int nparams,
+                       const char *const *vals, int (*each)(const PGresult *, void *), load_ctx *lc,
+                       char *err, size_t errlen)
+{
+    PGresult *r = db_exec_blocking(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", 0, NULL,
+                                   err, errlen);
+    if (!r)
+        return -1;
+    PQclear(r);
+    int rc = read_seq(c, tenant, seq, err, errlen);
+    if (rc == 0)
+        rc = stream(c, sql, nparams, vals, each, lc, err, errlen);
+    char e2[128];
+    r = db_exec_blocking(c, rc == 0 ? "COMMIT" : "ROLLBACK", 0, NULL, e2, sizeof(e2));
+    PQclear(r);
+    return rc;
+}
+
+int loader_tenant(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
+                  int (*fn)(const loader_row *row, void *ctx), void *ctx, char *err, size_t errlen)
+{
+    load_ctx lc = {.dim = dim, .fn = fn, .ctx = ctx, .err = err, .errlen = errlen};
+    lc.vec = malloc(dim * sizeof(float));
+    if (!lc.vec) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    char t[24];
+    snprintf(t, sizeof(t), "%lld", (long long)tenant);
+    const char *vals[] = {t};
+    int rc =
+        in_snapshot(c, tenant, seq, "SELECT " LOADER_COLS " FROM memories m WHERE m.tenant_id = $1",
+                    1, vals, each_row, &lc, err, errlen);
+    free(lc.vec);
+    return rc;
+}
+
+int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64_t *upto,
+                   int (*fn)(uint64_t seq, uint64_t id, const loader_row *row, void *ctx),
+                   void *ctx, char *err, size_t errlen)
+{
+    load_ctx lc = {.dim = dim, .cfn = fn, .ctx = ctx, .err = err, .errlen = errlen};
+    lc.vec = malloc(dim * sizeof(float));
+    if (!lc.vec) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    char t[24], a[24];
+    snprintf(t, sizeof(t), "%lld", (long long)tenant);
+    snprintf(a, sizeof(a), "%llu", (unsigned long long)after);
+    const char *vals[] = {t, a};
+    int rc = in_snapshot(c, tenant, upto,
+                         "SELECT c.seq, c.memory_id, " LOADER_COLS
+                         " FROM memory_changes c LEFT JOIN memories m ON m.tenant_id = c.tenant_id"
+                         " AND m.id = c.memory_id WHERE c.tenant_id = $1 AND c.seq > $2"
+                         " ORDER BY c.seq",
+                         2, vals, each_change, &lc, err, errlen);
+    free(lc.vec);
+    return rc;
+}

@@ -1,0 +1,49 @@
+/* storage/loader.h: bulk reads that rebuild a tenant's vector index from PostgreSQL.
+ *
+ * Blocking calls for background threads (index loads and change catch-up), never for a
+ * worker serving a request. Rows stream in single-row mode, so memory stays bounded
+ * however large the tenant is.
+ */
+#ifndef ENGRAM_STORAGE_LOADER_H
+#define ENGRAM_STORAGE_LOADER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <libpq-fe.h>
+
+/* What an index needs of one memory. */
+typedef struct loader_row {
+    uint64_t id;
+    uint64_t agent_id;
+    uint64_t clade_id;
+    int scope; /* mem_scope */
+    int type;  /* mem_type */
+    double importance;
+    int64_t created_ms;
+    int64_t last_accessed_ms; /* MEMROW_NO_TIME when never */
+    int64_t access_count;
+    int64_t expires_ms;  /* MEMROW_NO_TIME when never */
+    int64_t archived_ms; /* MEMROW_NO_TIME when live */
+    uint64_t seq;        /* the change that last wrote the row */
+    const float *vec;    /* dim floats, valid during the callback only */
+    size_t dim;
+} loader_row;
+
+/* loader_tenant streams every memory of tenant to fn, from one consistent snapshot, and
+ * sets *seq to the tenant's change number as of that snapshot (every change up to it is in
+ * the rows, none after it). Rows whose embedding is not dim floats are reported as an
+ * error. fn returns 0 to continue, non-zero to stop (its value is returned).
+ * Returns 0, a positive value from fn, or -1 with the reason in err. */
+int loader_tenant(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
+                  int (*fn)(const loader_row *row, void *ctx), void *ctx, char *err, size_t errlen);
+
+/* loader_changes streams the tenant's changes numbered after `after`, in order: for each,
+ * fn(seq, memory id, row) where row is the memory's current state or NULL when it no longer
+ * exists. Sets *upto to the tenant's change number as of the read. Same returns as
+ * loader_tenant. */
+int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64_t *upto,
+                   int (*fn)(uint64_t seq, uint64_t id, const loader_row *row, void *ctx),
+                   void *ctx, char *err, size_t errlen);
+
+#endif

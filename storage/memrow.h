@@ -1,0 +1,69 @@
+/* storage/memrow.h: memory records as PostgreSQL returns them, and their parsers.
+ *
+ * Names of memory types and scopes live here too: the database stores the names, the
+ * server works with the enum values.
+ */
+#ifndef ENGRAM_STORAGE_MEMROW_H
+#define ENGRAM_STORAGE_MEMROW_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <libpq-fe.h>
+
+typedef enum mem_type {
+    MEM_FACT = 0,
+    MEM_PREFERENCE,
+    MEM_EPISODE,
+    MEM_STRATEGY_OUTCOME,
+    MEM_CONSTRAINT,
+    MEM_TYPE_COUNT
+} mem_type;
+
+typedef enum mem_scope { SCOPE_AGENT = 0, SCOPE_CLADE, SCOPE_TENANT, SCOPE_COUNT } mem_scope;
+
+/* memrow_type_name / memrow_scope_name return the stored name of a value. */
+const char *memrow_type_name(mem_type t);
+const char *memrow_scope_name(mem_scope s);
+
+/* memrow_type_parse / memrow_scope_parse map a name (n bytes) to its value; -1 if unknown. */
+int memrow_type_parse(const char *s, size_t n);
+int memrow_scope_parse(const char *s, size_t n);
+
+#define MEMROW_NO_TIME INT64_MIN
+
+/* One memory row. String pointers reference the PGresult it was parsed from. */
+typedef struct memrow {
+    uint64_t id;
+    uint64_t agent_id;
+    uint64_t clade_id;
+    mem_scope scope;
+    mem_type type;
+    const char *content;
+    size_t content_len;
+    double importance;
+    const char *metadata_json; /* jsonb as text */
+    size_t metadata_len;
+    int64_t created_ms;
+    int64_t updated_ms;
+    int64_t last_accessed_ms; /* MEMROW_NO_TIME when never accessed */
+    int64_t access_count;
+    int64_t expires_ms;  /* MEMROW_NO_TIME when it does not expire */
+    int64_t archived_ms; /* MEMROW_NO_TIME when live */
+    int32_t version;
+    uint64_t seq;
+} memrow;
+
+/* memrow_parse reads row of r, a text-format result with the SQL_MEMROW_COLS columns.
+ * Returns 0, or -1 when a column is missing or unparsable. */
+int memrow_parse(const PGresult *r, int row, memrow *out);
+
+/* memrow_i64 parses a text-format integer column; NULL gives def. */
+int64_t memrow_i64(const PGresult *r, int row, int col, int64_t def);
+
+/* memrow_u64_sql formats v (an unsigned 64-bit identity) as the bigint text that holds
+ * the same 64 bits, into buf (>= 24 bytes), and returns buf. */
+char *memrow_u64_sql(uint64_t v, char *buf);
+
+#endif

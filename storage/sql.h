@@ -1,0 +1,35 @@
+/* storage/sql.h: every prepared statement the server runs, in one table.
+ *
+ * The table is handed to db_pool_create so each connection prepares all of them; callers
+ * name a statement by its enum value. Column orders of the row shapes are fixed here and
+ * parsed by memrow.c.
+ */
+#ifndef ENGRAM_STORAGE_SQL_H
+#define ENGRAM_STORAGE_SQL_H
+
+#include "db.h"
+
+typedef enum sql_stmt {
+    SQL_PING,          /* () -> 1 */
+    SQL_AUTH_LOOKUP,   /* (key_id) -> key id, tenant id, key hash, tier, name, dim, provider */
+    SQL_MEMORY_STORE,  /* engram_memory_store(...) -> id, created_ms, seq */
+    SQL_MEMORY_GET,    /* (tenant, ids[]) -> MEMROW columns */
+    SQL_MEMORY_DELETE, /* (tenant, ids[]) -> id, seq */
+    SQL_TENANT_CREATE, /* (name, tier, provider, model, dim, key name, key id, key hash hex)
+                        * -> tenant id, key id: the tenant and its first key at once */
+    SQL__COUNT
+} sql_stmt;
+
+extern const db_stmt_def sql_stmts[SQL__COUNT];
+
+/* sql_name returns the prepared statement name of s. */
+const char *sql_name(sql_stmt s);
+
+/* The columns of a memory row, in the order memrow_parse expects (text format). */
+#define SQL_MEMROW_COLS                                                                            \
+    "m.id, m.agent_id, m.clade_id, m.scope, m.type, m.content, m.importance, m.metadata::text, "   \
+    "engram_ms(m.created_at), engram_ms(m.updated_at), engram_ms(m.last_accessed_at), "            \
+    "m.access_count, engram_ms(m.expires_at), engram_ms(m.archived_at), m.version, m.seq"
+#define SQL_MEMROW_NCOLS 16
+
+#endif

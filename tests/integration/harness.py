@@ -1,0 +1,250 @@
+"""Starts the real engramd against the real PostgreSQL for integration tests.
+
+Environment (set by meson / deploy/test):
+  ENGRAM_BIN            path of the engramd binary under test
+  ENGRAM_CLI            path of the engram CLI (optional)
+  ENGRAM_TEST_PG_DSN    a libpq DSN of the throwaway cluster's maintenance database
+  ENGRAM_TEST_PG_BINDIR PostgreSQL's binaries (initdb, pg_ctl) for tests that need their
+                        own cluster
+A missing ENGRAM_TEST_PG_DSN is a failure, never a skip: these tests exist to run.
+"""
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+
+from rpc import Client, RpcError
+
+BIN = os.environ.get("ENGRAM_BIN", "")
+CLI = os.environ.get("ENGRAM_CLI", "")
+PG_DSN = os.environ.get("ENGRAM_TEST_PG_DSN", "")
+PG_BINDIR = os.environ.get("ENGRAM_TEST_PG_BINDIR", "/usr/lib/postgresql/15/bin")
+
+SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                   "Sanitizer:DEADLYSIGNAL")
+
+
+def require_env():
+    assert BIN and os.access(BIN, os.X_OK), "ENGRAM_BIN must name the engramd binary"
+    assert PG_DSN, "ENGRAM_TEST_PG_DSN must name a PostgreSQL cluster (deploy/test sets it)"
+
+
+def psql(dsn, sql):
+    out = subprocess.run([os.path.join(PG_BINDIR, "psql"), dsn, "-v", "ON_ERROR_STOP=1",
+                          "-tAqc", sql], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"psql failed: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def with_dbname(dsn, name):
+    if re.search(r"\bdbname=\S+", dsn):
+        return re.sub(r"\bdbname=\S+", f"dbname={name}", dsn)
+    return f"{dsn} dbname={name}"
+
+
+def new_database(prefix="t"):
+    """Creates an empty database in the test cluster; returns its DSN."""
+    require_env()
+    name = f"engram_{prefix}_" + "".join(random.choices(string.ascii_lowercase, k=8))
+    psql(PG_DSN, f"CREATE DATABASE {name}")
+    return with_dbname(PG_DSN, name)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One engramd process. start() waits until it answers; stop() checks a clean exit."""
+
+    def __init__(self, dsn, workers=2, extra=None, data_dir=None, env=None):
+        require_env()
+        self.dsn = dsn
+        self.workers = workers
+        self.extra = list(extra or [])
+        self.tmp = tempfile.mkdtemp(prefix="engram-it-")
+        self.data_dir = data_dir or os.path.join(self.tmp, "data")
+        self.admin_key_file = os.path.join(self.tmp, "admin.key")
+        self.log_path = os.path.join(self.tmp, "engramd.log")
+        self.port = free_port()
+        self.http_port = free_port()
+        self.env = dict(os.environ)
+        self.env.update(env or {})
+        self.proc = None
+        self.logs = []
+
+    def start(self, wait=True):
+        args = [BIN, "--pg-dsn", self.dsn, "--rpc-port", str(self.port),
+                "--http-port", str(self.http_port), "--workers", str(self.workers),
+                "--data-dir", self.data_dir, "--admin-key-file", self.admin_key_file,
+                "--log-level", "info"] + self.extra
+        self.logf = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=self.logf, stderr=subprocess.STDOUT,
+                                     env=self.env)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"engramd exited early ({self.proc.returncode}):\n"
+                                     + self.log_text()[-4000:])
+            try:
+                with Client(self.port, timeout=2) as c:
+                    if c.call("ping") == "pong":
+                        return
+            except (OSError, ConnectionError):
+                pass
+            time.sleep(0.05)
+        raise AssertionError("engramd did not become ready:\n" + self.log_text()[-4000:])
+
+    def log_text(self):
+        try:
+            with open(self.log_path, "r", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def check_log_clean(self):
+        text = self.log_text()
+        for mark in SANITIZER_MARKS:
+            assert mark not in text, f"sanitizer report in engramd log:\n{text[-6000:]}"
+
+    def stop(self, timeout=60, expect_code=0):
+        if not self.proc:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError("engramd did not stop on SIGTERM:\n" + self.log_text()[-4000:])
+        code = self.proc.returncode
+        self.proc = None
+        self.logf.close()
+        self.check_log_clean()
+        assert code == expect_code, f"engramd exited with {code}:\n" + self.log_text()[-4000:]
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self):
+        self.stop()
+        return self.start()
+
+    def cleanup(self):
+        self.kill()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- clients -------------------------------------------------------------------------
+
+    def client(self, key=None, timeout=30.0):
+        return Client(self.port, timeout=timeout, key=key)
+
+    def admin_key(self):
+        with open(self.admin_key_file) as f:
+            return f.read().strip()
+
+    def admin(self):
+        return self.client(key=self.admin_key())
+
+    def create_tenant(self, name=None, tier="premium", **kw):
+        """Returns (tenant_id, api_key) of a new tenant."""
+        name = name or "t-" + "".join(random.choices(string.ascii_lowercase, k=10))
+        with self.admin() as a:
+            r = a.call("admin.tenant.create", name=name, tier=tier, **kw)
+        return r["tenant_id"], r["api_key"]
+
+    def http_get(self, path):
+        url = f"http://127.0.0.1:{self.http_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+
+class PgCluster:
+    """A private PostgreSQL cluster for tests that stop and start the database."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="engram-pg-")
+        os.chmod(self.dir, 0o755)
+        self.data = os.path.join(self.dir, "data")
+        self.run = os.path.join(self.dir, "run")
+        self.root = os.geteuid() == 0
+        if self.root:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._as_owner(["mkdir", "-p", self.run])
+        self._as_owner([os.path.join(PG_BINDIR, "initdb"), "-D", self.data, "-U", "postgres",
+                        "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8"])
+        conf = (f"\nlisten_addresses = ''\nunix_socket_directories = '{self.run}'\n"
+                "max_connections = 100\nfsync = off\n")
+        self._as_owner(["sh", "-c", f"cat >> {self.data}/postgresql.conf"], conf)
+        self.dsn = f"host={self.run} dbname=postgres user=postgres"
+
+    def _as_owner(self, cmd, stdin=None):
+        if self.root:
+            cmd = ["runuser", "-u", "postgres", "--"] + cmd
+        subprocess.run(cmd, check=True, input=stdin, text=True, capture_output=True, timeout=120)
+
+    def start(self):
+        self._as_owner(["setsid", os.path.join(PG_BINDIR, "pg_ctl"), "-D", self.data, "-l",
+                        os.path.join(self.dir, "pg.log"), "-w", "-t", "60", "start"])
+
+    def stop(self):
+        self._as_owner([os.path.join(PG_BINDIR, "pg_ctl"), "-D", self.data, "-m", "fast", "-w",
+                        "stop"])
+
+    def create_db(self, name):
+        psql(self.dsn, f"CREATE DATABASE {name}")
+        return with_dbname(self.dsn, name)
+
+    def cleanup(self):
+        try:
+            self.stop()
+        except subprocess.CalledProcessError:
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def structured_vectors(n, dim, seed=1, latent=32, noise=0.3):
+    """Rows x = W z + noise * e, z in R^latent, L2-normalized, as float32 (numpy array).
+
+    Low intrinsic dimension like real embeddings: i.i.d. random vectors would make
+    nearest-neighbour questions meaningless."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((dim, latent)) / np.sqrt(latent)
+    z = rng.standard_normal((n, latent))
+    x = z @ w.T + noise * rng.standard_normal((n, dim))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x.astype(np.float32)
+
+
+def vec_bin(v):
+    """A vector as the wire's bin of little-endian float32."""
+    return np.asarray(v, dtype="<f4").tobytes()
+
+
+__all__ = ["Server", "PgCluster", "Client", "RpcError", "new_database", "psql",
+           "structured_vectors", "vec_bin", "free_port", "CLI"]

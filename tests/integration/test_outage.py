@@ -1,0 +1,56 @@
+"""PostgreSQL stopped and restarted under a running engramd: clear errors, then recovery."""
+import time
+
+from harness import PgCluster, Server
+
+
+def test_database_outage_and_recovery():
+    pg = PgCluster()
+    pg.start()
+    srv = None
+    try:
+        dsn = pg.create_db("engram_outage")
+        srv = Server(dsn, extra=["--db-queue-timeout-ms", "1000", "--db-backoff-max-ms", "500"])
+        srv.start()
+        _, key = srv.create_tenant()
+        with srv.client(key=key) as c:
+            a = c.call("memory.store", content="before the outage", type="fact", importance=0.5)
+            assert c.call("memory.search", query="before the outage", top_k=1)["results"][0]["id"] == a["id"]
+            status, _ = srv.http_get("/healthz")
+            assert status == 200
+
+            pg.stop()
+            # every request gets a clear 'unavailable' within a bounded time, never a hang
+            for method, params in [("memory.store", {"content": "during", "type": "fact", "importance": 0.5}),
+                                   ("memory.get", {"ids": [a["id"]]}),
+                                   ("memory.search", {"query": "before the outage"})]:
+                t0 = time.time()
+                err = c.call_err(method, **params)
+                elapsed = time.time() - t0
+                assert err["code"] == "unavailable", (method, err)
+                assert elapsed < 10, f"{method} took {elapsed:.1f} s"
+            assert c.call("ping") == "pong"  # the server itself is alive
+            status, body = srv.http_get("/healthz")
+            assert status == 503 and '"database":"down"' in body
+
+            pg.start()
+            deadline = time.time() + 30
+            while True:
+                try:
+                    b = c.call("memory.store", content="after the outage", type="fact", importance=0.5)
+                    break
+                except Exception as e:  # noqa: BLE001 - retrying until the pool reconnects
+                    assert "unavailable" in str(e), e
+                    assert time.time() < deadline, "no recovery within 30 s"
+                    time.sleep(0.2)
+            got = c.call("memory.get", ids=[a["id"], b["id"]])["memories"]
+            assert [m["content"] for m in got] == ["before the outage", "after the outage"]
+            deadline = time.time() + 30
+            while srv.http_get("/healthz")[0] != 200:
+                assert time.time() < deadline, "healthz did not recover"
+                time.sleep(0.2)
+        srv.stop()
+    finally:
+        if srv:
+            srv.cleanup()
+        pg.cleanup()

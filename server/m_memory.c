@@ -232,10 +232,12 @@ void h_memory_store(req *r)
         return;
     }
     memset(st, 0, sizeof(*st));
-    st->vec = request_vector(r, req_arg(r, P_ST_EMBEDDING), content->via.str.ptr,
-                             content->via.str.size, "content");
-    if (!st->vec)
+    /* on failure request_vector has ended the request: st is gone with it */
+    float *vec = request_vector(r, req_arg(r, P_ST_EMBEDDING), content->via.str.ptr,
+                                content->via.str.size, "content");
+    if (!vec)
         return;
+    st->vec = vec;
     st->meta.type = (uint8_t)ty;
     st->meta.scope = SCOPE_TENANT;
     st->meta.importance = (float)importance;
@@ -431,10 +433,12 @@ void h_memory_search(req *r)
         return;
     }
     req_set_state(r, st);
-    st->vec = request_vector(r, embedding, query ? query->via.str.ptr : NULL,
-                             query ? query->via.str.size : 0, "query");
-    if (!st->vec)
+    /* on failure request_vector has ended the request: st is gone with it */
+    float *vec = request_vector(r, embedding, query ? query->via.str.ptr : NULL,
+                                query ? query->via.str.size : 0, "query");
+    if (!vec)
         return;
+    st->vec = vec;
     st->t = tenants_get(s->tenants, a->tenant_id, a->dim);
     if (!st->t) {
         req_fail(r, RPC_INTERNAL, "out of memory");

@@ -106,7 +106,8 @@ class Server:
                                      + self.log_text()[-4000:])
             try:
                 with Client(self.port, timeout=2) as c:
-                    if c.call("ping") == "pong":
+                    # answering RPC, and healthy: database connected, listener up
+                    if c.call("ping") == "pong" and self.http_get("/healthz")[0] == 200:
                         return
             except (OSError, ConnectionError):
                 pass

@@ -39,13 +39,15 @@ static void on_healthz(struct evhttp_request *rq, void *arg)
     unsigned ready = metrics_db_ready();
     bool db = ready >= s->nworkers;
     bool listener = s->bg && bg_listener_ok(s->bg);
-    bool ok = started && !draining && db && listener;
+    bool indexes = s->tenants && tenants_preloaded(s->tenants);
+    bool ok = started && !draining && db && listener && indexes;
     evbuffer_add_printf(b,
                         "{\"status\":\"%s\",\"started\":%s,\"draining\":%s,\"database\":\"%s\","
-                        "\"db_connections_ready\":%u,\"change_listener\":\"%s\"}\n",
+                        "\"db_connections_ready\":%u,\"change_listener\":\"%s\","
+                        "\"indexes\":\"%s\"}\n",
                         ok ? "ok" : "unavailable", started ? "true" : "false",
                         draining ? "true" : "false", db ? "up" : "down", ready,
-                        listener ? "up" : "down");
+                        listener ? "up" : "down", indexes ? "loaded" : "loading");
     reply(rq, ok ? 200 : 503, ok ? "OK" : "Service Unavailable", "application/json", b);
     evbuffer_free(b);
 }

@@ -298,7 +298,7 @@ int main(int argc, char **argv)
     s->tenants = tenants_create(s);
     s->bg = bg_create(s, (unsigned)s->cfg.bg_threads);
     a.base = event_base_new();
-    if (!s->tenants || !s->bg || !a.base)
+    if (!s->tenants || !s->bg || !a.base || tenants_preload(s->tenants) < 0)
         goto out;
 
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);

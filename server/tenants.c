@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "idmap.h"
 #include "log.h"
@@ -53,6 +54,7 @@ struct tenants {
     server *srv;
     pthread_mutex_t mu; /* guards map and refs */
     idmap *map;         /* tenant id -> tenant* */
+    atomic_bool preloaded; /* the start-up preload has finished */
 };
 
 tenants *tenants_create(server *s)
@@ -391,9 +393,10 @@ static int load_row(const loader_row *row, void *arg)
     return 0;
 }
 
-static void load_job(bg_ctx *ctx, void *arg)
+/* Loads t's index from PostgreSQL on this background thread (t is LOADING), applies the
+ * changes that arrived meanwhile and wakes the waiters. Returns 0 or -1. */
+static int load_now(bg_ctx *ctx, tenant *t)
 {
-    tenant *t = arg;
     char err[256] = "";
     uint64_t seq = 0;
     uint64_t t0 = server_mono_ns();
@@ -443,7 +446,69 @@ static void load_job(bg_ctx *ctx, void *arg)
     char reason[300];
     snprintf(reason, sizeof(reason), "index unavailable: %s", err);
     release_waiters(ws, rc == 0 ? 0 : -1, rc == 0 ? NULL : reason);
+    return rc;
+}
+
+static void load_job(bg_ctx *ctx, void *arg)
+{
+    tenant *t = arg;
+    load_now(ctx, t);
     tenant_put(t);
+}
+
+/* Loads every tenant's index once at start, in id order; retries while the database is
+ * unreachable. Requests for a tenant not loaded yet wait for (or trigger) its load. */
+static void preload_job(bg_ctx *ctx, void *arg)
+{
+    tenants *ts = arg;
+    unsigned delay_ms = 200;
+    while (!bg_cancelled(ctx)) {
+        char err[256];
+        PGconn *pg = bg_conn(ctx, err, sizeof(err));
+        PGresult *r = pg ? db_exec_blocking(pg, "SELECT id, embed_dim FROM tenants ORDER BY id",
+                                            0, NULL, err, sizeof(err))
+                         : NULL;
+        if (!r) {
+            log_warn("index preload: %s; retrying", err);
+            if (pg && PQstatus(pg) != CONNECTION_OK)
+                bg_conn_failed(ctx);
+            struct timespec ts_sleep = {.tv_sec = 0, .tv_nsec = (long)delay_ms * 1000000L};
+            nanosleep(&ts_sleep, NULL);
+            delay_ms = delay_ms < 1000 ? delay_ms * 2 : 1000;
+            continue;
+        }
+        uint64_t t0 = server_mono_ns();
+        int n = PQntuples(r), loaded = 0;
+        for (int i = 0; i < n && !bg_cancelled(ctx); i++) {
+            tenant *t = tenants_get(ts, atoll(PQgetvalue(r, i, 0)),
+                                    (uint32_t)atoi(PQgetvalue(r, i, 1)));
+            if (!t)
+                continue;
+            pthread_mutex_lock(&t->mu);
+            bool start = t->state == T_UNLOADED;
+            if (start)
+                t->state = T_LOADING;
+            pthread_mutex_unlock(&t->mu);
+            if (start && load_now(ctx, t) == 0)
+                loaded++;
+            tenant_put(t);
+        }
+        PQclear(r);
+        log_info("index preload: %d of %d tenants loaded in %.1f ms", loaded, n,
+                 (double)(server_mono_ns() - t0) / 1e6);
+        atomic_store(&ts->preloaded, true);
+        return;
+    }
+}
+
+int tenants_preload(tenants *ts)
+{
+    return bg_submit(ts->srv->bg, preload_job, ts);
+}
+
+bool tenants_preloaded(tenants *ts)
+{
+    return atomic_load(&ts->preloaded);
 }
 
 int tenant_when_ready(tenant *t, worker *w, void (*cb)(void *arg, int status, const char *err),

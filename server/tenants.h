@@ -74,6 +74,12 @@ void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq);
  * reconnects, notifications may have been missed). */
 void tenants_catch_up_all(tenants *ts);
 
+/* tenants_preload starts loading every tenant's index in the background (at start). */
+int tenants_preload(tenants *ts);
+
+/* tenants_preloaded tells whether the start-up preload has finished. */
+bool tenants_preloaded(tenants *ts);
+
 /* tenants_forget drops a tenant's index (tenant deleted). */
 void tenants_forget(tenants *ts, int64_t id);
 

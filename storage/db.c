@@ -202,7 +202,7 @@ static void dispatch(db_pool *p);
 static void conn_fail(db_conn *c, const char *why)
 {
     db_pool *p = c->pool;
-    if (c->state == C_READY || c->state == C_SETUP)
+    if ((c->state == C_READY || c->state == C_SETUP) && !p->destroying)
         emit(p, 2, "database connection lost: %s", why);
     db_job *j = c->head;
     c->head = c->tail = NULL;

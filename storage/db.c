@@ -59,6 +59,7 @@ typedef struct db_conn {
     size_t ninflight;
     unsigned backoff_ms;
     bool ever_ready;
+    uint64_t connect_started_ms; /* when the current connection attempt began */
 } db_conn;
 
 struct db_pool {
@@ -463,6 +464,7 @@ static void conn_start(db_conn *c)
         return;
     }
     c->state = C_CONNECTING;
+    c->connect_started_ms = now_ms();
     c->ev_io = event_new(p->base, PQsocket(c->pg), EV_WRITE, on_io, c);
     if (!c->ev_io) {
         conn_fail(c, "out of memory");
@@ -547,6 +549,10 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         if ((c->state == C_READY || c->state == C_SETUP) && c->head &&
             now - c->head->sent_ms >= p->cfg.query_timeout_ms + 1000)
             conn_fail(c, "database did not answer in time");
+        /* a server that accepts the socket but never answers must not hold us forever */
+        else if (c->state == C_CONNECTING &&
+                 now - c->connect_started_ms >= p->cfg.queue_timeout_ms + 1000)
+            conn_fail(c, "database connection attempt timed out");
     }
 }
 

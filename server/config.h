@@ -46,6 +46,15 @@ typedef struct config {
     long max_content_bytes;
     int max_top_k;
     double similarity_weight;
+    /* tiers, indexed free / standard / premium (see tiers.h) */
+    long tier_max_memories[3];
+    long tier_queries_per_day[3];
+    int tier_consolidation_hours[3];
+    int tier_checkpoint_ttl_s[3];
+    double tier_rate_per_s[3];
+    double tier_rate_burst[3];
+    long tier_max_session_entries[3];
+    long tier_max_session_bytes[3];
 } config;
 
 /* config_load fills cfg from defaults, the config file, the environment and argv (argv[0]

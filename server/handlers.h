@@ -10,6 +10,7 @@
 
 #include "req.h"
 #include "rpc.h"
+#include "tiers.h"
 
 #define HANDLER(name)                                                                              \
     void h_##name(req *r);                                                                         \
@@ -37,10 +38,5 @@ HANDLER(admin_tenant_create);
 #define NO_PARAMS(name)                                                                            \
     const rpc_param p_##name[] = {{NULL, RPC_T_ANY, 0, 0, 0}};                                     \
     const size_t np_##name = 0
-
-/* tier names, indexed by conn_auth.tier */
-enum { TIER_FREE = 0, TIER_STANDARD, TIER_PREMIUM, TIER_COUNT };
-const char *tier_name(int tier);
-int tier_parse(const char *s, size_t n);
 
 #endif

@@ -8,21 +8,7 @@
 #include "memrow.h"
 #include "methods.h"
 #include "sql.h"
-
-static const char *const tier_names[TIER_COUNT] = {"free", "standard", "premium"};
-
-const char *tier_name(int tier)
-{
-    return (unsigned)tier < TIER_COUNT ? tier_names[tier] : "unknown";
-}
-
-int tier_parse(const char *s, size_t n)
-{
-    for (int i = 0; i < TIER_COUNT; i++)
-        if (strlen(tier_names[i]) == n && memcmp(tier_names[i], s, n) == 0)
-            return i;
-    return -1;
-}
+#include "tiers.h"
 
 /* ---- ping ---------------------------------------------------------------------------- */
 

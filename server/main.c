@@ -27,6 +27,7 @@
 #include "metrics.h"
 #include "migrate.h"
 #include "server.h"
+#include "sql.h"
 #include "tenants.h"
 #include "worker.h"
 
@@ -286,7 +287,7 @@ int main(int argc, char **argv)
     PQfinish(pg);
     pg = NULL;
 
-    if (methods_check() < 0)
+    if (methods_check() < 0 || sql_init() < 0)
         goto out;
     names = method_names();
     if (!names || metrics_init(names, methods_count) < 0)
@@ -295,6 +296,7 @@ int main(int argc, char **argv)
     s->limits.max_message = (size_t)s->cfg.max_message_bytes;
     s->limits.max_depth = (unsigned)s->cfg.max_depth;
     score_defaults(&s->score);
+    tiers_from_config(&s->cfg, s->tiers);
     s->tenants = tenants_create(s);
     s->bg = bg_create(s, (unsigned)s->cfg.bg_threads);
     a.base = event_base_new();
@@ -374,6 +376,7 @@ out:
         event_base_free(a.base);
     tenants_destroy(s->tenants);
     metrics_fini();
+    sql_fini();
     free(names);
     PQfinish(pg);
     if (rc == 0 && cmd == CMD_SERVE)

@@ -13,6 +13,7 @@
 #include "config.h"
 #include "rpc.h"
 #include "score.h"
+#include "tiers.h"
 
 struct worker;
 struct tenants;
@@ -22,6 +23,7 @@ typedef struct server {
     config cfg;
     rpc_limits limits;
     score_params score;
+    tier_limits tiers[TIER_COUNT];
     unsigned nworkers;
     struct worker **workers;
     struct tenants *tenants;

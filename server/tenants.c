@@ -52,8 +52,8 @@ struct tenant {
 
 struct tenants {
     server *srv;
-    pthread_mutex_t mu; /* guards map and refs */
-    idmap *map;         /* tenant id -> tenant* */
+    pthread_mutex_t mu;    /* guards map and refs */
+    idmap *map;            /* tenant id -> tenant* */
     atomic_bool preloaded; /* the start-up preload has finished */
 };
 
@@ -465,8 +465,8 @@ static void preload_job(bg_ctx *ctx, void *arg)
     while (!bg_cancelled(ctx)) {
         char err[256];
         PGconn *pg = bg_conn(ctx, err, sizeof(err));
-        PGresult *r = pg ? db_exec_blocking(pg, "SELECT id, embed_dim FROM tenants ORDER BY id",
-                                            0, NULL, err, sizeof(err))
+        PGresult *r = pg ? db_exec_blocking(pg, "SELECT id, embed_dim FROM tenants ORDER BY id", 0,
+                                            NULL, err, sizeof(err))
                          : NULL;
         if (!r) {
             log_warn("index preload: %s; retrying", err);
@@ -480,8 +480,8 @@ static void preload_job(bg_ctx *ctx, void *arg)
         uint64_t t0 = server_mono_ns();
         int n = PQntuples(r), loaded = 0;
         for (int i = 0; i < n && !bg_cancelled(ctx); i++) {
-            tenant *t = tenants_get(ts, atoll(PQgetvalue(r, i, 0)),
-                                    (uint32_t)atoi(PQgetvalue(r, i, 1)));
+            tenant *t =
+                tenants_get(ts, atoll(PQgetvalue(r, i, 0)), (uint32_t)atoi(PQgetvalue(r, i, 1)));
             if (!t)
                 continue;
             pthread_mutex_lock(&t->mu);

@@ -134,6 +134,8 @@ worker *worker_create(server *s, unsigned idx)
     struct timeval tick = {.tv_sec = 0, .tv_usec = 100000};
     event_add(w->ev_tick, &tick);
     const config *cfg = &s->cfg;
+    size_t nstmts;
+    const db_stmt_def *stmts = sql_all(&nstmts);
     db_config dc = {
         .dsn = cfg->pg_dsn,
         .connections = (unsigned)cfg->pg_pool_size,
@@ -144,8 +146,8 @@ worker *worker_create(server *s, unsigned idx)
         .backoff_max_ms = (unsigned)cfg->db_backoff_max_ms,
         .max_queue = 65536,
         .role = cfg->pg_role[0] ? cfg->pg_role : NULL,
-        .stmts = sql_stmts,
-        .nstmts = SQL__COUNT,
+        .stmts = stmts,
+        .nstmts = nstmts,
         .on_event = on_db_event,
         .ud = w,
     };

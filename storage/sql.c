@@ -1,6 +1,9 @@
 /* storage/sql.c: the prepared statements (see sql.h). */
 #include "sql.h"
 
+#include <errno.h>
+#include <stdlib.h>
+
 const db_stmt_def sql_stmts[SQL__COUNT] = {
     [SQL_PING] = {"ping", "SELECT 1", 0},
     [SQL_AUTH_LOOKUP] = {"auth_lookup",
@@ -29,4 +32,42 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
 const char *sql_name(sql_stmt s)
 {
     return sql_stmts[s].name;
+}
+
+/* Every statement table, in order; each module with statements of its own adds a line. */
+static const struct {
+    const db_stmt_def *defs;
+    size_t n;
+} tables[] = {
+    {sql_stmts, SQL__COUNT},
+};
+
+static db_stmt_def *all;
+static size_t nall;
+
+int sql_init(void)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++)
+        n += tables[i].n;
+    all = calloc(n, sizeof(*all));
+    if (!all)
+        return -ENOMEM;
+    for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++)
+        for (size_t k = 0; k < tables[i].n; k++)
+            all[nall++] = tables[i].defs[k];
+    return 0;
+}
+
+void sql_fini(void)
+{
+    free(all);
+    all = NULL;
+    nall = 0;
+}
+
+const db_stmt_def *sql_all(size_t *n)
+{
+    *n = nall;
+    return all;
 }

@@ -25,6 +25,12 @@ extern const db_stmt_def sql_stmts[SQL__COUNT];
 /* sql_name returns the prepared statement name of s. */
 const char *sql_name(sql_stmt s);
 
+/* sql_init gathers every module's statement table into one array (call once at start,
+ * before any pool exists); sql_all returns it; sql_fini frees it. */
+int sql_init(void);
+const db_stmt_def *sql_all(size_t *n);
+void sql_fini(void);
+
 /* The columns of a memory row, in the order memrow_parse expects (text format). */
 #define SQL_MEMROW_COLS                                                                            \
     "m.id, m.agent_id, m.clade_id, m.scope, m.type, m.content, m.importance, m.metadata::text, "   \

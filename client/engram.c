@@ -1,0 +1,1041 @@
+/* client/engram.c: the engram command-line tool.
+ *
+ * One table (commands[]) drives parsing, help and execution: a command names its RPC
+ * method, packs its argument map from the command line (prepare, run before connecting,
+ * so usage errors never need a server) and prints the result for humans (show). --json
+ * replaces show with one line of JSON on stdout. Adding a method is adding a row.
+ *
+ * Exit status: 0 success, 1 failure ("engram: CODE: MESSAGE" on stderr), 2 usage error.
+ * The API key is never printed; only admin tenant create shows the new key it returns.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client.h"
+#include "json.h"
+#include "rpc.h"
+
+enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2 };
+
+#define DEFAULT_HOST "127.0.0.1"
+#define DEFAULT_PORT 7420
+#define DEFAULT_TIMEOUT_MS 30000
+#define JSON_DEPTH 64                        /* nesting accepted from and printed to JSON */
+#define CONTENT_COLS 100                     /* characters of content per search line */
+#define KEY_MAX 4096                         /* bytes read from a key file */
+#define STDIN_MAX ((size_t)64 * 1024 * 1024) /* bytes read for "-" */
+#define MAX_OPTS 32
+
+enum { AUTH_NONE, AUTH_IF_KEY, AUTH_REQUIRED };
+
+/* A command option seen on the command line (--name VALUE or --name=VALUE). */
+typedef struct opt_val {
+    const char *name; /* not NUL-terminated when given as --name=VALUE */
+    size_t name_len;
+    const char *value;
+} opt_val;
+
+/* A growable buffer for the argument map; failed records a write that could not be made. */
+typedef struct obuf {
+    char *data;
+    size_t len, cap;
+    bool failed;
+} obuf;
+
+typedef struct command command;
+
+typedef struct ctx {
+    /* global options */
+    const char *host;
+    const char *port_s;
+    const char *timeout_s;
+    const char *key_opt;
+    const char *key_file_opt;
+    bool json, help;
+
+    /* the command */
+    const command *cmd;
+    const char **pos; /* its positional arguments */
+    int npos;
+    opt_val opts[MAX_OPTS];
+    int nopts;
+    const char *method; /* set by prepare when the table has none */
+    obuf args;
+    bool has_args;
+    uint64_t *ids; /* get and delete: the ids asked for */
+    size_t nids;
+    char *input; /* "-" read from stdin */
+
+    const char **words; /* every word of the line (owned) */
+    char key[KEY_MAX + 1];
+    client_conn *conn;
+    msgpack_zone zone;
+    bool zone_ok;
+} ctx;
+
+struct command {
+    const char *name;     /* words separated by single spaces */
+    const char *synopsis; /* what follows the name in usage */
+    const char *help;
+    int min_pos, max_pos; /* positional arguments; max -1: any number */
+    const char *const *opts;
+    int auth;
+    const char *method;                             /* NULL: prepare sets ctx.method */
+    int (*prepare)(ctx *x, msgpack_packer *pk);     /* NULL: no arguments */
+    int (*show)(ctx *x, const msgpack_object *res); /* NULL: pretty JSON */
+};
+
+/* ---- output helpers ------------------------------------------------------------------ */
+
+/* Writes n bytes of server text for a terminal: C0 and C1 control characters (which could
+ * drive the terminal) become '?', or a space for tab/newline/CR when oneline; otherwise
+ * newlines are kept and followed by indent. */
+static void put_clean(FILE *f, const char *s, size_t n, bool oneline, const char *indent)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char b = (unsigned char)s[i];
+        if (b == '\n' && !oneline) {
+            fputc('\n', f);
+            fputs(indent, f);
+        } else if (b == '\t' && !oneline) {
+            fputc('\t', f);
+        } else if (b == '\n' || b == '\t' || b == '\r') {
+            fputc(' ', f);
+        } else if (b < 0x20 || b == 0x7f) {
+            fputc('?', f);
+        } else if (b == 0xc2 && i + 1 < n && (unsigned char)s[i + 1] >= 0x80 &&
+                   (unsigned char)s[i + 1] <= 0x9f) {
+            fputc('?', f);
+            i++;
+        } else {
+            fputc(b, f);
+        }
+    }
+}
+
+static void put_clean_cstr(FILE *f, const char *s)
+{
+    put_clean(f, s, strlen(s), true, "");
+}
+
+/* Prints "engram: CODE: MESSAGE" and returns EXIT_ERR. */
+static int error_out(const char *code, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fputs("engram: ", stderr);
+    put_clean_cstr(stderr, code);
+    fputs(": ", stderr);
+    put_clean_cstr(stderr, msg);
+    fputc('\n', stderr);
+    return EXIT_ERR;
+}
+
+/* Reports a client failure; for a server error, any detail beside code and message
+ * follows on its own lines. */
+static int client_fail(ctx *x, const client_error *e)
+{
+    error_out(e->code[0] ? e->code : "error", "%s", e->message);
+    const msgpack_object *o = e->object;
+    if (o == NULL || o->type != MSGPACK_OBJECT_MAP)
+        return EXIT_ERR;
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+        const msgpack_object_kv *kv = &o->via.map.ptr[i];
+        json_buf b = {0};
+        if (kv->key.type != MSGPACK_OBJECT_STR || rpc_str_eq(&kv->key, "code") ||
+            rpc_str_eq(&kv->key, "message"))
+            continue;
+        if (json_from_msgpack(&kv->val, JSON_BIN_BASE64, JSON_DEPTH, &b) == 0 && b.len > 0) {
+            fputs("engram:   ", stderr);
+            put_clean(stderr, kv->key.via.str.ptr, kv->key.via.str.size, true, "");
+            fputs(": ", stderr);
+            put_clean(stderr, b.data, b.len, true, "");
+            fputc('\n', stderr);
+        }
+        json_buf_fini(&b);
+    }
+    return EXIT_ERR;
+}
+
+/* Prints o as JSON: one line, or indented for humans. */
+static int print_json(const msgpack_object *o, bool pretty)
+{
+    json_buf b = {0};
+    int rc = json_from_msgpack(o, JSON_BIN_BASE64 | (pretty ? JSON_PRETTY : 0), JSON_DEPTH, &b);
+    if (rc == -ENOMEM)
+        return error_out("out_of_memory", "out of memory formatting the result");
+    if (rc != 0)
+        return error_out("bad_response", "the result has no JSON form");
+    if (b.len > 0)
+        fwrite(b.data, 1, b.len, stdout);
+    fputc('\n', stdout);
+    json_buf_fini(&b);
+    return EXIT_OK;
+}
+
+static void print_time(const msgpack_object *o)
+{
+    if (o == NULL || (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER &&
+                      o->type != MSGPACK_OBJECT_NEGATIVE_INTEGER)) {
+        fputs("-", stdout);
+        return;
+    }
+    int64_t ms = rpc_get_int(o, 0), sec = ms / 1000 - (ms % 1000 < 0);
+    time_t t = (time_t)sec;
+    struct tm tm;
+    char buf[64];
+    if (gmtime_r(&t, &tm) == NULL || strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+        printf("%" PRId64 "ms", ms);
+    else
+        fputs(buf, stdout);
+}
+
+static void print_str_field(const msgpack_object *m, const char *key, bool oneline)
+{
+    const msgpack_object *o = rpc_map_get(m, key);
+    if (o && o->type == MSGPACK_OBJECT_STR)
+        put_clean(stdout, o->via.str.ptr, o->via.str.size, oneline, "  ");
+    else
+        fputs("?", stdout);
+}
+
+/* Prints at most cols characters of the string o on one line ("..." when cut). */
+static void print_truncated(const msgpack_object *o, size_t cols)
+{
+    if (o == NULL || o->type != MSGPACK_OBJECT_STR)
+        return;
+    const char *s = o->via.str.ptr;
+    size_t n = o->via.str.size, chars = 0, cut = n;
+    for (size_t i = 0; i < n; i++) {
+        if (((unsigned char)s[i] & 0xc0) == 0x80)
+            continue; /* a continuation byte belongs to the character before */
+        if (chars == cols - 3)
+            cut = i;
+        if (++chars > cols)
+            break;
+    }
+    if (chars <= cols) {
+        put_clean(stdout, s, n, true, "");
+    } else {
+        put_clean(stdout, s, cut, true, "");
+        fputs("...", stdout);
+    }
+}
+
+/* ---- argument packing helpers ---------------------------------------------------------- */
+
+static int obuf_write(void *data, const char *buf, size_t len)
+{
+    obuf *b = data;
+    if (b->failed)
+        return -1;
+    if (len > b->cap - b->len) {
+        size_t cap = b->cap ? b->cap : 256;
+        if (len > SIZE_MAX / 2 - b->len) {
+            b->failed = true;
+            return -1;
+        }
+        while (cap - b->len < len)
+            cap *= 2;
+        char *p = realloc(b->data, cap);
+        if (p == NULL) {
+            b->failed = true;
+            return -1;
+        }
+        b->data = p;
+        b->cap = cap;
+    }
+    if (len > 0)
+        memcpy(b->data + b->len, buf, len);
+    b->len += len;
+    return 0;
+}
+
+static int usage_error(const ctx *x, const char *fmt, ...);
+
+static const char *opt_get(const ctx *x, const char *name)
+{
+    for (int i = 0; i < x->nopts; i++)
+        if (x->opts[i].name_len == strlen(name) &&
+            memcmp(x->opts[i].name, name, x->opts[i].name_len) == 0)
+            return x->opts[i].value;
+    return NULL;
+}
+
+static bool parse_u64(const char *s, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (*s == '\0')
+        return false;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return false;
+        unsigned d = (unsigned)(*s - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return false;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_num(const char *s, double *out)
+{
+    char *end;
+    if (*s == '\0')
+        return false;
+    errno = 0;
+    double d = strtod(s, &end);
+    if (*end != '\0' || errno == ERANGE || !isfinite(d))
+        return false;
+    *out = d;
+    return true;
+}
+
+/* Reads all of stdin into x->input (NUL-terminated); returns 0 or EXIT_ERR. */
+static int read_stdin(ctx *x, size_t *len)
+{
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    if (buf == NULL)
+        return error_out("out_of_memory", "out of memory reading standard input");
+    for (;;) {
+        if (cap - n < 2) {
+            if (cap >= STDIN_MAX) {
+                free(buf);
+                return error_out("input_error", "standard input is larger than %zu bytes",
+                                 STDIN_MAX);
+            }
+            char *p = realloc(buf, cap * 2);
+            if (p == NULL) {
+                free(buf);
+                return error_out("out_of_memory", "out of memory reading standard input");
+            }
+            buf = p;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, stdin);
+        n += r;
+        if (r == 0) {
+            if (ferror(stdin)) {
+                free(buf);
+                return error_out("input_error", "cannot read standard input: %s", strerror(errno));
+            }
+            break;
+        }
+    }
+    buf[n] = '\0';
+    free(x->input);
+    x->input = buf;
+    *len = n;
+    return 0;
+}
+
+/* A text argument: itself, or standard input for "-" (one trailing newline dropped). */
+static int text_arg(ctx *x, const char *arg, const char **text, size_t *len)
+{
+    if (strcmp(arg, "-") != 0) {
+        *text = arg;
+        *len = strlen(arg);
+        return 0;
+    }
+    int rc = read_stdin(x, len);
+    if (rc != 0)
+        return rc;
+    if (*len > 0 && x->input[*len - 1] == '\n')
+        (*len)--;
+    if (*len > 0 && x->input[*len - 1] == '\r')
+        (*len)--;
+    *text = x->input;
+    return 0;
+}
+
+static bool json_is_object(const char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+        i++;
+    return i < n && s[i] == '{';
+}
+
+/* Packs the JSON object text as a map; what names it in messages. */
+static int pack_json_object(const ctx *x, msgpack_packer *pk, const char *what, const char *text,
+                            size_t len)
+{
+    char err[256];
+    if (!json_is_object(text, len))
+        return usage_error(x, "%s must be a JSON object", what);
+    int rc = json_to_msgpack(text, len, JSON_DEPTH, pk, err, sizeof(err));
+    if (rc == -ENOMEM)
+        return error_out("out_of_memory", "out of memory converting %s", what);
+    if (rc != 0)
+        return usage_error(x, "%s is not valid JSON: %s", what, err);
+    return 0;
+}
+
+/* Parses the positional ids ("12" or "#12") into x->ids. */
+static int parse_ids(ctx *x)
+{
+    x->ids = calloc((size_t)x->npos, sizeof(uint64_t));
+    if (x->ids == NULL)
+        return error_out("out_of_memory", "out of memory");
+    for (int i = 0; i < x->npos; i++) {
+        const char *s = x->pos[i][0] == '#' ? x->pos[i] + 1 : x->pos[i];
+        if (!parse_u64(s, &x->ids[i]))
+            return usage_error(x, "'%s' is not a memory id", x->pos[i]);
+    }
+    x->nids = (size_t)x->npos;
+    return 0;
+}
+
+static void pack_ids(const ctx *x, msgpack_packer *pk)
+{
+    msgpack_pack_map(pk, 1);
+    rpc_pack_cstr(pk, "ids");
+    msgpack_pack_array(pk, (uint32_t)x->nids);
+    for (size_t i = 0; i < x->nids; i++)
+        msgpack_pack_uint64(pk, x->ids[i]);
+}
+
+/* Whether the array of maps arr holds one whose "id" is id. */
+static bool has_id(const msgpack_object *arr, uint64_t id, bool bare)
+{
+    if (arr == NULL || arr->type != MSGPACK_OBJECT_ARRAY)
+        return false;
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        const msgpack_object *e = &arr->via.array.ptr[i];
+        const msgpack_object *v = bare ? e : rpc_map_get(e, "id");
+        if (v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 == id)
+            return true;
+    }
+    return false;
+}
+
+/* ---- commands -------------------------------------------------------------------------- */
+
+static int show_plain(ctx *x, const msgpack_object *res)
+{
+    if (res->type == MSGPACK_OBJECT_STR) {
+        put_clean(stdout, res->via.str.ptr, res->via.str.size, false, "");
+        fputc('\n', stdout);
+        return EXIT_OK;
+    }
+    return print_json(res, true);
+}
+
+static const char *const store_opts[] = {"type", "importance", "metadata", NULL};
+
+static int prep_store(ctx *x, msgpack_packer *pk)
+{
+    const char *content, *type = opt_get(x, "type"), *imp_s = opt_get(x, "importance");
+    const char *meta = opt_get(x, "metadata");
+    double importance = 0.5;
+    size_t len;
+    int rc;
+
+    if (imp_s && !parse_num(imp_s, &importance))
+        return usage_error(x, "--importance must be a number, not '%s'", imp_s);
+    rc = text_arg(x, x->pos[0], &content, &len);
+    if (rc != 0)
+        return rc;
+    msgpack_pack_map(pk, meta ? 4 : 3);
+    rpc_pack_cstr(pk, "content");
+    rpc_pack_strn(pk, content, len);
+    rpc_pack_kv_str(pk, "type", type ? type : "fact");
+    rpc_pack_kv_num(pk, "importance", importance);
+    if (meta) {
+        rpc_pack_cstr(pk, "metadata");
+        return pack_json_object(x, pk, "--metadata", meta, strlen(meta));
+    }
+    return 0;
+}
+
+static int show_store(ctx *x, const msgpack_object *res)
+{
+    const msgpack_object *id = rpc_map_get(res, "id");
+    if (id == NULL || id->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return print_json(res, true);
+    printf("%" PRIu64 "\n", id->via.u64);
+    return EXIT_OK;
+}
+
+static const char *const search_opts[] = {"top-k", NULL};
+
+static int prep_search(ctx *x, msgpack_packer *pk)
+{
+    const char *query, *k_s = opt_get(x, "top-k");
+    uint64_t k = 0;
+    size_t len;
+    if (k_s && !parse_u64(k_s, &k))
+        return usage_error(x, "--top-k must be a non-negative integer, not '%s'", k_s);
+    int rc = text_arg(x, x->pos[0], &query, &len);
+    if (rc != 0)
+        return rc;
+    msgpack_pack_map(pk, k_s ? 2 : 1);
+    rpc_pack_cstr(pk, "query");
+    rpc_pack_strn(pk, query, len);
+    if (k_s)
+        rpc_pack_kv_uint(pk, "top_k", k);
+    return 0;
+}
+
+static int show_search(ctx *x, const msgpack_object *res)
+{
+    const msgpack_object *r = rpc_map_get(res, "results");
+    if (r == NULL || r->type != MSGPACK_OBJECT_ARRAY)
+        return print_json(res, true);
+    if (r->via.array.size == 0)
+        puts("(no results)");
+    for (uint32_t i = 0; i < r->via.array.size; i++) {
+        const msgpack_object *m = &r->via.array.ptr[i];
+        if (m->type != MSGPACK_OBJECT_MAP)
+            continue;
+        printf("#%" PRIu64 "  %.3f  ", rpc_get_uint(rpc_map_get(m, "id"), 0),
+               rpc_get_num(rpc_map_get(m, "score"), NAN));
+        print_str_field(m, "type", true);
+        printf("  imp=%.2f  ", rpc_get_num(rpc_map_get(m, "importance"), NAN));
+        print_truncated(rpc_map_get(m, "content"), CONTENT_COLS);
+        fputc('\n', stdout);
+    }
+    return EXIT_OK;
+}
+
+static int prep_ids(ctx *x, msgpack_packer *pk)
+{
+    int rc = parse_ids(x);
+    if (rc != 0)
+        return rc;
+    pack_ids(x, pk);
+    return 0;
+}
+
+static void show_memory(const msgpack_object *m)
+{
+    const msgpack_object *meta = rpc_map_get(m, "metadata");
+    const msgpack_object *exp = rpc_map_get(m, "expires_at");
+    printf("#%" PRIu64 "  ", rpc_get_uint(rpc_map_get(m, "id"), 0));
+    print_str_field(m, "type", true);
+    printf("  imp=%.2f  scope=", rpc_get_num(rpc_map_get(m, "importance"), NAN));
+    print_str_field(m, "scope", true);
+    fputs("  created=", stdout);
+    print_time(rpc_map_get(m, "created_at"));
+    fputs("  updated=", stdout);
+    print_time(rpc_map_get(m, "updated_at"));
+    if (exp && exp->type != MSGPACK_OBJECT_NIL) {
+        fputs("  expires=", stdout);
+        print_time(exp);
+    }
+    printf("  accesses=%" PRId64 "  version=%" PRId64 "\n",
+           rpc_get_int(rpc_map_get(m, "access_count"), 0),
+           rpc_get_int(rpc_map_get(m, "version"), 0));
+    if (meta && meta->type != MSGPACK_OBJECT_NIL &&
+        !(meta->type == MSGPACK_OBJECT_MAP && meta->via.map.size == 0)) {
+        json_buf b = {0};
+        if (json_from_msgpack(meta, JSON_BIN_BASE64, JSON_DEPTH, &b) == 0) {
+            fputs("  metadata: ", stdout);
+            put_clean(stdout, b.data, b.len, true, "");
+            fputc('\n', stdout);
+        }
+        json_buf_fini(&b);
+    }
+    fputs("  ", stdout);
+    print_str_field(m, "content", false);
+    fputc('\n', stdout);
+}
+
+static int show_get(ctx *x, const msgpack_object *res)
+{
+    const msgpack_object *mems = rpc_map_get(res, "memories");
+    if (mems == NULL || mems->type != MSGPACK_OBJECT_ARRAY)
+        return print_json(res, true);
+    for (uint32_t i = 0; i < mems->via.array.size; i++) {
+        if (mems->via.array.ptr[i].type != MSGPACK_OBJECT_MAP)
+            continue;
+        if (i > 0)
+            fputc('\n', stdout);
+        show_memory(&mems->via.array.ptr[i]);
+    }
+    for (size_t i = 0; i < x->nids; i++)
+        if (!has_id(mems, x->ids[i], false))
+            fprintf(stderr, "note: memory #%" PRIu64 " not found\n", x->ids[i]);
+    return EXIT_OK;
+}
+
+static int show_delete(ctx *x, const msgpack_object *res)
+{
+    const msgpack_object *del = rpc_map_get(res, "deleted");
+    if (del == NULL || del->type != MSGPACK_OBJECT_ARRAY)
+        return print_json(res, true);
+    for (uint32_t i = 0; i < del->via.array.size; i++)
+        printf("deleted #%" PRIu64 "\n", rpc_get_uint(&del->via.array.ptr[i], 0));
+    for (size_t i = 0; i < x->nids; i++)
+        if (!has_id(del, x->ids[i], true))
+            fprintf(stderr, "note: memory #%" PRIu64 " not found\n", x->ids[i]);
+    return EXIT_OK;
+}
+
+static int show_methods(ctx *x, const msgpack_object *res)
+{
+    if (res->type != MSGPACK_OBJECT_ARRAY)
+        return print_json(res, true);
+    for (uint32_t i = 0; i < res->via.array.size; i++) {
+        const msgpack_object *m = &res->via.array.ptr[i];
+        const msgpack_object *flags = rpc_map_get(m, "flags");
+        const msgpack_object *params = rpc_map_get(m, "params");
+        print_str_field(m, "name", true);
+        fputs("  [", stdout);
+        for (uint32_t k = 0;
+             flags && flags->type == MSGPACK_OBJECT_ARRAY && k < flags->via.array.size; k++) {
+            if (k > 0)
+                fputc(',', stdout);
+            const msgpack_object *f = &flags->via.array.ptr[k];
+            if (f->type == MSGPACK_OBJECT_STR)
+                put_clean(stdout, f->via.str.ptr, f->via.str.size, true, "");
+        }
+        fputc(']', stdout);
+        for (uint32_t k = 0;
+             params && params->type == MSGPACK_OBJECT_ARRAY && k < params->via.array.size; k++) {
+            const msgpack_object *p = &params->via.array.ptr[k];
+            fputs("  ", stdout);
+            print_str_field(p, "name", true);
+            fputc(':', stdout);
+            print_str_field(p, "type", true);
+            if (rpc_get_bool(rpc_map_get(p, "required"), false))
+                fputc('*', stdout);
+        }
+        fputc('\n', stdout);
+    }
+    puts("(* required)");
+    return EXIT_OK;
+}
+
+static const char *const tenant_opts[] = {"tier", "dim", NULL};
+
+static int prep_tenant_create(ctx *x, msgpack_packer *pk)
+{
+    const char *tier = opt_get(x, "tier"), *dim_s = opt_get(x, "dim");
+    uint64_t dim = 0;
+    if (tier == NULL)
+        return usage_error(x, "--tier is required (free, standard or premium)");
+    if (dim_s && !parse_u64(dim_s, &dim))
+        return usage_error(x, "--dim must be a positive integer, not '%s'", dim_s);
+    msgpack_pack_map(pk, dim_s ? 3 : 2);
+    rpc_pack_kv_str(pk, "name", x->pos[0]);
+    rpc_pack_kv_str(pk, "tier", tier);
+    if (dim_s) {
+        rpc_pack_cstr(pk, "embedding");
+        msgpack_pack_map(pk, 1);
+        rpc_pack_kv_uint(pk, "dim", dim);
+    }
+    return 0;
+}
+
+static int show_tenant_create(ctx *x, const msgpack_object *res)
+{
+    const msgpack_object *key = rpc_map_get(res, "api_key");
+    if (key == NULL || key->type != MSGPACK_OBJECT_STR)
+        return print_json(res, true);
+    printf("tenant_id: %" PRId64 "\n", rpc_get_int(rpc_map_get(res, "tenant_id"), 0));
+    printf("key_id:    %" PRId64 "\n", rpc_get_int(rpc_map_get(res, "key_id"), 0));
+    fputs("api_key:   ", stdout);
+    put_clean(stdout, key->via.str.ptr, key->via.str.size, true, "");
+    fputs("\nThis API key is shown only once: store it now (the server keeps only a hash).\n",
+          stdout);
+    return EXIT_OK;
+}
+
+static int prep_call(ctx *x, msgpack_packer *pk)
+{
+    const char *text;
+    size_t len;
+    x->method = x->pos[0];
+    if (x->npos < 2) {
+        x->has_args = false;
+        return 0;
+    }
+    int rc = text_arg(x, x->pos[1], &text, &len);
+    if (rc != 0)
+        return rc;
+    return pack_json_object(x, pk, "JSON-PARAMS", text, len);
+}
+
+static const command commands[] = {
+    {"ping", "", "check that the server answers", 0, 0, NULL, AUTH_NONE, "ping", NULL, show_plain},
+    {"store", "CONTENT [--type T] [--importance X] [--metadata JSON]",
+     "store a memory and print its id; type fact (default), preference, episode,\n"
+     "strategy_outcome or constraint; importance in [0,1] (default 0.5)",
+     1, 1, store_opts, AUTH_REQUIRED, "memory.store", prep_store, show_store},
+    {"search", "QUERY [--top-k N]", "search memories: one line per hit (id, score, type, content)",
+     1, 1, search_opts, AUTH_REQUIRED, "memory.search", prep_search, show_search},
+    {"get", "ID...", "show memories", 1, -1, NULL, AUTH_REQUIRED, "memory.get", prep_ids, show_get},
+    {"delete", "ID...", "delete memories", 1, -1, NULL, AUTH_REQUIRED, "memory.delete", prep_ids,
+     show_delete},
+    {"methods", "", "list the server's methods and their parameters", 0, 0, NULL, AUTH_IF_KEY,
+     "methods", NULL, show_methods},
+    {"admin tenant create", "NAME --tier free|standard|premium [--dim N]",
+     "create a tenant (admin key) and print its API key, shown only this once", 1, 1, tenant_opts,
+     AUTH_REQUIRED, "admin.tenant.create", prep_tenant_create, show_tenant_create},
+    {"call", "METHOD [JSON-PARAMS]",
+     "call any method with a JSON object of named parameters; print the result as JSON", 1, 2, NULL,
+     AUTH_IF_KEY, NULL, prep_call, NULL},
+};
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+/* ---- usage ------------------------------------------------------------------------------ */
+
+static const char usage_line[] =
+    "usage: engram [--host H] [--port P] [--key KEY | --key-file PATH] "
+    "[--json] [--timeout-ms N] COMMAND ...";
+
+static void print_help(FILE *f)
+{
+    fprintf(f, "%s\n\ncommands:\n", usage_line);
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        const command *c = &commands[i];
+        fprintf(f, "  %s%s%s\n      ", c->name, c->synopsis[0] ? " " : "", c->synopsis);
+        for (const char *h = c->help; *h; h++) {
+            fputc(*h, f);
+            if (*h == '\n')
+                fputs("      ", f);
+        }
+        fputc('\n', f);
+    }
+    fputs(
+        "\nA CONTENT, QUERY or JSON-PARAMS of - is read from standard input; an ID may be\n"
+        "written #12. Put -- before arguments that start with a dash.\n"
+        "\noptions (anywhere on the line):\n"
+        "  --host H         server host (ENGRAM_HOST; default " DEFAULT_HOST ")\n"
+        "  --port P         server port (ENGRAM_PORT; default 7420)\n"
+        "  --key KEY        API key (ENGRAM_API_KEY); other local users can see it in ps,\n"
+        "                   so prefer --key-file\n"
+        "  --key-file PATH  read the API key from the first line of PATH (ENGRAM_KEY_FILE)\n"
+        "  --json           print the result as exactly one line of JSON on stdout\n"
+        "  --timeout-ms N   connect and per-call timeout (default 30000; 0: none)\n"
+        "  -h, --help       print this help\n"
+        "\nexit status: 0 success, 1 error (\"engram: CODE: MESSAGE\" on stderr), 2 usage error\n",
+        f);
+}
+
+/* Prints "engram: MESSAGE" and the usage line to stderr; returns EXIT_USAGE. */
+static int usage_error(const ctx *x, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fputs("engram: ", stderr);
+    put_clean_cstr(stderr, msg);
+    fputc('\n', stderr);
+    if (x && x->cmd)
+        fprintf(stderr, "usage: engram [OPTIONS] %s%s%s\n", x->cmd->name,
+                x->cmd->synopsis[0] ? " " : "", x->cmd->synopsis);
+    else
+        fprintf(stderr, "%s\n", usage_line);
+    fputs("(engram --help for more)\n", stderr);
+    return EXIT_USAGE;
+}
+
+/* ---- the command line ----------------------------------------------------------------- */
+
+/* Matches the longest command name that the leading words spell. Returns the number of
+ * words used, 0 when none matches. */
+static int match_command(const char **words, int n, const command **out)
+{
+    int best = 0;
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        const char *name = commands[i].name;
+        int k = 0;
+        while (k < n) {
+            size_t wl = strlen(words[k]);
+            if (strncmp(name, words[k], wl) != 0 || (name[wl] != ' ' && name[wl] != '\0'))
+                break;
+            k++;
+            name += wl;
+            if (*name == '\0')
+                break;
+            name++;
+        }
+        if (*name == '\0' && k > best) {
+            best = k;
+            *out = &commands[i];
+        }
+    }
+    return best;
+}
+
+static bool name_is(const char *name, size_t len, const char *s)
+{
+    return len == strlen(s) && memcmp(name, s, len) == 0;
+}
+
+/* Splits argv into global options, command options and words. Returns -1 to go on, or an
+ * exit status. */
+static int parse_line(ctx *x, int argc, char **argv, const char **words, int *nwords)
+{
+    bool dashdash = false;
+    *nwords = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (dashdash || a[0] != '-' || a[1] == '\0') {
+            words[(*nwords)++] = a;
+            continue;
+        }
+        if (strcmp(a, "--") == 0) {
+            dashdash = true;
+            continue;
+        }
+        if (strcmp(a, "-h") == 0) {
+            x->help = true;
+            continue;
+        }
+        if (a[1] != '-')
+            return usage_error(x, "unknown option '%s'", a);
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t nl = eq ? (size_t)(eq - name) : strlen(name);
+        if (name_is(name, nl, "help") || name_is(name, nl, "json")) {
+            if (eq)
+                return usage_error(x, "option --%.*s takes no value", (int)nl, name);
+            if (name[0] == 'h')
+                x->help = true;
+            else
+                x->json = true;
+            continue;
+        }
+        const char *val;
+        if (eq) {
+            val = eq + 1;
+        } else if (i + 1 < argc) {
+            val = argv[++i];
+        } else {
+            return usage_error(x, "option --%.*s needs a value", (int)nl, name);
+        }
+        if (name_is(name, nl, "host"))
+            x->host = val;
+        else if (name_is(name, nl, "port"))
+            x->port_s = val;
+        else if (name_is(name, nl, "key"))
+            x->key_opt = val;
+        else if (name_is(name, nl, "key-file"))
+            x->key_file_opt = val;
+        else if (name_is(name, nl, "timeout-ms"))
+            x->timeout_s = val;
+        else if (x->nopts == MAX_OPTS)
+            return usage_error(x, "too many options");
+        else
+            x->opts[x->nopts++] = (opt_val){name, nl, val};
+    }
+    return -1;
+}
+
+/* Checks the command's options and argument count. Returns -1 to go on, or EXIT_USAGE. */
+static int check_command(ctx *x)
+{
+    const command *c = x->cmd;
+    for (int i = 0; i < x->nopts; i++) {
+        bool known = false;
+        for (const char *const *o = c->opts; o && *o && !known; o++)
+            known = name_is(x->opts[i].name, x->opts[i].name_len, *o);
+        if (!known)
+            return usage_error(x, "unknown option --%.*s for %s", (int)x->opts[i].name_len,
+                               x->opts[i].name, c->name);
+        for (int k = 0; k < i; k++)
+            if (x->opts[k].name_len == x->opts[i].name_len &&
+                memcmp(x->opts[k].name, x->opts[i].name, x->opts[i].name_len) == 0)
+                return usage_error(x, "option --%.*s given twice", (int)x->opts[i].name_len,
+                                   x->opts[i].name);
+    }
+    if (x->npos < c->min_pos)
+        return usage_error(x, "%s needs more arguments", c->name);
+    if (c->max_pos >= 0 && x->npos > c->max_pos)
+        return usage_error(x, "too many arguments for %s", c->name);
+    return -1;
+}
+
+static const char *env(const char *name)
+{
+    const char *v = getenv(name);
+    return v && v[0] ? v : NULL;
+}
+
+/* Reads the key from the first line of path into x->key. Never prints the key. */
+static int read_key_file(ctx *x, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return error_out("key_file", "cannot open %s: %s", path, strerror(errno));
+    size_t n = fread(x->key, 1, sizeof(x->key) - 1, f);
+    bool bad = ferror(f) != 0, big = n == sizeof(x->key) - 1 && fgetc(f) != EOF;
+    fclose(f);
+    x->key[n] = '\0';
+    if (bad)
+        return error_out("key_file", "cannot read %s", path);
+    char *nl = memchr(x->key, '\n', n);
+    if (nl)
+        *nl = '\0';
+    else if (big)
+        return error_out("key_file", "%s: the first line is longer than %d bytes", path, KEY_MAX);
+    size_t len = strlen(x->key), start = 0;
+    while (len > 0 &&
+           (x->key[len - 1] == '\r' || x->key[len - 1] == ' ' || x->key[len - 1] == '\t'))
+        x->key[--len] = '\0';
+    while (x->key[start] == ' ' || x->key[start] == '\t')
+        start++;
+    memmove(x->key, x->key + start, len - start + 1);
+    if (x->key[0] == '\0')
+        return error_out("key_file", "%s holds no key on its first line", path);
+    return 0;
+}
+
+/* Settles the key: --key, --key-file, ENGRAM_API_KEY, ENGRAM_KEY_FILE in that order. Sets
+ * *key to it or NULL. */
+static int resolve_key(ctx *x, const char **key)
+{
+    *key = NULL;
+    if (x->key_opt && x->key_file_opt)
+        return usage_error(x, "give --key or --key-file, not both");
+    if (x->key_opt) {
+        *key = x->key_opt;
+        return 0;
+    }
+    const char *path = x->key_file_opt;
+    if (path == NULL) {
+        *key = env("ENGRAM_API_KEY");
+        if (*key)
+            return 0;
+        path = env("ENGRAM_KEY_FILE");
+    }
+    if (path == NULL)
+        return 0;
+    int rc = read_key_file(x, path);
+    if (rc == 0)
+        *key = x->key;
+    return rc;
+}
+
+static int run(ctx *x, int argc, char **argv)
+{
+    const char **words = calloc((size_t)argc + 1, sizeof(*words));
+    const char *host, *key;
+    uint64_t port = DEFAULT_PORT, timeout = DEFAULT_TIMEOUT_MS;
+    client_error e;
+    char err[512];
+    int nwords, rc;
+
+    if (words == NULL)
+        return error_out("out_of_memory", "out of memory");
+    x->words = words;
+    rc = parse_line(x, argc, argv, words, &nwords);
+    if (rc >= 0)
+        return rc;
+    if (x->help || (nwords == 1 && strcmp(words[0], "help") == 0)) {
+        print_help(stdout);
+        return EXIT_OK;
+    }
+    if (nwords == 0)
+        return usage_error(x, "no command given");
+    int used = match_command(words, nwords, &x->cmd);
+    if (used == 0) {
+        if (x->nopts > 0)
+            return usage_error(x, "unknown option --%.*s", (int)x->opts[0].name_len,
+                               x->opts[0].name);
+        return usage_error(x, "unknown command '%s'", words[0]);
+    }
+    x->pos = words + used;
+    x->npos = nwords - used;
+    rc = check_command(x);
+    if (rc >= 0)
+        return rc;
+
+    /* connection settings */
+    host = x->host ? x->host : env("ENGRAM_HOST") ? env("ENGRAM_HOST") : DEFAULT_HOST;
+    const char *port_s = x->port_s ? x->port_s : env("ENGRAM_PORT");
+    if (port_s && (!parse_u64(port_s, &port) || port == 0 || port > 65535))
+        return usage_error(x, "the port must be 1 to 65535, not '%s'", port_s);
+    if (x->timeout_s && (!parse_u64(x->timeout_s, &timeout) || timeout > INT_MAX))
+        return usage_error(x, "--timeout-ms must be 0 to %d, not '%s'", INT_MAX, x->timeout_s);
+    key = NULL;
+    if (x->cmd->auth != AUTH_NONE) { /* ping works whatever the key settings say */
+        rc = resolve_key(x, &key);
+        if (rc != 0)
+            return rc;
+    }
+    if (x->cmd->auth == AUTH_REQUIRED && key == NULL)
+        return error_out("unauthenticated",
+                         "%s needs an API key: use --key-file, --key, "
+                         "ENGRAM_KEY_FILE or ENGRAM_API_KEY",
+                         x->cmd->name);
+
+    /* the arguments, checked before connecting */
+    x->method = x->cmd->method;
+    x->has_args = x->cmd->prepare != NULL;
+    if (x->cmd->prepare) {
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &x->args, obuf_write);
+        rc = x->cmd->prepare(x, &pk);
+        if (rc != 0)
+            return rc;
+        if (x->args.failed)
+            return error_out("out_of_memory", "out of memory packing the request");
+    }
+
+    /* the call */
+    if (!msgpack_zone_init(&x->zone, 8192))
+        return error_out("out_of_memory", "out of memory");
+    x->zone_ok = true;
+    rc = client_connect(host, (uint16_t)port, (int)timeout, &x->conn, err, sizeof(err));
+    if (rc != 0)
+        return error_out(rc == CLIENT_E_TIMEOUT ? "timeout"
+                         : rc == -ENOMEM        ? "out_of_memory"
+                                                : "connect_failed",
+                         "%s", err);
+    if (key) {
+        rc = client_auth(x->conn, key, &e);
+        if (rc != 0)
+            return client_fail(x, &e);
+    }
+    const msgpack_object *res;
+    client_args args = {.packed = x->args.data, .packed_len = x->args.len};
+    rc = client_call(x->conn, x->method, x->has_args ? &args : NULL, &x->zone, &res, &e);
+    if (rc != 0)
+        return client_fail(x, &e);
+    if (x->json)
+        return print_json(res, false);
+    return x->cmd->show ? x->cmd->show(x, res) : print_json(res, true);
+}
+
+int main(int argc, char **argv)
+{
+    ctx x;
+    memset(&x, 0, sizeof(x));
+    int rc = run(&x, argc, argv);
+
+    client_close(x.conn);
+    if (x.zone_ok)
+        msgpack_zone_destroy(&x.zone);
+    free(x.args.data);
+    free(x.ids);
+    free(x.input);
+    free(x.words);
+    /* the key read from a file does not outlive its use */
+    volatile char *k = x.key;
+    for (size_t i = 0; i < sizeof(x.key); i++)
+        k[i] = 0;
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        if (rc == EXIT_OK)
+            rc = error_out("io_error", "cannot write standard output");
+    }
+    return rc;
+}

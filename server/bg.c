@@ -26,8 +26,21 @@ struct bg_ctx {
     unsigned idx;
 };
 
+typedef struct periodic {
+    struct periodic *next;
+    unsigned interval_ms;
+    uint64_t due_ms;
+    bool queued; /* a run is waiting or running: do not pile up runs of a slow task */
+    void (*fn)(bg_ctx *ctx, void *arg);
+    void *arg;
+    bg *b;
+} periodic;
+
 struct bg {
     server *srv;
+    periodic *periodics;
+    pthread_t ticker;
+    bool ticker_started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     job *head, *tail;
@@ -121,6 +134,66 @@ int bg_submit(bg *b, void (*fn)(bg_ctx *ctx, void *arg), void *arg)
 int bg_listener_ok(bg *b)
 {
     return atomic_load(&b->listener_ok);
+}
+
+static bool stopping(bg *b);
+
+static uint64_t mono_ms(void)
+{
+    return server_mono_ns() / 1000000u;
+}
+
+static void run_periodic(bg_ctx *ctx, void *arg)
+{
+    periodic *p = arg;
+    if (!bg_cancelled(ctx))
+        p->fn(ctx, p->arg);
+    pthread_mutex_lock(&p->b->mu);
+    p->queued = false;
+    p->due_ms = mono_ms() + p->interval_ms;
+    pthread_mutex_unlock(&p->b->mu);
+}
+
+int bg_every(bg *b, unsigned interval_ms, void (*fn)(bg_ctx *ctx, void *arg), void *arg)
+{
+    periodic *p = calloc(1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    p->interval_ms = interval_ms ? interval_ms : 1;
+    p->fn = fn;
+    p->arg = arg;
+    p->b = b;
+    pthread_mutex_lock(&b->mu);
+    p->due_ms = mono_ms() + p->interval_ms;
+    p->next = b->periodics;
+    b->periodics = p;
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+/* Wakes every 100 ms and queues the periodic tasks that are due. */
+static void *ticker_thread(void *arg)
+{
+    bg *b = arg;
+    while (!stopping(b)) {
+        struct pollfd pfd = {.fd = b->wake[0], .events = POLLIN};
+        poll(&pfd, 1, 100);
+        uint64_t now = mono_ms();
+        pthread_mutex_lock(&b->mu);
+        periodic *due = NULL;
+        for (periodic *p = b->periodics; p; p = p->next)
+            if (!p->queued && now >= p->due_ms && !due)
+                due = p;
+        if (due)
+            due->queued = true;
+        pthread_mutex_unlock(&b->mu);
+        if (due && bg_submit(b, run_periodic, due) < 0) {
+            pthread_mutex_lock(&b->mu);
+            due->queued = false;
+            pthread_mutex_unlock(&b->mu);
+        }
+    }
+    return NULL;
 }
 
 /* Parses "tenant:seq" and tells the registry. */
@@ -221,6 +294,9 @@ bg *bg_create(server *s, unsigned nthreads)
     if (pthread_create(&b->listener, NULL, listener_thread, b) != 0)
         goto fail;
     b->listener_started = true;
+    if (pthread_create(&b->ticker, NULL, ticker_thread, b) != 0)
+        goto fail;
+    b->ticker_started = true;
     return b;
 fail:
     bg_stop(b);
@@ -243,6 +319,13 @@ void bg_stop(bg *b)
         pthread_join(b->threads[i], NULL);
     if (b->listener_started)
         pthread_join(b->listener, NULL);
+    if (b->ticker_started)
+        pthread_join(b->ticker, NULL);
+    while (b->periodics) {
+        periodic *p = b->periodics;
+        b->periodics = p->next;
+        free(p);
+    }
     /* jobs queued after the threads left (none can be: submit refuses once stopping) */
     if (b->wake[0] >= 0)
         close(b->wake[0]);

@@ -42,4 +42,8 @@ int bg_cancelled(bg_ctx *ctx);
 /* bg_listener_ok tells whether the change listener is connected. */
 int bg_listener_ok(bg *b);
 
+/* bg_every runs fn(ctx, arg) on a job thread every interval_ms (first run after one
+ * interval), until bg_stop. Call before any other thread uses b. Returns 0 or -ENOMEM. */
+int bg_every(bg *b, unsigned interval_ms, void (*fn)(bg_ctx *ctx, void *arg), void *arg);
+
 #endif

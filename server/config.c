@@ -68,6 +68,8 @@ static const config_def defs[] = {
      "longest pause between reconnection attempts"},
     {"bg_threads", T_INT, OFF(bg_threads), "2", 1, 64, 0,
      "background threads for index loads and maintenance"},
+    {"maintenance_interval_s", T_INT, OFF(maintenance_interval_s), "30", 1, 86400, 0,
+     "seconds between purges of expired memories and old idempotency keys"},
     {"data_dir", T_STR, OFF(data_dir), "var", 0, 0, 0,
      "directory for index snapshots and the server secret"},
     {"admin_key_file", T_STR, OFF(admin_key_file), "", 0, 0, 0,

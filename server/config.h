@@ -36,6 +36,7 @@ typedef struct config {
     int db_query_timeout_ms;
     int db_backoff_max_ms;
     int bg_threads;
+    int maintenance_interval_s;
     /* files */
     char *data_dir;
     char *admin_key_file;

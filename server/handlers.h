@@ -24,9 +24,19 @@ HANDLER(methods);
 
 /* m_memory.c */
 HANDLER(memory_store);
-HANDLER(memory_search);
+HANDLER(memory_store_batch);
 HANDLER(memory_get);
 HANDLER(memory_delete);
+HANDLER(memory_update);
+HANDLER(memory_archive);
+HANDLER(memory_restore);
+HANDLER(memory_history);
+HANDLER(memory_list);
+HANDLER(memory_stats);
+
+/* m_search.c */
+HANDLER(memory_search);
+HANDLER(memory_context);
 
 /* m_admin.c */
 HANDLER(admin_tenant_create);

@@ -23,6 +23,7 @@
 #include "handlers.h"
 #include "http.h"
 #include "log.h"
+#include "maint.h"
 #include "methods.h"
 #include "metrics.h"
 #include "migrate.h"
@@ -300,7 +301,7 @@ int main(int argc, char **argv)
     s->tenants = tenants_create(s);
     s->bg = bg_create(s, (unsigned)s->cfg.bg_threads);
     a.base = event_base_new();
-    if (!s->tenants || !s->bg || !a.base || tenants_preload(s->tenants) < 0)
+    if (!s->tenants || !s->bg || !a.base || tenants_preload(s->tenants) < 0 || maint_start(s) < 0)
         goto out;
 
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);

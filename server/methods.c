@@ -8,7 +8,7 @@
 
 #define M(wire, h, flags)                                                                          \
     {                                                                                              \
-        wire, h_##h, p_##h, 0, flags                                                               \
+        wire, h_##h, p_##h, 0, flags, &np_##h                                                      \
     }
 
 /* Sorted by name (strcmp order); methods_check verifies it and fills in the parameter
@@ -16,17 +16,20 @@
 static method_def table[] = {
     M("admin.tenant.create", admin_tenant_create, M_ADMIN),
     M("auth", auth, M_PUBLIC),
+    M("memory.archive", memory_archive, M_TENANT | M_WRITE),
+    M("memory.context", memory_context, M_TENANT | M_QUERY),
     M("memory.delete", memory_delete, M_TENANT | M_WRITE),
     M("memory.get", memory_get, M_TENANT),
+    M("memory.history", memory_history, M_TENANT),
+    M("memory.list", memory_list, M_TENANT),
+    M("memory.restore", memory_restore, M_TENANT | M_WRITE),
     M("memory.search", memory_search, M_TENANT | M_QUERY),
+    M("memory.stats", memory_stats, M_TENANT),
     M("memory.store", memory_store, M_TENANT | M_WRITE),
+    M("memory.store_batch", memory_store_batch, M_TENANT | M_WRITE),
+    M("memory.update", memory_update, M_TENANT | M_WRITE),
     M("methods", methods, M_PUBLIC),
     M("ping", ping, M_PUBLIC),
-};
-
-static const size_t *const counts[] = {
-    &np_admin_tenant_create, &np_auth,         &np_memory_delete, &np_memory_get,
-    &np_memory_search,       &np_memory_store, &np_methods,       &np_ping,
 };
 
 const method_def *const methods_table = table;
@@ -34,10 +37,8 @@ const size_t methods_count = sizeof(table) / sizeof(table[0]);
 
 int methods_check(void)
 {
-    _Static_assert(sizeof(counts) / sizeof(counts[0]) == sizeof(table) / sizeof(table[0]),
-                   "every method needs its parameter count");
     for (size_t i = 0; i < methods_count; i++) {
-        table[i].nparams = *counts[i];
+        table[i].nparams = *table[i].count;
         if (table[i].nparams > METHOD_MAX_PARAMS) {
             log_error("method %s has too many parameters", table[i].name);
             return -1;

@@ -28,6 +28,7 @@ typedef struct method_def {
     const rpc_param *params;
     size_t nparams;
     unsigned flags;
+    const size_t *count; /* where nparams comes from (the handler file's np_<name>) */
 } method_def;
 
 extern const method_def *const methods_table;

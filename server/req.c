@@ -12,6 +12,12 @@
 
 #define ARENA_FIRST 4096
 
+typedef struct cleanup {
+    struct cleanup *next;
+    void (*fn)(void *arg);
+    void *arg;
+} cleanup;
+
 typedef struct arena_chunk {
     struct arena_chunk *next;
     size_t used, cap;
@@ -37,6 +43,7 @@ struct req {
     msgpack_packer pk;
     void *state;
     arena_chunk *chunks;
+    cleanup *cleanups;
 };
 
 server *req_server(req *r)
@@ -117,8 +124,22 @@ char *req_strdup(req *r, const msgpack_object *o)
     return s;
 }
 
+int req_on_free(req *r, void (*fn)(void *arg), void *arg)
+{
+    cleanup *c = req_alloc(r, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->fn = fn;
+    c->arg = arg;
+    c->next = r->cleanups;
+    r->cleanups = c;
+    return 0;
+}
+
 static void req_free(req *r)
 {
+    for (cleanup *c = r->cleanups; c; c = c->next)
+        c->fn(c->arg);
     arena_chunk *ch = r->chunks;
     while (ch) {
         arena_chunk *next = ch->next;

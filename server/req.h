@@ -45,6 +45,11 @@ void req_set_auth(req *r, const conn_auth *a);
  * (the caller fails the request with RPC_INTERNAL or RPC_INVALID_ARGUMENT). */
 void *req_alloc(req *r, size_t n);
 
+/* req_on_free registers fn(arg) to run when the request ends (after its response is
+ * written), last registered first: for references and buffers a handler holds across
+ * asynchronous steps. Returns 0 or -ENOMEM (fn will not run: release now and fail). */
+int req_on_free(req *r, void (*fn)(void *arg), void *arg);
+
 /* req_strdup copies a msgpack string into the arena, NUL-terminated. */
 char *req_strdup(req *r, const msgpack_object *o);
 

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "idmap.h"
+#include "memfilter.h"
 #include "log.h"
 
 enum { T_UNLOADED, T_LOADING, T_READY };
@@ -79,14 +80,23 @@ static void pending_free_all(tenant *t)
     while (p) {
         pending *next = p->next;
         free(p->vec);
+        free((void *)p->m.tags);
         free(p);
         p = next;
     }
     t->phead = t->ptail = NULL;
 }
 
+static int free_tags(uint64_t id, const float *vec, const void *meta, void *ctx)
+{
+    free((void *)((const mem_meta *)meta)->tags);
+    return 0;
+}
+
 static void tenant_free(tenant *t)
 {
+    if (t->vi)
+        vindex_foreach(t->vi, free_tags, NULL);
     vindex_destroy(t->vi);
     idmap_destroy(t->deleted);
     free(t->above);
@@ -153,20 +163,66 @@ vindex *tenant_index(tenant *t)
     return t->vi;
 }
 
-void mem_meta_from_row(mem_meta *m, const loader_row *row)
+int mem_meta_from_row(mem_meta *m, const loader_row *row)
 {
     memset(m, 0, sizeof(*m));
+    m->id = row->id;
     m->agent_id = row->agent_id;
     m->clade_id = row->clade_id;
     m->seq = row->seq;
     m->created_ms = row->created_ms;
-    m->last_access_ms = row->last_accessed_ms == INT64_MIN ? 0 : row->last_accessed_ms;
-    m->expires_ms = row->expires_ms == INT64_MIN ? INT64_MAX : row->expires_ms;
-    m->archived_ms = row->archived_ms == INT64_MIN ? 0 : row->archived_ms;
+    m->last_access_ms = row->last_accessed_ms == MEMROW_NO_TIME ? 0 : row->last_accessed_ms;
+    m->expires_ms = row->expires_ms == MEMROW_NO_TIME ? INT64_MAX : row->expires_ms;
+    m->archived_ms = row->archived_ms == MEMROW_NO_TIME ? 0 : row->archived_ms;
     m->importance = (float)row->importance;
     m->access_count = row->access_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->access_count;
     m->type = (uint8_t)row->type;
     m->scope = (uint8_t)row->scope;
+    m->pinned = row->pinned;
+    uint64_t *tags;
+    if (mf_tags_from_joined(row->tags, row->tags_len, &tags, &m->ntags) < 0)
+        return -ENOMEM;
+    m->tags = tags;
+    return 0;
+}
+
+int mem_meta_from_db(mem_meta *m, const memrow_meta *row)
+{
+    memset(m, 0, sizeof(*m));
+    m->id = row->id;
+    m->agent_id = row->agent_id;
+    m->clade_id = row->clade_id;
+    m->seq = row->seq;
+    m->created_ms = row->created_ms;
+    m->last_access_ms = row->accessed_ms == MEMROW_NO_TIME ? 0 : row->accessed_ms;
+    m->expires_ms = row->expires_ms == MEMROW_NO_TIME ? INT64_MAX : row->expires_ms;
+    m->archived_ms = row->archived_ms == MEMROW_NO_TIME ? 0 : row->archived_ms;
+    m->importance = (float)row->importance;
+    m->access_count = row->access_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->access_count;
+    m->type = (uint8_t)row->type;
+    m->scope = (uint8_t)row->scope;
+    m->pinned = row->pinned;
+    uint64_t *tags;
+    if (mf_tags_from_joined(row->tags, row->tags_len, &tags, &m->ntags) < 0)
+        return -ENOMEM;
+    m->tags = tags;
+    return 0;
+}
+
+/* Returns a copy of m whose tags are a fresh allocation (for the index to own). */
+static int meta_dup(const mem_meta *m, mem_meta *out)
+{
+    *out = *m;
+    if (!m->ntags) {
+        out->tags = NULL;
+        return 0;
+    }
+    uint64_t *tags = malloc(m->ntags * sizeof(*tags));
+    if (!tags)
+        return -ENOMEM;
+    memcpy(tags, m->tags, m->ntags * sizeof(*tags));
+    out->tags = tags;
+    return 0;
 }
 
 /* ---- change bookkeeping (t->mu held) ------------------------------------------------ */
@@ -257,31 +313,50 @@ static void do_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, co
     uint64_t dseq;
     if (idmap_get(t->deleted, id, &dseq) && dseq >= seq)
         return; /* deleted by a later change */
-    mem_meta cur;
-    if (vindex_get_meta(t->vi, id, &cur) == 0) {
-        if (cur.seq >= seq)
-            return; /* a newer write is already in */
-        if (!vec) {
-            vindex_set_meta(t->vi, id, m);
-            return;
-        }
-        vindex_remove(t->vi, id);
-    } else if (!vec) {
+    mem_meta cur, own;
+    bool present = vindex_get_meta(t->vi, id, &cur) == 0;
+    if (present && cur.seq >= seq)
+        return; /* a newer write is already in */
+    if (!present && !vec) {
         /* metadata for a memory we have no vector for yet: re-read from the log */
         schedule_catch_up(t);
         return;
     }
-    int rc = vindex_add(t->vi, id, vec, m);
-    if (rc != 0)
+    if (meta_dup(m, &own) < 0) {
+        log_error("tenant %lld: out of memory indexing memory %llu", (long long)t->id,
+                  (unsigned long long)id);
+        return;
+    }
+    own.id = id;
+    /* reads (access counts) are not changes: keep the higher count the index already has */
+    if (present && cur.access_count > own.access_count) {
+        own.access_count = cur.access_count;
+        own.last_access_ms = cur.last_access_ms;
+    }
+    if (present && !vec) {
+        vindex_set_meta(t->vi, id, &own);
+        free((void *)cur.tags);
+        return;
+    }
+    if (present) {
+        vindex_remove(t->vi, id);
+        free((void *)cur.tags);
+    }
+    int rc = vindex_add(t->vi, id, vec, &own);
+    if (rc != 0) {
+        free((void *)own.tags);
         log_error("tenant %lld: cannot index memory %llu (%d)", (long long)t->id,
                   (unsigned long long)id, rc);
+    }
 }
 
 static void do_delete(tenant *t, uint64_t seq, uint64_t id)
 {
     mem_meta cur;
-    if (vindex_get_meta(t->vi, id, &cur) == 0 && cur.seq < seq)
+    if (vindex_get_meta(t->vi, id, &cur) == 0 && cur.seq < seq) {
         vindex_remove(t->vi, id);
+        free((void *)cur.tags);
+    }
     if (seq > t->applied)
         idmap_put(t->deleted, id, seq);
 }
@@ -307,11 +382,14 @@ static void queue_pending(tenant *t, uint64_t seq, uint64_t id, bool del, const 
     p->seq = seq;
     p->id = id;
     p->del = del;
-    if (m)
-        p->m = *m;
+    if (m && meta_dup(m, &p->m) < 0) {
+        free(p);
+        return;
+    }
     if (vec) {
         p->vec = malloc(t->dim * sizeof(float));
         if (!p->vec) {
+            free((void *)p->m.tags);
             free(p);
             return;
         }
@@ -382,8 +460,11 @@ static int load_row(const loader_row *row, void *arg)
 {
     load_ctx *lc = arg;
     mem_meta m;
-    mem_meta_from_row(&m, row);
-    int rc = vindex_add(lc->vi, row->id, row->vec, &m);
+    if (mem_meta_from_row(&m, row) < 0)
+        return -1;
+    int rc = vindex_add(lc->vi, row->id, row->vec, &m); /* the index owns m.tags now */
+    if (rc != 0)
+        free((void *)m.tags);
     if (rc == -ENOMEM)
         return -1;
     if (rc != 0)
@@ -429,10 +510,13 @@ static int load_now(bg_ctx *ctx, tenant *t)
             pending *next = p->next;
             apply_locked(t, p->seq, p->id, p->del, p->vec, p->del ? NULL : &p->m);
             free(p->vec);
+            free((void *)p->m.tags);
             free(p);
             p = next;
         }
     } else {
+        if (lc.vi)
+            vindex_foreach(lc.vi, free_tags, NULL);
         vindex_destroy(lc.vi);
         pending_free_all(t);
         t->state = T_UNLOADED;
@@ -558,7 +642,8 @@ static int catch_up_change(uint64_t seq, uint64_t id, const loader_row *row, voi
         return 0;
     }
     mem_meta m;
-    mem_meta_from_row(&m, row);
+    if (mem_meta_from_row(&m, row) < 0)
+        return -1;
     /* the row is the memory's current state, written by change row->seq >= seq */
     pthread_mutex_lock(&t->mu);
     if (t->state == T_READY && !seq_applied(t, seq)) {
@@ -566,6 +651,7 @@ static int catch_up_change(uint64_t seq, uint64_t id, const loader_row *row, voi
         mark_applied(t, seq);
     }
     pthread_mutex_unlock(&t->mu);
+    free((void *)m.tags);
     return 0;
 }
 
@@ -682,4 +768,27 @@ void tenants_stats(tenants *ts, uint64_t *loaded, uint64_t *vectors, uint64_t *b
     *loaded = sc.loaded;
     *vectors = sc.vectors;
     *bytes = sc.bytes;
+}
+
+typedef struct touch_ctx {
+    int64_t now_ms;
+} touch_ctx;
+
+static void touch_one(void *meta, void *arg)
+{
+    mem_meta *m = meta;
+    const touch_ctx *tc = arg;
+    if (m->access_count < UINT32_MAX)
+        m->access_count++;
+    if (tc->now_ms > m->last_access_ms)
+        m->last_access_ms = tc->now_ms;
+}
+
+void tenant_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms)
+{
+    touch_ctx tc = {.now_ms = now_ms};
+    pthread_mutex_lock(&t->mu);
+    if (t->state == T_READY)
+        vindex_update_meta(t->vi, ids, n, touch_one, &tc);
+    pthread_mutex_unlock(&t->mu);
 }

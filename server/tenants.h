@@ -16,12 +16,16 @@
 
 #include "bg.h"
 #include "loader.h"
+#include "memrow.h"
 #include "server.h"
 #include "vindex.h"
 #include "worker.h"
 
-/* What the index keeps per memory, next to its vector (vindex metadata). */
+/* What the index keeps per memory, next to its vector (vindex metadata). The tags array
+ * belongs to the index entry: the registry copies it in and frees it when the entry is
+ * replaced or removed; readers may use it only under the index's lock (filter callbacks). */
 typedef struct mem_meta {
+    uint64_t id; /* the memory's own id (filters need it) */
     uint64_t agent_id;
     uint64_t clade_id;
     uint64_t seq; /* the change that last wrote this memory */
@@ -29,10 +33,13 @@ typedef struct mem_meta {
     int64_t last_access_ms; /* 0: never accessed */
     int64_t expires_ms;     /* INT64_MAX: never expires */
     int64_t archived_ms;    /* 0: live */
+    const uint64_t *tags;   /* sorted tag hashes (see memfilter.h), NULL when none */
+    uint32_t ntags;
     float importance;
     uint32_t access_count;
     uint8_t type;  /* mem_type */
     uint8_t scope; /* mem_scope */
+    uint8_t pinned;
 } mem_meta;
 
 typedef struct tenants tenants;
@@ -83,8 +90,17 @@ bool tenants_preloaded(tenants *ts);
 /* tenants_forget drops a tenant's index (tenant deleted). */
 void tenants_forget(tenants *ts, int64_t id);
 
-/* mem_meta_from_row fills m from a loader row. */
-void mem_meta_from_row(mem_meta *m, const loader_row *row);
+/* mem_meta_from_row fills m from a loader row; m->tags is malloc'd (the caller frees it
+ * unless handed to the index). Returns 0 or -ENOMEM. */
+int mem_meta_from_row(mem_meta *m, const loader_row *row);
+
+/* mem_meta_from_db fills m from the meta columns a change function returned; tags as in
+ * mem_meta_from_row. Returns 0 or -ENOMEM. */
+int mem_meta_from_db(mem_meta *m, const memrow_meta *row);
+
+/* tenant_touch counts one access to each of the n memories at now_ms in the index (the
+ * database is updated in batches elsewhere). */
+void tenant_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms);
 
 /* tenants_loaded returns how many indexes are loaded and their vectors in total. */
 void tenants_stats(tenants *ts, uint64_t *loaded, uint64_t *vectors, uint64_t *bytes);

@@ -10,6 +10,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include "access.h"
 #include "conn.h"
 #include "log.h"
 #include "metrics.h"
@@ -37,7 +38,13 @@ struct worker {
     unsigned inflight;
     bool draining;
     uint64_t drain_deadline_ms;
+    access_log *access;
+    uint64_t last_flush_ms;
+    bool flushing;
 };
+
+#define ACCESS_FLUSH_MS 1000
+#define ACCESS_MAX_PENDING 1000000
 
 static uint64_t mono_ms(void)
 {
@@ -78,6 +85,99 @@ static void on_mail(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+typedef struct flush_ctx {
+    worker *w;
+    access_entry *e;
+    size_t n;
+} flush_ctx;
+
+static void on_flushed(void *arg, const db_result *res)
+{
+    flush_ctx *fc = arg;
+    worker *w = fc->w;
+    w->flushing = false;
+    if (res->status != DB_OK) {
+        /* keep them for the next attempt, unless the backlog has grown absurd */
+        if (access_log_count(w->access) + fc->n < ACCESS_MAX_PENDING &&
+            access_log_merge(w->access, fc->e, fc->n) == 0)
+            log_debug("worker %u: access counts not written yet: %s", w->idx,
+                      res->message ? res->message : "?");
+        else
+            log_warn("worker %u: dropped %zu access counts: %s", w->idx, fc->n,
+                     res->message ? res->message : "?");
+    }
+    free(fc->e);
+    free(fc);
+}
+
+/* Appends the decimal form of the n values got(i) to a PostgreSQL array literal. */
+static char *array_literal(size_t n, int64_t (*get)(const access_entry *e), const access_entry *e)
+{
+    char *s = malloc(n * 21 + 3);
+    if (!s)
+        return NULL;
+    char *p = s;
+    *p++ = '{';
+    for (size_t i = 0; i < n; i++)
+        p += sprintf(p, "%s%lld", i ? "," : "", (long long)get(&e[i]));
+    *p++ = '}';
+    *p = '\0';
+    return s;
+}
+
+static int64_t get_tenant(const access_entry *e)
+{
+    return e->tenant;
+}
+static int64_t get_id(const access_entry *e)
+{
+    return (int64_t)e->id;
+}
+static int64_t get_count(const access_entry *e)
+{
+    return (int64_t)e->count;
+}
+static int64_t get_ms(const access_entry *e)
+{
+    return e->last_ms;
+}
+
+/* Writes the pending access counts in one statement. */
+static void flush_access(worker *w)
+{
+    if (w->flushing || access_log_count(w->access) == 0)
+        return;
+    flush_ctx *fc = calloc(1, sizeof(*fc));
+    if (!fc || access_log_take(w->access, &fc->e, &fc->n) < 0) {
+        free(fc);
+        return;
+    }
+    fc->w = w;
+    char *vals[4] = {array_literal(fc->n, get_tenant, fc->e), array_literal(fc->n, get_id, fc->e),
+                     array_literal(fc->n, get_count, fc->e), array_literal(fc->n, get_ms, fc->e)};
+    int rc = -ENOMEM;
+    if (vals[0] && vals[1] && vals[2] && vals[3]) {
+        db_query q = {
+            .stmt = sql_name(SQL_MEMORY_TOUCH), .nparams = 4, .values = (const char *const *)vals};
+        rc = db_submit(w->db, -1, &q, 1, on_flushed, fc);
+    }
+    for (int i = 0; i < 4; i++)
+        free(vals[i]);
+    if (rc < 0) {
+        access_log_merge(w->access, fc->e, fc->n);
+        free(fc->e);
+        free(fc);
+        return;
+    }
+    w->flushing = true;
+    w->last_flush_ms = mono_ms();
+}
+
+access_log *worker_access(worker *w)
+{
+    return w->access;
+}
+
 static void finish_drain(worker *w)
 {
     conn *c = w->conns;
@@ -97,6 +197,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         next = conn_next(c);
         conn_tick(c, now);
     }
+    if (now - w->last_flush_ms >= ACCESS_FLUSH_MS || w->draining)
+        flush_access(w);
     db_pool_stats st;
     db_pool_get_stats(w->db, &st);
     metrics_db_publish(w->idx, st.connections, st.ready, st.queued, st.inflight, st.reconnects,
@@ -106,7 +208,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         for (conn *c = w->conns; c; c = conn_next(c))
             if (conn_output_pending(c))
                 flushed = false;
-        if ((w->inflight == 0 && flushed) || now >= w->drain_deadline_ms) {
+        bool db_done = !w->flushing && access_log_count(w->access) == 0 && db_pool_idle(w->db);
+        if ((w->inflight == 0 && flushed && db_done) || now >= w->drain_deadline_ms) {
             if (w->inflight)
                 log_warn("worker %u: shutdown timeout with %u requests in flight", w->idx,
                          w->inflight);
@@ -123,6 +226,12 @@ worker *worker_create(server *s, unsigned idx)
     w->srv = s;
     w->idx = idx;
     pthread_mutex_init(&w->mu, NULL);
+    w->access = access_log_create();
+    if (!w->access) {
+        pthread_mutex_destroy(&w->mu);
+        free(w);
+        return NULL;
+    }
     w->base = event_base_new();
     if (!w->base)
         goto fail;
@@ -164,6 +273,7 @@ fail:
     if (w->base)
         event_base_free(w->base);
     pthread_mutex_destroy(&w->mu);
+    access_log_destroy(w->access);
     free(w);
     return NULL;
 }
@@ -228,6 +338,7 @@ void worker_destroy(worker *w)
     event_free(w->ev_tick);
     event_base_free(w->base);
     pthread_mutex_destroy(&w->mu);
+    access_log_destroy(w->access);
     free(w);
 }
 

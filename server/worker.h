@@ -56,6 +56,9 @@ void worker_conn_removed(worker *w, conn *c);
 void worker_req_started(worker *w);
 void worker_req_finished(worker *w);
 
+/* worker_access returns the worker's access count log (access.h); worker thread only. */
+struct access_log *worker_access(worker *w);
+
 /* worker_draining tells whether the worker has begun shutting down. */
 bool worker_draining(worker *w);
 

@@ -12,8 +12,9 @@
 #define LOADER_COLS                                                                                \
     "m.id, m.agent_id, m.clade_id, m.scope, m.type, m.importance, engram_ms(m.created_at), "       \
     "engram_ms(m.last_accessed_at), m.access_count, engram_ms(m.expires_at), "                     \
-    "engram_ms(m.archived_at), m.seq, m.embedding"
-#define LOADER_NCOLS 13
+    "engram_ms(m.archived_at), m.seq, m.pinned, "                                                  \
+    "array_to_string(engram_tags(m.metadata), chr(31)), m.embedding"
+#define LOADER_NCOLS 15
 
 static uint64_t be64(const char *p)
 {
@@ -51,10 +52,13 @@ static int parse_row(const PGresult *r, int off, size_t dim, float *vec, loader_
     row->expires_ms = col_i64(r, off + 9, MEMROW_NO_TIME);
     row->archived_ms = col_i64(r, off + 10, MEMROW_NO_TIME);
     row->seq = (uint64_t)col_i64(r, off + 11, 0);
-    if ((size_t)PQgetlength(r, 0, off + 12) != dim * sizeof(float))
+    row->pinned = PQgetlength(r, 0, off + 12) == 1 && PQgetvalue(r, 0, off + 12)[0] != 0;
+    row->tags = PQgetvalue(r, 0, off + 13);
+    row->tags_len = (size_t)PQgetlength(r, 0, off + 13);
+    if ((size_t)PQgetlength(r, 0, off + 14) != dim * sizeof(float))
         return -1;
     /* embeddings are little-endian float32, as is every host we build for */
-    memcpy(vec, PQgetvalue(r, 0, off + 12), dim * sizeof(float));
+    memcpy(vec, PQgetvalue(r, 0, off + 14), dim * sizeof(float));
     row->vec = vec;
     row->dim = dim;
     return 0;

@@ -7,6 +7,7 @@
 #ifndef ENGRAM_STORAGE_LOADER_H
 #define ENGRAM_STORAGE_LOADER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,7 +27,10 @@ typedef struct loader_row {
     int64_t expires_ms;  /* MEMROW_NO_TIME when never */
     int64_t archived_ms; /* MEMROW_NO_TIME when live */
     uint64_t seq;        /* the change that last wrote the row */
-    const float *vec;    /* dim floats, valid during the callback only */
+    bool pinned;
+    const char *tags; /* the typed metadata as tags joined by U+001F (see engram_tags) */
+    size_t tags_len;
+    const float *vec; /* dim floats, valid during the callback only */
     size_t dim;
 } loader_row;
 

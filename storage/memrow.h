@@ -53,11 +53,42 @@ typedef struct memrow {
     int64_t archived_ms; /* MEMROW_NO_TIME when live */
     int32_t version;
     uint64_t seq;
+    bool pinned;
+    const char *archived_reason; /* NULL when none */
+    uint64_t superseded_by;      /* 0 when none */
+    uint64_t merged_into;        /* 0 when none */
 } memrow;
 
-/* memrow_parse reads row of r, a text-format result with the SQL_MEMROW_COLS columns.
- * Returns 0, or -1 when a column is missing or unparsable. */
-int memrow_parse(const PGresult *r, int row, memrow *out);
+/* What an index needs of a memory, as the change functions return it (engram_memory_meta
+ * in 0002_memory_api.sql): 14 text columns. Tags are joined by U+001F. */
+typedef struct memrow_meta {
+    bool present; /* false: the memory no longer exists (every other field is 0) */
+    uint64_t id;
+    uint64_t seq;
+    uint64_t agent_id;
+    uint64_t clade_id;
+    int scope;
+    int type;
+    double importance;
+    int64_t created_ms;
+    int64_t accessed_ms; /* MEMROW_NO_TIME when never */
+    int64_t access_count;
+    int64_t expires_ms;  /* MEMROW_NO_TIME when never */
+    int64_t archived_ms; /* MEMROW_NO_TIME when live */
+    bool pinned;
+    const char *tags; /* points into the result; "" when none */
+    size_t tags_len;
+} memrow_meta;
+
+#define MEMROW_META_NCOLS 14
+
+/* memrow_meta_parse reads the 14 meta columns starting at column col of row. Returns 0 or
+ * -1 when malformed. */
+int memrow_meta_parse(const PGresult *r, int row, int col, memrow_meta *out);
+
+/* memrow_parse reads row of r, a text-format result with the SQL_MEMROW_COLS columns
+ * starting at column col. Returns 0, or -1 when a column is missing or unparsable. */
+int memrow_parse(const PGresult *r, int row, int col, memrow *out);
 
 /* memrow_i64 parses a text-format integer column; NULL gives def. */
 int64_t memrow_i64(const PGresult *r, int row, int col, int64_t def);

@@ -4,6 +4,45 @@
 #include <errno.h>
 #include <stdlib.h>
 
+/* The filter shared by text search and list. Parameters:
+ *   $1 tenant            $2 types text[]         $3 include archived
+ *   $4 agent id          $5 clade id             $6 scopes text[]
+ *   $7 created after ms  $8 created before ms
+ *   $9 tokens, $10 chains, $11 protocols: jsonb[] of containment documents, any-of
+ *   $12 strategy containment document     $13 attrs containment document
+ *   $14 minimum composite  $15 as-of ms    $16 weights float8[5]
+ * NULL means "no constraint" everywhere. Expired memories never match. */
+#define COMPOSITE                                                                                  \
+    "engram_composite(m.created_at, m.access_count, m.importance, engram_ts($15::bigint), "        \
+    "($16::float8[])[1], ($16::float8[])[2], ($16::float8[])[3], ($16::float8[])[4], "             \
+    "($16::float8[])[5])"
+#define FILTER                                                                                     \
+    "m.tenant_id = $1 AND (m.expires_at IS NULL OR m.expires_at > now()) "                         \
+    "AND ($2::text[] IS NULL OR m.type = ANY ($2)) "                                               \
+    "AND ($3::boolean OR m.archived_at IS NULL) "                                                  \
+    "AND (CASE WHEN $4::bigint IS NULL THEN ($6::text[] IS NULL OR m.scope = ANY ($6)) "           \
+    "ELSE ((m.scope = 'agent' AND m.agent_id = $4 AND ($6 IS NULL OR 'agent' = ANY ($6))) "        \
+    "OR (m.scope = 'clade' AND $5::bigint IS NOT NULL AND m.clade_id = $5 "                        \
+    "AND ($6 IS NULL OR 'clade' = ANY ($6))) "                                                     \
+    "OR (m.scope = 'tenant' AND ($6 IS NULL OR 'tenant' = ANY ($6)))) END) "                       \
+    "AND ($7::bigint IS NULL OR m.created_at > engram_ts($7)) "                                    \
+    "AND ($8::bigint IS NULL OR m.created_at < engram_ts($8)) "                                    \
+    "AND ($9::jsonb[] IS NULL OR m.metadata @> ANY ($9)) "                                         \
+    "AND ($10::jsonb[] IS NULL OR m.metadata @> ANY ($10)) "                                       \
+    "AND ($11::jsonb[] IS NULL OR m.metadata @> ANY ($11)) "                                       \
+    "AND ($12::jsonb IS NULL OR m.metadata @> $12) "                                               \
+    "AND ($13::jsonb IS NULL OR m.metadata @> $13) "                                               \
+    "AND ($14::float8 IS NULL OR " COMPOSITE " >= $14) "
+
+/* The list's sort key for $17 ('created_at', 'importance', 'composite'), times $18 (1 for
+ * descending, -1 for ascending); keyset paging continues after ($19, $20). */
+#define LIST_KEY                                                                                   \
+    "(CASE $17::text WHEN 'created_at' THEN engram_ms(m.created_at)::float8 "                      \
+    "WHEN 'importance' THEN m.importance ELSE " COMPOSITE " END) * $18::int"
+#define LIST_TAIL                                                                                  \
+    " FROM memories m WHERE " FILTER "AND ($19::float8 IS NULL OR (" LIST_KEY                      \
+    ", m.id * $18::int) < ($19, $20::bigint)) ORDER BY 1 DESC, 2 DESC LIMIT $21::int"
+
 const db_stmt_def sql_stmts[SQL__COUNT] = {
     [SQL_PING] = {"ping", "SELECT 1", 0},
     [SQL_AUTH_LOOKUP] = {"auth_lookup",
@@ -11,16 +50,60 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
                          "t.embed_provider FROM api_keys k JOIN tenants t ON t.id = k.tenant_id "
                          "WHERE k.key_id = $1 AND k.revoked_at IS NULL",
                          1},
-    [SQL_MEMORY_STORE] = {"memory_store",
-                          "SELECT id, created_ms, seq FROM engram_memory_store($1, $2, $3, $4, $5, "
-                          "$6, $7, $8::jsonb, $9, $10, $11, $12)",
-                          12},
+    [SQL_MEMORY_STORE_BATCH] = {"memory_store_batch",
+                                "SELECT * FROM engram_memory_store_batch($1, $2, $3, $4, $5, "
+                                "$6::bigint[], $7::bigint[], $8::text[], $9::text[], $10::text[], "
+                                "$11::float8[], $12::text[], $13, $14::bigint[], $15::bigint[], "
+                                "$16::bigint[], $17::bigint[], $18::bigint[], $19::boolean[])",
+                                19},
     [SQL_MEMORY_GET] = {"memory_get",
                         "SELECT " SQL_MEMROW_COLS " FROM memories m WHERE m.tenant_id = $1 AND "
-                        "m.id = ANY ($2::bigint[]) ORDER BY array_position($2::bigint[], m.id)",
+                        "m.id = ANY ($2::bigint[]) AND (m.expires_at IS NULL OR m.expires_at > "
+                        "now()) ORDER BY array_position($2::bigint[], m.id)",
                         2},
     [SQL_MEMORY_DELETE] = {"memory_delete",
                            "SELECT id, seq FROM engram_memory_delete($1, $2::bigint[])", 2},
+    [SQL_MEMORY_UPDATE] = {"memory_update",
+                           "SELECT * FROM engram_memory_update($1, $2, $3, $4, $5, $6, $7, $8, "
+                           "$9, $10)",
+                           10},
+    [SQL_MEMORY_ARCHIVE] =
+        {"memory_archive",
+         "SELECT 0, 0, x.* FROM engram_memory_set_archived($1, $2::bigint[], $3, "
+         "$4) x",
+         4},
+    [SQL_MEMORY_HISTORY] = {"memory_history",
+                            "SELECT v.version, v.content, v.type, v.importance, v.metadata::text, "
+                            "engram_ms(v.valid_from), engram_ms(v.replaced_at), v.change, "
+                            "v.detail::text, engram_ms(v.expires_at), engram_ms(v.archived_at) "
+                            "FROM memory_versions v WHERE v.tenant_id = $1 AND v.memory_id = $2 "
+                            "ORDER BY v.version",
+                            2},
+    [SQL_MEMORY_TOUCH] = {"memory_touch",
+                          "SELECT engram_memory_touch($1::bigint[], $2::bigint[], $3::bigint[], "
+                          "$4::bigint[])",
+                          4},
+    [SQL_MEMORY_ATTRS_IDS] = {"memory_attrs_ids",
+                              "SELECT m.id FROM memories m WHERE m.tenant_id = $1 AND m.metadata "
+                              "@> $2::jsonb",
+                              2},
+    [SQL_MEMORY_TEXT_SEARCH] = {"memory_text_search",
+                                "SELECT m.id, ts_rank_cd(m.content_tsv, q) AS rank FROM memories "
+                                "m, websearch_to_tsquery('english', $17) q WHERE " FILTER
+                                "AND m.content_tsv @@ q ORDER BY rank DESC, m.id LIMIT $18::int",
+                                18},
+    [SQL_MEMORY_LIST] = {"memory_list",
+                         "SELECT " LIST_KEY ", m.id * $18::int, " SQL_MEMROW_COLS LIST_TAIL, 21},
+    [SQL_MEMORY_LIST_EMB] = {"memory_list_emb",
+                             "SELECT " LIST_KEY ", m.id * $18::int, " SQL_MEMROW_COLS
+                             ", encode(m.embedding, 'base64')" LIST_TAIL,
+                             21},
+    [SQL_MEMORY_STATS] = {"memory_stats",
+                          "SELECT m.type, m.scope, count(*), count(m.archived_at), "
+                          "min(engram_ms(m.created_at)), max(engram_ms(m.created_at)), "
+                          "sum(pg_column_size(m.*)) FROM memories m WHERE m.tenant_id = $1 AND "
+                          "(m.expires_at IS NULL OR m.expires_at > now()) GROUP BY 1, 2",
+                          1},
     [SQL_TENANT_CREATE] = {"tenant_create",
                            "WITH t AS (INSERT INTO tenants (name, tier, embed_provider, "
                            "embed_model, embed_dim) VALUES ($1, $2, $3, $4, $5) RETURNING id) "

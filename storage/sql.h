@@ -1,4 +1,4 @@
-/* storage/sql.h: every prepared statement the server runs, in one table.
+/* storage/sql.h: every prepared statement of the memory API, in one table.
  *
  * The table is handed to db_pool_create so each connection prepares all of them; callers
  * name a statement by its enum value. Column orders of the row shapes are fixed here and
@@ -10,13 +10,22 @@
 #include "db.h"
 
 typedef enum sql_stmt {
-    SQL_PING,          /* () -> 1 */
-    SQL_AUTH_LOOKUP,   /* (key_id) -> key id, tenant id, key hash, tier, name, dim, provider */
-    SQL_MEMORY_STORE,  /* engram_memory_store(...) -> id, created_ms, seq */
-    SQL_MEMORY_GET,    /* (tenant, ids[]) -> MEMROW columns */
-    SQL_MEMORY_DELETE, /* (tenant, ids[]) -> id, seq */
-    SQL_TENANT_CREATE, /* (name, tier, provider, model, dim, key name, key id, key hash hex)
-                        * -> tenant id, key id: the tenant and its first key at once */
+    SQL_PING,               /* () -> 1 */
+    SQL_AUTH_LOOKUP,        /* (key_id) -> key id, tenant id, key hash, tier, name, dim, provider */
+    SQL_MEMORY_STORE_BATCH, /* engram_memory_store_batch(...) -> idx, replay, created, META */
+    SQL_MEMORY_GET,         /* (tenant, ids[]) -> MEMROW */
+    SQL_MEMORY_DELETE,      /* (tenant, ids[]) -> id, seq */
+    SQL_MEMORY_UPDATE,      /* engram_memory_update(...) -> version, updated, META */
+    SQL_MEMORY_ARCHIVE,     /* (tenant, ids[], archive?, reason) -> META */
+    SQL_MEMORY_HISTORY,     /* (tenant, id) -> version rows */
+    SQL_MEMORY_TOUCH,       /* (tenants[], ids[], counts[], at_ms[]) -> rows touched */
+    SQL_MEMORY_ATTRS_IDS,   /* (tenant, attrs containment doc) -> ids */
+    SQL_MEMORY_TEXT_SEARCH, /* FILTER params, query, limit -> id, rank */
+    SQL_MEMORY_LIST, /* FILTER params, order, sign, cursor key, cursor id, limit -> MEMROW, key */
+    SQL_MEMORY_LIST_EMB, /* as SQL_MEMORY_LIST, plus the embedding as the last column */
+    SQL_MEMORY_STATS,    /* (tenant) -> type, scope, count, archived, oldest, newest, bytes */
+    SQL_TENANT_CREATE,   /* (name, tier, provider, model, dim, key name, key id, key hash hex)
+                          * -> tenant id, key id: the tenant and its first key at once */
     SQL__COUNT
 } sql_stmt;
 
@@ -35,7 +44,11 @@ void sql_fini(void);
 #define SQL_MEMROW_COLS                                                                            \
     "m.id, m.agent_id, m.clade_id, m.scope, m.type, m.content, m.importance, m.metadata::text, "   \
     "engram_ms(m.created_at), engram_ms(m.updated_at), engram_ms(m.last_accessed_at), "            \
-    "m.access_count, engram_ms(m.expires_at), engram_ms(m.archived_at), m.version, m.seq"
-#define SQL_MEMROW_NCOLS 16
+    "m.access_count, engram_ms(m.expires_at), engram_ms(m.archived_at), m.version, m.seq, "        \
+    "m.pinned, m.archived_reason, m.superseded_by, m.merged_into"
+#define SQL_MEMROW_NCOLS 20
+
+/* Parameters $2..$16 of the filtered statements (text search, list): see sql.c. */
+#define SQL_FILTER_NPARAMS 15
 
 #endif

@@ -49,14 +49,18 @@ def test_thousand_vectors_each_found_first(server, client):
     assert len(set(ids)) == 1000
     rng = np.random.default_rng(3)
     for i in rng.choice(1000, size=60, replace=False):
-        res = client.call("memory.search", embedding=vec_bin(vecs[i]), top_k=5)["results"]
+        # similarity alone: access counts from earlier searches must not reorder
+        res = client.call("memory.search", embedding=vec_bin(vecs[i]), top_k=5,
+                          similarity_weight=1.0)["results"]
         assert res[0]["id"] == ids[i], f"stored vector {i} not found first"
         assert res[0]["content"] == f"memory {i}"
         assert res[0]["similarity"] == pytest.approx(1.0, abs=1e-5)
         sims = [x["similarity"] for x in res]
         assert sims == sorted(sims, reverse=True)
+        assert [x["score"] for x in res] == pytest.approx(sims)
     # an array of numbers works as well as a bin
-    res = client.call("memory.search", embedding=[float(x) for x in vecs[5]], top_k=1)["results"]
+    res = client.call("memory.search", embedding=[float(x) for x in vecs[5]], top_k=1,
+                      similarity_weight=1.0)["results"]
     assert res[0]["id"] == ids[5]
 
 

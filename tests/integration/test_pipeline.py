@@ -37,7 +37,7 @@ def test_pipelined_requests_all_answered(server, tenant):
         ids = {got[1000 + i][3]["id"] for i in range(300)}
         assert len(ids) == 300
         # and a pipelined batch of searches each finds its own vector
-        msgids = [c.send("memory.search", {"embedding": vec_bin(vecs[i]), "top_k": 1})
+        msgids = [c.send("memory.search", {"embedding": vec_bin(vecs[i]), "top_k": 1, "similarity_weight": 1.0})
                   for i in range(0, 300, 10)]
         for n, msgid in enumerate(msgids):
             err, res = c.wait(msgid)

@@ -18,10 +18,10 @@ def test_acknowledged_memories_survive_restart():
             assert len(c.call("memory.get", ids=ids[10:])["memories"]) == 190
             assert c.call("memory.get", ids=ids[:10])["memories"] == []
             for i in range(10, 200, 7):
-                res = c.call("memory.search", embedding=vec_bin(vecs[i]), top_k=1)["results"]
+                res = c.call("memory.search", embedding=vec_bin(vecs[i]), top_k=1, similarity_weight=1.0)["results"]
                 assert res[0]["id"] == ids[i]
             for i in range(10):
-                res = c.call("memory.search", embedding=vec_bin(vecs[i]), top_k=3)["results"]
+                res = c.call("memory.search", embedding=vec_bin(vecs[i]), top_k=3, similarity_weight=1.0)["results"]
                 assert ids[i] not in [r["id"] for r in res]
         srv.stop()
     finally:
@@ -40,7 +40,7 @@ def test_killed_server_loses_nothing_acknowledged():
         srv.start()
         with srv.client(key=key) as c:
             assert len(c.call("memory.get", ids=ids)["memories"]) == 100
-            res = c.call("memory.search", embedding=vec_bin(vecs[42]), top_k=1)["results"]
+            res = c.call("memory.search", embedding=vec_bin(vecs[42]), top_k=1, similarity_weight=1.0)["results"]
             assert res[0]["id"] == ids[42]
         srv.stop()
     finally:

@@ -1,0 +1,40 @@
+/* server/maint.c: periodic maintenance (see maint.h). */
+#include "maint.h"
+
+#include <stdlib.h>
+
+#include "bg.h"
+#include "db.h"
+#include "log.h"
+
+#define PURGE_BATCH "10000"
+#define IDEMPOTENCY_TTL_S "86400"
+
+static void purge_expired(bg_ctx *ctx, void *arg)
+{
+    char err[256];
+    PGconn *pg = bg_conn(ctx, err, sizeof(err));
+    if (!pg) {
+        log_debug("maintenance skipped: %s", err);
+        return;
+    }
+    const char *vals[] = {PURGE_BATCH, IDEMPOTENCY_TTL_S};
+    PGresult *r =
+        db_exec_blocking(pg, "SELECT engram_purge_expired($1, $2)", 2, vals, err, sizeof(err));
+    if (!r) {
+        log_warn("purging expired memories failed: %s", err);
+        if (PQstatus(pg) != CONNECTION_OK)
+            bg_conn_failed(ctx);
+        return;
+    }
+    long long n = atoll(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    if (n > 0)
+        log_info("purged %lld expired memories", n);
+}
+
+int maint_start(server *s)
+{
+    unsigned ms = (unsigned)s->cfg.maintenance_interval_s * 1000u;
+    return bg_every(s->bg, ms, purge_expired, s);
+}

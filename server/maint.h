@@ -1,0 +1,15 @@
+/* server/maint.h: periodic maintenance on background threads.
+ *
+ * Every maintenance_interval_s: purge expired memories (with change records, so every
+ * index drops them) and idempotency keys older than a day. Other capabilities add their
+ * own periodic tasks here.
+ */
+#ifndef ENGRAM_SERVER_MAINT_H
+#define ENGRAM_SERVER_MAINT_H
+
+#include "server.h"
+
+/* maint_start registers the periodic tasks with s->bg. Returns 0 or -ENOMEM. */
+int maint_start(server *s);
+
+#endif

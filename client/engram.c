@@ -92,6 +92,7 @@ struct command {
     const char *method;                             /* NULL: prepare sets ctx.method */
     int (*prepare)(ctx *x, msgpack_packer *pk);     /* NULL: no arguments */
     int (*show)(ctx *x, const msgpack_object *res); /* NULL: pretty JSON */
+    int (*exec)(ctx *x); /* commands of many calls: runs once connected (method unused) */
 };
 
 /* ---- output helpers ------------------------------------------------------------------ */
@@ -671,26 +672,362 @@ static int prep_call(ctx *x, msgpack_packer *pk)
     return pack_json_object(x, pk, "JSON-PARAMS", text, len);
 }
 
+/* ---- export and import ------------------------------------------------------------------ */
+
+#define EXPORT_PAGE 500
+#define IMPORT_BATCH 500
+#define LINE_MAX_BYTES ((size_t)64 * 1024 * 1024)
+
+static const char *const export_opts[] = {"out", NULL};
+static const char *const import_opts[] = {"embeddings", NULL};
+
+/* The fields of an exported memory that an import gives back to memory.store_batch. */
+static const char *const import_fields[] = {
+    "content",  "type",       "importance",   "metadata",         "embedding",
+    "agent_id", "clade_id",   "scope",        "created_at",       "updated_at",
+    "pinned",   "expires_at", "access_count", "last_accessed_at", NULL};
+
+static int pack_export_page(msgpack_packer *pk, void *ud)
+{
+    const char *cursor = ud;
+    msgpack_pack_map(pk, cursor ? 6 : 5);
+    rpc_pack_kv_bool(pk, "include_archived", true);
+    rpc_pack_kv_str(pk, "order_by", "created_at");
+    rpc_pack_kv_str(pk, "order", "asc");
+    rpc_pack_kv_uint(pk, "limit", EXPORT_PAGE);
+    rpc_pack_kv_bool(pk, "include_embedding", true);
+    if (cursor)
+        rpc_pack_kv_str(pk, "cursor", cursor);
+    return 0;
+}
+
+/* engram export: pages through memory.list (archived memories too, with their
+ * archived_at and archived_reason) and writes one JSON object per memory. */
+static int exec_export(ctx *x)
+{
+    const char *path = opt_get(x, "out");
+    FILE *out = stdout;
+    char *cursor = NULL;
+    size_t total = 0;
+    int rc = EXIT_OK;
+    if (path && !(out = fopen(path, "w")))
+        return error_out("io_error", "cannot write %s: %s", path, strerror(errno));
+    for (;;) {
+        client_error e;
+        const msgpack_object *res;
+        msgpack_zone_clear(&x->zone);
+        client_args args = {.pack = pack_export_page, .ud = cursor};
+        rc = client_call(x->conn, "memory.list", &args, &x->zone, &res, &e);
+        if (rc != 0) {
+            rc = client_fail(x, &e);
+            break;
+        }
+        const msgpack_object *mems = rpc_map_get(res, "memories");
+        for (uint32_t i = 0; mems && i < mems->via.array.size; i++) {
+            json_buf jb = {0};
+            if (json_from_msgpack(&mems->via.array.ptr[i], JSON_BIN_BASE64, JSON_DEPTH, &jb) != 0) {
+                json_buf_fini(&jb);
+                rc = error_out("protocol_error", "a memory cannot be written as JSON");
+                goto out;
+            }
+            fwrite(jb.data, 1, jb.len, out);
+            fputc('\n', out);
+            json_buf_fini(&jb);
+            total++;
+        }
+        const msgpack_object *next = rpc_map_get(res, "next_cursor");
+        free(cursor);
+        cursor = NULL;
+        if (!next || next->type != MSGPACK_OBJECT_STR)
+            break;
+        cursor = strndup(next->via.str.ptr, next->via.str.size);
+        if (!cursor) {
+            rc = error_out("out_of_memory", "out of memory");
+            break;
+        }
+    }
+out:
+    free(cursor);
+    if (path && fclose(out) != 0 && rc == EXIT_OK)
+        rc = error_out("io_error", "cannot write %s", path);
+    if (rc == EXIT_OK)
+        fprintf(stderr, "exported %zu memories\n", total);
+    return rc;
+}
+
+static int b64val(unsigned char c)
+{
+    if (c >= 'A' && c <= 'Z')
+        return c - 'A';
+    if (c >= 'a' && c <= 'z')
+        return c - 'a' + 26;
+    if (c >= '0' && c <= '9')
+        return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+
+/* Decodes standard base64 (with padding) into out (room for n * 3 / 4 bytes); returns the
+ * length or -1. */
+static long b64decode(const char *s, size_t n, unsigned char *out)
+{
+    size_t o = 0;
+    unsigned acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '=')
+            break;
+        int v = b64val((unsigned char)s[i]);
+        if (v < 0)
+            return -1;
+        acc = (acc << 6) | (unsigned)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[o++] = (unsigned char)(acc >> bits);
+        }
+    }
+    return (long)o;
+}
+
+typedef struct import_batch {
+    obuf items; /* the packed memory maps, back to back */
+    uint32_t n;
+    uint64_t hash; /* of the lines: the batch's idempotency key, so a rerun stores nothing twice */
+    uint32_t narchived;
+    uint32_t archived[IMPORT_BATCH]; /* items exported as archived: archived again once stored */
+    char *reasons[IMPORT_BATCH];
+} import_batch;
+
+/* Packs one exported memory (a map) as a store_batch item into b. Returns 0, or -1 with a
+ * message printed. */
+static int import_item(import_batch *b, const msgpack_object *m, bool keep_embeddings, size_t line)
+{
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &b->items, obuf_write);
+    uint32_t n = 0;
+    int64_t now = (int64_t)time(NULL) * 1000;
+    for (uint32_t i = 0; i < m->via.map.size; i++) {
+        const msgpack_object_kv *kv = &m->via.map.ptr[i];
+        for (const char *const *f = import_fields; *f; f++) {
+            if (!rpc_str_eq(&kv->key, *f) || kv->val.type == MSGPACK_OBJECT_NIL)
+                continue;
+            if (!keep_embeddings && strcmp(*f, "embedding") == 0)
+                continue;
+            if (strcmp(*f, "expires_at") == 0 && kv->val.type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+                (int64_t)kv->val.via.u64 <= now)
+                return 1; /* expired since the export: skip it */
+            n++;
+        }
+    }
+    const msgpack_object *arch = rpc_map_get(m, "archived_at");
+    if (arch && arch->type != MSGPACK_OBJECT_NIL) {
+        const msgpack_object *why = rpc_map_get(m, "archived_reason");
+        b->archived[b->narchived] = b->n;
+        b->reasons[b->narchived++] = why && why->type == MSGPACK_OBJECT_STR
+                                         ? strndup(why->via.str.ptr, why->via.str.size)
+                                         : NULL;
+    }
+    msgpack_pack_map(&pk, n);
+    for (uint32_t i = 0; i < m->via.map.size; i++) {
+        const msgpack_object_kv *kv = &m->via.map.ptr[i];
+        for (const char *const *f = import_fields; *f; f++) {
+            if (!rpc_str_eq(&kv->key, *f) || kv->val.type == MSGPACK_OBJECT_NIL)
+                continue;
+            if (strcmp(*f, "embedding") == 0) {
+                if (!keep_embeddings)
+                    continue;
+                if (kv->val.type != MSGPACK_OBJECT_STR) {
+                    fprintf(stderr, "engram: line %zu: embedding is not base64\n", line);
+                    return -1;
+                }
+                unsigned char *bin = malloc(kv->val.via.str.size * 3 / 4 + 3);
+                long len = bin ? b64decode(kv->val.via.str.ptr, kv->val.via.str.size, bin) : -1;
+                if (len < 0) {
+                    free(bin);
+                    fprintf(stderr, "engram: line %zu: embedding is not base64\n", line);
+                    return -1;
+                }
+                rpc_pack_cstr(&pk, "embedding");
+                msgpack_pack_bin(&pk, (size_t)len);
+                msgpack_pack_bin_body(&pk, bin, (size_t)len);
+                free(bin);
+                continue;
+            }
+            msgpack_pack_object(&pk, kv->key);
+            msgpack_pack_object(&pk, kv->val);
+        }
+    }
+    b->n++;
+    return b->items.failed ? -1 : 0;
+}
+
+typedef struct batch_pack {
+    const import_batch *b;
+} batch_pack;
+
+static int pack_import_batch(msgpack_packer *pk, void *ud)
+{
+    const import_batch *b = ud;
+    char key[40];
+    snprintf(key, sizeof(key), "import-%016llx-%u", (unsigned long long)b->hash, b->n);
+    msgpack_pack_map(pk, 2);
+    rpc_pack_cstr(pk, "memories");
+    msgpack_pack_array(pk, b->n);
+    pk->callback(pk->data, b->items.data, b->items.len);
+    rpc_pack_kv_str(pk, "idempotency_key", key);
+    return 0;
+}
+
+typedef struct archive_args {
+    uint64_t id;
+    const char *reason;
+} archive_args;
+
+static int pack_archive(msgpack_packer *pk, void *ud)
+{
+    const archive_args *a = ud;
+    msgpack_pack_map(pk, a->reason ? 2 : 1);
+    rpc_pack_cstr(pk, "ids");
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_uint64(pk, a->id);
+    if (a->reason)
+        rpc_pack_kv_str(pk, "reason", a->reason);
+    return 0;
+}
+
+/* Sends one batch; returns 0 or an exit code. */
+static int import_flush(ctx *x, import_batch *b, size_t *stored)
+{
+    if (b->n == 0)
+        return 0;
+    client_error e;
+    const msgpack_object *res;
+    msgpack_zone_clear(&x->zone);
+    client_args args = {.pack = pack_import_batch, .ud = b};
+    int rc = client_call(x->conn, "memory.store_batch", &args, &x->zone, &res, &e);
+    if (rc != 0)
+        return client_fail(x, &e);
+    const msgpack_object *ids = rpc_map_get(res, "ids");
+    for (uint32_t k = 0; k < b->narchived; k++) {
+        uint32_t i = b->archived[k];
+        if (!ids || ids->type != MSGPACK_OBJECT_ARRAY || i >= ids->via.array.size)
+            break;
+        archive_args aa = {.id = ids->via.array.ptr[i].via.u64, .reason = b->reasons[k]};
+        const msgpack_object *ares;
+        client_args a2 = {.pack = pack_archive, .ud = &aa};
+        rc = client_call(x->conn, "memory.archive", &a2, &x->zone, &ares, &e);
+        if (rc != 0)
+            return client_fail(x, &e);
+    }
+    for (uint32_t k = 0; k < b->narchived; k++) {
+        free(b->reasons[k]);
+        b->reasons[k] = NULL;
+    }
+    b->narchived = 0;
+    *stored += b->n;
+    b->items.len = 0;
+    b->n = 0;
+    b->hash = 0xcbf29ce484222325ull;
+    return 0;
+}
+
+/* engram import: reads JSON Lines, stores them in batches of IMPORT_BATCH. */
+static int exec_import(ctx *x)
+{
+    const char *path = x->npos ? x->pos[0] : NULL;
+    const char *emb = opt_get(x, "embeddings");
+    bool keep = !emb || strcmp(emb, "keep") == 0;
+    if (emb && !keep && strcmp(emb, "drop") != 0)
+        return usage_error(x, "--embeddings must be keep or drop");
+    FILE *in = path && strcmp(path, "-") != 0 ? fopen(path, "r") : stdin;
+    if (!in)
+        return error_out("io_error", "cannot read %s: %s", path, strerror(errno));
+    import_batch b = {.hash = 0xcbf29ce484222325ull};
+    char *line = NULL;
+    size_t cap = 0, lineno = 0, stored = 0, skipped = 0;
+    ssize_t len;
+    int rc = EXIT_OK;
+    while ((len = getline(&line, &cap, in)) > 0) {
+        lineno++;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = '\0';
+        if (len == 0)
+            continue;
+        for (ssize_t i = 0; i < len; i++)
+            b.hash = (b.hash ^ (unsigned char)line[i]) * 0x100000001b3ull;
+        obuf mp = {0};
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &mp, obuf_write);
+        char err[160];
+        msgpack_object m;
+        size_t off = 0;
+        msgpack_zone z;
+        msgpack_zone_init(&z, 4096);
+        if (json_to_msgpack(line, (size_t)len, JSON_DEPTH, &pk, err, sizeof(err)) != 0 ||
+            mp.failed || msgpack_unpack(mp.data, mp.len, &off, &z, &m) != MSGPACK_UNPACK_SUCCESS ||
+            m.type != MSGPACK_OBJECT_MAP) {
+            fprintf(stderr, "engram: line %zu is not a JSON object\n", lineno);
+            msgpack_zone_destroy(&z);
+            free(mp.data);
+            rc = EXIT_ERR;
+            break;
+        }
+        int ir = import_item(&b, &m, keep, lineno);
+        msgpack_zone_destroy(&z);
+        free(mp.data);
+        if (ir < 0) {
+            rc = EXIT_ERR;
+            break;
+        }
+        if (ir > 0)
+            skipped++;
+        if (b.n == IMPORT_BATCH && (rc = import_flush(x, &b, &stored)) != 0)
+            break;
+    }
+    if (rc == EXIT_OK)
+        rc = import_flush(x, &b, &stored);
+    free(line);
+    free(b.items.data);
+    for (uint32_t k = 0; k < b.narchived; k++)
+        free(b.reasons[k]);
+    if (in != stdin)
+        fclose(in);
+    if (rc == EXIT_OK)
+        fprintf(stderr, "imported %zu memories%s\n", stored,
+                skipped ? " (expired ones skipped)" : "");
+    return rc;
+}
+
 static const command commands[] = {
-    {"ping", "", "check that the server answers", 0, 0, NULL, AUTH_NONE, "ping", NULL, show_plain},
+    {"ping", "", "check that the server answers", 0, 0, NULL, AUTH_NONE, "ping", NULL, show_plain,
+     NULL},
     {"store", "CONTENT [--type T] [--importance X] [--metadata JSON]",
      "store a memory and print its id; type fact (default), preference, episode,\n"
      "strategy_outcome or constraint; importance in [0,1] (default 0.5)",
-     1, 1, store_opts, AUTH_REQUIRED, "memory.store", prep_store, show_store},
+     1, 1, store_opts, AUTH_REQUIRED, "memory.store", prep_store, show_store, NULL},
     {"search", "QUERY [--top-k N]", "search memories: one line per hit (id, score, type, content)",
-     1, 1, search_opts, AUTH_REQUIRED, "memory.search", prep_search, show_search},
-    {"get", "ID...", "show memories", 1, -1, NULL, AUTH_REQUIRED, "memory.get", prep_ids, show_get},
+     1, 1, search_opts, AUTH_REQUIRED, "memory.search", prep_search, show_search, NULL},
+    {"get", "ID...", "show memories", 1, -1, NULL, AUTH_REQUIRED, "memory.get", prep_ids, show_get,
+     NULL},
     {"delete", "ID...", "delete memories", 1, -1, NULL, AUTH_REQUIRED, "memory.delete", prep_ids,
-     show_delete},
+     show_delete, NULL},
     {"methods", "", "list the server's methods and their parameters", 0, 0, NULL, AUTH_IF_KEY,
-     "methods", NULL, show_methods},
+     "methods", NULL, show_methods, NULL},
     {"admin tenant create", "NAME --tier free|standard|premium [--dim N]",
      "create a tenant (admin key) and print its API key, shown only this once", 1, 1, tenant_opts,
-     AUTH_REQUIRED, "admin.tenant.create", prep_tenant_create, show_tenant_create},
+     AUTH_REQUIRED, "admin.tenant.create", prep_tenant_create, show_tenant_create, NULL},
     {"call", "METHOD [JSON-PARAMS]",
      "call any method with a JSON object of named parameters; print the result as JSON", 1, 2, NULL,
-     AUTH_IF_KEY, NULL, prep_call, NULL},
+     AUTH_IF_KEY, NULL, prep_call, NULL, NULL},
+    {"export", "[--out FILE]",
+     "write every memory of the tenant (embeddings included) as JSON Lines", 0, 0, export_opts,
+     AUTH_REQUIRED, NULL, NULL, NULL, exec_export},
+    {"import", "[FILE] [--embeddings keep|drop]",
+     "store the memories of an export (standard input without FILE), keeping timestamps,\n"
+     "importance and access counts; drop re-embeds the content on this server",
+     0, 1, import_opts, AUTH_REQUIRED, NULL, NULL, NULL, exec_import},
 };
+
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
 
 /* ---- usage ------------------------------------------------------------------------------ */
@@ -1006,6 +1343,8 @@ static int run(ctx *x, int argc, char **argv)
         if (rc != 0)
             return client_fail(x, &e);
     }
+    if (x->cmd->exec)
+        return x->cmd->exec(x);
     const msgpack_object *res;
     client_args args = {.packed = x->args.data, .packed_len = x->args.len};
     rc = client_call(x->conn, x->method, x->has_args ? &args : NULL, &x->zone, &res, &e);

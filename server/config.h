@@ -44,6 +44,13 @@ typedef struct config {
     char *log_level;
     /* memories */
     int embed_dim;
+    char *openai_url;
+    char *openai_model;
+    int openai_dim;
+    char *openai_key_env;
+    int openai_timeout_ms;
+    int openai_retries;
+    int openai_batch;
     long max_content_bytes;
     int max_top_k;
     double similarity_weight;

@@ -4,6 +4,7 @@
 
 #include "auth.h"
 #include "embed.h"
+#include "embedder.h"
 #include "handlers.h"
 #include "memrow.h"
 #include "sql.h"
@@ -57,9 +58,19 @@ void h_admin_tenant_create(req *r)
         for (uint32_t i = 0; i < emb->via.map.size; i++) {
             const msgpack_object_kv *kv = &emb->via.map.ptr[i];
             if (rpc_str_eq(&kv->key, "provider")) {
-                if (!rpc_str_eq(&kv->val, "builtin")) {
+                if (rpc_str_eq(&kv->val, "builtin")) {
+                    provider = "builtin";
+                } else if (rpc_str_eq(&kv->val, "openai")) {
+                    if (!embedder_available("openai")) {
+                        req_fail(r, RPC_INVALID_ARGUMENT,
+                                 "embedding provider 'openai' is not configured on this server "
+                                 "(openai_url)");
+                        return;
+                    }
+                    provider = "openai";
+                } else {
                     req_fail(r, RPC_INVALID_ARGUMENT,
-                             "parameter 'embedding.provider' must be 'builtin'");
+                             "parameter 'embedding.provider' must be builtin or openai");
                     return;
                 }
             } else if (rpc_str_eq(&kv->key, "dim")) {
@@ -76,6 +87,20 @@ void h_admin_tenant_create(req *r)
                 return;
             }
         }
+    }
+    if (strcmp(provider, "openai") == 0) {
+        /* the provider's vectors have one dimension; a tenant cannot choose another */
+        bool dim_given = false;
+        for (uint32_t i = 0; emb && i < emb->via.map.size; i++)
+            dim_given = dim_given || rpc_str_eq(&emb->via.map.ptr[i].key, "dim");
+        if (dim_given && dim != s->cfg.openai_dim) {
+            req_fail(r, RPC_INVALID_ARGUMENT,
+                     "parameter 'embedding.dim' must be %d for the openai provider",
+                     s->cfg.openai_dim);
+            return;
+        }
+        dim = s->cfg.openai_dim;
+        model = s->cfg.openai_model;
     }
     tc_state *st = req_alloc(r, sizeof(*st));
     char *name = req_strdup(r, req_arg(r, P_TC_NAME));

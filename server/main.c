@@ -20,6 +20,7 @@
 #include "auth.h"
 #include "bg.h"
 #include "db.h"
+#include "embedder.h"
 #include "handlers.h"
 #include "http.h"
 #include "log.h"
@@ -293,6 +294,10 @@ int main(int argc, char **argv)
     names = method_names();
     if (!names || metrics_init(names, methods_count) < 0)
         goto out;
+    if (embedder_init(&s->cfg, err, sizeof(err)) < 0) {
+        log_error("%s", err);
+        goto out;
+    }
     rpc_limits_default(&s->limits);
     s->limits.max_message = (size_t)s->cfg.max_message_bytes;
     s->limits.max_depth = (unsigned)s->cfg.max_depth;
@@ -378,6 +383,7 @@ out:
     tenants_destroy(s->tenants);
     metrics_fini();
     sql_fini();
+    embedder_fini();
     free(names);
     PQfinish(pg);
     if (rc == 0 && cmd == CMD_SERVE)

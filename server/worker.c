@@ -12,6 +12,7 @@
 
 #include "access.h"
 #include "conn.h"
+#include "embedder.h"
 #include "log.h"
 #include "metrics.h"
 #include "sql.h"
@@ -334,6 +335,7 @@ void worker_destroy(worker *w)
     db_pool_destroy(w->db);
     w->db = NULL;
     on_mail(-1, 0, w);
+    embedder_worker_fini(w->idx);
     event_free(w->ev_mail);
     event_free(w->ev_tick);
     event_base_free(w->base);

@@ -1,0 +1,131 @@
+"""The engram CLI against the real server: every command, --json, errors, export/import."""
+import json
+import os
+import subprocess
+import tempfile
+
+import pytest
+
+from harness import CLI, Server, new_database, structured_vectors, vec_bin
+
+
+def cli(server, *args, key=None, stdin=None, check=True):
+    assert CLI and os.access(CLI, os.X_OK), "ENGRAM_CLI must name the engram binary"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+    if key:
+        env["ENGRAM_API_KEY"] = key
+    r = subprocess.run([CLI, "--port", str(server.port)] + list(args), capture_output=True,
+                       text=True, env=env, input=stdin, timeout=60)
+    if check:
+        assert r.returncode == 0, (args, r.returncode, r.stderr)
+    return r
+
+
+def test_everyday_commands(server, tenant):
+    key = tenant[1]
+    assert cli(server, "ping").stdout.strip() == "pong"
+    r = cli(server, "--json", "store", "Never LP in pools with less than $100K TVL", "--type", "constraint",
+            "--importance", "0.95", "--metadata", '{"tokens": ["ETH"]}', key=key)
+    stored = json.loads(r.stdout)
+    assert stored["id"] > 0 and len(r.stdout.strip().splitlines()) == 1
+    r = cli(server, "store", "Morpho USDC vault APY is 2.3%", key=key)
+    other = int(r.stdout.strip().lstrip("#").split()[0])
+    r = cli(server, "--json", "search", "pool TVL", "--top-k", "1", key=key)
+    hits = json.loads(r.stdout)["results"]
+    assert hits[0]["id"] == stored["id"] and hits[0]["metadata"] == {"tokens": ["ETH"]}
+    r = cli(server, "search", "pool TVL", key=key)
+    assert "Never LP in pools" in r.stdout and "constraint" in r.stdout
+    r = cli(server, "--json", "get", str(stored["id"]), str(other), key=key)
+    assert [m["id"] for m in json.loads(r.stdout)["memories"]] == [stored["id"], other]
+    r = cli(server, "get", str(stored["id"]), key=key)
+    assert "Never LP in pools" in r.stdout
+    r = cli(server, "--json", "delete", str(other), key=key)
+    assert json.loads(r.stdout)["deleted"] == [other]
+    r = cli(server, "--json", "call", "memory.stats", "{}", key=key)
+    assert json.loads(r.stdout)["total"] == 1
+
+
+def test_errors_and_usage(server, tenant):
+    r = cli(server, "store", "x", check=False)  # no key at all
+    assert r.returncode == 1 and "unauthenticated" in r.stderr
+    r = cli(server, "store", "x", key="egk_aaaaaaaaaaaa_" + "b" * 40, check=False)
+    assert r.returncode == 1 and "engram: unauthenticated: invalid API key" in r.stderr
+    r = cli(server, "store", "x", "--importance", "7", key=tenant[1], check=False)
+    assert r.returncode in (1, 2) and "importance" in r.stderr
+    r = cli(server, "frobnicate", check=False)
+    assert r.returncode == 2 and "usage" in r.stderr
+    r = cli(server, "call", "memory.get", '{"ids": "nope"}', key=tenant[1], check=False)
+    assert r.returncode == 1 and "invalid_argument" in r.stderr and "ids" in r.stderr
+    # the key never appears in output
+    assert tenant[1] not in r.stdout + r.stderr
+
+
+def test_admin_tenant_create(server):
+    r = cli(server, "--json", "admin", "tenant", "create", "cli-made", "--tier", "standard",
+            key=server.admin_key())
+    made = json.loads(r.stdout)
+    assert made["tenant_id"] > 0 and made["api_key"].startswith("egk_")
+    r = cli(server, "--json", "call", "auth", json.dumps({"api_key": made["api_key"]}))
+    assert json.loads(r.stdout)["tier"] == "standard"
+    r = cli(server, "admin", "tenant", "create", "cli-made", "--tier", "free", key=server.admin_key(),
+            check=False)
+    assert r.returncode == 1 and "already_exists" in r.stderr
+
+
+def test_export_import_round_trip(server):
+    _, ka = server.create_tenant()
+    _, kb = server.create_tenant()
+    vecs = structured_vectors(30, 384, seed=90)
+    with server.client(key=ka) as a:
+        items = [{"content": f"memory {i} with \"quotes\" and \\ slashes \u00e9",
+                  "type": ["fact", "episode", "constraint"][i % 3], "importance": i / 30,
+                  "embedding": vec_bin(vecs[i]), "created_at": 1700000000000 + i * 1000,
+                  "metadata": {"tokens": [f"T{i % 4}"], "attrs": {"i": i, "nested": {"x": [1, 2]}}},
+                  "agent_id": i % 5 + 1, "scope": "agent" if i % 2 else "tenant",
+                  "access_count": i, "last_accessed_at": 1700000500000 + i,
+                  "pinned": i % 7 == 0} for i in range(30)]
+        ids = a.call("memory.store_batch", memories=items)["ids"]
+        a.call("memory.archive", ids=[ids[3]], reason="old news")
+        src = {m["content"]: m for m in a.call("memory.list", limit=100, include_archived=True,
+                                                include_embedding=True)["memories"]}
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "export.jsonl")
+        r = cli(server, "export", "--out", path, key=ka)
+        assert "exported 30 memories" in r.stderr
+        lines = open(path).read().splitlines()
+        assert len(lines) == 30 and all(json.loads(x)["embedding"] for x in lines)
+        r = cli(server, "import", path, key=kb)
+        assert "imported 30 memories" in r.stderr
+        # running it again stores nothing twice (each batch carries an idempotency key)
+        cli(server, "import", path, key=kb)
+    with server.client(key=kb) as b:
+        got = b.call("memory.list", limit=100, include_archived=True, include_embedding=True)["memories"]
+        assert len(got) == 30
+        for m in got:
+            s = src[m["content"]]
+            for f in ("type", "importance", "metadata", "created_at", "updated_at", "access_count",
+                      "last_accessed_at", "agent_id", "scope", "pinned", "embedding", "archived_reason"):
+                if f == "updated_at" and s["archived_at"] is not None:
+                    continue  # archiving again on import is a change of its own
+                assert m[f] == s[f], (f, m[f], s[f])
+            assert (m["archived_at"] is None) == (s["archived_at"] is None)
+        # and the imported vectors are searchable
+        res = b.call("memory.search", embedding=vec_bin(vecs[8]), top_k=1, similarity_weight=1.0)["results"]
+        assert res[0]["content"].startswith("memory 8 ")
+
+
+def test_import_can_reembed_into_another_dimension(server):
+    _, ka = server.create_tenant()
+    with server.admin() as adm:
+        kb = adm.call("admin.tenant.create", name="dim64", tier="premium", embedding={"dim": 64})["api_key"]
+    with server.client(key=ka) as a:
+        a.call("memory.store", content="the oracle lagged during the crash", type="episode", importance=0.4)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "e.jsonl")
+        cli(server, "export", "--out", path, key=ka)
+        r = cli(server, "import", path, key=kb, check=False)
+        assert r.returncode == 1 and "dimension" in r.stderr
+        cli(server, "import", path, "--embeddings", "drop", key=kb)
+    with server.client(key=kb) as b:
+        res = b.call("memory.search", query="oracle crash", top_k=1)["results"]
+        assert res[0]["content"] == "the oracle lagged during the crash"

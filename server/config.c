@@ -100,6 +100,16 @@ static const config_def defs[] = {
     {"max_top_k", T_INT, OFF(max_top_k), "1000", 1, 100000, 0, "largest top_k a search may ask"},
     {"similarity_weight", T_DOUBLE, OFF(similarity_weight), "0.7", 0, 1, 0,
      "default share of similarity in the search score (the composite importance gets the rest)"},
+    {"score_w_recency", T_DOUBLE, OFF(score_w_recency), "0.3", 0, 1, 0,
+     "weight of recency in the composite importance"},
+    {"score_w_access", T_DOUBLE, OFF(score_w_access), "0.3", 0, 1, 0,
+     "weight of access frequency in the composite importance"},
+    {"score_w_explicit", T_DOUBLE, OFF(score_w_explicit), "0.4", 0, 1, 0,
+     "weight of the author's importance in the composite (the three weights sum to 1)"},
+    {"score_recency_days", T_DOUBLE, OFF(score_recency_days), "30", 0.001, 36500, 0,
+     "recency decays as exp(-age_days / score_recency_days)"},
+    {"score_access_saturation", T_DOUBLE, OFF(score_access_saturation), "10", 1, 1e9, 0,
+     "accesses at which the access-frequency term saturates"},
     {"free_max_memories", T_LONG, OFF(tier_max_memories[0]), "100", 0, 1e12, 0,
      "memories a free tenant may store (0: unlimited)"},
     {"standard_max_memories", T_LONG, OFF(tier_max_memories[1]), "5000", 0, 1e12, 0,
@@ -378,6 +388,14 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
     if (log_parse_level(cfg->log_level) < 0) {
         fprintf(err, "engramd: invalid value for log_level: '%s' (debug, info, warn, error)\n",
                 cfg->log_level);
+        return -1;
+    }
+    double wsum = cfg->score_w_recency + cfg->score_w_access + cfg->score_w_explicit;
+    if (wsum < 1 - 1e-9 || wsum > 1 + 1e-9) {
+        fprintf(err,
+                "engramd: score_w_recency + score_w_access + score_w_explicit must be 1 (they "
+                "are %g + %g + %g)\n",
+                cfg->score_w_recency, cfg->score_w_access, cfg->score_w_explicit);
         return -1;
     }
     if (cfg->http_port == cfg->rpc_port) {

@@ -54,6 +54,11 @@ typedef struct config {
     long max_content_bytes;
     int max_top_k;
     double similarity_weight;
+    double score_w_recency;
+    double score_w_access;
+    double score_w_explicit;
+    double score_recency_days;
+    double score_access_saturation;
     /* tiers, indexed free / standard / premium (see tiers.h) */
     long tier_max_memories[3];
     long tier_queries_per_day[3];

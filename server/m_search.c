@@ -112,6 +112,13 @@ static double score_cb(float sim, const void *meta, void *ctx)
 
 /* ---- the last steps: rows, then the response ------------------------------------------ */
 
+/* Counts one access to each of the n memories: the index now, PostgreSQL in a batch. */
+static void count_access(req *r, search_state *st, const uint64_t *ids, size_t n)
+{
+    tenant_touch(st->t, ids, n, st->f.now_ms);
+    access_log_add(worker_access(req_worker(r)), req_auth(r)->tenant_id, ids, n, st->f.now_ms);
+}
+
 static void xml_escape(json_buf *b, const char *s, size_t n)
 {
     size_t start = 0;
@@ -170,7 +177,7 @@ static void pack_context(req *r, search_state *st, const PGresult *pr)
     uint64_t *ids = req_alloc(r, (st->nres + 1) * sizeof(*ids));
     size_t nids = 0;
     json_buf_append(&xml, "<agent_memory>\n", 15);
-    int nrows = PQntuples(pr), row = 0;
+    int nrows = pr ? PQntuples(pr) : 0, row = 0;
     for (size_t i = 0; ids && i < st->nres && row < nrows; i++) {
         memrow m;
         if (memrow_parse(pr, row, 0, &m) != 0 || m.id != st->res[i].id)
@@ -201,6 +208,8 @@ static void pack_context(req *r, search_state *st, const PGresult *pr)
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
+    if (nids)
+        count_access(r, st, ids, nids);
     msgpack_packer *pk = req_result(r);
     msgpack_pack_map(pk, 3);
     rpc_pack_cstr(pk, "text");
@@ -394,7 +403,6 @@ static void search_run(req *r)
         return;
     }
     describe(st, vi);
-    /* every memory returned counts as an access: the index now, PostgreSQL in a batch */
     uint64_t *ids = req_alloc(r, (st->nres + 1) * sizeof(*ids));
     if (!ids) {
         req_fail(r, RPC_INTERNAL, "out of memory");
@@ -402,11 +410,10 @@ static void search_run(req *r)
     }
     for (size_t i = 0; i < st->nres; i++)
         ids[i] = st->res[i].id;
-    if (st->nres) {
-        tenant_touch(st->t, ids, st->nres, st->f.now_ms);
-        access_log_add(worker_access(req_worker(r)), req_auth(r)->tenant_id, ids, st->nres,
-                       st->f.now_ms);
-    }
+    /* every memory returned counts as an access (a context block's: once it is known which
+     * entries fit, see pack_context) */
+    if (st->nres && !st->context)
+        count_access(r, st, ids, st->nres);
     if (st->nres == 0) {
         if (st->context) {
             pack_context(r, st, NULL);

@@ -301,7 +301,11 @@ int main(int argc, char **argv)
     rpc_limits_default(&s->limits);
     s->limits.max_message = (size_t)s->cfg.max_message_bytes;
     s->limits.max_depth = (unsigned)s->cfg.max_depth;
-    score_defaults(&s->score);
+    s->score = (score_params){.w_recency = s->cfg.score_w_recency,
+                              .w_access = s->cfg.score_w_access,
+                              .w_explicit = s->cfg.score_w_explicit,
+                              .recency_days = s->cfg.score_recency_days,
+                              .access_saturation = s->cfg.score_access_saturation};
     tiers_from_config(&s->cfg, s->tiers);
     s->tenants = tenants_create(s);
     s->bg = bg_create(s, (unsigned)s->cfg.bg_threads);

@@ -3,15 +3,6 @@
 
 #include <math.h>
 
-void score_defaults(score_params *p)
-{
-    p->w_recency = 0.3;
-    p->w_access = 0.3;
-    p->w_explicit = 0.4;
-    p->recency_days = 30.0;
-    p->access_saturation = 10.0;
-}
-
 double score_composite(const score_params *p, int64_t created_ms, uint32_t access_count,
                        double importance, int64_t now_ms)
 {

@@ -3,9 +3,9 @@
  * composite = w_recency * exp(-age_days / recency_days)
  *           + w_access  * min(access_count / access_saturation, 1)
  *           + w_explicit * importance
- * with the seed's defaults 0.3 / 0.3 / 0.4, 30 days and 10 accesses; the weights sum to 1,
- * so the composite lies in [0, 1]. A search scores each candidate as
- *   score = similarity_weight * similarity + (1 - similarity_weight) * composite.
+ * with the seed's defaults 0.3 / 0.3 / 0.4, 30 days and 10 accesses (settings score_*); the
+ * weights sum to 1 (checked at start), so the composite lies in [0, 1]. A search scores each
+ * candidate as score = similarity_weight * similarity + (1 - similarity_weight) * composite.
  */
 #ifndef ENGRAM_SERVER_SCORE_H
 #define ENGRAM_SERVER_SCORE_H
@@ -19,9 +19,6 @@ typedef struct score_params {
     double recency_days;
     double access_saturation;
 } score_params;
-
-/* score_defaults fills p with the seed's values. */
-void score_defaults(score_params *p);
 
 /* score_composite returns the composite importance of a memory created at created_ms with
  * access_count reads and explicit importance, as of now_ms. A creation time in the future

@@ -75,3 +75,29 @@ def test_file_then_environment_then_flags():
     finally:
         srv.cleanup()
         os.unlink(f.name)
+
+
+def test_scoring_settings_change_the_composite():
+    import math
+    from harness import structured_vectors, vec_bin
+    r = run(["--pg-dsn", "x", "--score-w-recency", "0.5"])
+    assert r.returncode == 2 and "must be 1" in r.stderr
+    dsn = new_database("score")
+    srv = Server(dsn, extra=["--score-w-recency", "0.5", "--score-w-access", "0.1",
+                             "--score-w-explicit", "0.4", "--score-recency-days", "10",
+                             "--score-access-saturation", "4"])
+    try:
+        srv.start()
+        _, key = srv.create_tenant()
+        with srv.client(key=key) as c:
+            import time
+            now = int(time.time() * 1000)
+            e = vec_bin(structured_vectors(1, 384, seed=2)[0])
+            c.call("memory.store", content="x", type="fact", importance=0.25, embedding=e,
+                   created_at=now - 5 * 86400000, access_count=2)
+            got = c.call("memory.search", embedding=e, top_k=1)["results"][0]
+            want = 0.5 * math.exp(-5 / 10) + 0.1 * min(2 / 4, 1) + 0.4 * 0.25
+            assert abs(got["composite"] - want) < 1e-4
+        srv.stop()
+    finally:
+        srv.cleanup()

@@ -115,3 +115,18 @@ def test_hybrid_is_reciprocal_rank_fusion(server, tenant):
         want = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:8]
         assert [r["id"] for r in hyb] == [k for k, _ in want]
         assert [r["score"] for r in hyb] == pytest.approx([v for _, v in want], abs=1e-12)
+
+
+def test_context_counts_only_the_entries_it_includes(server, tenant):
+    import time
+    e = structured_vectors(5, 384, seed=66)
+    with server.client(key=tenant[1]) as c:
+        ids = [c.call("memory.store", content="word " * 40, type="fact", importance=0.5,
+                      embedding=vec_bin(v))["id"] for v in e]
+        r = c.call("memory.context", embedding=vec_bin(e[0]), top_k=5, budget_tokens=120,
+                   similarity_weight=1.0)
+        assert 0 < len(r["ids"]) < 5
+        time.sleep(1.5)
+        got = {m["id"]: m["access_count"] for m in c.call("memory.get", ids=ids)["memories"]}
+        assert {i for i, n in got.items() if n == 1} == set(r["ids"])
+        assert all(n == 0 for i, n in got.items() if i not in r["ids"])

@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "sql_session.h"
+
 const db_stmt_def sql_stmts[SQL__COUNT] = {
     [SQL_PING] = {"ping", "SELECT 1", 0},
     [SQL_AUTH_LOOKUP] = {"auth_lookup",
@@ -40,6 +42,7 @@ static const struct {
     size_t n;
 } tables[] = {
     {sql_stmts, SQL__COUNT},
+    {sql_session_stmts, SQLS__COUNT},
 };
 
 static db_stmt_def *all;

@@ -38,6 +38,28 @@ HANDLER(memory_stats);
 HANDLER(memory_search);
 HANDLER(memory_context);
 
+/* m_session.c */
+HANDLER(session_append);
+HANDLER(session_checkpoint);
+HANDLER(session_checkpoints);
+HANDLER(session_children);
+HANDLER(session_complete);
+HANDLER(session_create);
+HANDLER(session_end);
+HANDLER(session_get);
+HANDLER(session_handoff);
+HANDLER(session_list);
+HANDLER(session_messages);
+HANDLER(session_note_add);
+HANDLER(session_notes);
+HANDLER(session_resume);
+HANDLER(session_scratchpad_get);
+HANDLER(session_scratchpad_update);
+HANDLER(session_spawn);
+HANDLER(session_summarize);
+HANDLER(session_task_complete);
+HANDLER(session_tombstone);
+
 /* m_admin.c */
 HANDLER(admin_tenant_create);
 

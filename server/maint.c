@@ -31,6 +31,17 @@ static void purge_expired(bg_ctx *ctx, void *arg)
     PQclear(r);
     if (n > 0)
         log_info("purged %lld expired memories", n);
+    r = db_exec_blocking(pg, "SELECT engram_session_purge_expired()", 0, NULL, err, sizeof(err));
+    if (!r) {
+        log_warn("purging expired checkpoints failed: %s", err);
+        if (PQstatus(pg) != CONNECTION_OK)
+            bg_conn_failed(ctx);
+        return;
+    }
+    n = atoll(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    if (n > 0)
+        log_info("purged %lld expired session checkpoints", n);
 }
 
 int maint_start(server *s)

@@ -1,8 +1,8 @@
 /* server/maint.h: periodic maintenance on background threads.
  *
  * Every maintenance_interval_s: purge expired memories (with change records, so every
- * index drops them) and idempotency keys older than a day. Other capabilities add their
- * own periodic tasks here.
+ * index drops them), idempotency keys older than a day, and expired session checkpoints.
+ * Other capabilities add their own periodic tasks here.
  */
 #ifndef ENGRAM_SERVER_MAINT_H
 #define ENGRAM_SERVER_MAINT_H

@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "sql_session.h"
+
 /* The filter shared by text search and list. Parameters:
  *   $1 tenant            $2 types text[]         $3 include archived
  *   $4 agent id          $5 clade id             $6 scopes text[]
@@ -123,6 +125,7 @@ static const struct {
     size_t n;
 } tables[] = {
     {sql_stmts, SQL__COUNT},
+    {sql_session_stmts, SQLS__COUNT},
 };
 
 static db_stmt_def *all;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/http.h>
@@ -63,9 +64,19 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
     uint64_t loaded = 0, vectors = 0, bytes = 0;
     if (h->srv->tenants)
         tenants_stats(h->srv->tenants, &loaded, &vectors, &bytes);
-    const char *names[] = {"engram_indexes_loaded", "engram_index_vectors", "engram_index_bytes"};
-    double vals[] = {(double)loaded, (double)vectors, (double)bytes};
-    metrics_render(b, names, vals, 3);
+    /* resident memory from /proc/self/statm (second field, in pages) */
+    double rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        unsigned long size, res;
+        if (fscanf(f, "%lu %lu", &size, &res) == 2)
+            rss = (double)res * (double)sysconf(_SC_PAGESIZE);
+        fclose(f);
+    }
+    const char *names[] = {"engram_indexes_loaded", "engram_index_vectors", "engram_index_bytes",
+                           "engram_process_resident_bytes"};
+    double vals[] = {(double)loaded, (double)vectors, (double)bytes, rss};
+    metrics_render(b, names, vals, 4);
     reply(rq, 200, "OK", "text/plain; version=0.0.4", b);
     evbuffer_free(b);
 }

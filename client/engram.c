@@ -657,6 +657,101 @@ static int show_tenant_create(ctx *x, const msgpack_object *res)
     return EXIT_OK;
 }
 
+/* The tenant an admin command names: a number is a tenant_id, anything else a name. */
+static void pack_tenant_ref(ctx *x, msgpack_packer *pk, const char *ref, const char *name_key)
+{
+    uint64_t id;
+    if (parse_u64(ref, &id))
+        rpc_pack_kv_uint(pk, "tenant_id", id);
+    else
+        rpc_pack_kv_str(pk, name_key, ref);
+    (void)x;
+}
+
+static int prep_tenant_ref(ctx *x, msgpack_packer *pk)
+{
+    msgpack_pack_map(pk, 1);
+    pack_tenant_ref(x, pk, x->pos[0], "name");
+    return 0;
+}
+
+static const char *const tenant_update_opts[] = {"tier", "name", NULL};
+
+static int prep_tenant_update(ctx *x, msgpack_packer *pk)
+{
+    const char *tier = opt_get(x, "tier"), *name = opt_get(x, "name");
+    if (!tier && !name)
+        return usage_error(x, "give --tier and/or --name");
+    msgpack_pack_map(pk, 1 + (tier != NULL) + (name != NULL));
+    pack_tenant_ref(x, pk, x->pos[0], "name");
+    if (tier)
+        rpc_pack_kv_str(pk, "tier", tier);
+    if (name)
+        rpc_pack_kv_str(pk, "new_name", name);
+    return 0;
+}
+
+static const char *const list_opts[] = {"limit", "cursor", NULL};
+
+static int prep_tenant_list(ctx *x, msgpack_packer *pk)
+{
+    const char *limit = opt_get(x, "limit"), *cursor = opt_get(x, "cursor");
+    uint64_t l = 0, c = 0;
+    if ((limit && !parse_u64(limit, &l)) || (cursor && !parse_u64(cursor, &c)))
+        return usage_error(x, "--limit and --cursor take whole numbers");
+    msgpack_pack_map(pk, (limit != NULL) + (cursor != NULL));
+    if (limit)
+        rpc_pack_kv_uint(pk, "limit", l);
+    if (cursor)
+        rpc_pack_kv_uint(pk, "cursor", c);
+    return 0;
+}
+
+static int show_tenant_list(ctx *x, const msgpack_object *res)
+{
+    const msgpack_object *ts = rpc_map_get(res, "tenants");
+    for (uint32_t i = 0; ts && ts->type == MSGPACK_OBJECT_ARRAY && i < ts->via.array.size; i++) {
+        const msgpack_object *t = &ts->via.array.ptr[i];
+        printf("#%-6" PRId64 " %8" PRId64 " memories  ",
+               rpc_get_int(rpc_map_get(t, "tenant_id"), 0),
+               rpc_get_int(rpc_map_get(t, "memories"), 0));
+        print_str_field(t, "tier", true);
+        fputs("  ", stdout);
+        print_str_field(t, "name", true);
+        fputc('\n', stdout);
+    }
+    const msgpack_object *next = rpc_map_get(res, "next_cursor");
+    if (next && next->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+        printf("more: --cursor %" PRIu64 "\n", next->via.u64);
+    (void)x;
+    return EXIT_OK;
+}
+
+static int prep_key_create(ctx *x, msgpack_packer *pk)
+{
+    msgpack_pack_map(pk, 2);
+    pack_tenant_ref(x, pk, x->pos[0], "tenant");
+    rpc_pack_kv_str(pk, "name", x->pos[1]);
+    return 0;
+}
+
+static int prep_key_list(ctx *x, msgpack_packer *pk)
+{
+    msgpack_pack_map(pk, 1);
+    pack_tenant_ref(x, pk, x->pos[0], "tenant");
+    return 0;
+}
+
+static int prep_key_revoke(ctx *x, msgpack_packer *pk)
+{
+    uint64_t id;
+    if (!parse_u64(x->pos[0], &id))
+        return usage_error(x, "KEY_ID must be a key's number (see admin key list)");
+    msgpack_pack_map(pk, 1);
+    rpc_pack_kv_uint(pk, "key_id", id);
+    return 0;
+}
+
 static int prep_call(ctx *x, msgpack_packer *pk)
 {
     const char *text;
@@ -1016,6 +1111,24 @@ static const command commands[] = {
     {"admin tenant create", "NAME --tier free|standard|premium [--dim N]",
      "create a tenant (admin key) and print its API key, shown only this once", 1, 1, tenant_opts,
      AUTH_REQUIRED, "admin.tenant.create", prep_tenant_create, show_tenant_create, NULL},
+    {"admin tenant list", "[--limit N] [--cursor ID]", "list tenants (admin key)", 0, 0, list_opts,
+     AUTH_REQUIRED, "admin.tenant.list", prep_tenant_list, show_tenant_list, NULL},
+    {"admin tenant get", "TENANT", "show a tenant (by id or name; admin key)", 1, 1, NULL,
+     AUTH_REQUIRED, "admin.tenant.get", prep_tenant_ref, NULL, NULL},
+    {"admin tenant update", "TENANT [--tier T] [--name NEW]",
+     "change a tenant's tier or name (admin key)", 1, 1, tenant_update_opts, AUTH_REQUIRED,
+     "admin.tenant.update", prep_tenant_update, NULL, NULL},
+    {"admin tenant delete", "TENANT", "delete a tenant and all of its data (admin key)", 1, 1, NULL,
+     AUTH_REQUIRED, "admin.tenant.delete", prep_tenant_ref, NULL, NULL},
+    {"admin key create", "TENANT NAME",
+     "create another API key for a tenant and print it, shown only this once", 2, 2, NULL,
+     AUTH_REQUIRED, "admin.key.create", prep_key_create, show_tenant_create, NULL},
+    {"admin key list", "TENANT", "list a tenant's keys (admin key)", 1, 1, NULL, AUTH_REQUIRED,
+     "admin.key.list", prep_key_list, NULL, NULL},
+    {"admin key revoke", "KEY_ID", "revoke a key: it fails from its next request", 1, 1, NULL,
+     AUTH_REQUIRED, "admin.key.revoke", prep_key_revoke, NULL, NULL},
+    {"usage", "", "the tenant's usage and limits", 0, 0, NULL, AUTH_REQUIRED, "tenant.usage", NULL,
+     NULL, NULL},
     {"call", "METHOD [JSON-PARAMS]",
      "call any method with a JSON object of named parameters; print the result as JSON", 1, 2, NULL,
      AUTH_IF_KEY, NULL, prep_call, NULL, NULL},

@@ -12,6 +12,7 @@
 
 #include "db.h"
 #include "log.h"
+#include "tenancy.h"
 #include "tenants.h"
 
 typedef struct job {
@@ -228,6 +229,10 @@ static void *listener_thread(void *arg)
                                         (unsigned)cfg->db_queue_timeout_ms, err, sizeof(err));
         PGresult *r =
             c ? db_exec_blocking(c, "LISTEN engram_changes", 0, NULL, err, sizeof(err)) : NULL;
+        if (r) {
+            PQclear(r);
+            r = db_exec_blocking(c, "LISTEN engram_admin", 0, NULL, err, sizeof(err));
+        }
         if (!r) {
             PQfinish(c);
             struct pollfd pfd = {.fd = b->wake[0], .events = POLLIN};
@@ -257,7 +262,10 @@ static void *listener_thread(void *arg)
                 break;
             PGnotify *nt;
             while ((nt = PQnotifies(c)) != NULL) {
-                handle_notify(b, nt->extra);
+                if (strcmp(nt->relname, "engram_admin") == 0)
+                    tenancy_notify(b->srv->tenancy, nt->extra);
+                else
+                    handle_notify(b, nt->extra);
                 PQfreemem(nt);
             }
             if (PQstatus(c) != CONNECTION_OK)

@@ -56,8 +56,9 @@ static const config_def defs[] = {
      "on SIGTERM, how long in-flight requests may take to finish"},
     {"pg_dsn", T_STR, OFF(pg_dsn), "", 0, 0, F_SECRET,
      "PostgreSQL connection string (libpq keyword=value or URI); required"},
-    {"pg_role", T_STR, OFF(pg_role), "", 0, 0, 0,
-     "role the server switches to after connecting (SET ROLE); empty: none"},
+    {"pg_role", T_STR, OFF(pg_role), "engram_app", 0, 0, 0,
+     "role the server switches to after connecting (SET ROLE): it owns no table and is bound "
+     "by row-level security; empty: stay the DSN's user"},
     {"pg_pool_size", T_INT, OFF(pg_pool_size), "2", 1, 64, 0,
      "PostgreSQL connections per worker (pipelined)"},
     {"db_queue_timeout_ms", T_INT, OFF(db_queue_timeout_ms), "2000", 10, 600000, 0,

@@ -16,6 +16,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "req.h"
+#include "tenancy.h"
 
 /* Bytes libevent may buffer from the socket before it stops reading; we drain from there
  * into the connection's own contiguous buffer as messages are processed. */
@@ -75,6 +76,9 @@ void conn_close(conn *c)
     if (!c->open)
         return;
     c->open = false;
+    if (c->auth.authenticated && !c->auth.admin)
+        tenancy_key_released(c->srv->tenancy, c->auth.key_id);
+    c->auth.authenticated = false;
     bufferevent_free(c->bev);
     c->bev = NULL;
     worker_conn_removed(c->w, c);
@@ -123,7 +127,12 @@ const conn_auth *conn_get_auth(conn *c)
 
 void conn_set_auth(conn *c, const conn_auth *a)
 {
+    tenancy *tn = c->srv->tenancy;
+    if (c->auth.authenticated && !c->auth.admin)
+        tenancy_key_released(tn, c->auth.key_id);
     c->auth = *a;
+    if (a->authenticated && !a->admin)
+        tenancy_key_in_use(tn, a->key_id, a->tenant_id, a->tier);
 }
 
 worker *conn_worker(conn *c)

@@ -62,6 +62,14 @@ HANDLER(session_tombstone);
 
 /* m_admin.c */
 HANDLER(admin_tenant_create);
+HANDLER(admin_tenant_get);
+HANDLER(admin_tenant_list);
+HANDLER(admin_tenant_update);
+HANDLER(admin_tenant_delete);
+HANDLER(admin_key_create);
+HANDLER(admin_key_list);
+HANDLER(admin_key_revoke);
+HANDLER(tenant_usage);
 
 #define PARAMS(name, ...)                                                                          \
     const rpc_param p_##name[] = {__VA_ARGS__};                                                    \

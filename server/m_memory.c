@@ -313,24 +313,18 @@ static void store_submit(req *r, rpc_code code, const char *message)
             mp_array_fini(arrs[i]);
     }
     const char *tid = mp_tenant_param(r);
-    char *limit = req_alloc(r, 24), *dim = req_alloc(r, 16);
-    if (!ok || !tid || !limit || !dim) {
+    char *dim = req_alloc(r, 16);
+    if (!ok || !tid || !dim) {
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
-    int64_t max = s->tiers[a->tier].max_memories;
-    snprintf(limit, 24, "%lld", (long long)max);
+    /* the database picks the limit of the tenant's tier as it is when the rows go in */
     snprintf(dim, 16, "%u", a->dim);
-    const char *vals[19] = {tid,      max ? limit : NULL,
-                            st->idem, st->idem ? st->fingerprint : NULL,
-                            dim,      lits[0],
-                            lits[1],  lits[2],
-                            lits[3],  lits[4],
-                            lits[5],  lits[6],
-                            emb,      lits[7],
-                            lits[8],  lits[9],
-                            lits[10], lits[11],
-                            lits[12]};
+    const char *vals[19] = {tid,      s->memory_limits, st->idem, st->idem ? st->fingerprint : NULL,
+                            dim,      lits[0],          lits[1],  lits[2],
+                            lits[3],  lits[4],          lits[5],  lits[6],
+                            emb,      lits[7],          lits[8],  lits[9],
+                            lits[10], lits[11],         lits[12]};
     int lens[19] = {0}, fmts[19] = {0};
     lens[12] = (int)vbytes;
     fmts[12] = 1;

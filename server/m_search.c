@@ -73,7 +73,8 @@ typedef struct search_state {
     double w;
     uint64_t budget;
     const char *query;
-    float *qvec; /* NULL in text mode without a query vector */
+    float *qvec;   /* NULL in text mode without a query vector */
+    bool have_vec; /* the request gave the vector (no embedding needed) */
     tenant *t;
     uint64_t *text_ids;
     double *text_rank;
@@ -559,6 +560,21 @@ static void search_start(req *r, rpc_code code, const char *message)
         search_text(r);
 }
 
+/* Admitted: embed the query text unless a vector came with it, then go on. */
+static void search_admitted(req *r)
+{
+    search_state *st = req_state(r);
+    if (st->have_vec) {
+        search_start(r, RPC_OK, NULL);
+        return;
+    }
+    const char *texts[1] = {st->query};
+    size_t lens[1] = {strlen(st->query)};
+    float *outs[1] = {st->qvec};
+    const char *whats[1] = {"query"};
+    embedder_run(r, texts, lens, outs, whats, 1, search_start);
+}
+
 static void search_begin(req *r, bool context)
 {
     server *s = req_server(r);
@@ -633,14 +649,10 @@ static void search_begin(req *r, bool context)
             req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'embedding' is a zero vector");
             return;
         }
-        search_start(r, RPC_OK, NULL);
-        return;
+        st->have_vec = true;
     }
-    const char *texts[1] = {st->query};
-    size_t lens[1] = {strlen(st->query)};
-    float *outs[1] = {st->qvec};
-    const char *whats[1] = {"query"};
-    embedder_run(r, texts, lens, outs, whats, 1, search_start);
+    /* the arguments are valid: now the call counts against the daily query limit */
+    req_admit_query(r, search_admitted);
 }
 
 void h_memory_search(req *r)

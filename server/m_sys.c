@@ -30,6 +30,12 @@ typedef struct auth_state {
     uint8_t hash[32];
 } auth_state;
 
+static void touch_done(void *arg, const db_result *res)
+{
+    if (res->status != DB_OK)
+        log_debug("key last_used_at not updated: %s", res->message ? res->message : "?");
+}
+
 static void auth_done(req *r, const db_result *res)
 {
     auth_state *st = req_state(r);
@@ -64,6 +70,14 @@ static void auth_done(req *r, const db_result *res)
     a.dim = (uint32_t)memrow_i64(pr, 0, 5, 0);
     snprintf(a.provider, sizeof(a.provider), "%s", PQgetvalue(pr, 0, 6));
     req_set_auth(r, &a);
+    /* last_used_at: written after the answer, nothing waits for it */
+    char *kid = req_alloc(r, 24);
+    if (kid) {
+        snprintf(kid, 24, "%lld", (long long)a.key_id);
+        const char *kv[] = {kid};
+        db_query tq = {.stmt = sql_name(SQL_KEY_TOUCH), .nparams = 1, .values = kv};
+        db_submit(req_db(r), -1, &tq, 1, touch_done, NULL);
+    }
     msgpack_packer *pk = req_result(r);
     msgpack_pack_map(pk, 3);
     rpc_pack_kv_int(pk, "tenant_id", a.tenant_id);

@@ -30,6 +30,7 @@
 #include "migrate.h"
 #include "server.h"
 #include "sql.h"
+#include "tenancy.h"
 #include "tenants.h"
 #include "worker.h"
 
@@ -307,10 +308,18 @@ int main(int argc, char **argv)
                               .recency_days = s->cfg.score_recency_days,
                               .access_saturation = s->cfg.score_access_saturation};
     tiers_from_config(&s->cfg, s->tiers);
+    snprintf(s->memory_limits, sizeof(s->memory_limits), "{%lld,%lld,%lld}",
+             (long long)s->tiers[0].max_memories, (long long)s->tiers[1].max_memories,
+             (long long)s->tiers[2].max_memories);
+    snprintf(s->query_limits, sizeof(s->query_limits), "{%lld,%lld,%lld}",
+             (long long)s->tiers[0].queries_per_day, (long long)s->tiers[1].queries_per_day,
+             (long long)s->tiers[2].queries_per_day);
     s->tenants = tenants_create(s);
     s->bg = bg_create(s, (unsigned)s->cfg.bg_threads);
     a.base = event_base_new();
-    if (!s->tenants || !s->bg || !a.base || tenants_preload(s->tenants) < 0 || maint_start(s) < 0)
+    s->tenancy = tenancy_create(s);
+    if (!s->tenants || !s->bg || !s->tenancy || !a.base || tenants_preload(s->tenants) < 0 ||
+        maint_start(s) < 0 || tenancy_start(s->tenancy) < 0)
         goto out;
 
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -385,6 +394,7 @@ out:
     if (a.base)
         event_base_free(a.base);
     tenants_destroy(s->tenants);
+    tenancy_destroy(s->tenancy);
     metrics_fini();
     sql_fini();
     embedder_fini();

@@ -14,7 +14,14 @@
 /* Sorted by name (strcmp order); methods_check verifies it and fills in the parameter
  * counts (their sizes live in the handlers' files). */
 static method_def table[] = {
+    M("admin.key.create", admin_key_create, M_ADMIN),
+    M("admin.key.list", admin_key_list, M_ADMIN),
+    M("admin.key.revoke", admin_key_revoke, M_ADMIN),
     M("admin.tenant.create", admin_tenant_create, M_ADMIN),
+    M("admin.tenant.delete", admin_tenant_delete, M_ADMIN),
+    M("admin.tenant.get", admin_tenant_get, M_ADMIN),
+    M("admin.tenant.list", admin_tenant_list, M_ADMIN),
+    M("admin.tenant.update", admin_tenant_update, M_ADMIN),
     M("auth", auth, M_PUBLIC),
     M("memory.archive", memory_archive, M_TENANT | M_WRITE),
     M("memory.context", memory_context, M_TENANT | M_QUERY),
@@ -50,6 +57,7 @@ static method_def table[] = {
     M("session.summarize", session_summarize, M_TENANT | M_WRITE),
     M("session.task.complete", session_task_complete, M_TENANT | M_WRITE),
     M("session.tombstone", session_tombstone, M_TENANT | M_WRITE),
+    M("tenant.usage", tenant_usage, M_TENANT),
 };
 
 const method_def *const methods_table = table;

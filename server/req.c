@@ -9,6 +9,8 @@
 #include "log.h"
 #include "methods.h"
 #include "metrics.h"
+#include "sql.h"
+#include "tenancy.h"
 
 #define ARENA_FIRST 4096
 
@@ -42,6 +44,7 @@ struct req {
     msgpack_sbuffer out;
     msgpack_packer pk;
     void *state;
+    void (*admitted)(req *r); /* where req_admit_query continues */
     arena_chunk *chunks;
     cleanup *cleanups;
 };
@@ -286,6 +289,54 @@ void req_submit(req *r, int64_t rls_tenant, const db_query *qs, int nq,
     }
 }
 
+static void on_admit(req *r, const db_result *res)
+{
+    if (res->status != DB_OK) {
+        req_fail_db(r, res);
+        return;
+    }
+    const PGresult *pr = res->res[1];
+    if (PQntuples(pr) != 1) {
+        req_fail(r, RPC_INTERNAL, "query admission returned nothing");
+        return;
+    }
+    if (PQgetvalue(pr, 0, 0)[0] == 't') {
+        r->admitted(r);
+        return;
+    }
+    long long used = atoll(PQgetvalue(pr, 0, 1)), lim = atoll(PQgetvalue(pr, 0, 2));
+    long long resets = atoll(PQgetvalue(pr, 0, 3));
+    rpc_detail d[3] = {{"limit", RPC_D_INT, {.i = lim}},
+                       {"usage", RPC_D_INT, {.i = used}},
+                       {"resets_at", RPC_D_INT, {.i = resets}}};
+    req_fail_details(r, RPC_QUOTA_EXCEEDED, d, 3,
+                     "daily query limit of the %s tier reached (%lld of %lld); it resets at "
+                     "00:00 UTC",
+                     tier_name(r->auth.tier), used, lim);
+}
+
+void req_admit_query(req *r, void (*next)(req *r))
+{
+    const tier_limits *tl = &r->srv->tiers[r->auth.tier];
+    if (tl->queries_per_day <= 0) {
+        tenancy_count_query(r->srv->tenancy, r->auth.tenant_id);
+        next(r);
+        return;
+    }
+    r->admitted = next;
+    char *tid = req_alloc(r, 24);
+    if (!tid) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    snprintf(tid, 24, "%lld", (long long)r->auth.tenant_id);
+    const char *vals[] = {tid, r->srv->query_limits};
+    /* the counter's commit need not wait for the disk: see docs (quotas) */
+    db_query q[2] = {{.stmt = sql_name(SQL_SYNC_OFF)},
+                     {.stmt = sql_name(SQL_QUERY_ADMIT), .nparams = 2, .values = vals}};
+    req_submit(r, r->auth.tenant_id, q, 2, on_admit);
+}
+
 int req_dispatch(conn *c, const uint8_t *msg, size_t len)
 {
     req *r = calloc(1, sizeof(*r));
@@ -348,6 +399,25 @@ int req_dispatch(conn *c, const uint8_t *msg, size_t len)
         req_fail(r, RPC_PERMISSION_DENIED,
                  "%s needs a tenant connection; the admin key has no tenant", m->name);
         return 0;
+    }
+    if (!(m->flags & M_PUBLIC) && r->auth.authenticated && !r->auth.admin) {
+        tenancy *tn = r->srv->tenancy;
+        /* a key revoked (or a tenant deleted) after this connection authenticated */
+        if (!tenancy_key_ok(tn, r->auth.key_id, r->auth.tenant_id)) {
+            conn_auth none = {0};
+            req_set_auth(r, &none);
+            req_fail(r, RPC_UNAUTHENTICATED, "the API key was revoked or its tenant deleted");
+            return 0;
+        }
+        r->auth.tier = tenancy_tier(tn, r->auth.tenant_id, r->auth.tier);
+        uint64_t retry_ms = 0;
+        if (!tenancy_rate_take(tn, r->auth.tenant_id, r->auth.tier, &retry_ms)) {
+            rpc_detail d[1] = {{"retry_after_ms", RPC_D_UINT, {.u = retry_ms}}};
+            req_fail_details(r, RPC_RATE_LIMITED, d, 1,
+                             "request rate of the %s tier exceeded; retry in %llu ms",
+                             tier_name(r->auth.tier), (unsigned long long)retry_ms);
+            return 0;
+        }
     }
     if (rpc_bind_params(rq.params, m->params, m->nparams, r->args, err, sizeof(err)) != 0) {
         req_fail(r, RPC_INVALID_ARGUMENT, "%s", err);

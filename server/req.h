@@ -76,6 +76,12 @@ void req_fail_details(req *r, rpc_code code, const rpc_detail *d, size_t nd, con
  * internal (logged, not shown to the client). */
 void req_fail_db(req *r, const db_result *res);
 
+/* req_admit_query admits one query (a method flagged M_QUERY) against the daily limit of
+ * the tenant's tier, then continues with next(r); over the limit it fails the request with
+ * quota_exceeded (limit, usage, resets_at). Tiers without a limit are counted in batches
+ * and go straight on. Call after validating the arguments, so bad calls cost nothing. */
+void req_admit_query(req *r, void (*next)(req *r));
+
 /* req_submit runs a database job for the request; cb(r, res) runs later on this thread.
  * When the job cannot even be queued the request fails with unavailable and cb never
  * runs. rls_tenant: the tenant for row-level security, or -1. */

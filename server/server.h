@@ -18,16 +18,20 @@
 struct worker;
 struct tenants;
 struct bg;
+struct tenancy;
 
 typedef struct server {
     config cfg;
     rpc_limits limits;
     score_params score;
     tier_limits tiers[TIER_COUNT];
+    char memory_limits[80]; /* "{free,standard,premium}" bigint[] literals, 0: unlimited */
+    char query_limits[80];
     unsigned nworkers;
     struct worker **workers;
     struct tenants *tenants;
     struct bg *bg;
+    struct tenancy *tenancy;
     uint8_t secret[32]; /* keys the API-key hashes */
     bool have_admin;
     uint8_t admin_hash[32]; /* keyed hash of the admin key */

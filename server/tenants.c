@@ -549,8 +549,8 @@ static void preload_job(bg_ctx *ctx, void *arg)
     while (!bg_cancelled(ctx)) {
         char err[256];
         PGconn *pg = bg_conn(ctx, err, sizeof(err));
-        PGresult *r = pg ? db_exec_blocking(pg, "SELECT id, embed_dim FROM tenants ORDER BY id", 0,
-                                            NULL, err, sizeof(err))
+        PGresult *r = pg ? db_exec_blocking(pg, "SELECT * FROM engram_tenant_dims()", 0, NULL, err,
+                                            sizeof(err))
                          : NULL;
         if (!r) {
             log_warn("index preload: %s; retrying", err);

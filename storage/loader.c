@@ -165,6 +165,17 @@ static int in_snapshot(PGconn *c, int64_t tenant, uint64_t *seq, const char *sql
     if (!r)
         return -1;
     PQclear(r);
+    /* row-level security: the connection sees this tenant's rows only */
+    char t[24];
+    snprintf(t, sizeof(t), "%lld", (long long)tenant);
+    const char *tv[] = {t};
+    r = db_exec_blocking(c, "SELECT set_config('engram.tenant_id', $1, true)", 1, tv, err, errlen);
+    if (!r) {
+        char e2[64];
+        PQclear(db_exec_blocking(c, "ROLLBACK", 0, NULL, e2, sizeof(e2)));
+        return -1;
+    }
+    PQclear(r);
     int rc = read_seq(c, tenant, seq, err, errlen);
     if (rc == 0)
         rc = stream(c, sql, nparams, vals, each, lc, err, errlen);

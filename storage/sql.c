@@ -47,17 +47,15 @@
 
 const db_stmt_def sql_stmts[SQL__COUNT] = {
     [SQL_PING] = {"ping", "SELECT 1", 0},
-    [SQL_AUTH_LOOKUP] = {"auth_lookup",
-                         "SELECT k.id, k.tenant_id, k.key_hash, t.tier, t.name, t.embed_dim, "
-                         "t.embed_provider FROM api_keys k JOIN tenants t ON t.id = k.tenant_id "
-                         "WHERE k.key_id = $1 AND k.revoked_at IS NULL",
-                         1},
-    [SQL_MEMORY_STORE_BATCH] = {"memory_store_batch",
-                                "SELECT * FROM engram_memory_store_batch($1, $2, $3, $4, $5, "
-                                "$6::bigint[], $7::bigint[], $8::text[], $9::text[], $10::text[], "
-                                "$11::float8[], $12::text[], $13, $14::bigint[], $15::bigint[], "
-                                "$16::bigint[], $17::bigint[], $18::bigint[], $19::boolean[])",
-                                19},
+    [SQL_AUTH_LOOKUP] = {"auth_lookup", "SELECT * FROM engram_auth_lookup($1)", 1},
+
+    [SQL_MEMORY_STORE_BATCH] =
+        {"memory_store_batch",
+         "SELECT * FROM engram_memory_store_batch($1, $2::bigint[], $3, $4, $5, "
+         "$6::bigint[], $7::bigint[], $8::text[], $9::text[], $10::text[], "
+         "$11::float8[], $12::text[], $13, $14::bigint[], $15::bigint[], "
+         "$16::bigint[], $17::bigint[], $18::bigint[], $19::boolean[])",
+         19},
     [SQL_MEMORY_GET] = {"memory_get",
                         "SELECT " SQL_MEMROW_COLS " FROM memories m WHERE m.tenant_id = $1 AND "
                         "m.id = ANY ($2::bigint[]) AND (m.expires_at IS NULL OR m.expires_at > "
@@ -107,11 +105,29 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
                           "(m.expires_at IS NULL OR m.expires_at > now()) GROUP BY 1, 2",
                           1},
     [SQL_TENANT_CREATE] = {"tenant_create",
-                           "WITH t AS (INSERT INTO tenants (name, tier, embed_provider, "
-                           "embed_model, embed_dim) VALUES ($1, $2, $3, $4, $5) RETURNING id) "
-                           "INSERT INTO api_keys (tenant_id, name, key_id, key_hash) SELECT t.id, "
-                           "$6, $7, decode($8, 'hex') FROM t RETURNING tenant_id, id",
+                           "SELECT * FROM engram_admin_tenant_create($1, $2, $3, $4, $5, $6, $7, "
+                           "decode($8, 'hex'))",
                            8},
+    [SQL_KEY_TOUCH] = {"key_touch", "SELECT engram_key_touch($1)", 1},
+    [SQL_QUERY_ADMIT] = {"query_admit", "SELECT * FROM engram_query_admit($1, $2::bigint[])", 2},
+    [SQL_SYNC_OFF] = {"sync_off", "SELECT set_config('synchronous_commit', 'off', true)", 0},
+    [SQL_TENANT_USAGE] = {"tenant_usage", "SELECT * FROM engram_tenant_usage($1)", 1},
+    [SQL_ADMIN_TENANT_GET] = {"admin_tenant_get", "SELECT engram_admin_tenant_get($1, $2)::text",
+                              2},
+    [SQL_ADMIN_TENANT_LIST] = {"admin_tenant_list", "SELECT engram_admin_tenant_list($1, $2)::text",
+                               2},
+    [SQL_ADMIN_TENANT_UPDATE] = {"admin_tenant_update",
+                                 "SELECT j::text, (j ->> 'tenant_id')::bigint FROM "
+                                 "engram_admin_tenant_update($1, $2, $3, $4) j",
+                                 4},
+    [SQL_ADMIN_TENANT_DELETE] = {"admin_tenant_delete", "SELECT engram_admin_tenant_delete($1, $2)",
+                                 2},
+    [SQL_ADMIN_KEY_CREATE] = {"admin_key_create",
+                              "SELECT * FROM engram_admin_key_create($1, $2, $3, $4, decode($5, "
+                              "'hex'))",
+                              5},
+    [SQL_ADMIN_KEY_LIST] = {"admin_key_list", "SELECT engram_admin_key_list($1, $2)::text", 2},
+    [SQL_ADMIN_KEY_REVOKE] = {"admin_key_revoke", "SELECT engram_admin_key_revoke($1)", 1},
 };
 
 const char *sql_name(sql_stmt s)

@@ -1,0 +1,143 @@
+"""Two engramd processes sharing one PostgreSQL: quotas stay exact, writes made through one
+are found through the other, administrative changes reach both."""
+import concurrent.futures
+import time
+
+import pytest
+
+from harness import RpcError, Server, new_database, psql, structured_vectors, vec_bin
+
+LIMITS = ["--free-max-memories", "40", "--free-queries-per-day", "25",
+          "--free-rate-per-s", "1000", "--free-rate-burst", "1000"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    dsn = new_database("pair")
+    a = Server(dsn, extra=LIMITS).start()
+    # the second process shares the database, the secret and the admin key
+    b = Server(dsn, extra=LIMITS + ["--secret-file", a.data_dir + "/secret.key",
+                                    "--admin-key-file", a.admin_key_file])
+    b.admin_key_file = a.admin_key_file
+    b.start()
+    yield a, b, dsn
+    try:
+        a.stop()
+        b.stop()
+    finally:
+        a.cleanup()
+        b.cleanup()
+
+
+def test_memory_limit_exact_across_processes(pair):
+    a, b, dsn = pair
+    tid, key = a.create_tenant(tier="free")
+    with a.client(key=key) as c:
+        c.call("memory.store_batch", memories=[{"content": f"m{i}", "type": "fact", "importance": 0.1}
+                                              for i in range(30)])
+
+    def one(i):
+        srv = a if i % 2 else b
+        with srv.client(key=key) as w:
+            try:
+                w.call("memory.store", content=f"w{i}", type="fact", importance=0.1)
+                return "ok"
+            except RpcError as e:
+                return e.code
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=64) as ex:
+        results = list(ex.map(one, range(200)))
+    assert results.count("ok") == 10, results
+    assert psql(dsn, f"SELECT count(*) FROM memories WHERE tenant_id = {tid}") == "40"
+
+
+def test_daily_query_limit_exact_across_processes(pair):
+    a, b, _ = pair
+    _, key = a.create_tenant(tier="free")
+    with a.client(key=key) as c:
+        c.call("memory.store", content="shared", type="fact", importance=0.5)
+
+    def one(i):
+        srv = a if i % 2 else b
+        with srv.client(key=key) as w:
+            try:
+                w.call("memory.search", query="shared")
+                return "ok"
+            except RpcError as e:
+                return e.code
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=32) as ex:
+        results = list(ex.map(one, range(100)))
+    assert results.count("ok") == 25
+    assert set(results) == {"ok", "quota_exceeded"}
+
+
+def test_writes_through_one_are_found_through_the_other(pair):
+    a, b, _ = pair
+    _, key = a.create_tenant(tier="premium")
+    vecs = structured_vectors(60, 384, seed=123)
+    with a.client(key=key) as ca, b.client(key=key) as cb:
+        # both indexes are loaded before the writes, so B must follow A's change log
+        ca.call("memory.search", query="warm up")
+        cb.call("memory.search", query="warm up")
+        ids = ca.call("memory.store_batch", memories=[{"content": f"x{i}", "type": "fact", "importance": 0.5,
+                                                       "embedding": vec_bin(v)} for i, v in enumerate(vecs)])["ids"]
+        deadline = time.time() + 10
+        while True:
+            res = cb.call("memory.search", embedding=vec_bin(vecs[17]), top_k=1, similarity_weight=1.0)["results"]
+            if res and res[0]["id"] == ids[17]:
+                break
+            assert time.time() < deadline, "B never saw A's write"
+            time.sleep(0.05)
+        cb.call("memory.delete", ids=[ids[17]])
+        deadline = time.time() + 10
+        while True:
+            res = ca.call("memory.search", embedding=vec_bin(vecs[17]), top_k=1, similarity_weight=1.0)["results"]
+            if res and res[0]["id"] != ids[17]:
+                break
+            assert time.time() < deadline, "A still finds a memory deleted through B"
+            time.sleep(0.05)
+        cb.call("memory.update", id=ids[3], metadata={"tokens": ["MOVED"]})
+        deadline = time.time() + 10
+        while [r["id"] for r in ca.call("memory.search", embedding=vec_bin(vecs[3]), tokens=["MOVED"])["results"]] != [ids[3]]:
+            assert time.time() < deadline, "A never saw B's update"
+            time.sleep(0.05)
+
+
+def test_admin_changes_reach_the_other_process(pair):
+    a, b, _ = pair
+    tid, key = a.create_tenant(tier="premium")
+    with b.admin() as adm:
+        k2 = adm.call("admin.key.create", tenant_id=tid, name="second")
+    cb = b.client(key=key)
+    cb2 = b.client(key=k2["api_key"])
+    try:
+        cb.call("memory.store", content="x", type="fact", importance=0.1)
+        with a.admin() as adm:
+            adm.call("admin.key.revoke", key_id=k2["key_id"])
+            adm.call("admin.tenant.update", tenant_id=tid, tier="free")
+        deadline = time.time() + 10
+        while True:
+            e, _ = cb2.wait(cb2.send("memory.stats", {}))
+            if e is not None:
+                assert e["code"] == "unauthenticated"
+                break
+            assert time.time() < deadline, "the revocation never reached the other process"
+            time.sleep(0.05)
+        deadline = time.time() + 10
+        while cb.call("tenant.usage")["tier"] != "free":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        with a.admin() as adm:
+            adm.call("admin.tenant.delete", tenant_id=tid)
+        deadline = time.time() + 10
+        while True:
+            e, _ = cb.wait(cb.send("memory.stats", {}))
+            if e is not None:
+                assert e["code"] == "unauthenticated"
+                break
+            assert time.time() < deadline, "the deletion never reached the other process"
+            time.sleep(0.05)
+    finally:
+        cb.close()
+        cb2.close()

@@ -129,3 +129,31 @@ def test_import_can_reembed_into_another_dimension(server):
     with server.client(key=kb) as b:
         res = b.call("memory.search", query="oracle crash", top_k=1)["results"]
         assert res[0]["content"] == "the oracle lagged during the crash"
+
+
+def test_admin_commands(server):
+    adm = server.admin_key()
+    made = json.loads(cli(server, "--json", "admin", "tenant", "create", "cli-admin", "--tier", "free",
+                          key=adm).stdout)
+    tid = made["tenant_id"]
+    r = cli(server, "admin", "tenant", "list", "--limit", "1000", key=adm)
+    assert "cli-admin" in r.stdout and "free" in r.stdout
+    got = json.loads(cli(server, "--json", "admin", "tenant", "get", "cli-admin", key=adm).stdout)
+    assert got["tenant_id"] == tid and got["tier"] == "free"
+    up = json.loads(cli(server, "--json", "admin", "tenant", "update", str(tid), "--tier", "standard",
+                        "--name", "cli-admin-2", key=adm).stdout)
+    assert up["tier"] == "standard" and up["name"] == "cli-admin-2"
+    k2 = json.loads(cli(server, "--json", "admin", "key", "create", "cli-admin-2", "robot", key=adm).stdout)
+    assert k2["api_key"].startswith("egk_")
+    r = cli(server, "admin", "key", "create", "cli-admin-2", "robot2", key=adm)
+    assert "shown only once" in r.stdout
+    keys = json.loads(cli(server, "--json", "admin", "key", "list", str(tid), key=adm).stdout)["keys"]
+    assert [k["name"] for k in keys] == ["default", "robot", "robot2"]
+    usage = json.loads(cli(server, "--json", "usage", key=k2["api_key"]).stdout)
+    assert usage["tier"] == "standard" and usage["memories"]["stored"] == 0
+    cli(server, "admin", "key", "revoke", str(k2["key_id"]), key=adm)
+    r = cli(server, "usage", key=k2["api_key"], check=False)
+    assert r.returncode == 1 and "unauthenticated" in r.stderr
+    cli(server, "admin", "tenant", "delete", "cli-admin-2", key=adm)
+    r = cli(server, "admin", "tenant", "get", str(tid), key=adm, check=False)
+    assert r.returncode == 1 and "not_found" in r.stderr

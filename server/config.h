@@ -37,6 +37,14 @@ typedef struct config {
     int db_backoff_max_ms;
     int bg_threads;
     int maintenance_interval_s;
+    int consolidate_check_interval_s;
+    double consolidate_dedupe_threshold;
+    double consolidate_supersede_threshold;
+    double consolidate_prune_threshold;
+    double consolidate_prune_grace_days;
+    int consolidate_threads;
+    int consolidate_exact_max;
+    int consolidate_nprobe;
     /* files */
     char *data_dir;
     char *admin_key_file;

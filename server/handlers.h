@@ -60,6 +60,10 @@ HANDLER(session_summarize);
 HANDLER(session_task_complete);
 HANDLER(session_tombstone);
 
+/* m_consolidate.c */
+HANDLER(memory_consolidate);
+HANDLER(memory_consolidation_runs);
+
 /* m_admin.c */
 HANDLER(admin_tenant_create);
 HANDLER(admin_tenant_get);

@@ -19,6 +19,7 @@
 
 #include "auth.h"
 #include "bg.h"
+#include "consolidate.h"
 #include "db.h"
 #include "embedder.h"
 #include "handlers.h"
@@ -319,7 +320,7 @@ int main(int argc, char **argv)
     a.base = event_base_new();
     s->tenancy = tenancy_create(s);
     if (!s->tenants || !s->bg || !s->tenancy || !a.base || tenants_preload(s->tenants) < 0 ||
-        maint_start(s) < 0 || tenancy_start(s->tenancy) < 0)
+        maint_start(s) < 0 || tenancy_start(s->tenancy) < 0 || consolidate_start(s) < 0)
         goto out;
 
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);

@@ -24,6 +24,8 @@ static method_def table[] = {
     M("admin.tenant.update", admin_tenant_update, M_ADMIN),
     M("auth", auth, M_PUBLIC),
     M("memory.archive", memory_archive, M_TENANT | M_WRITE),
+    M("memory.consolidate", memory_consolidate, M_TENANT | M_WRITE),
+    M("memory.consolidation.runs", memory_consolidation_runs, M_TENANT),
     M("memory.context", memory_context, M_TENANT | M_QUERY),
     M("memory.delete", memory_delete, M_TENANT | M_WRITE),
     M("memory.get", memory_get, M_TENANT),

@@ -204,6 +204,40 @@ int loader_tenant(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
     return rc;
 }
 
+static int each_live(const PGresult *r, void *arg)
+{
+    load_ctx *lc = arg;
+    loader_row row;
+    if (parse_row(r, 0, lc->dim, lc->vec, &row) < 0) {
+        snprintf(lc->err, lc->errlen, "memory %lld has a malformed row or embedding",
+                 (long long)col_i64(r, 0, 0));
+        return -1;
+    }
+    row.attrs_key = PQgetisnull(r, 0, LOADER_NCOLS) ? NULL : PQgetvalue(r, 0, LOADER_NCOLS);
+    return lc->fn(&row, lc->ctx);
+}
+
+int loader_live(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
+                int (*fn)(const loader_row *row, void *ctx), void *ctx, char *err, size_t errlen)
+{
+    load_ctx lc = {.dim = dim, .fn = fn, .ctx = ctx, .err = err, .errlen = errlen};
+    lc.vec = malloc(dim * sizeof(float));
+    if (!lc.vec) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    char t[24];
+    snprintf(t, sizeof(t), "%lld", (long long)tenant);
+    const char *vals[] = {t};
+    int rc = in_snapshot(c, tenant, seq,
+                         "SELECT " LOADER_COLS ", m.metadata -> 'attrs' ->> 'key' FROM memories m "
+                         "WHERE m.tenant_id = $1 AND m.archived_at IS NULL AND (m.expires_at IS "
+                         "NULL OR m.expires_at > now()) ORDER BY m.id",
+                         1, vals, each_live, &lc, err, errlen);
+    free(lc.vec);
+    return rc;
+}
+
 int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64_t *upto,
                    int (*fn)(uint64_t seq, uint64_t id, const loader_row *row, void *ctx),
                    void *ctx, char *err, size_t errlen)

@@ -30,7 +30,8 @@ typedef struct loader_row {
     bool pinned;
     const char *tags; /* the typed metadata as tags joined by U+001F (see engram_tags) */
     size_t tags_len;
-    const float *vec; /* dim floats, valid during the callback only */
+    const char *attrs_key; /* metadata.attrs.key as text, or NULL (loader_live only) */
+    const float *vec;      /* dim floats, valid during the callback only */
     size_t dim;
 } loader_row;
 
@@ -49,5 +50,11 @@ int loader_tenant(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
 int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64_t *upto,
                    int (*fn)(uint64_t seq, uint64_t id, const loader_row *row, void *ctx),
                    void *ctx, char *err, size_t errlen);
+
+/* loader_live streams the tenant's live memories (not archived, not expired) in id order,
+ * with attrs_key set, from one snapshot, for consolidation. Same returns as
+ * loader_tenant. */
+int loader_live(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
+                int (*fn)(const loader_row *row, void *ctx), void *ctx, char *err, size_t errlen);
 
 #endif

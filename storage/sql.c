@@ -128,6 +128,13 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
                               5},
     [SQL_ADMIN_KEY_LIST] = {"admin_key_list", "SELECT engram_admin_key_list($1, $2)::text", 2},
     [SQL_ADMIN_KEY_REVOKE] = {"admin_key_revoke", "SELECT engram_admin_key_revoke($1)", 1},
+    [SQL_CONSOLIDATION_RUNS] = {"consolidation_runs",
+                                "SELECT r.id, r.trigger, r.status, engram_ms(r.started_at), "
+                                "engram_ms(r.finished_at), r.merged, r.superseded, r.rescored, "
+                                "r.archived, r.skipped, r.error, r.settings::text FROM "
+                                "consolidation_runs r WHERE r.tenant_id = $1 AND ($3::bigint IS "
+                                "NULL OR r.id < $3) ORDER BY r.id DESC LIMIT $2::int",
+                                3},
 };
 
 const char *sql_name(sql_stmt s)

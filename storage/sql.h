@@ -37,6 +37,7 @@ typedef enum sql_stmt {
     SQL_ADMIN_KEY_CREATE,    /* (id, name, key name, key id, key hash hex) -> tenant, key row, ms */
     SQL_ADMIN_KEY_LIST,      /* (id, name) -> json array */
     SQL_ADMIN_KEY_REVOKE,    /* (key row) -> tenant id */
+    SQL_CONSOLIDATION_RUNS,  /* (tenant, limit, before id) -> run rows, newest first */
     SQL__COUNT
 } sql_stmt;
 

@@ -1,0 +1,247 @@
+-- 0005_consolidation: scheduled consolidation of each tenant's memories.
+--
+-- A run reads the tenant's live memories, plans (in the server, with BLAS) which memories
+-- merge, which supersede which, every composite importance, and which are pruned, then
+-- applies the whole plan in ONE transaction (engram_consolidate_apply): a process that dies
+-- mid-run leaves nothing half-applied. Every decision is guarded by the memory's change
+-- number as the plan saw it: a memory changed by a concurrent write is left alone, so a run
+-- racing with live traffic loses none of it. Each change gets a change number and a version
+-- row like any other write, so indexes and memory.history follow.
+
+ALTER TABLE memories
+    ADD COLUMN composite     double precision,   -- stored by writes and consolidation re-ranks
+    ADD COLUMN composite_at  timestamptz;
+
+CREATE TABLE consolidation_runs (
+    tenant_id    bigint NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
+    id           bigserial,
+    trigger      text NOT NULL CHECK (trigger IN ('schedule', 'on_demand')),
+    status       text NOT NULL CHECK (status IN ('completed', 'failed')),
+    started_at   timestamptz NOT NULL,
+    finished_at  timestamptz NOT NULL,
+    merged       integer NOT NULL DEFAULT 0,   -- memories merged into a survivor
+    superseded   integer NOT NULL DEFAULT 0,
+    rescored     integer NOT NULL DEFAULT 0,
+    archived     integer NOT NULL DEFAULT 0,   -- pruned (archived for low importance)
+    skipped      integer NOT NULL DEFAULT 0,   -- decisions dropped: the memory changed meanwhile
+    error        text,
+    settings     jsonb NOT NULL DEFAULT '{}',
+    PRIMARY KEY (tenant_id, id)
+);
+CREATE INDEX consolidation_runs_recent ON consolidation_runs (tenant_id, finished_at DESC);
+
+ALTER TABLE consolidation_runs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_rows ON consolidation_runs USING (tenant_id = engram_current_tenant());
+GRANT SELECT, INSERT, UPDATE, DELETE ON consolidation_runs TO engram_app;
+GRANT USAGE, SELECT, UPDATE ON SEQUENCE consolidation_runs_id_seq TO engram_app;
+
+-- The union of two metadata documents: typed lists merged without duplicates (in order of
+-- first appearance), strategy_id and attrs keys from a unless absent there.
+CREATE FUNCTION engram_metadata_union(a jsonb, b jsonb) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_strip_nulls(jsonb_build_object(
+        'tokens', (SELECT jsonb_agg(x ORDER BY o) FROM (
+            SELECT DISTINCT ON (x) x, o FROM (
+                SELECT x, o FROM jsonb_array_elements(COALESCE(a -> 'tokens', '[]')) WITH ORDINALITY AS e (x, o)
+                UNION ALL
+                SELECT x, o + 100000 FROM jsonb_array_elements(COALESCE(b -> 'tokens', '[]')) WITH ORDINALITY AS f (x, o)) u
+            ORDER BY x, o) d),
+        'chains', (SELECT jsonb_agg(x ORDER BY o) FROM (
+            SELECT DISTINCT ON (x) x, o FROM (
+                SELECT x, o FROM jsonb_array_elements(COALESCE(a -> 'chains', '[]')) WITH ORDINALITY AS e (x, o)
+                UNION ALL
+                SELECT x, o + 100000 FROM jsonb_array_elements(COALESCE(b -> 'chains', '[]')) WITH ORDINALITY AS f (x, o)) u
+            ORDER BY x, o) d),
+        'protocols', (SELECT jsonb_agg(x ORDER BY o) FROM (
+            SELECT DISTINCT ON (x) x, o FROM (
+                SELECT x, o FROM jsonb_array_elements(COALESCE(a -> 'protocols', '[]')) WITH ORDINALITY AS e (x, o)
+                UNION ALL
+                SELECT x, o + 100000 FROM jsonb_array_elements(COALESCE(b -> 'protocols', '[]')) WITH ORDINALITY AS f (x, o)) u
+            ORDER BY x, o) d),
+        'strategy_id', COALESCE(a -> 'strategy_id', b -> 'strategy_id'),
+        'attrs', CASE WHEN a ? 'attrs' OR b ? 'attrs'
+                      THEN COALESCE(b -> 'attrs', '{}') || COALESCE(a -> 'attrs', '{}') END))
+$$;
+
+-- engram_consolidate_apply: applies a run's plan atomically. Arrays, parallel within each
+-- group:
+--   merges:      p_survivor[k] absorbs p_members[k] (a bigint[] as text per cluster);
+--                p_survivor_seq / p_members_seq guard them (the seq each had in the plan)
+--   supersessions: p_old[k] is superseded by p_new[k] (guards p_old_seq, p_new_seq)
+--   prunes:      p_prune[k] archived for low composite (guard p_prune_seq, value p_prune_c)
+-- then every live memory's composite is stored as of p_as_of_ms with weights p_w.
+-- Returns the run's counts; the run row is written in the same transaction.
+CREATE FUNCTION engram_consolidate_apply(
+        p_tenant bigint, p_trigger text, p_started_ms bigint, p_as_of_ms bigint,
+        p_w double precision[], p_settings jsonb,
+        p_survivor bigint[], p_survivor_seq bigint[], p_members text[], p_members_seq text[],
+        p_old bigint[], p_old_seq bigint[], p_new bigint[], p_new_seq bigint[],
+        p_prune bigint[], p_prune_seq bigint[], p_prune_c double precision[])
+    RETURNS TABLE (run_id bigint, merged integer, superseded integer, rescored integer,
+                   archived integer, skipped integer)
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_merged integer := 0;
+    v_superseded integer := 0;
+    v_rescored integer := 0;
+    v_archived integer := 0;
+    v_skipped integer := 0;
+    v_seq bigint;
+    v_last bigint := NULL;
+    s memories;
+    m memories;
+    k integer;
+    v_members bigint[];
+    v_mseq bigint[];
+    v_ok boolean;
+    v_now timestamptz := date_trunc('milliseconds', now());
+BEGIN
+    PERFORM engram_next_seq(p_tenant, 0);  -- the tenant row's lock: writes wait for the commit
+    -- merges
+    FOR k IN 1 .. COALESCE(cardinality(p_survivor), 0) LOOP
+        v_members := p_members[k]::bigint[];
+        v_mseq := p_members_seq[k]::bigint[];
+        SELECT * INTO s FROM memories WHERE tenant_id = p_tenant AND id = p_survivor[k]
+            AND seq = p_survivor_seq[k] AND archived_at IS NULL FOR UPDATE;
+        v_ok := FOUND;
+        IF v_ok THEN
+            -- every member must be as the plan saw it
+            SELECT count(*) = cardinality(v_members) INTO v_ok FROM memories x
+            JOIN unnest(v_members, v_mseq) AS u (id, seq) ON u.id = x.id AND u.seq = x.seq
+            WHERE x.tenant_id = p_tenant AND x.archived_at IS NULL;
+        END IF;
+        IF NOT v_ok THEN
+            v_skipped := v_skipped + 1;
+            CONTINUE;
+        END IF;
+        PERFORM engram_keep_version(s, 'merge', jsonb_build_object('merged', to_jsonb(v_members)));
+        v_seq := engram_next_seq(p_tenant, 1);
+        UPDATE memories x SET
+            importance = greatest(x.importance, (SELECT max(y.importance) FROM memories y
+                                                 WHERE y.tenant_id = p_tenant AND y.id = ANY (v_members))),
+            access_count = x.access_count + (SELECT COALESCE(sum(y.access_count), 0) FROM memories y
+                                             WHERE y.tenant_id = p_tenant AND y.id = ANY (v_members)),
+            metadata = (SELECT engram_metadata_union_all(x.metadata, array_agg(y.metadata ORDER BY y.id))
+                        FROM memories y WHERE y.tenant_id = p_tenant AND y.id = ANY (v_members)),
+            updated_at = v_now, version = x.version + 1, seq = v_seq
+        WHERE x.tenant_id = p_tenant AND x.id = s.id;
+        INSERT INTO memory_changes VALUES (p_tenant, v_seq, s.id, 'u');
+        FOR m IN SELECT * FROM memories WHERE tenant_id = p_tenant AND id = ANY (v_members)
+                 ORDER BY id FOR UPDATE LOOP
+            PERFORM engram_keep_version(m, 'archive',
+                                        jsonb_build_object('reason', 'merged', 'into', s.id));
+            v_seq := engram_next_seq(p_tenant, 1);
+            UPDATE memories SET archived_at = v_now, archived_reason = 'merged', merged_into = s.id,
+                                updated_at = v_now, version = version + 1, seq = v_seq
+            WHERE tenant_id = p_tenant AND id = m.id;
+            INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
+            v_merged := v_merged + 1;
+        END LOOP;
+        v_last := v_seq;
+    END LOOP;
+    -- supersessions
+    FOR k IN 1 .. COALESCE(cardinality(p_old), 0) LOOP
+        SELECT * INTO m FROM memories WHERE tenant_id = p_tenant AND id = p_old[k]
+            AND seq = p_old_seq[k] AND archived_at IS NULL FOR UPDATE;
+        v_ok := FOUND AND EXISTS (SELECT 1 FROM memories y WHERE y.tenant_id = p_tenant
+                                  AND y.id = p_new[k] AND y.archived_at IS NULL
+                                  AND (y.seq = p_new_seq[k] OR y.id = ANY (p_survivor)));
+        IF NOT v_ok THEN
+            v_skipped := v_skipped + 1;
+            CONTINUE;
+        END IF;
+        PERFORM engram_keep_version(m, 'supersede', jsonb_build_object('superseded_by', p_new[k]));
+        v_seq := engram_next_seq(p_tenant, 1);
+        UPDATE memories SET archived_at = v_now, archived_reason = 'superseded',
+                            superseded_by = p_new[k], updated_at = v_now,
+                            version = version + 1, seq = v_seq
+        WHERE tenant_id = p_tenant AND id = m.id;
+        INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
+        v_superseded := v_superseded + 1;
+        v_last := v_seq;
+    END LOOP;
+    -- prunes
+    FOR k IN 1 .. COALESCE(cardinality(p_prune), 0) LOOP
+        SELECT * INTO m FROM memories WHERE tenant_id = p_tenant AND id = p_prune[k]
+            AND seq = p_prune_seq[k] AND archived_at IS NULL AND NOT pinned
+            AND type <> 'constraint' FOR UPDATE;
+        IF NOT FOUND THEN
+            v_skipped := v_skipped + 1;
+            CONTINUE;
+        END IF;
+        PERFORM engram_keep_version(m, 'archive', jsonb_build_object(
+            'reason', 'pruned', 'composite', p_prune_c[k]));
+        v_seq := engram_next_seq(p_tenant, 1);
+        UPDATE memories SET archived_at = v_now, archived_reason = 'pruned', updated_at = v_now,
+                            version = version + 1, seq = v_seq
+        WHERE tenant_id = p_tenant AND id = m.id;
+        INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
+        v_archived := v_archived + 1;
+        v_last := v_seq;
+    END LOOP;
+    -- re-rank: every live memory's composite, stored (not a change to index structure)
+    UPDATE memories x SET
+        composite = engram_composite(x.created_at, x.access_count, x.importance,
+                                     engram_ts(p_as_of_ms), p_w[1], p_w[2], p_w[3], p_w[4], p_w[5]),
+        composite_at = engram_ts(p_as_of_ms)
+    WHERE x.tenant_id = p_tenant AND x.archived_at IS NULL
+      AND (x.expires_at IS NULL OR x.expires_at > now());
+    GET DIAGNOSTICS v_rescored = ROW_COUNT;
+    IF v_last IS NOT NULL THEN
+        PERFORM pg_notify('engram_changes', p_tenant || ':' || v_last);
+    END IF;
+    INSERT INTO consolidation_runs (tenant_id, trigger, status, started_at, finished_at, merged,
+                                    superseded, rescored, archived, skipped, settings)
+        VALUES (p_tenant, p_trigger, 'completed', engram_ts(p_started_ms), clock_timestamp(),
+                v_merged, v_superseded, v_rescored, v_archived, v_skipped, p_settings)
+        RETURNING consolidation_runs.id INTO run_id;
+    merged := v_merged;
+    superseded := v_superseded;
+    rescored := v_rescored;
+    archived := v_archived;
+    skipped := v_skipped;
+    RETURN NEXT;
+END $$;
+
+-- The union of a survivor's metadata with its merged members' (folded in id order).
+CREATE FUNCTION engram_metadata_union_all(a jsonb, others jsonb[]) RETURNS jsonb
+    LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    r jsonb := a;
+    o jsonb;
+BEGIN
+    FOREACH o IN ARRAY COALESCE(others, '{}') LOOP
+        r := engram_metadata_union(r, o);
+    END LOOP;
+    RETURN r;
+END $$;
+
+-- Records a run that failed (its changes were rolled back).
+CREATE FUNCTION engram_consolidate_failed(p_tenant bigint, p_trigger text, p_started_ms bigint,
+                                          p_error text) RETURNS bigint
+    LANGUAGE sql AS $$
+    INSERT INTO consolidation_runs (tenant_id, trigger, status, started_at, finished_at, error)
+        VALUES (p_tenant, p_trigger, 'failed', engram_ts(p_started_ms), clock_timestamp(), p_error)
+        RETURNING id
+$$;
+
+-- Tenants whose scheduled consolidation is due: p_hours holds the cadence of the three
+-- tiers (0: never); due when the last completed run finished longer ago than that.
+CREATE FUNCTION engram_consolidation_due(p_hours integer[])
+    RETURNS TABLE (tenant_id bigint, embed_dim integer)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT t.id, t.embed_dim FROM tenants t
+    CROSS JOIN LATERAL (SELECT p_hours[CASE t.tier WHEN 'free' THEN 1 WHEN 'standard' THEN 2
+                                       ELSE 3 END] AS h) c
+    WHERE c.h > 0 AND t.memory_count > 0
+      AND NOT EXISTS (SELECT 1 FROM consolidation_runs r WHERE r.tenant_id = t.id
+                      AND ((r.status = 'completed'
+                            AND r.finished_at > now() - make_interval(hours => c.h))
+                        OR (r.status = 'failed'  -- a failing tenant is retried after a pause
+                            AND r.finished_at > now() - interval '15 minutes')))
+    ORDER BY t.id
+$$;
+
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO engram_app;
+REVOKE EXECUTE ON FUNCTION engram_consolidation_due(integer[]) FROM PUBLIC;

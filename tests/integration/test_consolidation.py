@@ -1,0 +1,271 @@
+"""Consolidation: hand-built data sets whose merges, supersessions and prunes are known in
+advance; tiers and on-demand runs; determinism; racing writers; two processes."""
+import concurrent.futures
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from harness import Server, new_database, psql, vec_bin
+from memmodel import DAY_MS, now_ms
+
+DIM = 16
+
+
+def unit(v):
+    v = np.asarray(v, dtype=np.float64)
+    return v / np.linalg.norm(v)
+
+
+def basis(seed, n):
+    """n mutually far-apart unit vectors."""
+    q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((DIM, DIM)))
+    return [q[:, i] for i in range(n)]
+
+
+def near(v, sim, seed):
+    """A unit vector at exactly cosine `sim` from v."""
+    r = np.random.default_rng(seed).standard_normal(DIM)
+    r -= (r @ v) * v
+    r /= np.linalg.norm(r)
+    return unit(sim * v + np.sqrt(1 - sim * sim) * r)
+
+
+def dataset(c, t0):
+    """Stores the hand-built set; returns {label: id}."""
+    b = basis(7, 12)
+    specs = {
+        # three phrasings of one fact: one cluster, the survivor is the most important
+        "dup1": dict(content="fee tier A", type="fact", importance=0.3, emb=near(b[0], 0.99, 1), access_count=2,
+                     metadata={"tokens": ["ETH"], "attrs": {"pool": "a"}}),
+        "dup2": dict(content="fee tier A again", type="fact", importance=0.8, emb=near(b[0], 0.99, 2), access_count=3,
+                     metadata={"tokens": ["USDC"], "chains": [1]}),
+        "dup3": dict(content="fee tier A once more", type="fact", importance=0.5, emb=near(b[0], 0.99, 3),
+                     metadata={"tokens": ["ETH"], "protocols": ["uniswap"]}),
+        # as similar, but another type, or another agent's private memory: never merged
+        "other_type": dict(content="fee tier A (episode)", type="episode", importance=0.9, emb=near(b[0], 0.99, 4)),
+        "other_agent": dict(content="fee tier A (agent 9)", type="fact", importance=0.9, emb=near(b[0], 0.99, 5),
+                            agent_id=9),
+        # a newer fact similar enough to update an older one (0.85 <= sim < 0.95)
+        "old_apy": dict(content="APY 2.3%", type="fact", importance=0.5, emb=b[1], created_at=t0 - 5 * DAY_MS),
+        "new_apy": dict(content="APY 2.5%", type="fact", importance=0.5, emb=near(b[1], 0.9, 6),
+                        created_at=t0 - DAY_MS),
+        # not similar, but the same attrs.key: the newer preference supersedes
+        "old_pref": dict(content="prefer 0.05% tier", type="preference", importance=0.6, emb=b[2],
+                         created_at=t0 - 9 * DAY_MS, metadata={"attrs": {"key": "fee-tier"}}),
+        "new_pref": dict(content="prefer 0.30% tier", type="preference", importance=0.6, emb=b[3],
+                         created_at=t0 - 2 * DAY_MS, metadata={"attrs": {"key": "fee-tier"}}),
+        # similar episodes are never superseded (only facts and preferences update)
+        "ep_old": dict(content="crash one", type="episode", importance=0.6, emb=b[4], created_at=t0 - 3 * DAY_MS),
+        "ep_new": dict(content="crash two", type="episode", importance=0.6, emb=near(b[4], 0.9, 7),
+                       created_at=t0 - DAY_MS),
+        # old and unimportant: pruned; the same as a constraint or pinned: kept
+        "trivia": dict(content="old trivia", type="episode", importance=0.05, emb=b[5], created_at=t0 - 200 * DAY_MS),
+        "old_rule": dict(content="old rule", type="constraint", importance=0.05, emb=b[6], created_at=t0 - 200 * DAY_MS),
+        "pinned": dict(content="old pinned", type="episode", importance=0.05, emb=b[7], created_at=t0 - 200 * DAY_MS,
+                       pinned=True),
+        # unimportant but young: within the grace period
+        "young": dict(content="young trivia", type="episode", importance=0.0, emb=b[8], created_at=t0 - 2 * DAY_MS),
+        # important old: composite above the threshold
+        "classic": dict(content="classic insight", type="fact", importance=0.9, emb=b[9], created_at=t0 - 300 * DAY_MS),
+    }
+    ids = {}
+    for label, s in specs.items():
+        s = dict(s)
+        ids[label] = c.call("memory.store", embedding=vec_bin(s.pop("emb")), **s)["id"]
+    return ids
+
+
+@pytest.fixture(scope="module")
+def srv():
+    dsn = new_database("cons")
+    s = Server(dsn, extra=["--consolidate-check-interval-s", "1",
+                           "--standard-consolidation-hours", "1", "--free-consolidation-hours", "0"]).start()
+    s.dsn_plain = dsn
+    yield s
+    try:
+        s.stop()
+    finally:
+        s.cleanup()
+
+
+def test_known_merges_supersessions_and_prunes(srv):
+    _, key = srv.create_tenant(tier="premium", embedding={"dim": DIM})
+    t0 = now_ms()
+    with srv.client(key=key) as c:
+        ids = dataset(c, t0)
+        r = c.call("memory.consolidate")
+        assert r["status"] == "completed"
+        assert (r["merged"], r["superseded"], r["archived"], r["skipped"]) == (2, 2, 1, 0)
+        live = len(ids) - 5
+        assert r["rescored"] == live
+        got = {m["id"]: m for m in c.call("memory.get", ids=list(ids.values()))["memories"]}
+        m = {label: got[i] for label, i in ids.items()}
+        # the cluster: dup2 survives with the highest importance, summed access counts and
+        # the union of the metadata; the others point at it
+        assert m["dup2"]["archived_at"] is None
+        assert m["dup2"]["importance"] == pytest.approx(0.8) and m["dup2"]["access_count"] == 5
+        assert m["dup2"]["metadata"] == {"tokens": ["USDC", "ETH"], "chains": [1], "protocols": ["uniswap"],
+                                         "attrs": {"pool": "a"}}
+        for d in ("dup1", "dup3"):
+            assert m[d]["archived_reason"] == "merged" and m[d]["merged_into"] == ids["dup2"]
+        assert m["other_type"]["archived_at"] is None and m["other_agent"]["archived_at"] is None
+        assert m["old_apy"]["archived_reason"] == "superseded" and m["old_apy"]["superseded_by"] == ids["new_apy"]
+        assert m["old_pref"]["superseded_by"] == ids["new_pref"]
+        assert m["new_apy"]["archived_at"] is None and m["new_pref"]["archived_at"] is None
+        assert m["ep_old"]["archived_at"] is None and m["ep_new"]["archived_at"] is None
+        assert m["trivia"]["archived_reason"] == "pruned"
+        for keep in ("old_rule", "pinned", "young", "classic"):
+            assert m[keep]["archived_at"] is None, keep
+        # memory.history records the merge and the supersession
+        h = c.call("memory.history", id=ids["dup2"])["versions"]
+        assert h[0]["replaced_by"] == "merge" and sorted(h[0]["detail"]["merged"]) == sorted([ids["dup1"], ids["dup3"]])
+        h = c.call("memory.history", id=ids["old_apy"])["versions"]
+        assert h[0]["replaced_by"] == "supersede" and h[0]["detail"]["superseded_by"] == ids["new_apy"]
+        assert c.call("memory.history", id=ids["dup1"])["versions"][0]["detail"] == {"reason": "merged", "into": ids["dup2"]}
+        # the index follows: archived memories are gone from searches (once the change log
+        # has been applied), back with include_archived
+        q = vec_bin(near(basis(7, 12)[0], 0.99, 9))
+        deadline = time.time() + 10
+        while {x["id"] for x in c.call("memory.search", embedding=q, top_k=10)["results"]} & {ids["dup1"], ids["dup3"]}:
+            assert time.time() < deadline, "the index still returns merged memories"
+            time.sleep(0.05)
+        res = c.call("memory.search", embedding=q, top_k=10, include_archived=True)["results"]
+        assert {ids["dup1"], ids["dup3"]} <= {x["id"] for x in res}
+        # re-rank: every live memory's composite is stored
+        n = psql(srv.dsn_plain, f"SELECT count(*) FROM memories WHERE id = ANY (ARRAY{list(ids.values())}) "
+                                "AND archived_at IS NULL AND composite IS NOT NULL")
+        assert int(n) == live
+        # the run is listed
+        runs = c.call("memory.consolidation.runs")["runs"]
+        assert runs[0]["run_id"] == r["run_id"] and runs[0]["trigger"] == "on_demand"
+        assert (runs[0]["merged"], runs[0]["superseded"], runs[0]["archived"]) == (2, 2, 1)
+        # a second run finds nothing more to do
+        r2 = c.call("memory.consolidate")
+        assert (r2["merged"], r2["superseded"], r2["archived"]) == (0, 0, 0)
+        # restore after prune
+        assert c.call("memory.restore", ids=[ids["trivia"]])["restored"] == [ids["trivia"]]
+        assert c.call("memory.get", ids=[ids["trivia"]])["memories"][0]["archived_at"] is None
+        hits = c.call("memory.search", embedding=vec_bin(basis(7, 12)[5]), top_k=1, similarity_weight=1.0)["results"]
+        assert hits[0]["id"] == ids["trivia"]
+
+
+def test_runs_are_deterministic(srv):
+    t0 = now_ms() - 1000
+    outcomes = []
+    for _ in range(2):
+        _, key = srv.create_tenant(tier="premium", embedding={"dim": DIM})
+        with srv.client(key=key) as c:
+            ids = dataset(c, t0)
+            c.call("memory.consolidate")
+            got = {m["id"]: m for m in c.call("memory.get", ids=list(ids.values()))["memories"]}
+            inv = {v: k for k, v in ids.items()}
+            outcomes.append({label: (got[i]["archived_reason"], inv.get(got[i]["merged_into"]),
+                                     inv.get(got[i]["superseded_by"]), got[i]["importance"],
+                                     got[i]["access_count"], got[i]["metadata"])
+                             for label, i in ids.items()})
+    assert outcomes[0] == outcomes[1]
+
+
+def test_on_demand_is_premium_only(srv):
+    for tier in ("free", "standard"):
+        _, key = srv.create_tenant(tier=tier)
+        with srv.client(key=key) as c:
+            err = c.call_err("memory.consolidate")
+            assert err["code"] == "permission_denied" and "premium" in err["message"] and tier in err["message"]
+
+
+def test_scheduled_by_tier(srv):
+    _, std = srv.create_tenant(tier="standard", embedding={"dim": DIM})
+    _, free = srv.create_tenant(tier="free", embedding={"dim": DIM})
+    b = basis(3, 2)
+    for key in (std, free):
+        with srv.client(key=key) as c:
+            c.call("memory.store", content="a", type="fact", importance=0.5, embedding=vec_bin(near(b[0], 0.99, 1)))
+            c.call("memory.store", content="b", type="fact", importance=0.6, embedding=vec_bin(near(b[0], 0.99, 2)))
+    with srv.client(key=std) as c:
+        deadline = time.time() + 20
+        while not c.call("memory.consolidation.runs")["runs"]:
+            assert time.time() < deadline, "the standard tenant was never consolidated on schedule"
+            time.sleep(0.2)
+        run = c.call("memory.consolidation.runs")["runs"][0]
+        assert run["trigger"] == "schedule" and run["merged"] == 1
+        time.sleep(2.5)  # cadence 1 hour: no second scheduled run
+        assert len(c.call("memory.consolidation.runs")["runs"]) == 1
+    with srv.client(key=free) as c:
+        assert c.call("memory.consolidation.runs")["runs"] == []  # cadence 0: never
+
+
+def test_run_racing_with_stores_loses_nothing(srv):
+    _, key = srv.create_tenant(tier="premium", embedding={"dim": 64})
+    rng = np.random.default_rng(5)
+    centers = rng.standard_normal((300, 64))
+    with srv.client(key=key) as c:
+        items = []
+        for i in range(6000):
+            v = unit(centers[i % 300] + 0.05 * rng.standard_normal(64))  # clusters of 20 near-duplicates
+            items.append({"content": f"seed {i}", "type": "fact", "importance": 0.5, "embedding": vec_bin(v)})
+        for k in range(0, len(items), 1000):
+            c.call("memory.store_batch", memories=items[k:k + 1000])
+    stored = []
+    stop = threading.Event()
+
+    def writer():
+        with srv.client(key=key) as w:
+            i = 0
+            while not stop.is_set() or i < 50:
+                v = unit(rng.standard_normal(64))
+                stored.append(w.call("memory.store", content=f"live {i}", type="episode", importance=0.5,
+                                     embedding=vec_bin(v))["id"])
+                i += 1
+
+    th = threading.Thread(target=writer)
+    th.start()
+    try:
+        with srv.client(key=key) as c:
+            r = c.call("memory.consolidate")
+    finally:
+        stop.set()
+        th.join()
+    assert r["merged"] > 0
+    with srv.client(key=key) as c:
+        got = c.call("memory.get", ids=stored[:1000])["memories"]
+        assert len(got) == len(stored[:1000]) and all(m["archived_at"] is None for m in got)
+        assert c.call("memory.stats")["total"] == 6000 + len(stored)
+
+
+def test_two_processes_never_consolidate_one_tenant_at_once():
+    dsn = new_database("cons2")
+    a = Server(dsn).start()
+    b = Server(dsn, extra=["--secret-file", a.data_dir + "/secret.key", "--admin-key-file", a.admin_key_file])
+    b.admin_key_file = a.admin_key_file
+    b.start()
+    try:
+        tid, key = a.create_tenant(tier="premium", embedding={"dim": 64})
+        rng = np.random.default_rng(8)
+        with a.client(key=key) as c:
+            for k in range(10):
+                c.call("memory.store_batch", memories=[
+                    {"content": f"m{k}-{i}", "type": "fact", "importance": 0.5,
+                     "embedding": vec_bin(unit(rng.standard_normal(64)))} for i in range(1000)])
+
+        def run(srv):
+            with srv.client(key=key) as c:
+                e, res = c.wait(c.send("memory.consolidate", {}))
+                return e["code"] if e else "completed"
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=6) as ex:
+            outcomes = list(ex.map(run, [a, b, a, b, a, b]))
+        assert set(outcomes) <= {"completed", "conflict"} and "completed" in outcomes
+        rows = psql(dsn, f"SELECT engram_ms(started_at), engram_ms(finished_at) FROM consolidation_runs "
+                         f"WHERE tenant_id = {tid} ORDER BY started_at").splitlines()
+        spans = [tuple(map(int, r.split("|"))) for r in rows]
+        assert len(spans) == outcomes.count("completed")
+        for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
+            assert s2 >= e1, f"two runs overlapped: {spans}"
+        a.stop()
+        b.stop()
+    finally:
+        a.cleanup()
+        b.cleanup()

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include <faiss/c_api/AutoTune_c.h>
+#include <faiss/c_api/Clustering_c.h>
 #include <faiss/c_api/IndexIVF_c.h>
 #include <faiss/c_api/Index_c.h>
 #include <faiss/c_api/error_c.h>
@@ -52,61 +53,36 @@ static int faiss_fail(char *err, size_t errlen, const char *what)
     return -EIO;
 }
 
-int dedupe_pairs(const float *vecs, size_t n, size_t dim, float threshold, const dedupe_opts *opts,
-                 dedupe_pair **out, size_t *nout, char *err, size_t errlen)
+/* Every pair of the m vectors listed in idx (indices into vecs) with inner product at least
+ * threshold, found by an exact FAISS range search (BLAS); pairs are pushed as original
+ * indices (smaller first). */
+static int pairs_exact(const float *vecs, size_t dim, const uint32_t *idx, size_t m,
+                       float threshold, pair_buf *b, char *err, size_t errlen)
 {
-    dedupe_opts o = {.exact_max = 8192, .nprobe = 8, .threads = 1};
-    if (opts) {
-        if (opts->exact_max)
-            o.exact_max = opts->exact_max;
-        if (opts->nprobe)
-            o.nprobe = opts->nprobe;
-        if (opts->threads)
-            o.threads = opts->threads;
-    }
-    *out = NULL;
-    *nout = 0;
-    if (n < 2)
+    if (m < 2)
         return 0;
-    int saved_threads = omp_get_max_threads();
-    omp_set_num_threads((int)o.threads);
-    FaissIndex *idx = NULL;
+    float *g = malloc(m * dim * sizeof(float));
+    FaissIndex *fi = NULL;
     FaissRangeSearchResult *res = NULL;
-    pair_buf b = {0};
     int rc = 0;
-    char desc[64];
-    bool ivf = n > o.exact_max;
-    size_t nlist = (size_t)sqrt((double)n);
-    if (ivf)
-        snprintf(desc, sizeof(desc), "IVF%zu,Flat", nlist);
-    else
-        snprintf(desc, sizeof(desc), "Flat");
-    if (faiss_index_factory(&idx, (int)dim, desc, METRIC_INNER_PRODUCT)) {
-        rc = faiss_fail(err, errlen, "index_factory");
-        goto out;
-    }
-    if (ivf) {
-        if (faiss_Index_train(idx, (idx_t)n, vecs)) {
-            rc = faiss_fail(err, errlen, "IVF training");
-            goto out;
-        }
-        FaissIndexIVF *iv = faiss_IndexIVF_cast(idx);
-        if (iv)
-            faiss_IndexIVF_set_nprobe(iv, o.nprobe < nlist ? o.nprobe : nlist);
-    }
-    if (faiss_Index_add(idx, (idx_t)n, vecs)) {
-        rc = faiss_fail(err, errlen, "add");
+    if (!g)
+        return -ENOMEM;
+    for (size_t k = 0; k < m; k++)
+        memcpy(g + k * dim, vecs + (size_t)idx[k] * dim, dim * sizeof(float));
+    if (faiss_index_factory(&fi, (int)dim, "Flat", METRIC_INNER_PRODUCT) ||
+        faiss_Index_add(fi, (idx_t)m, g)) {
+        rc = faiss_fail(err, errlen, "flat index");
         goto out;
     }
     /* FAISS keeps results with inner product strictly above the radius */
     float radius = nextafterf(threshold, -INFINITY);
-    for (size_t q0 = 0; q0 < n; q0 += QUERY_CHUNK) {
-        size_t nq = n - q0 < QUERY_CHUNK ? n - q0 : QUERY_CHUNK;
+    for (size_t q0 = 0; q0 < m; q0 += QUERY_CHUNK) {
+        size_t nq = m - q0 < QUERY_CHUNK ? m - q0 : QUERY_CHUNK;
         if (faiss_RangeSearchResult_new(&res, (idx_t)nq)) {
             rc = -ENOMEM;
             goto out;
         }
-        if (faiss_Index_range_search(idx, (idx_t)nq, vecs + q0 * dim, radius, res)) {
+        if (faiss_Index_range_search(fi, (idx_t)nq, g + q0 * dim, radius, res)) {
             rc = faiss_fail(err, errlen, "range search");
             goto out;
         }
@@ -116,16 +92,13 @@ int dedupe_pairs(const float *vecs, size_t n, size_t dim, float threshold, const
         faiss_RangeSearchResult_lims(res, &lims);
         faiss_RangeSearchResult_labels(res, &labels, &dist);
         for (size_t q = 0; q < nq; q++) {
-            uint32_t i = (uint32_t)(q0 + q);
+            size_t a = q0 + q;
             for (size_t k = lims[q]; k < lims[q + 1]; k++) {
-                uint32_t j = (uint32_t)labels[k];
-                if (labels[k] < 0 || j == i || dist[k] < threshold)
+                /* each pair is found from both ends: keep it from the smaller one */
+                if (labels[k] < 0 || (size_t)labels[k] <= a || dist[k] < threshold)
                     continue;
-                /* an exact search finds each pair from both ends: keep (i, j) with i < j. An
-                 * IVF search may find it from one end only: keep both, deduplicated below */
-                if (!ivf && j < i)
-                    continue;
-                if (push(&b, i < j ? i : j, i < j ? j : i, dist[k]) < 0) {
+                uint32_t i = idx[a], j = idx[labels[k]];
+                if (push(b, i < j ? i : j, i < j ? j : i, dist[k]) < 0) {
                     rc = -ENOMEM;
                     goto out;
                 }
@@ -134,21 +107,134 @@ int dedupe_pairs(const float *vecs, size_t n, size_t dim, float threshold, const
         faiss_RangeSearchResult_free(res);
         res = NULL;
     }
+out:
+    if (res)
+        faiss_RangeSearchResult_free(res);
+    if (fi)
+        faiss_Index_free(fi);
+    free(g);
+    return rc;
+}
+
+#define BUCKET_TARGET 512 /* vectors per k-means cell */
+#define ASSIGN 2          /* cells each vector joins: its nearest ones */
+#define TRAIN_PER_CELL 40 /* k-means sample per cell (FAISS asks for 39 or more) */
+
+/* Pairs among the m vectors of idx: exact when m <= exact_max; otherwise k-means cells of
+ * about BUCKET_TARGET vectors, each vector in its ASSIGN nearest cells, and the pairs of
+ * every cell (recursively). */
+static int pairs_of(const float *vecs, size_t dim, const uint32_t *idx, size_t m, float threshold,
+                    const dedupe_opts *o, int depth, pair_buf *b, char *err, size_t errlen)
+{
+    if (m <= o->exact_max || depth > 3)
+        return pairs_exact(vecs, dim, idx, m, threshold, b, err, errlen);
+    size_t cells = (m + BUCKET_TARGET - 1) / BUCKET_TARGET;
+    size_t ntrain = cells * TRAIN_PER_CELL < m ? cells * TRAIN_PER_CELL : m;
+    float *train = malloc(ntrain * dim * sizeof(float));
+    float *cent = malloc(cells * dim * sizeof(float));
+    idx_t *lab = malloc(m * ASSIGN * sizeof(idx_t));
+    float *dis = malloc(m * ASSIGN * sizeof(float));
+    float *g = malloc(m * dim * sizeof(float));
+    size_t *count = calloc(cells + 1, sizeof(size_t));
+    uint32_t *members = malloc(m * ASSIGN * sizeof(uint32_t));
+    FaissIndex *q = NULL;
+    int rc = 0;
+    if (!train || !cent || !lab || !dis || !g || !count || !members) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    /* an evenly spaced sample trains the cells: deterministic for the same input */
+    for (size_t k = 0; k < ntrain; k++)
+        memcpy(train + k * dim, vecs + (size_t)idx[k * m / ntrain] * dim, dim * sizeof(float));
+    for (size_t k = 0; k < m; k++)
+        memcpy(g + k * dim, vecs + (size_t)idx[k] * dim, dim * sizeof(float));
+    float qerr;
+    if (faiss_kmeans_clustering(dim, ntrain, cells, train, cent, &qerr)) {
+        rc = faiss_fail(err, errlen, "k-means");
+        goto out;
+    }
+    if (faiss_index_factory(&q, (int)dim, "Flat", METRIC_L2) ||
+        faiss_Index_add(q, (idx_t)cells, cent) ||
+        faiss_Index_search(q, (idx_t)m, g, ASSIGN, dis, lab)) {
+        rc = faiss_fail(err, errlen, "cell assignment");
+        goto out;
+    }
+    /* counting sort of the memberships into cells */
+    for (size_t k = 0; k < m * ASSIGN; k++)
+        if (lab[k] >= 0)
+            count[lab[k] + 1]++;
+    for (size_t c = 0; c < cells; c++)
+        count[c + 1] += count[c];
+    {
+        size_t *at = malloc((cells + 1) * sizeof(size_t));
+        if (!at) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        memcpy(at, count, (cells + 1) * sizeof(size_t));
+        for (size_t k = 0; k < m * ASSIGN; k++)
+            if (lab[k] >= 0)
+                members[at[lab[k]]++] = idx[k / ASSIGN];
+        free(at);
+    }
+    for (size_t c = 0; c < cells && rc == 0; c++) {
+        size_t cn = count[c + 1] - count[c];
+        /* a cell that took (nearly) everything would not shrink: compare it exactly */
+        if (cn >= m)
+            rc = pairs_exact(vecs, dim, members + count[c], cn, threshold, b, err, errlen);
+        else
+            rc = pairs_of(vecs, dim, members + count[c], cn, threshold, o, depth + 1, b, err,
+                          errlen);
+    }
+out:
+    if (q)
+        faiss_Index_free(q);
+    free(train);
+    free(cent);
+    free(lab);
+    free(dis);
+    free(g);
+    free(count);
+    free(members);
+    return rc;
+}
+
+int dedupe_pairs(const float *vecs, size_t n, size_t dim, float threshold, const dedupe_opts *opts,
+                 dedupe_pair **out, size_t *nout, char *err, size_t errlen)
+{
+    dedupe_opts o = {.exact_max = 8192, .threads = 1};
+    if (opts) {
+        if (opts->exact_max)
+            o.exact_max = opts->exact_max;
+        if (opts->threads)
+            o.threads = opts->threads;
+    }
+    *out = NULL;
+    *nout = 0;
+    if (n < 2)
+        return 0;
+    int saved_threads = omp_get_max_threads();
+    omp_set_num_threads((int)o.threads);
+    pair_buf b = {0};
+    uint32_t *idx = malloc(n * sizeof(*idx));
+    int rc = idx ? 0 : -ENOMEM;
+    for (size_t i = 0; idx && i < n; i++)
+        idx[i] = (uint32_t)i;
+    if (rc == 0)
+        rc = pairs_of(vecs, dim, idx, n, threshold, &o, 0, &b, err, errlen);
+    free(idx);
+    omp_set_num_threads(saved_threads);
+    if (rc < 0) {
+        free(b.p);
+        return rc;
+    }
+    /* a pair that shares two cells is found twice */
     qsort(b.p, b.n, sizeof(*b.p), cmp_pair);
     size_t w = 0;
     for (size_t k = 0; k < b.n; k++)
         if (w == 0 || b.p[w - 1].i != b.p[k].i || b.p[w - 1].j != b.p[k].j)
             b.p[w++] = b.p[k];
-    b.n = w;
     *out = b.p;
-    *nout = b.n;
-    b.p = NULL;
-out:
-    if (res)
-        faiss_RangeSearchResult_free(res);
-    if (idx)
-        faiss_Index_free(idx);
-    free(b.p);
-    omp_set_num_threads(saved_threads);
-    return rc;
+    *nout = w;
+    return 0;
 }

@@ -1,12 +1,13 @@
 /* index/dedupe.h: all pairs of near-duplicate vectors, with FAISS.
  *
  * Consolidation needs every pair of a tenant's memories whose cosine similarity reaches a
- * threshold. Vectors go into a FAISS inner-product index and every vector is a range
- * query against it: for up to exact_max vectors the index is flat (FAISS computes the
- * similarities with BLAS: every pair is found), above that an IVF index probing nprobe of
- * sqrt(n) lists (the few pairs that straddle two far-apart lists may be missed; near
- * duplicates almost never do). Thread-safe; uses `threads` OpenMP threads in the caller's
- * parallel regions only.
+ * threshold. Up to exact_max vectors, every vector is a range query against a flat FAISS
+ * inner-product index of them all (BLAS: every pair is found). Above that, FAISS k-means
+ * splits them into cells of about 512, each vector joins its 2 nearest cells, and the
+ * pairs of every cell are found the same way (recursively): a pair is missed only when the
+ * two vectors share neither of their 2 nearest cells, which near duplicates practically
+ * never do. Deterministic for the same input. Thread-safe; uses `threads` OpenMP threads
+ * in the caller's parallel regions only.
  */
 #ifndef ENGRAM_INDEX_DEDUPE_H
 #define ENGRAM_INDEX_DEDUPE_H
@@ -21,7 +22,6 @@ typedef struct dedupe_pair {
 
 typedef struct dedupe_opts {
     size_t exact_max; /* largest set searched exactly (flat); default 8192 */
-    unsigned nprobe;  /* IVF lists probed per query above exact_max; default 8 */
     unsigned threads; /* OpenMP threads for the search; default 1 */
 } dedupe_opts;
 

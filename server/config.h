@@ -44,7 +44,6 @@ typedef struct config {
     double consolidate_prune_grace_days;
     int consolidate_threads;
     int consolidate_exact_max;
-    int consolidate_nprobe;
     /* files */
     char *data_dir;
     char *admin_key_file;

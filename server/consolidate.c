@@ -19,6 +19,8 @@
 
 /* Advisory lock keys: one per tenant, in a range of their own. */
 #define LOCK_BASE (1LL << 60)
+/* Decisions applied per transaction: the tenant's writes wait at most one step. */
+#define CONSOLIDATE_STEP 200
 
 /* What the plan needs of one live memory. */
 typedef struct cmem {
@@ -242,14 +244,13 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
     uint32_t *order = NULL;
     dedupe_pair *pairs = NULL;
     float *gv = NULL;
-    lit L[11];
-    memset(L, 0, sizeof(L));
     uint64_t seq = 0;
     if (loader_live(pg, tenant, dim, &seq, take_row, &l, err, sizeof(err)) < 0) {
         set_err(out, "reading memories: %s", err);
         goto unlock;
     }
     size_t n = l.n;
+    uint64_t t_read = server_mono_ns();
     order = malloc((n + 1) * sizeof(*order));
     gv = malloc((n + 1) * dim * sizeof(float));
     if (!order || !gv) {
@@ -266,7 +267,6 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
     float tdup = (float)cfg->consolidate_dedupe_threshold;
     float tsup = (float)cfg->consolidate_supersede_threshold;
     dedupe_opts dopts = {.exact_max = (size_t)cfg->consolidate_exact_max,
-                         .nprobe = (unsigned)cfg->consolidate_nprobe,
                          .threads = (unsigned)cfg->consolidate_threads};
     /* per group: the pairs above the lower threshold; duplicates join, near-duplicates of
      * facts and preferences are remembered as supersession candidates */
@@ -340,6 +340,7 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
         g0 = g1;
     }
 
+    uint64_t t_pairs = server_mono_ns();
     /* merges: every cluster's survivor absorbs the others */
     uint32_t *best = malloc((n + 1) * sizeof(*best));
     if (!best) {
@@ -417,47 +418,137 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
         }
     }
 
-    /* the plan as arrays, in id order */
+    /* each survivor's members, gathered by a counting sort (in id order) */
     int64_t *members = malloc((n + 1) * sizeof(int64_t)),
             *mseqs = malloc((n + 1) * sizeof(int64_t));
-    bool ok = members && mseqs;
-    for (size_t i = 0; ok && i < n; i++) {
-        if (best[find(l.m, (uint32_t)i)] != i)
-            continue; /* not a survivor */
-        size_t k = 0;
-        for (size_t j = 0; j < n; j++) {
-            if (l.m[j].fate == 1 && l.m[j].into == i) {
-                members[k] = l.m[j].id;
-                mseqs[k++] = l.m[j].seq;
-            }
-        }
-        if (k == 0)
+    size_t *first = calloc(n + 2, sizeof(size_t));
+    bool ok = members && mseqs && first;
+    for (size_t j = 0; ok && j < n; j++)
+        if (l.m[j].fate == 1)
+            first[l.m[j].into + 1]++;
+    for (size_t i = 0; ok && i < n; i++)
+        first[i + 1] += first[i];
+    for (size_t j = 0; ok && j < n; j++) {
+        if (l.m[j].fate != 1)
             continue;
-        ok = lit_i64(&L[0], l.m[i].id) == 0 && lit_i64(&L[1], l.m[i].seq) == 0 &&
-             lit_arr(&L[2], members, k) == 0 && lit_arr(&L[3], mseqs, k) == 0;
+        size_t at = first[l.m[j].into]++;
+        members[at] = l.m[j].id;
+        mseqs[at] = l.m[j].seq;
     }
-    for (size_t i = 0; ok && i < n; i++) {
-        const cmem *m = &l.m[i];
-        if (m->fate == 2)
-            ok = lit_i64(&L[4], m->id) == 0 && lit_i64(&L[5], m->seq) == 0 &&
-                 lit_i64(&L[6], l.m[m->into].id) == 0 && lit_i64(&L[7], l.m[m->into].seq) == 0;
-        else if (m->fate == 3)
-            ok = lit_i64(&L[8], m->id) == 0 && lit_i64(&L[9], m->seq) == 0 &&
-                 lit_f64(&L[10], imp[i]) == 0;
-    }
-    free(members);
-    free(mseqs);
-    free(imp);
-    free(acc);
     free(best);
     free(cands);
     if (!ok) {
+        free(members);
+        free(mseqs);
+        free(first);
+        free(imp);
+        free(acc);
         set_err(out, "%s", "out of memory");
         goto unlock;
     }
-    char started_s[24], asof[24], w[160], settings[400];
+    /* first[i] now ends survivor i's run of members; it starts where i - 1's ended */
+    uint64_t t_plan = server_mono_ns();
+    json_buf own = {0}; /* "{id,id,...}": the survivors of earlier steps */
+    json_buf_append(&own, "{}", 2);
+    const char *tv[] = {tid};
+    /* steps of at most STEP decisions: merges, then supersessions, then prunes, in id order */
+    size_t at = 0, phase = 0;
+    while (phase < 3 && out->status >= 0) {
+        lit S[11];
+        memset(S, 0, sizeof(S));
+        size_t taken = 0;
+        while (phase < 3 && taken < CONSOLIDATE_STEP) {
+            if (at >= n) {
+                phase++;
+                at = 0;
+                continue;
+            }
+            const cmem *m = &l.m[at];
+            if (phase == 0) {
+                size_t start = at ? first[at - 1] : 0, k = first[at] - start;
+                if (k > 0) {
+                    ok = ok && lit_i64(&S[0], m->id) == 0 && lit_i64(&S[1], m->seq) == 0 &&
+                         lit_arr(&S[2], members + start, k) == 0 &&
+                         lit_arr(&S[3], mseqs + start, k) == 0;
+                    taken++;
+                }
+            } else if (phase == 1 && m->fate == 2) {
+                ok = ok && lit_i64(&S[4], m->id) == 0 && lit_i64(&S[5], m->seq) == 0 &&
+                     lit_i64(&S[6], l.m[m->into].id) == 0 && lit_i64(&S[7], l.m[m->into].seq) == 0;
+                taken++;
+            } else if (phase == 2 && m->fate == 3) {
+                ok = ok && lit_i64(&S[8], m->id) == 0 && lit_i64(&S[9], m->seq) == 0 &&
+                     lit_f64(&S[10], imp[at]) == 0;
+                taken++;
+            }
+            at++;
+        }
+        const char *own_lit = own.data;
+        if (ok && taken > 0) {
+            const char *vals[13] = {tid,
+                                    own_lit,
+                                    lit_end(&S[0]),
+                                    lit_end(&S[1]),
+                                    lit_end(&S[2]),
+                                    lit_end(&S[3]),
+                                    lit_end(&S[4]),
+                                    lit_end(&S[5]),
+                                    lit_end(&S[6]),
+                                    lit_end(&S[7]),
+                                    lit_end(&S[8]),
+                                    lit_end(&S[9]),
+                                    lit_end(&S[10])};
+            r = db_exec_blocking(pg, "BEGIN", 0, NULL, err, sizeof(err));
+            PQclear(r);
+            if (r)
+                r = db_exec_blocking(pg, "SELECT set_config('engram.tenant_id', $1, true)", 1, tv,
+                                     err, sizeof(err));
+            PQclear(r);
+            if (r)
+                r = db_exec_blocking(pg,
+                                     "SELECT * FROM engram_consolidate_apply($1, $2::bigint[], "
+                                     "$3::bigint[], $4::bigint[], $5::text[], $6::text[], "
+                                     "$7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], "
+                                     "$11::bigint[], $12::bigint[], $13::float8[])",
+                                     13, vals, err, sizeof(err));
+            if (r) {
+                out->merged += (int)memrow_i64(r, 0, 0, 0);
+                out->superseded += (int)memrow_i64(r, 0, 1, 0);
+                out->archived += (int)memrow_i64(r, 0, 2, 0);
+                out->skipped += (int)memrow_i64(r, 0, 3, 0);
+                PQclear(r);
+                r = db_exec_blocking(pg, "COMMIT", 0, NULL, err, sizeof(err));
+                PQclear(r);
+            }
+            if (!r) {
+                char e2[64];
+                PQclear(db_exec_blocking(pg, "ROLLBACK", 0, NULL, e2, sizeof(e2)));
+                set_err(out, "applying the plan: %s", err);
+            }
+        }
+        /* this step's survivors changed: later steps must not take them for memories that a
+         * concurrent write changed (S[0] is "{id,id,...}" once ended) */
+        if (ok && S[0].n) {
+            own.data[--own.len] = '\0'; /* drop the closing brace */
+            if (own.len > 1)
+                json_buf_append(&own, ",", 1);
+            json_buf_append(&own, S[0].b.data + 1, S[0].b.len - 1);
+        }
+        for (int k = 0; k < 11; k++)
+            json_buf_fini(&S[k].b);
+        if (!ok && out->status >= 0)
+            set_err(out, "%s", "out of memory");
+    }
+    json_buf_fini(&own);
+    free(members);
+    free(mseqs);
+    free(first);
+    free(imp);
+    free(acc);
+    if (out->status < 0)
+        goto unlock;
+    char started_s[24], w[160], settings[400], counts[4][16];
     snprintf(started_s, sizeof(started_s), "%lld", (long long)started);
-    snprintf(asof, sizeof(asof), "%lld", (long long)started);
     snprintf(w, sizeof(w), "{%.17g,%.17g,%.17g,%.17g,%.17g}", s->score.w_recency, s->score.w_access,
              s->score.w_explicit, s->score.recency_days, s->score.access_saturation);
     snprintf(settings, sizeof(settings),
@@ -466,67 +557,48 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
              cfg->consolidate_dedupe_threshold, cfg->consolidate_supersede_threshold,
              cfg->consolidate_prune_threshold, cfg->consolidate_prune_grace_days, n,
              (unsigned long long)seq);
-    const char *vals[17] = {tid,
-                            trigger,
-                            started_s,
-                            asof,
-                            w,
-                            settings,
-                            lit_end(&L[0]),
-                            lit_end(&L[1]),
-                            lit_end(&L[2]),
-                            lit_end(&L[3]),
-                            lit_end(&L[4]),
-                            lit_end(&L[5]),
-                            lit_end(&L[6]),
-                            lit_end(&L[7]),
-                            lit_end(&L[8]),
-                            lit_end(&L[9]),
-                            lit_end(&L[10])};
-    /* one transaction: the tenant set for row-level security, then the whole plan */
+    snprintf(counts[0], 16, "%d", out->merged);
+    snprintf(counts[1], 16, "%d", out->superseded);
+    snprintf(counts[2], 16, "%d", out->archived);
+    snprintf(counts[3], 16, "%d", out->skipped);
+    const char *fv[10] = {tid,      trigger,   started_s, started_s, w,
+                          settings, counts[0], counts[1], counts[2], counts[3]};
     r = db_exec_blocking(pg, "BEGIN", 0, NULL, err, sizeof(err));
     PQclear(r);
-    const char *tv[] = {tid};
-    r = r ? db_exec_blocking(pg, "SELECT set_config('engram.tenant_id', $1, true)", 1, tv, err,
-                             sizeof(err))
-          : NULL;
+    if (r)
+        r = db_exec_blocking(pg, "SELECT set_config('engram.tenant_id', $1, true)", 1, tv, err,
+                             sizeof(err));
     PQclear(r);
-    r = r ? db_exec_blocking(pg,
-                             "SELECT * FROM engram_consolidate_apply($1, $2, $3, $4, $5::float8[], "
-                             "$6::jsonb, $7::bigint[], $8::bigint[], $9::text[], $10::text[], "
-                             "$11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], "
-                             "$15::bigint[], $16::bigint[], $17::float8[])",
-                             17, vals, err, sizeof(err))
-          : NULL;
+    if (r)
+        r = db_exec_blocking(pg,
+                             "SELECT * FROM engram_consolidate_finish($1, $2, $3, $4, "
+                             "$5::float8[], $6::jsonb, $7, $8, $9, $10)",
+                             10, fv, err, sizeof(err));
+    if (r) {
+        out->run_id = memrow_i64(r, 0, 0, 0);
+        out->rescored = (int)memrow_i64(r, 0, 1, 0);
+        PQclear(r);
+        r = db_exec_blocking(pg, "COMMIT", 0, NULL, err, sizeof(err));
+        PQclear(r);
+    }
     if (!r) {
         char e2[64];
         PQclear(db_exec_blocking(pg, "ROLLBACK", 0, NULL, e2, sizeof(e2)));
-        set_err(out, "applying the plan: %s", err);
+        set_err(out, "recording the run: %s", err);
         goto unlock;
     }
-    out->run_id = memrow_i64(r, 0, 0, 0);
-    out->merged = (int)memrow_i64(r, 0, 1, 0);
-    out->superseded = (int)memrow_i64(r, 0, 2, 0);
-    out->rescored = (int)memrow_i64(r, 0, 3, 0);
-    out->archived = (int)memrow_i64(r, 0, 4, 0);
-    out->skipped = (int)memrow_i64(r, 0, 5, 0);
-    PQclear(r);
-    r = db_exec_blocking(pg, "COMMIT", 0, NULL, err, sizeof(err));
-    if (!r) {
-        set_err(out, "commit: %s", err);
-        goto unlock;
-    }
-    PQclear(r);
     out->status = 0;
+    log_info("tenant %lld consolidation: read %zu memories %.0f ms, similar pairs %.0f ms, plan "
+             "%.0f ms, apply %.0f ms",
+             (long long)tenant, n, (double)(t_read - t0) / 1e6, (double)(t_pairs - t_read) / 1e6,
+             (double)(t_plan - t_pairs) / 1e6, (double)(server_mono_ns() - t_plan) / 1e6);
 unlock:
     r = db_exec_blocking(pg, "SELECT pg_advisory_unlock($1::bigint)", 1, kv, err, sizeof(err));
     PQclear(r);
     if (out->status < 0 && PQstatus(pg) == CONNECTION_OK)
         record_failure(pg, tid, trigger, started, out->error);
-    for (int i = 0; i < 11; i++)
-        json_buf_fini(&L[i].b);
-    for (size_t i = 0; i < l.n; i++)
-        free(l.m[i].attrs_key);
+    for (size_t k = 0; k < l.n; k++)
+        free(l.m[k].attrs_key);
     free(l.m);
     free(l.vecs);
     free(order);

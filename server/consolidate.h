@@ -14,9 +14,10 @@
  *     - prune: what remains live with a composite importance under
  *       consolidate_prune_threshold and older than consolidate_prune_grace_days is archived,
  *       except constraints and pinned memories;
- *  4. applies the plan in one transaction (engram_consolidate_apply), each decision guarded
- *     by the memory's change number as planned, re-ranks (stores) every live memory's
- *     composite, and records the run.
+ *  4. applies the plan in steps of CONSOLIDATE_STEP decisions, each one transaction
+ *     (engram_consolidate_apply; writes to the tenant wait at most one step), each decision
+ *     guarded by the memory's change number as planned; then re-ranks (stores) every live
+ *     memory's composite and records the run (engram_consolidate_finish).
  */
 #ifndef ENGRAM_SERVER_CONSOLIDATE_H
 #define ENGRAM_SERVER_CONSOLIDATE_H

@@ -1,9 +1,10 @@
 -- 0005_consolidation: scheduled consolidation of each tenant's memories.
 --
--- A run reads the tenant's live memories, plans (in the server, with BLAS) which memories
--- merge, which supersede which, every composite importance, and which are pruned, then
--- applies the whole plan in ONE transaction (engram_consolidate_apply): a process that dies
--- mid-run leaves nothing half-applied. Every decision is guarded by the memory's change
+-- A run reads the tenant's live memories, plans (in the server, with FAISS and BLAS) which
+-- memories merge, which supersede which, and which are pruned, then applies the plan in
+-- steps of a few hundred decisions, each one transaction (engram_consolidate_apply), and
+-- finishes by storing every composite importance and recording the run
+-- (engram_consolidate_finish). Every decision is guarded by the memory's change
 -- number as the plan saw it: a memory changed by a concurrent write is left alone, so a run
 -- racing with live traffic loses none of it. Each change gets a change number and a version
 -- row like any other write, so indexes and memory.history follow.
@@ -63,47 +64,57 @@ CREATE FUNCTION engram_metadata_union(a jsonb, b jsonb) RETURNS jsonb
                       THEN COALESCE(b -> 'attrs', '{}') || COALESCE(a -> 'attrs', '{}') END))
 $$;
 
--- engram_consolidate_apply: applies a run's plan atomically. Arrays, parallel within each
--- group:
+-- engram_consolidate_apply: applies one step of a run's plan, atomically. A run applies its
+-- plan in steps of a few hundred decisions, each its own transaction, so the tenant's writes
+-- wait at most one step for the tenant row's lock; a run cut short (its process died) has
+-- applied whole steps only, and the next run plans the rest again. Arrays, parallel within
+-- each group:
 --   merges:      p_survivor[k] absorbs p_members[k] (a bigint[] as text per cluster);
 --                p_survivor_seq / p_members_seq guard them (the seq each had in the plan)
 --   supersessions: p_old[k] is superseded by p_new[k] (guards p_old_seq, p_new_seq)
 --   prunes:      p_prune[k] archived for low composite (guard p_prune_seq, value p_prune_c)
--- then every live memory's composite is stored as of p_as_of_ms with weights p_w.
--- Returns the run's counts; the run row is written in the same transaction.
+-- p_own lists the memories this run changed in earlier steps (their seq moved on).
+-- Returns the step's counts.
 CREATE FUNCTION engram_consolidate_apply(
-        p_tenant bigint, p_trigger text, p_started_ms bigint, p_as_of_ms bigint,
-        p_w double precision[], p_settings jsonb,
+        p_tenant bigint, p_own bigint[],
         p_survivor bigint[], p_survivor_seq bigint[], p_members text[], p_members_seq text[],
         p_old bigint[], p_old_seq bigint[], p_new bigint[], p_new_seq bigint[],
         p_prune bigint[], p_prune_seq bigint[], p_prune_c double precision[])
-    RETURNS TABLE (run_id bigint, merged integer, superseded integer, rescored integer,
-                   archived integer, skipped integer)
+    RETURNS TABLE (merged integer, superseded integer, archived integer, skipped integer)
     LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
+    v_total bigint;         -- change numbers reserved up front (the most the step can use)
+    v_first bigint;
     v_merged integer := 0;
     v_superseded integer := 0;
-    v_rescored integer := 0;
     v_archived integer := 0;
     v_skipped integer := 0;
     v_seq bigint;
-    v_last bigint := NULL;
     s memories;
     m memories;
     k integer;
     v_members bigint[];
     v_mseq bigint[];
     v_ok boolean;
+    v_own bigint[] := COALESCE(p_own, '{}') || COALESCE(p_survivor, '{}');
     v_now timestamptz := date_trunc('milliseconds', now());
 BEGIN
-    PERFORM engram_next_seq(p_tenant, 0);  -- the tenant row's lock: writes wait for the commit
+    -- The tenant row's lock, held to the commit, and one block of change numbers for the whole
+    -- step: updating the tenant row once per change would make a large step quadratic (every
+    -- update of one row in one transaction walks the versions before it). What the step does
+    -- not use is given back at the end, so the numbers stay gapless.
+    v_total := COALESCE(cardinality(p_survivor), 0) + COALESCE(cardinality(p_old), 0)
+               + COALESCE(cardinality(p_prune), 0)
+               + COALESCE((SELECT sum(cardinality(x::bigint[])) FROM unnest(p_members) x), 0);
+    v_first := engram_next_seq(p_tenant, v_total) - v_total + 1;
+    v_seq := v_first - 1;
     -- merges
     FOR k IN 1 .. COALESCE(cardinality(p_survivor), 0) LOOP
         v_members := p_members[k]::bigint[];
         v_mseq := p_members_seq[k]::bigint[];
         SELECT * INTO s FROM memories WHERE tenant_id = p_tenant AND id = p_survivor[k]
-            AND seq = p_survivor_seq[k] AND archived_at IS NULL FOR UPDATE;
+            AND (seq = p_survivor_seq[k] OR id = ANY (v_own)) AND archived_at IS NULL FOR UPDATE;
         v_ok := FOUND;
         IF v_ok THEN
             -- every member must be as the plan saw it
@@ -116,7 +127,7 @@ BEGIN
             CONTINUE;
         END IF;
         PERFORM engram_keep_version(s, 'merge', jsonb_build_object('merged', to_jsonb(v_members)));
-        v_seq := engram_next_seq(p_tenant, 1);
+        v_seq := v_seq + 1;
         UPDATE memories x SET
             importance = greatest(x.importance, (SELECT max(y.importance) FROM memories y
                                                  WHERE y.tenant_id = p_tenant AND y.id = ANY (v_members))),
@@ -131,76 +142,89 @@ BEGIN
                  ORDER BY id FOR UPDATE LOOP
             PERFORM engram_keep_version(m, 'archive',
                                         jsonb_build_object('reason', 'merged', 'into', s.id));
-            v_seq := engram_next_seq(p_tenant, 1);
+            v_seq := v_seq + 1;
             UPDATE memories SET archived_at = v_now, archived_reason = 'merged', merged_into = s.id,
                                 updated_at = v_now, version = version + 1, seq = v_seq
             WHERE tenant_id = p_tenant AND id = m.id;
             INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
             v_merged := v_merged + 1;
         END LOOP;
-        v_last := v_seq;
     END LOOP;
     -- supersessions
     FOR k IN 1 .. COALESCE(cardinality(p_old), 0) LOOP
         SELECT * INTO m FROM memories WHERE tenant_id = p_tenant AND id = p_old[k]
-            AND seq = p_old_seq[k] AND archived_at IS NULL FOR UPDATE;
+            AND (seq = p_old_seq[k] OR id = ANY (v_own)) AND archived_at IS NULL FOR UPDATE;
         v_ok := FOUND AND EXISTS (SELECT 1 FROM memories y WHERE y.tenant_id = p_tenant
                                   AND y.id = p_new[k] AND y.archived_at IS NULL
-                                  AND (y.seq = p_new_seq[k] OR y.id = ANY (p_survivor)));
+                                  AND (y.seq = p_new_seq[k] OR y.id = ANY (v_own)));
         IF NOT v_ok THEN
             v_skipped := v_skipped + 1;
             CONTINUE;
         END IF;
         PERFORM engram_keep_version(m, 'supersede', jsonb_build_object('superseded_by', p_new[k]));
-        v_seq := engram_next_seq(p_tenant, 1);
+        v_seq := v_seq + 1;
         UPDATE memories SET archived_at = v_now, archived_reason = 'superseded',
                             superseded_by = p_new[k], updated_at = v_now,
                             version = version + 1, seq = v_seq
         WHERE tenant_id = p_tenant AND id = m.id;
         INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
         v_superseded := v_superseded + 1;
-        v_last := v_seq;
     END LOOP;
     -- prunes
     FOR k IN 1 .. COALESCE(cardinality(p_prune), 0) LOOP
         SELECT * INTO m FROM memories WHERE tenant_id = p_tenant AND id = p_prune[k]
-            AND seq = p_prune_seq[k] AND archived_at IS NULL AND NOT pinned
-            AND type <> 'constraint' FOR UPDATE;
+            AND (seq = p_prune_seq[k] OR id = ANY (v_own)) AND archived_at IS NULL
+            AND NOT pinned AND type <> 'constraint' FOR UPDATE;
         IF NOT FOUND THEN
             v_skipped := v_skipped + 1;
             CONTINUE;
         END IF;
         PERFORM engram_keep_version(m, 'archive', jsonb_build_object(
             'reason', 'pruned', 'composite', p_prune_c[k]));
-        v_seq := engram_next_seq(p_tenant, 1);
+        v_seq := v_seq + 1;
         UPDATE memories SET archived_at = v_now, archived_reason = 'pruned', updated_at = v_now,
                             version = version + 1, seq = v_seq
         WHERE tenant_id = p_tenant AND id = m.id;
         INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
         v_archived := v_archived + 1;
-        v_last := v_seq;
     END LOOP;
-    -- re-rank: every live memory's composite, stored (not a change to index structure)
+    IF v_seq < v_first + v_total - 1 THEN
+        UPDATE tenants SET change_seq = change_seq - (v_first + v_total - 1 - v_seq)
+        WHERE id = p_tenant;
+    END IF;
+    IF v_seq >= v_first THEN
+        PERFORM pg_notify('engram_changes', p_tenant || ':' || v_seq);
+    END IF;
+    merged := v_merged;
+    superseded := v_superseded;
+    archived := v_archived;
+    skipped := v_skipped;
+    RETURN NEXT;
+END $$;
+
+-- engram_consolidate_finish: a run's last step: re-ranks (stores the composite importance of
+-- every live memory as of p_as_of_ms, weights p_w) and records the run with its counts.
+-- Stored composites are not changes to index structure: no change numbers, no lock.
+CREATE FUNCTION engram_consolidate_finish(
+        p_tenant bigint, p_trigger text, p_started_ms bigint, p_as_of_ms bigint,
+        p_w double precision[], p_settings jsonb, p_merged integer, p_superseded integer,
+        p_archived integer, p_skipped integer)
+    RETURNS TABLE (run_id bigint, rescored integer)
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
     UPDATE memories x SET
         composite = engram_composite(x.created_at, x.access_count, x.importance,
                                      engram_ts(p_as_of_ms), p_w[1], p_w[2], p_w[3], p_w[4], p_w[5]),
         composite_at = engram_ts(p_as_of_ms)
     WHERE x.tenant_id = p_tenant AND x.archived_at IS NULL
       AND (x.expires_at IS NULL OR x.expires_at > now());
-    GET DIAGNOSTICS v_rescored = ROW_COUNT;
-    IF v_last IS NOT NULL THEN
-        PERFORM pg_notify('engram_changes', p_tenant || ':' || v_last);
-    END IF;
+    GET DIAGNOSTICS rescored = ROW_COUNT;
     INSERT INTO consolidation_runs (tenant_id, trigger, status, started_at, finished_at, merged,
                                     superseded, rescored, archived, skipped, settings)
         VALUES (p_tenant, p_trigger, 'completed', engram_ts(p_started_ms), clock_timestamp(),
-                v_merged, v_superseded, v_rescored, v_archived, v_skipped, p_settings)
+                p_merged, p_superseded, rescored, p_archived, p_skipped, p_settings)
         RETURNING consolidation_runs.id INTO run_id;
-    merged := v_merged;
-    superseded := v_superseded;
-    rescored := v_rescored;
-    archived := v_archived;
-    skipped := v_skipped;
     RETURN NEXT;
 END $$;
 
@@ -227,7 +251,8 @@ CREATE FUNCTION engram_consolidate_failed(p_tenant bigint, p_trigger text, p_sta
 $$;
 
 -- Tenants whose scheduled consolidation is due: p_hours holds the cadence of the three
--- tiers (0: never); due when the last completed run finished longer ago than that.
+-- tiers (0: never); due when the last completed run (or, before the first, the tenant's
+-- creation) lies longer ago than that.
 CREATE FUNCTION engram_consolidation_due(p_hours integer[])
     RETURNS TABLE (tenant_id bigint, embed_dim integer)
     LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
@@ -235,6 +260,7 @@ CREATE FUNCTION engram_consolidation_due(p_hours integer[])
     CROSS JOIN LATERAL (SELECT p_hours[CASE t.tier WHEN 'free' THEN 1 WHEN 'standard' THEN 2
                                        ELSE 3 END] AS h) c
     WHERE c.h > 0 AND t.memory_count > 0
+      AND t.created_at < now() - make_interval(hours => c.h)
       AND NOT EXISTS (SELECT 1 FROM consolidation_runs r WHERE r.tenant_id = t.id
                       AND ((r.status = 'completed'
                             AND r.finished_at > now() - make_interval(hours => c.h))
@@ -245,3 +271,45 @@ $$;
 
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO engram_app;
 REVOKE EXECUTE ON FUNCTION engram_consolidation_due(integer[]) FROM PUBLIC;
+
+-- engram_memory_set_archived, as in 0002 but with one block of change numbers per call (see
+-- engram_consolidate_apply for why).
+CREATE OR REPLACE FUNCTION engram_memory_set_archived(p_tenant bigint, p_ids bigint[],
+                                                      p_archive boolean, p_reason text)
+    RETURNS SETOF engram_memory_meta
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    m memories;
+    v_n bigint;
+    v_seq bigint;
+BEGIN
+    PERFORM engram_next_seq(p_tenant, 0);
+    SELECT count(*) INTO v_n FROM memories
+    WHERE tenant_id = p_tenant AND id = ANY (p_ids) AND (archived_at IS NULL) = p_archive;
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    v_seq := engram_next_seq(p_tenant, v_n) - v_n;
+    FOR m IN SELECT * FROM memories
+             WHERE tenant_id = p_tenant AND id = ANY (p_ids)
+               AND (archived_at IS NULL) = p_archive
+             ORDER BY id FOR UPDATE LOOP
+        PERFORM engram_keep_version(m, CASE WHEN p_archive THEN 'archive' ELSE 'restore' END,
+                                    jsonb_build_object('reason', p_reason));
+        v_seq := v_seq + 1;
+        UPDATE memories SET
+            archived_at = CASE WHEN p_archive THEN date_trunc('milliseconds', now()) END,
+            archived_reason = CASE WHEN p_archive THEN p_reason END,
+            superseded_by = CASE WHEN p_archive THEN superseded_by END,
+            merged_into = CASE WHEN p_archive THEN merged_into END,
+            updated_at = date_trunc('milliseconds', now()),
+            version = version + 1,
+            seq = v_seq
+        WHERE tenant_id = p_tenant AND id = m.id
+        RETURNING * INTO m;
+        INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
+        RETURN NEXT engram_meta_of(m);
+    END LOOP;
+    PERFORM pg_notify('engram_changes', p_tenant || ':' || v_seq);
+END $$;

@@ -80,7 +80,9 @@ def dataset(c, t0):
 @pytest.fixture(scope="module")
 def srv():
     dsn = new_database("cons")
-    s = Server(dsn, extra=["--consolidate-check-interval-s", "1",
+    # scheduled runs for the standard tier only, so they never race the on-demand runs of the
+    # premium tenants the other tests use
+    s = Server(dsn, extra=["--consolidate-check-interval-s", "1", "--premium-consolidation-hours", "0",
                            "--standard-consolidation-hours", "1", "--free-consolidation-hours", "0"]).start()
     s.dsn_plain = dsn
     yield s
@@ -177,14 +179,18 @@ def test_on_demand_is_premium_only(srv):
 
 
 def test_scheduled_by_tier(srv):
-    _, std = srv.create_tenant(tier="standard", embedding={"dim": DIM})
-    _, free = srv.create_tenant(tier="free", embedding={"dim": DIM})
+    std_id, std = srv.create_tenant(tier="standard", embedding={"dim": DIM})
+    free_id, free = srv.create_tenant(tier="free", embedding={"dim": DIM})
     b = basis(3, 2)
     for key in (std, free):
         with srv.client(key=key) as c:
             c.call("memory.store", content="a", type="fact", importance=0.5, embedding=vec_bin(near(b[0], 0.99, 1)))
             c.call("memory.store", content="b", type="fact", importance=0.6, embedding=vec_bin(near(b[0], 0.99, 2)))
     with srv.client(key=std) as c:
+        time.sleep(2.5)  # a tenant is first due one cadence after its creation
+        assert c.call("memory.consolidation.runs")["runs"] == []
+        psql(srv.dsn_plain, f"UPDATE tenants SET created_at = now() - interval '2 hours' "
+                            f"WHERE id IN ({std_id}, {free_id})")
         deadline = time.time() + 20
         while not c.call("memory.consolidation.runs")["runs"]:
             assert time.time() < deadline, "the standard tenant was never consolidated on schedule"

@@ -229,7 +229,8 @@ int dedupe_pairs(const float *vecs, size_t n, size_t dim, float threshold, const
         return rc;
     }
     /* a pair that shares two cells is found twice */
-    qsort(b.p, b.n, sizeof(*b.p), cmp_pair);
+    if (b.n > 1)
+        qsort(b.p, b.n, sizeof(*b.p), cmp_pair);
     size_t w = 0;
     for (size_t k = 0; k < b.n; k++)
         if (w == 0 || b.p[w - 1].i != b.p[k].i || b.p[w - 1].j != b.p[k].j)

@@ -34,7 +34,6 @@ struct req {
     size_t midx; /* index in the method table, SIZE_MAX when unknown */
     uint32_t msgid;
     bool notify;
-    bool finished;
     uint64_t t0_ns;
     conn_auth auth; /* who the connection was when the request arrived */
     uint8_t *msg;
@@ -159,11 +158,6 @@ static void req_free(req *r)
  * releases the connection. */
 static void req_end(req *r, rpc_code code)
 {
-    if (r->finished) {
-        log_error("request %s ended twice", req_method(r));
-        return;
-    }
-    r->finished = true;
     if (!r->notify && r->out.size)
         conn_write(r->c, r->out.data, r->out.size);
     uint64_t us = (server_mono_ns() - r->t0_ns) / 1000u;

@@ -236,7 +236,8 @@ static void encode_sq8(const vindex *vi, const float *x, int8_t *code, float *sc
     float a = m > 0.0f ? m / 127.0f : 1.0f;
     double err = 0.0;
     for (size_t j = 0; j < dim; j++) {
-        long c = lrintf(x[j] / a);
+        float f = x[j] / a;
+        long c = (long)(f >= 0 ? f + 0.5f : f - 0.5f);
         c = c > 127 ? 127 : c < -127 ? -127 : c;
         code[j] = (int8_t)c;
         double r = (double)x[j] - (double)a * (double)c;
@@ -1228,12 +1229,30 @@ static bool cannot_beat(const topk *t, double ubs)
     return ubs < worst - 1e-9 * (1.0 + fabs(worst));
 }
 
-static int cand_cmp(const void *pa, const void *pb)
+/* cand_before tells whether a is re-ranked before b: higher bound, then lower slot. */
+static bool cand_before(const cand *a, const cand *b)
 {
-    const cand *a = pa, *b = pb;
     if (a->ubs != b->ubs)
-        return a->ubs > b->ubs ? -1 : 1;
-    return a->slot < b->slot ? -1 : a->slot > b->slot;
+        return a->ubs > b->ubs;
+    return a->slot < b->slot;
+}
+
+/* cand_sift restores the max-heap (by cand_before) below i. */
+static void cand_sift(cand *c, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && cand_before(&c[l], &c[m]))
+            m = l;
+        if (r < n && cand_before(&c[r], &c[m]))
+            m = r;
+        if (m == i)
+            return;
+        cand t = c[i];
+        c[i] = c[m];
+        c[m] = t;
+        i = m;
+    }
 }
 
 /* exact_sim returns the similarity of row x to the normalized query: level-independent
@@ -1244,27 +1263,30 @@ static float exact_sim(const float *x, const float *qn, size_t dim)
     return sim > 1.0 ? 1.0f : sim < -1.0 ? -1.0f : (float)sim;
 }
 
-/* rerank sorts the n candidates by bound and ranks them exactly until the bound cannot
- * beat the k-th hit. */
+/* rerank ranks the n candidates exactly in decreasing order of their bound (a heap: most
+ * candidates are never popped) until the bound cannot beat the k-th hit. */
 static void rerank(const sctx *sc, cand *c, size_t n)
 {
     const vindex *vi = sc->vi;
     const vindex_query *q = sc->p->q;
     topk *t = sc->t;
-    if (n > 1)
-        qsort(c, n, sizeof(*c), cand_cmp);
-    for (size_t i = 0; i < n; i++) {
-        if (cannot_beat(t, c[i].ubs))
-            break; /* sorted: no later candidate can either */
-        const chunk *ch = chunk_of(vi, c[i].slot);
-        size_t off = off_of(vi, c[i].slot);
+    for (size_t i = n / 2; i-- > 0;)
+        cand_sift(c, n, i);
+    while (n > 0) {
+        cand top = c[0];
+        c[0] = c[--n];
+        cand_sift(c, n, 0);
+        if (cannot_beat(t, top.ubs))
+            break; /* the largest bound left: no other candidate can either */
+        const chunk *ch = chunk_of(vi, top.slot);
+        size_t off = off_of(vi, top.slot);
         const void *meta = meta_in(vi, ch, off);
         if (!sc->kept_checked && q->keep && !q->keep(meta, q->ctx))
             continue;
         if (q->score && q->score_monotone && t->n == t->k) {
             /* score(ub) bounds the score: the float similarity cannot exceed ub rounded up */
-            float fu = c[i].ub >= 1.0 ? 1.0f : (float)c[i].ub;
-            if ((double)fu < c[i].ub)
+            float fu = top.ub >= 1.0 ? 1.0f : (float)top.ub;
+            if ((double)fu < top.ub)
                 fu = nextafterf(fu, INFINITY);
             double sub = q->score(fu, meta, q->ctx);
             if (!isnan(sub) && cannot_beat(t, sub))
@@ -1509,9 +1531,24 @@ static int prepare(const vindex *vi, const vindex_query *q, float *qn, int16_t *
     p->qnorm = sqrt(n2) * (1.0 + 1e-12);
     p->bounded = q->score_slope != 0.0 || q->score_bound != 0.0;
     p->qs = m > 0.0f ? (double)m / 32767.0 : 1.0;
-    double s2 = 0.0;
+    p->snorm = 0.0;
+    return 0;
+}
+
+/* prepare_codes fills the int16 query (kind SQ8 and up) and the sign bits (ANN). Any
+ * rounding works: the bound uses the exact remainder. */
+static void prepare_codes(const vindex *vi, qprep *p, int kind)
+{
+    size_t dim = vi->dim;
+    const float *qn = p->qn;
+    int16_t *qq = p->qq;
+    uint64_t *bits = p->bits;
+    if (kind < VINDEX_KIND_SQ8)
+        return;
+    double s2 = 0.0, inv = 1.0 / p->qs;
     for (size_t i = 0; i < dim; i++) {
-        long v = lrint((double)qn[i] / p->qs);
+        double x = (double)qn[i] * inv;
+        long v = (long)(x >= 0 ? x + 0.5 : x - 0.5);
         v = v > 32767 ? 32767 : v < -32767 ? -32767 : v;
         qq[i] = (int16_t)v;
         double r = (double)qn[i] - p->qs * (double)v;
@@ -1520,12 +1557,13 @@ static int prepare(const vindex *vi, const vindex_query *q, float *qn, int16_t *
     for (size_t i = dim; i < vi->sq_stride; i++)
         qq[i] = 0;
     p->snorm = sqrt(s2) * (1.0 + 1e-9) + 1e-300;
+    if (kind < VINDEX_KIND_ANN)
+        return;
     memset(bits, 0, vi->words * sizeof(uint64_t));
     for (size_t j = 0; j < dim; j++) {
         if (qn[j] > 0.0f)
             bits[j / 64] |= (uint64_t)1 << (j % 64);
     }
-    return 0;
 }
 
 /* vindex_search writes the best q->k hits into out, best first; see vindex.h. */
@@ -1533,10 +1571,6 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
 {
     *n = 0;
     size_t dim = vi->dim;
-    if (inv_norm(q->vec, dim) == 0.0)
-        return VINDEX_E_ZERO;
-    if (q->k == 0)
-        return 0;
     float qbuf[QBUF];
     int16_t qqbuf[QBUF];
     uint64_t bbuf[QBUF / 64];
@@ -1553,13 +1587,17 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
         qn = (float *)(bits + vi->words);
         qq = (int16_t *)(qn + dim);
     }
-    qprep p;
-    prepare(vi, q, qn, qq, bits, &p);
+    qprep p = {0};
+    if (prepare(vi, q, qn, qq, bits, &p) || q->k == 0) {
+        free(heap);
+        return q->k == 0 && p.qn ? 0 : VINDEX_E_ZERO;
+    }
 
     topk t = {.h = out, .n = 0, .k = q->k};
     sctx sc = {.vi = vi, .p = &p, .t = &t, .kept_checked = false};
     int rc = 0;
     rdlock(vi);
+    prepare_codes(vi, &p, vi->kind);
     size_t want = vi->o.ann_max_candidates > 16 * q->k ? vi->o.ann_max_candidates : 16 * q->k;
     if (vi->kind == VINDEX_KIND_ANN && vi->live > 2 * want) {
         sc.kept_checked = true;

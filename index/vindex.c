@@ -1380,12 +1380,12 @@ static int search_ann(const sctx *sc)
     unsigned char *mem = malloc(bytes);
     if (!mem)
         return -ENOMEM;
-    uint16_t *hd = (uint16_t *)mem;
-    uint32_t *hist = (uint32_t *)(mem + n * sizeof(uint16_t));
+    uint32_t *hist = (uint32_t *)mem; /* the 32-bit arrays first: alignment */
     uint32_t *pos = hist + hist_n;
     uint32_t *found = pos + hist_n;
     uint32_t *list = found + PIECE;
     size_t list_cap = want + PIECE;
+    uint16_t *hd = (uint16_t *)(list + list_cap);
 
     /* 1. Hamming distances; tombstones get 0xffff (above any distance). */
     memset(hist, 0, hist_n * sizeof(uint32_t));

@@ -89,11 +89,13 @@ typedef struct vindex_opts {
 
 /* vindex_create returns an empty index, or NULL when out of memory or when opts are invalid
  * (dim 0 or above 65536, meta_size above 1 MiB, compact_percent above 100).
- * Free with vindex_destroy (NULL is a no-op; no other thread may still use the index). */
+ * Free with vindex_destroy (NULL is a no-op; no other thread may still use the index, and
+ * no call on it may be in progress). */
 vindex *vindex_create(const vindex_opts *opts);
 void vindex_destroy(vindex *vi);
 
-/* vindex_dim returns the dimension; vindex_count the number of live vectors. */
+/* vindex_dim returns the dimension (no lock); vindex_count the number of live vectors
+ * (shared lock). */
 size_t vindex_dim(const vindex *vi);
 size_t vindex_count(vindex *vi);
 
@@ -116,7 +118,8 @@ typedef struct vindex_stats {
                             * or a kind change that an add could not make (memory) */
 } vindex_stats;
 
-/* vindex_get_stats fills *st with one consistent snapshot of the counters above. */
+/* vindex_get_stats fills *st with one consistent snapshot of the counters above (shared
+ * lock; O(chunks)). vindex_bytes takes the shared lock too. */
 void vindex_get_stats(vindex *vi, vindex_stats *st);
 
 /* vindex_last_error returns NULL (FAISS is no longer used; kept for compatibility). */
@@ -127,7 +130,8 @@ const char *vindex_last_error(void);
  * Returns 0, VINDEX_E_EXISTS, VINDEX_E_ZERO, -EINVAL for the reserved id UINT64_MAX, or
  * -ENOMEM (the index is unchanged on every error). The add that crosses a kind threshold
  * encodes the existing vectors (about 1.5 us each at 768 dimensions) before it returns;
- * searches are not blocked meanwhile. */
+ * searches are not blocked meanwhile. Thread-safety: writer mutex (adds, upserts, removes
+ * and metadata updates run one at a time), exclusive lock only to publish. */
 int vindex_add(vindex *vi, uint64_t id, const float *vec, const void *meta);
 
 /* vindex_upsert adds vec and meta under id, replacing the vector and metadata id had, in
@@ -136,7 +140,9 @@ int vindex_add(vindex *vi, uint64_t id, const float *vec, const void *meta);
 int vindex_upsert(vindex *vi, uint64_t id, const float *vec, const void *meta);
 
 /* vindex_remove removes the vector with id (a tombstone; see the compaction options).
- * Returns 0 or VINDEX_E_NOT_FOUND. */
+ * Returns 0 or VINDEX_E_NOT_FOUND. Writer mutex, exclusive lock to publish; an inline
+ * compaction (small indexes) rebuilds under the writer mutex and swaps under the exclusive
+ * lock, and is skipped while vindex_maintenance or vindex_save runs. */
 int vindex_remove(vindex *vi, uint64_t id);
 
 /* vindex_maintenance does the work vindex_stats.maintenance_due reports: it builds compacted
@@ -148,14 +154,16 @@ int vindex_remove(vindex *vi, uint64_t id);
  * -ENOMEM (the index is unchanged). */
 int vindex_maintenance(vindex *vi);
 
-/* vindex_contains tells whether id is live in the index. */
+/* vindex_contains tells whether id is live in the index. Shared lock (as are get_meta,
+ * get_vector and foreach below). */
 bool vindex_contains(vindex *vi, uint64_t id);
 
 /* vindex_get_meta copies the metadata of id into meta_out (meta_size bytes). Returns 0 or
  * VINDEX_E_NOT_FOUND. */
 int vindex_get_meta(vindex *vi, uint64_t id, void *meta_out);
 
-/* vindex_set_meta replaces the metadata of id. Returns 0 or VINDEX_E_NOT_FOUND. */
+/* vindex_set_meta replaces the metadata of id. Returns 0 or VINDEX_E_NOT_FOUND. Writer
+ * mutex and exclusive lock (as vindex_update_meta). */
 int vindex_set_meta(vindex *vi, uint64_t id, const void *meta);
 
 /* vindex_update_meta calls fn(meta, ctx) on the stored metadata of each of the n ids that
@@ -212,8 +220,8 @@ typedef struct vindex_query {
  * index the hits are the best k (exactly ranked, exact similarities) among the candidates
  * the Hamming stage found among the kept vectors; when the filter keeps at most
  * ann_max_candidates vectors, all of them are candidates and the result is exact. An ANN
- * index answers exactly (through the int8 codes) when k is large against the index
- * (16 * k * 2 > live). The reported similarity of a vector depends only on it and the
+ * index answers exactly (scanning the int8 codes) when k is large against it: when live is
+ * at most 2 * max(ann_max_candidates, 16 * k). The reported similarity of a vector depends only on it and the
  * query (not on where it is stored or on the CPU), so two copies of one vector tie exactly
  * and are ordered by id.
  *

@@ -391,8 +391,9 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--generic")) {
             vk_set_level(VK_GENERIC);
         } else {
-            fprintf(stderr, "usage: %s [-q N] [-s sizes] [-t threads] [-d dir] [--compare] "
-                            "[--hnsw] [--generic]\n",
+            fprintf(stderr,
+                    "usage: %s [-q N] [-s sizes] [-t threads] [-d dir] [--compare] "
+                    "[--hnsw] [--generic]\n",
                     argv[0]);
             return 2;
         }

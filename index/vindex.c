@@ -933,6 +933,7 @@ static bool view_tomb(const view *v, size_t s)
 typedef struct store {
     chunk **chunks;
     size_t nchunks, tcap, nslots, ntomb;
+    size_t hint; /* expected slots: sizes chunk 0 of a small index */
     int kind;
 } store;
 
@@ -948,6 +949,18 @@ static int store_append(const vindex *vi, store *st, const chunk *s, size_t so, 
                         bool with_meta)
 {
     size_t slot = st->nslots, ci = slot >> vi->ch_shift, off = slot & vi->ch_mask;
+    if (ci == 0 && st->nchunks == 1 && off == st->chunks[0]->cap) {
+        /* chunk 0 was sized by the hint and more came: double it */
+        chunk *o = st->chunks[0];
+        chunk *g = chunk_new(vi, o->cap * 2 > vi->ch_rows ? vi->ch_rows : o->cap * 2, st->kind);
+        if (!g)
+            return -ENOMEM;
+        for (size_t i = 0; i < o->cap; i++)
+            copy_slot(vi, g, i, o, i, true);
+        memcpy(g->tomb, o->tomb, (o->cap + 63) / 64 * sizeof(uint64_t));
+        st->chunks[0] = g;
+        chunk_free(o);
+    }
     if (ci == st->nchunks) {
         if (st->nchunks == st->tcap) {
             size_t ncap = st->tcap ? st->tcap * 2 : 4;
@@ -957,7 +970,14 @@ static int store_append(const vindex *vi, store *st, const chunk *s, size_t so, 
             st->chunks = t;
             st->tcap = ncap;
         }
-        chunk *c = chunk_new(vi, vi->ch_rows, st->kind);
+        size_t cap = vi->ch_rows;
+        if (ci == 0) {
+            size_t want = CHUNK0_MIN;
+            while (want < st->hint && want < vi->ch_rows)
+                want *= 2;
+            cap = want < cap ? want : cap;
+        }
+        chunk *c = chunk_new(vi, cap, st->kind);
         if (!c)
             return -ENOMEM;
         st->chunks[st->nchunks++] = c;
@@ -992,6 +1012,7 @@ static int rebuild(vindex *vi, bool inline_wmu)
     }
     vi->pinned = true;
     st.kind = kind_for(vi, v.live, v.kind);
+    st.hint = v.live + v.live / 8;
     if (!inline_wmu)
         pthread_mutex_unlock(&vi->wmu);
 

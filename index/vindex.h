@@ -221,9 +221,9 @@ typedef struct vindex_query {
  * the Hamming stage found among the kept vectors; when the filter keeps at most
  * ann_max_candidates vectors, all of them are candidates and the result is exact. An ANN
  * index answers exactly (scanning the int8 codes) when k is large against it: when live is
- * at most 2 * max(ann_max_candidates, 16 * k). The reported similarity of a vector depends only on it and the
- * query (not on where it is stored or on the CPU), so two copies of one vector tie exactly
- * and are ordered by id.
+ * at most 2 * max(ann_max_candidates, 16 * k). The reported similarity of a vector depends only on
+ * it and the query (not on where it is stored or on the CPU), so two copies of one vector tie
+ * exactly and are ordered by id.
  *
  * Returns 0, VINDEX_E_ZERO for a query vector without direction, or -ENOMEM. Runs on the
  * caller's thread under the shared lock (keep and score run under it); allocates scratch

@@ -189,23 +189,41 @@ AVX2 static int64_t hsum_epi32_64(__m256i v)
     return _mm_cvtsi128_si64(x) + _mm_extract_epi64(x, 1);
 }
 
+/* sq8_seg returns the eight int32 lane sums of the product over [0, len) dimensions, len a
+ * multiple of 32 and at most 4096 (see the overflow note in the file comment). */
+AVX2 static __m256i sq8_seg(const int8_t *c, const int16_t *q, size_t len)
+{
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+    for (size_t i = 0; i < len; i += 32) {
+        __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + i)));
+        __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + i + 16)));
+        s0 = _mm256_add_epi32(s0,
+                              _mm256_madd_epi16(a, _mm256_loadu_si256((const __m256i *)(q + i))));
+        s1 = _mm256_add_epi32(
+            s1, _mm256_madd_epi16(b, _mm256_loadu_si256((const __m256i *)(q + i + 16))));
+    }
+    /* s0 and s1 each hold at most len / 32 pairs per lane: their sum is safe for len <= 4096
+     * (256 pairs) */
+    return _mm256_add_epi32(s0, s1);
+}
+
 AVX2 static int64_t sq8_dot_avx2(const int8_t *c, const int16_t *q, size_t stride)
 {
+    if (stride <= 4096)
+        return hsum_epi32_64(sq8_seg(c, q, stride)); /* lanes fit int32, their sum may not */
     int64_t total = 0;
     for (size_t seg = 0; seg < stride; seg += 4096) {
-        size_t end = stride - seg < 4096 ? stride : seg + 4096;
-        __m256i s0 = _mm256_setzero_si256(), s1 = s0;
-        for (size_t i = seg; i < end; i += 32) {
-            __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + i)));
-            __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + i + 16)));
-            s0 = _mm256_add_epi32(
-                s0, _mm256_madd_epi16(a, _mm256_loadu_si256((const __m256i *)(q + i))));
-            s1 = _mm256_add_epi32(
-                s1, _mm256_madd_epi16(b, _mm256_loadu_si256((const __m256i *)(q + i + 16))));
-        }
-        total += hsum_epi32_64(s0) + hsum_epi32_64(s1);
+        size_t len = stride - seg < 4096 ? stride - seg : 4096;
+        total += hsum_epi32_64(sq8_seg(c + seg, q + seg, len));
     }
     return total;
+}
+
+AVX2 static void sq8_dots_avx2(const int8_t *codes, size_t stride, size_t n, const int16_t *q,
+                               int64_t *out)
+{
+    for (size_t v = 0; v < n; v++)
+        out[v] = sq8_dot_avx2(codes + v * stride, q, stride);
 }
 
 /* popcount of the bytes of 256 bits through a nibble table (no AVX2 popcount instruction):
@@ -325,8 +343,7 @@ void vk_sq8_dots(const int8_t *codes, size_t stride, size_t n, const int16_t *q,
 {
 #ifdef VK_X86
     if (use_avx2()) {
-        for (size_t v = 0; v < n; v++)
-            out[v] = sq8_dot_avx2(codes + v * stride, q, stride);
+        sq8_dots_avx2(codes, stride, n, q, out);
         return;
     }
 #endif

@@ -101,8 +101,7 @@ static double *sims; /* N similarities to the query last passed to brute with fr
 /* brute returns the number of passing vectors and fills top with the best k scores (k at
  * most 64; ties by id). With fresh, it computes the similarities of q first (in double, four
  * partial sums), else reuses those of the last query. */
-static size_t brute(const float *q, bool fresh, const vindex_query *qq, sd *all, size_t k,
-                    sd *top)
+static size_t brute(const float *q, bool fresh, const vindex_query *qq, sd *all, size_t k, sd *top)
 {
     (void)all;
     for (size_t i = 0; fresh && i < N; i++) {
@@ -152,8 +151,14 @@ static void recall_and_filters(vindex *vi)
                 rec_plain += hits[j].id == top[i].id;
         /* filtered (half) and scored, monotone */
         fctx half = {2, (uint32_t)t % 2};
-        vindex_query qs = {.vec = q, .k = K, .keep = keep_fn, .ctx = &half, .score = blend,
-                           .score_slope = 0.7, .score_bound = 0.3, .score_monotone = true};
+        vindex_query qs = {.vec = q,
+                           .k = K,
+                           .keep = keep_fn,
+                           .ctx = &half,
+                           .score = blend,
+                           .score_slope = 0.7,
+                           .score_bound = 0.3,
+                           .score_monotone = true};
         brute(q, false, &qs, all, K, top);
         CHECK(vindex_search(vi, &qs, hits, &n) == 0 && n == K);
         for (size_t i = 0; i < K; i++)
@@ -178,8 +183,7 @@ static void recall_and_filters(vindex *vi)
     }
     rec_plain /= (double)NQ * K;
     rec_scored /= (double)NQ * K;
-    fprintf(stderr, "%d x %d: recall@10 %.4f, filtered+scored %.4f\n", N, D, rec_plain,
-            rec_scored);
+    fprintf(stderr, "%d x %d: recall@10 %.4f, filtered+scored %.4f\n", N, D, rec_plain, rec_scored);
     CHECK_MSG(rec_plain >= 0.98, "recall@10 %.4f below 0.98", rec_plain);
     CHECK_MSG(rec_scored >= 0.95, "filtered+scored recall@10 %.4f below 0.95", rec_scored);
     CHECK_MSG(exact_bad == 0, "%d selective-filter hits differ from brute force", exact_bad);
@@ -191,7 +195,10 @@ static void recall_and_filters(vindex *vi)
  * vector, a filter that keeps five of them. */
 static void crowded_bucket(void)
 {
-    vindex_opts o = {.dim = 64, .meta_size = sizeof(meta), .ann_min = 1, .quant_min = 1,
+    vindex_opts o = {.dim = 64,
+                     .meta_size = sizeof(meta),
+                     .ann_min = 1,
+                     .quant_min = 1,
                      .ann_max_candidates = 100};
     vindex *vi = vindex_create(&o);
     float v[64];
@@ -329,8 +336,13 @@ static void concurrency(void)
 {
     for (size_t i = 0; i <= N; i++)
         live[i] = false;
-    vindex_opts o = {.dim = D, .meta_size = sizeof(meta), .ann_min = 8000, .quant_min = 500,
-                     .ann_max_candidates = 1024, .inline_compact_max = 1, .compact_percent = 5};
+    vindex_opts o = {.dim = D,
+                     .meta_size = sizeof(meta),
+                     .ann_min = 8000,
+                     .quant_min = 500,
+                     .ann_max_candidates = 1024,
+                     .inline_compact_max = 1,
+                     .compact_percent = 5};
     vindex *vi = vindex_create(&o);
     for (size_t i = 0; i < MT_BASE; i++) {
         CHECK(vindex_add(vi, i + 1, X + i * D, &M[i]) == 0);

@@ -36,8 +36,8 @@ static void kernels(void)
     uint64_t *bits = malloc((size_t)N * 80 * sizeof(uint64_t)), qb[80];
     int64_t d0[N], d1[N];
     uint16_t h0[N], h1[N];
-    static const size_t dims[] = {1, 3, 7, 8, 9, 15, 31, 32, 33, 63, 64, 65, 100, 384, 768, 1023,
-                                  1536, 4095, 4096, 4097, 5000};
+    static const size_t dims[] = {1,  3,   7,   8,   9,    15,   31,   32,   33,   63,  64,
+                                  65, 100, 384, 768, 1023, 1536, 4095, 4096, 4097, 5000};
     int bad_exact = 0, bad_dot = 0, bad_sq = 0, bad_ham = 0;
     for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++) {
         size_t d = dims[di];
@@ -65,7 +65,9 @@ static void kernels(void)
             size_t stride = (d + 31) / 32 * 32;
             if (stride <= 8192) {
                 for (size_t i = 0; i < stride; i++)
-                    q[i] = (int16_t)(rep == 0 ? 32767 : rep == 1 ? -32767 : (int)(next() % 65535) - 32767);
+                    q[i] = (int16_t)(rep == 0   ? 32767
+                                     : rep == 1 ? -32767
+                                                : (int)(next() % 65535) - 32767);
                 for (size_t v = 0; v < N; v++) {
                     for (size_t i = 0; i < stride; i++)
                         codes[v * stride + i] =

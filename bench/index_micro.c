@@ -306,9 +306,9 @@ static void hnsw(size_t n, uint64_t *gt)
                 if (ids[c] < 0)
                     continue;
                 float s = (float)vk_dot_exact(X + (size_t)ids[c] * DIM, qv, DIM);
-                size_t p = nt < K ? nt++ : K - 1;
-                if (nt == K && p == K - 1 && s <= top[K - 1].similarity)
+                if (nt == K && s <= top[K - 1].similarity)
                     continue;
+                size_t p = nt < K ? nt++ : K - 1;
                 while (p > 0 && top[p - 1].similarity < s) {
                     top[p] = top[p - 1];
                     p--;
@@ -450,8 +450,6 @@ int main(int argc, char **argv)
                 vindex_opts fo = o;
                 fo.quant_min = kind >= 1 ? 1 : SIZE_MAX;
                 fo.ann_min = kind == 2 ? 1 : SIZE_MAX;
-                if (kind == 2 && n < 4 * 4096)
-                    fo.ann_max_candidates = n / 8 > 256 ? n / 8 : 256; /* else scanned exactly */
                 vindex *fv = build(n, &fo, &per_add);
                 vindex_get_stats(fv, &st);
                 measure(fv, kinds[kind], n, gt);

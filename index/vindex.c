@@ -1384,6 +1384,17 @@ static void search_exact(const sctx *sc, bool use_sq8)
     }
 }
 
+/* ann_budget returns how many candidates an ANN search gathers: an eighth of the live
+ * vectors, at least ann_candidates and 16 k, at most ann_max_candidates (or 16 k). Shared
+ * lock held. */
+static size_t ann_budget(const vindex *vi, size_t k)
+{
+    size_t lo = vi->o.ann_candidates > 16 * k ? vi->o.ann_candidates : 16 * k;
+    size_t hi = vi->o.ann_max_candidates > 16 * k ? vi->o.ann_max_candidates : 16 * k;
+    size_t b = vi->live / 8;
+    return b < lo ? lo : b > hi ? hi : b;
+}
+
 /* search_ann runs the Hamming-prefiltered search; see the file comment. Shared lock held.
  * Returns 0 or -ENOMEM. */
 static int search_ann(const sctx *sc)
@@ -1392,7 +1403,7 @@ static int search_ann(const sctx *sc)
     const vindex_query *q = sc->p->q;
     const vindex_opts *o = &vi->o;
     size_t n = vi->nslots, maxh = vi->words * 64;
-    size_t want = o->ann_max_candidates > 16 * q->k ? o->ann_max_candidates : 16 * q->k;
+    size_t want = ann_budget(vi, q->k);
     size_t min_bound = o->ann_candidates > 4 * q->k ? o->ann_candidates : 4 * q->k;
     enum { PIECE = 4096 };
     size_t hist_n = maxh + 2;
@@ -1619,7 +1630,7 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
     int rc = 0;
     rdlock(vi);
     prepare_codes(vi, &p, vi->kind);
-    size_t want = vi->o.ann_max_candidates > 16 * q->k ? vi->o.ann_max_candidates : 16 * q->k;
+    size_t want = ann_budget(vi, q->k);
     if (vi->kind == VINDEX_KIND_ANN && vi->live > 2 * want) {
         sc.kept_checked = true;
         rc = search_ann(&sc);

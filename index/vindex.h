@@ -75,8 +75,9 @@ typedef struct vindex_opts {
     size_t ann_min;
     /* ANN search: at least ann_candidates candidates (default 256, and at least 4 * k) are
      * bounded with their int8 codes; the search stops once ann_patience (default 128)
-     * candidates in a row could not enter the top k; it never bounds more than
-     * ann_max_candidates (default 4096, and at least 16 * k). */
+     * candidates in a row could not enter the top k; it gathers (and so bounds at most) an
+     * eighth of the live vectors, at least max(ann_candidates, 16 k) and at most
+     * max(ann_max_candidates (default 4096), 16 k): its budget. */
     size_t ann_candidates;
     size_t ann_patience;
     size_t ann_max_candidates;
@@ -218,10 +219,10 @@ typedef struct vindex_query {
  * Filters never under-fill: when at least k vectors pass keep, exactly k are returned.
  * Kinds FLAT and SQ8 are exact: the hits are the best k of all kept vectors. On an ANN
  * index the hits are the best k (exactly ranked, exact similarities) among the candidates
- * the Hamming stage found among the kept vectors; when the filter keeps at most
- * ann_max_candidates vectors, all of them are candidates and the result is exact. An ANN
+ * the Hamming stage found among the kept vectors; when the filter keeps at most the budget
+ * (see ann_max_candidates), all of them are candidates and the result is exact. An ANN
  * index answers exactly (scanning the int8 codes) when k is large against it: when live is
- * at most 2 * max(ann_max_candidates, 16 * k). The reported similarity of a vector depends only on
+ * at most twice the budget. The reported similarity of a vector depends only on
  * it and the query (not on where it is stored or on the CPU), so two copies of one vector tie
  * exactly and are ordered by id.
  *

@@ -901,10 +901,11 @@ int main(void)
     test_workload(384, 2000, 1500, 6, 40, 5, &sq8, "sq8");
     test_workload(33, 600, 500, 10, 50, 6, &sq8, "sq8"); /* dims not a multiple of 32 */
     test_workload(100, 600, 500, 10, 50, 7, &flat, "flat");
-    /* ANN that gathers everything it can (max candidates above the count): the ANN path
-     * only runs when the live count exceeds twice the budget, so these searches take the
-     * exact scan of the codes, and with a budget of 64 the ANN path itself, approximately */
-    vindex_opts ann_exact = {.quant_min = 1, .ann_min = 1, .inline_compact_max = 1};
+    /* An ANN index whose candidate budget exceeds half the count: the ANN path only runs
+     * when the live count exceeds twice the budget, so these searches scan the codes
+     * exactly; then with a budget of 64 the ANN path itself, approximately */
+    vindex_opts ann_exact = {
+        .quant_min = 1, .ann_min = 1, .ann_candidates = 1 << 20, .inline_compact_max = 1};
     test_workload(256, 2000, 1500, 6, 40, 8, &ann_exact, "ann-exact");
     vindex_opts ann = {.quant_min = 1,
                        .ann_min = 1,

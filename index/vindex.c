@@ -76,9 +76,15 @@
 
 #define DEF_QUANT_MIN 512
 #define DEF_ANN_MIN 8192
+#ifndef DEF_ANN_CAND /* overridable for parameter sweeps */
 #define DEF_ANN_CAND 256
+#endif
+#ifndef DEF_ANN_PATIENCE
 #define DEF_ANN_PATIENCE 128
+#endif
+#ifndef DEF_ANN_MAX
 #define DEF_ANN_MAX 4096
+#endif
 #define DEF_COMPACT_PERCENT 25
 #define DEF_INLINE_COMPACT 4096
 

@@ -91,12 +91,37 @@ static double dot_exact_c(const float *a, const float *b, size_t dim)
     return combine8(s);
 }
 
+/* Products are at most 127 * 32767 in magnitude, so an int32 holds the sum of 512: summed
+ * in segments of 512, then in int64. stride is a multiple of 32. */
 static int64_t sq8_dot_c(const int8_t *c, const int16_t *q, size_t stride)
 {
-    int64_t s = 0;
-    for (size_t i = 0; i < stride; i++)
-        s += (int32_t)c[i] * q[i];
-    return s;
+    int64_t total = 0;
+    for (size_t seg = 0; seg < stride; seg += 512) {
+        size_t len = stride - seg < 512 ? stride - seg : 512;
+#ifdef __SSE2__
+        /* baseline x86-64: widen the codes to int16 and multiply-add pairs (pmaddwd); four
+         * int32 lanes of at most 128 products each */
+        __m128i acc = _mm_setzero_si128();
+        for (size_t i = 0; i < len; i += 16) {
+            __m128i x = _mm_loadu_si128((const __m128i *)(c + seg + i));
+            __m128i lo = _mm_srai_epi16(_mm_unpacklo_epi8(x, x), 8);
+            __m128i hi = _mm_srai_epi16(_mm_unpackhi_epi8(x, x), 8);
+            acc = _mm_add_epi32(
+                acc, _mm_madd_epi16(lo, _mm_loadu_si128((const __m128i *)(q + seg + i))));
+            acc = _mm_add_epi32(
+                acc, _mm_madd_epi16(hi, _mm_loadu_si128((const __m128i *)(q + seg + i + 8))));
+        }
+        int32_t lanes[4];
+        _mm_storeu_si128((__m128i *)lanes, acc);
+        total += (int64_t)lanes[0] + lanes[1] + lanes[2] + lanes[3];
+#else
+        int32_t s = 0;
+        for (size_t i = 0; i < len; i++)
+            s += (int32_t)c[seg + i] * q[seg + i];
+        total += s;
+#endif
+    }
+    return total;
 }
 
 static void hamming_c(const uint64_t *codes, size_t words, size_t n, const uint64_t *q,

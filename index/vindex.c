@@ -1004,7 +1004,6 @@ static int rebuild(vindex *vi, bool inline_wmu)
 {
     view v;
     store st = {0};
-    uint32_t *remap = NULL; /* old slot -> new slot, UINT32_MAX when dropped */
     uint32_t *src = NULL;   /* new slot -> old slot */
     idmap *nmap = NULL;
     int rc = -ENOMEM;
@@ -1023,15 +1022,12 @@ static int rebuild(vindex *vi, bool inline_wmu)
         pthread_mutex_unlock(&vi->wmu);
 
     /* Phase 2, no lock: copy the live slots of the view. */
-    remap = malloc((v.nslots + 1) * sizeof(uint32_t));
     src = malloc((v.nslots + 1) * sizeof(uint32_t));
-    if (!remap || !src)
+    if (!src)
         goto relock;
     for (size_t s = 0; s < v.nslots; s++) {
-        remap[s] = UINT32_MAX;
         if (view_tomb(&v, s))
             continue;
-        remap[s] = (uint32_t)st.nslots;
         src[st.nslots] = (uint32_t)s;
         /* metadata may be changing under writers: copied in phase 3 */
         if (store_append(vi, &st, &v.ch[s >> vi->ch_shift], s & vi->ch_mask, v.kind, false))
@@ -1116,7 +1112,6 @@ relock:
     vi->tier_retry_at = 0;
     if (!inline_wmu)
         pthread_mutex_unlock(&vi->wmu);
-    free(remap);
     free(src);
     view_free(&v);
     return 1;
@@ -1127,7 +1122,6 @@ fail:
         pthread_mutex_unlock(&vi->wmu);
     store_free(&st);
     idmap_destroy(nmap);
-    free(remap);
     free(src);
     view_free(&v);
     return -ENOMEM;

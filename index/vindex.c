@@ -1004,7 +1004,7 @@ static int rebuild(vindex *vi, bool inline_wmu)
 {
     view v;
     store st = {0};
-    uint32_t *src = NULL;   /* new slot -> old slot */
+    uint32_t *src = NULL; /* new slot -> old slot */
     idmap *nmap = NULL;
     int rc = -ENOMEM;
 

@@ -1333,8 +1333,9 @@ static double sq8_ub(const qprep *p, const chunk *c, size_t off, int64_t dot)
 }
 
 /* search_exact scans every slot (FLAT: float products; SQ8: code products), see the file
- * comment. Shared lock held. */
-static void search_exact(const sctx *sc, bool use_sq8)
+ * comment; with filter_first (SQ8 codes and a keep function), keep runs on every slot first
+ * and only kept slots are bounded (sc->kept_checked must be set). Shared lock held. */
+static void search_exact(const sctx *sc, bool use_sq8, bool filter_first)
 {
     const vindex *vi = sc->vi;
     const qprep *p = sc->p;
@@ -1363,13 +1364,19 @@ static void search_exact(const sctx *sc, bool use_sq8)
         }
         if (!any)
             continue;
-        if (use_sq8)
+        if (use_sq8 && !filter_first)
             vk_sq8_dots(c->sq + off0 * vi->sq_stride, vi->sq_stride, m, p->qq, dots);
         size_t nc = 0;
         for (size_t r = 0; r < m; r++) {
             size_t off = off0 + r;
             if (tomb_at(c, off))
                 continue;
+            if (filter_first) {
+                /* a selective filter: keep first, codes of the kept vectors only */
+                if (!p->q->keep(meta_in(vi, c, off), p->q->ctx))
+                    continue;
+                dots[r] = vk_sq8_dot(c->sq + off * vi->sq_stride, p->qq, vi->sq_stride);
+            }
             double ub = use_sq8 ? sq8_ub(p, c, off, dots[r])
                                 : (double)vk_dot(row_in(vi, c, off), p->qn, vi->dim) + slack;
             double ubs = score_ub(p, ub);
@@ -1540,6 +1547,29 @@ static int search_ann(const sctx *sc)
     return 0;
 }
 
+/* rare_filter estimates from a sample of SAMPLE slots spread over the index whether keep
+ * passes fewer than budget / 2 vectors; then scanning every slot's metadata and bounding
+ * the kept ones exactly is cheaper than a Hamming pass followed by a deep gather. Shared
+ * lock held. */
+static bool rare_filter(const vindex *vi, const vindex_query *q, size_t budget)
+{
+    enum { SAMPLE = 128 };
+    size_t n = vi->nslots, seen = 0, kept = 0;
+    /* scattered, fixed positions (a regular stride could alias with periodic metadata) */
+    for (uint64_t j = 1; j <= 2 * SAMPLE && seen < SAMPLE; j++) {
+        size_t s = (size_t)(((j * 0x9e3779b97f4a7c15ULL) >> 11) % n);
+        const chunk *c = chunk_of(vi, s);
+        size_t off = off_of(vi, s);
+        if (tomb_at(c, off))
+            continue;
+        seen++;
+        kept += q->keep(meta_in(vi, c, off), q->ctx);
+    }
+    /* kept / seen of live below budget / 2, with one extra pass counted for noise */
+    return seen >= SAMPLE / 2 &&
+           (double)(kept + 1) / (double)seen * (double)vi->live < (double)budget / 2.0;
+}
+
 /* prepare fills p for q; buffers are the caller's. Returns 0 or VINDEX_E_ZERO. */
 static int prepare(const vindex *vi, const vindex_query *q, float *qn, int16_t *qq, uint64_t *bits,
                    qprep *p)
@@ -1633,10 +1663,13 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
     size_t want = ann_budget(vi, q->k);
     if (vi->kind == VINDEX_KIND_ANN && vi->live > 2 * want) {
         sc.kept_checked = true;
-        rc = search_ann(&sc);
+        if (q->keep && rare_filter(vi, q, want))
+            search_exact(&sc, true, true); /* exact, and cheaper than gathering deep */
+        else
+            rc = search_ann(&sc);
     } else {
         /* on an ANN index with k large against it, the codes are scanned exactly */
-        search_exact(&sc, vi->kind >= VINDEX_KIND_SQ8);
+        search_exact(&sc, vi->kind >= VINDEX_KIND_SQ8, false);
     }
     unlock(vi);
     free(heap);

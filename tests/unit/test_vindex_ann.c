@@ -192,7 +192,8 @@ static void recall_and_filters(vindex *vi)
 }
 
 /* One distance shared by more vectors than the candidate list holds: 9000 copies of a
- * vector, a filter that keeps five of them. */
+ * vector, a filter that keeps five of them (the metadata-scan plan), then one that keeps
+ * one in 50 (the gather). */
 static void crowded_bucket(void)
 {
     vindex_opts o = {.dim = 64,
@@ -215,6 +216,27 @@ static void crowded_bucket(void)
     CHECK(vindex_search(vi, &q, h, &n) == 0 && n == 5);
     for (size_t i = 0; i < n; i++)
         CHECK(h[i].id == 77 + 1800 * i);
+    vindex_destroy(vi);
+
+    /* A filter too common for the metadata scan (one in 20, scattered): the gather takes
+     * the crowded distance in two parts, in slot order, until the budget (300) is full;
+     * ties go to the lowest ids, so the hits are the ten lowest kept ids. */
+    o.ann_max_candidates = 300;
+    vi = vindex_create(&o);
+    uint64_t want[10];
+    size_t nw = 0;
+    for (uint32_t i = 0; i < 9000; i++) {
+        uint32_t g = (uint32_t)(((uint64_t)i * 0x9e3779b97f4a7c15ULL) >> 40) % 20;
+        meta m = {g, 0};
+        CHECK(vindex_add(vi, i, v, &m) == 0);
+        if (g == 7 && nw < 10)
+            want[nw++] = i;
+    }
+    fctx f20 = {20, 7};
+    q.ctx = &f20;
+    CHECK(vindex_search(vi, &q, h, &n) == 0 && n == 10);
+    for (size_t i = 0; i < n && i < nw; i++)
+        CHECK(h[i].id == want[i]);
     vindex_destroy(vi);
 }
 

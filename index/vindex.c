@@ -42,7 +42,10 @@
  * deeper, and a filter that keeps fewer than ann_max_candidates vectors makes every kept
  * vector a candidate: exact). Candidates are re-ranked like the exact search, in batches
  * of 64 in Hamming order, until ann_candidates were bounded and ann_patience in a row
- * could not enter the top k.
+ * could not enter the top k. When a sample of 128 slots says the filter keeps fewer than
+ * half the budget, the search skips the Hamming pass: keep runs on every slot and the
+ * kept ones are bounded with their int8 codes, an exact answer (a 1% filter at 50k x 768:
+ * 0.3 ms instead of 1.1 ms for the deep gather).
  *
  * Exact similarity. vk_dot_exact sums exact double products in a fixed order, so a vector's
  * similarity depends only on it and the query: copies tie exactly and break by id.

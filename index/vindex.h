@@ -220,7 +220,9 @@ typedef struct vindex_query {
  * Kinds FLAT and SQ8 are exact: the hits are the best k of all kept vectors. On an ANN
  * index the hits are the best k (exactly ranked, exact similarities) among the candidates
  * the Hamming stage found among the kept vectors; when the filter keeps at most the budget
- * (see ann_max_candidates), all of them are candidates and the result is exact. An ANN
+ * (see ann_max_candidates), all of them are candidates and the result is exact (a filter
+ * that a sample shows to keep under half the budget is answered by scanning the metadata
+ * and bounding every kept vector, exact as well). An ANN
  * index answers exactly (scanning the int8 codes) when k is large against it: when live is
  * at most twice the budget. The reported similarity of a vector depends only on
  * it and the query (not on where it is stored or on the CPU), so two copies of one vector tie

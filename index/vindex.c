@@ -1672,7 +1672,12 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
             rc = search_ann(&sc);
     } else {
         /* on an ANN index with k large against it, the codes are scanned exactly */
-        search_exact(&sc, vi->kind >= VINDEX_KIND_SQ8, false);
+        /* with codes, a filter keeping under a quarter of the vectors runs first: a keep
+         * call costs less than a code product */
+        bool sq8 = vi->kind >= VINDEX_KIND_SQ8;
+        bool first = sq8 && q->keep && vi->live >= 1024 && rare_filter(vi, q, vi->live / 2);
+        sc.kept_checked = first;
+        search_exact(&sc, sq8, first);
     }
     unlock(vi);
     free(heap);

@@ -78,7 +78,7 @@
 #define MAX_SLOTS 0xfffffff0u /* slots are uint32 in search scratch */
 
 #define DEF_QUANT_MIN 512
-#define DEF_ANN_MIN 8192
+#define DEF_ANN_MIN 4096
 #ifndef DEF_ANN_CAND /* overridable for parameter sweeps */
 #define DEF_ANN_CAND 256
 #endif

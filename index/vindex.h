@@ -15,7 +15,7 @@
  *                     its error; the search scans the codes and computes the exact float
  *                     similarity only of vectors whose upper bound can still make the top k.
  *                     Exact, with a quarter of the memory traffic of the float scan.
- *   VINDEX_KIND_ANN   from ann_min (default 8192): plus a sign-bit code per vector (dim
+ *   VINDEX_KIND_ANN   from ann_min (default 4096): plus a sign-bit code per vector (dim
  *                     bits). The search ranks every vector by Hamming distance to the
  *                     query's sign bits (one pass over dim/8 bytes per vector), takes the
  *                     nearest candidates among those the filter keeps, bounds them with the
@@ -68,9 +68,11 @@ typedef struct vindex_opts {
     size_t dim;       /* vector dimension, 1..65536 */
     size_t meta_size; /* bytes of metadata per vector, may be 0 */
     /* Kind thresholds in live vectors: SQ8 from quant_min (default 512), ANN from ann_min
-     * (default 8192; at most 65536 dimensions of sign bits are used, i.e. any dim). A
-     * threshold of SIZE_MAX never switches. Kinds only go up on adds; a rebuild goes back
-     * down once the live count falls below half a threshold. */
+     * (default 4096). A threshold of SIZE_MAX never switches. Kinds only go up on adds; a
+     * rebuild goes back down once the live count falls below half a threshold. The
+     * default puts a 5,000-vector tenant on ANN (0.06-0.07 ms at 768 dims, recall@10 1.0
+     * measured on structured data, not guaranteed); ann_min above the count keeps it on
+     * the exact SQ8 kind (0.19-0.32 ms, exact by construction). */
     size_t quant_min;
     size_t ann_min;
     /* ANN search: at least ann_candidates candidates (default 256, and at least 4 * k) are

@@ -199,6 +199,27 @@ size_t idmap_count(const idmap *m)
     return m->count;
 }
 
+/* idmap_room returns how many new keys fit under the load limit without growing. */
+size_t idmap_room(const idmap *m)
+{
+    return max_count(m->cap) - m->count;
+}
+
+/* idmap_clone returns a copy of m with capacity for at least max(hint, count) keys, or NULL
+ * when out of memory. */
+idmap *idmap_clone(const idmap *m, size_t hint)
+{
+    idmap *c = idmap_create(hint > m->count ? hint : m->count);
+    if (!c)
+        return NULL;
+    for (size_t i = 0; i < m->cap; i++) {
+        if (m->slots[i].key != EMPTY_KEY)
+            c->slots[find(c, m->slots[i].key)] = m->slots[i];
+    }
+    c->count = m->count;
+    return c;
+}
+
 /* idmap_clear removes every key and keeps the capacity. */
 void idmap_clear(idmap *m)
 {

@@ -32,6 +32,14 @@ bool idmap_del(idmap *m, uint64_t key);
 /* idmap_count returns the number of keys. */
 size_t idmap_count(const idmap *m);
 
+/* idmap_room returns how many new keys fit before an insertion would have to grow the map
+ * (so a caller can grow a copy beforehand and keep idmap_put from allocating). */
+size_t idmap_room(const idmap *m);
+
+/* idmap_clone returns a copy of m sized for at least hint keys (and at least m's count), or
+ * NULL when out of memory. m is only read, so other readers may use it meanwhile. */
+idmap *idmap_clone(const idmap *m, size_t hint);
+
 /* idmap_clear removes every key, keeping the memory. */
 void idmap_clear(idmap *m);
 

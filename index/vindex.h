@@ -1,16 +1,41 @@
-/* index/vindex.h: one tenant's vector index: FAISS for vectors and search, plus ids,
- * per-vector metadata and tombstones.
+/* index/vindex.h: one tenant's vector index: vectors, ids, per-vector metadata and
+ * tombstones, searched exactly for small tenants and through quantized codes with exact
+ * re-ranking for larger ones; persistent through atomic snapshots.
  *
- * Similarity is cosine similarity: vectors are L2-normalized on the way in, and the FAISS
- * index is an inner-product index over them. Each vector carries a caller-defined
- * metadata record of fixed size (vindex_opts.meta_size), so filters and ranking run next
- * to the distances without another lookup. The index is exact with respect to filters:
- * vindex_search returns the best k vectors among those the filter keeps, never fewer when
- * at least k are kept.
+ * Similarity is cosine similarity: vectors are L2-normalized on the way in and stored as
+ * float rows. Each vector carries a caller-defined metadata record of fixed size
+ * (vindex_opts.meta_size), so filters and ranking run next to the distances without
+ * another lookup.
  *
- * Thread-safety: every function may be called from any thread. Searches and reads share a
- * lock; adds, removes and metadata updates take it exclusively for a short critical
- * section (no search runs a filter or score callback while a writer holds it).
+ * Structures ("kinds"), chosen by the number of live vectors and kept current on every add
+ * (a kind change encodes the existing vectors once, off the lock searches take):
+ *
+ *   VINDEX_KIND_FLAT  below quant_min (default 512): float rows only, scanned exactly.
+ *   VINDEX_KIND_SQ8   from quant_min: plus an int8 code per vector with a rigorous bound on
+ *                     its error; the search scans the codes and computes the exact float
+ *                     similarity only of vectors whose upper bound can still make the top k.
+ *                     Exact, with a quarter of the memory traffic of the float scan.
+ *   VINDEX_KIND_ANN   from ann_min (default 4096): plus a sign-bit code per vector (dim
+ *                     bits). The search ranks every vector by Hamming distance to the
+ *                     query's sign bits (one pass over dim/8 bytes per vector), takes the
+ *                     nearest candidates among those the filter keeps, bounds them with the
+ *                     int8 codes and re-ranks exactly; see vindex_search for what is exact.
+ *
+ * Removal leaves a tombstone; vindex_maintenance (a background thread) compacts them away
+ * by building new storage without blocking searches and swapping it in under a short
+ * exclusive lock. Small indexes (up to inline_compact_max slots) compact inside
+ * vindex_remove.
+ *
+ * Thread-safety: every function may be called from any thread, concurrently with any
+ * other, unless its comment says otherwise. Searches and reads share a reader lock and run
+ * in parallel. Writers (add, upsert, remove, metadata updates) are serialized among
+ * themselves by a writer mutex and prepare their work outside the reader lock; they hold
+ * it exclusively only to publish (a few microseconds, plus one copy of at most one chunk
+ * of rows, about 1 MiB, when the first chunk grows). A writer waiting for the lock blocks
+ * new readers (the lock prefers writers), so a publish waits at most for the searches in
+ * flight. Maintenance and snapshots block neither searches nor, except for short copies,
+ * writers. No function of the index uses OpenMP or BLAS threads: one query runs on its
+ * caller's thread, and queries parallelize across callers.
  */
 #ifndef ENGRAM_INDEX_VINDEX_H
 #define ENGRAM_INDEX_VINDEX_H
@@ -23,66 +48,125 @@ typedef struct vindex vindex;
 
 /* Positive result codes (0 success, negative -errno). */
 enum {
-    VINDEX_E_NOT_FOUND = 1, /* no vector has this id */
+    VINDEX_E_NOT_FOUND = 1, /* no vector has this id; vindex_load: no snapshot file */
     VINDEX_E_EXISTS,        /* a vector with this id is already present */
     VINDEX_E_ZERO,          /* the vector has no direction: zero length, or NaN/infinite */
     VINDEX_E_DIM,           /* the dimension does not match the index */
-    VINDEX_E_FAISS,         /* FAISS reported an error (message in err where offered) */
+    VINDEX_E_FAISS,         /* kept for compatibility; no longer returned */
+    VINDEX_E_CORRUPT,       /* vindex_load: short, truncated or corrupt snapshot */
+    VINDEX_E_MISMATCH,      /* vindex_load: intact snapshot of another dim or meta_size */
 };
 
+enum vindex_kind {
+    VINDEX_KIND_FLAT = 0,
+    VINDEX_KIND_SQ8 = 1,
+    VINDEX_KIND_ANN = 2,
+};
+
+/* Options. Zero in any field but dim and meta_size selects its default. */
 typedef struct vindex_opts {
     size_t dim;       /* vector dimension, 1..65536 */
     size_t meta_size; /* bytes of metadata per vector, may be 0 */
+    /* Kind thresholds in live vectors: SQ8 from quant_min (default 512), ANN from ann_min
+     * (default 4096). A threshold of SIZE_MAX never switches. Kinds only go up on adds; a
+     * rebuild goes back down once the live count falls below half a threshold. The
+     * default puts a 5,000-vector tenant on ANN (0.06-0.07 ms at 768 dims, recall@10 1.0
+     * measured on structured data, not guaranteed); ann_min above the count keeps it on
+     * the exact SQ8 kind (0.19-0.32 ms, exact by construction). */
+    size_t quant_min;
+    size_t ann_min;
+    /* ANN search: at least ann_candidates candidates (default 256, and at least 4 * k) are
+     * bounded with their int8 codes; the search stops once ann_patience (default 128)
+     * candidates in a row could not enter the top k; it gathers (and so bounds at most) an
+     * eighth of the live vectors, at least max(ann_candidates, 16 k) and at most
+     * max(ann_max_candidates (default 4096), 16 k): its budget. */
+    size_t ann_candidates;
+    size_t ann_patience;
+    size_t ann_max_candidates;
+    /* Compaction is due when tombstones reach compact_percent (default 25) percent of the
+     * stored vectors and at least 64; indexes of at most inline_compact_max stored vectors
+     * (default 4096) compact inside vindex_remove, larger ones in vindex_maintenance. */
+    unsigned compact_percent;
+    size_t inline_compact_max;
 } vindex_opts;
 
-/* vindex_create returns an empty index, or NULL when out of memory, when FAISS fails, or
- * when opts are invalid (dim 0 or above 65536, meta_size above 1 MiB).
- * Free with vindex_destroy (NULL is a no-op; no other thread may still use the index). */
+/* vindex_create returns an empty index, or NULL when out of memory or when opts are invalid
+ * (dim 0 or above 65536, meta_size above 1 MiB, compact_percent above 100).
+ * Free with vindex_destroy (NULL is a no-op; no other thread may still use the index, and
+ * no call on it may be in progress). */
 vindex *vindex_create(const vindex_opts *opts);
 void vindex_destroy(vindex *vi);
 
-/* vindex_dim returns the dimension; vindex_count the number of live vectors. */
+/* vindex_dim returns the dimension (no lock); vindex_count the number of live vectors
+ * (shared lock). */
 size_t vindex_dim(const vindex *vi);
 size_t vindex_count(vindex *vi);
 
-/* vindex_bytes returns the memory held (vectors, metadata, maps), for memory budgets. The
- * FAISS storage counts as its estimated capacity: it keeps its capacity after compaction. */
+/* vindex_bytes returns the memory the index holds for a memory budget: every array at its
+ * allocated capacity (float rows, codes, ids, metadata, tombstones; the last chunk of
+ * rows is counted whole), the id map and the handle; not allocator overhead. While
+ * vindex_maintenance rebuilds, the new copy (up to the size of the live data) is extra and
+ * not counted; a search of an ANN index allocates about 7 bytes per stored vector of
+ * scratch for its duration. */
 size_t vindex_bytes(vindex *vi);
 
 typedef struct vindex_stats {
-    size_t count;       /* live vectors */
-    size_t slots;       /* stored vectors, live or tombstoned */
-    size_t tombstones;  /* removed vectors not yet compacted away */
-    size_t compactions; /* compactions since creation */
-    size_t bytes;       /* as vindex_bytes */
+    size_t count;          /* live vectors */
+    size_t slots;          /* stored vectors, live or tombstoned */
+    size_t tombstones;     /* removed vectors not yet compacted away */
+    size_t compactions;    /* rebuilds (compactions and kind changes) since creation */
+    size_t bytes;          /* as vindex_bytes */
+    enum vindex_kind kind; /* the structure searches use now */
+    bool maintenance_due;  /* vindex_maintenance has work: tombstones past the threshold,
+                            * or a kind change that an add could not make (memory) */
 } vindex_stats;
 
-/* vindex_get_stats fills *st with one consistent snapshot of the counters above. */
+/* vindex_get_stats fills *st with one consistent snapshot of the counters above (shared
+ * lock; O(chunks)). vindex_bytes takes the shared lock too. */
 void vindex_get_stats(vindex *vi, vindex_stats *st);
 
-/* vindex_last_error returns the text of the last FAISS error raised on the calling thread
- * (after VINDEX_E_FAISS; valid until the thread's next index call), or NULL. */
+/* vindex_last_error returns NULL (FAISS is no longer used; kept for compatibility). */
 const char *vindex_last_error(void);
 
 /* vindex_add adds vec (dim floats, normalized here; the caller's array is not changed) with
  * id and a copy of meta (meta_size bytes; may be NULL when meta_size is 0).
- * Returns 0, VINDEX_E_EXISTS, VINDEX_E_ZERO, -EINVAL for the reserved id UINT64_MAX,
- * -ENOMEM or VINDEX_E_FAISS (the index is unchanged on every error). */
+ * Returns 0, VINDEX_E_EXISTS, VINDEX_E_ZERO, -EINVAL for the reserved id UINT64_MAX, or
+ * -ENOMEM (the index is unchanged on every error). The add that crosses a kind threshold
+ * encodes the existing vectors (about 1.5 us each at 768 dimensions) before it returns;
+ * searches are not blocked meanwhile. Thread-safety: writer mutex (adds, upserts, removes
+ * and metadata updates run one at a time), exclusive lock only to publish. */
 int vindex_add(vindex *vi, uint64_t id, const float *vec, const void *meta);
 
-/* vindex_remove removes the vector with id (a tombstone; space is reclaimed by compaction
- * inside the index, in place, once tombstones pass a quarter of the stored vectors).
- * Returns 0 or VINDEX_E_NOT_FOUND. */
+/* vindex_upsert adds vec and meta under id, replacing the vector and metadata id had, in
+ * one atomic step (no search sees the id missing or twice). Returns 0 when id was new, 1
+ * when it replaced a vector, or an error as vindex_add (never VINDEX_E_EXISTS). */
+int vindex_upsert(vindex *vi, uint64_t id, const float *vec, const void *meta);
+
+/* vindex_remove removes the vector with id (a tombstone; see the compaction options).
+ * Returns 0 or VINDEX_E_NOT_FOUND. Writer mutex, exclusive lock to publish; an inline
+ * compaction (small indexes) rebuilds under the writer mutex and swaps under the exclusive
+ * lock, and is skipped while vindex_maintenance or vindex_save runs. */
 int vindex_remove(vindex *vi, uint64_t id);
 
-/* vindex_contains tells whether id is live in the index. */
+/* vindex_maintenance does the work vindex_stats.maintenance_due reports: it builds compacted
+ * storage (and the kind the live count calls for) from a snapshot of the index without
+ * holding any lock, then briefly blocks writers to carry over the changes made meanwhile
+ * and swaps the new storage in under the exclusive lock (microseconds). Meant for a
+ * background thread; concurrent calls run one after the other. Needs memory for a copy of
+ * the live data while it runs. Returns 1 when it rebuilt, 0 when nothing was due, or
+ * -ENOMEM (the index is unchanged). */
+int vindex_maintenance(vindex *vi);
+
+/* vindex_contains tells whether id is live in the index. Shared lock (as are get_meta,
+ * get_vector and foreach below). */
 bool vindex_contains(vindex *vi, uint64_t id);
 
 /* vindex_get_meta copies the metadata of id into meta_out (meta_size bytes). Returns 0 or
  * VINDEX_E_NOT_FOUND. */
 int vindex_get_meta(vindex *vi, uint64_t id, void *meta_out);
 
-/* vindex_set_meta replaces the metadata of id. Returns 0 or VINDEX_E_NOT_FOUND. */
+/* vindex_set_meta replaces the metadata of id. Returns 0 or VINDEX_E_NOT_FOUND. Writer
+ * mutex and exclusive lock (as vindex_update_meta). */
 int vindex_set_meta(vindex *vi, uint64_t id, const void *meta);
 
 /* vindex_update_meta calls fn(meta, ctx) on the stored metadata of each of the n ids that
@@ -116,24 +200,73 @@ typedef struct vindex_query {
     bool (*keep)(const void *meta, void *ctx);
     /* score: NULL ranks by similarity; else the ranking score of a candidate. Scores must
      * satisfy score <= score_slope * similarity + score_bound (score_slope >= 0), which
-     * lets approximate structures stop early without losing exactness of the ranking; the
-     * exact scan uses it too, to skip candidates (without calling keep or score) that
-     * cannot beat the k-th hit, so a bound that does not hold loses hits. score_slope and
-     * score_bound both 0 (a zero-initialized query) declare no bound: nothing is skipped
-     * then. A NaN score ranks as -infinity. */
+     * lets the search skip candidates (without calling keep or score) that cannot beat the
+     * k-th hit, so a bound that does not hold loses hits. score_slope and score_bound both
+     * 0 (a zero-initialized query) declare no bound: nothing is skipped then. A NaN score
+     * ranks as -infinity. */
     double (*score)(float similarity, const void *meta, void *ctx);
     double score_slope;
     double score_bound;
+    /* score_monotone: the caller promises that score never decreases when the similarity
+     * increases (for the same meta and ctx). The search may then call score with an upper
+     * bound of a candidate's similarity, after keep, to skip computing its exact
+     * similarity. Optional; saves work when the bound above is loose. */
+    bool score_monotone;
     void *ctx;
 } vindex_query;
 
 /* vindex_search writes up to q->k hits, best score first (ties: higher similarity, then
  * lower id), into out (caller-owned, q->k entries) and their number into *n.
- * When at least k vectors pass keep, exactly k are returned. Returns 0, VINDEX_E_ZERO for a
- * query vector without direction, or -ENOMEM. The reported similarity of a vector depends
- * only on it and the query (not on where it is stored), so two copies of one vector tie
- * exactly and are ordered by id. Up to 1024 dimensions a search allocates nothing and uses
- * about 8 KiB of stack. */
+ *
+ * Filters never under-fill: when at least k vectors pass keep, exactly k are returned.
+ * Kinds FLAT and SQ8 are exact: the hits are the best k of all kept vectors. On an ANN
+ * index the hits are the best k (exactly ranked, exact similarities) among the candidates
+ * the Hamming stage found among the kept vectors; when the filter keeps at most the budget
+ * (see ann_max_candidates), all of them are candidates and the result is exact (a filter
+ * that a sample shows to keep under half the budget is answered by scanning the metadata
+ * and bounding every kept vector, exact as well). An ANN
+ * index answers exactly (scanning the int8 codes) when k is large against it: when live is
+ * at most twice the budget. The reported similarity of a vector depends only on
+ * it and the query (not on where it is stored or on the CPU), so two copies of one vector tie
+ * exactly and are ordered by id.
+ *
+ * Returns 0, VINDEX_E_ZERO for a query vector without direction, or -ENOMEM. Runs on the
+ * caller's thread under the shared lock (keep and score run under it); allocates scratch
+ * only on ANN indexes and above 1024 dimensions. */
 int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n);
+
+/* ---- snapshots ----
+ *
+ * File format (version 1), little-endian, fields at fixed offsets:
+ *   0  magic "ENGVIDX\0"         8 bytes
+ *   8  u32 format version (1)    12 u32 header size (80)
+ *   16 u64 dim                   24 u64 meta_size
+ *   32 u64 count (live vectors)  40 u64 seq (the caller's change number)
+ *   48 u32 kind (which code sections follow)   52 u32 byte-order mark 0x01020304
+ *   56 u64 checksum: XXH64 (seed 0) of the whole file with these 8 bytes zero
+ *   64 u64 sq8 code stride       72 u64 sign-code words per vector
+ * then, in order: ids (count u64), metadata (count * meta_size bytes), rows (count * dim
+ * f32), if kind >= SQ8: scales (count f32), error norms (count f32), codes (count * stride
+ * int8), if kind == ANN: sign codes (count * words u64). The file is exactly that long.
+ */
+
+/* vindex_save writes the live vectors, metadata and codes to path atomically: a temporary
+ * file in the same directory, fsync, rename over path, fsync of the directory. seq is
+ * stored in the header: it must be a number such that every change up to seq was applied
+ * to the index before the call (changes applied concurrently with the call may or may not
+ * be in the snapshot, so replaying changes after seq on load must be idempotent, as
+ * upserts and deletes by seq are). Neither searches nor writers wait for the file I/O
+ * (writers wait for one copy of the metadata). Returns 0 or -errno (the previous file at
+ * path, if any, is untouched on error). */
+int vindex_save(vindex *vi, const char *path, uint64_t seq);
+
+/* vindex_load reads a snapshot written by vindex_save into a new index created with opts
+ * (dim and meta_size must match the file) and stores it in *out and its seq in *seq.
+ * Verifies the magic, version, sizes, length and checksum before trusting anything.
+ * Returns 0, VINDEX_E_NOT_FOUND (no file), VINDEX_E_CORRUPT (short, truncated, corrupt or
+ * not a snapshot), VINDEX_E_MISMATCH (another dim or meta_size), -ENOMEM, -EINVAL (invalid
+ * opts) or another -errno from reading. The codes in the file are used when the kind opts
+ * call for matches or is below it; missing ones are computed. */
+int vindex_load(const char *path, const vindex_opts *opts, vindex **out, uint64_t *seq);
 
 #endif

@@ -250,6 +250,12 @@ static int cand_cmp(const void *pa, const void *pb)
     return a->id < b->id ? -1 : a->id > b->id;
 }
 
+/* When check_exact is false (an ANN index answering approximately), check_search verifies
+ * everything but the ranks against the brute force: the count (never under-filled), each
+ * hit's numbers, the order, and adds to the recall counters. */
+static bool check_exact = true;
+static size_t recall_hits, recall_want;
+
 /* check_search runs q on vi and compares with the brute force over r. Returns the number of
  * hits, or -1 when the search failed. */
 static long check_search(vindex *vi, ref *r, const vindex_query *q, const char *what)
@@ -290,7 +296,7 @@ static long check_search(vindex *vi, ref *r, const vindex_query *q, const char *
     int bad_rank = 0, bad_hit = 0, bad_order = 0;
     for (size_t i = 0; i < n && i < want; i++) {
         /* Exactness: the i-th score is the true i-th best score. */
-        if (fabs(hits[i].score - all[i].score) > SIM_EPS)
+        if (check_exact && fabs(hits[i].score - all[i].score) > SIM_EPS)
             bad_rank++;
         /* The hit is a real candidate and its numbers are its own. */
         entry *e = ref_find(r, hits[i].id);
@@ -317,6 +323,12 @@ static long check_search(vindex *vi, ref *r, const vindex_query *q, const char *
             if (!ok)
                 bad_order++;
         }
+    }
+    if (!check_exact) {
+        /* recall: the hits whose score reaches the true k-th best */
+        for (size_t i = 0; i < n && i < want; i++)
+            recall_hits += hits[i].score >= all[want - 1].score - SIM_EPS;
+        recall_want += want;
     }
     CHECK_MSG(bad_rank == 0, "%s: %d ranks differ from brute force", what, bad_rank);
     CHECK_MSG(bad_hit == 0, "%s: %d hits wrong", what, bad_hit);
@@ -441,12 +453,18 @@ static void random_query(rng *rg, const model *md, ref *r, float *qv, qctx *c, v
 }
 
 static void test_workload(size_t dim, size_t nkeys, size_t initial, int rounds, int queries,
-                          uint64_t seed)
+                          uint64_t seed, const vindex_opts *base, const char *label)
 {
     model md = model_make(dim, seed);
     ref r = ref_make(dim, nkeys);
     rng rg = {seed ^ 0xabcdef};
     vindex_opts o = {.dim = dim, .meta_size = sizeof(meta)};
+    if (base) {
+        o = *base;
+        o.dim = dim;
+        o.meta_size = sizeof(meta);
+    }
+    bool maint = o.inline_compact_max == 1; /* compaction left to vindex_maintenance */
     vindex *vi = vindex_create(&o);
     CHECK(vi != NULL);
     if (!vi)
@@ -491,8 +509,30 @@ static void test_workload(size_t dim, size_t nkeys, size_t initial, int rounds, 
             gen_vec(&md, key + nkeys * gen, e->vec);
             normalize_d(e->vec, dim, e->nd);
             e->m = gen_meta(&rg);
-            CHECK(vindex_add(vi, e->id, e->vec, &e->m) == 0);
+            /* upserts of new ids behave as adds */
+            CHECK(((j % 3) ? vindex_add(vi, e->id, e->vec, &e->m)
+                           : vindex_upsert(vi, e->id, e->vec, &e->m)) == 0);
             e->live = true;
+        }
+        /* Updates: a live id gets a new vector and metadata in one step. */
+        for (size_t j = 0; j < nkeys / 40; j++) {
+            size_t key = next_u64(&rg) % nkeys;
+            entry *e = &r.e[key];
+            if (!e->live)
+                continue;
+            gen_vec(&md, key + nkeys * gen + 3, e->vec);
+            normalize_d(e->vec, dim, e->nd);
+            e->m = gen_meta(&rg);
+            CHECK(vindex_upsert(vi, e->id, e->vec, &e->m) == 1);
+        }
+        if (maint) {
+            vindex_stats ms;
+            vindex_get_stats(vi, &ms);
+            if (ms.maintenance_due)
+                CHECK(vindex_maintenance(vi) == 1);
+            vindex_get_stats(vi, &ms);
+            CHECK(!ms.maintenance_due);
+            CHECK(vindex_maintenance(vi) == 0);
         }
         /* Metadata changes, one at a time and batched (with some absent ids). */
         for (size_t j = 0; j < nkeys / 20; j++) {
@@ -524,8 +564,9 @@ static void test_workload(size_t dim, size_t nkeys, size_t initial, int rounds, 
             vindex_query q;
             random_query(&rg, &md, &r, qv, &c, &q);
             char what[96];
-            snprintf(what, sizeof(what), "dim %zu round %d query %d (filter %d scorer %d k %zu)",
-                     dim, round, t, c.filter, c.scorer, q.k);
+            snprintf(what, sizeof(what), "%s dim %zu round %d query %d (filter %d scorer %d k %zu)",
+                     label, dim, round, t, c.filter, c.scorer, q.k);
+            q.score_monotone = t % 2; /* every scorer here is monotone in the similarity */
             long n = check_search(vi, &r, &q, what);
             if (n > 0)
                 total_hits += (size_t)n;
@@ -535,8 +576,12 @@ static void test_workload(size_t dim, size_t nkeys, size_t initial, int rounds, 
     }
     vindex_stats st;
     vindex_get_stats(vi, &st);
-    fprintf(stderr, "dim %zu: %zu queries, %zu hits, %zu live, %zu compactions\n", dim, queries_run,
-            total_hits, st.count, st.compactions);
+    fprintf(stderr, "%s dim %zu: %zu queries, %zu hits, %zu live, %zu compactions, kind %d\n",
+            label, dim, queries_run, total_hits, st.count, st.compactions, (int)st.kind);
+    if (base && base->quant_min == 1)
+        CHECK(st.kind >= VINDEX_KIND_SQ8);
+    if (base && base->ann_min == 1)
+        CHECK(st.kind == VINDEX_KIND_ANN);
     CHECK(st.compactions > 0);
     free(qv);
 out:
@@ -845,9 +890,37 @@ out:
 int main(void)
 {
     test_edges();
-    test_workload(384, 3000, 2500, 12, 60, 1);
-    test_workload(768, 1500, 1200, 6, 40, 2);
-    test_workload(16, 400, 300, 20, 50, 3); /* small dim: many near-ties */
+    /* default options: FLAT below 512 live vectors, SQ8 above */
+    test_workload(384, 3000, 2500, 12, 60, 1, NULL, "default");
+    test_workload(768, 1500, 1200, 6, 40, 2, NULL, "default");
+    test_workload(16, 400, 300, 20, 50, 3, NULL, "default"); /* small dim: many near-ties */
+    /* every kind forced, compaction in place or by maintenance */
+    vindex_opts flat = {.quant_min = SIZE_MAX, .ann_min = SIZE_MAX};
+    vindex_opts sq8 = {.quant_min = 1, .ann_min = SIZE_MAX, .inline_compact_max = 1};
+    test_workload(384, 2000, 1500, 6, 40, 4, &flat, "flat");
+    test_workload(384, 2000, 1500, 6, 40, 5, &sq8, "sq8");
+    test_workload(33, 600, 500, 10, 50, 6, &sq8, "sq8"); /* dims not a multiple of 32 */
+    test_workload(100, 600, 500, 10, 50, 7, &flat, "flat");
+    /* An ANN index whose candidate budget exceeds half the count: the ANN path only runs
+     * when the live count exceeds twice the budget, so these searches scan the codes
+     * exactly; then with a budget of 64 the ANN path itself, approximately */
+    vindex_opts ann_exact = {
+        .quant_min = 1, .ann_min = 1, .ann_candidates = 1 << 20, .inline_compact_max = 1};
+    test_workload(256, 2000, 1500, 6, 40, 8, &ann_exact, "ann-exact");
+    vindex_opts ann = {.quant_min = 1,
+                       .ann_min = 1,
+                       .ann_candidates = 32,
+                       .ann_patience = 32,
+                       .ann_max_candidates = 64,
+                       .inline_compact_max = 1};
+    check_exact = false;
+    test_workload(256, 3000, 2500, 6, 40, 9, &ann, "ann");
+    test_workload(70, 3000, 2500, 6, 40, 10, &ann, "ann"); /* words not a multiple of 4 */
+    check_exact = true;
+    double recall = recall_want ? (double)recall_hits / (double)recall_want : 0.0;
+    fprintf(stderr, "ann recall over the workloads: %.4f (%zu of %zu)\n", recall, recall_hits,
+            recall_want);
+    CHECK(recall_want > 1000 && recall >= 0.9);
     test_threads();
     CHECK_RETURN();
 }

@@ -1,0 +1,399 @@
+/* index/vkernel.c: distance kernels (see vkernel.h): AVX2/FMA versions compiled with
+ * __attribute__((target)) so the rest of the build stays generic x86-64, selected at run
+ * time, and portable C versions that produce the same results (except vk_dot, whose
+ * summation order differs and whose callers bound the error).
+ *
+ * Overflow. vk_sq8_dot multiplies int8 codes (|c| <= 127) by int16 queries (|q| <= 32767):
+ * one vpmaddwd lane adds two products (at most 8,322,418) and a lane accumulates one pair
+ * per 16 dimensions, so an int32 lane is safe for 256 pairs: the AVX2 loop folds its lanes
+ * into an int64 every 4096 dimensions.
+ */
+#include "vkernel.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define VK_X86 1
+#include <immintrin.h>
+#endif
+
+static atomic_int cur_level = -1;
+
+/* vk_cpu_level returns the best level this CPU supports. */
+int vk_cpu_level(void)
+{
+#ifdef VK_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("popcnt"))
+        return VK_AVX2;
+#endif
+    return VK_GENERIC;
+}
+
+/* vk_level returns the level in use (detected on first use). */
+int vk_level(void)
+{
+    int l = atomic_load_explicit(&cur_level, memory_order_relaxed);
+    if (l < 0) {
+        l = vk_cpu_level();
+        atomic_store_explicit(&cur_level, l, memory_order_relaxed);
+    }
+    return l;
+}
+
+/* vk_set_level selects level, clamped to [VK_GENERIC, vk_cpu_level()]. */
+int vk_set_level(int level)
+{
+    int max = vk_cpu_level();
+    if (level > max)
+        level = max;
+    if (level < VK_GENERIC)
+        level = VK_GENERIC;
+    atomic_store_explicit(&cur_level, level, memory_order_relaxed);
+    return level;
+}
+
+/* ---- portable versions ---- */
+
+static float dot_c(const float *a, const float *b, size_t dim)
+{
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 4 <= dim; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < dim; i++)
+        s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* combine8 is the fixed final order of the eight partial sums of vk_dot_exact. */
+static double combine8(const double *s)
+{
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+static double dot_exact_c(const float *a, const float *b, size_t dim)
+{
+    double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 8 <= dim; i += 8) {
+        for (int j = 0; j < 8; j++)
+            s[j] += (double)a[i + j] * b[i + j];
+    }
+    for (; i < dim; i++)
+        s[i % 8] += (double)a[i] * b[i];
+    return combine8(s);
+}
+
+/* Products are at most 127 * 32767 in magnitude, so an int32 holds the sum of 512: summed
+ * in segments of 512, then in int64. stride is a multiple of 32. */
+static int64_t sq8_dot_c(const int8_t *c, const int16_t *q, size_t stride)
+{
+    int64_t total = 0;
+    for (size_t seg = 0; seg < stride; seg += 512) {
+        size_t len = stride - seg < 512 ? stride - seg : 512;
+#ifdef __SSE2__
+        /* baseline x86-64: widen the codes to int16 and multiply-add pairs (pmaddwd); four
+         * int32 lanes of at most 128 products each */
+        __m128i acc = _mm_setzero_si128();
+        for (size_t i = 0; i < len; i += 16) {
+            __m128i x = _mm_loadu_si128((const __m128i *)(c + seg + i));
+            __m128i lo = _mm_srai_epi16(_mm_unpacklo_epi8(x, x), 8);
+            __m128i hi = _mm_srai_epi16(_mm_unpackhi_epi8(x, x), 8);
+            acc = _mm_add_epi32(
+                acc, _mm_madd_epi16(lo, _mm_loadu_si128((const __m128i *)(q + seg + i))));
+            acc = _mm_add_epi32(
+                acc, _mm_madd_epi16(hi, _mm_loadu_si128((const __m128i *)(q + seg + i + 8))));
+        }
+        int32_t lanes[4];
+        _mm_storeu_si128((__m128i *)lanes, acc);
+        total += (int64_t)lanes[0] + lanes[1] + lanes[2] + lanes[3];
+#else
+        int32_t s = 0;
+        for (size_t i = 0; i < len; i++)
+            s += (int32_t)c[seg + i] * q[seg + i];
+        total += s;
+#endif
+    }
+    return total;
+}
+
+static void hamming_c(const uint64_t *codes, size_t words, size_t n, const uint64_t *q,
+                      uint16_t *out)
+{
+    for (size_t v = 0; v < n; v++) {
+        const uint64_t *c = codes + v * words;
+        unsigned h = 0;
+        for (size_t w = 0; w < words; w++) {
+            uint64_t x = c[w] ^ q[w];
+            /* SWAR popcount: __builtin_popcountll without -mpopcnt is a library call */
+            x = x - ((x >> 1) & 0x5555555555555555ULL);
+            x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
+            x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
+            h += (unsigned)((x * 0x0101010101010101ULL) >> 56);
+        }
+        out[v] = (uint16_t)h;
+    }
+}
+
+static size_t find_range_c(const uint16_t *h, size_t n, unsigned lo, unsigned hi, uint32_t *out)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (h[i] >= lo && h[i] <= hi)
+            out[m++] = (uint32_t)i;
+    }
+    return m;
+}
+
+/* ---- AVX2 versions ---- */
+
+#ifdef VK_X86
+#define AVX2 __attribute__((target("avx2,fma,popcnt")))
+
+AVX2 static float hsum_ps(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+AVX2 static float dot_avx2(const float *a, const float *b, size_t dim)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    size_t i = 0;
+    for (; i + 32 <= dim; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= dim; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < dim; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* Lane j of lo holds the partial sum of indexes = j (mod 8), of hi those = j + 4: the same
+ * sums in the same order as dot_exact_c, since every product is exact in double. */
+AVX2 static double dot_exact_avx2(const float *a, const float *b, size_t dim)
+{
+    __m256d lo = _mm256_setzero_pd(), hi = lo;
+    size_t i = 0;
+    for (; i + 8 <= dim; i += 8) {
+        __m256d a0 = _mm256_cvtps_pd(_mm_loadu_ps(a + i));
+        __m256d b0 = _mm256_cvtps_pd(_mm_loadu_ps(b + i));
+        __m256d a1 = _mm256_cvtps_pd(_mm_loadu_ps(a + i + 4));
+        __m256d b1 = _mm256_cvtps_pd(_mm_loadu_ps(b + i + 4));
+        lo = _mm256_add_pd(lo, _mm256_mul_pd(a0, b0));
+        hi = _mm256_add_pd(hi, _mm256_mul_pd(a1, b1));
+    }
+    double s[8];
+    _mm256_storeu_pd(s, lo);
+    _mm256_storeu_pd(s + 4, hi);
+    for (; i < dim; i++)
+        s[i % 8] += (double)a[i] * b[i];
+    return combine8(s);
+}
+
+AVX2 static int64_t hsum_epi32_64(__m256i v)
+{
+    __m256i lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(v));
+    __m256i hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1));
+    __m256i s = _mm256_add_epi64(lo, hi);
+    __m128i x = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return _mm_cvtsi128_si64(x) + _mm_extract_epi64(x, 1);
+}
+
+/* sq8_seg returns the eight int32 lane sums of the product over [0, len) dimensions, len a
+ * multiple of 32 and at most 4096 (see the overflow note in the file comment). */
+AVX2 static __m256i sq8_seg(const int8_t *c, const int16_t *q, size_t len)
+{
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+    for (size_t i = 0; i < len; i += 32) {
+        __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + i)));
+        __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + i + 16)));
+        s0 = _mm256_add_epi32(s0,
+                              _mm256_madd_epi16(a, _mm256_loadu_si256((const __m256i *)(q + i))));
+        s1 = _mm256_add_epi32(
+            s1, _mm256_madd_epi16(b, _mm256_loadu_si256((const __m256i *)(q + i + 16))));
+    }
+    /* s0 and s1 each hold at most len / 32 pairs per lane: their sum is safe for len <= 4096
+     * (256 pairs) */
+    return _mm256_add_epi32(s0, s1);
+}
+
+AVX2 static int64_t sq8_dot_avx2(const int8_t *c, const int16_t *q, size_t stride)
+{
+    if (stride <= 4096)
+        return hsum_epi32_64(sq8_seg(c, q, stride)); /* lanes fit int32, their sum may not */
+    int64_t total = 0;
+    for (size_t seg = 0; seg < stride; seg += 4096) {
+        size_t len = stride - seg < 4096 ? stride - seg : 4096;
+        total += hsum_epi32_64(sq8_seg(c + seg, q + seg, len));
+    }
+    return total;
+}
+
+AVX2 static void sq8_dots_avx2(const int8_t *codes, size_t stride, size_t n, const int16_t *q,
+                               int64_t *out)
+{
+    for (size_t v = 0; v < n; v++)
+        out[v] = sq8_dot_avx2(codes + v * stride, q, stride);
+}
+
+/* popcount of the bytes of 256 bits through a nibble table (no AVX2 popcount instruction):
+ * byte counts, summed into 64-bit lanes by vpsadbw. */
+AVX2 static __m256i popcnt_bytes(__m256i x)
+{
+    const __m256i lut = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2,
+                                         1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    return _mm256_add_epi8(_mm256_shuffle_epi8(lut, _mm256_and_si256(x, m4)),
+                           _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4)));
+}
+
+AVX2 static void hamming_avx2(const uint64_t *codes, size_t words, size_t n, const uint64_t *q,
+                              uint16_t *out)
+{
+    size_t full = words / 4 * 4;
+    for (size_t v = 0; v < n; v++) {
+        const uint64_t *c = codes + v * words;
+        __m256i acc = _mm256_setzero_si256();
+        size_t w = 0;
+        /* byte counts reach at most 8 per block: sum up to 31 blocks before vpsadbw */
+        while (w < full) {
+            size_t stop = full - w > 31 * 4 ? w + 31 * 4 : full;
+            __m256i bytes = _mm256_setzero_si256();
+            for (; w < stop; w += 4) {
+                __m256i x = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(c + w)),
+                                             _mm256_loadu_si256((const __m256i *)(q + w)));
+                bytes = _mm256_add_epi8(bytes, popcnt_bytes(x));
+            }
+            acc = _mm256_add_epi64(acc, _mm256_sad_epu8(bytes, _mm256_setzero_si256()));
+        }
+        __m128i x = _mm_add_epi64(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+        uint64_t h = (uint64_t)_mm_cvtsi128_si64(x) + (uint64_t)_mm_extract_epi64(x, 1);
+        for (; w < words; w++)
+            h += (uint64_t)__builtin_popcountll(c[w] ^ q[w]);
+        out[v] = (uint16_t)h;
+    }
+}
+
+AVX2 static size_t find_range_avx2(const uint16_t *h, size_t n, unsigned lo, unsigned hi,
+                                   uint32_t *out)
+{
+    if (lo > hi || lo > 0xffff)
+        return 0;
+    if (hi > 0xffff)
+        hi = 0xffff;
+    /* unsigned 16-bit range test via the sign-flip trick: x in [lo, hi] iff
+     * (x - lo) <= (hi - lo) as unsigned */
+    const __m256i vlo = _mm256_set1_epi16((short)lo);
+    const __m256i flip = _mm256_set1_epi16((short)0x8000);
+    const __m256i lim = _mm256_set1_epi16((short)((hi - lo) ^ 0x8000));
+    size_t m = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(h + i));
+        __m256i d = _mm256_xor_si256(_mm256_sub_epi16(x, vlo), flip);
+        __m256i out_of = _mm256_cmpgt_epi16(d, lim);
+        unsigned mask = ~(unsigned)_mm256_movemask_epi8(out_of);
+        mask &= 0xaaaaaaaau; /* one bit per 16-bit lane */
+        while (mask) {
+            unsigned b = (unsigned)__builtin_ctz(mask) / 2;
+            mask &= mask - 1;
+            out[m++] = (uint32_t)(i + b);
+        }
+    }
+    for (; i < n; i++) {
+        if (h[i] >= lo && h[i] <= hi)
+            out[m++] = (uint32_t)i;
+    }
+    return m;
+}
+#endif
+
+/* ---- dispatch ---- */
+
+static bool use_avx2(void)
+{
+#ifdef VK_X86
+    return vk_level() >= VK_AVX2;
+#else
+    return false;
+#endif
+}
+
+/* vk_dot returns the approximate float inner product (error bound in vkernel.h). */
+float vk_dot(const float *a, const float *b, size_t dim)
+{
+#ifdef VK_X86
+    if (use_avx2())
+        return dot_avx2(a, b, dim);
+#endif
+    return dot_c(a, b, dim);
+}
+
+/* vk_dot_exact returns the level-independent double inner product. */
+double vk_dot_exact(const float *a, const float *b, size_t dim)
+{
+#ifdef VK_X86
+    if (use_avx2())
+        return dot_exact_avx2(a, b, dim);
+#endif
+    return dot_exact_c(a, b, dim);
+}
+
+/* vk_sq8_dot returns the exact product of one code with q. */
+int64_t vk_sq8_dot(const int8_t *code, const int16_t *q, size_t stride)
+{
+#ifdef VK_X86
+    if (use_avx2())
+        return sq8_dot_avx2(code, q, stride);
+#endif
+    return sq8_dot_c(code, q, stride);
+}
+
+/* vk_sq8_dots computes n consecutive products. */
+void vk_sq8_dots(const int8_t *codes, size_t stride, size_t n, const int16_t *q, int64_t *out)
+{
+#ifdef VK_X86
+    if (use_avx2()) {
+        sq8_dots_avx2(codes, stride, n, q, out);
+        return;
+    }
+#endif
+    for (size_t v = 0; v < n; v++)
+        out[v] = sq8_dot_c(codes + v * stride, q, stride);
+}
+
+/* vk_hamming computes n consecutive Hamming distances. */
+void vk_hamming(const uint64_t *codes, size_t words, size_t n, const uint64_t *q, uint16_t *out)
+{
+#ifdef VK_X86
+    if (use_avx2()) {
+        hamming_avx2(codes, words, n, q, out);
+        return;
+    }
+#endif
+    hamming_c(codes, words, n, q, out);
+}
+
+/* vk_find_range lists the indexes whose value lies in [lo, hi]. */
+size_t vk_find_range(const uint16_t *h, size_t n, unsigned lo, unsigned hi, uint32_t *out)
+{
+#ifdef VK_X86
+    if (use_avx2())
+        return find_range_avx2(h, n, lo, hi, out);
+#endif
+    return find_range_c(h, n, lo, hi, out);
+}

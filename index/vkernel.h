@@ -1,0 +1,58 @@
+/* index/vkernel.h: the distance kernels of the vector index, with AVX2/FMA versions chosen
+ * at run time (__builtin_cpu_supports) and portable C fallbacks.
+ *
+ * Every kernel except vk_dot gives bit-identical results at every level: integer kernels are
+ * exact, and vk_dot_exact sums exact double products in one fixed order. vk_dot is the
+ * fast approximate float product; callers bound its error (see vk_dot).
+ *
+ * Thread-safety: every function may be called from any thread at any time. vk_set_level
+ * changes the level for all threads (meant for tests and benchmarks).
+ */
+#ifndef ENGRAM_INDEX_VKERNEL_H
+#define ENGRAM_INDEX_VKERNEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    VK_GENERIC = 0, /* portable C */
+    VK_AVX2 = 1,    /* AVX2 + FMA + POPCNT */
+};
+
+/* vk_level returns the level in use: the best the CPU supports unless vk_set_level lowered
+ * it. */
+int vk_level(void);
+
+/* vk_cpu_level returns the best level this CPU supports. */
+int vk_cpu_level(void);
+
+/* vk_set_level selects a level (clamped to what the CPU supports) and returns the level in
+ * effect. */
+int vk_set_level(int level);
+
+/* vk_dot returns the float inner product of a and b (dim floats each), summed in a
+ * level-dependent order: its error is at most (dim + 1) * 2^-24 * |a| * |b|. */
+float vk_dot(const float *a, const float *b, size_t dim);
+
+/* vk_dot_exact returns the inner product in double: each product of two floats is exact in
+ * double, and the sum runs in one fixed order (eight partial sums by index mod 8, combined
+ * pairwise), so the result is the same at every level and on every CPU. */
+double vk_dot_exact(const float *a, const float *b, size_t dim);
+
+/* vk_sq8_dot returns the exact integer inner product of an int8 code and an int16 query of
+ * stride entries each (stride a multiple of 32; pad both with zeros). */
+int64_t vk_sq8_dot(const int8_t *code, const int16_t *q, size_t stride);
+
+/* vk_sq8_dots writes the products of n consecutive codes (stride bytes apart) with q into
+ * out. */
+void vk_sq8_dots(const int8_t *codes, size_t stride, size_t n, const int16_t *q, int64_t *out);
+
+/* vk_hamming writes the Hamming distances between q and n consecutive binary codes of words
+ * 64-bit words each into out (words at most 1024, so a distance fits in 16 bits). */
+void vk_hamming(const uint64_t *codes, size_t words, size_t n, const uint64_t *q, uint16_t *out);
+
+/* vk_find_range writes, in increasing order, the indexes i < n with lo <= h[i] <= hi into out
+ * (room for n) and returns their number. */
+size_t vk_find_range(const uint16_t *h, size_t n, unsigned lo, unsigned hi, uint32_t *out);
+
+#endif

@@ -1,0 +1,201 @@
+/* tests/unit/test_vindex_kernels.c: the distance kernels at every level the CPU has: the
+ * AVX2 versions against the portable ones (bit-identical where vkernel.h says so, within the
+ * stated bound for vk_dot) on random inputs of awkward sizes, and whole searches that must
+ * return identical hits at both levels.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "vindex.h"
+#include "vkernel.h"
+
+static uint64_t rs = 0x2545f4914f6cdd1dULL;
+
+static uint64_t next(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return rs;
+}
+
+static double unit(void)
+{
+    return (double)(next() >> 11) / 9007199254740992.0 - 0.5;
+}
+
+static void kernels(void)
+{
+    enum { MAXD = 5000, N = 9 };
+    float *a = malloc(MAXD * sizeof(float)), *b = malloc(MAXD * sizeof(float));
+    int8_t *codes = malloc((size_t)N * 8192);
+    int16_t *q = malloc(8192 * sizeof(int16_t));
+    uint64_t *bits = malloc((size_t)N * 80 * sizeof(uint64_t)), qb[80];
+    int64_t d0[N], d1[N];
+    uint16_t h0[N], h1[N];
+    static const size_t dims[] = {1,  3,   7,   8,   9,    15,   31,   32,   33,   63,  64,
+                                  65, 100, 384, 768, 1023, 1536, 4095, 4096, 4097, 5000};
+    int bad_exact = 0, bad_dot = 0, bad_sq = 0, bad_ham = 0;
+    for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++) {
+        size_t d = dims[di];
+        for (int rep = 0; rep < 20; rep++) {
+            double na = 0, nb = 0;
+            for (size_t i = 0; i < d; i++) {
+                a[i] = (float)(unit() * (rep % 3 ? 1.0 : 1e-20)); /* tiny values too */
+                b[i] = (float)unit();
+                na += (double)a[i] * a[i];
+                nb += (double)b[i] * b[i];
+            }
+            vk_set_level(VK_GENERIC);
+            double e0 = vk_dot_exact(a, b, d);
+            float f0 = vk_dot(a, b, d);
+            vk_set_level(VK_AVX2);
+            double e1 = vk_dot_exact(a, b, d);
+            float f1 = vk_dot(a, b, d);
+            if (e0 != e1 && !(isnan(e0) && isnan(e1)))
+                bad_exact++;
+            double bound = (double)(d + 1) * 0x1p-24 * sqrt(na) * sqrt(nb) + 1e-30;
+            if (fabs((double)f0 - e0) > bound || fabs((double)f1 - e0) > bound)
+                bad_dot++;
+
+            /* int8 codes against int16 queries, with extreme values */
+            size_t stride = (d + 31) / 32 * 32;
+            if (stride <= 8192) {
+                for (size_t i = 0; i < stride; i++)
+                    q[i] = (int16_t)(rep == 0   ? 32767
+                                     : rep == 1 ? -32767
+                                                : (int)(next() % 65535) - 32767);
+                for (size_t v = 0; v < N; v++) {
+                    for (size_t i = 0; i < stride; i++)
+                        codes[v * stride + i] =
+                            (int8_t)(rep < 2 ? (v % 2 ? 127 : -127) : (int)(next() % 255) - 127);
+                }
+                vk_set_level(VK_GENERIC);
+                vk_sq8_dots(codes, stride, N, q, d0);
+                vk_set_level(VK_AVX2);
+                vk_sq8_dots(codes, stride, N, q, d1);
+                for (size_t v = 0; v < N; v++) {
+                    int64_t ref = 0;
+                    for (size_t i = 0; i < stride; i++)
+                        ref += (int64_t)codes[v * stride + i] * q[i];
+                    bad_sq += d0[v] != ref || d1[v] != ref ||
+                              vk_sq8_dot(codes + v * stride, q, stride) != ref;
+                }
+            }
+            /* Hamming distances */
+            size_t words = (d + 63) / 64;
+            if (words <= 80) {
+                for (size_t i = 0; i < words; i++)
+                    qb[i] = next();
+                for (size_t i = 0; i < N * words; i++)
+                    bits[i] = rep == 0 ? ~(uint64_t)0 : next();
+                vk_set_level(VK_GENERIC);
+                vk_hamming(bits, words, N, qb, h0);
+                vk_set_level(VK_AVX2);
+                vk_hamming(bits, words, N, qb, h1);
+                for (size_t v = 0; v < N; v++) {
+                    unsigned ref = 0;
+                    for (size_t i = 0; i < words; i++)
+                        for (int k = 0; k < 64; k++)
+                            ref += ((bits[v * words + i] ^ qb[i]) >> k) & 1;
+                    bad_ham += h0[v] != ref || h1[v] != ref;
+                }
+            }
+        }
+    }
+    CHECK_MSG(bad_exact == 0, "%d exact products differ between levels", bad_exact);
+    CHECK_MSG(bad_dot == 0, "%d float products outside their bound", bad_dot);
+    CHECK_MSG(bad_sq == 0, "%d int8 products wrong", bad_sq);
+    CHECK_MSG(bad_ham == 0, "%d Hamming distances wrong", bad_ham);
+
+    /* find_range: every range on random values, including the extremes */
+    uint16_t *hv = malloc(1000 * sizeof(uint16_t));
+    uint32_t *o0 = malloc(1000 * sizeof(uint32_t)), *o1 = malloc(1000 * sizeof(uint32_t));
+    int bad_find = 0;
+    for (int rep = 0; rep < 200; rep++) {
+        size_t n = next() % 1000;
+        for (size_t i = 0; i < n; i++)
+            hv[i] = (uint16_t)(rep % 4 == 0 ? next() : next() % 40);
+        unsigned lo = (unsigned)(next() % 45), hi = lo + (unsigned)(next() % 10);
+        if (rep % 10 == 0)
+            lo = 0, hi = 0xffff;
+        if (rep % 10 == 1)
+            lo = 0xfffe, hi = 0xffff;
+        vk_set_level(VK_GENERIC);
+        size_t m0 = vk_find_range(hv, n, lo, hi, o0);
+        vk_set_level(VK_AVX2);
+        size_t m1 = vk_find_range(hv, n, lo, hi, o1);
+        size_t ref = 0;
+        for (size_t i = 0; i < n; i++)
+            ref += hv[i] >= lo && hv[i] <= hi;
+        bad_find += m0 != ref || m1 != ref || memcmp(o0, o1, m0 * sizeof(uint32_t)) != 0;
+        for (size_t i = 1; i < m0; i++)
+            bad_find += o0[i] <= o0[i - 1];
+    }
+    CHECK_MSG(bad_find == 0, "%d range scans wrong", bad_find);
+    free(hv);
+    free(o0);
+    free(o1);
+    free(a);
+    free(b);
+    free(codes);
+    free(q);
+    free(bits);
+}
+
+/* searches: one index, every kind, the same queries at both levels */
+static void searches(void)
+{
+    enum { D = 96, NV = 3000 };
+    static const vindex_opts kinds[] = {
+        {.quant_min = SIZE_MAX, .ann_min = SIZE_MAX},
+        {.quant_min = 1, .ann_min = SIZE_MAX},
+        {.quant_min = 1, .ann_min = 1, .ann_max_candidates = 64},
+    };
+    float *v = malloc(D * sizeof(float));
+    for (int kind = 0; kind < 3; kind++) {
+        vindex_opts o = kinds[kind];
+        o.dim = D;
+        vindex *vi = vindex_create(&o);
+        rs = 77;
+        for (uint64_t id = 0; id < NV; id++) {
+            for (int j = 0; j < D; j++)
+                v[j] = (float)unit() + (j < 8 ? 0.5f * (float)(id % 7) : 0.0f);
+            CHECK(vindex_add(vi, id, v, NULL) == 0);
+        }
+        int bad = 0;
+        for (int t = 0; t < 40; t++) {
+            for (int j = 0; j < D; j++)
+                v[j] = (float)unit();
+            vindex_query q = {.vec = v, .k = 1 + (size_t)t % 25};
+            vindex_hit h0[25], h1[25];
+            size_t n0 = 0, n1 = 0;
+            vk_set_level(VK_GENERIC);
+            CHECK(vindex_search(vi, &q, h0, &n0) == 0);
+            vk_set_level(VK_AVX2);
+            CHECK(vindex_search(vi, &q, h1, &n1) == 0);
+            bad += n0 != n1 || n0 != q.k;
+            for (size_t i = 0; i < n0 && i < n1; i++)
+                bad += h0[i].id != h1[i].id || h0[i].similarity != h1[i].similarity;
+        }
+        CHECK_MSG(bad == 0, "kind %d: %d hits differ between kernel levels", kind, bad);
+        vindex_destroy(vi);
+    }
+    free(v);
+}
+
+int main(void)
+{
+    int cpu = vk_cpu_level();
+    fprintf(stderr, "cpu level %d (%s)\n", cpu, cpu == VK_AVX2 ? "AVX2" : "generic only");
+    CHECK(vk_set_level(VK_GENERIC) == VK_GENERIC && vk_level() == VK_GENERIC);
+    CHECK(vk_set_level(99) == cpu && vk_level() == cpu);
+    /* on a CPU without AVX2 both "levels" run the portable code: the comparisons still hold */
+    kernels();
+    searches();
+    vk_set_level(cpu);
+    CHECK_RETURN();
+}

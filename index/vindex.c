@@ -1691,8 +1691,8 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
 /* ---- snapshots ---- */
 
 #define SNAP_MAGIC "ENGVIDX"
-#define SNAP_VERSION 1
-#define SNAP_HEADER 80
+#define SNAP_VERSION 2
+#define SNAP_HEADER 88
 #define SNAP_BOM 0x01020304u
 #define CK_OFF 56
 
@@ -1891,8 +1891,9 @@ static int fsync_dir(const char *path)
     return rc;
 }
 
-/* vindex_save writes a snapshot atomically; see vindex.h. */
-int vindex_save(vindex *vi, const char *path, uint64_t seq)
+/* vindex_save_extra writes a snapshot atomically; see vindex.h. */
+int vindex_save_extra(vindex *vi, const char *path, uint64_t seq, const void *extra,
+                      size_t extra_len)
 {
     view v;
     unsigned char *metas = NULL;
@@ -1957,6 +1958,7 @@ int vindex_save(vindex *vi, const char *path, uint64_t seq)
     put_u32(hdr + 52, SNAP_BOM);
     put_u64(hdr + 64, vi->sq_stride);
     put_u64(hdr + 72, vi->words);
+    put_u64(hdr + 80, extra_len);
     wput(&w, hdr, sizeof(hdr)); /* checksum field zero while hashed */
 
     /* sections; each walks the live slots of the view */
@@ -1997,6 +1999,8 @@ int vindex_save(vindex *vi, const char *path, uint64_t seq)
             }
         }
     }
+    if (extra_len)
+        wput(&w, extra, extra_len);
     wflush(&w);
     rc = w.err;
     if (rc == 0) {
@@ -2031,6 +2035,11 @@ done:
     free(metas);
     free(tmp);
     return rc;
+}
+
+int vindex_save(vindex *vi, const char *path, uint64_t seq)
+{
+    return vindex_save_extra(vi, path, seq, NULL, 0);
 }
 
 /* A reader that hashes what it reads and reports short files. */
@@ -2079,10 +2088,16 @@ static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out)
     return true;
 }
 
-/* vindex_load reads a snapshot; see vindex.h. */
-int vindex_load(const char *path, const vindex_opts *opts, vindex **out, uint64_t *seq)
+/* vindex_load_extra reads a snapshot; see vindex.h. */
+int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, uint64_t *seq,
+                      void **extra, size_t *extra_len)
 {
     *out = NULL;
+    if (extra) {
+        *extra = NULL;
+        *extra_len = 0;
+    }
+    unsigned char *xbuf = NULL;
     vindex_opts ro;
     if (resolve_opts(opts, &ro))
         return -EINVAL;
@@ -2128,9 +2143,9 @@ int vindex_load(const char *path, const vindex_opts *opts, vindex **out, uint64_
         per += 8 + (dim + 31) / 32 * 32;
     if (kind >= VINDEX_KIND_ANN)
         per += (dim + 63) / 64 * 8;
-    uint64_t body;
-    if (!mul_ok(count, per, &body) || body > UINT64_MAX - SNAP_HEADER ||
-        (uint64_t)sb.st_size != SNAP_HEADER + body) {
+    uint64_t body, xlen = rd64(hdr + 80);
+    if (!mul_ok(count, per, &body) || body > UINT64_MAX - SNAP_HEADER - xlen ||
+        xlen > (uint64_t)sb.st_size || (uint64_t)sb.st_size != SNAP_HEADER + body + xlen) {
         rc = VINDEX_E_CORRUPT;
         goto fail;
     }
@@ -2222,10 +2237,17 @@ int vindex_load(const char *path, const vindex_opts *opts, vindex **out, uint64_
             }
         }
     }
+    if (!r.err && xlen) {
+        xbuf = malloc((size_t)xlen);
+        if (!xbuf)
+            r.err = -ENOMEM;
+        else
+            rget(&r, xbuf, (size_t)xlen);
+    }
     if (!r.err) {
         /* nothing may follow */
-        unsigned char extra;
-        ssize_t x = read(fd, &extra, 1);
+        unsigned char trailing;
+        ssize_t x = read(fd, &trailing, 1);
         if (x != 0)
             r.err = x > 0 ? VINDEX_E_CORRUPT : -errno;
     }
@@ -2271,13 +2293,25 @@ int vindex_load(const char *path, const vindex_opts *opts, vindex **out, uint64_
     vi->kind = target;
     *seq = rd64(hdr + 40);
     *out = vi;
+    if (extra) {
+        *extra = xbuf; /* the caller's now */
+        *extra_len = (size_t)xlen;
+    } else {
+        free(xbuf);
+    }
     free(scratch);
     close(fd);
     return 0;
 
 fail:
     vindex_destroy(vi);
+    free(xbuf);
     free(scratch);
     close(fd);
     return rc;
+}
+
+int vindex_load(const char *path, const vindex_opts *opts, vindex **out, uint64_t *seq)
+{
+    return vindex_load_extra(path, opts, out, seq, NULL, NULL);
 }

@@ -237,17 +237,19 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
 
 /* ---- snapshots ----
  *
- * File format (version 1), little-endian, fields at fixed offsets:
+ * File format (version 2), little-endian, fields at fixed offsets:
  *   0  magic "ENGVIDX\0"         8 bytes
- *   8  u32 format version (1)    12 u32 header size (80)
+ *   8  u32 format version (2)    12 u32 header size (88)
  *   16 u64 dim                   24 u64 meta_size
  *   32 u64 count (live vectors)  40 u64 seq (the caller's change number)
  *   48 u32 kind (which code sections follow)   52 u32 byte-order mark 0x01020304
  *   56 u64 checksum: XXH64 (seed 0) of the whole file with these 8 bytes zero
  *   64 u64 sq8 code stride       72 u64 sign-code words per vector
+ *   80 u64 length of the caller's extra bytes
  * then, in order: ids (count u64), metadata (count * meta_size bytes), rows (count * dim
  * f32), if kind >= SQ8: scales (count f32), error norms (count f32), codes (count * stride
- * int8), if kind == ANN: sign codes (count * words u64). The file is exactly that long.
+ * int8), if kind == ANN: sign codes (count * words u64), then the extra bytes. The file is
+ * exactly that long.
  */
 
 /* vindex_save writes the live vectors, metadata and codes to path atomically: a temporary
@@ -260,6 +262,12 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
  * path, if any, is untouched on error). */
 int vindex_save(vindex *vi, const char *path, uint64_t seq);
 
+/* vindex_save_extra is vindex_save that also stores extra_len bytes of the caller's (under
+ * the same checksum), e.g. data the metadata refers to. extra may be NULL when extra_len
+ * is 0. */
+int vindex_save_extra(vindex *vi, const char *path, uint64_t seq, const void *extra,
+                      size_t extra_len);
+
 /* vindex_load reads a snapshot written by vindex_save into a new index created with opts
  * (dim and meta_size must match the file) and stores it in *out and its seq in *seq.
  * Verifies the magic, version, sizes, length and checksum before trusting anything.
@@ -268,5 +276,11 @@ int vindex_save(vindex *vi, const char *path, uint64_t seq);
  * opts) or another -errno from reading. The codes in the file are used when the kind opts
  * call for matches or is below it; missing ones are computed. */
 int vindex_load(const char *path, const vindex_opts *opts, vindex **out, uint64_t *seq);
+
+/* vindex_load_extra is vindex_load that also returns the extra bytes saved with the
+ * snapshot: *extra (malloc'd, the caller frees it; NULL when there are none) and
+ * *extra_len. extra may be NULL to discard them. */
+int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, uint64_t *seq,
+                      void **extra, size_t *extra_len);
 
 #endif

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <dirent.h>
@@ -321,6 +322,39 @@ int main(void)
         vindex_get_stats(lv, &st);
         CHECK(st.kind == VINDEX_KIND_FLAT && same_results(vi, lv, 40) == 0);
         vindex_destroy(lv);
+        vindex_destroy(vi);
+        unlink(p);
+    }
+    /* the caller's extra bytes: returned intact, covered by the checksum */
+    {
+        vindex *vi = make(24, 50, &flat, 0);
+        const char *p = path_in("extra.snap");
+        const char xs[] = "tags of fifty memories";
+        CHECK(vindex_save_extra(vi, p, 9, xs, sizeof(xs)) == 0);
+        vindex_opts o = flat;
+        o.dim = 24;
+        o.meta_size = sizeof(meta);
+        vindex *lv = NULL;
+        uint64_t seq = 0;
+        void *x = NULL;
+        size_t xlen = 0;
+        CHECK(vindex_load_extra(p, &o, &lv, &seq, &x, &xlen) == 0 && seq == 9);
+        CHECK(xlen == sizeof(xs) && x && memcmp(x, xs, xlen) == 0);
+        CHECK(lv && same_results(vi, lv, 24) == 0);
+        free(x);
+        vindex_destroy(lv);
+        lv = NULL;
+        size_t len = 0;
+        unsigned char *b = slurp(p, &len);
+        CHECK(b && len > sizeof(xs));
+        if (b) {
+            b[len - 3] ^= 0x20; /* inside the extra bytes */
+            spit(p, b, len);
+            x = NULL;
+            CHECK(vindex_load_extra(p, &o, &lv, &seq, &x, &xlen) == VINDEX_E_CORRUPT && !lv &&
+                  !x);
+            free(b);
+        }
         vindex_destroy(vi);
         unlink(p);
     }

@@ -37,6 +37,16 @@ typedef struct config {
     int db_backoff_max_ms;
     int bg_threads;
     int maintenance_interval_s;
+    int change_log_retention_hours;
+    char *index_dir;
+    long index_memory_mb;
+    int index_snapshot_interval_s;
+    long index_quant_min;
+    long index_ann_min;
+    int index_ann_candidates;
+    int index_ann_max_candidates;
+    int index_ann_patience;
+    int index_compact_percent;
     int consolidate_check_interval_s;
     double consolidate_dedupe_threshold;
     double consolidate_supersede_threshold;

@@ -61,9 +61,9 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
         evhttp_send_error(rq, 500, "out of memory");
         return;
     }
-    uint64_t loaded = 0, vectors = 0, bytes = 0;
+    tenants_metrics tm = {0};
     if (h->srv->tenants)
-        tenants_stats(h->srv->tenants, &loaded, &vectors, &bytes);
+        tenants_stats(h->srv->tenants, &tm);
     /* resident memory from /proc/self/statm (second field, in pages) */
     double rss = 0;
     FILE *f = fopen("/proc/self/statm", "r");
@@ -73,10 +73,37 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
             rss = (double)res * (double)sysconf(_SC_PAGESIZE);
         fclose(f);
     }
-    const char *names[] = {"engram_indexes_loaded", "engram_index_vectors", "engram_index_bytes",
-                           "engram_process_resident_bytes"};
-    double vals[] = {(double)loaded, (double)vectors, (double)bytes, rss};
-    metrics_render(b, names, vals, 4);
+    const char *names[] = {
+        "engram_indexes_loaded",     "engram_index_vectors",       "engram_index_bytes",
+        "engram_index_budget_bytes", "engram_index_tenants_known", "engram_indexes_flat",
+        "engram_indexes_sq8",        "engram_indexes_ann",         "engram_process_resident_bytes"};
+    double vals[] = {(double)tm.loaded,     (double)tm.vectors,    (double)tm.bytes,
+                     (double)tm.budget,     (double)tm.known,      (double)tm.by_kind[0],
+                     (double)tm.by_kind[1], (double)tm.by_kind[2], rss};
+    metrics_render(b, names, vals, sizeof(vals) / sizeof(vals[0]));
+    evbuffer_add_printf(
+        b,
+        "# HELP engram_index_loads_total Index loads by source: a snapshot plus the changes "
+        "after it, or every memory in the database.\n"
+        "# TYPE engram_index_loads_total counter\n"
+        "engram_index_loads_total{source=\"snapshot\"} %llu\n"
+        "engram_index_loads_total{source=\"database\"} %llu\n"
+        "# HELP engram_index_snapshots_rejected_total Snapshots found unusable (corrupt, "
+        "stale or older than the change log) and rebuilt from the database.\n"
+        "# TYPE engram_index_snapshots_rejected_total counter\n"
+        "engram_index_snapshots_rejected_total %llu\n"
+        "# HELP engram_index_snapshots_written_total Index snapshots written.\n"
+        "# TYPE engram_index_snapshots_written_total counter\n"
+        "engram_index_snapshots_written_total %llu\n"
+        "# HELP engram_index_evictions_total Indexes unloaded to stay within the memory "
+        "budget.\n# TYPE engram_index_evictions_total counter\n"
+        "engram_index_evictions_total %llu\n"
+        "# HELP engram_index_rebuilds_total Background index rebuilds (deleted vectors "
+        "dropped, structure changed).\n# TYPE engram_index_rebuilds_total counter\n"
+        "engram_index_rebuilds_total %llu\n",
+        (unsigned long long)tm.snapshot_loads, (unsigned long long)tm.database_loads,
+        (unsigned long long)tm.snapshots_rejected, (unsigned long long)tm.snapshots_written,
+        (unsigned long long)tm.evictions, (unsigned long long)tm.rebuilds);
     reply(rq, 200, "OK", "text/plain; version=0.0.4", b);
     evbuffer_free(b);
 }

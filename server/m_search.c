@@ -365,6 +365,7 @@ static void search_run(req *r)
                           .score = score_cb,
                           .score_slope = st->w,
                           .score_bound = 1.0 - st->w,
+                          .score_monotone = true,
                           .ctx = st};
         int rc = vindex_search(vi, &q, hits, &nhits);
         if (rc != 0) {

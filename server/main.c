@@ -319,7 +319,7 @@ int main(int argc, char **argv)
     s->bg = bg_create(s, (unsigned)s->cfg.bg_threads);
     a.base = event_base_new();
     s->tenancy = tenancy_create(s);
-    if (!s->tenants || !s->bg || !s->tenancy || !a.base || tenants_preload(s->tenants) < 0 ||
+    if (!s->tenants || !s->bg || !s->tenancy || !a.base || tenants_start(s->tenants) < 0 ||
         maint_start(s) < 0 || tenancy_start(s->tenancy) < 0 || consolidate_start(s) < 0)
         goto out;
 
@@ -382,6 +382,8 @@ out:
         worker_join(s->workers[i]);
     bg_stop(s->bg);
     s->bg = NULL;
+    if (s->tenants && rc == 0)
+        tenants_save_all(s->tenants);
     for (unsigned i = 0; s->workers && i < s->nworkers; i++)
         worker_destroy(s->workers[i]);
     free(s->workers);

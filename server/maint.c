@@ -1,6 +1,7 @@
 /* server/maint.c: periodic maintenance (see maint.h). */
 #include "maint.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "bg.h"
@@ -42,6 +43,22 @@ static void purge_expired(bg_ctx *ctx, void *arg)
     PQclear(r);
     if (n > 0)
         log_info("purged %lld expired session checkpoints", n);
+    /* the change log: index snapshots older than the retention are rebuilt instead */
+    server *s = arg;
+    char hours[32];
+    snprintf(hours, sizeof(hours), "%d", s->cfg.change_log_retention_hours);
+    const char *pv[] = {hours, PURGE_BATCH};
+    r = db_exec_blocking(pg, "SELECT engram_prune_changes($1, $2)", 2, pv, err, sizeof(err));
+    if (!r) {
+        log_warn("pruning the change log failed: %s", err);
+        if (PQstatus(pg) != CONNECTION_OK)
+            bg_conn_failed(ctx);
+        return;
+    }
+    n = atoll(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    if (n > 0)
+        log_info("pruned %lld changes older than %s hours from the change log", n, hours);
 }
 
 int maint_start(server *s)

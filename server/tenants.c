@@ -1,13 +1,17 @@
-/* server/tenants.c: tenants' vector indexes: lazy loads, change application, catch-up
- * (see tenants.h). */
+/* server/tenants.c: tenants' vector indexes: lazy loads from snapshots or PostgreSQL,
+ * change application, catch-up, snapshots, maintenance and eviction (see tenants.h). */
 #include "tenants.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "idmap.h"
 #include "memfilter.h"
@@ -49,6 +53,13 @@ struct tenant {
     pending *phead, *ptail;
     waiter *waiters;
     bool catchup_queued;
+    /* snapshots (t->mu) */
+    uint64_t saved_seq;            /* change number of the newest snapshot written or loaded */
+    uint64_t saved_mono_ns;        /* when (0: never) */
+    bool dirty;                    /* changed, or access counts moved, since that snapshot */
+    bool saving;                   /* a snapshot is being written */
+    bool dead;                     /* the tenant was deleted: write no snapshot */
+    atomic_uint_least64_t used_ns; /* last use, for eviction */
 };
 
 struct tenants {
@@ -56,6 +67,15 @@ struct tenants {
     pthread_mutex_t mu;    /* guards map and refs */
     idmap *map;            /* tenant id -> tenant* */
     atomic_bool preloaded; /* the start-up preload has finished */
+    atomic_int preload_left;
+    vindex_opts vo; /* index options but dim and meta_size */
+    size_t budget;  /* bytes of loaded indexes before eviction */
+    pthread_mutex_t dir_mu;
+    char *dir;       /* <index_dir>/<database instance>; NULL until known */
+    bool dir_failed; /* the directory cannot be used: no snapshots */
+    atomic_bool housekeeping;
+    atomic_uint_least64_t n_snap_loads, n_snap_rejected, n_db_loads, n_snapshots, n_evictions,
+        n_rebuilds;
 };
 
 tenants *tenants_create(server *s)
@@ -65,11 +85,26 @@ tenants *tenants_create(server *s)
         return NULL;
     ts->srv = s;
     pthread_mutex_init(&ts->mu, NULL);
+    pthread_mutex_init(&ts->dir_mu, NULL);
     ts->map = idmap_create(64);
     if (!ts->map) {
+        pthread_mutex_destroy(&ts->dir_mu);
         pthread_mutex_destroy(&ts->mu);
         free(ts);
         return NULL;
+    }
+    const config *c = &s->cfg;
+    ts->vo = (vindex_opts){.quant_min = (size_t)c->index_quant_min,
+                           .ann_min = (size_t)c->index_ann_min,
+                           .ann_candidates = (size_t)c->index_ann_candidates,
+                           .ann_max_candidates = (size_t)c->index_ann_max_candidates,
+                           .ann_patience = (size_t)c->index_ann_patience,
+                           .compact_percent = (unsigned)c->index_compact_percent};
+    if (c->index_memory_mb > 0) {
+        ts->budget = (size_t)c->index_memory_mb << 20;
+    } else {
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        ts->budget = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 2 : (size_t)1 << 32;
     }
     return ts;
 }
@@ -117,6 +152,8 @@ void tenants_destroy(tenants *ts)
         return;
     idmap_foreach(ts->map, free_one, NULL);
     idmap_destroy(ts->map);
+    free(ts->dir);
+    pthread_mutex_destroy(&ts->dir_mu);
     pthread_mutex_destroy(&ts->mu);
     free(ts);
 }
@@ -130,11 +167,13 @@ tenant *tenants_get(tenants *ts, int64_t id, uint32_t dim)
         t = (tenant *)(uintptr_t)v;
         atomic_fetch_add(&t->refs, 1);
         pthread_mutex_unlock(&ts->mu);
+        atomic_store(&t->used_ns, server_mono_ns());
         return t;
     }
     t = calloc(1, sizeof(*t));
     if (!t)
         goto out;
+    atomic_init(&t->used_ns, server_mono_ns());
     t->ts = ts;
     t->id = id;
     t->dim = dim;
@@ -338,16 +377,17 @@ static void do_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, co
         free((void *)cur.tags);
         return;
     }
-    if (present) {
-        vindex_remove(t->vi, id);
-        free((void *)cur.tags);
-    }
-    int rc = vindex_add(t->vi, id, vec, &own);
-    if (rc != 0) {
+    /* one atomic replacement: no search sees the memory missing or twice */
+    int rc = vindex_upsert(t->vi, id, vec, &own);
+    if (rc != 0 && rc != 1) {
         free((void *)own.tags);
         log_error("tenant %lld: cannot index memory %llu (%d)", (long long)t->id,
                   (unsigned long long)id, rc);
+        return;
     }
+    if (present)
+        free((void *)cur.tags); /* no search can still see them: upsert published under the
+                                 * index's exclusive lock */
 }
 
 static void do_delete(tenant *t, uint64_t seq, uint64_t id)
@@ -371,6 +411,7 @@ static void apply_locked(tenant *t, uint64_t seq, uint64_t id, bool del, const f
     else
         do_upsert(t, seq, id, vec, m);
     mark_applied(t, seq);
+    t->dirty = true;
 }
 
 static void queue_pending(tenant *t, uint64_t seq, uint64_t id, bool del, const float *vec,
@@ -424,6 +465,239 @@ void tenant_apply_delete(tenant *t, uint64_t seq, uint64_t id)
     apply(t, seq, id, true, NULL, NULL);
 }
 
+/* ---- snapshot files ------------------------------------------------------------------- */
+
+/* Finds (once) the directory for this database's snapshots: <index_dir>/<instance id>.
+ * Returns true when snapshots can be used. Any thread with a connection. */
+static bool snap_dir_ready(tenants *ts, PGconn *pg)
+{
+    pthread_mutex_lock(&ts->dir_mu);
+    bool ok = ts->dir != NULL;
+    if (ok || ts->dir_failed || !pg) {
+        pthread_mutex_unlock(&ts->dir_mu);
+        return ok;
+    }
+    char inst[64], err[256];
+    if (loader_instance(pg, inst, sizeof(inst), err, sizeof(err)) < 0) {
+        pthread_mutex_unlock(&ts->dir_mu);
+        log_warn("index snapshots: cannot read the database's instance id: %s", err);
+        return false; /* tried again on the next load */
+    }
+    if (strspn(inst, "0123456789abcdef-") != strlen(inst)) {
+        ts->dir_failed = true;
+        pthread_mutex_unlock(&ts->dir_mu);
+        log_error("index snapshots disabled: unexpected instance id in engram_instance");
+        return false;
+    }
+    const config *c = &ts->srv->cfg;
+    char base[PATH_MAX], path[PATH_MAX];
+    if (c->index_dir[0])
+        snprintf(base, sizeof(base), "%s", c->index_dir);
+    else
+        snprintf(base, sizeof(base), "%s/index", c->data_dir);
+    int n = snprintf(path, sizeof(path), "%s/%s", base, inst);
+    if (n < 0 || (size_t)n >= sizeof(path) - 32 || (mkdir(base, 0700) && errno != EEXIST) ||
+        (mkdir(path, 0700) && errno != EEXIST) || !(ts->dir = strdup(path))) {
+        ts->dir_failed = true;
+        pthread_mutex_unlock(&ts->dir_mu);
+        log_error("index snapshots disabled: cannot create %s: %s", path, strerror(errno));
+        return false;
+    }
+    pthread_mutex_unlock(&ts->dir_mu);
+    log_info("index snapshots in %s", path);
+    return true;
+}
+
+/* Writes the snapshot path of tenant id into buf. Returns false while the directory is
+ * not known (or not usable). */
+static bool snap_path(tenants *ts, int64_t id, char *buf, size_t len)
+{
+    pthread_mutex_lock(&ts->dir_mu);
+    bool ok = ts->dir != NULL;
+    if (ok)
+        snprintf(buf, len, "%s/%lld.idx", ts->dir, (long long)id);
+    pthread_mutex_unlock(&ts->dir_mu);
+    return ok;
+}
+
+/* The tags a snapshot's metadata points to travel in its extra bytes (host byte order, as
+ * the snapshot itself):
+ *   "ENGTAGS1", i64 wall-clock ms of the save, u64 record count, then per memory
+ *   u64 id, u64 seq (the change that last wrote it), u32 ntags, u32 0, ntags u64 hashes. */
+#define TAGS_MAGIC "ENGTAGS1"
+#define TAGS_HEADER 24
+#define TAGS_RECORD 24
+
+typedef struct tagbuf {
+    unsigned char *p;
+    size_t n, cap;
+    uint64_t count;
+} tagbuf;
+
+static int tagbuf_put(tagbuf *b, const void *data, size_t len)
+{
+    if (b->n + len > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + len)
+            cap *= 2;
+        unsigned char *p = realloc(b->p, cap);
+        if (!p)
+            return -1;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, data, len);
+    b->n += len;
+    return 0;
+}
+
+static int tags_record(uint64_t id, const float *vec, const void *meta, void *arg)
+{
+    tagbuf *b = arg;
+    const mem_meta *m = meta;
+    uint32_t rec[2] = {m->ntags, 0};
+    b->count++;
+    if (tagbuf_put(b, &id, 8) || tagbuf_put(b, &m->seq, 8) || tagbuf_put(b, rec, 8) ||
+        (m->ntags && tagbuf_put(b, m->tags, m->ntags * sizeof(uint64_t))))
+        return 1;
+    return 0;
+}
+
+/* Serializes every memory's tags. Call with t->mu held (no change can move them). On
+ * success the caller owns *out (free). Returns 0 or -ENOMEM. */
+static int tags_build(tenant *t, unsigned char **out, size_t *len)
+{
+    tagbuf b = {0};
+    int64_t now = server_now_ms();
+    uint64_t zero = 0;
+    if (tagbuf_put(&b, TAGS_MAGIC, 8) || tagbuf_put(&b, &now, 8) || tagbuf_put(&b, &zero, 8) ||
+        vindex_foreach(t->vi, tags_record, &b) != 0) {
+        free(b.p);
+        return -ENOMEM;
+    }
+    memcpy(b.p + 16, &b.count, 8);
+    *out = b.p;
+    *len = b.n;
+    return 0;
+}
+
+typedef struct tagfix {
+    idmap *at; /* id -> offset of its record */
+    const unsigned char *x;
+    uint64_t upto; /* the snapshot's change number */
+    uint64_t *drop;
+    size_t ndrop, cdrop;
+    bool bad;
+} tagfix;
+
+/* Points one loaded memory's metadata at a fresh copy of its tags (vindex_update_meta
+ * callback). Memories written after the snapshot's change number are set aside: their
+ * tags may be newer than the record, and the replay brings them back. */
+static void tags_fix_one(void *meta, void *arg)
+{
+    tagfix *tf = arg;
+    mem_meta *m = meta;
+    uint32_t want = m->ntags;
+    m->tags = NULL; /* the saved pointer means nothing in this process */
+    m->ntags = 0;
+    if (m->seq > tf->upto) {
+        if (tf->ndrop == tf->cdrop) {
+            size_t cap = tf->cdrop ? tf->cdrop * 2 : 16;
+            uint64_t *d = realloc(tf->drop, cap * sizeof(*d));
+            if (!d) {
+                tf->bad = true;
+                return;
+            }
+            tf->drop = d;
+            tf->cdrop = cap;
+        }
+        tf->drop[tf->ndrop++] = m->id;
+        return;
+    }
+    uint64_t off, seq;
+    uint32_t ntags;
+    if (!tf->at || !idmap_get(tf->at, m->id, &off)) {
+        tf->bad = true;
+        return;
+    }
+    memcpy(&seq, tf->x + off + 8, 8);
+    memcpy(&ntags, tf->x + off + 16, 4);
+    if (seq != m->seq || ntags != want) {
+        tf->bad = true;
+        return;
+    }
+    if (!ntags)
+        return;
+    uint64_t *tags = malloc(ntags * sizeof(*tags));
+    if (!tags) {
+        tf->bad = true;
+        return;
+    }
+    memcpy(tags, tf->x + off + TAGS_RECORD, ntags * sizeof(*tags));
+    m->tags = tags;
+    m->ntags = ntags;
+}
+
+static int collect_id(uint64_t id, const float *vec, const void *meta, void *arg)
+{
+    tagbuf *b = arg;
+    return tagbuf_put(b, &id, sizeof(id)) ? 1 : 0;
+}
+
+/* Restores the tags of a loaded snapshot from its extra bytes x and removes the memories
+ * written after its change number upto. Returns 0; -1 when the extra bytes do not
+ * describe the snapshot's memories (every entry's tags are valid or NULL: free them with
+ * the index); or -2 when memory ran out before any entry was touched (the tags pointers
+ * are the saved ones: destroy the index without freeing them). */
+static int tags_restore(vindex *vi, const unsigned char *x, size_t xlen, uint64_t upto)
+{
+    tagfix tf = {.x = x, .upto = upto};
+    tagbuf ids = {0};
+    int rc = -1;
+    uint64_t count;
+    if (!x || xlen < TAGS_HEADER || memcmp(x, TAGS_MAGIC, 8) != 0)
+        goto fail;
+    memcpy(&count, x + 16, 8);
+    if (count > (xlen - TAGS_HEADER) / TAGS_RECORD)
+        goto fail;
+    tf.at = idmap_create((size_t)count + 16);
+    if (!tf.at)
+        goto fail;
+    size_t off = TAGS_HEADER;
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t id;
+        uint32_t ntags;
+        if (xlen - off < TAGS_RECORD)
+            goto fail;
+        memcpy(&id, x + off, 8);
+        memcpy(&ntags, x + off + 16, 4);
+        if ((xlen - off - TAGS_RECORD) / sizeof(uint64_t) < ntags || idmap_get(tf.at, id, NULL) ||
+            idmap_put(tf.at, id, off) < 0)
+            goto fail;
+        off += TAGS_RECORD + (size_t)ntags * sizeof(uint64_t);
+    }
+    if (off != xlen)
+        goto fail;
+    rc = 0;
+fail:
+    /* every entry's tags pointer is reset, even when the records are unusable */
+    if (vindex_foreach(vi, collect_id, &ids) != 0) {
+        idmap_destroy(tf.at);
+        free(ids.p);
+        return -2;
+    }
+    if (rc < 0)
+        tf.bad = true;
+    vindex_update_meta(vi, (const uint64_t *)(const void *)ids.p, ids.n / sizeof(uint64_t),
+                       tags_fix_one, &tf);
+    for (size_t i = 0; i < tf.ndrop; i++)
+        vindex_remove(vi, tf.drop[i]); /* their tags are NULL already */
+    idmap_destroy(tf.at);
+    free(tf.drop);
+    free(ids.p);
+    return tf.bad ? -1 : 0;
+}
+
 /* ---- loading ------------------------------------------------------------------------ */
 
 static void post_waiter(void *arg)
@@ -450,6 +724,21 @@ static void release_waiters(waiter *list, int status, const char *err)
     }
 }
 
+static void index_opts(const tenant *t, vindex_opts *vo)
+{
+    *vo = t->ts->vo;
+    vo->dim = t->dim;
+    vo->meta_size = sizeof(mem_meta);
+}
+
+/* Frees an index whose metadata owns its tags. */
+static void index_free(vindex *vi)
+{
+    if (vi)
+        vindex_foreach(vi, free_tags, NULL);
+    vindex_destroy(vi);
+}
+
 typedef struct load_ctx {
     tenant *t;
     vindex *vi;
@@ -474,24 +763,277 @@ static int load_row(const loader_row *row, void *arg)
     return 0;
 }
 
-/* Loads t's index from PostgreSQL on this background thread (t is LOADING), applies the
- * changes that arrived meanwhile and wakes the waiters. Returns 0 or -1. */
+/* Builds t's index from every memory in PostgreSQL and installs it (t is LOADING).
+ * Returns 0 or -1 with err. */
+static int load_from_db(PGconn *pg, tenant *t, size_t *rows, char *err, size_t errlen)
+{
+    vindex_opts vo;
+    index_opts(t, &vo);
+    load_ctx lc = {.t = t, .vi = vindex_create(&vo)};
+    uint64_t seq = 0;
+    if (!lc.vi) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (loader_tenant(pg, t->id, t->dim, &seq, load_row, &lc, err, errlen) != 0) {
+        index_free(lc.vi);
+        return -1;
+    }
+    pthread_mutex_lock(&t->mu);
+    t->vi = lc.vi;
+    t->applied = seq;
+    t->nabove = 0;
+    idmap_clear(t->deleted);
+    t->saved_seq = 0;
+    t->saved_mono_ns = 0;
+    t->dirty = true; /* snapshotted by the next housekeeping round */
+    pthread_mutex_unlock(&t->mu);
+    *rows = lc.rows;
+    return 0;
+}
+
+typedef struct replay_ctx {
+    tenant *t;
+    uint64_t next; /* the change number the log must hold next */
+    size_t changes;
+    bool gap, oom;
+} replay_ctx;
+
+/* Applies one change read from the log after a snapshot (loader_changes callback). */
+static int replay_change(uint64_t seq, uint64_t id, const loader_row *row, void *arg)
+{
+    replay_ctx *rp = arg;
+    tenant *t = rp->t;
+    if (seq != rp->next) {
+        rp->gap = true; /* pruned: the snapshot is older than the log */
+        return 1;
+    }
+    rp->next++;
+    rp->changes++;
+    mem_meta m;
+    if (row && mem_meta_from_row(&m, row) < 0) {
+        rp->oom = true;
+        return 1;
+    }
+    pthread_mutex_lock(&t->mu);
+    if (!seq_applied(t, seq)) {
+        if (row)
+            do_upsert(t, row->seq, id, row->vec, &m);
+        else
+            do_delete(t, seq, id);
+        mark_applied(t, seq);
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (row)
+        free((void *)m.tags);
+    return 0;
+}
+
+typedef struct access_fix {
+    idmap *at; /* id -> index into the arrays */
+    uint64_t *ids;
+    int64_t *counts, *last;
+    size_t n, cap;
+    bool oom;
+} access_fix;
+
+static int access_row(uint64_t id, int64_t count, int64_t last_ms, void *arg)
+{
+    access_fix *af = arg;
+    if (af->n == af->cap) {
+        size_t cap = af->cap ? af->cap * 2 : 256;
+        uint64_t *i = realloc(af->ids, cap * sizeof(*i));
+        if (i)
+            af->ids = i;
+        int64_t *c = i ? realloc(af->counts, cap * sizeof(*c)) : NULL;
+        if (c)
+            af->counts = c;
+        int64_t *l = c ? realloc(af->last, cap * sizeof(*l)) : NULL;
+        if (l)
+            af->last = l;
+        if (!l) {
+            af->oom = true;
+            return 1;
+        }
+        af->cap = cap;
+    }
+    if (idmap_put(af->at, id, af->n) < 0) {
+        af->oom = true;
+        return 1;
+    }
+    af->ids[af->n] = id;
+    af->counts[af->n] = count;
+    af->last[af->n] = last_ms == MEMROW_NO_TIME ? 0 : last_ms;
+    af->n++;
+    return 0;
+}
+
+static void access_fix_one(void *meta, void *arg)
+{
+    const access_fix *af = arg;
+    mem_meta *m = meta;
+    uint64_t i;
+    if (!idmap_get(af->at, m->id, &i))
+        return;
+    uint32_t c = af->counts[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)af->counts[i];
+    if (c > m->access_count)
+        m->access_count = c;
+    if (af->last[i] > m->last_access_ms)
+        m->last_access_ms = af->last[i];
+}
+
+/* Brings the access counts of a restored index up to the database's (reads are not
+ * changes, so the replay does not carry them, and other processes count reads too).
+ * Returns 0 or -1 with err. */
+static int refresh_access(PGconn *pg, tenant *t, vindex *vi, char *err, size_t errlen)
+{
+    access_fix af = {.at = idmap_create(256)};
+    int rc = -1;
+    if (af.at)
+        rc = loader_accessed(pg, t->id, 0, access_row, &af, err, errlen);
+    if (!af.at || af.oom) {
+        snprintf(err, errlen, "out of memory");
+        rc = -1;
+    }
+    if (rc == 0 && af.n)
+        vindex_update_meta(vi, af.ids, af.n, access_fix_one, &af);
+    idmap_destroy(af.at);
+    free(af.ids);
+    free(af.counts);
+    free(af.last);
+    return rc == 0 ? 0 : -1;
+}
+
+static const char *snap_error(int rc)
+{
+    switch (rc) {
+    case VINDEX_E_CORRUPT:
+        return "corrupt (checksum, length or format)";
+    case VINDEX_E_MISMATCH:
+        return "written for another dimension or format";
+    case -ENOMEM:
+        return "out of memory";
+    default:
+        return rc < 0 ? strerror(-rc) : "unreadable";
+    }
+}
+
+/* Discards the index a snapshot load installed in t (t is LOADING). */
+static void uninstall(tenant *t)
+{
+    pthread_mutex_lock(&t->mu);
+    vindex *vi = t->vi;
+    t->vi = NULL;
+    t->applied = 0;
+    t->nabove = 0;
+    idmap_clear(t->deleted);
+    pthread_mutex_unlock(&t->mu);
+    index_free(vi);
+}
+
+/* Loads t's index from its snapshot and replays the changes committed after it (t is
+ * LOADING). Returns 0 when installed; 1 when there is no usable snapshot (missing, corrupt,
+ * stale, or older than the change log: the caller rebuilds from PostgreSQL); -1 with err
+ * when the database failed. */
+static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *changes, char *err,
+                              size_t errlen)
+{
+    tenants *ts = t->ts;
+    char path[PATH_MAX];
+    if (!snap_dir_ready(ts, pg) || !snap_path(ts, t->id, path, sizeof(path)))
+        return 1;
+    vindex_opts vo;
+    index_opts(t, &vo);
+    vindex *vi = NULL;
+    uint64_t upto = 0, now_seq = 0;
+    void *x = NULL;
+    size_t xlen = 0;
+    int rc = vindex_load_extra(path, &vo, &vi, &upto, &x, &xlen);
+    if (rc == VINDEX_E_NOT_FOUND)
+        return 1;
+    if (rc != 0) {
+        atomic_fetch_add(&ts->n_snap_rejected, 1);
+        log_warn("tenant %lld: snapshot %s not used: %s; rebuilding from the database",
+                 (long long)t->id, path, snap_error(rc));
+        return 1;
+    }
+    rc = tags_restore(vi, x, xlen, upto);
+    free(x);
+    if (rc < 0) {
+        if (rc == -1)
+            index_free(vi);
+        else
+            vindex_destroy(vi); /* no tags were allocated */
+        atomic_fetch_add(&ts->n_snap_rejected, 1);
+        log_warn("tenant %lld: snapshot %s not used: its metadata does not match its vectors; "
+                 "rebuilding from the database",
+                 (long long)t->id, path);
+        return 1;
+    }
+    pthread_mutex_lock(&t->mu);
+    t->vi = vi;
+    t->applied = upto;
+    t->nabove = 0;
+    idmap_clear(t->deleted);
+    pthread_mutex_unlock(&t->mu);
+    replay_ctx rp = {.t = t, .next = upto + 1};
+    rc = loader_changes(pg, t->id, t->dim, upto, &now_seq, replay_change, &rp, err, errlen);
+    if (rc < 0 || rp.oom) {
+        if (rp.oom)
+            snprintf(err, errlen, "out of memory");
+        uninstall(t);
+        return -1;
+    }
+    if (rp.gap || now_seq < upto || rp.next != now_seq + 1) {
+        uninstall(t);
+        atomic_fetch_add(&ts->n_snap_rejected, 1);
+        if (now_seq < upto)
+            log_warn("tenant %lld: snapshot %s not used: it holds change %llu but the database "
+                     "only reaches %llu; rebuilding from the database",
+                     (long long)t->id, path, (unsigned long long)upto, (unsigned long long)now_seq);
+        else
+            log_warn("tenant %lld: snapshot %s not used: changes after %llu are no longer in the "
+                     "change log; rebuilding from the database",
+                     (long long)t->id, path, (unsigned long long)upto);
+        return 1;
+    }
+    if (refresh_access(pg, t, vi, err, errlen) < 0) {
+        uninstall(t);
+        return -1;
+    }
+    pthread_mutex_lock(&t->mu);
+    t->saved_seq = upto;
+    t->saved_mono_ns = server_mono_ns();
+    t->dirty = rp.changes > 0;
+    pthread_mutex_unlock(&t->mu);
+    *rows = vindex_count(vi);
+    *changes = rp.changes;
+    atomic_fetch_add(&ts->n_snap_loads, 1);
+    return 0;
+}
+
+/* Loads t's index on this background thread (t is LOADING): from its snapshot plus the
+ * changes after it, else from PostgreSQL; then applies the changes that arrived meanwhile
+ * and wakes the waiters. Returns 0 or -1. */
 static int load_now(bg_ctx *ctx, tenant *t)
 {
     char err[256] = "";
-    uint64_t seq = 0;
     uint64_t t0 = server_mono_ns();
-    vindex_opts vo = {.dim = t->dim, .meta_size = sizeof(mem_meta)};
-    load_ctx lc = {.t = t, .vi = vindex_create(&vo)};
-    int rc = -1;
+    size_t rows = 0, changes = 0;
+    int rc = -1, from = -1;
     if (bg_cancelled(ctx)) {
         snprintf(err, sizeof(err), "server shutting down");
-    } else if (!lc.vi) {
-        snprintf(err, sizeof(err), "out of memory");
     } else {
         PGconn *pg = bg_conn(ctx, err, sizeof(err));
         if (pg) {
-            rc = loader_tenant(pg, t->id, t->dim, &seq, load_row, &lc, err, sizeof(err));
+            from = load_from_snapshot(pg, t, &rows, &changes, err, sizeof(err));
+            if (from == 1) {
+                rc = load_from_db(pg, t, &rows, err, sizeof(err));
+                if (rc == 0)
+                    atomic_fetch_add(&t->ts->n_db_loads, 1);
+            } else {
+                rc = from;
+            }
             if (rc < 0 && PQstatus(pg) != CONNECTION_OK)
                 bg_conn_failed(ctx);
         }
@@ -500,9 +1042,6 @@ static int load_now(bg_ctx *ctx, tenant *t)
     waiter *ws = t->waiters;
     t->waiters = NULL;
     if (rc == 0) {
-        t->vi = lc.vi;
-        t->applied = seq;
-        t->nabove = 0;
         t->state = T_READY;
         pending *p = t->phead;
         t->phead = t->ptail = NULL;
@@ -515,16 +1054,19 @@ static int load_now(bg_ctx *ctx, tenant *t)
             p = next;
         }
     } else {
-        if (lc.vi)
-            vindex_foreach(lc.vi, free_tags, NULL);
-        vindex_destroy(lc.vi);
         pending_free_all(t);
         t->state = T_UNLOADED;
     }
+    uint64_t applied = t->applied;
     pthread_mutex_unlock(&t->mu);
-    if (rc == 0)
-        log_info("tenant %lld: index loaded, %zu memories, change %llu, %.1f ms", (long long)t->id,
-                 lc.rows, (unsigned long long)seq, (double)(server_mono_ns() - t0) / 1e6);
+    double ms = (double)(server_mono_ns() - t0) / 1e6;
+    if (rc == 0 && from == 0)
+        log_info("tenant %lld: index loaded from its snapshot, %zu memories, %zu changes "
+                 "replayed, change %llu, %.1f ms",
+                 (long long)t->id, rows, changes, (unsigned long long)applied, ms);
+    else if (rc == 0)
+        log_info("tenant %lld: index built from the database, %zu memories, change %llu, %.1f ms",
+                 (long long)t->id, rows, (unsigned long long)applied, ms);
     else
         log_warn("tenant %lld: index load failed: %s", (long long)t->id, err);
     char reason[300];
@@ -540,8 +1082,70 @@ static void load_job(bg_ctx *ctx, void *arg)
     tenant_put(t);
 }
 
-/* Loads every tenant's index once at start, in id order; retries while the database is
- * unreachable. Requests for a tenant not loaded yet wait for (or trigger) its load. */
+static void preload_one_job(bg_ctx *ctx, void *arg)
+{
+    tenant *t = arg;
+    tenants *ts = t->ts;
+    load_now(ctx, t);
+    tenant_put(t);
+    if (atomic_fetch_sub(&ts->preload_left, 1) == 1) {
+        atomic_store(&ts->preloaded, true);
+        log_info("index preload finished");
+    }
+}
+
+typedef struct snap_file {
+    int64_t id;
+    uint32_t dim;
+    time_t mtime;
+    off_t size;
+} snap_file;
+
+static int by_mtime_desc(const void *a, const void *b)
+{
+    const snap_file *x = a, *y = b;
+    return x->mtime < y->mtime ? 1 : x->mtime > y->mtime ? -1 : 0;
+}
+
+/* Removes snapshots of tenants that no longer exist and temporary files a crash left
+ * (older than an hour: another process may be writing a fresh one). */
+static void remove_strays(tenants *ts, const idmap *known)
+{
+    pthread_mutex_lock(&ts->dir_mu);
+    char *dir = ts->dir ? strdup(ts->dir) : NULL;
+    pthread_mutex_unlock(&ts->dir_mu);
+    DIR *d = dir ? opendir(dir) : NULL;
+    if (!d) {
+        free(dir);
+        return;
+    }
+    struct dirent *e;
+    time_t now = time(NULL);
+    while ((e = readdir(d)) != NULL) {
+        char path[PATH_MAX];
+        const char *name = e->d_name;
+        size_t digits = strspn(name, "0123456789");
+        bool snap = digits > 0 && strcmp(name + digits, ".idx") == 0;
+        bool tmp = digits > 0 && strncmp(name + digits, ".idx.tmp.", 9) == 0;
+        if (!snap && !tmp)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        struct stat sb;
+        if (stat(path, &sb) != 0)
+            continue;
+        if ((snap && !idmap_get(known, strtoull(name, NULL, 10), NULL)) ||
+            (tmp && now - sb.st_mtime > 3600)) {
+            if (unlink(path) == 0)
+                log_info("removed stray index file %s", path);
+        }
+    }
+    closedir(d);
+    free(dir);
+}
+
+/* At start: loads, newest first, the indexes that have snapshots, as far as the memory
+ * budget allows (estimated by file size); every other index loads on first use. Retries
+ * while the database is unreachable. */
 static void preload_job(bg_ctx *ctx, void *arg)
 {
     tenants *ts = arg;
@@ -561,33 +1165,274 @@ static void preload_job(bg_ctx *ctx, void *arg)
             delay_ms = delay_ms < 1000 ? delay_ms * 2 : 1000;
             continue;
         }
-        uint64_t t0 = server_mono_ns();
-        int n = PQntuples(r), loaded = 0;
-        for (int i = 0; i < n && !bg_cancelled(ctx); i++) {
-            tenant *t =
-                tenants_get(ts, atoll(PQgetvalue(r, i, 0)), (uint32_t)atoi(PQgetvalue(r, i, 1)));
-            if (!t)
+        int n = PQntuples(r);
+        snap_file *files = calloc((size_t)n + 1, sizeof(*files));
+        idmap *known = idmap_create((size_t)n + 16);
+        size_t nfiles = 0;
+        bool dir = snap_dir_ready(ts, pg);
+        for (int i = 0; files && known && i < n; i++) {
+            int64_t id = atoll(PQgetvalue(r, i, 0));
+            idmap_put(known, (uint64_t)id, 1);
+            char path[PATH_MAX];
+            struct stat sb;
+            if (dir && snap_path(ts, id, path, sizeof(path)) && stat(path, &sb) == 0)
+                files[nfiles++] = (snap_file){.id = id,
+                                              .dim = (uint32_t)atoi(PQgetvalue(r, i, 1)),
+                                              .mtime = sb.st_mtime,
+                                              .size = sb.st_size};
+        }
+        PQclear(r);
+        if (dir && known && files)
+            remove_strays(ts, known);
+        idmap_destroy(known);
+        qsort(files, nfiles, sizeof(*files), by_mtime_desc);
+        size_t bytes = 0, take = 0;
+        while (take < nfiles && bytes + (size_t)files[take].size <= ts->budget / 10 * 9)
+            bytes += (size_t)files[take++].size;
+        log_info("index preload: %zu of %d tenants have snapshots; loading %zu (%.1f MiB)", nfiles,
+                 n, take, (double)bytes / 1048576.0);
+        atomic_store(&ts->preload_left, (int)take + 1);
+        for (size_t i = 0; i < take; i++) {
+            tenant *t = tenants_get(ts, files[i].id, files[i].dim);
+            if (!t) {
+                atomic_fetch_sub(&ts->preload_left, 1);
                 continue;
+            }
             pthread_mutex_lock(&t->mu);
             bool start = t->state == T_UNLOADED;
             if (start)
                 t->state = T_LOADING;
             pthread_mutex_unlock(&t->mu);
-            if (start && load_now(ctx, t) == 0)
-                loaded++;
+            if (start && bg_submit(ts->srv->bg, preload_one_job, t) == 0)
+                continue;
+            if (start) {
+                pthread_mutex_lock(&t->mu);
+                waiter *ws = t->waiters;
+                t->waiters = NULL;
+                t->state = T_UNLOADED;
+                pthread_mutex_unlock(&t->mu);
+                release_waiters(ws, -1, "index unavailable: server shutting down");
+            }
             tenant_put(t);
+            atomic_fetch_sub(&ts->preload_left, 1);
         }
-        PQclear(r);
-        log_info("index preload: %d of %d tenants loaded in %.1f ms", loaded, n,
-                 (double)(server_mono_ns() - t0) / 1e6);
-        atomic_store(&ts->preloaded, true);
+        free(files);
+        if (atomic_fetch_sub(&ts->preload_left, 1) == 1) {
+            atomic_store(&ts->preloaded, true);
+            log_info("index preload finished");
+        }
         return;
     }
 }
 
-int tenants_preload(tenants *ts)
+/* ---- snapshots, maintenance and eviction ---------------------------------------------- */
+
+/* Writes t's snapshot when it is loaded and changed since the last one. Call without
+ * t->mu, holding a reference. Returns 1 when written, 0 when there was nothing to do, -1
+ * on failure (logged; retried later). */
+static int save_snapshot(tenant *t)
 {
+    tenants *ts = t->ts;
+    char path[PATH_MAX];
+    if (!snap_path(ts, t->id, path, sizeof(path)))
+        return 0;
+    pthread_mutex_lock(&t->mu);
+    if (t->state != T_READY || t->saving || t->dead || !t->dirty) {
+        pthread_mutex_unlock(&t->mu);
+        return 0;
+    }
+    /* the tags are copied with the change number every change up to which is in the
+     * index; vindex_save may catch later changes too, which the load sets aside */
+    uint64_t upto = t->applied;
+    unsigned char *x = NULL;
+    size_t xlen = 0;
+    if (tags_build(t, &x, &xlen) < 0) {
+        pthread_mutex_unlock(&t->mu);
+        log_warn("tenant %lld: snapshot skipped: out of memory", (long long)t->id);
+        return -1;
+    }
+    t->saving = true;
+    t->dirty = false;
+    vindex *vi = t->vi; /* stays: eviction needs saving false */
+    pthread_mutex_unlock(&t->mu);
+    uint64_t t0 = server_mono_ns();
+    int rc = vindex_save_extra(vi, path, upto, x, xlen);
+    free(x);
+    pthread_mutex_lock(&t->mu);
+    t->saving = false;
+    if (rc == 0) {
+        t->saved_seq = upto;
+        t->saved_mono_ns = server_mono_ns();
+    } else {
+        t->dirty = true;
+    }
+    bool dead = t->dead;
+    pthread_mutex_unlock(&t->mu);
+    if (dead) {
+        unlink(path);
+        return 0;
+    }
+    if (rc != 0) {
+        log_warn("tenant %lld: cannot write snapshot %s: %s", (long long)t->id, path,
+                 strerror(-rc));
+        return -1;
+    }
+    atomic_fetch_add(&ts->n_snapshots, 1);
+    log_debug("tenant %lld: snapshot at change %llu written in %.1f ms", (long long)t->id,
+              (unsigned long long)upto, (double)(server_mono_ns() - t0) / 1e6);
+    return 1;
+}
+
+typedef struct hk_item {
+    tenant *t;
+    uint64_t used_ns;
+    size_t bytes;
+} hk_item;
+
+typedef struct hk_list {
+    hk_item *v;
+    size_t n, cap;
+} hk_list;
+
+/* Takes a reference on every tenant in the map (idmap_foreach callback, ts->mu held). */
+static int hk_collect(uint64_t key, uint64_t value, void *arg)
+{
+    hk_list *l = arg;
+    tenant *t = (tenant *)(uintptr_t)value;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        hk_item *v = realloc(l->v, cap * sizeof(*v));
+        if (!v)
+            return 1;
+        l->v = v;
+        l->cap = cap;
+    }
+    atomic_fetch_add(&t->refs, 1);
+    l->v[l->n++] = (hk_item){.t = t, .used_ns = atomic_load(&t->used_ns)};
+    return 0;
+}
+
+static void hk_release(hk_list *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        tenant_put(l->v[i].t);
+    free(l->v);
+}
+
+static int by_use(const void *a, const void *b)
+{
+    const hk_item *x = a, *y = b;
+    return x->used_ns < y->used_ns ? -1 : x->used_ns > y->used_ns ? 1 : 0;
+}
+
+/* Unloads t when nobody but the map and the caller holds it. Returns true when evicted
+ * (the map's reference is dropped; the caller's last put frees the index). */
+static bool try_evict(tenants *ts, tenant *t)
+{
+    bool ok = false;
+    uint64_t v;
+    pthread_mutex_lock(&ts->mu);
+    if (atomic_load(&t->refs) == 2 && idmap_get(ts->map, (uint64_t)t->id, &v) &&
+        (tenant *)(uintptr_t)v == t) {
+        pthread_mutex_lock(&t->mu);
+        ok = t->state == T_READY && !t->saving;
+        pthread_mutex_unlock(&t->mu);
+        if (ok)
+            idmap_del(ts->map, (uint64_t)t->id);
+    }
+    pthread_mutex_unlock(&ts->mu);
+    if (ok)
+        tenant_put(t);
+    return ok;
+}
+
+/* Every second on a background thread: rebuilds indexes whose tombstones are due,
+ * snapshots changed indexes (at most once per index_snapshot_interval_s), and evicts the
+ * least recently used indexes while the loaded ones exceed the memory budget. */
+static void housekeeping(bg_ctx *ctx, void *arg)
+{
+    tenants *ts = arg;
+    if (atomic_exchange(&ts->housekeeping, true))
+        return;
+    hk_list l = {0};
+    pthread_mutex_lock(&ts->mu);
+    idmap_foreach(ts->map, hk_collect, &l);
+    pthread_mutex_unlock(&ts->mu);
+    uint64_t interval = (uint64_t)ts->srv->cfg.index_snapshot_interval_s * 1000000000ull;
+    size_t total = 0;
+    for (size_t i = 0; i < l.n && !bg_cancelled(ctx); i++) {
+        tenant *t = l.v[i].t;
+        pthread_mutex_lock(&t->mu);
+        bool ready = t->state == T_READY;
+        bool due = ready && t->dirty && !t->saving &&
+                   (t->saved_mono_ns == 0 || server_mono_ns() - t->saved_mono_ns >= interval);
+        pthread_mutex_unlock(&t->mu);
+        if (!ready)
+            continue;
+        vindex_stats st;
+        vindex_get_stats(t->vi, &st);
+        if (st.maintenance_due) {
+            uint64_t t0 = server_mono_ns();
+            int rc = vindex_maintenance(t->vi);
+            if (rc == 1) {
+                atomic_fetch_add(&ts->n_rebuilds, 1);
+                log_info("tenant %lld: index rebuilt without %zu deleted vectors in %.1f ms",
+                         (long long)t->id, st.tombstones, (double)(server_mono_ns() - t0) / 1e6);
+                vindex_get_stats(t->vi, &st);
+            } else if (rc < 0) {
+                log_warn("tenant %lld: index rebuild failed: out of memory", (long long)t->id);
+            }
+        }
+        if (due)
+            save_snapshot(t);
+        l.v[i].bytes = st.bytes;
+        total += st.bytes;
+    }
+    if (total > ts->budget && !bg_cancelled(ctx)) {
+        qsort(l.v, l.n, sizeof(*l.v), by_use);
+        for (size_t i = 0; i < l.n && total > ts->budget; i++) {
+            hk_item *it = &l.v[i];
+            if (!it->bytes)
+                continue;
+            save_snapshot(it->t); /* evicted indexes come back from their snapshot */
+            if (try_evict(ts, it->t)) {
+                total -= it->bytes;
+                atomic_fetch_add(&ts->n_evictions, 1);
+                log_info("tenant %lld: index evicted (%.1f MiB; loaded indexes over the "
+                         "%.0f MiB budget)",
+                         (long long)it->t->id, (double)it->bytes / 1048576.0,
+                         (double)ts->budget / 1048576.0);
+            }
+        }
+    }
+    hk_release(&l);
+    atomic_store(&ts->housekeeping, false);
+}
+
+int tenants_start(tenants *ts)
+{
+    if (bg_every(ts->srv->bg, 1000, housekeeping, ts) < 0)
+        return -1;
     return bg_submit(ts->srv->bg, preload_job, ts);
+}
+
+void tenants_save_all(tenants *ts)
+{
+    hk_list l = {0};
+    pthread_mutex_lock(&ts->mu);
+    idmap_foreach(ts->map, hk_collect, &l);
+    pthread_mutex_unlock(&ts->mu);
+    uint64_t t0 = server_mono_ns();
+    size_t saved = 0, failed = 0;
+    for (size_t i = 0; i < l.n; i++) {
+        int rc = save_snapshot(l.v[i].t);
+        saved += rc == 1;
+        failed += rc < 0;
+    }
+    hk_release(&l);
+    if (saved || failed)
+        log_info("index snapshots at shutdown: %zu written, %zu failed, %.1f ms", saved, failed,
+                 (double)(server_mono_ns() - t0) / 1e6);
 }
 
 bool tenants_preloaded(tenants *ts)
@@ -649,6 +1494,7 @@ static int catch_up_change(uint64_t seq, uint64_t id, const loader_row *row, voi
     if (t->state == T_READY && !seq_applied(t, seq)) {
         do_upsert(t, row->seq, id, row->vec, &m);
         mark_applied(t, seq);
+        t->dirty = true;
     }
     pthread_mutex_unlock(&t->mu);
     free((void *)m.tags);
@@ -738,36 +1584,48 @@ void tenants_forget(tenants *ts, int64_t id)
         idmap_del(ts->map, (uint64_t)id);
     }
     pthread_mutex_unlock(&ts->mu);
+    if (t) {
+        pthread_mutex_lock(&t->mu);
+        t->dead = true; /* a snapshot being written is removed when it finishes */
+        pthread_mutex_unlock(&t->mu);
+    }
+    char path[PATH_MAX];
+    if (snap_path(ts, id, path, sizeof(path)))
+        unlink(path);
     tenant_put(t);
 }
 
-typedef struct stats_ctx {
-    uint64_t loaded, vectors, bytes;
-} stats_ctx;
-
 static int stats_one(uint64_t key, uint64_t value, void *arg)
 {
-    stats_ctx *sc = arg;
+    tenants_metrics *m = arg;
     tenant *t = (tenant *)(uintptr_t)value;
+    m->known++;
     pthread_mutex_lock(&t->mu);
     if (t->state == T_READY) {
-        sc->loaded++;
-        sc->vectors += vindex_count(t->vi);
-        sc->bytes += vindex_bytes(t->vi);
+        vindex_stats st;
+        vindex_get_stats(t->vi, &st);
+        m->loaded++;
+        m->vectors += st.count;
+        m->bytes += st.bytes;
+        m->by_kind[st.kind < 3 ? st.kind : 2]++;
     }
     pthread_mutex_unlock(&t->mu);
     return 0;
 }
 
-void tenants_stats(tenants *ts, uint64_t *loaded, uint64_t *vectors, uint64_t *bytes)
+void tenants_stats(tenants *ts, tenants_metrics *m)
 {
-    stats_ctx sc = {0};
+    memset(m, 0, sizeof(*m));
     pthread_mutex_lock(&ts->mu);
-    idmap_foreach(ts->map, stats_one, &sc);
+    idmap_foreach(ts->map, stats_one, m);
     pthread_mutex_unlock(&ts->mu);
-    *loaded = sc.loaded;
-    *vectors = sc.vectors;
-    *bytes = sc.bytes;
+    m->budget = ts->budget;
+    m->snapshot_loads = atomic_load(&ts->n_snap_loads);
+    m->snapshots_rejected = atomic_load(&ts->n_snap_rejected);
+    m->database_loads = atomic_load(&ts->n_db_loads);
+    m->snapshots_written = atomic_load(&ts->n_snapshots);
+    m->evictions = atomic_load(&ts->n_evictions);
+    m->rebuilds = atomic_load(&ts->n_rebuilds);
 }
 
 typedef struct touch_ctx {
@@ -788,7 +1646,7 @@ void tenant_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms)
 {
     touch_ctx tc = {.now_ms = now_ms};
     pthread_mutex_lock(&t->mu);
-    if (t->state == T_READY)
-        vindex_update_meta(t->vi, ids, n, touch_one, &tc);
+    if (t->state == T_READY && vindex_update_meta(t->vi, ids, n, touch_one, &tc) > 0)
+        t->dirty = true;
     pthread_mutex_unlock(&t->mu);
 }

@@ -1,12 +1,19 @@
 /* server/tenants.h: the registry of tenants' vector indexes.
  *
- * A tenant's index is loaded from PostgreSQL on first use (on a background thread; the
- * request waits without blocking its worker) and then kept current by applying every
- * change: the worker that committed a change applies it at once, and changes committed
- * by other processes arrive through the change log. Each change carries the tenant's
- * change number; the registry applies each number once, in any order, and keeps deletes
- * from being undone by an older write that arrives late, so an index always converges to
- * the database's state.
+ * A tenant's index is loaded on first use (on a background thread; the request waits
+ * without blocking its worker): from its snapshot file plus the changes committed after
+ * it, or, when there is no usable snapshot (missing, corrupt, from another database,
+ * ahead of the database, or older than the change log), from every memory in PostgreSQL.
+ * It is then kept current by applying every change: the worker that committed a change
+ * applies it at once, and changes committed by other processes arrive through the change
+ * log. Each change carries the tenant's change number; the registry applies each number
+ * once, in any order, and keeps deletes from being undone by an older write that arrives
+ * late, so an index always converges to the database's state.
+ *
+ * Snapshots live in <index_dir>/<database instance id>/<tenant id>.idx, written
+ * atomically by the housekeeping (see tenants_start), at eviction and at shutdown. An index
+ * stays loaded until the loaded indexes exceed the memory budget; the least recently used
+ * is then snapshotted and unloaded, and comes back from its snapshot on its next use.
  */
 #ifndef ENGRAM_SERVER_TENANTS_H
 #define ENGRAM_SERVER_TENANTS_H
@@ -81,8 +88,16 @@ void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq);
  * reconnects, notifications may have been missed). */
 void tenants_catch_up_all(tenants *ts);
 
-/* tenants_preload starts loading every tenant's index in the background (at start). */
-int tenants_preload(tenants *ts);
+/* tenants_start schedules the housekeeping (every second: background rebuilds of indexes
+ * with many deleted vectors, snapshots of changed indexes, eviction of the least recently
+ * used indexes above the memory budget) and starts the preload: the indexes that have
+ * snapshots, newest first, as far as the budget allows. Call once, before the workers
+ * start. Returns 0 or -1. */
+int tenants_start(tenants *ts);
+
+/* tenants_save_all writes the snapshot of every loaded index changed since its last one
+ * (at shutdown, once no worker or background job runs). */
+void tenants_save_all(tenants *ts);
 
 /* tenants_preloaded tells whether the start-up preload has finished. */
 bool tenants_preloaded(tenants *ts);
@@ -102,7 +117,18 @@ int mem_meta_from_db(mem_meta *m, const memrow_meta *row);
  * database is updated in batches elsewhere). */
 void tenant_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms);
 
-/* tenants_loaded returns how many indexes are loaded and their vectors in total. */
-void tenants_stats(tenants *ts, uint64_t *loaded, uint64_t *vectors, uint64_t *bytes);
+typedef struct tenants_metrics {
+    uint64_t known;      /* tenants the registry holds (loaded, loading or not yet) */
+    uint64_t loaded;     /* indexes loaded */
+    uint64_t vectors;    /* vectors in them */
+    uint64_t bytes;      /* memory they hold (vindex_bytes) */
+    uint64_t budget;     /* the memory budget in bytes */
+    uint64_t by_kind[3]; /* loaded indexes by structure (flat, sq8, ann) */
+    uint64_t snapshot_loads, snapshots_rejected, database_loads, snapshots_written, evictions,
+        rebuilds; /* counters since start */
+} tenants_metrics;
+
+/* tenants_stats fills m. Any thread. */
+void tenants_stats(tenants *ts, tenants_metrics *m);
 
 #endif

@@ -122,6 +122,7 @@ typedef struct load_ctx {
     float *vec;
     int (*fn)(const loader_row *row, void *ctx);
     int (*cfn)(uint64_t seq, uint64_t id, const loader_row *row, void *ctx);
+    int (*afn)(uint64_t id, int64_t access_count, int64_t last_ms, void *ctx);
     void *ctx;
     char *err;
     size_t errlen;
@@ -259,5 +260,50 @@ int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64
                          " ORDER BY c.seq",
                          2, vals, each_change, &lc, err, errlen);
     free(lc.vec);
+    return rc;
+}
+
+static int each_access(const PGresult *r, void *arg)
+{
+    load_ctx *lc = arg;
+    return lc->afn((uint64_t)col_i64(r, 0, 0), col_i64(r, 1, 0), col_i64(r, 2, MEMROW_NO_TIME),
+                   lc->ctx);
+}
+
+int loader_accessed(PGconn *c, int64_t tenant, int64_t since_ms,
+                    int (*fn)(uint64_t id, int64_t access_count, int64_t last_ms, void *ctx),
+                    void *ctx, char *err, size_t errlen)
+{
+    load_ctx lc = {.afn = fn, .ctx = ctx, .err = err, .errlen = errlen};
+    char t[24], s[24];
+    snprintf(t, sizeof(t), "%lld", (long long)tenant);
+    snprintf(s, sizeof(s), "%lld", (long long)since_ms);
+    const char *vals[] = {t, s};
+    uint64_t seq;
+    return in_snapshot(c, tenant, &seq,
+                       "SELECT m.id, m.access_count, engram_ms(m.last_accessed_at) FROM memories m"
+                       " WHERE m.tenant_id = $1 AND m.last_accessed_at >= engram_ts($2)",
+                       2, vals, each_access, &lc, err, errlen);
+}
+
+int loader_instance(PGconn *c, char *out, size_t outlen, char *err, size_t errlen)
+{
+    /* the database's oid too: a dump restored into another database (which carries the
+     * engram_instance row along) gets other snapshots */
+    PGresult *r =
+        db_exec_blocking(c,
+                         "SELECT i.id || '-' || d.oid FROM engram_instance i, pg_database d"
+                         " WHERE d.datname = current_database()",
+                         0, NULL, err, errlen);
+    if (!r)
+        return -1;
+    int rc = -1;
+    if (PQntuples(r) != 1 || PQgetlength(r, 0, 0) == 0 || (size_t)PQgetlength(r, 0, 0) >= outlen) {
+        snprintf(err, errlen, "engram_instance must hold one id");
+    } else {
+        snprintf(out, outlen, "%s", PQgetvalue(r, 0, 0));
+        rc = 0;
+    }
+    PQclear(r);
     return rc;
 }

@@ -57,4 +57,15 @@ int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64
 int loader_live(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
                 int (*fn)(const loader_row *row, void *ctx), void *ctx, char *err, size_t errlen);
 
+/* loader_accessed streams (id, access_count, last_accessed_ms) of the tenant's memories
+ * read at or after since_ms (access counts are not changes: an index restored from a
+ * snapshot refreshes them this way). Same returns as loader_tenant. */
+int loader_accessed(PGconn *c, int64_t tenant, int64_t since_ms,
+                    int (*fn)(uint64_t id, int64_t access_count, int64_t last_ms, void *ctx),
+                    void *ctx, char *err, size_t errlen);
+
+/* loader_instance copies the database's identity into out: its instance id (see migration
+ * 0006), a dash and its oid. Returns 0 or -1 with err. */
+int loader_instance(PGconn *c, char *out, size_t outlen, char *err, size_t errlen);
+
 #endif

@@ -351,8 +351,7 @@ int main(void)
             b[len - 3] ^= 0x20; /* inside the extra bytes */
             spit(p, b, len);
             x = NULL;
-            CHECK(vindex_load_extra(p, &o, &lv, &seq, &x, &xlen) == VINDEX_E_CORRUPT && !lv &&
-                  !x);
+            CHECK(vindex_load_extra(p, &o, &lv, &seq, &x, &xlen) == VINDEX_E_CORRUPT && !lv && !x);
             free(b);
         }
         vindex_destroy(vi);

@@ -25,7 +25,7 @@ typedef struct waiter {
     void (*cb)(void *arg, int status, const char *err);
     void *arg;
     int status;
-    char err[200];
+    char err[300];
 } waiter;
 
 /* A change that arrived while the index was loading; applied after the load. */

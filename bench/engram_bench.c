@@ -48,8 +48,9 @@ typedef struct options {
     size_t levels[MAX_LEVELS], nlevels;
     bool reuse, keep_stored, quiet;
     const char *json_out, *plot_prefix;
-    long server_pid;
-    double probe_timeout; /* > 0: --probe-ready mode */
+    long server_pid, pg_pid;
+    double quiet_below, quiet_wait; /* wait for a quiet machine before each run */
+    double probe_timeout;           /* > 0: --probe-ready mode */
 } options;
 
 static void usage(FILE *f)
@@ -65,6 +66,11 @@ static void usage(FILE *f)
             "  --http-port P            HTTP port for /metrics and /healthz (7421; 0: none)\n"
             "  --admin-key-file F       the admin key, to create tenants\n"
             "  --server-pid PID         engramd's pid, to report its CPU use\n"
+            "  --pg-pid PID             the PostgreSQL postmaster's pid, to report the CPU use\n"
+            "                           of it and its children\n"
+            "  --wait-quiet PCT         before each run, wait until the machine's busy share of\n"
+            "                           all cores (sampled over 1 s) is below PCT percent\n"
+            "  --wait-quiet-max S       wait at most S seconds for that, then run anyway (300)\n"
             "data set:\n"
             "  --tenants N              tenants (1); connection c acts for tenant c mod N\n"
             "  --memories N             memories loaded per tenant (5000)\n"
@@ -195,6 +201,9 @@ enum {
     O_HTTP_PORT,
     O_ADMIN_KEY_FILE,
     O_SERVER_PID,
+    O_PG_PID,
+    O_QUIET_BELOW,
+    O_QUIET_WAIT,
     O_TENANTS,
     O_MEMORIES,
     O_DIM,
@@ -230,6 +239,9 @@ static const struct option long_opts[] = {
     {"http-port", required_argument, NULL, O_HTTP_PORT},
     {"admin-key-file", required_argument, NULL, O_ADMIN_KEY_FILE},
     {"server-pid", required_argument, NULL, O_SERVER_PID},
+    {"pg-pid", required_argument, NULL, O_PG_PID},
+    {"wait-quiet", required_argument, NULL, O_QUIET_BELOW},
+    {"wait-quiet-max", required_argument, NULL, O_QUIET_WAIT},
     {"tenants", required_argument, NULL, O_TENANTS},
     {"memories", required_argument, NULL, O_MEMORIES},
     {"dim", required_argument, NULL, O_DIM},
@@ -284,7 +296,10 @@ static int parse_args(int argc, char **argv, options *o)
                    .warmup = 2,
                    .drain_timeout = 30,
                    .seed = 1,
-                   .server_pid = -1};
+                   .server_pid = -1,
+                   .pg_pid = -1,
+                   .quiet_below = 0,
+                   .quiet_wait = 300};
     bool mix_given = false;
     static char state_buf[4096];
     size_t v;
@@ -310,6 +325,16 @@ static int parse_args(int argc, char **argv, options *o)
         case O_SERVER_PID:
             ok = parse_size(optarg, 1, 1 << 30, &v);
             o->server_pid = (long)v;
+            break;
+        case O_PG_PID:
+            ok = parse_size(optarg, 1, 1 << 30, &v);
+            o->pg_pid = (long)v;
+            break;
+        case O_QUIET_BELOW:
+            ok = parse_double(optarg, 1, 100, &o->quiet_below);
+            break;
+        case O_QUIET_WAIT:
+            ok = parse_double(optarg, 0, 86400, &o->quiet_wait);
             break;
         case O_TENANTS:
             ok = parse_size(optarg, 1, 4096, &o->tenants);
@@ -484,9 +509,9 @@ static void read_proc_stat(unsigned long long *busy, unsigned long long *total)
     fclose(f);
 }
 
-/* CPU seconds (user + system) of pid from /proc/<pid>/stat; -1 if unreadable. With comm
- * not NULL, only a process whose command name is comm counts (else 0 is returned). */
-static double proc_cpu_s(long pid, const char *comm)
+/* CPU seconds (user + system) of pid from /proc/<pid>/stat, and its parent in *ppid (may
+ * be NULL); -1 if unreadable. */
+static double proc_cpu_s(long pid, long *ppid)
 {
     char path[64];
     snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
@@ -500,41 +525,43 @@ static double proc_cpu_s(long pid, const char *comm)
     char *p = strrchr(buf, ')');
     if (!p)
         return -1;
-    if (comm) {
-        char *open = strchr(buf, '(');
-        if (!open || (size_t)(p - open - 1) != strlen(comm) ||
-            memcmp(open + 1, comm, strlen(comm)) != 0)
-            return 0;
-    }
+    long parent = 0;
     unsigned long long ut = 0, st = 0;
-    /* after ") ": state(3) then fields 4..13, utime is field 14, stime 15 */
-    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+    /* after ") ": state (field 3), ppid (4), then 5..13, utime is field 14, stime 15 */
+    if (sscanf(p + 2, "%*c %ld %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &parent, &ut, &st) !=
+        3)
         return -1;
+    if (ppid)
+        *ppid = parent;
     return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
-/* CPU seconds of every process named postgres (the database's backends and helpers). */
-static double postgres_cpu_s(void)
+/* CPU seconds of the PostgreSQL postmaster pg_pid and its children (backends, writers). */
+static double postgres_cpu_s(long pg_pid)
 {
+    if (pg_pid <= 0)
+        return -1;
+    double sum = proc_cpu_s(pg_pid, NULL);
+    if (sum < 0)
+        return -1;
     DIR *d = opendir("/proc");
     if (!d)
         return -1;
-    double sum = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
         char *end;
-        long pid = strtol(e->d_name, &end, 10);
-        if (*end || pid <= 0)
+        long pid = strtol(e->d_name, &end, 10), parent = 0;
+        if (*end || pid <= 0 || pid == pg_pid)
             continue;
-        double c = proc_cpu_s(pid, "postgres");
-        if (c > 0)
+        double c = proc_cpu_s(pid, &parent);
+        if (c > 0 && parent == pg_pid)
             sum += c;
     }
     closedir(d);
     return sum;
 }
 
-static void cpu_take(cpu_snap *s, long server_pid)
+static void cpu_take(cpu_snap *s, long server_pid, long pg_pid)
 {
     s->t_ns = loadgen_now_ns();
     read_proc_stat(&s->busy, &s->total);
@@ -543,19 +570,35 @@ static void cpu_take(cpu_snap *s, long server_pid)
     s->self_s = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
                 (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
     s->server_s = server_pid > 0 ? proc_cpu_s(server_pid, NULL) : -1;
-    s->pg_s = postgres_cpu_s();
+    s->pg_s = postgres_cpu_s(pg_pid);
 }
 
-/* The busy share of all cores over half a second with nothing of ours running: other
- * work on the machine that the run will compete with. */
-static double background_busy(void)
+/* The busy share of all cores over a second with nothing of ours running: other work on
+ * the machine that the run will compete with. With o->quiet_below set, samples until the
+ * share is below it or o->quiet_wait seconds have passed, and returns the last sample. */
+static double background_busy(const options *o)
 {
-    unsigned long long b0, t0, b1, t1;
-    read_proc_stat(&b0, &t0);
-    const struct timespec half = {0, 500000000};
-    nanosleep(&half, NULL);
-    read_proc_stat(&b1, &t1);
-    return t1 > t0 ? (double)(b1 - b0) / (double)(t1 - t0) : -1;
+    uint64_t deadline = loadgen_now_ns() + (uint64_t)(o->quiet_wait * 1e9);
+    bool told = false;
+    for (;;) {
+        unsigned long long b0, t0, b1, t1;
+        read_proc_stat(&b0, &t0);
+        const struct timespec second = {1, 0};
+        nanosleep(&second, NULL);
+        read_proc_stat(&b1, &t1);
+        double busy = t1 > t0 ? (double)(b1 - b0) / (double)(t1 - t0) : -1;
+        if (o->quiet_below <= 0 || busy < 0 || busy * 100 < o->quiet_below ||
+            loadgen_now_ns() >= deadline) {
+            if (told)
+                progress("machine %.0f%% busy: running", busy * 100);
+            return busy;
+        }
+        if (!told)
+            progress("machine %.0f%% busy before the run: waiting for below %.0f%% (at most "
+                     "%.0f s)",
+                     busy * 100, o->quiet_below, o->quiet_wait);
+        told = true;
+    }
 }
 
 /* ---- a run ----------------------------------------------------------------------------- */
@@ -572,9 +615,9 @@ static void on_window(void *ud, bool start)
     if (start) {
         if (x->o->http_port)
             scrape_metrics(x->o->host, (uint16_t)x->o->http_port, &x->rr->before);
-        cpu_take(&x->c0, x->o->server_pid);
+        cpu_take(&x->c0, x->o->server_pid, x->o->pg_pid);
     } else {
-        cpu_take(&x->c1, x->o->server_pid);
+        cpu_take(&x->c1, x->o->server_pid, x->o->pg_pid);
     }
 }
 
@@ -883,7 +926,7 @@ static int run_levels(bench *b)
         }
         if ((rc = workload_reset_stats(w, conns, l + 1)) != 0)
             break;
-        rr->background_busy = background_busy();
+        rr->background_busy = background_busy(o);
         const char **keys = calloc(conns, sizeof(*keys));
         if (!keys) {
             rc = -ENOMEM;

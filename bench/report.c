@@ -74,6 +74,8 @@ static int method_of_op(int op)
     case WL_STORE_BATCH:
     case WL_LOAD:
         return 3;
+    case WL_PING:
+        return 6;
     }
     return -1;
 }
@@ -229,8 +231,19 @@ static void jsample(FILE *f, const scrape_sample *s)
         fprintf(f, "null");
         return;
     }
-    fprintf(f, "{\"resident_bytes\": %.0f, \"index_vectors\": %.0f, \"index_bytes\": %.0f}",
+    fprintf(f,
+            "{\"resident_bytes\": %.0f, \"index_vectors\": %.0f, \"index_bytes\": %.0f, "
+            "\"requests\": {",
             s->resident_bytes, s->index_vectors, s->index_bytes);
+    bool first = true;
+    for (size_t m = 0; m < 8; m++) {
+        if (s->count[m] <= 0)
+            continue;
+        fprintf(f, "%s\"%s\": {\"count\": %.0f, \"sum_s\": %.6f}", first ? "" : ", ",
+                scrape_methods[m], s->count[m], s->sum_s[m]);
+        first = false;
+    }
+    fprintf(f, "}}");
 }
 
 int report_json(const char *path, const report_conf *c, const report_load *l,

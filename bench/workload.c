@@ -9,8 +9,8 @@
 
 #define CONTEXT_BUDGET 4000 /* tokens: room for ten of the data set's short memories */
 
-static const char *const op_names[WL_NOPS] = {"search", "search_text", "context",
-                                              "store",  "store_batch", "load"};
+static const char *const op_names[WL_NOPS] = {"search",      "search_text", "context", "store",
+                                              "store_batch", "ping",        "load"};
 static const char *const mem_types[] = {"fact", "preference", "episode", "strategy_outcome",
                                         "constraint"};
 
@@ -345,6 +345,9 @@ int workload_next(void *ud, size_t conn, uint32_t msgid, msgpack_packer *pk, loa
         req->tag = w->c.batch;
         return 1;
     }
+    case WL_PING:
+        rpc_pack_request_begin(pk, msgid, "ping", false);
+        return 1;
     default:
         return -EINVAL;
     }
@@ -479,6 +482,13 @@ int workload_done(void *ud, size_t conn, const loadgen_req *req, const rpc_respo
     if (resp->error || !resp->result)
         return 0;
     const msgpack_object *res = resp->result;
+    if (req->op == WL_PING) {
+        if (!rpc_str_eq(res, "pong"))
+            return 1;
+        if (measured)
+            w->st[WL_PING].answers++;
+        return 0;
+    }
     if (res->type != MSGPACK_OBJECT_MAP)
         return 1;
     switch (req->op) {

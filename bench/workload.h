@@ -9,6 +9,7 @@
  *   context      memory.context {embedding, top_k, similarity_weight: 1.0, budget_tokens}
  *   store        memory.store {content, type, importance, embedding}: one new memory
  *   store_batch  memory.store_batch {memories: [batch new memories]}
+ *   ping         ping: no database, no index; the floor of the RPC path
  *   load         memory.store_batch of the prepared batches that load a tenant's data set
  *
  * Recall. Queries are drawn from a pool whose exact top-k over the tenant's loaded memories
@@ -33,7 +34,7 @@
 
 #define WORKLOAD_TIE_EPS 1e-5f
 
-enum { WL_SEARCH, WL_SEARCH_TEXT, WL_CONTEXT, WL_STORE, WL_STORE_BATCH, WL_LOAD, WL_NOPS };
+enum { WL_SEARCH, WL_SEARCH_TEXT, WL_CONTEXT, WL_STORE, WL_STORE_BATCH, WL_PING, WL_LOAD, WL_NOPS };
 
 /* workload_op_name returns the op's name ("search", ...). */
 const char *workload_op_name(int op);

@@ -16,7 +16,7 @@ import pytest
 from harness import Server, new_database
 
 BENCH = os.environ.get("ENGRAM_BENCH", "")
-OPS = ["search", "search_text", "context", "store", "store_batch", "load"]
+OPS = ["search", "search_text", "context", "store", "store_batch", "ping", "load"]
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_reuse_and_mixed_cleanup(server, workdir):
     # the tenant of test_search_exact_recall, found again by name and key
     out = os.path.join(workdir, "mixed.json")
     bench(server, workdir, "--workload", "mixed", "--mix", "search=60,store=20,context=10,"
-          "search_text=5,store_batch=5", "--batch-size", "10", "--memories", "200", "--dim",
+          "search_text=5,store_batch=5,ping=5", "--batch-size", "10", "--memories", "200", "--dim",
           "64", "--queries", "50", "--connections", "2", "--duration", "1.5", "--warmup", "0.2",
           "--reuse", "--json-out", out)
     d = load_json(out)
@@ -128,7 +128,7 @@ def test_reuse_and_mixed_cleanup(server, workdir):
     check_counts(run)
     assert run["errors"] == 0
     ops = run["ops"]
-    for op in ("search", "store", "context", "search_text", "store_batch"):
+    for op in ("search", "store", "context", "search_text", "store_batch", "ping"):
         assert ops[op]["ok"] > 0, op
     assert ops["store"]["memories"] == ops["store"]["ok"]
     assert ops["store_batch"]["memories"] == 10 * ops["store_batch"]["ok"]

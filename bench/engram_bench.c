@@ -510,8 +510,9 @@ static void read_proc_stat(unsigned long long *busy, unsigned long long *total)
 }
 
 /* CPU seconds (user + system) of pid from /proc/<pid>/stat, and its parent in *ppid (may
- * be NULL); -1 if unreadable. */
-static double proc_cpu_s(long pid, long *ppid)
+ * be NULL); with children, plus the CPU of its children that have exited and been waited
+ * for. -1 if unreadable. */
+static double proc_cpu_s(long pid, long *ppid, bool children)
 {
     char path[64];
     snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
@@ -525,23 +526,29 @@ static double proc_cpu_s(long pid, long *ppid)
     char *p = strrchr(buf, ')');
     if (!p)
         return -1;
-    long parent = 0;
+    long parent = 0, cut = 0, cst = 0;
     unsigned long long ut = 0, st = 0;
-    /* after ") ": state (field 3), ppid (4), then 5..13, utime is field 14, stime 15 */
-    if (sscanf(p + 2, "%*c %ld %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &parent, &ut, &st) !=
-        3)
+    /* after ") ": state (field 3), ppid (4), then 5..13, utime 14, stime 15, cutime 16,
+     * cstime 17 */
+    if (sscanf(p + 2, "%*c %ld %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %ld %ld", &parent, &ut,
+               &st, &cut, &cst) != 5)
         return -1;
     if (ppid)
         *ppid = parent;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+    double ticks = (double)(ut + st);
+    if (children && cut > 0 && cst >= 0)
+        ticks += (double)(cut + cst);
+    return ticks / (double)sysconf(_SC_CLK_TCK);
 }
 
-/* CPU seconds of the PostgreSQL postmaster pg_pid and its children (backends, writers). */
+/* CPU seconds of the PostgreSQL postmaster pg_pid and its children: the live ones
+ * (backends, writers) and, through the postmaster's children times, those that exited
+ * (parallel query workers, autovacuum workers, ended sessions). */
 static double postgres_cpu_s(long pg_pid)
 {
     if (pg_pid <= 0)
         return -1;
-    double sum = proc_cpu_s(pg_pid, NULL);
+    double sum = proc_cpu_s(pg_pid, NULL, true);
     if (sum < 0)
         return -1;
     DIR *d = opendir("/proc");
@@ -553,7 +560,7 @@ static double postgres_cpu_s(long pg_pid)
         long pid = strtol(e->d_name, &end, 10), parent = 0;
         if (*end || pid <= 0 || pid == pg_pid)
             continue;
-        double c = proc_cpu_s(pid, &parent);
+        double c = proc_cpu_s(pid, &parent, false);
         if (c > 0 && parent == pg_pid)
             sum += c;
     }
@@ -569,7 +576,7 @@ static void cpu_take(cpu_snap *s, long server_pid, long pg_pid)
     getrusage(RUSAGE_SELF, &ru);
     s->self_s = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
                 (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
-    s->server_s = server_pid > 0 ? proc_cpu_s(server_pid, NULL) : -1;
+    s->server_s = server_pid > 0 ? proc_cpu_s(server_pid, NULL, false) : -1;
     s->pg_s = postgres_cpu_s(pg_pid);
 }
 

@@ -12,6 +12,9 @@
 # Settings (environment): BENCH_OUT, BENCH_DURATION (15 s per run), BENCH_WARMUP (3 s),
 # BENCH_RESTARTS (3), BENCH_WAIT_QUIET (25: before each run wait until the machine is less
 # than 25% busy, as other work would compete with the run), BENCH_WAIT_QUIET_MAX (120 s),
+# BENCH_ATTEMPTS (3) and BENCH_NOISE (0.3): a row is run again, up to BENCH_ATTEMPTS times,
+# while processes other than engramd, PostgreSQL and engram-bench used more than
+# BENCH_NOISE cores during it, and the least disturbed attempt is kept,
 # BENCH_RPC_PORT / BENCH_HTTP_PORT (7520 / 7521), FAISS_PREFIX (a ready FAISS build).
 #
 # Outputs in $BENCH_OUT: one JSON per row (engram-bench --json-out), PNG charts, engramd's
@@ -28,6 +31,8 @@ WARMUP=${BENCH_WARMUP:-3}
 RESTARTS=${BENCH_RESTARTS:-3}
 QUIET=${BENCH_WAIT_QUIET:-25}       # wait for the machine to be below this % busy ...
 QUIET_MAX=${BENCH_WAIT_QUIET_MAX:-120} # ... for at most this many seconds before each run
+ATTEMPTS=${BENCH_ATTEMPTS:-3}           # runs per row at most, while the machine is noisy
+NOISE=${BENCH_NOISE:-0.3}               # cores of other work that make a run noisy
 RPC_PORT=${BENCH_RPC_PORT:-7520}
 HTTP_PORT=${BENCH_HTTP_PORT:-7521}
 BUILD=build-bench
@@ -118,16 +123,61 @@ while True:
 PY
 }
 
+# The CPU (in cores) that neither engramd, PostgreSQL nor engram-bench used during the
+# noisiest run of a JSON report: other work on this shared machine (plus kernel time not
+# charged to a process, such as loopback softirqs). -1 when unknown.
+interference() {
+    python3 - "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+worst = -1.0
+for r in d["runs"]:
+    c = r["cpu"]
+    if c.get("machine_busy") is None:
+        continue
+    other = c["machine_busy"] * c["cores"] - sum(c.get(k) or 0 for k in
+                                                 ("server_cores", "postgres_cores", "client_cores"))
+    worst = max(worst, other)
+print(f"{worst:.2f}")
+PY
+}
+
+# bench NAME ARGS...: one row. Runs engram-bench up to ATTEMPTS times while other work on
+# the machine took more than NOISE cores during a run, and keeps the least disturbed run
+# as NAME.{json,txt,cmd,*.png}; the others stay in attempts/.
 bench() {
-    local name=$1
+    local name=$1 a n best_a=0 best_n=1000
     shift
-    log "row $name: engram-bench $*"
     echo "engram-bench $*" >"$OUT/$name.cmd"
-    "$BENCH" --port "$RPC_PORT" --http-port "$HTTP_PORT" --admin-key-file "$OUT/admin.key" \
-        --state-file "$OUT/engram-bench.state" --server-pid "$ENGRAMD_PID" \
-        --pg-pid "$(head -n 1 "$OUT/pg/data/postmaster.pid")" --wait-quiet "$QUIET" \
-        --wait-quiet-max "$QUIET_MAX" --reuse --json-out "$OUT/$name.json" \
-        --plot-prefix "$OUT/$name" "$@" | tee "$OUT/$name.txt"
+    mkdir -p "$OUT/attempts"
+    for a in $(seq 1 "$ATTEMPTS"); do
+        log "row $name (attempt $a): engram-bench $*"
+        "$BENCH" --port "$RPC_PORT" --http-port "$HTTP_PORT" --admin-key-file "$OUT/admin.key" \
+            --state-file "$OUT/engram-bench.state" --server-pid "$ENGRAMD_PID" \
+            --pg-pid "$(head -n 1 "$OUT/pg/data/postmaster.pid")" --wait-quiet "$QUIET" \
+            --wait-quiet-max "$QUIET_MAX" --reuse --json-out "$OUT/attempts/$name.a$a.json" \
+            --plot-prefix "$OUT/attempts/$name.a$a" "$@" | tee "$OUT/attempts/$name.a$a.txt"
+        vacuum
+        n=$(interference "$OUT/attempts/$name.a$a.json")
+        log "row $name (attempt $a): other work took $n cores"
+        if python3 -c "import sys; sys.exit(0 if $n < $best_n else 1)"; then
+            best_a=$a
+            best_n=$n
+        fi
+        python3 -c "import sys; sys.exit(0 if $n <= $NOISE else 1)" && break
+    done
+    for f in "$OUT/attempts/$name.a$best_a".* "$OUT/attempts/$name.a$best_a"-*; do
+        [ -e "$f" ] && cp "$f" "$OUT/$name${f#"$OUT/attempts/$name.a$best_a"}"
+    done
+    echo "{\"attempt\": $best_a, \"attempts\": $a, \"other_cores\": $best_n}" \
+        >"$OUT/$name.attempt"
+}
+
+# Write rows delete what they stored (--reuse keeps the data sets as loaded); vacuum
+# right away so autovacuum does not run into the next row's measurement.
+vacuum() {
+    pg_as_owner "$PG_BINDIR/psql" -h "$OUT/pg/run" -U postgres -d engram_bench -qAtc \
+        'VACUUM' >/dev/null 2>&1 || log "VACUUM failed (ignored)"
 }
 
 T=(--duration "$DURATION" --warmup "$WARMUP")
@@ -225,6 +275,17 @@ def ge(value, target, unit, fmt="{:,.0f}"):
 rows = []
 
 
+def attempt_note(names):
+    parts = []
+    for n in names:
+        p = os.path.join(out, n + ".attempt")
+        if os.path.exists(p):
+            a = json.load(open(p))
+            parts.append(f"{n}: attempt {a['attempt']} of {a['attempts']}, other work "
+                         f"{max(a['other_cores'], 0):.2f} cores")
+    return "; ".join(parts)
+
+
 def add(workload, target, checks, run, name, extra=""):
     meas = "; ".join(f"{label} {v}" for label, (v, _) in checks)
     verdict = "; ".join(f"{label}: {s}" if s != "met" else f"{label} met"
@@ -235,6 +296,9 @@ def add(workload, target, checks, run, name, extra=""):
                   f" (engramd {cpu['server_cores'] or 0:.2f}, postgres "
                   f"{cpu['postgres_cores'] or 0:.2f}, engram-bench {cpu['client_cores'] or 0:.2f};"
                   f" busy before {(cpu['background_busy_before'] or 0) * 100:.0f}%)")
+    note = attempt_note([n.strip() for n in name.split(",")])
+    if note:
+        extra += f" [{note}]"
     rows.append((workload, target, meas, verdict, name, extra.strip()))
 
 
@@ -323,8 +387,8 @@ with open(os.path.join(out, "targets.md"), "w") as f:
     for w, _, _, _, n, e in rows:
         f.write(f"- {w} ({n}): {e}\n")
     f.write("\nDiagnostics (no target):\n\n")
-    for x in diag:
-        f.write(f"- {x}\n")
+    for x, n in zip(diag, ("ping-c1", "store-c16-t8", "store-batch-t2")):
+        f.write(f"- {x} [{attempt_note([n])}]\n")
     f.write("\nCommands (the script adds --port, --http-port, --admin-key-file, --state-file, "
             "--server-pid, --pg-pid, --wait-quiet, --wait-quiet-max, --reuse, --json-out and "
             "--plot-prefix):\n\n")

@@ -182,12 +182,26 @@ void report_table(FILE *f, const report_conf *c, const report_load *l, const rep
         fprintf(f, "            window %.2f s", r->lr.window_s);
         if (r->after.ok)
             fprintf(f, "; server resident %.1f MiB", r->after.resident_bytes / 1048576.0);
+        fprintf(f, "\n            mean latency, client:");
+        bool first_op = true;
+        for (int op = 0; op < WL_NOPS; op++) {
+            if (!op_requests(&r->lr.ops[op]) || !r->lr.ops[op].lat)
+                continue;
+            fprintf(f, "%s %s %.3f ms", first_op ? "" : ",", workload_op_name(op),
+                    hist_mean(r->lr.ops[op].lat) / 1e6);
+            first_op = false;
+        }
+        /* the server's figures are per method: search and search_text share memory.search */
+        bool shown[8] = {false};
+        bool any = false;
         for (int op = 0; op < WL_NOPS; op++) {
             int m = method_of_op(op);
             double sm = m >= 0 ? server_mean_ms(r, (size_t)m) : NAN;
-            if (op_requests(&r->lr.ops[op]) && !isnan(sm) && r->lr.ops[op].lat)
-                fprintf(f, "; %s mean: server %.3f ms, client %.3f ms", workload_op_name(op), sm,
-                        hist_mean(r->lr.ops[op].lat) / 1e6);
+            if (!op_requests(&r->lr.ops[op]) || isnan(sm) || shown[m])
+                continue;
+            shown[m] = true;
+            fprintf(f, "%s %s %.3f ms", any ? "," : "; server:", scrape_methods[m], sm);
+            any = true;
         }
         fprintf(f, "\n");
         if (r->machine_busy >= 0) {

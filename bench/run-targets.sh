@@ -1,0 +1,401 @@
+#!/usr/bin/env bash
+# bench/run-targets.sh: measures every performance target of bench/README.md end to end and
+# writes the results table. Self-contained: builds a release engramd and engram-bench into
+# build-bench/, starts its own PostgreSQL cluster and its own engramd (ports 7520/7521, so a
+# deploy/run server on 7420 is left alone), loads the data sets (reused on later runs),
+# runs every workload, restarts engramd to time the restart, stops everything.
+#
+#   bench/run-targets.sh                 # results in var/bench/
+#   BENCH_OUT=/tmp/b bench/run-targets.sh
+#   BENCH_DURATION=30 BENCH_WARMUP=5 bench/run-targets.sh
+#
+# Settings (environment): BENCH_OUT, BENCH_DURATION (15 s per run), BENCH_WARMUP (3 s),
+# BENCH_RESTARTS (3), BENCH_WAIT_QUIET (25: before each run wait until the machine is less
+# than 25% busy, as other work would compete with the run), BENCH_WAIT_QUIET_MAX (120 s),
+# BENCH_ATTEMPTS (3) and BENCH_NOISE (0.3): a row is run again, up to BENCH_ATTEMPTS times,
+# while processes other than engramd, PostgreSQL and engram-bench used more than
+# BENCH_NOISE cores during it, and the least disturbed attempt is kept,
+# BENCH_RPC_PORT / BENCH_HTTP_PORT (7520 / 7521), FAISS_PREFIX (a ready FAISS build).
+#
+# Outputs in $BENCH_OUT: one JSON per row (engram-bench --json-out), PNG charts, engramd's
+# log, restart probes, and targets.md (the table). The data sets stay in $BENCH_OUT/pg and
+# are reused by the next run (delete $BENCH_OUT to start from nothing). Server and load
+# generator share the machine, as the targets assume.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../deploy/lib.sh"
+cd "$ENGRAM_ROOT"
+
+OUT=${BENCH_OUT:-var/bench}
+DURATION=${BENCH_DURATION:-15}
+WARMUP=${BENCH_WARMUP:-3}
+RESTARTS=${BENCH_RESTARTS:-3}
+QUIET=${BENCH_WAIT_QUIET:-25}       # wait for the machine to be below this % busy ...
+QUIET_MAX=${BENCH_WAIT_QUIET_MAX:-120} # ... for at most this many seconds before each run
+ATTEMPTS=${BENCH_ATTEMPTS:-3}           # runs per row at most, while the machine is noisy
+NOISE=${BENCH_NOISE:-0.3}               # cores of other work that make a run noisy
+RPC_PORT=${BENCH_RPC_PORT:-7520}
+HTTP_PORT=${BENCH_HTTP_PORT:-7521}
+BUILD=build-bench
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+# ---- build ------------------------------------------------------------------------------
+install_deps
+if [ -n "${FAISS_PREFIX:-}" ] && [ -f "$FAISS_PREFIX/.complete" ]; then
+    log "using FAISS from $FAISS_PREFIX"
+else
+    build_faiss
+fi
+# A release build (-O3). -Wno-error=format-truncation: at -O3 GCC 12 reports a possible
+# truncation in server/tenants.c that -O2 does not see; the warning stays visible.
+build_engram "$BUILD" --buildtype=release -Dc_args=-Wno-error=format-truncation
+ENGRAMD="$ENGRAM_ROOT/$BUILD/server/engramd"
+BENCH="$ENGRAM_ROOT/$BUILD/bench/engram-bench"
+
+# ---- database and server ------------------------------------------------------------------
+pg_cluster_init "$OUT/pg"
+pg_cluster_start "$OUT/pg" engram_bench
+DSN=$PG_DSN
+mkdir -p "$OUT/data"
+ENGRAMD_PID=
+stop_engramd() {
+    [ -n "$ENGRAMD_PID" ] || return 0
+    kill -TERM "$ENGRAMD_PID" 2>/dev/null || true
+    wait "$ENGRAMD_PID" 2>/dev/null || true
+    ENGRAMD_PID=
+}
+cleanup() {
+    stop_engramd
+    pg_cluster_stop "$OUT/pg"
+}
+trap cleanup EXIT
+
+# Starts engramd in the background; sets ENGRAMD_PID and START_NS (just before exec).
+# Unlimited premium rate and memory count: the benchmark measures the engine, not the
+# tier's budget (the rate limiter alone would cap one tenant at 5,000 requests/s).
+start_engramd() {
+    START_NS=$(date +%s%N)
+    "$ENGRAMD" --pg-dsn "$DSN" --rpc-port "$RPC_PORT" --http-port "$HTTP_PORT" \
+        --data-dir "$OUT/data" --admin-key-file "$OUT/admin.key" \
+        --premium-rate-per-s 0 --premium-max-memories 0 --log-level warn \
+        >>"$OUT/engramd.log" 2>&1 &
+    ENGRAMD_PID=$!
+}
+
+healthy() {
+    python3 - "$HTTP_PORT" <<'PY' 2>/dev/null
+import sys, urllib.request
+with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/healthz", timeout=1) as r:
+    sys.exit(0 if r.status == 200 else 1)
+PY
+}
+
+wait_ready() {
+    local i
+    for i in $(seq 1 600); do
+        healthy && return 0
+        kill -0 "$ENGRAMD_PID" 2>/dev/null || die "engramd exited, see $OUT/engramd.log"
+        sleep 0.1
+    done
+    die "engramd did not become healthy, see $OUT/engramd.log"
+}
+
+start_engramd
+wait_ready
+log "engramd (release) pid $ENGRAMD_PID on 127.0.0.1:$RPC_PORT, results in $OUT"
+
+# Waits (at most QUIET_MAX s) until the machine is less than QUIET % busy over a second;
+# prints the last busy share (0..1).
+wait_quiet() {
+    python3 - "$QUIET" "$QUIET_MAX" <<'PY'
+import sys, time
+def sample():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return sum(v) - v[3] - v[4], sum(v)
+limit, deadline = float(sys.argv[1]) / 100, time.time() + float(sys.argv[2])
+while True:
+    b0, t0 = sample(); time.sleep(1); b1, t1 = sample()
+    busy = (b1 - b0) / max(t1 - t0, 1)
+    if busy < limit or time.time() >= deadline:
+        print(f"{busy:.3f}")
+        break
+PY
+}
+
+# The CPU (in cores) that neither engramd, PostgreSQL nor engram-bench used during the
+# noisiest run of a JSON report: other work on this shared machine (plus kernel time not
+# charged to a process, such as loopback softirqs). -1 when unknown.
+interference() {
+    python3 - "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+worst = -1.0
+for r in d["runs"]:
+    c = r["cpu"]
+    if c.get("machine_busy") is None:
+        continue
+    other = c["machine_busy"] * c["cores"] - sum(c.get(k) or 0 for k in
+                                                 ("server_cores", "postgres_cores", "client_cores"))
+    worst = max(worst, other)
+print(f"{worst:.2f}")
+PY
+}
+
+# bench NAME ARGS...: one row. Runs engram-bench up to ATTEMPTS times while other work on
+# the machine took more than NOISE cores during a run, and keeps the least disturbed run
+# as NAME.{json,txt,cmd,*.png}; the others stay in attempts/.
+bench() {
+    local name=$1 a n best_a=0 best_n=1000
+    shift
+    echo "engram-bench $*" >"$OUT/$name.cmd"
+    mkdir -p "$OUT/attempts"
+    for a in $(seq 1 "$ATTEMPTS"); do
+        log "row $name (attempt $a): engram-bench $*"
+        "$BENCH" --port "$RPC_PORT" --http-port "$HTTP_PORT" --admin-key-file "$OUT/admin.key" \
+            --state-file "$OUT/engram-bench.state" --server-pid "$ENGRAMD_PID" \
+            --pg-pid "$(head -n 1 "$OUT/pg/data/postmaster.pid")" --wait-quiet "$QUIET" \
+            --wait-quiet-max "$QUIET_MAX" --reuse --json-out "$OUT/attempts/$name.a$a.json" \
+            --plot-prefix "$OUT/attempts/$name.a$a" "$@" | tee "$OUT/attempts/$name.a$a.txt"
+        vacuum
+        n=$(interference "$OUT/attempts/$name.a$a.json")
+        log "row $name (attempt $a): other work took $n cores"
+        if python3 -c "import sys; sys.exit(0 if $n < $best_n else 1)"; then
+            best_a=$a
+            best_n=$n
+        fi
+        python3 -c "import sys; sys.exit(0 if $n <= $NOISE else 1)" && break
+    done
+    for f in "$OUT/attempts/$name.a$best_a".* "$OUT/attempts/$name.a$best_a"-*; do
+        [ -e "$f" ] && cp "$f" "$OUT/$name${f#"$OUT/attempts/$name.a$best_a"}"
+    done
+    echo "{\"attempt\": $best_a, \"attempts\": $a, \"other_cores\": $best_n}" \
+        >"$OUT/$name.attempt"
+}
+
+# Write rows delete what they stored (--reuse keeps the data sets as loaded); vacuum
+# right away so autovacuum does not run into the next row's measurement.
+vacuum() {
+    pg_as_owner "$PG_BINDIR/psql" -h "$OUT/pg/run" -U postgres -d engram_bench -qAtc \
+        'VACUUM' >/dev/null 2>&1 || log "VACUUM failed (ignored)"
+}
+
+T=(--duration "$DURATION" --warmup "$WARMUP")
+
+# ---- searches -----------------------------------------------------------------------------
+bench search-50k-c1 --workload search --memories 50000 --dim 768 --connections 1 "${T[@]}"
+bench search-50k-sweep --workload search --memories 50000 --dim 768 \
+    --sweep-concurrency 1,2,4,8,16 "${T[@]}"
+bench search-5k-c1 --workload search --memories 5000 --dim 768 --connections 1 "${T[@]}"
+bench search-100-c1 --workload search --memories 100 --dim 768 --connections 1 "${T[@]}"
+bench search-100-tput --workload search --memories 100 --dim 768 --connections 16 --depth 4 \
+    "${T[@]}"
+
+# ---- writes -------------------------------------------------------------------------------
+bench store-c1 --workload store --memories 5000 --dim 768 --connections 1 "${T[@]}"
+bench store-c16 --workload store --memories 5000 --dim 768 --connections 16 "${T[@]}"
+bench store-batch --workload store_batch --memories 5000 --dim 768 --batch-size 1000 \
+    --connections 2 "${T[@]}"
+
+# ---- diagnostics (no target): the RPC floor, and writes spread over tenants ----------------
+bench ping-c1 --workload ping --memories 100 --dim 768 --connections 1 "${T[@]}"
+bench store-c16-t8 --workload store --tenants 8 --memories 5000 --dim 768 --connections 16 \
+    "${T[@]}"
+bench store-batch-t2 --workload store_batch --tenants 2 --memories 5000 --dim 768 \
+    --batch-size 1000 --connections 2 "${T[@]}"
+
+# ---- restart with 10 tenants x 50,000 x 768 -------------------------------------------------
+# tenant 0 is the data set of the 50k rows above; tenants 1..9 are loaded once and reused
+bench restart-load --workload load --tenants 10 --memories 50000 --dim 768
+: >"$OUT/restart.jsonl"
+for i in $(seq 1 "$RESTARTS"); do
+    stop_engramd
+    sync
+    busy=$(wait_quiet)
+    start_engramd
+    probe=$("$BENCH" --port "$RPC_PORT" --http-port "$HTTP_PORT" --state-file \
+        "$OUT/engram-bench.state" --memories 50000 --dim 768 --probe-ready 300) ||
+        die "restart $i: engramd did not serve, see $OUT/engramd.log"
+    echo "{\"start_unix_ns\": $START_NS, \"busy_before\": $busy, \"probe\": $probe}" \
+        >>"$OUT/restart.jsonl"
+    log "restart $i: $probe (started at $START_NS)"
+done
+curl_metrics() {
+    python3 - "$HTTP_PORT" <<'PY'
+import sys, urllib.request
+with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5) as r:
+    for line in r.read().decode().splitlines():
+        if line.startswith(("engram_process_resident_bytes", "engram_index_vectors",
+                            "engram_index_bytes", "engram_indexes_loaded")):
+            print(line)
+PY
+}
+curl_metrics >"$OUT/restart-metrics.txt"
+stop_engramd
+
+# ---- the table ------------------------------------------------------------------------------
+python3 - "$OUT" <<'PY'
+import json, os, statistics, sys
+
+out = sys.argv[1]
+
+
+def load(name):
+    with open(os.path.join(out, name + ".json")) as f:
+        return json.load(f)
+
+
+def run_at(d, conns):
+    return next(r for r in d["runs"] if r["connections"] == conns)
+
+
+def op(run, name):
+    return run["ops"][name]
+
+
+def cmd(name):
+    with open(os.path.join(out, name + ".cmd")) as f:
+        return f.read().strip()
+
+
+def le(value, target, unit, fmt="{:.3f}"):
+    v = fmt.format(value) + unit
+    if value <= target:
+        return v, "met"
+    return v, f"missed, {value / target:.1f}x the target ({fmt.format(value - target)}{unit} over)"
+
+
+def ge(value, target, unit, fmt="{:,.0f}"):
+    v = fmt.format(value) + unit
+    if value >= target:
+        return v, "met"
+    return v, f"missed, reached {value / target * 100:.0f}% of the target"
+
+
+rows = []
+
+
+def attempt_note(names):
+    parts = []
+    for n in names:
+        p = os.path.join(out, n + ".attempt")
+        if os.path.exists(p):
+            a = json.load(open(p))
+            parts.append(f"{n}: attempt {a['attempt']} of {a['attempts']}, other work "
+                         f"{max(a['other_cores'], 0):.2f} cores")
+    return "; ".join(parts)
+
+
+def add(workload, target, checks, run, name, extra=""):
+    meas = "; ".join(f"{label} {v}" for label, (v, _) in checks)
+    verdict = "; ".join(f"{label}: {s}" if s != "met" else f"{label} met"
+                        for label, (_, s) in checks)
+    cpu = run["cpu"] if run else None
+    if cpu and cpu.get("machine_busy") is not None:
+        extra += (f" cpu: machine {cpu['machine_busy'] * 100:.0f}% of {cpu['cores']} cores"
+                  f" (engramd {cpu['server_cores'] or 0:.2f}, postgres "
+                  f"{cpu['postgres_cores'] or 0:.2f}, engram-bench {cpu['client_cores'] or 0:.2f};"
+                  f" busy before {(cpu['background_busy_before'] or 0) * 100:.0f}%)")
+    note = attempt_note([n.strip() for n in name.split(",")])
+    if note:
+        extra += f" [{note}]"
+    rows.append((workload, target, meas, verdict, name, extra.strip()))
+
+
+d = load("search-50k-c1"); r = d["runs"][0]; s = op(r, "search")
+add("50,000 x 768 search, one client", "p50 <= 1.0 ms, p99 <= 2.5 ms, recall@10 >= 0.98",
+    [("p50", le(s["latency_ms"]["p50"], 1.0, " ms")), ("p99", le(s["latency_ms"]["p99"], 2.5, " ms")),
+     ("recall@10", ge(s["recall_at_k"], 0.98, "", "{:.4f}"))], r, "search-50k-c1",
+    f"{s['throughput_rps']:,.0f} req/s; server-side mean {s['server_mean_ms']:.3f} ms.")
+
+d = load("search-50k-sweep"); r = run_at(d, 8); s = op(r, "search")
+add("50,000 x 768 search, 8 clients", ">= 1,500 queries/s with p99 <= 10 ms",
+    [("throughput", ge(s["throughput_rps"], 1500, " q/s")), ("p99", le(s["latency_ms"]["p99"], 10, " ms"))],
+    r, "search-50k-sweep",
+    "sweep: " + ", ".join(f"{x['connections']} conn {x['throughput_rps']:,.0f} q/s p99 "
+                          f"{x['latency_ms']['p99']:.1f} ms" for x in d["runs"]) + ".")
+
+d = load("search-5k-c1"); r = d["runs"][0]; s = op(r, "search")
+add("5,000 x 768 search", "p50 <= 0.3 ms, recall 1.0",
+    [("p50", le(s["latency_ms"]["p50"], 0.3, " ms")), ("recall@10", ge(s["recall_at_k"], 1.0, "", "{:.4f}"))],
+    r, "search-5k-c1", f"p99 {s['latency_ms']['p99']:.3f} ms.")
+
+d1 = load("search-100-c1"); r1 = d1["runs"][0]; s1 = op(r1, "search")
+d2 = load("search-100-tput"); r2 = d2["runs"][0]; s2 = op(r2, "search")
+add("100 x 768 search", "p50 <= 0.15 ms; >= 20,000 requests/s",
+    [("p50 (1 client)", le(s1["latency_ms"]["p50"], 0.15, " ms")),
+     ("throughput (16 conn x depth 4)", ge(s2["throughput_rps"], 20000, " req/s"))],
+    r2, "search-100-c1, search-100-tput",
+    f"one client {s1['throughput_rps']:,.0f} req/s; at 16x4 p50 {s2['latency_ms']['p50']:.2f} ms,"
+    f" p99 {s2['latency_ms']['p99']:.2f} ms.")
+
+d1 = load("store-c1"); r1 = d1["runs"][0]; s1 = op(r1, "store")
+d2 = load("store-c16"); r2 = d2["runs"][0]; s2 = op(r2, "store")
+add("store, one memory, durable", "p50 <= 1 ms; >= 3,000/s with concurrent clients",
+    [("p50 (1 client)", le(s1["latency_ms"]["p50"], 1.0, " ms")),
+     ("throughput (16 clients)", ge(s2["throughput_rps"], 3000, "/s"))],
+    r2, "store-c1, store-c16",
+    f"one client {s1['throughput_rps']:,.0f}/s; at 16 clients p50 {s2['latency_ms']['p50']:.2f} ms,"
+    f" p99 {s2['latency_ms']['p99']:.2f} ms.")
+
+d = load("store-batch"); r = d["runs"][0]; s = op(r, "store_batch")
+loads = [load(n)["load"] for n in ("search-50k-c1", "restart-load") if load(n)["load"]["memories"]]
+lt = ", ".join(f"{l['memories_per_s']:,.0f}/s loading {l['memories']:,} memories" for l in loads)
+add("store_batch", ">= 10,000 memories/s",
+    [("throughput", ge(s["memories_per_s"], 10000, " memories/s"))], r, "store-batch",
+    f"batches of 1000, 2 connections; batch p50 {s['latency_ms']['p50']:.0f} ms."
+    + (f" Data-set loads: {lt}." if lt else ""))
+
+restarts = []
+with open(os.path.join(out, "restart.jsonl")) as f:
+    for line in f:
+        x = json.loads(line)
+        restarts.append(((x["probe"]["healthz_unix_ns"] - x["start_unix_ns"]) / 1e9,
+                         (x["probe"]["first_search_unix_ns"] - x["start_unix_ns"]) / 1e9,
+                         x["busy_before"]))
+worst = max(t for _, t, _ in restarts)
+med = statistics.median(t for _, t, _ in restarts)
+with open(os.path.join(out, "restart-metrics.txt")) as f:
+    met = dict(line.split()[:2] for line in f if line.strip())
+rss = float(met.get("engram_process_resident_bytes", "nan")) / 2**30
+add("restart with 10 tenants x 50,000 x 768", "serving in <= 5 s",
+    [("time to first search (median)", le(med, 5.0, " s", "{:.2f}")),
+     ("worst", le(worst, 5.0, " s", "{:.2f}"))], None, "restart-load, restart.jsonl",
+    "runs (healthz 200 / first search; machine busy before): "
+    + ", ".join(f"{h:.2f}/{t:.2f} s ({b * 100:.0f}%)" for h, t, b in restarts)
+    + f"; resident afterwards {rss:.2f} GiB, {float(met.get('engram_index_vectors', 0)):,.0f}"
+      " vectors.")
+
+diag = []
+d = load("ping-c1"); r = d["runs"][0]; s = op(r, "ping")
+diag.append(f"ping, one client (the RPC path without database or index): p50 "
+            f"{s['latency_ms']['p50'] * 1000:.0f} us, p99 {s['latency_ms']['p99'] * 1000:.0f} us, "
+            f"{s['throughput_rps']:,.0f} req/s, engram-bench {r['cpu']['client_cores']:.2f} cores")
+d = load("store-c16-t8"); r = d["runs"][0]; s = op(r, "store")
+diag.append(f"store, 16 clients over 8 tenants: {s['throughput_rps']:,.0f}/s, p50 "
+            f"{s['latency_ms']['p50']:.2f} ms, p99 {s['latency_ms']['p99']:.2f} ms, postgres "
+            f"{r['cpu']['postgres_cores'] or 0:.2f} cores")
+d = load("store-batch-t2"); r = d["runs"][0]; s = op(r, "store_batch")
+diag.append(f"store_batch, 2 connections over 2 tenants: {s['memories_per_s']:,.0f} memories/s, "
+            f"postgres {r['cpu']['postgres_cores'] or 0:.2f} cores")
+
+with open(os.path.join(out, "targets.md"), "w") as f:
+    f.write("| workload | target | measured | verdict |\n|---|---|---|---|\n")
+    for w, t, m, v, _, _ in rows:
+        f.write(f"| {w} | {t} | {m} | {v} |\n")
+    f.write("\nNotes per row:\n\n")
+    for w, _, _, _, n, e in rows:
+        f.write(f"- {w} ({n}): {e}\n")
+    f.write("\nDiagnostics (no target):\n\n")
+    for x, n in zip(diag, ("ping-c1", "store-c16-t8", "store-batch-t2")):
+        f.write(f"- {x} [{attempt_note([n])}]\n")
+    f.write("\nCommands (the script adds --port, --http-port, --admin-key-file, --state-file, "
+            "--server-pid, --pg-pid, --wait-quiet, --wait-quiet-max, --reuse, --json-out and "
+            "--plot-prefix):\n\n")
+    for name in ("search-50k-c1", "search-50k-sweep", "search-5k-c1", "search-100-c1",
+                 "search-100-tput", "store-c1", "store-c16", "store-batch", "ping-c1",
+                 "store-c16-t8", "store-batch-t2", "restart-load"):
+        f.write(f"    {cmd(name)}\n")
+print(open(os.path.join(out, "targets.md")).read())
+PY
+log "table written to $OUT/targets.md"

@@ -46,9 +46,8 @@ if [ -n "${FAISS_PREFIX:-}" ] && [ -f "$FAISS_PREFIX/.complete" ]; then
 else
     build_faiss
 fi
-# A release build (-O3). -Wno-error=format-truncation: at -O3 GCC 12 reports a possible
-# truncation in server/tenants.c that -O2 does not see; the warning stays visible.
-build_engram "$BUILD" --buildtype=release -Dc_args=-Wno-error=format-truncation
+# A release build (-O3).
+build_engram "$BUILD" --buildtype=release
 ENGRAMD="$ENGRAM_ROOT/$BUILD/server/engramd"
 BENCH="$ENGRAM_ROOT/$BUILD/bench/engram-bench"
 

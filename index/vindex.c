@@ -72,6 +72,7 @@
 #define MAX_META (1u << 20)
 #define BLK 256               /* slots per block of the exact search */
 #define ANN_BATCH 64          /* candidates per batch of the ANN search */
+#define GATHER_STEP 512       /* candidates the ANN search gathers at a time (at least) */
 #define QBUF 1024             /* query dims prepared on the stack; larger ones are allocated */
 #define COMPACT_MIN 64        /* never compact for fewer tombstones than this */
 #define CHUNK0_MIN 16         /* first capacity of chunk 0 */
@@ -1407,6 +1408,91 @@ static size_t ann_budget(const vindex *vi, size_t k)
 
 /* search_ann runs the Hamming-prefiltered search; see the file comment. Shared lock held.
  * Returns 0 or -ENOMEM. */
+/* The gather of the ANN search: kept slots in increasing Hamming distance, appended to
+ * list. */
+typedef struct gather {
+    const vindex *vi;
+    const vindex_query *q;
+    const uint16_t *hd; /* distance of every slot (0xffff: tombstone) */
+    const uint32_t *hist;
+    uint32_t *pos, *found, *list;
+    size_t list_cap;
+    unsigned maxh;
+    size_t nl, examined, kept, cut_done;
+    unsigned lo, cut_h; /* the next distance to take; a distance taken in parts so far */
+} gather;
+
+/* gather_more appends kept slots to g->list, a range of distances at a time sized by the
+ * share of slots keep accepted so far, until it holds at least goal (goal <= list_cap -
+ * PIECE) or every distance was taken. A distance holding more slots than the list has
+ * room for is taken in parts (cut_h, cut_done: how many of its slots, in slot order,
+ * earlier parts took). */
+static void gather_more(gather *g, size_t goal)
+{
+    enum { PIECE = 4096 };
+    const vindex *vi = g->vi;
+    size_t n = vi->nslots;
+    while (g->nl < goal && g->lo <= g->maxh) {
+        double sel = g->examined ? (double)(g->kept + 1) / (double)g->examined : 1.0;
+        double need = (double)(goal - g->nl) / sel;
+        size_t room = g->list_cap - g->nl; /* > PIECE, since nl < goal */
+        unsigned lo = g->lo;
+        size_t first = g->hist[lo] - (lo == g->cut_h ? g->cut_done : 0);
+        unsigned hi = lo;
+        size_t cnt = first;
+        while (hi < g->maxh && (double)cnt < need && cnt + g->hist[hi + 1] <= room) {
+            hi++;
+            cnt += g->hist[hi];
+        }
+        bool cut = cnt > room; /* only when hi == lo */
+        if (cut)
+            cnt = room;
+        size_t acc = g->nl;
+        for (unsigned h = lo; h <= hi; h++) {
+            g->pos[h] = (uint32_t)acc;
+            acc += h == lo ? first : g->hist[h];
+        }
+        size_t limit = g->nl + cnt, skip = lo == g->cut_h ? g->cut_done : 0;
+        for (size_t b = 0; b < n; b += PIECE) {
+            size_t m = n - b < PIECE ? n - b : PIECE;
+            size_t f = vk_find_range(g->hd + b, m, lo, hi, g->found);
+            for (size_t i = 0; i < f; i++) {
+                size_t s = b + g->found[i];
+                unsigned h = g->hd[s];
+                if (h == lo && skip) {
+                    skip--; /* taken by an earlier part */
+                    continue;
+                }
+                uint32_t at = g->pos[h];
+                if (at >= limit)
+                    continue; /* beyond this part of a cut distance */
+                g->list[at] = (uint32_t)s;
+                g->pos[h]++;
+            }
+        }
+        if (cut) {
+            g->cut_done = (lo == g->cut_h ? g->cut_done : 0) + cnt;
+            g->cut_h = lo;
+        }
+        /* keep, compacting in place (order preserved) */
+        size_t w = g->nl;
+        for (size_t i = g->nl; i < limit; i++) {
+            uint32_t s = g->list[i];
+            g->examined++;
+            if (g->q->keep) {
+                const chunk *c = chunk_of(vi, s);
+                if (!g->q->keep(meta_in(vi, c, off_of(vi, s)), g->q->ctx))
+                    continue;
+            }
+            g->kept++;
+            g->list[w++] = s;
+        }
+        g->nl = w;
+        if (!cut)
+            g->lo = hi + 1;
+    }
+}
+
 static int search_ann(const sctx *sc)
 {
     const vindex *vi = sc->vi;
@@ -1451,77 +1537,31 @@ static int search_ann(const sctx *sc)
     for (size_t s = 0; s < n; s++)
         hist[hd[s] <= maxh ? hd[s] : maxh + 1]++;
 
-    /* 2. Gather kept candidates in increasing distance, a range of distances at a time,
-     * sized by the fraction of gathered slots keep accepted so far. A distance holding more
-     * slots than the list has room for is taken in parts (cut_h, cut_done: how many of its
-     * slots, in slot order, earlier parts took). */
-    size_t nl = 0, examined = 0, kept = 0, cut_done = 0;
-    unsigned lo = 0, cut_h = UINT_MAX;
-    while (nl < want && lo <= maxh) {
-        double sel = examined ? (double)(kept + 1) / (double)examined : 1.0;
-        double need = (double)(want - nl) / sel;
-        size_t room = list_cap - nl; /* > PIECE, since nl < want */
-        size_t first = hist[lo] - (lo == cut_h ? cut_done : 0);
-        unsigned hi = lo;
-        size_t cnt = first;
-        while (hi < maxh && (double)cnt < need && cnt + hist[hi + 1] <= room) {
-            hi++;
-            cnt += hist[hi];
-        }
-        bool cut = cnt > room; /* only when hi == lo */
-        if (cut)
-            cnt = room;
-        size_t acc = nl;
-        for (unsigned h = lo; h <= hi; h++) {
-            pos[h] = (uint32_t)acc;
-            acc += h == lo ? first : hist[h];
-        }
-        size_t limit = nl + cnt, skip = lo == cut_h ? cut_done : 0;
-        for (size_t b = 0; b < n; b += PIECE) {
-            size_t m = n - b < PIECE ? n - b : PIECE;
-            size_t f = vk_find_range(hd + b, m, lo, hi, found);
-            for (size_t i = 0; i < f; i++) {
-                size_t s = b + found[i];
-                unsigned h = hd[s];
-                if (h == lo && skip) {
-                    skip--; /* taken by an earlier part */
-                    continue;
-                }
-                uint32_t at = pos[h];
-                if (at >= limit)
-                    continue; /* beyond this part of a cut distance */
-                list[at] = (uint32_t)s;
-                pos[h]++;
-            }
-        }
-        if (cut) {
-            cut_done = (lo == cut_h ? cut_done : 0) + cnt;
-            cut_h = lo;
-        }
-        /* keep, compacting in place (order preserved) */
-        size_t w = nl;
-        for (size_t i = nl; i < limit; i++) {
-            uint32_t s = list[i];
-            examined++;
-            if (q->keep) {
-                const chunk *c = chunk_of(vi, s);
-                if (!q->keep(meta_in(vi, c, off_of(vi, s)), q->ctx))
-                    continue;
-            }
-            kept++;
-            list[w++] = s;
-        }
-        nl = w;
-        if (!cut)
-            lo = hi + 1;
-    }
-    if (nl > want)
-        nl = want;
-
-    /* 3. Bound and re-rank in Hamming order, in batches. */
+    /* 2 and 3. Gather kept candidates in increasing distance (gather_more, a step at a
+     * time, so keep runs only on about as many slots as the re-rank consumes), and bound
+     * and re-rank them in Hamming order, in batches. */
+    gather g = {.vi = vi,
+                .q = q,
+                .hd = hd,
+                .hist = hist,
+                .pos = pos,
+                .found = found,
+                .list = list,
+                .list_cap = list_cap,
+                .maxh = (unsigned)maxh,
+                .cut_h = UINT_MAX};
+    size_t step = min_bound > GATHER_STEP ? min_bound : GATHER_STEP;
+    gather_more(&g, step < want ? step : want);
     cand cands[ANN_BATCH];
     size_t bounded = 0, misses = 0;
-    for (size_t b = 0; b < nl; b += ANN_BATCH) {
+    for (size_t b = 0;; b += ANN_BATCH) {
+        if (b + ANN_BATCH > g.nl && g.nl < want && g.lo <= maxh) {
+            size_t goal = g.nl + step;
+            gather_more(&g, goal < want ? goal : want);
+        }
+        size_t nl = g.nl < want ? g.nl : want;
+        if (b >= nl)
+            break;
         size_t m = nl - b < ANN_BATCH ? nl - b : ANN_BATCH;
         size_t nc = 0;
         for (size_t i = 0; i < m; i++) {

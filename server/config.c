@@ -108,6 +108,9 @@ static const config_def defs[] = {
      "approximate search: candidates gathered at most (and at least 16 x top_k)"},
     {"index_ann_patience", T_INT, OFF(index_ann_patience), "128", 1, 1000000, 0,
      "approximate search: stop after this many candidates in a row could not enter the top k"},
+    {"row_cache_mb", T_LONG, OFF(row_cache_mb), "256", 0, 1e6, 0,
+     "memory rows cached for search results in MiB, so that searches need no database "
+     "round trip (0: none)"},
     {"index_compact_percent", T_INT, OFF(index_compact_percent), "25", 1, 100, 0,
      "share of deleted vectors at which an index is rebuilt without them (background)"},
     {"admin_key_file", T_STR, OFF(admin_key_file), "", 0, 0, 0,

@@ -47,6 +47,7 @@ typedef struct config {
     int index_ann_max_candidates;
     int index_ann_patience;
     int index_compact_percent;
+    long row_cache_mb;
     int consolidate_check_interval_s;
     double consolidate_dedupe_threshold;
     double consolidate_supersede_threshold;

@@ -12,6 +12,7 @@
 
 #include "bg.h"
 #include "metrics.h"
+#include "rowcache.h"
 #include "tenants.h"
 
 struct http_srv {
@@ -64,6 +65,8 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
     tenants_metrics tm = {0};
     if (h->srv->tenants)
         tenants_stats(h->srv->tenants, &tm);
+    uint64_t rc_entries, rc_bytes, rc_hits, rc_misses;
+    rc_stats(h->srv->rows, &rc_entries, &rc_bytes, &rc_hits, &rc_misses);
     /* resident memory from /proc/self/statm (second field, in pages) */
     double rss = 0;
     FILE *f = fopen("/proc/self/statm", "r");
@@ -100,10 +103,20 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
         "engram_index_evictions_total %llu\n"
         "# HELP engram_index_rebuilds_total Background index rebuilds (deleted vectors "
         "dropped, structure changed).\n# TYPE engram_index_rebuilds_total counter\n"
-        "engram_index_rebuilds_total %llu\n",
+        "engram_index_rebuilds_total %llu\n"
+        "# HELP engram_row_cache_entries Memory rows cached for search results.\n"
+        "# TYPE engram_row_cache_entries gauge\nengram_row_cache_entries %llu\n"
+        "# HELP engram_row_cache_bytes Bytes of cached memory rows.\n"
+        "# TYPE engram_row_cache_bytes gauge\nengram_row_cache_bytes %llu\n"
+        "# HELP engram_row_cache_lookups_total Row cache lookups by result.\n"
+        "# TYPE engram_row_cache_lookups_total counter\n"
+        "engram_row_cache_lookups_total{result=\"hit\"} %llu\n"
+        "engram_row_cache_lookups_total{result=\"miss\"} %llu\n",
         (unsigned long long)tm.snapshot_loads, (unsigned long long)tm.database_loads,
         (unsigned long long)tm.snapshots_rejected, (unsigned long long)tm.snapshots_written,
-        (unsigned long long)tm.evictions, (unsigned long long)tm.rebuilds);
+        (unsigned long long)tm.evictions, (unsigned long long)tm.rebuilds,
+        (unsigned long long)rc_entries, (unsigned long long)rc_bytes, (unsigned long long)rc_hits,
+        (unsigned long long)rc_misses);
     reply(rq, 200, "OK", "text/plain; version=0.0.4", b);
     evbuffer_free(b);
 }

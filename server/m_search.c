@@ -22,6 +22,7 @@
 #include "log.h"
 #include "memfilter.h"
 #include "mempack.h"
+#include "rowcache.h"
 #include "memrow.h"
 #include "sql.h"
 #include "tenants.h"
@@ -81,6 +82,8 @@ typedef struct search_state {
     size_t ntext;
     result *res;
     size_t nres;
+    memrow *rows; /* rows[i]: the row of res[i], when have[i] */
+    bool *have;
 } search_state;
 
 static void release_tenant(void *arg)
@@ -171,27 +174,25 @@ static void age_display(int64_t age_ms, char *out, size_t n)
         snprintf(out, n, "%lldy", (long long)(d / 365));
 }
 
-static void pack_context(req *r, search_state *st, const PGresult *pr)
+static void pack_context(req *r, search_state *st)
 {
     json_buf xml = {0};
     uint64_t used = CONTEXT_TAG_TOKENS;
     uint64_t *ids = req_alloc(r, (st->nres + 1) * sizeof(*ids));
     size_t nids = 0;
     json_buf_append(&xml, "<agent_memory>\n", 15);
-    int nrows = pr ? PQntuples(pr) : 0, row = 0;
-    for (size_t i = 0; ids && i < st->nres && row < nrows; i++) {
-        memrow m;
-        if (memrow_parse(pr, row, 0, &m) != 0 || m.id != st->res[i].id)
+    for (size_t i = 0; ids && i < st->nres; i++) {
+        if (!st->have[i])
             continue; /* gone since the search */
-        row++;
+        const memrow *m = &st->rows[i];
         json_buf entry = {0};
         char head[160], age[24];
-        age_display(st->f.now_ms - m.created_ms, age, sizeof(age));
+        age_display(st->f.now_ms - m->created_ms, age, sizeof(age));
         int hl = snprintf(head, sizeof(head),
                           "  <memory type=\"%s\" importance=\"%.2f\" age=\"%s\">\n    ",
-                          memrow_type_name(m.type), m.importance, age);
+                          memrow_type_name(m->type), m->importance, age);
         json_buf_append(&entry, head, (size_t)hl);
-        xml_escape(&entry, m.content, m.content_len);
+        xml_escape(&entry, m->content, m->content_len);
         json_buf_append(&entry, "\n  </memory>\n", 13);
         uint64_t tokens = entry.len / 4;
         if (used + tokens > st->budget) {
@@ -201,7 +202,7 @@ static void pack_context(req *r, search_state *st, const PGresult *pr)
         used += tokens;
         json_buf_append(&xml, entry.data, entry.len);
         json_buf_fini(&entry);
-        ids[nids++] = m.id;
+        ids[nids++] = m->id;
     }
     json_buf_append(&xml, "</agent_memory>", 15);
     if (!ids || !xml.data) {
@@ -224,6 +225,46 @@ static void pack_context(req *r, search_state *st, const PGresult *pr)
     req_done(r);
 }
 
+/* Packs the response from the rows of the results (a result without one was deleted
+ * since the search and is left out). */
+static void search_finish(req *r, search_state *st)
+{
+    if (st->context) {
+        pack_context(r, st);
+        return;
+    }
+    uint32_t n = 0;
+    for (size_t i = 0; i < st->nres; i++)
+        n += st->have[i];
+    msgpack_packer *pk = req_result(r);
+    msgpack_pack_map(pk, 1);
+    rpc_pack_cstr(pk, "results");
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < st->nres; i++) {
+        if (!st->have[i])
+            continue;
+        const result *x = &st->res[i];
+        mp_fresh fresh = {.set = true,
+                          .access_count = x->meta.access_count,
+                          .last_access_ms = x->meta.last_access_ms};
+        mp_pack_memory(pk, &st->rows[i], &fresh, 3);
+        if (x->has_sim)
+            rpc_pack_kv_num(pk, "similarity", x->similarity);
+        else
+            rpc_pack_kv_nil(pk, "similarity");
+        rpc_pack_kv_num(pk, "composite", x->composite);
+        rpc_pack_kv_num(pk, "score", x->score);
+    }
+    req_done(r);
+}
+
+static void *arena(void *ctx, size_t n)
+{
+    return req_alloc(ctx, n);
+}
+
+/* The rows the cache did not have: rows come back in the order of the ids asked, which is
+ * the results' order; they go into the cache too. */
 static void search_rows(req *r, const db_result *res)
 {
     search_state *st = req_state(r);
@@ -232,42 +273,25 @@ static void search_rows(req *r, const db_result *res)
         return;
     }
     const PGresult *pr = res->res[0];
-    if (st->context) {
-        pack_context(r, st, pr);
-        return;
-    }
+    rowcache *rc = req_server(r)->rows;
+    int64_t tid_owner = req_auth(r)->tenant_id;
     int nrows = PQntuples(pr), row = 0;
-    /* rows come back in the order of the ids asked, the results' order; a memory deleted
-     * since the search is missing, and so left out */
-    msgpack_packer *pk = req_result(r);
-    msgpack_pack_map(pk, 1);
-    rpc_pack_cstr(pk, "results");
-    msgpack_pack_array(pk, (uint32_t)nrows);
     for (size_t i = 0; i < st->nres && row < nrows; i++) {
+        if (st->have[i])
+            continue;
         memrow m;
         if (memrow_parse(pr, row, 0, &m) != 0) {
-            msgpack_pack_nil(pk);
-            row++;
-            continue;
+            req_fail(r, RPC_INTERNAL, "malformed memory row");
+            return;
         }
         if (m.id != st->res[i].id)
-            continue;
+            continue; /* deleted since the search */
         row++;
-        const result *x = &st->res[i];
-        mp_fresh fresh = {.set = true,
-                          .access_count = x->meta.access_count,
-                          .last_access_ms = x->meta.last_access_ms};
-        mp_pack_memory(pk, &m, &fresh, 3);
-        if (x->has_sim)
-            rpc_pack_kv_num(pk, "similarity", x->similarity);
-        else
-            rpc_pack_kv_nil(pk, "similarity");
-        rpc_pack_kv_num(pk, "composite", x->composite);
-        rpc_pack_kv_num(pk, "score", x->score);
+        st->rows[i] = m; /* points into pr, which outlives search_finish below */
+        st->have[i] = true;
+        rc_put(rc, tid_owner, &m);
     }
-    for (; row < nrows; row++)
-        msgpack_pack_nil(pk);
-    req_done(r);
+    search_finish(r, st);
 }
 
 /* Fills each result's similarity, metadata and composite from the index. */
@@ -406,7 +430,9 @@ static void search_run(req *r)
     }
     describe(st, vi);
     uint64_t *ids = req_alloc(r, (st->nres + 1) * sizeof(*ids));
-    if (!ids) {
+    st->rows = req_alloc(r, (st->nres + 1) * sizeof(*st->rows));
+    st->have = req_alloc(r, st->nres + 1);
+    if (!ids || !st->rows || !st->have) {
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
@@ -416,19 +442,21 @@ static void search_run(req *r)
      * entries fit, see pack_context) */
     if (st->nres && !st->context)
         count_access(r, st, ids, st->nres);
-    if (st->nres == 0) {
-        if (st->context) {
-            pack_context(r, st, NULL);
-            return;
-        }
-        msgpack_packer *pk = req_result(r);
-        msgpack_pack_map(pk, 1);
-        rpc_pack_cstr(pk, "results");
-        msgpack_pack_array(pk, 0);
-        req_done(r);
+    /* rows from the cache at the version the index knows; the rest from PostgreSQL */
+    rowcache *rc = req_server(r)->rows;
+    int64_t tid_owner = req_auth(r)->tenant_id;
+    size_t nmiss = 0;
+    for (size_t i = 0; i < st->nres; i++) {
+        st->have[i] =
+            rc_get(rc, tid_owner, st->res[i].id, st->res[i].meta.seq, &st->rows[i], arena, r);
+        if (!st->have[i])
+            ids[nmiss++] = st->res[i].id;
+    }
+    if (nmiss == 0) {
+        search_finish(r, st);
         return;
     }
-    char *arr = mp_ids_literal(r, ids, st->nres);
+    char *arr = mp_ids_literal(r, ids, nmiss);
     const char *tid = mp_tenant_param(r);
     if (!arr || !tid) {
         req_fail(r, RPC_INTERNAL, "out of memory");
@@ -436,7 +464,7 @@ static void search_run(req *r)
     }
     const char *vals[] = {tid, arr};
     db_query q = {.stmt = sql_name(SQL_MEMORY_GET), .nparams = 2, .values = vals};
-    req_submit(r, req_auth(r)->tenant_id, &q, 1, search_rows);
+    req_submit(r, tid_owner, &q, 1, search_rows);
 }
 
 static void index_ready(void *arg, int status, const char *err)

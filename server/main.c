@@ -32,6 +32,7 @@
 #include "server.h"
 #include "sql.h"
 #include "tenancy.h"
+#include "rowcache.h"
 #include "tenants.h"
 #include "worker.h"
 
@@ -319,8 +320,10 @@ int main(int argc, char **argv)
     s->bg = bg_create(s, (unsigned)s->cfg.bg_threads);
     a.base = event_base_new();
     s->tenancy = tenancy_create(s);
-    if (!s->tenants || !s->bg || !s->tenancy || !a.base || tenants_start(s->tenants) < 0 ||
-        maint_start(s) < 0 || tenancy_start(s->tenancy) < 0 || consolidate_start(s) < 0)
+    s->rows = rc_create((size_t)s->cfg.row_cache_mb << 20);
+    if (!s->rows || !s->tenants || !s->bg || !s->tenancy || !a.base ||
+        tenants_start(s->tenants) < 0 || maint_start(s) < 0 || tenancy_start(s->tenancy) < 0 ||
+        consolidate_start(s) < 0)
         goto out;
 
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -398,6 +401,7 @@ out:
         event_base_free(a.base);
     tenants_destroy(s->tenants);
     tenancy_destroy(s->tenancy);
+    rc_destroy(s->rows);
     metrics_fini();
     sql_fini();
     embedder_fini();

@@ -19,6 +19,7 @@ struct worker;
 struct tenants;
 struct bg;
 struct tenancy;
+struct rowcache;
 
 typedef struct server {
     config cfg;
@@ -32,7 +33,8 @@ typedef struct server {
     struct tenants *tenants;
     struct bg *bg;
     struct tenancy *tenancy;
-    uint8_t secret[32]; /* keys the API-key hashes */
+    struct rowcache *rows; /* memory rows for search results */
+    uint8_t secret[32];    /* keys the API-key hashes */
     bool have_admin;
     uint8_t admin_hash[32]; /* keyed hash of the admin key */
     atomic_bool ready;      /* start-up finished: listening, indexes loadable */

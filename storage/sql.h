@@ -18,7 +18,7 @@ typedef enum sql_stmt {
     SQL_MEMORY_UPDATE,      /* engram_memory_update(...) -> version, updated, META */
     SQL_MEMORY_ARCHIVE,     /* (tenant, ids[], archive?, reason) -> META */
     SQL_MEMORY_HISTORY,     /* (tenant, id) -> version rows */
-    SQL_MEMORY_TOUCH,       /* (tenants[], ids[], counts[], at_ms[]) -> rows touched */
+    SQL_MEMORY_TOUCH,       /* (tenants[], ids[], counts[], at_ms[]) -> (tenant, id) skipped */
     SQL_MEMORY_ATTRS_IDS,   /* (tenant, attrs containment doc) -> ids */
     SQL_MEMORY_TEXT_SEARCH, /* FILTER params, query, limit -> id, rank */
     SQL_MEMORY_LIST, /* FILTER params, order, sign, cursor key, cursor id, limit -> MEMROW, key */

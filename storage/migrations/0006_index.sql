@@ -37,3 +37,36 @@ GRANT EXECUTE ON FUNCTION engram_prune_changes(double precision, integer) TO eng
 
 -- Pruning scans by age.
 CREATE INDEX memory_changes_committed ON memory_changes (committed_at);
+
+-- engram_memory_touch never waits for a row lock: it skips the memories a writer holds at
+-- that moment and returns them (the server adds their counts to its next batch). Waiting,
+-- it could deadlock with a delete or a consolidation step locking the same rows in
+-- another order, and the victim could be the client's write.
+DROP FUNCTION engram_memory_touch(bigint[], bigint[], bigint[], bigint[]);
+CREATE FUNCTION engram_memory_touch(p_tenant bigint[], p_ids bigint[], p_counts bigint[],
+                                    p_at_ms bigint[])
+    RETURNS TABLE (o_tenant bigint, o_id bigint)
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY
+    WITH locked AS (
+        SELECT m.tenant_id, m.id FROM memories m
+          JOIN unnest(p_tenant, p_ids) AS u (tenant, id) ON m.tenant_id = u.tenant AND m.id = u.id
+         ORDER BY m.tenant_id, m.id
+           FOR UPDATE OF m SKIP LOCKED
+    ), done AS (
+        UPDATE memories m SET
+            access_count = m.access_count + u.cnt,
+            last_accessed_at = greatest(m.last_accessed_at,
+                                        date_trunc('milliseconds', engram_ts(u.at)))
+          FROM locked l, unnest(p_tenant, p_ids, p_counts, p_at_ms) AS u (tenant, id, cnt, at)
+         WHERE m.tenant_id = l.tenant_id AND m.id = l.id AND u.tenant = l.tenant_id AND u.id = l.id
+        RETURNING m.tenant_id, m.id
+    )
+    SELECT u.tenant, u.id FROM unnest(p_tenant, p_ids) AS u (tenant, id)
+     WHERE NOT EXISTS (SELECT 1 FROM done d WHERE d.tenant_id = u.tenant AND d.id = u.id)
+       AND EXISTS (SELECT 1 FROM memories m WHERE m.tenant_id = u.tenant AND m.id = u.id);
+END $$;
+REVOKE ALL ON FUNCTION engram_memory_touch(bigint[], bigint[], bigint[], bigint[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION engram_memory_touch(bigint[], bigint[], bigint[], bigint[])
+    TO engram_app;

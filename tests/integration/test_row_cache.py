@@ -1,0 +1,104 @@
+"""The row cache never serves an old version of a memory: every change of a memory's fields,
+made through this process or another one, is what the next search returns; and searches work
+the same with the cache turned off."""
+import time
+
+from harness import Server, new_database, structured_vectors, vec_bin
+
+DIM = 384
+
+
+def metric(srv, name, labels=None):
+    status, text = srv.http_get("/metrics")
+    assert status == 200
+    want = name + ("{" + labels + "}" if labels else "")
+    for line in text.splitlines():
+        if line.startswith(want + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def top(c, vec, **kw):
+    res = c.call("memory.search", embedding=vec_bin(vec), top_k=1, similarity_weight=1.0, **kw)
+    return res["results"][0]
+
+
+def test_cached_rows_follow_every_change():
+    dsn = new_database("rowcache")
+    a = Server(dsn).start()
+    b = Server(dsn, extra=["--secret-file", a.data_dir + "/secret.key"])
+    try:
+        b.start()
+        _, key = a.create_tenant()
+        vecs = structured_vectors(20, DIM, seed=61)
+        with a.client(key=key) as c:
+            ids = c.call("memory.store_batch", memories=[
+                {"content": f"v1 {i}", "type": "fact", "importance": 0.5, "embedding": vec_bin(v),
+                 "metadata": {"tokens": ["x"]}} for i, v in enumerate(vecs)])["ids"]
+            assert top(c, vecs[3])["content"] == "v1 3"
+            misses = metric(a, "engram_row_cache_lookups_total", 'result="miss"')
+            hits = metric(a, "engram_row_cache_lookups_total", 'result="hit"')
+            for _ in range(5):
+                assert top(c, vecs[3])["content"] == "v1 3"
+            assert metric(a, "engram_row_cache_lookups_total", 'result="hit"') == hits + 5
+            assert metric(a, "engram_row_cache_lookups_total", 'result="miss"') == misses
+
+            # through this process: content, importance, metadata, archive and restore
+            c.call("memory.update", id=ids[3], content="v2 3", importance=0.9,
+                   metadata={"tokens": ["y"]}, embedding=vec_bin(vecs[3]))
+            got = top(c, vecs[3])
+            assert (got["content"], got["importance"], got["metadata"], got["version"]) == (
+                "v2 3", 0.9, {"tokens": ["y"]}, 2)
+            c.call("memory.archive", ids=[ids[3]])
+            got = top(c, vecs[3], include_archived=True)
+            assert got["id"] == ids[3] and got["archived_at"] is not None
+            c.call("memory.restore", ids=[ids[3]])
+            assert top(c, vecs[3])["archived_at"] is None
+
+            # through the other process: this one's index follows the change log, and the
+            # row it returns is the new one, never the cached old one
+            with b.client(key=key) as cb:
+                cb.call("memory.update", id=ids[5], content="changed elsewhere",
+                        embedding=vec_bin(vecs[5]))
+            deadline = time.time() + 10
+            while top(c, vecs[5])["content"] != "changed elsewhere":
+                assert time.time() < deadline, "the other process's update never showed"
+                time.sleep(0.05)
+            # a deleted memory is never served from the cache
+            assert top(c, vecs[7])["id"] == ids[7]  # cached now
+            with b.client(key=key) as cb:
+                cb.call("memory.delete", ids=[ids[7]])
+            deadline = time.time() + 10
+            while True:
+                res = c.call("memory.search", embedding=vec_bin(vecs[7]), top_k=3,
+                             similarity_weight=1.0)["results"]
+                if ids[7] not in [r["id"] for r in res]:
+                    break
+                assert time.time() < deadline, "the other process's delete never showed"
+                time.sleep(0.05)
+            assert len(res) == 3
+        a.stop()
+        b.stop()
+    finally:
+        a.cleanup()
+        b.cleanup()
+
+
+def test_searches_without_the_cache():
+    dsn = new_database("nocache")
+    srv = Server(dsn, extra=["--row-cache-mb", "0"]).start()
+    try:
+        _, key = srv.create_tenant()
+        vecs = structured_vectors(10, DIM, seed=62)
+        with srv.client(key=key) as c:
+            ids = [c.call("memory.store", content=f"n{i}", type="fact", importance=0.5,
+                          embedding=vec_bin(v))["id"] for i, v in enumerate(vecs)]
+            for i in range(10):
+                assert top(c, vecs[i])["id"] == ids[i]
+            ctx = c.call("memory.context", embedding=vec_bin(vecs[2]), top_k=3)
+            assert ctx["ids"][0] == ids[2] and "n2" in ctx["text"]
+        assert metric(srv, "engram_row_cache_lookups_total", 'result="hit"') == 0
+        assert metric(srv, "engram_row_cache_entries") == 0
+        srv.stop()
+    finally:
+        srv.cleanup()

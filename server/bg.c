@@ -65,6 +65,10 @@ PGconn *bg_conn(bg_ctx *ctx, char *err, size_t errlen)
         const config *cfg = &ctx->b->srv->cfg;
         ctx->pg = db_connect_blocking(cfg->pg_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
                                       (unsigned)cfg->db_queue_timeout_ms, err, errlen);
+        /* index loads and catch-ups read one tenant's rows in order: a parallel plan only
+         * costs the database cores the workers need */
+        PGresult *r = ctx->pg ? PQexec(ctx->pg, "SET max_parallel_workers_per_gather = 0") : NULL;
+        PQclear(r);
     }
     return ctx->pg;
 }
@@ -264,8 +268,8 @@ static void *listener_thread(void *arg)
             while ((nt = PQnotifies(c)) != NULL) {
                 if (strcmp(nt->relname, "engram_admin") == 0)
                     tenancy_notify(b->srv->tenancy, nt->extra);
-                else
-                    handle_notify(b, nt->extra);
+                else if (!db_is_own_backend(nt->be_pid))
+                    handle_notify(b, nt->extra); /* a worker applies its own writes */
                 PQfreemem(nt);
             }
             if (PQstatus(c) != CONNECTION_OK)

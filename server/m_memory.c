@@ -240,11 +240,24 @@ static void store_done(req *r, const db_result *res)
         if (replay || !t || memrow_meta_parse(pr, i, 3, &mm) != 0 || !mm.present)
             continue;
         mem_meta m;
-        if (mem_meta_from_db(&m, &mm) < 0)
-            continue;
         int idx = atoi(PQgetvalue(pr, i, 0)) - 1;
-        if (idx >= 0 && (size_t)idx < st->n)
-            tenant_apply_upsert(t, mm.seq, mm.id, st->items[idx].vec, &m);
+        if (idx < 0 || (size_t)idx >= st->n || mem_meta_from_db(&m, &mm) < 0)
+            continue;
+        if (PQgetisnull(pr, i, 3 + MEMROW_META_NCOLS - 1)) {
+            /* a new memory: its tags come from the request (as filters derive theirs) */
+            uint64_t *tags = NULL;
+            uint32_t ntags = 0;
+            if (st->items[idx].metadata &&
+                mf_tags_from_metadata(st->items[idx].metadata, &tags, &ntags) < 0) {
+                free((void *)m.tags);
+                log_error("memory %llu not indexed: out of memory", (unsigned long long)mm.id);
+                continue;
+            }
+            free((void *)m.tags);
+            m.tags = tags;
+            m.ntags = ntags;
+        }
+        tenant_apply_upsert(t, mm.seq, mm.id, st->items[idx].vec, &m);
         free((void *)m.tags);
     }
     tenant_put(t);

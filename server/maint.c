@@ -43,6 +43,27 @@ static void purge_expired(bg_ctx *ctx, void *arg)
     PQclear(r);
     if (n > 0)
         log_info("purged %lld expired session checkpoints", n);
+    /* pending access counts into the memories' rows, a batch at a time */
+    long long folded = 0;
+    for (int i = 0; i < 100; i++) {
+        const char *fv[] = {PURGE_BATCH};
+        r = db_exec_blocking(pg, "SELECT engram_access_fold($1)", 1, fv, err, sizeof(err));
+        if (!r) {
+            log_warn("folding access counts failed: %s", err);
+            if (PQstatus(pg) != CONNECTION_OK) {
+                bg_conn_failed(ctx);
+                return;
+            }
+            break;
+        }
+        n = atoll(PQgetvalue(r, 0, 0));
+        PQclear(r);
+        folded += n;
+        if (n < atoll(PURGE_BATCH))
+            break;
+    }
+    if (folded > 0)
+        log_debug("folded %lld pending access counts", folded);
     /* the change log: index snapshots older than the retention are rebuilt instead */
     server *s = arg;
     char hours[32];

@@ -1,8 +1,9 @@
 /* server/maint.h: periodic maintenance on background threads.
  *
  * Every maintenance_interval_s: purge expired memories (with change records, so every
- * index drops them), idempotency keys older than a day, expired session checkpoints, and
- * changes older than change_log_retention_hours from the change log.
+ * index drops them), idempotency keys older than a day, expired session checkpoints; fold
+ * pending access counts into the memories' rows (migration 0007); prune changes older
+ * than change_log_retention_hours from the change log.
  * Other capabilities add their own periodic tasks here.
  */
 #ifndef ENGRAM_SERVER_MAINT_H

@@ -97,20 +97,7 @@ static void on_flushed(void *arg, const db_result *res)
     flush_ctx *fc = arg;
     worker *w = fc->w;
     w->flushing = false;
-    if (res->status == DB_OK) {
-        /* the memories a writer held at that moment: their counts go into the next batch */
-        const PGresult *pr = res->res[0];
-        for (int i = 0; i < PQntuples(pr); i++) {
-            int64_t t = atoll(PQgetvalue(pr, i, 0));
-            uint64_t id = strtoull(PQgetvalue(pr, i, 1), NULL, 10);
-            for (size_t k = 0; k < fc->n; k++) {
-                if (fc->e[k].tenant == t && fc->e[k].id == id) {
-                    access_log_merge(w->access, &fc->e[k], 1);
-                    break;
-                }
-            }
-        }
-    } else {
+    if (res->status != DB_OK) {
         /* keep them for the next attempt, unless the backlog has grown absurd */
         if (access_log_count(w->access) + fc->n < ACCESS_MAX_PENDING &&
             access_log_merge(w->access, fc->e, fc->n) == 0)

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,37 @@ struct db_pool {
     uint64_t failures;
     bool destroying;
 };
+
+/* Backend process ids of every pool connection of this process (0: free slot), so that a
+ * change notification sent by one of them can be told apart (see db_is_own_backend). */
+#define OWN_PIDS 512
+static _Atomic int own_pids[OWN_PIDS];
+
+static void own_pid_add(int pid)
+{
+    for (int i = 0; pid > 0 && i < OWN_PIDS; i++) {
+        int expect = 0;
+        if (atomic_compare_exchange_strong(&own_pids[i], &expect, pid))
+            return;
+    }
+}
+
+static void own_pid_remove(int pid)
+{
+    for (int i = 0; pid > 0 && i < OWN_PIDS; i++) {
+        int expect = pid;
+        if (atomic_compare_exchange_strong(&own_pids[i], &expect, 0))
+            return;
+    }
+}
+
+bool db_is_own_backend(int pid)
+{
+    for (int i = 0; pid > 0 && i < OWN_PIDS; i++)
+        if (atomic_load_explicit(&own_pids[i], memory_order_relaxed) == pid)
+            return true;
+    return false;
+}
 
 static uint64_t now_ms(void)
 {
@@ -218,6 +250,7 @@ static void conn_fail(db_conn *c, const char *why)
         c->ev_io = NULL;
     }
     if (c->pg) {
+        own_pid_remove(PQbackendPID(c->pg));
         PQfinish(c->pg);
         c->pg = NULL;
     }
@@ -401,6 +434,7 @@ static void conn_poll_connect(db_conn *c)
     PostgresPollingStatusType st = PQconnectPoll(c->pg);
     switch (st) {
     case PGRES_POLLING_OK:
+        own_pid_add(PQbackendPID(c->pg));
         conn_begin_setup(c);
         return;
     case PGRES_POLLING_FAILED:

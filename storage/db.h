@@ -128,4 +128,9 @@ PGconn *db_connect_blocking(const char *dsn, const char *role, unsigned timeout_
 PGresult *db_exec_blocking(PGconn *c, const char *sql, int nparams, const char *const *values,
                            char *err, size_t errlen);
 
+/* db_is_own_backend tells whether pid is the backend of one of this process's pool
+ * connections (a change notification it sent describes a write this process applied
+ * itself). Any thread. */
+bool db_is_own_backend(int pid);
+
 #endif

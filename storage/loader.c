@@ -7,11 +7,13 @@
 
 #include "db.h"
 #include "memrow.h"
+#include "sql.h"
 
 /* Binary-format columns of a loader row, after any leading columns of the query. */
 #define LOADER_COLS                                                                                \
-    "m.id, m.agent_id, m.clade_id, m.scope, m.type, m.importance, engram_ms(m.created_at), "       \
-    "engram_ms(m.last_accessed_at), m.access_count, engram_ms(m.expires_at), "                     \
+    "m.id, m.agent_id, m.clade_id, m.scope, m.type, m.importance, "                                \
+    "engram_ms(m.created_at), " SQL_LAST_ACCESSED_MS ", " SQL_ACCESS_COUNT                         \
+    ", engram_ms(m.expires_at), "                                                                  \
     "engram_ms(m.archived_at), m.seq, m.pinned, "                                                  \
     "array_to_string(engram_tags(m.metadata), chr(31)), m.embedding"
 #define LOADER_NCOLS 15
@@ -281,8 +283,11 @@ int loader_accessed(PGconn *c, int64_t tenant, int64_t since_ms,
     const char *vals[] = {t, s};
     uint64_t seq;
     return in_snapshot(c, tenant, &seq,
-                       "SELECT m.id, m.access_count, engram_ms(m.last_accessed_at) FROM memories m"
-                       " WHERE m.tenant_id = $1 AND m.last_accessed_at >= engram_ts($2)",
+                       "SELECT m.id, m.access_count + COALESCE(pa.access_count, 0),"
+                       " engram_ms(greatest(m.last_accessed_at, pa.last_accessed_at))"
+                       " FROM memories m LEFT JOIN memory_access pa"
+                       " ON pa.tenant_id = m.tenant_id AND pa.id = m.id WHERE m.tenant_id = $1"
+                       " AND (m.last_accessed_at >= engram_ts($2) OR pa.id IS NOT NULL)",
                        2, vals, each_access, &lc, err, errlen);
 }
 

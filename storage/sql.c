@@ -80,8 +80,8 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
                             "ORDER BY v.version",
                             2},
     [SQL_MEMORY_TOUCH] = {"memory_touch",
-                          "SELECT * FROM engram_memory_touch($1::bigint[], $2::bigint[], "
-                          "$3::bigint[], $4::bigint[])",
+                          "SELECT engram_memory_touch($1::bigint[], $2::bigint[], $3::bigint[], "
+                          "$4::bigint[])",
                           4},
     [SQL_MEMORY_ATTRS_IDS] = {"memory_attrs_ids",
                               "SELECT m.id FROM memories m WHERE m.tenant_id = $1 AND m.metadata "

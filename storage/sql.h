@@ -18,7 +18,7 @@ typedef enum sql_stmt {
     SQL_MEMORY_UPDATE,      /* engram_memory_update(...) -> version, updated, META */
     SQL_MEMORY_ARCHIVE,     /* (tenant, ids[], archive?, reason) -> META */
     SQL_MEMORY_HISTORY,     /* (tenant, id) -> version rows */
-    SQL_MEMORY_TOUCH,       /* (tenants[], ids[], counts[], at_ms[]) -> (tenant, id) skipped */
+    SQL_MEMORY_TOUCH,       /* (tenants[], ids[], counts[], at_ms[]) -> entries */
     SQL_MEMORY_ATTRS_IDS,   /* (tenant, attrs containment doc) -> ids */
     SQL_MEMORY_TEXT_SEARCH, /* FILTER params, query, limit -> id, rank */
     SQL_MEMORY_LIST, /* FILTER params, order, sign, cursor key, cursor id, limit -> MEMROW, key */
@@ -53,10 +53,19 @@ const db_stmt_def *sql_all(size_t *n);
 void sql_fini(void);
 
 /* The columns of a memory row, in the order memrow_parse expects (text format). */
+/* A memory m's access counts not folded into its row yet (migration 0007), and its last
+ * access time and access count with them. */
+#define SQL_PENDING_ACCESS(col)                                                                    \
+    "(SELECT pa." col " FROM memory_access pa WHERE pa.tenant_id = m.tenant_id AND pa.id = m.id)"
+#define SQL_LAST_ACCESSED_MS                                                                       \
+    "engram_ms(greatest(m.last_accessed_at, " SQL_PENDING_ACCESS("last_accessed_at") "))"
+#define SQL_ACCESS_COUNT "(m.access_count + COALESCE(" SQL_PENDING_ACCESS("access_count") ", 0))"
+
 #define SQL_MEMROW_COLS                                                                            \
     "m.id, m.agent_id, m.clade_id, m.scope, m.type, m.content, m.importance, m.metadata::text, "   \
-    "engram_ms(m.created_at), engram_ms(m.updated_at), engram_ms(m.last_accessed_at), "            \
-    "m.access_count, engram_ms(m.expires_at), engram_ms(m.archived_at), m.version, m.seq, "        \
+    "engram_ms(m.created_at), engram_ms(m.updated_at), " SQL_LAST_ACCESSED_MS                      \
+    ", " SQL_ACCESS_COUNT                                                                          \
+    ", engram_ms(m.expires_at), engram_ms(m.archived_at), m.version, m.seq, "                      \
     "m.pinned, m.archived_reason, m.superseded_by, m.merged_into"
 #define SQL_MEMROW_NCOLS 20
 

@@ -8,7 +8,8 @@
  * stdout, JSON with --json-out, PNG charts with --plot-prefix.
  *
  * --probe-ready is a separate mode for restart measurements: it waits for /healthz to
- * answer 200 and then for a first search to be answered, and prints when each happened.
+ * answer 200 and then until every tenant of the data set has answered a search, and
+ * prints when each happened.
  *
  * Exit status: 0 success, 1 failure, 2 usage error.
  */
@@ -104,10 +105,11 @@ static void usage(FILE *f)
             "  --plot-prefix P          draw P-latency.png (and P-throughput.png for a sweep)\n"
             "  --quiet                  no progress messages on stderr\n"
             "other modes:\n"
-            "  --probe-ready S          wait up to S seconds for /healthz 200, then for a first\n"
-            "                           search (tenant 0 of the data set named by the options,\n"
-            "                           key from the state file) to be answered; print JSON\n"
-            "                           {healthz_unix_ns, first_search_unix_ns}\n");
+            "  --probe-ready S          wait up to S seconds for /healthz 200, then until every\n"
+            "                           tenant of the data set named by the options (--tenants,\n"
+            "                           keys from the state file) has answered a search; print\n"
+            "                           JSON {healthz_unix_ns, first_search_unix_ns,\n"
+            "                           all_tenants_unix_ns, tenants}\n");
 }
 
 static bool quiet;
@@ -671,21 +673,25 @@ static int probe_ready(const options *o)
     uint64_t deadline = t0 + (uint64_t)(o->probe_timeout * 1e9);
     tenants_conf tc = {
         .prefix = o->prefix, .seed = o->seed, .memories = o->memories, .dim = o->dim};
-    char name[TENANTS_NAME_MAX], key[TENANTS_KEY_MAX];
-    tenants_name(&tc, "", 0, name);
-    if (tenants_lookup_key(o->state_file, name, key) != 0) {
-        fprintf(stderr, "engram-bench: no key for tenant %s in %s\n", name, o->state_file);
-        return 1;
-    }
+    size_t nt = o->tenants > 0 ? (size_t)o->tenants : 1;
+    char(*keys)[TENANTS_KEY_MAX] = calloc(nt, sizeof(*keys));
     dataset *ds = dataset_create(o->seed, o->dim);
     float *q = malloc(o->dim * sizeof(float));
     int rc = 1;
-    if (!ds || !q || dataset_queries(ds, 0, 0, 1, q) != 0) {
+    if (!keys || !ds || !q || dataset_queries(ds, 0, 0, 1, q) != 0) {
         fprintf(stderr, "engram-bench: out of memory\n");
         goto out;
     }
+    for (size_t i = 0; i < nt; i++) {
+        char name[TENANTS_NAME_MAX];
+        tenants_name(&tc, "", i, name);
+        if (tenants_lookup_key(o->state_file, name, keys[i]) != 0) {
+            fprintf(stderr, "engram-bench: no key for tenant %s in %s\n", name, o->state_file);
+            goto out;
+        }
+    }
     const struct timespec pause = {0, 5000000};
-    uint64_t healthz = 0, search = 0;
+    uint64_t healthz = 0, first = 0, all = 0;
     while (loadgen_now_ns() < deadline) {
         int status = 0;
         char *body = NULL;
@@ -702,26 +708,34 @@ static int probe_ready(const options *o)
                 o->probe_timeout);
         goto out;
     }
+    /* serving means every tenant answers a search: each in turn, retried until it does */
     char err[256] = "";
-    while (loadgen_now_ns() < deadline) {
-        int left = (int)((deadline - loadgen_now_ns()) / 1000000) + 1;
-        if (tenants_probe_search(o->host, (uint16_t)o->port, key, q, o->dim, left, err,
-                                 sizeof(err)) == 0) {
-            search = unix_ns();
-            break;
+    for (size_t i = 0; i < nt; i++) {
+        bool ok = false;
+        while (!ok && loadgen_now_ns() < deadline) {
+            int left = (int)((deadline - loadgen_now_ns()) / 1000000) + 1;
+            ok = tenants_probe_search(o->host, (uint16_t)o->port, keys[i], q, o->dim, left, err,
+                                      sizeof(err)) == 0;
+            if (!ok)
+                nanosleep(&pause, NULL);
         }
-        nanosleep(&pause, NULL);
+        if (!ok) {
+            fprintf(stderr, "engram-bench: tenant %zu answered no search within %.1f s: %s\n", i,
+                    o->probe_timeout, err);
+            goto out;
+        }
+        if (i == 0)
+            first = unix_ns();
     }
-    if (!search) {
-        fprintf(stderr, "engram-bench: no search answered within %.1f s: %s\n", o->probe_timeout,
-                err);
-        goto out;
-    }
-    printf("{\"healthz_unix_ns\": %llu, \"first_search_unix_ns\": %llu}\n",
-           (unsigned long long)healthz, (unsigned long long)search);
+    all = unix_ns();
+    printf("{\"healthz_unix_ns\": %llu, \"first_search_unix_ns\": %llu, "
+           "\"all_tenants_unix_ns\": %llu, \"tenants\": %zu}\n",
+           (unsigned long long)healthz, (unsigned long long)first, (unsigned long long)all, nt);
     rc = 0;
 out:
-    memset(key, 0, sizeof(key));
+    if (keys)
+        memset(keys, 0, nt * sizeof(*keys));
+    free(keys);
     free(q);
     dataset_destroy(ds);
     return rc;

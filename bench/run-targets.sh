@@ -206,15 +206,23 @@ bench store-batch-t2 --workload store_batch --tenants 2 --memories 5000 --dim 76
 # ---- restart with 10 tenants x 50,000 x 768 -------------------------------------------------
 # tenant 0 is the data set of the 50k rows above; tenants 1..9 are loaded once and reused
 bench restart-load --workload load --tenants 10 --memories 50000 --dim 768
+# First use of the ten tenants by the running server: the nine that were only written to
+# have no index yet and are built from PostgreSQL (then snapshotted); a diagnostic.
+probe_all() {
+    "$BENCH" --port "$RPC_PORT" --http-port "$HTTP_PORT" --state-file "$OUT/engram-bench.state" \
+        --tenants 10 --memories 50000 --dim 768 --probe-ready 300
+}
+COLD_NS=$(date +%s%N)
+cold=$(probe_all) || die "engramd did not serve the ten tenants, see $OUT/engramd.log"
+echo "{\"start_unix_ns\": $COLD_NS, \"probe\": $cold}" >"$OUT/first-use.json"
+log "first use of 10 tenants: $cold"
 : >"$OUT/restart.jsonl"
 for i in $(seq 1 "$RESTARTS"); do
     stop_engramd
     sync
     busy=$(wait_quiet)
     start_engramd
-    probe=$("$BENCH" --port "$RPC_PORT" --http-port "$HTTP_PORT" --state-file \
-        "$OUT/engram-bench.state" --memories 50000 --dim 768 --probe-ready 300) ||
-        die "restart $i: engramd did not serve, see $OUT/engramd.log"
+    probe=$(probe_all) || die "restart $i: engramd did not serve, see $OUT/engramd.log"
     echo "{\"start_unix_ns\": $START_NS, \"busy_before\": $busy, \"probe\": $probe}" \
         >>"$OUT/restart.jsonl"
     log "restart $i: $probe (started at $START_NS)"
@@ -350,7 +358,7 @@ with open(os.path.join(out, "restart.jsonl")) as f:
     for line in f:
         x = json.loads(line)
         restarts.append(((x["probe"]["healthz_unix_ns"] - x["start_unix_ns"]) / 1e9,
-                         (x["probe"]["first_search_unix_ns"] - x["start_unix_ns"]) / 1e9,
+                         (x["probe"]["all_tenants_unix_ns"] - x["start_unix_ns"]) / 1e9,
                          x["busy_before"]))
 worst = max(t for _, t, _ in restarts)
 med = statistics.median(t for _, t, _ in restarts)
@@ -358,12 +366,15 @@ with open(os.path.join(out, "restart-metrics.txt")) as f:
     met = dict(line.split()[:2] for line in f if line.strip())
 rss = float(met.get("engram_process_resident_bytes", "nan")) / 2**30
 add("restart with 10 tenants x 50,000 x 768", "serving in <= 5 s",
-    [("time to first search (median)", le(med, 5.0, " s", "{:.2f}")),
+    [("time until all 10 tenants answered a search (median)", le(med, 5.0, " s", "{:.2f}")),
      ("worst", le(worst, 5.0, " s", "{:.2f}"))], None, "restart-load, restart.jsonl",
-    "runs (healthz 200 / first search; machine busy before): "
+    "runs (healthz 200 / all ten tenants answered; machine busy before): "
     + ", ".join(f"{h:.2f}/{t:.2f} s ({b * 100:.0f}%)" for h, t, b in restarts)
     + f"; resident afterwards {rss:.2f} GiB, {float(met.get('engram_index_vectors', 0)):,.0f}"
       " vectors.")
+with open(os.path.join(out, "first-use.json")) as f:
+    fu = json.load(f)
+first_use = (fu["probe"]["all_tenants_unix_ns"] - fu["start_unix_ns"]) / 1e9
 
 diag = []
 d = load("ping-c1"); r = d["runs"][0]; s = op(r, "ping")
@@ -388,6 +399,9 @@ with open(os.path.join(out, "targets.md"), "w") as f:
     f.write("\nDiagnostics (no target):\n\n")
     for x, n in zip(diag, ("ping-c1", "store-c16-t8", "store-batch-t2")):
         f.write(f"- {x} [{attempt_note([n])}]\n")
+    f.write(f"- first use of the ten tenants by a running server, nine of them with no index "
+            f"yet (built from PostgreSQL, then snapshotted): all answered after "
+            f"{first_use:.2f} s [first-use.json]\n")
     f.write("\nCommands (the script adds --port, --http-port, --admin-key-file, --state-file, "
             "--server-pid, --pg-pid, --wait-quiet, --wait-quiet-max, --reuse, --json-out and "
             "--plot-prefix):\n\n")

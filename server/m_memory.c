@@ -12,6 +12,7 @@
 #include "embedder.h"
 #include "handlers.h"
 #include "log.h"
+#include "idmap.h"
 #include "memfilter.h"
 #include "mempack.h"
 #include "memrow.h"
@@ -203,52 +204,57 @@ typedef struct store_state {
     char fingerprint[2 + 64 + 1]; /* "\x" + hex: bytea input */
 } store_state;
 
-static void store_done(req *r, const db_result *res)
+/* Ends r for a failed store job. */
+static void store_fail(req *r, const db_result *res)
 {
     store_state *st = req_state(r);
-    if (res->status != DB_OK) {
-        if (res->sqlstate && strcmp(res->sqlstate, "EG429") == 0) {
-            long long limit = 0, usage = 0;
-            if (res->detail)
-                sscanf(res->detail, "limit=%lld usage=%lld", &limit, &usage);
-            rpc_detail d[3] = {
-                {"limit", RPC_D_INT, {.i = limit}},
-                {"usage", RPC_D_INT, {.i = usage}},
-                {"requested", RPC_D_INT, {.i = (int64_t)st->n}},
-            };
-            req_fail_details(r, RPC_QUOTA_EXCEEDED, d, 3,
-                             "memory limit of the tenant's tier reached (%lld of %lld stored)",
-                             usage, limit);
-            return;
-        }
-        req_fail_db(r, res);
+    if (res->sqlstate && strcmp(res->sqlstate, "EG429") == 0) {
+        long long limit = 0, usage = 0;
+        if (res->detail)
+            sscanf(res->detail, "limit=%lld usage=%lld", &limit, &usage);
+        rpc_detail d[3] = {
+            {"limit", RPC_D_INT, {.i = limit}},
+            {"usage", RPC_D_INT, {.i = usage}},
+            {"requested", RPC_D_INT, {.i = (int64_t)st->n}},
+        };
+        req_fail_details(r, RPC_QUOTA_EXCEEDED, d, 3,
+                         "memory limit of the tenant's tier reached (%lld of %lld stored)", usage,
+                         limit);
         return;
     }
-    const PGresult *pr = res->res[0];
-    int rows = PQntuples(pr);
-    if ((size_t)rows != st->n) {
+    req_fail_db(r, res);
+}
+
+/* Completes r from its rows of a store's result: rows off .. off + n - 1, in the order of
+ * its items. */
+static void store_finish(req *r, const PGresult *pr, int off)
+{
+    store_state *st = req_state(r);
+    int rows = PQntuples(pr) - off;
+    if (rows < (int)st->n) {
         req_fail(r, RPC_INTERNAL, "store returned %d rows for %zu memories", rows, st->n);
         return;
     }
+    rows = (int)st->n;
     const conn_auth *a = req_auth(r);
     tenant *t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
     bool replayed = false;
-    for (int i = 0; i < rows; i++) {
+    for (int k = 0; k < rows; k++) {
+        int i = off + k;
         bool replay = PQgetvalue(pr, i, 1)[0] == 't';
         replayed = replayed || replay;
         memrow_meta mm;
         if (replay || !t || memrow_meta_parse(pr, i, 3, &mm) != 0 || !mm.present)
             continue;
         mem_meta m;
-        int idx = atoi(PQgetvalue(pr, i, 0)) - 1;
-        if (idx < 0 || (size_t)idx >= st->n || mem_meta_from_db(&m, &mm) < 0)
+        if (mem_meta_from_db(&m, &mm) < 0)
             continue;
         if (PQgetisnull(pr, i, 3 + MEMROW_META_NCOLS - 1)) {
             /* a new memory: its tags come from the request (as filters derive theirs) */
             uint64_t *tags = NULL;
             uint32_t ntags = 0;
-            if (st->items[idx].metadata &&
-                mf_tags_from_metadata(st->items[idx].metadata, &tags, &ntags) < 0) {
+            if (st->items[k].metadata &&
+                mf_tags_from_metadata(st->items[k].metadata, &tags, &ntags) < 0) {
                 free((void *)m.tags);
                 log_error("memory %llu not indexed: out of memory", (unsigned long long)mm.id);
                 continue;
@@ -257,32 +263,224 @@ static void store_done(req *r, const db_result *res)
             m.tags = tags;
             m.ntags = ntags;
         }
-        tenant_apply_upsert(t, mm.seq, mm.id, st->items[idx].vec, &m);
+        tenant_apply_upsert(t, mm.seq, mm.id, st->items[k].vec, &m);
         free((void *)m.tags);
     }
     tenant_put(t);
     msgpack_packer *pk = req_result(r);
     if (!st->batch) {
         msgpack_pack_map(pk, 3);
-        rpc_pack_kv_uint(pk, "id", (uint64_t)memrow_i64(pr, 0, 3, 0));
-        rpc_pack_kv_int(pk, "created_at", memrow_i64(pr, 0, 2, 0));
+        rpc_pack_kv_uint(pk, "id", (uint64_t)memrow_i64(pr, off, 3, 0));
+        rpc_pack_kv_int(pk, "created_at", memrow_i64(pr, off, 2, 0));
         rpc_pack_kv_bool(pk, "replayed", replayed);
     } else {
         msgpack_pack_map(pk, 3);
         rpc_pack_cstr(pk, "ids");
         msgpack_pack_array(pk, (uint32_t)rows);
-        for (int i = 0; i < rows; i++)
-            msgpack_pack_uint64(pk, (uint64_t)memrow_i64(pr, i, 3, 0));
+        for (int k = 0; k < rows; k++)
+            msgpack_pack_uint64(pk, (uint64_t)memrow_i64(pr, off + k, 3, 0));
         rpc_pack_cstr(pk, "created_at");
         msgpack_pack_array(pk, (uint32_t)rows);
-        for (int i = 0; i < rows; i++)
-            msgpack_pack_int64(pk, memrow_i64(pr, i, 2, 0));
+        for (int k = 0; k < rows; k++)
+            msgpack_pack_int64(pk, memrow_i64(pr, off + k, 2, 0));
         rpc_pack_kv_bool(pk, "replayed", replayed);
     }
     req_done(r);
 }
 
-/* Sends the batch to PostgreSQL once every memory has its vector. */
+static void store_done(req *r, const db_result *res)
+{
+    if (res->status != DB_OK)
+        store_fail(r, res);
+    else
+        store_finish(r, res->res[0], 0);
+}
+
+/* Builds the store statement for the items of the nm requests m (one tenant, all with
+ * their vectors), in that order, into q; parameter text lives in m[0]'s arena. Returns 0
+ * or -ENOMEM. */
+static int store_query(req *const *m, size_t nm, db_query *q, const char **vals, int *lens,
+                       int *fmts)
+{
+    const conn_auth *a = req_auth(m[0]);
+    server *s = req_server(m[0]);
+    const store_state *st0 = req_state(m[0]);
+    mp_array agent = {0}, clade = {0}, scope = {0}, type = {0}, content = {0}, imp = {0}, md = {0},
+             cr = {0}, up = {0}, acc = {0}, cnt = {0}, ex = {0}, pin = {0};
+    size_t total = 0;
+    for (size_t j = 0; j < nm; j++)
+        total += ((const store_state *)req_state(m[j]))->n;
+    size_t row = a->dim * sizeof(float), vbytes = total * row;
+    char *emb = req_alloc(m[0], vbytes ? vbytes : 1);
+    bool ok = emb != NULL;
+    size_t at = 0;
+    for (size_t j = 0; ok && j < nm; j++) {
+        const store_state *st = req_state(m[j]);
+        for (size_t i = 0; ok && i < st->n; i++, at++) {
+            const mem_item *it = &st->items[i];
+            memcpy(emb + at * row, it->vec, row);
+            ok = mp_array_i64(&agent, (int64_t)it->agent_id, false) == 0 &&
+                 mp_array_i64(&clade, (int64_t)it->clade_id, false) == 0 &&
+                 mp_array_str(&scope, memrow_scope_name(it->scope),
+                              strlen(memrow_scope_name(it->scope))) == 0 &&
+                 mp_array_str(&type, memrow_type_name(it->type),
+                              strlen(memrow_type_name(it->type))) == 0 &&
+                 mp_array_str(&content, it->content, it->content_len) == 0 &&
+                 mp_array_f64(&imp, it->importance) == 0 &&
+                 mp_array_str(&md, it->metadata_json, strlen(it->metadata_json)) == 0 &&
+                 mp_array_i64(&cr, it->created_ms, it->created_ms == INT64_MIN) == 0 &&
+                 mp_array_i64(&up, it->updated_ms, it->updated_ms == INT64_MIN) == 0 &&
+                 mp_array_i64(&acc, it->accessed_ms, it->accessed_ms == INT64_MIN) == 0 &&
+                 mp_array_i64(&cnt, it->access_count, it->access_count < 0) == 0 &&
+                 mp_array_i64(&ex, it->expires_ms, it->expires_ms == INT64_MIN) == 0 &&
+                 mp_array_bool(&pin, it->pinned) == 0;
+        }
+    }
+    char *lits[13] = {NULL};
+    mp_array *arrs[13] = {&agent, &clade, &scope, &type, &content, &imp, &md,
+                          &cr,    &up,    &acc,   &cnt,  &ex,      &pin};
+    for (int i = 0; i < 13; i++) {
+        if (ok)
+            ok = (lits[i] = mp_array_finish(m[0], arrs[i])) != NULL;
+        else
+            mp_array_fini(arrs[i]);
+    }
+    const char *tid = mp_tenant_param(m[0]);
+    char *dim = req_alloc(m[0], 16);
+    if (!ok || !tid || !dim)
+        return -ENOMEM;
+    /* the database picks the limit of the tenant's tier as it is when the rows go in */
+    snprintf(dim, 16, "%u", a->dim);
+    const char *v[19] = {tid,      s->memory_limits, st0->idem, st0->idem ? st0->fingerprint : NULL,
+                         dim,      lits[0],          lits[1],   lits[2],
+                         lits[3],  lits[4],          lits[5],   lits[6],
+                         emb,      lits[7],          lits[8],   lits[9],
+                         lits[10], lits[11],         lits[12]};
+    memcpy(vals, v, sizeof(v));
+    memset(lens, 0, 19 * sizeof(*lens));
+    memset(fmts, 0, 19 * sizeof(*fmts));
+    lens[12] = (int)vbytes;
+    fmts[12] = 1;
+    *q = (db_query){.stmt = sql_name(SQL_MEMORY_STORE_BATCH),
+                    .nparams = 19,
+                    .values = vals,
+                    .lengths = lens,
+                    .formats = fmts};
+    return 0;
+}
+
+/* ---- group commit of stores ------------------------------------------------------------
+ *
+ * A tenant's writes commit one at a time (they take the tenant's row lock to number their
+ * changes), so concurrent stores of one tenant would queue in PostgreSQL, each paying a
+ * whole transaction. Instead, per worker and tenant, while one store job is in flight the
+ * next stores wait, and then go to PostgreSQL together as one statement and one
+ * transaction (up to BATCH_MAX memories). Each request is still answered only after the
+ * commit that holds its memories. A store alone costs nothing extra. If a combined job
+ * fails (a quota reached by the sum, say), each request is retried alone, so every
+ * request gets the answer it would have had alone. Stores with an idempotency key always
+ * go alone. */
+
+typedef struct store_group {
+    int64_t tenant;
+    idmap *map; /* the worker's groups, to leave when idle */
+    req **q;    /* waiting, in arrival order */
+    size_t nq, cq, qitems;
+} store_group;
+
+typedef struct group_job {
+    store_group *g;
+    size_t n;
+    req *m[]; /* the members, in the statement's order */
+} group_job;
+
+static void group_next(store_group *g);
+
+static void group_done(void *arg, const db_result *res)
+{
+    group_job *j = arg;
+    if (res->status == DB_OK) {
+        int off = 0;
+        for (size_t i = 0; i < j->n; i++) {
+            size_t n = ((store_state *)req_state(j->m[i]))->n;
+            store_finish(j->m[i], res->res[0], off);
+            off += (int)n;
+        }
+    } else if (j->n == 1 || res->status == DB_UNAVAILABLE) {
+        for (size_t i = 0; i < j->n; i++)
+            store_fail(j->m[i], res);
+    } else {
+        /* retried alone: each gets its own outcome (e.g. the quota allows some) */
+        for (size_t i = 0; i < j->n; i++) {
+            db_query q;
+            const char *vals[19];
+            int lens[19], fmts[19];
+            if (store_query(&j->m[i], 1, &q, vals, lens, fmts) < 0)
+                req_fail(j->m[i], RPC_INTERNAL, "out of memory");
+            else
+                req_submit(j->m[i], req_auth(j->m[i])->tenant_id, &q, 1, store_done);
+        }
+    }
+    store_group *g = j->g;
+    free(j);
+    group_next(g);
+}
+
+/* Sends the waiting stores of g as one job, or leaves g when none wait. */
+static void group_next(store_group *g)
+{
+    if (g->nq == 0) {
+        idmap_del(g->map, (uint64_t)g->tenant);
+        free(g->q);
+        free(g);
+        return;
+    }
+    size_t n = 0, items = 0;
+    while (n < g->nq) {
+        size_t k = ((store_state *)req_state(g->q[n]))->n;
+        if (n > 0 && items + k > BATCH_MAX)
+            break;
+        items += k;
+        n++;
+    }
+    group_job *j = malloc(sizeof(*j) + n * sizeof(req *));
+    if (!j) {
+        for (size_t i = 0; i < n; i++)
+            req_fail(g->q[i], RPC_INTERNAL, "out of memory");
+        memmove(g->q, g->q + n, (g->nq - n) * sizeof(req *));
+        g->nq -= n;
+        g->qitems -= items;
+        group_next(g);
+        return;
+    }
+    j->g = g;
+    j->n = n;
+    memcpy(j->m, g->q, n * sizeof(req *));
+    memmove(g->q, g->q + n, (g->nq - n) * sizeof(req *));
+    g->nq -= n;
+    g->qitems -= items;
+    db_query q;
+    const char *vals[19];
+    int lens[19], fmts[19];
+    int rc = store_query(j->m, n, &q, vals, lens, fmts);
+    if (rc == 0)
+        rc = db_submit(req_db(j->m[0]), g->tenant, &q, 1, group_done, j);
+    if (rc < 0) {
+        for (size_t i = 0; i < n; i++) {
+            if (rc == -EAGAIN)
+                req_fail(j->m[i], RPC_UNAVAILABLE, "database queue full, retry later");
+            else if (rc == -ENOMEM)
+                req_fail(j->m[i], RPC_INTERNAL, "out of memory");
+            else
+                req_fail(j->m[i], RPC_UNAVAILABLE, "database unavailable (shutting down)");
+        }
+        free(j);
+        group_next(g); /* the next ones, or leave */
+    }
+}
+
+/* Sends the store once every memory has its vector: alone, or through the tenant's
+ * group. */
 static void store_submit(req *r, rpc_code code, const char *message)
 {
     store_state *st = req_state(r);
@@ -290,63 +488,56 @@ static void store_submit(req *r, rpc_code code, const char *message)
         req_fail(r, code, "%s", message ? message : "embedding failed");
         return;
     }
-    const conn_auth *a = req_auth(r);
-    server *s = req_server(r);
-    mp_array agent = {0}, clade = {0}, scope = {0}, type = {0}, content = {0}, imp = {0}, md = {0},
-             cr = {0}, up = {0}, acc = {0}, cnt = {0}, ex = {0}, pin = {0};
-    size_t vbytes = st->n * a->dim * sizeof(float);
-    char *emb = req_alloc(r, vbytes ? vbytes : 1);
-    bool ok = emb != NULL;
-    for (size_t i = 0; ok && i < st->n; i++) {
-        const mem_item *it = &st->items[i];
-        memcpy(emb + i * a->dim * sizeof(float), it->vec, a->dim * sizeof(float));
-        ok = mp_array_i64(&agent, (int64_t)it->agent_id, false) == 0 &&
-             mp_array_i64(&clade, (int64_t)it->clade_id, false) == 0 &&
-             mp_array_str(&scope, memrow_scope_name(it->scope),
-                          strlen(memrow_scope_name(it->scope))) == 0 &&
-             mp_array_str(&type, memrow_type_name(it->type), strlen(memrow_type_name(it->type))) ==
-                 0 &&
-             mp_array_str(&content, it->content, it->content_len) == 0 &&
-             mp_array_f64(&imp, it->importance) == 0 &&
-             mp_array_str(&md, it->metadata_json, strlen(it->metadata_json)) == 0 &&
-             mp_array_i64(&cr, it->created_ms, it->created_ms == INT64_MIN) == 0 &&
-             mp_array_i64(&up, it->updated_ms, it->updated_ms == INT64_MIN) == 0 &&
-             mp_array_i64(&acc, it->accessed_ms, it->accessed_ms == INT64_MIN) == 0 &&
-             mp_array_i64(&cnt, it->access_count, it->access_count < 0) == 0 &&
-             mp_array_i64(&ex, it->expires_ms, it->expires_ms == INT64_MIN) == 0 &&
-             mp_array_bool(&pin, it->pinned) == 0;
+    int64_t tid = req_auth(r)->tenant_id;
+    idmap *groups = worker_store_groups(req_worker(r));
+    uint64_t v;
+    if (!st->idem && groups && idmap_get(groups, (uint64_t)tid, &v)) {
+        store_group *g = (store_group *)(uintptr_t)v;
+        if (g->nq == g->cq) {
+            size_t cap = g->cq ? g->cq * 2 : 16;
+            req **nq = realloc(g->q, cap * sizeof(*nq));
+            if (!nq) {
+                req_fail(r, RPC_INTERNAL, "out of memory");
+                return;
+            }
+            g->q = nq;
+            g->cq = cap;
+        }
+        g->q[g->nq++] = r;
+        g->qitems += st->n;
+        return;
     }
-    char *lits[13] = {NULL};
-    mp_array *arrs[13] = {&agent, &clade, &scope, &type, &content, &imp, &md,
-                          &cr,    &up,    &acc,   &cnt,  &ex,      &pin};
-    for (int i = 0; i < 13; i++) {
-        if (ok)
-            ok = (lits[i] = mp_array_finish(r, arrs[i])) != NULL;
+    store_group *g = NULL;
+    if (!st->idem && groups && (g = calloc(1, sizeof(*g))) != NULL) {
+        g->tenant = tid;
+        g->map = groups;
+        if (idmap_put(groups, (uint64_t)tid, (uint64_t)(uintptr_t)g) < 0) {
+            free(g);
+            g = NULL;
+        }
+    }
+    if (!g) { /* alone: an idempotency key (or no memory for a group) */
+        db_query q;
+        const char *vals[19];
+        int lens[19], fmts[19];
+        if (store_query(&r, 1, &q, vals, lens, fmts) < 0)
+            req_fail(r, RPC_INTERNAL, "out of memory");
         else
-            mp_array_fini(arrs[i]);
+            req_submit(r, tid, &q, 1, store_done);
+        return;
     }
-    const char *tid = mp_tenant_param(r);
-    char *dim = req_alloc(r, 16);
-    if (!ok || !tid || !dim) {
+    g->q = malloc(16 * sizeof(*g->q));
+    if (!g->q) {
+        idmap_del(groups, (uint64_t)tid);
+        free(g);
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
-    /* the database picks the limit of the tenant's tier as it is when the rows go in */
-    snprintf(dim, 16, "%u", a->dim);
-    const char *vals[19] = {tid,      s->memory_limits, st->idem, st->idem ? st->fingerprint : NULL,
-                            dim,      lits[0],          lits[1],  lits[2],
-                            lits[3],  lits[4],          lits[5],  lits[6],
-                            emb,      lits[7],          lits[8],  lits[9],
-                            lits[10], lits[11],         lits[12]};
-    int lens[19] = {0}, fmts[19] = {0};
-    lens[12] = (int)vbytes;
-    fmts[12] = 1;
-    db_query q = {.stmt = sql_name(SQL_MEMORY_STORE_BATCH),
-                  .nparams = 19,
-                  .values = vals,
-                  .lengths = lens,
-                  .formats = fmts};
-    req_submit(r, a->tenant_id, &q, 1, store_done);
+    g->cq = 16;
+    g->q[0] = r;
+    g->nq = 1;
+    g->qitems = st->n;
+    group_next(g);
 }
 
 /* Embeds the items that came without a vector, checks the others, then submits. */

@@ -3,6 +3,7 @@
 #include "tenants.h"
 
 #include <dirent.h>
+#include <malloc.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -74,6 +75,7 @@ struct tenants {
     char *dir;       /* <index_dir>/<database instance>; NULL until known */
     bool dir_failed; /* the directory cannot be used: no snapshots */
     atomic_bool housekeeping;
+    unsigned hk_runs; /* housekeeping rounds (only the running round touches it) */
     atomic_uint_least64_t n_snap_loads, n_snap_rejected, n_db_loads, n_snapshots, n_evictions,
         n_rebuilds;
 };
@@ -1406,6 +1408,10 @@ static void housekeeping(bg_ctx *ctx, void *arg)
         }
     }
     hk_release(&l);
+    /* freed request buffers (a batch of 1,000 vectors is megabytes) and evicted indexes go
+     * back to the system rather than staying in the allocator's free lists */
+    if (++ts->hk_runs % 10 == 0)
+        malloc_trim(0);
     atomic_store(&ts->housekeeping, false);
 }
 

@@ -11,6 +11,7 @@
 #include <event2/thread.h>
 
 #include "access.h"
+#include "idmap.h"
 #include "conn.h"
 #include "embedder.h"
 #include "log.h"
@@ -40,6 +41,7 @@ struct worker {
     bool draining;
     uint64_t drain_deadline_ms;
     access_log *access;
+    idmap *store_groups; /* see worker_store_groups */
     uint64_t last_flush_ms;
     bool flushing;
 };
@@ -174,6 +176,11 @@ static void flush_access(worker *w)
     w->last_flush_ms = mono_ms();
 }
 
+idmap *worker_store_groups(worker *w)
+{
+    return w->store_groups;
+}
+
 access_log *worker_access(worker *w)
 {
     return w->access;
@@ -228,7 +235,10 @@ worker *worker_create(server *s, unsigned idx)
     w->idx = idx;
     pthread_mutex_init(&w->mu, NULL);
     w->access = access_log_create();
-    if (!w->access) {
+    w->store_groups = idmap_create(16);
+    if (!w->access || !w->store_groups) {
+        access_log_destroy(w->access);
+        idmap_destroy(w->store_groups);
         pthread_mutex_destroy(&w->mu);
         free(w);
         return NULL;
@@ -275,6 +285,7 @@ fail:
         event_base_free(w->base);
     pthread_mutex_destroy(&w->mu);
     access_log_destroy(w->access);
+    idmap_destroy(w->store_groups); /* empty: every store ended before the drain finished */
     free(w);
     return NULL;
 }
@@ -341,6 +352,7 @@ void worker_destroy(worker *w)
     event_base_free(w->base);
     pthread_mutex_destroy(&w->mu);
     access_log_destroy(w->access);
+    idmap_destroy(w->store_groups); /* empty: every store ended before the drain finished */
     free(w);
 }
 

@@ -196,9 +196,7 @@ static const float *row_in(const vindex *vi, const chunk *c, size_t off)
 /* inv_norm returns 1 / |v| computed in double, or 0 when v has no direction. */
 static double inv_norm(const float *v, size_t dim)
 {
-    double sq = 0.0;
-    for (size_t i = 0; i < dim; i++)
-        sq += (double)v[i] * v[i];
+    double sq = vk_dot_exact(v, v, dim); /* exact squares, summed in a fixed order */
     if (!(sq > 0.0) || !isfinite(sq))
         return 0.0;
     return 1.0 / sqrt(sq);
@@ -236,36 +234,13 @@ static void unpin(vindex *vi)
  * *rn (the rounded-up norm of the coding error). */
 static void encode_sq8(const vindex *vi, const float *x, int8_t *code, float *scale, float *rn)
 {
-    size_t dim = vi->dim;
-    float m = 0.0f;
-    for (size_t j = 0; j < dim; j++) {
-        float a = fabsf(x[j]);
-        if (a > m)
-            m = a;
-    }
-    float a = m > 0.0f ? m / 127.0f : 1.0f;
-    double err = 0.0;
-    for (size_t j = 0; j < dim; j++) {
-        float f = x[j] / a;
-        long c = (long)(f >= 0 ? f + 0.5f : f - 0.5f);
-        c = c > 127 ? 127 : c < -127 ? -127 : c;
-        code[j] = (int8_t)c;
-        double r = (double)x[j] - (double)a * (double)c;
-        err += r * r;
-    }
-    memset(code + dim, 0, vi->sq_stride - dim);
-    float e = (float)(sqrt(err) * (1.0 + 1e-9));
-    *scale = a;
-    *rn = nextafterf(e, INFINITY);
+    vk_sq8_encode(x, vi->dim, code, scale, rn);
+    memset(code + vi->dim, 0, vi->sq_stride - vi->dim);
 }
 
 static void encode_bin(const vindex *vi, const float *x, uint64_t *bits)
 {
-    memset(bits, 0, vi->words * sizeof(uint64_t));
-    for (size_t j = 0; j < vi->dim; j++) {
-        if (x[j] > 0.0f)
-            bits[j / 64] |= (uint64_t)1 << (j % 64);
-    }
+    vk_sign_bits(x, vi->dim, bits); /* words = (dim + 63) / 64 */
 }
 
 /* ---- chunks ---- */

@@ -10,8 +10,10 @@
  */
 #include "vkernel.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #define VK_X86 1
@@ -89,6 +91,62 @@ static double dot_exact_c(const float *a, const float *b, size_t dim)
     for (; i < dim; i++)
         s[i % 8] += (double)a[i] * b[i];
     return combine8(s);
+}
+
+/* sq8_scale returns the step of the int8 code of a row whose largest magnitude is m: m / 127,
+ * or m itself when that underflows (denormal rows), or 1 for a zero row. */
+static float sq8_scale(float m)
+{
+    float a = m / 127.0f;
+    if (!(a > 0.0f))
+        a = m > 0.0f ? m : 1.0f;
+    return a;
+}
+
+/* sq8_code rounds f half away from zero and clamps it to [-127, 127]. */
+static int sq8_code(float f)
+{
+    long c = (long)(f >= 0 ? f + 0.5f : f - 0.5f);
+    return c > 127 ? 127 : c < -127 ? -127 : (int)c;
+}
+
+/* sq8_finish turns the eight partial sums of squared coding errors into *rn: the error norm
+ * rounded up (a relative 1e-9 covers the summation's own rounding, far larger than it). */
+static void sq8_finish(const double *s, float a, float *scale, float *rn)
+{
+    float e = (float)(sqrt(combine8(s)) * (1.0 + 1e-9));
+    *scale = a;
+    *rn = nextafterf(e, INFINITY);
+}
+
+/* The residual x - a c is computed in double, where a c is exact (24 by 7 bits); its
+ * squares go to eight partial sums by index mod 8, as in vk_dot_exact. The build disables
+ * floating-point contraction in this library, so both versions round the same operations. */
+static void sq8_encode_c(const float *x, size_t dim, int8_t *code, float *scale, float *rn)
+{
+    float m = 0.0f;
+    for (size_t j = 0; j < dim; j++) {
+        float v = fabsf(x[j]);
+        if (v > m)
+            m = v;
+    }
+    float a = sq8_scale(m);
+    double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (size_t j = 0; j < dim; j++) {
+        int c = sq8_code(x[j] / a);
+        code[j] = (int8_t)c;
+        double r = (double)x[j] - (double)a * (double)c;
+        s[j % 8] += r * r;
+    }
+    sq8_finish(s, a, scale, rn);
+}
+
+static void sign_bits_c(const float *x, size_t dim, uint64_t *bits)
+{
+    memset(bits, 0, (dim + 63) / 64 * sizeof(uint64_t));
+    for (size_t j = 0; j < dim; j++)
+        if (x[j] > 0.0f)
+            bits[j / 64] |= (uint64_t)1 << (j % 64);
 }
 
 /* Products are at most 127 * 32767 in magnitude, so an int32 holds the sum of 512: summed
@@ -320,6 +378,81 @@ AVX2 static size_t find_range_avx2(const uint16_t *h, size_t n, unsigned lo, uns
     }
     return m;
 }
+
+/* The same operations as sq8_encode_c, eight dimensions at a time: max is exact, division
+ * and the +-0.5 addition are the same IEEE operations, truncation is vcvttps2dq, and lane j
+ * of lo (hi) accumulates the squares of indexes = j (j + 4) mod 8 in index order. */
+AVX2 static void sq8_encode_avx2(const float *x, size_t dim, int8_t *code, float *scale, float *rn)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 signmask = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    __m256 mx = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= dim; i += 8)
+        mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(x + i), absmask));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, mx);
+    float m = 0.0f;
+    for (int k = 0; k < 8; k++)
+        if (lanes[k] > m)
+            m = lanes[k];
+    for (size_t j = i; j < dim; j++) {
+        float v = fabsf(x[j]);
+        if (v > m)
+            m = v;
+    }
+    float a = sq8_scale(m);
+    const __m256 va = _mm256_set1_ps(a), half = _mm256_set1_ps(0.5f);
+    const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+    const __m256d ad = _mm256_set1_pd((double)a);
+    __m256d lo = _mm256_setzero_pd(), hi = lo;
+    for (i = 0; i + 8 <= dim; i += 8) {
+        __m256 xv = _mm256_loadu_ps(x + i);
+        __m256 f = _mm256_div_ps(xv, va);
+        /* f >= 0 ? f + 0.5 : f - 0.5 (for -0 both truncate to 0) */
+        __m256 t = _mm256_add_ps(f, _mm256_or_ps(half, _mm256_and_ps(f, signmask)));
+        __m256i c = _mm256_cvttps_epi32(t);
+        c = _mm256_max_epi32(_mm256_min_epi32(c, lim), nlim);
+        int32_t ci[8];
+        _mm256_storeu_si256((__m256i *)ci, c);
+        for (int k = 0; k < 8; k++)
+            code[i + k] = (int8_t)ci[k];
+        __m256 cf = _mm256_cvtepi32_ps(c);
+        __m256d r0 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(xv)),
+                                   _mm256_mul_pd(ad, _mm256_cvtps_pd(_mm256_castps256_ps128(cf))));
+        __m256d r1 =
+            _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(xv, 1)),
+                          _mm256_mul_pd(ad, _mm256_cvtps_pd(_mm256_extractf128_ps(cf, 1))));
+        lo = _mm256_add_pd(lo, _mm256_mul_pd(r0, r0));
+        hi = _mm256_add_pd(hi, _mm256_mul_pd(r1, r1));
+    }
+    double s[8];
+    _mm256_storeu_pd(s, lo);
+    _mm256_storeu_pd(s + 4, hi);
+    for (; i < dim; i++) {
+        int c = sq8_code(x[i] / a);
+        code[i] = (int8_t)c;
+        double r = (double)x[i] - (double)a * (double)c;
+        s[i % 8] += r * r;
+    }
+    sq8_finish(s, a, scale, rn);
+}
+
+/* Eight comparisons per vcmpps, their signs gathered by vmovmskps (NaN compares false). */
+AVX2 static void sign_bits_avx2(const float *x, size_t dim, uint64_t *bits)
+{
+    memset(bits, 0, (dim + 63) / 64 * sizeof(uint64_t));
+    const __m256 zero = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= dim; i += 8) {
+        unsigned m =
+            (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), zero, _CMP_GT_OQ));
+        bits[i / 64] |= (uint64_t)m << (i % 64);
+    }
+    for (; i < dim; i++)
+        if (x[i] > 0.0f)
+            bits[i / 64] |= (uint64_t)1 << (i % 64);
+}
 #endif
 
 /* ---- dispatch ---- */
@@ -396,4 +529,28 @@ size_t vk_find_range(const uint16_t *h, size_t n, unsigned lo, unsigned hi, uint
         return find_range_avx2(h, n, lo, hi, out);
 #endif
     return find_range_c(h, n, lo, hi, out);
+}
+
+/* vk_sq8_encode codes one row (see vkernel.h). */
+void vk_sq8_encode(const float *x, size_t dim, int8_t *code, float *scale, float *rn)
+{
+#ifdef VK_X86
+    if (use_avx2()) {
+        sq8_encode_avx2(x, dim, code, scale, rn);
+        return;
+    }
+#endif
+    sq8_encode_c(x, dim, code, scale, rn);
+}
+
+/* vk_sign_bits sets one bit per positive coordinate (see vkernel.h). */
+void vk_sign_bits(const float *x, size_t dim, uint64_t *bits)
+{
+#ifdef VK_X86
+    if (use_avx2()) {
+        sign_bits_avx2(x, dim, bits);
+        return;
+    }
+#endif
+    sign_bits_c(x, dim, bits);
 }

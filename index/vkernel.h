@@ -47,6 +47,16 @@ int64_t vk_sq8_dot(const int8_t *code, const int16_t *q, size_t stride);
  * out. */
 void vk_sq8_dots(const int8_t *codes, size_t stride, size_t n, const int16_t *q, int64_t *out);
 
+/* vk_sq8_encode codes a row x of dim finite floats as int8: *scale = a (the largest
+ * magnitude over 127), code[j] = x[j] / a rounded half away from zero and clamped to
+ * [-127, 127] (the caller pads code to its stride), and *rn an upper bound of the norm of
+ * the coding error x - a code, computed in double. */
+void vk_sq8_encode(const float *x, size_t dim, int8_t *code, float *scale, float *rn);
+
+/* vk_sign_bits writes the binary code of x: bit j (of word j / 64) set when x[j] > 0, the
+ * rest of the (dim + 63) / 64 words zero. */
+void vk_sign_bits(const float *x, size_t dim, uint64_t *bits);
+
 /* vk_hamming writes the Hamming distances between q and n consecutive binary codes of words
  * 64-bit words each into out (words at most 1024, so a distance fits in 16 bits). */
 void vk_hamming(const uint64_t *codes, size_t words, size_t n, const uint64_t *q, uint16_t *out);

@@ -86,6 +86,35 @@ int mf_tags_from_joined(const char *s, size_t len, uint64_t **out, uint32_t *n)
     return 0;
 }
 
+/* Hashes the tag-bearing elements of a tokens, chains or protocols list into v (room for
+ * every element); returns how many. */
+static uint32_t list_tags(char prefix, const msgpack_object *arr, uint64_t *v)
+{
+    uint32_t k = 0;
+    for (uint32_t j = 0; j < arr->via.array.size; j++) {
+        const msgpack_object *e = &arr->via.array.ptr[j];
+        if (e->type == MSGPACK_OBJECT_STR) {
+            v[k++] = prefixed_hash(prefix, e->via.str.ptr, e->via.str.size);
+        } else if (e->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+            char num[24];
+            int len = snprintf(num, sizeof(num), "%llu", (unsigned long long)e->via.u64);
+            v[k++] = prefixed_hash(prefix, num, (size_t)len);
+        }
+    }
+    return k;
+}
+
+/* Sorts and deduplicates the k hashes of v into *out and *n (frees v when none remain). */
+static void tags_finish(uint64_t *v, uint32_t k, uint64_t **out, uint32_t *n)
+{
+    *n = sort_unique(v, k);
+    if (*n == 0) {
+        free(v);
+        v = NULL;
+    }
+    *out = v;
+}
+
 int mf_tags_from_metadata(const msgpack_object *md, uint64_t **out, uint32_t *n)
 {
     *out = NULL;
@@ -112,28 +141,55 @@ int mf_tags_from_metadata(const msgpack_object *md, uint64_t **out, uint32_t *n)
                       : rpc_str_eq(&kv->key, "chains")    ? 'c'
                       : rpc_str_eq(&kv->key, "protocols") ? 'p'
                                                           : 0;
-        if (prefix && kv->val.type == MSGPACK_OBJECT_ARRAY) {
-            for (uint32_t j = 0; j < kv->val.via.array.size; j++) {
-                const msgpack_object *e = &kv->val.via.array.ptr[j];
-                if (e->type == MSGPACK_OBJECT_STR) {
-                    v[k++] = prefixed_hash(prefix, e->via.str.ptr, e->via.str.size);
-                } else if (e->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
-                    char num[24];
-                    int len = snprintf(num, sizeof(num), "%llu", (unsigned long long)e->via.u64);
-                    v[k++] = prefixed_hash(prefix, num, (size_t)len);
-                }
-            }
-        } else if (rpc_str_eq(&kv->key, "strategy_id") && kv->val.type == MSGPACK_OBJECT_STR) {
+        if (prefix && kv->val.type == MSGPACK_OBJECT_ARRAY)
+            k += list_tags(prefix, &kv->val, v + k);
+        else if (rpc_str_eq(&kv->key, "strategy_id") && kv->val.type == MSGPACK_OBJECT_STR)
             v[k++] = prefixed_hash('s', kv->val.via.str.ptr, kv->val.via.str.size);
-        }
     }
-    *n = sort_unique(v, k);
-    if (*n == 0) {
-        free(v);
-        v = NULL;
-    }
-    *out = v;
+    tags_finish(v, k, out, n);
     return 0;
+}
+
+int mf_tags_from_json(const char *s, size_t len, uint64_t **out, uint32_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    int rc = json_to_msgpack(s, len, 64, &pk, NULL, 0);
+    if (rc == 0 && (msgpack_unpack_next(&u, sb.data, sb.size, NULL) != MSGPACK_UNPACK_SUCCESS ||
+                    u.data.type != MSGPACK_OBJECT_ARRAY || u.data.via.array.size != 4))
+        rc = -EINVAL;
+    if (rc != 0) {
+        rc = rc == -ENOMEM ? -ENOMEM : -EINVAL;
+        goto done;
+    }
+    const msgpack_object *f = u.data.via.array.ptr;
+    uint32_t count = 1;
+    for (int i = 0; i < 3; i++)
+        if (f[i].type == MSGPACK_OBJECT_ARRAY)
+            count += f[i].via.array.size;
+    uint64_t *v = malloc(count * sizeof(*v));
+    if (!v) {
+        rc = -ENOMEM;
+        goto done;
+    }
+    static const char prefixes[3] = {'t', 'c', 'p'};
+    uint32_t k = 0;
+    for (int i = 0; i < 3; i++)
+        if (f[i].type == MSGPACK_OBJECT_ARRAY)
+            k += list_tags(prefixes[i], &f[i], v + k);
+    if (f[3].type == MSGPACK_OBJECT_STR)
+        v[k++] = prefixed_hash('s', f[3].via.str.ptr, f[3].via.str.size);
+    tags_finish(v, k, out, n);
+done:
+    msgpack_unpacked_destroy(&u);
+    msgpack_sbuffer_destroy(&sb);
+    return rc;
 }
 
 /* A tag string: 1..TAG_MAX_BYTES bytes, no control characters (U+001F joins tags). */

@@ -105,6 +105,11 @@ int mf_tags_from_joined(const char *s, size_t len, uint64_t **out, uint32_t *n);
  * -ENOMEM; the caller owns *out (free). */
 int mf_tags_from_metadata(const msgpack_object *metadata, uint64_t **out, uint32_t *n);
 
+/* mf_tags_from_json derives the same tags from the JSON array [tokens, chains, protocols,
+ * strategy_id] (a field null when absent) that index loads read from PostgreSQL. Returns 0,
+ * -ENOMEM, or -EINVAL when the text is not such an array; the caller owns *out (free). */
+int mf_tags_from_json(const char *s, size_t len, uint64_t **out, uint32_t *n);
+
 /* mf_check_metadata validates a metadata map: only tokens (strings), chains (unsigned
  * integers), protocols (strings), strategy_id (string) and attrs (map); tag strings 1..128
  * bytes without control characters; at most 64 entries per list. what prefixes messages

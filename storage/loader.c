@@ -9,14 +9,19 @@
 #include "memrow.h"
 #include "sql.h"
 
-/* Binary-format columns of a loader row, after any leading columns of the query. */
+/* Binary-format columns of a loader row, after any leading columns of the query; the query
+ * joins memory_access as pa (LOADER_ACCESS). The typed metadata fields go out as one JSON
+ * array for the caller to hash: engram_tags per row was most of a load's database time. */
 #define LOADER_COLS                                                                                \
     "m.id, m.agent_id, m.clade_id, m.scope, m.type, m.importance, "                                \
-    "engram_ms(m.created_at), " SQL_LAST_ACCESSED_MS ", " SQL_ACCESS_COUNT                         \
-    ", engram_ms(m.expires_at), "                                                                  \
+    "engram_ms(m.created_at), engram_ms(greatest(m.last_accessed_at, pa.last_accessed_at)), "      \
+    "m.access_count + COALESCE(pa.access_count, 0), engram_ms(m.expires_at), "                     \
     "engram_ms(m.archived_at), m.seq, m.pinned, "                                                  \
-    "array_to_string(engram_tags(m.metadata), chr(31)), m.embedding"
+    "jsonb_build_array(m.metadata -> 'tokens', m.metadata -> 'chains', "                           \
+    "m.metadata -> 'protocols', m.metadata -> 'strategy_id')::text, m.embedding"
 #define LOADER_NCOLS 15
+/* The pending access counts (see migration 0007), one join rather than a subquery per row. */
+#define LOADER_ACCESS " LEFT JOIN memory_access pa ON pa.tenant_id = m.tenant_id AND pa.id = m.id"
 
 static uint64_t be64(const char *p)
 {
@@ -55,8 +60,8 @@ static int parse_row(const PGresult *r, int off, size_t dim, float *vec, loader_
     row->archived_ms = col_i64(r, off + 10, MEMROW_NO_TIME);
     row->seq = (uint64_t)col_i64(r, off + 11, 0);
     row->pinned = PQgetlength(r, 0, off + 12) == 1 && PQgetvalue(r, 0, off + 12)[0] != 0;
-    row->tags = PQgetvalue(r, 0, off + 13);
-    row->tags_len = (size_t)PQgetlength(r, 0, off + 13);
+    row->tag_json = PQgetvalue(r, 0, off + 13);
+    row->tag_json_len = (size_t)PQgetlength(r, 0, off + 13);
     if ((size_t)PQgetlength(r, 0, off + 14) != dim * sizeof(float))
         return -1;
     /* embeddings are little-endian float32, as is every host we build for */
@@ -200,9 +205,10 @@ int loader_tenant(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
     char t[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
-    int rc =
-        in_snapshot(c, tenant, seq, "SELECT " LOADER_COLS " FROM memories m WHERE m.tenant_id = $1",
-                    1, vals, each_row, &lc, err, errlen);
+    int rc = in_snapshot(c, tenant, seq,
+                         "SELECT " LOADER_COLS " FROM memories m" LOADER_ACCESS
+                         " WHERE m.tenant_id = $1",
+                         1, vals, each_row, &lc, err, errlen);
     free(lc.vec);
     return rc;
 }
@@ -233,8 +239,9 @@ int loader_live(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
     int rc = in_snapshot(c, tenant, seq,
-                         "SELECT " LOADER_COLS ", m.metadata -> 'attrs' ->> 'key' FROM memories m "
-                         "WHERE m.tenant_id = $1 AND m.archived_at IS NULL AND (m.expires_at IS "
+                         "SELECT " LOADER_COLS
+                         ", m.metadata -> 'attrs' ->> 'key' FROM memories m" LOADER_ACCESS
+                         " WHERE m.tenant_id = $1 AND m.archived_at IS NULL AND (m.expires_at IS "
                          "NULL OR m.expires_at > now()) ORDER BY m.id",
                          1, vals, each_live, &lc, err, errlen);
     free(lc.vec);
@@ -255,12 +262,13 @@ int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     snprintf(a, sizeof(a), "%llu", (unsigned long long)after);
     const char *vals[] = {t, a};
-    int rc = in_snapshot(c, tenant, upto,
-                         "SELECT c.seq, c.memory_id, " LOADER_COLS
-                         " FROM memory_changes c LEFT JOIN memories m ON m.tenant_id = c.tenant_id"
-                         " AND m.id = c.memory_id WHERE c.tenant_id = $1 AND c.seq > $2"
-                         " ORDER BY c.seq",
-                         2, vals, each_change, &lc, err, errlen);
+    int rc =
+        in_snapshot(c, tenant, upto,
+                    "SELECT c.seq, c.memory_id, " LOADER_COLS
+                    " FROM memory_changes c LEFT JOIN memories m ON m.tenant_id = c.tenant_id"
+                    " AND m.id = c.memory_id" LOADER_ACCESS " WHERE c.tenant_id = $1 AND c.seq > $2"
+                    " ORDER BY c.seq",
+                    2, vals, each_change, &lc, err, errlen);
     free(lc.vec);
     return rc;
 }

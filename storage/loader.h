@@ -28,8 +28,10 @@ typedef struct loader_row {
     int64_t archived_ms; /* MEMROW_NO_TIME when live */
     uint64_t seq;        /* the change that last wrote the row */
     bool pinned;
-    const char *tags; /* the typed metadata as tags joined by U+001F (see engram_tags) */
-    size_t tags_len;
+    /* the typed metadata fields as the JSON array [tokens, chains, protocols, strategy_id]
+     * (null where absent), for the caller to turn into tags */
+    const char *tag_json;
+    size_t tag_json_len;
     const char *attrs_key; /* metadata.attrs.key as text, or NULL (loader_live only) */
     const float *vec;      /* dim floats, valid during the callback only */
     size_t dim;

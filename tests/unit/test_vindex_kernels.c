@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "vindex.h"
@@ -146,6 +147,76 @@ static void kernels(void)
     free(bits);
 }
 
+/* encodes: sign bits at both levels match their definition; int8 codes at both levels are
+ * identical, in range, within half a step (and float rounding) of the row, and the stated error
+ * norm bounds the true one (summed here in long double) */
+static void encodes(void)
+{
+    enum { MAXD = 4097 };
+    float *x = malloc(MAXD * sizeof(float));
+    int8_t *c0 = malloc(MAXD), *c1 = malloc(MAXD);
+    static const size_t dims[] = {1, 5, 8, 9, 31, 64, 100, 384, 767, 768, 1536, 4097};
+    int bad_same = 0, bad_range = 0, bad_bound = 0;
+    for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++) {
+        size_t d = dims[di];
+        for (int rep = 0; rep < 40; rep++) {
+            for (size_t i = 0; i < d; i++) {
+                double v = unit();
+                if (rep % 8 == 1)
+                    v *= 1e-30; /* tiny */
+                else if (rep % 8 == 2)
+                    v = 0.0; /* a zero row */
+                else if (rep % 8 == 3)
+                    v = (double)((int64_t)(next() % 255) - 127) / 254.0; /* exact half steps */
+                else if (rep % 8 == 4)
+                    v = (next() & 1) ? 0x1p-149 : -0x1p-149; /* denormal: the step underflows */
+                else if (rep % 8 == 5 && i % 3 == 0)
+                    v = -0.0;
+                x[i] = (float)v;
+            }
+            float a0, a1, r0, r1;
+            vk_set_level(VK_GENERIC);
+            vk_sq8_encode(x, d, c0, &a0, &r0);
+            vk_set_level(VK_AVX2);
+            vk_sq8_encode(x, d, c1, &a1, &r1);
+            bad_same += memcmp(c0, c1, d) != 0 || a0 != a1 || r0 != r1;
+            long double err = 0;
+            for (size_t i = 0; i < d; i++) {
+                long double r = (long double)x[i] - (long double)a0 * c0[i];
+                err += r * r;
+                /* x / a is rounded to float (2^-24 relative at up to 127.5) before rounding
+                 * to the code, so a residual may pass half a step by a few millionths */
+                bad_range += c0[i] < -127 || fabsl(r) > (0.5L + 0x1p-16L) * a0;
+            }
+            bad_bound += !(a0 > 0) || !((long double)r0 >= sqrtl(err));
+        }
+    }
+    CHECK_MSG(bad_same == 0, "%d rows coded differently at the two levels", bad_same);
+    /* sign bits: both levels against the definition, over the same awkward sizes */
+    int bad_bits = 0;
+    for (size_t d = 1; d <= 200; d += (d < 70 ? 1 : 13)) {
+        uint64_t b0[5], b1[5];
+        for (size_t i = 0; i < d; i++)
+            x[i] = i % 7 == 0 ? 0.0f : i % 11 == 0 ? -0.0f : (float)unit();
+        vk_set_level(VK_GENERIC);
+        vk_sign_bits(x, d, b0);
+        vk_set_level(VK_AVX2);
+        vk_sign_bits(x, d, b1);
+        for (size_t w = 0; w < (d + 63) / 64; w++) {
+            uint64_t want = 0;
+            for (size_t i = w * 64; i < d && i < w * 64 + 64; i++)
+                want |= (uint64_t)(x[i] > 0.0f) << (i % 64);
+            bad_bits += b0[w] != want || b1[w] != want;
+        }
+    }
+    CHECK_MSG(bad_bits == 0, "%d sign-bit words wrong", bad_bits);
+    CHECK_MSG(bad_range == 0, "%d codes out of range or off by more than half a step", bad_range);
+    CHECK_MSG(bad_bound == 0, "%d error norms under the true error", bad_bound);
+    free(x);
+    free(c0);
+    free(c1);
+}
+
 /* searches: one index, every kind, the same queries at both levels */
 static void searches(void)
 {
@@ -195,6 +266,7 @@ int main(void)
     CHECK(vk_set_level(99) == cpu && vk_level() == cpu);
     /* on a CPU without AVX2 both "levels" run the portable code: the comparisons still hold */
     kernels();
+    encodes();
     searches();
     vk_set_level(cpu);
     CHECK_RETURN();

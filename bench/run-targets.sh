@@ -72,11 +72,12 @@ trap cleanup EXIT
 # Starts engramd in the background; sets ENGRAMD_PID and START_NS (just before exec).
 # Unlimited premium rate and memory count: the benchmark measures the engine, not the
 # tier's budget (the rate limiter alone would cap one tenant at 5,000 requests/s).
+# Extra arguments go to engramd.
 start_engramd() {
     START_NS=$(date +%s%N)
     "$ENGRAMD" --pg-dsn "$DSN" --rpc-port "$RPC_PORT" --http-port "$HTTP_PORT" \
         --data-dir "$OUT/data" --admin-key-file "$OUT/admin.key" \
-        --premium-rate-per-s 0 --premium-max-memories 0 --log-level warn \
+        --premium-rate-per-s 0 --premium-max-memories 0 --log-level warn "$@" \
         >>"$OUT/engramd.log" 2>&1 &
     ENGRAMD_PID=$!
 }
@@ -212,9 +213,26 @@ probe_all() {
     "$BENCH" --port "$RPC_PORT" --http-port "$HTTP_PORT" --state-file "$OUT/engram-bench.state" \
         --tenants 10 --memories 50000 --dim 768 --probe-ready 300
 }
+# Prints the index loads so far as JSON: {"snapshot": [count, seconds], "database": [...]}.
+index_loads() {
+    python3 - "$HTTP_PORT" <<'PY'
+import json, sys, urllib.request
+with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5) as r:
+    text = r.read().decode()
+out = {"snapshot": [0, 0.0], "database": [0, 0.0]}
+for line in text.splitlines():
+    for src in out:
+        for i, kind in enumerate(("count", "sum")):
+            if line.startswith(f'engram_index_load_duration_seconds_{kind}{{source="{src}"}} '):
+                out[src][i] = float(line.split()[-1])
+print(json.dumps(out))
+PY
+}
 COLD_NS=$(date +%s%N)
+before=$(index_loads)
 cold=$(probe_all) || die "engramd did not serve the ten tenants, see $OUT/engramd.log"
-echo "{\"start_unix_ns\": $COLD_NS, \"probe\": $cold}" >"$OUT/first-use.json"
+echo "{\"start_unix_ns\": $COLD_NS, \"probe\": $cold, \"loads_before\": $before," \
+    "\"loads_after\": $(index_loads)}" >"$OUT/first-use.json"
 log "first use of 10 tenants: $cold"
 : >"$OUT/restart.jsonl"
 for i in $(seq 1 "$RESTARTS"); do
@@ -238,6 +256,41 @@ with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5
 PY
 }
 curl_metrics >"$OUT/restart-metrics.txt"
+
+# ---- a cold tenant of 5,000 x 768 -----------------------------------------------------------
+# A new tenant every run (loaded, never searched: no index yet) on a server whose memory
+# budget (1 MiB) preloads nothing and evicts every index soon after its use. Its first
+# search builds the index from PostgreSQL; after each restart the next one loads its
+# snapshot. The load durations come from engramd's metrics; the tenant is deleted after.
+COLD_PREFIX="cold$(date +%s)"
+COLD_TENANT="$COLD_PREFIX-s1-n5000-d768-0"
+probe_cold() {
+    "$BENCH" --port "$RPC_PORT" --http-port "$HTTP_PORT" --state-file "$OUT/engram-bench.state" \
+        --tenant-prefix "$COLD_PREFIX" --tenants 1 --memories 5000 --dim 768 --probe-ready 60
+}
+stop_engramd
+start_engramd --index-memory-mb 1
+wait_ready
+"$BENCH" --port "$RPC_PORT" --http-port "$HTTP_PORT" --admin-key-file "$OUT/admin.key" \
+    --state-file "$OUT/engram-bench.state" --tenant-prefix "$COLD_PREFIX" --reuse --quiet \
+    --workload load --tenants 1 --memories 5000 --dim 768 >/dev/null
+: >"$OUT/cold.jsonl"
+for i in 0 $(seq 1 "$RESTARTS"); do
+    if [ "$i" -gt 0 ]; then
+        stop_engramd
+        sync
+        start_engramd --index-memory-mb 1
+        wait_ready
+    fi
+    busy=$(wait_quiet)
+    before=$(index_loads)
+    probe=$(probe_cold) || die "cold tenant: engramd did not serve, see $OUT/engramd.log"
+    echo "{\"busy_before\": $busy, \"probe\": $probe, \"loads_before\": $before," \
+        "\"loads_after\": $(index_loads)}" >>"$OUT/cold.jsonl"
+done
+"$ENGRAM_ROOT/$BUILD/client/engram" --port "$RPC_PORT" --key-file "$OUT/admin.key" \
+    admin tenant delete "$COLD_TENANT" >/dev/null || log "could not delete $COLD_TENANT"
+sed -i "/^$COLD_TENANT /d" "$OUT/engram-bench.state"
 stop_engramd
 
 # ---- the table ------------------------------------------------------------------------------
@@ -376,6 +429,24 @@ with open(os.path.join(out, "first-use.json")) as f:
     fu = json.load(f)
 first_use = (fu["probe"]["all_tenants_unix_ns"] - fu["start_unix_ns"]) / 1e9
 
+
+def load_delta(x, src):
+    """(loads, seconds) of source between a record's loads_before and loads_after."""
+    return (int(x["loads_after"][src][0] - x["loads_before"][src][0]),
+            x["loads_after"][src][1] - x["loads_before"][src][1])
+
+
+fu_db, fu_snap = load_delta(fu, "database"), load_delta(fu, "snapshot")
+cold_db, cold_snap = [], []
+with open(os.path.join(out, "cold.jsonl")) as f:
+    for line in f:
+        x = json.loads(line)
+        answered = (x["probe"]["all_tenants_unix_ns"] - x["probe"]["healthz_unix_ns"]) / 1e9
+        for src, into in (("database", cold_db), ("snapshot", cold_snap)):
+            n, secs = load_delta(x, src)
+            if n:
+                into.append((secs / n * 1000, n, answered * 1000))
+
 diag = []
 d = load("ping-c1"); r = d["runs"][0]; s = op(r, "ping")
 diag.append(f"ping, one client (the RPC path without database or index): p50 "
@@ -399,9 +470,18 @@ with open(os.path.join(out, "targets.md"), "w") as f:
     f.write("\nDiagnostics (no target):\n\n")
     for x, n in zip(diag, ("ping-c1", "store-c16-t8", "store-batch-t2")):
         f.write(f"- {x} [{attempt_note([n])}]\n")
-    f.write(f"- first use of the ten tenants by a running server, nine of them with no index "
-            f"yet (built from PostgreSQL, then snapshotted): all answered after "
-            f"{first_use:.2f} s [first-use.json]\n")
+    f.write(f"- first use of the ten tenants by the running server: all answered after "
+            f"{first_use:.2f} s; indexes built from PostgreSQL meanwhile: {fu_db[0]}"
+            + (f" ({fu_db[1] / fu_db[0]:.2f} s each)" if fu_db[0] else "")
+            + f", loaded from snapshots: {fu_snap[0]}"
+            + (f" ({fu_snap[1] / fu_snap[0]:.2f} s each)" if fu_snap[0] else "")
+            + " (tenants whose index a previous run snapshotted are preloaded at start)"
+            " [first-use.json]\n")
+    fmt = lambda xs: ", ".join(f"{ms:.0f} ms" + (f" ({n} loads)" if n > 1 else "")
+                               + f" (search answered after {a:.0f} ms)" for ms, n, a in xs)
+    f.write(f"- cold tenant of 5,000 x 768 (its first search, nothing else loaded): index "
+            f"built from PostgreSQL in {fmt(cold_db) or 'n/a'}; after restarts, loaded from "
+            f"its snapshot in {fmt(cold_snap) or 'n/a'} [cold.jsonl]\n")
     f.write("\nCommands (the script adds --port, --http-port, --admin-key-file, --state-file, "
             "--server-pid, --pg-pid, --wait-quiet, --wait-quiet-max, --reuse, --json-out and "
             "--plot-prefix):\n\n")

@@ -117,6 +117,30 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
         (unsigned long long)tm.evictions, (unsigned long long)tm.rebuilds,
         (unsigned long long)rc_entries, (unsigned long long)rc_bytes, (unsigned long long)rc_hits,
         (unsigned long long)rc_misses);
+    static const char *const sources[2] = {"snapshot", "database"};
+    evbuffer_add_printf(b, "# HELP engram_index_load_duration_seconds Time from a tenant's first "
+                           "use (or the start-up preload) to its index being ready, by source.\n"
+                           "# TYPE engram_index_load_duration_seconds histogram\n");
+    for (int src = 0; src < 2; src++) {
+        uint64_t cum = 0;
+        for (size_t i = 0; i < TENANTS_LOAD_BUCKETS; i++) {
+            cum += tm.load_hist[src][i];
+            if (i < TENANTS_LOAD_BUCKETS - 1)
+                evbuffer_add_printf(
+                    b, "engram_index_load_duration_seconds_bucket{source=\"%s\",le=\"%g\"} %llu\n",
+                    sources[src], tenants_load_bounds_s[i], (unsigned long long)cum);
+            else
+                evbuffer_add_printf(
+                    b,
+                    "engram_index_load_duration_seconds_bucket{source=\"%s\",le=\"+Inf\"} %llu\n",
+                    sources[src], (unsigned long long)cum);
+        }
+        evbuffer_add_printf(b,
+                            "engram_index_load_duration_seconds_sum{source=\"%s\"} %.6f\n"
+                            "engram_index_load_duration_seconds_count{source=\"%s\"} %llu\n",
+                            sources[src], (double)tm.load_us[src] / 1e6, sources[src],
+                            (unsigned long long)cum);
+    }
     reply(rq, 200, "OK", "text/plain; version=0.0.4", b);
     evbuffer_free(b);
 }

@@ -78,7 +78,23 @@ struct tenants {
     unsigned hk_runs; /* housekeeping rounds (only the running round touches it) */
     atomic_uint_least64_t n_snap_loads, n_snap_rejected, n_db_loads, n_snapshots, n_evictions,
         n_rebuilds;
+    /* successful loads by source (0 snapshot, 1 database): duration histogram and sum */
+    atomic_uint_least64_t load_hist[2][TENANTS_LOAD_BUCKETS];
+    atomic_uint_least64_t load_us[2];
 };
+
+const double tenants_load_bounds_s[TENANTS_LOAD_BUCKETS - 1] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                                0.5,   1,    2.5,   5,    10};
+
+/* Counts one successful load of source (0 snapshot, 1 database) that took us. */
+static void record_load(tenants *ts, int source, uint64_t us)
+{
+    size_t b = 0;
+    while (b < TENANTS_LOAD_BUCKETS - 1 && (double)us > tenants_load_bounds_s[b] * 1e6)
+        b++;
+    atomic_fetch_add(&ts->load_hist[source][b], 1);
+    atomic_fetch_add(&ts->load_us[source], us);
+}
 
 tenants *tenants_create(server *s)
 {
@@ -1067,7 +1083,10 @@ static int load_now(bg_ctx *ctx, tenant *t)
     }
     uint64_t applied = t->applied;
     pthread_mutex_unlock(&t->mu);
-    double ms = (double)(server_mono_ns() - t0) / 1e6;
+    uint64_t took_ns = server_mono_ns() - t0;
+    double ms = (double)took_ns / 1e6;
+    if (rc == 0)
+        record_load(t->ts, from == 0 ? 0 : 1, took_ns / 1000);
     if (rc == 0 && from == 0)
         log_info("tenant %lld: index loaded from its snapshot, %zu memories, %zu changes "
                  "replayed, change %llu, %.1f ms",
@@ -1638,6 +1657,11 @@ void tenants_stats(tenants *ts, tenants_metrics *m)
     m->snapshots_written = atomic_load(&ts->n_snapshots);
     m->evictions = atomic_load(&ts->n_evictions);
     m->rebuilds = atomic_load(&ts->n_rebuilds);
+    for (int src = 0; src < 2; src++) {
+        for (size_t b = 0; b < TENANTS_LOAD_BUCKETS; b++)
+            m->load_hist[src][b] = atomic_load(&ts->load_hist[src][b]);
+        m->load_us[src] = atomic_load(&ts->load_us[src]);
+    }
 }
 
 typedef struct touch_ctx {

@@ -118,6 +118,10 @@ int mem_meta_from_db(mem_meta *m, const memrow_meta *row);
  * database is updated in batches elsewhere). */
 void tenant_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms);
 
+/* Buckets of the load-duration histogram: upper bounds in seconds, then +Inf. */
+#define TENANTS_LOAD_BUCKETS 12
+extern const double tenants_load_bounds_s[TENANTS_LOAD_BUCKETS - 1];
+
 typedef struct tenants_metrics {
     uint64_t known;      /* tenants the registry holds (loaded, loading or not yet) */
     uint64_t loaded;     /* indexes loaded */
@@ -127,6 +131,11 @@ typedef struct tenants_metrics {
     uint64_t by_kind[3]; /* loaded indexes by structure (flat, sq8, ann) */
     uint64_t snapshot_loads, snapshots_rejected, database_loads, snapshots_written, evictions,
         rebuilds; /* counters since start */
+    /* successful loads by source (0 from a snapshot, 1 from the database): how many took at
+     * most tenants_load_bounds_s[b] (and more than the bound before; the last bucket has no
+     * bound), and their total duration in microseconds */
+    uint64_t load_hist[2][TENANTS_LOAD_BUCKETS];
+    uint64_t load_us[2];
 } tenants_metrics;
 
 /* tenants_stats fills m. Any thread. */

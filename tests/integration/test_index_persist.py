@@ -27,6 +27,32 @@ def metric(srv, name, labels=None):
     return 0.0
 
 
+def load_histogram(srv, source):
+    """(buckets [(le, cumulative count)], sum, count) of engram_index_load_duration_seconds."""
+    status, text = srv.http_get("/metrics")
+    assert status == 200
+    buckets, total, count = [], None, None
+    prefix = "engram_index_load_duration_seconds"
+    for line in text.splitlines():
+        if line.startswith(f'{prefix}_bucket{{source="{source}",le="'):
+            le = line.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
+        elif line.startswith(f'{prefix}_sum{{source="{source}"}} '):
+            total = float(line.split()[-1])
+        elif line.startswith(f'{prefix}_count{{source="{source}"}} '):
+            count = float(line.split()[-1])
+    return buckets, total, count
+
+
+def check_load_histogram(srv, source, loads):
+    """The histogram of source counts exactly `loads` loads, consistently."""
+    buckets, total, count = load_histogram(srv, source)
+    assert count == loads and buckets and buckets[-1] == (float("inf"), loads)
+    assert [b[0] for b in buckets] == sorted(b[0] for b in buckets)
+    assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:]))  # cumulative
+    assert (total > 0) == (loads > 0)
+
+
 def snapshot_files(srv, tid):
     return glob.glob(os.path.join(srv.data_dir, "index", "*", f"{tid}.idx"))
 
@@ -97,6 +123,8 @@ def test_restart_loads_the_snapshot_and_replays_later_changes():
             assert sorted(r["id"] for r in fresh) == sorted(new)
         assert metric(srv, "engram_index_loads_total", 'source="snapshot"') == 1
         assert metric(srv, "engram_index_loads_total", 'source="database"') == 0
+        check_load_histogram(srv, "snapshot", 1)
+        check_load_histogram(srv, "database", 0)
         assert metric(srv, "engram_index_snapshots_rejected_total") == 0
         m = re.search(r"loaded from its snapshot, (\d+) memories, (\d+) changes replayed",
                       srv.log_text())
@@ -132,6 +160,8 @@ def test_damaged_snapshot_is_rebuilt_from_the_database():
         assert metric(srv, "engram_index_snapshots_rejected_total") == 1
         assert metric(srv, "engram_index_loads_total", 'source="database"') == 1
         assert metric(srv, "engram_index_loads_total", 'source="snapshot"') == 0
+        check_load_histogram(srv, "database", 1)
+        check_load_histogram(srv, "snapshot", 0)
         assert "not used: corrupt" in srv.log_text()
         # the rebuilt index is snapshotted again, and the next start uses it
         assert wait_for(lambda: metric(srv, "engram_index_snapshots_written_total") >= 1)

@@ -75,7 +75,8 @@ struct tenants {
     char *dir;       /* <index_dir>/<database instance>; NULL until known */
     bool dir_failed; /* the directory cannot be used: no snapshots */
     atomic_bool housekeeping;
-    unsigned hk_runs; /* housekeeping rounds (only the running round touches it) */
+    unsigned hk_runs;  /* housekeeping rounds (only the running round touches it) */
+    uint64_t hk_freed; /* evictions + rebuilds at the end of the last round (likewise) */
     atomic_uint_least64_t n_snap_loads, n_snap_rejected, n_db_loads, n_snapshots, n_evictions,
         n_rebuilds;
     /* successful loads by source (0 snapshot, 1 database): duration histogram and sum */
@@ -1433,10 +1434,15 @@ static void housekeeping(bg_ctx *ctx, void *arg)
         }
     }
     hk_release(&l);
-    /* freed request buffers (a batch of 1,000 vectors is megabytes) and evicted indexes go
-     * back to the system rather than staying in the allocator's free lists */
-    if (++ts->hk_runs % 10 == 0)
-        (void)0; // TEMP malloc_trim(0);
+    /* Freed request buffers (a batch of 1,000 vectors is megabytes) and the memory of evicted
+     * or rebuilt indexes go back to the system rather than staying in the allocator's free
+     * lists: after a round that freed an index, and otherwise once a minute. Not every
+     * round: malloc_trim walks the arenas' free lists holding their locks, a pause for the
+     * workers' allocations. */
+    uint64_t freed = atomic_load(&ts->n_evictions) + atomic_load(&ts->n_rebuilds);
+    if (freed != ts->hk_freed || ++ts->hk_runs % 60 == 0)
+        malloc_trim(0);
+    ts->hk_freed = freed;
     atomic_store(&ts->housekeeping, false);
 }
 

@@ -215,26 +215,33 @@ def test_run_racing_with_stores_loses_nothing(srv):
         for k in range(0, len(items), 1000):
             c.call("memory.store_batch", memories=items[k:k + 1000])
     stored = []
-    stop = threading.Event()
+    stop, started = threading.Event(), threading.Event()
 
     def writer():
+        # near-duplicates of the seed clusters, as facts: what the run merges and
+        # supersedes, but stored after its plan was made, so it must leave them alone
         with srv.client(key=key) as w:
             i = 0
             while not stop.is_set() or i < 50:
-                v = unit(rng.standard_normal(64))
-                stored.append(w.call("memory.store", content=f"live {i}", type="episode", importance=0.5,
+                v = unit(centers[i % 300] + 0.05 * rng.standard_normal(64))
+                stored.append(w.call("memory.store", content=f"live {i}", type="fact", importance=0.5,
                                      embedding=vec_bin(v))["id"])
+                started.set()
                 i += 1
 
     th = threading.Thread(target=writer)
     th.start()
     try:
+        assert started.wait(30)
+        before = len(stored)
         with srv.client(key=key) as c:
             r = c.call("memory.consolidate")
+        during = len(stored) - before
     finally:
         stop.set()
         th.join()
     assert r["merged"] > 0
+    assert during > 0, "no store overlapped the run"
     with srv.client(key=key) as c:
         got = c.call("memory.get", ids=stored[:1000])["memories"]
         assert len(got) == len(stored[:1000]) and all(m["archived_at"] is None for m in got)

@@ -129,7 +129,6 @@ struct vindex {
     size_t tier_retry_at; /* after a failed kind change, retry once live reaches this */
     bool pinned;
     deferred *dfree;
-    float *tmp; /* dim floats */
 };
 
 /* ---- small helpers ---- */
@@ -410,14 +409,12 @@ vindex *vindex_create(const vindex_opts *opts)
         goto fail_lock;
     if (pthread_mutex_init(&vi->maint_mu, NULL))
         goto fail_wmu;
-    vi->tmp = malloc(vi->dim * sizeof(float));
     vi->map = idmap_create(0);
-    if (!vi->tmp || !vi->map)
+    if (!vi->map)
         goto fail_all;
     return vi;
 
 fail_all:
-    free(vi->tmp);
     idmap_destroy(vi->map);
     pthread_mutex_destroy(&vi->maint_mu);
 fail_wmu:
@@ -444,7 +441,6 @@ void vindex_destroy(vindex *vi)
     free_chunks(vi->chunks, vi->nchunks);
     unpin(vi);
     idmap_destroy(vi->map);
-    free(vi->tmp);
     pthread_mutex_destroy(&vi->maint_mu);
     pthread_mutex_destroy(&vi->wmu);
     pthread_rwlock_destroy(&vi->lock);
@@ -468,8 +464,7 @@ size_t vindex_count(vindex *vi)
 
 static size_t bytes_locked(const vindex *vi)
 {
-    size_t b =
-        sizeof(*vi) + vi->dim * sizeof(float) + vi->tcap * sizeof(chunk *) + idmap_bytes(vi->map);
+    size_t b = sizeof(*vi) + vi->tcap * sizeof(chunk *) + idmap_bytes(vi->map);
     for (size_t i = 0; i < vi->nchunks; i++)
         b += chunk_bytes(vi, vi->chunks[i]);
     return b;
@@ -490,7 +485,7 @@ static int kind_for(const vindex *vi, size_t live, int cur)
 {
     const vindex_opts *o = &vi->o;
     int k = VINDEX_KIND_FLAT;
-    if (live >= o->ann_min)
+    if (live >= o->ann_min && vi->dim < 0xffff) /* Hamming distances and their marker: 16 bits */
         k = VINDEX_KIND_ANN;
     else if (live >= o->quant_min)
         k = VINDEX_KIND_SQ8;
@@ -1028,8 +1023,9 @@ relock:
             goto fail;
         src = s2;
     }
-    if (st.kind < vi->kind) {
-        /* the index went up a kind meanwhile: give the new storage those codes too */
+    if (vi->kind > v.kind && st.kind < vi->kind) {
+        /* the index went up a kind meanwhile: give the new storage those codes too (a
+         * rebuild that goes down a kind, st.kind < v.kind, stays down) */
         for (size_t i = 0; i < st.nchunks; i++) {
             if (chunk_alloc_codes(vi, st.chunks[i], vi->kind))
                 goto fail;
@@ -1639,11 +1635,7 @@ static void prepare_codes(const vindex *vi, qprep *p, int kind)
     p->snorm = sqrt(s2) * (1.0 + 1e-9) + 1e-300;
     if (kind < VINDEX_KIND_ANN)
         return;
-    memset(bits, 0, vi->words * sizeof(uint64_t));
-    for (size_t j = 0; j < dim; j++) {
-        if (qn[j] > 0.0f)
-            bits[j / 64] |= (uint64_t)1 << (j % 64);
-    }
+    encode_bin(vi, qn, bits); /* the stored codes' definition */
 }
 
 /* vindex_search writes the best q->k hits into out, best first; see vindex.h. */

@@ -58,7 +58,8 @@ void vk_sq8_encode(const float *x, size_t dim, int8_t *code, float *scale, float
 void vk_sign_bits(const float *x, size_t dim, uint64_t *bits);
 
 /* vk_hamming writes the Hamming distances between q and n consecutive binary codes of words
- * 64-bit words each into out (words at most 1024, so a distance fits in 16 bits). */
+ * 64-bit words each into out: bits set at most 65,535 (the index uses it only for dimensions
+ * below that), so a distance fits in 16 bits. */
 void vk_hamming(const uint64_t *codes, size_t words, size_t n, const uint64_t *q, uint16_t *out);
 
 /* vk_find_range writes, in increasing order, the indexes i < n with lo <= h[i] <= hi into out

@@ -887,9 +887,48 @@ out:
     free(md.w);
 }
 
+/* A rebuild goes down a kind once the live count falls below half its threshold, and then
+ * has nothing more to do (it used to go back up in the same rebuild, so maintenance stayed
+ * due and rebuilt on every call). */
+static void test_kind_down(void)
+{
+    enum { D = 64 };
+    vindex *vi = vindex_create(&(vindex_opts){.dim = D, .inline_compact_max = 1});
+    CHECK(vi != NULL);
+    if (!vi)
+        return;
+    model md = model_make(D, 9);
+    static float v[D];
+    for (uint64_t id = 0; id < 600; id++) {
+        gen_vec(&md, 100 + id, v);
+        CHECK(vindex_add(vi, id, v, NULL) == 0);
+    }
+    vindex_stats st;
+    vindex_get_stats(vi, &st);
+    CHECK(st.kind == VINDEX_KIND_SQ8); /* 600 >= quant_min 512 */
+    for (uint64_t id = 200; id < 600; id++)
+        CHECK(vindex_remove(vi, id) == 0);
+    vindex_get_stats(vi, &st);
+    CHECK(st.maintenance_due);
+    CHECK(vindex_maintenance(vi) == 1);
+    vindex_get_stats(vi, &st);
+    CHECK(st.kind == VINDEX_KIND_FLAT); /* 200 < 512 / 2 */
+    CHECK(st.count == 200 && st.tombstones == 0);
+    CHECK(!st.maintenance_due);
+    CHECK(vindex_maintenance(vi) == 0);
+    /* still answers exactly: the nearest of the remaining ids to its own vector is itself */
+    gen_vec(&md, 100 + 17, v);
+    vindex_hit hits[1];
+    size_t n = 0;
+    CHECK(vindex_search(vi, &(vindex_query){.vec = v, .k = 1}, hits, &n) == 0 && n == 1 &&
+          hits[0].id == 17);
+    vindex_destroy(vi);
+}
+
 int main(void)
 {
     test_edges();
+    test_kind_down();
     /* default options: FLAT below 512 live vectors, SQ8 above */
     test_workload(384, 3000, 2500, 12, 60, 1, NULL, "default");
     test_workload(768, 1500, 1200, 6, 40, 2, NULL, "default");

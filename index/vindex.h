@@ -16,10 +16,11 @@
  *                     similarity only of vectors whose upper bound can still make the top k.
  *                     Exact, with a quarter of the memory traffic of the float scan.
  *   VINDEX_KIND_ANN   from ann_min (default 4096), for dimensions below 65,535: plus a
- *                     sign-bit code per vector (dim bits). The search ranks every vector by Hamming distance to the
- *                     query's sign bits (one pass over dim/8 bytes per vector), takes the
- *                     nearest candidates among those the filter keeps, bounds them with the
- *                     int8 codes and re-ranks exactly; see vindex_search for what is exact.
+ *                     sign-bit code per vector (dim bits). The search ranks every vector by
+ *                     Hamming distance to the query's sign bits (one pass over dim/8 bytes
+ *                     per vector), takes the nearest candidates among those the filter
+ *                     keeps, bounds them with the int8 codes and re-ranks exactly; see
+ *                     vindex_search for what is exact.
  *
  * Removal leaves a tombstone; vindex_maintenance (a background thread) compacts them away
  * by building new storage without blocking searches and swapping it in under a short

@@ -82,6 +82,37 @@ typedef struct mem_item {
     char what[32]; /* "" or "memories[3]." for messages */
 } mem_item;
 
+/* metadata_json checks a metadata map (what prefixes the parameter's name in messages) and
+ * sets *out to its JSON text, allocated in r's arena. Returns RPC_OK, or
+ * RPC_INVALID_ARGUMENT / RPC_INTERNAL with the reason in err. */
+static rpc_code metadata_json(req *r, const msgpack_object *md, const char *what, char **out,
+                              char *err, size_t errlen)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "%smetadata", what);
+    if (mf_check_metadata(md, name, err, errlen) != 0)
+        return RPC_INVALID_ARGUMENT;
+    json_buf jb = {0};
+    int rc = json_from_msgpack(md, 0, 16, &jb);
+    if (rc == 0 && !(*out = req_alloc(r, jb.len + 1)))
+        rc = -ENOMEM;
+    if (rc == 0)
+        memcpy(*out, jb.data, jb.len + 1);
+    json_buf_fini(&jb);
+    if (rc == -ENOMEM) {
+        snprintf(err, errlen, "out of memory");
+        return RPC_INTERNAL;
+    }
+    if (rc != 0) {
+        snprintf(err, errlen,
+                 "parameter '%s' must hold only JSON values (strings, numbers, booleans, nil, "
+                 "arrays, maps with string keys), at most 16 levels deep",
+                 name);
+        return RPC_INVALID_ARGUMENT;
+    }
+    return RPC_OK;
+}
+
 /* Validates one memory's bound arguments into it. Returns 0, or an rpc_code with err. */
 static rpc_code parse_item(req *r, const msgpack_object *const *a, const char *what, int64_t now,
                            mem_item *it, char *err, size_t errlen)
@@ -109,32 +140,9 @@ static rpc_code parse_item(req *r, const msgpack_object *const *a, const char *w
     it->metadata = a[P_IT_METADATA];
     it->metadata_json = "{}";
     if (it->metadata) {
-        char name[64];
-        snprintf(name, sizeof(name), "%smetadata", what);
-        if (mf_check_metadata(it->metadata, name, err, errlen) != 0)
-            return RPC_INVALID_ARGUMENT;
-        json_buf jb = {0};
-        int rc = json_from_msgpack(it->metadata, 0, 16, &jb);
-        if (rc != 0) {
-            json_buf_fini(&jb);
-            if (rc == -ENOMEM) {
-                snprintf(err, errlen, "out of memory");
-                return RPC_INTERNAL;
-            }
-            snprintf(err, errlen,
-                     "parameter '%smetadata' must hold only JSON values (strings, numbers, "
-                     "booleans, nil, arrays, maps with string keys), at most 16 levels deep",
-                     what);
-            return RPC_INVALID_ARGUMENT;
-        }
-        it->metadata_json = req_alloc(r, jb.len + 1);
-        if (it->metadata_json)
-            memcpy(it->metadata_json, jb.data, jb.len + 1);
-        json_buf_fini(&jb);
-        if (!it->metadata_json) {
-            snprintf(err, errlen, "out of memory");
-            return RPC_INTERNAL;
-        }
+        rpc_code code = metadata_json(r, it->metadata, what, &it->metadata_json, err, errlen);
+        if (code != RPC_OK)
+            return code;
     }
     it->embedding = a[P_IT_EMBEDDING];
     it->agent_id = rpc_get_uint(a[P_IT_AGENT_ID], 0);
@@ -924,19 +932,11 @@ void h_memory_update(req *r)
     if ((o = req_arg(r, P_UP_IMPORTANCE)))
         snprintf(st->importance, sizeof(st->importance), "%.17g", rpc_get_num(o, 0));
     if ((o = req_arg(r, P_UP_METADATA))) {
-        if (mf_check_metadata(o, "metadata", err, sizeof(err)) != 0) {
-            req_fail(r, RPC_INVALID_ARGUMENT, "%s", err);
+        rpc_code code = metadata_json(r, o, "", &st->metadata, err, sizeof(err));
+        if (code != RPC_OK) {
+            req_fail(r, code, "%s", err);
             return;
         }
-        json_buf jb = {0};
-        if (json_from_msgpack(o, 0, 16, &jb) != 0 || !(st->metadata = req_alloc(r, jb.len + 1))) {
-            json_buf_fini(&jb);
-            req_fail(r, RPC_INVALID_ARGUMENT,
-                     "parameter 'metadata' must hold only JSON values, at most 16 levels deep");
-            return;
-        }
-        memcpy(st->metadata, jb.data, jb.len + 1);
-        json_buf_fini(&jb);
     }
     const msgpack_object *ex = req_arg(r, P_UP_EXPIRES_AT), *ttl = req_arg(r, P_UP_TTL_SECONDS);
     if (ex && ttl) {

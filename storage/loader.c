@@ -262,13 +262,15 @@ int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     snprintf(a, sizeof(a), "%llu", (unsigned long long)after);
     const char *vals[] = {t, a};
-    int rc =
-        in_snapshot(c, tenant, upto,
-                    "SELECT c.seq, c.memory_id, " LOADER_COLS
-                    " FROM memory_changes c LEFT JOIN memories m ON m.tenant_id = c.tenant_id"
-                    " AND m.id = c.memory_id" LOADER_ACCESS " WHERE c.tenant_id = $1 AND c.seq > $2"
-                    " ORDER BY c.seq",
-                    2, vals, each_change, &lc, err, errlen);
+    /* the memories' side sees the tenant as an InitPlan value (SELECT $1): with the value,
+     * a tenant the statistics have not seen is estimated at one row, and the join may be
+     * planned as a scan of the whole tenant per change */
+    int rc = in_snapshot(c, tenant, upto,
+                         "SELECT c.seq, c.memory_id, " LOADER_COLS
+                         " FROM memory_changes c LEFT JOIN memories m ON m.tenant_id = (SELECT"
+                         " $1::bigint) AND m.id = c.memory_id" LOADER_ACCESS
+                         " WHERE c.tenant_id = $1 AND c.seq > $2 ORDER BY c.seq",
+                         2, vals, each_change, &lc, err, errlen);
     free(lc.vec);
     return rc;
 }

@@ -56,10 +56,13 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
          "$11::float8[], $12::text[], $13, $14::bigint[], $15::bigint[], "
          "$16::bigint[], $17::bigint[], $18::bigint[], $19::boolean[])",
          19},
+    /* The tenant goes in as an InitPlan value (SELECT $1) that the planner cannot see: with
+     * the value itself, a tenant its statistics have not seen is estimated at one row and
+     * "tenant_id = $1 AND id = ANY ($2)" was planned as a scan of the whole tenant. */
     [SQL_MEMORY_GET] = {"memory_get",
-                        "SELECT " SQL_MEMROW_COLS " FROM memories m WHERE m.tenant_id = $1 AND "
-                        "m.id = ANY ($2::bigint[]) AND (m.expires_at IS NULL OR m.expires_at > "
-                        "now()) ORDER BY array_position($2::bigint[], m.id)",
+                        "SELECT " SQL_MEMROW_COLS " FROM memories m WHERE m.tenant_id = (SELECT "
+                        "$1::bigint) AND m.id = ANY ($2::bigint[]) AND (m.expires_at IS NULL OR "
+                        "m.expires_at > now()) ORDER BY array_position($2::bigint[], m.id)",
                         2},
     [SQL_MEMORY_DELETE] = {"memory_delete",
                            "SELECT id, seq FROM engram_memory_delete($1, $2::bigint[])", 2},

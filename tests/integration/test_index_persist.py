@@ -312,3 +312,59 @@ def test_least_recently_used_indexes_are_evicted_under_the_budget():
         srv.stop()
     finally:
         srv.cleanup()
+
+
+def test_typed_metadata_filters_after_a_rebuild_from_the_database():
+    """Tags come three ways: from a store's request, from an update's row and, when an index
+    is built from PostgreSQL, from the metadata fields the loader selects. Filters on every
+    typed field give the same memories through each."""
+    dsn = new_database("tagsdb")
+    srv = Server(dsn)
+    try:
+        srv.start()
+        tid, key = srv.create_tenant()
+        vecs = structured_vectors(120, DIM, seed=31)
+
+        def md(i):
+            return {"tokens": [f"t{i % 3}", "ETH"], "chains": [i % 4, 8453],
+                    "protocols": [f"p{i % 5}"], "strategy_id": f"s{i % 2}",
+                    "attrs": {"key": f"k{i}"}}
+
+        with srv.client(key=key) as c:
+            ids = c.call("memory.store_batch", memories=[
+                {"content": f"m {i}", "type": "fact", "importance": 0.5, "embedding": vec_bin(v),
+                 "metadata": md(i)} for i, v in enumerate(vecs)])["ids"]
+        want = {i: md(i) for i in range(120)}
+        filters = [("tokens", ["t1"]), ("tokens", ["ETH"]), ("chains", [2]), ("chains", [99]),
+                   ("chains", [8453]), ("protocols", ["p3"]), ("protocols", ["moved"]),
+                   ("strategy_id", "s1"), ("strategy_id", "moved")]
+
+        def expected(field, value):
+            if field == "strategy_id":
+                return sorted(ids[i] for i, m in want.items() if m.get(field) == value)
+            return sorted(ids[i] for i, m in want.items() if set(m.get(field, [])) & set(value))
+
+        def check():
+            with srv.client(key=key) as c:
+                for field, value in filters:
+                    got = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=200,
+                                 **{field: value})["results"]
+                    assert sorted(r["id"] for r in got) == expected(field, value), (field, value)
+
+        check()  # the index built on first use, from the database
+        assert metric(srv, "engram_index_loads_total", 'source="database"') == 1
+        # one memory moves to other values through an update of the loaded index
+        moved = {"chains": [99], "protocols": ["moved"], "strategy_id": "moved"}
+        with srv.client(key=key) as c:
+            c.call("memory.update", id=ids[7], metadata=moved)
+        want[7] = moved
+        check()
+        srv.stop()
+        for path in snapshot_files(srv, tid):
+            os.unlink(path)  # the next start builds it from the database again
+        srv.start()
+        check()
+        assert metric(srv, "engram_index_loads_total", 'source="database"') == 1
+        srv.stop()
+    finally:
+        srv.cleanup()

@@ -923,6 +923,7 @@ static void test_kind_down(void)
     CHECK(vindex_search(vi, &(vindex_query){.vec = v, .k = 1}, hits, &n) == 0 && n == 1 &&
           hits[0].id == 17);
     vindex_destroy(vi);
+    free(md.w);
 }
 
 int main(void)

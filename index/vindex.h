@@ -89,7 +89,20 @@ typedef struct vindex_opts {
      * (default 4096) compact inside vindex_remove, larger ones in vindex_maintenance. */
     unsigned compact_percent;
     size_t inline_compact_max;
+    /* The engine of the ANN kind's candidate stage: VINDEX_ENGINE_NATIVE (0, the default:
+     * the index's own codes) or VINDEX_ENGINE_FAISS (a FAISS index built from
+     * faiss_factory, default "HNSW32,Flat", searched with efSearch faiss_ef_search, default
+     * 64). Either way the index's own rows, metadata and int8 codes do filters, ranking,
+     * deletes and the exact re-rank. */
+    int engine;
+    const char *faiss_factory; /* borrowed: must outlive the index */
+    int faiss_ef_search;
 } vindex_opts;
+
+enum vindex_engine {
+    VINDEX_ENGINE_NATIVE = 0,
+    VINDEX_ENGINE_FAISS = 1,
+};
 
 /* vindex_create returns an empty index, or NULL when out of memory or when opts are invalid
  * (dim 0 or above 65536, meta_size above 1 MiB, compact_percent above 100).

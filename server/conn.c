@@ -33,6 +33,7 @@ struct conn {
     bool read_stopped; /* drain: no new requests */
     bool paused;       /* backpressure: reading paused */
     bool processing;   /* process_input is on the stack (it must not nest) */
+    bool held;         /* an identity change (auth) is in flight: dispatch nothing after it */
     rpc_scanner *scan;
     uint8_t *in; /* bytes of the message being assembled, and any after it */
     size_t in_len, in_cap;
@@ -42,6 +43,8 @@ struct conn {
     unsigned inflight;
     conn_auth auth;
 };
+
+static void process_input(conn *c);
 
 static uint64_t mono_ms(void)
 {
@@ -135,6 +138,22 @@ void conn_set_auth(conn *c, const conn_auth *a)
         tenancy_key_in_use(tn, a->key_id, a->tenant_id, a->tier);
 }
 
+void conn_hold(conn *c)
+{
+    c->held = true;
+}
+
+void conn_release(conn *c)
+{
+    if (!c->held)
+        return;
+    c->held = false;
+    /* messages that arrived behind the barrier wait in c->in; dispatch them now, unless
+     * the barrier ended inside process_input's own loop, which simply continues */
+    if (c->open)
+        process_input(c);
+}
+
 worker *conn_worker(conn *c)
 {
     return c->w;
@@ -192,8 +211,6 @@ void conn_write(conn *c, const void *data, size_t len)
     check_backpressure(c);
 }
 
-static void process_input(conn *c);
-
 void conn_request_finished(conn *c)
 {
     if (c->inflight)
@@ -250,7 +267,7 @@ static void process_input(conn *c)
         return; /* a request finished synchronously inside the loop below */
     c->processing = true;
     conn_ref(c);
-    while (c->open && !c->closing && !c->read_stopped) {
+    while (c->open && !c->closing && !c->read_stopped && !c->held) {
         if (c->inflight >= (unsigned)c->srv->cfg.max_inflight_per_conn) {
             check_backpressure(c);
             break;

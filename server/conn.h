@@ -62,6 +62,12 @@ size_t conn_output_pending(conn *c);
 const conn_auth *conn_get_auth(conn *c);
 void conn_set_auth(conn *c, const conn_auth *a);
 
+/* conn_hold makes c dispatch no further request until conn_release: requests that follow
+ * an identity change (auth) in the stream must run as the identity it establishes, whatever
+ * the pipelining. conn_release dispatches the messages that waited. Worker thread only. */
+void conn_hold(conn *c);
+void conn_release(conn *c);
+
 /* conn_worker returns the worker that owns c. */
 worker *conn_worker(conn *c);
 

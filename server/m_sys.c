@@ -162,20 +162,18 @@ void h_methods(req *r)
         msgpack_pack_map(pk, 3);
         rpc_pack_kv_str(pk, "name", m->name);
         rpc_pack_cstr(pk, "flags");
-        unsigned nflags = 0;
-        for (unsigned f = m->flags; f; f &= f - 1)
-            nflags++;
+        static const struct {
+            unsigned bit;
+            const char *name;
+        } names[] = {{M_PUBLIC, "public"}, {M_ADMIN, "admin"}, {M_TENANT, "tenant"},
+                     {M_QUERY, "query"},   {M_WRITE, "write"}, {M_AUTH, "auth"}};
+        uint32_t nflags = 0;
+        for (size_t f = 0; f < sizeof(names) / sizeof(names[0]); f++)
+            nflags += (m->flags & names[f].bit) != 0;
         msgpack_pack_array(pk, nflags);
-        if (m->flags & M_PUBLIC)
-            rpc_pack_cstr(pk, "public");
-        if (m->flags & M_ADMIN)
-            rpc_pack_cstr(pk, "admin");
-        if (m->flags & M_TENANT)
-            rpc_pack_cstr(pk, "tenant");
-        if (m->flags & M_QUERY)
-            rpc_pack_cstr(pk, "query");
-        if (m->flags & M_WRITE)
-            rpc_pack_cstr(pk, "write");
+        for (size_t f = 0; f < sizeof(names) / sizeof(names[0]); f++)
+            if (m->flags & names[f].bit)
+                rpc_pack_cstr(pk, names[f].name);
         rpc_pack_cstr(pk, "params");
         msgpack_pack_array(pk, (uint32_t)m->nparams);
         for (size_t k = 0; k < m->nparams; k++) {

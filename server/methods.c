@@ -22,7 +22,7 @@ static method_def table[] = {
     M("admin.tenant.get", admin_tenant_get, M_ADMIN),
     M("admin.tenant.list", admin_tenant_list, M_ADMIN),
     M("admin.tenant.update", admin_tenant_update, M_ADMIN),
-    M("auth", auth, M_PUBLIC),
+    M("auth", auth, M_PUBLIC | M_AUTH),
     M("memory.archive", memory_archive, M_TENANT | M_WRITE),
     M("memory.consolidate", memory_consolidate, M_TENANT | M_WRITE),
     M("memory.consolidation.runs", memory_consolidation_runs, M_TENANT),

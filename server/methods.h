@@ -18,6 +18,8 @@ enum {
     M_TENANT = 1 << 2, /* tenant connections only */
     M_QUERY = 1 << 3,  /* counts toward the tier's daily query quota */
     M_WRITE = 1 << 4,  /* changes tenant data */
+    M_AUTH = 1 << 5,   /* sets the connection's identity: later requests wait for its answer,
+                          and any failure leaves the connection unauthenticated */
 };
 
 #define METHOD_MAX_PARAMS 32

@@ -34,6 +34,7 @@ struct req {
     size_t midx; /* index in the method table, SIZE_MAX when unknown */
     uint32_t msgid;
     bool notify;
+    bool barrier; /* an M_AUTH request: the connection holds later requests until it ends */
     uint64_t t0_ns;
     conn_auth auth; /* who the connection was when the request arrived */
     uint8_t *msg;
@@ -162,6 +163,14 @@ static void req_end(req *r, rpc_code code)
         conn_write(r->c, r->out.data, r->out.size);
     uint64_t us = (server_mono_ns() - r->t0_ns) / 1000u;
     metrics_request(r->midx, code, us);
+    if (r->barrier) {
+        /* a failed auth leaves no identity behind, whatever the connection was before */
+        if (code != RPC_OK && conn_alive(r->c)) {
+            conn_auth none = {0};
+            conn_set_auth(r->c, &none);
+        }
+        conn_release(r->c);
+    }
     worker_req_finished(r->w);
     conn_request_finished(r->c);
     conn_unref(r->c);
@@ -381,6 +390,10 @@ int req_dispatch(conn *c, const uint8_t *msg, size_t len)
     }
     r->m = m;
     r->midx = idx;
+    if (m->flags & M_AUTH) {
+        r->barrier = true;
+        conn_hold(c);
+    }
     if (!(m->flags & M_PUBLIC) && !r->auth.authenticated) {
         req_fail(r, RPC_UNAUTHENTICATED, "not authenticated: call auth with an API key first");
         return 0;
@@ -414,7 +427,10 @@ int req_dispatch(conn *c, const uint8_t *msg, size_t len)
         }
     }
     if (rpc_bind_params(rq.params, m->params, m->nparams, r->args, err, sizeof(err)) != 0) {
-        req_fail(r, RPC_INVALID_ARGUMENT, "%s", err);
+        if (m->flags & M_AUTH) /* one answer whatever is wrong with a key: it reveals nothing */
+            req_fail(r, RPC_UNAUTHENTICATED, "invalid API key");
+        else
+            req_fail(r, RPC_INVALID_ARGUMENT, "%s", err);
         return 0;
     }
     m->fn(r);

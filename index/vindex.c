@@ -36,16 +36,24 @@
  * bound and re-ranked exactly (keep, exact similarity, score) until the bound falls below
  * the k-th hit. That is exact: a dropped slot's score is below the k-th score.
  *
+ * Sign codes. Bit j of a vector's code is the sign of coordinate j of R (x - c): c the mean
+ * of the live vectors when the codes were made, R a fixed orthogonal transform (vk_rotate:
+ * sign flips and Walsh-Hadamard blocks). Raw signs carry nothing when all vectors share an
+ * orthant (ReLU features) or a dominant direction, and weigh a near-constant coordinate as
+ * much as the dominant one; centring and rotating fixes both. The query's code is taken
+ * the same way, so the Hamming distance estimates the angle between x - c and q - c.
+ *
  * ANN search. Hamming distances of all slots to the query's sign bits (3.4 ns per vector
  * at 768 dims, memory bound), a histogram, then candidates gathered in increasing distance
  * among the kept vectors (keep runs on gathered slots only, so selective filters gather
- * deeper, and a filter that keeps fewer than ann_max_candidates vectors makes every kept
- * vector a candidate: exact). Candidates are re-ranked like the exact search, in batches
- * of 64 in Hamming order, until ann_candidates were bounded and ann_patience in a row
- * could not enter the top k. When a sample of 128 slots says the filter keeps fewer than
- * half the budget, the search skips the Hamming pass: keep runs on every slot and the
- * kept ones are bounded with their int8 codes, an exact answer (a 1% filter at 50k x 768:
- * 0.3 ms instead of 1.1 ms for the deep gather).
+ * deeper, and a filter that keeps fewer than the budget makes every kept vector a
+ * candidate: exact). The first `budget` candidates are re-ranked like the exact search, in
+ * batches of 64 in Hamming order. The budget is the depth the calibration measured: it
+ * records where the true neighbours of probe queries fall in that order, so the recall at
+ * a depth is a measured figure, not a hope. When a sample of 128 slots says the filter keeps fewer
+ * than half the budget, the search skips the Hamming pass: keep runs on every slot and the kept
+ * ones are bounded with their int8 codes, an exact answer (a 1% filter at 50k x 768: 0.3 ms instead
+ * of 1.1 ms for the deep gather).
  *
  * Exact similarity. vk_dot_exact sums exact double products in a fixed order, so a vector's
  * similarity depends only on it and the query: copies tie exactly and break by id.
@@ -59,6 +67,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,12 +92,14 @@
 #ifndef DEF_ANN_CAND /* overridable for parameter sweeps */
 #define DEF_ANN_CAND 256
 #endif
-#ifndef DEF_ANN_PATIENCE
-#define DEF_ANN_PATIENCE 128
-#endif
 #ifndef DEF_ANN_MAX
-#define DEF_ANN_MAX 4096
+#define DEF_ANN_MAX 16384
 #endif
+#define ROT_SEED 0x656e6772616d5254ULL /* the sign-code rotation: the same for every index */
+#define ENC_STACK 4096                 /* dims encoded with a stack buffer; larger: heap */
+#define CAL_RING 2048                  /* true-neighbour positions the calibration keeps */
+#define CAL_MIN 200                    /* positions needed before the depth is trusted */
+#define CAL_K 10                       /* the calibration's k */
 #define DEF_COMPACT_PERCENT 25
 #define DEF_INLINE_COMPACT 4096
 
@@ -124,6 +135,25 @@ struct vindex {
     size_t nslots, live, ntomb;
     idmap *map;
     size_t nrebuilds;
+
+    /* The sign codes are taken around center (dim floats, NULL below ANN), computed from
+     * the live vectors by the kind change to ANN and by every rebuild that stays there;
+     * center_live is the live count then. Published with the chunks (wmu + exclusive
+     * lock); code_gen changes with them, so a calibration knows its samples are stale. */
+    float *center;
+    size_t center_live;
+    uint64_t code_gen;
+    float *rot; /* VK_ROT_ROUNDS * dim signs of the rotation (immutable) */
+
+    /* The measured candidate depth (vindex_calibrate): 0 until measured; exact_fb set when
+     * no depth within the limits reaches the target, so searches scan exactly. */
+    _Atomic size_t depth;
+    _Atomic int exact_fb;
+    pthread_mutex_t cal_mu; /* one calibration at a time; guards the cal_* fields */
+    uint32_t *cal_pos;      /* ring of CAL_RING true-neighbour positions */
+    size_t cal_n, cal_head, cal_probes;
+    uint64_t cal_gen, cal_rng;
+    double cal_est, cal_ann_est;
 
     /* writer state, under wmu */
     size_t tier_retry_at; /* after a failed kind change, retry once live reaches this */
@@ -237,9 +267,57 @@ static void encode_sq8(const vindex *vi, const float *x, int8_t *code, float *sc
     memset(code + vi->dim, 0, vi->sq_stride - vi->dim);
 }
 
-static void encode_bin(const vindex *vi, const float *x, uint64_t *bits)
+/* encode_bin writes the sign code of x around center: the signs of the rotated x - center
+ * (words = (dim + 63) / 64). The rotation spreads the variance of every direction over all
+ * bits, and the centre removes what all vectors share, so each bit carries information on
+ * any distribution: non-negative features, a dominant common direction, or a spectrum that
+ * sits in a few dimensions. Out of memory (dimensions above ENC_STACK only) leaves a zero
+ * code: searches stay correct, the calibration sees the lost recall. */
+static void encode_bin(const vindex *vi, const float *center, const float *x, uint64_t *bits)
 {
-    vk_sign_bits(x, vi->dim, bits); /* words = (dim + 63) / 64 */
+    float sbuf[ENC_STACK];
+    float *t = vi->dim <= ENC_STACK ? sbuf : malloc(vi->dim * sizeof(float));
+    if (!t) {
+        memset(bits, 0, vi->words * sizeof(uint64_t));
+        return;
+    }
+    for (size_t j = 0; j < vi->dim; j++)
+        t[j] = x[j] - center[j];
+    vk_rotate(t, vi->dim, vi->rot);
+    vk_sign_bits(t, vi->dim, bits);
+    if (t != sbuf)
+        free(t);
+}
+
+/* center_of computes the mean of the live rows of the n slots in chunks (tombstones per
+ * chunk) into a new array. Returns it (malloc'd, the caller owns it), or NULL when out of
+ * memory. A caller holds what keeps those rows from changing. */
+static float *center_of(const vindex *vi, chunk *const *chunks, size_t nslots,
+                        const uint64_t *tomb_override)
+{
+    float *c = malloc(vi->dim * sizeof(float));
+    double *acc = calloc(vi->dim, sizeof(double));
+    if (!c || !acc) {
+        free(c);
+        free(acc);
+        return NULL;
+    }
+    size_t n = 0;
+    for (size_t s = 0; s < nslots; s++) {
+        const chunk *ch = chunks[s >> vi->ch_shift];
+        size_t off = s & vi->ch_mask;
+        bool dead = tomb_override ? (tomb_override[s / 64] >> (s % 64)) & 1 : tomb_at(ch, off);
+        if (dead)
+            continue;
+        const float *x = row_in(vi, ch, off);
+        for (size_t j = 0; j < vi->dim; j++)
+            acc[j] += x[j];
+        n++;
+    }
+    for (size_t j = 0; j < vi->dim; j++)
+        c[j] = n ? (float)(acc[j] / (double)n) : 0.0f;
+    free(acc);
+    return c;
 }
 
 /* ---- chunks ---- */
@@ -334,14 +412,15 @@ static void copy_slot(const vindex *vi, chunk *d, size_t dof, const chunk *s, si
 }
 
 /* encode_slot fills the codes c has for slot off from its row, unless have_kind says the
- * source already provided them. */
-static void encode_slot(const vindex *vi, chunk *c, size_t off, int have_kind)
+ * source already provided them; sign codes are taken around center (needed when c has
+ * them). */
+static void encode_slot(const vindex *vi, const float *center, chunk *c, size_t off, int have_kind)
 {
     const float *x = row_in(vi, c, off);
     if (c->sq && have_kind < VINDEX_KIND_SQ8)
         encode_sq8(vi, x, c->sq + off * vi->sq_stride, &c->sq_scale[off], &c->sq_rn[off]);
     if (c->bin && have_kind < VINDEX_KIND_ANN)
-        encode_bin(vi, x, c->bin + off * vi->words);
+        encode_bin(vi, center, x, c->bin + off * vi->words);
 }
 
 /* ---- creation ---- */
@@ -358,8 +437,6 @@ static int resolve_opts(const vindex_opts *in, vindex_opts *o)
         o->ann_min = DEF_ANN_MIN;
     if (!o->ann_candidates)
         o->ann_candidates = DEF_ANN_CAND;
-    if (!o->ann_patience)
-        o->ann_patience = DEF_ANN_PATIENCE;
     if (!o->ann_max_candidates)
         o->ann_max_candidates = DEF_ANN_MAX;
     if (!o->compact_percent)
@@ -393,6 +470,14 @@ vindex *vindex_create(const vindex_opts *opts)
     vi->ch_rows = (size_t)1 << vi->ch_shift;
     vi->ch_mask = vi->ch_rows - 1;
     vi->kind = VINDEX_KIND_FLAT;
+    vi->rot = malloc(VK_ROT_ROUNDS * o.dim * sizeof(float));
+    if (!vi->rot) {
+        free(vi);
+        return NULL;
+    }
+    vk_rot_signs(ROT_SEED, o.dim, vi->rot);
+    vi->cal_rng = 0x9e3779b97f4a7c15ULL;
+    vi->cal_est = vi->cal_ann_est = NAN;
 
     pthread_rwlockattr_t attr;
     if (pthread_rwlockattr_init(&attr))
@@ -409,6 +494,8 @@ vindex *vindex_create(const vindex_opts *opts)
         goto fail_lock;
     if (pthread_mutex_init(&vi->maint_mu, NULL))
         goto fail_wmu;
+    if (pthread_mutex_init(&vi->cal_mu, NULL))
+        goto fail_maint;
     vi->map = idmap_create(0);
     if (!vi->map)
         goto fail_all;
@@ -416,12 +503,15 @@ vindex *vindex_create(const vindex_opts *opts)
 
 fail_all:
     idmap_destroy(vi->map);
+    pthread_mutex_destroy(&vi->cal_mu);
+fail_maint:
     pthread_mutex_destroy(&vi->maint_mu);
 fail_wmu:
     pthread_mutex_destroy(&vi->wmu);
 fail_lock:
     pthread_rwlock_destroy(&vi->lock);
 fail_vi:
+    free(vi->rot);
     free(vi);
     return NULL;
 }
@@ -441,6 +531,10 @@ void vindex_destroy(vindex *vi)
     free_chunks(vi->chunks, vi->nchunks);
     unpin(vi);
     idmap_destroy(vi->map);
+    free(vi->center);
+    free(vi->rot);
+    free(vi->cal_pos);
+    pthread_mutex_destroy(&vi->cal_mu);
     pthread_mutex_destroy(&vi->maint_mu);
     pthread_mutex_destroy(&vi->wmu);
     pthread_rwlock_destroy(&vi->lock);
@@ -504,9 +598,16 @@ static bool compaction_due(const vindex *vi)
     return vi->ntomb >= COMPACT_MIN && vi->ntomb * 100 >= vi->nslots * vi->o.compact_percent;
 }
 
+/* center_stale: the index doubled since its centre was computed; a rebuild recomputes it
+ * (the codes stay correct meanwhile, only less informative as the data drifts). */
+static bool center_stale(const vindex *vi)
+{
+    return vi->kind == VINDEX_KIND_ANN && vi->live >= 2 * vi->center_live + 1024;
+}
+
 static bool maintenance_due(const vindex *vi)
 {
-    return compaction_due(vi) || kind_for(vi, vi->live, vi->kind) != vi->kind;
+    return compaction_due(vi) || kind_for(vi, vi->live, vi->kind) != vi->kind || center_stale(vi);
 }
 
 /* vindex_get_stats fills *st under the shared lock. */
@@ -631,6 +732,15 @@ static int tier_up(vindex *vi, int kind)
     chunk *shadow = calloc(n ? n : 1, sizeof(*shadow));
     if (!shadow)
         return -ENOMEM;
+    float *center = NULL;
+    if (kind >= VINDEX_KIND_ANN && have < VINDEX_KIND_ANN) {
+        /* writers are excluded (wmu): the published rows are the ones to centre */
+        center = center_of(vi, vi->chunks, vi->nslots, NULL);
+        if (!center) {
+            free(shadow);
+            return -ENOMEM;
+        }
+    }
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
         chunk *c = vi->chunks[i];
@@ -648,7 +758,7 @@ static int tier_up(vindex *vi, int kind)
         if (used > c->cap)
             used = c->cap;
         for (size_t off = 0; off < used; off++)
-            encode_slot(vi, &shadow[i], off, have);
+            encode_slot(vi, center, &shadow[i], off, have);
     }
     if (rc) {
         for (size_t i = 0; i < n; i++) {
@@ -661,12 +771,18 @@ static int tier_up(vindex *vi, int kind)
                 free(shadow[i].bin);
         }
         free(shadow);
+        free(center);
         return rc;
     }
     wrlock(vi);
     for (size_t i = 0; i < n; i++)
         *vi->chunks[i] = shadow[i];
     vi->kind = kind;
+    if (center) {
+        vi->center = center; /* there was none below ANN */
+        vi->center_live = vi->live;
+        vi->code_gen++;
+    }
     unlock(vi);
     free(shadow);
     return 0;
@@ -721,7 +837,7 @@ static int put(vindex *vi, uint64_t id, const float *vec, const void *meta, bool
     c->ids[off] = id;
     if (vi->meta_size)
         memcpy(c->meta + off * vi->meta_size, meta, vi->meta_size);
-    encode_slot(vi, c, off, VINDEX_KIND_FLAT);
+    encode_slot(vi, vi->center, c, off, VINDEX_KIND_FLAT);
 
     wrlock(vi);
     if (exists)
@@ -872,6 +988,7 @@ typedef struct view {
     size_t nchunks, nslots, live;
     uint64_t *tomb; /* one bit per slot, nslots bits */
     int kind;
+    const float *center; /* the sign codes' centre (borrowed; maint_mu keeps it alive) */
 } view;
 
 static void view_free(view *v)
@@ -889,6 +1006,7 @@ static int view_take(vindex *vi, view *v)
     v->nslots = vi->nslots;
     v->live = vi->live;
     v->kind = vi->kind;
+    v->center = vi->center;
     v->ch = malloc((v->nchunks ? v->nchunks : 1) * sizeof(chunk));
     v->tomb = calloc((v->nslots + 63) / 64 + 1, sizeof(uint64_t));
     if (!v->ch || !v->tomb) {
@@ -915,16 +1033,19 @@ typedef struct store {
     size_t nchunks, tcap, nslots, ntomb;
     size_t hint; /* expected slots: sizes chunk 0 of a small index */
     int kind;
+    float *center; /* the sign codes' centre (owned), when kind is ANN */
 } store;
 
 static void store_free(store *st)
 {
     free_chunks(st->chunks, st->nchunks);
+    free(st->center);
     memset(st, 0, sizeof(*st));
 }
 
 /* store_append copies slot so of chunk s (whose codes cover have_kind) as the next slot of
- * st, encoding the codes st's kind needs beyond that. Returns 0 or -ENOMEM. */
+ * st, encoding the codes st's kind needs beyond that (sign codes around st->center: pass a
+ * have_kind below ANN when s's were taken around another centre). Returns 0 or -ENOMEM. */
 static int store_append(const vindex *vi, store *st, const chunk *s, size_t so, int have_kind,
                         bool with_meta)
 {
@@ -964,7 +1085,7 @@ static int store_append(const vindex *vi, store *st, const chunk *s, size_t so, 
     }
     chunk *d = st->chunks[ci];
     copy_slot(vi, d, off, s, so, with_meta);
-    encode_slot(vi, d, off, have_kind);
+    encode_slot(vi, st->center, d, off, have_kind);
     st->nslots++;
     return 0;
 }
@@ -995,16 +1116,31 @@ static int rebuild(vindex *vi, bool inline_wmu)
     if (!inline_wmu)
         pthread_mutex_unlock(&vi->wmu);
 
-    /* Phase 2, no lock: copy the live slots of the view. */
+    /* Phase 2, no lock: copy the live slots of the view. An ANN store gets a new centre
+     * from the view's live rows, and every sign code is taken anew around it. */
     src = malloc((v.nslots + 1) * sizeof(uint32_t));
     if (!src)
         goto relock;
+    int have = v.kind;
+    if (st.kind >= VINDEX_KIND_ANN) {
+        chunk **tab = malloc((v.nchunks ? v.nchunks : 1) * sizeof(chunk *));
+        if (!tab)
+            goto relock;
+        for (size_t i = 0; i < v.nchunks; i++)
+            tab[i] = &v.ch[i];
+        st.center = center_of(vi, tab, v.nslots, v.tomb);
+        free(tab);
+        if (!st.center)
+            goto relock;
+        if (have > VINDEX_KIND_SQ8)
+            have = VINDEX_KIND_SQ8;
+    }
     for (size_t s = 0; s < v.nslots; s++) {
         if (view_tomb(&v, s))
             continue;
         src[st.nslots] = (uint32_t)s;
         /* metadata may be changing under writers: copied in phase 3 */
-        if (store_append(vi, &st, &v.ch[s >> vi->ch_shift], s & vi->ch_mask, v.kind, false))
+        if (store_append(vi, &st, &v.ch[s >> vi->ch_shift], s & vi->ch_mask, have, false))
             goto relock;
     }
     rc = 0;
@@ -1025,21 +1161,34 @@ relock:
     }
     if (vi->kind > v.kind && st.kind < vi->kind) {
         /* the index went up a kind meanwhile: give the new storage those codes too (a
-         * rebuild that goes down a kind, st.kind < v.kind, stays down) */
+         * rebuild that goes down a kind, st.kind < v.kind, stays down), around the centre
+         * the index took */
+        if (vi->kind >= VINDEX_KIND_ANN) {
+            st.center = malloc(vi->dim * sizeof(float));
+            if (!st.center)
+                goto fail;
+            memcpy(st.center, vi->center, vi->dim * sizeof(float));
+        }
         for (size_t i = 0; i < st.nchunks; i++) {
             if (chunk_alloc_codes(vi, st.chunks[i], vi->kind))
                 goto fail;
             for (size_t off = 0; off < st.chunks[i]->cap; off++) {
                 size_t ns = (i << vi->ch_shift) + off;
                 if (ns < st.nslots)
-                    encode_slot(vi, st.chunks[i], off, st.kind);
+                    encode_slot(vi, st.center, st.chunks[i], off, st.kind);
             }
         }
         st.kind = vi->kind;
     }
+    /* slots added meanwhile: their sign codes are around the old centre, unless the store
+     * copied that centre just above */
+    int added_have = vi->kind;
+    if (added_have > VINDEX_KIND_SQ8 && st.center &&
+        (!vi->center || memcmp(st.center, vi->center, vi->dim * sizeof(float)) != 0))
+        added_have = VINDEX_KIND_SQ8;
     for (size_t s = v.nslots; s < vi->nslots; s++) {
         src[st.nslots] = (uint32_t)s;
-        if (store_append(vi, &st, chunk_of(vi, s), off_of(vi, s), vi->kind, false))
+        if (store_append(vi, &st, chunk_of(vi, s), off_of(vi, s), added_have, false))
             goto fail;
     }
     /* tombstones and metadata as they are now */
@@ -1070,6 +1219,7 @@ relock:
     chunk **oldc = vi->chunks;
     size_t oldn = vi->nchunks;
     idmap *omap = vi->map;
+    float *ocenter = vi->center;
     wrlock(vi);
     vi->chunks = st.chunks;
     vi->nchunks = st.nchunks;
@@ -1080,9 +1230,15 @@ relock:
     vi->kind = st.kind;
     vi->map = nmap;
     vi->nrebuilds++;
+    vi->center = st.kind >= VINDEX_KIND_ANN ? st.center : NULL;
+    vi->center_live = vi->live;
+    vi->code_gen++;
     unlock(vi);
+    if (st.kind < VINDEX_KIND_ANN)
+        free(st.center);
     unpin(vi);
     free_chunks(oldc, oldn);
+    free(ocenter); /* snapshots, the only lock-free readers, are excluded by maint_mu */
     idmap_destroy(omap);
     vi->tier_retry_at = 0;
     if (!inline_wmu)
@@ -1366,15 +1522,23 @@ static void search_exact(const sctx *sc, bool use_sq8, bool filter_first)
     }
 }
 
-/* ann_budget returns how many candidates an ANN search gathers: an eighth of the live
- * vectors, at least ann_candidates and 16 k, at most ann_max_candidates (or 16 k). Shared
+/* ann_budget returns how many candidates an ANN search gathers and bounds: the depth the
+ * calibration measured for k = 10, scaled with k; before any measurement, an eighth of the
+ * live vectors, at most ann_max_candidates. Always at least ann_candidates and 16 k. Shared
  * lock held. */
 static size_t ann_budget(const vindex *vi, size_t k)
 {
     size_t lo = vi->o.ann_candidates > 16 * k ? vi->o.ann_candidates : 16 * k;
-    size_t hi = vi->o.ann_max_candidates > 16 * k ? vi->o.ann_max_candidates : 16 * k;
-    size_t b = vi->live / 8;
-    return b < lo ? lo : b > hi ? hi : b;
+    size_t d = atomic_load_explicit(&vi->depth, memory_order_relaxed);
+    size_t b;
+    if (d) {
+        b = d * ((k + CAL_K - 1) / CAL_K);
+    } else {
+        size_t hi = vi->o.ann_max_candidates > 16 * k ? vi->o.ann_max_candidates : 16 * k;
+        b = vi->live / 8;
+        b = b > hi ? hi : b;
+    }
+    return b < lo ? lo : b;
 }
 
 /* search_ann runs the Hamming-prefiltered search; see the file comment. Shared lock held.
@@ -1472,6 +1636,8 @@ static int search_ann(const sctx *sc)
     size_t n = vi->nslots, maxh = vi->words * 64;
     size_t want = ann_budget(vi, q->k);
     size_t min_bound = o->ann_candidates > 4 * q->k ? o->ann_candidates : 4 * q->k;
+    if (min_bound > want)
+        min_bound = want;
     enum { PIECE = 4096 };
     size_t hist_n = maxh + 2;
     size_t bytes = n * sizeof(uint16_t) + hist_n * 2 * sizeof(uint32_t) + PIECE * sizeof(uint32_t) +
@@ -1524,7 +1690,6 @@ static int search_ann(const sctx *sc)
     size_t step = min_bound > GATHER_STEP ? min_bound : GATHER_STEP;
     gather_more(&g, step < want ? step : want);
     cand cands[ANN_BATCH];
-    size_t bounded = 0, misses = 0;
     for (size_t b = 0;; b += ANN_BATCH) {
         if (b + ANN_BATCH > g.nl && g.nl < want && g.lo <= maxh) {
             size_t goal = g.nl + step;
@@ -1542,20 +1707,14 @@ static int search_ann(const sctx *sc)
             int64_t dot = vk_sq8_dot(c->sq + off * vi->sq_stride, sc->p->qq, vi->sq_stride);
             double ub = sq8_ub(sc->p, c, off, dot);
             double ubs = score_ub(sc->p, ub);
-            bounded++;
-            if (cannot_beat(sc->t, ubs)) {
-                misses++;
+            if (cannot_beat(sc->t, ubs))
                 continue;
-            }
-            misses = 0;
             cands[nc].ubs = ubs;
             cands[nc].ub = ub;
             cands[nc].slot = s;
             nc++;
         }
         rerank(sc, cands, nc);
-        if (sc->t->n == sc->t->k && bounded >= min_bound && misses >= o->ann_patience)
-            break;
     }
     free(mem);
     return 0;
@@ -1611,9 +1770,10 @@ static int prepare(const vindex *vi, const vindex_query *q, float *qn, int16_t *
     return 0;
 }
 
-/* prepare_codes fills the int16 query (kind SQ8 and up) and the sign bits (ANN). Any
- * rounding works: the bound uses the exact remainder. */
-static void prepare_codes(const vindex *vi, qprep *p, int kind)
+/* prepare_codes fills the int16 query (kind SQ8 and up) and the sign bits (ANN), using
+ * scratch (dim floats). Any rounding works: the bound uses the exact remainder. Shared
+ * lock held (the centre). */
+static void prepare_codes(const vindex *vi, qprep *p, int kind, float *scratch)
 {
     size_t dim = vi->dim;
     const float *qn = p->qn;
@@ -1635,7 +1795,11 @@ static void prepare_codes(const vindex *vi, qprep *p, int kind)
     p->snorm = sqrt(s2) * (1.0 + 1e-9) + 1e-300;
     if (kind < VINDEX_KIND_ANN)
         return;
-    encode_bin(vi, qn, bits); /* the stored codes' definition */
+    /* the stored codes' definition, around the same centre */
+    for (size_t j = 0; j < dim; j++)
+        scratch[j] = qn[j] - vi->center[j];
+    vk_rotate(scratch, dim, vi->rot);
+    vk_sign_bits(scratch, dim, bits);
 }
 
 /* vindex_search writes the best q->k hits into out, best first; see vindex.h. */
@@ -1643,21 +1807,22 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
 {
     *n = 0;
     size_t dim = vi->dim;
-    float qbuf[QBUF];
+    float qbuf[QBUF], rbuf[QBUF];
     int16_t qqbuf[QBUF];
     uint64_t bbuf[QBUF / 64];
-    float *qn = qbuf;
+    float *qn = qbuf, *rot = rbuf;
     int16_t *qq = qqbuf;
     uint64_t *bits = bbuf;
     void *heap = NULL;
     if (vi->sq_stride > QBUF) {
-        heap = malloc(dim * sizeof(float) + vi->sq_stride * sizeof(int16_t) +
+        heap = malloc(2 * dim * sizeof(float) + vi->sq_stride * sizeof(int16_t) +
                       vi->words * sizeof(uint64_t));
         if (!heap)
             return -ENOMEM;
         bits = heap;
         qn = (float *)(bits + vi->words);
-        qq = (int16_t *)(qn + dim);
+        rot = qn + dim;
+        qq = (int16_t *)(rot + dim);
     }
     qprep p = {0};
     if (prepare(vi, q, qn, qq, bits, &p) || q->k == 0) {
@@ -1669,16 +1834,18 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
     sctx sc = {.vi = vi, .p = &p, .t = &t, .kept_checked = false};
     int rc = 0;
     rdlock(vi);
-    prepare_codes(vi, &p, vi->kind);
+    prepare_codes(vi, &p, vi->kind, rot);
     size_t want = ann_budget(vi, q->k);
-    if (vi->kind == VINDEX_KIND_ANN && vi->live > 2 * want) {
+    bool fb = atomic_load_explicit(&vi->exact_fb, memory_order_relaxed) != 0;
+    if (vi->kind == VINDEX_KIND_ANN && vi->live > 2 * want && !fb) {
         sc.kept_checked = true;
         if (q->keep && rare_filter(vi, q, want))
             search_exact(&sc, true, true); /* exact, and cheaper than gathering deep */
         else
             rc = search_ann(&sc);
     } else {
-        /* on an ANN index with k large against it, the codes are scanned exactly */
+        /* on an ANN index with k large against it, or where the calibration found no depth
+         * that reaches the recall target, the codes are scanned exactly */
         /* with codes, a filter keeping under a quarter of the vectors runs first: a keep
          * call costs less than a code product */
         bool sq8 = vi->kind >= VINDEX_KIND_SQ8;
@@ -1695,10 +1862,275 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
     return 0;
 }
 
+/* ---- recall calibration ---- */
+
+static uint64_t cal_next(vindex *vi)
+{
+    uint64_t z = (vi->cal_rng += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static double cal_gauss(vindex *vi)
+{
+    double u = ((double)(cal_next(vi) >> 11) + 0.5) / 9007199254740992.0;
+    double w = ((double)(cal_next(vi) >> 11) + 0.5) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
+}
+
+/* random_live returns a random live slot (shared lock held, live > 0). */
+static size_t random_live(vindex *vi)
+{
+    for (;;) {
+        size_t s = (size_t)(cal_next(vi) % vi->nslots);
+        if (!tomb_at(chunk_of(vi, s), off_of(vi, s)))
+            return s;
+    }
+}
+
+/* make_probe writes probe number i into out (dim floats): a query that is not a stored
+ * vector but lies where queries do. Even probes are a stored vector plus Gaussian noise of
+ * a quarter, half or all of its distance to the centre (a paraphrase of a memory); odd ones
+ * the midpoint of a stored vector and a random neighbour-in-code of it (a question between
+ * two memories). cal_mu and the shared lock held. */
+static void make_probe(vindex *vi, size_t i, float *out)
+{
+    size_t dim = vi->dim;
+    size_t a = random_live(vi);
+    const float *x = row_in(vi, chunk_of(vi, a), off_of(vi, a));
+    if (i % 2 == 0) {
+        static const double scale[] = {0.25, 0.5, 1.0};
+        double r2 = 0.0, e2 = 0.0;
+        for (size_t j = 0; j < dim; j++) {
+            double d = (double)x[j] - vi->center[j];
+            r2 += d * d;
+        }
+        for (size_t j = 0; j < dim; j++) {
+            out[j] = (float)cal_gauss(vi);
+            e2 += (double)out[j] * out[j];
+        }
+        double f = scale[(i / 2) % 3] * sqrt(r2) / (sqrt(e2) + 1e-30);
+        for (size_t j = 0; j < dim; j++)
+            out[j] = x[j] + (float)(f * out[j]);
+    } else {
+        /* a second stored vector close in code to the first: the best of a few random ones */
+        const uint64_t *ca = chunk_of(vi, a)->bin + off_of(vi, a) * vi->words;
+        size_t best = random_live(vi);
+        unsigned bd = UINT_MAX;
+        for (int t = 0; t < 64; t++) {
+            size_t b = random_live(vi);
+            if (b == a)
+                continue;
+            const uint64_t *cb = chunk_of(vi, b)->bin + off_of(vi, b) * vi->words;
+            unsigned d = 0;
+            for (size_t w = 0; w < vi->words; w++)
+                d += (unsigned)__builtin_popcountll(ca[w] ^ cb[w]);
+            if (d < bd) {
+                bd = d;
+                best = b;
+            }
+        }
+        const float *y = row_in(vi, chunk_of(vi, best), off_of(vi, best));
+        for (size_t j = 0; j < dim; j++)
+            out[j] = 0.5f * (x[j] + y[j]);
+    }
+}
+
+/* probe_positions runs one probe: the exact top CAL_K of the probe (the int8 scan) and, for
+ * each of them, its position in the order the ANN search gathers candidates (Hamming
+ * distance, then slot), written to pos. Returns the number written, or -ENOMEM. cal_mu and
+ * the shared lock held. */
+static int probe_positions(vindex *vi, const float *probe, uint32_t *pos)
+{
+    size_t dim = vi->dim, n = vi->nslots;
+    size_t scratch = 2 * dim * sizeof(float) + vi->sq_stride * sizeof(int16_t) +
+                     vi->words * sizeof(uint64_t) + n * sizeof(uint16_t);
+    unsigned char *mem = malloc(scratch);
+    if (!mem)
+        return -ENOMEM;
+    uint64_t *bits = (uint64_t *)mem;
+    float *qn = (float *)(bits + vi->words);
+    float *rot = qn + dim;
+    int16_t *qq = (int16_t *)(rot + dim);
+    uint16_t *hd = (uint16_t *)(qq + vi->sq_stride);
+    vindex_query q = {.vec = probe, .k = CAL_K};
+    qprep p = {0};
+    if (prepare(vi, &q, qn, qq, bits, &p)) {
+        free(mem);
+        return 0;
+    }
+    prepare_codes(vi, &p, VINDEX_KIND_ANN, rot);
+    vindex_hit hits[CAL_K];
+    topk t = {.h = hits, .n = 0, .k = CAL_K};
+    sctx sc = {.vi = vi, .p = &p, .t = &t, .kept_checked = false};
+    search_exact(&sc, true, false);
+    size_t slot[CAL_K];
+    unsigned h[CAL_K];
+    size_t nh = 0;
+    for (size_t i = 0; i < t.n; i++) {
+        uint64_t sv;
+        if (idmap_get(vi->map, hits[i].id, &sv))
+            slot[nh++] = (size_t)sv;
+    }
+    for (size_t ci = 0; ci < vi->nchunks; ci++) {
+        const chunk *c = vi->chunks[ci];
+        size_t base = ci << vi->ch_shift;
+        if (base >= n)
+            break;
+        size_t m = n - base < c->cap ? n - base : c->cap;
+        vk_hamming(c->bin, vi->words, m, bits, hd + base);
+    }
+    uint32_t before[CAL_K] = {0};
+    for (size_t i = 0; i < nh; i++)
+        h[i] = hd[slot[i]];
+    for (size_t s = 0; s < n; s++) {
+        if (tomb_at(chunk_of(vi, s), off_of(vi, s)))
+            continue;
+        unsigned d = hd[s];
+        for (size_t i = 0; i < nh; i++)
+            before[i] += d < h[i] || (d == h[i] && s < slot[i]);
+    }
+    for (size_t i = 0; i < nh; i++)
+        pos[i] = before[i];
+    free(mem);
+    return (int)nh;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* vindex_calibrate measures the ANN search's recall and sets its depth; see vindex.h. */
+int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *out)
+{
+    int rc = 0;
+    float *probe = malloc(vi->dim * sizeof(float));
+    uint32_t *sorted = malloc(CAL_RING * sizeof(uint32_t));
+    if (!probe || !sorted) {
+        free(probe);
+        free(sorted);
+        return -ENOMEM;
+    }
+    size_t live = 0, limit = 0;
+    bool ann = false, was_below = false;
+    pthread_mutex_lock(&vi->cal_mu);
+    if (!vi->cal_pos) {
+        vi->cal_pos = malloc(CAL_RING * sizeof(uint32_t));
+        if (!vi->cal_pos) {
+            rc = -ENOMEM;
+            goto done;
+        }
+    }
+    for (size_t i = 0; i < probes; i++) {
+        rdlock(vi);
+        ann = vi->kind == VINDEX_KIND_ANN && vi->live > 0;
+        live = vi->live;
+        if (vi->cal_gen != vi->code_gen || !ann) {
+            /* new codes: what was measured on the old ones says nothing */
+            vi->cal_gen = vi->code_gen;
+            vi->cal_n = vi->cal_head = vi->cal_probes = 0;
+        }
+        if (!ann) {
+            unlock(vi);
+            break;
+        }
+        uint32_t pos[CAL_K];
+        make_probe(vi, vi->cal_probes, probe);
+        int np = probe_positions(vi, probe, pos);
+        unlock(vi);
+        if (np < 0) {
+            rc = np;
+            goto done;
+        }
+        vi->cal_probes++;
+        for (int j = 0; j < np; j++) {
+            vi->cal_pos[vi->cal_head] = pos[j];
+            vi->cal_head = (vi->cal_head + 1) % CAL_RING;
+            if (vi->cal_n < CAL_RING)
+                vi->cal_n++;
+        }
+    }
+    /* the most the ANN path may bound before an exact scan of the int8 codes is cheaper */
+    limit = vi->o.ann_max_candidates;
+    if (limit > live / 2)
+        limit = live / 2;
+    if (!ann) {
+        atomic_store(&vi->depth, 0);
+        atomic_store(&vi->exact_fb, 0);
+        vi->cal_est = vi->cal_ann_est = NAN;
+    } else if (vi->cal_n >= CAL_MIN) {
+        size_t n = vi->cal_n;
+        memcpy(sorted, vi->cal_pos, n * sizeof(uint32_t));
+        qsort(sorted, n, sizeof(uint32_t), cmp_u32);
+        /* the recall the depth in use reached on these samples */
+        size_t cur = atomic_load(&vi->depth);
+        if (cur == 0) {
+            cur = live / 8 > vi->o.ann_max_candidates ? vi->o.ann_max_candidates : live / 8;
+            cur = cur < vi->o.ann_candidates ? vi->o.ann_candidates : cur;
+        }
+        bool cur_fb = atomic_load(&vi->exact_fb) != 0;
+        size_t hit = 0;
+        while (hit < n && sorted[hit] < cur)
+            hit++;
+        was_below = !cur_fb && (double)hit / (double)n < target;
+        /* the depth that keeps half the allowed misses in reserve: the goal's quantile,
+         * plus a quarter for the sampling error */
+        double goal = target + (1.0 - target) / 2.0;
+        size_t idx = (size_t)ceil(goal * (double)n);
+        idx = idx == 0 ? 0 : idx > n ? n - 1 : idx - 1;
+        size_t d = (size_t)sorted[idx] + 1;
+        d += d / 4 + 16;
+        if (d < vi->o.ann_candidates)
+            d = vi->o.ann_candidates;
+        bool fb = d > limit;
+        size_t use = fb ? limit : d;
+        hit = 0;
+        while (hit < n && sorted[hit] < use)
+            hit++;
+        vi->cal_ann_est = (double)hit / (double)n;
+        vi->cal_est = fb ? 1.0 : vi->cal_ann_est;
+        atomic_store(&vi->depth, use);
+        atomic_store(&vi->exact_fb, fb ? 1 : 0);
+    }
+done:
+    if (out) {
+        out->estimate = vi->kind == VINDEX_KIND_ANN ? vi->cal_est : 1.0;
+        out->ann_estimate = vi->cal_ann_est;
+        out->depth = atomic_load(&vi->depth);
+        out->samples = vi->cal_n;
+        out->exact_fallback = atomic_load(&vi->exact_fb) != 0;
+        out->was_below = was_below;
+    }
+    pthread_mutex_unlock(&vi->cal_mu);
+    free(probe);
+    free(sorted);
+    return rc;
+}
+
+/* vindex_get_recall reads what the last calibration found; see vindex.h. */
+void vindex_get_recall(vindex *vi, vindex_recall *out)
+{
+    pthread_mutex_lock(&vi->cal_mu);
+    rdlock(vi);
+    bool ann = vi->kind == VINDEX_KIND_ANN;
+    bool fresh = vi->cal_gen == vi->code_gen;
+    unlock(vi);
+    out->estimate = !ann ? 1.0 : fresh ? vi->cal_est : NAN;
+    out->ann_estimate = ann && fresh ? vi->cal_ann_est : NAN;
+    out->depth = atomic_load(&vi->depth);
+    out->samples = fresh ? vi->cal_n : 0;
+    out->exact_fallback = atomic_load(&vi->exact_fb) != 0;
+    out->was_below = false;
+    pthread_mutex_unlock(&vi->cal_mu);
+}
+
 /* ---- snapshots ---- */
 
 #define SNAP_MAGIC "ENGVIDX"
-#define SNAP_VERSION 2
+#define SNAP_VERSION 3 /* 3: the sign codes' centre follows them; 2 is read (codes redone) */
 #define SNAP_HEADER 88
 #define SNAP_BOM 0x01020304u
 #define CK_OFF 56
@@ -2006,6 +2438,12 @@ int vindex_save_extra(vindex *vi, const char *path, uint64_t seq, const void *ex
             }
         }
     }
+    if (v.kind >= VINDEX_KIND_ANN && !w.err) {
+        unsigned char cl[8];
+        put_u64(cl, vi->center_live);
+        wput(&w, v.center, vi->dim * sizeof(float));
+        wput(&w, cl, 8);
+    }
     if (extra_len)
         wput(&w, extra, extra_len);
     wflush(&w);
@@ -2136,8 +2574,8 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     xxh_init(&r.h);
     xxh_update(&r.h, hdr, sizeof(hdr));
     uint64_t dim = rd64(hdr + 16), msz = rd64(hdr + 24), count = rd64(hdr + 32);
-    uint32_t kind = rd32(hdr + 48);
-    if (memcmp(hdr, SNAP_MAGIC, 8) != 0 || rd32(hdr + 8) != SNAP_VERSION ||
+    uint32_t kind = rd32(hdr + 48), version = rd32(hdr + 8);
+    if (memcmp(hdr, SNAP_MAGIC, 8) != 0 || version < 2 || version > SNAP_VERSION ||
         rd32(hdr + 12) != SNAP_HEADER || rd32(hdr + 52) != SNAP_BOM || kind > VINDEX_KIND_ANN ||
         dim == 0 || dim > MAX_DIM || msz > MAX_META || rd64(hdr + 64) != (dim + 31) / 32 * 32 ||
         rd64(hdr + 72) != (dim + 63) / 64 || count >= MAX_SLOTS) {
@@ -2151,8 +2589,9 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     if (kind >= VINDEX_KIND_ANN)
         per += (dim + 63) / 64 * 8;
     uint64_t body, xlen = rd64(hdr + 80);
-    if (!mul_ok(count, per, &body) || body > UINT64_MAX - SNAP_HEADER - xlen ||
-        xlen > (uint64_t)sb.st_size || (uint64_t)sb.st_size != SNAP_HEADER + body + xlen) {
+    uint64_t tail = version >= 3 && kind >= VINDEX_KIND_ANN ? dim * 4 + 8 : 0; /* centre */
+    if (!mul_ok(count, per, &body) || body > UINT64_MAX - SNAP_HEADER - xlen - tail ||
+        xlen > (uint64_t)sb.st_size || (uint64_t)sb.st_size != SNAP_HEADER + body + tail + xlen) {
         rc = VINDEX_E_CORRUPT;
         goto fail;
     }
@@ -2244,6 +2683,33 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
             }
         }
     }
+    /* codes the file has and may be used: a version 2 file's sign codes are raw signs */
+    int usable = (int)kind;
+    if (version < 3 && usable > VINDEX_KIND_SQ8)
+        usable = VINDEX_KIND_SQ8;
+    if (!r.err && tail) {
+        float *fc = malloc((size_t)dim * sizeof(float));
+        unsigned char cl[8];
+        if (!fc) {
+            r.err = -ENOMEM;
+        } else {
+            rget(&r, fc, (size_t)dim * sizeof(float));
+            rget(&r, cl, 8);
+            if (target >= VINDEX_KIND_ANN) {
+                st.center = fc;
+                vi->center_live = (size_t)rd64(cl);
+            } else {
+                free(fc);
+            }
+        }
+    }
+    if (!r.err && target >= VINDEX_KIND_ANN && usable < VINDEX_KIND_ANN) {
+        /* after the checksum the rows are trusted; computing first is harmless either way */
+        st.center = center_of(vi, st.chunks, st.nslots, NULL);
+        vi->center_live = st.nslots;
+        if (!st.center)
+            r.err = -ENOMEM;
+    }
     if (!r.err && xlen) {
         xbuf = malloc((size_t)xlen);
         if (!xbuf)
@@ -2276,8 +2742,8 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     for (size_t s = 0; s < st.nslots && rc == 0; s++) {
         chunk *c = st.chunks[s >> vi->ch_shift];
         size_t off = s & vi->ch_mask;
-        if (target > (int)kind)
-            encode_slot(vi, c, off, (int)kind);
+        if (target > usable)
+            encode_slot(vi, st.center, c, off, usable);
         uint64_t id = c->ids[off];
         if (id == UINT64_MAX || idmap_get(map, id, NULL))
             rc = VINDEX_E_CORRUPT;
@@ -2298,6 +2764,7 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     vi->live = st.nslots;
     vi->ntomb = 0;
     vi->kind = target;
+    vi->center = st.center; /* NULL below ANN */
     *seq = rd64(hdr + 40);
     *out = vi;
     if (extra) {

@@ -16,11 +16,15 @@
  *                     similarity only of vectors whose upper bound can still make the top k.
  *                     Exact, with a quarter of the memory traffic of the float scan.
  *   VINDEX_KIND_ANN   from ann_min (default 4096), for dimensions below 65,535: plus a
- *                     sign-bit code per vector (dim bits). The search ranks every vector by
- *                     Hamming distance to the query's sign bits (one pass over dim/8 bytes
- *                     per vector), takes the nearest candidates among those the filter
- *                     keeps, bounds them with the int8 codes and re-ranks exactly; see
- *                     vindex_search for what is exact.
+ *                     sign-bit code per vector (dim bits): the signs of the vector minus
+ *                     the index's centre, rotated (a fixed orthogonal transform), so every
+ *                     bit is informative whatever the distribution (non-negative features,
+ *                     a dominant shared direction, variance in a few dimensions). The search
+ *                     ranks every vector by Hamming distance to the query's code (one pass
+ *                     over dim/8 bytes per vector), takes the nearest candidates among
+ *                     those the filter keeps, as many as the measured depth says, bounds
+ *                     them with the int8 codes and re-ranks exactly; see vindex_search for
+ *                     what is exact and vindex_calibrate for the depth.
  *
  * Removal leaves a tombstone; vindex_maintenance (a background thread) compacts them away
  * by building new storage without blocking searches and swapping it in under a short
@@ -76,13 +80,12 @@ typedef struct vindex_opts {
      * the exact SQ8 kind (0.19-0.32 ms, exact by construction). */
     size_t quant_min;
     size_t ann_min;
-    /* ANN search: at least ann_candidates candidates (default 256, and at least 4 * k) are
-     * bounded with their int8 codes; the search stops once ann_patience (default 128)
-     * candidates in a row could not enter the top k; it gathers (and so bounds at most) an
-     * eighth of the live vectors, at least max(ann_candidates, 16 k) and at most
-     * max(ann_max_candidates (default 4096), 16 k): its budget. */
+    /* ANN search: it gathers and bounds with the int8 codes the depth vindex_calibrate
+     * measured (scaled with k / 10), at least ann_candidates (default 256) and 16 k; before
+     * a measurement, an eighth of the live vectors, at most ann_max_candidates (default
+     * 16384): its budget. A calibration that needs more than ann_max_candidates (or half
+     * the live vectors) switches the index to exact scans. */
     size_t ann_candidates;
-    size_t ann_patience;
     size_t ann_max_candidates;
     /* Compaction is due when tombstones reach compact_percent (default 25) percent of the
      * stored vectors and at least 64; indexes of at most inline_compact_max stored vectors
@@ -249,11 +252,43 @@ typedef struct vindex_query {
  * only on ANN indexes and above 1024 dimensions. */
 int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n);
 
+/* ---- recall ----
+ *
+ * An ANN search is exact for the candidates it bounds; what it can miss is a true neighbour
+ * the sign codes rank too deep. The index measures that itself: a probe query (a stored
+ * vector plus noise, or the midpoint of two stored vectors: never a stored vector itself)
+ * is answered exactly by the int8 scan, and the position of each of its 10 true
+ * neighbours in the candidate order is recorded (a ring of the last 2,048). From those
+ * positions follow the recall at any depth and the depth that reaches a target. */
+
+typedef struct vindex_recall {
+    double estimate;     /* recall@10 searches get now: 1 below the ANN kind and when they
+                          * scan exactly; NaN before enough samples of the current codes */
+    double ann_estimate; /* recall@10 of the ANN path at its depth (NaN: not measured) */
+    size_t depth;        /* candidates bounded per query of k <= 10 (0: not measured yet) */
+    size_t samples;      /* true-neighbour positions behind the estimate */
+    bool exact_fallback; /* no depth within the limits reaches the target: exact scans */
+    bool was_below;      /* vindex_calibrate: the depth in use before the call measured below
+                          * the target (the call deepened or fell back) */
+} vindex_recall;
+
+/* vindex_calibrate runs probes probe queries (each an exact int8 scan plus a Hamming pass:
+ * about 1-4 ms at 50,000 x 768), then, once 200 positions are known, sets the depth to the
+ * one whose recall on them reaches target + (1 - target) / 2, plus a quarter; when that
+ * exceeds ann_max_candidates or half the live vectors, searches scan exactly until a later
+ * calibration finds a depth again. New codes (a kind change, a rebuild) discard the samples.
+ * Fills *out (may be NULL). Returns 0 or -ENOMEM. Holds the shared lock per probe only;
+ * meant for a background thread. */
+int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *out);
+
+/* vindex_get_recall fills *out with what the last calibration found (no probe runs). */
+void vindex_get_recall(vindex *vi, vindex_recall *out);
+
 /* ---- snapshots ----
  *
- * File format (version 2), little-endian, fields at fixed offsets:
+ * File format (version 3), little-endian, fields at fixed offsets:
  *   0  magic "ENGVIDX\0"         8 bytes
- *   8  u32 format version (2)    12 u32 header size (88)
+ *   8  u32 format version (3)    12 u32 header size (88)
  *   16 u64 dim                   24 u64 meta_size
  *   32 u64 count (live vectors)  40 u64 seq (the caller's change number)
  *   48 u32 kind (which code sections follow)   52 u32 byte-order mark 0x01020304
@@ -262,8 +297,10 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
  *   80 u64 length of the caller's extra bytes
  * then, in order: ids (count u64), metadata (count * meta_size bytes), rows (count * dim
  * f32), if kind >= SQ8: scales (count f32), error norms (count f32), codes (count * stride
- * int8), if kind == ANN: sign codes (count * words u64), then the extra bytes. The file is
- * exactly that long.
+ * int8), if kind == ANN: sign codes (count * words u64), the centre they are taken around
+ * (dim f32) and the live count it was computed from (u64), then the extra bytes. The file
+ * is exactly that long. Version 2 files (no centre; raw sign codes) are read, and their
+ * sign codes computed anew.
  */
 
 /* vindex_save writes the live vectors, metadata and codes to path atomically: a temporary

@@ -543,6 +543,56 @@ void vk_sq8_encode(const float *x, size_t dim, int8_t *code, float *scale, float
     sq8_encode_c(x, dim, code, scale, rn);
 }
 
+/* vk_rot_signs draws the signs with splitmix64 (see vkernel.h). */
+void vk_rot_signs(uint64_t seed, size_t dim, float *signs)
+{
+    uint64_t z = seed;
+    for (size_t i = 0; i < VK_ROT_ROUNDS * dim; i++) {
+        uint64_t v = (z += 0x9e3779b97f4a7c15ULL);
+        v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        v = (v ^ (v >> 27)) * 0x94d049bb133111ebULL;
+        v ^= v >> 31;
+        signs[i] = (v >> 63) ? -1.0f : 1.0f;
+    }
+}
+
+/* fwht transforms the n (a power of two) floats at x: unnormalized Walsh-Hadamard, then a
+ * scale by 1/sqrt(n). The butterflies of one stage are independent, so the inner loop
+ * vectorizes; the order of operations per element is fixed, so the result does not depend
+ * on whether it did. */
+static void fwht(float *x, size_t n)
+{
+    for (size_t h = 1; h < n; h *= 2) {
+        for (size_t i = 0; i < n; i += 2 * h) {
+            float *a = x + i, *b = x + i + h;
+            for (size_t j = 0; j < h; j++) {
+                float u = a[j], v = b[j];
+                a[j] = u + v;
+                b[j] = u - v;
+            }
+        }
+    }
+    float s = (float)(1.0 / sqrt((double)n));
+    for (size_t j = 0; j < n; j++)
+        x[j] *= s;
+}
+
+/* vk_rotate: sign flips and two overlapping Hadamard blocks per round (see vkernel.h). */
+void vk_rotate(float *x, size_t dim, const float *signs)
+{
+    size_t p = 1;
+    while (p * 2 <= dim)
+        p *= 2;
+    for (int r = 0; r < VK_ROT_ROUNDS; r++) {
+        const float *sg = signs + (size_t)r * dim;
+        for (size_t j = 0; j < dim; j++)
+            x[j] *= sg[j];
+        fwht(x, p);
+        if (p < dim)
+            fwht(x + dim - p, p);
+    }
+}
+
 /* vk_sign_bits sets one bit per positive coordinate (see vkernel.h). */
 void vk_sign_bits(const float *x, size_t dim, uint64_t *bits)
 {

@@ -57,6 +57,21 @@ void vk_sq8_encode(const float *x, size_t dim, int8_t *code, float *scale, float
  * rest of the (dim + 63) / 64 words zero. */
 void vk_sign_bits(const float *x, size_t dim, uint64_t *bits);
 
+/* VK_ROT_ROUNDS: rounds of the structured rotation below. */
+#define VK_ROT_ROUNDS 3
+
+/* vk_rot_signs fills signs (VK_ROT_ROUNDS * dim floats, each +1 or -1) from seed: the
+ * random part of a rotation. The same seed and dim always give the same signs. */
+void vk_rot_signs(uint64_t seed, size_t dim, float *signs);
+
+/* vk_rotate applies an orthogonal transform to x (dim floats) in place: VK_ROT_ROUNDS rounds
+ * of a sign flip by signs (from vk_rot_signs) followed by normalized Walsh-Hadamard
+ * transforms of the first and the last P coordinates (P the largest power of two <= dim;
+ * one transform when P == dim). It spreads the variance of any direction over all
+ * coordinates (as a random rotation does) in O(dim log dim). One portable implementation
+ * for every kernel level, so results are the same on every CPU the build runs on. */
+void vk_rotate(float *x, size_t dim, const float *signs);
+
 /* vk_hamming writes the Hamming distances between q and n consecutive binary codes of words
  * 64-bit words each into out: bits set at most 65,535 (the index uses it only for dimensions
  * below that), so a distance fits in 16 bits. */

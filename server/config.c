@@ -103,11 +103,16 @@ static const config_def defs[] = {
      "memories from which a tenant's index searches approximately (sign-bit candidates, "
      "exact re-rank); set above a tenant's size to keep it exact"},
     {"index_ann_candidates", T_INT, OFF(index_ann_candidates), "256", 16, 1000000, 0,
-     "approximate search: candidates re-ranked at least (and at least 4 x top_k)"},
-    {"index_ann_max_candidates", T_INT, OFF(index_ann_max_candidates), "4096", 16, 10000000, 0,
-     "approximate search: candidates gathered at most (and at least 16 x top_k)"},
-    {"index_ann_patience", T_INT, OFF(index_ann_patience), "128", 1, 1000000, 0,
-     "approximate search: stop after this many candidates in a row could not enter the top k"},
+     "approximate search: candidates bounded at least (and at least 16 x top_k)"},
+    {"index_ann_max_candidates", T_INT, OFF(index_ann_max_candidates), "16384", 16, 10000000, 0,
+     "approximate search: the deepest candidate depth the recall monitor may set; an index "
+     "that needs more to reach index_recall_target searches exactly"},
+    {"index_recall_target", T_DOUBLE, OFF(index_recall_target), "0.99", 0.5, 1.0, 0,
+     "recall@10 each approximate index keeps, as measured by its recall monitor: below it, "
+     "the index searches deeper, or exactly"},
+    {"index_recall_budget_percent", T_DOUBLE, OFF(index_recall_budget_percent), "1", 0, 100, 0,
+     "CPU the recall monitor may use, in percent of one core, on average (0: off; a new or "
+     "rebuilt index is still measured once)"},
     {"row_cache_mb", T_LONG, OFF(row_cache_mb), "256", 0, 1e6, 0,
      "memory rows cached for search results in MiB, so that searches need no database "
      "round trip (0: none)"},

@@ -45,7 +45,8 @@ typedef struct config {
     long index_ann_min;
     int index_ann_candidates;
     int index_ann_max_candidates;
-    int index_ann_patience;
+    double index_recall_target;
+    double index_recall_budget_percent;
     int index_compact_percent;
     long row_cache_mb;
     int consolidate_check_interval_s;

@@ -117,6 +117,31 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
         (unsigned long long)tm.evictions, (unsigned long long)tm.rebuilds,
         (unsigned long long)rc_entries, (unsigned long long)rc_bytes, (unsigned long long)rc_hits,
         (unsigned long long)rc_misses);
+    evbuffer_add_printf(
+        b, "# HELP engram_index_recall_estimate Recall@10 of searches as the recall monitor "
+           "measures it, over the loaded indexes of a kind (exact kinds are 1): the lowest and "
+           "the mean.\n# TYPE engram_index_recall_estimate gauge\n"
+           "engram_index_recall_estimate{kind=\"flat\",stat=\"min\"} 1\n"
+           "engram_index_recall_estimate{kind=\"sq8\",stat=\"min\"} 1\n");
+    if (tm.recall_measured)
+        evbuffer_add_printf(b,
+                            "engram_index_recall_estimate{kind=\"ann\",stat=\"min\"} %.4f\n"
+                            "engram_index_recall_estimate{kind=\"ann\",stat=\"mean\"} %.4f\n",
+                            tm.recall_min, tm.recall_sum / (double)tm.recall_measured);
+    evbuffer_add_printf(
+        b,
+        "# HELP engram_index_recall_measured Approximate indexes with a recall estimate.\n"
+        "# TYPE engram_index_recall_measured gauge\nengram_index_recall_measured %llu\n"
+        "# HELP engram_index_exact_fallbacks Approximate indexes searching exactly because no "
+        "candidate depth reached the recall target.\n"
+        "# TYPE engram_index_exact_fallbacks gauge\nengram_index_exact_fallbacks %llu\n"
+        "# HELP engram_index_recall_probes_total Probe queries the recall monitor ran.\n"
+        "# TYPE engram_index_recall_probes_total counter\nengram_index_recall_probes_total %llu\n"
+        "# HELP engram_index_recall_probe_seconds_total Time the recall monitor spent.\n"
+        "# TYPE engram_index_recall_probe_seconds_total counter\n"
+        "engram_index_recall_probe_seconds_total %.6f\n",
+        (unsigned long long)tm.recall_measured, (unsigned long long)tm.exact_fallbacks,
+        (unsigned long long)tm.recall_probes, (double)tm.recall_probe_ns / 1e9);
     static const char *const sources[2] = {"snapshot", "database"};
     evbuffer_add_printf(b, "# HELP engram_index_load_duration_seconds Time from a tenant's first "
                            "use (or the start-up preload) to its index being ready, by source.\n"

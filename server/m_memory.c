@@ -1314,8 +1314,10 @@ static void stats_rows(req *r, const db_result *res)
             newest = hi;
         bytes += memrow_i64(pr, i, 6, 0);
     }
+    tenant_index_info ii;
+    tenants_index_info(req_server(r)->tenants, req_auth(r)->tenant_id, &ii);
     msgpack_packer *pk = req_result(r);
-    msgpack_pack_map(pk, 7);
+    msgpack_pack_map(pk, 8);
     rpc_pack_kv_int(pk, "total", total);
     rpc_pack_kv_int(pk, "archived", archived);
     rpc_pack_cstr(pk, "by_type");
@@ -1329,6 +1331,26 @@ static void stats_rows(req *r, const db_result *res)
     mp_pack_time(pk, "oldest_at", oldest);
     mp_pack_time(pk, "newest_at", newest);
     rpc_pack_kv_int(pk, "storage_bytes", bytes);
+    rpc_pack_cstr(pk, "index");
+    if (!ii.loaded) {
+        msgpack_pack_map(pk, 1);
+        rpc_pack_kv_bool(pk, "loaded", false);
+    } else {
+        static const char *const kinds[] = {"flat", "sq8", "ann"};
+        const vindex_recall *rc = &ii.recall;
+        msgpack_pack_map(pk, 7);
+        rpc_pack_kv_bool(pk, "loaded", true);
+        rpc_pack_kv_str(pk, "kind", kinds[ii.kind <= VINDEX_KIND_ANN ? ii.kind : 2]);
+        rpc_pack_kv_int(pk, "vectors", (int64_t)ii.vectors);
+        rpc_pack_cstr(pk, "recall_estimate");
+        if (isnan(rc->estimate))
+            msgpack_pack_nil(pk);
+        else
+            msgpack_pack_double(pk, rc->estimate);
+        rpc_pack_kv_int(pk, "candidate_depth", (int64_t)rc->depth);
+        rpc_pack_kv_bool(pk, "exact_fallback", rc->exact_fallback);
+        rpc_pack_kv_int(pk, "recall_samples", (int64_t)rc->samples);
+    }
     req_done(r);
 }
 

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <malloc.h>
+#include <math.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -61,6 +62,7 @@ struct tenant {
     bool saving;                   /* a snapshot is being written */
     bool dead;                     /* the tenant was deleted: write no snapshot */
     atomic_uint_least64_t used_ns; /* last use, for eviction */
+    bool recall_warned;            /* housekeeping only: a low recall was logged */
 };
 
 struct tenants {
@@ -82,6 +84,11 @@ struct tenants {
     /* successful loads by source (0 snapshot, 1 database): duration histogram and sum */
     atomic_uint_least64_t load_hist[2][TENANTS_LOAD_BUCKETS];
     atomic_uint_least64_t load_us[2];
+    /* the recall monitor (housekeeping only, but the counters) */
+    double rm_allow_ns; /* probe time the CPU budget allows now (negative: a debt) */
+    uint64_t rm_last_ns;
+    size_t rm_next; /* where the next round starts among the tenants */
+    atomic_uint_least64_t n_probes, probe_ns;
 };
 
 const double tenants_load_bounds_s[TENANTS_LOAD_BUCKETS - 1] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -117,7 +124,6 @@ tenants *tenants_create(server *s)
                            .ann_min = (size_t)c->index_ann_min,
                            .ann_candidates = (size_t)c->index_ann_candidates,
                            .ann_max_candidates = (size_t)c->index_ann_max_candidates,
-                           .ann_patience = (size_t)c->index_ann_patience,
                            .compact_percent = (unsigned)c->index_compact_percent};
     if (c->index_memory_mb > 0) {
         ts->budget = (size_t)c->index_memory_mb << 20;
@@ -1347,6 +1353,54 @@ static void hk_release(hk_list *l)
     free(l->v);
 }
 
+/* recall_check runs the recall monitor on t's index, when it is approximate: a first
+ * measurement of new codes whatever the budget, then a few probes whenever the CPU budget
+ * (index_recall_budget_percent of one core, averaged) allows. Logs once when the measured
+ * recall fell below index_recall_target and the index had to search deeper or exactly, and
+ * once when it recovered. Housekeeping thread. */
+static void recall_check(tenants *ts, tenant *t)
+{
+    const config *c = &ts->srv->cfg;
+    vindex_stats st;
+    vindex_get_stats(t->vi, &st);
+    if (st.kind != VINDEX_KIND_ANN)
+        return;
+    vindex_recall r;
+    vindex_get_recall(t->vi, &r);
+    size_t probes;
+    if (isnan(r.estimate))
+        probes = 24; /* new codes: 240 true neighbours, the least the estimate is made of */
+    else if (c->index_recall_budget_percent > 0 && ts->rm_allow_ns > 0)
+        probes = 4;
+    else
+        return;
+    uint64_t t0 = server_mono_ns();
+    int rc = vindex_calibrate(t->vi, probes, c->index_recall_target, &r);
+    uint64_t dt = server_mono_ns() - t0;
+    ts->rm_allow_ns -= (double)dt;
+    atomic_fetch_add(&ts->n_probes, probes);
+    atomic_fetch_add(&ts->probe_ns, dt);
+    if (rc < 0) {
+        log_warn("tenant %lld: recall monitor: out of memory", (long long)t->id);
+        return;
+    }
+    if ((r.was_below || r.exact_fallback) && !t->recall_warned && !isnan(r.ann_estimate)) {
+        t->recall_warned = true;
+        if (r.exact_fallback)
+            log_warn("tenant %lld: approximate search measured recall@10 %.3f at the deepest "
+                     "allowed depth, below the target %.3f: searching exactly",
+                     (long long)t->id, r.ann_estimate, c->index_recall_target);
+        else
+            log_warn("tenant %lld: approximate search measured below the recall target %.3f: "
+                     "now %zu candidates deep (recall@10 %.3f)",
+                     (long long)t->id, c->index_recall_target, r.depth, r.ann_estimate);
+    } else if (t->recall_warned && !r.was_below && !r.exact_fallback) {
+        t->recall_warned = false;
+        log_info("tenant %lld: approximate search back at recall@10 %.3f, %zu candidates deep",
+                 (long long)t->id, r.ann_estimate, r.depth);
+    }
+}
+
 static int by_use(const void *a, const void *b)
 {
     const hk_item *x = a, *y = b;
@@ -1388,6 +1442,14 @@ static void housekeeping(bg_ctx *ctx, void *arg)
     pthread_mutex_unlock(&ts->mu);
     uint64_t interval = (uint64_t)ts->srv->cfg.index_snapshot_interval_s * 1000000000ull;
     size_t total = 0;
+    uint64_t now = server_mono_ns();
+    if (ts->rm_last_ns)
+        ts->rm_allow_ns +=
+            (double)(now - ts->rm_last_ns) * ts->srv->cfg.index_recall_budget_percent / 100.0;
+    if (ts->rm_allow_ns > 2e8)
+        ts->rm_allow_ns = 2e8; /* at most 200 ms of probing banked */
+    ts->rm_last_ns = now;
+    size_t rm_first = l.n ? ts->rm_next++ % l.n : 0;
     for (size_t i = 0; i < l.n && !bg_cancelled(ctx); i++) {
         tenant *t = l.v[i].t;
         pthread_mutex_lock(&t->mu);
@@ -1415,6 +1477,16 @@ static void housekeeping(bg_ctx *ctx, void *arg)
             save_snapshot(t);
         l.v[i].bytes = st.bytes;
         total += st.bytes;
+    }
+    /* the recall monitor, starting at a different tenant each round so that a small budget
+     * reaches every index in turn */
+    for (size_t j = 0; j < l.n && !bg_cancelled(ctx); j++) {
+        tenant *t = l.v[(rm_first + j) % l.n].t;
+        pthread_mutex_lock(&t->mu);
+        bool ready = t->state == T_READY;
+        pthread_mutex_unlock(&t->mu);
+        if (ready)
+            recall_check(ts, t);
     }
     if (total > ts->budget && !bg_cancelled(ctx)) {
         qsort(l.v, l.n, sizeof(*l.v), by_use);
@@ -1645,9 +1717,41 @@ static int stats_one(uint64_t key, uint64_t value, void *arg)
         m->vectors += st.count;
         m->bytes += st.bytes;
         m->by_kind[st.kind < 3 ? st.kind : 2]++;
+        if (st.kind == VINDEX_KIND_ANN) {
+            vindex_recall r;
+            vindex_get_recall(t->vi, &r);
+            if (!isnan(r.estimate)) {
+                m->recall_measured++;
+                m->recall_sum += r.estimate;
+                if (m->recall_measured == 1 || r.estimate < m->recall_min)
+                    m->recall_min = r.estimate;
+            }
+            m->exact_fallbacks += r.exact_fallback;
+        }
     }
     pthread_mutex_unlock(&t->mu);
     return 0;
+}
+
+void tenants_index_info(tenants *ts, int64_t id, tenant_index_info *out)
+{
+    memset(out, 0, sizeof(*out));
+    uint64_t v;
+    pthread_mutex_lock(&ts->mu);
+    if (idmap_get(ts->map, (uint64_t)id, &v)) {
+        tenant *t = (tenant *)(uintptr_t)v;
+        pthread_mutex_lock(&t->mu);
+        if (t->state == T_READY) {
+            vindex_stats st;
+            vindex_get_stats(t->vi, &st);
+            out->loaded = true;
+            out->kind = st.kind;
+            out->vectors = st.count;
+            vindex_get_recall(t->vi, &out->recall);
+        }
+        pthread_mutex_unlock(&t->mu);
+    }
+    pthread_mutex_unlock(&ts->mu);
 }
 
 void tenants_stats(tenants *ts, tenants_metrics *m)
@@ -1663,6 +1767,8 @@ void tenants_stats(tenants *ts, tenants_metrics *m)
     m->snapshots_written = atomic_load(&ts->n_snapshots);
     m->evictions = atomic_load(&ts->n_evictions);
     m->rebuilds = atomic_load(&ts->n_rebuilds);
+    m->recall_probes = atomic_load(&ts->n_probes);
+    m->recall_probe_ns = atomic_load(&ts->probe_ns);
     for (int src = 0; src < 2; src++) {
         for (size_t b = 0; b < TENANTS_LOAD_BUCKETS; b++)
             m->load_hist[src][b] = atomic_load(&ts->load_hist[src][b]);

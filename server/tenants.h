@@ -136,7 +136,24 @@ typedef struct tenants_metrics {
      * bound), and their total duration in microseconds */
     uint64_t load_hist[2][TENANTS_LOAD_BUCKETS];
     uint64_t load_us[2];
+    /* the recall monitor: loaded ANN indexes with an estimate, the lowest and the sum of
+     * their estimates, those searching exactly for recall, probes run and their time */
+    uint64_t recall_measured;
+    double recall_min, recall_sum;
+    uint64_t exact_fallbacks, recall_probes, recall_probe_ns;
 } tenants_metrics;
+
+/* What memory.stats reports of a tenant's index. */
+typedef struct tenant_index_info {
+    bool loaded; /* the rest is meaningful only when loaded */
+    enum vindex_kind kind;
+    size_t vectors;
+    vindex_recall recall;
+} tenant_index_info;
+
+/* tenants_index_info fills *out for tenant id (not loaded when unknown or still loading).
+ * Any thread. */
+void tenants_index_info(tenants *ts, int64_t id, tenant_index_info *out);
 
 /* tenants_stats fills m. Any thread. */
 void tenants_stats(tenants *ts, tenants_metrics *m);

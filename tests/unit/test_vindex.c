@@ -950,7 +950,6 @@ int main(void)
     vindex_opts ann = {.quant_min = 1,
                        .ann_min = 1,
                        .ann_candidates = 32,
-                       .ann_patience = 32,
                        .ann_max_candidates = 64,
                        .inline_compact_max = 1};
     check_exact = false;

@@ -1,0 +1,111 @@
+"""The recall monitor, end to end.
+
+An approximate index (from index_ann_min memories) measures its own recall@10 in the
+background, reports it in memory.stats and /metrics, and keeps searches at the target: on
+embeddings whose raw signs say nothing (non-negative features) it stays approximate and
+right; on data no code can search cheaply (i.i.d. vectors) it falls back to exact scans,
+logs one warning naming the tenant, and its searches equal a brute force.
+"""
+import time
+
+import numpy as np
+
+from harness import Server, new_database, vec_bin
+
+DIM = 96
+N = 3000
+
+
+def relu_vectors(n, seed):
+    rng = np.random.default_rng(seed)
+    w = np.random.default_rng(5).standard_normal((16, DIM)) / 4
+    x = np.maximum(rng.standard_normal((n, 16)) @ w, 0) + 0.01
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def iid_vectors(n, seed):
+    x = np.random.default_rng(seed).standard_normal((n, DIM))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def store(c, vecs):
+    ids = []
+    for k in range(0, len(vecs), 500):
+        mems = [{"content": f"m{k + i}", "type": "fact", "importance": 0.5,
+                 "embedding": vec_bin(v)} for i, v in enumerate(vecs[k:k + 500])]
+        ids += c.call("memory.store_batch", memories=mems)["ids"]
+    return ids
+
+
+def measured_index(c, timeout=60.0):
+    """memory.stats' index once the monitor has an estimate."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        idx = c.call("memory.stats")["index"]
+        if idx.get("loaded") and idx.get("recall_estimate") is not None:
+            return idx
+        time.sleep(0.2)
+    raise AssertionError(f"no recall estimate within {timeout} s: {idx}")
+
+
+def recall(c, ids, vecs, queries):
+    """recall@10 of searches against a brute force over the stored vectors."""
+    found = 0
+    for q in queries:
+        truth = {ids[i] for i in np.argsort(-(vecs @ q))[:10]}
+        res = c.call("memory.search", embedding=vec_bin(q), top_k=10,
+                     similarity_weight=1.0)["results"]
+        assert len(res) == 10
+        found += len(truth & {r["id"] for r in res})
+    return found / (10 * len(queries))
+
+
+def metric_lines(srv, prefix):
+    status, text = srv.http_get("/metrics")
+    assert status == 200
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+def test_recall_is_measured_and_kept():
+    srv = Server(new_database("recall"), extra=["--index-ann-min", "1024"])
+    try:
+        srv.start()
+        tid_r, key_r = srv.create_tenant(embedding={"provider": "builtin", "dim": DIM})
+        tid_i, key_i = srv.create_tenant(embedding={"provider": "builtin", "dim": DIM})
+        with srv.client(key=key_r) as c:
+            assert c.call("memory.stats")["index"] == {"loaded": False}
+            vecs = relu_vectors(N, 1)
+            ids = store(c, vecs)
+            c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1)  # loads the index
+            idx = measured_index(c)
+            assert idx["kind"] == "ann" and idx["vectors"] == N
+            assert idx["exact_fallback"] is False
+            assert idx["recall_estimate"] >= 0.99
+            assert idx["recall_samples"] >= 200 and idx["candidate_depth"] > 0
+            got = recall(c, ids, vecs, relu_vectors(60, 2))
+            assert got >= 0.98, got
+            assert abs(got - idx["recall_estimate"]) <= 0.02
+        with srv.client(key=key_i) as c:
+            vecs = iid_vectors(N, 3)
+            ids = store(c, vecs)
+            c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1)
+            deadline = time.time() + 60
+            while not c.call("memory.stats")["index"].get("exact_fallback"):
+                assert time.time() < deadline, c.call("memory.stats")["index"]
+                time.sleep(0.2)
+            idx = c.call("memory.stats")["index"]
+            assert idx["kind"] == "ann" and idx["recall_estimate"] == 1.0
+            assert recall(c, ids, vecs, iid_vectors(30, 4)) == 1.0
+        log = srv.log_text()
+        warned = [l for l in log.splitlines() if "searching exactly" in l]
+        assert len(warned) == 1 and f"tenant {tid_i}:" in warned[0], warned
+        assert f"tenant {tid_r}:" not in "\n".join(warned)
+        mins = metric_lines(srv, 'engram_index_recall_estimate{kind="ann",stat="min"}')
+        assert len(mins) == 1 and 0.99 <= float(mins[0].split()[-1]) <= 1.0
+        assert float(metric_lines(srv, "engram_index_exact_fallbacks ")[0].split()[-1]) == 1
+        assert float(metric_lines(srv, "engram_index_recall_probes_total ")[0].split()[-1]) >= 40
+    finally:
+        try:
+            srv.stop()
+        finally:
+            srv.cleanup()

@@ -675,7 +675,7 @@ static int probe_ready(const options *o)
         .prefix = o->prefix, .seed = o->seed, .memories = o->memories, .dim = o->dim};
     size_t nt = o->tenants > 0 ? (size_t)o->tenants : 1;
     char(*keys)[TENANTS_KEY_MAX] = calloc(nt, sizeof(*keys));
-    dataset *ds = dataset_create(o->seed, o->dim);
+    dataset *ds = dataset_create(DATASET_GAUSSIAN, o->seed, o->dim);
     float *q = malloc(o->dim * sizeof(float));
     int rc = 1;
     if (!keys || !ds || !q || dataset_queries(ds, 0, 0, 1, q) != 0) {
@@ -1025,7 +1025,7 @@ int main(int argc, char **argv)
         return probe_ready(o);
 
     int rc = 1;
-    b.ds = dataset_create(o->seed, o->dim);
+    b.ds = dataset_create(DATASET_GAUSSIAN, o->seed, o->dim);
     b.ti = calloc(o->tenants, sizeof(*b.ti));
     b.tids = calloc(o->tenants, sizeof(*b.tids));
     b.runs = calloc(o->nlevels, sizeof(*b.runs));

@@ -16,7 +16,7 @@
 #      sentences.txt  queries.txt         one sentence a line, in vector order
 #      vectors.f32    queries.f32         rows of dim float32, little-endian, L2-normalized
 #      dataset.json                       {"dim", "vectors", "queries", "model", ...}
-#    and keeps the fastText model (model.bin) beside them.
+#    and train.log (the model itself, a few hundred MB, is not kept).
 #
 # Cached: when OUTDIR/dataset.json exists the script does nothing. Installs the `fasttext`
 # package when it is missing (as root, like deploy/lib.sh's install_deps). Settings
@@ -142,8 +142,10 @@ PY
 # ---- model and vectors ----------------------------------------------------------------------
 log "training fastText skipgram, $DIM dimensions, $EPOCH epochs, $THREADS threads"
 start=$(date +%s)
+# -bucket: the character n-gram table; fastText's default (2,000,000 rows) would make a 3 GB
+# model for a vocabulary of a few ten thousand words.
 fasttext skipgram -input "$WORK/train.txt" -output "$WORK/model" -dim "$DIM" -epoch "$EPOCH" \
-    -thread "$THREADS" -minCount 2 -verbose 1 >"$WORK/train.log" 2>&1 ||
+    -thread "$THREADS" -minCount 2 -bucket 200000 -verbose 1 >"$WORK/train.log" 2>&1 ||
     die "fasttext skipgram failed, see $WORK/train.log"
 train_s=$(($(date +%s) - start))
 log "trained in $train_s s; embedding"
@@ -185,7 +187,8 @@ for name, n in (("sentences.txt", nv), ("queries.txt", nq)):
 meta = {"dim": dim, "vectors": nv, "queries": nq, "dtype": "float32", "byte_order": "little",
         "normalized": True,
         "source": "apt-cache dumpavail package descriptions, distinct English sentences",
-        "model": f"fasttext skipgram -dim {dim} -epoch {epoch} -minCount 2 (Debian fasttext)",
+        "model": f"fasttext skipgram -dim {dim} -epoch {epoch} -minCount 2 -bucket 200000 "
+                 "(Debian fasttext), trained on the stored sentences only",
         "embedding": "fasttext print-sentence-vectors, then L2-normalized",
         "train_seconds": int(train_s)}
 with open(f"{out}/dataset.json.tmp", "w") as f:
@@ -194,7 +197,6 @@ with open(f"{out}/dataset.json.tmp", "w") as f:
 PY
 mv "$WORK/sentences.txt" "$OUT/sentences.txt"
 mv "$WORK/queries.txt" "$OUT/queries.txt"
-mv "$WORK/model.bin" "$OUT/model.bin"
 mv "$OUT/vectors.f32.tmp" "$OUT/vectors.f32"
 mv "$OUT/queries.f32.tmp" "$OUT/queries.f32"
 cp "$WORK/train.log" "$OUT/train.log"

@@ -585,8 +585,9 @@ int main(int argc, char **argv)
         vindex_destroy(vi);
 
         if (compare) {
+            int auto_kind = (int)st.kind;
             for (int kind = 0; kind < 3; kind++) {
-                if (kind == (int)st.kind)
+                if (kind == auto_kind)
                     continue;
                 vindex_opts fo = o;
                 fo.quant_min = kind >= 1 ? 1 : SIZE_MAX;

@@ -40,6 +40,8 @@ typedef struct options {
     const char *host;
     unsigned port, http_port;
     const char *admin_key_file, *state_file, *prefix, *tier;
+    const char *dataset, *text_dir, *index_engine; /* index_engine NULL: not sent */
+    bool dim_given;
     const char *workload;
     double mix[WL_NOPS];
     size_t tenants, memories, dim, conns, depth, top_k, queries, batch;
@@ -75,9 +77,15 @@ static void usage(FILE *f)
             "data set:\n"
             "  --tenants N              tenants (1); connection c acts for tenant c mod N\n"
             "  --memories N             memories loaded per tenant (5000)\n"
-            "  --dim D                  embedding dimension (768)\n"
+            "  --dataset NAME           gaussian | anisotropic | spectral | relu | clustered |\n"
+            "                           text (gaussian); see bench/README.md\n"
+            "  --text-dir DIR           the text data set (bench/text-dataset.sh DIR; default\n"
+            "                           $ENGRAM_TEXT_DATASET); text has its own dimension\n"
+            "  --dim D                  embedding dimension of synthetic data sets (768)\n"
             "  --seed S                 data set and request seed (1)\n"
             "  --tier T                 tier of created tenants (premium)\n"
+            "  --index-engine E         native | faiss: sent as index_engine when creating\n"
+            "                           tenants (not sent unless given)\n"
             "  --batch-size B           memories per store_batch, loading and workload (1000)\n"
             "  --load-connections N     connections that load a tenant (2)\n"
             "  --load-depth N           batches in flight per loading connection (1)\n"
@@ -209,6 +217,9 @@ enum {
     O_TENANTS,
     O_MEMORIES,
     O_DIM,
+    O_DATASET,
+    O_TEXT_DIR,
+    O_INDEX_ENGINE,
     O_SEED,
     O_TIER,
     O_BATCH,
@@ -247,6 +258,9 @@ static const struct option long_opts[] = {
     {"tenants", required_argument, NULL, O_TENANTS},
     {"memories", required_argument, NULL, O_MEMORIES},
     {"dim", required_argument, NULL, O_DIM},
+    {"dataset", required_argument, NULL, O_DATASET},
+    {"text-dir", required_argument, NULL, O_TEXT_DIR},
+    {"index-engine", required_argument, NULL, O_INDEX_ENGINE},
     {"seed", required_argument, NULL, O_SEED},
     {"tier", required_argument, NULL, O_TIER},
     {"batch-size", required_argument, NULL, O_BATCH},
@@ -283,6 +297,7 @@ static int parse_args(int argc, char **argv, options *o)
                    .http_port = 7421,
                    .prefix = "bench",
                    .tier = "premium",
+                   .dataset = "gaussian",
                    .workload = "search",
                    .tenants = 1,
                    .memories = 5000,
@@ -346,6 +361,20 @@ static int parse_args(int argc, char **argv, options *o)
             break;
         case O_DIM:
             ok = parse_size(optarg, 8, 4096, &o->dim);
+            o->dim_given = true;
+            break;
+        case O_DATASET: {
+            dataset_kind k;
+            ok = dataset_kind_parse(optarg, &k) == 0;
+            o->dataset = optarg;
+            break;
+        }
+        case O_TEXT_DIR:
+            o->text_dir = optarg;
+            break;
+        case O_INDEX_ENGINE:
+            ok = strcmp(optarg, "native") == 0 || strcmp(optarg, "faiss") == 0;
+            o->index_engine = optarg;
             break;
         case O_SEED:
             ok = parse_size(optarg, 0, SIZE_MAX, &v);
@@ -667,18 +696,22 @@ static void fill_cpu(report_run *rr, const cpu_snap *a, const cpu_snap *b)
 
 /* ---- probe mode ------------------------------------------------------------------------ */
 
-static int probe_ready(const options *o)
+/* Probes the tenants of the data set ds (only read). */
+static int probe_ready(const options *o, const dataset *ds)
 {
     uint64_t t0 = loadgen_now_ns();
     uint64_t deadline = t0 + (uint64_t)(o->probe_timeout * 1e9);
-    tenants_conf tc = {
-        .prefix = o->prefix, .seed = o->seed, .memories = o->memories, .dim = o->dim};
+    tenants_conf tc = {.prefix = o->prefix,
+                       .seed = o->seed,
+                       .memories = o->memories,
+                       .dim = o->dim,
+                       .dataset = o->dataset,
+                       .index_engine = o->index_engine};
     size_t nt = o->tenants > 0 ? (size_t)o->tenants : 1;
     char(*keys)[TENANTS_KEY_MAX] = calloc(nt, sizeof(*keys));
-    dataset *ds = dataset_create(o->seed, o->dim);
     float *q = malloc(o->dim * sizeof(float));
     int rc = 1;
-    if (!keys || !ds || !q || dataset_queries(ds, 0, 0, 1, q) != 0) {
+    if (!keys || !q || dataset_queries(ds, 0, 0, 1, q) != 0) {
         fprintf(stderr, "engram-bench: out of memory\n");
         goto out;
     }
@@ -737,11 +770,42 @@ out:
         memset(keys, 0, nt * sizeof(*keys));
     free(keys);
     free(q);
-    dataset_destroy(ds);
     return rc;
 }
 
 /* ---- main flow ------------------------------------------------------------------------- */
+
+/* Opens the data set o names into *ds and fits o to it: the text data set has its own
+ * dimension and a fixed number of memories and queries. Returns 0, or an exit status after
+ * a message. */
+static int open_dataset(options *o, dataset **ds)
+{
+    char err[512] = "";
+    int rc = dataset_open(o->dataset, o->seed, o->dim, o->text_dir, ds, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "engram-bench: data set %s: %s\n", o->dataset, err);
+        return rc == -ENOMEM ? 1 : 2;
+    }
+    if (dataset_dim(*ds) != o->dim) {
+        if (o->dim_given)
+            progress("the %s data set has %zu dimensions: --dim %zu does not apply", o->dataset,
+                     dataset_dim(*ds), o->dim);
+        o->dim = dataset_dim(*ds);
+    }
+    if (o->memories > dataset_size(*ds)) {
+        fprintf(stderr, "engram-bench: the %s data set has %zu memories; --memories %zu is more\n",
+                o->dataset, dataset_size(*ds), o->memories);
+        dataset_destroy(*ds);
+        *ds = NULL;
+        return 2;
+    }
+    if (o->queries > dataset_query_size(*ds)) {
+        progress("the %s data set has %zu queries: --queries %zu cut to that", o->dataset,
+                 dataset_query_size(*ds), o->queries);
+        o->queries = dataset_query_size(*ds);
+    }
+    return 0;
+}
 
 typedef struct bench {
     options o;
@@ -751,6 +815,7 @@ typedef struct bench {
     float *queries;       /* tenants x queries x dim */
     dataset_truth *truth; /* tenants, or NULL */
     report_load load;
+    double mean_cosine; /* of tenant 0's first memories; NAN when not measured */
     report_run *runs;
     size_t nruns;
     scrape_sample final;
@@ -851,6 +916,8 @@ static int setup_data(bench *b)
                        .seed = o->seed,
                        .memories = o->memories,
                        .dim = o->dim,
+                       .dataset = o->dataset,
+                       .index_engine = o->index_engine,
                        .reuse = o->reuse};
     char err[512] = "";
     if (tenants_prepare(&tc, 0, o->tenants, b->ti, err, sizeof(err)) != 0) {
@@ -859,6 +926,19 @@ static int setup_data(bench *b)
     }
     for (size_t i = 0; i < o->tenants; i++)
         b->tids[i] = i;
+    b->mean_cosine = NAN;
+    if (o->memories >= 2) { /* the data set's shape, for the report: a sample of 20,000 */
+        size_t m = o->memories < 20000 ? o->memories : 20000;
+        float *x = malloc(m * o->dim * sizeof(float));
+        if (!x || dataset_vectors(b->ds, b->tids[0], 0, m, x) != 0) {
+            free(x);
+            return -ENOMEM;
+        }
+        b->mean_cosine = dataset_mean_cosine(x, m, o->dim);
+        free(x);
+        progress("data set %s: mean pairwise cosine %.3f (first %zu memories)", o->dataset,
+                 b->mean_cosine, m);
+    }
     if (vector_ops) {
         b->queries = malloc(o->tenants * o->queries * o->dim * sizeof(float));
         b->truth = calloc(o->tenants, sizeof(*b->truth));
@@ -1020,12 +1100,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "try engram-bench --help\n");
         return 2;
     }
+    int rc = open_dataset(&b.o, &b.ds);
+    if (rc != 0)
+        return rc;
     const options *o = &b.o;
-    if (o->probe_timeout > 0)
-        return probe_ready(o);
+    if (o->probe_timeout > 0) {
+        rc = probe_ready(o, b.ds);
+        dataset_destroy(b.ds);
+        return rc;
+    }
 
-    int rc = 1;
-    b.ds = dataset_create(o->seed, o->dim);
+    rc = 1;
     b.ti = calloc(o->tenants, sizeof(*b.ti));
     b.tids = calloc(o->tenants, sizeof(*b.tids));
     b.runs = calloc(o->nlevels, sizeof(*b.runs));
@@ -1054,6 +1139,9 @@ int main(int argc, char **argv)
                        .tenants = o->tenants,
                        .memories = o->memories,
                        .dim = o->dim,
+                       .dataset = o->dataset,
+                       .index_engine = o->index_engine,
+                       .mean_cosine = b.mean_cosine,
                        .top_k = o->top_k,
                        .queries = o->queries,
                        .batch = o->batch,

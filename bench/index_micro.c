@@ -2,19 +2,31 @@
  * recall, add cost, memory, snapshot save/load, and embed_text throughput.
  *
  * Usage: index-micro [options]
+ *   --dataset NAME  gaussian (default), anisotropic, spectral, relu, clustered or text (see
+ *               bench/dataset.h; text reads $ENGRAM_TEXT_DATASET or --text-dir, made by
+ *               bench/text-dataset.sh, at its own dimension)
+ *   --dim D     dimension of the synthetic data sets (default 768)
+ *   --seed S    data set seed (default 1)
+ *   --text-dir DIR  the text data set's directory
  *   -q N        queries per measurement (default 300)
- *   -s LIST     index sizes, comma separated (default 100,5000,50000)
+ *   -s LIST     index sizes, comma separated (default 100,5000,50000); "max" is the whole
+ *               text data set, and sizes above it are cut to it
  *   -t LIST     thread counts for the throughput runs (default 1,2,8; at the largest size)
  *   -d DIR      directory for snapshot files (default /tmp)
- *   --compare   also measure each kind forced at every size (FLAT, SQ8, ANN), and
- *   --hnsw      FAISS HNSW32,Flat (efSearch 64/128/256, exact re-rank of the ef candidates)
+ *   --compare   also measure each kind forced at every size (FLAT, SQ8, ANN)
+ *   --hnsw      also FAISS HNSW32,Flat (efSearch 64/128/256, exact re-rank of the ef
+ *               candidates) at sizes of 1,000 and more
  *   --generic   use the portable kernels instead of AVX2
- * Data is structured like real embeddings (x = W z + 0.3 noise, z in R^32, normalized);
- * queries come from the same model but are not stored vectors. Recall@10 is against a brute
- * force in double precision over the same filter and score. Numbers are wall-clock on one
- * thread unless stated.
+ *   --quick     search latency and recall only: no throughput, snapshot or embed_text runs
+ *   --check-truth  check the ground truth against a plain double scan (20 queries)
+ * Data and queries come from bench/dataset.c: queries follow the data's distribution but are
+ * not stored vectors. Recall@10 is against the exact answer over the same filter and score:
+ * candidates from an sgemm pass (float) within a margin that covers float rounding, ranked
+ * again in double precision; a returned vector that ties the 10th exact score (a duplicate)
+ * counts as found. Numbers are wall-clock on one thread unless stated.
  */
 #define _GNU_SOURCE
+#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -29,14 +41,18 @@
 #include <faiss/c_api/Index_c.h>
 #include <faiss/c_api/index_factory_c.h>
 
+#include "dataset.h"
 #include "embed.h"
 #include "vindex.h"
 #include "vkernel.h"
 
-#define DIM 768
-#define LATENT 32
 #define K 10
+/* Bound on |float sgemm inner product - exact| for unit rows (n u |a| |b| is 4.6e-5 at 768
+ * dimensions, 2.4e-4 at 4,096): candidates within twice this of the 10th float score. */
+#define TRUTH_MARGIN 1e-3
+#define TRUTH_QBLOCK 256
 
+static size_t DIM = 768;
 static uint64_t rng_s = 0x1234567;
 
 static double uniform(void)
@@ -46,28 +62,6 @@ static double uniform(void)
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     z ^= z >> 31;
     return ((double)(z >> 11) + 0.5) / 9007199254740992.0;
-}
-
-static double gauss(void)
-{
-    return sqrt(-2.0 * log(uniform())) * cos(6.283185307179586 * uniform());
-}
-
-static void gen(const float *w, float *out)
-{
-    float z[LATENT];
-    for (int j = 0; j < LATENT; j++)
-        z[j] = (float)gauss();
-    double s = 0;
-    for (size_t i = 0; i < DIM; i++) {
-        float x = (float)(0.3 * gauss());
-        for (int j = 0; j < LATENT; j++)
-            x += w[i * LATENT + j] * z[j];
-        out[i] = x;
-        s += (double)x * x;
-    }
-    for (size_t i = 0; i < DIM; i++)
-        out[i] = (float)(out[i] / sqrt(s));
 }
 
 typedef struct meta {
@@ -132,8 +126,16 @@ static void set_mode(vindex_query *q, int mode)
     }
 }
 
+/* The exact answer of every query of one mode: ids (1-based, 0 where fewer than K pass the
+ * filter) and the K-th exact score (-inf when fewer). */
+typedef struct truth_set {
+    uint64_t *ids; /* NQ x K */
+    double *kth;   /* NQ */
+    int mode;
+} truth_set;
+
 typedef struct sd {
-    double s, sim;
+    double s;
     uint64_t id;
 } sd;
 
@@ -145,48 +147,126 @@ static int sd_cmp(const void *pa, const void *pb)
     return a->id < b->id ? -1 : a->id > b->id;
 }
 
-/* truth fills gt[q * K + i] with the exact top ids of query q over the first n vectors. */
-static void truth(size_t n, int mode, uint64_t *gt)
+/* The exact score of vector i (0-based) for query q under the mode's score, in double. */
+static double exact_score(size_t i, const float *qv, const vindex_query *qq)
 {
-    sd *all = malloc(n * sizeof(sd));
-    vindex_query qq = {0};
-    set_mode(&qq, mode);
-    for (int q = 0; q < NQ; q++) {
-        size_t m = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (qq.keep && !qq.keep(&M[i], NULL))
-                continue;
-            double s = 0;
-            for (size_t j = 0; j < DIM; j++)
-                s += (double)X[i * DIM + j] * Q[(size_t)q * DIM + j];
-            all[m].sim = s;
-            all[m].s = qq.score ? qq.score((float)s, &M[i], NULL) : s;
-            all[m].id = i + 1;
-            m++;
-        }
-        qsort(all, m, sizeof(sd), sd_cmp);
-        for (size_t i = 0; i < K; i++)
-            gt[(size_t)q * K + i] = i < m ? all[i].id : 0;
-    }
-    free(all);
+    double sim = vk_dot_exact(X + i * DIM, qv, DIM);
+    return qq->score ? qq->score((float)sim, &M[i], NULL) : sim;
 }
 
-static double recall_of(const vindex_hit *h, size_t n, const uint64_t *gt)
+/* truth fills gt[mode] with the exact top K of every query over the first n vectors. An
+ * sgemm pass gives every similarity in float; per query and mode, the K-th best float score
+ * f_K bounds the exact K-th score from below (minus the rounding margin), so every vector of
+ * the exact top K has a float score of at least f_K - 2 margin: those candidates are scored
+ * again in double and sorted by (score, id). */
+static void truth(size_t n, truth_set *gt)
 {
-    int r = 0, want = 0;
-    for (size_t i = 0; i < K; i++) {
-        if (!gt[i])
-            continue;
-        want++;
-        for (size_t j = 0; j < n; j++)
-            r += h[j].id == gt[i];
+    size_t qb = (size_t)NQ < TRUTH_QBLOCK ? (size_t)NQ : TRUTH_QBLOCK;
+    float *c = malloc(qb * n * sizeof(float));
+    sd *cand = malloc(n * sizeof(sd));
+    if (!c || !cand) {
+        fprintf(stderr, "index-micro: out of memory for the ground truth\n");
+        exit(1);
     }
+    for (size_t q0 = 0; q0 < (size_t)NQ; q0 += qb) {
+        size_t nqq = (size_t)NQ - q0 < qb ? (size_t)NQ - q0 : qb;
+        /* c (nqq x n) = queries (nqq x dim) * X^T (dim x n) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nqq, (int)n, (int)DIM, 1.0f,
+                    Q + q0 * DIM, (int)DIM, X, (int)DIM, 0.0f, c, (int)n);
+        for (int mode = 0; mode < NMODES; mode++) {
+            vindex_query qq = {0};
+            set_mode(&qq, mode);
+            double margin = TRUTH_MARGIN * (qq.score ? qq.score_slope : 1.0);
+            for (size_t a = 0; a < nqq; a++) {
+                size_t q = q0 + a;
+                const float *crow = c + a * n, *qv = Q + q * DIM;
+                double top[K];
+                size_t nt = 0;
+                for (size_t i = 0; i < n; i++) { /* the K best float scores */
+                    if (qq.keep && !qq.keep(&M[i], NULL))
+                        continue;
+                    double f = qq.score ? qq.score(crow[i], &M[i], NULL) : crow[i];
+                    if (nt == K && f <= top[K - 1])
+                        continue;
+                    size_t p = nt < K ? nt++ : K - 1;
+                    while (p > 0 && top[p - 1] < f) {
+                        top[p] = top[p - 1];
+                        p--;
+                    }
+                    top[p] = f;
+                }
+                double floor = nt == K ? top[K - 1] - 2 * margin : -INFINITY;
+                size_t m = 0;
+                for (size_t i = 0; i < n; i++) {
+                    if (qq.keep && !qq.keep(&M[i], NULL))
+                        continue;
+                    double f = qq.score ? qq.score(crow[i], &M[i], NULL) : crow[i];
+                    if (f < floor)
+                        continue;
+                    cand[m++] = (sd){exact_score(i, qv, &qq), i + 1};
+                }
+                qsort(cand, m, sizeof(sd), sd_cmp);
+                for (size_t i = 0; i < K; i++)
+                    gt[mode].ids[q * K + i] = i < m ? cand[i].id : 0;
+                gt[mode].kth[q] = m >= K ? cand[K - 1].s : -INFINITY;
+            }
+        }
+    }
+    free(c);
+    free(cand);
+}
+
+/* check_truth compares gt with a plain double-precision scan of all n vectors for the first
+ * 20 queries and returns the number of differing ids (--check-truth). */
+static size_t check_truth(size_t n, const truth_set *gt)
+{
+    sd *all = malloc(n * sizeof(sd));
+    size_t bad = 0;
+    for (int mode = 0; mode < NMODES; mode++) {
+        vindex_query qq = {0};
+        set_mode(&qq, mode);
+        for (int q = 0; q < NQ && q < 20; q++) {
+            size_t m = 0;
+            for (size_t i = 0; i < n; i++) {
+                if (qq.keep && !qq.keep(&M[i], NULL))
+                    continue;
+                all[m++] = (sd){exact_score(i, Q + (size_t)q * DIM, &qq), i + 1};
+            }
+            qsort(all, m, sizeof(sd), sd_cmp);
+            for (size_t i = 0; i < K; i++)
+                bad += gt[mode].ids[(size_t)q * K + i] != (i < m ? all[i].id : 0);
+        }
+    }
+    free(all);
+    return bad;
+}
+
+/* Recall of the n hits of query q against the exact answer: a hit counts when it is one of
+ * the exact top K, or when its exact score ties the K-th (another copy of a duplicate). */
+static double recall_of(const vindex_hit *h, size_t n, const truth_set *gt, int q)
+{
+    const uint64_t *ids = gt->ids + (size_t)q * K;
+    int want = 0, r = 0;
+    for (size_t i = 0; i < K; i++)
+        want += ids[i] != 0;
+    vindex_query qq = {0};
+    set_mode(&qq, gt->mode);
+    for (size_t j = 0; j < n && j < K; j++) {
+        bool hit = false;
+        for (size_t i = 0; i < K && !hit; i++)
+            hit = ids[i] && h[j].id == ids[i];
+        if (!hit && h[j].id >= 1)
+            hit = exact_score(h[j].id - 1, Q + (size_t)q * DIM, &qq) >= gt->kth[q] - 1e-9;
+        r += hit;
+    }
+    if (r > want)
+        r = want;
     return want ? (double)r / want : 1.0;
 }
 
 /* ---- measurements ---- */
 
-static void measure(vindex *vi, const char *label, size_t n, uint64_t **gt)
+static void measure(vindex *vi, const char *label, size_t n, const truth_set *gt)
 {
     double *t = malloc((size_t)NQ * sizeof(double));
     vindex_hit hits[K];
@@ -202,7 +282,7 @@ static void measure(vindex *vi, const char *label, size_t n, uint64_t **gt)
                 if (vindex_search(vi, &qq, hits, &nh))
                     exit(1);
                 t[q] = now_us() - a;
-                rec += recall_of(hits, nh, gt[mode] + (size_t)q * K);
+                rec += recall_of(hits, nh, &gt[mode], q);
             }
         }
         printf("  %-8s n=%-6zu %-32s p50 %7.1f us  p99 %7.1f us  recall@10 %.4f\n", label, n,
@@ -276,10 +356,10 @@ static vindex *build(size_t n, const vindex_opts *o, double *us_per_add)
     return vi;
 }
 
-static void hnsw(size_t n, uint64_t *gt)
+static void hnsw(size_t n, const truth_set *gt)
 {
     FaissIndex *ix = NULL;
-    if (faiss_index_factory(&ix, DIM, "HNSW32,Flat", METRIC_INNER_PRODUCT))
+    if (faiss_index_factory(&ix, (int)DIM, "HNSW32,Flat", METRIC_INNER_PRODUCT))
         return;
     omp_set_num_threads(2);
     double a = now_us();
@@ -316,7 +396,7 @@ static void hnsw(size_t n, uint64_t *gt)
                 top[p] = (vindex_hit){.id = (uint64_t)ids[c] + 1, .similarity = s};
             }
             t[q] = now_us() - b;
-            rec += recall_of(top, nt, gt + (size_t)q * K);
+            rec += recall_of(top, nt, gt, q);
         }
         printf("  hnsw     n=%-6zu efSearch %-3d + exact re-rank      p50 %7.1f us  p99 %7.1f "
                "us  recall@10 %.4f\n",
@@ -369,61 +449,121 @@ int main(int argc, char **argv)
 {
     size_t sizes[8] = {100, 5000, 50000}, nsizes = 3;
     int threads[8] = {1, 2, 8}, nthreads = 3;
-    bool compare = false, with_hnsw = false;
-    const char *dir = "/tmp";
+    bool compare = false, with_hnsw = false, quick = false, check = false;
+    bool size_max[8] = {false};
+    const char *dir = "/tmp", *dsname = "gaussian", *text_dir = NULL;
+    uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-q") && i + 1 < argc) {
             NQ = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-s") && i + 1 < argc) {
             nsizes = 0;
-            for (char *p = strtok(argv[++i], ","); p && nsizes < 8; p = strtok(NULL, ","))
-                sizes[nsizes++] = strtoul(p, NULL, 10);
+            for (char *p = strtok(argv[++i], ","); p && nsizes < 8; p = strtok(NULL, ",")) {
+                size_max[nsizes] = !strcmp(p, "max");
+                sizes[nsizes] = size_max[nsizes] ? SIZE_MAX : strtoul(p, NULL, 10);
+                nsizes++;
+            }
         } else if (!strcmp(argv[i], "-t") && i + 1 < argc) {
             nthreads = 0;
             for (char *p = strtok(argv[++i], ","); p && nthreads < 8; p = strtok(NULL, ","))
                 threads[nthreads++] = atoi(p);
         } else if (!strcmp(argv[i], "-d") && i + 1 < argc) {
             dir = argv[++i];
+        } else if (!strcmp(argv[i], "--dataset") && i + 1 < argc) {
+            dsname = argv[++i];
+        } else if (!strcmp(argv[i], "--dim") && i + 1 < argc) {
+            DIM = strtoul(argv[++i], NULL, 10);
+        } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+            seed = strtoull(argv[++i], NULL, 10);
+        } else if (!strcmp(argv[i], "--text-dir") && i + 1 < argc) {
+            text_dir = argv[++i];
         } else if (!strcmp(argv[i], "--compare")) {
             compare = true;
         } else if (!strcmp(argv[i], "--hnsw")) {
             with_hnsw = true;
         } else if (!strcmp(argv[i], "--generic")) {
             vk_set_level(VK_GENERIC);
+        } else if (!strcmp(argv[i], "--quick")) {
+            quick = true;
+        } else if (!strcmp(argv[i], "--check-truth")) {
+            check = true;
         } else {
             fprintf(stderr,
-                    "usage: %s [-q N] [-s sizes] [-t threads] [-d dir] [--compare] "
-                    "[--hnsw] [--generic]\n",
+                    "usage: %s [--dataset gaussian|anisotropic|spectral|relu|clustered|text] "
+                    "[--dim D] [--seed S] [--text-dir DIR] [-q N] [-s sizes|max] [-t threads] "
+                    "[-d dir] [--compare] [--hnsw] [--generic] [--quick] [--check-truth]\n",
                     argv[0]);
             return 2;
         }
     }
     if (NQ < 10)
         NQ = 10;
+    dataset *ds = NULL;
+    char err[512];
+    if (DIM == 0 || dataset_open(dsname, seed, DIM, text_dir, &ds, err, sizeof(err)) != 0) {
+        fprintf(stderr, "index-micro: %s\n", DIM ? err : "bad --dim");
+        return 2;
+    }
+    DIM = dataset_dim(ds);
+    size_t avail = dataset_size(ds);
+    for (size_t s = 0; s < nsizes; s++) {
+        if (size_max[s] && avail == SIZE_MAX) {
+            fprintf(stderr, "index-micro: -s max needs a data set of fixed size (text)\n");
+            return 2;
+        }
+        if (sizes[s] > avail) {
+            if (!size_max[s])
+                printf("note: size %zu cut to the %zu vectors of the data set\n", sizes[s], avail);
+            sizes[s] = avail;
+        }
+        if (sizes[s] < K) {
+            fprintf(stderr, "index-micro: sizes must be at least %d\n", K);
+            return 2;
+        }
+    }
+    if ((size_t)NQ > dataset_query_size(ds)) {
+        printf("note: %d queries cut to the %zu of the data set\n", NQ, dataset_query_size(ds));
+        NQ = (int)dataset_query_size(ds);
+    }
     printf("kernels: %s\n", vk_level() == VK_AVX2 ? "AVX2" : "generic");
 
     size_t maxn = 0;
     for (size_t s = 0; s < nsizes; s++)
         maxn = sizes[s] > maxn ? sizes[s] : maxn;
-    float *w = malloc(DIM * LATENT * sizeof(float));
     X = malloc(maxn * DIM * sizeof(float));
     M = malloc(maxn * sizeof(meta));
     Q = malloc((size_t)NQ * DIM * sizeof(float));
-    for (size_t i = 0; i < DIM * LATENT; i++)
-        w[i] = (float)(gauss() / sqrt(LATENT));
-    for (size_t i = 0; i < maxn; i++) {
-        gen(w, X + i * DIM);
-        M[i] = (meta){(uint32_t)(uniform() * 100), (float)uniform()};
+    if (!X || !M || !Q || dataset_vectors(ds, 0, 0, maxn, X) != 0 ||
+        dataset_queries(ds, 0, 0, (size_t)NQ, Q) != 0) {
+        fprintf(stderr, "index-micro: out of memory\n");
+        return 1;
     }
-    for (int q = 0; q < NQ; q++)
-        gen(w, Q + (size_t)q * DIM);
+    for (size_t i = 0; i < maxn; i++)
+        M[i] = (meta){(uint32_t)(uniform() * 100), (float)uniform()};
+    printf("dataset %s: %zu x %zu, mean pairwise cosine %.3f, %d queries (not stored vectors)\n",
+           dsname, maxn, DIM, dataset_mean_cosine(X, maxn, DIM), NQ);
+    fflush(stdout);
 
     for (size_t s = 0; s < nsizes; s++) {
         size_t n = sizes[s];
-        uint64_t *gt[NMODES];
+        truth_set gt[NMODES];
+        double a = now_us();
         for (int m = 0; m < NMODES; m++) {
-            gt[m] = malloc((size_t)NQ * K * sizeof(uint64_t));
-            truth(n, m, gt[m]);
+            gt[m] = (truth_set){.mode = m};
+            gt[m].ids = malloc((size_t)NQ * K * sizeof(uint64_t));
+            gt[m].kth = malloc((size_t)NQ * sizeof(double));
+            if (!gt[m].ids || !gt[m].kth)
+                exit(1);
+        }
+        truth(n, gt);
+        double truth_s = (now_us() - a) / 1e6;
+        if (check) {
+            size_t bad = check_truth(n, gt);
+            printf("n=%zu: ground truth against a plain double scan (20 queries x 3 modes): %zu "
+                   "ids differ\n",
+                   n, bad);
+            if (bad)
+                return 1;
         }
         double per_add;
         vindex_opts o = {.dim = DIM, .meta_size = sizeof(meta)};
@@ -432,20 +572,22 @@ int main(int argc, char **argv)
         vindex_get_stats(vi, &st);
         static const char *kinds[] = {"FLAT", "SQ8", "ANN"};
         printf("n=%zu: kind %s, %.1f us per add (incl. kind changes), %.1f MB (%.0f B per "
-               "vector)\n",
-               n, kinds[st.kind], per_add, st.bytes / 1e6, (double)st.bytes / n);
+               "vector); exact truth in %.1f s\n",
+               n, kinds[st.kind], per_add, st.bytes / 1e6, (double)st.bytes / n, truth_s);
         measure(vi, kinds[st.kind], n, gt);
-        if (s + 1 == nsizes) {
+        fflush(stdout);
+        if (s + 1 == nsizes && !quick) {
             for (int i = 0; i < nthreads; i++)
                 throughput(vi, n, threads[i]);
         }
-        if (n >= 5000)
+        if (n >= 5000 && !quick)
             snapshots(vi, n, dir);
         vindex_destroy(vi);
 
         if (compare) {
+            int auto_kind = (int)st.kind;
             for (int kind = 0; kind < 3; kind++) {
-                if (kind == (int)st.kind)
+                if (kind == auto_kind)
                     continue;
                 vindex_opts fo = o;
                 fo.quant_min = kind >= 1 ? 1 : SIZE_MAX;
@@ -455,12 +597,16 @@ int main(int argc, char **argv)
                 measure(fv, kinds[kind], n, gt);
                 vindex_destroy(fv);
             }
-            if (with_hnsw && n >= 1000)
-                hnsw(n, gt[MODE_PLAIN]);
         }
-        for (int m = 0; m < NMODES; m++)
-            free(gt[m]);
+        if (with_hnsw && n >= 1000)
+            hnsw(n, &gt[MODE_PLAIN]);
+        for (int m = 0; m < NMODES; m++) {
+            free(gt[m].ids);
+            free(gt[m].kth);
+        }
     }
+    if (quick)
+        goto out;
 
     /* embed_text on a 2 KB text, a typical memory. */
     static char text[2048];
@@ -484,9 +630,10 @@ int main(int argc, char **argv)
     printf("embed_text 2 KB, dim 384: p50 %.1f us  p99 %.1f us\n", pct(t, NQ, 0.5),
            pct(t, NQ, 0.99));
     free(t);
-    free(w);
+out:
     free(X);
     free(M);
     free(Q);
+    dataset_destroy(ds);
     return 0;
 }

@@ -116,10 +116,14 @@ void report_table(FILE *f, const report_conf *c, const report_load *l, const rep
     char mix[256];
     mix_text(c, mix, sizeof(mix));
     fprintf(f,
-            "\nengram-bench: %s (%s) against %s:%u; %zu tenant(s) x %zu memories x %zu dims, "
-            "top_k %zu, seed %llu\n",
+            "\nengram-bench: %s (%s) against %s:%u; %zu tenant(s) x %zu memories x %zu dims "
+            "(data set %s, index engine %s), top_k %zu, seed %llu\n",
             c->workload, mix[0] ? mix : "-", c->host, (unsigned)c->port, c->tenants, c->memories,
-            c->dim, c->top_k, (unsigned long long)c->seed);
+            c->dim, c->dataset ? c->dataset : "gaussian",
+            c->index_engine ? c->index_engine : "default", c->top_k, (unsigned long long)c->seed);
+    if (!isnan(c->mean_cosine))
+        fprintf(f, "data set mean pairwise cosine %.3f (a sample of the first tenant)\n",
+                c->mean_cosine);
     if (l->tenants_loaded) {
         fprintf(f,
                 "load: %llu memories into %zu tenant(s) in %.2f s = %.0f memories/s "
@@ -278,11 +282,17 @@ int report_json(const char *path, const report_conf *c, const report_load *l,
         fprintf(f, "%s\"%s\": %g", first ? "" : ", ", workload_op_name(op), c->mix[op]);
         first = false;
     }
+    char mc[32] = "null";
+    if (!isnan(c->mean_cosine))
+        snprintf(mc, sizeof(mc), "%.4f", c->mean_cosine);
     fprintf(f,
-            "}, \"tenants\": %zu, \"memories\": %zu, \"dim\": %zu, \"top_k\": %zu, "
+            "}, \"tenants\": %zu, \"memories\": %zu, \"dim\": %zu, \"dataset\": \"%s\", "
+            "\"index_engine\": %s%s%s, \"mean_cosine\": %s, \"top_k\": %zu, "
             "\"queries\": %zu, \"batch\": %zu, \"depth\": %zu, \"duration_s\": %g, "
             "\"warmup_s\": %g, \"seed\": %llu, \"reuse\": %s},\n",
-            c->tenants, c->memories, c->dim, c->top_k, c->queries, c->batch, c->depth,
+            c->tenants, c->memories, c->dim, c->dataset ? c->dataset : "gaussian",
+            c->index_engine ? "\"" : "", c->index_engine ? c->index_engine : "null",
+            c->index_engine ? "\"" : "", mc, c->top_k, c->queries, c->batch, c->depth,
             c->duration_s, c->warmup_s, (unsigned long long)c->seed, c->reuse ? "true" : "false");
     fprintf(f,
             "  \"load\": {\"tenants_loaded\": %zu, \"tenants_reused\": %zu, \"memories\": %llu, "

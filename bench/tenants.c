@@ -19,8 +19,11 @@
 
 void tenants_name(const tenants_conf *c, const char *unique, size_t i, char *out)
 {
-    snprintf(out, TENANTS_NAME_MAX, "%s-s%llu-n%zu-d%zu%s-%zu", c->prefix,
-             (unsigned long long)c->seed, c->memories, c->dim, unique, i);
+    bool ds = c->dataset && strcmp(c->dataset, "gaussian") != 0;
+    snprintf(out, TENANTS_NAME_MAX, "%s%s%s%s%s-s%llu-n%zu-d%zu%s-%zu", c->prefix, ds ? "-" : "",
+             ds ? c->dataset : "", c->index_engine ? "-" : "",
+             c->index_engine ? c->index_engine : "", (unsigned long long)c->seed, c->memories,
+             c->dim, unique, i);
 }
 
 /* ---- state file ------------------------------------------------------------------------ */
@@ -161,16 +164,18 @@ int tenants_count(const char *host, uint16_t port, const char *key, uint64_t *to
 }
 
 typedef struct create_args {
-    const char *name, *tier;
+    const char *name, *tier, *engine;
     size_t dim;
 } create_args;
 
 static int pack_create(msgpack_packer *pk, void *ud)
 {
     const create_args *a = ud;
-    msgpack_pack_map(pk, 3);
+    msgpack_pack_map(pk, a->engine ? 4 : 3);
     rpc_pack_kv_str(pk, "name", a->name);
     rpc_pack_kv_str(pk, "tier", a->tier);
+    if (a->engine)
+        rpc_pack_kv_str(pk, "index_engine", a->engine);
     rpc_pack_cstr(pk, "embedding");
     msgpack_pack_map(pk, 1);
     rpc_pack_kv_uint(pk, "dim", a->dim);
@@ -210,7 +215,7 @@ static int create_tenant(const tenants_conf *c, client_conn **admin, tenant_info
         if (rc != 0)
             return 1;
     }
-    create_args a = {ti->name, c->tier, c->dim};
+    create_args a = {ti->name, c->tier, c->index_engine, c->dim};
     client_args args = {.pack = pack_create, .ud = &a};
     msgpack_zone z;
     msgpack_zone_init(&z, 4096);

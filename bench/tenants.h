@@ -3,7 +3,9 @@
  * cleanup, readiness probe).
  *
  * Names are derived from the data set: "<prefix>-s<seed>-n<memories>-d<dim>-<i>" for
- * tenant i, so a second run with the same parameters finds the same tenants; without
+ * tenant i of the gaussian data set, "<prefix>-<dataset>[-<engine>]-s..." for another data
+ * set or an explicit index engine, so a second run with the same parameters finds the same
+ * tenants; without
  * reuse a unique "-r<time>.<pid>" is added before "-<i>" so runs never share a tenant.
  * The admin API can create a tenant but not look one up, so the state file (one line
  * "NAME KEY" per tenant, mode 600) is what makes reuse possible.
@@ -27,6 +29,8 @@ typedef struct tenants_conf {
     const char *tier;
     uint64_t seed;
     size_t memories, dim;
+    const char *dataset;      /* data set name; NULL or "gaussian": not in tenant names */
+    const char *index_engine; /* NULL: not sent; else admin.tenant.create's index_engine */
     bool reuse;
 } tenants_conf;
 
@@ -44,7 +48,8 @@ void tenants_name(const tenants_conf *c, const char *unique, size_t i, char *out
 /* tenants_prepare makes tenants first .. first + n - 1 ready (out has n entries): with
  * reuse, a tenant whose key is in the state file and that holds exactly c->memories
  * memories is kept (need_load false), one that holds none is loaded; otherwise it is
- * created with the admin key (tier, embedding dim) and its key saved in the state file.
+ * created with the admin key (tier, embedding dim, and index_engine when c->index_engine is
+ * set) and its key saved in the state file.
  * Returns 0, or 1 with a message in err (cannot connect, bad admin key, a reused tenant
  * holding an unexpected number of memories, a name taken by a tenant whose key is lost),
  * or a negative errno. */

@@ -3,8 +3,10 @@
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../tests/unit/check.h"
 #include "dataset.h"
@@ -72,18 +74,20 @@ static void test_hist_accuracy(void)
     free(v);
 }
 
-/* Generation is deterministic per index, normalized, and independent of blocking. */
-static void test_dataset_vectors(void)
+/* Generation is deterministic per index, normalized, and independent of blocking, for every
+ * synthetic kind. */
+static void test_dataset_vectors_kind(dataset_kind kind)
 {
     size_t dim = 96;
-    dataset *ds = dataset_create(42, dim);
-    dataset *ds2 = dataset_create(42, dim);
-    dataset *other = dataset_create(43, dim);
+    dataset *ds = dataset_create(kind, 42, dim);
+    dataset *ds2 = dataset_create(kind, 42, dim);
+    dataset *other = dataset_create(kind, 43, dim);
     float *blk = malloc(50 * dim * sizeof(float)), *one = malloc(dim * sizeof(float));
     float *q = malloc(dim * sizeof(float));
     CHECK(ds && ds2 && other && blk && one && q);
     if (!ds || !ds2 || !other || !blk || !one || !q)
         goto out;
+    CHECK(dataset_get_kind(ds) == kind && dataset_size(ds) == SIZE_MAX);
     CHECK(dataset_vectors(ds, 3, 100, 50, blk) == 0);
     CHECK(dataset_vectors(ds2, 3, 137, 1, one) == 0);
     double diff = 0, norm = 0;
@@ -91,7 +95,8 @@ static void test_dataset_vectors(void)
         diff += fabs(one[j] - blk[37 * dim + j]);
         norm += (double)one[j] * one[j];
     }
-    CHECK_MSG(diff < 1e-4, "block and single generation differ by %g", diff);
+    CHECK_MSG(diff < 1e-4, "%s: block and single generation differ by %g", dataset_kind_name(kind),
+              diff);
     CHECK(fabs(norm - 1.0) < 1e-4);
     CHECK(dataset_vectors(other, 3, 137, 1, q) == 0);
     CHECK(fabs(dataset_dot(q, one, dim) - 1.0f) > 1e-3); /* another seed, another vector */
@@ -103,7 +108,8 @@ static void test_dataset_vectors(void)
         float d = dataset_dot(q, blk + r * dim, dim);
         best = d > best ? d : best;
     }
-    CHECK_MSG(best > 0.3f, "best similarity %g: data has no structure", best);
+    CHECK_MSG(best > 0.3f, "%s: best similarity %g: data has no structure", dataset_kind_name(kind),
+              best);
 
     char content[DATASET_CONTENT_MAX];
     size_t n = dataset_content(ds, 3, 12345, content);
@@ -123,11 +129,167 @@ out:
     dataset_destroy(other);
 }
 
+static void test_dataset_vectors(void)
+{
+    for (int k = 0; k < DATASET_TEXT; k++)
+        test_dataset_vectors_kind((dataset_kind)k);
+    /* gaussian is the data set of earlier versions, bit for bit (reused tenants hold it) */
+    dataset *ds = dataset_create(DATASET_GAUSSIAN, 42, 96);
+    float v[96], q[96];
+    CHECK(ds && dataset_vectors(ds, 3, 137, 1, v) == 0 && dataset_queries(ds, 3, 37, 1, q) == 0);
+    CHECK(v[0] == 0x1.542e8ep-8f && v[1] == -0x1.0f5d2ep-3f && v[3] == 0x1.791056p-3f);
+    CHECK(q[5] == 0x1.6526d4p-9f);
+    dataset_destroy(ds);
+    dataset_kind k;
+    CHECK(dataset_kind_parse("relu", &k) == 0 && k == DATASET_RELU);
+    CHECK(dataset_kind_parse("nope", &k) == -EINVAL);
+    CHECK(strcmp(dataset_kind_name(DATASET_TEXT), "text") == 0);
+    CHECK(dataset_create(DATASET_TEXT, 1, 96) == NULL); /* text comes from files */
+}
+
+/* What each kind is for: the shape the README describes, measured on 4,000 memories at 768
+ * dimensions; prints each kind's mean pairwise cosine. */
+static void test_dataset_shapes(void)
+{
+    size_t dim = 768, n = 4000;
+    float *x = malloc(n * dim * sizeof(float));
+    CHECK(x != NULL);
+    for (int k = 0; x && k < DATASET_TEXT; k++) {
+        dataset *ds = dataset_create((dataset_kind)k, 1, dim);
+        CHECK(ds && dataset_vectors(ds, 0, 0, n, x) == 0);
+        double mc = dataset_mean_cosine(x, n, dim);
+        size_t negative = 0, zero = 0, dups = 0;
+        for (size_t i = 0; i < n * dim; i++)
+            negative += x[i] < 0, zero += x[i] == 0;
+        /* exact duplicates among the first 500 memories */
+        for (size_t i = 1; i < 500; i++)
+            for (size_t j = 0; j < i; j++)
+                if (memcmp(x + i * dim, x + j * dim, dim * sizeof(float)) == 0) {
+                    dups++;
+                    break;
+                }
+        printf("dataset %-12s 768-d: mean pairwise cosine %.3f, components negative %.1f%%, "
+               "zero %.1f%%, exact duplicates %zu of 500\n",
+               dataset_kind_name((dataset_kind)k), mc, 100.0 * (double)negative / (double)(n * dim),
+               100.0 * (double)zero / (double)(n * dim), dups);
+        switch ((dataset_kind)k) {
+        case DATASET_ANISOTROPIC:
+            CHECK_MSG(mc > 0.6 && mc < 0.8, "anisotropic mean cosine %.3f", mc);
+            break;
+        case DATASET_RELU:
+            CHECK_MSG(negative == 0, "relu: %zu negative components", negative);
+            CHECK_MSG(mc > 0.5, "relu mean cosine %.3f", mc);
+            break;
+        case DATASET_CLUSTERED:
+            CHECK_MSG(dups > 0, "clustered: no exact duplicate among 500");
+            break;
+        default:
+            CHECK_MSG(fabs(mc) < 0.1, "%s mean cosine %.3f", dataset_kind_name((dataset_kind)k),
+                      mc);
+            break;
+        }
+        if (k != DATASET_CLUSTERED)
+            CHECK(dups == 0);
+        dataset_destroy(ds);
+    }
+    /* spectral: the first tenth of the dimensions holds most of the variance */
+    dataset *ds = dataset_create(DATASET_SPECTRAL, 1, dim);
+    if (x && ds && dataset_vectors(ds, 0, 0, n, x) == 0) {
+        double head = 0, all = 0;
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < dim; j++) {
+                double v = (double)x[i * dim + j] * x[i * dim + j];
+                all += v;
+                head += j < dim / 10 ? v : 0;
+            }
+        CHECK_MSG(head / all > 0.7, "spectral: the first 10%% of dimensions hold %.2f", head / all);
+    }
+    dataset_destroy(ds);
+    free(x);
+    /* text: the loader's errors */
+    dataset *t = NULL;
+    char err[256];
+    CHECK(dataset_load_text("/nonexistent-dir", 1, &t, err, sizeof(err)) == DATASET_E_TEXT);
+    CHECK(t == NULL && strstr(err, "text-dataset.sh") != NULL);
+    CHECK(dataset_open("bogus", 1, 96, NULL, &t, err, sizeof(err)) == -EINVAL);
+}
+
+/* The text loader on a tiny data set written here in the script's format. */
+static void test_dataset_text(void)
+{
+    char dir[] = "/tmp/bench-text-XXXXXX";
+    if (!mkdtemp(dir)) {
+        CHECK(!"mkdtemp");
+        return;
+    }
+    size_t dim = 4, nv = 3, nq = 2;
+    char path[256];
+    snprintf(path, sizeof(path), "%s/dataset.json", dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "{\"dim\": %zu, \"vectors\": %zu, \"queries\": %zu}\n", dim, nv, nq);
+    fclose(f);
+    float v[12] = {1, 0, 0, 0, 0, 3, 4, 0, 0, 0, 0, 1}, qv[8] = {0, 1, 0, 0, 0.6f, 0.8f, 0, 0};
+    snprintf(path, sizeof(path), "%s/vectors.f32", dir);
+    f = fopen(path, "wb");
+    fwrite(v, sizeof(float), 12, f);
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/queries.f32", dir);
+    f = fopen(path, "wb");
+    fwrite(qv, sizeof(float), 8, f);
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/sentences.txt", dir);
+    f = fopen(path, "w");
+    fputs("The first sentence.\nA second sentence here.\nThird one, longer words.\n", f);
+    fclose(f);
+
+    dataset *ds = NULL;
+    char err[256] = "";
+    int rc = dataset_open("text", 1, 768, dir, &ds, err, sizeof(err));
+    CHECK_MSG(rc == 0, "text: %d %s", rc, err);
+    if (rc == 0) {
+        CHECK(dataset_dim(ds) == dim && dataset_size(ds) == nv && dataset_query_size(ds) == nq);
+        float out[16];
+        CHECK(dataset_vectors(ds, 0, 1, 4, out) == 0);                       /* rows 1, 2, 0, 1 */
+        CHECK(fabsf(out[1] - 0.6f) < 1e-6f && fabsf(out[2] - 0.8f) < 1e-6f); /* normalized */
+        CHECK(out[7] == 1 && out[8] == 1 && out[13] == out[1]);
+        CHECK(dataset_queries(ds, 0, 1, 1, out) == 0 && out[0] == 0.6f);
+        char content[DATASET_CONTENT_MAX];
+        dataset_content(ds, 0, 4, content);
+        CHECK_MSG(strcmp(content, "bench memory #4 t0: A second sentence here.") == 0, "%s",
+                  content);
+        char tq[64];
+        uint64_t s = 3;
+        CHECK(dataset_text_query(ds, &s, tq) > 0 && strchr(tq, ' '));
+        dataset_truth tr = {0};
+        float q2[4] = {0, 0.6f, 0.8f, 0};
+        CHECK(dataset_truth_init(&tr, ds, 0, 3, q2, 1, 2, NULL) == 0);
+        CHECK(tr.idx[0] == 1 && fabsf(tr.sim[0] - 1.0f) < 1e-6f);
+        dataset_truth_fini(&tr);
+        CHECK(fabs(dataset_mean_cosine(v, 3, 4)) < 1e-12); /* orthogonal rows */
+        float same[8] = {0.6f, 0.8f, 0, 0, 0.6f, 0.8f, 0, 0};
+        CHECK(fabs(dataset_mean_cosine(same, 2, 4) - 1.0) < 1e-6);
+    }
+    dataset_destroy(ds);
+    /* a vectors file of the wrong size */
+    snprintf(path, sizeof(path), "%s/vectors.f32", dir);
+    f = fopen(path, "wb");
+    fwrite(v, sizeof(float), 11, f);
+    fclose(f);
+    CHECK(dataset_load_text(dir, 1, &ds, err, sizeof(err)) == DATASET_E_TEXT && !ds);
+    CHECK(strstr(err, "expected 3 rows") != NULL);
+    const char *names[] = {"dataset.json", "vectors.f32", "queries.f32", "sentences.txt"};
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
 /* The blocked sgemm ground truth against a naive scan, with generated and given bases. */
 static void test_truth(void)
 {
     size_t dim = 64, n = 5000, nq = 20, k = 10;
-    dataset *ds = dataset_create(5, dim);
+    dataset *ds = dataset_create(DATASET_GAUSSIAN, 5, dim);
     float *base = malloc(n * dim * sizeof(float)), *q = malloc(nq * dim * sizeof(float));
     dataset_truth a = {0}, b = {0};
     CHECK(ds && base && q);
@@ -187,6 +349,8 @@ int main(void)
 {
     test_hist_accuracy();
     test_dataset_vectors();
+    test_dataset_shapes();
+    test_dataset_text();
     test_truth();
     test_scrape_value();
     CHECK_RETURN();

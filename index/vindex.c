@@ -81,6 +81,8 @@
 #define MAX_META (1u << 20)
 #define BLK 256               /* slots per block of the exact search */
 #define ANN_BATCH 64          /* candidates per batch of the ANN search */
+#define ANN_PATIENCE 128      /* a scored ANN search past its depth stops after this many
+                                 candidates in a row (whole batches) entered no top k */
 #define GATHER_STEP 512       /* candidates the ANN search gathers at a time (at least) */
 #define QBUF 1024             /* query dims prepared on the stack; larger ones are allocated */
 #define COMPACT_MIN 64        /* never compact for fewer tombstones than this */
@@ -1275,6 +1277,7 @@ int vindex_maintenance(vindex *vi)
 typedef struct topk {
     vindex_hit *h; /* not owned: the caller's output, k entries */
     size_t n, k;
+    size_t entered; /* hits offer took in (ANN patience) */
 } topk;
 
 /* better tells whether a ranks before b: higher score, then higher similarity, then lower
@@ -1310,6 +1313,7 @@ static void offer(topk *t, const vindex_hit *hit)
 {
     if (t->n < t->k) {
         size_t i = t->n++;
+        t->entered++;
         t->h[i] = *hit;
         while (i > 0) {
             size_t p = (i - 1) / 2;
@@ -1321,6 +1325,7 @@ static void offer(topk *t, const vindex_hit *hit)
             i = p;
         }
     } else if (better(hit, &t->h[0])) {
+        t->entered++;
         t->h[0] = *hit;
         sift_down(t->h, t->n, 0);
     }
@@ -1638,10 +1643,20 @@ static int search_ann(const sctx *sc)
     size_t min_bound = o->ann_candidates > 4 * q->k ? o->ann_candidates : 4 * q->k;
     if (min_bound > want)
         min_bound = want;
+    /* The measured depth is for similarity ranking. A score that blends in metadata ranks
+     * vectors of lower similarity higher, deeper in code order: such a search goes on past
+     * the depth while candidates keep entering the top k, stopping after ANN_PATIENCE in a
+     * row that could not, or at the most the ANN path may bound. */
+    size_t most = want;
+    if (q->score) {
+        most = o->ann_max_candidates > want ? o->ann_max_candidates : want;
+        if (most > vi->live / 2)
+            most = vi->live / 2 > want ? vi->live / 2 : want;
+    }
     enum { PIECE = 4096 };
     size_t hist_n = maxh + 2;
     size_t bytes = n * sizeof(uint16_t) + hist_n * 2 * sizeof(uint32_t) + PIECE * sizeof(uint32_t) +
-                   (want + PIECE) * sizeof(uint32_t);
+                   (most + PIECE) * sizeof(uint32_t);
     unsigned char *mem = malloc(bytes);
     if (!mem)
         return -ENOMEM;
@@ -1649,7 +1664,7 @@ static int search_ann(const sctx *sc)
     uint32_t *pos = hist + hist_n;
     uint32_t *found = pos + hist_n;
     uint32_t *list = found + PIECE;
-    size_t list_cap = want + PIECE;
+    size_t list_cap = most + PIECE;
     uint16_t *hd = (uint16_t *)(list + list_cap);
 
     /* 1. Hamming distances; tombstones get 0xffff (above any distance). */
@@ -1690,12 +1705,16 @@ static int search_ann(const sctx *sc)
     size_t step = min_bound > GATHER_STEP ? min_bound : GATHER_STEP;
     gather_more(&g, step < want ? step : want);
     cand cands[ANN_BATCH];
+    size_t misses = 0;
     for (size_t b = 0;; b += ANN_BATCH) {
-        if (b + ANN_BATCH > g.nl && g.nl < want && g.lo <= maxh) {
+        size_t upto = b < want ? want : most;
+        if (b >= want && misses >= ANN_PATIENCE)
+            break;
+        if (b + ANN_BATCH > g.nl && g.nl < upto && g.lo <= maxh) {
             size_t goal = g.nl + step;
-            gather_more(&g, goal < want ? goal : want);
+            gather_more(&g, goal < upto ? goal : upto);
         }
-        size_t nl = g.nl < want ? g.nl : want;
+        size_t nl = g.nl < upto ? g.nl : upto;
         if (b >= nl)
             break;
         size_t m = nl - b < ANN_BATCH ? nl - b : ANN_BATCH;
@@ -1714,7 +1733,9 @@ static int search_ann(const sctx *sc)
             cands[nc].slot = s;
             nc++;
         }
+        size_t before = sc->t->entered;
         rerank(sc, cands, nc);
+        misses = sc->t->entered == before ? misses + m : 0;
     }
     free(mem);
     return 0;

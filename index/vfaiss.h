@@ -57,9 +57,10 @@ void vfaiss_destroy(vfaiss *f);
 
 /* vfaiss_add adds n vectors (n x dim row-major floats; the caller normalizes them when it
  * wants cosine similarity) with labels vfaiss_count(f) .. vfaiss_count(f) + n - 1. n 0 is a
- * no-op. Returns 0, -ENOMEM or VFAISS_E_FAISS (the index keeps the vectors added before the
- * failure: FAISS gives no guarantee). Exclusive: no other call on f meanwhile. HNSW
- * inserts are slow (about 0.4 ms per vector at 768 dimensions on one AVX2 core). */
+ * no-op. Returns 0, -EINVAL (n x dim overflows), -ENOMEM or VFAISS_E_FAISS (after a
+ * failure, which of the n vectors the index kept is FAISS's business: check vfaiss_count).
+ * Exclusive: no other call on f meanwhile. HNSW inserts are slow (about 0.4 ms per vector
+ * at 768 dimensions on one AVX2 core). */
 int vfaiss_add(vfaiss *f, size_t n, const float *vecs);
 
 /* vfaiss_count returns the number of vectors added (the next label). vfaiss_dim returns the

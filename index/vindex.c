@@ -79,9 +79,10 @@
 
 #define MAX_DIM 65536
 #define MAX_META (1u << 20)
-#define BLK 256               /* slots per block of the exact search */
-#define ANN_BATCH 64          /* candidates per batch of the ANN search */
-#define ANN_PATIENCE 128      /* a scored ANN search past its depth stops after this many
+#define BLK 256      /* slots per block of the exact search */
+#define ANN_BATCH 64 /* candidates per batch of the ANN search */
+#define ANN_PATIENCE                                                                               \
+    128                       /* a scored ANN search past its depth stops after this many          \
                                  candidates in a row (whole batches) entered no top k */
 #define GATHER_STEP 512       /* candidates the ANN search gathers at a time (at least) */
 #define QBUF 1024             /* query dims prepared on the stack; larger ones are allocated */

@@ -12,6 +12,8 @@
 #include <ini.h>
 
 #include "log.h"
+#include "vfaiss.h"
+#include "vindex.h"
 
 typedef enum { T_INT, T_LONG, T_DOUBLE, T_STR } cfg_type;
 
@@ -113,6 +115,16 @@ static const config_def defs[] = {
     {"index_recall_budget_percent", T_DOUBLE, OFF(index_recall_budget_percent), "1", 0, 100, 0,
      "CPU the recall monitor may use, in percent of one core, on average (0: off; a new or "
      "rebuilt index is still measured once)"},
+    {"index_engine", T_STR, OFF(index_engine), "native", 0, 0, 0,
+     "engine of the approximate tier for tenants that chose none (admin.tenant.create and "
+     "update take index_engine): native (the index's own codes) or faiss (a FAISS index "
+     "from index_faiss_factory); filters, deletes and the exact re-rank are the index's own "
+     "either way"},
+    {"index_faiss_factory", T_STR, OFF(index_faiss_factory), "HNSW32,Flat", 0, 0, 0,
+     "FAISS index_factory string of the faiss engine (inner product; an index that needs "
+     "training is refused)"},
+    {"index_faiss_ef_search", T_INT, OFF(index_faiss_ef_search), "64", 1, 100000, 0,
+     "efSearch of the faiss engine's HNSW search (more: higher recall, slower)"},
     {"row_cache_mb", T_LONG, OFF(row_cache_mb), "256", 0, 1e6, 0,
      "memory rows cached for search results in MiB, so that searches need no database "
      "round trip (0: none)"},
@@ -207,6 +219,41 @@ static const config_def defs[] = {
 };
 
 #define NDEFS (sizeof(defs) / sizeof(defs[0]))
+
+int index_engine_parse(const char *s, size_t n)
+{
+    if (n == 6 && memcmp(s, "native", 6) == 0)
+        return VINDEX_ENGINE_NATIVE;
+    if (n == 5 && memcmp(s, "faiss", 5) == 0)
+        return VINDEX_ENGINE_FAISS;
+    return -1;
+}
+
+const char *index_engine_name(int engine)
+{
+    return engine == VINDEX_ENGINE_FAISS ? "faiss" : "native";
+}
+
+/* The FAISS factory must build an index FAISS accepts, without training: tried once at the
+ * dimensions tenants get by default, so a typo stops the server rather than every load of a
+ * faiss tenant. Returns 0 or -1 after printing why. */
+static int check_factory(const config *cfg, FILE *err)
+{
+    const int dims[] = {cfg->embed_dim, cfg->openai_dim};
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+        char msg[512];
+        vfaiss *f = NULL;
+        int rc = vfaiss_create((size_t)dims[i], cfg->index_faiss_factory,
+                               cfg->index_faiss_ef_search, &f, msg, sizeof(msg));
+        vfaiss_destroy(f);
+        if (rc != 0) {
+            fprintf(err, "engramd: invalid value for index_faiss_factory at dimension %d: %s\n",
+                    dims[i], msg);
+            return -1;
+        }
+    }
+    return 0;
+}
 
 static const config_def *find_def(const char *name, size_t n)
 {
@@ -444,6 +491,13 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
                 cfg->score_w_recency, cfg->score_w_access, cfg->score_w_explicit);
         return -1;
     }
+    if (index_engine_parse(cfg->index_engine, strlen(cfg->index_engine)) < 0) {
+        fprintf(err, "engramd: invalid value for index_engine: '%s' (native or faiss)\n",
+                cfg->index_engine);
+        return -1;
+    }
+    if (check_factory(cfg, err) < 0)
+        return -1;
     if (cfg->http_port == cfg->rpc_port) {
         fprintf(err, "engramd: http_port and rpc_port must differ (both %d)\n", cfg->rpc_port);
         return -1;

@@ -48,6 +48,9 @@ typedef struct config {
     double index_recall_target;
     double index_recall_budget_percent;
     int index_compact_percent;
+    char *index_engine; /* "native" or "faiss" */
+    char *index_faiss_factory;
+    int index_faiss_ef_search;
     long row_cache_mb;
     int consolidate_check_interval_s;
     double consolidate_dedupe_threshold;
@@ -94,6 +97,11 @@ typedef struct config {
  * settings table to out and sets *exit_now. Returns 0, or -1 after printing a message that
  * names the bad setting to err. Strings in cfg are owned by cfg: free with config_free. */
 int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *exit_now);
+
+/* index_engine_parse returns the VINDEX_ENGINE_* named by the n bytes at s ("native",
+ * "faiss"), or -1. index_engine_name returns the name of an engine. */
+int index_engine_parse(const char *s, size_t n);
+const char *index_engine_name(int engine);
 
 /* config_free releases the strings of cfg. */
 void config_free(config *cfg);

@@ -62,9 +62,31 @@ static void json_row_done(req *r, const db_result *res)
 
 /* ---- admin.tenant.create ------------------------------------------------------------- */
 
-enum { P_TC_NAME, P_TC_TIER, P_TC_EMBEDDING };
+/* The index_engine parameter of create and update: NULL when absent, "native" or "faiss",
+ * or (allow_default, update) "default" to clear the tenant's choice. Sets *out to the SQL
+ * value (NULL: none) and returns 0, or fails the request and returns -1. */
+static int engine_arg(req *r, const msgpack_object *o, bool allow_default, const char **out)
+{
+    *out = NULL;
+    if (!o)
+        return 0;
+    if (index_engine_parse(o->via.str.ptr, o->via.str.size) >= 0 ||
+        (allow_default && rpc_str_eq(o, "default"))) {
+        if (!(*out = req_strdup(r, o))) {
+            req_fail(r, RPC_INTERNAL, "out of memory");
+            return -1;
+        }
+        return 0;
+    }
+    req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'index_engine' must be native or faiss%s",
+             allow_default ? " (or default)" : "");
+    return -1;
+}
+
+enum { P_TC_NAME, P_TC_TIER, P_TC_EMBEDDING, P_TC_INDEX_ENGINE };
 PARAMS(admin_tenant_create, {"name", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, 128},
-       {"tier", RPC_T_STR, RPC_P_REQUIRED, 0, 0}, {"embedding", RPC_T_MAP, RPC_P_NULLABLE, 0, 0});
+       {"tier", RPC_T_STR, RPC_P_REQUIRED, 0, 0}, {"embedding", RPC_T_MAP, RPC_P_NULLABLE, 0, 0},
+       {"index_engine", RPC_T_STR, RPC_P_NULLABLE, 0, 0});
 
 typedef struct tc_state {
     char key[AUTH_KEY_LEN + 1];
@@ -146,6 +168,9 @@ void h_admin_tenant_create(req *r)
         dim = s->cfg.openai_dim;
         model = s->cfg.openai_model;
     }
+    const char *engine;
+    if (engine_arg(r, req_arg(r, P_TC_INDEX_ENGINE), false, &engine) < 0)
+        return;
     tc_state *st = req_alloc(r, sizeof(*st));
     char *name = req_strdup(r, req_arg(r, P_TC_NAME));
     char *tiername = req_strdup(r, tier);
@@ -161,8 +186,9 @@ void h_admin_tenant_create(req *r)
     auth_hash_hex(hash, hash_hex);
     snprintf(dimtxt, 16, "%ld", dim);
     req_set_state(r, st);
-    const char *vals[] = {name, tiername, provider, model, dimtxt, "default", key_id, hash_hex};
-    db_query q = {.stmt = sql_name(SQL_TENANT_CREATE), .nparams = 8, .values = vals};
+    const char *vals[] = {name,      tiername, provider, model, dimtxt,
+                          "default", key_id,   hash_hex, engine};
+    db_query q = {.stmt = sql_name(SQL_TENANT_CREATE), .nparams = 9, .values = vals};
     req_submit(r, -1, &q, 1, tenant_created);
 }
 
@@ -174,10 +200,11 @@ PARAMS(admin_tenant_get, {"tenant_id", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},
 
 void h_admin_tenant_get(req *r)
 {
-    const char *vals[2];
+    const char *vals[3];
     if (tenant_ref(r, P_TG_TENANT_ID, P_TG_NAME, vals) < 0)
         return;
-    db_query q = {.stmt = sql_name(SQL_ADMIN_TENANT_GET), .nparams = 2, .values = vals};
+    vals[2] = req_server(r)->cfg.index_engine;
+    db_query q = {.stmt = sql_name(SQL_ADMIN_TENANT_GET), .nparams = 3, .values = vals};
     req_submit(r, -1, &q, 1, json_row_done);
 }
 
@@ -245,50 +272,70 @@ void h_admin_tenant_list(req *r)
     snprintf(after, 24, "%lld", (long long)rpc_get_uint(req_arg(r, P_TL_CURSOR), 0));
     snprintf(limit, 16, "%llu", (unsigned long long)st->limit);
     req_set_state(r, st);
-    const char *vals[] = {after, limit};
-    db_query q = {.stmt = sql_name(SQL_ADMIN_TENANT_LIST), .nparams = 2, .values = vals};
+    const char *vals[] = {after, limit, req_server(r)->cfg.index_engine};
+    db_query q = {.stmt = sql_name(SQL_ADMIN_TENANT_LIST), .nparams = 3, .values = vals};
     req_submit(r, -1, &q, 1, tenants_listed);
 }
 
-enum { P_TU_TENANT_ID, P_TU_NAME, P_TU_NEW_NAME, P_TU_TIER };
+enum { P_TU_TENANT_ID, P_TU_NAME, P_TU_NEW_NAME, P_TU_TIER, P_TU_INDEX_ENGINE };
 PARAMS(admin_tenant_update, {"tenant_id", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},
        {"name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},
        {"new_name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},
-       {"tier", RPC_T_STR, RPC_P_NULLABLE, 0, 0});
+       {"tier", RPC_T_STR, RPC_P_NULLABLE, 0, 0},
+       {"index_engine", RPC_T_STR, RPC_P_NULLABLE, 0, 0});
+
+typedef struct tu_state {
+    const char *tier;   /* the new tier, or NULL */
+    const char *engine; /* the new engine choice ("default" clears it), or NULL */
+} tu_state;
 
 static void tenant_updated(req *r, const db_result *res)
 {
-    const char *tier = req_state(r);
-    if (res->status == DB_OK && PQntuples(res->res[0]) == 1 && tier) {
-        /* this process learns the new tier at once; others by notification */
-        tenancy_tier_changed(req_server(r)->tenancy, memrow_i64(res->res[0], 0, 1, 0),
-                             tier_parse(tier, strlen(tier)));
+    const tu_state *st = req_state(r);
+    server *s = req_server(r);
+    if (res->status == DB_OK && PQntuples(res->res[0]) == 1) {
+        int64_t id = memrow_i64(res->res[0], 0, 1, 0);
+        /* this process learns the new tier and engine at once; others by notification */
+        if (st->tier)
+            tenancy_tier_changed(s->tenancy, id, tier_parse(st->tier, strlen(st->tier)));
+        if (st->engine) {
+            const char *e = strcmp(st->engine, "default") == 0 ? s->cfg.index_engine : st->engine;
+            tenants_engine_changed(s->tenants, id, index_engine_parse(e, strlen(e)));
+        }
     }
     json_row_done(r, res);
 }
 
 void h_admin_tenant_update(req *r)
 {
-    const char *vals[4];
+    const char *vals[6];
     if (tenant_ref(r, P_TU_TENANT_ID, P_TU_NAME, vals) < 0)
         return;
     const msgpack_object *tier = req_arg(r, P_TU_TIER), *nn = req_arg(r, P_TU_NEW_NAME);
-    if (!tier && !nn) {
-        req_fail(r, RPC_INVALID_ARGUMENT, "admin.tenant.update needs 'tier' or 'new_name'");
+    const msgpack_object *engine = req_arg(r, P_TU_INDEX_ENGINE);
+    if (!tier && !nn && !engine) {
+        req_fail(r, RPC_INVALID_ARGUMENT,
+                 "admin.tenant.update needs 'tier', 'new_name' or 'index_engine'");
         return;
     }
     if (tier && tier_parse(tier->via.str.ptr, tier->via.str.size) < 0) {
         req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'tier' must be free, standard or premium");
         return;
     }
+    if (engine_arg(r, engine, true, &vals[4]) < 0)
+        return;
     vals[2] = nn ? req_strdup(r, nn) : NULL;
     vals[3] = tier ? req_strdup(r, tier) : NULL;
-    if ((nn && !vals[2]) || (tier && !vals[3])) {
+    vals[5] = req_server(r)->cfg.index_engine;
+    tu_state *st = req_alloc(r, sizeof(*st));
+    if ((nn && !vals[2]) || (tier && !vals[3]) || !st) {
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
-    req_set_state(r, (void *)vals[3]);
-    db_query q = {.stmt = sql_name(SQL_ADMIN_TENANT_UPDATE), .nparams = 4, .values = vals};
+    st->tier = vals[3];
+    st->engine = vals[4];
+    req_set_state(r, st);
+    db_query q = {.stmt = sql_name(SQL_ADMIN_TENANT_UPDATE), .nparams = 6, .values = vals};
     req_submit(r, -1, &q, 1, tenant_updated);
 }
 

@@ -1314,8 +1314,19 @@ static void stats_rows(req *r, const db_result *res)
             newest = hi;
         bytes += memrow_i64(pr, i, 6, 0);
     }
-    tenant_index_info ii;
-    tenants_index_info(req_server(r)->tenants, req_auth(r)->tenant_id, &ii);
+    /* the index: as loaded in this process, or the engine its next load will use */
+    server *s = req_server(r);
+    tenants_index ti;
+    bool loaded = tenants_index_info(s->tenants, req_auth(r)->tenant_id, &ti);
+    const char *engine;
+    if (loaded) {
+        engine = index_engine_name(ti.engine);
+    } else {
+        const PGresult *er = res->nres > 1 ? res->res[1] : NULL;
+        engine = er && PQntuples(er) == 1 && !PQgetisnull(er, 0, 0) ? PQgetvalue(er, 0, 0)
+                                                                    : s->cfg.index_engine;
+    }
+    static const char *const kinds[] = {"flat", "sq8", "ann"};
     msgpack_packer *pk = req_result(r);
     msgpack_pack_map(pk, 8);
     rpc_pack_kv_int(pk, "total", total);
@@ -1332,16 +1343,13 @@ static void stats_rows(req *r, const db_result *res)
     mp_pack_time(pk, "newest_at", newest);
     rpc_pack_kv_int(pk, "storage_bytes", bytes);
     rpc_pack_cstr(pk, "index");
-    if (!ii.loaded) {
-        msgpack_pack_map(pk, 1);
-        rpc_pack_kv_bool(pk, "loaded", false);
-    } else {
-        static const char *const kinds[] = {"flat", "sq8", "ann"};
-        const vindex_recall *rc = &ii.recall;
-        msgpack_pack_map(pk, 7);
-        rpc_pack_kv_bool(pk, "loaded", true);
-        rpc_pack_kv_str(pk, "kind", kinds[ii.kind <= VINDEX_KIND_ANN ? ii.kind : 2]);
-        rpc_pack_kv_int(pk, "vectors", (int64_t)ii.vectors);
+    msgpack_pack_map(pk, 8);
+    rpc_pack_kv_str(pk, "engine", engine);
+    rpc_pack_kv_bool(pk, "loaded", loaded);
+    if (loaded) {
+        const vindex_recall *rc = &ti.recall;
+        rpc_pack_kv_str(pk, "kind", kinds[ti.kind <= VINDEX_KIND_ANN ? ti.kind : VINDEX_KIND_ANN]);
+        rpc_pack_kv_int(pk, "vectors", (int64_t)ti.vectors);
         rpc_pack_cstr(pk, "recall_estimate");
         if (isnan(rc->estimate))
             msgpack_pack_nil(pk);
@@ -1350,6 +1358,13 @@ static void stats_rows(req *r, const db_result *res)
         rpc_pack_kv_int(pk, "candidate_depth", (int64_t)rc->depth);
         rpc_pack_kv_bool(pk, "exact_fallback", rc->exact_fallback);
         rpc_pack_kv_int(pk, "recall_samples", (int64_t)rc->samples);
+    } else {
+        rpc_pack_kv_nil(pk, "kind");
+        rpc_pack_kv_nil(pk, "vectors");
+        rpc_pack_kv_nil(pk, "recall_estimate");
+        rpc_pack_kv_nil(pk, "candidate_depth");
+        rpc_pack_kv_nil(pk, "exact_fallback");
+        rpc_pack_kv_nil(pk, "recall_samples");
     }
     req_done(r);
 }
@@ -1362,6 +1377,7 @@ void h_memory_stats(req *r)
         return;
     }
     const char *vals[] = {tid};
-    db_query q = {.stmt = sql_name(SQL_MEMORY_STATS), .nparams = 1, .values = vals};
-    req_submit(r, req_auth(r)->tenant_id, &q, 1, stats_rows);
+    db_query q[2] = {{.stmt = sql_name(SQL_MEMORY_STATS), .nparams = 1, .values = vals},
+                     {.stmt = sql_name(SQL_TENANT_INDEX_ENGINE), .nparams = 1, .values = vals}};
+    req_submit(r, req_auth(r)->tenant_id, q, 2, stats_rows);
 }

@@ -157,6 +157,11 @@ void tenancy_notify(tenancy *t, const char *payload)
         tenancy_deleted(t, id);
     else if (sscanf(payload, "tier:%lld:%31s", &id, name) == 2)
         tenancy_tier_changed(t, id, tier_parse(name, strlen(name)));
+    else if (sscanf(payload, "engine:%lld:%31s", &id, name) == 2) {
+        /* "default": the tenant follows this server's setting */
+        const char *e = strcmp(name, "default") == 0 ? t->srv->cfg.index_engine : name;
+        tenants_engine_changed(t->srv->tenants, id, index_engine_parse(e, strlen(e)));
+    }
 }
 
 bool tenancy_rate_take(tenancy *t, int64_t tenant_id, int tier, uint64_t *retry_ms)

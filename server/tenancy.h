@@ -48,7 +48,8 @@ void tenancy_deleted(tenancy *t, int64_t tenant_id);
 void tenancy_tier_changed(tenancy *t, int64_t tenant_id, int tier);
 
 /* tenancy_notify parses an engram_admin notification payload ("revoked:<key>",
- * "deleted:<tenant>", "tier:<tenant>:<name>") and records it. */
+ * "deleted:<tenant>", "tier:<tenant>:<name>", "engine:<tenant>:<native|faiss|default>")
+ * and records it (an engine change goes to tenants_engine_changed). */
 void tenancy_notify(tenancy *t, const char *payload);
 
 /* tenancy_rate_take takes one request token of the tenant's bucket. Returns true when the

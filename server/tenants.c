@@ -6,6 +6,7 @@
 #include <malloc.h>
 #include <math.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -55,6 +56,12 @@ struct tenant {
     pending *phead, *ptail;
     waiter *waiters;
     bool catchup_queued;
+    /* the engine (VINDEX_ENGINE_*) the loaded index was created with, set by each load from
+     * the tenant's choice in PostgreSQL or the index_engine setting (t->mu) */
+    int engine;
+    /* the engine an admin.tenant.update asked for since (-1: none): a loaded index with
+     * another engine is dropped, and the next use loads it anew (t->mu) */
+    int want_engine;
     /* snapshots (t->mu) */
     uint64_t saved_seq;            /* change number of the newest snapshot written or loaded */
     uint64_t saved_mono_ns;        /* when (0: never) */
@@ -203,6 +210,7 @@ tenant *tenants_get(tenants *ts, int64_t id, uint32_t dim)
     t->id = id;
     t->dim = dim;
     atomic_init(&t->refs, 2); /* the map's and the caller's */
+    t->want_engine = -1;
     pthread_mutex_init(&t->mu, NULL);
     t->deleted = idmap_create(16);
     if (!t->deleted || idmap_put(ts->map, (uint64_t)id, (uint64_t)(uintptr_t)t) < 0) {
@@ -491,6 +499,19 @@ void tenant_apply_delete(tenant *t, uint64_t seq, uint64_t id)
     apply(t, seq, id, true, NULL, NULL);
 }
 
+/* The options of t's index: the server's, with t's dimension and engine (set by the load
+ * before it creates or reads the index). */
+static void index_opts(const tenant *t, vindex_opts *vo)
+{
+    const config *c = &t->ts->srv->cfg;
+    *vo = t->ts->vo;
+    vo->dim = t->dim;
+    vo->meta_size = sizeof(mem_meta);
+    vo->engine = t->engine;
+    vo->faiss_factory = c->index_faiss_factory; /* lives as long as the server */
+    vo->faiss_ef_search = c->index_faiss_ef_search;
+}
+
 /* ---- snapshot files ------------------------------------------------------------------- */
 
 /* Finds (once) the directory for this database's snapshots: <index_dir>/<instance id>.
@@ -547,12 +568,106 @@ static bool snap_path(tenants *ts, int64_t id, char *buf, size_t len)
 }
 
 /* The tags a snapshot's metadata points to travel in its extra bytes (host byte order, as
- * the snapshot itself):
- *   "ENGTAGS1", i64 wall-clock ms of the save, u64 record count, then per memory
- *   u64 id, u64 seq (the change that last wrote it), u32 ntags, u32 0, ntags u64 hashes. */
-#define TAGS_MAGIC "ENGTAGS1"
+ * the snapshot itself), followed by what the index was built as:
+ *   "ENGTAGS2", i64 wall-clock ms of the save, u64 record count, then per memory
+ *   u64 id, u64 seq (the change that last wrote it), u32 ntags, u32 0, ntags u64 hashes;
+ *   then the identity: u32 engine (VINDEX_ENGINE_*), u32 0, u64 FNV-1a hash of the FAISS
+ *   factory string (0 for the native engine), "ENGSNID1".
+ * A snapshot is only used for an index of the same identity: one written by another
+ * engine, or by FAISS from another factory, may hold structures that do not fit the index
+ * asked for, and is rebuilt from the database instead. The identity ends the file (vindex
+ * stores the extra bytes last), so a load can tell from its last bytes, before reading the
+ * snapshot, that it will not fit; the check after the checksummed load is the one that
+ * counts. Snapshots of earlier versions ("ENGTAGS1", no identity) were all native. */
+#define TAGS_MAGIC "ENGTAGS2"
+#define TAGS_MAGIC_V1 "ENGTAGS1"
 #define TAGS_HEADER 24
 #define TAGS_RECORD 24
+#define SNAPID_MAGIC "ENGSNID1"
+#define SNAPID_LEN 24
+
+typedef struct snap_id {
+    uint32_t engine;
+    uint64_t factory; /* FNV-1a of the factory string; 0 for the native engine */
+} snap_id;
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* The identity of an index created with vo. */
+static snap_id snap_id_of(const vindex_opts *vo)
+{
+    snap_id id = {.engine = (uint32_t)vo->engine};
+    if (vo->engine == VINDEX_ENGINE_FAISS)
+        id.factory = fnv1a(vo->faiss_factory ? vo->faiss_factory : "");
+    return id;
+}
+
+static void snap_id_put(unsigned char out[SNAPID_LEN], const snap_id *id)
+{
+    uint32_t zero = 0;
+    memcpy(out, &id->engine, 4);
+    memcpy(out + 4, &zero, 4);
+    memcpy(out + 8, &id->factory, 8);
+    memcpy(out + 16, SNAPID_MAGIC, 8);
+}
+
+/* Reads an identity from the last SNAPID_LEN bytes p. Returns false when they are none. */
+static bool snap_id_get(const unsigned char *p, snap_id *id)
+{
+    if (memcmp(p + 16, SNAPID_MAGIC, 8) != 0)
+        return false;
+    memcpy(&id->engine, p, 4);
+    memcpy(&id->factory, p + 8, 8);
+    return true;
+}
+
+/* Splits a snapshot's extra bytes into the tag records' part (*rec_len bytes from the
+ * start) and the identity. Returns false when they are not in a known format. */
+static bool snap_extra_split(const unsigned char *x, size_t xlen, size_t *rec_len, snap_id *id)
+{
+    if (!x || xlen < TAGS_HEADER)
+        return false;
+    if (memcmp(x, TAGS_MAGIC_V1, 8) == 0) {
+        *id = (snap_id){.engine = VINDEX_ENGINE_NATIVE};
+        *rec_len = xlen;
+        return true;
+    }
+    if (memcmp(x, TAGS_MAGIC, 8) != 0 || xlen < TAGS_HEADER + SNAPID_LEN ||
+        !snap_id_get(x + xlen - SNAPID_LEN, id))
+        return false;
+    *rec_len = xlen - SNAPID_LEN;
+    return true;
+}
+
+static const char *snap_id_name(const snap_id *id)
+{
+    return id->engine == VINDEX_ENGINE_FAISS    ? "the faiss engine"
+           : id->engine == VINDEX_ENGINE_NATIVE ? "the native engine"
+                                                : "an unknown engine";
+}
+
+/* Tells, from the last bytes of the file at path and without reading the rest, whether it
+ * was written for another identity than want (a hint: false when it cannot tell). */
+static bool snap_file_other(const char *path, const snap_id *want, snap_id *got)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    struct stat sb;
+    unsigned char tail[SNAPID_LEN];
+    bool other = fstat(fd, &sb) == 0 && sb.st_size >= SNAPID_LEN &&
+                 pread(fd, tail, SNAPID_LEN, sb.st_size - SNAPID_LEN) == SNAPID_LEN &&
+                 snap_id_get(tail, got) &&
+                 (got->engine != want->engine || got->factory != want->factory);
+    close(fd);
+    return other;
+}
 
 typedef struct tagbuf {
     unsigned char *p;
@@ -589,15 +704,20 @@ static int tags_record(uint64_t id, const float *vec, const void *meta, void *ar
     return 0;
 }
 
-/* Serializes every memory's tags. Call with t->mu held (no change can move them). On
- * success the caller owns *out (free). Returns 0 or -ENOMEM. */
+/* Serializes every memory's tags and the index's identity. Call with t->mu held (no change
+ * can move them). On success the caller owns *out (free). Returns 0 or -ENOMEM. */
 static int tags_build(tenant *t, unsigned char **out, size_t *len)
 {
     tagbuf b = {0};
     int64_t now = server_now_ms();
     uint64_t zero = 0;
+    vindex_opts vo;
+    index_opts(t, &vo);
+    snap_id sid = snap_id_of(&vo);
+    unsigned char idb[SNAPID_LEN];
+    snap_id_put(idb, &sid);
     if (tagbuf_put(&b, TAGS_MAGIC, 8) || tagbuf_put(&b, &now, 8) || tagbuf_put(&b, &zero, 8) ||
-        vindex_foreach(t->vi, tags_record, &b) != 0) {
+        vindex_foreach(t->vi, tags_record, &b) != 0 || tagbuf_put(&b, idb, SNAPID_LEN)) {
         free(b.p);
         return -ENOMEM;
     }
@@ -670,18 +790,19 @@ static int collect_id(uint64_t id, const float *vec, const void *meta, void *arg
     return tagbuf_put(b, &id, sizeof(id)) ? 1 : 0;
 }
 
-/* Restores the tags of a loaded snapshot from its extra bytes x and removes the memories
- * written after its change number upto. Returns 0; -1 when the extra bytes do not
- * describe the snapshot's memories (every entry's tags are valid or NULL: free them with
- * the index); or -2 when memory ran out before any entry was touched (the tags pointers
- * are the saved ones: destroy the index without freeing them). */
+/* Restores the tags of a loaded snapshot from the tag records x (xlen bytes: the extra bytes
+ * without the identity) and removes the memories written after its change number upto. Returns 0;
+ * -1 when the extra bytes do not describe the snapshot's memories (every entry's tags are valid or
+ * NULL: free them with the index); or -2 when memory ran out before any entry was touched (the tags
+ * pointers are the saved ones: destroy the index without freeing them). */
 static int tags_restore(vindex *vi, const unsigned char *x, size_t xlen, uint64_t upto)
 {
     tagfix tf = {.x = x, .upto = upto};
     tagbuf ids = {0};
     int rc = -1;
     uint64_t count;
-    if (!x || xlen < TAGS_HEADER || memcmp(x, TAGS_MAGIC, 8) != 0)
+    if (!x || xlen < TAGS_HEADER ||
+        (memcmp(x, TAGS_MAGIC, 8) != 0 && memcmp(x, TAGS_MAGIC_V1, 8) != 0))
         goto fail;
     memcpy(&count, x + 16, 8);
     if (count > (xlen - TAGS_HEADER) / TAGS_RECORD)
@@ -748,13 +869,6 @@ static void release_waiters(waiter *list, int status, const char *err)
         }
         list = next;
     }
-}
-
-static void index_opts(const tenant *t, vindex_opts *vo)
-{
-    *vo = t->ts->vo;
-    vo->dim = t->dim;
-    vo->meta_size = sizeof(mem_meta);
 }
 
 /* Frees an index whose metadata owns its tags. */
@@ -975,10 +1089,21 @@ static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *chang
         return 1;
     vindex_opts vo;
     index_opts(t, &vo);
+    snap_id want = snap_id_of(&vo), got;
+    /* a snapshot of another engine is not even read (an engine change, see
+     * tenants_engine_changed, or a changed index_engine or index_faiss_factory setting) */
+    if (snap_file_other(path, &want, &got)) {
+        atomic_fetch_add(&ts->n_snap_rejected, 1);
+        log_info("tenant %lld: snapshot %s not used: written by %s%s; rebuilding from the "
+                 "database",
+                 (long long)t->id, path, snap_id_name(&got),
+                 got.engine == want.engine ? " with another factory" : "");
+        return 1;
+    }
     vindex *vi = NULL;
     uint64_t upto = 0, now_seq = 0;
     void *x = NULL;
-    size_t xlen = 0;
+    size_t xlen = 0, rec_len = 0;
     int rc = vindex_load_extra(path, &vo, &vi, &upto, &x, &xlen);
     if (rc == VINDEX_E_NOT_FOUND)
         return 1;
@@ -988,7 +1113,19 @@ static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *chang
                  (long long)t->id, path, snap_error(rc));
         return 1;
     }
-    rc = tags_restore(vi, x, xlen, upto);
+    bool known = snap_extra_split(x, xlen, &rec_len, &got);
+    if (known && (got.engine != want.engine || got.factory != want.factory)) {
+        /* no tags were restored: the pointers in the metadata are the saved ones */
+        free(x);
+        vindex_destroy(vi);
+        atomic_fetch_add(&ts->n_snap_rejected, 1);
+        log_info("tenant %lld: snapshot %s not used: written by %s; rebuilding from the "
+                 "database",
+                 (long long)t->id, path, snap_id_name(&got));
+        return 1;
+    }
+    /* extra bytes in no known format: tags_restore refuses them (and resets the pointers) */
+    rc = tags_restore(vi, known ? x : NULL, known ? rec_len : 0, upto);
     free(x);
     if (rc < 0) {
         if (rc == -1)
@@ -1043,6 +1180,23 @@ static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *chang
     return 0;
 }
 
+/* Sets t->engine, the engine the load creates the index with, from the tenant's choice in
+ * PostgreSQL or else the index_engine setting (t is LOADING). Returns 0 or -1 with err. */
+static int read_engine(PGconn *pg, tenant *t, char *err, size_t errlen)
+{
+    const config *c = &t->ts->srv->cfg;
+    char name[16];
+    if (loader_index_engine(pg, t->id, name, sizeof(name), err, errlen) < 0)
+        return -1;
+    int e = index_engine_parse(name, strlen(name));
+    if (e < 0)
+        e = index_engine_parse(c->index_engine, strlen(c->index_engine));
+    pthread_mutex_lock(&t->mu);
+    t->engine = e < 0 ? VINDEX_ENGINE_NATIVE : e;
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+
 /* Loads t's index on this background thread (t is LOADING): from its snapshot plus the
  * changes after it, else from PostgreSQL; then applies the changes that arrived meanwhile
  * and wakes the waiters. Returns 0 or -1. */
@@ -1056,7 +1210,10 @@ static int load_now(bg_ctx *ctx, tenant *t)
         snprintf(err, sizeof(err), "server shutting down");
     } else {
         PGconn *pg = bg_conn(ctx, err, sizeof(err));
-        if (pg) {
+        if (pg && read_engine(pg, t, err, sizeof(err)) < 0) {
+            if (PQstatus(pg) != CONNECTION_OK)
+                bg_conn_failed(ctx);
+        } else if (pg) {
             from = load_from_snapshot(pg, t, &rows, &changes, err, sizeof(err));
             if (from == 1) {
                 rc = load_from_db(pg, t, &rows, err, sizeof(err));
@@ -1094,13 +1251,15 @@ static int load_now(bg_ctx *ctx, tenant *t)
     double ms = (double)took_ns / 1e6;
     if (rc == 0)
         record_load(t->ts, from == 0 ? 0 : 1, took_ns / 1000);
+    const char *engine = index_engine_name(t->engine); /* written before the load, by it */
     if (rc == 0 && from == 0)
         log_info("tenant %lld: index loaded from its snapshot, %zu memories, %zu changes "
-                 "replayed, change %llu, %.1f ms",
-                 (long long)t->id, rows, changes, (unsigned long long)applied, ms);
+                 "replayed, change %llu, %s engine, %.1f ms",
+                 (long long)t->id, rows, changes, (unsigned long long)applied, engine, ms);
     else if (rc == 0)
-        log_info("tenant %lld: index built from the database, %zu memories, change %llu, %.1f ms",
-                 (long long)t->id, rows, (unsigned long long)applied, ms);
+        log_info("tenant %lld: index built from the database, %zu memories, change %llu, %s "
+                 "engine, %.1f ms",
+                 (long long)t->id, rows, (unsigned long long)applied, engine, ms);
     else
         log_warn("tenant %lld: index load failed: %s", (long long)t->id, err);
     char reason[300];
@@ -1428,6 +1587,23 @@ static bool try_evict(tenants *ts, tenant *t)
     return ok;
 }
 
+/* Drops t's index, loaded with another engine than the tenant now has, when nobody but the
+ * caller uses it (as an eviction, but without a snapshot: one of this engine would not be
+ * used). The changes it holds are in PostgreSQL; the next use builds the index with the
+ * new engine. Returns true when dropped. */
+static bool drop_stale(tenants *ts, tenant *t)
+{
+    pthread_mutex_lock(&t->mu);
+    int from = t->engine, to = t->want_engine;
+    pthread_mutex_unlock(&t->mu);
+    if (!try_evict(ts, t))
+        return false; /* in use: the housekeeping tries again every second */
+    log_info("tenant %lld: index dropped: its engine changed from %s to %s; the next use "
+             "builds it anew",
+             (long long)t->id, index_engine_name(from), index_engine_name(to));
+    return true;
+}
+
 /* Every second on a background thread: rebuilds indexes whose tombstones are due,
  * snapshots changed indexes (at most once per index_snapshot_interval_s), and evicts the
  * least recently used indexes while the loaded ones exceed the memory budget. */
@@ -1456,9 +1632,15 @@ static void housekeeping(bg_ctx *ctx, void *arg)
         bool ready = t->state == T_READY;
         bool due = ready && t->dirty && !t->saving &&
                    (t->saved_mono_ns == 0 || server_mono_ns() - t->saved_mono_ns >= interval);
+        bool stale = ready && t->want_engine >= 0 && t->want_engine != t->engine;
         pthread_mutex_unlock(&t->mu);
         if (!ready)
             continue;
+        if (stale) {
+            /* its engine changed while requests used it: dropped once idle, no snapshot */
+            drop_stale(ts, t);
+            continue;
+        }
         vindex_stats st;
         vindex_get_stats(t->vi, &st);
         if (st.maintenance_due) {
@@ -1683,6 +1865,59 @@ void tenants_catch_up_all(tenants *ts)
     pthread_mutex_unlock(&ts->mu);
 }
 
+/* Returns t with a reference when the registry holds tenant id, else NULL. */
+static tenant *lookup(tenants *ts, int64_t id)
+{
+    pthread_mutex_lock(&ts->mu);
+    uint64_t v;
+    tenant *t = NULL;
+    if (idmap_get(ts->map, (uint64_t)id, &v)) {
+        t = (tenant *)(uintptr_t)v;
+        atomic_fetch_add(&t->refs, 1);
+    }
+    pthread_mutex_unlock(&ts->mu);
+    return t;
+}
+
+void tenants_engine_changed(tenants *ts, int64_t id, int engine)
+{
+    if (engine != VINDEX_ENGINE_NATIVE && engine != VINDEX_ENGINE_FAISS)
+        return;
+    tenant *t = lookup(ts, id);
+    if (!t)
+        return; /* not loaded here: its next load reads the new engine */
+    pthread_mutex_lock(&t->mu);
+    /* a load in progress may have read the old engine: compared once it is ready */
+    t->want_engine = engine;
+    bool stale = t->state == T_READY && t->engine != engine;
+    pthread_mutex_unlock(&t->mu);
+    if (stale)
+        drop_stale(ts, t);
+    tenant_put(t);
+}
+
+bool tenants_index_info(tenants *ts, int64_t id, tenants_index *out)
+{
+    memset(out, 0, sizeof(*out));
+    tenant *t = lookup(ts, id);
+    if (!t)
+        return false;
+    pthread_mutex_lock(&t->mu);
+    bool ready = t->state == T_READY;
+    if (ready) {
+        vindex_stats st;
+        vindex_get_stats(t->vi, &st);
+        out->engine = t->engine;
+        out->kind = st.kind;
+        out->vectors = st.count;
+        out->bytes = st.bytes;
+        vindex_get_recall(t->vi, &out->recall);
+    }
+    pthread_mutex_unlock(&t->mu);
+    tenant_put(t);
+    return ready;
+}
+
 void tenants_forget(tenants *ts, int64_t id)
 {
     pthread_mutex_lock(&ts->mu);
@@ -1731,27 +1966,6 @@ static int stats_one(uint64_t key, uint64_t value, void *arg)
     }
     pthread_mutex_unlock(&t->mu);
     return 0;
-}
-
-void tenants_index_info(tenants *ts, int64_t id, tenant_index_info *out)
-{
-    memset(out, 0, sizeof(*out));
-    uint64_t v;
-    pthread_mutex_lock(&ts->mu);
-    if (idmap_get(ts->map, (uint64_t)id, &v)) {
-        tenant *t = (tenant *)(uintptr_t)v;
-        pthread_mutex_lock(&t->mu);
-        if (t->state == T_READY) {
-            vindex_stats st;
-            vindex_get_stats(t->vi, &st);
-            out->loaded = true;
-            out->kind = st.kind;
-            out->vectors = st.count;
-            vindex_get_recall(t->vi, &out->recall);
-        }
-        pthread_mutex_unlock(&t->mu);
-    }
-    pthread_mutex_unlock(&ts->mu);
 }
 
 void tenants_stats(tenants *ts, tenants_metrics *m)

@@ -10,8 +10,13 @@
  * once, in any order, and keeps deletes from being undone by an older write that arrives
  * late, so an index always converges to the database's state.
  *
+ * Each index is created with its tenant's engine (tenants.index_engine, or the index_engine
+ * setting when the tenant chose none), read from PostgreSQL at every load.
+ *
  * Snapshots live in <index_dir>/<database instance id>/<tenant id>.idx, written
- * atomically by the housekeeping (see tenants_start), at eviction and at shutdown. An index
+ * atomically by the housekeeping (see tenants_start), at eviction and at shutdown; each
+ * records the engine (and FAISS factory) it was written by, and is used only by a load
+ * with the same. An index
  * stays loaded until the loaded indexes exceed the memory budget; the least recently used
  * is then snapshotted and unloaded, and comes back from its snapshot on its next use.
  */
@@ -105,6 +110,28 @@ bool tenants_preloaded(tenants *ts);
 /* tenants_forget drops a tenant's index (tenant deleted). */
 void tenants_forget(tenants *ts, int64_t id);
 
+/* tenants_engine_changed tells the registry that tenant id now uses engine
+ * (VINDEX_ENGINE_*; the caller resolves "the server's default"): an admin.tenant.update of
+ * this process or a notification from another. A loaded index with another engine is
+ * dropped at once when no request uses it, else by the housekeeping within a second after
+ * its requests finish; its next use loads it with the engine PostgreSQL then names (a
+ * snapshot written by another engine is not used: see tenants.c). Requests already holding
+ * the old index finish with it. Any thread. */
+void tenants_engine_changed(tenants *ts, int64_t id, int engine);
+
+/* What memory.stats reports of a loaded index. */
+typedef struct tenants_index {
+    int engine;            /* VINDEX_ENGINE_* the index was created with */
+    enum vindex_kind kind; /* the structure searches use now */
+    size_t vectors;        /* live vectors */
+    size_t bytes;          /* vindex_bytes */
+    vindex_recall recall;  /* what its recall monitor measured */
+} tenants_index;
+
+/* tenants_index_info fills *out and returns true when tenant id's index is loaded in this
+ * process; false (and *out zeroed) when it is not. Never loads it. Any thread. */
+bool tenants_index_info(tenants *ts, int64_t id, tenants_index *out);
+
 /* mem_meta_from_row fills m from a loader row; m->tags is malloc'd (the caller frees it
  * unless handed to the index). Returns 0, -ENOMEM or -EINVAL (the row's tag JSON is not
  * what the loader selects). */
@@ -142,18 +169,6 @@ typedef struct tenants_metrics {
     double recall_min, recall_sum;
     uint64_t exact_fallbacks, recall_probes, recall_probe_ns;
 } tenants_metrics;
-
-/* What memory.stats reports of a tenant's index. */
-typedef struct tenant_index_info {
-    bool loaded; /* the rest is meaningful only when loaded */
-    enum vindex_kind kind;
-    size_t vectors;
-    vindex_recall recall;
-} tenant_index_info;
-
-/* tenants_index_info fills *out for tenant id (not loaded when unknown or still loading).
- * Any thread. */
-void tenants_index_info(tenants *ts, int64_t id, tenant_index_info *out);
 
 /* tenants_stats fills m. Any thread. */
 void tenants_stats(tenants *ts, tenants_metrics *m);

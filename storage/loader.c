@@ -301,6 +301,40 @@ int loader_accessed(PGconn *c, int64_t tenant, int64_t since_ms,
                        2, vals, each_access, &lc, err, errlen);
 }
 
+int loader_index_engine(PGconn *c, int64_t tenant, char *out, size_t outlen, char *err,
+                        size_t errlen)
+{
+    /* the tenants table is under row-level security: read it as the tenant */
+    PGresult *r = db_exec_blocking(c, "BEGIN READ ONLY", 0, NULL, err, errlen);
+    if (!r)
+        return -1;
+    PQclear(r);
+    char t[24];
+    snprintf(t, sizeof(t), "%lld", (long long)tenant);
+    const char *vals[] = {t};
+    int rc = -1;
+    r = db_exec_blocking(c, "SELECT set_config('engram.tenant_id', $1, true)", 1, vals, err,
+                         errlen);
+    if (r) {
+        PQclear(r);
+        r = db_exec_blocking(c,
+                             "SELECT COALESCE(t.index_engine, '') FROM tenants t WHERE t.id = $1",
+                             1, vals, err, errlen);
+    }
+    if (r && PQntuples(r) != 1) {
+        snprintf(err, errlen, "tenant %lld not found", (long long)tenant);
+    } else if (r && (size_t)PQgetlength(r, 0, 0) >= outlen) {
+        snprintf(err, errlen, "tenant %lld: unexpected index_engine", (long long)tenant);
+    } else if (r) {
+        snprintf(out, outlen, "%s", PQgetvalue(r, 0, 0));
+        rc = 0;
+    }
+    PQclear(r);
+    char e2[128];
+    PQclear(db_exec_blocking(c, rc == 0 ? "COMMIT" : "ROLLBACK", 0, NULL, e2, sizeof(e2)));
+    return rc;
+}
+
 int loader_instance(PGconn *c, char *out, size_t outlen, char *err, size_t errlen)
 {
     /* the database's oid too: a dump restored into another database (which carries the

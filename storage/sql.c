@@ -109,20 +109,29 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
                           1},
     [SQL_TENANT_CREATE] = {"tenant_create",
                            "SELECT * FROM engram_admin_tenant_create($1, $2, $3, $4, $5, $6, $7, "
-                           "decode($8, 'hex'))",
-                           8},
+                           "decode($8, 'hex'), $9)",
+                           9},
+    [SQL_TENANT_INDEX_ENGINE] = {"tenant_index_engine",
+                                 "SELECT t.index_engine FROM tenants t WHERE t.id = $1", 1},
     [SQL_KEY_TOUCH] = {"key_touch", "SELECT engram_key_touch($1)", 1},
     [SQL_QUERY_ADMIT] = {"query_admit", "SELECT * FROM engram_query_admit($1, $2::bigint[])", 2},
     [SQL_SYNC_OFF] = {"sync_off", "SELECT set_config('synchronous_commit', 'off', true)", 0},
     [SQL_TENANT_USAGE] = {"tenant_usage", "SELECT * FROM engram_tenant_usage($1)", 1},
-    [SQL_ADMIN_TENANT_GET] = {"admin_tenant_get", "SELECT engram_admin_tenant_get($1, $2)::text",
-                              2},
-    [SQL_ADMIN_TENANT_LIST] = {"admin_tenant_list", "SELECT engram_admin_tenant_list($1, $2)::text",
-                               2},
+    /* the engine in force on this server: the tenant's own, or the default given as the
+     * last parameter (see migration 0011) */
+    [SQL_ADMIN_TENANT_GET] = {"admin_tenant_get",
+                              "SELECT engram_tenant_engine(engram_admin_tenant_get($1, $2), "
+                              "$3)::text",
+                              3},
+    [SQL_ADMIN_TENANT_LIST] = {"admin_tenant_list",
+                               "SELECT engram_tenants_engine(engram_admin_tenant_list($1, $2), "
+                               "$3)::text",
+                               3},
     [SQL_ADMIN_TENANT_UPDATE] = {"admin_tenant_update",
-                                 "SELECT j::text, (j ->> 'tenant_id')::bigint FROM "
-                                 "engram_admin_tenant_update($1, $2, $3, $4) j",
-                                 4},
+                                 "SELECT engram_tenant_engine(j, $6)::text, (j ->> "
+                                 "'tenant_id')::bigint FROM engram_admin_tenant_update($1, $2, "
+                                 "$3, $4, $5) j",
+                                 6},
     [SQL_ADMIN_TENANT_DELETE] = {"admin_tenant_delete", "SELECT engram_admin_tenant_delete($1, $2)",
                                  2},
     [SQL_ADMIN_KEY_CREATE] = {"admin_key_create",

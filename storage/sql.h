@@ -24,15 +24,17 @@ typedef enum sql_stmt {
     SQL_MEMORY_LIST, /* FILTER params, order, sign, cursor key, cursor id, limit -> MEMROW, key */
     SQL_MEMORY_LIST_EMB,     /* as SQL_MEMORY_LIST, plus the embedding as the last column */
     SQL_MEMORY_STATS,        /* (tenant) -> type, scope, count, archived, oldest, newest, bytes */
-    SQL_TENANT_CREATE,       /* (name, tier, provider, model, dim, key name, key id, key hash hex)
-                              * -> tenant id, key id: the tenant and its first key at once */
+    SQL_TENANT_CREATE,       /* (name, tier, provider, model, dim, key name, key id, key hash hex,
+                              * index engine or NULL) -> tenant id, key id: the tenant and its
+                              * first key at once */
+    SQL_TENANT_INDEX_ENGINE, /* (tenant) -> the tenant's index engine, NULL: the server's */
     SQL_KEY_TOUCH,           /* (key row) */
     SQL_QUERY_ADMIT,         /* (tenant, limits[3]) -> admitted, used, limit, resets_ms */
     SQL_SYNC_OFF,            /* () this transaction commits without waiting for the disk */
     SQL_TENANT_USAGE,        /* (tenant) -> tier, memories, queries today, bytes, resets_ms */
-    SQL_ADMIN_TENANT_GET,    /* (id, name) -> json */
-    SQL_ADMIN_TENANT_LIST,   /* (after id, limit) -> json array */
-    SQL_ADMIN_TENANT_UPDATE, /* (id, name, new name, tier) -> json */
+    SQL_ADMIN_TENANT_GET,    /* (id, name, default engine) -> json */
+    SQL_ADMIN_TENANT_LIST,   /* (after id, limit, default engine) -> json array */
+    SQL_ADMIN_TENANT_UPDATE, /* (id, name, new name, tier, engine, default engine) -> json, id */
     SQL_ADMIN_TENANT_DELETE, /* (id, name) -> tenant id */
     SQL_ADMIN_KEY_CREATE,    /* (id, name, key name, key id, key hash hex) -> tenant, key row, ms */
     SQL_ADMIN_KEY_LIST,      /* (id, name) -> json array */

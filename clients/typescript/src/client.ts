@@ -421,10 +421,6 @@ export class Client extends ApiRoot {
     this.core.close();
   }
 
-  async [Symbol.asyncDispose](): Promise<void> {
-    this.close();
-  }
-
   /** Never shows the key. */
   toString(): string {
     return `Client(${this.core.host}:${this.core.port})`;

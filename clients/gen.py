@@ -5,6 +5,7 @@ from clients/methods.json, the server's own `methods` answer.
     gen.py              regenerate python/engram_client/_api.py and typescript/src/api.ts
     gen.py --check      exit 1 when either file is not what this script would write
     gen.py --snapshot F write methods.json from F (a JSON dump of a live `methods` answer)
+    gen.py --fetch [HOST:]PORT   write methods.json from a running engramd's answer
 
 The client tests compare a live engramd's `methods` answer with methods.json and with each
 client's method list, so a method (or parameter) the server has and a client lacks fails a
@@ -435,9 +436,37 @@ def snapshot(src):
         f.write("\n".join(lines) + "\n")
 
 
+def fetch(where):
+    """The `methods` answer of the engramd at [HOST:]PORT (needs no authentication)."""
+    import socket
+
+    import msgpack
+
+    host, _, port = where.rpartition(":")
+    with socket.create_connection((host or "127.0.0.1", int(port)), timeout=10) as s:
+        s.sendall(msgpack.packb([0, 1, "methods", []]))
+        up = msgpack.Unpacker(raw=False)
+        while True:
+            data = s.recv(65536)
+            if not data:
+                raise SystemExit("gen.py: connection closed before the answer")
+            up.feed(data)
+            for msg in up:
+                if msg[2] is not None:
+                    raise SystemExit(f"gen.py: methods failed: {msg[2]}")
+                return msg[3]
+
+
 def main(argv):
-    if len(argv) == 3 and argv[1] == "--snapshot":
-        snapshot(argv[2])
+    if len(argv) == 3 and argv[1] in ("--snapshot", "--fetch"):
+        if argv[1] == "--fetch":
+            import tempfile
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump(fetch(argv[2]), f)
+            snapshot(f.name)
+            os.unlink(f.name)
+        else:
+            snapshot(argv[2])
         return 0
     methods = load_methods()
     missing = [m["name"] for m in methods if m["name"] not in DOCS]

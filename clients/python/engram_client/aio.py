@@ -213,6 +213,10 @@ class AsyncClient(AsyncRoot):
         conn = await self._connection(deadline)
         msgid, fut = conn.send(method, params)
         try:
+            await conn.writer.drain()  # backpressure; a broken connection shows in fut
+        except (OSError, RuntimeError):
+            pass
+        try:
             return await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             conn.pending.pop(msgid, None)

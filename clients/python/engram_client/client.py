@@ -54,7 +54,9 @@ class _Conn:
 
     def send(self, req: _Request) -> None:
         """Registers req and writes it. Raises ConnectionLost when it could not be written
-        whole (then the server cannot have executed it); packing errors propagate."""
+        whole (then the server cannot have executed it) unless the reader thread already
+        handed req back to the core (then it returns: req is being retried or failed);
+        packing errors propagate."""
         core = self.core
         with core.lock:
             if self.dead:
@@ -68,9 +70,10 @@ class _Conn:
                 self.sock.sendall(data)
         except OSError as e:
             with core.lock:
-                self.pending.pop(req.msgid, None)
+                mine = self.pending.pop(req.msgid, None) is req
             self.fail(ConnectionLost(f"send failed: {e}"))
-            raise ConnectionLost(f"send failed: {e}") from e
+            if mine:
+                raise ConnectionLost(f"send failed: {e}") from e
         except BaseException:
             with core.lock:
                 self.pending.pop(req.msgid, None)

@@ -209,7 +209,7 @@ may be passed by position, the others by keyword. ``None`` means "not sent".
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
 if TYPE_CHECKING:
 __IMPORTS__
@@ -229,8 +229,9 @@ def py_method(m, flavour, name):
     r = rtype(m["name"], "py")
     ret = {"sync": r, "async": r, "future": f"Future[{r}]"}[flavour]
     kw = "async def" if flavour == "async" else "def"
-    call = {"sync": "return self._r._call", "async": "return await self._r._acall",
-            "future": "return self._r._submit"}[flavour]
+    inner = {"sync": "self._r._call", "async": "await self._r._acall",
+             "future": "self._r._submit"}[flavour]
+    call = f'return cast("{ret}", {inner}'
     params = ", ".join(f'"{p["name"]}": {p["name"]}' for p in m["params"])
     sig = ", ".join(args)
     lines = []
@@ -243,14 +244,14 @@ def py_method(m, flavour, name):
     else:
         lines.append(head)
     lines.append(f'        """{DOCS[m["name"]]} (``{m["name"]}``)"""')
-    one = f'        {call}("{m["name"]}", {{{params}}})'
+    one = f'        {call}("{m["name"]}", {{{params}}}))'
     if len(one) <= 100:
         lines.append(one)
     else:
         lines.append(f'        {call}("{m["name"]}", {{')
         for p in m["params"]:
             lines.append(f'            "{p["name"]}": {p["name"]},')
-        lines.append("        })")
+        lines.append("        }))")
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ may be passed by position, the others by keyword. ``None`` means "not sent".
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
 if TYPE_CHECKING:
     from .types import (
@@ -147,19 +147,22 @@ class SyncAdminKey:
         tenant: str | None = None,
     ) -> dict[str, Any]:
         """Creates a named API key for a tenant; the key is shown only in this answer. (``admin.key.create``)"""
-        return self._r._call("admin.key.create", {
+        return cast("dict[str, Any]", self._r._call("admin.key.create", {
             "tenant_id": tenant_id,
             "tenant": tenant,
             "name": name,
-        })
+        }))
 
     def list(self, *, tenant_id: int | None = None, tenant: str | None = None) -> dict[str, Any]:
         """Lists a tenant's API keys (public prefixes only). (``admin.key.list``)"""
-        return self._r._call("admin.key.list", {"tenant_id": tenant_id, "tenant": tenant})
+        return cast("dict[str, Any]", self._r._call("admin.key.list", {
+            "tenant_id": tenant_id,
+            "tenant": tenant,
+        }))
 
     def revoke(self, key_id: int) -> dict[str, Any]:
         """Revokes an API key; connections using it fail from their next request. (``admin.key.revoke``)"""
-        return self._r._call("admin.key.revoke", {"key_id": key_id})
+        return cast("dict[str, Any]", self._r._call("admin.key.revoke", {"key_id": key_id}))
 
 
 class SyncAdminTenant:
@@ -178,23 +181,32 @@ class SyncAdminTenant:
         embedding: EmbeddingConfig | None = None,
     ) -> TenantCreateResult:
         """Creates a tenant with its first API key (shown only in this answer). (``admin.tenant.create``)"""
-        return self._r._call("admin.tenant.create", {
+        return cast("TenantCreateResult", self._r._call("admin.tenant.create", {
             "name": name,
             "tier": tier,
             "embedding": embedding,
-        })
+        }))
 
     def delete(self, *, tenant_id: int | None = None, name: str | None = None) -> dict[str, Any]:
         """Deletes a tenant and everything it owns. (``admin.tenant.delete``)"""
-        return self._r._call("admin.tenant.delete", {"tenant_id": tenant_id, "name": name})
+        return cast("dict[str, Any]", self._r._call("admin.tenant.delete", {
+            "tenant_id": tenant_id,
+            "name": name,
+        }))
 
     def get(self, *, tenant_id: int | None = None, name: str | None = None) -> dict[str, Any]:
         """Returns a tenant by id or name. (``admin.tenant.get``)"""
-        return self._r._call("admin.tenant.get", {"tenant_id": tenant_id, "name": name})
+        return cast("dict[str, Any]", self._r._call("admin.tenant.get", {
+            "tenant_id": tenant_id,
+            "name": name,
+        }))
 
     def list(self, *, cursor: int | None = None, limit: int | None = None) -> dict[str, Any]:
         """Lists tenants in id order, one page at a time. (``admin.tenant.list``)"""
-        return self._r._call("admin.tenant.list", {"cursor": cursor, "limit": limit})
+        return cast("dict[str, Any]", self._r._call("admin.tenant.list", {
+            "cursor": cursor,
+            "limit": limit,
+        }))
 
     def update(
         self,
@@ -205,12 +217,12 @@ class SyncAdminTenant:
         tier: Tier | None = None,
     ) -> dict[str, Any]:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
-        return self._r._call("admin.tenant.update", {
+        return cast("dict[str, Any]", self._r._call("admin.tenant.update", {
             "tenant_id": tenant_id,
             "name": name,
             "new_name": new_name,
             "tier": tier,
-        })
+        }))
 
 
 class SyncAdmin:
@@ -234,7 +246,10 @@ class SyncMemoryConsolidation:
 
     def runs(self, *, limit: int | None = None, cursor: int | None = None) -> dict[str, Any]:
         """Lists the tenant's consolidation runs, newest first. (``memory.consolidation.runs``)"""
-        return self._r._call("memory.consolidation.runs", {"limit": limit, "cursor": cursor})
+        return cast("dict[str, Any]", self._r._call("memory.consolidation.runs", {
+            "limit": limit,
+            "cursor": cursor,
+        }))
 
 
 class SyncMemory:
@@ -248,11 +263,14 @@ class SyncMemory:
 
     def archive(self, ids: Sequence[int], *, reason: str | None = None) -> ArchiveResult:
         """Archives live memories: kept, but skipped by searches. (``memory.archive``)"""
-        return self._r._call("memory.archive", {"ids": ids, "reason": reason})
+        return cast("ArchiveResult", self._r._call("memory.archive", {
+            "ids": ids,
+            "reason": reason,
+        }))
 
     def consolidate(self) -> dict[str, Any]:
         """Runs a consolidation of the tenant now (premium tier). (``memory.consolidate``)"""
-        return self._r._call("memory.consolidate", {})
+        return cast("dict[str, Any]", self._r._call("memory.consolidate", {}))
 
     def context(
         self,
@@ -278,7 +296,7 @@ class SyncMemory:
         budget_tokens: int | None = None,
     ) -> ContextResult:
         """Searches and renders the results as an <agent_memory> block within a token budget. (``memory.context``)"""
-        return self._r._call("memory.context", {
+        return cast("ContextResult", self._r._call("memory.context", {
             "type_filter": type_filter,
             "min_importance": min_importance,
             "tokens": tokens,
@@ -298,19 +316,19 @@ class SyncMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "budget_tokens": budget_tokens,
-        })
+        }))
 
     def delete(self, ids: Sequence[int]) -> DeleteResult:
         """Deletes memories with their history. (``memory.delete``)"""
-        return self._r._call("memory.delete", {"ids": ids})
+        return cast("DeleteResult", self._r._call("memory.delete", {"ids": ids}))
 
     def get(self, ids: Sequence[int]) -> MemoriesResult:
         """Returns memories by id, in the order asked. (``memory.get``)"""
-        return self._r._call("memory.get", {"ids": ids})
+        return cast("MemoriesResult", self._r._call("memory.get", {"ids": ids}))
 
     def history(self, id: int) -> HistoryResult:
         """Returns every version of a memory, oldest first. (``memory.history``)"""
-        return self._r._call("memory.history", {"id": id})
+        return cast("HistoryResult", self._r._call("memory.history", {"id": id}))
 
     def list(
         self,
@@ -335,7 +353,7 @@ class SyncMemory:
         include_embedding: bool | None = None,
     ) -> ListResult:
         """Lists memories that pass a filter, one keyset page at a time. (``memory.list``)"""
-        return self._r._call("memory.list", {
+        return cast("ListResult", self._r._call("memory.list", {
             "type_filter": type_filter,
             "min_importance": min_importance,
             "tokens": tokens,
@@ -354,11 +372,11 @@ class SyncMemory:
             "cursor": cursor,
             "limit": limit,
             "include_embedding": include_embedding,
-        })
+        }))
 
     def restore(self, ids: Sequence[int]) -> RestoreResult:
         """Brings archived memories back. (``memory.restore``)"""
-        return self._r._call("memory.restore", {"ids": ids})
+        return cast("RestoreResult", self._r._call("memory.restore", {"ids": ids}))
 
     def search(
         self,
@@ -383,7 +401,7 @@ class SyncMemory:
         similarity_weight: float | None = None,
     ) -> SearchResult:
         """Searches memories by vector, text or both, ranked by similarity and importance. (``memory.search``)"""
-        return self._r._call("memory.search", {
+        return cast("SearchResult", self._r._call("memory.search", {
             "type_filter": type_filter,
             "min_importance": min_importance,
             "tokens": tokens,
@@ -402,11 +420,11 @@ class SyncMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
-        })
+        }))
 
     def stats(self) -> StatsResult:
         """Counts the tenant's memories by type and scope. (``memory.stats``)"""
-        return self._r._call("memory.stats", {})
+        return cast("StatsResult", self._r._call("memory.stats", {}))
 
     def store(
         self,
@@ -429,7 +447,7 @@ class SyncMemory:
         idempotency_key: str | None = None,
     ) -> StoreResult:
         """Stores one memory; acknowledged after the commit. (``memory.store``)"""
-        return self._r._call("memory.store", {
+        return cast("StoreResult", self._r._call("memory.store", {
             "content": content,
             "type": type,
             "importance": importance,
@@ -446,7 +464,7 @@ class SyncMemory:
             "last_accessed_at": last_accessed_at,
             "access_count": access_count,
             "idempotency_key": idempotency_key,
-        })
+        }))
 
     def store_batch(
         self,
@@ -455,10 +473,10 @@ class SyncMemory:
         idempotency_key: str | None = None,
     ) -> StoreBatchResult:
         """Stores up to 1000 memories in one transaction: all or none. (``memory.store_batch``)"""
-        return self._r._call("memory.store_batch", {
+        return cast("StoreBatchResult", self._r._call("memory.store_batch", {
             "memories": memories,
             "idempotency_key": idempotency_key,
-        })
+        }))
 
     def update(
         self,
@@ -474,7 +492,7 @@ class SyncMemory:
         pinned: bool | None = None,
     ) -> UpdateResult:
         """Changes a memory; the previous state is kept as a version. (``memory.update``)"""
-        return self._r._call("memory.update", {
+        return cast("UpdateResult", self._r._call("memory.update", {
             "id": id,
             "content": content,
             "importance": importance,
@@ -484,7 +502,7 @@ class SyncMemory:
             "expires_at": expires_at,
             "ttl_seconds": ttl_seconds,
             "pinned": pinned,
-        })
+        }))
 
 
 class SyncSessionNote:
@@ -507,7 +525,7 @@ class SyncSessionNote:
         agent_id: int | None = None,
     ) -> NoteAddResult:
         """Adds a structured note; a live note with the same key is superseded. (``session.note.add``)"""
-        return self._r._call("session.note.add", {
+        return cast("NoteAddResult", self._r._call("session.note.add", {
             "session_id": session_id,
             "category": category,
             "key": key,
@@ -515,7 +533,7 @@ class SyncSessionNote:
             "scope": scope,
             "work_item_id": work_item_id,
             "agent_id": agent_id,
-        })
+        }))
 
 
 class SyncSessionScratchpad:
@@ -528,7 +546,9 @@ class SyncSessionScratchpad:
 
     def get(self, session_id: int) -> Scratchpad:
         """Returns a session's scratchpad document. (``session.scratchpad.get``)"""
-        return self._r._call("session.scratchpad.get", {"session_id": session_id})
+        return cast("Scratchpad", self._r._call("session.scratchpad.get", {
+            "session_id": session_id,
+        }))
 
     def update(
         self,
@@ -539,12 +559,12 @@ class SyncSessionScratchpad:
         token_count: int | None = None,
     ) -> Scratchpad:
         """Replaces a session's scratchpad (optionally only at an expected version). (``session.scratchpad.update``)"""
-        return self._r._call("session.scratchpad.update", {
+        return cast("Scratchpad", self._r._call("session.scratchpad.update", {
             "session_id": session_id,
             "content": content,
             "expected_version": expected_version,
             "token_count": token_count,
-        })
+        }))
 
 
 class SyncSessionTask:
@@ -557,10 +577,10 @@ class SyncSessionTask:
 
     def complete(self, session_id: int, *, work_item_id: int | str | None = None) -> dict[str, Any]:
         """Marks the current task done: clears its current_task notes. (``session.task.complete``)"""
-        return self._r._call("session.task.complete", {
+        return cast("dict[str, Any]", self._r._call("session.task.complete", {
             "session_id": session_id,
             "work_item_id": work_item_id,
-        })
+        }))
 
 
 class SyncSession:
@@ -586,7 +606,7 @@ class SyncSession:
         agent_id: int | None = None,
     ) -> AppendResult:
         """Appends one message to a session's transcript. (``session.append``)"""
-        return self._r._call("session.append", {
+        return cast("AppendResult", self._r._call("session.append", {
             "session_id": session_id,
             "role": role,
             "content": content,
@@ -594,7 +614,7 @@ class SyncSession:
             "tokens": tokens,
             "cost_usdc": cost_usdc,
             "agent_id": agent_id,
-        })
+        }))
 
     def checkpoint(
         self,
@@ -604,39 +624,53 @@ class SyncSession:
         metadata: Mapping[str, Any] | None = None,
     ) -> CheckpointResult:
         """Captures a session's full state to resume from later. (``session.checkpoint``)"""
-        return self._r._call("session.checkpoint", {
+        return cast("CheckpointResult", self._r._call("session.checkpoint", {
             "session_id": session_id,
             "label": label,
             "metadata": metadata,
-        })
+        }))
 
     def checkpoints(self, session_id: int) -> dict[str, Any]:
         """Lists a session's unexpired checkpoints, oldest first. (``session.checkpoints``)"""
-        return self._r._call("session.checkpoints", {"session_id": session_id})
+        return cast("dict[str, Any]", self._r._call("session.checkpoints", {
+            "session_id": session_id,
+        }))
 
     def children(self, session_id: int) -> dict[str, Any]:
         """Lists a session's sub-agents in spawn order. (``session.children``)"""
-        return self._r._call("session.children", {"session_id": session_id})
+        return cast("dict[str, Any]", self._r._call("session.children", {"session_id": session_id}))
 
     def complete(self, session_id: int, output: str) -> dict[str, Any]:
         """Records a sub-agent's output and marks it completed. (``session.complete``)"""
-        return self._r._call("session.complete", {"session_id": session_id, "output": output})
+        return cast("dict[str, Any]", self._r._call("session.complete", {
+            "session_id": session_id,
+            "output": output,
+        }))
 
     def create(self, agent_id: int, config: SessionConfig) -> SessionCreateResult:
         """Creates a session for an agent. (``session.create``)"""
-        return self._r._call("session.create", {"agent_id": agent_id, "config": config})
+        return cast("SessionCreateResult", self._r._call("session.create", {
+            "agent_id": agent_id,
+            "config": config,
+        }))
 
     def end(self, session_id: int, *, summary: str | None = None) -> dict[str, Any]:
         """Ends a session, optionally with a summary. (``session.end``)"""
-        return self._r._call("session.end", {"session_id": session_id, "summary": summary})
+        return cast("dict[str, Any]", self._r._call("session.end", {
+            "session_id": session_id,
+            "summary": summary,
+        }))
 
     def get(self, session_id: int) -> dict[str, Any]:
         """Returns a session with its costs, counters and constraints. (``session.get``)"""
-        return self._r._call("session.get", {"session_id": session_id})
+        return cast("dict[str, Any]", self._r._call("session.get", {"session_id": session_id}))
 
     def handoff(self, session_id: int, mode: HandoffMode) -> dict[str, Any]:
         """Returns the package another agent, a human or a recovering process needs. (``session.handoff``)"""
-        return self._r._call("session.handoff", {"session_id": session_id, "mode": mode})
+        return cast("dict[str, Any]", self._r._call("session.handoff", {
+            "session_id": session_id,
+            "mode": mode,
+        }))
 
     def list(
         self,
@@ -647,12 +681,12 @@ class SyncSession:
         limit: int | None = None,
     ) -> dict[str, Any]:
         """Lists sessions, newest first, one page at a time. (``session.list``)"""
-        return self._r._call("session.list", {
+        return cast("dict[str, Any]", self._r._call("session.list", {
             "agent_id": agent_id,
             "state": state,
             "cursor": cursor,
             "limit": limit,
-        })
+        }))
 
     def messages(
         self,
@@ -662,11 +696,11 @@ class SyncSession:
         agent_id: int | None = None,
     ) -> MessagesResult:
         """Returns a session's history as a model should be given it. (``session.messages``)"""
-        return self._r._call("session.messages", {
+        return cast("MessagesResult", self._r._call("session.messages", {
             "session_id": session_id,
             "tail": tail,
             "agent_id": agent_id,
-        })
+        }))
 
     def notes(
         self,
@@ -678,13 +712,13 @@ class SyncSession:
         agent_id: int | None = None,
     ) -> NotesResult:
         """Returns a session's live notes in creation order. (``session.notes``)"""
-        return self._r._call("session.notes", {
+        return cast("NotesResult", self._r._call("session.notes", {
             "session_id": session_id,
             "scopes": scopes,
             "categories": categories,
             "since": since,
             "agent_id": agent_id,
-        })
+        }))
 
     def resume(
         self,
@@ -694,11 +728,11 @@ class SyncSession:
         branch_type: BranchType | None = None,
     ) -> ResumeResult:
         """Creates a new session from a checkpoint. (``session.resume``)"""
-        return self._r._call("session.resume", {
+        return cast("ResumeResult", self._r._call("session.resume", {
             "checkpoint_id": checkpoint_id,
             "config_override": config_override,
             "branch_type": branch_type,
-        })
+        }))
 
     def spawn(
         self,
@@ -712,7 +746,7 @@ class SyncSession:
         agent_id: int | None = None,
     ) -> dict[str, Any]:
         """Creates a sub-agent session under a parent. (``session.spawn``)"""
-        return self._r._call("session.spawn", {
+        return cast("dict[str, Any]", self._r._call("session.spawn", {
             "parent_id": parent_id,
             "task": task,
             "model": model,
@@ -720,7 +754,7 @@ class SyncSession:
             "max_tokens": max_tokens,
             "return_format": return_format,
             "agent_id": agent_id,
-        })
+        }))
 
     def summarize(
         self,
@@ -731,16 +765,19 @@ class SyncSession:
         session_id: int | None = None,
     ) -> dict[str, Any]:
         """Records a compaction summary standing in for the entries it covers. (``session.summarize``)"""
-        return self._r._call("session.summarize", {
+        return cast("dict[str, Any]", self._r._call("session.summarize", {
             "session_id": session_id,
             "summary": summary,
             "through_entry_id": through_entry_id,
             "messages_compacted": messages_compacted,
-        })
+        }))
 
     def tombstone(self, entry_id: int, *, session_id: int | None = None) -> dict[str, Any]:
         """Hides a transcript entry from the transcript from now on. (``session.tombstone``)"""
-        return self._r._call("session.tombstone", {"entry_id": entry_id, "session_id": session_id})
+        return cast("dict[str, Any]", self._r._call("session.tombstone", {
+            "entry_id": entry_id,
+            "session_id": session_id,
+        }))
 
 
 class SyncTenant:
@@ -753,7 +790,7 @@ class SyncTenant:
 
     def usage(self) -> dict[str, Any]:
         """Returns the tenant's usage and limits. (``tenant.usage``)"""
-        return self._r._call("tenant.usage", {})
+        return cast("dict[str, Any]", self._r._call("tenant.usage", {}))
 
 
 class SyncRoot:
@@ -770,15 +807,15 @@ class SyncRoot:
 
     def auth(self, api_key: str) -> AuthResult:
         """Authenticates the connection with a tenant key or the admin key. (``auth``)"""
-        return self._r._call("auth", {"api_key": api_key})
+        return cast("AuthResult", self._r._call("auth", {"api_key": api_key}))
 
     def methods(self) -> list[MethodInfo]:
         """Lists every method of the server with its flags and parameters. (``methods``)"""
-        return self._r._call("methods", {})
+        return cast("list[MethodInfo]", self._r._call("methods", {}))
 
     def ping(self) -> str:
         """Answers "pong". (``ping``)"""
-        return self._r._call("ping", {})
+        return cast("str", self._r._call("ping", {}))
 
 
 class AsyncAdminKey:
@@ -797,11 +834,11 @@ class AsyncAdminKey:
         tenant: str | None = None,
     ) -> dict[str, Any]:
         """Creates a named API key for a tenant; the key is shown only in this answer. (``admin.key.create``)"""
-        return await self._r._acall("admin.key.create", {
+        return cast("dict[str, Any]", await self._r._acall("admin.key.create", {
             "tenant_id": tenant_id,
             "tenant": tenant,
             "name": name,
-        })
+        }))
 
     async def list(
         self,
@@ -810,11 +847,14 @@ class AsyncAdminKey:
         tenant: str | None = None,
     ) -> dict[str, Any]:
         """Lists a tenant's API keys (public prefixes only). (``admin.key.list``)"""
-        return await self._r._acall("admin.key.list", {"tenant_id": tenant_id, "tenant": tenant})
+        return cast("dict[str, Any]", await self._r._acall("admin.key.list", {
+            "tenant_id": tenant_id,
+            "tenant": tenant,
+        }))
 
     async def revoke(self, key_id: int) -> dict[str, Any]:
         """Revokes an API key; connections using it fail from their next request. (``admin.key.revoke``)"""
-        return await self._r._acall("admin.key.revoke", {"key_id": key_id})
+        return cast("dict[str, Any]", await self._r._acall("admin.key.revoke", {"key_id": key_id}))
 
 
 class AsyncAdminTenant:
@@ -833,11 +873,11 @@ class AsyncAdminTenant:
         embedding: EmbeddingConfig | None = None,
     ) -> TenantCreateResult:
         """Creates a tenant with its first API key (shown only in this answer). (``admin.tenant.create``)"""
-        return await self._r._acall("admin.tenant.create", {
+        return cast("TenantCreateResult", await self._r._acall("admin.tenant.create", {
             "name": name,
             "tier": tier,
             "embedding": embedding,
-        })
+        }))
 
     async def delete(
         self,
@@ -846,15 +886,24 @@ class AsyncAdminTenant:
         name: str | None = None,
     ) -> dict[str, Any]:
         """Deletes a tenant and everything it owns. (``admin.tenant.delete``)"""
-        return await self._r._acall("admin.tenant.delete", {"tenant_id": tenant_id, "name": name})
+        return cast("dict[str, Any]", await self._r._acall("admin.tenant.delete", {
+            "tenant_id": tenant_id,
+            "name": name,
+        }))
 
     async def get(self, *, tenant_id: int | None = None, name: str | None = None) -> dict[str, Any]:
         """Returns a tenant by id or name. (``admin.tenant.get``)"""
-        return await self._r._acall("admin.tenant.get", {"tenant_id": tenant_id, "name": name})
+        return cast("dict[str, Any]", await self._r._acall("admin.tenant.get", {
+            "tenant_id": tenant_id,
+            "name": name,
+        }))
 
     async def list(self, *, cursor: int | None = None, limit: int | None = None) -> dict[str, Any]:
         """Lists tenants in id order, one page at a time. (``admin.tenant.list``)"""
-        return await self._r._acall("admin.tenant.list", {"cursor": cursor, "limit": limit})
+        return cast("dict[str, Any]", await self._r._acall("admin.tenant.list", {
+            "cursor": cursor,
+            "limit": limit,
+        }))
 
     async def update(
         self,
@@ -865,12 +914,12 @@ class AsyncAdminTenant:
         tier: Tier | None = None,
     ) -> dict[str, Any]:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
-        return await self._r._acall("admin.tenant.update", {
+        return cast("dict[str, Any]", await self._r._acall("admin.tenant.update", {
             "tenant_id": tenant_id,
             "name": name,
             "new_name": new_name,
             "tier": tier,
-        })
+        }))
 
 
 class AsyncAdmin:
@@ -894,7 +943,10 @@ class AsyncMemoryConsolidation:
 
     async def runs(self, *, limit: int | None = None, cursor: int | None = None) -> dict[str, Any]:
         """Lists the tenant's consolidation runs, newest first. (``memory.consolidation.runs``)"""
-        return await self._r._acall("memory.consolidation.runs", {"limit": limit, "cursor": cursor})
+        return cast("dict[str, Any]", await self._r._acall("memory.consolidation.runs", {
+            "limit": limit,
+            "cursor": cursor,
+        }))
 
 
 class AsyncMemory:
@@ -908,11 +960,14 @@ class AsyncMemory:
 
     async def archive(self, ids: Sequence[int], *, reason: str | None = None) -> ArchiveResult:
         """Archives live memories: kept, but skipped by searches. (``memory.archive``)"""
-        return await self._r._acall("memory.archive", {"ids": ids, "reason": reason})
+        return cast("ArchiveResult", await self._r._acall("memory.archive", {
+            "ids": ids,
+            "reason": reason,
+        }))
 
     async def consolidate(self) -> dict[str, Any]:
         """Runs a consolidation of the tenant now (premium tier). (``memory.consolidate``)"""
-        return await self._r._acall("memory.consolidate", {})
+        return cast("dict[str, Any]", await self._r._acall("memory.consolidate", {}))
 
     async def context(
         self,
@@ -938,7 +993,7 @@ class AsyncMemory:
         budget_tokens: int | None = None,
     ) -> ContextResult:
         """Searches and renders the results as an <agent_memory> block within a token budget. (``memory.context``)"""
-        return await self._r._acall("memory.context", {
+        return cast("ContextResult", await self._r._acall("memory.context", {
             "type_filter": type_filter,
             "min_importance": min_importance,
             "tokens": tokens,
@@ -958,19 +1013,19 @@ class AsyncMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "budget_tokens": budget_tokens,
-        })
+        }))
 
     async def delete(self, ids: Sequence[int]) -> DeleteResult:
         """Deletes memories with their history. (``memory.delete``)"""
-        return await self._r._acall("memory.delete", {"ids": ids})
+        return cast("DeleteResult", await self._r._acall("memory.delete", {"ids": ids}))
 
     async def get(self, ids: Sequence[int]) -> MemoriesResult:
         """Returns memories by id, in the order asked. (``memory.get``)"""
-        return await self._r._acall("memory.get", {"ids": ids})
+        return cast("MemoriesResult", await self._r._acall("memory.get", {"ids": ids}))
 
     async def history(self, id: int) -> HistoryResult:
         """Returns every version of a memory, oldest first. (``memory.history``)"""
-        return await self._r._acall("memory.history", {"id": id})
+        return cast("HistoryResult", await self._r._acall("memory.history", {"id": id}))
 
     async def list(
         self,
@@ -995,7 +1050,7 @@ class AsyncMemory:
         include_embedding: bool | None = None,
     ) -> ListResult:
         """Lists memories that pass a filter, one keyset page at a time. (``memory.list``)"""
-        return await self._r._acall("memory.list", {
+        return cast("ListResult", await self._r._acall("memory.list", {
             "type_filter": type_filter,
             "min_importance": min_importance,
             "tokens": tokens,
@@ -1014,11 +1069,11 @@ class AsyncMemory:
             "cursor": cursor,
             "limit": limit,
             "include_embedding": include_embedding,
-        })
+        }))
 
     async def restore(self, ids: Sequence[int]) -> RestoreResult:
         """Brings archived memories back. (``memory.restore``)"""
-        return await self._r._acall("memory.restore", {"ids": ids})
+        return cast("RestoreResult", await self._r._acall("memory.restore", {"ids": ids}))
 
     async def search(
         self,
@@ -1043,7 +1098,7 @@ class AsyncMemory:
         similarity_weight: float | None = None,
     ) -> SearchResult:
         """Searches memories by vector, text or both, ranked by similarity and importance. (``memory.search``)"""
-        return await self._r._acall("memory.search", {
+        return cast("SearchResult", await self._r._acall("memory.search", {
             "type_filter": type_filter,
             "min_importance": min_importance,
             "tokens": tokens,
@@ -1062,11 +1117,11 @@ class AsyncMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
-        })
+        }))
 
     async def stats(self) -> StatsResult:
         """Counts the tenant's memories by type and scope. (``memory.stats``)"""
-        return await self._r._acall("memory.stats", {})
+        return cast("StatsResult", await self._r._acall("memory.stats", {}))
 
     async def store(
         self,
@@ -1089,7 +1144,7 @@ class AsyncMemory:
         idempotency_key: str | None = None,
     ) -> StoreResult:
         """Stores one memory; acknowledged after the commit. (``memory.store``)"""
-        return await self._r._acall("memory.store", {
+        return cast("StoreResult", await self._r._acall("memory.store", {
             "content": content,
             "type": type,
             "importance": importance,
@@ -1106,7 +1161,7 @@ class AsyncMemory:
             "last_accessed_at": last_accessed_at,
             "access_count": access_count,
             "idempotency_key": idempotency_key,
-        })
+        }))
 
     async def store_batch(
         self,
@@ -1115,10 +1170,10 @@ class AsyncMemory:
         idempotency_key: str | None = None,
     ) -> StoreBatchResult:
         """Stores up to 1000 memories in one transaction: all or none. (``memory.store_batch``)"""
-        return await self._r._acall("memory.store_batch", {
+        return cast("StoreBatchResult", await self._r._acall("memory.store_batch", {
             "memories": memories,
             "idempotency_key": idempotency_key,
-        })
+        }))
 
     async def update(
         self,
@@ -1134,7 +1189,7 @@ class AsyncMemory:
         pinned: bool | None = None,
     ) -> UpdateResult:
         """Changes a memory; the previous state is kept as a version. (``memory.update``)"""
-        return await self._r._acall("memory.update", {
+        return cast("UpdateResult", await self._r._acall("memory.update", {
             "id": id,
             "content": content,
             "importance": importance,
@@ -1144,7 +1199,7 @@ class AsyncMemory:
             "expires_at": expires_at,
             "ttl_seconds": ttl_seconds,
             "pinned": pinned,
-        })
+        }))
 
 
 class AsyncSessionNote:
@@ -1167,7 +1222,7 @@ class AsyncSessionNote:
         agent_id: int | None = None,
     ) -> NoteAddResult:
         """Adds a structured note; a live note with the same key is superseded. (``session.note.add``)"""
-        return await self._r._acall("session.note.add", {
+        return cast("NoteAddResult", await self._r._acall("session.note.add", {
             "session_id": session_id,
             "category": category,
             "key": key,
@@ -1175,7 +1230,7 @@ class AsyncSessionNote:
             "scope": scope,
             "work_item_id": work_item_id,
             "agent_id": agent_id,
-        })
+        }))
 
 
 class AsyncSessionScratchpad:
@@ -1188,7 +1243,9 @@ class AsyncSessionScratchpad:
 
     async def get(self, session_id: int) -> Scratchpad:
         """Returns a session's scratchpad document. (``session.scratchpad.get``)"""
-        return await self._r._acall("session.scratchpad.get", {"session_id": session_id})
+        return cast("Scratchpad", await self._r._acall("session.scratchpad.get", {
+            "session_id": session_id,
+        }))
 
     async def update(
         self,
@@ -1199,12 +1256,12 @@ class AsyncSessionScratchpad:
         token_count: int | None = None,
     ) -> Scratchpad:
         """Replaces a session's scratchpad (optionally only at an expected version). (``session.scratchpad.update``)"""
-        return await self._r._acall("session.scratchpad.update", {
+        return cast("Scratchpad", await self._r._acall("session.scratchpad.update", {
             "session_id": session_id,
             "content": content,
             "expected_version": expected_version,
             "token_count": token_count,
-        })
+        }))
 
 
 class AsyncSessionTask:
@@ -1222,10 +1279,10 @@ class AsyncSessionTask:
         work_item_id: int | str | None = None,
     ) -> dict[str, Any]:
         """Marks the current task done: clears its current_task notes. (``session.task.complete``)"""
-        return await self._r._acall("session.task.complete", {
+        return cast("dict[str, Any]", await self._r._acall("session.task.complete", {
             "session_id": session_id,
             "work_item_id": work_item_id,
-        })
+        }))
 
 
 class AsyncSession:
@@ -1251,7 +1308,7 @@ class AsyncSession:
         agent_id: int | None = None,
     ) -> AppendResult:
         """Appends one message to a session's transcript. (``session.append``)"""
-        return await self._r._acall("session.append", {
+        return cast("AppendResult", await self._r._acall("session.append", {
             "session_id": session_id,
             "role": role,
             "content": content,
@@ -1259,7 +1316,7 @@ class AsyncSession:
             "tokens": tokens,
             "cost_usdc": cost_usdc,
             "agent_id": agent_id,
-        })
+        }))
 
     async def checkpoint(
         self,
@@ -1269,42 +1326,57 @@ class AsyncSession:
         metadata: Mapping[str, Any] | None = None,
     ) -> CheckpointResult:
         """Captures a session's full state to resume from later. (``session.checkpoint``)"""
-        return await self._r._acall("session.checkpoint", {
+        return cast("CheckpointResult", await self._r._acall("session.checkpoint", {
             "session_id": session_id,
             "label": label,
             "metadata": metadata,
-        })
+        }))
 
     async def checkpoints(self, session_id: int) -> dict[str, Any]:
         """Lists a session's unexpired checkpoints, oldest first. (``session.checkpoints``)"""
-        return await self._r._acall("session.checkpoints", {"session_id": session_id})
+        return cast("dict[str, Any]", await self._r._acall("session.checkpoints", {
+            "session_id": session_id,
+        }))
 
     async def children(self, session_id: int) -> dict[str, Any]:
         """Lists a session's sub-agents in spawn order. (``session.children``)"""
-        return await self._r._acall("session.children", {"session_id": session_id})
+        return cast("dict[str, Any]", await self._r._acall("session.children", {
+            "session_id": session_id,
+        }))
 
     async def complete(self, session_id: int, output: str) -> dict[str, Any]:
         """Records a sub-agent's output and marks it completed. (``session.complete``)"""
-        return await self._r._acall("session.complete", {
+        return cast("dict[str, Any]", await self._r._acall("session.complete", {
             "session_id": session_id,
             "output": output,
-        })
+        }))
 
     async def create(self, agent_id: int, config: SessionConfig) -> SessionCreateResult:
         """Creates a session for an agent. (``session.create``)"""
-        return await self._r._acall("session.create", {"agent_id": agent_id, "config": config})
+        return cast("SessionCreateResult", await self._r._acall("session.create", {
+            "agent_id": agent_id,
+            "config": config,
+        }))
 
     async def end(self, session_id: int, *, summary: str | None = None) -> dict[str, Any]:
         """Ends a session, optionally with a summary. (``session.end``)"""
-        return await self._r._acall("session.end", {"session_id": session_id, "summary": summary})
+        return cast("dict[str, Any]", await self._r._acall("session.end", {
+            "session_id": session_id,
+            "summary": summary,
+        }))
 
     async def get(self, session_id: int) -> dict[str, Any]:
         """Returns a session with its costs, counters and constraints. (``session.get``)"""
-        return await self._r._acall("session.get", {"session_id": session_id})
+        return cast("dict[str, Any]", await self._r._acall("session.get", {
+            "session_id": session_id,
+        }))
 
     async def handoff(self, session_id: int, mode: HandoffMode) -> dict[str, Any]:
         """Returns the package another agent, a human or a recovering process needs. (``session.handoff``)"""
-        return await self._r._acall("session.handoff", {"session_id": session_id, "mode": mode})
+        return cast("dict[str, Any]", await self._r._acall("session.handoff", {
+            "session_id": session_id,
+            "mode": mode,
+        }))
 
     async def list(
         self,
@@ -1315,12 +1387,12 @@ class AsyncSession:
         limit: int | None = None,
     ) -> dict[str, Any]:
         """Lists sessions, newest first, one page at a time. (``session.list``)"""
-        return await self._r._acall("session.list", {
+        return cast("dict[str, Any]", await self._r._acall("session.list", {
             "agent_id": agent_id,
             "state": state,
             "cursor": cursor,
             "limit": limit,
-        })
+        }))
 
     async def messages(
         self,
@@ -1330,11 +1402,11 @@ class AsyncSession:
         agent_id: int | None = None,
     ) -> MessagesResult:
         """Returns a session's history as a model should be given it. (``session.messages``)"""
-        return await self._r._acall("session.messages", {
+        return cast("MessagesResult", await self._r._acall("session.messages", {
             "session_id": session_id,
             "tail": tail,
             "agent_id": agent_id,
-        })
+        }))
 
     async def notes(
         self,
@@ -1346,13 +1418,13 @@ class AsyncSession:
         agent_id: int | None = None,
     ) -> NotesResult:
         """Returns a session's live notes in creation order. (``session.notes``)"""
-        return await self._r._acall("session.notes", {
+        return cast("NotesResult", await self._r._acall("session.notes", {
             "session_id": session_id,
             "scopes": scopes,
             "categories": categories,
             "since": since,
             "agent_id": agent_id,
-        })
+        }))
 
     async def resume(
         self,
@@ -1362,11 +1434,11 @@ class AsyncSession:
         branch_type: BranchType | None = None,
     ) -> ResumeResult:
         """Creates a new session from a checkpoint. (``session.resume``)"""
-        return await self._r._acall("session.resume", {
+        return cast("ResumeResult", await self._r._acall("session.resume", {
             "checkpoint_id": checkpoint_id,
             "config_override": config_override,
             "branch_type": branch_type,
-        })
+        }))
 
     async def spawn(
         self,
@@ -1380,7 +1452,7 @@ class AsyncSession:
         agent_id: int | None = None,
     ) -> dict[str, Any]:
         """Creates a sub-agent session under a parent. (``session.spawn``)"""
-        return await self._r._acall("session.spawn", {
+        return cast("dict[str, Any]", await self._r._acall("session.spawn", {
             "parent_id": parent_id,
             "task": task,
             "model": model,
@@ -1388,7 +1460,7 @@ class AsyncSession:
             "max_tokens": max_tokens,
             "return_format": return_format,
             "agent_id": agent_id,
-        })
+        }))
 
     async def summarize(
         self,
@@ -1399,19 +1471,19 @@ class AsyncSession:
         session_id: int | None = None,
     ) -> dict[str, Any]:
         """Records a compaction summary standing in for the entries it covers. (``session.summarize``)"""
-        return await self._r._acall("session.summarize", {
+        return cast("dict[str, Any]", await self._r._acall("session.summarize", {
             "session_id": session_id,
             "summary": summary,
             "through_entry_id": through_entry_id,
             "messages_compacted": messages_compacted,
-        })
+        }))
 
     async def tombstone(self, entry_id: int, *, session_id: int | None = None) -> dict[str, Any]:
         """Hides a transcript entry from the transcript from now on. (``session.tombstone``)"""
-        return await self._r._acall("session.tombstone", {
+        return cast("dict[str, Any]", await self._r._acall("session.tombstone", {
             "entry_id": entry_id,
             "session_id": session_id,
-        })
+        }))
 
 
 class AsyncTenant:
@@ -1424,7 +1496,7 @@ class AsyncTenant:
 
     async def usage(self) -> dict[str, Any]:
         """Returns the tenant's usage and limits. (``tenant.usage``)"""
-        return await self._r._acall("tenant.usage", {})
+        return cast("dict[str, Any]", await self._r._acall("tenant.usage", {}))
 
 
 class AsyncRoot:
@@ -1441,15 +1513,15 @@ class AsyncRoot:
 
     async def auth(self, api_key: str) -> AuthResult:
         """Authenticates the connection with a tenant key or the admin key. (``auth``)"""
-        return await self._r._acall("auth", {"api_key": api_key})
+        return cast("AuthResult", await self._r._acall("auth", {"api_key": api_key}))
 
     async def methods(self) -> list[MethodInfo]:
         """Lists every method of the server with its flags and parameters. (``methods``)"""
-        return await self._r._acall("methods", {})
+        return cast("list[MethodInfo]", await self._r._acall("methods", {}))
 
     async def ping(self) -> str:
         """Answers "pong". (``ping``)"""
-        return await self._r._acall("ping", {})
+        return cast("str", await self._r._acall("ping", {}))
 
 
 class FutureAdminKey:
@@ -1468,11 +1540,11 @@ class FutureAdminKey:
         tenant: str | None = None,
     ) -> Future[dict[str, Any]]:
         """Creates a named API key for a tenant; the key is shown only in this answer. (``admin.key.create``)"""
-        return self._r._submit("admin.key.create", {
+        return cast("Future[dict[str, Any]]", self._r._submit("admin.key.create", {
             "tenant_id": tenant_id,
             "tenant": tenant,
             "name": name,
-        })
+        }))
 
     def list(
         self,
@@ -1481,11 +1553,16 @@ class FutureAdminKey:
         tenant: str | None = None,
     ) -> Future[dict[str, Any]]:
         """Lists a tenant's API keys (public prefixes only). (``admin.key.list``)"""
-        return self._r._submit("admin.key.list", {"tenant_id": tenant_id, "tenant": tenant})
+        return cast("Future[dict[str, Any]]", self._r._submit("admin.key.list", {
+            "tenant_id": tenant_id,
+            "tenant": tenant,
+        }))
 
     def revoke(self, key_id: int) -> Future[dict[str, Any]]:
         """Revokes an API key; connections using it fail from their next request. (``admin.key.revoke``)"""
-        return self._r._submit("admin.key.revoke", {"key_id": key_id})
+        return cast("Future[dict[str, Any]]", self._r._submit("admin.key.revoke", {
+            "key_id": key_id,
+        }))
 
 
 class FutureAdminTenant:
@@ -1504,11 +1581,11 @@ class FutureAdminTenant:
         embedding: EmbeddingConfig | None = None,
     ) -> Future[TenantCreateResult]:
         """Creates a tenant with its first API key (shown only in this answer). (``admin.tenant.create``)"""
-        return self._r._submit("admin.tenant.create", {
+        return cast("Future[TenantCreateResult]", self._r._submit("admin.tenant.create", {
             "name": name,
             "tier": tier,
             "embedding": embedding,
-        })
+        }))
 
     def delete(
         self,
@@ -1517,7 +1594,10 @@ class FutureAdminTenant:
         name: str | None = None,
     ) -> Future[dict[str, Any]]:
         """Deletes a tenant and everything it owns. (``admin.tenant.delete``)"""
-        return self._r._submit("admin.tenant.delete", {"tenant_id": tenant_id, "name": name})
+        return cast("Future[dict[str, Any]]", self._r._submit("admin.tenant.delete", {
+            "tenant_id": tenant_id,
+            "name": name,
+        }))
 
     def get(
         self,
@@ -1526,7 +1606,10 @@ class FutureAdminTenant:
         name: str | None = None,
     ) -> Future[dict[str, Any]]:
         """Returns a tenant by id or name. (``admin.tenant.get``)"""
-        return self._r._submit("admin.tenant.get", {"tenant_id": tenant_id, "name": name})
+        return cast("Future[dict[str, Any]]", self._r._submit("admin.tenant.get", {
+            "tenant_id": tenant_id,
+            "name": name,
+        }))
 
     def list(
         self,
@@ -1535,7 +1618,10 @@ class FutureAdminTenant:
         limit: int | None = None,
     ) -> Future[dict[str, Any]]:
         """Lists tenants in id order, one page at a time. (``admin.tenant.list``)"""
-        return self._r._submit("admin.tenant.list", {"cursor": cursor, "limit": limit})
+        return cast("Future[dict[str, Any]]", self._r._submit("admin.tenant.list", {
+            "cursor": cursor,
+            "limit": limit,
+        }))
 
     def update(
         self,
@@ -1546,12 +1632,12 @@ class FutureAdminTenant:
         tier: Tier | None = None,
     ) -> Future[dict[str, Any]]:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
-        return self._r._submit("admin.tenant.update", {
+        return cast("Future[dict[str, Any]]", self._r._submit("admin.tenant.update", {
             "tenant_id": tenant_id,
             "name": name,
             "new_name": new_name,
             "tier": tier,
-        })
+        }))
 
 
 class FutureAdmin:
@@ -1580,7 +1666,10 @@ class FutureMemoryConsolidation:
         cursor: int | None = None,
     ) -> Future[dict[str, Any]]:
         """Lists the tenant's consolidation runs, newest first. (``memory.consolidation.runs``)"""
-        return self._r._submit("memory.consolidation.runs", {"limit": limit, "cursor": cursor})
+        return cast("Future[dict[str, Any]]", self._r._submit("memory.consolidation.runs", {
+            "limit": limit,
+            "cursor": cursor,
+        }))
 
 
 class FutureMemory:
@@ -1594,11 +1683,14 @@ class FutureMemory:
 
     def archive(self, ids: Sequence[int], *, reason: str | None = None) -> Future[ArchiveResult]:
         """Archives live memories: kept, but skipped by searches. (``memory.archive``)"""
-        return self._r._submit("memory.archive", {"ids": ids, "reason": reason})
+        return cast("Future[ArchiveResult]", self._r._submit("memory.archive", {
+            "ids": ids,
+            "reason": reason,
+        }))
 
     def consolidate(self) -> Future[dict[str, Any]]:
         """Runs a consolidation of the tenant now (premium tier). (``memory.consolidate``)"""
-        return self._r._submit("memory.consolidate", {})
+        return cast("Future[dict[str, Any]]", self._r._submit("memory.consolidate", {}))
 
     def context(
         self,
@@ -1624,7 +1716,7 @@ class FutureMemory:
         budget_tokens: int | None = None,
     ) -> Future[ContextResult]:
         """Searches and renders the results as an <agent_memory> block within a token budget. (``memory.context``)"""
-        return self._r._submit("memory.context", {
+        return cast("Future[ContextResult]", self._r._submit("memory.context", {
             "type_filter": type_filter,
             "min_importance": min_importance,
             "tokens": tokens,
@@ -1644,19 +1736,19 @@ class FutureMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "budget_tokens": budget_tokens,
-        })
+        }))
 
     def delete(self, ids: Sequence[int]) -> Future[DeleteResult]:
         """Deletes memories with their history. (``memory.delete``)"""
-        return self._r._submit("memory.delete", {"ids": ids})
+        return cast("Future[DeleteResult]", self._r._submit("memory.delete", {"ids": ids}))
 
     def get(self, ids: Sequence[int]) -> Future[MemoriesResult]:
         """Returns memories by id, in the order asked. (``memory.get``)"""
-        return self._r._submit("memory.get", {"ids": ids})
+        return cast("Future[MemoriesResult]", self._r._submit("memory.get", {"ids": ids}))
 
     def history(self, id: int) -> Future[HistoryResult]:
         """Returns every version of a memory, oldest first. (``memory.history``)"""
-        return self._r._submit("memory.history", {"id": id})
+        return cast("Future[HistoryResult]", self._r._submit("memory.history", {"id": id}))
 
     def list(
         self,
@@ -1681,7 +1773,7 @@ class FutureMemory:
         include_embedding: bool | None = None,
     ) -> Future[ListResult]:
         """Lists memories that pass a filter, one keyset page at a time. (``memory.list``)"""
-        return self._r._submit("memory.list", {
+        return cast("Future[ListResult]", self._r._submit("memory.list", {
             "type_filter": type_filter,
             "min_importance": min_importance,
             "tokens": tokens,
@@ -1700,11 +1792,11 @@ class FutureMemory:
             "cursor": cursor,
             "limit": limit,
             "include_embedding": include_embedding,
-        })
+        }))
 
     def restore(self, ids: Sequence[int]) -> Future[RestoreResult]:
         """Brings archived memories back. (``memory.restore``)"""
-        return self._r._submit("memory.restore", {"ids": ids})
+        return cast("Future[RestoreResult]", self._r._submit("memory.restore", {"ids": ids}))
 
     def search(
         self,
@@ -1729,7 +1821,7 @@ class FutureMemory:
         similarity_weight: float | None = None,
     ) -> Future[SearchResult]:
         """Searches memories by vector, text or both, ranked by similarity and importance. (``memory.search``)"""
-        return self._r._submit("memory.search", {
+        return cast("Future[SearchResult]", self._r._submit("memory.search", {
             "type_filter": type_filter,
             "min_importance": min_importance,
             "tokens": tokens,
@@ -1748,11 +1840,11 @@ class FutureMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
-        })
+        }))
 
     def stats(self) -> Future[StatsResult]:
         """Counts the tenant's memories by type and scope. (``memory.stats``)"""
-        return self._r._submit("memory.stats", {})
+        return cast("Future[StatsResult]", self._r._submit("memory.stats", {}))
 
     def store(
         self,
@@ -1775,7 +1867,7 @@ class FutureMemory:
         idempotency_key: str | None = None,
     ) -> Future[StoreResult]:
         """Stores one memory; acknowledged after the commit. (``memory.store``)"""
-        return self._r._submit("memory.store", {
+        return cast("Future[StoreResult]", self._r._submit("memory.store", {
             "content": content,
             "type": type,
             "importance": importance,
@@ -1792,7 +1884,7 @@ class FutureMemory:
             "last_accessed_at": last_accessed_at,
             "access_count": access_count,
             "idempotency_key": idempotency_key,
-        })
+        }))
 
     def store_batch(
         self,
@@ -1801,10 +1893,10 @@ class FutureMemory:
         idempotency_key: str | None = None,
     ) -> Future[StoreBatchResult]:
         """Stores up to 1000 memories in one transaction: all or none. (``memory.store_batch``)"""
-        return self._r._submit("memory.store_batch", {
+        return cast("Future[StoreBatchResult]", self._r._submit("memory.store_batch", {
             "memories": memories,
             "idempotency_key": idempotency_key,
-        })
+        }))
 
     def update(
         self,
@@ -1820,7 +1912,7 @@ class FutureMemory:
         pinned: bool | None = None,
     ) -> Future[UpdateResult]:
         """Changes a memory; the previous state is kept as a version. (``memory.update``)"""
-        return self._r._submit("memory.update", {
+        return cast("Future[UpdateResult]", self._r._submit("memory.update", {
             "id": id,
             "content": content,
             "importance": importance,
@@ -1830,7 +1922,7 @@ class FutureMemory:
             "expires_at": expires_at,
             "ttl_seconds": ttl_seconds,
             "pinned": pinned,
-        })
+        }))
 
 
 class FutureSessionNote:
@@ -1853,7 +1945,7 @@ class FutureSessionNote:
         agent_id: int | None = None,
     ) -> Future[NoteAddResult]:
         """Adds a structured note; a live note with the same key is superseded. (``session.note.add``)"""
-        return self._r._submit("session.note.add", {
+        return cast("Future[NoteAddResult]", self._r._submit("session.note.add", {
             "session_id": session_id,
             "category": category,
             "key": key,
@@ -1861,7 +1953,7 @@ class FutureSessionNote:
             "scope": scope,
             "work_item_id": work_item_id,
             "agent_id": agent_id,
-        })
+        }))
 
 
 class FutureSessionScratchpad:
@@ -1874,7 +1966,9 @@ class FutureSessionScratchpad:
 
     def get(self, session_id: int) -> Future[Scratchpad]:
         """Returns a session's scratchpad document. (``session.scratchpad.get``)"""
-        return self._r._submit("session.scratchpad.get", {"session_id": session_id})
+        return cast("Future[Scratchpad]", self._r._submit("session.scratchpad.get", {
+            "session_id": session_id,
+        }))
 
     def update(
         self,
@@ -1885,12 +1979,12 @@ class FutureSessionScratchpad:
         token_count: int | None = None,
     ) -> Future[Scratchpad]:
         """Replaces a session's scratchpad (optionally only at an expected version). (``session.scratchpad.update``)"""
-        return self._r._submit("session.scratchpad.update", {
+        return cast("Future[Scratchpad]", self._r._submit("session.scratchpad.update", {
             "session_id": session_id,
             "content": content,
             "expected_version": expected_version,
             "token_count": token_count,
-        })
+        }))
 
 
 class FutureSessionTask:
@@ -1908,10 +2002,10 @@ class FutureSessionTask:
         work_item_id: int | str | None = None,
     ) -> Future[dict[str, Any]]:
         """Marks the current task done: clears its current_task notes. (``session.task.complete``)"""
-        return self._r._submit("session.task.complete", {
+        return cast("Future[dict[str, Any]]", self._r._submit("session.task.complete", {
             "session_id": session_id,
             "work_item_id": work_item_id,
-        })
+        }))
 
 
 class FutureSession:
@@ -1937,7 +2031,7 @@ class FutureSession:
         agent_id: int | None = None,
     ) -> Future[AppendResult]:
         """Appends one message to a session's transcript. (``session.append``)"""
-        return self._r._submit("session.append", {
+        return cast("Future[AppendResult]", self._r._submit("session.append", {
             "session_id": session_id,
             "role": role,
             "content": content,
@@ -1945,7 +2039,7 @@ class FutureSession:
             "tokens": tokens,
             "cost_usdc": cost_usdc,
             "agent_id": agent_id,
-        })
+        }))
 
     def checkpoint(
         self,
@@ -1955,39 +2049,57 @@ class FutureSession:
         metadata: Mapping[str, Any] | None = None,
     ) -> Future[CheckpointResult]:
         """Captures a session's full state to resume from later. (``session.checkpoint``)"""
-        return self._r._submit("session.checkpoint", {
+        return cast("Future[CheckpointResult]", self._r._submit("session.checkpoint", {
             "session_id": session_id,
             "label": label,
             "metadata": metadata,
-        })
+        }))
 
     def checkpoints(self, session_id: int) -> Future[dict[str, Any]]:
         """Lists a session's unexpired checkpoints, oldest first. (``session.checkpoints``)"""
-        return self._r._submit("session.checkpoints", {"session_id": session_id})
+        return cast("Future[dict[str, Any]]", self._r._submit("session.checkpoints", {
+            "session_id": session_id,
+        }))
 
     def children(self, session_id: int) -> Future[dict[str, Any]]:
         """Lists a session's sub-agents in spawn order. (``session.children``)"""
-        return self._r._submit("session.children", {"session_id": session_id})
+        return cast("Future[dict[str, Any]]", self._r._submit("session.children", {
+            "session_id": session_id,
+        }))
 
     def complete(self, session_id: int, output: str) -> Future[dict[str, Any]]:
         """Records a sub-agent's output and marks it completed. (``session.complete``)"""
-        return self._r._submit("session.complete", {"session_id": session_id, "output": output})
+        return cast("Future[dict[str, Any]]", self._r._submit("session.complete", {
+            "session_id": session_id,
+            "output": output,
+        }))
 
     def create(self, agent_id: int, config: SessionConfig) -> Future[SessionCreateResult]:
         """Creates a session for an agent. (``session.create``)"""
-        return self._r._submit("session.create", {"agent_id": agent_id, "config": config})
+        return cast("Future[SessionCreateResult]", self._r._submit("session.create", {
+            "agent_id": agent_id,
+            "config": config,
+        }))
 
     def end(self, session_id: int, *, summary: str | None = None) -> Future[dict[str, Any]]:
         """Ends a session, optionally with a summary. (``session.end``)"""
-        return self._r._submit("session.end", {"session_id": session_id, "summary": summary})
+        return cast("Future[dict[str, Any]]", self._r._submit("session.end", {
+            "session_id": session_id,
+            "summary": summary,
+        }))
 
     def get(self, session_id: int) -> Future[dict[str, Any]]:
         """Returns a session with its costs, counters and constraints. (``session.get``)"""
-        return self._r._submit("session.get", {"session_id": session_id})
+        return cast("Future[dict[str, Any]]", self._r._submit("session.get", {
+            "session_id": session_id,
+        }))
 
     def handoff(self, session_id: int, mode: HandoffMode) -> Future[dict[str, Any]]:
         """Returns the package another agent, a human or a recovering process needs. (``session.handoff``)"""
-        return self._r._submit("session.handoff", {"session_id": session_id, "mode": mode})
+        return cast("Future[dict[str, Any]]", self._r._submit("session.handoff", {
+            "session_id": session_id,
+            "mode": mode,
+        }))
 
     def list(
         self,
@@ -1998,12 +2110,12 @@ class FutureSession:
         limit: int | None = None,
     ) -> Future[dict[str, Any]]:
         """Lists sessions, newest first, one page at a time. (``session.list``)"""
-        return self._r._submit("session.list", {
+        return cast("Future[dict[str, Any]]", self._r._submit("session.list", {
             "agent_id": agent_id,
             "state": state,
             "cursor": cursor,
             "limit": limit,
-        })
+        }))
 
     def messages(
         self,
@@ -2013,11 +2125,11 @@ class FutureSession:
         agent_id: int | None = None,
     ) -> Future[MessagesResult]:
         """Returns a session's history as a model should be given it. (``session.messages``)"""
-        return self._r._submit("session.messages", {
+        return cast("Future[MessagesResult]", self._r._submit("session.messages", {
             "session_id": session_id,
             "tail": tail,
             "agent_id": agent_id,
-        })
+        }))
 
     def notes(
         self,
@@ -2029,13 +2141,13 @@ class FutureSession:
         agent_id: int | None = None,
     ) -> Future[NotesResult]:
         """Returns a session's live notes in creation order. (``session.notes``)"""
-        return self._r._submit("session.notes", {
+        return cast("Future[NotesResult]", self._r._submit("session.notes", {
             "session_id": session_id,
             "scopes": scopes,
             "categories": categories,
             "since": since,
             "agent_id": agent_id,
-        })
+        }))
 
     def resume(
         self,
@@ -2045,11 +2157,11 @@ class FutureSession:
         branch_type: BranchType | None = None,
     ) -> Future[ResumeResult]:
         """Creates a new session from a checkpoint. (``session.resume``)"""
-        return self._r._submit("session.resume", {
+        return cast("Future[ResumeResult]", self._r._submit("session.resume", {
             "checkpoint_id": checkpoint_id,
             "config_override": config_override,
             "branch_type": branch_type,
-        })
+        }))
 
     def spawn(
         self,
@@ -2063,7 +2175,7 @@ class FutureSession:
         agent_id: int | None = None,
     ) -> Future[dict[str, Any]]:
         """Creates a sub-agent session under a parent. (``session.spawn``)"""
-        return self._r._submit("session.spawn", {
+        return cast("Future[dict[str, Any]]", self._r._submit("session.spawn", {
             "parent_id": parent_id,
             "task": task,
             "model": model,
@@ -2071,7 +2183,7 @@ class FutureSession:
             "max_tokens": max_tokens,
             "return_format": return_format,
             "agent_id": agent_id,
-        })
+        }))
 
     def summarize(
         self,
@@ -2082,19 +2194,19 @@ class FutureSession:
         session_id: int | None = None,
     ) -> Future[dict[str, Any]]:
         """Records a compaction summary standing in for the entries it covers. (``session.summarize``)"""
-        return self._r._submit("session.summarize", {
+        return cast("Future[dict[str, Any]]", self._r._submit("session.summarize", {
             "session_id": session_id,
             "summary": summary,
             "through_entry_id": through_entry_id,
             "messages_compacted": messages_compacted,
-        })
+        }))
 
     def tombstone(self, entry_id: int, *, session_id: int | None = None) -> Future[dict[str, Any]]:
         """Hides a transcript entry from the transcript from now on. (``session.tombstone``)"""
-        return self._r._submit("session.tombstone", {
+        return cast("Future[dict[str, Any]]", self._r._submit("session.tombstone", {
             "entry_id": entry_id,
             "session_id": session_id,
-        })
+        }))
 
 
 class FutureTenant:
@@ -2107,7 +2219,7 @@ class FutureTenant:
 
     def usage(self) -> Future[dict[str, Any]]:
         """Returns the tenant's usage and limits. (``tenant.usage``)"""
-        return self._r._submit("tenant.usage", {})
+        return cast("Future[dict[str, Any]]", self._r._submit("tenant.usage", {}))
 
 
 class FutureRoot:
@@ -2124,12 +2236,12 @@ class FutureRoot:
 
     def auth(self, api_key: str) -> Future[AuthResult]:
         """Authenticates the connection with a tenant key or the admin key. (``auth``)"""
-        return self._r._submit("auth", {"api_key": api_key})
+        return cast("Future[AuthResult]", self._r._submit("auth", {"api_key": api_key}))
 
     def methods(self) -> Future[list[MethodInfo]]:
         """Lists every method of the server with its flags and parameters. (``methods``)"""
-        return self._r._submit("methods", {})
+        return cast("Future[list[MethodInfo]]", self._r._submit("methods", {}))
 
     def ping(self) -> Future[str]:
         """Answers "pong". (``ping``)"""
-        return self._r._submit("ping", {})
+        return cast("Future[str]", self._r._submit("ping", {}))

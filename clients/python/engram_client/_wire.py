@@ -14,6 +14,7 @@ import msgpack
 from ._api import IDEMPOTENT_METHODS, WRITE_METHODS
 from .errors import ConnectionLost, EngramError, RateLimited, Unavailable
 
+_np: Any
 try:  # numpy is optional: used without copying when present
     import numpy as _np
 except ImportError:  # pragma: no cover - depends on the machine
@@ -47,7 +48,7 @@ class RetryPolicy:
     def backoff(self, attempt: int) -> float:
         """The delay before reconnect or retry number ``attempt`` (1-based), in seconds."""
         d = min(self.backoff_max, self.backoff_base * (2 ** max(0, attempt - 1)))
-        return d / 2 + random.random() * d / 2
+        return float(d / 2 + random.random() * d / 2)
 
 
 NO_RETRY = RetryPolicy(max_retries=0, honor_rate_limits=False)
@@ -103,12 +104,12 @@ def embedding_bytes(v: Any) -> Any:
             a.byteswap()
         return a.tobytes()
     if _np is not None and isinstance(v, _np.ndarray):
-        a = _np.ascontiguousarray(v.reshape(-1), dtype="<f4")  # no copy when already so
-        return memoryview(a).cast("B")
-    a = array("f", (float(x) for x in v))
+        n = _np.ascontiguousarray(v.reshape(-1), dtype="<f4")  # no copy when already so
+        return memoryview(n).cast("B")
+    f = array("f", (float(x) for x in v))
     if not LITTLE_ENDIAN:
-        a.byteswap()
-    return a.tobytes()
+        f.byteswap()
+    return f.tobytes()
 
 
 def _fix_item_embedding(item: Any) -> Any:
@@ -155,7 +156,8 @@ def unpacker() -> msgpack.Unpacker:
 
 
 def pack_request(pk: msgpack.Packer, msgid: int, method: str, params: Mapping[str, Any]) -> bytes:
-    return pk.pack([0, msgid, method, [params] if params else []])
+    data: bytes = pk.pack([0, msgid, method, [params] if params else []])
+    return data
 
 
 def decode_embedding(b: bytes, as_numpy: bool) -> Any:

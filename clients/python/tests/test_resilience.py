@@ -148,3 +148,42 @@ def test_async_reconnect_lost_reply_and_timeout(server, key, proxy):
             results = await asyncio.gather(*[c.memory.get([r["id"]]) for _ in range(100)])
             assert all(x["memories"][0]["content"] == "async once" for x in results)
     asyncio.run(main())
+
+
+def test_answers_out_of_order_reach_their_callers():
+    """A stand-in server that answers a burst of requests in reverse order: each future
+    must still get its own answer (msgid matching, not arrival order)."""
+    import socket
+
+    import msgpack
+
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(1)
+
+    def serve():
+        conn, _ = ls.accept()
+        up = msgpack.Unpacker(raw=False)
+        reqs = []
+        while len(reqs) < 20:
+            up.feed(conn.recv(65536))
+            reqs.extend(up)
+        for _, msgid, method, params in reversed(reqs):
+            conn.sendall(msgpack.packb([1, msgid, None, {"echo": params[0]["ids"][0]}]))
+        conn.recv(1)
+        conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    with Client("127.0.0.1", ls.getsockname()[1], timeout=10) as c:
+        futs = [c.pipeline.memory.get([i]) for i in range(20)]
+        assert [f.result(timeout=10)["echo"] for f in futs] == list(range(20))
+    ls.close()
+
+
+def test_sync_with_options_timeout(server, key, proxy):
+    with Client("127.0.0.1", proxy.port, api_key=key) as c:
+        c.connect()
+        proxy.blackhole = True
+        with pytest.raises(EngramTimeout):
+            c.with_options(timeout=0.3).memory.stats()

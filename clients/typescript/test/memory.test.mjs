@@ -108,3 +108,14 @@ test("sessions: notes, scratchpad, checkpoint, resume, handoff", async () => {
   assert.deepEqual(h.blockers.map((n) => n.key), ["ci"]);
   assert.equal((await c.session.end({ session_id })).state, "ended");
 });
+
+test("64-bit agent ids round-trip as bigint; smaller ids are numbers", async () => {
+  const big = 2n ** 64n - 1n;
+  const r = await c.memory.store({ content: "u64 agent", type: "fact", importance: 0.5, embedding: vec(3), agent_id: big });
+  assert.equal(typeof r.id, "number");
+  const [m] = (await c.memory.get({ ids: [r.id] })).memories;
+  assert.equal(m.agent_id, big);
+  assert.equal(typeof m.created_at, "number");
+  const { session_id } = await c.session.create({ agent_id: big, config: { model: "m" } });
+  assert.equal((await c.session.get({ session_id })).agent_id, big);
+});

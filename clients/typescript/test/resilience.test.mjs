@@ -92,3 +92,23 @@ test("quota exceeded carries limit and usage", async () => {
     (e) => e instanceof QuotaExceededError && e.limit === 3 && e.usage === 3 && e.requested === 1);
   c.close();
 });
+
+test("answers out of order reach their callers (msgid matching)", async () => {
+  const { createServer } = await import("node:net");
+  const { Decoder, encode } = await import("@msgpack/msgpack");
+  const srv = createServer(async (sock) => {
+    const reqs = [];
+    for await (const msg of new Decoder().decodeStream(sock)) {
+      reqs.push(msg);
+      if (reqs.length === 20) {
+        for (const [, msgid, , params] of reqs.reverse()) sock.write(encode([1, msgid, null, { echo: params[0].ids[0] }]));
+      }
+    }
+  });
+  await new Promise((r) => srv.listen(0, "127.0.0.1", r));
+  const c = new Client({ host: "127.0.0.1", port: srv.address().port });
+  const answers = await Promise.all(Array.from({ length: 20 }, (_, i) => c.memory.get({ ids: [i] })));
+  assert.deepEqual(answers.map((a) => a.echo), Array.from({ length: 20 }, (_, i) => i));
+  c.close();
+  await new Promise((r) => srv.close(r));
+});

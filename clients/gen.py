@@ -1,0 +1,502 @@
+#!/usr/bin/python3
+"""clients/gen.py: writes the typed method surface of the Python and TypeScript clients
+from clients/methods.json, the server's own `methods` answer.
+
+    gen.py              regenerate python/engram_client/_api.py and typescript/src/api.ts
+    gen.py --check      exit 1 when either file is not what this script would write
+    gen.py --snapshot F write methods.json from F (a JSON dump of a live `methods` answer)
+    gen.py --fetch [HOST:]PORT   write methods.json from a running engramd's answer
+
+The client tests compare a live engramd's `methods` answer with methods.json and with each
+client's method list, so a method (or parameter) the server has and a client lacks fails a
+test. The parameter names, order and required flags come from the server; this file adds
+only what the server cannot say: a narrower type for some parameters, the result types,
+and one line of documentation per method.
+"""
+import json
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+METHODS_JSON = os.path.join(HERE, "methods.json")
+PY_OUT = os.path.join(HERE, "python", "engram_client", "_api.py")
+TS_OUT = os.path.join(HERE, "typescript", "src", "api.ts")
+
+# One line per method, for docstrings and TSDoc. See docs/protocol.md for the full text.
+DOCS = {
+    "admin.key.create": "Creates a named API key for a tenant; the key is shown only in this answer.",
+    "admin.key.list": "Lists a tenant's API keys (public prefixes only).",
+    "admin.key.revoke": "Revokes an API key; connections using it fail from their next request.",
+    "admin.tenant.create": "Creates a tenant with its first API key (shown only in this answer).",
+    "admin.tenant.delete": "Deletes a tenant and everything it owns.",
+    "admin.tenant.get": "Returns a tenant by id or name.",
+    "admin.tenant.list": "Lists tenants in id order, one page at a time.",
+    "admin.tenant.update": "Renames a tenant or moves it to another tier.",
+    "auth": "Authenticates the connection with a tenant key or the admin key.",
+    "memory.archive": "Archives live memories: kept, but skipped by searches.",
+    "memory.consolidate": "Runs a consolidation of the tenant now (premium tier).",
+    "memory.consolidation.runs": "Lists the tenant's consolidation runs, newest first.",
+    "memory.context": "Searches and renders the results as an <agent_memory> block within a token budget.",
+    "memory.delete": "Deletes memories with their history.",
+    "memory.get": "Returns memories by id, in the order asked.",
+    "memory.history": "Returns every version of a memory, oldest first.",
+    "memory.list": "Lists memories that pass a filter, one keyset page at a time.",
+    "memory.restore": "Brings archived memories back.",
+    "memory.search": "Searches memories by vector, text or both, ranked by similarity and importance.",
+    "memory.stats": "Counts the tenant's memories by type and scope.",
+    "memory.store": "Stores one memory; acknowledged after the commit.",
+    "memory.store_batch": "Stores up to 1000 memories in one transaction: all or none.",
+    "memory.update": "Changes a memory; the previous state is kept as a version.",
+    "methods": "Lists every method of the server with its flags and parameters.",
+    "ping": "Answers \"pong\".",
+    "session.append": "Appends one message to a session's transcript.",
+    "session.checkpoint": "Captures a session's full state to resume from later.",
+    "session.checkpoints": "Lists a session's unexpired checkpoints, oldest first.",
+    "session.children": "Lists a session's sub-agents in spawn order.",
+    "session.complete": "Records a sub-agent's output and marks it completed.",
+    "session.create": "Creates a session for an agent.",
+    "session.end": "Ends a session, optionally with a summary.",
+    "session.get": "Returns a session with its costs, counters and constraints.",
+    "session.handoff": "Returns the package another agent, a human or a recovering process needs.",
+    "session.list": "Lists sessions, newest first, one page at a time.",
+    "session.messages": "Returns a session's history as a model should be given it.",
+    "session.note.add": "Adds a structured note; a live note with the same key is superseded.",
+    "session.notes": "Returns a session's live notes in creation order.",
+    "session.resume": "Creates a new session from a checkpoint.",
+    "session.scratchpad.get": "Returns a session's scratchpad document.",
+    "session.scratchpad.update": "Replaces a session's scratchpad (optionally only at an expected version).",
+    "session.spawn": "Creates a sub-agent session under a parent.",
+    "session.summarize": "Records a compaction summary standing in for the entries it covers.",
+    "session.task.complete": "Marks the current task done: clears its current_task notes.",
+    "session.tombstone": "Hides a transcript entry from the transcript from now on.",
+    "tenant.usage": "Returns the tenant's usage and limits.",
+}
+
+# Base types: server type -> (Python, TypeScript).
+BASE = {
+    "any": ("Any", "unknown"),
+    "bool": ("bool", "boolean"),
+    "uint": ("int", "Id"),
+    "int": ("int", "number"),
+    "number": ("float", "number"),
+    "string": ("str", "string"),
+    "bin": ("bytes", "Uint8Array"),
+    "array": ("Sequence[Any]", "unknown[]"),
+    "map": ("Mapping[str, Any]", "Record<string, unknown>"),
+    "vector": ("Embedding", "EmbeddingInput"),
+    "string[]": ("Sequence[str]", "string[]"),
+    "uint[]": ("Sequence[int]", "Id[]"),
+}
+
+# Narrower parameter types: (method or "*", param) -> (Python, TypeScript). Each narrowing
+# must be one the server enforces (docs/protocol.md).
+FILTER_METHODS = ("memory.search", "memory.context", "memory.list")
+NARROW = {
+    ("*", "type_filter"): ("Sequence[MemoryType]", "MemoryType[]"),
+    ("*", "scopes"): ("Sequence[Scope]", "Scope[]"),
+    ("*", "attrs"): ("Mapping[str, Any]", "Record<string, unknown>"),
+    ("*", "tier"): ("Tier", "Tier"),
+    ("*", "work_item_id"): ("int | str", "Id | string"),
+    ("*", "created_at"): ("int", "number"),
+    ("memory.store", "type"): ("MemoryType", "MemoryType"),
+    ("memory.update", "type"): ("MemoryType", "MemoryType"),
+    ("memory.store", "scope"): ("Scope", "Scope"),
+    ("memory.store", "metadata"): ("Metadata", "Metadata"),
+    ("memory.update", "metadata"): ("Metadata", "Metadata"),
+    ("memory.store_batch", "memories"): ("Sequence[MemoryInput]", "MemoryInput[]"),
+    ("memory.search", "mode"): ("SearchMode", "SearchMode"),
+    ("memory.context", "mode"): ("SearchMode", "SearchMode"),
+    ("memory.list", "order_by"): ("ListOrderBy", "ListOrderBy"),
+    ("memory.list", "order"): ("ListOrder", "ListOrder"),
+    ("admin.tenant.create", "embedding"): ("EmbeddingConfig", "EmbeddingConfig"),
+    ("session.create", "config"): ("SessionConfig", "SessionConfig"),
+    ("session.append", "role"): ("Role", "Role"),
+    ("session.note.add", "category"): ("NoteCategory", "NoteCategory"),
+    ("session.note.add", "scope"): ("NoteScope", "NoteScope"),
+    ("session.notes", "scopes"): ("Sequence[NoteScope]", "NoteScope[]"),
+    ("session.notes", "categories"): ("Sequence[NoteCategory]", "NoteCategory[]"),
+    ("session.list", "state"): ("SessionState", "SessionState"),
+    ("session.resume", "branch_type"): ("BranchType", "BranchType"),
+    ("session.spawn", "return_format"): ("ReturnFormat", "ReturnFormat"),
+    ("session.handoff", "mode"): ("HandoffMode", "HandoffMode"),
+}
+
+# Result types (defined in python/engram_client/types.py and typescript/src/types.ts);
+# methods not named here return a plain map.
+RESULTS = {
+    "ping": ("str", "string"),
+    "methods": ("list[MethodInfo]", "MethodInfo[]"),
+    "auth": ("AuthResult", "AuthResult"),
+    "memory.store": ("StoreResult", "StoreResult"),
+    "memory.store_batch": ("StoreBatchResult", "StoreBatchResult"),
+    "memory.get": ("MemoriesResult", "MemoriesResult"),
+    "memory.list": ("ListResult", "ListResult"),
+    "memory.search": ("SearchResult", "SearchResult"),
+    "memory.context": ("ContextResult", "ContextResult"),
+    "memory.update": ("UpdateResult", "UpdateResult"),
+    "memory.delete": ("DeleteResult", "DeleteResult"),
+    "memory.archive": ("ArchiveResult", "ArchiveResult"),
+    "memory.restore": ("RestoreResult", "RestoreResult"),
+    "memory.history": ("HistoryResult", "HistoryResult"),
+    "memory.stats": ("StatsResult", "StatsResult"),
+    "admin.tenant.create": ("TenantCreateResult", "TenantCreateResult"),
+    "session.create": ("SessionCreateResult", "SessionCreateResult"),
+    "session.append": ("AppendResult", "AppendResult"),
+    "session.scratchpad.get": ("Scratchpad", "Scratchpad"),
+    "session.scratchpad.update": ("Scratchpad", "Scratchpad"),
+    "session.note.add": ("NoteAddResult", "NoteAddResult"),
+    "session.notes": ("NotesResult", "NotesResult"),
+    "session.checkpoint": ("CheckpointResult", "CheckpointResult"),
+    "session.messages": ("MessagesResult", "MessagesResult"),
+    "session.resume": ("ResumeResult", "ResumeResult"),
+}
+DEFAULT_RESULT = ("dict[str, Any]", "Record<string, unknown>")
+
+PY_KEYWORDS = {"from", "import", "class", "def", "global", "lambda", "pass", "return"}
+
+
+def load_methods():
+    with open(METHODS_JSON) as f:
+        return json.load(f)
+
+
+def ptype(method, p, lang):
+    i = 0 if lang == "py" else 1
+    for key in ((method, p["name"]), ("*", p["name"])):
+        if key in NARROW:
+            return NARROW[key][i]
+    return BASE[p["type"]][i]
+
+
+def rtype(method, lang):
+    return RESULTS.get(method, DEFAULT_RESULT)[0 if lang == "py" else 1]
+
+
+def tree(methods):
+    """Nested namespaces: {"memory": {"consolidation": {"runs": m}, "store": m}, "ping": m}."""
+    root = {}
+    for m in methods:
+        parts = m["name"].split(".")
+        node = root
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            assert isinstance(node, dict), m["name"]
+        assert parts[-1] not in node, m["name"]
+        node[parts[-1]] = m
+    return root
+
+
+def camel(s):
+    head, *rest = s.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+def pascal(parts):
+    return "".join(camel(p)[:1].upper() + camel(p)[1:] for p in parts)
+
+
+# ---- Python --------------------------------------------------------------------------------
+
+PY_HEADER = '''"""The typed method surface of the Engram clients. GENERATED by clients/gen.py from
+clients/methods.json (the server's `methods` answer): do not edit by hand.
+
+Three flavours share one shape: ``Sync*`` classes return results, ``Async*`` classes return
+coroutines, ``Future*`` classes return ``concurrent.futures.Future`` (pipelining from one
+thread). Each method's parameters are the server's, in the server's order; required ones
+may be passed by position, the others by keyword. ``None`` means "not sent".
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
+
+if TYPE_CHECKING:
+__IMPORTS__
+'''
+
+
+def py_method(m, flavour, name):
+    req = [p for p in m["params"] if p["required"]]
+    opt = [p for p in m["params"] if not p["required"]]
+    args = ["self"]
+    for p in req:
+        args.append(f"{p['name']}: {ptype(m['name'], p, 'py')}")
+    if opt:
+        args.append("*")
+        for p in opt:
+            args.append(f"{p['name']}: {ptype(m['name'], p, 'py')} | None = None")
+    r = rtype(m["name"], "py")
+    ret = {"sync": r, "async": r, "future": f"Future[{r}]"}[flavour]
+    kw = "async def" if flavour == "async" else "def"
+    inner = {"sync": "self._r._call", "async": "await self._r._acall",
+             "future": "self._r._submit"}[flavour]
+    call = f'return cast("{ret}", {inner}'
+    params = ", ".join(f'"{p["name"]}": {p["name"]}' for p in m["params"])
+    sig = ", ".join(args)
+    lines = []
+    head = f"    {kw} {name}({sig}) -> {ret}:"
+    if len(head) > 100:
+        lines.append(f"    {kw} {name}(")
+        for a in args:
+            lines.append(f"        {a},")
+        lines.append(f"    ) -> {ret}:")
+    else:
+        lines.append(head)
+    lines.append(f'        """{DOCS[m["name"]]} (``{m["name"]}``)"""')
+    one = f'        {call}("{m["name"]}", {{{params}}}))'
+    if len(one) <= 100:
+        lines.append(one)
+    else:
+        lines.append(f'        {call}("{m["name"]}", {{')
+        for p in m["params"]:
+            lines.append(f'            "{p["name"]}": {p["name"]},')
+        lines.append("        }))")
+    return "\n".join(lines)
+
+
+def py_namespace(flavour, path, node, out):
+    """Emits the classes of one namespace (children first); returns the class name."""
+    prefix = {"sync": "Sync", "async": "Async", "future": "Future"}[flavour]
+    cls = prefix + (pascal(path) if path else "Root")
+    children = []
+    for key, val in sorted(node.items()):
+        if "name" not in val:  # a sub-namespace
+            children.append((key, py_namespace(flavour, path + [key], val, out)))
+    body = []
+    dotted = ".".join(path)
+    doc = f"``{dotted}.*`` methods." if path else "The root of the method tree."
+    body.append(f"class {cls}:\n    \"\"\"{doc}\"\"\"\n")
+    if path:
+        body.append("    __slots__ = (\"_r\", " + "".join(f'"{k}", ' for k, _ in children) + ")\n")
+        body.append("    def __init__(self, r: Any) -> None:")
+        body.append("        self._r = r")
+    else:
+        body.append("    _r: Any\n")
+        body.append("    def _init_api(self, r: Any) -> None:")
+        body.append("        self._r = r")
+    for key, ccls in children:
+        body.append(f"        self.{key} = {ccls}(r)")
+    for key, val in sorted(node.items()):
+        if "name" in val:
+            body.append("")
+            body.append(py_method(val, flavour, key))
+    out.append("\n".join(body) + "\n")
+    return cls
+
+
+def py_type_names():
+    names = {"Embedding"}
+    for py, _ in list(NARROW.values()) + list(RESULTS.values()):
+        names.update(re.findall(r"\b[A-Z][A-Za-z]+\b", py))
+    names -= {"Sequence", "Mapping", "Any", "Future"}
+    return sorted(names)
+
+
+def gen_python(methods):
+    t = tree(methods)
+    imports = "    from .types import (\n" + "".join(f"        {n},\n" for n in py_type_names()) \
+        + "    )\n"
+    out = [PY_HEADER.replace("__IMPORTS__\n", imports)]
+    writes = sorted(m["name"] for m in methods if "write" in m["flags"])
+    idem = sorted(m["name"] for m in methods
+                  if "write" in m["flags"] and any(p["name"] == "idempotency_key"
+                                                   for p in m["params"]))
+    out.append("# Methods that change data, and those of them that take an idempotency key.\n")
+    out.append("WRITE_METHODS = frozenset({\n" + "".join(f'    "{n}",\n' for n in writes) + "})\n")
+    out.append("IDEMPOTENT_METHODS = frozenset({\n" + "".join(f'    "{n}",\n' for n in idem)
+               + "})\n")
+    out.append("# Every method: name -> parameter names, in the server's order.\n")
+    out.append("METHOD_PARAMS: dict[str, tuple[str, ...]] = {\n")
+    for m in methods:
+        names = "".join(f'"{p["name"]}", ' for p in m["params"])
+        out.append(f'    "{m["name"]}": ({names}),\n')
+    out.append("}\n\n")
+    for flavour in ("sync", "async", "future"):
+        classes = []
+        py_namespace(flavour, [], t, classes)
+        out.append("\n\n".join(classes))
+        out.append("\n\n")
+    text = "".join(out).rstrip() + "\n"
+    return text
+
+
+# ---- TypeScript ----------------------------------------------------------------------------
+
+TS_HEADER = """// The typed method surface of @engram/client. GENERATED by clients/gen.py from
+// clients/methods.json (the server's `methods` answer): do not edit by hand.
+__IMPORTS__
+/** What the generated methods call: the client's request path. */
+export interface Caller {
+  call(method: string, params: Record<string, unknown>, options?: CallOptions): Promise<unknown>;
+}
+
+/** Every method of the server: its parameters (in the server's order) and flags. */
+export const METHODS: Readonly<Record<string, { params: readonly string[]; required: readonly string[]; flags: readonly string[] }>> = {
+"""
+
+
+def ts_type_names():
+    names = {"CallOptions", "Id", "EmbeddingInput"}
+    for _, ts in list(NARROW.values()) + list(RESULTS.values()):
+        names.update(re.findall(r"\b[A-Z][A-Za-z]+\b", ts))
+    names.discard("Record")
+    return sorted(names)
+
+
+def gen_ts(methods):
+    names = ts_type_names()
+    imports = "import type {\n" + "".join(f"  {n},\n" for n in names) + '} from "./types.js";\n'
+    out = [TS_HEADER.replace("__IMPORTS__\n", imports)]
+    for m in methods:
+        ps = ", ".join(json.dumps(p["name"]) for p in m["params"])
+        rq = ", ".join(json.dumps(p["name"]) for p in m["params"] if p["required"])
+        fl = ", ".join(json.dumps(f) for f in m["flags"])
+        out.append(f'  "{m["name"]}": {{ params: [{ps}], required: [{rq}], flags: [{fl}] }},\n')
+    out.append("};\n\n")
+    # parameter interfaces
+    for m in methods:
+        if not m["params"]:
+            continue
+        iname = pascal(m["name"].split(".")) + "Params"
+        out.append(f"/** Parameters of `{m['name']}`. */\n")
+        out.append(f"export interface {iname} {{\n")
+        for p in m["params"]:
+            opt = "" if p["required"] else "?"
+            out.append(f"  {p['name']}{opt}: {ptype(m['name'], p, 'ts')};\n")
+        out.append("}\n\n")
+    # namespaces
+    t = tree(methods)
+
+    def emit(path, node):
+        cls = "Api" + pascal(path) if path else "ApiRoot"
+        children = [(k, v) for k, v in sorted(node.items()) if "name" not in v]
+        child_classes = [(k, emit(path + [k], v)) for k, v in children]
+        lines = []
+        dotted = ".".join(path)
+        doc = f"`{dotted}.*` methods." if path else "The root of the method tree."
+        lines.append(f"/** {doc} */")
+        lines.append(f"export class {cls} {{")
+        for k, c in child_classes:
+            lines.append(f"  readonly {k}: {c};")
+        lines.append("  /** @internal */")
+        lines.append("  protected readonly _caller: Caller;")
+        lines.append("  constructor(caller: Caller) {")
+        lines.append("    this._caller = caller;")
+        for k, c in child_classes:
+            lines.append(f"    this.{k} = new {c}(caller);")
+        lines.append("  }")
+        for key, m in sorted(node.items()):
+            if "name" not in m:
+                continue
+            r = rtype(m["name"], "ts")
+            lines.append(f"  /** {DOCS[m['name']]} (`{m['name']}`) */")
+            if m["params"]:
+                iname = pascal(m["name"].split(".")) + "Params"
+                anyreq = any(p["required"] for p in m["params"])
+                pdecl = f"params: {iname}" if anyreq else f"params: {iname} = {{}}"
+                lines.append(f"  {camel(key)}({pdecl}, options?: CallOptions): Promise<{r}> {{")
+                lines.append(f"    return this._caller.call(\"{m['name']}\", "
+                             f"params as unknown as Record<string, unknown>, options) as Promise<{r}>;")
+            else:
+                lines.append(f"  {camel(key)}(options?: CallOptions): Promise<{r}> {{")
+                lines.append(f"    return this._caller.call(\"{m['name']}\", {{}}, options) as Promise<{r}>;")
+            lines.append("  }")
+        lines.append("}")
+        out_classes.append("\n".join(lines) + "\n")
+        return cls
+
+    out_classes = []
+    emit([], t)
+    out.append("\n".join(out_classes))
+    # method name -> path of the JS property chain (camelCase), for the method-list test
+    out.append("\n/** Method name -> the property path of its function on a client. */\n")
+    out.append("export const METHOD_PATHS: Readonly<Record<string, readonly string[]>> = {\n")
+    for m in methods:
+        parts = m["name"].split(".")
+        path = ", ".join(json.dumps(camel(p)) for p in parts)
+        out.append(f'  "{m["name"]}": [{path}],\n')
+    out.append("};\n")
+    return "".join(out)
+
+
+def snapshot(src):
+    with open(src) as f:
+        methods = json.load(f)
+    methods = sorted(methods, key=lambda m: m["name"])
+    lines = ["["]
+    for i, m in enumerate(methods):
+        lines.append(f'  {{"name": {json.dumps(m["name"])}, "flags": {json.dumps(m["flags"])}, '
+                     '"params": [')
+        for j, p in enumerate(m["params"]):
+            comma = "," if j + 1 < len(m["params"]) else ""
+            lines.append(f"    {json.dumps(p, sort_keys=True)}{comma}")
+        lines.append("  ]}" + ("," if i + 1 < len(methods) else ""))
+    lines.append("]")
+    with open(METHODS_JSON, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def fetch(where):
+    """The `methods` answer of the engramd at [HOST:]PORT (needs no authentication)."""
+    import socket
+
+    import msgpack
+
+    host, _, port = where.rpartition(":")
+    with socket.create_connection((host or "127.0.0.1", int(port)), timeout=10) as s:
+        s.sendall(msgpack.packb([0, 1, "methods", []]))
+        up = msgpack.Unpacker(raw=False)
+        while True:
+            data = s.recv(65536)
+            if not data:
+                raise SystemExit("gen.py: connection closed before the answer")
+            up.feed(data)
+            for msg in up:
+                if msg[2] is not None:
+                    raise SystemExit(f"gen.py: methods failed: {msg[2]}")
+                return msg[3]
+
+
+def main(argv):
+    if len(argv) == 3 and argv[1] in ("--snapshot", "--fetch"):
+        if argv[1] == "--fetch":
+            import tempfile
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump(fetch(argv[2]), f)
+            snapshot(f.name)
+            os.unlink(f.name)
+        else:
+            snapshot(argv[2])
+        return 0
+    methods = load_methods()
+    missing = [m["name"] for m in methods if m["name"] not in DOCS]
+    if missing:
+        print("gen.py: no DOCS line for " + ", ".join(missing), file=sys.stderr)
+        return 1
+    outputs = {PY_OUT: gen_python(methods), TS_OUT: gen_ts(methods)}
+    if len(argv) == 2 and argv[1] == "--check":
+        stale = []
+        for path, text in outputs.items():
+            try:
+                with open(path) as f:
+                    if f.read() != text:
+                        stale.append(path)
+            except OSError:
+                stale.append(path)
+        for path in stale:
+            print(f"gen.py: {os.path.relpath(path, HERE)} is out of date; run clients/gen.py",
+                  file=sys.stderr)
+        return 1 if stale else 0
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    for path, text in outputs.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

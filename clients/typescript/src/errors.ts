@@ -1,0 +1,109 @@
+// Errors: one class per server error code (docs/protocol.md, "Errors"), plus the
+// client's own failures (a lost connection, a timeout, a closed client).
+
+/** An error answered by the server. `code` is the stable error code. */
+export class EngramError extends Error {
+  readonly code: string;
+  /** The error map's other fields (`limit`, `usage`, `retry_after_ms`, ...). */
+  readonly data: Record<string, unknown>;
+  /** The method that failed. */
+  readonly method: string | undefined;
+  /** The server's message, without the code. */
+  readonly serverMessage: string;
+
+  constructor(code: string, message: string, data: Record<string, unknown> = {}, method?: string) {
+    super(`${code}: ${message}${method ? ` (${method})` : ""}`);
+    this.name = new.target.name;
+    this.code = code;
+    this.data = data;
+    this.method = method;
+    this.serverMessage = message;
+  }
+}
+
+function num(v: unknown): number | undefined {
+  return typeof v === "number" ? v : typeof v === "bigint" ? Number(v) : undefined;
+}
+
+export class InvalidArgumentError extends EngramError {}
+export class MalformedRequestError extends EngramError {}
+export class UnknownMethodError extends EngramError {}
+export class UnauthenticatedError extends EngramError {}
+export class PermissionDeniedError extends EngramError {}
+export class NotFoundError extends EngramError {}
+export class AlreadyExistsError extends EngramError {}
+export class ConflictError extends EngramError {}
+/** A tier limit was reached. */
+export class QuotaExceededError extends EngramError {
+  get limit(): number | undefined { return num(this.data.limit); }
+  get usage(): number | undefined { return num(this.data.usage); }
+  get requested(): number | undefined { return num(this.data.requested); }
+  get resetsAt(): number | undefined { return num(this.data.resets_at); }
+}
+/** Too many requests; the call had no effect. */
+export class RateLimitedError extends EngramError {
+  get retryAfterMs(): number { return num(this.data.retry_after_ms) ?? 0; }
+}
+/** A session's cost cap would be passed; nothing was stored. */
+export class CostLimitExceededError extends EngramError {
+  get limit(): number | undefined { return num(this.data.limit); }
+  get usage(): number | undefined { return num(this.data.usage); }
+  get cost(): number | undefined { return num(this.data.cost); }
+}
+export class UnavailableError extends EngramError {}
+export class InternalError extends EngramError {}
+
+/** Error code -> class. */
+export const ERROR_CLASSES: Readonly<Record<string, new (code: string, message: string, data?: Record<string, unknown>, method?: string) => EngramError>> = {
+  invalid_argument: InvalidArgumentError,
+  malformed_request: MalformedRequestError,
+  unknown_method: UnknownMethodError,
+  unauthenticated: UnauthenticatedError,
+  permission_denied: PermissionDeniedError,
+  not_found: NotFoundError,
+  already_exists: AlreadyExistsError,
+  conflict: ConflictError,
+  quota_exceeded: QuotaExceededError,
+  rate_limited: RateLimitedError,
+  cost_limit_exceeded: CostLimitExceededError,
+  unavailable: UnavailableError,
+  internal: InternalError,
+};
+
+/** The error for a response's error field (a map `{code, message, ...}`). */
+export function errorFromWire(err: unknown, method?: string): EngramError {
+  if (err === null || typeof err !== "object") {
+    return new InternalError("internal", String(err), {}, method);
+  }
+  const { code, message, ...data } = err as Record<string, unknown>;
+  const c = typeof code === "string" ? code : "internal";
+  const Cls = ERROR_CLASSES[c] ?? EngramError;
+  return new Cls(c, typeof message === "string" ? message : "", data, method);
+}
+
+/** A failure on the client's side of the connection. */
+export class ClientError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = new.target.name;
+  }
+}
+
+/**
+ * The connection broke before the answer came. `maybeCommitted` is true when the request
+ * had been sent and is a write that cannot be safely repeated: it may or may not have
+ * taken effect.
+ */
+export class ConnectionLostError extends ClientError {
+  readonly maybeCommitted: boolean;
+  constructor(message: string, maybeCommitted = false) {
+    super(message);
+    this.maybeCommitted = maybeCommitted;
+  }
+}
+
+/** No answer within the call's timeout (retries included). */
+export class TimeoutError extends ClientError {}
+
+/** The client was closed. */
+export class ClientClosedError extends ClientError {}

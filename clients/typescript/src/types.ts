@@ -1,0 +1,215 @@
+// Types of the parameters and results of the Engram protocol (docs/protocol.md is the
+// specification). Results are plain objects as they come off the wire. Times are
+// integers: milliseconds since the Unix epoch (UTC).
+
+/** An identifier: a number, or a bigint for values past Number.MAX_SAFE_INTEGER. */
+export type Id = number | bigint;
+
+/**
+ * A vector. A Float32Array is sent as the compact binary form without copying; number[]
+ * is converted once. A Uint8Array is taken to hold little-endian float32 values already.
+ */
+export type EmbeddingInput = Float32Array | readonly number[] | Uint8Array;
+
+export type MemoryType = "fact" | "preference" | "episode" | "strategy_outcome" | "constraint";
+export type Scope = "agent" | "clade" | "tenant";
+export type Tier = "free" | "standard" | "premium";
+export type SearchMode = "vector" | "text" | "hybrid";
+export type ListOrderBy = "created_at" | "importance" | "composite";
+export type ListOrder = "desc" | "asc";
+export type Role = "system" | "user" | "assistant" | "tool";
+export type NoteCategory = "decision" | "discovery" | "blocker" | "context" | "handoff";
+export type NoteScope = "current_task" | "session" | "carry_forward";
+export type SessionState = "active" | "ended" | "completed";
+export type BranchType = "resume" | "sim" | "pre_steer" | "dream";
+export type ReturnFormat = "summary" | "full";
+export type HandoffMode = "continue" | "takeover" | "review" | "recovery";
+
+/** When a call is repeated automatically (see README). */
+export interface RetryPolicy {
+  /** Repetitions of one call at most (default 4). */
+  maxRetries: number;
+  /** Wait `retry_after_ms` and repeat a rate-limited call (default true). */
+  honorRateLimits: boolean;
+  /** A longer `retry_after_ms` than this is raised instead (default 10000). */
+  maxRateLimitWaitMs: number;
+  /** First backoff before reconnecting or repeating (default 50), doubled per attempt. */
+  backoffBaseMs: number;
+  /** Longest backoff (default 2000). */
+  backoffMaxMs: number;
+}
+
+/** Per-call options, the last argument of every method. */
+export interface CallOptions {
+  /** The call's deadline in ms, retries and reconnects included. */
+  timeoutMs?: number;
+  /** Overrides of the client's retry policy for this call. */
+  retry?: Partial<RetryPolicy>;
+}
+
+/** A memory's typed metadata; any other field is `invalid_argument`. */
+export interface Metadata {
+  tokens?: string[];
+  chains?: Id[];
+  protocols?: string[];
+  strategy_id?: string;
+  attrs?: Record<string, unknown>;
+}
+
+/** One item of `memory.store_batch`: the parameters of `memory.store`. */
+export interface MemoryInput {
+  content: string;
+  type: MemoryType;
+  importance: number;
+  metadata?: Metadata;
+  embedding?: EmbeddingInput;
+  agent_id?: Id;
+  clade_id?: Id;
+  scope?: Scope;
+  created_at?: number;
+  expires_at?: number;
+  ttl_seconds?: number;
+  pinned?: boolean;
+  updated_at?: number;
+  last_accessed_at?: number;
+  access_count?: number;
+}
+
+export interface EmbeddingConfig {
+  provider?: "builtin" | "openai";
+  dim?: number;
+}
+
+export interface SessionConfig {
+  model: string;
+  system_prompt?: string;
+  template?: { name: string; version?: string; params?: Record<string, string> };
+  compaction?: { enabled?: boolean; threshold?: number; keep_recent?: number; tool_result_budget?: number };
+  max_cost_usdc?: number | null;
+  transcript_replay_depth?: number;
+}
+
+export interface MethodInfo {
+  name: string;
+  flags: string[];
+  params: { name: string; type: string; required: boolean }[];
+}
+
+export interface AuthResult {
+  tenant_id?: Id;
+  tier?: Tier;
+  name?: string;
+  admin?: boolean;
+}
+
+export interface Memory {
+  id: Id;
+  agent_id: Id;
+  clade_id: Id;
+  scope: Scope;
+  type: MemoryType;
+  content: string;
+  importance: number;
+  metadata: Record<string, unknown>;
+  created_at: number;
+  updated_at: number;
+  last_accessed_at: number | null;
+  access_count: number;
+  expires_at: number | null;
+  archived_at: number | null;
+  archived_reason: string | null;
+  superseded_by: Id | null;
+  merged_into: Id | null;
+  pinned: boolean;
+  version: number;
+  /** Only from `memory.list` with `include_embedding`. */
+  embedding?: Float32Array;
+}
+
+export interface SearchHit extends Memory {
+  similarity: number | null;
+  composite: number;
+  score: number;
+}
+
+export interface StoreResult { id: Id; created_at: number; replayed: boolean }
+export interface StoreBatchResult { ids: Id[]; created_at: number[]; replayed: boolean }
+export interface MemoriesResult { memories: Memory[] }
+export interface ListResult { memories: Memory[]; next_cursor: string | null }
+export interface SearchResult { results: SearchHit[] }
+export interface ContextResult { text: string; ids: Id[]; tokens_used: number }
+export interface UpdateResult { id: Id; version: number; updated_at: number }
+export interface DeleteResult { deleted: Id[] }
+export interface ArchiveResult { archived: Id[] }
+export interface RestoreResult { restored: Id[] }
+export interface HistoryResult { id: Id; versions: Record<string, unknown>[] }
+export interface StatsResult {
+  total: number;
+  archived: number;
+  by_type: Record<string, number>;
+  by_scope: Record<string, number>;
+  oldest_at: number | null;
+  newest_at: number | null;
+  storage_bytes: number;
+}
+export interface TenantCreateResult { tenant_id: Id; api_key: string; key_id: Id }
+export interface SessionCreateResult { session_id: Id; created_at: number }
+export interface AppendResult { entry_id: Id; seq: number; total_cost_usdc: number }
+export interface Scratchpad {
+  session_id: Id;
+  content: string;
+  version: number;
+  last_updated_at: number | null;
+  token_count: number;
+}
+export interface NoteAddResult { note_id: Id; superseded: Id | null; created_at: number }
+export interface Note {
+  note_id: Id;
+  category: NoteCategory;
+  key: string;
+  value: string;
+  scope: NoteScope;
+  work_item_id: Id | string | null;
+  agent_id: Id;
+  created_at: number;
+  supersedes: Id | null;
+}
+export interface NotesResult { session_id: Id; notes: Note[] }
+export interface CheckpointResult {
+  checkpoint_id: Id;
+  session_id: Id;
+  position: number;
+  created_at: number;
+  expires_at: number;
+  delta: { scratchpad: boolean; notes_added: Id[]; notes_removed: Id[]; entries: number };
+}
+export interface Entry {
+  entry_id: Id;
+  seq: number;
+  type: "message" | "summary";
+  role: Role | null;
+  content: string;
+  parent_id: Id | null;
+  tokens: number | null;
+  cost_usdc: number | null;
+  agent_id: Id;
+  created_at: number;
+  through_entry_id: Id | null;
+  messages_compacted: number | null;
+}
+export interface MessagesResult {
+  session_id: Id;
+  position: number;
+  compaction_count: number;
+  messages: Entry[];
+}
+export interface ResumeResult {
+  session_id: Id;
+  checkpoint_id: Id;
+  resumed_from: Id;
+  branch_type: BranchType;
+  simulation: unknown;
+  restored: Record<string, unknown>;
+  agents: { agent_id: Id; tail: Entry[] }[];
+  children: Record<string, unknown>[];
+}

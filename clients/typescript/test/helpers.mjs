@@ -1,0 +1,97 @@
+// Test helpers: the live engramd that clients/run-tests started, tenants made through
+// the admin API, and a TCP proxy that can cut connections or drop answers.
+import { readFileSync } from "node:fs";
+import * as net from "node:net";
+import { randomBytes } from "node:crypto";
+
+import { Client } from "../dist/index.js";
+
+const port = process.env.ENGRAM_TEST_PORT;
+const keyFile = process.env.ENGRAM_TEST_ADMIN_KEY_FILE;
+if (!port || !keyFile) {
+  throw new Error("ENGRAM_TEST_PORT and ENGRAM_TEST_ADMIN_KEY_FILE must name a running engramd: run clients/run-tests");
+}
+export const HOST = process.env.ENGRAM_TEST_HOST ?? "127.0.0.1";
+export const PORT = Number(port);
+const adminKey = readFileSync(keyFile, "utf8").trim();
+
+export function adminClient() {
+  return new Client({ host: HOST, port: PORT, apiKey: adminKey });
+}
+
+/** Creates a tenant; returns its API key (never printed). */
+export async function newTenant({ tier = "premium", dim = 8 } = {}) {
+  const a = adminClient();
+  try {
+    const r = await a.admin.tenant.create({
+      name: "ts-" + randomBytes(6).toString("hex"),
+      tier,
+      embedding: dim ? { provider: "builtin", dim } : undefined,
+    });
+    return r.api_key;
+  } finally {
+    a.close();
+  }
+}
+
+export function vec(i, dim = 8) {
+  const v = new Float32Array(dim).fill(0.25);
+  v[0] = i + 1;
+  return v;
+}
+
+/** A loopback proxy in front of engramd. */
+export class Proxy {
+  constructor() {
+    this.pairs = new Set();
+    this.dropNextReply = false;
+    this.blackhole = false;
+    this.refuse = 0;
+    this.accepted = 0;
+    this.server = net.createServer((c) => {
+      this.accepted++;
+      if (this.refuse > 0) {
+        this.refuse--;
+        c.destroy();
+        return;
+      }
+      const s = net.connect({ host: HOST, port: PORT });
+      const pair = { c, s };
+      this.pairs.add(pair);
+      const close = () => {
+        c.destroy();
+        s.destroy();
+        this.pairs.delete(pair);
+      };
+      c.on("data", (d) => s.write(d));
+      s.on("data", (d) => {
+        if (this.dropNextReply) {
+          this.dropNextReply = false;
+          close();
+          return;
+        }
+        if (!this.blackhole) c.write(d);
+      });
+      for (const x of [c, s]) {
+        x.on("error", close);
+        x.on("close", close);
+      }
+    });
+  }
+  async listen() {
+    await new Promise((r) => this.server.listen(0, "127.0.0.1", r));
+    this.port = this.server.address().port;
+    return this;
+  }
+  cut() {
+    for (const { c, s } of this.pairs) {
+      c.destroy();
+      s.destroy();
+    }
+    this.pairs.clear();
+  }
+  async close() {
+    this.cut();
+    await new Promise((r) => this.server.close(r));
+  }
+}

@@ -29,6 +29,11 @@ install_deps() {
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
             missing+=("$p")
     done
+    # Node (the client packages' tests): Debian's nodejs and npm unless a node with npm is
+    # already installed (NodeSource's nodejs bundles npm and conflicts with Debian's npm)
+    if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+        missing+=(nodejs npm)
+    fi
     [ ${#missing[@]} -eq 0 ] && return 0
     log "installing Debian packages: ${missing[*]}"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null ||

@@ -75,6 +75,7 @@
 #include <unistd.h>
 
 #include "idmap.h"
+#include "vfaiss.h"
 #include "vkernel.h"
 
 #define MAX_DIM 65536
@@ -148,6 +149,17 @@ struct vindex {
     uint64_t code_gen;
     float *rot; /* VK_ROT_ROUNDS * dim signs of the rotation (immutable) */
 
+    /* The FAISS engine (o.engine FAISS, kind ANN): fx indexes, as of its build, the slots
+     * fx_slot lists (label -> slot, fx_n labels); slots from fx_upto on, added since, are
+     * the tail, which every search bounds exactly. vindex_maintenance builds it in the
+     * background when missing or when the tail grew past an eighth of the index; a rebuild
+     * (which renumbers slots) drops it. Published under wmu + the exclusive lock; until the
+     * first build, searches use the native codes. fx_error: the last build's failure. */
+    vfaiss *fx;
+    uint32_t *fx_slot;
+    size_t fx_n, fx_upto;
+    char fx_error[160];
+
     /* The measured candidate depth (vindex_calibrate): 0 until measured; exact_fb set when
      * no depth within the limits reaches the target, so searches scan exactly. */
     _Atomic size_t depth;
@@ -157,6 +169,7 @@ struct vindex {
     size_t cal_n, cal_head, cal_probes;
     uint64_t cal_gen, cal_rng;
     double cal_est, cal_ann_est;
+    size_t cal_fx_depth; /* FAISS engine: the depth the ring's samples were taken at */
 
     /* writer state, under wmu */
     size_t tier_retry_at; /* after a failed kind change, retry once live reaches this */
@@ -537,6 +550,8 @@ void vindex_destroy(vindex *vi)
     free(vi->center);
     free(vi->rot);
     free(vi->cal_pos);
+    vfaiss_destroy(vi->fx);
+    free(vi->fx_slot);
     pthread_mutex_destroy(&vi->cal_mu);
     pthread_mutex_destroy(&vi->maint_mu);
     pthread_mutex_destroy(&vi->wmu);
@@ -564,6 +579,8 @@ static size_t bytes_locked(const vindex *vi)
     size_t b = sizeof(*vi) + vi->tcap * sizeof(chunk *) + idmap_bytes(vi->map);
     for (size_t i = 0; i < vi->nchunks; i++)
         b += chunk_bytes(vi, vi->chunks[i]);
+    if (vi->fx)
+        b += vfaiss_bytes(vi->fx) + vi->fx_n * sizeof(uint32_t);
     return b;
 }
 
@@ -608,9 +625,23 @@ static bool center_stale(const vindex *vi)
     return vi->kind == VINDEX_KIND_ANN && vi->live >= 2 * vi->center_live + 1024;
 }
 
-static bool maintenance_due(const vindex *vi)
+static bool rebuild_due(const vindex *vi)
 {
     return compaction_due(vi) || kind_for(vi, vi->live, vi->kind) != vi->kind || center_stale(vi);
+}
+
+/* fx_due: the FAISS engine's index is missing, or its tail outgrew an eighth. */
+static bool fx_due(const vindex *vi)
+{
+    if (vi->o.engine != VINDEX_ENGINE_FAISS || vi->kind != VINDEX_KIND_ANN)
+        return false;
+    size_t tail = vi->nslots - (vi->fx ? vi->fx_upto : 0);
+    return !vi->fx_error[0] && (!vi->fx || tail > 1024 + vi->live / 8);
+}
+
+static bool maintenance_due(const vindex *vi)
+{
+    return rebuild_due(vi) || fx_due(vi);
 }
 
 /* vindex_get_stats fills *st under the shared lock. */
@@ -624,6 +655,7 @@ void vindex_get_stats(vindex *vi, vindex_stats *st)
     st->bytes = bytes_locked(vi);
     st->kind = (enum vindex_kind)vi->kind;
     st->maintenance_due = maintenance_due(vi);
+    st->engine = vi->fx ? VINDEX_ENGINE_FAISS : VINDEX_ENGINE_NATIVE;
     unlock(vi);
 }
 
@@ -1236,7 +1268,15 @@ relock:
     vi->center = st.kind >= VINDEX_KIND_ANN ? st.center : NULL;
     vi->center_live = vi->live;
     vi->code_gen++;
+    vfaiss *ofx = vi->fx; /* its labels name the old slots */
+    uint32_t *ofx_slot = vi->fx_slot;
+    vi->fx = NULL;
+    vi->fx_slot = NULL;
+    vi->fx_n = vi->fx_upto = 0;
+    vi->fx_error[0] = '\0'; /* a failed FAISS build is tried again on the new storage */
     unlock(vi);
+    vfaiss_destroy(ofx);
+    free(ofx_slot);
     if (st.kind < VINDEX_KIND_ANN)
         free(st.center);
     unpin(vi);
@@ -1262,15 +1302,120 @@ fail:
 }
 
 /* vindex_maintenance rebuilds when due; see vindex.h. */
+/* fx_build builds the FAISS engine's index over the live slots of a view, without locks
+ * (rows never change once published; maint_mu keeps slots from being renumbered), and
+ * publishes it. maint_mu held. Returns 1, -ENOMEM, or VINDEX_E_FAISS (fx_error says why;
+ * searches go on with the native codes). */
+static int fx_build(vindex *vi)
+{
+    pthread_mutex_lock(&vi->wmu);
+    size_t n = vi->nslots;
+    view v;
+    int rc = view_take(vi, &v);
+    if (rc == 0)
+        vi->pinned = true;
+    pthread_mutex_unlock(&vi->wmu);
+    if (rc)
+        return rc;
+    enum { BATCH = 1024 };
+    vfaiss *fx = NULL;
+    uint32_t *slots = malloc((v.live + 1) * sizeof(uint32_t));
+    float *buf = malloc((size_t)BATCH * vi->dim * sizeof(float));
+    char err[160] = "";
+    size_t nl = 0;
+    if (!slots || !buf) {
+        rc = -ENOMEM;
+        goto done;
+    }
+    int frc =
+        vfaiss_create(vi->dim, vi->o.faiss_factory ? vi->o.faiss_factory : "HNSW32,Flat",
+                      vi->o.faiss_ef_search ? vi->o.faiss_ef_search : 64, &fx, err, sizeof(err));
+    if (frc) {
+        rc = frc < 0 ? frc : VINDEX_E_FAISS;
+        goto done;
+    }
+    size_t in = 0;
+    for (size_t s = 0; s <= n && rc == 0; s++) {
+        bool end = s == n;
+        if (!end && !view_tomb(&v, s)) {
+            memcpy(buf + in * vi->dim, row_in(vi, &v.ch[s >> vi->ch_shift], s & vi->ch_mask),
+                   vi->dim * sizeof(float));
+            slots[nl + in++] = (uint32_t)s;
+        }
+        if (in == BATCH || (end && in)) {
+            frc = vfaiss_add(fx, in, buf);
+            if (frc) {
+                snprintf(err, sizeof(err), "add: %s", frc < 0 ? strerror(-frc) : "FAISS error");
+                rc = frc < 0 ? frc : VINDEX_E_FAISS;
+            }
+            nl += in;
+            in = 0;
+        }
+    }
+done:
+    free(buf);
+    pthread_mutex_lock(&vi->wmu);
+    vfaiss *ofx = NULL;
+    uint32_t *oslot = NULL;
+    if (rc == 0) {
+        wrlock(vi);
+        ofx = vi->fx;
+        oslot = vi->fx_slot;
+        vi->fx = fx;
+        vi->fx_slot = slots;
+        vi->fx_n = nl;
+        vi->fx_upto = n;
+        vi->code_gen++; /* the candidates change: the recall monitor starts over */
+        unlock(vi);
+        fx = NULL;
+        slots = NULL;
+        vi->fx_error[0] = '\0';
+    } else {
+        wrlock(vi); /* fx_due reads it under the shared lock */
+        snprintf(vi->fx_error, sizeof(vi->fx_error), "%s", err[0] ? err : "out of memory");
+        unlock(vi);
+    }
+    unpin(vi);
+    pthread_mutex_unlock(&vi->wmu);
+    vfaiss_destroy(ofx);
+    free(oslot);
+    vfaiss_destroy(fx);
+    free(slots);
+    view_free(&v);
+    return rc ? rc : 1;
+}
+
+/* vindex_maintenance rebuilds and (FAISS engine) builds the FAISS index when due; see
+ * vindex.h. */
 int vindex_maintenance(vindex *vi)
 {
     pthread_mutex_lock(&vi->maint_mu);
     pthread_mutex_lock(&vi->wmu);
-    bool due = maintenance_due(vi);
+    bool due = rebuild_due(vi);
     pthread_mutex_unlock(&vi->wmu);
     int rc = due ? rebuild(vi, false) : 0;
+    if (rc >= 0) {
+        pthread_mutex_lock(&vi->wmu);
+        bool fdue = fx_due(vi);
+        pthread_mutex_unlock(&vi->wmu);
+        if (fdue) {
+            int frc = fx_build(vi);
+            rc = frc < 0 ? frc : frc == 1 ? 1 : rc;
+            if (frc > 1)
+                rc = frc; /* VINDEX_E_FAISS */
+        }
+    }
     pthread_mutex_unlock(&vi->maint_mu);
     return rc;
+}
+
+/* vindex_engine_error returns why the FAISS engine's index could not be built (empty when
+ * it could, or was never tried); see vindex.h. */
+void vindex_engine_error(vindex *vi, char *buf, size_t len)
+{
+    pthread_mutex_lock(&vi->wmu);
+    snprintf(buf, len, "%s", vi->fx_error);
+    pthread_mutex_unlock(&vi->wmu);
 }
 
 /* ---- search ---- */
@@ -1742,6 +1887,75 @@ static int search_ann(const sctx *sc)
     return 0;
 }
 
+/* bound_slots bounds the n slots of list with their int8 codes, skipping tombstones and,
+ * unless keep already ran, filtered ones, and re-ranks those that could enter the top k,
+ * in batches. Shared lock held. */
+static void bound_slots(const sctx *sc, const uint32_t *list, size_t n)
+{
+    const vindex *vi = sc->vi;
+    const vindex_query *q = sc->p->q;
+    cand cands[ANN_BATCH];
+    size_t nc = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = list[i];
+        const chunk *c = chunk_of(vi, s);
+        size_t off = off_of(vi, s);
+        if (tomb_at(c, off))
+            continue;
+        if (q->keep && !q->keep(meta_in(vi, c, off), q->ctx))
+            continue;
+        int64_t dot = vk_sq8_dot(c->sq + off * vi->sq_stride, sc->p->qq, vi->sq_stride);
+        double ub = sq8_ub(sc->p, c, off, dot);
+        double ubs = score_ub(sc->p, ub);
+        if (cannot_beat(sc->t, ubs))
+            continue;
+        cands[nc].ubs = ubs;
+        cands[nc].ub = ub;
+        cands[nc].slot = s;
+        if (++nc == ANN_BATCH) {
+            rerank(sc, cands, nc);
+            nc = 0;
+        }
+    }
+    rerank(sc, cands, nc);
+}
+
+/* search_fx is the FAISS engine's ANN search: the want best candidates FAISS finds (labels
+ * mapped to slots) and every slot of the tail, bounded and re-ranked exactly; keep runs on
+ * each (sc->kept_checked is false). Returns 0, -ENOMEM, or 1 when the FAISS search failed
+ * or the filter left fewer than k: the caller answers exactly then. Shared lock held. */
+static int search_fx(const sctx *sc, size_t want)
+{
+    const vindex *vi = sc->vi;
+    if (want > vi->fx_n)
+        want = vi->fx_n;
+    int64_t *labels = malloc(want * (sizeof(int64_t) + sizeof(float) + sizeof(uint32_t)) + 1);
+    if (!labels)
+        return -ENOMEM;
+    float *sims = (float *)(labels + want);
+    uint32_t *list = (uint32_t *)(sims + want);
+    if (vfaiss_search(vi->fx, sc->p->qn, want, labels, sims)) {
+        free(labels);
+        return 1;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < want; i++) {
+        /* a label whose vector was deleted before a snapshot maps to no slot */
+        if (labels[i] >= 0 && (size_t)labels[i] < vi->fx_n && vi->fx_slot[labels[i]] < vi->nslots)
+            list[n++] = vi->fx_slot[labels[i]];
+    }
+    bound_slots(sc, list, n);
+    free(labels);
+    uint32_t tail[256];
+    for (size_t s = vi->fx_upto; s < vi->nslots;) {
+        size_t m = 0;
+        while (m < 256 && s < vi->nslots)
+            tail[m++] = (uint32_t)s++;
+        bound_slots(sc, tail, m);
+    }
+    return sc->t->n < sc->t->k ? 1 : 0;
+}
+
 /* rare_filter estimates from a sample of SAMPLE slots spread over the index whether keep
  * passes fewer than budget / 2 vectors; then scanning every slot's metadata and bounding
  * the kept ones exactly is cheaper than a Hamming pass followed by a deep gather. Shared
@@ -1861,10 +2075,20 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
     bool fb = atomic_load_explicit(&vi->exact_fb, memory_order_relaxed) != 0;
     if (vi->kind == VINDEX_KIND_ANN && vi->live > 2 * want && !fb) {
         sc.kept_checked = true;
-        if (q->keep && rare_filter(vi, q, want))
+        if (q->keep && rare_filter(vi, q, want)) {
             search_exact(&sc, true, true); /* exact, and cheaper than gathering deep */
-        else
+        } else if (vi->fx) {
+            sc.kept_checked = false;
+            rc = search_fx(&sc, want);
+            if (rc == 1) {
+                /* FAISS failed, or the filter kept fewer than k of its candidates */
+                t.n = 0;
+                rc = 0;
+                search_exact(&sc, true, false);
+            }
+        } else {
             rc = search_ann(&sc);
+        }
     } else {
         /* on an ANN index with k large against it, or where the calibration found no depth
          * that reaches the recall target, the codes are scanned exactly */
@@ -1961,9 +2185,11 @@ static void make_probe(vindex *vi, size_t i, float *out)
 
 /* probe_positions runs one probe: the exact top CAL_K of the probe (the int8 scan) and, for
  * each of them, its position in the order the ANN search gathers candidates (Hamming
- * distance, then slot), written to pos. Returns the number written, or -ENOMEM. cal_mu and
- * the shared lock held. */
-static int probe_positions(vindex *vi, const float *probe, uint32_t *pos)
+ * distance, then slot), written to pos. With fx_depth (the FAISS engine), the position is
+ * its rank among the fx_depth candidates FAISS returns, 0 in the tail, and UINT32_MAX when
+ * the search would miss it. Returns the number written, or -ENOMEM. cal_mu and the shared
+ * lock held. */
+static int probe_positions(vindex *vi, const float *probe, uint32_t *pos, size_t fx_depth)
 {
     size_t dim = vi->dim, n = vi->nslots;
     size_t scratch = 2 * dim * sizeof(float) + vi->sq_stride * sizeof(int16_t) +
@@ -1994,6 +2220,26 @@ static int probe_positions(vindex *vi, const float *probe, uint32_t *pos)
         uint64_t sv;
         if (idmap_get(vi->map, hits[i].id, &sv))
             slot[nh++] = (size_t)sv;
+    }
+    if (fx_depth) {
+        size_t want = fx_depth < vi->fx_n ? fx_depth : vi->fx_n;
+        int64_t *labels = malloc(want * (sizeof(int64_t) + sizeof(float)) + 1);
+        if (!labels) {
+            free(mem);
+            return -ENOMEM;
+        }
+        float *sims = (float *)(labels + want);
+        bool ok = vfaiss_search(vi->fx, qn, want, labels, sims) == 0;
+        for (size_t i = 0; i < nh; i++) {
+            pos[i] = slot[i] >= vi->fx_upto ? 0 : UINT32_MAX;
+            for (size_t j = 0; ok && pos[i] && j < want; j++)
+                if (labels[j] >= 0 && (size_t)labels[j] < vi->fx_n &&
+                    vi->fx_slot[labels[j]] == slot[i])
+                    pos[i] = (uint32_t)j;
+        }
+        free(labels);
+        free(mem);
+        return (int)nh;
     }
     for (size_t ci = 0; ci < vi->nchunks; ci++) {
         const chunk *c = vi->chunks[ci];
@@ -2037,7 +2283,7 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
         return -ENOMEM;
     }
     size_t live = 0, limit = 0;
-    bool ann = false, was_below = false;
+    bool ann = false, was_below = false, fxm = false;
     pthread_mutex_lock(&vi->cal_mu);
     if (!vi->cal_pos) {
         vi->cal_pos = malloc(CAL_RING * sizeof(uint32_t));
@@ -2059,9 +2305,21 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
             unlock(vi);
             break;
         }
+        /* the FAISS engine is measured at the depth in use (its candidate list is not a
+         * prefix of a deeper one); the ring starts over when that depth changes */
+        fxm = vi->fx != NULL;
+        size_t fxd = 0;
+        if (fxm) {
+            fxd = atomic_load(&vi->depth);
+            fxd = fxd ? fxd : vi->o.ann_candidates;
+            if (fxd != vi->cal_fx_depth) {
+                vi->cal_fx_depth = fxd;
+                vi->cal_n = vi->cal_head = 0;
+            }
+        }
         uint32_t pos[CAL_K];
         make_probe(vi, vi->cal_probes, probe);
-        int np = probe_positions(vi, probe, pos);
+        int np = probe_positions(vi, probe, pos, fxd);
         unlock(vi);
         if (np < 0) {
             rc = np;
@@ -2079,11 +2337,33 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
     limit = vi->o.ann_max_candidates;
     if (limit > live / 2)
         limit = live / 2;
+    double goal = target + (1.0 - target) / 2.0;
     if (!ann) {
         atomic_store(&vi->depth, 0);
         atomic_store(&vi->exact_fb, 0);
         vi->cal_est = vi->cal_ann_est = NAN;
-    } else if (vi->cal_n >= CAL_MIN) {
+    } else if (fxm && vi->cal_n >= CAL_MIN) {
+        size_t hit = 0, cur = vi->cal_fx_depth;
+        for (size_t i = 0; i < vi->cal_n; i++)
+            hit += vi->cal_pos[i] != UINT32_MAX;
+        double est = (double)hit / (double)vi->cal_n;
+        bool fb = false;
+        vi->cal_ann_est = est;
+        if (est < goal) {
+            /* deeper: twice the candidates, measured anew; exact past the limit */
+            was_below = est < target && !atomic_load(&vi->exact_fb);
+            if (cur * 2 <= limit) {
+                atomic_store(&vi->depth, cur * 2);
+            } else {
+                fb = true;
+                atomic_store(&vi->depth, limit > cur ? limit : cur);
+            }
+        } else {
+            atomic_store(&vi->depth, cur);
+        }
+        atomic_store(&vi->exact_fb, fb ? 1 : 0);
+        vi->cal_est = fb ? 1.0 : est;
+    } else if (!fxm && vi->cal_n >= CAL_MIN) {
         size_t n = vi->cal_n;
         memcpy(sorted, vi->cal_pos, n * sizeof(uint32_t));
         qsort(sorted, n, sizeof(uint32_t), cmp_u32);
@@ -2100,7 +2380,6 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
         was_below = !cur_fb && (double)hit / (double)n < target;
         /* the depth that keeps half the allowed misses in reserve: the goal's quantile,
          * plus a quarter for the sampling error */
-        double goal = target + (1.0 - target) / 2.0;
         size_t idx = (size_t)ceil(goal * (double)n);
         idx = idx == 0 ? 0 : idx > n ? n - 1 : idx - 1;
         size_t d = (size_t)sorted[idx] + 1;
@@ -2465,6 +2744,45 @@ int vindex_save_extra(vindex *vi, const char *path, uint64_t seq, const void *ex
         put_u64(cl, vi->center_live);
         wput(&w, v.center, vi->dim * sizeof(float));
         wput(&w, cl, 8);
+        /* the FAISS engine's index (maint_mu keeps it as it is), its labels mapped to the
+         * snapshot's slots: u64 bytes, u64 labels, the bytes, u32 slot per label (UINT32_MAX:
+         * deleted), u64 where the tail starts; zeros without one */
+        void *fxb = NULL;
+        size_t fxlen = 0;
+        uint32_t *newof = NULL;
+        if (vi->fx) {
+            newof = malloc((v.nslots + 1) * sizeof(uint32_t));
+            if (!newof || vfaiss_serialize(vi->fx, &fxb, &fxlen) != 0) {
+                free(newof);
+                newof = NULL;
+                fxb = NULL;
+                fxlen = 0; /* saved without it: the next maintenance builds it again */
+            }
+        }
+        unsigned char fh[16];
+        put_u64(fh, fxlen);
+        put_u64(fh + 8, fxlen ? vi->fx_n : 0);
+        wput(&w, fh, 16);
+        size_t upto = 0;
+        if (fxlen) {
+            wput(&w, fxb, fxlen);
+            uint32_t j = 0;
+            for (size_t s = 0; s < v.nslots; s++) {
+                newof[s] = view_tomb(&v, s) ? UINT32_MAX : j++;
+                if (s < vi->fx_upto && newof[s] != UINT32_MAX)
+                    upto++;
+            }
+            for (size_t l = 0; l < vi->fx_n && !w.err; l++) {
+                uint32_t ns = vi->fx_slot[l] < v.nslots ? newof[vi->fx_slot[l]] : UINT32_MAX;
+                unsigned char b4[4];
+                put_u32(b4, ns);
+                wput(&w, b4, 4);
+            }
+        }
+        put_u64(fh, upto);
+        wput(&w, fh, 8);
+        free(fxb);
+        free(newof);
     }
     if (extra_len)
         wput(&w, extra, extra_len);
@@ -2611,7 +2929,26 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     if (kind >= VINDEX_KIND_ANN)
         per += (dim + 63) / 64 * 8;
     uint64_t body, xlen = rd64(hdr + 80);
-    uint64_t tail = version >= 3 && kind >= VINDEX_KIND_ANN ? dim * 4 + 8 : 0; /* centre */
+    /* version 3, ANN: the centre, then the FAISS engine's section, whose two lengths are
+     * read ahead here to check the file's length (they are hashed in order later) */
+    uint64_t tail = 0, fxlen = 0, fxlab = 0;
+    if (version >= 3 && kind >= VINDEX_KIND_ANN) {
+        unsigned char fh[16];
+        uint64_t at;
+        if (!mul_ok(count, per, &body) || body > (uint64_t)sb.st_size ||
+            (at = SNAP_HEADER + body + dim * 4 + 8) + 16 > (uint64_t)sb.st_size ||
+            pread(fd, fh, 16, (off_t)at) != 16) {
+            rc = VINDEX_E_CORRUPT;
+            goto fail;
+        }
+        fxlen = rd64(fh);
+        fxlab = rd64(fh + 8);
+        if (fxlen > (uint64_t)sb.st_size || fxlab > count * 4 + 1024) {
+            rc = VINDEX_E_CORRUPT;
+            goto fail;
+        }
+        tail = dim * 4 + 8 + 16 + fxlen + fxlab * 4 + 8;
+    }
     if (!mul_ok(count, per, &body) || body > UINT64_MAX - SNAP_HEADER - xlen - tail ||
         xlen > (uint64_t)sb.st_size || (uint64_t)sb.st_size != SNAP_HEADER + body + tail + xlen) {
         rc = VINDEX_E_CORRUPT;
@@ -2709,9 +3046,12 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     int usable = (int)kind;
     if (version < 3 && usable > VINDEX_KIND_SQ8)
         usable = VINDEX_KIND_SQ8;
+    vfaiss *fx = NULL;
+    uint32_t *fx_slot = NULL;
+    uint64_t fx_upto = 0;
     if (!r.err && tail) {
         float *fc = malloc((size_t)dim * sizeof(float));
-        unsigned char cl[8];
+        unsigned char cl[16];
         if (!fc) {
             r.err = -ENOMEM;
         } else {
@@ -2723,6 +3063,38 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
             } else {
                 free(fc);
             }
+        }
+        rget(&r, cl, 16); /* the FAISS lengths, read ahead above */
+        bool want_fx = fxlen && target >= VINDEX_KIND_ANN && ro.engine == VINDEX_ENGINE_FAISS;
+        if (!r.err && want_fx) {
+            unsigned char *fb = malloc((size_t)fxlen);
+            fx_slot = malloc((size_t)fxlab * sizeof(uint32_t) + 1);
+            if (!fb || !fx_slot) {
+                r.err = -ENOMEM;
+            } else {
+                rget(&r, fb, (size_t)fxlen);
+                for (uint64_t l = 0; l < fxlab && !r.err; l++) {
+                    rget(&r, cl, 4);
+                    fx_slot[l] = rd32(cl);
+                    if (fx_slot[l] != UINT32_MAX && fx_slot[l] >= count)
+                        r.err = VINDEX_E_CORRUPT;
+                }
+            }
+            rget(&r, cl, 8);
+            fx_upto = rd64(cl);
+            if (!r.err && fx_upto > count)
+                r.err = VINDEX_E_CORRUPT;
+            if (!r.err &&
+                vfaiss_deserialize(fb, (size_t)fxlen, ro.faiss_ef_search, &fx, NULL, 0) != 0)
+                fx = NULL; /* unusable: the next maintenance builds it again */
+            if (fx && vfaiss_count(fx) != fxlab) {
+                vfaiss_destroy(fx);
+                fx = NULL;
+            }
+            free(fb);
+        } else if (!r.err) {
+            rskip(&r, (size_t)fxlen + (size_t)fxlab * 4, scratch, 1 << 16);
+            rget(&r, cl, 8);
         }
     }
     if (!r.err && target >= VINDEX_KIND_ANN && usable < VINDEX_KIND_ANN) {
@@ -2750,6 +3122,8 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
         r.err = VINDEX_E_CORRUPT;
     if (r.err) {
         store_free(&st);
+        vfaiss_destroy(fx);
+        free(fx_slot);
         rc = r.err;
         goto fail;
     }
@@ -2757,6 +3131,8 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     idmap *map = idmap_create((size_t)count + (size_t)count / 4 + 16);
     if (!map) {
         store_free(&st);
+        vfaiss_destroy(fx);
+        free(fx_slot);
         rc = -ENOMEM;
         goto fail;
     }
@@ -2775,6 +3151,8 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     if (rc) {
         idmap_destroy(map);
         store_free(&st);
+        vfaiss_destroy(fx);
+        free(fx_slot);
         goto fail;
     }
     idmap_destroy(vi->map);
@@ -2787,6 +3165,14 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     vi->ntomb = 0;
     vi->kind = target;
     vi->center = st.center; /* NULL below ANN */
+    if (fx) {
+        vi->fx = fx;
+        vi->fx_slot = fx_slot;
+        vi->fx_n = (size_t)fxlab;
+        vi->fx_upto = (size_t)fx_upto;
+        fx_slot = NULL;
+    }
+    free(fx_slot);
     *seq = rd64(hdr + 40);
     *out = vi;
     if (extra) {

@@ -57,7 +57,8 @@ enum {
     VINDEX_E_EXISTS,        /* a vector with this id is already present */
     VINDEX_E_ZERO,          /* the vector has no direction: zero length, or NaN/infinite */
     VINDEX_E_DIM,           /* the dimension does not match the index */
-    VINDEX_E_FAISS,         /* kept for compatibility; no longer returned */
+    VINDEX_E_FAISS,         /* vindex_maintenance: the FAISS engine's index could not be built
+                             * (vindex_engine_error says why; searches use the native codes) */
     VINDEX_E_CORRUPT,       /* vindex_load: short, truncated or corrupt snapshot */
     VINDEX_E_MISMATCH,      /* vindex_load: intact snapshot of another dim or meta_size */
 };
@@ -135,7 +136,10 @@ typedef struct vindex_stats {
     size_t bytes;          /* as vindex_bytes */
     enum vindex_kind kind; /* the structure searches use now */
     bool maintenance_due;  /* vindex_maintenance has work: tombstones past the threshold,
-                            * or a kind change that an add could not make (memory) */
+                            * a kind change that an add could not make (memory), a centre
+                            * to recompute, or the FAISS engine's index to (re)build */
+    int engine;            /* the engine ANN searches use now: VINDEX_ENGINE_FAISS once its
+                            * index is built, else VINDEX_ENGINE_NATIVE */
 } vindex_stats;
 
 /* vindex_get_stats fills *st with one consistent snapshot of the counters above (shared
@@ -168,11 +172,20 @@ int vindex_remove(vindex *vi, uint64_t id);
 /* vindex_maintenance does the work vindex_stats.maintenance_due reports: it builds compacted
  * storage (and the kind the live count calls for) from a snapshot of the index without
  * holding any lock, then briefly blocks writers to carry over the changes made meanwhile
- * and swaps the new storage in under the exclusive lock (microseconds). Meant for a
+ * and swaps the new storage in under the exclusive lock (microseconds). With the FAISS
+ * engine on an ANN index it then builds the FAISS index over the live vectors (HNSW: about
+ * 0.4 ms a vector at 768 dimensions), again without blocking searches or writers, when
+ * there is none or the vectors added since the last build (searched exactly meanwhile)
+ * passed an eighth of the index; a rebuild drops it, since it renumbers slots. Meant for a
  * background thread; concurrent calls run one after the other. Needs memory for a copy of
- * the live data while it runs. Returns 1 when it rebuilt, 0 when nothing was due, or
- * -ENOMEM (the index is unchanged). */
+ * the live data while it runs. Returns 1 when it rebuilt, 0 when nothing was due,
+ * VINDEX_E_FAISS (the FAISS build failed: not retried until a rebuild; see
+ * vindex_engine_error), or -ENOMEM (the index is unchanged). */
 int vindex_maintenance(vindex *vi);
+
+/* vindex_engine_error copies why the FAISS engine's last build failed into buf (len bytes;
+ * empty when it did not fail). */
+void vindex_engine_error(vindex *vi, char *buf, size_t len);
 
 /* vindex_contains tells whether id is live in the index. Shared lock (as are get_meta,
  * get_vector and foreach below). */

@@ -1343,11 +1343,12 @@ static void stats_rows(req *r, const db_result *res)
     mp_pack_time(pk, "newest_at", newest);
     rpc_pack_kv_int(pk, "storage_bytes", bytes);
     rpc_pack_cstr(pk, "index");
-    msgpack_pack_map(pk, 8);
+    msgpack_pack_map(pk, 9);
     rpc_pack_kv_str(pk, "engine", engine);
     rpc_pack_kv_bool(pk, "loaded", loaded);
     if (loaded) {
         const vindex_recall *rc = &ti.recall;
+        rpc_pack_kv_str(pk, "engine_in_use", index_engine_name(ti.engine_in_use));
         rpc_pack_kv_str(pk, "kind", kinds[ti.kind <= VINDEX_KIND_ANN ? ti.kind : VINDEX_KIND_ANN]);
         rpc_pack_kv_int(pk, "vectors", (int64_t)ti.vectors);
         rpc_pack_cstr(pk, "recall_estimate");
@@ -1359,6 +1360,7 @@ static void stats_rows(req *r, const db_result *res)
         rpc_pack_kv_bool(pk, "exact_fallback", rc->exact_fallback);
         rpc_pack_kv_int(pk, "recall_samples", (int64_t)rc->samples);
     } else {
+        rpc_pack_kv_nil(pk, "engine_in_use");
         rpc_pack_kv_nil(pk, "kind");
         rpc_pack_kv_nil(pk, "vectors");
         rpc_pack_kv_nil(pk, "recall_estimate");

@@ -1648,11 +1648,18 @@ static void housekeeping(bg_ctx *ctx, void *arg)
             int rc = vindex_maintenance(t->vi);
             if (rc == 1) {
                 atomic_fetch_add(&ts->n_rebuilds, 1);
-                log_info("tenant %lld: index rebuilt without %zu deleted vectors in %.1f ms",
+                log_info("tenant %lld: index maintained (%zu deleted vectors dropped, engine "
+                         "index built when due) in %.1f ms",
                          (long long)t->id, st.tombstones, (double)(server_mono_ns() - t0) / 1e6);
                 vindex_get_stats(t->vi, &st);
+            } else if (rc == VINDEX_E_FAISS) {
+                char why[160];
+                vindex_engine_error(t->vi, why, sizeof(why));
+                log_warn("tenant %lld: the FAISS engine's index could not be built (%s); "
+                         "searching with the native codes",
+                         (long long)t->id, why);
             } else if (rc < 0) {
-                log_warn("tenant %lld: index rebuild failed: out of memory", (long long)t->id);
+                log_warn("tenant %lld: index maintenance failed: out of memory", (long long)t->id);
             }
         }
         if (due)
@@ -1912,6 +1919,7 @@ bool tenants_index_info(tenants *ts, int64_t id, tenants_index *out)
         out->vectors = st.count;
         out->bytes = st.bytes;
         vindex_get_recall(t->vi, &out->recall);
+        out->engine_in_use = st.engine;
     }
     pthread_mutex_unlock(&t->mu);
     tenant_put(t);

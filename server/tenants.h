@@ -126,6 +126,7 @@ typedef struct tenants_index {
     size_t vectors;        /* live vectors */
     size_t bytes;          /* vindex_bytes */
     vindex_recall recall;  /* what its recall monitor measured */
+    int engine_in_use;     /* VINDEX_ENGINE_FAISS once the FAISS index is built */
 } tenants_index;
 
 /* tenants_index_info fills *out and returns true when tenant id's index is loaded in this

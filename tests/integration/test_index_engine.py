@@ -116,7 +116,7 @@ def index_stats(srv, key):
     with srv.client(key=key) as c:
         idx = c.call("memory.stats")["index"]
     assert set(idx) == set(INDEX_FIELDS) | {"recall_estimate", "candidate_depth",
-                                           "exact_fallback", "recall_samples"}
+                                           "exact_fallback", "recall_samples", "engine_in_use"}
     return {f: idx[f] for f in INDEX_FIELDS}
 
 
@@ -186,8 +186,19 @@ def test_admin_reports_and_validates_the_engine(env):
     admin(srv, "admin.tenant.delete", name="eng-plain")
 
 
+def engine_in_use(srv, key):
+    with srv.client(key=key) as c:
+        return c.call("memory.stats")["index"]["engine_in_use"]
+
+
 def test_both_engines_search_exactly_and_forget_deletes(env):
     _, srv, faiss, native = env
+    for d in (faiss, native):  # load both
+        with srv.client(key=d.key) as c:
+            c.call("memory.search", embedding=vec_bin(d.vecs[0]), top_k=1)
+    # the FAISS index is built in the background; the native tenant never has one
+    assert wait_for(lambda: engine_in_use(srv, faiss.key) == "faiss")
+    assert engine_in_use(srv, native.key) == "native"
     for d, seed in ((faiss, 21), (native, 22)):
         with srv.client(key=d.key) as c:
             check_search(c, d, seed)
@@ -213,6 +224,8 @@ def test_restart_loads_each_engine_from_its_own_snapshot(env):
     for d, seed in ((faiss, 31), (native, 32)):
         with srv.client(key=d.key) as c:
             check_search(c, d, seed)
+    # the FAISS index came back with the snapshot
+    assert engine_in_use(srv, faiss.key) == "faiss"
     assert index_stats(srv, faiss.key)["engine"] == "faiss"
     assert index_stats(srv, native.key)["engine"] == "native"
     assert metric(srv, "engram_index_loads_total", 'source="snapshot"') == 2

@@ -955,6 +955,19 @@ int main(void)
     check_exact = false;
     test_workload(256, 3000, 2500, 6, 40, 9, &ann, "ann");
     test_workload(70, 3000, 2500, 6, 40, 10, &ann, "ann"); /* words not a multiple of 4 */
+    /* the FAISS engine, through the same workload: exact where the budget covers the index,
+     * approximate (HNSW candidates plus the exact tail) otherwise */
+    vindex_opts fx = ann;
+    fx.engine = VINDEX_ENGINE_FAISS;
+    fx.faiss_factory = "HNSW32,Flat";
+    fx.faiss_ef_search = 64;
+    test_workload(256, 3000, 2500, 6, 40, 11, &fx, "faiss");
+    check_exact = true;
+    vindex_opts fx_exact = ann_exact;
+    fx_exact.engine = VINDEX_ENGINE_FAISS;
+    fx_exact.faiss_factory = "HNSW32,Flat";
+    test_workload(128, 2000, 1500, 4, 40, 12, &fx_exact, "faiss-exact");
+    check_exact = false;
     check_exact = true;
     double recall = recall_want ? (double)recall_hits / (double)recall_want : 0.0;
     fprintf(stderr, "ann recall over the workloads: %.4f (%zu of %zu)\n", recall, recall_hits,

@@ -9,6 +9,9 @@
  *   other), the calibration falls back to exact scans and recall is 1.
  * - A snapshot carries the centre: the loaded index answers exactly as the saved one.
  * - New codes (a rebuild) discard the old samples.
+ * - The FAISS engine: its index is built by maintenance, answers searches (with the vectors
+ *   added since searched exactly), is measured by the same monitor, and survives a
+ *   snapshot.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -247,6 +250,115 @@ static void distributions(void)
     }
 }
 
+static void faiss_engine(void)
+{
+    rs = 2024;
+    for (size_t i = 0; i < N; i++) {
+        gen(D_RELU, X + i * DIM);
+        normalize(X + i * DIM);
+    }
+    for (size_t i = 0; i < NQ; i++) {
+        gen(D_RELU, Q + i * DIM);
+        normalize(Q + i * DIM);
+    }
+    vindex_opts o = {.dim = DIM,
+                     .ann_min = 2048,
+                     .ann_candidates = 32,
+                     .ann_max_candidates = 1500,
+                     .engine = VINDEX_ENGINE_FAISS,
+                     .faiss_factory = "HNSW32,Flat",
+                     .faiss_ef_search = 32};
+    vindex *vi = vindex_create(&o);
+    size_t first = N - 500; /* the last 500 arrive after the FAISS build: the tail */
+    for (size_t i = 0; i < first; i++)
+        CHECK(vindex_add(vi, i, X + i * DIM, NULL) == 0);
+    vindex_stats st;
+    vindex_get_stats(vi, &st);
+    CHECK(st.kind == VINDEX_KIND_ANN && st.engine == VINDEX_ENGINE_NATIVE && st.maintenance_due);
+    CHECK(vindex_maintenance(vi) == 1);
+    vindex_get_stats(vi, &st);
+    CHECK(st.engine == VINDEX_ENGINE_FAISS && !st.maintenance_due);
+    for (size_t i = first; i < N; i++)
+        CHECK(vindex_add(vi, i, X + i * DIM, NULL) == 0);
+    vindex_get_stats(vi, &st);
+    CHECK(!st.maintenance_due); /* 500 in the tail: under an eighth */
+    vindex_recall r;
+    for (int i = 0; i < 8; i++)
+        CHECK(vindex_calibrate(vi, 30, 0.99, &r) == 0);
+    double measured = recall_of(vi);
+    fprintf(stderr, "faiss    recall@10 %.3f, estimate %.3f, depth %zu, exact %d\n", measured,
+            r.estimate, r.depth, r.exact_fallback);
+    CHECK_MSG(measured >= 0.985, "faiss: recall %.3f", measured);
+    CHECK(!isnan(r.estimate) && r.estimate >= 0.99);
+    CHECK(fabs(r.estimate - measured) <= 0.02);
+    /* deleted vectors never come back, from FAISS's candidates or the tail */
+    for (uint64_t i = 0; i < N; i += 2)
+        CHECK(vindex_remove(vi, i) == 0);
+    for (int q = 0; q < 20; q++) {
+        vindex_hit h[K];
+        size_t n = 0;
+        vindex_query vq = {.vec = X + (size_t)(2 * q) * DIM, .k = K};
+        CHECK(vindex_search(vi, &vq, h, &n) == 0 && n == K);
+        for (size_t i = 0; i < n; i++)
+            CHECK(h[i].id % 2 == 1);
+    }
+    /* a snapshot carries the FAISS index: loaded, it is in use without a build */
+    char path[] = "/tmp/engram-faiss-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    CHECK(vindex_save(vi, path, 3) == 0);
+    vindex *lv = NULL;
+    uint64_t seq = 0;
+    CHECK(vindex_load(path, &o, &lv, &seq) == 0);
+    if (lv) {
+        vindex_get_stats(lv, &st);
+        CHECK(st.engine == VINDEX_ENGINE_FAISS && st.count == N / 2);
+        for (int q = 0; q < NQ; q++) {
+            vindex_hit a[K], b[K];
+            size_t na = 0, nb = 0;
+            vindex_query vq = {.vec = Q + (size_t)q * DIM, .k = K};
+            vindex_search(vi, &vq, a, &na);
+            vindex_search(lv, &vq, b, &nb);
+            CHECK(na == K && nb == K);
+            size_t same = 0;
+            for (size_t i = 0; i < na; i++)
+                for (size_t j = 0; j < nb; j++)
+                    same += a[i].id == b[j].id;
+            CHECK(same >= K - 1);
+        }
+        vindex_destroy(lv);
+    }
+    /* the same file for a native index: the FAISS section is skipped */
+    vindex_opts no = o;
+    no.engine = VINDEX_ENGINE_NATIVE;
+    CHECK(vindex_load(path, &no, &lv, &seq) == 0);
+    if (lv) {
+        vindex_get_stats(lv, &st);
+        CHECK(st.engine == VINDEX_ENGINE_NATIVE && !st.maintenance_due);
+        vindex_destroy(lv);
+    }
+    unlink(path);
+    /* a factory FAISS refuses: maintenance reports it once, searches stay native */
+    vindex_opts bad = o;
+    bad.faiss_factory = "NotAnIndex";
+    vindex *bv = vindex_create(&bad);
+    for (size_t i = 0; i < 3000; i++)
+        CHECK(vindex_add(bv, i, X + i * DIM, NULL) == 0);
+    CHECK(vindex_maintenance(bv) == VINDEX_E_FAISS);
+    char why[160];
+    vindex_engine_error(bv, why, sizeof(why));
+    CHECK(why[0] != '\0');
+    vindex_get_stats(bv, &st);
+    CHECK(!st.maintenance_due && st.engine == VINDEX_ENGINE_NATIVE);
+    vindex_hit h[K];
+    size_t n = 0;
+    vindex_query vq = {.vec = Q, .k = K};
+    CHECK(vindex_search(bv, &vq, h, &n) == 0 && n == K);
+    vindex_destroy(bv);
+    vindex_destroy(vi);
+}
+
 int main(void)
 {
     rs = 99;
@@ -259,5 +371,6 @@ int main(void)
         MEAN[j] *= 0.84f;
     rotation_is_orthogonal();
     distributions();
+    faiss_engine();
     CHECK_RETURN();
 }

@@ -86,11 +86,11 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "admin.key.create": ("tenant_id", "tenant", "name", ),
     "admin.key.list": ("tenant_id", "tenant", ),
     "admin.key.revoke": ("key_id", ),
-    "admin.tenant.create": ("name", "tier", "embedding", ),
+    "admin.tenant.create": ("name", "tier", "embedding", "index_engine", ),
     "admin.tenant.delete": ("tenant_id", "name", ),
     "admin.tenant.get": ("tenant_id", "name", ),
     "admin.tenant.list": ("cursor", "limit", ),
-    "admin.tenant.update": ("tenant_id", "name", "new_name", "tier", ),
+    "admin.tenant.update": ("tenant_id", "name", "new_name", "tier", "index_engine", ),
     "auth": ("api_key", ),
     "memory.archive": ("ids", "reason", ),
     "memory.consolidate": (),
@@ -179,12 +179,14 @@ class SyncAdminTenant:
         tier: Tier,
         *,
         embedding: EmbeddingConfig | None = None,
+        index_engine: str | None = None,
     ) -> TenantCreateResult:
         """Creates a tenant with its first API key (shown only in this answer). (``admin.tenant.create``)"""
         return cast("TenantCreateResult", self._r._call("admin.tenant.create", {
             "name": name,
             "tier": tier,
             "embedding": embedding,
+            "index_engine": index_engine,
         }))
 
     def delete(self, *, tenant_id: int | None = None, name: str | None = None) -> dict[str, Any]:
@@ -215,6 +217,7 @@ class SyncAdminTenant:
         name: str | None = None,
         new_name: str | None = None,
         tier: Tier | None = None,
+        index_engine: str | None = None,
     ) -> dict[str, Any]:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
         return cast("dict[str, Any]", self._r._call("admin.tenant.update", {
@@ -222,6 +225,7 @@ class SyncAdminTenant:
             "name": name,
             "new_name": new_name,
             "tier": tier,
+            "index_engine": index_engine,
         }))
 
 
@@ -871,12 +875,14 @@ class AsyncAdminTenant:
         tier: Tier,
         *,
         embedding: EmbeddingConfig | None = None,
+        index_engine: str | None = None,
     ) -> TenantCreateResult:
         """Creates a tenant with its first API key (shown only in this answer). (``admin.tenant.create``)"""
         return cast("TenantCreateResult", await self._r._acall("admin.tenant.create", {
             "name": name,
             "tier": tier,
             "embedding": embedding,
+            "index_engine": index_engine,
         }))
 
     async def delete(
@@ -912,6 +918,7 @@ class AsyncAdminTenant:
         name: str | None = None,
         new_name: str | None = None,
         tier: Tier | None = None,
+        index_engine: str | None = None,
     ) -> dict[str, Any]:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
         return cast("dict[str, Any]", await self._r._acall("admin.tenant.update", {
@@ -919,6 +926,7 @@ class AsyncAdminTenant:
             "name": name,
             "new_name": new_name,
             "tier": tier,
+            "index_engine": index_engine,
         }))
 
 
@@ -1579,12 +1587,14 @@ class FutureAdminTenant:
         tier: Tier,
         *,
         embedding: EmbeddingConfig | None = None,
+        index_engine: str | None = None,
     ) -> Future[TenantCreateResult]:
         """Creates a tenant with its first API key (shown only in this answer). (``admin.tenant.create``)"""
         return cast("Future[TenantCreateResult]", self._r._submit("admin.tenant.create", {
             "name": name,
             "tier": tier,
             "embedding": embedding,
+            "index_engine": index_engine,
         }))
 
     def delete(
@@ -1630,6 +1640,7 @@ class FutureAdminTenant:
         name: str | None = None,
         new_name: str | None = None,
         tier: Tier | None = None,
+        index_engine: str | None = None,
     ) -> Future[dict[str, Any]]:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
         return cast("Future[dict[str, Any]]", self._r._submit("admin.tenant.update", {
@@ -1637,6 +1648,7 @@ class FutureAdminTenant:
             "name": name,
             "new_name": new_name,
             "tier": tier,
+            "index_engine": index_engine,
         }))
 
 

@@ -55,12 +55,12 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "admin.key.create": { params: ["tenant_id", "tenant", "name"], required: ["name"], flags: ["admin"] },
   "admin.key.list": { params: ["tenant_id", "tenant"], required: [], flags: ["admin"] },
   "admin.key.revoke": { params: ["key_id"], required: ["key_id"], flags: ["admin"] },
-  "admin.tenant.create": { params: ["name", "tier", "embedding"], required: ["name", "tier"], flags: ["admin"] },
+  "admin.tenant.create": { params: ["name", "tier", "embedding", "index_engine"], required: ["name", "tier"], flags: ["admin"] },
   "admin.tenant.delete": { params: ["tenant_id", "name"], required: [], flags: ["admin"] },
   "admin.tenant.get": { params: ["tenant_id", "name"], required: [], flags: ["admin"] },
   "admin.tenant.list": { params: ["cursor", "limit"], required: [], flags: ["admin"] },
-  "admin.tenant.update": { params: ["tenant_id", "name", "new_name", "tier"], required: [], flags: ["admin"] },
-  "auth": { params: ["api_key"], required: ["api_key"], flags: ["public"] },
+  "admin.tenant.update": { params: ["tenant_id", "name", "new_name", "tier", "index_engine"], required: [], flags: ["admin"] },
+  "auth": { params: ["api_key"], required: ["api_key"], flags: ["public", "auth"] },
   "memory.archive": { params: ["ids", "reason"], required: ["ids"], flags: ["tenant", "write"] },
   "memory.consolidate": { params: [], required: [], flags: ["tenant", "write"] },
   "memory.consolidation.runs": { params: ["limit", "cursor"], required: [], flags: ["tenant"] },
@@ -123,6 +123,7 @@ export interface AdminTenantCreateParams {
   name: string;
   tier: Tier;
   embedding?: EmbeddingConfig;
+  index_engine?: string;
 }
 
 /** Parameters of `admin.tenant.delete`. */
@@ -149,6 +150,7 @@ export interface AdminTenantUpdateParams {
   name?: string;
   new_name?: string;
   tier?: Tier;
+  index_engine?: string;
 }
 
 /** Parameters of `auth`. */

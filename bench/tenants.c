@@ -163,6 +163,71 @@ int tenants_count(const char *host, uint16_t port, const char *key, uint64_t *to
     return rc;
 }
 
+static const char *str_of(const msgpack_object *o, char *buf, size_t len)
+{
+    if (!o || o->type != MSGPACK_OBJECT_STR)
+        return "";
+    snprintf(buf, len, "%.*s", (int)o->via.str.size, o->via.str.ptr);
+    return buf;
+}
+
+int tenants_settle(const char *host, uint16_t port, const char *key, int timeout_s, char *desc,
+                   size_t desclen, char *err, size_t errlen)
+{
+    client_conn *c = NULL;
+    client_error cerr;
+    if (connect_as(host, port, key, &c, &cerr, err, errlen) != 0)
+        return 1;
+    int rc = 1;
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        msgpack_zone z;
+        msgpack_zone_init(&z, 4096);
+        const msgpack_object *res = NULL;
+        if (client_call(c, "memory.stats", NULL, &z, &res, &cerr) != 0) {
+            snprintf(err, errlen, "memory.stats: %s: %s", cerr.code, cerr.message);
+            msgpack_zone_destroy(&z);
+            break;
+        }
+        const msgpack_object *ix = rpc_map_get(res, "index");
+        const msgpack_object *loaded = rpc_map_get(ix, "loaded");
+        const msgpack_object *est = rpc_map_get(ix, "recall_estimate");
+        const msgpack_object *depth = rpc_map_get(ix, "candidate_depth");
+        char kind[16], eng[16], use[16];
+        str_of(rpc_map_get(ix, "kind"), kind, sizeof(kind));
+        str_of(rpc_map_get(ix, "engine"), eng, sizeof(eng));
+        str_of(rpc_map_get(ix, "engine_in_use"), use, sizeof(use));
+        bool is_loaded = loaded && loaded->type == MSGPACK_OBJECT_BOOLEAN && loaded->via.boolean;
+        bool measured = est && (est->type == MSGPACK_OBJECT_FLOAT64 ||
+                                est->type == MSGPACK_OBJECT_FLOAT32);
+        bool ready = is_loaded && (strcmp(kind, "ann") != 0 ||
+                                   (measured && (strcmp(eng, "faiss") != 0 ||
+                                                 strcmp(use, "faiss") == 0)));
+        if (ready) {
+            snprintf(desc, desclen, "index %s, engine %s, recall estimate %.4f, depth %llu", kind,
+                     use[0] ? use : eng, measured ? est->via.f64 : 1.0,
+                     depth && depth->type == MSGPACK_OBJECT_POSITIVE_INTEGER
+                         ? (unsigned long long)depth->via.u64
+                         : 0ull);
+            rc = 0;
+        }
+        msgpack_zone_destroy(&z);
+        if (ready)
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec > timeout_s) {
+            snprintf(err, errlen, "the index did not settle within %d s (loaded %d, kind %s)",
+                     timeout_s, is_loaded, kind);
+            break;
+        }
+        struct timespec ms200 = {0, 200000000};
+        nanosleep(&ms200, NULL);
+    }
+    client_close(c);
+    return rc;
+}
+
 typedef struct create_args {
     const char *name, *tier, *engine;
     size_t dim;

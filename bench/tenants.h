@@ -65,6 +65,15 @@ int tenants_lookup_key(const char *state_file, const char *name, char *key);
 int tenants_count(const char *host, uint16_t port, const char *key, uint64_t *total, char *err,
                   size_t errlen);
 
+/* tenants_settle waits (at most timeout_s) until the tenant's index on the server is
+ * loaded and settled, as memory.stats reports it: exact kinds at once; an approximate index
+ * once its recall monitor has an estimate and, for a faiss tenant, once the FAISS index is
+ * built and serving. A benchmark measures the index it means to, not one still getting
+ * ready. Fills desc (a one-line summary: kind, engine in use, estimate, depth). Returns 0,
+ * or 1 with err (timed out, or a call failed). */
+int tenants_settle(const char *host, uint16_t port, const char *key, int timeout_s, char *desc,
+                   size_t desclen, char *err, size_t errlen);
+
 /* tenants_delete deletes the n memories ids (only read) of the tenant with key, 1000 per
  * call. Returns 0, or 1 with err. */
 int tenants_delete(const char *host, uint16_t port, const char *key, const uint64_t *ids, size_t n,

@@ -578,8 +578,7 @@ ds_row() {
             --pg-pid "$(head -n 1 "$OUT/pg/data/postmaster.pid")" --wait-quiet "$QUIET" \
             --wait-quiet-max "$QUIET_MAX" --reuse --json-out "$OUT/attempts/$name.a$a.json" \
             "$@" >"$OUT/attempts/$name.a$a.txt" 2>"$OUT/attempts/$name.a$a.err"; then
-            grep -v '^engram-bench: \(tenant\|run\|data set\|machine\)' \
-                "$OUT/attempts/$name.a$a.err" | tail -n 2 | tr '\n' ' ' >"$OUT/$name.failed" || true
+            tail -n 1 "$OUT/attempts/$name.a$a.err" >"$OUT/$name.failed" # the error
             log "row $name failed: $(cat "$OUT/$name.failed")"
             kill -0 "$ENGRAMD_PID" 2>/dev/null || { log "engramd exited; restarting it";
                 start_engramd; wait_ready; }
@@ -604,9 +603,11 @@ ds_row() {
 }
 
 ds_args() { # ds_args DATASET ENGINE: the data set and engine options of a row
-    local n=50000
-    if [ "$1" = text ]; then n=${TEXT_N:-1}; fi
-    echo "--dataset $1 --memories $n --dim 768"
+    if [ "$1" = text ]; then # its own size and dimension
+        echo "--dataset text --memories ${TEXT_N:-1}"
+    else
+        echo "--dataset $1 --memories 50000 --dim 768"
+    fi
     if [ "$2" = faiss ] || [ "$ENGINE_OPT" = 1 ]; then echo "--index-engine $2"; fi
 }
 : >"$OUT/datasets.rows"
@@ -736,21 +737,24 @@ with open(os.path.join(out, "datasets.dat"), "w") as f:
             vals += ([f"{res['recall']:.4f}", f"{res['p50']:.4f}", f"{res['p99']:.4f}"]
                      if res and res["recall"] is not None else ["-", "-", "-"])
         f.write(ds + " " + " ".join(vals) + "\n")
-with open(os.path.join(out, "datasets.engines"), "w") as f:
-    f.write(" ".join(engines) + "\n")
+with open(os.path.join(out, "datasets.engines"), "w") as f:  # the engines with a result
+    f.write(" ".join(e for e in engines if any(one.get((ds, e), (None,))[0] for ds in datasets))
+            + "\n")
 print(open(os.path.join(out, "datasets.md")).read())
 PY
-if command -v gnuplot >/dev/null 2>&1; then
-    read -r -a ENG_LIST <"$OUT/datasets.engines"
+read -r -a ENG_LIST <"$OUT/datasets.engines" || true
+if [ ${#ENG_LIST[@]} -eq 0 ]; then
+    log "no data-set row succeeded: no datasets.png"
+elif command -v gnuplot >/dev/null 2>&1; then
     term="pngcairo size 1200,480 font ',10'"
     gnuplot -e "set term $term" </dev/null >/dev/null 2>&1 || term="png size 1200,480"
     {
         echo "set term $term; set output '$OUT/datasets.png'"
         echo "set datafile missing '-'; set style data histograms"
         echo "set style histogram clustered gap 1; set style fill solid 0.8 border -1"
-        echo "set key top left; set grid ytics; set xtics rotate by -20"
+        echo "set termoption noenhanced; set key below; set grid ytics; set xtics rotate by -20"
         echo "set multiplot layout 1,2 title 'engramd search, one client, top-10'"
-        echo "set title 'recall@10'; set yrange [0:1.05]"
+        echo "set title 'recall@10 (engines that ran)'; set yrange [0:1.05]"
         plot="plot"
         for i in "${!ENG_LIST[@]}"; do
             plot+=" '$OUT/datasets.dat' using $((2 + 3 * i)):xtic(1) title '${ENG_LIST[$i]}',"

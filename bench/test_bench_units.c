@@ -172,6 +172,7 @@ static void test_dataset_shapes(void)
                "zero %.1f%%, exact duplicates %zu of 500\n",
                dataset_kind_name((dataset_kind)k), mc, 100.0 * (double)negative / (double)(n * dim),
                100.0 * (double)zero / (double)(n * dim), dups);
+        fflush(stdout);
         switch ((dataset_kind)k) {
         case DATASET_ANISOTROPIC:
             CHECK_MSG(mc > 0.6 && mc < 0.8, "anisotropic mean cosine %.3f", mc);
@@ -202,6 +203,9 @@ static void test_dataset_shapes(void)
                 all += v;
                 head += j < dim / 10 ? v : 0;
             }
+        printf("dataset spectral: the first 10%% of the dimensions hold %.1f%% of the variance\n",
+               100 * head / all);
+        fflush(stdout);
         CHECK_MSG(head / all > 0.7, "spectral: the first 10%% of dimensions hold %.2f", head / all);
     }
     dataset_destroy(ds);

@@ -16,6 +16,8 @@
  *   --compare   also measure each kind forced at every size (FLAT, SQ8, ANN)
  *   --hnsw      also FAISS HNSW32,Flat (efSearch 64/128/256, exact re-rank of the ef
  *               candidates) at sizes of 1,000 and more
+ *   --engine E  the ANN engine: native (default) or faiss (the index's FAISS engine:
+ *               HNSW32,Flat, efSearch 64, built by maintenance before measuring)
  *   --generic   use the portable kernels instead of AVX2
  *   --quick     search latency and recall only: no throughput, snapshot or embed_text runs
  *   --check-truth  check the ground truth against a plain double scan (20 queries)
@@ -466,6 +468,7 @@ int main(int argc, char **argv)
     size_t sizes[8] = {100, 5000, 50000}, nsizes = 3;
     int threads[8] = {1, 2, 8}, nthreads = 3;
     bool compare = false, with_hnsw = false, quick = false, check = false;
+    int engine = VINDEX_ENGINE_NATIVE;
     bool size_max[8] = {false};
     const char *dir = "/tmp", *dsname = "gaussian", *text_dir = NULL;
     uint64_t seed = 1;
@@ -497,6 +500,9 @@ int main(int argc, char **argv)
             compare = true;
         } else if (!strcmp(argv[i], "--hnsw")) {
             with_hnsw = true;
+        } else if (!strcmp(argv[i], "--engine") && i + 1 < argc) {
+            i++;
+            engine = !strcmp(argv[i], "faiss") ? VINDEX_ENGINE_FAISS : VINDEX_ENGINE_NATIVE;
         } else if (!strcmp(argv[i], "--generic")) {
             vk_set_level(VK_GENERIC);
         } else if (!strcmp(argv[i], "--quick")) {
@@ -507,7 +513,8 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "usage: %s [--dataset gaussian|anisotropic|spectral|relu|clustered|text] "
                     "[--dim D] [--seed S] [--text-dir DIR] [-q N] [-s sizes|max] [-t threads] "
-                    "[-d dir] [--compare] [--hnsw] [--generic] [--quick] [--check-truth]\n",
+                    "[-d dir] [--compare] [--hnsw] [--engine native|faiss] [--generic] [--quick] "
+                    "[--check-truth]\n",
                     argv[0]);
             return 2;
         }
@@ -582,11 +589,17 @@ int main(int argc, char **argv)
                 return 1;
         }
         double per_add;
-        vindex_opts o = {.dim = DIM, .meta_size = sizeof(meta)};
+        vindex_opts o = {.dim = DIM,
+                         .meta_size = sizeof(meta),
+                         .engine = engine,
+                         .faiss_factory = "HNSW32,Flat",
+                         .faiss_ef_search = 64};
         vindex *vi = build(n, &o, &per_add);
         vindex_stats st;
         vindex_get_stats(vi, &st);
         static const char *kinds[] = {"FLAT", "SQ8", "ANN"};
+        if (st.engine == VINDEX_ENGINE_FAISS)
+            kinds[2] = "FAISS";
         printf("n=%zu: kind %s, %.1f us per add (incl. kind changes), %.1f MB (%.0f B per "
                "vector); exact truth in %.1f s\n",
                n, kinds[st.kind], per_add, st.bytes / 1e6, (double)st.bytes / n, truth_s);

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -83,6 +84,8 @@ struct tenants {
     pthread_mutex_t dir_mu;
     char *dir;       /* <index_dir>/<database instance>; NULL until known */
     bool dir_failed; /* the directory cannot be used: no snapshots */
+    int dir_lock;    /* dir/.lock, held shared while this process may write there (-1) */
+    bool dir_alone;  /* no other process held that lock when we took it */
     atomic_bool housekeeping;
     unsigned hk_runs;  /* housekeeping rounds (only the running round touches it) */
     uint64_t hk_freed; /* evictions + rebuilds at the end of the last round (likewise) */
@@ -117,6 +120,7 @@ tenants *tenants_create(server *s)
     if (!ts)
         return NULL;
     ts->srv = s;
+    ts->dir_lock = -1;
     pthread_mutex_init(&ts->mu, NULL);
     pthread_mutex_init(&ts->dir_mu, NULL);
     ts->map = idmap_create(64);
@@ -185,6 +189,8 @@ void tenants_destroy(tenants *ts)
     idmap_foreach(ts->map, free_one, NULL);
     idmap_destroy(ts->map);
     free(ts->dir);
+    if (ts->dir_lock >= 0)
+        close(ts->dir_lock);
     pthread_mutex_destroy(&ts->dir_mu);
     pthread_mutex_destroy(&ts->mu);
     free(ts);
@@ -550,8 +556,23 @@ static bool snap_dir_ready(tenants *ts, PGconn *pg)
         log_error("index snapshots disabled: cannot create %s: %s", path, strerror(errno));
         return false;
     }
+    /* Every engramd writing here holds .lock shared. Whoever gets it exclusively first is
+     * alone: temporary files then are a crash's leftovers, removed at once (see
+     * remove_strays); the lock is then held shared like everyone else's. */
+    char lpath[PATH_MAX + 8];
+    snprintf(lpath, sizeof(lpath), "%s/.lock", path);
+    ts->dir_lock = open(lpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (ts->dir_lock >= 0) {
+        ts->dir_alone = flock(ts->dir_lock, LOCK_EX | LOCK_NB) == 0;
+        if (flock(ts->dir_lock, LOCK_SH) != 0) {
+            close(ts->dir_lock);
+            ts->dir_lock = -1;
+            ts->dir_alone = false;
+        }
+    }
     pthread_mutex_unlock(&ts->dir_mu);
-    log_info("index snapshots in %s", path);
+    log_info("index snapshots in %s%s", path,
+             ts->dir_alone ? "" : " (shared with another engramd)");
     return true;
 }
 
@@ -1300,12 +1321,14 @@ static int by_mtime_desc(const void *a, const void *b)
     return x->mtime < y->mtime ? 1 : x->mtime > y->mtime ? -1 : 0;
 }
 
-/* Removes snapshots of tenants that no longer exist and temporary files a crash left
- * (older than an hour: another process may be writing a fresh one). */
+/* Removes snapshots of tenants that no longer exist and temporary files a crash left: all
+ * of them when no other engramd writes in the directory (see snap_dir), else those older
+ * than an hour (another process may be writing a fresh one). */
 static void remove_strays(tenants *ts, const idmap *known)
 {
     pthread_mutex_lock(&ts->dir_mu);
     char *dir = ts->dir ? strdup(ts->dir) : NULL;
+    bool alone = ts->dir_alone;
     pthread_mutex_unlock(&ts->dir_mu);
     DIR *d = dir ? opendir(dir) : NULL;
     if (!d) {
@@ -1327,7 +1350,7 @@ static void remove_strays(tenants *ts, const idmap *known)
         if (stat(path, &sb) != 0)
             continue;
         if ((snap && !idmap_get(known, strtoull(name, NULL, 10), NULL)) ||
-            (tmp && now - sb.st_mtime > 3600)) {
+            (tmp && (alone || now - sb.st_mtime > 3600))) {
             if (unlink(path) == 0)
                 log_info("removed stray index file %s", path);
         }

@@ -367,10 +367,12 @@ static vindex *build(size_t n, const vindex_opts *o, double *us_per_add)
     }
     *us_per_add = (now_us() - a) / (double)n;
     /* as engramd's housekeeping does: rebuild when due, then let the recall monitor
-     * measure the codes (205 probes fill its ring of 2,048 true-neighbour positions) */
+     * measure the codes, a few probes at a time (300 probes: the ring of 2,048 true-neighbour
+     * positions is full; a FAISS depth can double several times) */
     while (vindex_maintenance(vi) > 0)
         ;
-    vindex_calibrate(vi, 205, 0.99, NULL);
+    for (int i = 0; i < 12; i++)
+        vindex_calibrate(vi, 25, 0.99, NULL);
     return vi;
 }
 

@@ -1960,7 +1960,16 @@ static int search_fx(const sctx *sc, size_t want)
  * passes fewer than budget / 2 vectors; then scanning every slot's metadata and bounding
  * the kept ones exactly is cheaper than a Hamming pass followed by a deep gather. Shared
  * lock held. */
+static double keep_share(const vindex *vi, const vindex_query *q);
+
 static bool rare_filter(const vindex *vi, const vindex_query *q, size_t budget)
+{
+    return keep_share(vi, q) * (double)vi->live < (double)budget / 2.0;
+}
+
+/* keep_share estimates from a sample of SAMPLE slots spread over the index the share of live
+ * vectors keep passes, counting one extra pass for noise (1 when too few were live). */
+static double keep_share(const vindex *vi, const vindex_query *q)
 {
     enum { SAMPLE = 128 };
     size_t n = vi->nslots, seen = 0, kept = 0;
@@ -1974,9 +1983,10 @@ static bool rare_filter(const vindex *vi, const vindex_query *q, size_t budget)
         seen++;
         kept += q->keep(meta_in(vi, c, off), q->ctx);
     }
-    /* kept / seen of live below budget / 2, with one extra pass counted for noise */
-    return seen >= SAMPLE / 2 &&
-           (double)(kept + 1) / (double)seen * (double)vi->live < (double)budget / 2.0;
+    if (seen < SAMPLE / 2)
+        return 1.0;
+    double f = (double)(kept + 1) / (double)seen;
+    return f < 1.0 ? f : 1.0;
 }
 
 /* prepare fills p for q; buffers are the caller's. Returns 0 or VINDEX_E_ZERO. */
@@ -2078,13 +2088,21 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
         if (q->keep && rare_filter(vi, q, want)) {
             search_exact(&sc, true, true); /* exact, and cheaper than gathering deep */
         } else if (vi->fx) {
+            /* FAISS knows nothing of the filter: ask for as many more candidates as it
+             * rejects, or scan exactly when that is more than the ANN path may take */
+            size_t limit = vi->o.ann_max_candidates < vi->live / 2 ? vi->o.ann_max_candidates
+                                                                    : vi->live / 2;
+            double f = q->keep ? keep_share(vi, q) : 1.0;
+            size_t need = (size_t)((double)want / f);
             sc.kept_checked = false;
-            rc = search_fx(&sc, want);
+            rc = need > limit && need > want ? 1 : search_fx(&sc, need);
             if (rc == 1) {
-                /* FAISS failed, or the filter kept fewer than k of its candidates */
+                /* too selective a filter, FAISS failed, or the filter kept fewer than k of
+                 * its candidates: exact, the filter first when it is selective */
                 t.n = 0;
                 rc = 0;
-                search_exact(&sc, true, false);
+                sc.kept_checked = q->keep && f < 0.25;
+                search_exact(&sc, true, sc.kept_checked);
             }
         } else {
             rc = search_ann(&sc);

@@ -195,6 +195,7 @@ http_srv *http_start(server *s, struct event_base *base, const char *host, int p
     evhttp_set_max_body_size(h->http, 0);
     evhttp_set_timeout(h->http, 10);
     evhttp_set_cb(h->http, "/healthz", on_healthz, h);
+    evhttp_set_cb(h->http, "/readyz", on_healthz, h); /* the same checks, by the usual name */
     evhttp_set_cb(h->http, "/metrics", on_metrics, h);
     evhttp_set_gencb(h->http, on_other, h);
     if (!evhttp_bind_socket_with_handle(h->http, host, (ev_uint16_t)port)) {

@@ -209,8 +209,10 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         flush_access(w);
     db_pool_stats st;
     db_pool_get_stats(w->db, &st);
-    metrics_db_publish(w->idx, st.connections, st.ready, st.queued, st.inflight, st.reconnects,
-                       st.failures);
+    /* a stalled database (connected, answering nothing) counts as no ready connection, so
+     * /healthz and /readyz report it down within the pool's stall time */
+    metrics_db_publish(w->idx, st.connections, st.stalled ? 0 : st.ready, st.queued, st.inflight,
+                       st.reconnects, st.failures);
     if (w->draining) {
         bool flushed = true;
         for (conn *c = w->conns; c; c = conn_next(c))

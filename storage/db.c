@@ -61,6 +61,7 @@ typedef struct db_conn {
     unsigned backoff_ms;
     bool ever_ready;
     uint64_t connect_started_ms; /* when the current connection attempt began */
+    uint64_t last_rx_ms;         /* when a result last arrived (or the connection came up) */
 } db_conn;
 
 struct db_pool {
@@ -78,6 +79,12 @@ struct db_pool {
     uint64_t reconnects;
     uint64_t failures;
     bool destroying;
+    /* heartbeat: stalled while jobs are in flight and no connection has received anything
+     * for stall_ms (idle connections are pinged every heartbeat_ms, so a live server always
+     * has something to answer) */
+    bool stalled;
+    uint64_t last_rx_ms;
+    uint64_t stalls;
 };
 
 /* Backend process ids of every pool connection of this process (0: free slot), so that a
@@ -333,6 +340,7 @@ static void setup_done(db_conn *c, db_job *j)
     job_free(j);
     c->state = C_READY;
     c->backoff_ms = 0;
+    c->last_rx_ms = now_ms();
     if (c->ever_ready)
         p->reconnects++;
     emit(p, 1, "database connection %s", c->ever_ready ? "re-established" : "ready");
@@ -350,6 +358,11 @@ static void conn_read_results(db_conn *c)
         if (PQisBusy(c->pg))
             break;
         PGresult *r = PQgetResult(c->pg);
+        c->last_rx_ms = c->pool->last_rx_ms = now_ms();
+        if (c->pool->stalled) {
+            c->pool->stalled = false;
+            emit(c->pool, 1, "database answering again");
+        }
         if (j->cur < j->nq) {
             if (r == NULL) {
                 j->cur++;
@@ -558,19 +571,82 @@ static void dispatch(db_pool *p)
     }
 }
 
+static void ping_done(db_conn *c, db_job *j)
+{
+    job_free(j);
+}
+
+/* heartbeat pings idle ready connections whose last answer is heartbeat_ms old, and
+ * declares the database stalled when jobs are in flight and nothing at all arrived on any
+ * connection for stall_ms: a hung server (stopped, swapping, its disk gone) then fails
+ * requests with DB_UNAVAILABLE in seconds rather than at the statement timeout. */
+static void heartbeat(db_pool *p, uint64_t now)
+{
+    bool inflight = false;
+    for (unsigned i = 0; i < p->cfg.connections; i++) {
+        db_conn *c = &p->conns[i];
+        if (c->state != C_READY)
+            continue;
+        if (c->head) {
+            inflight = true;
+            continue;
+        }
+        if (now - c->last_rx_ms < p->cfg.heartbeat_ms)
+            continue;
+        db_job *j = job_alloc(1);
+        if (!j)
+            continue;
+        j->internal_done = ping_done;
+        j->q[j->nq++] = (db_job_query){.kind = Q_EXEC_RAW, .sql = "SELECT 1"};
+        if (!conn_send(c, j)) {
+            job_free(j);
+            conn_fail(c, PQerrorMessage(c->pg));
+            continue;
+        }
+        c->last_rx_ms = now; /* measured from the ping on */
+        conn_flush(c);
+        inflight = true;
+    }
+    uint64_t quiet = now - p->last_rx_ms;
+    if (!inflight || quiet < p->cfg.stall_ms || p->stalled)
+        return;
+    bool oldest_waits = false;
+    for (unsigned i = 0; i < p->cfg.connections; i++) {
+        db_conn *c = &p->conns[i];
+        if (c->state == C_READY && c->head && now - c->head->sent_ms >= p->cfg.stall_ms)
+            oldest_waits = true;
+    }
+    if (!oldest_waits)
+        return;
+    p->stalled = true;
+    p->stalls++;
+    emit(p, 2, "database not responding: no answer for %llu ms; failing its requests",
+         (unsigned long long)quiet);
+    /* what is in flight fails now (a write may or may not have committed: unavailable), the
+     * connections reconnect, and what waits for one fails below */
+    for (unsigned i = 0; i < p->cfg.connections; i++) {
+        db_conn *c = &p->conns[i];
+        if ((c->state == C_READY || c->state == C_SETUP) && c->head)
+            conn_fail(c, "database not responding");
+    }
+}
+
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     db_pool *p = arg;
     uint64_t now = now_ms();
+    heartbeat(p, now);
     /* jobs that waited too long for a connection */
     db_job **pp = &p->qhead;
     db_job *last = NULL;
     while (*pp) {
         db_job *j = *pp;
-        if (now - j->queued_ms >= p->cfg.queue_timeout_ms) {
+        if (p->stalled || now - j->queued_ms >= p->cfg.queue_timeout_ms) {
             *pp = j->next;
             p->nqueued--;
-            job_defer_fail(p, j, "database unavailable: no connection");
+            job_defer_fail(p, j,
+                           p->stalled ? "database not responding"
+                                      : "database unavailable: no connection");
         } else {
             last = j;
             pp = &j->next;
@@ -609,6 +685,11 @@ db_pool *db_pool_create(struct event_base *base, const db_config *cfg)
         p->cfg.query_timeout_ms = 10000;
     if (!p->cfg.max_queue)
         p->cfg.max_queue = 100000;
+    if (!p->cfg.heartbeat_ms)
+        p->cfg.heartbeat_ms = 1000;
+    if (!p->cfg.stall_ms)
+        p->cfg.stall_ms = 3000;
+    p->last_rx_ms = now_ms();
     snprintf(p->timeout_sql, sizeof(p->timeout_sql), "SET statement_timeout = %u",
              p->cfg.query_timeout_ms);
     p->dsn = strdup(cfg->dsn);
@@ -780,6 +861,10 @@ int db_submit(db_pool *p, int64_t rls_tenant, const db_query *qs, int nq, db_cb 
     j->cb = cb;
     j->arg = arg;
     j->queued_ms = now_ms();
+    if (p->stalled) {
+        job_defer_fail(p, j, "database not responding");
+        return 0;
+    }
     if (p->qtail)
         p->qtail->next = j;
     else
@@ -802,6 +887,8 @@ void db_pool_get_stats(db_pool *p, db_pool_stats *st)
     st->queued = p->nqueued;
     st->reconnects = p->reconnects;
     st->failures = p->failures;
+    st->stalled = p->stalled;
+    st->stalls = p->stalls;
 }
 
 bool db_pool_idle(db_pool *p)

@@ -9,6 +9,11 @@
  * Failure handling: a lost connection fails its in-flight jobs with DB_UNAVAILABLE and is
  * reopened with exponential backoff; a job that finds no usable connection for
  * queue_timeout_ms, or that runs longer than query_timeout_ms, fails with DB_UNAVAILABLE.
+ * A heartbeat pings idle connections every heartbeat_ms; when jobs are in flight and no
+ * connection has received anything for stall_ms (a stopped or hung server keeps its
+ * sockets open and answers nothing), the pool is stalled: in-flight jobs fail and their
+ * connections reconnect, waiting and new jobs fail at once, all with DB_UNAVAILABLE, until
+ * any connection receives an answer again.
  * A job's callback runs exactly once, on the pool's thread. A write whose callback did not
  * report DB_OK may or may not have committed; callers never acknowledge it.
  */
@@ -44,6 +49,9 @@ typedef struct db_config {
     unsigned backoff_min_ms;   /* first reconnect delay */
     unsigned backoff_max_ms;   /* reconnect delay cap */
     size_t max_queue;          /* jobs waiting for a connection before refusing */
+    unsigned heartbeat_ms;     /* an idle connection is pinged this often (default 1000) */
+    unsigned stall_ms;         /* no answer on any connection for this long while jobs wait:
+                                * the database is stalled (default 3000), see below */
     const char *role;          /* SET ROLE to this after connecting, or NULL */
     const db_stmt_def *stmts;  /* prepared on each connection (not copied: static) */
     size_t nstmts;
@@ -106,6 +114,8 @@ typedef struct db_pool_stats {
     size_t inflight;      /* jobs sent and not yet answered */
     uint64_t reconnects;  /* connections re-established after a loss */
     uint64_t failures;    /* jobs failed with DB_UNAVAILABLE */
+    bool stalled;         /* the database stopped answering (see db_config.stall_ms) */
+    uint64_t stalls;      /* times it did */
 } db_pool_stats;
 
 /* db_pool_get_stats fills st; call from the pool's thread. */

@@ -59,3 +59,71 @@ def test_database_outage_and_recovery():
         if srv:
             srv.cleanup()
         pg.cleanup()
+
+
+def test_hung_database_is_noticed_and_survived():
+    """PostgreSQL stopped with SIGSTOP: its sockets stay open and nothing answers. The
+    heartbeat notices within seconds: requests fail with 'unavailable' instead of waiting for
+    the statement timeout, /healthz and /readyz say the database is down, and all recovers by
+    itself once PostgreSQL runs again."""
+    pg = PgCluster()
+    pg.start()
+    srv = None
+    frozen = False
+    try:
+        dsn = pg.create_db("engram_hung")
+        srv = Server(dsn, extra=["--db-backoff-max-ms", "500"])
+        srv.start()
+        _, key = srv.create_tenant()
+        with srv.client(key=key) as c:
+            a = c.call("memory.store", content="before", type="fact", importance=0.5)
+            assert srv.http_get("/readyz")[0] == 200
+            pg.freeze()
+            frozen = True
+            t0 = time.time()
+            worst = 0.0
+            for i in range(6):
+                t1 = time.time()
+                err = c.call_err("memory.store", content=f"during {i}", type="fact",
+                                 importance=0.5)
+                worst = max(worst, time.time() - t1)
+                assert err["code"] == "unavailable", err
+            # the first waits for the stall to be noticed (3 s of silence), later ones fail fast
+            assert worst < 8, f"a request hung {worst:.1f} s"
+            deadline = time.time() + 10
+            while True:
+                status, body = srv.http_get("/readyz")
+                if status == 503:
+                    break
+                assert time.time() < deadline, "readyz still says ready"
+                time.sleep(0.2)
+            assert '"database":"down"' in body and srv.http_get("/healthz")[0] == 503
+            noticed = time.time() - t0
+            print(f"hung database: longest request {worst:.2f} s, reported down after "
+                  f"{noticed:.2f} s")
+            assert c.call("ping") == "pong"
+            pg.thaw()
+            frozen = False
+            deadline = time.time() + 30
+            while True:
+                try:
+                    b = c.call("memory.store", content="after", type="fact", importance=0.5)
+                    break
+                except Exception as e:  # noqa: BLE001 - retrying until the pool recovers
+                    assert "unavailable" in str(e), e
+                    assert time.time() < deadline, "no recovery within 30 s"
+                    time.sleep(0.2)
+            got = c.call("memory.get", ids=[a["id"], b["id"]])["memories"]
+            assert [m["content"] for m in got] == ["before", "after"]
+            deadline = time.time() + 30
+            while srv.http_get("/readyz")[0] != 200:
+                assert time.time() < deadline, "readyz did not recover"
+                time.sleep(0.2)
+        assert "database not responding" in srv.log_text()
+        srv.stop()
+    finally:
+        if frozen:
+            pg.thaw()
+        if srv:
+            srv.cleanup()
+        pg.cleanup()

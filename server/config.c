@@ -54,6 +54,19 @@ static const config_def defs[] = {
      "time allowed to finish sending a message once it has started"},
     {"idle_timeout_s", T_INT, OFF(idle_timeout_s), "600", 0, 604800, 0,
      "close connections idle this long (0: never)"},
+    {"auth_timeout_s", T_INT, OFF(auth_timeout_s), "10", 0, 3600, 0,
+     "close a connection that has not authenticated this long after it opened (0: never); "
+     "until then it may call only ping, auth and methods, with 64 KiB of unsent answers"},
+    {"max_connections_per_address", T_INT, OFF(max_connections_per_address), "1000", 0, 1000000, 0,
+     "open connections from one IP address before more from it are refused (0: no limit)"},
+    {"max_output_total_bytes", T_LONG, OFF(max_output_total_bytes), "268435456", 0, 1099511627776.0,
+     0,
+     "unsent answers and incoming messages buffered across all connections: above it, "
+     "connections with unsent output stop being read, and one that has not taken any of at "
+     "least 1 MiB of it for 5 s is closed (0: no limit)"},
+    {"min_send_rate", T_INT, OFF(min_send_rate), "1024", 0, 1073741824, 0,
+     "bytes per second a client must keep up while sending a message, once it has been at it "
+     "for 5 s; slower senders are closed (0: no floor)"},
     {"shutdown_timeout_ms", T_INT, OFF(shutdown_timeout_ms), "10000", 0, 600000, 0,
      "on SIGTERM, how long in-flight requests may take to finish"},
     {"pg_dsn", T_STR, OFF(pg_dsn), "", 0, 0, F_SECRET,

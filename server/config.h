@@ -27,6 +27,10 @@ typedef struct config {
     long max_output_bytes;
     int frame_timeout_ms;
     int idle_timeout_s;
+    int auth_timeout_s;
+    int max_connections_per_address;
+    long max_output_total_bytes;
+    int min_send_rate;
     int shutdown_timeout_ms;
     /* database */
     char *pg_dsn;

@@ -13,6 +13,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
+#include "climits.h"
 #include "log.h"
 #include "metrics.h"
 #include "req.h"
@@ -21,6 +22,14 @@
 /* Bytes libevent may buffer from the socket before it stops reading; we drain from there
  * into the connection's own contiguous buffer as messages are processed. */
 #define READ_HIGH_WATER (256 * 1024)
+/* Before auth: unsent answers and requests in progress a connection may have. */
+#define PREAUTH_OUTPUT (64 * 1024)
+#define PREAUTH_INFLIGHT 8
+/* Under the server-wide budget, a connection holding at least this much unsent output that
+ * took none of it for STALL_MS is closed. A sender must keep min_send_rate after GRACE_MS. */
+#define HOG_OUTPUT (1024 * 1024)
+#define STALL_MS 5000
+#define GRACE_MS 5000
 
 struct conn {
     worker *w;
@@ -40,6 +49,10 @@ struct conn {
     uint64_t msg_started_ms; /* when the first byte of an incomplete message arrived; 0: none */
     uint64_t last_active_ms;
     uint64_t close_deadline_ms;
+    uint64_t opened_ms;
+    uint64_t out_progress_ms; /* when the client last took output (or had none) */
+    size_t out_bytes;         /* unsent output, as counted into the server-wide total */
+    uint64_t addr_key;        /* climits' count of connections from the peer's address */
     unsigned inflight;
     conn_auth auth;
 };
@@ -53,9 +66,23 @@ static uint64_t mono_ms(void)
 
 static void conn_free(conn *c)
 {
+    climits_buffered(c->srv->limits_cl, -(long long)c->in_cap);
     rpc_scanner_destroy(c->scan);
     free(c->in);
     free(c);
+}
+
+/* Counts output into the server-wide total as libevent adds and sends it. */
+static void on_output_change(struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
+{
+    conn *c = arg;
+    long long delta = (long long)info->n_added - (long long)info->n_deleted;
+    if (delta) {
+        climits_buffered(c->srv->limits_cl, delta);
+        c->out_bytes = (size_t)((long long)c->out_bytes + delta);
+    }
+    if (info->n_deleted || c->out_bytes == 0)
+        c->out_progress_ms = mono_ms();
 }
 
 void conn_ref(conn *c)
@@ -82,6 +109,11 @@ void conn_close(conn *c)
     if (c->auth.authenticated && !c->auth.admin)
         tenancy_key_released(c->srv->tenancy, c->auth.key_id);
     c->auth.authenticated = false;
+    climits_addr_release(c->srv->limits_cl, c->addr_key);
+    /* the unsent output goes with the socket */
+    evbuffer_remove_cb(bufferevent_get_output(c->bev), on_output_change, c);
+    climits_buffered(c->srv->limits_cl, -(long long)c->out_bytes);
+    c->out_bytes = 0;
     bufferevent_free(c->bev);
     c->bev = NULL;
     worker_conn_removed(c->w, c);
@@ -191,8 +223,12 @@ static void check_backpressure(conn *c)
     if (!c->open)
         return;
     size_t out = evbuffer_get_length(bufferevent_get_output(c->bev));
-    bool over = c->inflight >= (unsigned)c->srv->cfg.max_inflight_per_conn ||
-                out > (size_t)c->srv->cfg.max_output_bytes;
+    bool authed = c->auth.authenticated;
+    size_t max_out = authed ? (size_t)c->srv->cfg.max_output_bytes : PREAUTH_OUTPUT;
+    unsigned max_in = authed ? (unsigned)c->srv->cfg.max_inflight_per_conn : PREAUTH_INFLIGHT;
+    /* over the server-wide budget, nobody with unsent output is read */
+    bool over =
+        c->inflight >= max_in || out > max_out || (out > 0 && climits_over(c->srv->limits_cl));
     if (over != c->paused) {
         c->paused = over;
         update_reading(c);
@@ -248,6 +284,7 @@ static long pull_input(conn *c, size_t consumed)
         uint8_t *n = realloc(c->in, cap);
         if (!n)
             return -1;
+        climits_buffered(c->srv->limits_cl, (long long)cap - (long long)c->in_cap);
         c->in = n;
         c->in_cap = cap;
     }
@@ -268,10 +305,16 @@ static void process_input(conn *c)
     c->processing = true;
     conn_ref(c);
     while (c->open && !c->closing && !c->read_stopped && !c->held) {
-        if (c->inflight >= (unsigned)c->srv->cfg.max_inflight_per_conn) {
+        unsigned max_in =
+            c->auth.authenticated ? (unsigned)c->srv->cfg.max_inflight_per_conn : PREAUTH_INFLIGHT;
+        if (c->inflight >= max_in) {
             check_backpressure(c);
             break;
         }
+        /* unsent output over a budget: the messages already read wait too, or one read of
+         * small requests with large answers would pass any budget many times over */
+        if (c->paused)
+            break;
         size_t mlen = 0;
         char err[256];
         int rc = RPC_E_INCOMPLETE;
@@ -373,6 +416,39 @@ void conn_tick(conn *c, uint64_t now)
         conn_close(c);
         return;
     }
+    /* a sender trickling bytes holds a slot for nothing: after a grace period it must keep
+     * min_send_rate for the message it is sending */
+    if (c->msg_started_ms && cfg->min_send_rate > 0 && now - c->msg_started_ms > GRACE_MS) {
+        size_t got = c->in_len + evbuffer_get_length(bufferevent_get_input(c->bev));
+        double rate = (double)got * 1000.0 / (double)(now - c->msg_started_ms);
+        if (rate < (double)cfg->min_send_rate) {
+            log_debug("connection: sending %.0f bytes/s, below %d; closing", rate,
+                      cfg->min_send_rate);
+            metrics_slow_closed();
+            conn_close(c);
+            return;
+        }
+    }
+    if (!c->auth.authenticated && cfg->auth_timeout_s > 0 &&
+        now - c->opened_ms > (uint64_t)cfg->auth_timeout_s * 1000u) {
+        log_debug("connection: not authenticated within %d s; closing", cfg->auth_timeout_s);
+        metrics_slow_closed();
+        conn_close(c);
+        return;
+    }
+    /* over the server-wide budget: a client that takes none of a large output goes */
+    if (c->out_bytes >= HOG_OUTPUT && now - c->out_progress_ms > STALL_MS &&
+        climits_over(c->srv->limits_cl)) {
+        log_info("connection: %zu bytes of answers unread for %d s while the server's "
+                 "buffers are over budget; closing",
+                 c->out_bytes, STALL_MS / 1000);
+        metrics_slow_closed();
+        conn_close(c);
+        return;
+    }
+    /* when the budget frees up, connections paused by it may read again */
+    if (c->paused && !climits_over(c->srv->limits_cl))
+        check_backpressure(c);
     if (cfg->idle_timeout_s > 0 && c->inflight == 0 && c->in_len == 0 &&
         now - c->last_active_ms > (uint64_t)cfg->idle_timeout_s * 1000u) {
         log_debug("connection: idle for %d s; closing", cfg->idle_timeout_s);
@@ -380,7 +456,7 @@ void conn_tick(conn *c, uint64_t now)
     }
 }
 
-conn *conn_create(worker *w, int fd)
+conn *conn_create(worker *w, int fd, uint64_t addr_key)
 {
     conn *c = calloc(1, sizeof(*c));
     if (!c) {
@@ -389,6 +465,7 @@ conn *conn_create(worker *w, int fd)
     }
     c->w = w;
     c->srv = worker_server(w);
+    c->addr_key = addr_key;
     c->refs = 1; /* the open socket's reference */
     c->scan = rpc_scanner_create(&c->srv->limits);
     int one = 1;
@@ -405,7 +482,8 @@ conn *conn_create(worker *w, int fd)
         return NULL;
     }
     c->open = true;
-    c->last_active_ms = mono_ms();
+    c->last_active_ms = c->opened_ms = c->out_progress_ms = mono_ms();
+    evbuffer_add_cb(bufferevent_get_output(c->bev), on_output_change, c);
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
     bufferevent_setwatermark(c->bev, EV_READ, 0, READ_HIGH_WATER);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);

@@ -25,9 +25,9 @@ typedef struct conn_auth {
     char provider[16];
 } conn_auth;
 
-/* conn_create wraps fd (taking ownership) on worker w. Returns NULL (fd closed) on
- * failure. */
-conn *conn_create(worker *w, int fd);
+/* conn_create wraps fd (taking ownership) on worker w; the connection releases addr_key (see
+ * climits_addr_take) when it closes. Returns NULL (fd closed, key not released) on failure. */
+conn *conn_create(worker *w, int fd, uint64_t addr_key);
 
 /* conn_ref / conn_unref manage the references requests hold. */
 void conn_ref(conn *c);

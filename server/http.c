@@ -11,6 +11,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "bg.h"
+#include "climits.h"
 #include "metrics.h"
 #include "rowcache.h"
 #include "tenants.h"
@@ -117,6 +118,12 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
         (unsigned long long)tm.evictions, (unsigned long long)tm.rebuilds,
         (unsigned long long)rc_entries, (unsigned long long)rc_bytes, (unsigned long long)rc_hits,
         (unsigned long long)rc_misses);
+    evbuffer_add_printf(b,
+                        "# HELP engram_client_buffered_bytes Unsent answers and incoming "
+                        "messages buffered across all connections (max_output_total_bytes "
+                        "bounds it).\n# TYPE engram_client_buffered_bytes gauge\n"
+                        "engram_client_buffered_bytes %zu\n",
+                        h->srv->limits_cl ? climits_buffered_total(h->srv->limits_cl) : 0);
     evbuffer_add_printf(
         b, "# HELP engram_index_recall_estimate Recall@10 of searches as the recall monitor "
            "measures it, over the loaded indexes of a kind (exact kinds are 1): the lowest and "

@@ -19,6 +19,7 @@
 
 #include "auth.h"
 #include "bg.h"
+#include "climits.h"
 #include "consolidate.h"
 #include "db.h"
 #include "embedder.h"
@@ -72,15 +73,23 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 {
     app *a = arg;
     server *s = &a->srv;
+    uint64_t key;
     if (atomic_load(&s->nconns) >= s->cfg.max_connections) {
+        metrics_conn_refused();
+        close(fd);
+        return;
+    }
+    if (!climits_addr_take(s->limits_cl, addr, &key)) {
+        /* one address holding its share: the others' slots stay free */
         metrics_conn_refused();
         close(fd);
         return;
     }
     atomic_fetch_add(&s->nconns, 1);
     worker *w = s->workers[a->next_worker++ % s->nworkers];
-    if (worker_adopt(w, fd) < 0) {
+    if (worker_adopt(w, fd, key) < 0) {
         atomic_fetch_sub(&s->nconns, 1);
+        climits_addr_release(s->limits_cl, key);
         close(fd);
     }
 }
@@ -328,6 +337,20 @@ int main(int argc, char **argv)
 
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     s->nworkers = s->cfg.workers > 0 ? (unsigned)s->cfg.workers : (unsigned)(ncpu > 0 ? ncpu : 1);
+    {
+        /* descriptors the connections must leave: each worker's and the background threads'
+         * database connections, snapshot files, listeners, logs, and a margin */
+        long reserve =
+            128 + (long)(s->nworkers + (unsigned)s->cfg.bg_threads + 4) * (long)s->cfg.pg_pool_size;
+        char msg[300];
+        long lim = climits_fit_descriptors(&s->cfg, reserve, msg, sizeof(msg));
+        if (msg[0])
+            log_info("%s", msg);
+        log_debug("descriptor limit %ld, max_connections %d", lim, s->cfg.max_connections);
+    }
+    s->limits_cl = climits_create(&s->cfg);
+    if (!s->limits_cl)
+        goto out;
     s->workers = calloc(s->nworkers, sizeof(*s->workers));
     if (!s->workers)
         goto out;

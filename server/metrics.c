@@ -31,7 +31,7 @@ static const char *const *method_names;
 static size_t nmethods;
 static method_stats *stats; /* nmethods + 1: the last is for unknown methods */
 static atomic_long open_conns;
-static atomic_uint_fast64_t refused, malformed;
+static atomic_uint_fast64_t refused, malformed, slow_closed;
 static db_slot db_slots[MAX_WORKERS];
 
 int metrics_init(const char *const *names, size_t n)
@@ -74,6 +74,11 @@ void metrics_connections(int delta)
 void metrics_conn_refused(void)
 {
     atomic_fetch_add_explicit(&refused, 1, memory_order_relaxed);
+}
+
+void metrics_slow_closed(void)
+{
+    atomic_fetch_add_explicit(&slow_closed, 1, memory_order_relaxed);
 }
 
 void metrics_malformed(void)
@@ -167,13 +172,20 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
                         "# HELP engram_connections Open client connections.\n"
                         "# TYPE engram_connections gauge\nengram_connections %ld\n"
                         "# HELP engram_connections_refused_total Connections refused at "
-                        "max_connections.\n# TYPE engram_connections_refused_total counter\n"
+                        "max_connections or max_connections_per_address.\n"
+                        "# TYPE engram_connections_refused_total counter\n"
                         "engram_connections_refused_total %llu\n"
+                        "# HELP engram_connections_closed_slow_total Connections closed for "
+                        "not authenticating in time, sending too slowly, or not reading their "
+                        "answers while the server's buffers were over budget.\n"
+                        "# TYPE engram_connections_closed_slow_total counter\n"
+                        "engram_connections_closed_slow_total %llu\n"
                         "# HELP engram_malformed_messages_total Connections closed for a "
                         "malformed or hostile message.\n"
                         "# TYPE engram_malformed_messages_total counter\n"
                         "engram_malformed_messages_total %llu\n",
                         (long)atomic_load(&open_conns), (unsigned long long)atomic_load(&refused),
+                        (unsigned long long)atomic_load(&slow_closed),
                         (unsigned long long)atomic_load(&malformed));
     unsigned conns = 0, ready = 0;
     size_t queued = 0, inflight = 0;

@@ -30,6 +30,9 @@ void metrics_request(size_t method, rpc_code code, uint64_t latency_us);
 void metrics_connections(int delta);
 void metrics_conn_refused(void);
 void metrics_malformed(void);
+/* metrics_slow_closed counts a connection closed for slowness (auth deadline, send rate,
+ * unread output over the server-wide budget). */
+void metrics_slow_closed(void);
 
 /* Database pool state, summed over workers. Each worker publishes its own slot. */
 void metrics_db_publish(unsigned worker, unsigned connections, unsigned ready, size_t queued,

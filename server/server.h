@@ -20,6 +20,7 @@ struct tenants;
 struct bg;
 struct tenancy;
 struct rowcache;
+struct climits;
 
 typedef struct server {
     config cfg;
@@ -36,10 +37,11 @@ typedef struct server {
     struct rowcache *rows; /* memory rows for search results */
     uint8_t secret[32];    /* keys the API-key hashes */
     bool have_admin;
-    uint8_t admin_hash[32]; /* keyed hash of the admin key */
-    atomic_bool ready;      /* start-up finished: listening, indexes loadable */
-    atomic_bool draining;   /* shutdown has begun */
-    atomic_int nconns;      /* open client connections (counted at accept) */
+    uint8_t admin_hash[32];    /* keyed hash of the admin key */
+    atomic_bool ready;         /* start-up finished: listening, indexes loadable */
+    atomic_bool draining;      /* shutdown has begun */
+    atomic_int nconns;         /* open client connections (counted at accept) */
+    struct climits *limits_cl; /* per-address and buffered-byte limits */
 } server;
 
 /* server_now_ms returns the wall-clock time in milliseconds since the Unix epoch. */

@@ -12,6 +12,7 @@
 
 #include "access.h"
 #include "idmap.h"
+#include "climits.h"
 #include "conn.h"
 #include "embedder.h"
 #include "log.h"
@@ -380,6 +381,7 @@ int worker_post(worker *w, void (*fn)(void *arg), void *arg)
 typedef struct adopt_msg {
     worker *w;
     int fd;
+    uint64_t addr_key;
 } adopt_msg;
 
 static void do_adopt(void *arg)
@@ -388,20 +390,23 @@ static void do_adopt(void *arg)
     if (a->w->draining) {
         close(a->fd);
         atomic_fetch_sub(&a->w->srv->nconns, 1);
-    } else if (!conn_create(a->w, a->fd)) {
+        climits_addr_release(a->w->srv->limits_cl, a->addr_key);
+    } else if (!conn_create(a->w, a->fd, a->addr_key)) {
         log_warn("worker %u: cannot set up a connection (out of memory)", a->w->idx);
         atomic_fetch_sub(&a->w->srv->nconns, 1);
+        climits_addr_release(a->w->srv->limits_cl, a->addr_key);
     }
     free(a);
 }
 
-int worker_adopt(worker *w, int fd)
+int worker_adopt(worker *w, int fd, uint64_t addr_key)
 {
     adopt_msg *a = malloc(sizeof(*a));
     if (!a)
         return -ENOMEM;
     a->w = w;
     a->fd = fd;
+    a->addr_key = addr_key;
     int rc = worker_post(w, do_adopt, a);
     if (rc < 0)
         free(a);

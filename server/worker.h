@@ -39,8 +39,9 @@ void worker_destroy(worker *w);
  * (fn does not run then). */
 int worker_post(worker *w, void (*fn)(void *arg), void *arg);
 
-/* worker_adopt hands a freshly accepted socket to w (any thread); w owns fd from now on. */
-int worker_adopt(worker *w, int fd);
+/* worker_adopt hands a freshly accepted socket to w (any thread); w owns fd from now on, and
+ * the connection releases addr_key (climits_addr_take) when it closes. */
+int worker_adopt(worker *w, int fd, uint64_t addr_key);
 
 /* Accessors, valid on the worker's thread. */
 struct event_base *worker_base(worker *w);

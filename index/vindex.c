@@ -1869,6 +1869,14 @@ static int search_ann(const sctx *sc)
             uint32_t s = list[b + i];
             const chunk *c = chunk_of(vi, s);
             size_t off = off_of(vi, s);
+            if (b + i + PREFETCH_AHEAD < nl) {
+                /* candidates are scattered: fetch a later one's code while this one's is
+                 * summed (the loop is otherwise bound by memory latency) */
+                uint32_t ps = list[b + i + PREFETCH_AHEAD];
+                const int8_t *pc = chunk_of(vi, ps)->sq + off_of(vi, ps) * vi->sq_stride;
+                for (size_t l = 0; l < vi->sq_stride; l += 64)
+                    __builtin_prefetch(pc + l);
+            }
             int64_t dot = vk_sq8_dot(c->sq + off * vi->sq_stride, sc->p->qq, vi->sq_stride);
             double ub = sq8_ub(sc->p, c, off, dot);
             double ubs = score_ub(sc->p, ub);
@@ -2090,8 +2098,8 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
         } else if (vi->fx) {
             /* FAISS knows nothing of the filter: ask for as many more candidates as it
              * rejects, or scan exactly when that is more than the ANN path may take */
-            size_t limit = vi->o.ann_max_candidates < vi->live / 2 ? vi->o.ann_max_candidates
-                                                                    : vi->live / 2;
+            size_t limit =
+                vi->o.ann_max_candidates < vi->live / 2 ? vi->o.ann_max_candidates : vi->live / 2;
             double f = q->keep ? keep_share(vi, q) : 1.0;
             size_t need = (size_t)((double)want / f);
             sc.kept_checked = false;

@@ -80,11 +80,12 @@
 
 #define MAX_DIM 65536
 #define MAX_META (1u << 20)
-#define BLK 256      /* slots per block of the exact search */
-#define ANN_BATCH 64 /* candidates per batch of the ANN search */
-#define ANN_PATIENCE                                                                               \
-    128                       /* a scored ANN search past its depth stops after this many          \
-                                 candidates in a row (whole batches) entered no top k */
+#define BLK 256          /* slots per block of the exact search */
+#define ANN_BATCH 64     /* candidates per batch of the ANN search */
+#define PREFETCH_AHEAD 6 /* the ANN search fetches the int8 code this many candidates ahead */
+/* a scored ANN search past its depth stops after this many candidates in a row (whole
+ * batches) entered no top k */
+#define ANN_PATIENCE 128
 #define GATHER_STEP 512       /* candidates the ANN search gathers at a time (at least) */
 #define QBUF 1024             /* query dims prepared on the stack; larger ones are allocated */
 #define COMPACT_MIN 64        /* never compact for fewer tombstones than this */
@@ -2093,15 +2094,23 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
     bool fb = atomic_load_explicit(&vi->exact_fb, memory_order_relaxed) != 0;
     if (vi->kind == VINDEX_KIND_ANN && vi->live > 2 * want && !fb) {
         sc.kept_checked = true;
-        if (q->keep && rare_filter(vi, q, want)) {
-            search_exact(&sc, true, true); /* exact, and cheaper than gathering deep */
+        /* a filter keeping under a tenth of the vectors (or fewer than half the budget) is
+         * answered exactly, filter first: cheaper than gathering that deep (1% of 58,077 x
+         * 384: 0.13 ms against 1.1 ms), and exact */
+        double share = q->keep ? keep_share(vi, q) : 1.0;
+        if (q->keep && (share < 0.1 || share * (double)vi->live < (double)want / 2.0)) {
+            search_exact(&sc, true, true);
         } else if (vi->fx) {
             /* FAISS knows nothing of the filter: ask for as many more candidates as it
              * rejects, or scan exactly when that is more than the ANN path may take */
             size_t limit =
                 vi->o.ann_max_candidates < vi->live / 2 ? vi->o.ann_max_candidates : vi->live / 2;
-            double f = q->keep ? keep_share(vi, q) : 1.0;
+            double f = share;
             size_t need = (size_t)((double)want / f);
+            /* a blended score ranks lower similarities higher: a deeper candidate list (the
+             * native path goes on while candidates keep entering the top k instead) */
+            if (q->score)
+                need *= 4;
             sc.kept_checked = false;
             rc = need > limit && need > want ? 1 : search_fx(&sc, need);
             if (rc == 1) {

@@ -251,14 +251,16 @@ typedef struct vindex_query {
  * Filters never under-fill: when at least k vectors pass keep, exactly k are returned.
  * Kinds FLAT and SQ8 are exact: the hits are the best k of all kept vectors. On an ANN
  * index the hits are the best k (exactly ranked, exact similarities) among the candidates
- * the Hamming stage found among the kept vectors; when the filter keeps at most the budget
- * (see ann_max_candidates), all of them are candidates and the result is exact (a filter
- * that a sample shows to keep under half the budget is answered by scanning the metadata
- * and bounding every kept vector, exact as well). An ANN
- * index answers exactly (scanning the int8 codes) when k is large against it: when live is
- * at most twice the budget. The reported similarity of a vector depends only on
- * it and the query (not on where it is stored or on the CPU), so two copies of one vector tie
- * exactly and are ordered by id.
+ * the candidate stage (the native codes, or FAISS) found among the kept vectors; when the
+ * filter keeps at most the budget, all of them are candidates and the result is exact. A
+ * filter that a sample of 128 vectors shows to keep under a tenth of them (or under half
+ * the budget) is answered by scanning the metadata and bounding every kept vector: exact.
+ * A query with a score function searches past the measured depth while candidates keep
+ * entering its top k (native), or four times as deep (FAISS). An ANN index answers exactly
+ * (scanning the int8 codes) when k is large against it (live at most twice the budget),
+ * and while its recall monitor finds no depth that reaches the target. The reported similarity of a
+ * vector depends only on it and the query (not on where it is stored or on the CPU), so two copies
+ * of one vector tie exactly and are ordered by id.
  *
  * Returns 0, VINDEX_E_ZERO for a query vector without direction, or -ENOMEM. Runs on the
  * caller's thread under the shared lock (keep and score run under it); allocates scratch

@@ -986,8 +986,8 @@ static int setup_data(bench *b)
         if (tenants_probe_search(o->host, (uint16_t)o->port, b->ti[i].key,
                                  b->queries + i * o->queries * o->dim, o->dim, 60000, err,
                                  sizeof(err)) != 0 ||
-            tenants_settle(o->host, (uint16_t)o->port, b->ti[i].key, 600, desc, sizeof(desc),
-                           err, sizeof(err)) != 0) {
+            tenants_settle(o->host, (uint16_t)o->port, b->ti[i].key, 600, desc, sizeof(desc), err,
+                           sizeof(err)) != 0) {
             fprintf(stderr, "engram-bench: tenant %s: %s\n", b->ti[i].name, err);
             all_ok = false;
             break;

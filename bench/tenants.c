@@ -199,11 +199,11 @@ int tenants_settle(const char *host, uint16_t port, const char *key, int timeout
         str_of(rpc_map_get(ix, "engine"), eng, sizeof(eng));
         str_of(rpc_map_get(ix, "engine_in_use"), use, sizeof(use));
         bool is_loaded = loaded && loaded->type == MSGPACK_OBJECT_BOOLEAN && loaded->via.boolean;
-        bool measured = est && (est->type == MSGPACK_OBJECT_FLOAT64 ||
-                                est->type == MSGPACK_OBJECT_FLOAT32);
-        bool ready = is_loaded && (strcmp(kind, "ann") != 0 ||
-                                   (measured && (strcmp(eng, "faiss") != 0 ||
-                                                 strcmp(use, "faiss") == 0)));
+        bool measured =
+            est && (est->type == MSGPACK_OBJECT_FLOAT64 || est->type == MSGPACK_OBJECT_FLOAT32);
+        bool ready =
+            is_loaded && (strcmp(kind, "ann") != 0 ||
+                          (measured && (strcmp(eng, "faiss") != 0 || strcmp(use, "faiss") == 0)));
         if (ready) {
             snprintf(desc, desclen, "index %s, engine %s, recall estimate %.4f, depth %llu", kind,
                      use[0] ? use : eng, measured ? est->via.f64 : 1.0,

@@ -1,0 +1,5 @@
+"""The reliability suite shares the integration tests' harness (tests/integration)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))

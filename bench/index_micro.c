@@ -371,8 +371,10 @@ static vindex *build(size_t n, const vindex_opts *o, double *us_per_add)
      * positions is full; a FAISS depth can double several times) */
     while (vindex_maintenance(vi) > 0)
         ;
+    vindex_query shape = {
+        .score = blend, .score_slope = 0.7, .score_bound = 0.3, .score_monotone = true};
     for (int i = 0; i < 12; i++)
-        vindex_calibrate(vi, 25, 0.99, NULL);
+        vindex_calibrate_scored(vi, 25, 0.99, &shape, NULL); /* as engramd: its default blend */
     return vi;
 }
 

@@ -171,6 +171,11 @@ struct vindex {
     uint64_t cal_gen, cal_rng;
     double cal_est, cal_ann_est;
     size_t cal_fx_depth; /* FAISS engine: the depth the ring's samples were taken at */
+    /* the same for a blended ranking (vindex_calibrate_scored): the positions of the top
+     * CAL_K by the caller's score, and the depth searches with a score use */
+    uint32_t *cal_spos;
+    size_t cal_sn, cal_shead;
+    _Atomic size_t sdepth;
 
     /* writer state, under wmu */
     size_t tier_retry_at; /* after a failed kind change, retry once live reaches this */
@@ -551,6 +556,7 @@ void vindex_destroy(vindex *vi)
     free(vi->center);
     free(vi->rot);
     free(vi->cal_pos);
+    free(vi->cal_spos);
     vfaiss_destroy(vi->fx);
     free(vi->fx_slot);
     pthread_mutex_destroy(&vi->cal_mu);
@@ -1678,10 +1684,13 @@ static void search_exact(const sctx *sc, bool use_sq8, bool filter_first)
  * calibration measured for k = 10, scaled with k; before any measurement, an eighth of the
  * live vectors, at most ann_max_candidates. Always at least ann_candidates and 16 k. Shared
  * lock held. */
-static size_t ann_budget(const vindex *vi, size_t k)
+static size_t ann_budget(const vindex *vi, size_t k, bool scored)
 {
     size_t lo = vi->o.ann_candidates > 16 * k ? vi->o.ann_candidates : 16 * k;
     size_t d = atomic_load_explicit(&vi->depth, memory_order_relaxed);
+    size_t sd = scored ? atomic_load_explicit(&vi->sdepth, memory_order_relaxed) : 0;
+    if (d && sd > d)
+        d = sd; /* a blended ranking reaches deeper into the similarity order */
     size_t b;
     if (d) {
         b = d * ((k + CAL_K - 1) / CAL_K);
@@ -1786,7 +1795,7 @@ static int search_ann(const sctx *sc)
     const vindex_query *q = sc->p->q;
     const vindex_opts *o = &vi->o;
     size_t n = vi->nslots, maxh = vi->words * 64;
-    size_t want = ann_budget(vi, q->k);
+    size_t want = ann_budget(vi, q->k, q->score != NULL);
     size_t min_bound = o->ann_candidates > 4 * q->k ? o->ann_candidates : 4 * q->k;
     if (min_bound > want)
         min_bound = want;
@@ -2090,7 +2099,7 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
     int rc = 0;
     rdlock(vi);
     prepare_codes(vi, &p, vi->kind, rot);
-    size_t want = ann_budget(vi, q->k);
+    size_t want = ann_budget(vi, q->k, q->score != NULL);
     bool fb = atomic_load_explicit(&vi->exact_fb, memory_order_relaxed) != 0;
     if (vi->kind == VINDEX_KIND_ANN && vi->live > 2 * want && !fb) {
         sc.kept_checked = true;
@@ -2224,7 +2233,8 @@ static void make_probe(vindex *vi, size_t i, float *out)
  * its rank among the fx_depth candidates FAISS returns, 0 in the tail, and UINT32_MAX when
  * the search would miss it. Returns the number written, or -ENOMEM. cal_mu and the shared
  * lock held. */
-static int probe_positions(vindex *vi, const float *probe, uint32_t *pos, size_t fx_depth)
+static int probe_positions(vindex *vi, const float *probe, uint32_t *pos, size_t fx_depth,
+                           const vindex_query *shape, uint32_t *spos, int *nspos)
 {
     size_t dim = vi->dim, n = vi->nslots;
     size_t scratch = 2 * dim * sizeof(float) + vi->sq_stride * sizeof(int16_t) +
@@ -2248,8 +2258,8 @@ static int probe_positions(vindex *vi, const float *probe, uint32_t *pos, size_t
     topk t = {.h = hits, .n = 0, .k = CAL_K};
     sctx sc = {.vi = vi, .p = &p, .t = &t, .kept_checked = false};
     search_exact(&sc, true, false);
-    size_t slot[CAL_K];
-    unsigned h[CAL_K];
+    size_t slot[2 * CAL_K];
+    unsigned h[2 * CAL_K];
     size_t nh = 0;
     for (size_t i = 0; i < t.n; i++) {
         uint64_t sv;
@@ -2284,18 +2294,40 @@ static int probe_positions(vindex *vi, const float *probe, uint32_t *pos, size_t
         size_t m = n - base < c->cap ? n - base : c->cap;
         vk_hamming(c->bin, vi->words, m, bits, hd + base);
     }
-    uint32_t before[CAL_K] = {0};
-    for (size_t i = 0; i < nh; i++)
+    /* with a blended score: its exact top CAL_K too, placed in the same order */
+    size_t ns = 0;
+    if (shape && shape->score) {
+        vindex_query sq = *shape;
+        sq.vec = probe;
+        sq.k = CAL_K;
+        sq.keep = NULL;
+        qprep sp = p;
+        sp.q = &sq;
+        sp.bounded = sq.score_slope != 0.0 || sq.score_bound != 0.0;
+        topk st = {.h = hits, .n = 0, .k = CAL_K};
+        sctx ssc = {.vi = vi, .p = &sp, .t = &st, .kept_checked = false};
+        search_exact(&ssc, true, false);
+        for (size_t i = 0; i < st.n; i++) {
+            uint64_t sv;
+            if (idmap_get(vi->map, hits[i].id, &sv))
+                slot[nh + ns++] = (size_t)sv;
+        }
+    }
+    uint32_t before[2 * CAL_K] = {0};
+    for (size_t i = 0; i < nh + ns; i++)
         h[i] = hd[slot[i]];
     for (size_t s = 0; s < n; s++) {
         if (tomb_at(chunk_of(vi, s), off_of(vi, s)))
             continue;
         unsigned d = hd[s];
-        for (size_t i = 0; i < nh; i++)
+        for (size_t i = 0; i < nh + ns; i++)
             before[i] += d < h[i] || (d == h[i] && s < slot[i]);
     }
     for (size_t i = 0; i < nh; i++)
         pos[i] = before[i];
+    for (size_t i = 0; i < ns; i++)
+        spos[i] = before[nh + i];
+    *nspos = (int)ns;
     free(mem);
     return (int)nh;
 }
@@ -2306,8 +2338,27 @@ static int cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* depth_for returns the depth whose recall on the n sorted positions reaches goal, with a
+ * quarter added for the sampling error, at least minimum. */
+static size_t depth_for(const uint32_t *sorted, size_t n, double goal, size_t minimum)
+{
+    size_t idx = (size_t)ceil(goal * (double)n);
+    idx = idx == 0 ? 0 : idx > n ? n - 1 : idx - 1;
+    size_t d = (size_t)sorted[idx] + 1;
+    d += d / 4 + 16;
+    return d < minimum ? minimum : d;
+}
+
 /* vindex_calibrate measures the ANN search's recall and sets its depth; see vindex.h. */
 int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *out)
+{
+    return vindex_calibrate_scored(vi, probes, target, NULL, out);
+}
+
+/* vindex_calibrate_scored is vindex_calibrate that also measures a blended ranking; see
+ * vindex.h. */
+int vindex_calibrate_scored(vindex *vi, size_t probes, double target, const vindex_query *shape,
+                            vindex_recall *out)
 {
     int rc = 0;
     float *probe = malloc(vi->dim * sizeof(float));
@@ -2320,9 +2371,12 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
     size_t live = 0, limit = 0;
     bool ann = false, was_below = false, fxm = false;
     pthread_mutex_lock(&vi->cal_mu);
-    if (!vi->cal_pos) {
-        vi->cal_pos = malloc(CAL_RING * sizeof(uint32_t));
-        if (!vi->cal_pos) {
+    if (!vi->cal_pos || !vi->cal_spos) {
+        if (!vi->cal_pos)
+            vi->cal_pos = malloc(CAL_RING * sizeof(uint32_t));
+        if (!vi->cal_spos)
+            vi->cal_spos = malloc(CAL_RING * sizeof(uint32_t));
+        if (!vi->cal_pos || !vi->cal_spos) {
             rc = -ENOMEM;
             goto done;
         }
@@ -2335,6 +2389,7 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
             /* new codes: what was measured on the old ones says nothing */
             vi->cal_gen = vi->code_gen;
             vi->cal_n = vi->cal_head = vi->cal_probes = 0;
+            vi->cal_sn = vi->cal_shead = 0;
         }
         if (!ann) {
             unlock(vi);
@@ -2352,9 +2407,10 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
                 vi->cal_n = vi->cal_head = 0;
             }
         }
-        uint32_t pos[CAL_K];
+        uint32_t pos[CAL_K], spos[CAL_K];
+        int nsp = 0;
         make_probe(vi, vi->cal_probes, probe);
-        int np = probe_positions(vi, probe, pos, fxd);
+        int np = probe_positions(vi, probe, pos, fxd, fxm ? NULL : shape, spos, &nsp);
         unlock(vi);
         if (np < 0) {
             rc = np;
@@ -2366,6 +2422,12 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
             vi->cal_head = (vi->cal_head + 1) % CAL_RING;
             if (vi->cal_n < CAL_RING)
                 vi->cal_n++;
+        }
+        for (int j = 0; j < nsp; j++) {
+            vi->cal_spos[vi->cal_shead] = spos[j];
+            vi->cal_shead = (vi->cal_shead + 1) % CAL_RING;
+            if (vi->cal_sn < CAL_RING)
+                vi->cal_sn++;
         }
     }
     /* the most the ANN path may bound before an exact scan of the int8 codes is cheaper */
@@ -2415,12 +2477,7 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
         was_below = !cur_fb && (double)hit / (double)n < target;
         /* the depth that keeps half the allowed misses in reserve: the goal's quantile,
          * plus a quarter for the sampling error */
-        size_t idx = (size_t)ceil(goal * (double)n);
-        idx = idx == 0 ? 0 : idx > n ? n - 1 : idx - 1;
-        size_t d = (size_t)sorted[idx] + 1;
-        d += d / 4 + 16;
-        if (d < vi->o.ann_candidates)
-            d = vi->o.ann_candidates;
+        size_t d = depth_for(sorted, n, goal, vi->o.ann_candidates);
         bool fb = d > limit;
         size_t use = fb ? limit : d;
         hit = 0;
@@ -2430,6 +2487,14 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
         vi->cal_est = fb ? 1.0 : vi->cal_ann_est;
         atomic_store(&vi->depth, use);
         atomic_store(&vi->exact_fb, fb ? 1 : 0);
+        if (vi->cal_sn >= CAL_MIN) {
+            /* a blended ranking: its own depth, capped where the scan is cheaper (searches
+             * with a score also go on while candidates keep entering their top k) */
+            memcpy(sorted, vi->cal_spos, vi->cal_sn * sizeof(uint32_t));
+            qsort(sorted, vi->cal_sn, sizeof(uint32_t), cmp_u32);
+            size_t sd = depth_for(sorted, vi->cal_sn, goal, vi->o.ann_candidates);
+            atomic_store(&vi->sdepth, sd > limit ? limit : sd);
+        }
     }
 done:
     if (out) {
@@ -2439,6 +2504,7 @@ done:
         out->samples = vi->cal_n;
         out->exact_fallback = atomic_load(&vi->exact_fb) != 0;
         out->was_below = was_below;
+        out->scored_depth = atomic_load(&vi->sdepth);
     }
     pthread_mutex_unlock(&vi->cal_mu);
     free(probe);
@@ -2460,6 +2526,7 @@ void vindex_get_recall(vindex *vi, vindex_recall *out)
     out->samples = fresh ? vi->cal_n : 0;
     out->exact_fallback = atomic_load(&vi->exact_fb) != 0;
     out->was_below = false;
+    out->scored_depth = atomic_load(&vi->sdepth);
     pthread_mutex_unlock(&vi->cal_mu);
 }
 

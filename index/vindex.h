@@ -285,6 +285,7 @@ typedef struct vindex_recall {
     bool exact_fallback; /* no depth within the limits reaches the target: exact scans */
     bool was_below;      /* vindex_calibrate: the depth in use before the call measured below
                           * the target (the call deepened or fell back) */
+    size_t scored_depth; /* the depth searches with a score use (0: none measured) */
 } vindex_recall;
 
 /* vindex_calibrate runs probes probe queries (each an exact int8 scan plus a Hamming pass:
@@ -295,6 +296,16 @@ typedef struct vindex_recall {
  * Fills *out (may be NULL). Returns 0 or -ENOMEM. Holds the shared lock per probe only;
  * meant for a background thread. */
 int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *out);
+
+/* vindex_calibrate_scored is vindex_calibrate that also measures, with the same probes, a
+ * blended ranking: shape gives the score function (score, score_slope, score_bound,
+ * score_monotone, ctx; its vec, k and keep are ignored), typically the caller's default
+ * blend of similarity and metadata. Each probe then also finds its exact top 10 by that
+ * score, and the positions of those in the candidate order set the depth of searches that
+ * pass a score function (at least the similarity depth, at most the ANN limit). shape NULL:
+ * vindex_calibrate. The native engine only (a FAISS index measures similarity ranking). */
+int vindex_calibrate_scored(vindex *vi, size_t probes, double target, const vindex_query *shape,
+                            vindex_recall *out);
 
 /* vindex_get_recall fills *out with what the last calibration found (no probe runs). */
 void vindex_get_recall(vindex *vi, vindex_recall *out);

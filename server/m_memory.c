@@ -1343,7 +1343,7 @@ static void stats_rows(req *r, const db_result *res)
     mp_pack_time(pk, "newest_at", newest);
     rpc_pack_kv_int(pk, "storage_bytes", bytes);
     rpc_pack_cstr(pk, "index");
-    msgpack_pack_map(pk, 9);
+    msgpack_pack_map(pk, 10);
     rpc_pack_kv_str(pk, "engine", engine);
     rpc_pack_kv_bool(pk, "loaded", loaded);
     if (loaded) {
@@ -1357,6 +1357,7 @@ static void stats_rows(req *r, const db_result *res)
         else
             msgpack_pack_double(pk, rc->estimate);
         rpc_pack_kv_int(pk, "candidate_depth", (int64_t)rc->depth);
+        rpc_pack_kv_int(pk, "blended_depth", (int64_t)rc->scored_depth);
         rpc_pack_kv_bool(pk, "exact_fallback", rc->exact_fallback);
         rpc_pack_kv_int(pk, "recall_samples", (int64_t)rc->samples);
     } else {
@@ -1365,6 +1366,7 @@ static void stats_rows(req *r, const db_result *res)
         rpc_pack_kv_nil(pk, "vectors");
         rpc_pack_kv_nil(pk, "recall_estimate");
         rpc_pack_kv_nil(pk, "candidate_depth");
+        rpc_pack_kv_nil(pk, "blended_depth");
         rpc_pack_kv_nil(pk, "exact_fallback");
         rpc_pack_kv_nil(pk, "recall_samples");
     }

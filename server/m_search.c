@@ -391,6 +391,13 @@ static void search_run(req *r)
                           .score_bound = 1.0 - st->w,
                           .score_monotone = true,
                           .ctx = st};
+        if (st->w >= 1.0) {
+            /* similarity alone: the index ranks by it directly, at the depth its recall
+             * monitor measured for exactly that ranking */
+            q.score = NULL;
+            q.score_slope = q.score_bound = 0.0;
+            q.score_monotone = false;
+        }
         int rc = vindex_search(vi, &q, hits, &nhits);
         if (rc != 0) {
             req_fail(r, rc == -ENOMEM ? RPC_INTERNAL : RPC_INVALID_ARGUMENT, "search failed (%d)",

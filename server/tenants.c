@@ -1535,6 +1535,22 @@ static void hk_release(hk_list *l)
     free(l->v);
 }
 
+/* The ranking searches use by default: similarity_weight * similarity + the rest times the
+ * composite importance, as memory.search computes it. */
+typedef struct blend_ctx {
+    const score_params *sp;
+    double w;
+    int64_t now_ms;
+} blend_ctx;
+
+static double blend_score(float sim, const void *meta, void *ctx)
+{
+    const blend_ctx *b = ctx;
+    const mem_meta *m = meta;
+    double c = score_composite(b->sp, m->created_ms, m->access_count, m->importance, b->now_ms);
+    return b->w * sim + (1.0 - b->w) * c;
+}
+
 /* recall_check runs the recall monitor on t's index, when it is approximate: a first
  * measurement of new codes whatever the budget, then a few probes whenever the CPU budget
  * (index_recall_budget_percent of one core, averaged) allows. Logs once when the measured
@@ -1556,8 +1572,16 @@ static void recall_check(tenants *ts, tenant *t)
         probes = 4;
     else
         return;
+    /* the default blend is measured too, so that default searches get their own depth */
+    blend_ctx bc = {.sp = &ts->srv->score, .w = c->similarity_weight, .now_ms = server_now_ms()};
+    vindex_query shape = {.score = blend_score,
+                          .score_slope = bc.w,
+                          .score_bound = 1.0 - bc.w,
+                          .score_monotone = true,
+                          .ctx = &bc};
     uint64_t t0 = server_mono_ns();
-    int rc = vindex_calibrate(t->vi, probes, c->index_recall_target, &r);
+    int rc = vindex_calibrate_scored(t->vi, probes, c->index_recall_target,
+                                     bc.w < 1.0 ? &shape : NULL, &r);
     uint64_t dt = server_mono_ns() - t0;
     ts->rm_allow_ns -= (double)dt;
     atomic_fetch_add(&ts->n_probes, probes);

@@ -116,7 +116,8 @@ def index_stats(srv, key):
     with srv.client(key=key) as c:
         idx = c.call("memory.stats")["index"]
     assert set(idx) == set(INDEX_FIELDS) | {"recall_estimate", "candidate_depth",
-                                           "exact_fallback", "recall_samples", "engine_in_use"}
+                                           "exact_fallback", "recall_samples", "engine_in_use",
+                                           "blended_depth"}
     return {f: idx[f] for f in INDEX_FIELDS}
 
 

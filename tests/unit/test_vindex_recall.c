@@ -135,33 +135,51 @@ static void rotation_is_orthogonal(void)
 
 static float X[N * DIM], Q[NQ * DIM];
 
-/* recall_of measures recall@K of vi's searches for the NQ queries against a brute force. */
-static double recall_of(vindex *vi)
+/* brute_topk writes the ids of the K best rows for query qv into bid: by similarity, or by
+ * 0.7 similarity + 0.3 VALS[i] when blended. */
+static float VALS[N];
+
+static void brute_topk(const float *qv, bool blended, uint64_t *bid)
+{
+    double best[K];
+    size_t nb = 0;
+    for (size_t i = 0; i < N; i++) {
+        double s = dot(X + i * DIM, qv);
+        if (blended)
+            s = 0.7 * (float)s + 0.3 * VALS[i];
+        if (nb < K) {
+            best[nb] = s;
+            bid[nb++] = i;
+            continue;
+        }
+        size_t w = 0;
+        for (size_t k = 1; k < K; k++)
+            w = best[k] < best[w] ? k : w;
+        if (s > best[w]) {
+            best[w] = s;
+            bid[w] = i;
+        }
+    }
+}
+
+/* recall_with measures recall@K of vi's searches for the NQ queries against a brute force
+ * (shape: NULL for similarity ranking, else its score function ranks). */
+static double recall_with(vindex *vi, const vindex_query *shape)
 {
     size_t hits = 0;
     for (int q = 0; q < NQ; q++) {
         const float *qv = Q + (size_t)q * DIM;
-        double best[K];
         uint64_t bid[K];
-        size_t nb = 0;
-        for (size_t i = 0; i < N; i++) {
-            double s = dot(X + i * DIM, qv);
-            if (nb < K) {
-                best[nb] = s;
-                bid[nb++] = i;
-                continue;
-            }
-            size_t w = 0;
-            for (size_t k = 1; k < K; k++)
-                w = best[k] < best[w] ? k : w;
-            if (s > best[w]) {
-                best[w] = s;
-                bid[w] = i;
-            }
-        }
+        brute_topk(qv, shape != NULL, bid);
         vindex_hit h[K];
         size_t n = 0;
         vindex_query vq = {.vec = qv, .k = K};
+        if (shape) {
+            vq.score = shape->score;
+            vq.score_slope = shape->score_slope;
+            vq.score_bound = shape->score_bound;
+            vq.score_monotone = shape->score_monotone;
+        }
         CHECK(vindex_search(vi, &vq, h, &n) == 0);
         CHECK(n == K);
         for (size_t a = 0; a < n; a++)
@@ -169,6 +187,11 @@ static double recall_of(vindex *vi)
                 hits += h[a].id == bid[b];
     }
     return (double)hits / (double)(NQ * K);
+}
+
+static double recall_of(vindex *vi)
+{
+    return recall_with(vi, NULL);
 }
 
 static vindex *build(enum dist d)
@@ -359,51 +382,9 @@ static void faiss_engine(void)
     vindex_destroy(vi);
 }
 
-static float VALS[N];
-
 static double blend_fn(float sim, const void *meta, void *ctx)
 {
     return 0.7 * sim + 0.3 * *(const float *)meta;
-}
-
-/* recall of blended top-K (0.7 sim + 0.3 value) against a brute force */
-static double blended_recall(vindex *vi)
-{
-    size_t hits = 0;
-    for (int q = 0; q < NQ; q++) {
-        const float *qv = Q + (size_t)q * DIM;
-        double best[K];
-        uint64_t bid[K];
-        size_t nb = 0;
-        for (size_t i = 0; i < N; i++) {
-            double s = 0.7 * (float)dot(X + i * DIM, qv) + 0.3 * VALS[i];
-            if (nb < K) {
-                best[nb] = s;
-                bid[nb++] = i;
-                continue;
-            }
-            size_t w = 0;
-            for (size_t k = 1; k < K; k++)
-                w = best[k] < best[w] ? k : w;
-            if (s > best[w]) {
-                best[w] = s;
-                bid[w] = i;
-            }
-        }
-        vindex_hit h[K];
-        size_t n = 0;
-        vindex_query vq = {.vec = qv,
-                           .k = K,
-                           .score = blend_fn,
-                           .score_slope = 0.7,
-                           .score_bound = 0.3,
-                           .score_monotone = true};
-        CHECK(vindex_search(vi, &vq, h, &n) == 0 && n == K);
-        for (size_t a = 0; a < n; a++)
-            for (size_t b = 0; b < K; b++)
-                hits += h[a].id == bid[b];
-    }
-    return (double)hits / (double)(NQ * K);
 }
 
 /* A blended ranking reaches deeper into the similarity order: calibrated with the blend, the
@@ -433,12 +414,12 @@ static void blended(void)
     vindex_recall r;
     for (int i = 0; i < 6; i++)
         CHECK(vindex_calibrate(vi, 10, 0.99, &r) == 0);
-    double plain = blended_recall(vi);
     vindex_query shape = {
         .score = blend_fn, .score_slope = 0.7, .score_bound = 0.3, .score_monotone = true};
+    double plain = recall_with(vi, &shape);
     for (int i = 0; i < 6; i++)
         CHECK(vindex_calibrate_scored(vi, 10, 0.99, &shape, &r) == 0);
-    double tuned = blended_recall(vi);
+    double tuned = recall_with(vi, &shape);
     fprintf(stderr,
             "blended  recall@10 %.3f with the similarity depth %zu, %.3f with its own %zu\n", plain,
             r.depth, tuned, r.scored_depth);

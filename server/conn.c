@@ -446,9 +446,13 @@ void conn_tick(conn *c, uint64_t now)
         conn_close(c);
         return;
     }
-    /* when the budget frees up, connections paused by it may read again */
-    if (c->paused && !climits_over(c->srv->limits_cl))
+    /* when the budget frees up, connections paused by it read again, starting with the
+     * messages that waited in their buffer */
+    if (c->paused && !climits_over(c->srv->limits_cl)) {
         check_backpressure(c);
+        if (!c->paused)
+            process_input(c);
+    }
     if (cfg->idle_timeout_s > 0 && c->inflight == 0 && c->in_len == 0 &&
         now - c->last_active_ms > (uint64_t)cfg->idle_timeout_s * 1000u) {
         log_debug("connection: idle for %d s; closing", cfg->idle_timeout_s);

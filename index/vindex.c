@@ -170,6 +170,13 @@ struct vindex {
     size_t cal_n, cal_head, cal_probes;
     uint64_t cal_gen, cal_rng;
     double cal_est, cal_ann_est;
+    /* what the last calibration found, for readers (vindex_get_recall: /metrics and
+     * memory.stats, on worker threads) that must not wait for a calibration in progress,
+     * which holds cal_mu for all its probes */
+    pthread_mutex_t pub_mu;
+    double pub_est, pub_ann_est;
+    size_t pub_samples;
+    uint64_t pub_gen;
     size_t cal_fx_depth; /* FAISS engine: the depth the ring's samples were taken at */
     /* the same for a blended ranking (vindex_calibrate_scored): the positions of the top
      * CAL_K by the caller's score, and the depth searches with a score use */
@@ -500,6 +507,7 @@ vindex *vindex_create(const vindex_opts *opts)
     vk_rot_signs(ROT_SEED, o.dim, vi->rot);
     vi->cal_rng = 0x9e3779b97f4a7c15ULL;
     vi->cal_est = vi->cal_ann_est = NAN;
+    vi->pub_est = vi->pub_ann_est = NAN;
 
     pthread_rwlockattr_t attr;
     if (pthread_rwlockattr_init(&attr))
@@ -518,6 +526,10 @@ vindex *vindex_create(const vindex_opts *opts)
         goto fail_wmu;
     if (pthread_mutex_init(&vi->cal_mu, NULL))
         goto fail_maint;
+    if (pthread_mutex_init(&vi->pub_mu, NULL)) {
+        pthread_mutex_destroy(&vi->cal_mu);
+        goto fail_maint;
+    }
     vi->map = idmap_create(0);
     if (!vi->map)
         goto fail_all;
@@ -525,6 +537,7 @@ vindex *vindex_create(const vindex_opts *opts)
 
 fail_all:
     idmap_destroy(vi->map);
+    pthread_mutex_destroy(&vi->pub_mu);
     pthread_mutex_destroy(&vi->cal_mu);
 fail_maint:
     pthread_mutex_destroy(&vi->maint_mu);
@@ -559,6 +572,7 @@ void vindex_destroy(vindex *vi)
     free(vi->cal_spos);
     vfaiss_destroy(vi->fx);
     free(vi->fx_slot);
+    pthread_mutex_destroy(&vi->pub_mu);
     pthread_mutex_destroy(&vi->cal_mu);
     pthread_mutex_destroy(&vi->maint_mu);
     pthread_mutex_destroy(&vi->wmu);
@@ -2506,6 +2520,12 @@ done:
         out->was_below = was_below;
         out->scored_depth = atomic_load(&vi->sdepth);
     }
+    pthread_mutex_lock(&vi->pub_mu);
+    vi->pub_est = vi->cal_est;
+    vi->pub_ann_est = vi->cal_ann_est;
+    vi->pub_samples = vi->cal_n;
+    vi->pub_gen = vi->cal_gen;
+    pthread_mutex_unlock(&vi->pub_mu);
     pthread_mutex_unlock(&vi->cal_mu);
     free(probe);
     free(sorted);
@@ -2515,19 +2535,22 @@ done:
 /* vindex_get_recall reads what the last calibration found; see vindex.h. */
 void vindex_get_recall(vindex *vi, vindex_recall *out)
 {
-    pthread_mutex_lock(&vi->cal_mu);
+    pthread_mutex_lock(&vi->pub_mu);
+    double est = vi->pub_est, ann_est = vi->pub_ann_est;
+    size_t samples = vi->pub_samples;
+    uint64_t gen = vi->pub_gen;
+    pthread_mutex_unlock(&vi->pub_mu);
     rdlock(vi);
     bool ann = vi->kind == VINDEX_KIND_ANN;
-    bool fresh = vi->cal_gen == vi->code_gen;
+    bool fresh = gen == vi->code_gen;
     unlock(vi);
-    out->estimate = !ann ? 1.0 : fresh ? vi->cal_est : NAN;
-    out->ann_estimate = ann && fresh ? vi->cal_ann_est : NAN;
+    out->estimate = !ann ? 1.0 : fresh ? est : NAN;
+    out->ann_estimate = ann && fresh ? ann_est : NAN;
     out->depth = atomic_load(&vi->depth);
-    out->samples = fresh ? vi->cal_n : 0;
+    out->samples = fresh ? samples : 0;
     out->exact_fallback = atomic_load(&vi->exact_fb) != 0;
     out->was_below = false;
     out->scored_depth = atomic_load(&vi->sdepth);
-    pthread_mutex_unlock(&vi->cal_mu);
 }
 
 /* ---- snapshots ---- */

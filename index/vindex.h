@@ -307,7 +307,8 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
 int vindex_calibrate_scored(vindex *vi, size_t probes, double target, const vindex_query *shape,
                             vindex_recall *out);
 
-/* vindex_get_recall fills *out with what the last calibration found (no probe runs). */
+/* vindex_get_recall fills *out with what the last completed calibration found (no probe
+ * runs; it never waits for a calibration in progress). */
 void vindex_get_recall(vindex *vi, vindex_recall *out);
 
 /* ---- snapshots ----

@@ -4,6 +4,19 @@ import time
 from harness import PgCluster, Server
 
 
+def store_when_back(c, content, limit=30):
+    """Stores content once the database answers again (within limit seconds); until then
+    every failure must be 'unavailable'. Returns the result."""
+    deadline = time.time() + limit
+    while True:
+        try:
+            return c.call("memory.store", content=content, type="fact", importance=0.5)
+        except Exception as e:  # noqa: BLE001 - retrying until the pool reconnects
+            assert "unavailable" in str(e), e
+            assert time.time() < deadline, f"no recovery within {limit} s"
+            time.sleep(0.2)
+
+
 def test_database_outage_and_recovery():
     pg = PgCluster()
     pg.start()
@@ -39,15 +52,7 @@ def test_database_outage_and_recovery():
             assert status == 503 and '"database":"down"' in body
 
             pg.start()
-            deadline = time.time() + 30
-            while True:
-                try:
-                    b = c.call("memory.store", content="after the outage", type="fact", importance=0.5)
-                    break
-                except Exception as e:  # noqa: BLE001 - retrying until the pool reconnects
-                    assert "unavailable" in str(e), e
-                    assert time.time() < deadline, "no recovery within 30 s"
-                    time.sleep(0.2)
+            b = store_when_back(c, "after the outage")
             got = c.call("memory.get", ids=[a["id"], b["id"]])["memories"]
             assert [m["content"] for m in got] == ["before the outage", "after the outage"]
             deadline = time.time() + 30
@@ -104,15 +109,7 @@ def test_hung_database_is_noticed_and_survived():
             assert c.call("ping") == "pong"
             pg.thaw()
             frozen = False
-            deadline = time.time() + 30
-            while True:
-                try:
-                    b = c.call("memory.store", content="after", type="fact", importance=0.5)
-                    break
-                except Exception as e:  # noqa: BLE001 - retrying until the pool recovers
-                    assert "unavailable" in str(e), e
-                    assert time.time() < deadline, "no recovery within 30 s"
-                    time.sleep(0.2)
+            b = store_when_back(c, "after")
             got = c.call("memory.get", ids=[a["id"], b["id"]])["memories"]
             assert [m["content"] for m in got] == ["before", "after"]
             deadline = time.time() + 30

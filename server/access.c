@@ -2,13 +2,17 @@
 #include "access.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "idmap.h"
 
 struct access_log {
-    idmap *pos; /* memory id -> index in entries (ids are unique across tenants) */
+    /* (tenant, memory id) -> index in entries. Ids are numbered per tenant, so the key
+     * combines both; two pairs can meet on one key, and the next key is tried then (see
+     * find_slot). */
+    idmap *pos;
     access_entry *entries;
     size_t n, cap;
 };
@@ -35,10 +39,33 @@ void access_log_destroy(access_log *l)
     free(l);
 }
 
+/* find_slot returns the key of (tenant, id) in l->pos, and sets *found and *i when the pair
+ * is there; otherwise the key is the free one to insert it under. */
+static uint64_t find_slot(const access_log *l, int64_t tenant, uint64_t id, bool *found,
+                          uint64_t *i)
+{
+    uint64_t key = ((uint64_t)tenant * UINT64_C(0x9E3779B97F4A7C15)) ^ id;
+    for (;; key++) {
+        if (key == UINT64_MAX) /* reserved by idmap */
+            continue;
+        if (!idmap_get(l->pos, key, i)) {
+            *found = false;
+            return key;
+        }
+        const access_entry *e = &l->entries[*i];
+        if (e->tenant == tenant && e->id == id) {
+            *found = true;
+            return key;
+        }
+    }
+}
+
 static int add_one(access_log *l, int64_t tenant, uint64_t id, uint64_t count, int64_t ms)
 {
     uint64_t i;
-    if (idmap_get(l->pos, id, &i)) {
+    bool found;
+    uint64_t key = find_slot(l, tenant, id, &found, &i);
+    if (found) {
         l->entries[i].count += count;
         if (ms > l->entries[i].last_ms)
             l->entries[i].last_ms = ms;
@@ -52,7 +79,7 @@ static int add_one(access_log *l, int64_t tenant, uint64_t id, uint64_t count, i
         l->entries = e;
         l->cap = cap;
     }
-    if (idmap_put(l->pos, id, l->n) < 0)
+    if (idmap_put(l->pos, key, l->n) < 0)
         return -ENOMEM;
     l->entries[l->n++] = (access_entry){.tenant = tenant, .id = id, .count = count, .last_ms = ms};
     return 0;

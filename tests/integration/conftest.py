@@ -1,26 +1,2 @@
-"""pytest fixtures: one database and one engramd per test module."""
-import pytest
-
-from harness import Server, new_database
-
-
-@pytest.fixture(scope="module")
-def server():
-    srv = Server(new_database("m")).start()
-    yield srv
-    try:
-        srv.stop()
-    finally:
-        srv.cleanup()
-
-
-@pytest.fixture
-def tenant(server):
-    """A fresh premium tenant: (tenant_id, api_key)."""
-    return server.create_tenant()
-
-
-@pytest.fixture
-def client(server, tenant):
-    with server.client(key=tenant[1]) as c:
-        yield c
+"""The integration suite's fixtures (see fixtures.py)."""
+from fixtures import client, server, tenant  # noqa: F401

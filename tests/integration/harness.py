@@ -47,6 +47,17 @@ def psql(dsn, sql):
     return out.stdout.strip()
 
 
+def wait_for(pred, timeout=20.0, interval=0.05):
+    """Polls pred until it returns something true (returned) or timeout seconds pass
+    (returns the last false value)."""
+    deadline = time.time() + timeout
+    while True:
+        v = pred()
+        if v or time.time() >= deadline:
+            return v
+        time.sleep(interval)
+
+
 def with_dbname(dsn, name):
     if re.search(r"\bdbname=\S+", dsn):
         return re.sub(r"\bdbname=\S+", f"dbname={name}", dsn)
@@ -265,4 +276,4 @@ def vec_bin(v):
 
 
 __all__ = ["Server", "PgCluster", "Client", "RpcError", "new_database", "psql",
-           "structured_vectors", "vec_bin", "free_port", "CLI"]
+           "structured_vectors", "vec_bin", "free_port", "CLI", "wait_for", "PG_BINDIR"]

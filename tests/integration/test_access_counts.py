@@ -35,7 +35,7 @@ def test_access_counts_land_fold_and_survive_a_crash():
         def total():
             return int(psql(dsn, f"SELECT m.access_count + COALESCE((SELECT a.access_count FROM "
                                  f"memory_access a WHERE a.tenant_id = m.tenant_id AND a.id = m.id), 0)"
-                                 f" FROM memories m WHERE m.id = {ids[0]}"))
+                                 f" FROM memories m WHERE m.tenant_id = {tid} AND m.id = {ids[0]}"))
 
         # durable in the database within about a second of the reads
         assert wait_for(lambda: total() == 3)
@@ -44,7 +44,8 @@ def test_access_counts_land_fold_and_survive_a_crash():
             got = c.call("memory.get", ids=[ids[0]])["memories"][0]
             assert got["access_count"] == 3 and got["last_accessed_at"] is not None
         # and the maintenance task folds them into the row
-        assert wait_for(lambda: psql(dsn, f"SELECT access_count FROM memories WHERE id = {ids[0]}") == "3")
+        assert wait_for(lambda: psql(dsn, f"SELECT access_count FROM memories WHERE tenant_id = {tid} "
+                                                 f"AND id = {ids[0]}") == "3")
         assert psql(dsn, "SELECT count(*) FROM memory_access") == "0"
         with srv.client(key=key) as c:
             c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1, similarity_weight=1.0)

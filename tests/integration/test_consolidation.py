@@ -93,7 +93,7 @@ def srv():
 
 
 def test_known_merges_supersessions_and_prunes(srv):
-    _, key = srv.create_tenant(tier="premium", embedding={"dim": DIM})
+    tid, key = srv.create_tenant(tier="premium", embedding={"dim": DIM})
     t0 = now_ms()
     with srv.client(key=key) as c:
         ids = dataset(c, t0)
@@ -136,7 +136,8 @@ def test_known_merges_supersessions_and_prunes(srv):
         res = c.call("memory.search", embedding=q, top_k=10, include_archived=True)["results"]
         assert {ids["dup1"], ids["dup3"]} <= {x["id"] for x in res}
         # re-rank: every live memory's composite is stored
-        n = psql(srv.dsn_plain, f"SELECT count(*) FROM memories WHERE id = ANY (ARRAY{list(ids.values())}) "
+        n = psql(srv.dsn_plain, f"SELECT count(*) FROM memories WHERE tenant_id = {tid} "
+                                f"AND id = ANY (ARRAY{list(ids.values())}) "
                                 "AND archived_at IS NULL AND composite IS NOT NULL")
         assert int(n) == live
         # the run is listed

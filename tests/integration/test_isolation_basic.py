@@ -16,9 +16,14 @@ def test_tenants_are_isolated(server):
             res = b.call("memory.search", embedding=vec_bin(v), top_k=20)["results"]
             assert {r["id"] for r in res} <= set(idb)
             assert all(r["content"].startswith("b") for r in res)
-        assert b.call("memory.get", ids=ida)["memories"] == []
-        assert b.call("memory.delete", ids=ida)["deleted"] == []
-        # A's memories are untouched by B's delete attempt
-        assert len(a.call("memory.get", ids=ida)["memories"]) == 10
+        # ids are numbered per tenant: both tenants hold ids 1..10 and each reads its own
+        assert ida == idb == list(range(ida[0], ida[0] + 10))
+        got = b.call("memory.get", ids=ida)["memories"]
+        assert sorted(m["content"] for m in got) == sorted(f"b{i}" for i in range(10))
+        assert b.call("memory.delete", ids=ida[:5])["deleted"] == ida[:5]
+        # B's delete removed B's memories only
+        got = a.call("memory.get", ids=ida)["memories"]
+        assert sorted(m["content"] for m in got) == sorted(f"a{i}" for i in range(10))
+        assert len(b.call("memory.get", ids=idb)["memories"]) == 5
         res = a.call("memory.search", query="b1", top_k=20)["results"]
         assert {r["id"] for r in res} <= set(ida)

@@ -74,7 +74,7 @@ def test_visibility_by_scope(server, client):
 def test_access_counts_are_durable_and_raise_the_composite():
     srv = Server(new_database("acc")).start()
     try:
-        _, key = srv.create_tenant()
+        tid, key = srv.create_tenant()
         with srv.client(key=key) as c:
             v = structured_vectors(2, 384, seed=5)
             a = c.call("memory.store", content="a", type="fact", importance=0.5, embedding=vec_bin(v[0]))["id"]
@@ -184,7 +184,7 @@ def test_expiry_hides_then_purges():
     dbdsn = new_database("ttl")
     srv = Server(dbdsn, extra=["--maintenance-interval-s", "1"]).start()
     try:
-        _, key = srv.create_tenant()
+        tid, key = srv.create_tenant()
         with srv.client(key=key) as c:
             e = vec_bin(structured_vectors(1, 384, seed=3)[0])
             a = c.call("memory.store", content="short lived", type="fact", importance=0.5, embedding=e,
@@ -198,7 +198,7 @@ def test_expiry_hides_then_purges():
             # the purge deletes the row within a few maintenance intervals
             from harness import psql
             deadline = time.time() + 10
-            while psql(dbdsn, f"SELECT count(*) FROM memories WHERE id = {a}") != "0":
+            while psql(dbdsn, f"SELECT count(*) FROM memories WHERE tenant_id = {tid} AND id = {a}") != "0":
                 assert time.time() < deadline, "expired memory not purged"
                 time.sleep(0.3)
             assert c.call("memory.stats")["total"] == 1

@@ -217,7 +217,7 @@ def test_active_sub_agents_come_back(client):
     assert client.call("session.get", session_id=parent)["total_cost_usdc"] == 0.25
 
 
-def test_expired_checkpoints_are_not_found_and_purged(server, client):
+def test_expired_checkpoints_are_not_found_and_purged(server, tenant, client):
     sid = new_session(client)
     note(client, sid, "first", "1")
     client.call("session.scratchpad.update", session_id=sid, content="v1")
@@ -229,7 +229,7 @@ def test_expired_checkpoints_are_not_found_and_purged(server, client):
     assert client.call("session.get", session_id=sid)["checkpoint_count"] == 3
     # expire k1 and k2 in the database (the lifetime is a tier setting of at least 60 s)
     psql(server.dsn, "UPDATE session_checkpoints SET expires_at = now() - interval '1 second' "
-                     f"WHERE id IN ({k1}, {k2})")
+                     f"WHERE tenant_id = {tenant[0]} AND id IN ({k1}, {k2})")
     for k in (k1, k2):
         assert client.call_err("session.resume", checkpoint_id=k)["code"] == "not_found"
     assert [k["checkpoint_id"] for k in client.call("session.checkpoints",
@@ -237,7 +237,8 @@ def test_expired_checkpoints_are_not_found_and_purged(server, client):
     assert client.call("session.get", session_id=sid)["checkpoint_count"] == 1
     removed = int(psql(server.dsn, "SELECT engram_session_purge_expired()"))
     assert removed >= 2
-    assert psql(server.dsn, f"SELECT count(*) FROM session_checkpoints WHERE id IN ({k1},{k2})") \
+    assert psql(server.dsn, f"SELECT count(*) FROM session_checkpoints WHERE tenant_id = {tenant[0]} "
+                            f"AND id IN ({k1},{k2})") \
         == "0"
     # k3 held only a delta against k2; after the purge it still restores everything
     r = client.call("session.resume", checkpoint_id=k3)
@@ -258,15 +259,15 @@ def test_expired_checkpoints_are_not_found_and_purged(server, client):
     assert [n["key"] for n in notes] == ["first", "second", "third", "fourth"]
 
 
-def test_purge_of_every_checkpoint(server, client):
+def test_purge_of_every_checkpoint(server, tenant, client):
     sid = new_session(client)
     client.call("session.scratchpad.update", session_id=sid, content="only")
     k = client.call("session.checkpoint", session_id=sid, label="k")["checkpoint_id"]
     psql(server.dsn, "UPDATE session_checkpoints SET expires_at = now() - interval '1 second' "
-                     f"WHERE id = {k}")
+                     f"WHERE tenant_id = {tenant[0]} AND id = {k}")
     assert int(psql(server.dsn, "SELECT engram_session_purge_expired()")) >= 1
     assert psql(server.dsn, f"SELECT count(*) FROM session_scratchpad_snaps WHERE "
-                            f"session_id = {sid}") == "0"
+                            f"tenant_id = {tenant[0]} AND session_id = {sid}") == "0"
     # with no checkpoint left, the next one stores the whole state again
     k2 = client.call("session.checkpoint", session_id=sid, label="k2")
     assert k2["delta"]["scratchpad"]

@@ -6,6 +6,10 @@ its own space, must never see the first tenant's content, and must learn nothing
 errors (not found, never "another tenant"). Afterwards the first tenant's data is exactly as
 before. A method added later is covered without anyone remembering: a required parameter
 this test has no probe value for fails the test.
+
+Ids are numbered per tenant, so B's own objects could carry the very ids A's have. Tenant A
+first moves its counters past anything B's probes create, so every id B aims at is A's
+alone. (Equal ids in two tenants are covered by test_isolation_basic.)
 """
 import json
 
@@ -41,11 +45,31 @@ def snapshot(c, sid, mem_ids):
     }), sort_keys=True, default=str)
 
 
+PAD = 20  # ids A uses up first, of every kind; B's probes create fewer than this
+
+
+def pad_counters(a):
+    """Moves tenant A's memory, session, entry, note and checkpoint counters past PAD."""
+    ids = a.call("memory.store_batch", memories=[
+        {"content": f"pad {i}", "type": "fact", "importance": 0.1} for i in range(PAD)])["ids"]
+    assert a.call("memory.delete", ids=ids)["deleted"] == ids
+    sid = a.call("session.create", agent_id=9, config={"model": "m"})["session_id"]
+    for i in range(PAD):
+        a.call("session.append", session_id=sid, role="user", content=f"pad {i}")
+        a.call("session.note.add", session_id=sid, category="decision", key=f"p{i}", value="pad",
+               scope="session")
+        a.call("session.checkpoint", session_id=sid, label=f"pad {i}")
+    for _ in range(PAD):
+        a.call("session.end", session_id=a.call("session.create", agent_id=9,
+                                                config={"model": "m"})["session_id"])
+
+
 def test_second_tenant_cannot_reach_the_first(server):
     _, ka = server.create_tenant()
     _, kb = server.create_tenant()
     vecs = structured_vectors(5, 384, seed=501)
     with server.client(key=ka) as a:
+        pad_counters(a)
         mem_ids = a.call("memory.store_batch", memories=[
             {"content": f"{MARK} memory {i}", "type": "fact", "importance": 0.5, "embedding": vec_bin(v),
              "metadata": {"tokens": ["SHARED"]}} for i, v in enumerate(vecs)])["ids"]
@@ -57,6 +81,7 @@ def test_second_tenant_cannot_reach_the_first(server):
         cp = a.call("session.checkpoint", session_id=sid, label="cp")["checkpoint_id"]
         child = a.call("session.spawn", parent_id=sid, task=MARK, return_format="summary")["session_id"]
         before = snapshot(a, sid, mem_ids)
+    assert min(mem_ids + [sid, entry, cp, child]) > PAD
 
     # probe values, most specific first: (method, parameter), then parameter
     by_method = {
@@ -78,7 +103,7 @@ def test_second_tenant_cannot_reach_the_first(server):
     with server.client() as anon:
         methods = [m for m in anon.call("methods") if "tenant" in m["flags"]]
     assert len(methods) > 30
-    probed = []
+    probed, refusals = [], set()
     with server.client(key=kb) as b:
         for m in methods:
             params = {}
@@ -97,6 +122,7 @@ def test_second_tenant_cannot_reach_the_first(server):
                 # every probe is well-formed, so a refusal can only be about the data (or
                 # the tier): an invalid_argument here would mean the method was never probed
                 assert err["code"] in ("not_found", "permission_denied"), (m["name"], err)
+                refusals.add(m["name"])
                 msg = err["message"].lower()
                 assert "another tenant" not in msg and "belongs" not in msg and "owner" not in msg, err
             elif isinstance(res, dict):
@@ -107,3 +133,8 @@ def test_second_tenant_cannot_reach_the_first(server):
     with server.client(key=ka) as a:
         after = snapshot(a, sid, mem_ids)
     assert after == before, "tenant A's data changed while tenant B probed it"
+    refused = sum(1 for m in probed if m in refusals)
+    print(f"\n[isolation] {len(probed)} tenant methods called by tenant B with tenant A's "
+          f"memory, session, entry, note and checkpoint ids: {refused} refused (not_found or "
+          f"permission_denied), {len(probed) - refused} answered within B's own space; A's "
+          f"content shown 0 times, A's data changed 0 times")

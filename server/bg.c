@@ -12,6 +12,7 @@
 
 #include "db.h"
 #include "log.h"
+#include "sql_bg.h"
 #include "tenancy.h"
 #include "tenants.h"
 
@@ -232,10 +233,10 @@ static void *listener_thread(void *arg)
         PGconn *c = db_connect_blocking(cfg->pg_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
                                         (unsigned)cfg->db_queue_timeout_ms, err, sizeof(err));
         PGresult *r =
-            c ? db_exec_blocking(c, "LISTEN engram_changes", 0, NULL, err, sizeof(err)) : NULL;
+            c ? db_exec_stmt(c, sqlb_def(SQLB_LISTEN_CHANGES), NULL, 0, err, sizeof(err)) : NULL;
         if (r) {
             PQclear(r);
-            r = db_exec_blocking(c, "LISTEN engram_admin", 0, NULL, err, sizeof(err));
+            r = db_exec_stmt(c, sqlb_def(SQLB_LISTEN_ADMIN), NULL, 0, err, sizeof(err));
         }
         if (!r) {
             PQfinish(c);

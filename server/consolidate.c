@@ -15,6 +15,7 @@
 #include "log.h"
 #include "memrow.h"
 #include "score.h"
+#include "sql_bg.h"
 #include "tiers.h"
 
 /* Advisory lock keys: one per tenant, in a range of their own. */
@@ -186,20 +187,16 @@ static void record_failure(PGconn *pg, const char *tid, const char *trigger, int
 {
     char err[256], st[24];
     snprintf(st, sizeof(st), "%lld", (long long)started);
-    const char *tv[] = {tid};
     const char *fv[] = {tid, trigger, st, error};
-    PGresult *r = db_exec_blocking(pg, "BEGIN", 0, NULL, err, sizeof(err));
+    if (db_tenant_begin(pg, atoll(tid), DB_TX_WRITE, err, sizeof(err)) < 0) {
+        log_warn("recording a failed consolidation: %s", err);
+        return;
+    }
+    PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_CONSOLIDATE_FAILED), fv, err, sizeof(err));
+    bool ok = r != NULL;
     PQclear(r);
-    if (r)
-        r = db_exec_blocking(pg, "SELECT set_config('engram.tenant_id', $1, true)", 1, tv, err,
-                             sizeof(err));
-    PQclear(r);
-    if (r)
-        r = db_exec_blocking(pg, "SELECT engram_consolidate_failed($1, $2, $3, $4)", 4, fv, err,
-                             sizeof(err));
-    PQclear(r);
-    r = db_exec_blocking(pg, r ? "COMMIT" : "ROLLBACK", 0, NULL, err, sizeof(err));
-    PQclear(r);
+    if (db_tx_end(pg, ok, err, sizeof(err)) < 0 || !ok)
+        log_warn("recording a failed consolidation: %s", err);
 }
 
 static void set_err(consolidate_result *out, const char *fmt, const char *a)
@@ -224,8 +221,7 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
         return;
     }
     const char *kv[] = {key};
-    PGresult *r =
-        db_exec_blocking(pg, "SELECT pg_try_advisory_lock($1::bigint)", 1, kv, err, sizeof(err));
+    PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_TRY_LOCK), kv, err, sizeof(err));
     if (!r) {
         set_err(out, "%s", err);
         if (PQstatus(pg) != CONNECTION_OK)
@@ -450,7 +446,6 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
     uint64_t t_plan = server_mono_ns();
     json_buf own = {0}; /* "{id,id,...}": the survivors of earlier steps */
     json_buf_append(&own, "{}", 2);
-    const char *tv[] = {tid};
     /* steps of at most STEP decisions: merges, then supersessions, then prunes, in id order */
     size_t at = 0, phase = 0;
     while (phase < 3 && out->status >= 0) {
@@ -498,33 +493,26 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
                                     lit_end(&S[8]),
                                     lit_end(&S[9]),
                                     lit_end(&S[10])};
-            r = db_exec_blocking(pg, "BEGIN", 0, NULL, err, sizeof(err));
-            PQclear(r);
-            if (r)
-                r = db_exec_blocking(pg, "SELECT set_config('engram.tenant_id', $1, true)", 1, tv,
-                                     err, sizeof(err));
-            PQclear(r);
-            if (r)
-                r = db_exec_blocking(pg,
-                                     "SELECT * FROM engram_consolidate_apply($1, $2::bigint[], "
-                                     "$3::bigint[], $4::bigint[], $5::text[], $6::text[], "
-                                     "$7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], "
-                                     "$11::bigint[], $12::bigint[], $13::float8[])",
-                                     13, vals, err, sizeof(err));
-            if (r) {
-                out->merged += (int)memrow_i64(r, 0, 0, 0);
-                out->superseded += (int)memrow_i64(r, 0, 1, 0);
-                out->archived += (int)memrow_i64(r, 0, 2, 0);
-                out->skipped += (int)memrow_i64(r, 0, 3, 0);
+            int rc = db_tenant_begin(pg, tenant, DB_TX_WRITE, err, sizeof(err));
+            if (rc == 0) {
+                r = DB_EXEC(pg, sqlb_def(SQLB_CONSOLIDATE_APPLY), vals, err, sizeof(err));
+                int counts[4] = {0};
+                bool applied = r != NULL;
+                for (int k = 0; applied && k < 4; k++)
+                    counts[k] = (int)memrow_i64(r, 0, k, 0);
                 PQclear(r);
-                r = db_exec_blocking(pg, "COMMIT", 0, NULL, err, sizeof(err));
-                PQclear(r);
+                rc = db_tx_end(pg, applied, err, sizeof(err));
+                if (rc == 0 && applied) {
+                    out->merged += counts[0];
+                    out->superseded += counts[1];
+                    out->archived += counts[2];
+                    out->skipped += counts[3];
+                }
+                if (!applied)
+                    rc = -EIO;
             }
-            if (!r) {
-                char e2[64];
-                PQclear(db_exec_blocking(pg, "ROLLBACK", 0, NULL, e2, sizeof(e2)));
+            if (rc < 0)
                 set_err(out, "applying the plan: %s", err);
-            }
         }
         /* this step's survivors changed: later steps must not take them for memories that a
          * concurrent write changed (S[0] is "{id,id,...}" once ended) */
@@ -563,27 +551,22 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
     snprintf(counts[3], 16, "%d", out->skipped);
     const char *fv[10] = {tid,      trigger,   started_s, started_s, w,
                           settings, counts[0], counts[1], counts[2], counts[3]};
-    r = db_exec_blocking(pg, "BEGIN", 0, NULL, err, sizeof(err));
-    PQclear(r);
-    if (r)
-        r = db_exec_blocking(pg, "SELECT set_config('engram.tenant_id', $1, true)", 1, tv, err,
-                             sizeof(err));
-    PQclear(r);
-    if (r)
-        r = db_exec_blocking(pg,
-                             "SELECT * FROM engram_consolidate_finish($1, $2, $3, $4, "
-                             "$5::float8[], $6::jsonb, $7, $8, $9, $10)",
-                             10, fv, err, sizeof(err));
-    if (r) {
-        out->run_id = memrow_i64(r, 0, 0, 0);
-        out->rescored = (int)memrow_i64(r, 0, 1, 0);
+    int frc = db_tenant_begin(pg, tenant, DB_TX_WRITE, err, sizeof(err));
+    if (frc == 0) {
+        r = DB_EXEC(pg, sqlb_def(SQLB_CONSOLIDATE_FINISH), fv, err, sizeof(err));
+        bool recorded = r != NULL;
+        int64_t run_id = recorded ? memrow_i64(r, 0, 0, 0) : 0;
+        int rescored = recorded ? (int)memrow_i64(r, 0, 1, 0) : 0;
         PQclear(r);
-        r = db_exec_blocking(pg, "COMMIT", 0, NULL, err, sizeof(err));
-        PQclear(r);
+        frc = db_tx_end(pg, recorded, err, sizeof(err));
+        if (frc == 0 && !recorded)
+            frc = -EIO;
+        if (frc == 0) {
+            out->run_id = run_id;
+            out->rescored = rescored;
+        }
     }
-    if (!r) {
-        char e2[64];
-        PQclear(db_exec_blocking(pg, "ROLLBACK", 0, NULL, e2, sizeof(e2)));
+    if (frc < 0) {
         set_err(out, "recording the run: %s", err);
         goto unlock;
     }
@@ -593,7 +576,7 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
              (long long)tenant, n, (double)(t_read - t0) / 1e6, (double)(t_pairs - t_read) / 1e6,
              (double)(t_plan - t_pairs) / 1e6, (double)(server_mono_ns() - t_plan) / 1e6);
 unlock:
-    r = db_exec_blocking(pg, "SELECT pg_advisory_unlock($1::bigint)", 1, kv, err, sizeof(err));
+    r = DB_EXEC(pg, sqlb_def(SQLB_UNLOCK), kv, err, sizeof(err));
     PQclear(r);
     if (out->status < 0 && PQstatus(pg) == CONNECTION_OK)
         record_failure(pg, tid, trigger, started, out->error);
@@ -622,8 +605,7 @@ static void scheduled(bg_ctx *ctx, void *arg)
     if (!pg)
         return;
     const char *v[] = {hours};
-    PGresult *r = db_exec_blocking(pg, "SELECT * FROM engram_consolidation_due($1::integer[])", 1,
-                                   v, err, sizeof(err));
+    PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_CONSOLIDATION_DUE), v, err, sizeof(err));
     if (!r) {
         log_warn("consolidation scheduler: %s", err);
         if (PQstatus(pg) != CONNECTION_OK)

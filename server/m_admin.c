@@ -188,7 +188,7 @@ void h_admin_tenant_create(req *r)
     req_set_state(r, st);
     const char *vals[] = {name,      tiername, provider, model, dimtxt,
                           "default", key_id,   hash_hex, engine};
-    db_query q = {.stmt = sql_name(SQL_TENANT_CREATE), .nparams = 9, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_TENANT_CREATE), DB_VALUES(vals)};
     req_submit(r, -1, &q, 1, tenant_created);
 }
 
@@ -204,7 +204,7 @@ void h_admin_tenant_get(req *r)
     if (tenant_ref(r, P_TG_TENANT_ID, P_TG_NAME, vals) < 0)
         return;
     vals[2] = req_server(r)->cfg.index_engine;
-    db_query q = {.stmt = sql_name(SQL_ADMIN_TENANT_GET), .nparams = 3, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_ADMIN_TENANT_GET), DB_VALUES(vals)};
     req_submit(r, -1, &q, 1, json_row_done);
 }
 
@@ -273,7 +273,7 @@ void h_admin_tenant_list(req *r)
     snprintf(limit, 16, "%llu", (unsigned long long)st->limit);
     req_set_state(r, st);
     const char *vals[] = {after, limit, req_server(r)->cfg.index_engine};
-    db_query q = {.stmt = sql_name(SQL_ADMIN_TENANT_LIST), .nparams = 3, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_ADMIN_TENANT_LIST), DB_VALUES(vals)};
     req_submit(r, -1, &q, 1, tenants_listed);
 }
 
@@ -335,7 +335,7 @@ void h_admin_tenant_update(req *r)
     st->tier = vals[3];
     st->engine = vals[4];
     req_set_state(r, st);
-    db_query q = {.stmt = sql_name(SQL_ADMIN_TENANT_UPDATE), .nparams = 6, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_ADMIN_TENANT_UPDATE), DB_VALUES(vals)};
     req_submit(r, -1, &q, 1, tenant_updated);
 }
 
@@ -364,7 +364,7 @@ void h_admin_tenant_delete(req *r)
     const char *vals[2];
     if (tenant_ref(r, P_TD_TENANT_ID, P_TD_NAME, vals) < 0)
         return;
-    db_query q = {.stmt = sql_name(SQL_ADMIN_TENANT_DELETE), .nparams = 2, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_ADMIN_TENANT_DELETE), DB_VALUES(vals)};
     req_submit(r, -1, &q, 1, tenant_deleted);
 }
 
@@ -430,7 +430,7 @@ void h_admin_key_create(req *r)
     vals[2] = nm;
     vals[3] = kid;
     vals[4] = hash_hex;
-    db_query q = {.stmt = sql_name(SQL_ADMIN_KEY_CREATE), .nparams = 5, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_ADMIN_KEY_CREATE), DB_VALUES(vals)};
     req_submit(r, -1, &q, 1, key_created);
 }
 
@@ -457,7 +457,7 @@ void h_admin_key_list(req *r)
     const char *vals[2];
     if (tenant_ref(r, P_KL_TENANT_ID, P_KL_TENANT, vals) < 0)
         return;
-    db_query q = {.stmt = sql_name(SQL_ADMIN_KEY_LIST), .nparams = 2, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_ADMIN_KEY_LIST), DB_VALUES(vals)};
     req_submit(r, -1, &q, 1, keys_listed);
 }
 
@@ -490,7 +490,7 @@ void h_admin_key_revoke(req *r)
     }
     snprintf(kid, 24, "%lld", (long long)rpc_get_uint(req_arg(r, P_KR_KEY_ID), 0));
     const char *vals[] = {kid};
-    db_query q = {.stmt = sql_name(SQL_ADMIN_KEY_REVOKE), .nparams = 1, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_ADMIN_KEY_REVOKE), DB_VALUES(vals)};
     req_submit(r, -1, &q, 1, key_revoked);
 }
 
@@ -547,6 +547,6 @@ void h_tenant_usage(req *r)
         return;
     }
     const char *vals[] = {tid};
-    db_query q = {.stmt = sql_name(SQL_TENANT_USAGE), .nparams = 1, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_TENANT_USAGE), DB_VALUES(vals)};
     req_submit(r, req_auth(r)->tenant_id, &q, 1, usage_done);
 }

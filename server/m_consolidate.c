@@ -145,6 +145,6 @@ void h_memory_consolidation_runs(req *r)
     const msgpack_object *cur = req_arg(r, P_CR_CURSOR);
     snprintf(before, 24, "%lld", (long long)rpc_get_uint(cur, 0));
     const char *vals[] = {tid, limit, cur ? before : NULL};
-    db_query q = {.stmt = sql_name(SQL_CONSOLIDATION_RUNS), .nparams = 3, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_CONSOLIDATION_RUNS), DB_VALUES(vals)};
     req_submit(r, req_auth(r)->tenant_id, &q, 1, runs_rows);
 }

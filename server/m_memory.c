@@ -369,8 +369,8 @@ static int store_query(req *const *m, size_t nm, db_query *q, const char **vals,
     memset(fmts, 0, 19 * sizeof(*fmts));
     lens[12] = (int)vbytes;
     fmts[12] = 1;
-    *q = (db_query){.stmt = sql_name(SQL_MEMORY_STORE_BATCH),
-                    .nparams = 19,
+    *q = (db_query){.stmt = sql_def(SQL_MEMORY_STORE_BATCH),
+                    .nvalues = 19, /* vals[19], see store_params */
                     .values = vals,
                     .lengths = lens,
                     .formats = fmts};
@@ -739,7 +739,7 @@ static void submit_ids(req *r, size_t param, sql_stmt stmt, void (*cb)(req *, co
         return;
     }
     const char *vals[] = {tid, arr};
-    db_query q = {.stmt = sql_name(stmt), .nparams = 2, .values = vals};
+    db_query q = {.stmt = sql_def(stmt), DB_VALUES(vals)};
     req_submit(r, req_auth(r)->tenant_id, &q, 1, cb);
 }
 
@@ -881,11 +881,8 @@ static void update_submit(req *r, rpc_code code, const char *message)
     int lens[10] = {0}, fmts[10] = {0};
     lens[6] = (int)(a->dim * sizeof(float));
     fmts[6] = 1;
-    db_query q = {.stmt = sql_name(SQL_MEMORY_UPDATE),
-                  .nparams = 10,
-                  .values = vals,
-                  .lengths = lens,
-                  .formats = fmts};
+    db_query q = {
+        .stmt = sql_def(SQL_MEMORY_UPDATE), DB_VALUES(vals), .lengths = lens, .formats = fmts};
     req_submit(r, a->tenant_id, &q, 1, update_done);
 }
 
@@ -1032,7 +1029,7 @@ static void set_archived(req *r, bool archive, const char *reason)
     }
     req_set_state(r, archive ? "archived" : "restored");
     const char *vals[] = {tid, arr, archive ? "true" : "false", reason};
-    db_query q = {.stmt = sql_name(SQL_MEMORY_ARCHIVE), .nparams = 4, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_MEMORY_ARCHIVE), DB_VALUES(vals)};
     req_submit(r, req_auth(r)->tenant_id, &q, 1, archive_done);
 }
 
@@ -1118,8 +1115,8 @@ void h_memory_history(req *r)
     snprintf(one, 24, "%lld", (long long)id);
     const char *v1[] = {tid, ids};
     const char *v2[] = {tid, one};
-    db_query q[2] = {{.stmt = sql_name(SQL_MEMORY_GET), .nparams = 2, .values = v1},
-                     {.stmt = sql_name(SQL_MEMORY_HISTORY), .nparams = 2, .values = v2}};
+    db_query q[2] = {{.stmt = sql_def(SQL_MEMORY_GET), DB_VALUES(v1)},
+                     {.stmt = sql_def(SQL_MEMORY_HISTORY), DB_VALUES(v2)}};
     req_submit(r, req_auth(r)->tenant_id, q, 2, history_rows);
 }
 
@@ -1275,9 +1272,8 @@ void h_memory_list(req *r)
     vals[18] = ckey;
     vals[19] = cid;
     vals[20] = limit;
-    db_query q = {.stmt = sql_name(st->embedding ? SQL_MEMORY_LIST_EMB : SQL_MEMORY_LIST),
-                  .nparams = 21,
-                  .values = vals};
+    db_query q = {.stmt = sql_def(st->embedding ? SQL_MEMORY_LIST_EMB : SQL_MEMORY_LIST),
+                  DB_VALUES(vals)};
     req_submit(r, req_auth(r)->tenant_id, &q, 1, list_rows);
 }
 
@@ -1381,7 +1377,7 @@ void h_memory_stats(req *r)
         return;
     }
     const char *vals[] = {tid};
-    db_query q[2] = {{.stmt = sql_name(SQL_MEMORY_STATS), .nparams = 1, .values = vals},
-                     {.stmt = sql_name(SQL_TENANT_INDEX_ENGINE), .nparams = 1, .values = vals}};
+    db_query q[2] = {{.stmt = sql_def(SQL_MEMORY_STATS), DB_VALUES(vals)},
+                     {.stmt = sql_def(SQL_TENANT_INDEX_ENGINE), DB_VALUES(vals)}};
     req_submit(r, req_auth(r)->tenant_id, q, 2, stats_rows);
 }

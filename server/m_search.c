@@ -470,7 +470,7 @@ static void search_run(req *r)
         return;
     }
     const char *vals[] = {tid, arr};
-    db_query q = {.stmt = sql_name(SQL_MEMORY_GET), .nparams = 2, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_MEMORY_GET), DB_VALUES(vals)};
     req_submit(r, tid_owner, &q, 1, search_rows);
 }
 
@@ -539,7 +539,7 @@ static void search_text(req *r)
     snprintf(limit, 16, "%zu", st->ncand);
     vals[16] = st->query;
     vals[17] = limit;
-    db_query q = {.stmt = sql_name(SQL_MEMORY_TEXT_SEARCH), .nparams = 18, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_MEMORY_TEXT_SEARCH), DB_VALUES(vals)};
     req_submit(r, req_auth(r)->tenant_id, &q, 1, text_rows);
 }
 
@@ -586,7 +586,7 @@ static void search_start(req *r, rpc_code code, const char *message)
             return;
         }
         const char *vals[] = {tid, st->f.attrs_json};
-        db_query q = {.stmt = sql_name(SQL_MEMORY_ATTRS_IDS), .nparams = 2, .values = vals};
+        db_query q = {.stmt = sql_def(SQL_MEMORY_ATTRS_IDS), DB_VALUES(vals)};
         req_submit(r, req_auth(r)->tenant_id, &q, 1, attrs_rows);
         return;
     }

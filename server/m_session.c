@@ -276,7 +276,7 @@ static void sq_run(sq *q, sqls_stmt st)
         req_fail(q->r, RPC_INTERNAL, "out of memory");
         return;
     }
-    db_query dq = {.stmt = sqls_name(st), .nparams = q->n, .values = q->v};
+    db_query dq = {.stmt = sqls_def(st), .nvalues = q->n, .values = q->v};
     req_submit(q->r, req_auth(q->r)->tenant_id, &dq, 1, json_done);
 }
 

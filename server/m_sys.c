@@ -75,7 +75,7 @@ static void auth_done(req *r, const db_result *res)
     if (kid) {
         snprintf(kid, 24, "%lld", (long long)a.key_id);
         const char *kv[] = {kid};
-        db_query tq = {.stmt = sql_name(SQL_KEY_TOUCH), .nparams = 1, .values = kv};
+        db_query tq = {.stmt = sql_def(SQL_KEY_TOUCH), DB_VALUES(kv)};
         db_submit(req_db(r), -1, &tq, 1, touch_done, NULL);
     }
     msgpack_packer *pk = req_result(r);
@@ -114,7 +114,7 @@ void h_auth(req *r)
     auth_hash(s, k, n, st->hash);
     req_set_state(r, st);
     const char *vals[] = {key_id};
-    db_query q = {.stmt = sql_name(SQL_AUTH_LOOKUP), .nparams = 1, .values = vals};
+    db_query q = {.stmt = sql_def(SQL_AUTH_LOOKUP), DB_VALUES(vals)};
     req_submit(r, -1, &q, 1, auth_done);
 }
 

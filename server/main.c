@@ -179,17 +179,18 @@ static int create_tenant_cmd(server *s, PGconn *c, const char *name, const char 
     auth_hash(s, key, AUTH_KEY_LEN, hash);
     auth_hash_hex(hash, hex);
     snprintf(dim, sizeof(dim), "%d", s->cfg.embed_dim);
-    const char *vals[] = {name, tier, dim, key_id, hex};
-    PGresult *r = db_exec_blocking(
-        c,
-        "WITH t AS (INSERT INTO tenants (name, tier, embed_provider, embed_dim) VALUES ($1, $2, "
-        "'builtin', $3) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id) "
-        "INSERT INTO api_keys (tenant_id, name, key_id, key_hash) SELECT t.id, 'bootstrap', $4, "
-        "decode($5, 'hex') FROM t RETURNING tenant_id",
-        5, vals, err, sizeof(err));
+    /* the functions admin.tenant.create and admin.key.create call: a new tenant with its
+     * first key, or, when the name exists, a new key of that tenant */
+    const char *tv[] = {name, tier, "builtin", "", dim, "bootstrap", key_id, hex, NULL};
+    PGresult *r = DB_EXEC(c, sql_def(SQL_TENANT_CREATE), tv, err, sizeof(err));
     if (!r) {
-        log_error("cannot create tenant '%s': %s", name, err);
-        return -1;
+        char e2[512];
+        const char *kv[] = {NULL, name, "bootstrap", key_id, hex};
+        r = DB_EXEC(c, sql_def(SQL_ADMIN_KEY_CREATE), kv, e2, sizeof(e2));
+        if (!r) {
+            log_error("cannot create tenant '%s': %s", name, err);
+            return -1;
+        }
     }
     long long tid = atoll(PQgetvalue(r, 0, 0));
     PQclear(r);

@@ -7,6 +7,7 @@
 #include "bg.h"
 #include "db.h"
 #include "log.h"
+#include "sql_bg.h"
 
 #define PURGE_BATCH "10000"
 #define IDEMPOTENCY_TTL_S "86400"
@@ -20,8 +21,7 @@ static void purge_expired(bg_ctx *ctx, void *arg)
         return;
     }
     const char *vals[] = {PURGE_BATCH, IDEMPOTENCY_TTL_S};
-    PGresult *r =
-        db_exec_blocking(pg, "SELECT engram_purge_expired($1, $2)", 2, vals, err, sizeof(err));
+    PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_PURGE_EXPIRED), vals, err, sizeof(err));
     if (!r) {
         log_warn("purging expired memories failed: %s", err);
         if (PQstatus(pg) != CONNECTION_OK)
@@ -32,7 +32,7 @@ static void purge_expired(bg_ctx *ctx, void *arg)
     PQclear(r);
     if (n > 0)
         log_info("purged %lld expired memories", n);
-    r = db_exec_blocking(pg, "SELECT engram_session_purge_expired()", 0, NULL, err, sizeof(err));
+    r = db_exec_stmt(pg, sqlb_def(SQLB_SESSION_PURGE), NULL, 0, err, sizeof(err));
     if (!r) {
         log_warn("purging expired checkpoints failed: %s", err);
         if (PQstatus(pg) != CONNECTION_OK)
@@ -47,7 +47,7 @@ static void purge_expired(bg_ctx *ctx, void *arg)
     long long folded = 0;
     for (int i = 0; i < 100; i++) {
         const char *fv[] = {PURGE_BATCH};
-        r = db_exec_blocking(pg, "SELECT engram_access_fold($1)", 1, fv, err, sizeof(err));
+        r = DB_EXEC(pg, sqlb_def(SQLB_ACCESS_FOLD), fv, err, sizeof(err));
         if (!r) {
             log_warn("folding access counts failed: %s", err);
             if (PQstatus(pg) != CONNECTION_OK) {
@@ -69,7 +69,7 @@ static void purge_expired(bg_ctx *ctx, void *arg)
     char hours[32];
     snprintf(hours, sizeof(hours), "%d", s->cfg.change_log_retention_hours);
     const char *pv[] = {hours, PURGE_BATCH};
-    r = db_exec_blocking(pg, "SELECT engram_prune_changes($1, $2)", 2, pv, err, sizeof(err));
+    r = DB_EXEC(pg, sqlb_def(SQLB_PRUNE_CHANGES), pv, err, sizeof(err));
     if (!r) {
         log_warn("pruning the change log failed: %s", err);
         if (PQstatus(pg) != CONNECTION_OK)

@@ -335,8 +335,8 @@ void req_admit_query(req *r, void (*next)(req *r))
     snprintf(tid, 24, "%lld", (long long)r->auth.tenant_id);
     const char *vals[] = {tid, r->srv->query_limits};
     /* the counter's commit need not wait for the disk: see docs (quotas) */
-    db_query q[2] = {{.stmt = sql_name(SQL_SYNC_OFF)},
-                     {.stmt = sql_name(SQL_QUERY_ADMIT), .nparams = 2, .values = vals}};
+    db_query q[2] = {{.stmt = sql_def(SQL_SYNC_OFF)},
+                     {.stmt = sql_def(SQL_QUERY_ADMIT), DB_VALUES(vals)}};
     req_submit(r, r->auth.tenant_id, q, 2, on_admit);
 }
 

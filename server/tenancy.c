@@ -11,6 +11,7 @@
 #include "db.h"
 #include "idmap.h"
 #include "log.h"
+#include "sql_bg.h"
 #include "tenants.h"
 #include "tiers.h"
 
@@ -273,8 +274,7 @@ static void check_keys(bg_ctx *ctx, void *arg)
     if (!pg || !klit || !tlit)
         goto out;
     const char *v1[] = {klit};
-    PGresult *r =
-        db_exec_blocking(pg, "SELECT engram_keys_valid($1::bigint[])", 1, v1, err, sizeof(err));
+    PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_KEYS_VALID), v1, err, sizeof(err));
     if (r) {
         idmap *valid = idmap_create((size_t)PQntuples(r) + 1);
         for (int i = 0; valid && i < PQntuples(r); i++)
@@ -291,8 +291,7 @@ static void check_keys(bg_ctx *ctx, void *arg)
         PQclear(r);
     }
     const char *v2[] = {tlit};
-    r = db_exec_blocking(pg, "SELECT tenant_id, tier FROM engram_tenant_tiers($1::bigint[])", 1, v2,
-                         err, sizeof(err));
+    r = DB_EXEC(pg, sqlb_def(SQLB_TENANT_TIERS), v2, err, sizeof(err));
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             const char *tier = PQgetvalue(r, i, 1);
@@ -326,8 +325,7 @@ static void flush_queries(bg_ctx *ctx, void *arg)
     PGresult *r = NULL;
     if (pg && tl && cl) {
         const char *v[] = {tl, cl};
-        r = db_exec_blocking(pg, "SELECT engram_query_count($1::bigint[], $2::bigint[])", 2, v, err,
-                             sizeof(err));
+        r = DB_EXEC(pg, sqlb_def(SQLB_QUERY_COUNT), v, err, sizeof(err));
     }
     if (!r) {
         /* keep them for the next attempt */

@@ -20,6 +20,7 @@
 #include "idmap.h"
 #include "memfilter.h"
 #include "log.h"
+#include "sql_bg.h"
 
 enum { T_UNLOADED, T_LOADING, T_READY };
 
@@ -1369,9 +1370,8 @@ static void preload_job(bg_ctx *ctx, void *arg)
     while (!bg_cancelled(ctx)) {
         char err[256];
         PGconn *pg = bg_conn(ctx, err, sizeof(err));
-        PGresult *r = pg ? db_exec_blocking(pg, "SELECT * FROM engram_tenant_dims()", 0, NULL, err,
-                                            sizeof(err))
-                         : NULL;
+        PGresult *r =
+            pg ? db_exec_stmt(pg, sqlb_def(SQLB_TENANT_DIMS), NULL, 0, err, sizeof(err)) : NULL;
         if (!r) {
             log_warn("index preload: %s; retrying", err);
             if (pg && PQstatus(pg) != CONNECTION_OK)

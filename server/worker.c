@@ -162,7 +162,7 @@ static void flush_access(worker *w)
     int rc = -ENOMEM;
     if (vals[0] && vals[1] && vals[2] && vals[3]) {
         db_query q = {
-            .stmt = sql_name(SQL_MEMORY_TOUCH), .nparams = 4, .values = (const char *const *)vals};
+            .stmt = sql_def(SQL_MEMORY_TOUCH), .nvalues = 4, .values = (const char *const *)vals};
         rc = db_submit(w->db, -1, &q, 1, on_flushed, fc);
     }
     for (int i = 0; i < 4; i++)

@@ -149,11 +149,6 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
                                 3},
 };
 
-const char *sql_name(sql_stmt s)
-{
-    return sql_stmts[s].name;
-}
-
 /* Every statement table, in order; each module with statements of its own adds a line. */
 static const struct {
     const db_stmt_def *defs;

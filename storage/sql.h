@@ -45,8 +45,11 @@ typedef enum sql_stmt {
 
 extern const db_stmt_def sql_stmts[SQL__COUNT];
 
-/* sql_name returns the prepared statement name of s. */
-const char *sql_name(sql_stmt s);
+/* sql_def returns statement s of the table (db_query.stmt, db_exec_stmt). */
+static inline const db_stmt_def *sql_def(sql_stmt s)
+{
+    return &sql_stmts[s];
+}
 
 /* sql_init gathers every module's statement table into one array (call once at start,
  * before any pool exists); sql_all returns it; sql_fini frees it. */

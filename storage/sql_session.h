@@ -41,7 +41,10 @@ typedef enum sqls_stmt {
 /* The table, for sql.c to gather into the one statement array. */
 extern const db_stmt_def sql_session_stmts[SQLS__COUNT];
 
-/* sqls_name returns the prepared statement name of s. */
-const char *sqls_name(sqls_stmt s);
+/* sqls_def returns statement s of the table (db_query.stmt, db_exec_stmt). */
+static inline const db_stmt_def *sqls_def(sqls_stmt s)
+{
+    return &sql_session_stmts[s];
+}
 
 #endif

@@ -13,9 +13,11 @@
  *   $9 tokens, $10 chains, $11 protocols: jsonb[] of containment documents, any-of
  *   $12 strategy containment document     $13 attrs containment document
  *   $14 minimum composite  $15 as-of ms    $16 weights float8[5]
- * NULL means "no constraint" everywhere. Expired memories never match. */
+ * NULL means "no constraint" everywhere. Expired memories never match. The composite counts
+ * every access, folded into the row or still pending (SQL_ACCESS_COUNT), as search ranks
+ * with it and memory.get reports it. */
 #define COMPOSITE                                                                                  \
-    "engram_composite(m.created_at, m.access_count, m.importance, engram_ts($15::bigint), "        \
+    "engram_composite(m.created_at, " SQL_ACCESS_COUNT ", m.importance, engram_ts($15::bigint), "  \
     "($16::float8[])[1], ($16::float8[])[2], ($16::float8[])[3], ($16::float8[])[4], "             \
     "($16::float8[])[5])"
 #define FILTER                                                                                     \

@@ -60,32 +60,6 @@ static uint64_t prefixed_hash(char prefix, const char *s, size_t n)
     return mf_tag_hash(buf, n + 2);
 }
 
-int mf_tags_from_joined(const char *s, size_t len, uint64_t **out, uint32_t *n)
-{
-    *out = NULL;
-    *n = 0;
-    if (len == 0)
-        return 0;
-    uint32_t count = 1;
-    for (size_t i = 0; i < len; i++)
-        if (s[i] == 0x1f)
-            count++;
-    uint64_t *v = malloc(count * sizeof(*v));
-    if (!v)
-        return -ENOMEM;
-    uint32_t k = 0;
-    size_t start = 0;
-    for (size_t i = 0; i <= len; i++) {
-        if (i == len || s[i] == 0x1f) {
-            v[k++] = mf_tag_hash(s + start, i - start);
-            start = i + 1;
-        }
-    }
-    *n = sort_unique(v, k);
-    *out = v;
-    return 0;
-}
-
 /* Hashes the tag-bearing elements of a tokens, chains or protocols list into v (room for
  * every element); returns how many. */
 static uint32_t list_tags(char prefix, const msgpack_object *arr, uint64_t *v)

@@ -96,11 +96,6 @@ int mf_sql_params(req *r, const mem_filter *f, const char **vals);
 /* mf_tag_hash returns the hash of one tag string ("t:ETH"). */
 uint64_t mf_tag_hash(const char *s, size_t n);
 
-/* mf_tags_from_joined parses tags joined by U+001F (as PostgreSQL returns them) into a
- * sorted, deduplicated malloc'd array of hashes (NULL with *n = 0 when there are none).
- * Returns 0 or -ENOMEM. The caller owns *out (free). */
-int mf_tags_from_joined(const char *s, size_t len, uint64_t **out, uint32_t *n);
-
 /* mf_tags_from_metadata derives the same tags from a request's metadata map. Returns 0 or
  * -ENOMEM; the caller owns *out (free). */
 int mf_tags_from_metadata(const msgpack_object *metadata, uint64_t **out, uint32_t *n);

@@ -282,9 +282,15 @@ int mem_meta_from_db(mem_meta *m, const memrow_meta *row)
     m->type = (uint8_t)row->type;
     m->scope = (uint8_t)row->scope;
     m->pinned = row->pinned;
-    uint64_t *tags;
-    if (mf_tags_from_joined(row->tags, row->tags_len, &tags, &m->ntags) < 0)
-        return -ENOMEM;
+    /* tags: the typed metadata fields as a JSON array, derived here by the one rule (see
+     * memfilter.h); none (NULL) from a store, whose tags come from the request */
+    uint64_t *tags = NULL;
+    m->ntags = 0;
+    if (row->tags_len > 0) {
+        int rc = mf_tags_from_json(row->tags, row->tags_len, &tags, &m->ntags);
+        if (rc < 0)
+            return rc;
+    }
     m->tags = tags;
     return 0;
 }

@@ -3,7 +3,7 @@
  *
  * The handlers validate every argument (nested maps included) and turn it into text
  * parameters of one prepared statement; each statement calls one PL/pgSQL function of
- * migrations/0003_sessions.sql that does the whole operation in one transaction under the
+ * functions/30_sessions.sql that does the whole operation in one transaction under the
  * session's row lock and returns the result as one JSON document, which json_done turns
  * into the MessagePack result. Rules that need the database's state (cost caps, tier
  * limits, versions, single-level branching) are checked there; their SQLSTATEs map to the

@@ -2,9 +2,9 @@
  *
  * Every maintenance_interval_s: purge expired memories (with change records, so every
  * index drops them), idempotency keys older than a day, expired session checkpoints; fold
- * pending access counts into the memories' rows (migration 0007); prune changes older
- * than change_log_retention_hours from the change log.
- * Other capabilities add their own periodic tasks here.
+ * pending access counts into the memories' rows (memory_access, see migrations/0001_baseline.sql);
+ * prune changes older than change_log_retention_hours from the change log. Other capabilities add
+ * their own periodic tasks here.
  */
 #ifndef ENGRAM_SERVER_MAINT_H
 #define ENGRAM_SERVER_MAINT_H

@@ -20,7 +20,7 @@
     "jsonb_build_array(m.metadata -> 'tokens', m.metadata -> 'chains', "                           \
     "m.metadata -> 'protocols', m.metadata -> 'strategy_id')::text, m.embedding"
 #define LOADER_NCOLS 15
-/* The pending access counts (see migration 0007), one join rather than a subquery per row. */
+/* The pending access counts (memory_access), one join rather than a subquery per row. */
 #define LOADER_ACCESS " LEFT JOIN memory_access pa ON pa.tenant_id = m.tenant_id AND pa.id = m.id"
 
 static uint64_t be64(const char *p)

@@ -120,7 +120,7 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
     [SQL_SYNC_OFF] = {"sync_off", "SELECT set_config('synchronous_commit', 'off', true)", 0},
     [SQL_TENANT_USAGE] = {"tenant_usage", "SELECT * FROM engram_tenant_usage($1)", 1},
     /* the engine in force on this server: the tenant's own, or the default given as the
-     * last parameter (see migration 0011) */
+     * last parameter (see engram_tenant_engine) */
     [SQL_ADMIN_TENANT_GET] = {"admin_tenant_get",
                               "SELECT engram_tenant_engine(engram_admin_tenant_get($1, $2), "
                               "$3)::text",

@@ -1,44 +1,14 @@
--- 0005_consolidation: scheduled consolidation of each tenant's memories.
+-- storage/functions/50_consolidation.sql: Consolidation: applying a run's plan, recording
+-- runs, scheduling.
 --
--- A run reads the tenant's live memories, plans (in the server, with FAISS and BLAS) which
--- memories merge, which supersede which, and which are pruned, then applies the plan in
--- steps of a few hundred decisions, each one transaction (engram_consolidate_apply), and
--- finishes by storing every composite importance and recording the run
--- (engram_consolidate_finish). Every decision is guarded by the memory's change
--- number as the plan saw it: a memory changed by a concurrent write is left alone, so a run
--- racing with live traffic loses none of it. Each change gets a change number and a version
--- row like any other write, so indexes and memory.history follow.
-
-ALTER TABLE memories
-    ADD COLUMN composite     double precision,   -- stored by writes and consolidation re-ranks
-    ADD COLUMN composite_at  timestamptz;
-
-CREATE TABLE consolidation_runs (
-    tenant_id    bigint NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
-    id           bigserial,
-    trigger      text NOT NULL CHECK (trigger IN ('schedule', 'on_demand')),
-    status       text NOT NULL CHECK (status IN ('completed', 'failed')),
-    started_at   timestamptz NOT NULL,
-    finished_at  timestamptz NOT NULL,
-    merged       integer NOT NULL DEFAULT 0,   -- memories merged into a survivor
-    superseded   integer NOT NULL DEFAULT 0,
-    rescored     integer NOT NULL DEFAULT 0,
-    archived     integer NOT NULL DEFAULT 0,   -- pruned (archived for low importance)
-    skipped      integer NOT NULL DEFAULT 0,   -- decisions dropped: the memory changed meanwhile
-    error        text,
-    settings     jsonb NOT NULL DEFAULT '{}',
-    PRIMARY KEY (tenant_id, id)
-);
-CREATE INDEX consolidation_runs_recent ON consolidation_runs (tenant_id, finished_at DESC);
-
-ALTER TABLE consolidation_runs ENABLE ROW LEVEL SECURITY;
-CREATE POLICY tenant_rows ON consolidation_runs USING (tenant_id = engram_current_tenant());
-GRANT SELECT, INSERT, UPDATE, DELETE ON consolidation_runs TO engram_app;
-GRANT USAGE, SELECT, UPDATE ON SEQUENCE consolidation_runs_id_seq TO engram_app;
+-- Repeatable: engramd applies this file whole, in one transaction, whenever its checksum
+-- differs from the one recorded in schema_functions (see storage/migrate.h). Every
+-- definition is CREATE OR REPLACE; a change of a function's arguments or result type
+-- needs a DROP FUNCTION IF EXISTS of the old signature above the new definition.
 
 -- The union of two metadata documents: typed lists merged without duplicates (in order of
 -- first appearance), strategy_id and attrs keys from a unless absent there.
-CREATE FUNCTION engram_metadata_union(a jsonb, b jsonb) RETURNS jsonb
+CREATE OR REPLACE FUNCTION engram_metadata_union(a jsonb, b jsonb) RETURNS jsonb
     LANGUAGE sql IMMUTABLE AS $$
     SELECT jsonb_strip_nulls(jsonb_build_object(
         'tokens', (SELECT jsonb_agg(x ORDER BY o) FROM (
@@ -74,8 +44,10 @@ $$;
 --   supersessions: p_old[k] is superseded by p_new[k] (guards p_old_seq, p_new_seq)
 --   prunes:      p_prune[k] archived for low composite (guard p_prune_seq, value p_prune_c)
 -- p_own lists the memories this run changed in earlier steps (their seq moved on).
--- Returns the step's counts.
-CREATE FUNCTION engram_consolidate_apply(
+-- Returns the step's counts. Each member is looked up by its key (tenant, id), one index
+-- probe whatever the statistics say (a join on "id = ANY (members)" was planned as a scan
+-- of the tenant for tenants PostgreSQL had not analyzed yet).
+CREATE OR REPLACE FUNCTION engram_consolidate_apply(
         p_tenant bigint, p_own bigint[],
         p_survivor bigint[], p_survivor_seq bigint[], p_members text[], p_members_seq text[],
         p_old bigint[], p_old_seq bigint[], p_new bigint[], p_new_seq bigint[],
@@ -96,6 +68,11 @@ DECLARE
     k integer;
     v_members bigint[];
     v_mseq bigint[];
+    v_id bigint;
+    v_rows memories[];
+    v_imp double precision;
+    v_acc bigint;
+    v_mds jsonb[];
     v_ok boolean;
     v_own bigint[] := COALESCE(p_own, '{}') || COALESCE(p_survivor, '{}');
     v_now timestamptz := date_trunc('milliseconds', now());
@@ -117,29 +94,38 @@ BEGIN
             AND (seq = p_survivor_seq[k] OR id = ANY (v_own)) AND archived_at IS NULL FOR UPDATE;
         v_ok := FOUND;
         IF v_ok THEN
-            -- every member must be as the plan saw it
-            SELECT count(*) = cardinality(v_members) INTO v_ok FROM memories x
-            JOIN unnest(v_members, v_mseq) AS u (id, seq) ON u.id = x.id AND u.seq = x.seq
-            WHERE x.tenant_id = p_tenant AND x.archived_at IS NULL;
+            -- every member must be as the plan saw it (each looked up by its key)
+            SELECT count(*) = cardinality(v_members) INTO v_ok
+            FROM unnest(v_members, v_mseq) AS u (id, seq)
+            WHERE (SELECT x.seq FROM memories x WHERE x.tenant_id = p_tenant AND x.id = u.id
+                   AND x.archived_at IS NULL) = u.seq;
         END IF;
         IF NOT v_ok THEN
             v_skipped := v_skipped + 1;
             CONTINUE;
         END IF;
         PERFORM engram_keep_version(s, 'merge', jsonb_build_object('merged', to_jsonb(v_members)));
+        -- the members, locked in id order, one key lookup each
+        v_rows := '{}';
+        v_imp := s.importance;
+        v_acc := 0;
+        v_mds := '{}';
+        FOREACH v_id IN ARRAY ARRAY(SELECT x FROM unnest(v_members) x ORDER BY x) LOOP
+            SELECT * INTO m FROM memories WHERE tenant_id = p_tenant AND id = v_id FOR UPDATE;
+            CONTINUE WHEN NOT FOUND;
+            v_rows := v_rows || m;
+            v_imp := greatest(v_imp, m.importance);
+            v_acc := v_acc + m.access_count;
+            v_mds := v_mds || m.metadata;
+        END LOOP;
         v_seq := v_seq + 1;
         UPDATE memories x SET
-            importance = greatest(x.importance, (SELECT max(y.importance) FROM memories y
-                                                 WHERE y.tenant_id = p_tenant AND y.id = ANY (v_members))),
-            access_count = x.access_count + (SELECT COALESCE(sum(y.access_count), 0) FROM memories y
-                                             WHERE y.tenant_id = p_tenant AND y.id = ANY (v_members)),
-            metadata = (SELECT engram_metadata_union_all(x.metadata, array_agg(y.metadata ORDER BY y.id))
-                        FROM memories y WHERE y.tenant_id = p_tenant AND y.id = ANY (v_members)),
+            importance = v_imp, access_count = x.access_count + v_acc,
+            metadata = engram_metadata_union_all(x.metadata, v_mds),
             updated_at = v_now, version = x.version + 1, seq = v_seq
         WHERE x.tenant_id = p_tenant AND x.id = s.id;
         INSERT INTO memory_changes VALUES (p_tenant, v_seq, s.id, 'u');
-        FOR m IN SELECT * FROM memories WHERE tenant_id = p_tenant AND id = ANY (v_members)
-                 ORDER BY id FOR UPDATE LOOP
+        FOREACH m IN ARRAY v_rows LOOP
             PERFORM engram_keep_version(m, 'archive',
                                         jsonb_build_object('reason', 'merged', 'into', s.id));
             v_seq := v_seq + 1;
@@ -201,11 +187,15 @@ BEGIN
     skipped := v_skipped;
     RETURN NEXT;
 END $$;
+ALTER FUNCTION engram_consolidate_apply(bigint, bigint[], bigint[], bigint[], text[], text[],
+    bigint[], bigint[], bigint[], bigint[], bigint[], bigint[], double precision[])
+    SET plan_cache_mode = force_generic_plan;
 
 -- engram_consolidate_finish: a run's last step: re-ranks (stores the composite importance of
--- every live memory as of p_as_of_ms, weights p_w) and records the run with its counts.
--- Stored composites are not changes to index structure: no change numbers, no lock.
-CREATE FUNCTION engram_consolidate_finish(
+-- every live memory as of p_as_of_ms, weights p_w, counting pending accesses as search does)
+-- and records the run with its counts. Stored composites are not changes to index
+-- structure: no change numbers, no lock.
+CREATE OR REPLACE FUNCTION engram_consolidate_finish(
         p_tenant bigint, p_trigger text, p_started_ms bigint, p_as_of_ms bigint,
         p_w double precision[], p_settings jsonb, p_merged integer, p_superseded integer,
         p_archived integer, p_skipped integer)
@@ -214,7 +204,12 @@ CREATE FUNCTION engram_consolidate_finish(
 #variable_conflict use_column
 BEGIN
     UPDATE memories x SET
-        composite = engram_composite(x.created_at, x.access_count, x.importance,
+        composite = engram_composite(x.created_at,
+                                     x.access_count + COALESCE((SELECT a.access_count
+                                                                FROM memory_access a
+                                                                WHERE a.tenant_id = x.tenant_id
+                                                                  AND a.id = x.id), 0),
+                                     x.importance,
                                      engram_ts(p_as_of_ms), p_w[1], p_w[2], p_w[3], p_w[4], p_w[5]),
         composite_at = engram_ts(p_as_of_ms)
     WHERE x.tenant_id = p_tenant AND x.archived_at IS NULL
@@ -229,7 +224,7 @@ BEGIN
 END $$;
 
 -- The union of a survivor's metadata with its merged members' (folded in id order).
-CREATE FUNCTION engram_metadata_union_all(a jsonb, others jsonb[]) RETURNS jsonb
+CREATE OR REPLACE FUNCTION engram_metadata_union_all(a jsonb, others jsonb[]) RETURNS jsonb
     LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     r jsonb := a;
@@ -242,7 +237,7 @@ BEGIN
 END $$;
 
 -- Records a run that failed (its changes were rolled back).
-CREATE FUNCTION engram_consolidate_failed(p_tenant bigint, p_trigger text, p_started_ms bigint,
+CREATE OR REPLACE FUNCTION engram_consolidate_failed(p_tenant bigint, p_trigger text, p_started_ms bigint,
                                           p_error text) RETURNS bigint
     LANGUAGE sql AS $$
     INSERT INTO consolidation_runs (tenant_id, trigger, status, started_at, finished_at, error)
@@ -253,7 +248,7 @@ $$;
 -- Tenants whose scheduled consolidation is due: p_hours holds the cadence of the three
 -- tiers (0: never); due when the last completed run (or, before the first, the tenant's
 -- creation) lies longer ago than that.
-CREATE FUNCTION engram_consolidation_due(p_hours integer[])
+CREATE OR REPLACE FUNCTION engram_consolidation_due(p_hours integer[])
     RETURNS TABLE (tenant_id bigint, embed_dim integer)
     LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
     SELECT t.id, t.embed_dim FROM tenants t
@@ -268,48 +263,3 @@ CREATE FUNCTION engram_consolidation_due(p_hours integer[])
                             AND r.finished_at > now() - interval '15 minutes')))
     ORDER BY t.id
 $$;
-
-GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO engram_app;
-REVOKE EXECUTE ON FUNCTION engram_consolidation_due(integer[]) FROM PUBLIC;
-
--- engram_memory_set_archived, as in 0002 but with one block of change numbers per call (see
--- engram_consolidate_apply for why).
-CREATE OR REPLACE FUNCTION engram_memory_set_archived(p_tenant bigint, p_ids bigint[],
-                                                      p_archive boolean, p_reason text)
-    RETURNS SETOF engram_memory_meta
-    LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    m memories;
-    v_n bigint;
-    v_seq bigint;
-BEGIN
-    PERFORM engram_next_seq(p_tenant, 0);
-    SELECT count(*) INTO v_n FROM memories
-    WHERE tenant_id = p_tenant AND id = ANY (p_ids) AND (archived_at IS NULL) = p_archive;
-    IF v_n = 0 THEN
-        RETURN;
-    END IF;
-    v_seq := engram_next_seq(p_tenant, v_n) - v_n;
-    FOR m IN SELECT * FROM memories
-             WHERE tenant_id = p_tenant AND id = ANY (p_ids)
-               AND (archived_at IS NULL) = p_archive
-             ORDER BY id FOR UPDATE LOOP
-        PERFORM engram_keep_version(m, CASE WHEN p_archive THEN 'archive' ELSE 'restore' END,
-                                    jsonb_build_object('reason', p_reason));
-        v_seq := v_seq + 1;
-        UPDATE memories SET
-            archived_at = CASE WHEN p_archive THEN date_trunc('milliseconds', now()) END,
-            archived_reason = CASE WHEN p_archive THEN p_reason END,
-            superseded_by = CASE WHEN p_archive THEN superseded_by END,
-            merged_into = CASE WHEN p_archive THEN merged_into END,
-            updated_at = date_trunc('milliseconds', now()),
-            version = version + 1,
-            seq = v_seq
-        WHERE tenant_id = p_tenant AND id = m.id
-        RETURNING * INTO m;
-        INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
-        RETURN NEXT engram_meta_of(m);
-    END LOOP;
-    PERFORM pg_notify('engram_changes', p_tenant || ':' || v_seq);
-END $$;

@@ -1,211 +1,33 @@
--- 0003_sessions: agent sessions: transcripts, working memory, checkpoints, sub-agents.
+-- storage/functions/30_sessions.sql: Sessions: transcripts, scratchpad, notes, checkpoints,
+-- sub-agents, handoff.
 --
--- Every function here takes the authenticated tenant as its first argument and touches
--- only that tenant's rows; another tenant's ids raise EG404 exactly like ids that do not
--- exist. Functions that change a session lock its row first (a sub-agent's parent row
--- before the sub-agent's own, always in that order), so concurrent writers to one session
--- serialize and every check (cost cap, tier limits, versions) sees the committed state.
---
--- The transcript is an append-only log numbered by seq within a session. Tombstones and
--- compaction summaries are entries of the log themselves, so the transcript as of any
--- position is fixed forever: a checkpoint records a position and never copies entries. A
--- session created by session.resume inherits the transcript of the session it branched
--- from up to the checkpoint's position (base_session_id, base_seq) and numbers its own
--- entries after it; engram_session_chain walks those links.
---
--- Checkpoints store deltas: the scalar state (costs, counters) whole, the scratchpad only
--- when its version changed since the previous checkpoint of the session, and the set of
--- live notes as ids added and removed since the previous checkpoint. The first remaining
--- checkpoint of a session is always relative to the empty state; purging an expired
--- checkpoint folds its delta into its successor first (engram_session_purge_expired).
---
--- Errors: EG400 invalid_argument, EG402 cost_limit_exceeded, EG403 permission_denied,
--- EG404 not_found, EG409 conflict, EG429 quota_exceeded. EG402 and EG429 carry DETAIL
--- 'limit=N usage=M ...', which the server turns into fields of the error.
-
-CREATE SEQUENCE session_id_seq;
-CREATE SEQUENCE session_entry_id_seq;
-CREATE SEQUENCE session_note_id_seq;
-CREATE SEQUENCE session_checkpoint_id_seq;
-CREATE SEQUENCE session_snap_id_seq;
-
-CREATE TABLE sessions (
-    tenant_id             bigint NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
-    id                    bigint NOT NULL DEFAULT nextval('session_id_seq'),
-    agent_id              bigint NOT NULL,
-    parent_id             bigint,           -- sub-agent sessions: the session that spawned it
-    state                 text NOT NULL DEFAULT 'active'
-                          CHECK (state IN ('active', 'ended', 'completed')),
-    config                jsonb NOT NULL,
-    max_cost_usdc         numeric CHECK (max_cost_usdc >= 0),
-    total_cost_usdc       numeric NOT NULL DEFAULT 0,  -- own appends plus sub-agents'
-    children_cost_usdc    numeric NOT NULL DEFAULT 0,  -- the sub-agents' share of it
-    -- transcript
-    base_session_id       bigint,           -- transcript inherited from this session ...
-    base_seq              bigint NOT NULL DEFAULT 0,   -- ... up to this position
-    position              bigint NOT NULL DEFAULT 0,   -- seq of the last entry
-    entry_count           bigint NOT NULL DEFAULT 0,   -- messages and summaries, inherited too
-    entry_bytes           bigint NOT NULL DEFAULT 0,
-    compaction_count      bigint NOT NULL DEFAULT 0,
-    rounds                bigint NOT NULL DEFAULT 0,   -- assistant messages
-    -- working memory
-    scratchpad            text NOT NULL DEFAULT '',
-    scratchpad_version    bigint NOT NULL DEFAULT 0,
-    scratchpad_tokens     bigint NOT NULL DEFAULT 0,
-    scratchpad_updated_at timestamptz,
-    rev                   bigint NOT NULL DEFAULT 0,   -- bumped by every change to the notes
-    -- branches (session.resume)
-    branch_type           text CHECK (branch_type IN ('resume', 'sim', 'pre_steer', 'dream')),
-    simulation            text CHECK (simulation IN ('sim', 'pre_steer', 'dream')),
-    origin_session_id     bigint,
-    origin_checkpoint_id  bigint,
-    -- sub-agents (session.spawn)
-    task                  text,
-    return_format         text CHECK (return_format IN ('summary', 'full')),
-    max_tokens            bigint,
-    output                text,
-    completed_at          timestamptz,
-    -- lifecycle
-    summary               text,
-    created_at            timestamptz NOT NULL,
-    updated_at            timestamptz NOT NULL,
-    ended_at              timestamptz,
-    PRIMARY KEY (tenant_id, id),
-    FOREIGN KEY (tenant_id, parent_id) REFERENCES sessions (tenant_id, id) ON DELETE CASCADE,
-    FOREIGN KEY (tenant_id, base_session_id) REFERENCES sessions (tenant_id, id)
-        ON DELETE CASCADE
-);
-CREATE INDEX sessions_agent ON sessions (tenant_id, agent_id, id);
-CREATE INDEX sessions_parent ON sessions (tenant_id, parent_id, id) WHERE parent_id IS NOT NULL;
-
--- The transcript. kind 'message' carries role/content; 'summary' carries the summary in
--- content and the entry it compacts through in target_id/target_seq; 'tombstone' names
--- the entry it hides in target_id.
-CREATE TABLE session_entries (
-    tenant_id           bigint NOT NULL,
-    session_id          bigint NOT NULL,
-    seq                 bigint NOT NULL,
-    id                  bigint NOT NULL DEFAULT nextval('session_entry_id_seq'),
-    kind                text NOT NULL CHECK (kind IN ('message', 'summary', 'tombstone')),
-    role                text CHECK (role IN ('system', 'user', 'assistant', 'tool')),
-    content             text,
-    parent_id           bigint,
-    tokens              bigint,
-    cost_usdc           numeric,
-    agent_id            bigint NOT NULL,
-    target_id           bigint,
-    target_seq          bigint,
-    messages_compacted  bigint,
-    created_at          timestamptz NOT NULL,
-    PRIMARY KEY (tenant_id, session_id, seq),
-    UNIQUE (tenant_id, id),
-    FOREIGN KEY (tenant_id, session_id) REFERENCES sessions (tenant_id, id) ON DELETE CASCADE
-);
-
--- Structured notes. A note is live until superseded (a newer note with the same key) or
--- cleared (session.task.complete); created_rev and dead_rev are the session's rev at those
--- moments, which is what checkpoint deltas are computed from.
-CREATE TABLE session_notes (
-    tenant_id      bigint NOT NULL,
-    id             bigint NOT NULL DEFAULT nextval('session_note_id_seq'),
-    session_id     bigint NOT NULL,
-    agent_id       bigint NOT NULL,
-    category       text NOT NULL
-                   CHECK (category IN ('decision', 'discovery', 'blocker', 'context', 'handoff')),
-    key            text NOT NULL,
-    value          text NOT NULL,
-    scope          text NOT NULL CHECK (scope IN ('current_task', 'session', 'carry_forward')),
-    work_item_id   jsonb,               -- as the client gave it: a number or a string
-    supersedes     bigint,
-    superseded_by  bigint,
-    cleared_at     timestamptz,
-    created_rev    bigint NOT NULL,
-    dead_rev       bigint,
-    created_at     timestamptz NOT NULL,
-    PRIMARY KEY (tenant_id, id),
-    FOREIGN KEY (tenant_id, session_id) REFERENCES sessions (tenant_id, id) ON DELETE CASCADE
-);
-CREATE INDEX session_notes_session ON session_notes (tenant_id, session_id, id);
-CREATE UNIQUE INDEX session_notes_live_key ON session_notes (tenant_id, session_id, key)
-    WHERE dead_rev IS NULL;
-
--- Scratchpad contents kept for checkpoints; each is owned by exactly one checkpoint.
-CREATE TABLE session_scratchpad_snaps (
-    tenant_id    bigint NOT NULL,
-    id           bigint NOT NULL DEFAULT nextval('session_snap_id_seq'),
-    session_id   bigint NOT NULL,
-    version      bigint NOT NULL,
-    content      text NOT NULL,
-    token_count  bigint NOT NULL,
-    updated_at   timestamptz,
-    PRIMARY KEY (tenant_id, id),
-    FOREIGN KEY (tenant_id, session_id) REFERENCES sessions (tenant_id, id) ON DELETE CASCADE
-);
-
-CREATE TABLE session_checkpoints (
-    tenant_id        bigint NOT NULL,
-    id               bigint NOT NULL DEFAULT nextval('session_checkpoint_id_seq'),
-    session_id       bigint NOT NULL,
-    label            text NOT NULL,
-    metadata         jsonb NOT NULL DEFAULT '{}',
-    position         bigint NOT NULL,   -- transcript position
-    rev              bigint NOT NULL,   -- the session's rev (notes) at the checkpoint
-    counters         jsonb NOT NULL,    -- costs, counters, constraint state, whole
-    scratchpad_snap  bigint,            -- NULL: unchanged since the previous checkpoint
-    notes_added      bigint[] NOT NULL DEFAULT '{}',
-    notes_removed    bigint[] NOT NULL DEFAULT '{}',
-    children         jsonb NOT NULL DEFAULT '[]',  -- active sub-agents and their positions
-    created_at       timestamptz NOT NULL,
-    expires_at       timestamptz NOT NULL,
-    PRIMARY KEY (tenant_id, id),
-    FOREIGN KEY (tenant_id, session_id) REFERENCES sessions (tenant_id, id) ON DELETE CASCADE,
-    FOREIGN KEY (tenant_id, scratchpad_snap) REFERENCES session_scratchpad_snaps (tenant_id, id)
-);
-CREATE INDEX session_checkpoints_session ON session_checkpoints (tenant_id, session_id, id);
-CREATE INDEX session_checkpoints_expiry ON session_checkpoints (expires_at);
-
--- Row-level security: with engram.tenant_id set (the server sets it for every tenant
--- request), a role that is neither superuser nor owner sees only that tenant's rows.
-ALTER TABLE sessions ENABLE ROW LEVEL SECURITY;
-ALTER TABLE session_entries ENABLE ROW LEVEL SECURITY;
-ALTER TABLE session_notes ENABLE ROW LEVEL SECURITY;
-ALTER TABLE session_scratchpad_snaps ENABLE ROW LEVEL SECURITY;
-ALTER TABLE session_checkpoints ENABLE ROW LEVEL SECURITY;
-CREATE POLICY tenant_rows ON sessions
-    USING (tenant_id = NULLIF(current_setting('engram.tenant_id', true), '')::bigint);
-CREATE POLICY tenant_rows ON session_entries
-    USING (tenant_id = NULLIF(current_setting('engram.tenant_id', true), '')::bigint);
-CREATE POLICY tenant_rows ON session_notes
-    USING (tenant_id = NULLIF(current_setting('engram.tenant_id', true), '')::bigint);
-CREATE POLICY tenant_rows ON session_scratchpad_snaps
-    USING (tenant_id = NULLIF(current_setting('engram.tenant_id', true), '')::bigint);
-CREATE POLICY tenant_rows ON session_checkpoints
-    USING (tenant_id = NULLIF(current_setting('engram.tenant_id', true), '')::bigint);
-
--- ---- helpers ------------------------------------------------------------------------------
+-- Repeatable: engramd applies this file whole, in one transaction, whenever its checksum
+-- differs from the one recorded in schema_functions (see storage/migrate.h). Every
+-- definition is CREATE OR REPLACE; a change of a function's arguments or result type
+-- needs a DROP FUNCTION IF EXISTS of the old signature above the new definition.
 
 -- The 64 bits of a client's unsigned id, stored in bigint, as the unsigned number.
-CREATE FUNCTION engram_session_u64(v bigint) RETURNS numeric
+CREATE OR REPLACE FUNCTION engram_session_u64(v bigint) RETURNS numeric
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT CASE WHEN v < 0 THEN v::numeric + 18446744073709551616 ELSE v::numeric END $$;
 
 -- The wall clock in ms precision. clock_timestamp, not now(): rows are stamped after the
 -- session lock is taken, so times never run backwards against seq and id order.
-CREATE FUNCTION engram_session_now() RETURNS timestamptz
+CREATE OR REPLACE FUNCTION engram_session_now() RETURNS timestamptz
     LANGUAGE sql VOLATILE
     AS $$ SELECT date_trunc('milliseconds', clock_timestamp()) $$;
 
-CREATE FUNCTION engram_session_arr_minus(a bigint[], b bigint[]) RETURNS bigint[]
+CREATE OR REPLACE FUNCTION engram_session_arr_minus(a bigint[], b bigint[]) RETURNS bigint[]
     LANGUAGE sql IMMUTABLE
     AS $$ SELECT COALESCE(array_agg(x ORDER BY x), '{}') FROM unnest(a) x WHERE x <> ALL (b) $$;
 
-CREATE FUNCTION engram_session_arr_union(a bigint[], b bigint[]) RETURNS bigint[]
+CREATE OR REPLACE FUNCTION engram_session_arr_union(a bigint[], b bigint[]) RETURNS bigint[]
     LANGUAGE sql IMMUTABLE
     AS $$ SELECT COALESCE(array_agg(DISTINCT x ORDER BY x), '{}')
           FROM unnest(a || b) x $$;
 
 -- engram_session_get_row: the session, or EG404.
-CREATE FUNCTION engram_session_get_row(p_tenant bigint, p_session bigint) RETURNS sessions
+CREATE OR REPLACE FUNCTION engram_session_get_row(p_tenant bigint, p_session bigint) RETURNS sessions
     LANGUAGE plpgsql STABLE AS $$
 DECLARE
     s sessions;
@@ -219,7 +41,7 @@ END $$;
 
 -- engram_session_lock: locks the session for a change and returns it; a sub-agent's
 -- parent is locked first (every writer takes them in that order), or EG404.
-CREATE FUNCTION engram_session_lock(p_tenant bigint, p_session bigint) RETURNS sessions
+CREATE OR REPLACE FUNCTION engram_session_lock(p_tenant bigint, p_session bigint) RETURNS sessions
     LANGUAGE plpgsql AS $$
 DECLARE
     s sessions;
@@ -236,7 +58,7 @@ BEGIN
     RETURN s;
 END $$;
 
-CREATE FUNCTION engram_session_require_active(s sessions) RETURNS void
+CREATE OR REPLACE FUNCTION engram_session_require_active(s sessions) RETURNS void
     LANGUAGE plpgsql AS $$
 BEGIN
     IF s.state <> 'active' THEN
@@ -246,7 +68,7 @@ END $$;
 
 -- engram_session_check_size: raises EG429 when adding n entries of nbytes would pass the
 -- tier's transcript limits.
-CREATE FUNCTION engram_session_check_size(s sessions, n bigint, nbytes bigint,
+CREATE OR REPLACE FUNCTION engram_session_check_size(s sessions, n bigint, nbytes bigint,
                                           p_max_entries bigint, p_max_bytes bigint)
     RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -267,7 +89,7 @@ END $$;
 
 -- engram_session_chain: the sessions whose entries make up p_session's transcript as of
 -- position p_upto, each with the last seq that belongs to it.
-CREATE FUNCTION engram_session_chain(p_tenant bigint, p_session bigint, p_upto bigint)
+CREATE OR REPLACE FUNCTION engram_session_chain(p_tenant bigint, p_session bigint, p_upto bigint)
     RETURNS TABLE (session_id bigint, upto bigint)
     LANGUAGE sql STABLE AS $$
     WITH RECURSIVE c (session_id, upto, base, base_seq) AS (
@@ -281,7 +103,7 @@ CREATE FUNCTION engram_session_chain(p_tenant bigint, p_session bigint, p_upto b
 $$;
 
 -- engram_session_log: every entry of the transcript as of p_upto, tombstones included.
-CREATE FUNCTION engram_session_log(p_tenant bigint, p_session bigint, p_upto bigint)
+CREATE OR REPLACE FUNCTION engram_session_log(p_tenant bigint, p_session bigint, p_upto bigint)
     RETURNS SETOF session_entries
     LANGUAGE sql STABLE AS $$
     SELECT e.* FROM engram_session_chain(p_tenant, p_session, p_upto) c
@@ -290,7 +112,7 @@ CREATE FUNCTION engram_session_log(p_tenant bigint, p_session bigint, p_upto big
 $$;
 
 -- engram_session_live: the messages and summaries no tombstone hides, as of p_upto.
-CREATE FUNCTION engram_session_live(p_tenant bigint, p_session bigint, p_upto bigint)
+CREATE OR REPLACE FUNCTION engram_session_live(p_tenant bigint, p_session bigint, p_upto bigint)
     RETURNS SETOF session_entries
     LANGUAGE sql STABLE AS $$
     WITH l AS MATERIALIZED (SELECT * FROM engram_session_log(p_tenant, p_session, p_upto))
@@ -299,7 +121,7 @@ CREATE FUNCTION engram_session_live(p_tenant bigint, p_session bigint, p_upto bi
       AND NOT EXISTS (SELECT 1 FROM l t WHERE t.kind = 'tombstone' AND t.target_id = l.id)
 $$;
 
-CREATE FUNCTION engram_session_entry_json(e session_entries) RETURNS jsonb
+CREATE OR REPLACE FUNCTION engram_session_entry_json(e session_entries) RETURNS jsonb
     LANGUAGE sql IMMUTABLE AS $$
     SELECT jsonb_build_object(
         'entry_id', e.id, 'seq', e.seq, 'type', e.kind, 'role', e.role,
@@ -315,7 +137,7 @@ $$;
 -- up to the entry it compacts through, then the live messages after that point in order.
 -- p_agent (NULL: all) keeps only that agent's messages (the summary stays); p_tail (NULL:
 -- all) keeps the last p_tail items. Returns a JSON array.
-CREATE FUNCTION engram_session_history(p_tenant bigint, p_session bigint, p_upto bigint,
+CREATE OR REPLACE FUNCTION engram_session_history(p_tenant bigint, p_session bigint, p_upto bigint,
                                        p_agent bigint, p_tail bigint)
     RETURNS jsonb
     LANGUAGE sql STABLE AS $$
@@ -339,7 +161,7 @@ $$;
 
 -- engram_session_find_entry: entry p_entry if it is part of p_session's transcript as of
 -- p_upto (its own or inherited), else a row of NULLs.
-CREATE FUNCTION engram_session_find_entry(p_tenant bigint, p_session bigint, p_upto bigint,
+CREATE OR REPLACE FUNCTION engram_session_find_entry(p_tenant bigint, p_session bigint, p_upto bigint,
                                           p_entry bigint)
     RETURNS session_entries
     LANGUAGE sql STABLE AS $$
@@ -349,7 +171,7 @@ CREATE FUNCTION engram_session_find_entry(p_tenant bigint, p_session bigint, p_u
     WHERE e.tenant_id = p_tenant AND e.id = p_entry
 $$;
 
-CREATE FUNCTION engram_session_note_json(n session_notes) RETURNS jsonb
+CREATE OR REPLACE FUNCTION engram_session_note_json(n session_notes) RETURNS jsonb
     LANGUAGE sql IMMUTABLE AS $$
     SELECT jsonb_build_object(
         'note_id', n.id, 'category', n.category, 'key', n.key, 'value', n.value,
@@ -359,7 +181,7 @@ CREATE FUNCTION engram_session_note_json(n session_notes) RETURNS jsonb
 $$;
 
 -- engram_session_json: the public view of a session (session.get).
-CREATE FUNCTION engram_session_json(s sessions) RETURNS jsonb
+CREATE OR REPLACE FUNCTION engram_session_json(s sessions) RETURNS jsonb
     LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
         'session_id', s.id, 'agent_id', engram_session_u64(s.agent_id),
@@ -403,9 +225,7 @@ CREATE FUNCTION engram_session_json(s sessions) RETURNS jsonb
         'output', s.output, 'completed_at', engram_ms(s.completed_at))
 $$;
 
--- ---- sessions -----------------------------------------------------------------------------
-
-CREATE FUNCTION engram_session_create(p_tenant bigint, p_agent bigint, p_config jsonb)
+CREATE OR REPLACE FUNCTION engram_session_create(p_tenant bigint, p_agent bigint, p_config jsonb)
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_cfg jsonb := jsonb_strip_nulls(p_config);
@@ -418,7 +238,7 @@ BEGIN
     RETURN jsonb_build_object('session_id', v_id, 'created_at', engram_ms(v_now));
 END $$;
 
-CREATE FUNCTION engram_session_get(p_tenant bigint, p_session bigint) RETURNS jsonb
+CREATE OR REPLACE FUNCTION engram_session_get(p_tenant bigint, p_session bigint) RETURNS jsonb
     LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN engram_session_json(engram_session_get_row(p_tenant, p_session));
@@ -426,7 +246,7 @@ END $$;
 
 -- engram_session_list: newest first, p_limit per page; p_cursor is the next_cursor of the
 -- previous page (nil on the last page).
-CREATE FUNCTION engram_session_list(p_tenant bigint, p_agent bigint, p_state text,
+CREATE OR REPLACE FUNCTION engram_session_list(p_tenant bigint, p_agent bigint, p_state text,
                                     p_cursor bigint, p_limit integer)
     RETURNS jsonb LANGUAGE sql STABLE AS $$
     WITH page AS (
@@ -450,7 +270,7 @@ CREATE FUNCTION engram_session_list(p_tenant bigint, p_agent bigint, p_state tex
     FROM page p
 $$;
 
-CREATE FUNCTION engram_session_end(p_tenant bigint, p_session bigint, p_summary text)
+CREATE OR REPLACE FUNCTION engram_session_end(p_tenant bigint, p_session bigint, p_summary text)
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     s sessions := engram_session_lock(p_tenant, p_session);
@@ -463,12 +283,10 @@ BEGIN
                               'ended_at', engram_ms(v_now));
 END $$;
 
--- ---- transcript ---------------------------------------------------------------------------
-
 -- engram_session_append: one message. The cost is checked against the session's cap and,
 -- for a sub-agent, its parent's (which also pays it), under both locks: concurrent appends
 -- can never pass a cap, and a rejected append stores nothing.
-CREATE FUNCTION engram_session_append(p_tenant bigint, p_session bigint, p_role text,
+CREATE OR REPLACE FUNCTION engram_session_append(p_tenant bigint, p_session bigint, p_role text,
                                       p_content text, p_parent bigint, p_tokens bigint,
                                       p_cost numeric, p_agent bigint, p_max_entries bigint,
                                       p_max_bytes bigint)
@@ -529,7 +347,7 @@ END $$;
 -- engram_session_tombstone: hides an entry of the session's transcript from now on (the
 -- entry stays, so checkpoints taken before still see it). p_session NULL: the session the
 -- entry was appended to. Tombstoning twice returns the first tombstone.
-CREATE FUNCTION engram_session_tombstone(p_tenant bigint, p_session bigint, p_entry bigint)
+CREATE OR REPLACE FUNCTION engram_session_tombstone(p_tenant bigint, p_session bigint, p_entry bigint)
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_session bigint := p_session;
@@ -570,7 +388,7 @@ END $$;
 
 -- engram_session_summarize: records a compaction summary standing in for the transcript up
 -- to and including p_through. It must reach past the live summary in place now (EG409).
-CREATE FUNCTION engram_session_summarize(p_tenant bigint, p_session bigint, p_summary text,
+CREATE OR REPLACE FUNCTION engram_session_summarize(p_tenant bigint, p_session bigint, p_summary text,
                                          p_through bigint, p_compacted bigint,
                                          p_max_entries bigint, p_max_bytes bigint)
     RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -623,7 +441,7 @@ BEGIN
                               'compaction_count', s.compaction_count + 1);
 END $$;
 
-CREATE FUNCTION engram_session_messages(p_tenant bigint, p_session bigint, p_tail bigint,
+CREATE OR REPLACE FUNCTION engram_session_messages(p_tenant bigint, p_session bigint, p_tail bigint,
                                         p_agent bigint)
     RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -635,9 +453,7 @@ BEGIN
         'messages', engram_session_history(p_tenant, s.id, s.position, p_agent, p_tail));
 END $$;
 
--- ---- working memory -----------------------------------------------------------------------
-
-CREATE FUNCTION engram_session_scratchpad_json(s sessions) RETURNS jsonb
+CREATE OR REPLACE FUNCTION engram_session_scratchpad_json(s sessions) RETURNS jsonb
     LANGUAGE sql IMMUTABLE AS $$
     SELECT jsonb_build_object('session_id', s.id, 'content', s.scratchpad,
                               'version', s.scratchpad_version,
@@ -645,7 +461,7 @@ CREATE FUNCTION engram_session_scratchpad_json(s sessions) RETURNS jsonb
                               'token_count', s.scratchpad_tokens)
 $$;
 
-CREATE FUNCTION engram_session_scratchpad_get(p_tenant bigint, p_session bigint)
+CREATE OR REPLACE FUNCTION engram_session_scratchpad_get(p_tenant bigint, p_session bigint)
     RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN engram_session_scratchpad_json(engram_session_get_row(p_tenant, p_session));
@@ -653,7 +469,7 @@ END $$;
 
 -- engram_session_scratchpad_update: replaces the scratchpad. p_expected (NULL: any) must be
 -- the current version or EG409. p_tokens NULL estimates one token per four characters.
-CREATE FUNCTION engram_session_scratchpad_update(p_tenant bigint, p_session bigint,
+CREATE OR REPLACE FUNCTION engram_session_scratchpad_update(p_tenant bigint, p_session bigint,
                                                  p_content text, p_expected bigint,
                                                  p_tokens bigint)
     RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -678,8 +494,9 @@ BEGIN
     RETURN engram_session_scratchpad_json(s);
 END $$;
 
--- engram_session_note_add: a new note; a live note with the same key is superseded by it.
-CREATE FUNCTION engram_session_note_add(p_tenant bigint, p_session bigint, p_category text,
+-- engram_session_note_add: adds a note (superseding the live note with the same key) and
+-- bumps the session's rev. The note's id is the tenant's next (engram_next_id).
+CREATE OR REPLACE FUNCTION engram_session_note_add(p_tenant bigint, p_session bigint, p_category text,
                                         p_key text, p_value text, p_scope text,
                                         p_work_item jsonb, p_agent bigint, p_max_notes bigint)
     RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -697,7 +514,7 @@ BEGIN
         RAISE EXCEPTION 'session % has reached its limit of % notes', s.id, p_max_notes
             USING ERRCODE = 'EG429', DETAIL = format('limit=%s usage=%s', p_max_notes, v_n);
     END IF;
-    v_id := nextval('session_note_id_seq');
+    v_id := engram_next_id(p_tenant, 'session_note');
     UPDATE session_notes
         SET superseded_by = v_id, dead_rev = s.rev + 1
         WHERE tenant_id = p_tenant AND session_id = s.id AND key = p_key AND dead_rev IS NULL
@@ -713,7 +530,7 @@ BEGIN
 END $$;
 
 -- engram_session_notes: live notes in creation order, filtered (NULL: no filter).
-CREATE FUNCTION engram_session_notes(p_tenant bigint, p_session bigint, p_scopes text[],
+CREATE OR REPLACE FUNCTION engram_session_notes(p_tenant bigint, p_session bigint, p_scopes text[],
                                      p_categories text[], p_since_ms bigint, p_agent bigint)
     RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -730,7 +547,7 @@ END $$;
 
 -- engram_session_task_complete: clears the live current_task notes (of one work item when
 -- p_work_item is not NULL).
-CREATE FUNCTION engram_session_task_complete(p_tenant bigint, p_session bigint,
+CREATE OR REPLACE FUNCTION engram_session_task_complete(p_tenant bigint, p_session bigint,
                                              p_work_item jsonb)
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -750,8 +567,6 @@ BEGIN
     RETURN jsonb_build_object('session_id', s.id, 'cleared', v_n);
 END $$;
 
--- ---- checkpoints --------------------------------------------------------------------------
-
 -- engram_session_checkpoint: records the session's state as a delta against its previous
 -- checkpoint (expired or not: the chain stays complete until the purge folds it):
 --   position          the transcript position (entries are never copied)
@@ -759,7 +574,7 @@ END $$;
 --   scratchpad_snap   a copy of the scratchpad only when its version changed
 --   notes_added/_removed  note ids that became live / stopped being live
 --   children          the active sub-agents and their positions (whole; at most a few)
-CREATE FUNCTION engram_session_checkpoint(p_tenant bigint, p_session bigint, p_label text,
+CREATE OR REPLACE FUNCTION engram_session_checkpoint(p_tenant bigint, p_session bigint, p_label text,
                                           p_metadata jsonb, p_ttl_s bigint,
                                           p_max_checkpoints bigint)
     RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -839,7 +654,7 @@ BEGIN
                                     'entries', s.position - COALESCE(prev.position, s.base_seq)));
 END $$;
 
-CREATE FUNCTION engram_session_checkpoints(p_tenant bigint, p_session bigint)
+CREATE OR REPLACE FUNCTION engram_session_checkpoints(p_tenant bigint, p_session bigint)
     RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     s sessions := engram_session_get_row(p_tenant, p_session);
@@ -863,7 +678,7 @@ END $$;
 -- p_branch is resume, sim, pre_steer or dream; a session in a simulation lineage cannot
 -- start another simulation branch (EG403). p_override is merged over the source's config
 -- (null values remove keys). Returns the new ids and every agent's conversation tail.
-CREATE FUNCTION engram_session_resume(p_tenant bigint, p_checkpoint bigint, p_override jsonb,
+CREATE OR REPLACE FUNCTION engram_session_resume(p_tenant bigint, p_checkpoint bigint, p_override jsonb,
                                       p_branch text)
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -991,7 +806,7 @@ END $$;
 -- successor in its session first folds its delta into the successor, so the successor
 -- still restores the full state. Runs as the owner (no tenant is set): call it from the
 -- maintenance scheduler.
-CREATE FUNCTION engram_session_purge_expired() RETURNS bigint
+CREATE OR REPLACE FUNCTION engram_session_purge_expired() RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     ss record;
@@ -1037,11 +852,9 @@ BEGIN
     RETURN v_n;
 END $$;
 
--- ---- sub-agents ---------------------------------------------------------------------------
-
 -- engram_session_spawn: a sub-agent session under p_parent whose transcript starts with the
 -- given context (a system message) and the task (a user message), nothing else.
-CREATE FUNCTION engram_session_spawn(p_tenant bigint, p_parent bigint, p_task text,
+CREATE OR REPLACE FUNCTION engram_session_spawn(p_tenant bigint, p_parent bigint, p_task text,
                                      p_model text, p_context text, p_max_tokens bigint,
                                      p_return_format text, p_agent bigint, p_max_children bigint,
                                      p_max_entries bigint, p_max_bytes bigint)
@@ -1092,7 +905,7 @@ BEGIN
                               'agent_id', engram_session_u64(v_agent));
 END $$;
 
-CREATE FUNCTION engram_session_complete(p_tenant bigint, p_session bigint, p_output text)
+CREATE OR REPLACE FUNCTION engram_session_complete(p_tenant bigint, p_session bigint, p_output text)
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     s sessions := engram_session_lock(p_tenant, p_session);
@@ -1114,7 +927,7 @@ END $$;
 
 -- engram_session_children: the sub-agents of p_session in spawn order; a completed
 -- sub-agent spawned with return_format 'full' also brings its transcript.
-CREATE FUNCTION engram_session_children(p_tenant bigint, p_session bigint)
+CREATE OR REPLACE FUNCTION engram_session_children(p_tenant bigint, p_session bigint)
     RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     s sessions := engram_session_get_row(p_tenant, p_session);
@@ -1135,8 +948,6 @@ BEGIN
         FROM sessions c WHERE c.tenant_id = p_tenant AND c.parent_id = s.id), '[]'::jsonb));
 END $$;
 
--- ---- handoff ------------------------------------------------------------------------------
-
 -- engram_session_handoff: the package another agent (or a human, or a recovering process)
 -- needs to pick the session up. p_mode selects the sections:
 --   continue  summary, carry_forward, blockers, work_items, decisions, scratchpad, events(20)
@@ -1145,7 +956,7 @@ END $$;
 --   recovery  everything above, all live notes, events(100), the latest checkpoint and
 --             the active sub-agents
 -- metrics are always included.
-CREATE FUNCTION engram_session_handoff(p_tenant bigint, p_session bigint, p_mode text)
+CREATE OR REPLACE FUNCTION engram_session_handoff(p_tenant bigint, p_session bigint, p_mode text)
     RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     s sessions := engram_session_get_row(p_tenant, p_session);

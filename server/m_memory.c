@@ -10,9 +10,9 @@
 #include <sodium.h>
 
 #include "embedder.h"
+#include "gcommit.h"
 #include "handlers.h"
 #include "log.h"
-#include "idmap.h"
 #include "memfilter.h"
 #include "mempack.h"
 #include "memrow.h"
@@ -377,118 +377,28 @@ static int store_query(req *const *m, size_t nm, db_query *q, const char **vals,
     return 0;
 }
 
-/* ---- group commit of stores ------------------------------------------------------------
- *
- * A tenant's writes commit one at a time (they take the tenant's row lock to number their
- * changes), so concurrent stores of one tenant would queue in PostgreSQL, each paying a
- * whole transaction. Instead, per worker and tenant, while one store job is in flight the
- * next stores wait, and then go to PostgreSQL together as one statement and one
- * transaction (up to BATCH_MAX memories). Each request is still answered only after the
- * commit that holds its memories. A store alone costs nothing extra. If a combined job
- * fails (a quota reached by the sum, say), each request is retried alone, so every
- * request gets the answer it would have had alone. Stores with an idempotency key always
- * go alone. */
-
-typedef struct store_group {
-    int64_t tenant;
-    idmap *map; /* the worker's groups, to leave when idle */
-    req **q;    /* waiting, in arrival order */
-    size_t nq, cq, qitems;
-} store_group;
-
-typedef struct group_job {
-    store_group *g;
-    size_t n;
-    req *m[]; /* the members, in the statement's order */
-} group_job;
-
-static void group_next(store_group *g);
-
-static void group_done(void *arg, const db_result *res)
+/* Stores go through the tenant's group commit (gcommit.h), except those with an
+ * idempotency key: a replay must see its own transaction. */
+static size_t store_items(req *r)
 {
-    group_job *j = arg;
-    if (res->status == DB_OK) {
-        int off = 0;
-        for (size_t i = 0; i < j->n; i++) {
-            size_t n = ((store_state *)req_state(j->m[i]))->n;
-            store_finish(j->m[i], res->res[0], off);
-            off += (int)n;
-        }
-    } else if (j->n == 1 || res->status == DB_UNAVAILABLE) {
-        for (size_t i = 0; i < j->n; i++)
-            store_fail(j->m[i], res);
-    } else {
-        /* retried alone: each gets its own outcome (e.g. the quota allows some) */
-        for (size_t i = 0; i < j->n; i++) {
-            db_query q;
-            const char *vals[19];
-            int lens[19], fmts[19];
-            if (store_query(&j->m[i], 1, &q, vals, lens, fmts) < 0)
-                req_fail(j->m[i], RPC_INTERNAL, "out of memory");
-            else
-                req_submit(j->m[i], req_auth(j->m[i])->tenant_id, &q, 1, store_done);
-        }
-    }
-    store_group *g = j->g;
-    free(j);
-    group_next(g);
+    return ((const store_state *)req_state(r))->n;
 }
 
-/* Sends the waiting stores of g as one job, or leaves g when none wait. */
-static void group_next(store_group *g)
+static int store_build(req *const *m, size_t nm, db_query *q, gc_params *p)
 {
-    if (g->nq == 0) {
-        idmap_del(g->map, (uint64_t)g->tenant);
-        free(g->q);
-        free(g);
-        return;
-    }
-    size_t n = 0, items = 0;
-    while (n < g->nq) {
-        size_t k = ((store_state *)req_state(g->q[n]))->n;
-        if (n > 0 && items + k > BATCH_MAX)
-            break;
-        items += k;
-        n++;
-    }
-    group_job *j = malloc(sizeof(*j) + n * sizeof(req *));
-    if (!j) {
-        for (size_t i = 0; i < n; i++)
-            req_fail(g->q[i], RPC_INTERNAL, "out of memory");
-        memmove(g->q, g->q + n, (g->nq - n) * sizeof(req *));
-        g->nq -= n;
-        g->qitems -= items;
-        group_next(g);
-        return;
-    }
-    j->g = g;
-    j->n = n;
-    memcpy(j->m, g->q, n * sizeof(req *));
-    memmove(g->q, g->q + n, (g->nq - n) * sizeof(req *));
-    g->nq -= n;
-    g->qitems -= items;
-    db_query q;
-    const char *vals[19];
-    int lens[19], fmts[19];
-    int rc = store_query(j->m, n, &q, vals, lens, fmts);
-    if (rc == 0)
-        rc = db_submit(req_db(j->m[0]), g->tenant, &q, 1, group_done, j);
-    if (rc < 0) {
-        for (size_t i = 0; i < n; i++) {
-            if (rc == -EAGAIN)
-                req_fail(j->m[i], RPC_UNAVAILABLE, "database queue full, retry later");
-            else if (rc == -ENOMEM)
-                req_fail(j->m[i], RPC_INTERNAL, "out of memory");
-            else
-                req_fail(j->m[i], RPC_UNAVAILABLE, "database unavailable (shutting down)");
-        }
-        free(j);
-        group_next(g); /* the next ones, or leave */
-    }
+    return store_query(m, nm, q, p->vals, p->lens, p->fmts);
 }
 
-/* Sends the store once every memory has its vector: alone, or through the tenant's
- * group. */
+static const gc_ops store_ops = {
+    .max_items = BATCH_MAX,
+    .items = store_items,
+    .build = store_build,
+    .finish = store_finish,
+    .fail = store_fail,
+    .done = store_done,
+};
+
+/* Sends the store once every memory has its vector. */
 static void store_submit(req *r, rpc_code code, const char *message)
 {
     store_state *st = req_state(r);
@@ -496,56 +406,7 @@ static void store_submit(req *r, rpc_code code, const char *message)
         req_fail(r, code, "%s", message ? message : "embedding failed");
         return;
     }
-    int64_t tid = req_auth(r)->tenant_id;
-    idmap *groups = worker_store_groups(req_worker(r));
-    uint64_t v;
-    if (!st->idem && groups && idmap_get(groups, (uint64_t)tid, &v)) {
-        store_group *g = (store_group *)(uintptr_t)v;
-        if (g->nq == g->cq) {
-            size_t cap = g->cq ? g->cq * 2 : 16;
-            req **nq = realloc(g->q, cap * sizeof(*nq));
-            if (!nq) {
-                req_fail(r, RPC_INTERNAL, "out of memory");
-                return;
-            }
-            g->q = nq;
-            g->cq = cap;
-        }
-        g->q[g->nq++] = r;
-        g->qitems += st->n;
-        return;
-    }
-    store_group *g = NULL;
-    if (!st->idem && groups && (g = calloc(1, sizeof(*g))) != NULL) {
-        g->tenant = tid;
-        g->map = groups;
-        if (idmap_put(groups, (uint64_t)tid, (uint64_t)(uintptr_t)g) < 0) {
-            free(g);
-            g = NULL;
-        }
-    }
-    if (!g) { /* alone: an idempotency key (or no memory for a group) */
-        db_query q;
-        const char *vals[19];
-        int lens[19], fmts[19];
-        if (store_query(&r, 1, &q, vals, lens, fmts) < 0)
-            req_fail(r, RPC_INTERNAL, "out of memory");
-        else
-            req_submit(r, tid, &q, 1, store_done);
-        return;
-    }
-    g->q = malloc(16 * sizeof(*g->q));
-    if (!g->q) {
-        idmap_del(groups, (uint64_t)tid);
-        free(g);
-        req_fail(r, RPC_INTERNAL, "out of memory");
-        return;
-    }
-    g->cq = 16;
-    g->q[0] = r;
-    g->nq = 1;
-    g->qitems = st->n;
-    group_next(g);
+    gc_submit(r, &store_ops, st->idem != NULL);
 }
 
 /* Embeds the items that came without a vector, checks the others, then submits. */

@@ -64,7 +64,8 @@ typedef struct wbuf {
 
 struct client_conn {
     int fd;
-    SSL_CTX *ssl_ctx; /* TLS: the context of this one connection; NULL: plain TCP */
+    SSL_CTX *ssl_ctx;     /* TLS: the context of this one connection; NULL: plain TCP */
+    BIO_METHOD *bio_meth; /* the socket BIO under c->ssl (see bio_nosig_write) */
     SSL *ssl;
     char tls_why[256]; /* the last TLS failure, for messages */
     int timeout_ms;
@@ -541,6 +542,56 @@ fail:
     return NULL;
 }
 
+/* OpenSSL's own socket BIO writes with write(2): on a connection the server has closed that
+ * raises SIGPIPE, which kills a program that did not ignore it. A library must not decide
+ * that for its caller, so the TLS session sits on this BIO, which sends with MSG_NOSIGNAL
+ * like the plain path. The BIO's data is the descriptor. */
+static int bio_nosig_write(BIO *b, const char *buf, int len)
+{
+    BIO_clear_retry_flags(b);
+    ssize_t w = send((int)(intptr_t)BIO_get_data(b), buf, (size_t)len, MSG_NOSIGNAL);
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        BIO_set_retry_write(b);
+    return (int)w;
+}
+
+static int bio_nosig_read(BIO *b, char *buf, int len)
+{
+    BIO_clear_retry_flags(b);
+    ssize_t r = recv((int)(intptr_t)BIO_get_data(b), buf, (size_t)len, 0);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        BIO_set_retry_read(b);
+    return (int)r;
+}
+
+static long bio_nosig_ctrl(BIO *b, int cmd, long num, void *ptr)
+{
+    return cmd == BIO_CTRL_FLUSH ? 1 : 0; /* nothing is buffered here */
+}
+
+static int bio_nosig_create(BIO *b)
+{
+    BIO_set_init(b, 1);
+    return 1;
+}
+
+/* Puts c->ssl on a no-SIGPIPE BIO over c->fd. Returns false when out of memory. */
+static bool tls_attach_socket(client_conn *c)
+{
+    c->bio_meth = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "engram socket");
+    if (c->bio_meth == NULL || BIO_meth_set_write(c->bio_meth, bio_nosig_write) != 1 ||
+        BIO_meth_set_read(c->bio_meth, bio_nosig_read) != 1 ||
+        BIO_meth_set_ctrl(c->bio_meth, bio_nosig_ctrl) != 1 ||
+        BIO_meth_set_create(c->bio_meth, bio_nosig_create) != 1)
+        return false;
+    BIO *b = BIO_new(c->bio_meth);
+    if (b == NULL)
+        return false;
+    BIO_set_data(b, (void *)(intptr_t)c->fd);
+    SSL_set_bio(c->ssl, b, b); /* c->ssl owns b */
+    return true;
+}
+
 /* Runs the TLS handshake on c's connected socket within deadline, checking the server's
  * certificate against name (a DNS name or an IP literal). Returns 0, CLIENT_E_TIMEOUT,
  * CLIENT_E_TLS or -ENOMEM, with why. */
@@ -548,7 +599,7 @@ static int tls_handshake(client_conn *c, const char *name, int64_t deadline, cha
 {
     unsigned char addr[16];
     c->ssl = SSL_new(c->ssl_ctx);
-    if (c->ssl == NULL || SSL_set_fd(c->ssl, c->fd) != 1) {
+    if (c->ssl == NULL || !tls_attach_socket(c)) {
         ERR_clear_error();
         snprintf(why, n, "out of memory");
         return -ENOMEM;
@@ -716,6 +767,7 @@ void client_close(client_conn *c)
         ERR_clear_error();
     }
     SSL_CTX_free(c->ssl_ctx);
+    BIO_meth_free(c->bio_meth); /* after SSL_free, which freed the BIO */
     if (c->fd >= 0)
         close(c->fd);
     rpc_scanner_destroy(c->scan);

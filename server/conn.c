@@ -501,7 +501,8 @@ void conn_tick(conn *c, uint64_t now)
      * its last byte is in: count it as a message started, or a client trickling one record
      * would escape both checks below */
     if (c->ssl && c->tls_up && c->msg_started_ms == 0 && c->in_len == 0) {
-        bool reading = !c->paused && !c->held && !c->read_stopped && !c->closing;
+        /* only while the connection reads: a record waits half-read when we stopped */
+        bool reading = !c->paused && !c->held && !c->read_stopped && !c->closing && !input_full(c);
         if (reading && tls_partial_record(c->ssl)) {
             if (c->rec_started_ms == 0)
                 c->rec_started_ms = now;

@@ -2,6 +2,7 @@
 #include "tls.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -313,9 +314,10 @@ bool tls_client_verified(struct ssl_st *ssl)
 void tls_client_subject(struct ssl_st *ssl, char *buf, size_t n)
 {
     X509 *p = SSL_get0_peer_certificate(ssl);
+    if (n == 0)
+        return;
     buf[0] = '\0';
-    if (p && n > 0 && n <= (size_t)INT32_MAX &&
-        !X509_NAME_oneline(X509_get_subject_name(p), buf, (int)n))
+    if (p && !X509_NAME_oneline(X509_get_subject_name(p), buf, n > INT_MAX ? INT_MAX : (int)n))
         buf[0] = '\0';
 }
 

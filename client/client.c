@@ -18,6 +18,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -64,8 +65,7 @@ typedef struct wbuf {
 
 struct client_conn {
     int fd;
-    SSL_CTX *ssl_ctx;     /* TLS: the context of this one connection; NULL: plain TCP */
-    BIO_METHOD *bio_meth; /* the socket BIO under c->ssl (see bio_nosig_write) */
+    SSL_CTX *ssl_ctx; /* TLS: the context of this one connection; NULL: plain TCP */
     SSL *ssl;
     char tls_why[256]; /* the last TLS failure, for messages */
     int timeout_ms;
@@ -575,16 +575,28 @@ static int bio_nosig_create(BIO *b)
     return 1;
 }
 
+/* The method of those BIOs: made once per process (a BIO type index is a process-wide
+ * resource), kept until exit. */
+static BIO_METHOD *bio_nosig;
+static pthread_once_t bio_nosig_once = PTHREAD_ONCE_INIT;
+
+static void bio_nosig_init(void)
+{
+    BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "engram socket");
+    if (m && BIO_meth_set_write(m, bio_nosig_write) == 1 &&
+        BIO_meth_set_read(m, bio_nosig_read) == 1 && BIO_meth_set_ctrl(m, bio_nosig_ctrl) == 1 &&
+        BIO_meth_set_create(m, bio_nosig_create) == 1)
+        bio_nosig = m;
+    else
+        BIO_meth_free(m);
+}
+
 /* Puts c->ssl on a no-SIGPIPE BIO over c->fd. Returns false when out of memory. */
 static bool tls_attach_socket(client_conn *c)
 {
-    c->bio_meth = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "engram socket");
-    if (c->bio_meth == NULL || BIO_meth_set_write(c->bio_meth, bio_nosig_write) != 1 ||
-        BIO_meth_set_read(c->bio_meth, bio_nosig_read) != 1 ||
-        BIO_meth_set_ctrl(c->bio_meth, bio_nosig_ctrl) != 1 ||
-        BIO_meth_set_create(c->bio_meth, bio_nosig_create) != 1)
+    if (pthread_once(&bio_nosig_once, bio_nosig_init) != 0 || bio_nosig == NULL)
         return false;
-    BIO *b = BIO_new(c->bio_meth);
+    BIO *b = BIO_new(bio_nosig);
     if (b == NULL)
         return false;
     BIO_set_data(b, (void *)(intptr_t)c->fd);
@@ -767,7 +779,6 @@ void client_close(client_conn *c)
         ERR_clear_error();
     }
     SSL_CTX_free(c->ssl_ctx);
-    BIO_meth_free(c->bio_meth); /* after SSL_free, which freed the BIO */
     if (c->fd >= 0)
         close(c->fd);
     rpc_scanner_destroy(c->scan);

@@ -339,6 +339,35 @@ def test_clients_refuse_an_expired_server_certificate(pki):
         fake.close()
 
 
+def test_cli_survives_a_server_that_hangs_up_mid_request(pki):
+    # a TLS peer that completes the handshake and closes: writing 8 MiB to it fails with
+    # EPIPE, which must come back as an error, not as SIGPIPE killing the process
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(pki["server"], pki["server_key"])
+    lsock = socket.create_server(("127.0.0.1", 0))
+    lsock.settimeout(30)
+
+    def hang_up():
+        try:
+            conn, _ = lsock.accept()
+            ctx.wrap_socket(conn, server_side=True).close()
+        except (OSError, ssl.SSLError):
+            pass
+
+    th = threading.Thread(target=hang_up, daemon=True)
+    th.start()
+    try:
+        big = '{"content": "' + "x" * (8 << 20) + '"}'
+        r = subprocess.run([CLI, "--port", str(lsock.getsockname()[1]), "--tls-ca", pki["ca"],
+                            "call", "ping", "-"], input=big, capture_output=True, text=True,
+                           timeout=60,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")})
+        assert r.returncode == 1 and "connection_closed" in r.stderr, (r.returncode, r.stderr)
+    finally:
+        th.join(30)
+        lsock.close()
+
+
 def start_and_fail(flags, timeout=60):
     """Runs engramd with flags that must stop it before it serves; returns (code, log)."""
     dsn = new_database("tlsbad")

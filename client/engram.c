@@ -60,6 +60,10 @@ typedef struct ctx {
     const char *timeout_s;
     const char *key_opt;
     const char *key_file_opt;
+    const char *tls_ca;   /* --tls-ca FILE */
+    const char *tls_cert; /* --tls-cert FILE */
+    const char *tls_key;  /* --tls-key FILE */
+    bool tls;             /* --tls */
     bool json, help;
 
     /* the command */
@@ -1147,6 +1151,7 @@ static const command commands[] = {
 
 static const char usage_line[] =
     "usage: engram [--host H] [--port P] [--key KEY | --key-file PATH] "
+    "[--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] "
     "[--json] [--timeout-ms N] COMMAND ...";
 
 static void print_help(FILE *f)
@@ -1171,6 +1176,14 @@ static void print_help(FILE *f)
         "  --key KEY        API key (ENGRAM_API_KEY); other local users can see it in ps,\n"
         "                   so prefer --key-file\n"
         "  --key-file PATH  read the API key from the first line of PATH (ENGRAM_KEY_FILE)\n"
+        "  --tls            connect over TLS 1.3 (ENGRAM_TLS=1); the server's certificate\n"
+        "                   must name the host and chain to the system's CAs or --tls-ca\n"
+        "  --tls-ca FILE    PEM CA certificates to verify the server with (ENGRAM_TLS_CA);\n"
+        "                   implies --tls\n"
+        "  --tls-cert FILE  PEM client certificate to present (ENGRAM_TLS_CERT); implies\n"
+        "                   --tls; an admin needs one when the server sets\n"
+        "                   tls_admin_require_client_cert\n"
+        "  --tls-key FILE   its PEM private key (ENGRAM_TLS_KEY; default: in --tls-cert)\n"
         "  --json           print the result as exactly one line of JSON on stdout\n"
         "  --timeout-ms N   connect and per-call timeout (default 30000; 0: none)\n"
         "  -h, --help       print this help\n"
@@ -1255,13 +1268,15 @@ static int parse_line(ctx *x, int argc, char **argv, const char **words, int *nw
             return usage_error(x, "unknown option '%s'", a);
         const char *name = a + 2, *eq = strchr(name, '=');
         size_t nl = eq ? (size_t)(eq - name) : strlen(name);
-        if (name_is(name, nl, "help") || name_is(name, nl, "json")) {
+        if (name_is(name, nl, "help") || name_is(name, nl, "json") || name_is(name, nl, "tls")) {
             if (eq)
                 return usage_error(x, "option --%.*s takes no value", (int)nl, name);
             if (name[0] == 'h')
                 x->help = true;
-            else
+            else if (name[0] == 'j')
                 x->json = true;
+            else
+                x->tls = true;
             continue;
         }
         const char *val;
@@ -1282,6 +1297,12 @@ static int parse_line(ctx *x, int argc, char **argv, const char **words, int *nw
             x->key_file_opt = val;
         else if (name_is(name, nl, "timeout-ms"))
             x->timeout_s = val;
+        else if (name_is(name, nl, "tls-ca"))
+            x->tls_ca = val;
+        else if (name_is(name, nl, "tls-cert"))
+            x->tls_cert = val;
+        else if (name_is(name, nl, "tls-key"))
+            x->tls_key = val;
         else if (x->nopts == MAX_OPTS)
             return usage_error(x, "too many options");
         else
@@ -1416,6 +1437,17 @@ static int run(ctx *x, int argc, char **argv)
         return usage_error(x, "the port must be 1 to 65535, not '%s'", port_s);
     if (x->timeout_s && (!parse_u64(x->timeout_s, &timeout) || timeout > INT_MAX))
         return usage_error(x, "--timeout-ms must be 0 to %d, not '%s'", INT_MAX, x->timeout_s);
+    /* TLS: flags win over the environment; any file asked for means TLS */
+    client_tls tls = {
+        .ca_file = x->tls_ca ? x->tls_ca : env("ENGRAM_TLS_CA"),
+        .cert_file = x->tls_cert ? x->tls_cert : env("ENGRAM_TLS_CERT"),
+        .key_file = x->tls_key ? x->tls_key : env("ENGRAM_TLS_KEY"),
+    };
+    const char *tls_env = env("ENGRAM_TLS");
+    bool use_tls = x->tls || (tls_env && strcmp(tls_env, "0") != 0) || tls.ca_file ||
+                   tls.cert_file || tls.key_file;
+    if (tls.key_file && !tls.cert_file)
+        return usage_error(x, "--tls-key needs --tls-cert");
     key = NULL;
     if (x->cmd->auth != AUTH_NONE) { /* ping works whatever the key settings say */
         rc = resolve_key(x, &key);
@@ -1445,10 +1477,12 @@ static int run(ctx *x, int argc, char **argv)
     if (!msgpack_zone_init(&x->zone, 8192))
         return error_out("out_of_memory", "out of memory");
     x->zone_ok = true;
-    rc = client_connect(host, (uint16_t)port, (int)timeout, &x->conn, err, sizeof(err));
+    rc = client_connect_tls(host, (uint16_t)port, (int)timeout, use_tls ? &tls : NULL, &x->conn,
+                            err, sizeof(err));
     if (rc != 0)
         return error_out(rc == CLIENT_E_TIMEOUT ? "timeout"
                          : rc == -ENOMEM        ? "out_of_memory"
+                         : rc == CLIENT_E_TLS   ? "tls_failed"
                                                 : "connect_failed",
                          "%s", err);
     if (key) {

@@ -11,6 +11,7 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 
 #include "climits.h"
@@ -18,9 +19,11 @@
 #include "metrics.h"
 #include "req.h"
 #include "tenancy.h"
+#include "tls.h"
 
 /* Bytes libevent may buffer from the socket before it stops reading; we drain from there
- * into the connection's own contiguous buffer as messages are processed. */
+ * into the connection's own contiguous buffer as messages are processed. Over TLS the
+ * connection applies it itself (see update_reading). */
 #define READ_HIGH_WATER (256 * 1024)
 /* Before auth: unsent answers and requests in progress a connection may have. */
 #define PREAUTH_OUTPUT (64 * 1024)
@@ -37,16 +40,22 @@ struct conn {
     struct bufferevent *bev;
     conn *prev, *next;
     unsigned refs;
-    bool open;         /* the socket is open */
-    bool closing;      /* close once the output is flushed */
-    bool read_stopped; /* drain: no new requests */
-    bool paused;       /* backpressure: reading paused */
-    bool processing;   /* process_input is on the stack (it must not nest) */
-    bool held;         /* an identity change (auth) is in flight: dispatch nothing after it */
+    bool open;          /* the socket is open */
+    bool closing;       /* close once the output is flushed */
+    bool read_stopped;  /* drain: no new requests */
+    bool paused;        /* backpressure: reading paused */
+    bool processing;    /* process_input is on the stack (it must not nest) */
+    bool held;          /* an identity change (auth) is in flight: dispatch nothing after it */
+    struct ssl_st *ssl; /* the TLS session (the bufferevent owns it); NULL: plain TCP */
+    bool tls_up;        /* the handshake has completed */
+    bool tls_broken;    /* the session failed: no close_notify may be sent */
+    bool client_cert;   /* the peer presented a certificate tls_ca_file verified */
     rpc_scanner *scan;
     uint8_t *in; /* bytes of the message being assembled, and any after it */
     size_t in_len, in_cap;
     uint64_t msg_started_ms; /* when the first byte of an incomplete message arrived; 0: none */
+    uint64_t rec_started_ms; /* TLS: since when a record has been arriving with no message
+                              * bytes decrypted yet; 0: none */
     uint64_t last_active_ms;
     uint64_t close_deadline_ms;
     uint64_t opened_ms;
@@ -114,6 +123,8 @@ void conn_close(conn *c)
     evbuffer_remove_cb(bufferevent_get_output(c->bev), on_output_change, c);
     climits_buffered(c->srv->limits_cl, -(long long)c->out_bytes);
     c->out_bytes = 0;
+    if (c->ssl && c->tls_up && !c->tls_broken)
+        tls_close_notify(c->ssl);
     bufferevent_free(c->bev);
     c->bev = NULL;
     worker_conn_removed(c->w, c);
@@ -122,11 +133,20 @@ void conn_close(conn *c)
     conn_unref(c);
 }
 
+/* libevent's read watermark suspends a TLS bufferevent in the middle of a record it has
+ * decrypted, and resuming waits for the socket to become readable, which it may never do
+ * again: over TLS the connection pauses itself instead, between callbacks, when OpenSSL
+ * holds nothing decrypted. */
+static bool input_full(conn *c)
+{
+    return c->ssl && evbuffer_get_length(bufferevent_get_input(c->bev)) >= READ_HIGH_WATER;
+}
+
 static void update_reading(conn *c)
 {
     if (!c->open)
         return;
-    bool want = !c->read_stopped && !c->closing && !c->paused;
+    bool want = !c->read_stopped && !c->closing && !c->paused && !input_full(c);
     if (want)
         bufferevent_enable(c->bev, EV_READ);
     else
@@ -184,6 +204,11 @@ void conn_release(conn *c)
      * the barrier ended inside process_input's own loop, which simply continues */
     if (c->open)
         process_input(c);
+}
+
+bool conn_tls_client_cert(conn *c)
+{
+    return c->client_cert;
 }
 
 worker *conn_worker(conn *c)
@@ -368,6 +393,8 @@ static void process_input(conn *c)
         memmove(c->in, c->in + off, c->in_len - off);
         c->in_len -= off;
     }
+    if (c->ssl)
+        update_reading(c); /* the input may have filled up or drained (input_full) */
     c->processing = false;
     conn_unref(c);
 }
@@ -391,11 +418,61 @@ static void on_write(struct bufferevent *bev, void *arg)
         process_input(c);
 }
 
+/* The handshake completed: note whether the client proved who it is. */
+static void tls_established(conn *c)
+{
+    c->tls_up = true;
+    c->client_cert = tls_client_verified(c->ssl);
+    if (c->client_cert && log_enabled(LOG_DEBUG)) {
+        char subject[256];
+        tls_client_subject(c->ssl, subject, sizeof(subject));
+        log_debug("connection: TLS client certificate %s", subject);
+    }
+}
+
+/* The first of OpenSSL's reasons for a failed session, or the socket's error. */
+static void tls_failure_text(conn *c, char *buf, size_t n)
+{
+    unsigned long e, first = 0;
+    /* popped newest first; libevent adds SSL_get_error's small code (SSL_ERROR_SSL, ...)
+     * among OpenSSL's packed reasons, which are all larger */
+    while ((e = bufferevent_get_openssl_error(c->bev)) != 0)
+        if (e > 0xff)
+            first = e;
+    if (first)
+        tls_error_text(first, buf, n);
+    else if (EVUTIL_SOCKET_ERROR())
+        snprintf(buf, n, "%s", strerror(EVUTIL_SOCKET_ERROR()));
+    else
+        snprintf(buf, n, "the client closed the connection");
+}
+
 static void on_event(struct bufferevent *bev, short what, void *arg)
 {
     conn *c = arg;
-    if (what & BEV_EVENT_ERROR)
-        log_debug("connection: socket error: %s", strerror(EVUTIL_SOCKET_ERROR()));
+    if ((what & BEV_EVENT_CONNECTED) && c->ssl) {
+        tls_established(c);
+        return;
+    }
+    if (c->ssl && (what & BEV_EVENT_ERROR))
+        c->tls_broken = true;
+    if (c->ssl && !c->tls_up && (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) {
+        char why[256];
+        tls_failure_text(c, why, sizeof(why));
+        log_debug("connection: TLS handshake failed: %s", why);
+        metrics_tls_handshake_failed();
+        conn_close(c);
+        return;
+    }
+    if (what & BEV_EVENT_ERROR) {
+        if (c->ssl) {
+            char why[256];
+            tls_failure_text(c, why, sizeof(why));
+            log_debug("connection: TLS error: %s", why);
+        } else {
+            log_debug("connection: socket error: %s", strerror(EVUTIL_SOCKET_ERROR()));
+        }
+    }
     if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))
         conn_close(c);
 }
@@ -409,18 +486,45 @@ void conn_tick(conn *c, uint64_t now)
         conn_close(c);
         return;
     }
+    /* a TLS handshake must finish by the auth deadline below, or within frame_timeout_ms
+     * when there is none */
+    if (c->ssl && !c->tls_up && cfg->auth_timeout_s == 0 &&
+        now - c->opened_ms > (uint64_t)cfg->frame_timeout_ms) {
+        log_debug("connection: TLS handshake not completed within %d ms; closing",
+                  cfg->frame_timeout_ms);
+        metrics_tls_handshake_failed();
+        metrics_slow_closed();
+        conn_close(c);
+        return;
+    }
+    /* a TLS record that is still arriving delivers no byte of the message inside it until
+     * its last byte is in: count it as a message started, or a client trickling one record
+     * would escape both checks below */
+    if (c->ssl && c->tls_up && c->msg_started_ms == 0 && c->in_len == 0) {
+        /* only while the connection reads: a record waits half-read when we stopped */
+        bool reading = !c->paused && !c->held && !c->read_stopped && !c->closing && !input_full(c);
+        if (reading && tls_partial_record(c->ssl)) {
+            if (c->rec_started_ms == 0)
+                c->rec_started_ms = now;
+        } else {
+            c->rec_started_ms = 0;
+        }
+    } else {
+        c->rec_started_ms = 0;
+    }
+    uint64_t started = c->msg_started_ms ? c->msg_started_ms : c->rec_started_ms;
     /* bufferevent timeouts reset on every byte; a message must finish by an absolute
      * deadline however slowly it trickles in */
-    if (c->msg_started_ms && now - c->msg_started_ms > (uint64_t)cfg->frame_timeout_ms) {
+    if (started && now - started > (uint64_t)cfg->frame_timeout_ms) {
         log_debug("connection: message not completed within %d ms; closing", cfg->frame_timeout_ms);
         conn_close(c);
         return;
     }
     /* a sender trickling bytes holds a slot for nothing: after a grace period it must keep
      * min_send_rate for the message it is sending */
-    if (c->msg_started_ms && cfg->min_send_rate > 0 && now - c->msg_started_ms > GRACE_MS) {
+    if (started && cfg->min_send_rate > 0 && now - started > GRACE_MS) {
         size_t got = c->in_len + evbuffer_get_length(bufferevent_get_input(c->bev));
-        double rate = (double)got * 1000.0 / (double)(now - c->msg_started_ms);
+        double rate = (double)got * 1000.0 / (double)(now - started);
         if (rate < (double)cfg->min_send_rate) {
             log_debug("connection: sending %.0f bytes/s, below %d; closing", rate,
                       cfg->min_send_rate);
@@ -432,6 +536,8 @@ void conn_tick(conn *c, uint64_t now)
     if (!c->auth.authenticated && cfg->auth_timeout_s > 0 &&
         now - c->opened_ms > (uint64_t)cfg->auth_timeout_s * 1000u) {
         log_debug("connection: not authenticated within %d s; closing", cfg->auth_timeout_s);
+        if (c->ssl && !c->tls_up)
+            metrics_tls_handshake_failed();
         metrics_slow_closed();
         conn_close(c);
         return;
@@ -475,23 +581,43 @@ conn *conn_create(worker *w, int fd, uint64_t addr_key)
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     evutil_make_socket_nonblocking(fd);
-    c->bev = bufferevent_socket_new(worker_base(w), fd, BEV_OPT_CLOSE_ON_FREE);
-    if (!c->scan || !c->bev) {
-        if (c->bev)
-            bufferevent_free(c->bev);
-        else
-            close(fd);
-        rpc_scanner_destroy(c->scan);
-        free(c);
-        return NULL;
+    if (!c->scan)
+        goto fail;
+    if (c->srv->tls) {
+        c->ssl = tls_session_new(c->srv->tls);
+        if (!c->ssl)
+            goto fail;
+        /* the bufferevent owns the session and the socket from here, even when it fails:
+         * libevent frees both on most of its failure paths and we cannot tell which */
+        c->bev = bufferevent_openssl_socket_new(worker_base(w), fd, c->ssl,
+                                                BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);
+        if (!c->bev) {
+            rpc_scanner_destroy(c->scan);
+            free(c);
+            return NULL;
+        }
+        /* a peer that closes without close_notify ends the stream like any other EOF: every
+         * message is self-delimiting, so a truncation shows as an incomplete message */
+        bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
+    } else {
+        c->bev = bufferevent_socket_new(worker_base(w), fd, BEV_OPT_CLOSE_ON_FREE);
+        if (!c->bev)
+            goto fail;
     }
     c->open = true;
     c->last_active_ms = c->opened_ms = c->out_progress_ms = mono_ms();
     evbuffer_add_cb(bufferevent_get_output(c->bev), on_output_change, c);
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
-    bufferevent_setwatermark(c->bev, EV_READ, 0, READ_HIGH_WATER);
+    if (!c->ssl)
+        bufferevent_setwatermark(c->bev, EV_READ, 0, READ_HIGH_WATER);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     worker_conn_added(w, c);
     metrics_connections(1);
     return c;
+
+fail:
+    close(fd);
+    rpc_scanner_destroy(c->scan);
+    free(c);
+    return NULL;
 }

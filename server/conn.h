@@ -68,6 +68,10 @@ void conn_set_auth(conn *c, const conn_auth *a);
 void conn_hold(conn *c);
 void conn_release(conn *c);
 
+/* conn_tls_client_cert tells whether c is a TLS connection whose client presented a
+ * certificate that tls_ca_file verified (see tls_admin_require_client_cert). */
+bool conn_tls_client_cert(conn *c);
+
 /* conn_worker returns the worker that owns c. */
 worker *conn_worker(conn *c);
 

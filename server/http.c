@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
@@ -15,6 +17,7 @@
 #include "metrics.h"
 #include "rowcache.h"
 #include "tenants.h"
+#include "tls.h"
 
 struct http_srv {
     server *srv;
@@ -28,10 +31,40 @@ static void reply(struct evhttp_request *rq, int code, const char *reason, const
     evhttp_send_reply(rq, code, reason, body);
 }
 
+/* With TLS on, every connection gets a TLS bufferevent (make_bev); evhttp falls back to a
+ * plain one only when that could not be made (out of memory). Such a connection is
+ * answered nothing but an error: the port never serves plain HTTP. */
+static bool refuse_plain(http_srv *h, struct evhttp_request *rq)
+{
+    if (!h->srv->tls)
+        return false;
+    struct evhttp_connection *ec = evhttp_request_get_connection(rq);
+    struct bufferevent *bev = ec ? evhttp_connection_get_bufferevent(ec) : NULL;
+    if (bev && bufferevent_openssl_get_ssl(bev))
+        return false;
+    evhttp_send_error(rq, 503, "TLS session unavailable");
+    return true;
+}
+
+static struct bufferevent *make_bev(struct event_base *base, void *arg)
+{
+    http_srv *h = arg;
+    struct ssl_st *ssl = tls_session_new(h->srv->tls);
+    if (!ssl)
+        return NULL;
+    struct bufferevent *bev = bufferevent_openssl_socket_new(
+        base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);
+    if (bev)
+        bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+    return bev;
+}
+
 static void on_healthz(struct evhttp_request *rq, void *arg)
 {
     http_srv *h = arg;
     server *s = h->srv;
+    if (refuse_plain(h, rq))
+        return;
     struct evbuffer *b = evbuffer_new();
     if (!b) {
         evhttp_send_error(rq, 500, "out of memory");
@@ -58,6 +91,8 @@ static void on_healthz(struct evhttp_request *rq, void *arg)
 static void on_metrics(struct evhttp_request *rq, void *arg)
 {
     http_srv *h = arg;
+    if (refuse_plain(h, rq))
+        return;
     struct evbuffer *b = evbuffer_new();
     if (!b) {
         evhttp_send_error(rq, 500, "out of memory");
@@ -85,6 +120,13 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
                      (double)tm.budget,     (double)tm.known,      (double)tm.by_kind[0],
                      (double)tm.by_kind[1], (double)tm.by_kind[2], rss};
     metrics_render(b, names, vals, sizeof(vals) / sizeof(vals[0]));
+    if (h->srv->tls)
+        evbuffer_add_printf(b,
+                            "# HELP engram_tls_certificate_expiry_timestamp_seconds When the "
+                            "certificate served to new connections expires (Unix time).\n"
+                            "# TYPE engram_tls_certificate_expiry_timestamp_seconds gauge\n"
+                            "engram_tls_certificate_expiry_timestamp_seconds %lld\n",
+                            (long long)tls_not_after(h->srv->tls));
     evbuffer_add_printf(
         b,
         "# HELP engram_index_loads_total Index loads by source: a snapshot plus the changes "
@@ -179,6 +221,8 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
 
 static void on_other(struct evhttp_request *rq, void *arg)
 {
+    if (refuse_plain(arg, rq))
+        return;
     evhttp_send_error(rq, 404, "not found: try /healthz or /metrics");
 }
 
@@ -205,6 +249,8 @@ http_srv *http_start(server *s, struct event_base *base, const char *host, int p
     evhttp_set_cb(h->http, "/readyz", on_healthz, h); /* the same checks, by the usual name */
     evhttp_set_cb(h->http, "/metrics", on_metrics, h);
     evhttp_set_gencb(h->http, on_other, h);
+    if (s->tls)
+        evhttp_set_bevcb(h->http, make_bev, h);
     if (!evhttp_bind_socket_with_handle(h->http, host, (ev_uint16_t)port)) {
         snprintf(err, errlen, "cannot bind HTTP port %s:%d", host, port);
         evhttp_free(h->http);

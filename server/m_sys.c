@@ -93,6 +93,15 @@ void h_auth(req *r)
     size_t n = key->via.str.size;
     server *s = req_server(r);
     if (auth_is_admin(s, k, n)) {
+        /* the key alone is not enough here: the admin must also hold a certificate of
+         * tls_ca_file (the connection presented it in the handshake) */
+        if (s->cfg.tls_admin_require_client_cert && !req_tls_client_cert(r)) {
+            log_info("auth: the admin key without a client certificate, refused "
+                     "(tls_admin_require_client_cert)");
+            req_fail(r, RPC_UNAUTHENTICATED,
+                     "the admin key needs a TLS client certificate on this server");
+            return;
+        }
         conn_auth a = {.authenticated = true, .admin = true, .tenant_id = -1};
         req_set_auth(r, &a);
         msgpack_packer *pk = req_result(r);

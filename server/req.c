@@ -79,6 +79,11 @@ const msgpack_object *req_arg(req *r, size_t i)
     return i < METHOD_MAX_PARAMS ? r->args[i] : NULL;
 }
 
+bool req_tls_client_cert(req *r)
+{
+    return conn_tls_client_cert(r->c);
+}
+
 void req_set_auth(req *r, const conn_auth *a)
 {
     r->auth = *a;

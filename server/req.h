@@ -35,6 +35,10 @@ db_pool *req_db(req *r);
 const conn_auth *req_auth(req *r);
 const char *req_method(req *r);
 
+/* req_tls_client_cert tells whether the request's connection presented a TLS client
+ * certificate that tls_ca_file verified. */
+bool req_tls_client_cert(req *r);
+
 /* req_arg returns the bound value of the method's i-th parameter, or NULL when absent. */
 const msgpack_object *req_arg(req *r, size_t i);
 

@@ -1,6 +1,7 @@
 /* storage/migrate.c: applies the embedded schema migrations (see migrate.h). */
 #include "migrate.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,7 @@ static int exec_simple(PGconn *c, const char *sql, char *err, size_t errlen)
         while (n > 0 && err[n - 1] == '\n')
             err[--n] = '\0';
         PQclear(r);
-        return -1;
+        return -EIO;
     }
     PQclear(r);
     return 0;
@@ -49,20 +50,20 @@ static int apply_functions(PGconn *c, char *err, size_t errlen)
         PGresult *r = db_exec_blocking(c, "SELECT checksum FROM schema_functions WHERE name = $1",
                                        1, nv, err, errlen);
         if (!r)
-            return -1;
+            return -EIO;
         bool same = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), f->checksum) == 0;
         PQclear(r);
         if (same)
             continue;
         if (exec_simple(c, "BEGIN", err, errlen) < 0)
-            return -1;
+            return -EIO;
         /* bodies are checked when called: files may refer to each other in any order */
         if (exec_simple(c, "SET LOCAL check_function_bodies = off", msg, sizeof(msg)) < 0 ||
             exec_simple(c, f->sql, msg, sizeof(msg)) < 0 ||
             exec_simple(c, FUNCTION_GRANTS, msg, sizeof(msg)) < 0) {
             snprintf(err, errlen, "functions %s failed: %s", f->name, msg);
             exec_simple(c, "ROLLBACK", msg, sizeof(msg));
-            return -1;
+            return -EIO;
         }
         const char *vals[] = {f->name, f->checksum};
         r = db_exec_blocking(c,
@@ -72,11 +73,11 @@ static int apply_functions(PGconn *c, char *err, size_t errlen)
                              2, vals, err, errlen);
         if (!r) {
             exec_simple(c, "ROLLBACK", msg, sizeof(msg));
-            return -1;
+            return -EIO;
         }
         PQclear(r);
         if (exec_simple(c, "COMMIT", err, errlen) < 0)
-            return -1;
+            return -EIO;
         n++;
     }
     return n;
@@ -84,12 +85,12 @@ static int apply_functions(PGconn *c, char *err, size_t errlen)
 
 int migrate_run(PGconn *c, int *applied, char *err, size_t errlen)
 {
-    int n = 0, current = 0, rc = -1;
+    int n = 0, current = 0, rc = -EIO;
     char msg[512];
     if (applied)
         *applied = 0;
     if (exec_simple(c, "SELECT pg_advisory_lock(" MIGRATE_LOCK_KEY ")", err, errlen) < 0)
-        return -1;
+        return -EIO;
     if (exec_simple(c,
                     "CREATE TABLE IF NOT EXISTS schema_migrations ("
                     " version integer PRIMARY KEY, name text NOT NULL,"
@@ -118,6 +119,7 @@ int migrate_run(PGconn *c, int *applied, char *err, size_t errlen)
                  "this database was created with the schema numbering that preceded the "
                  "baseline (its migration 1 is not 'baseline'); nothing was released with it: "
                  "create a new database");
+        rc = -EPROTONOSUPPORT;
         goto out;
     }
     if (current > migrate_latest()) {
@@ -125,6 +127,7 @@ int migrate_run(PGconn *c, int *applied, char *err, size_t errlen)
                  "database schema version %d is newer than this engramd knows (%d): upgrade "
                  "engramd",
                  current, migrate_latest());
+        rc = -EPROTONOSUPPORT;
         goto out;
     }
     for (int i = 0; i < migrate_nsteps; i++) {

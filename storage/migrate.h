@@ -37,9 +37,10 @@ extern const int migrate_nfunction_files;
 
 /* migrate_run applies every migration newer than the database's version, then every
  * function file whose checksum changed, blocking on c. Sets *applied (may be NULL) to how
- * many migrations and function files ran. Returns 0, or -1 with the reason in err (the
- * failing step is rolled back; earlier ones stay applied). Fails when the database is newer
- * than this binary knows, or was created before the baseline (pre-release numbering). */
+ * many migrations and function files ran. Returns 0; -EIO when a statement failed (the
+ * failing step is rolled back; earlier ones stay applied); -EPROTONOSUPPORT when the
+ * database is newer than this binary knows, or was created before the baseline
+ * (pre-release numbering). The reason is in err either way. */
 int migrate_run(PGconn *c, int *applied, char *err, size_t errlen);
 
 /* migrate_latest returns the newest version this binary carries. */

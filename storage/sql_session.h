@@ -1,7 +1,7 @@
 /* storage/sql_session.h: the prepared statements of the sessions capability.
  *
  * Each statement calls one PL/pgSQL function of functions/30_sessions.sql and returns
- * one row with one text column: the result as a JSON document (server/m_session.c turns it
+ * one row with one text column: the result as a JSON document (server/methods/m_session.c turns it
  * into MessagePack). The first argument is always the authenticated tenant.
  */
 #ifndef ENGRAM_STORAGE_SQL_SESSION_H

@@ -21,7 +21,7 @@ $$;
 -- engram_meta_of: the index state of memory m (engram_memory_meta). Its tags column is the
 -- typed metadata fields as a JSON array [tokens, chains, protocols, strategy_id], the same
 -- the index loader reads: the server derives tags from it by the one rule it uses for
--- stores and loads too (server/memfilter.c).
+-- stores and loads too (server/domain/memfilter.c).
 CREATE OR REPLACE FUNCTION engram_meta_of(m memories) RETURNS engram_memory_meta
     LANGUAGE plpgsql STABLE AS $$
 BEGIN

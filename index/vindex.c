@@ -74,9 +74,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hash.h"
 #include "idmap.h"
 #include "vfaiss.h"
 #include "vkernel.h"
+#include "xxh64.h"
 
 #define MAX_DIM 65536
 #define MAX_META (1u << 20)
@@ -505,7 +507,7 @@ vindex *vindex_create(const vindex_opts *opts)
         return NULL;
     }
     vk_rot_signs(ROT_SEED, o.dim, vi->rot);
-    vi->cal_rng = 0x9e3779b97f4a7c15ULL;
+    vi->cal_rng = HASH_GOLDEN64;
     vi->cal_est = vi->cal_ann_est = NAN;
     vi->pub_est = vi->pub_ann_est = NAN;
 
@@ -2007,7 +2009,7 @@ static double keep_share(const vindex *vi, const vindex_query *q)
     size_t n = vi->nslots, seen = 0, kept = 0;
     /* scattered, fixed positions (a regular stride could alias with periodic metadata) */
     for (uint64_t j = 1; j <= 2 * SAMPLE && seen < SAMPLE; j++) {
-        size_t s = (size_t)(((j * 0x9e3779b97f4a7c15ULL) >> 11) % n);
+        size_t s = (size_t)(((j * HASH_GOLDEN64) >> 11) % n);
         const chunk *c = chunk_of(vi, s);
         size_t off = off_of(vi, s);
         if (tomb_at(c, off))
@@ -2170,10 +2172,7 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
 
 static uint64_t cal_next(vindex *vi)
 {
-    uint64_t z = (vi->cal_rng += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+    return hash_splitmix64(&vi->cal_rng);
 }
 
 static double cal_gauss(vindex *vi)
@@ -2561,25 +2560,6 @@ void vindex_get_recall(vindex *vi, vindex_recall *out)
 #define SNAP_BOM 0x01020304u
 #define CK_OFF 56
 
-/* XXH64 (xxHash, 64-bit, seed 0), streaming. */
-#define P1 0x9E3779B185EBCA87ULL
-#define P2 0xC2B2AE3D27D4EB4FULL
-#define P3 0x165667B19E3779F9ULL
-#define P4 0x85EBCA77C2B2AE63ULL
-#define P5 0x27D4EB2F165667C5ULL
-
-typedef struct xxh {
-    uint64_t v[4];
-    unsigned char buf[32];
-    size_t nbuf;
-    uint64_t total;
-} xxh;
-
-static uint64_t rotl(uint64_t x, int r)
-{
-    return (x << r) | (x >> (64 - r));
-}
-
 static uint64_t rd64(const unsigned char *p)
 {
     uint64_t v;
@@ -2594,101 +2574,12 @@ static uint32_t rd32(const unsigned char *p)
     return v;
 }
 
-static uint64_t xround(uint64_t acc, uint64_t in)
-{
-    return rotl(acc + in * P2, 31) * P1;
-}
-
-static uint64_t xmerge(uint64_t acc, uint64_t v)
-{
-    return (acc ^ xround(0, v)) * P1 + P4;
-}
-
-static void xxh_init(xxh *h)
-{
-    h->v[0] = P1 + P2;
-    h->v[1] = P2;
-    h->v[2] = 0;
-    h->v[3] = 0 - P1;
-    h->nbuf = 0;
-    h->total = 0;
-}
-
-static void xxh_update(xxh *h, const void *data, size_t len)
-{
-    const unsigned char *p = data;
-    h->total += len;
-    if (h->nbuf) {
-        size_t take = 32 - h->nbuf < len ? 32 - h->nbuf : len;
-        memcpy(h->buf + h->nbuf, p, take);
-        h->nbuf += take;
-        p += take;
-        len -= take;
-        if (h->nbuf < 32)
-            return;
-        for (int i = 0; i < 4; i++)
-            h->v[i] = xround(h->v[i], rd64(h->buf + 8 * i));
-        h->nbuf = 0;
-    }
-    uint64_t v0 = h->v[0], v1 = h->v[1], v2 = h->v[2], v3 = h->v[3];
-    while (len >= 32) {
-        v0 = xround(v0, rd64(p));
-        v1 = xround(v1, rd64(p + 8));
-        v2 = xround(v2, rd64(p + 16));
-        v3 = xround(v3, rd64(p + 24));
-        p += 32;
-        len -= 32;
-    }
-    h->v[0] = v0, h->v[1] = v1, h->v[2] = v2, h->v[3] = v3;
-    memcpy(h->buf, p, len);
-    h->nbuf = len;
-}
-
-static uint64_t xxh_final(const xxh *h)
-{
-    uint64_t acc;
-    if (h->total >= 32) {
-        acc = rotl(h->v[0], 1) + rotl(h->v[1], 7) + rotl(h->v[2], 12) + rotl(h->v[3], 18);
-        for (int i = 0; i < 4; i++)
-            acc = xmerge(acc, h->v[i]);
-    } else {
-        acc = h->v[2] + P5;
-    }
-    acc += h->total;
-    const unsigned char *p = h->buf;
-    size_t len = h->nbuf;
-    while (len >= 8) {
-        acc ^= xround(0, rd64(p));
-        acc = rotl(acc, 27) * P1 + P4;
-        p += 8;
-        len -= 8;
-    }
-    if (len >= 4) {
-        acc ^= (uint64_t)rd32(p) * P1;
-        acc = rotl(acc, 23) * P2 + P3;
-        p += 4;
-        len -= 4;
-    }
-    while (len > 0) {
-        acc ^= (*p) * P5;
-        acc = rotl(acc, 11) * P1;
-        p++;
-        len--;
-    }
-    acc ^= acc >> 33;
-    acc *= P2;
-    acc ^= acc >> 29;
-    acc *= P3;
-    acc ^= acc >> 32;
-    return acc;
-}
-
 /* A buffered writer that hashes what it writes. */
 typedef struct wbuf {
     int fd;
     unsigned char *buf;
     size_t n, cap;
-    xxh h;
+    xxh64_state h;
     int err; /* first -errno */
 } wbuf;
 
@@ -2711,7 +2602,7 @@ static void wflush(wbuf *w)
 static void wput(wbuf *w, const void *data, size_t len)
 {
     const unsigned char *p = data;
-    xxh_update(&w->h, p, len);
+    xxh64_update(&w->h, p, len);
     while (len > 0 && !w->err) {
         size_t take = w->cap - w->n < len ? w->cap - w->n : len;
         memcpy(w->buf + w->n, p, take);
@@ -2809,7 +2700,7 @@ int vindex_save_extra(vindex *vi, const char *path, uint64_t seq, const void *ex
         rc = -errno;
         goto done;
     }
-    xxh_init(&w.h);
+    xxh64_init(&w.h, 0);
     unsigned char hdr[SNAP_HEADER];
     memset(hdr, 0, sizeof(hdr));
     memcpy(hdr, SNAP_MAGIC, 8);
@@ -2915,7 +2806,7 @@ int vindex_save_extra(vindex *vi, const char *path, uint64_t seq, const void *ex
     rc = w.err;
     if (rc == 0) {
         unsigned char ck[8];
-        put_u64(ck, xxh_final(&w.h));
+        put_u64(ck, xxh64_digest(&w.h));
         if (pwrite(w.fd, ck, 8, CK_OFF) != 8)
             rc = errno ? -errno : -EIO;
     }
@@ -2955,7 +2846,7 @@ int vindex_save(vindex *vi, const char *path, uint64_t seq)
 /* A reader that hashes what it reads and reports short files. */
 typedef struct rbuf {
     int fd;
-    xxh h;
+    xxh64_state h;
     int err; /* first error: VINDEX_E_CORRUPT on a short read, or -errno */
 } rbuf;
 
@@ -2976,7 +2867,7 @@ static void rget(rbuf *r, void *dst, size_t len)
         }
     }
     if (!r->err)
-        xxh_update(&r->h, p, len);
+        xxh64_update(&r->h, p, len);
 }
 
 /* rskip reads and hashes len bytes nobody keeps. */
@@ -3020,7 +2911,7 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     vindex *vi = NULL;
     unsigned char *scratch = NULL;
     rbuf r = {.fd = fd};
-    xxh_init(&r.h);
+    xxh64_init(&r.h, 0);
     int rc;
     struct stat sb;
     if (fstat(fd, &sb)) {
@@ -3036,8 +2927,8 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     uint64_t want_ck = rd64(hdr + CK_OFF);
     /* the checksum covers the header with its own field zero: rehash the header */
     memset(hdr + CK_OFF, 0, 8);
-    xxh_init(&r.h);
-    xxh_update(&r.h, hdr, sizeof(hdr));
+    xxh64_init(&r.h, 0);
+    xxh64_update(&r.h, hdr, sizeof(hdr));
     uint64_t dim = rd64(hdr + 16), msz = rd64(hdr + 24), count = rd64(hdr + 32);
     uint32_t kind = rd32(hdr + 48), version = rd32(hdr + 8);
     if (memcmp(hdr, SNAP_MAGIC, 8) != 0 || version < 2 || version > SNAP_VERSION ||
@@ -3243,7 +3134,7 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
         if (x != 0)
             r.err = x > 0 ? VINDEX_E_CORRUPT : -errno;
     }
-    if (!r.err && xxh_final(&r.h) != want_ck)
+    if (!r.err && xxh64_digest(&r.h) != want_ck)
         r.err = VINDEX_E_CORRUPT;
     if (r.err) {
         store_free(&st);

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hash.h"
 #include "idmap.h"
 #include "memfilter.h"
 #include "log.h"
@@ -612,20 +613,14 @@ typedef struct snap_id {
     uint64_t factory; /* FNV-1a of the factory string; 0 for the native engine */
 } snap_id;
 
-static uint64_t fnv1a(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return h;
-}
-
 /* The identity of an index created with vo. */
 static snap_id snap_id_of(const vindex_opts *vo)
 {
     snap_id id = {.engine = (uint32_t)vo->engine};
-    if (vo->engine == VINDEX_ENGINE_FAISS)
-        id.factory = fnv1a(vo->faiss_factory ? vo->faiss_factory : "");
+    if (vo->engine == VINDEX_ENGINE_FAISS) {
+        const char *f = vo->faiss_factory ? vo->faiss_factory : "";
+        id.factory = hash_fnv1a(f, strlen(f));
+    }
     return id;
 }
 

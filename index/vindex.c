@@ -18,7 +18,6 @@
 
 #include "hash.h"
 #include "idmap.h"
-#include "vfaiss.h"
 #include "vindex_int.h"
 #include "vkernel.h"
 
@@ -349,7 +348,7 @@ void vindex_destroy(vindex *vi)
     free(vi->rot);
     free(vi->cal_pos);
     free(vi->cal_spos);
-    vfaiss_destroy(vi->fx);
+    fx_destroy(vi, vi->fx);
     free(vi->fx_slot);
     pthread_mutex_destroy(&vi->pub_mu);
     pthread_mutex_destroy(&vi->cal_mu);
@@ -380,7 +379,7 @@ static size_t bytes_locked(const vindex *vi)
     for (size_t i = 0; i < vi->nchunks; i++)
         b += chunk_bytes(vi, vi->chunks[i]);
     if (vi->fx)
-        b += vfaiss_bytes(vi->fx) + vi->fx_n * sizeof(uint32_t);
+        b += vi->o.faiss_engine->bytes(vi->fx) + vi->fx_n * sizeof(uint32_t);
     return b;
 }
 
@@ -1045,14 +1044,14 @@ relock:
     vi->center = st.kind >= VINDEX_KIND_ANN ? st.center : NULL;
     vi->center_live = vi->live;
     vi->code_gen++;
-    vfaiss *ofx = vi->fx; /* its labels name the old slots */
+    vindex_eix *ofx = vi->fx; /* its labels name the old slots */
     uint32_t *ofx_slot = vi->fx_slot;
     vi->fx = NULL;
     vi->fx_slot = NULL;
     vi->fx_n = vi->fx_upto = 0;
     vi->fx_error[0] = '\0'; /* a failed FAISS build is tried again on the new storage */
     unlock(vi);
-    vfaiss_destroy(ofx);
+    fx_destroy(vi, ofx);
     free(ofx_slot);
     if (st.kind < VINDEX_KIND_ANN)
         free(st.center);
@@ -1095,7 +1094,8 @@ static int fx_build(vindex *vi)
     if (rc)
         return rc;
     enum { BATCH = 1024 };
-    vfaiss *fx = NULL;
+    const vindex_engine_ops *eng = vi->o.faiss_engine;
+    vindex_eix *fx = NULL;
     uint32_t *slots = malloc((v.live + 1) * sizeof(uint32_t));
     float *buf = malloc((size_t)BATCH * vi->dim * sizeof(float));
     char err[160] = "";
@@ -1104,9 +1104,14 @@ static int fx_build(vindex *vi)
         rc = -ENOMEM;
         goto done;
     }
+    if (!eng) {
+        snprintf(err, sizeof(err), "no FAISS engine: this program does not link one");
+        rc = VINDEX_E_FAISS;
+        goto done;
+    }
     int frc =
-        vfaiss_create(vi->dim, vi->o.faiss_factory ? vi->o.faiss_factory : "HNSW32,Flat",
-                      vi->o.faiss_ef_search ? vi->o.faiss_ef_search : 64, &fx, err, sizeof(err));
+        eng->create(vi->dim, vi->o.faiss_factory ? vi->o.faiss_factory : "HNSW32,Flat",
+                    vi->o.faiss_ef_search ? vi->o.faiss_ef_search : 64, &fx, err, sizeof(err));
     if (frc) {
         rc = frc < 0 ? frc : VINDEX_E_FAISS;
         goto done;
@@ -1120,9 +1125,10 @@ static int fx_build(vindex *vi)
             slots[nl + in++] = (uint32_t)s;
         }
         if (in == BATCH || (end && in)) {
-            frc = vfaiss_add(fx, in, buf);
+            frc = eng->add(fx, in, buf);
             if (frc) {
-                snprintf(err, sizeof(err), "add: %s", frc < 0 ? strerror(-frc) : "FAISS error");
+                snprintf(err, sizeof(err), "add: %s%s", frc < 0 ? strerror(-frc) : eng->name,
+                         frc < 0 ? "" : " error");
                 rc = frc < 0 ? frc : VINDEX_E_FAISS;
             }
             nl += in;
@@ -1132,7 +1138,7 @@ static int fx_build(vindex *vi)
 done:
     free(buf);
     pthread_mutex_lock(&vi->wmu);
-    vfaiss *ofx = NULL;
+    vindex_eix *ofx = NULL;
     uint32_t *oslot = NULL;
     if (rc == 0) {
         wrlock(vi);
@@ -1154,9 +1160,9 @@ done:
     }
     vi_unpin(vi);
     pthread_mutex_unlock(&vi->wmu);
-    vfaiss_destroy(ofx);
+    fx_destroy(vi, ofx);
     free(oslot);
-    vfaiss_destroy(fx);
+    fx_destroy(vi, fx);
     free(slots);
     vi_view_free(&v);
     return rc ? rc : 1;

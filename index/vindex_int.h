@@ -37,7 +37,6 @@
 #include <stdlib.h>
 
 #include "idmap.h"
-#include "vfaiss.h"
 #include "vindex.h"
 #include "vkernel.h"
 
@@ -119,7 +118,7 @@ struct vindex {
      * background when missing or when the tail grew past an eighth of the index; a rebuild
      * (which renumbers slots) drops it. Published under wmu + the exclusive lock; until the
      * first build, searches use the native codes. fx_error: the last build's failure. */
-    vfaiss *fx;
+    vindex_eix *fx; /* of the engine o.faiss_engine */
     uint32_t *fx_slot;
     size_t fx_n, fx_upto;
     char fx_error[160];
@@ -204,6 +203,13 @@ static inline double inv_norm(const float *v, size_t dim)
     if (!(sq > 0.0) || !isfinite(sq))
         return 0.0;
     return 1.0 / sqrt(sq);
+}
+
+/* fx_destroy frees x, an index of vi's FAISS engine; NULL is a no-op. */
+static inline void fx_destroy(const vindex *vi, vindex_eix *x)
+{
+    if (x)
+        vi->o.faiss_engine->destroy(x);
 }
 
 /* ---- frozen views and storage under construction (rebuilds, snapshots) ---- */

@@ -54,7 +54,6 @@
 
 #include "hash.h"
 #include "idmap.h"
-#include "vfaiss.h"
 #include "vindex_int.h"
 #include "vkernel.h"
 
@@ -585,7 +584,7 @@ static int search_fx(const sctx *sc, size_t want)
         return -ENOMEM;
     float *sims = (float *)(labels + want);
     uint32_t *list = (uint32_t *)(sims + want);
-    if (vfaiss_search(vi->fx, sc->p->qn, want, labels, sims)) {
+    if (vi->o.faiss_engine->search(vi->fx, sc->p->qn, want, labels, sims)) {
         free(labels);
         return 1;
     }
@@ -904,7 +903,7 @@ static int probe_positions(vindex *vi, const float *probe, uint32_t *pos, size_t
             return -ENOMEM;
         }
         float *sims = (float *)(labels + want);
-        bool ok = vfaiss_search(vi->fx, qn, want, labels, sims) == 0;
+        bool ok = vi->o.faiss_engine->search(vi->fx, qn, want, labels, sims) == 0;
         for (size_t i = 0; i < nh; i++) {
             pos[i] = slot[i] >= vi->fx_upto ? 0 : UINT32_MAX;
             for (size_t j = 0; ok && pos[i] && j < want; j++)

@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include "idmap.h"
-#include "vfaiss.h"
 #include "vindex_int.h"
 #include "xxh64.h"
 
@@ -237,7 +236,7 @@ int vindex_save_extra(vindex *vi, const char *path, uint64_t seq, const void *ex
         uint32_t *newof = NULL;
         if (vi->fx) {
             newof = malloc((v.nslots + 1) * sizeof(uint32_t));
-            if (!newof || vfaiss_serialize(vi->fx, &fxb, &fxlen) != 0) {
+            if (!newof || vi->o.faiss_engine->serialize(vi->fx, &fxb, &fxlen) != 0) {
                 free(newof);
                 newof = NULL;
                 fxb = NULL;
@@ -531,7 +530,7 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     int usable = (int)kind;
     if (version < 3 && usable > VINDEX_KIND_SQ8)
         usable = VINDEX_KIND_SQ8;
-    vfaiss *fx = NULL;
+    vindex_eix *fx = NULL;
     uint32_t *fx_slot = NULL;
     uint64_t fx_upto = 0;
     if (!r.err && tail) {
@@ -550,7 +549,10 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
             }
         }
         rget(&r, cl, 16); /* the FAISS lengths, read ahead above */
-        bool want_fx = fxlen && target >= VINDEX_KIND_ANN && ro.engine == VINDEX_ENGINE_FAISS;
+        /* without a FAISS engine (ro.faiss_engine NULL) the section is skipped, still
+         * hashed: the index runs on its native codes */
+        bool want_fx = fxlen && target >= VINDEX_KIND_ANN && ro.engine == VINDEX_ENGINE_FAISS &&
+                       ro.faiss_engine;
         if (!r.err && want_fx) {
             unsigned char *fb = malloc((size_t)fxlen);
             fx_slot = malloc((size_t)fxlab * sizeof(uint32_t) + 1);
@@ -569,11 +571,11 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
             fx_upto = rd64(cl);
             if (!r.err && fx_upto > count)
                 r.err = VINDEX_E_CORRUPT;
-            if (!r.err &&
-                vfaiss_deserialize(fb, (size_t)fxlen, ro.faiss_ef_search, &fx, NULL, 0) != 0)
+            if (!r.err && ro.faiss_engine->deserialize(fb, (size_t)fxlen, ro.faiss_ef_search, &fx,
+                                                       NULL, 0) != 0)
                 fx = NULL; /* unusable: the next maintenance builds it again */
-            if (fx && vfaiss_count(fx) != fxlab) {
-                vfaiss_destroy(fx);
+            if (fx && ro.faiss_engine->count(fx) != fxlab) {
+                fx_destroy(vi, fx);
                 fx = NULL;
             }
             free(fb);
@@ -607,7 +609,7 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
         r.err = VINDEX_E_CORRUPT;
     if (r.err) {
         vi_store_free(&st);
-        vfaiss_destroy(fx);
+        fx_destroy(vi, fx);
         free(fx_slot);
         rc = r.err;
         goto fail;
@@ -616,7 +618,7 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     idmap *map = idmap_create((size_t)count + (size_t)count / 4 + 16);
     if (!map) {
         vi_store_free(&st);
-        vfaiss_destroy(fx);
+        fx_destroy(vi, fx);
         free(fx_slot);
         rc = -ENOMEM;
         goto fail;
@@ -636,7 +638,7 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     if (rc) {
         idmap_destroy(map);
         vi_store_free(&st);
-        vfaiss_destroy(fx);
+        fx_destroy(vi, fx);
         free(fx_slot);
         goto fail;
     }

@@ -21,6 +21,7 @@
 #include "idmap.h"
 #include "memfilter.h"
 #include "log.h"
+#include "vfaiss.h"
 
 enum { T_UNLOADED, T_LOADING, T_READY };
 
@@ -517,6 +518,7 @@ static void index_opts(const tenant *t, vindex_opts *vo)
     vo->engine = t->engine;
     vo->faiss_factory = c->index_faiss_factory; /* lives as long as the server */
     vo->faiss_ef_search = c->index_faiss_ef_search;
+    vo->faiss_engine = vfaiss_engine(); /* the server links FAISS (engram_vfaiss) */
 }
 
 /* ---- snapshot files ------------------------------------------------------------------- */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash.h"
 #include "idmap.h"
 
 struct access_log {
@@ -44,7 +45,7 @@ void access_log_destroy(access_log *l)
 static uint64_t find_slot(const access_log *l, int64_t tenant, uint64_t id, bool *found,
                           uint64_t *i)
 {
-    uint64_t key = ((uint64_t)tenant * UINT64_C(0x9E3779B97F4A7C15)) ^ id;
+    uint64_t key = hash_pair((uint64_t)tenant, id);
     for (;; key++) {
         if (key == UINT64_MAX) /* reserved by idmap */
             continue;

@@ -10,13 +10,13 @@
 
 #include "db.h"
 #include "dedupe.h"
-#include "json.h"
 #include "loader.h"
 #include "log.h"
 #include "memrow.h"
 #include "score.h"
 #include "sql_bg.h"
 #include "tiers.h"
+#include "ubuf.h"
 
 /* Advisory lock keys: one per tenant, in a range of their own. */
 #define LOCK_BASE (1LL << 60)
@@ -141,7 +141,7 @@ static bool same_group(const cmem *a, const cmem *b)
 
 /* A growing text literal of a PostgreSQL array. */
 typedef struct lit {
-    json_buf b;
+    ubuf b;
     size_t n;
 } lit;
 
@@ -149,35 +149,35 @@ static int lit_i64(lit *l, int64_t v)
 {
     char num[32];
     int k = snprintf(num, sizeof(num), "%s%lld", l->n++ ? "," : "{", (long long)v);
-    return json_buf_append(&l->b, num, (size_t)k);
+    return ubuf_append(&l->b, num, (size_t)k);
 }
 
 static int lit_f64(lit *l, double v)
 {
     char num[40];
     int k = snprintf(num, sizeof(num), "%s%.17g", l->n++ ? "," : "{", v);
-    return json_buf_append(&l->b, num, (size_t)k);
+    return ubuf_append(&l->b, num, (size_t)k);
 }
 
 /* An element that is itself a quoted bigint[] literal ("{1,2}"). */
 static int lit_arr(lit *l, const int64_t *v, size_t n)
 {
-    if (json_buf_append(&l->b, l->n++ ? ",\"{" : "{\"{", 3) < 0)
+    if (ubuf_append(&l->b, l->n++ ? ",\"{" : "{\"{", 3) < 0)
         return -1;
     for (size_t i = 0; i < n; i++) {
         char num[24];
         int k = snprintf(num, sizeof(num), "%s%lld", i ? "," : "", (long long)v[i]);
-        if (json_buf_append(&l->b, num, (size_t)k) < 0)
+        if (ubuf_append(&l->b, num, (size_t)k) < 0)
             return -1;
     }
-    return json_buf_append(&l->b, "}\"", 2);
+    return ubuf_append(&l->b, "}\"", 2);
 }
 
 static const char *lit_end(lit *l)
 {
     if (l->n == 0)
-        json_buf_append(&l->b, "{", 1);
-    json_buf_append(&l->b, "}", 1);
+        ubuf_append(&l->b, "{", 1);
+    ubuf_append(&l->b, "}", 1);
     return l->b.data;
 }
 
@@ -444,8 +444,8 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
     }
     /* first[i] now ends survivor i's run of members; it starts where i - 1's ended */
     uint64_t t_plan = server_mono_ns();
-    json_buf own = {0}; /* "{id,id,...}": the survivors of earlier steps */
-    json_buf_append(&own, "{}", 2);
+    ubuf own = {0}; /* "{id,id,...}": the survivors of earlier steps */
+    ubuf_append(&own, "{}", 2);
     /* steps of at most STEP decisions: merges, then supersessions, then prunes, in id order */
     size_t at = 0, phase = 0;
     while (phase < 3 && out->status >= 0) {
@@ -519,15 +519,15 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
         if (ok && S[0].n) {
             own.data[--own.len] = '\0'; /* drop the closing brace */
             if (own.len > 1)
-                json_buf_append(&own, ",", 1);
-            json_buf_append(&own, S[0].b.data + 1, S[0].b.len - 1);
+                ubuf_append(&own, ",", 1);
+            ubuf_append(&own, S[0].b.data + 1, S[0].b.len - 1);
         }
         for (int k = 0; k < 11; k++)
-            json_buf_fini(&S[k].b);
+            ubuf_fini(&S[k].b);
         if (!ok && out->status >= 0)
             set_err(out, "%s", "out of memory");
     }
-    json_buf_fini(&own);
+    ubuf_fini(&own);
     free(members);
     free(mseqs);
     free(first);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash.h"
 #include "json.h"
 #include "memrow.h"
 #include "sql.h"
@@ -17,17 +18,7 @@
 uint64_t mf_tag_hash(const char *s, size_t n)
 {
     /* FNV-1a, then a splitmix64 finalizer so nearby strings spread over all 64 bits */
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 0x100000001b3ull;
-    }
-    h ^= h >> 30;
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 27;
-    h *= 0x94d049bb133111ebull;
-    h ^= h >> 31;
-    return h;
+    return hash_mix64(hash_fnv1a(s, n));
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -227,30 +218,30 @@ int mf_check_metadata(const msgpack_object *md, const char *what, char *err, siz
 /* ---- parsing ------------------------------------------------------------------------- */
 
 /* Appends s as one element of a PostgreSQL array literal (always quoted). */
-static int pg_array_elem(json_buf *b, const char *s, size_t n)
+static int pg_array_elem(ubuf *b, const char *s, size_t n)
 {
-    if (b->len > 1 && json_buf_append(b, ",", 1) < 0)
+    if (b->len > 1 && ubuf_putc(b, ',') < 0)
         return -ENOMEM;
-    if (json_buf_append(b, "\"", 1) < 0)
+    if (ubuf_putc(b, '"') < 0)
         return -ENOMEM;
     for (size_t i = 0; i < n; i++) {
-        if ((s[i] == '"' || s[i] == '\\') && json_buf_append(b, "\\", 1) < 0)
+        if ((s[i] == '"' || s[i] == '\\') && ubuf_putc(b, '\\') < 0)
             return -ENOMEM;
-        if (json_buf_append(b, s + i, 1) < 0)
+        if (ubuf_putc(b, s[i]) < 0)
             return -ENOMEM;
     }
-    return json_buf_append(b, "\"", 1);
+    return ubuf_putc(b, '"');
 }
 
 /* Copies b's text into the arena and frees b; NULL when out of memory. */
-static char *arena_take(req *r, json_buf *b)
+static char *arena_take(req *r, ubuf *b)
 {
     char *s = req_alloc(r, b->len + 1);
     if (s) {
         memcpy(s, b->data ? b->data : "", b->len);
         s[b->len] = '\0';
     }
-    json_buf_fini(b);
+    ubuf_fini(b);
     return s;
 }
 
@@ -261,8 +252,8 @@ static int tag_list(req *r, const msgpack_object *arr, const char *field, char p
 {
     uint32_t count = arr->via.array.size;
     uint64_t *h = req_alloc(r, count * sizeof(*h));
-    json_buf lit = {0};
-    if (!h || json_buf_append(&lit, "{", 1) < 0)
+    ubuf lit = {0};
+    if (!h || ubuf_putc(&lit, '{') < 0)
         goto oom;
     for (uint32_t i = 0; i < count; i++) {
         const msgpack_object *e = &arr->via.array.ptr[i];
@@ -283,33 +274,33 @@ static int tag_list(req *r, const msgpack_object *arr, const char *field, char p
             h[i] = prefixed_hash(prefix, num, (size_t)len);
         }
     }
-    if (json_buf_append(&lit, "}", 1) < 0)
+    if (ubuf_putc(&lit, '}') < 0)
         goto oom;
     *n = sort_unique(h, count);
     *hashes = h;
     *sql = arena_take(r, &lit);
     return *sql ? 0 : -ENOMEM;
 oom:
-    json_buf_fini(&lit);
+    ubuf_fini(&lit);
     return -ENOMEM;
 }
 
 /* A text[] literal of the strings in arr. */
 static char *str_array_literal(req *r, const msgpack_object *arr)
 {
-    json_buf b = {0};
-    if (json_buf_append(&b, "{", 1) < 0)
+    ubuf b = {0};
+    if (ubuf_putc(&b, '{') < 0)
         goto oom;
     for (uint32_t i = 0; i < arr->via.array.size; i++) {
         const msgpack_object *e = &arr->via.array.ptr[i];
         if (pg_array_elem(&b, e->via.str.ptr, e->via.str.size) < 0)
             goto oom;
     }
-    if (json_buf_append(&b, "}", 1) < 0)
+    if (ubuf_putc(&b, '}') < 0)
         goto oom;
     return arena_take(r, &b);
 oom:
-    json_buf_fini(&b);
+    ubuf_fini(&b);
     return NULL;
 }
 

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash.h"
+
 #define STRIPES 16
 
 /* One cached row; the strings follow the struct in the same allocation. */
@@ -32,11 +34,7 @@ struct rowcache {
 
 static uint64_t mix(int64_t tenant, uint64_t id)
 {
-    uint64_t h = (uint64_t)tenant * 0x9e3779b97f4a7c15ULL ^ id;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdULL;
-    h ^= h >> 33;
-    return h;
+    return hash_mix64(hash_pair((uint64_t)tenant, id));
 }
 
 rowcache *rc_create(size_t bytes)

@@ -17,10 +17,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hash.h"
 #include "idmap.h"
 #include "memfilter.h"
 #include "log.h"
 #include "sql_bg.h"
+#include "vfaiss.h"
 
 enum { T_UNLOADED, T_LOADING, T_READY };
 
@@ -523,6 +525,7 @@ static void index_opts(const tenant *t, vindex_opts *vo)
     vo->engine = t->engine;
     vo->faiss_factory = c->index_faiss_factory; /* lives as long as the server */
     vo->faiss_ef_search = c->index_faiss_ef_search;
+    vo->faiss_engine = vfaiss_engine(); /* the server links FAISS (engram_vfaiss) */
 }
 
 /* ---- snapshot files ------------------------------------------------------------------- */
@@ -619,20 +622,14 @@ typedef struct snap_id {
     uint64_t factory; /* FNV-1a of the factory string; 0 for the native engine */
 } snap_id;
 
-static uint64_t fnv1a(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return h;
-}
-
 /* The identity of an index created with vo. */
 static snap_id snap_id_of(const vindex_opts *vo)
 {
     snap_id id = {.engine = (uint32_t)vo->engine};
-    if (vo->engine == VINDEX_ENGINE_FAISS)
-        id.factory = fnv1a(vo->faiss_factory ? vo->faiss_factory : "");
+    if (vo->engine == VINDEX_ENGINE_FAISS) {
+        const char *f = vo->faiss_factory ? vo->faiss_factory : "";
+        id.factory = hash_fnv1a(f, strlen(f));
+    }
     return id;
 }
 

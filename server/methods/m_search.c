@@ -26,6 +26,7 @@
 #include "memrow.h"
 #include "sql.h"
 #include "tenants.h"
+#include "ubuf.h"
 
 #define RRF_K 60.0
 #define HYBRID_MIN_CANDIDATES 50
@@ -123,7 +124,7 @@ static void count_access(req *r, search_state *st, const uint64_t *ids, size_t n
     access_log_add(worker_access(req_worker(r)), req_auth(r)->tenant_id, ids, n, st->f.now_ms);
 }
 
-static void xml_escape(json_buf *b, const char *s, size_t n)
+static void xml_escape(ubuf *b, const char *s, size_t n)
 {
     size_t start = 0;
     for (size_t i = 0; i < n; i++) {
@@ -147,11 +148,11 @@ static void xml_escape(json_buf *b, const char *s, size_t n)
         default:
             continue;
         }
-        json_buf_append(b, s + start, i - start);
-        json_buf_append(b, rep, strlen(rep));
+        ubuf_append(b, s + start, i - start);
+        ubuf_append(b, rep, strlen(rep));
         start = i + 1;
     }
-    json_buf_append(b, s + start, n - start);
+    ubuf_append(b, s + start, n - start);
 }
 
 /* The seed's age display: minutes under an hour, hours under a day, days under a week,
@@ -176,37 +177,37 @@ static void age_display(int64_t age_ms, char *out, size_t n)
 
 static void pack_context(req *r, search_state *st)
 {
-    json_buf xml = {0};
+    ubuf xml = {0};
     uint64_t used = CONTEXT_TAG_TOKENS;
     uint64_t *ids = req_alloc(r, (st->nres + 1) * sizeof(*ids));
     size_t nids = 0;
-    json_buf_append(&xml, "<agent_memory>\n", 15);
+    ubuf_append(&xml, "<agent_memory>\n", 15);
     for (size_t i = 0; ids && i < st->nres; i++) {
         if (!st->have[i])
             continue; /* gone since the search */
         const memrow *m = &st->rows[i];
-        json_buf entry = {0};
+        ubuf entry = {0};
         char head[160], age[24];
         age_display(st->f.now_ms - m->created_ms, age, sizeof(age));
         int hl = snprintf(head, sizeof(head),
                           "  <memory type=\"%s\" importance=\"%.2f\" age=\"%s\">\n    ",
                           memrow_type_name(m->type), m->importance, age);
-        json_buf_append(&entry, head, (size_t)hl);
+        ubuf_append(&entry, head, (size_t)hl);
         xml_escape(&entry, m->content, m->content_len);
-        json_buf_append(&entry, "\n  </memory>\n", 13);
+        ubuf_append(&entry, "\n  </memory>\n", 13);
         uint64_t tokens = entry.len / 4;
         if (used + tokens > st->budget) {
-            json_buf_fini(&entry);
+            ubuf_fini(&entry);
             break;
         }
         used += tokens;
-        json_buf_append(&xml, entry.data, entry.len);
-        json_buf_fini(&entry);
+        ubuf_append(&xml, entry.data, entry.len);
+        ubuf_fini(&entry);
         ids[nids++] = m->id;
     }
-    json_buf_append(&xml, "</agent_memory>", 15);
+    ubuf_append(&xml, "</agent_memory>", 15);
     if (!ids || !xml.data) {
-        json_buf_fini(&xml);
+        ubuf_fini(&xml);
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
@@ -221,7 +222,7 @@ static void pack_context(req *r, search_state *st)
     for (size_t i = 0; i < nids; i++)
         msgpack_pack_uint64(pk, ids[i]);
     rpc_pack_kv_uint(pk, "tokens_used", used);
-    json_buf_fini(&xml);
+    ubuf_fini(&xml);
     req_done(r);
 }
 

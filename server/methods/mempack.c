@@ -97,8 +97,8 @@ uint64_t *mp_uint_array(req *r, const msgpack_object *o, size_t *n)
 static int sep(mp_array *a)
 {
     if (a->n++ == 0)
-        return json_buf_append(&a->b, "{", 1);
-    return json_buf_append(&a->b, ",", 1);
+        return ubuf_append(&a->b, "{", 1);
+    return ubuf_append(&a->b, ",", 1);
 }
 
 int mp_array_str(mp_array *a, const char *s, size_t n)
@@ -106,21 +106,20 @@ int mp_array_str(mp_array *a, const char *s, size_t n)
     if (sep(a) < 0)
         return -ENOMEM;
     if (!s)
-        return json_buf_append(&a->b, "NULL", 4);
-    if (json_buf_append(&a->b, "\"", 1) < 0)
+        return ubuf_append(&a->b, "NULL", 4);
+    if (ubuf_append(&a->b, "\"", 1) < 0)
         return -ENOMEM;
     size_t start = 0;
     for (size_t i = 0; i < n; i++) {
         if (s[i] == '"' || s[i] == '\\') {
-            if (json_buf_append(&a->b, s + start, i - start) < 0 ||
-                json_buf_append(&a->b, "\\", 1) < 0)
+            if (ubuf_append(&a->b, s + start, i - start) < 0 || ubuf_append(&a->b, "\\", 1) < 0)
                 return -ENOMEM;
             start = i;
         }
     }
-    if (json_buf_append(&a->b, s + start, n - start) < 0)
+    if (ubuf_append(&a->b, s + start, n - start) < 0)
         return -ENOMEM;
-    return json_buf_append(&a->b, "\"", 1);
+    return ubuf_append(&a->b, "\"", 1);
 }
 
 int mp_array_i64(mp_array *a, int64_t v, bool null)
@@ -129,9 +128,9 @@ int mp_array_i64(mp_array *a, int64_t v, bool null)
     if (sep(a) < 0)
         return -ENOMEM;
     if (null)
-        return json_buf_append(&a->b, "NULL", 4);
+        return ubuf_append(&a->b, "NULL", 4);
     int n = snprintf(num, sizeof(num), "%lld", (long long)v);
-    return json_buf_append(&a->b, num, (size_t)n);
+    return ubuf_append(&a->b, num, (size_t)n);
 }
 
 int mp_array_f64(mp_array *a, double v)
@@ -140,21 +139,20 @@ int mp_array_f64(mp_array *a, double v)
     if (sep(a) < 0)
         return -ENOMEM;
     int n = snprintf(num, sizeof(num), "%.17g", v);
-    return json_buf_append(&a->b, num, (size_t)n);
+    return ubuf_append(&a->b, num, (size_t)n);
 }
 
 int mp_array_bool(mp_array *a, bool v)
 {
     if (sep(a) < 0)
         return -ENOMEM;
-    return json_buf_append(&a->b, v ? "t" : "f", 1);
+    return ubuf_append(&a->b, v ? "t" : "f", 1);
 }
 
 char *mp_array_finish(req *r, mp_array *a)
 {
     char *s = NULL;
-    if ((a->n == 0 ? json_buf_append(&a->b, "{", 1) : 0) == 0 &&
-        json_buf_append(&a->b, "}", 1) == 0) {
+    if ((a->n == 0 ? ubuf_append(&a->b, "{", 1) : 0) == 0 && ubuf_append(&a->b, "}", 1) == 0) {
         s = req_alloc(r, a->b.len + 1);
         if (s) {
             memcpy(s, a->b.data, a->b.len);
@@ -167,7 +165,7 @@ char *mp_array_finish(req *r, mp_array *a)
 
 void mp_array_fini(mp_array *a)
 {
-    json_buf_fini(&a->b);
+    ubuf_fini(&a->b);
     a->n = 0;
 }
 

@@ -12,6 +12,7 @@
 #include "json.h"
 #include "memrow.h"
 #include "req.h"
+#include "ubuf.h"
 
 /* Overrides for the fields of a memory the index knows fresher than the database row. */
 typedef struct mp_fresh {
@@ -36,10 +37,10 @@ char *mp_ids_literal(req *r, const uint64_t *ids, size_t n);
 /* mp_uint_array reads a uint[] argument into an arena array; NULL when out of memory. */
 uint64_t *mp_uint_array(req *r, const msgpack_object *o, size_t *n);
 
-/* A PostgreSQL array literal under construction (json_buf underneath). Every append
+/* A PostgreSQL array literal under construction (ubuf underneath). Every append
  * returns 0 or -ENOMEM. */
 typedef struct mp_array {
-    json_buf b;
+    ubuf b;
     size_t n;
 } mp_array;
 

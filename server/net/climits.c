@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "hash.h"
 #include "idmap.h"
 
 struct climits {
@@ -48,7 +49,6 @@ void climits_destroy(climits *cl)
  * reserved keys. */
 static uint64_t addr_key(const struct sockaddr *sa)
 {
-    uint64_t h = 1469598103934665603ULL;
     const unsigned char *b = NULL;
     size_t n = 0;
     if (sa && sa->sa_family == AF_INET) {
@@ -58,8 +58,7 @@ static uint64_t addr_key(const struct sockaddr *sa)
         b = (const unsigned char *)&((const struct sockaddr_in6 *)sa)->sin6_addr;
         n = 16;
     }
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 1099511628211ULL;
+    uint64_t h = hash_fnv1a(b, n);
     return (h >> 2) | 1; /* neither 0 nor all ones */
 }
 

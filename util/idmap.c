@@ -1,9 +1,9 @@
-/* index/idmap.c: open-addressing uint64 -> uint64 hash map, linear probing, backward-shift
+/* util/idmap.c: open-addressing uint64 -> uint64 hash map, linear probing, backward-shift
  * deletion (no tombstones, so lookups never slow down after many deletions).
  *
  * Entries are {key, value} pairs in one array of power-of-two capacity; an empty entry holds
  * the reserved key UINT64_MAX. The map grows (doubling) before an insertion would push the
- * load factor past 0.7. Keys are hashed with a fixed 64-bit finalizer (splitmix64), so the
+ * load factor past 0.7. Keys are hashed with a fixed 64-bit finalizer (hash_mix64), so the
  * layout is deterministic; keys are assumed not to be chosen by an adversary (they are
  * memory ids the server assigns).
  */
@@ -12,6 +12,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "hash.h"
 
 #define EMPTY_KEY UINT64_MAX
 #define MIN_CAP 8
@@ -27,16 +29,6 @@ struct idmap {
     size_t mask;  /* cap - 1 */
     size_t count; /* keys present */
 };
-
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
 
 /* max_count is the number of keys cap slots may hold before the map must grow (load 0.7). */
 static size_t max_count(size_t cap)
@@ -100,7 +92,7 @@ void idmap_destroy(idmap *m)
 /* find returns the index of key's entry, or of the empty entry where it would go. */
 static size_t find(const idmap *m, uint64_t key)
 {
-    size_t i = (size_t)mix64(key) & m->mask;
+    size_t i = (size_t)hash_mix64(key) & m->mask;
     while (m->slots[i].key != key && m->slots[i].key != EMPTY_KEY)
         i = (i + 1) & m->mask;
     return i;
@@ -180,7 +172,7 @@ bool idmap_del(idmap *m, uint64_t key)
         j = (j + 1) & m->mask;
         if (m->slots[j].key == EMPTY_KEY)
             break;
-        size_t home = (size_t)mix64(m->slots[j].key) & m->mask;
+        size_t home = (size_t)hash_mix64(m->slots[j].key) & m->mask;
         /* The entry at j may move to hole only when its home is not cyclically within
          * (hole, j]: otherwise a lookup starting at home would never pass the hole. */
         if (((j - home) & m->mask) >= ((j - hole) & m->mask)) {

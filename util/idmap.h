@@ -1,10 +1,15 @@
-/* index/idmap.h: an open-addressing hash map from uint64 keys to uint64 values.
+/* util/idmap.h: an open-addressing hash map from uint64 keys to uint64 values.
  *
- * Used for memory id -> slot lookups in the vector index and for other id tables. Not
- * thread-safe: the owner serializes access. Key UINT64_MAX is reserved.
+ * Used for memory id -> slot lookups in the vector index and for the server's id tables
+ * (tenants, connections per address, access counts, ...). Key UINT64_MAX is reserved.
+ *
+ * Ownership: the map owns its entry array; idmap_create/idmap_clone return a map the caller
+ * frees with idmap_destroy. Thread-safety: none of its own; the owner serializes access
+ * (concurrent readers are fine when no writer runs). Results: 0 or -errno (-ENOMEM,
+ * -EINVAL) where a function returns int; lookups return bool.
  */
-#ifndef ENGRAM_INDEX_IDMAP_H
-#define ENGRAM_INDEX_IDMAP_H
+#ifndef ENGRAM_UTIL_IDMAP_H
+#define ENGRAM_UTIL_IDMAP_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -33,7 +33,9 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include "hash.h"
 #include "rpc.h"
+#include "ubuf.h"
 
 #define READ_CHUNK ((size_t)64 * 1024) /* initial input buffer, and its size when idle */
 #define READ_MIN ((size_t)4096)        /* free space below which the input buffer grows */
@@ -56,13 +58,6 @@ typedef struct pending {
     uint8_t bytes[];
 } pending;
 
-/* The outgoing request; failed records a write the msgpack packer could not make. */
-typedef struct wbuf {
-    uint8_t *data;
-    size_t len, cap;
-    bool failed;
-} wbuf;
-
 struct client_conn {
     int fd;
     SSL_CTX *ssl_ctx; /* TLS: the context of this one connection; NULL: plain TCP */
@@ -76,7 +71,7 @@ struct client_conn {
     uint8_t *in; /* unread input is in[in_off, in_len) */
     size_t in_off, in_len, in_cap;
 
-    wbuf out;
+    ubuf_sink out; /* the outgoing request (ubuf.h) */
 
     id_slot *ids; /* open addressing, linear probing; cap a power of two or 0 */
     size_t ids_cap, ids_used, n_abandoned;
@@ -326,7 +321,7 @@ static ssize_t io_recv(client_conn *c, uint8_t *p, size_t n, short *want, int *e
 
 static size_t id_home(uint32_t id, size_t mask)
 {
-    return (size_t)(id * 2654435761u) & mask;
+    return (size_t)hash_mix64(id) & mask;
 }
 
 static id_slot *ids_find(const client_conn *c, uint32_t id)
@@ -784,7 +779,7 @@ void client_close(client_conn *c)
     rpc_scanner_destroy(c->scan);
     rpc_scanner_destroy(c->argscan);
     free(c->in);
-    free(c->out.data);
+    ubuf_fini(&c->out.b);
     free(c->ids);
     for (pending *p = c->head, *next; p != NULL; p = next) {
         next = p->next;
@@ -805,34 +800,6 @@ size_t client_outstanding(const client_conn *c)
 }
 
 /* ---- sending --------------------------------------------------------------------------- */
-
-/* msgpack write callback into a wbuf; remembers a failure instead of aborting. */
-static int wbuf_write(void *data, const char *buf, size_t len)
-{
-    wbuf *b = data;
-    if (b->failed)
-        return -1;
-    if (len > b->cap - b->len) {
-        size_t cap = b->cap ? b->cap : 256;
-        if (len > SIZE_MAX / 2 - b->len) {
-            b->failed = true;
-            return -1;
-        }
-        while (cap - b->len < len)
-            cap *= 2;
-        uint8_t *p = realloc(b->data, cap);
-        if (p == NULL) {
-            b->failed = true;
-            return -1;
-        }
-        b->data = p;
-        b->cap = cap;
-    }
-    if (len > 0)
-        memcpy(b->data + b->len, buf, len);
-    b->len += len;
-    return 0;
-}
 
 /* Tells whether the n bytes at p are exactly one MessagePack map. */
 static bool one_map(client_conn *c, const uint8_t *p, size_t n)
@@ -901,12 +868,12 @@ static int send_request(client_conn *c, const char *method, const client_args *a
         id = c->next_id++;
     while (ids_find(c, id) != NULL); /* only after 2^32 requests, with one still unanswered */
 
-    c->out.len = 0;
+    ubuf_truncate(&c->out.b, 0);
     c->out.failed = false;
-    msgpack_packer_init(&pk, &c->out, wbuf_write);
+    msgpack_packer_init(&pk, &c->out, ubuf_sink_write);
     rpc_pack_request_begin(&pk, id, method, args != NULL);
     if (args) {
-        size_t at = c->out.len;
+        size_t at = c->out.b.len;
         if (args->pack) {
             rc = args->pack(&pk, args->ud);
             if (rc != 0 && !c->out.failed) {
@@ -915,9 +882,9 @@ static int send_request(client_conn *c, const char *method, const client_args *a
                 goto out;
             }
         } else {
-            wbuf_write(&c->out, args->packed, args->packed_len);
+            ubuf_sink_write(&c->out, (const char *)args->packed, args->packed_len);
         }
-        if (!c->out.failed && !one_map(c, c->out.data + at, c->out.len - at)) {
+        if (!c->out.failed && !one_map(c, (const uint8_t *)c->out.b.data + at, c->out.b.len - at)) {
             rc = fail(err, -EINVAL, "the arguments of %s must be exactly one MessagePack map",
                       method);
             goto out;
@@ -927,7 +894,7 @@ static int send_request(client_conn *c, const char *method, const client_args *a
         rc = fail(err, -ENOMEM, "out of memory packing a request");
         goto out;
     }
-    rc = write_all(c, c->out.data, c->out.len, deadline, err);
+    rc = write_all(c, (const uint8_t *)c->out.b.data, c->out.b.len, deadline, err);
     if (rc == 0) {
         ids_insert(c->ids, c->ids_cap, id, ID_WAITING);
         c->ids_used++;
@@ -936,17 +903,15 @@ static int send_request(client_conn *c, const char *method, const client_args *a
     }
 
 out:
-    if (wipe && c->out.data) {
+    if (wipe && c->out.b.data) {
         /* volatile so the wipe is not optimised away */
-        volatile uint8_t *v = c->out.data;
-        for (size_t i = 0; i < c->out.len; i++)
+        volatile char *v = c->out.b.data;
+        for (size_t i = 0; i < c->out.b.len; i++)
             v[i] = 0;
     }
-    if (c->out.cap > KEEP_MAX) {
-        free(c->out.data);
-        memset(&c->out, 0, sizeof(c->out));
-    }
-    c->out.len = 0;
+    if (c->out.b.cap > KEEP_MAX)
+        ubuf_fini(&c->out.b);
+    ubuf_truncate(&c->out.b, 0);
     return rc;
 }
 

@@ -98,3 +98,15 @@ void ubuf_truncate(ubuf *b, size_t len)
     b->len = len;
     b->data[len] = '\0';
 }
+
+int ubuf_sink_write(void *sink, const char *p, size_t n)
+{
+    ubuf_sink *s = sink;
+    if (s->failed)
+        return -1;
+    if (ubuf_append(&s->b, p, n) < 0) {
+        s->failed = true;
+        return -1;
+    }
+    return 0;
+}

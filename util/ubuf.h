@@ -14,6 +14,7 @@
 #ifndef ENGRAM_UTIL_UBUF_H
 #define ENGRAM_UTIL_UBUF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct ubuf {
@@ -45,6 +46,18 @@ int ubuf_puts(ubuf *b, const char *s);
 /* ubuf_printf appends printf-formatted text. Returns 0, -ENOMEM, or -EINVAL when the format
  * fails (an encoding error); the contents are unchanged on failure. */
 int ubuf_printf(ubuf *b, const char *fmt, ...) UBUF_PRINTF_LIKE(2, 3);
+
+/* A ubuf as a write sink, e.g. a msgpack_packer's callback: the first failed append is
+ * remembered and every later one refused, so a writer that ignores return values cannot
+ * leave a buffer with a hole in it. Initialize with {0}; free with ubuf_fini(&s.b). */
+typedef struct ubuf_sink {
+    ubuf b;
+    bool failed;
+} ubuf_sink;
+
+/* ubuf_sink_write appends the n bytes at p to the ubuf_sink *sink. Returns 0, or -1 once an
+ * append has failed (out of memory). The signature is msgpack's write callback's. */
+int ubuf_sink_write(void *sink, const char *p, size_t n);
 
 /* ubuf_truncate shortens the contents to len bytes (len <= b->len; larger is ignored),
  * keeping the memory. */

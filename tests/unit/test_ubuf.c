@@ -85,8 +85,24 @@ static void test_truncate(void)
     ubuf_fini(&b);
 }
 
+/* A sink refuses every write after the first that failed, so a packer that ignores return
+ * values cannot leave a hole; before that it appends like ubuf_append. */
+static void test_sink(void)
+{
+    ubuf_sink s = {0};
+    CHECK(ubuf_sink_write(&s, "ab", 2) == 0);
+    CHECK(ubuf_sink_write(&s, "cd", 2) == 0);
+    CHECK(s.b.len == 4 && memcmp(s.b.data, "abcd", 5) == 0 && !s.failed);
+    CHECK(ubuf_sink_write(&s, "x", SIZE_MAX - 1) == -1); /* cannot grow: fails, sticks */
+    CHECK(s.failed && s.b.len == 4);
+    CHECK(ubuf_sink_write(&s, "e", 1) == -1);
+    CHECK(s.b.len == 4 && memcmp(s.b.data, "abcd", 5) == 0);
+    ubuf_fini(&s.b);
+}
+
 int main(void)
 {
+    test_sink();
     test_append();
     test_reserve();
     test_printf();

@@ -205,250 +205,298 @@ static void set_err(consolidate_result *out, const char *fmt, const char *a)
     snprintf(out->error, sizeof(out->error), fmt, a);
 }
 
-void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, const char *trigger,
-                        consolidate_result *out)
-{
-    const config *cfg = &s->cfg;
-    memset(out, 0, sizeof(*out));
-    int64_t started = server_now_ms();
-    uint64_t t0 = server_mono_ns();
-    char err[300], tid[24], key[32];
-    snprintf(tid, sizeof(tid), "%lld", (long long)tenant);
-    snprintf(key, sizeof(key), "%lld", (long long)(LOCK_BASE + tenant));
-    PGconn *pg = bg_conn(ctx, err, sizeof(err));
-    if (!pg) {
-        set_err(out, "database unavailable: %s", err);
-        return;
-    }
-    const char *kv[] = {key};
-    PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_TRY_LOCK), kv, err, sizeof(err));
-    if (!r) {
-        set_err(out, "%s", err);
-        if (PQstatus(pg) != CONNECTION_OK)
-            bg_conn_failed(ctx);
-        return;
-    }
-    bool locked = PQgetvalue(r, 0, 0)[0] == 't';
-    PQclear(r);
-    if (!locked) {
-        out->status = 1;
-        snprintf(out->error, sizeof(out->error), "a consolidation of this tenant is running");
-        return;
-    }
+/* A supersession candidate: two memories of one group that may describe one subject. */
+typedef struct cand {
+    uint32_t a, b;
+} cand;
 
-    loaded l = {.dim = dim};
-    uint32_t *order = NULL;
-    dedupe_pair *pairs = NULL;
-    float *gv = NULL;
-    uint64_t seq = 0;
-    if (loader_live(pg, tenant, dim, &seq, take_row, &l, err, sizeof(err)) < 0) {
-        set_err(out, "reading memories: %s", err);
-        goto unlock;
+/* One run's state, from the read to the record. Every array is owned here and freed by
+ * run_fini. Each step below returns 0, or -1 with out->error set. */
+typedef struct run {
+    server *s;
+    const config *cfg;
+    PGconn *pg;
+    int64_t tenant;
+    const char *trigger;
+    char tid[24];
+    int64_t started; /* wall clock, ms: the "now" of every decision */
+    uint64_t seq;    /* the tenant's change number the read saw */
+    loaded l;        /* the live memories and their vectors */
+    cand *cands;     /* supersession candidates */
+    size_t ncand, ccand;
+    double *imp;      /* survivors' merged importance (a pruned memory: its composite) */
+    int64_t *acc;     /* survivors' merged access counts */
+    int64_t *members; /* each survivor's merged members, by a counting sort ... */
+    int64_t *mseqs;   /* ... with their change numbers */
+    size_t *first;    /* first[i] ends survivor i's run of members */
+    consolidate_result *out;
+} run;
+
+static void run_fini(run *r)
+{
+    for (size_t k = 0; k < r->l.n; k++)
+        free(r->l.m[k].attrs_key);
+    free(r->l.m);
+    free(r->l.vecs);
+    free(r->cands);
+    free(r->imp);
+    free(r->acc);
+    free(r->members);
+    free(r->mseqs);
+    free(r->first);
+}
+
+static int add_cand(run *r, uint32_t a, uint32_t b)
+{
+    if (r->ncand == r->ccand) {
+        size_t cap = r->ccand ? r->ccand * 2 : 256;
+        cand *c = realloc(r->cands, cap * sizeof(*c));
+        if (!c)
+            return -ENOMEM;
+        r->cands = c;
+        r->ccand = cap;
     }
-    size_t n = l.n;
-    uint64_t t_read = server_mono_ns();
-    order = malloc((n + 1) * sizeof(*order));
-    gv = malloc((n + 1) * dim * sizeof(float));
+    r->cands[r->ncand++] = (cand){a, b};
+    return 0;
+}
+
+/* Step 1, read: the tenant's live memories, as of one snapshot. */
+static int step_read(run *r)
+{
+    char err[300];
+    if (loader_live(r->pg, r->tenant, r->l.dim, &r->seq, take_row, &r->l, err, sizeof(err)) < 0) {
+        set_err(r->out, "reading memories: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Step 2, pairs: within each group (type, scope, owner), the pairs above the lower
+ * threshold. Duplicates join one cluster (union-find in l.m[].parent); near-duplicates of
+ * facts and preferences, and facts and preferences sharing attrs.key, become supersession
+ * candidates. */
+static int step_pairs(run *r)
+{
+    size_t n = r->l.n, dim = r->l.dim;
+    cmem *m = r->l.m;
+    char err[300];
+    int rc = -1;
+    dedupe_pair *pairs = NULL;
+    uint32_t *order = malloc((n + 1) * sizeof(*order));
+    float *gv = malloc((n + 1) * dim * sizeof(float));
     if (!order || !gv) {
-        set_err(out, "%s", "out of memory");
-        goto unlock;
+        set_err(r->out, "%s", "out of memory");
+        goto out;
     }
     for (size_t i = 0; i < n; i++)
         order[i] = (uint32_t)i;
     pthread_mutex_lock(&plan_mu);
-    sort_base = l.m;
+    sort_base = m;
     qsort(order, n, sizeof(*order), cmp_idx);
     pthread_mutex_unlock(&plan_mu);
 
-    float tdup = (float)cfg->consolidate_dedupe_threshold;
-    float tsup = (float)cfg->consolidate_supersede_threshold;
-    dedupe_opts dopts = {.exact_max = (size_t)cfg->consolidate_exact_max,
-                         .threads = (unsigned)cfg->consolidate_threads};
-    /* per group: the pairs above the lower threshold; duplicates join, near-duplicates of
-     * facts and preferences are remembered as supersession candidates */
-    typedef struct cand {
-        uint32_t a, b;
-    } cand;
-    cand *cands = NULL;
-    size_t ncand = 0, ccand = 0;
+    float tdup = (float)r->cfg->consolidate_dedupe_threshold;
+    float tsup = (float)r->cfg->consolidate_supersede_threshold;
+    dedupe_opts dopts = {.exact_max = (size_t)r->cfg->consolidate_exact_max,
+                         .threads = (unsigned)r->cfg->consolidate_threads};
     for (size_t g0 = 0; g0 < n;) {
         size_t g1 = g0 + 1;
-        while (g1 < n && same_group(&l.m[order[g0]], &l.m[order[g1]]))
+        while (g1 < n && same_group(&m[order[g0]], &m[order[g1]]))
             g1++;
         size_t gn = g1 - g0;
-        int type = l.m[order[g0]].type;
+        int type = m[order[g0]].type;
         bool updatable = type == MEM_FACT || type == MEM_PREFERENCE;
         float thr = updatable && tsup < tdup ? tsup : tdup;
         if (gn >= 2) {
             for (size_t k = 0; k < gn; k++)
-                memcpy(gv + k * dim, l.vecs + (size_t)order[g0 + k] * dim, dim * sizeof(float));
+                memcpy(gv + k * dim, r->l.vecs + (size_t)order[g0 + k] * dim, dim * sizeof(float));
             size_t np = 0;
             if (dedupe_pairs(gv, gn, dim, thr, &dopts, &pairs, &np, err, sizeof(err)) < 0) {
-                set_err(out, "similarity search: %s", err);
-                free(cands);
-                goto unlock;
+                set_err(r->out, "similarity search: %s", err);
+                goto out;
             }
             for (size_t p = 0; p < np; p++) {
                 uint32_t a = order[g0 + pairs[p].i], b = order[g0 + pairs[p].j];
                 if (pairs[p].sim >= tdup) {
-                    uint32_t ra = find(l.m, a), rb = find(l.m, b);
+                    uint32_t ra = find(m, a), rb = find(m, b);
                     if (ra != rb)
-                        l.m[ra > rb ? ra : rb].parent = ra < rb ? ra : rb;
-                } else if (updatable) {
-                    if (ncand == ccand) {
-                        size_t cap = ccand ? ccand * 2 : 256;
-                        cand *c = realloc(cands, cap * sizeof(*c));
-                        if (!c) {
-                            set_err(out, "%s", "out of memory");
-                            free(cands);
-                            goto unlock;
-                        }
-                        cands = c;
-                        ccand = cap;
-                    }
-                    cands[ncand++] = (cand){a, b};
+                        m[ra > rb ? ra : rb].parent = ra < rb ? ra : rb;
+                } else if (updatable && add_cand(r, a, b) < 0) {
+                    set_err(r->out, "%s", "out of memory");
+                    goto out;
                 }
             }
             free(pairs);
             pairs = NULL;
             /* facts and preferences sharing attrs.key are the same subject */
             for (size_t x = 0; updatable && x < gn; x++) {
-                const cmem *mx = &l.m[order[g0 + x]];
+                const cmem *mx = &m[order[g0 + x]];
                 for (size_t y = x + 1; mx->attrs_key && y < gn; y++) {
-                    const cmem *my = &l.m[order[g0 + y]];
+                    const cmem *my = &m[order[g0 + y]];
                     if (!my->attrs_key || strcmp(mx->attrs_key, my->attrs_key) != 0)
                         continue;
-                    if (ncand == ccand) {
-                        size_t cap = ccand ? ccand * 2 : 256;
-                        cand *c = realloc(cands, cap * sizeof(*c));
-                        if (!c) {
-                            set_err(out, "%s", "out of memory");
-                            free(cands);
-                            goto unlock;
-                        }
-                        cands = c;
-                        ccand = cap;
+                    if (add_cand(r, order[g0 + x], order[g0 + y]) < 0) {
+                        set_err(r->out, "%s", "out of memory");
+                        goto out;
                     }
-                    cands[ncand++] = (cand){order[g0 + x], order[g0 + y]};
                 }
             }
         }
         g0 = g1;
     }
+    rc = 0;
+out:
+    free(pairs);
+    free(order);
+    free(gv);
+    return rc;
+}
 
-    uint64_t t_pairs = server_mono_ns();
-    /* merges: every cluster's survivor absorbs the others */
+/* Step 3, plan: each memory's fate. Every cluster's best memory survives and absorbs the
+ * others (merged importance: the highest; access counts: the sum); supersessions between
+ * what is still live (the older goes, pointing at its newest related memory); prunes of low
+ * composite, old enough, neither a constraint nor pinned. Then each survivor's members, in
+ * id order, for the apply step. */
+static int step_plan(run *r)
+{
+    size_t n = r->l.n;
+    cmem *m = r->l.m;
     uint32_t *best = malloc((n + 1) * sizeof(*best));
-    if (!best) {
-        set_err(out, "%s", "out of memory");
-        free(cands);
-        goto unlock;
+    r->imp = calloc(n + 1, sizeof(double));
+    r->acc = calloc(n + 1, sizeof(int64_t));
+    r->members = malloc((n + 1) * sizeof(int64_t));
+    r->mseqs = malloc((n + 1) * sizeof(int64_t));
+    r->first = calloc(n + 2, sizeof(size_t));
+    if (!best || !r->imp || !r->acc || !r->members || !r->mseqs || !r->first) {
+        free(best);
+        set_err(r->out, "%s", "out of memory");
+        return -1;
     }
+    /* merges: every cluster's survivor absorbs the others */
     for (size_t i = 0; i < n; i++)
         best[i] = UINT32_MAX;
     for (size_t i = 0; i < n; i++) {
-        uint32_t root = find(l.m, (uint32_t)i);
-        if (best[root] == UINT32_MAX || better(&l.m[i], &l.m[best[root]]))
+        uint32_t root = find(m, (uint32_t)i);
+        if (best[root] == UINT32_MAX || better(&m[i], &m[best[root]]))
             best[root] = (uint32_t)i;
     }
     for (size_t i = 0; i < n; i++) {
-        uint32_t surv = best[find(l.m, (uint32_t)i)];
+        uint32_t surv = best[find(m, (uint32_t)i)];
         if (surv != i) {
-            l.m[i].fate = 1;
-            l.m[i].into = surv;
+            m[i].fate = 1;
+            m[i].into = surv;
         }
     }
+    free(best);
     /* the survivors' merged values, for the prune decision below */
-    double *imp = calloc(n + 1, sizeof(double));
-    int64_t *acc = calloc(n + 1, sizeof(int64_t));
-    if (!imp || !acc) {
-        free(imp);
-        free(acc);
-        free(best);
-        free(cands);
-        set_err(out, "%s", "out of memory");
-        goto unlock;
+    for (size_t i = 0; i < n; i++) {
+        r->imp[i] = m[i].importance;
+        r->acc[i] = m[i].access;
     }
     for (size_t i = 0; i < n; i++) {
-        imp[i] = l.m[i].importance;
-        acc[i] = l.m[i].access;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (l.m[i].fate != 1)
+        if (m[i].fate != 1)
             continue;
-        uint32_t sv = l.m[i].into;
-        if (l.m[i].importance > imp[sv])
-            imp[sv] = l.m[i].importance;
-        acc[sv] += l.m[i].access;
+        uint32_t sv = m[i].into;
+        if (m[i].importance > r->imp[sv])
+            r->imp[sv] = m[i].importance;
+        r->acc[sv] += m[i].access;
     }
     /* supersessions between what is still live: the older goes, pointing at its newest
      * related memory (a merged-away memory stands for its survivor) */
-    for (size_t c = 0; c < ncand; c++) {
-        uint32_t a = cands[c].a, b = cands[c].b;
-        if (l.m[a].fate == 1)
-            a = l.m[a].into;
-        if (l.m[b].fate == 1)
-            b = l.m[b].into;
+    for (size_t c = 0; c < r->ncand; c++) {
+        uint32_t a = r->cands[c].a, b = r->cands[c].b;
+        if (m[a].fate == 1)
+            a = m[a].into;
+        if (m[b].fate == 1)
+            b = m[b].into;
         if (a == b)
             continue;
-        uint32_t older = newer(&l.m[a], &l.m[b]) ? b : a, newest = older == a ? b : a;
-        cmem *o = &l.m[older];
-        if (o->fate == 2 && !newer(&l.m[newest], &l.m[o->into]))
+        uint32_t older = newer(&m[a], &m[b]) ? b : a, newest = older == a ? b : a;
+        cmem *o = &m[older];
+        if (o->fate == 2 && !newer(&m[newest], &m[o->into]))
             continue;
         o->fate = 2;
         o->into = newest;
     }
     /* prunes: low composite, old enough, not a constraint, not pinned */
-    int64_t grace_ms = (int64_t)(cfg->consolidate_prune_grace_days * 86400000.0);
+    int64_t grace_ms = (int64_t)(r->cfg->consolidate_prune_grace_days * 86400000.0);
     for (size_t i = 0; i < n; i++) {
-        cmem *m = &l.m[i];
-        if (m->fate != 0 || m->pinned || m->type == MEM_CONSTRAINT ||
-            started - m->created_ms < grace_ms)
+        cmem *mi = &m[i];
+        if (mi->fate != 0 || mi->pinned || mi->type == MEM_CONSTRAINT ||
+            r->started - mi->created_ms < grace_ms)
             continue;
-        double c =
-            score_composite(&s->score, m->created_ms,
-                            acc[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)acc[i], imp[i], started);
-        if (c < cfg->consolidate_prune_threshold) {
-            m->fate = 3;
-            imp[i] = c; /* kept for the record */
+        uint32_t acc = r->acc[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)r->acc[i];
+        double c = score_composite(&r->s->score, mi->created_ms, acc, r->imp[i], r->started);
+        if (c < r->cfg->consolidate_prune_threshold) {
+            mi->fate = 3;
+            r->imp[i] = c; /* kept for the record */
         }
     }
-
     /* each survivor's members, gathered by a counting sort (in id order) */
-    int64_t *members = malloc((n + 1) * sizeof(int64_t)),
-            *mseqs = malloc((n + 1) * sizeof(int64_t));
-    size_t *first = calloc(n + 2, sizeof(size_t));
-    bool ok = members && mseqs && first;
-    for (size_t j = 0; ok && j < n; j++)
-        if (l.m[j].fate == 1)
-            first[l.m[j].into + 1]++;
-    for (size_t i = 0; ok && i < n; i++)
-        first[i + 1] += first[i];
-    for (size_t j = 0; ok && j < n; j++) {
-        if (l.m[j].fate != 1)
+    for (size_t j = 0; j < n; j++)
+        if (m[j].fate == 1)
+            r->first[m[j].into + 1]++;
+    for (size_t i = 0; i < n; i++)
+        r->first[i + 1] += r->first[i];
+    for (size_t j = 0; j < n; j++) {
+        if (m[j].fate != 1)
             continue;
-        size_t at = first[l.m[j].into]++;
-        members[at] = l.m[j].id;
-        mseqs[at] = l.m[j].seq;
-    }
-    free(best);
-    free(cands);
-    if (!ok) {
-        free(members);
-        free(mseqs);
-        free(first);
-        free(imp);
-        free(acc);
-        set_err(out, "%s", "out of memory");
-        goto unlock;
+        size_t at = r->first[m[j].into]++;
+        r->members[at] = m[j].id;
+        r->mseqs[at] = m[j].seq;
     }
     /* first[i] now ends survivor i's run of members; it starts where i - 1's ended */
-    uint64_t t_plan = server_mono_ns();
+    return 0;
+}
+
+/* Applies one step of decisions (the literals S[0..10], see engram_consolidate_apply) in a
+ * transaction of its own; adds its counts to out. */
+static int apply_one(run *r, const char *own, lit *S)
+{
+    char err[300];
+    const char *vals[13] = {r->tid,         own,
+                            lit_end(&S[0]), lit_end(&S[1]),
+                            lit_end(&S[2]), lit_end(&S[3]),
+                            lit_end(&S[4]), lit_end(&S[5]),
+                            lit_end(&S[6]), lit_end(&S[7]),
+                            lit_end(&S[8]), lit_end(&S[9]),
+                            lit_end(&S[10])};
+    int rc = db_tenant_begin(r->pg, r->tenant, DB_TX_WRITE, err, sizeof(err));
+    if (rc == 0) {
+        PGresult *res = DB_EXEC(r->pg, sqlb_def(SQLB_CONSOLIDATE_APPLY), vals, err, sizeof(err));
+        int counts[4] = {0};
+        bool applied = res != NULL;
+        for (int k = 0; applied && k < 4; k++)
+            counts[k] = (int)memrow_i64(res, 0, k, 0);
+        PQclear(res);
+        rc = db_tx_end(r->pg, applied, err, sizeof(err));
+        if (rc == 0 && !applied)
+            rc = -EIO;
+        if (rc == 0) {
+            r->out->merged += counts[0];
+            r->out->superseded += counts[1];
+            r->out->archived += counts[2];
+            r->out->skipped += counts[3];
+        }
+    }
+    if (rc < 0) {
+        set_err(r->out, "applying the plan: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Step 4, apply: the plan in steps of at most CONSOLIDATE_STEP decisions, each its own
+ * transaction: merges, then supersessions, then prunes, in id order. */
+static int step_apply(run *r)
+{
+    size_t n = r->l.n;
+    const cmem *m = r->l.m;
+    bool ok = true;
     ubuf own = {0}; /* "{id,id,...}": the survivors of earlier steps */
-    ubuf_append(&own, "{}", 2);
-    /* steps of at most STEP decisions: merges, then supersessions, then prunes, in id order */
+    ok = ubuf_append(&own, "{}", 2) == 0;
     size_t at = 0, phase = 0;
-    while (phase < 3 && out->status >= 0) {
+    while (ok && phase < 3 && r->out->status >= 0) {
         lit S[11];
         memset(S, 0, sizeof(S));
         size_t taken = 0;
@@ -458,137 +506,148 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
                 at = 0;
                 continue;
             }
-            const cmem *m = &l.m[at];
+            const cmem *mi = &m[at];
             if (phase == 0) {
-                size_t start = at ? first[at - 1] : 0, k = first[at] - start;
+                size_t start = at ? r->first[at - 1] : 0, k = r->first[at] - start;
                 if (k > 0) {
-                    ok = ok && lit_i64(&S[0], m->id) == 0 && lit_i64(&S[1], m->seq) == 0 &&
-                         lit_arr(&S[2], members + start, k) == 0 &&
-                         lit_arr(&S[3], mseqs + start, k) == 0;
+                    ok = ok && lit_i64(&S[0], mi->id) == 0 && lit_i64(&S[1], mi->seq) == 0 &&
+                         lit_arr(&S[2], r->members + start, k) == 0 &&
+                         lit_arr(&S[3], r->mseqs + start, k) == 0;
                     taken++;
                 }
-            } else if (phase == 1 && m->fate == 2) {
-                ok = ok && lit_i64(&S[4], m->id) == 0 && lit_i64(&S[5], m->seq) == 0 &&
-                     lit_i64(&S[6], l.m[m->into].id) == 0 && lit_i64(&S[7], l.m[m->into].seq) == 0;
+            } else if (phase == 1 && mi->fate == 2) {
+                ok = ok && lit_i64(&S[4], mi->id) == 0 && lit_i64(&S[5], mi->seq) == 0 &&
+                     lit_i64(&S[6], m[mi->into].id) == 0 && lit_i64(&S[7], m[mi->into].seq) == 0;
                 taken++;
-            } else if (phase == 2 && m->fate == 3) {
-                ok = ok && lit_i64(&S[8], m->id) == 0 && lit_i64(&S[9], m->seq) == 0 &&
-                     lit_f64(&S[10], imp[at]) == 0;
+            } else if (phase == 2 && mi->fate == 3) {
+                ok = ok && lit_i64(&S[8], mi->id) == 0 && lit_i64(&S[9], mi->seq) == 0 &&
+                     lit_f64(&S[10], r->imp[at]) == 0;
                 taken++;
             }
             at++;
         }
-        const char *own_lit = own.data;
-        if (ok && taken > 0) {
-            const char *vals[13] = {tid,
-                                    own_lit,
-                                    lit_end(&S[0]),
-                                    lit_end(&S[1]),
-                                    lit_end(&S[2]),
-                                    lit_end(&S[3]),
-                                    lit_end(&S[4]),
-                                    lit_end(&S[5]),
-                                    lit_end(&S[6]),
-                                    lit_end(&S[7]),
-                                    lit_end(&S[8]),
-                                    lit_end(&S[9]),
-                                    lit_end(&S[10])};
-            int rc = db_tenant_begin(pg, tenant, DB_TX_WRITE, err, sizeof(err));
-            if (rc == 0) {
-                r = DB_EXEC(pg, sqlb_def(SQLB_CONSOLIDATE_APPLY), vals, err, sizeof(err));
-                int counts[4] = {0};
-                bool applied = r != NULL;
-                for (int k = 0; applied && k < 4; k++)
-                    counts[k] = (int)memrow_i64(r, 0, k, 0);
-                PQclear(r);
-                rc = db_tx_end(pg, applied, err, sizeof(err));
-                if (rc == 0 && applied) {
-                    out->merged += counts[0];
-                    out->superseded += counts[1];
-                    out->archived += counts[2];
-                    out->skipped += counts[3];
-                }
-                if (!applied)
-                    rc = -EIO;
-            }
-            if (rc < 0)
-                set_err(out, "applying the plan: %s", err);
-        }
+        if (ok && taken > 0)
+            apply_one(r, own.data, S);
         /* this step's survivors changed: later steps must not take them for memories that a
          * concurrent write changed (S[0] is "{id,id,...}" once ended) */
         if (ok && S[0].n) {
-            own.data[--own.len] = '\0'; /* drop the closing brace */
-            if (own.len > 1)
-                ubuf_append(&own, ",", 1);
-            ubuf_append(&own, S[0].b.data + 1, S[0].b.len - 1);
+            ubuf_truncate(&own, own.len - 1); /* drop the closing brace */
+            ok = (own.len <= 1 || ubuf_append(&own, ",", 1) == 0) &&
+                 ubuf_append(&own, S[0].b.data + 1, S[0].b.len - 1) == 0;
         }
         for (int k = 0; k < 11; k++)
             ubuf_fini(&S[k].b);
-        if (!ok && out->status >= 0)
-            set_err(out, "%s", "out of memory");
     }
     ubuf_fini(&own);
-    free(members);
-    free(mseqs);
-    free(first);
-    free(imp);
-    free(acc);
-    if (out->status < 0)
-        goto unlock;
-    char started_s[24], w[160], settings[400], counts[4][16];
-    snprintf(started_s, sizeof(started_s), "%lld", (long long)started);
-    snprintf(w, sizeof(w), "{%.17g,%.17g,%.17g,%.17g,%.17g}", s->score.w_recency, s->score.w_access,
-             s->score.w_explicit, s->score.recency_days, s->score.access_saturation);
+    if (!ok && r->out->status >= 0)
+        set_err(r->out, "%s", "out of memory");
+    return r->out->status < 0 ? -1 : 0;
+}
+
+/* Step 5, record: store every live memory's composite and record the run with its counts
+ * and settings (engram_consolidate_finish). */
+static int step_record(run *r)
+{
+    const config *cfg = r->cfg;
+    consolidate_result *out = r->out;
+    char err[300], started_s[24], w[160], settings[400], counts[4][16];
+    snprintf(started_s, sizeof(started_s), "%lld", (long long)r->started);
+    snprintf(w, sizeof(w), "{%.17g,%.17g,%.17g,%.17g,%.17g}", r->s->score.w_recency,
+             r->s->score.w_access, r->s->score.w_explicit, r->s->score.recency_days,
+             r->s->score.access_saturation);
     snprintf(settings, sizeof(settings),
              "{\"dedupe_threshold\": %g, \"supersede_threshold\": %g, \"prune_threshold\": %g, "
              "\"prune_grace_days\": %g, \"memories\": %zu, \"snapshot_seq\": %llu}",
              cfg->consolidate_dedupe_threshold, cfg->consolidate_supersede_threshold,
-             cfg->consolidate_prune_threshold, cfg->consolidate_prune_grace_days, n,
-             (unsigned long long)seq);
+             cfg->consolidate_prune_threshold, cfg->consolidate_prune_grace_days, r->l.n,
+             (unsigned long long)r->seq);
     snprintf(counts[0], 16, "%d", out->merged);
     snprintf(counts[1], 16, "%d", out->superseded);
     snprintf(counts[2], 16, "%d", out->archived);
     snprintf(counts[3], 16, "%d", out->skipped);
-    const char *fv[10] = {tid,      trigger,   started_s, started_s, w,
-                          settings, counts[0], counts[1], counts[2], counts[3]};
-    int frc = db_tenant_begin(pg, tenant, DB_TX_WRITE, err, sizeof(err));
-    if (frc == 0) {
-        r = DB_EXEC(pg, sqlb_def(SQLB_CONSOLIDATE_FINISH), fv, err, sizeof(err));
-        bool recorded = r != NULL;
-        int64_t run_id = recorded ? memrow_i64(r, 0, 0, 0) : 0;
-        int rescored = recorded ? (int)memrow_i64(r, 0, 1, 0) : 0;
-        PQclear(r);
-        frc = db_tx_end(pg, recorded, err, sizeof(err));
-        if (frc == 0 && !recorded)
-            frc = -EIO;
-        if (frc == 0) {
+    const char *fv[10] = {r->tid,   r->trigger, started_s, started_s, w,
+                          settings, counts[0],  counts[1], counts[2], counts[3]};
+    int rc = db_tenant_begin(r->pg, r->tenant, DB_TX_WRITE, err, sizeof(err));
+    if (rc == 0) {
+        PGresult *res = DB_EXEC(r->pg, sqlb_def(SQLB_CONSOLIDATE_FINISH), fv, err, sizeof(err));
+        bool recorded = res != NULL;
+        int64_t run_id = recorded ? memrow_i64(res, 0, 0, 0) : 0;
+        int rescored = recorded ? (int)memrow_i64(res, 0, 1, 0) : 0;
+        PQclear(res);
+        rc = db_tx_end(r->pg, recorded, err, sizeof(err));
+        if (rc == 0 && !recorded)
+            rc = -EIO;
+        if (rc == 0) {
             out->run_id = run_id;
             out->rescored = rescored;
         }
     }
-    if (frc < 0) {
+    if (rc < 0) {
         set_err(out, "recording the run: %s", err);
-        goto unlock;
+        return -1;
     }
-    out->status = 0;
-    log_info("tenant %lld consolidation: read %zu memories %.0f ms, similar pairs %.0f ms, plan "
-             "%.0f ms, apply %.0f ms",
-             (long long)tenant, n, (double)(t_read - t0) / 1e6, (double)(t_pairs - t_read) / 1e6,
-             (double)(t_plan - t_pairs) / 1e6, (double)(server_mono_ns() - t_plan) / 1e6);
-unlock:
-    r = DB_EXEC(pg, sqlb_def(SQLB_UNLOCK), kv, err, sizeof(err));
-    PQclear(r);
-    if (out->status < 0 && PQstatus(pg) == CONNECTION_OK)
-        record_failure(pg, tid, trigger, started, out->error);
-    for (size_t k = 0; k < l.n; k++)
-        free(l.m[k].attrs_key);
-    free(l.m);
-    free(l.vecs);
-    free(order);
-    free(gv);
-    free(pairs);
+    return 0;
+}
+
+void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, const char *trigger,
+                        consolidate_result *out)
+{
+    memset(out, 0, sizeof(*out));
+    run r = {.s = s,
+             .cfg = &s->cfg,
+             .tenant = tenant,
+             .trigger = trigger,
+             .l = {.dim = dim},
+             .out = out};
+    r.started = server_now_ms();
+    uint64_t t0 = server_mono_ns();
+    char err[300], key[32];
+    snprintf(r.tid, sizeof(r.tid), "%lld", (long long)tenant);
+    snprintf(key, sizeof(key), "%lld", (long long)(LOCK_BASE + tenant));
+    r.pg = bg_conn(ctx, err, sizeof(err));
+    if (!r.pg) {
+        set_err(out, "database unavailable: %s", err);
+        return;
+    }
+    /* one run per tenant at a time, across processes */
+    const char *kv[] = {key};
+    PGresult *res = DB_EXEC(r.pg, sqlb_def(SQLB_TRY_LOCK), kv, err, sizeof(err));
+    if (!res) {
+        set_err(out, "%s", err);
+        if (PQstatus(r.pg) != CONNECTION_OK)
+            bg_conn_failed(ctx);
+        return;
+    }
+    bool locked = PQgetvalue(res, 0, 0)[0] == 't';
+    PQclear(res);
+    if (!locked) {
+        out->status = 1;
+        snprintf(out->error, sizeof(out->error), "a consolidation of this tenant is running");
+        return;
+    }
+    /* the steps, each timed: read, pairs, plan, apply, record */
+    int (*const steps[])(run *) = {step_read, step_pairs, step_plan, step_apply, step_record};
+    uint64_t t[6] = {t0};
+    size_t done = 0;
+    while (done < 5 && steps[done](&r) == 0) {
+        t[done + 1] = server_mono_ns();
+        done++;
+    }
+    if (done == 5) {
+        out->status = 0;
+        log_info("tenant %lld consolidation: read %zu memories %.0f ms, similar pairs %.0f ms, "
+                 "plan %.0f ms, apply %.0f ms, record %.0f ms",
+                 (long long)tenant, r.l.n, (double)(t[1] - t[0]) / 1e6, (double)(t[2] - t[1]) / 1e6,
+                 (double)(t[3] - t[2]) / 1e6, (double)(t[4] - t[3]) / 1e6,
+                 (double)(t[5] - t[4]) / 1e6);
+    }
+    res = DB_EXEC(r.pg, sqlb_def(SQLB_UNLOCK), kv, err, sizeof(err));
+    PQclear(res);
+    if (out->status < 0 && PQstatus(r.pg) == CONNECTION_OK)
+        record_failure(r.pg, r.tid, trigger, r.started, out->error);
+    run_fini(&r);
     out->duration_ms = (int64_t)((server_mono_ns() - t0) / 1000000u);
-    if (PQstatus(pg) != CONNECTION_OK)
+    if (PQstatus(r.pg) != CONNECTION_OK)
         bg_conn_failed(ctx);
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
@@ -182,6 +183,16 @@ static void on_other(struct evhttp_request *rq, void *arg)
     evhttp_send_error(rq, 404, "not found: try /healthz or /metrics");
 }
 
+/* Each connection's bufferevent owns its socket (BEV_OPT_CLOSE_ON_FREE), so libevent removes
+ * the socket's events before it closes the socket. With evhttp's own bufferevent, evhttp
+ * closes the socket first and the deferred removal then calls epoll_ctl on the closed
+ * descriptor number, which another thread (a snapshot file, the stray-file sweep) may
+ * already have reused; ThreadSanitizer reports that as a race. */
+static struct bufferevent *make_bev(struct event_base *base, void *arg)
+{
+    return bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+}
+
 http_srv *http_start(server *s, struct event_base *base, const char *host, int port, char *err,
                      size_t errlen)
 {
@@ -205,6 +216,7 @@ http_srv *http_start(server *s, struct event_base *base, const char *host, int p
     evhttp_set_cb(h->http, "/readyz", on_healthz, h); /* the same checks, by the usual name */
     evhttp_set_cb(h->http, "/metrics", on_metrics, h);
     evhttp_set_gencb(h->http, on_other, h);
+    evhttp_set_bevcb(h->http, make_bev, NULL);
     if (!evhttp_bind_socket_with_handle(h->http, host, (ev_uint16_t)port)) {
         snprintf(err, errlen, "cannot bind HTTP port %s:%d", host, port);
         evhttp_free(h->http);

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "vindex.h"
@@ -926,8 +927,14 @@ static void test_kind_down(void)
     free(md.w);
 }
 
-int main(void)
+/* With the argument "threads" only the concurrent test runs (the ThreadSanitizer build runs
+ * just that). */
+int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "threads") == 0) {
+        test_threads();
+        CHECK_RETURN();
+    }
     test_edges();
     test_kind_down();
     /* default options: FLAT below 512 live vectors, SQ8 above */

@@ -11,6 +11,10 @@
  * messages back to back on the stream, no other framing. Engram's params is a one-element
  * array holding a map of named arguments (an empty array means no arguments). error is nil
  * or a map {code, message, ...details}.
+ *
+ * One header, one file per job: rpc_scan.c (framing), rpc_decode.c (decoding), rpc_bind.c
+ * (parameter binding and the typed readers), rpc_pack.c (encoding), rpc.c (codes, limits,
+ * UTF-8, and the helpers they share through rpc_internal.h).
  */
 #ifndef ENGRAM_PROTO_RPC_H
 #define ENGRAM_PROTO_RPC_H

@@ -46,9 +46,17 @@ static bool refuse_plain(http_srv *h, struct evhttp_request *rq)
     return true;
 }
 
+/* Every connection's bufferevent is made here and owns its socket (BEV_OPT_CLOSE_ON_FREE),
+ * so libevent removes the socket's events before it closes the socket. With evhttp's own
+ * bufferevent, evhttp closes the socket first and the deferred removal then calls epoll_ctl
+ * on the closed descriptor number, which another thread (a snapshot file, the stray-file
+ * sweep) may already have reused; ThreadSanitizer reports that as a race. With TLS on, the
+ * bufferevent is a TLS one. */
 static struct bufferevent *make_bev(struct event_base *base, void *arg)
 {
     http_srv *h = arg;
+    if (!h->srv->tls)
+        return bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
     struct ssl_st *ssl = tls_session_new(h->srv->tls);
     if (!ssl)
         return NULL;
@@ -249,8 +257,7 @@ http_srv *http_start(server *s, struct event_base *base, const char *host, int p
     evhttp_set_cb(h->http, "/readyz", on_healthz, h); /* the same checks, by the usual name */
     evhttp_set_cb(h->http, "/metrics", on_metrics, h);
     evhttp_set_gencb(h->http, on_other, h);
-    if (s->tls)
-        evhttp_set_bevcb(h->http, make_bev, h);
+    evhttp_set_bevcb(h->http, make_bev, h);
     if (!evhttp_bind_socket_with_handle(h->http, host, (ev_uint16_t)port)) {
         snprintf(err, errlen, "cannot bind HTTP port %s:%d", host, port);
         evhttp_free(h->http);

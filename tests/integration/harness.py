@@ -31,7 +31,7 @@ PG_DSN = os.environ.get("ENGRAM_TEST_PG_DSN", "")
 PG_BINDIR = os.environ.get("ENGRAM_TEST_PG_BINDIR", "/usr/lib/postgresql/15/bin")
 
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
-                   "Sanitizer:DEADLYSIGNAL")
+                   "Sanitizer:DEADLYSIGNAL", "WARNING: ThreadSanitizer")
 
 
 def require_env():

@@ -1,18 +1,8 @@
 """Access counts are durable about a second after the read, are folded into the memories'
 rows by the maintenance task, and survive a crash of the server: every reader (memory.get
 through any process, a restarted index) sees them throughout."""
-import time
 
-from harness import Server, new_database, psql, structured_vectors, vec_bin
-
-
-def wait_for(pred, timeout=15.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return False
+from harness import Server, new_database, psql, structured_vectors, vec_bin, wait_for
 
 
 def test_access_counts_land_fold_and_survive_a_crash():

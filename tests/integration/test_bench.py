@@ -55,7 +55,7 @@ def load_json(path):
 def check_counts(run):
     """Every request sent in the window is answered or counted unanswered, once."""
     ops = run["ops"]
-    assert set(ops) <= set(OPS)
+    assert ops and set(ops) <= set(OPS)
     assert run["requests"] == sum(o["sent"] for o in ops.values())
     assert run["ok"] == sum(o["ok"] for o in ops.values())
     assert run["errors"] == sum(o["errors"] for o in ops.values())

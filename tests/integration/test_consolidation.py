@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from harness import Server, new_database, psql, vec_bin
+from harness import Server, new_database, psql, vec_bin, wait_for
 from memmodel import DAY_MS, now_ms
 
 DIM = 16
@@ -129,10 +129,9 @@ def test_known_merges_supersessions_and_prunes(srv):
         # the index follows: archived memories are gone from searches (once the change log
         # has been applied), back with include_archived
         q = vec_bin(near(basis(7, 12)[0], 0.99, 9))
-        deadline = time.time() + 10
-        while {x["id"] for x in c.call("memory.search", embedding=q, top_k=10)["results"]} & {ids["dup1"], ids["dup3"]}:
-            assert time.time() < deadline, "the index still returns merged memories"
-            time.sleep(0.05)
+        assert wait_for(lambda: (found := {x["id"] for x in c.call("memory.search", embedding=q, top_k=10)["results"]})
+                        and not found & {ids["dup1"], ids["dup3"]}, timeout=10), \
+            "the index still returns merged memories"
         res = c.call("memory.search", embedding=q, top_k=10, include_archived=True)["results"]
         assert {ids["dup1"], ids["dup3"]} <= {x["id"] for x in res}
         # re-rank: every live memory's composite is stored
@@ -188,17 +187,18 @@ def test_scheduled_by_tier(srv):
             c.call("memory.store", content="a", type="fact", importance=0.5, embedding=vec_bin(near(b[0], 0.99, 1)))
             c.call("memory.store", content="b", type="fact", importance=0.6, embedding=vec_bin(near(b[0], 0.99, 2)))
     with srv.client(key=std) as c:
-        time.sleep(2.5)  # a tenant is first due one cadence after its creation
+        # wall clock: the scheduler checks every second and a tenant is first due one cadence
+        # after its creation, so two checks pass without a run
+        time.sleep(2.5)
         assert c.call("memory.consolidation.runs")["runs"] == []
         psql(srv.dsn_plain, f"UPDATE tenants SET created_at = now() - interval '2 hours' "
                             f"WHERE id IN ({std_id}, {free_id})")
-        deadline = time.time() + 20
-        while not c.call("memory.consolidation.runs")["runs"]:
-            assert time.time() < deadline, "the standard tenant was never consolidated on schedule"
-            time.sleep(0.2)
+        assert wait_for(lambda: c.call("memory.consolidation.runs")["runs"], timeout=20, interval=0.2), \
+            "the standard tenant was never consolidated on schedule"
         run = c.call("memory.consolidation.runs")["runs"][0]
         assert run["trigger"] == "schedule" and run["merged"] == 1
-        time.sleep(2.5)  # cadence 1 hour: no second scheduled run
+        # wall clock: two more checks pass; the cadence is 1 hour, so no second scheduled run
+        time.sleep(2.5)
         assert len(c.call("memory.consolidation.runs")["runs"]) == 1
     with srv.client(key=free) as c:
         assert c.call("memory.consolidation.runs")["runs"] == []  # cadence 0: never

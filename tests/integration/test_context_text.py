@@ -2,7 +2,7 @@
 against values computed independently in the test."""
 import pytest
 
-from harness import structured_vectors, vec_bin
+from harness import structured_vectors, vec_bin, wait_for
 from memmodel import DAY_MS, Mem, context_block, now_ms, rank
 
 AGES = [("30m", 30 * 60000), ("5h", 5 * 3600000), ("3d", 3 * DAY_MS), ("2w", 15 * DAY_MS),
@@ -118,7 +118,6 @@ def test_hybrid_is_reciprocal_rank_fusion(server, tenant):
 
 
 def test_context_counts_only_the_entries_it_includes(server, tenant):
-    import time
     e = structured_vectors(5, 384, seed=66)
     with server.client(key=tenant[1]) as c:
         ids = [c.call("memory.store", content="word " * 40, type="fact", importance=0.5,
@@ -126,7 +125,12 @@ def test_context_counts_only_the_entries_it_includes(server, tenant):
         r = c.call("memory.context", embedding=vec_bin(e[0]), top_k=5, budget_tokens=120,
                    similarity_weight=1.0)
         assert 0 < len(r["ids"]) < 5
-        time.sleep(1.5)
-        got = {m["id"]: m["access_count"] for m in c.call("memory.get", ids=ids)["memories"]}
+
+        def counts():
+            return {m["id"]: m["access_count"] for m in c.call("memory.get", ids=ids)["memories"]}
+
+        # the access log is written about once a second
+        assert wait_for(lambda: all(counts()[i] >= 1 for i in r["ids"]))
+        got = counts()
         assert {i for i, n in got.items() if n == 1} == set(r["ids"])
         assert all(n == 0 for i, n in got.items() if i not in r["ids"])

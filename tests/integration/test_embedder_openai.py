@@ -42,7 +42,7 @@ class Endpoint:
                                            "body": body})
                 inputs = body["input"]
                 if any("SLOW" in t for t in inputs):
-                    time.sleep(3)
+                    time.sleep(3)  # wall clock: a slow provider, for the embed timeout
                 if any("FAIL" in t for t in inputs):
                     self.send_response(500)
                     self.end_headers()

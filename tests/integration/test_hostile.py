@@ -126,7 +126,7 @@ def test_slowloris_deadline():
             except OSError:
                 closed = True
                 break
-            time.sleep(0.1)
+            time.sleep(0.1)  # wall clock: the trickle's pace is what is tested
             s.settimeout(0.01)
             try:
                 if s.recv(1) == b"":

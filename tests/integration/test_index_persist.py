@@ -9,9 +9,8 @@ least recently used and come back from their snapshots with nothing lost.
 import glob
 import os
 import re
-import time
 
-from harness import Server, new_database, psql, structured_vectors, vec_bin
+from harness import Server, new_database, psql, structured_vectors, vec_bin, wait_for
 
 DIM = 384
 
@@ -78,15 +77,6 @@ def store(c, vecs, start=0, tokens=lambda i: [f"g{i % 5}"]):
     for k in range(0, len(mems), 250):
         ids += c.call("memory.store_batch", memories=mems[k:k + 250])["ids"]
     return ids
-
-
-def wait_for(pred, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_restart_loads_the_snapshot_and_replays_later_changes():

@@ -1,11 +1,9 @@
 """Two engramd processes sharing one PostgreSQL: writes made through one are found through
 the other, administrative changes reach both. (Quota races on two processes are in
 tests/reliability/test_quota_races.py.)"""
-import time
-
 import pytest
 
-from harness import Server, new_database, structured_vectors, vec_bin
+from harness import Server, new_database, structured_vectors, vec_bin, wait_for
 
 LIMITS = ["--free-max-memories", "40", "--free-queries-per-day", "25",
           "--free-rate-per-s", "1000", "--free-rate-burst", "1000"]
@@ -39,26 +37,19 @@ def test_writes_through_one_are_found_through_the_other(pair):
         cb.call("memory.search", query="warm up")
         ids = ca.call("memory.store_batch", memories=[{"content": f"x{i}", "type": "fact", "importance": 0.5,
                                                        "embedding": vec_bin(v)} for i, v in enumerate(vecs)])["ids"]
-        deadline = time.time() + 10
-        while True:
-            res = cb.call("memory.search", embedding=vec_bin(vecs[17]), top_k=1, similarity_weight=1.0)["results"]
-            if res and res[0]["id"] == ids[17]:
-                break
-            assert time.time() < deadline, "B never saw A's write"
-            time.sleep(0.05)
+
+        def top1(c):
+            return c.call("memory.search", embedding=vec_bin(vecs[17]), top_k=1, similarity_weight=1.0)["results"]
+
+        assert wait_for(lambda: (res := top1(cb)) and res[0]["id"] == ids[17], timeout=10), \
+            "B never saw A's write"
         cb.call("memory.delete", ids=[ids[17]])
-        deadline = time.time() + 10
-        while True:
-            res = ca.call("memory.search", embedding=vec_bin(vecs[17]), top_k=1, similarity_weight=1.0)["results"]
-            if res and res[0]["id"] != ids[17]:
-                break
-            assert time.time() < deadline, "A still finds a memory deleted through B"
-            time.sleep(0.05)
+        assert wait_for(lambda: (res := top1(ca)) and res[0]["id"] != ids[17], timeout=10), \
+            "A still finds a memory deleted through B"
         cb.call("memory.update", id=ids[3], metadata={"tokens": ["MOVED"]})
-        deadline = time.time() + 10
-        while [r["id"] for r in ca.call("memory.search", embedding=vec_bin(vecs[3]), tokens=["MOVED"])["results"]] != [ids[3]]:
-            assert time.time() < deadline, "A never saw B's update"
-            time.sleep(0.05)
+        assert wait_for(lambda: [r["id"] for r in ca.call("memory.search", embedding=vec_bin(vecs[3]),
+                                                          tokens=["MOVED"])["results"]] == [ids[3]],
+                        timeout=10), "A never saw B's update"
 
 
 def test_admin_changes_reach_the_other_process(pair):
@@ -73,28 +64,20 @@ def test_admin_changes_reach_the_other_process(pair):
         with a.admin() as adm:
             adm.call("admin.key.revoke", key_id=k2["key_id"])
             adm.call("admin.tenant.update", tenant_id=tid, tier="free")
-        deadline = time.time() + 10
-        while True:
-            e, _ = cb2.wait(cb2.send("memory.stats", {}))
-            if e is not None:
-                assert e["code"] == "unauthenticated"
-                break
-            assert time.time() < deadline, "the revocation never reached the other process"
-            time.sleep(0.05)
-        deadline = time.time() + 10
-        while cb.call("tenant.usage")["tier"] != "free":
-            assert time.time() < deadline
-            time.sleep(0.05)
+
+        def refused(c):
+            """memory.stats' error through c, None while it still succeeds."""
+            return c.wait(c.send("memory.stats", {}))[0]
+
+        e = wait_for(lambda: refused(cb2), timeout=10)
+        assert e is not None, "the revocation never reached the other process"
+        assert e["code"] == "unauthenticated"
+        assert wait_for(lambda: cb.call("tenant.usage")["tier"] == "free", timeout=10)
         with a.admin() as adm:
             adm.call("admin.tenant.delete", tenant_id=tid)
-        deadline = time.time() + 10
-        while True:
-            e, _ = cb.wait(cb.send("memory.stats", {}))
-            if e is not None:
-                assert e["code"] == "unauthenticated"
-                break
-            assert time.time() < deadline, "the deletion never reached the other process"
-            time.sleep(0.05)
+        e = wait_for(lambda: refused(cb), timeout=10)
+        assert e is not None, "the deletion never reached the other process"
+        assert e["code"] == "unauthenticated"
     finally:
         cb.close()
         cb2.close()

@@ -1,20 +1,22 @@
 """PostgreSQL stopped and restarted under a running engramd: clear errors, then recovery."""
 import time
 
-from harness import PgCluster, Server
+from harness import PgCluster, Server, wait_for
 
 
 def store_when_back(c, content, limit=30):
     """Stores content once the database answers again (within limit seconds); until then
     every failure must be 'unavailable'. Returns the result."""
-    deadline = time.time() + limit
-    while True:
+    def attempt():
         try:
             return c.call("memory.store", content=content, type="fact", importance=0.5)
         except Exception as e:  # noqa: BLE001 - retrying until the pool reconnects
             assert "unavailable" in str(e), e
-            assert time.time() < deadline, f"no recovery within {limit} s"
-            time.sleep(0.2)
+            return None
+
+    r = wait_for(attempt, timeout=limit, interval=0.2)
+    assert r, f"no recovery within {limit} s"
+    return r
 
 
 def test_database_outage_and_recovery():
@@ -55,10 +57,8 @@ def test_database_outage_and_recovery():
             b = store_when_back(c, "after the outage")
             got = c.call("memory.get", ids=[a["id"], b["id"]])["memories"]
             assert [m["content"] for m in got] == ["before the outage", "after the outage"]
-            deadline = time.time() + 30
-            while srv.http_get("/healthz")[0] != 200:
-                assert time.time() < deadline, "healthz did not recover"
-                time.sleep(0.2)
+            assert wait_for(lambda: srv.http_get("/healthz")[0] == 200, timeout=30, interval=0.2), \
+                "healthz did not recover"
         srv.stop()
     finally:
         if srv:
@@ -95,13 +95,9 @@ def test_hung_database_is_noticed_and_survived():
                 assert err["code"] == "unavailable", err
             # the first waits for the stall to be noticed (3 s of silence), later ones fail fast
             assert worst < 8, f"a request hung {worst:.1f} s"
-            deadline = time.time() + 10
-            while True:
-                status, body = srv.http_get("/readyz")
-                if status == 503:
-                    break
-                assert time.time() < deadline, "readyz still says ready"
-                time.sleep(0.2)
+            body = wait_for(lambda: (r := srv.http_get("/readyz"))[0] == 503 and r[1], timeout=10,
+                            interval=0.2)
+            assert body, "readyz still says ready"
             assert '"database":"down"' in body and srv.http_get("/healthz")[0] == 503
             noticed = time.time() - t0
             print(f"hung database: longest request {worst:.2f} s, reported down after "
@@ -112,10 +108,8 @@ def test_hung_database_is_noticed_and_survived():
             b = store_when_back(c, "after")
             got = c.call("memory.get", ids=[a["id"], b["id"]])["memories"]
             assert [m["content"] for m in got] == ["before", "after"]
-            deadline = time.time() + 30
-            while srv.http_get("/readyz")[0] != 200:
-                assert time.time() < deadline, "readyz did not recover"
-                time.sleep(0.2)
+            assert wait_for(lambda: srv.http_get("/readyz")[0] == 200, timeout=30, interval=0.2), \
+                "readyz did not recover"
         assert "database not responding" in srv.log_text()
         srv.stop()
     finally:

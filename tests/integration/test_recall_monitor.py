@@ -6,11 +6,10 @@ embeddings whose raw signs say nothing (non-negative features) it stays approxim
 right; on data no code can search cheaply (i.i.d. vectors) it falls back to exact scans,
 logs one warning naming the tenant, and its searches equal a brute force.
 """
-import time
 
 import numpy as np
 
-from harness import Server, new_database, vec_bin
+from harness import Server, new_database, vec_bin, wait_for
 
 DIM = 96
 N = 3000
@@ -39,13 +38,15 @@ def store(c, vecs):
 
 def measured_index(c, timeout=60.0):
     """memory.stats' index once the monitor has an estimate."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        idx = c.call("memory.stats")["index"]
-        if idx.get("loaded") and idx.get("recall_estimate") is not None:
-            return idx
-        time.sleep(0.2)
-    raise AssertionError(f"no recall estimate within {timeout} s: {idx}")
+    last = {}
+
+    def measured():
+        idx = last["idx"] = c.call("memory.stats")["index"]
+        return idx if idx.get("loaded") and idx.get("recall_estimate") is not None else None
+
+    idx = wait_for(measured, timeout=timeout, interval=0.2)
+    assert idx, f"no recall estimate within {timeout} s: {last.get('idx')}"
+    return idx
 
 
 def recall(c, ids, vecs, queries):
@@ -89,10 +90,8 @@ def test_recall_is_measured_and_kept():
             vecs = iid_vectors(N, 3)
             ids = store(c, vecs)
             c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1)
-            deadline = time.time() + 60
-            while not c.call("memory.stats")["index"].get("exact_fallback"):
-                assert time.time() < deadline, c.call("memory.stats")["index"]
-                time.sleep(0.2)
+            assert wait_for(lambda: c.call("memory.stats")["index"].get("exact_fallback"), timeout=60,
+                            interval=0.2), c.call("memory.stats")["index"]
             idx = c.call("memory.stats")["index"]
             assert idx["kind"] == "ann" and idx["recall_estimate"] == 1.0
             assert recall(c, ids, vecs, iid_vectors(30, 4)) == 1.0

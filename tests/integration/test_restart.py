@@ -22,7 +22,7 @@ def test_acknowledged_memories_survive_restart():
                 assert res[0]["id"] == ids[i]
             for i in range(10):
                 res = c.call("memory.search", embedding=vec_bin(vecs[i]), top_k=3, similarity_weight=1.0)["results"]
-                assert ids[i] not in [r["id"] for r in res]
+                assert res and ids[i] not in [r["id"] for r in res]
         srv.stop()
     finally:
         srv.cleanup()

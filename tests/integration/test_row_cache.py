@@ -1,9 +1,8 @@
 """The row cache never serves an old version of a memory: every change of a memory's fields,
 made through this process or another one, is what the next search returns; and searches work
 the same with the cache turned off."""
-import time
 
-from harness import Server, new_database, structured_vectors, vec_bin
+from harness import Server, new_database, structured_vectors, vec_bin, wait_for
 
 DIM = 384
 
@@ -60,22 +59,20 @@ def test_cached_rows_follow_every_change():
             with b.client(key=key) as cb:
                 cb.call("memory.update", id=ids[5], content="changed elsewhere",
                         embedding=vec_bin(vecs[5]))
-            deadline = time.time() + 10
-            while top(c, vecs[5])["content"] != "changed elsewhere":
-                assert time.time() < deadline, "the other process's update never showed"
-                time.sleep(0.05)
+            assert wait_for(lambda: top(c, vecs[5])["content"] == "changed elsewhere", timeout=10), \
+                "the other process's update never showed"
             # a deleted memory is never served from the cache
             assert top(c, vecs[7])["id"] == ids[7]  # cached now
             with b.client(key=key) as cb:
                 cb.call("memory.delete", ids=[ids[7]])
-            deadline = time.time() + 10
-            while True:
+            def without_deleted():
                 res = c.call("memory.search", embedding=vec_bin(vecs[7]), top_k=3,
                              similarity_weight=1.0)["results"]
-                if ids[7] not in [r["id"] for r in res]:
-                    break
-                assert time.time() < deadline, "the other process's delete never showed"
-                time.sleep(0.05)
+                return None if ids[7] in [r["id"] for r in res] else (res,)
+
+            got = wait_for(without_deleted, timeout=10)
+            assert got, "the other process's delete never showed"
+            res = got[0]
             assert len(res) == 3
         a.stop()
         b.stop()

@@ -9,22 +9,13 @@ import glob
 import os
 import time
 
-from harness import Server, new_database, structured_vectors, vec_bin
+from harness import Server, new_database, structured_vectors, vec_bin, wait_for
 
 
 def snap_dir(srv):
     dirs = glob.glob(os.path.join(srv.data_dir, "index", "*"))
     assert len(dirs) == 1, dirs
     return dirs[0]
-
-
-def wait_for(pred, timeout=30.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_leftover_temporaries_removed_at_start():
@@ -45,7 +36,7 @@ def test_leftover_temporaries_removed_at_start():
         fresh = os.path.join(d, f"{tid}.idx.tmp.AbC123")
         open(fresh, "wb").write(b"half a snapshot")
         srv.start()
-        assert wait_for(lambda: not os.path.exists(fresh)), "fresh leftover kept"
+        assert wait_for(lambda: not os.path.exists(fresh), timeout=30), "fresh leftover kept"
         assert os.path.exists(os.path.join(d, f"{tid}.idx"))
         srv.stop()
 
@@ -59,7 +50,7 @@ def test_leftover_temporaries_removed_at_start():
             two_hours_ago = time.time() - 7200
             os.utime(old, (two_hours_ago, two_hours_ago))
             srv.start()
-            assert wait_for(lambda: not os.path.exists(old)), "hour-old leftover kept"
+            assert wait_for(lambda: not os.path.exists(old), timeout=30), "hour-old leftover kept"
             with srv.client(key=key) as c:  # the preload has run: the fresh one stays
                 assert c.call("memory.stats")["total"] == 50
             assert os.path.exists(fresh2)

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from harness import PG_BINDIR, RpcError, Server, new_database, psql, structured_vectors, vec_bin
+from harness import (PG_BINDIR, RpcError, Server, new_database, psql, structured_vectors, vec_bin,
+                     wait_for)
 
 LIMITS = ["--free-max-memories", "20", "--free-queries-per-day", "30",
           "--standard-rate-per-s", "5", "--standard-rate-burst", "5",
@@ -222,10 +223,8 @@ def test_unlimited_tiers_are_counted_for_usage(srv):
         c.call("memory.store", content="abc", type="fact", importance=0.5)
         for _ in range(7):
             c.call("memory.search", query="abc")
-        deadline = time.time() + 10
-        while c.call("tenant.usage")["queries"]["today"] < 7:
-            assert time.time() < deadline, "query counts never written"
-            time.sleep(0.2)
+        assert wait_for(lambda: c.call("tenant.usage")["queries"]["today"] >= 7, timeout=10, interval=0.2), \
+            "query counts never written"
         u = c.call("tenant.usage")
         assert u["queries"]["today"] == 7 and u["queries"]["limit"] is None
         assert u["memories"] == {"stored": 1, "limit": 50000}
@@ -240,6 +239,7 @@ def test_request_rate_limit(srv):
         limited = [e for e, _ in outcomes if e is not None]
         assert 20 <= len(limited) <= 25
         assert all(e["code"] == "rate_limited" and e["retry_after_ms"] > 0 for e in limited)
+        # wall clock: the bucket refills after retry_after_ms
         time.sleep(max(e["retry_after_ms"] for e in limited[:1]) / 1000 + 0.05)
         assert c.call("memory.stats")["total"] == 0
 

@@ -54,7 +54,7 @@ class Writer(threading.Thread):
                     except OSError:
                         pass
                 c = None
-                time.sleep(0.05)
+                time.sleep(0.05)  # a client's pause before it retries
         if c is not None:
             c.close()
 
@@ -71,12 +71,12 @@ def test_kill9_under_writers_loses_nothing():
             t.start()
         longest_down = 0.0
         for cycle in range(CYCLES):
-            time.sleep(RUN_S)
+            time.sleep(RUN_S)  # wall clock: the writers run for a while before each kill
             srv.kill()  # SIGKILL: no shutdown path
             t0 = time.time()
             srv.start()
             longest_down = max(longest_down, time.time() - t0)
-        time.sleep(RUN_S)
+        time.sleep(RUN_S)  # and after the last restart
         stop.set()
         for t in writers:
             t.join(30)

@@ -15,7 +15,7 @@ import time
 
 import msgpack
 
-from harness import Server, new_database
+from harness import Server, new_database, wait_for
 
 
 def rss_mb(pid):
@@ -29,16 +29,22 @@ def rss_mb(pid):
 def closed_within(sock, seconds):
     """True when the server closes sock within seconds (reading and dropping any answers)."""
     sock.settimeout(0.2)
-    deadline = time.time() + seconds
-    while time.time() < deadline:
+
+    def closed():
         try:
-            if sock.recv(1 << 16) == b"":
-                return True
+            return sock.recv(1 << 16) == b""
         except socket.timeout:
-            pass
+            return False
         except (ConnectionResetError, BrokenPipeError):
             return True
-    return False
+
+    return wait_for(closed, timeout=seconds, interval=0)
+
+
+def open_connections(srv):
+    text = srv.http_get("/metrics")[1]
+    return next(float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("engram_connections "))
 
 
 def connect_from(port, source):
@@ -59,7 +65,8 @@ def test_connections_per_address_auth_deadline_and_send_rate():
     try:
         srv.start()
         _, key = srv.create_tenant()
-        time.sleep(0.3)  # the set-up connections above have closed
+        # the set-up connections above have closed (and freed their address's slots)
+        assert wait_for(lambda: open_connections(srv) == 0)
         held = [connect_from(srv.port, "127.0.0.1") for _ in range(5)]
         extra = connect_from(srv.port, "127.0.0.1")
         assert closed_within(extra, 3), "a sixth connection from one address was accepted"
@@ -72,7 +79,7 @@ def test_connections_per_address_auth_deadline_and_send_rate():
             assert closed_within(s, 6), "an unauthenticated connection outlived auth_timeout_s"
         # an authenticated connection stays past the deadline
         with srv.client(key=key) as c:
-            time.sleep(2.5)
+            time.sleep(2.5)  # wall clock: past auth_timeout_s
             assert c.call("ping") == "pong"
         # a ping sent at one byte per second is cut after the grace period
         slow = connect_from(srv.port, "127.0.0.3")
@@ -145,7 +152,7 @@ def test_pipelining_without_reading_stays_within_budgets():
             for line in text.splitlines():
                 if line.startswith("engram_client_buffered_bytes "):
                     peak = max(peak, float(line.split()[-1]))
-            time.sleep(0.05)
+            time.sleep(0.05)  # sampling the gauge while the hogs hold their buffers
         grown = rss_mb(pid) - base
         # a well-behaved client is served meanwhile
         with srv.client(key=key) as c:

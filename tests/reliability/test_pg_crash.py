@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from harness import PgCluster, Server, psql, vec_bin
+from harness import PgCluster, Server, psql, vec_bin, wait_for
 from rpc import Client, RpcError
 
 WRITERS = 16
@@ -46,23 +46,20 @@ class Writer(threading.Thread):
                 self.last_ok = time.time()
             except RpcError as e:
                 self.errors[e.code] = self.errors.get(e.code, 0) + 1
-                time.sleep(0.05)
+                time.sleep(0.05)  # a client's pause before it retries
             except (OSError, ConnectionError):
                 self.errors["connection"] = self.errors.get("connection", 0) + 1
                 c = None
-                time.sleep(0.05)
+                time.sleep(0.05)  # a client's pause before it retries
             self.longest = max(self.longest, time.time() - t0)
         if c is not None:
             c.close()
 
 
 def wait_writes_resume(writers, since, limit):
-    deadline = time.time() + limit
-    while time.time() < deadline:
-        if all(w.last_ok > since for w in writers):
-            return time.time() - since
-        time.sleep(0.05)
-    raise AssertionError(f"writes did not resume within {limit} s")
+    assert wait_for(lambda: all(w.last_ok > since for w in writers), timeout=limit), \
+        f"writes did not resume within {limit} s"
+    return time.time() - since
 
 
 def test_postgres_killed_and_frozen_under_writers():
@@ -79,7 +76,7 @@ def test_postgres_killed_and_frozen_under_writers():
         writers = [Writer(srv, key, w, stop) for w in range(WRITERS)]
         for t in writers:
             t.start()
-        time.sleep(2)
+        time.sleep(2)  # wall clock: the writers run before the crash
 
         # kill -9 of the postmaster: its backends exit, the cluster restarts from its WAL
         procs = pg.pids()  # the postmaster first, then its children
@@ -87,29 +84,30 @@ def test_postgres_killed_and_frozen_under_writers():
         os.kill(procs[0], signal.SIGKILL)
         # the backends notice their postmaster is gone and exit; whatever is left goes too,
         # or the new postmaster would find their shared memory still in use
-        deadline = time.time() + 5
-        while time.time() < deadline and any(os.path.exists(f"/proc/{p}") for p in procs[1:]):
-            time.sleep(0.1)
+        wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in procs[1:]), timeout=5,
+                 interval=0.1)
         for p in procs[1:]:
             try:
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        time.sleep(0.5)
+        # gone and reaped, the postmaster too: a new postmaster refuses to start while the
+        # pid in postmaster.pid still exists (a zombie counts)
+        wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in procs), timeout=5)
         pg.start()
         kill_recovery = wait_writes_resume(writers, time.time(), 60)
         kill_window = time.time() - t_kill
 
-        time.sleep(2)
+        time.sleep(2)  # wall clock: the writers run again before the stall
         # SIGSTOP of the whole cluster for 6 s
         pg.freeze()
         frozen = True
-        time.sleep(6)
+        time.sleep(6)  # wall clock: the stall's length
         pg.thaw()
         frozen = False
         t_thaw = time.time()
         stop_recovery = wait_writes_resume(writers, t_thaw, 60)
-        time.sleep(1)
+        time.sleep(1)  # wall clock: the writers run after the stall
         stop.set()
         for t in writers:
             t.join(60)

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "vindex.h"
@@ -939,8 +940,19 @@ static void test_kind_down(void)
 
 #endif /* !VINDEX_TEST_FAISS */
 
-int main(void)
+/* With the argument "threads" only the concurrent test runs (the ThreadSanitizer build runs
+ * just that). */
+int main(int argc, char **argv)
 {
+#ifndef VINDEX_TEST_FAISS
+    if (argc > 1 && strcmp(argv[1], "threads") == 0) {
+        test_threads();
+        CHECK_RETURN();
+    }
+#else
+    (void)argc;
+    (void)argv;
+#endif
 #ifndef VINDEX_TEST_FAISS
     test_edges();
     test_kind_down();

@@ -9,14 +9,15 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "vindex.h"
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SANITIZED 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 #define SANITIZED 1
 #endif
 #endif
@@ -414,7 +415,9 @@ static void concurrency(void)
     vindex_destroy(vi);
 }
 
-int main(void)
+/* With the argument "concurrency" only the concurrent part runs (the ThreadSanitizer build
+ * runs just that). */
+int main(int argc, char **argv)
 {
     W = malloc((size_t)D * LATENT * sizeof(float));
     X = malloc((size_t)N * D * sizeof(float));
@@ -429,6 +432,10 @@ int main(void)
     }
     for (size_t i = 0; i < NQ; i++)
         gen(Qs + i * D);
+    if (argc > 1 && strcmp(argv[1], "concurrency") == 0) {
+        concurrency();
+        goto out;
+    }
 
     vindex *vi = vindex_create(&(vindex_opts){.dim = D, .meta_size = sizeof(meta)});
     for (size_t i = 0; i < N; i++) {
@@ -446,6 +453,7 @@ int main(void)
     vindex_destroy(vi);
     crowded_bucket();
     concurrency();
+out:
     free(W);
     free(X);
     free(Qs);

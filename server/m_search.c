@@ -111,7 +111,7 @@ static double score_cb(float sim, const void *meta, void *ctx)
     const mem_meta *m = meta;
     double c =
         score_composite(st->f.sp, m->created_ms, m->access_count, m->importance, st->f.now_ms);
-    return st->w * sim + (1.0 - st->w) * c;
+    return score_blend(st->w, sim, c);
 }
 
 /* ---- the last steps: rows, then the response ------------------------------------------ */

@@ -1548,7 +1548,7 @@ static double blend_score(float sim, const void *meta, void *ctx)
     const blend_ctx *b = ctx;
     const mem_meta *m = meta;
     double c = score_composite(b->sp, m->created_ms, m->access_count, m->importance, b->now_ms);
-    return b->w * sim + (1.0 - b->w) * c;
+    return score_blend(b->w, sim, c);
 }
 
 /* recall_check runs the recall monitor on t's index, when it is approximate: a first

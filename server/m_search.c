@@ -520,7 +520,7 @@ static void text_rows(req *r, const db_result *res)
     }
     for (size_t i = 0; i < n; i++) {
         st->text_ids[i] = (uint64_t)memrow_i64(pr, (int)i, 0, 0);
-        st->text_rank[i] = strtod(PQgetvalue(pr, (int)i, 1), NULL);
+        st->text_rank[i] = memrow_f64_of(pr, (int)i, 1, 0, ROWERR_OTHER);
     }
     st->ntext = n;
     search_index(r);

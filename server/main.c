@@ -239,6 +239,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
     log_route_libevent();
+    log_route_storage();
     /* one BLAS thread per query; queries run in parallel across workers */
     openblas_set_num_threads(1);
 

@@ -8,6 +8,8 @@
 
 #include <event2/buffer.h>
 
+#include "rowerr.h"
+
 /* Latency bucket upper bounds in microseconds; the last bucket is +Inf. */
 static const uint64_t bucket_us[] = {50,     100,     250,     500,     1000,   2500,
                                      5000,   10000,   25000,   50000,   100000, 250000,
@@ -214,6 +216,13 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
         "# TYPE engram_db_unavailable_total counter\nengram_db_unavailable_total %llu\n",
         conns, ready, queued, inflight, (unsigned long long)reconnects,
         (unsigned long long)failures);
+    evbuffer_add_printf(out, "# HELP engram_rows_unparsable_total Rows read from PostgreSQL with a "
+                             "value that does not parse (each also logged), by table.\n"
+                             "# TYPE engram_rows_unparsable_total counter\n");
+    for (int t = 0; t < ROWERR_TABLE_COUNT; t++)
+        evbuffer_add_printf(out, "engram_rows_unparsable_total{table=\"%s\"} %llu\n",
+                            rowerr_table_name((rowerr_table)t),
+                            (unsigned long long)rowerr_count((rowerr_table)t));
     for (size_t i = 0; i < ngauges; i++)
         evbuffer_add_printf(out, "# TYPE %s gauge\n%s %.17g\n", gauge_names[i], gauge_names[i],
                             gauges[i]);

@@ -11,6 +11,7 @@
 #include "db.h"
 #include "idmap.h"
 #include "log.h"
+#include "memrow.h"
 #include "tenants.h"
 #include "tiers.h"
 
@@ -279,7 +280,7 @@ static void check_keys(bg_ctx *ctx, void *arg)
     if (r) {
         idmap *valid = idmap_create((size_t)PQntuples(r) + 1);
         for (int i = 0; valid && i < PQntuples(r); i++)
-            idmap_put(valid, (uint64_t)atoll(PQgetvalue(r, i, 0)), 1);
+            idmap_put(valid, (uint64_t)memrow_i64_of(r, i, 0, 0, ROWERR_API_KEYS), 1);
         for (size_t i = 0; valid && i < keys.n; i++) {
             uint64_t v;
             if (!idmap_get(valid, keys.a[i], &v)) {
@@ -297,7 +298,11 @@ static void check_keys(bg_ctx *ctx, void *arg)
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             const char *tier = PQgetvalue(r, i, 1);
-            tenancy_tier_changed(t, atoll(PQgetvalue(r, i, 0)), tier_parse(tier, strlen(tier)));
+            int64_t tid = memrow_i64_of(r, i, 0, 0, ROWERR_TENANTS);
+            int level = tier_parse(tier, strlen(tier));
+            if (level < 0)
+                rowerr_report(ROWERR_TENANTS, PQfname(r, 1), "not a tier");
+            tenancy_tier_changed(t, tid, level); /* ignores an unknown tier */
         }
         PQclear(r);
     } else if (PQstatus(pg) != CONNECTION_OK) {

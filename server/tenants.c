@@ -1387,15 +1387,18 @@ static void preload_job(bg_ctx *ctx, void *arg)
         size_t nfiles = 0;
         bool dir = snap_dir_ready(ts, pg);
         for (int i = 0; files && known && i < n; i++) {
-            int64_t id = atoll(PQgetvalue(r, i, 0));
+            /* unparsable ids or dimensions are reported (rowerr) and skipped */
+            int64_t id = memrow_i64_of(r, i, 0, 0, ROWERR_TENANTS);
+            int64_t dim = memrow_i64_of(r, i, 1, 0, ROWERR_TENANTS);
+            if (id <= 0)
+                continue;
             idmap_put(known, (uint64_t)id, 1);
             char path[PATH_MAX];
             struct stat sb;
-            if (dir && snap_path(ts, id, path, sizeof(path)) && stat(path, &sb) == 0)
-                files[nfiles++] = (snap_file){.id = id,
-                                              .dim = (uint32_t)atoi(PQgetvalue(r, i, 1)),
-                                              .mtime = sb.st_mtime,
-                                              .size = sb.st_size};
+            if (dir && dim > 0 && dim <= UINT32_MAX && snap_path(ts, id, path, sizeof(path)) &&
+                stat(path, &sb) == 0)
+                files[nfiles++] = (snap_file){
+                    .id = id, .dim = (uint32_t)dim, .mtime = sb.st_mtime, .size = sb.st_size};
         }
         PQclear(r);
         if (dir && known && files)

@@ -33,7 +33,7 @@ static const char *const *method_names;
 static size_t nmethods;
 static method_stats *stats; /* nmethods + 1: the last is for unknown methods */
 static atomic_long open_conns;
-static atomic_uint_fast64_t refused, malformed, slow_closed;
+static atomic_uint_fast64_t refused, malformed, slow_closed, apply_failures;
 static db_slot db_slots[MAX_WORKERS];
 
 int metrics_init(const char *const *names, size_t n)
@@ -86,6 +86,11 @@ void metrics_slow_closed(void)
 void metrics_malformed(void)
 {
     atomic_fetch_add_explicit(&malformed, 1, memory_order_relaxed);
+}
+
+void metrics_index_apply_failed(void)
+{
+    atomic_fetch_add_explicit(&apply_failures, 1, memory_order_relaxed);
 }
 
 void metrics_db_publish(unsigned worker, unsigned connections, unsigned ready, size_t queued,
@@ -216,6 +221,12 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
         "# TYPE engram_db_unavailable_total counter\nengram_db_unavailable_total %llu\n",
         conns, ready, queued, inflight, (unsigned long long)reconnects,
         (unsigned long long)failures);
+    evbuffer_add_printf(out,
+                        "# HELP engram_index_apply_failures_total Changes an index could not "
+                        "take (out of memory), read again from the change log.\n"
+                        "# TYPE engram_index_apply_failures_total counter\n"
+                        "engram_index_apply_failures_total %llu\n",
+                        (unsigned long long)atomic_load(&apply_failures));
     evbuffer_add_printf(out, "# HELP engram_rows_unparsable_total Rows read from PostgreSQL with a "
                              "value that does not parse (each also logged), by table.\n"
                              "# TYPE engram_rows_unparsable_total counter\n");

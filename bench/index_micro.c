@@ -46,6 +46,7 @@
 
 #include "dataset.h"
 #include "embed.h"
+#include "vfaiss.h"
 #include "vindex.h"
 #include "vkernel.h"
 
@@ -597,7 +598,8 @@ int main(int argc, char **argv)
                          .meta_size = sizeof(meta),
                          .engine = engine,
                          .faiss_factory = "HNSW32,Flat",
-                         .faiss_ef_search = 64};
+                         .faiss_ef_search = 64,
+                         .faiss_engine = vfaiss_engine()};
         vindex *vi = build(n, &o, &per_add);
         vindex_stats st;
         vindex_get_stats(vi, &st);

@@ -1,6 +1,7 @@
-/* client/client.c: blocking MessagePack-RPC client over TCP (see client.h).
+/* client/client.c: blocking MessagePack-RPC client over TCP or TLS (see client.h).
  *
- * The socket is non-blocking and every wait goes through poll with the call's deadline.
+ * The socket is non-blocking and every wait goes through poll with the call's deadline;
+ * over TLS, OpenSSL reads and writes it and says which way to wait (io_send, io_recv).
  * Incoming bytes collect in one buffer that the scanner walks; a complete message is
  * routed by its msgid (read straight from its first bytes) against a small hash set of
  * the requests in flight, and only decoded, into the caller's zone, when it is handed
@@ -9,6 +10,7 @@
  */
 #include "client.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -16,6 +18,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -26,7 +29,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include "hash.h"
 #include "rpc.h"
+#include "ubuf.h"
 
 #define READ_CHUNK ((size_t)64 * 1024) /* initial input buffer, and its size when idle */
 #define READ_MIN ((size_t)4096)        /* free space below which the input buffer grows */
@@ -49,15 +58,11 @@ typedef struct pending {
     uint8_t bytes[];
 } pending;
 
-/* The outgoing request; failed records a write the msgpack packer could not make. */
-typedef struct wbuf {
-    uint8_t *data;
-    size_t len, cap;
-    bool failed;
-} wbuf;
-
 struct client_conn {
     int fd;
+    SSL_CTX *ssl_ctx; /* TLS: the context of this one connection; NULL: plain TCP */
+    SSL *ssl;
+    char tls_why[256]; /* the last TLS failure, for messages */
     int timeout_ms;
     uint32_t next_id;
     rpc_scanner *scan;    /* frames responses, default limits */
@@ -66,7 +71,7 @@ struct client_conn {
     uint8_t *in; /* unread input is in[in_off, in_len) */
     size_t in_off, in_len, in_cap;
 
-    wbuf out;
+    ubuf_sink out; /* the outgoing request (ubuf.h) */
 
     id_slot *ids; /* open addressing, linear probing; cap a power of two or 0 */
     size_t ids_cap, ids_used, n_abandoned;
@@ -92,6 +97,8 @@ static const char *local_code(int rc)
         return "protocol_error";
     case CLIENT_E_CONNECT:
         return "connect_failed";
+    case CLIENT_E_TLS:
+        return "tls_failed";
     case -ENOMEM:
         return "out_of_memory";
     case -EINVAL:
@@ -202,11 +209,119 @@ static int poll_fd(int fd, short events, int64_t deadline)
     }
 }
 
+/* ---- socket I/O, plain or TLS -------------------------------------------------------- */
+
+/* What io_send and io_recv return besides a byte count (and 0, end of stream). */
+enum {
+    IO_AGAIN = -1,  /* would block: poll for *want */
+    IO_CLOSED = -2, /* the peer closed or reset the connection (io_send) */
+    IO_TLS = -3,    /* TLS failed: c->tls_why says why; the stream is unusable */
+    IO_ERRNO = -4,  /* a socket error: *e */
+};
+
+/* OpenSSL's reason for the oldest error in the thread's queue, into buf; empties it. */
+static void ssl_reason(char *buf, size_t n, const char *none)
+{
+    unsigned long e = ERR_get_error();
+    const char *r = e ? ERR_reason_error_string(e) : NULL;
+    if (r)
+        snprintf(buf, n, "%s", r);
+    else if (e)
+        ERR_error_string_n(e, buf, n);
+    else
+        snprintf(buf, n, "%s", none);
+    ERR_clear_error();
+}
+
+/* Maps a failed SSL_read/SSL_write/SSL_connect result r. */
+static ssize_t ssl_failure(client_conn *c, int r, short *want, int *e)
+{
+    int se = SSL_get_error(c->ssl, r);
+    switch (se) {
+    case SSL_ERROR_WANT_READ:
+        *want = POLLIN;
+        return IO_AGAIN;
+    case SSL_ERROR_WANT_WRITE:
+        *want = POLLOUT;
+        return IO_AGAIN;
+    case SSL_ERROR_ZERO_RETURN:
+        return 0;
+    case SSL_ERROR_SYSCALL:
+        *e = errno;
+        ERR_clear_error();
+        if (*e == 0)
+            return 0; /* EOF with nothing to say */
+        return IO_ERRNO;
+    default:
+        ssl_reason(c->tls_why, sizeof(c->tls_why), "TLS failed");
+        return IO_TLS;
+    }
+}
+
+/* Sends up to n bytes: the count sent, or IO_AGAIN, IO_CLOSED, IO_TLS, IO_ERRNO. */
+static ssize_t io_send(client_conn *c, const uint8_t *p, size_t n, short *want, int *e)
+{
+    *want = POLLOUT;
+    for (;;) {
+        if (c->ssl) {
+            ERR_clear_error();
+            int r = SSL_write(c->ssl, p, n > INT_MAX ? INT_MAX : (int)n);
+            if (r > 0)
+                return r;
+            ssize_t f = ssl_failure(c, r, want, e);
+            if (f == IO_ERRNO && *e == EINTR)
+                continue;
+            if (f == 0 || (f == IO_ERRNO && (*e == EPIPE || *e == ECONNRESET)))
+                return IO_CLOSED;
+            return f;
+        }
+        ssize_t w = send(c->fd, p, n, MSG_NOSIGNAL);
+        if (w > 0)
+            return w;
+        *e = w < 0 ? errno : EIO;
+        if (*e == EINTR)
+            continue;
+        if (*e == EAGAIN || *e == EWOULDBLOCK)
+            return IO_AGAIN;
+        if (*e == EPIPE || *e == ECONNRESET)
+            return IO_CLOSED;
+        return IO_ERRNO;
+    }
+}
+
+/* Receives up to n bytes: the count, 0 at the end of the stream, or IO_AGAIN, IO_TLS,
+ * IO_ERRNO. */
+static ssize_t io_recv(client_conn *c, uint8_t *p, size_t n, short *want, int *e)
+{
+    *want = POLLIN;
+    for (;;) {
+        if (c->ssl) {
+            ERR_clear_error();
+            int r = SSL_read(c->ssl, p, n > INT_MAX ? INT_MAX : (int)n);
+            if (r > 0)
+                return r;
+            ssize_t f = ssl_failure(c, r, want, e);
+            if (f == IO_ERRNO && *e == EINTR)
+                continue;
+            return f;
+        }
+        ssize_t r = recv(c->fd, p, n, 0);
+        if (r >= 0)
+            return r;
+        *e = errno;
+        if (*e == EINTR)
+            continue;
+        if (*e == EAGAIN || *e == EWOULDBLOCK)
+            return IO_AGAIN;
+        return IO_ERRNO;
+    }
+}
+
 /* ---- the set of msgids awaiting a response ------------------------------------------ */
 
 static size_t id_home(uint32_t id, size_t mask)
 {
-    return (size_t)(id * 2654435761u) & mask;
+    return (size_t)hash_mix64(id) & mask;
 }
 
 static id_slot *ids_find(const client_conn *c, uint32_t id)
@@ -339,13 +454,227 @@ fail:
     return -1;
 }
 
+/* The private key must never wait for a passphrase on a terminal: an encrypted key fails. */
+static int no_passphrase(char *buf, int size, int rwflag, void *u)
+{
+    return 0;
+}
+
+/* Checks that a file can be opened, for a message that names it. */
+static bool readable(const char *what, const char *path, char *why, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        snprintf(why, n, "cannot read the %s %s: %s", what, path, strerror(errno));
+        return false;
+    }
+    fclose(f);
+    return true;
+}
+
+/* The context of one TLS connection: TLS 1.3, the server verified against t->ca_file (or
+ * the system's store), the client certificate loaded when given. NULL with why. */
+static SSL_CTX *tls_context(const client_tls *t, char *why, size_t n)
+{
+    char r[256];
+    ERR_clear_error();
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (ctx == NULL) {
+        ssl_reason(r, sizeof(r), "out of memory");
+        snprintf(why, n, "cannot create a TLS context: %s", r);
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+    /* responses delimit themselves: a stream cut short shows as an incomplete response */
+    SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    SSL_CTX_set_default_passwd_cb(ctx, no_passphrase);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    if (t->ca_file) {
+        if (!readable("CA file", t->ca_file, why, n))
+            goto fail;
+        if (SSL_CTX_load_verify_locations(ctx, t->ca_file, NULL) != 1) {
+            ssl_reason(r, sizeof(r), "no certificate in it");
+            snprintf(why, n, "cannot load the CA file %s: %s", t->ca_file, r);
+            goto fail;
+        }
+    } else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
+        ssl_reason(r, sizeof(r), "unknown error");
+        snprintf(why, n, "cannot load the system's CA certificates: %s", r);
+        goto fail;
+    }
+    if (t->key_file && !t->cert_file) {
+        snprintf(why, n, "a client key needs its certificate");
+        goto fail;
+    }
+    if (t->cert_file) {
+        const char *key = t->key_file ? t->key_file : t->cert_file;
+        if (!readable("client certificate", t->cert_file, why, n) ||
+            !readable("client key", key, why, n))
+            goto fail;
+        if (SSL_CTX_use_certificate_chain_file(ctx, t->cert_file) != 1) {
+            ssl_reason(r, sizeof(r), "no certificate in it");
+            snprintf(why, n, "cannot load the client certificate %s: %s", t->cert_file, r);
+            goto fail;
+        }
+        if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1) {
+            ssl_reason(r, sizeof(r), "no key in it");
+            snprintf(why, n, "cannot load the client key %s (encrypted keys are not supported): %s",
+                     key, r);
+            goto fail;
+        }
+        if (SSL_CTX_check_private_key(ctx) != 1) {
+            ERR_clear_error();
+            snprintf(why, n, "the client key %s is not the key of the certificate %s", key,
+                     t->cert_file);
+            goto fail;
+        }
+    }
+    return ctx;
+
+fail:
+    SSL_CTX_free(ctx);
+    return NULL;
+}
+
+/* OpenSSL's own socket BIO writes with write(2): on a connection the server has closed that
+ * raises SIGPIPE, which kills a program that did not ignore it. A library must not decide
+ * that for its caller, so the TLS session sits on this BIO, which sends with MSG_NOSIGNAL
+ * like the plain path. The BIO's data is the descriptor. */
+static int bio_nosig_write(BIO *b, const char *buf, int len)
+{
+    BIO_clear_retry_flags(b);
+    ssize_t w = send((int)(intptr_t)BIO_get_data(b), buf, (size_t)len, MSG_NOSIGNAL);
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        BIO_set_retry_write(b);
+    return (int)w;
+}
+
+static int bio_nosig_read(BIO *b, char *buf, int len)
+{
+    BIO_clear_retry_flags(b);
+    ssize_t r = recv((int)(intptr_t)BIO_get_data(b), buf, (size_t)len, 0);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        BIO_set_retry_read(b);
+    return (int)r;
+}
+
+static long bio_nosig_ctrl(BIO *b, int cmd, long num, void *ptr)
+{
+    return cmd == BIO_CTRL_FLUSH ? 1 : 0; /* nothing is buffered here */
+}
+
+static int bio_nosig_create(BIO *b)
+{
+    BIO_set_init(b, 1);
+    return 1;
+}
+
+/* The method of those BIOs: made once per process (a BIO type index is a process-wide
+ * resource), kept until exit. */
+static BIO_METHOD *bio_nosig;
+static pthread_once_t bio_nosig_once = PTHREAD_ONCE_INIT;
+
+static void bio_nosig_init(void)
+{
+    BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "engram socket");
+    if (m && BIO_meth_set_write(m, bio_nosig_write) == 1 &&
+        BIO_meth_set_read(m, bio_nosig_read) == 1 && BIO_meth_set_ctrl(m, bio_nosig_ctrl) == 1 &&
+        BIO_meth_set_create(m, bio_nosig_create) == 1)
+        bio_nosig = m;
+    else
+        BIO_meth_free(m);
+}
+
+/* Puts c->ssl on a no-SIGPIPE BIO over c->fd. Returns false when out of memory. */
+static bool tls_attach_socket(client_conn *c)
+{
+    if (pthread_once(&bio_nosig_once, bio_nosig_init) != 0 || bio_nosig == NULL)
+        return false;
+    BIO *b = BIO_new(bio_nosig);
+    if (b == NULL)
+        return false;
+    BIO_set_data(b, (void *)(intptr_t)c->fd);
+    SSL_set_bio(c->ssl, b, b); /* c->ssl owns b */
+    return true;
+}
+
+/* Runs the TLS handshake on c's connected socket within deadline, checking the server's
+ * certificate against name (a DNS name or an IP literal). Returns 0, CLIENT_E_TIMEOUT,
+ * CLIENT_E_TLS or -ENOMEM, with why. */
+static int tls_handshake(client_conn *c, const char *name, int64_t deadline, char *why, size_t n)
+{
+    unsigned char addr[16];
+    c->ssl = SSL_new(c->ssl_ctx);
+    if (c->ssl == NULL || !tls_attach_socket(c)) {
+        ERR_clear_error();
+        snprintf(why, n, "out of memory");
+        return -ENOMEM;
+    }
+    if (inet_pton(AF_INET, name, addr) == 1 || inet_pton(AF_INET6, name, addr) == 1) {
+        if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), name) != 1)
+            goto nomem;
+    } else if (SSL_set_tlsext_host_name(c->ssl, name) != 1 || SSL_set1_host(c->ssl, name) != 1) {
+        goto nomem;
+    }
+    for (;;) {
+        short want;
+        int e = 0;
+        ERR_clear_error();
+        int r = SSL_connect(c->ssl);
+        if (r == 1)
+            return 0;
+        ssize_t f = ssl_failure(c, r, &want, &e);
+        if (f == IO_AGAIN) {
+            int p = poll_fd(c->fd, want, deadline);
+            if (p == 0) {
+                snprintf(why, n, "the TLS handshake timed out");
+                return CLIENT_E_TIMEOUT;
+            }
+            if (p < 0) {
+                snprintf(why, n, "poll: %s", strerror(-p));
+                return CLIENT_E_TLS;
+            }
+            continue;
+        }
+        if (f == IO_ERRNO && e == EINTR)
+            continue;
+        long v = SSL_get_verify_result(c->ssl);
+        if (v != X509_V_OK)
+            snprintf(why, n, "the server's certificate was refused: %s",
+                     X509_verify_cert_error_string(v));
+        else if (f == IO_TLS)
+            snprintf(why, n, "%s", c->tls_why);
+        else if (f == IO_ERRNO && e != ECONNRESET)
+            snprintf(why, n, "%s", strerror(e));
+        else
+            snprintf(why, n,
+                     "the server closed the connection during the TLS handshake (is it "
+                     "serving TLS on this port?)");
+        c->broken = true; /* no close_notify after a failed handshake */
+        return CLIENT_E_TLS;
+    }
+
+nomem:
+    ERR_clear_error();
+    snprintf(why, n, "cannot set the name to verify '%s'", name);
+    return CLIENT_E_TLS;
+}
+
 int client_connect(const char *host, uint16_t port, int timeout_ms, client_conn **out, char *err,
                    size_t errlen)
 {
+    return client_connect_tls(host, port, timeout_ms, NULL, out, err, errlen);
+}
+
+int client_connect_tls(const char *host, uint16_t port, int timeout_ms, const client_tls *tls,
+                       client_conn **out, char *err, size_t errlen)
+{
     struct addrinfo hints, *res = NULL;
-    char portstr[8], why[128] = "no address";
+    char portstr[8], why[CLIENT_MESSAGE_MAX - 64] = "no address";
     const char *lb, *rb;
     client_conn *c = NULL;
+    SSL_CTX *ssl_ctx = NULL;
     int fd = -1, rc = CLIENT_E_CONNECT;
 
     if (out)
@@ -353,6 +682,15 @@ int client_connect(const char *host, uint16_t port, int timeout_ms, client_conn 
     if (host == NULL || out == NULL || port == 0) {
         set_msg(err, errlen, "client_connect: host, port and out are required");
         return -EINVAL;
+    }
+    /* the files first: a wrong path needs no network to be reported */
+    if (tls) {
+        char tw[CLIENT_MESSAGE_MAX];
+        ssl_ctx = tls_context(tls, tw, sizeof(tw));
+        if (ssl_ctx == NULL) {
+            set_msg(err, errlen, "TLS: %s", tw);
+            return CLIENT_E_TLS;
+        }
     }
     /* brackets around IPv6 literals in messages */
     lb = strchr(host, ':') ? "[" : "";
@@ -371,6 +709,7 @@ int client_connect(const char *host, uint16_t port, int timeout_ms, client_conn 
         }
         set_msg(err, errlen, "cannot resolve %s: %s", host,
                 g == EAI_SYSTEM ? strerror(errno) : gai_strerror(g));
+        SSL_CTX_free(ssl_ctx);
         return CLIENT_E_CONNECT;
     }
     for (const struct addrinfo *ai = res; ai != NULL && fd < 0; ai = ai->ai_next) {
@@ -381,6 +720,7 @@ int client_connect(const char *host, uint16_t port, int timeout_ms, client_conn 
     freeaddrinfo(res);
     if (fd < 0) {
         set_msg(err, errlen, "cannot connect to %s%s%s:%u: %s", lb, host, rb, (unsigned)port, why);
+        SSL_CTX_free(ssl_ctx);
         return rc;
     }
 
@@ -389,6 +729,8 @@ int client_connect(const char *host, uint16_t port, int timeout_ms, client_conn 
         goto nomem;
     c->fd = fd;
     fd = -1;
+    c->ssl_ctx = ssl_ctx;
+    ssl_ctx = NULL;
     c->timeout_ms = timeout_ms;
     c->next_id = 1;
     c->scan = rpc_scanner_create(NULL);
@@ -399,12 +741,22 @@ int client_connect(const char *host, uint16_t port, int timeout_ms, client_conn 
     if (c->scan == NULL || c->argscan == NULL || c->in == NULL)
         goto nomem;
     c->in_cap = READ_CHUNK;
+    if (c->ssl_ctx) {
+        rc = tls_handshake(c, tls->server_name ? tls->server_name : host, deadline, why,
+                           sizeof(why));
+        if (rc != 0) {
+            set_msg(err, errlen, "TLS with %s%s%s:%u: %s", lb, host, rb, (unsigned)port, why);
+            client_close(c);
+            return rc;
+        }
+    }
     *out = c;
     return 0;
 
 nomem:
     if (fd >= 0)
         close(fd);
+    SSL_CTX_free(ssl_ctx);
     client_close(c);
     set_msg(err, errlen, "out of memory");
     return -ENOMEM;
@@ -414,12 +766,20 @@ void client_close(client_conn *c)
 {
     if (c == NULL)
         return;
+    if (c->ssl) {
+        /* close_notify, best effort (the socket does not block), unless the stream broke */
+        if (!c->broken && SSL_is_init_finished(c->ssl))
+            SSL_shutdown(c->ssl);
+        SSL_free(c->ssl);
+        ERR_clear_error();
+    }
+    SSL_CTX_free(c->ssl_ctx);
     if (c->fd >= 0)
         close(c->fd);
     rpc_scanner_destroy(c->scan);
     rpc_scanner_destroy(c->argscan);
     free(c->in);
-    free(c->out.data);
+    ubuf_fini(&c->out.b);
     free(c->ids);
     for (pending *p = c->head, *next; p != NULL; p = next) {
         next = p->next;
@@ -441,34 +801,6 @@ size_t client_outstanding(const client_conn *c)
 
 /* ---- sending --------------------------------------------------------------------------- */
 
-/* msgpack write callback into a wbuf; remembers a failure instead of aborting. */
-static int wbuf_write(void *data, const char *buf, size_t len)
-{
-    wbuf *b = data;
-    if (b->failed)
-        return -1;
-    if (len > b->cap - b->len) {
-        size_t cap = b->cap ? b->cap : 256;
-        if (len > SIZE_MAX / 2 - b->len) {
-            b->failed = true;
-            return -1;
-        }
-        while (cap - b->len < len)
-            cap *= 2;
-        uint8_t *p = realloc(b->data, cap);
-        if (p == NULL) {
-            b->failed = true;
-            return -1;
-        }
-        b->data = p;
-        b->cap = cap;
-    }
-    if (len > 0)
-        memcpy(b->data + b->len, buf, len);
-    b->len += len;
-    return 0;
-}
-
 /* Tells whether the n bytes at p are exactly one MessagePack map. */
 static bool one_map(client_conn *c, const uint8_t *p, size_t n)
 {
@@ -486,17 +818,18 @@ static int write_all(client_conn *c, const uint8_t *p, size_t n, int64_t deadlin
 {
     size_t done = 0;
     while (done < n) {
-        ssize_t w = send(c->fd, p + done, n - done, MSG_NOSIGNAL);
+        short want;
+        int e = 0;
+        ssize_t w = io_send(c, p + done, n - done, &want, &e);
         if (w > 0) {
             done += (size_t)w;
             continue;
         }
-        int e = w < 0 ? errno : EIO;
-        if (e == EINTR)
-            continue;
-        if (e == EAGAIN || e == EWOULDBLOCK) {
-            int r = poll_fd(c->fd, POLLOUT, deadline);
-            if (r == 0 && done == 0)
+        if (w == IO_AGAIN) {
+            int r = poll_fd(c->fd, want, deadline);
+            /* over TLS, OpenSSL may hold part of a record already: a write it began must be
+             * finished, so even a timeout before the first byte breaks the connection */
+            if (r == 0 && done == 0 && c->ssl == NULL)
                 return fail(err, CLIENT_E_TIMEOUT, "timed out sending a request");
             if (r == 0)
                 return break_conn(c, err, CLIENT_E_TIMEOUT,
@@ -505,8 +838,10 @@ static int write_all(client_conn *c, const uint8_t *p, size_t n, int64_t deadlin
                 return break_conn(c, err, r, "poll: %s", strerror(-r));
             continue;
         }
-        if (e == EPIPE || e == ECONNRESET)
+        if (w == IO_CLOSED)
             return break_conn(c, err, CLIENT_E_CLOSED, "the server closed the connection");
+        if (w == IO_TLS)
+            return break_conn(c, err, CLIENT_E_TLS, "TLS: %s", c->tls_why);
         return break_conn(c, err, -e, "send: %s", strerror(e));
     }
     return 0;
@@ -533,12 +868,12 @@ static int send_request(client_conn *c, const char *method, const client_args *a
         id = c->next_id++;
     while (ids_find(c, id) != NULL); /* only after 2^32 requests, with one still unanswered */
 
-    c->out.len = 0;
+    ubuf_truncate(&c->out.b, 0);
     c->out.failed = false;
-    msgpack_packer_init(&pk, &c->out, wbuf_write);
+    msgpack_packer_init(&pk, &c->out, ubuf_sink_write);
     rpc_pack_request_begin(&pk, id, method, args != NULL);
     if (args) {
-        size_t at = c->out.len;
+        size_t at = c->out.b.len;
         if (args->pack) {
             rc = args->pack(&pk, args->ud);
             if (rc != 0 && !c->out.failed) {
@@ -547,9 +882,9 @@ static int send_request(client_conn *c, const char *method, const client_args *a
                 goto out;
             }
         } else {
-            wbuf_write(&c->out, args->packed, args->packed_len);
+            ubuf_sink_write(&c->out, (const char *)args->packed, args->packed_len);
         }
-        if (!c->out.failed && !one_map(c, c->out.data + at, c->out.len - at)) {
+        if (!c->out.failed && !one_map(c, (const uint8_t *)c->out.b.data + at, c->out.b.len - at)) {
             rc = fail(err, -EINVAL, "the arguments of %s must be exactly one MessagePack map",
                       method);
             goto out;
@@ -559,7 +894,7 @@ static int send_request(client_conn *c, const char *method, const client_args *a
         rc = fail(err, -ENOMEM, "out of memory packing a request");
         goto out;
     }
-    rc = write_all(c, c->out.data, c->out.len, deadline, err);
+    rc = write_all(c, (const uint8_t *)c->out.b.data, c->out.b.len, deadline, err);
     if (rc == 0) {
         ids_insert(c->ids, c->ids_cap, id, ID_WAITING);
         c->ids_used++;
@@ -568,17 +903,15 @@ static int send_request(client_conn *c, const char *method, const client_args *a
     }
 
 out:
-    if (wipe && c->out.data) {
+    if (wipe && c->out.b.data) {
         /* volatile so the wipe is not optimised away */
-        volatile uint8_t *v = c->out.data;
-        for (size_t i = 0; i < c->out.len; i++)
+        volatile char *v = c->out.b.data;
+        for (size_t i = 0; i < c->out.b.len; i++)
             v[i] = 0;
     }
-    if (c->out.cap > KEEP_MAX) {
-        free(c->out.data);
-        memset(&c->out, 0, sizeof(c->out));
-    }
-    c->out.len = 0;
+    if (c->out.b.cap > KEEP_MAX)
+        ubuf_fini(&c->out.b);
+    ubuf_truncate(&c->out.b, 0);
     return rc;
 }
 
@@ -619,7 +952,9 @@ static int fill(client_conn *c, int64_t deadline, client_error *err)
         c->in_cap = cap;
     }
     for (;;) {
-        ssize_t r = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+        short want;
+        int e = 0;
+        ssize_t r = io_recv(c, c->in + c->in_len, c->in_cap - c->in_len, &want, &e);
         if (r > 0) {
             c->in_len += (size_t)r;
             return 0;
@@ -629,11 +964,10 @@ static int fill(client_conn *c, int64_t deadline, client_error *err)
                               c->in_len > 0
                                   ? "the server closed the connection in the middle of a response"
                                   : "the server closed the connection");
-        int e = errno;
-        if (e == EINTR)
-            continue;
-        if (e == EAGAIN || e == EWOULDBLOCK) {
-            int p = poll_fd(c->fd, POLLIN, deadline);
+        if (r == IO_TLS)
+            return break_conn(c, err, CLIENT_E_TLS, "TLS: %s", c->tls_why);
+        if (r == IO_AGAIN) {
+            int p = poll_fd(c->fd, want, deadline);
             if (p == 0)
                 return fail(err, CLIENT_E_TIMEOUT, "no response within %d ms", c->timeout_ms);
             if (p < 0)

@@ -1,6 +1,7 @@
 /* client/client.h: a small blocking MessagePack-RPC client for engramd.
  *
- * One client_conn is one TCP connection (TCP_NODELAY) used by one thread at a time. Every
+ * One client_conn is one TCP connection (TCP_NODELAY), plain or TLS 1.3 (OpenSSL; see
+ * client_connect_tls), used by one thread at a time. Every
  * call blocks until it is done or its deadline passes; the deadline is the connection's
  * timeout (client_set_timeout) counted from the start of the call, enforced with poll.
  *
@@ -41,10 +42,13 @@ enum {
     CLIENT_E_CLOSED,     /* the server closed the connection, or it is broken */
     CLIENT_E_PROTOCOL,   /* the server sent bytes that are not a valid response */
     CLIENT_E_CONNECT,    /* client_connect: the host could not be resolved or reached */
+    CLIENT_E_TLS,        /* TLS failed: a file would not load, the server's certificate was
+                          * refused, the handshake or a record failed */
 };
 
 /* Codes written to client_error.code for failures that are not the server's:
- *   "timeout", "connection_closed", "protocol_error", "connect_failed", "out_of_memory",
+ *   "timeout", "connection_closed", "protocol_error", "connect_failed", "tls_failed",
+ *   "out_of_memory",
  *   "invalid_call" (-EINVAL: the caller's mistake), "io_error" (any other -errno).
  * A server error keeps the server's own code ("not_found", "unauthenticated", ...). */
 #define CLIENT_CODE_MAX 64
@@ -93,8 +97,28 @@ typedef struct client_response {
 int client_connect(const char *host, uint16_t port, int timeout_ms, client_conn **out, char *err,
                    size_t errlen);
 
-/* client_close closes the socket and frees c with every buffered response. NULL is a
- * no-op. */
+/* TLS settings of client_connect_tls. The strings are only read during the call. */
+typedef struct client_tls {
+    const char *ca_file;     /* PEM CA certificates the server's certificate must chain to;
+                              * NULL: the system's store */
+    const char *cert_file;   /* PEM client certificate (chain) to present; NULL: none */
+    const char *key_file;    /* its PEM private key (unencrypted); NULL: in cert_file */
+    const char *server_name; /* the name or IP address the server's certificate must carry;
+                              * NULL: host as given to client_connect_tls */
+} client_tls;
+
+/* client_connect_tls is client_connect over TLS when tls is not NULL (client_connect is
+ * client_connect_tls with tls NULL). TLS 1.3 only; the server's certificate must chain to
+ * tls->ca_file and carry the host's name (DNS) or address (IP literal); the handshake is
+ * bounded by timeout_ms with the connection. Fails as client_connect does, plus
+ * CLIENT_E_TLS: a file that does not load (checked before connecting), a certificate
+ * refused (the message says why: expired, unknown CA, wrong name) or a handshake the
+ * server broke off. */
+int client_connect_tls(const char *host, uint16_t port, int timeout_ms, const client_tls *tls,
+                       client_conn **out, char *err, size_t errlen);
+
+/* client_close closes the socket (after TLS's close_notify, best effort) and frees c with
+ * every buffered response. NULL is a no-op. */
 void client_close(client_conn *c);
 
 /* client_set_timeout sets the per-call deadline of c in milliseconds (0 or negative: wait

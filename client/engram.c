@@ -21,8 +21,10 @@
 #include <time.h>
 
 #include "client.h"
+#include "hash.h"
 #include "json.h"
 #include "rpc.h"
+#include "ubuf.h"
 
 enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2 };
 
@@ -44,12 +46,9 @@ typedef struct opt_val {
     const char *value;
 } opt_val;
 
-/* A growable buffer for the argument map; failed records a write that could not be made. */
-typedef struct obuf {
-    char *data;
-    size_t len, cap;
-    bool failed;
-} obuf;
+/* Argument maps are packed into a ubuf_sink (ubuf.h): a write that could not be made is
+ * remembered in its failed flag. */
+typedef ubuf_sink obuf;
 
 typedef struct command command;
 
@@ -60,6 +59,10 @@ typedef struct ctx {
     const char *timeout_s;
     const char *key_opt;
     const char *key_file_opt;
+    const char *tls_ca;   /* --tls-ca FILE */
+    const char *tls_cert; /* --tls-cert FILE */
+    const char *tls_key;  /* --tls-key FILE */
+    bool tls;             /* --tls */
     bool json, help;
 
     /* the command */
@@ -236,33 +239,6 @@ static void print_truncated(const msgpack_object *o, size_t cols)
 }
 
 /* ---- argument packing helpers ---------------------------------------------------------- */
-
-static int obuf_write(void *data, const char *buf, size_t len)
-{
-    obuf *b = data;
-    if (b->failed)
-        return -1;
-    if (len > b->cap - b->len) {
-        size_t cap = b->cap ? b->cap : 256;
-        if (len > SIZE_MAX / 2 - b->len) {
-            b->failed = true;
-            return -1;
-        }
-        while (cap - b->len < len)
-            cap *= 2;
-        char *p = realloc(b->data, cap);
-        if (p == NULL) {
-            b->failed = true;
-            return -1;
-        }
-        b->data = p;
-        b->cap = cap;
-    }
-    if (len > 0)
-        memcpy(b->data + b->len, buf, len);
-    b->len += len;
-    return 0;
-}
 
 static int usage_error(const ctx *x, const char *fmt, ...);
 
@@ -898,7 +874,7 @@ typedef struct import_batch {
 static int import_item(import_batch *b, const msgpack_object *m, bool keep_embeddings, size_t line)
 {
     msgpack_packer pk;
-    msgpack_packer_init(&pk, &b->items, obuf_write);
+    msgpack_packer_init(&pk, &b->items, ubuf_sink_write);
     uint32_t n = 0;
     int64_t now = (int64_t)time(NULL) * 1000;
     for (uint32_t i = 0; i < m->via.map.size; i++) {
@@ -968,7 +944,7 @@ static int pack_import_batch(msgpack_packer *pk, void *ud)
     msgpack_pack_map(pk, 2);
     rpc_pack_cstr(pk, "memories");
     msgpack_pack_array(pk, b->n);
-    pk->callback(pk->data, b->items.data, b->items.len);
+    pk->callback(pk->data, b->items.b.data, b->items.b.len);
     rpc_pack_kv_str(pk, "idempotency_key", key);
     return 0;
 }
@@ -1020,9 +996,9 @@ static int import_flush(ctx *x, import_batch *b, size_t *stored)
     }
     b->narchived = 0;
     *stored += b->n;
-    b->items.len = 0;
+    ubuf_truncate(&b->items.b, 0);
     b->n = 0;
-    b->hash = 0xcbf29ce484222325ull;
+    b->hash = HASH_FNV1A_OFFSET;
     return 0;
 }
 
@@ -1037,7 +1013,7 @@ static int exec_import(ctx *x)
     FILE *in = path && strcmp(path, "-") != 0 ? fopen(path, "r") : stdin;
     if (!in)
         return error_out("io_error", "cannot read %s: %s", path, strerror(errno));
-    import_batch b = {.hash = 0xcbf29ce484222325ull};
+    import_batch b = {.hash = HASH_FNV1A_OFFSET};
     char *line = NULL;
     size_t cap = 0, lineno = 0, stored = 0, skipped = 0;
     ssize_t len;
@@ -1049,27 +1025,28 @@ static int exec_import(ctx *x)
         if (len == 0)
             continue;
         for (ssize_t i = 0; i < len; i++)
-            b.hash = (b.hash ^ (unsigned char)line[i]) * 0x100000001b3ull;
+            b.hash = hash_fnv1a_byte(b.hash, (unsigned char)line[i]);
         obuf mp = {0};
         msgpack_packer pk;
-        msgpack_packer_init(&pk, &mp, obuf_write);
+        msgpack_packer_init(&pk, &mp, ubuf_sink_write);
         char err[160];
         msgpack_object m;
         size_t off = 0;
         msgpack_zone z;
         msgpack_zone_init(&z, 4096);
         if (json_to_msgpack(line, (size_t)len, JSON_DEPTH, &pk, err, sizeof(err)) != 0 ||
-            mp.failed || msgpack_unpack(mp.data, mp.len, &off, &z, &m) != MSGPACK_UNPACK_SUCCESS ||
+            mp.failed ||
+            msgpack_unpack(mp.b.data, mp.b.len, &off, &z, &m) != MSGPACK_UNPACK_SUCCESS ||
             m.type != MSGPACK_OBJECT_MAP) {
             fprintf(stderr, "engram: line %zu is not a JSON object\n", lineno);
             msgpack_zone_destroy(&z);
-            free(mp.data);
+            ubuf_fini(&mp.b);
             rc = EXIT_ERR;
             break;
         }
         int ir = import_item(&b, &m, keep, lineno);
         msgpack_zone_destroy(&z);
-        free(mp.data);
+        ubuf_fini(&mp.b);
         if (ir < 0) {
             rc = EXIT_ERR;
             break;
@@ -1082,7 +1059,7 @@ static int exec_import(ctx *x)
     if (rc == EXIT_OK)
         rc = import_flush(x, &b, &stored);
     free(line);
-    free(b.items.data);
+    ubuf_fini(&b.items.b);
     for (uint32_t k = 0; k < b.narchived; k++)
         free(b.reasons[k]);
     if (in != stdin)
@@ -1147,6 +1124,7 @@ static const command commands[] = {
 
 static const char usage_line[] =
     "usage: engram [--host H] [--port P] [--key KEY | --key-file PATH] "
+    "[--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] "
     "[--json] [--timeout-ms N] COMMAND ...";
 
 static void print_help(FILE *f)
@@ -1171,6 +1149,14 @@ static void print_help(FILE *f)
         "  --key KEY        API key (ENGRAM_API_KEY); other local users can see it in ps,\n"
         "                   so prefer --key-file\n"
         "  --key-file PATH  read the API key from the first line of PATH (ENGRAM_KEY_FILE)\n"
+        "  --tls            connect over TLS 1.3 (ENGRAM_TLS=1); the server's certificate\n"
+        "                   must name the host and chain to the system's CAs or --tls-ca\n"
+        "  --tls-ca FILE    PEM CA certificates to verify the server with (ENGRAM_TLS_CA);\n"
+        "                   implies --tls\n"
+        "  --tls-cert FILE  PEM client certificate to present (ENGRAM_TLS_CERT); implies\n"
+        "                   --tls; an admin needs one when the server sets\n"
+        "                   tls_admin_require_client_cert\n"
+        "  --tls-key FILE   its PEM private key (ENGRAM_TLS_KEY; default: in --tls-cert)\n"
         "  --json           print the result as exactly one line of JSON on stdout\n"
         "  --timeout-ms N   connect and per-call timeout (default 30000; 0: none)\n"
         "  -h, --help       print this help\n"
@@ -1255,13 +1241,15 @@ static int parse_line(ctx *x, int argc, char **argv, const char **words, int *nw
             return usage_error(x, "unknown option '%s'", a);
         const char *name = a + 2, *eq = strchr(name, '=');
         size_t nl = eq ? (size_t)(eq - name) : strlen(name);
-        if (name_is(name, nl, "help") || name_is(name, nl, "json")) {
+        if (name_is(name, nl, "help") || name_is(name, nl, "json") || name_is(name, nl, "tls")) {
             if (eq)
                 return usage_error(x, "option --%.*s takes no value", (int)nl, name);
             if (name[0] == 'h')
                 x->help = true;
-            else
+            else if (name[0] == 'j')
                 x->json = true;
+            else
+                x->tls = true;
             continue;
         }
         const char *val;
@@ -1282,6 +1270,12 @@ static int parse_line(ctx *x, int argc, char **argv, const char **words, int *nw
             x->key_file_opt = val;
         else if (name_is(name, nl, "timeout-ms"))
             x->timeout_s = val;
+        else if (name_is(name, nl, "tls-ca"))
+            x->tls_ca = val;
+        else if (name_is(name, nl, "tls-cert"))
+            x->tls_cert = val;
+        else if (name_is(name, nl, "tls-key"))
+            x->tls_key = val;
         else if (x->nopts == MAX_OPTS)
             return usage_error(x, "too many options");
         else
@@ -1416,6 +1410,17 @@ static int run(ctx *x, int argc, char **argv)
         return usage_error(x, "the port must be 1 to 65535, not '%s'", port_s);
     if (x->timeout_s && (!parse_u64(x->timeout_s, &timeout) || timeout > INT_MAX))
         return usage_error(x, "--timeout-ms must be 0 to %d, not '%s'", INT_MAX, x->timeout_s);
+    /* TLS: flags win over the environment; any file asked for means TLS */
+    client_tls tls = {
+        .ca_file = x->tls_ca ? x->tls_ca : env("ENGRAM_TLS_CA"),
+        .cert_file = x->tls_cert ? x->tls_cert : env("ENGRAM_TLS_CERT"),
+        .key_file = x->tls_key ? x->tls_key : env("ENGRAM_TLS_KEY"),
+    };
+    const char *tls_env = env("ENGRAM_TLS");
+    bool use_tls = x->tls || (tls_env && strcmp(tls_env, "0") != 0) || tls.ca_file ||
+                   tls.cert_file || tls.key_file;
+    if (tls.key_file && !tls.cert_file)
+        return usage_error(x, "--tls-key needs --tls-cert");
     key = NULL;
     if (x->cmd->auth != AUTH_NONE) { /* ping works whatever the key settings say */
         rc = resolve_key(x, &key);
@@ -1433,7 +1438,7 @@ static int run(ctx *x, int argc, char **argv)
     x->has_args = x->cmd->prepare != NULL;
     if (x->cmd->prepare) {
         msgpack_packer pk;
-        msgpack_packer_init(&pk, &x->args, obuf_write);
+        msgpack_packer_init(&pk, &x->args, ubuf_sink_write);
         rc = x->cmd->prepare(x, &pk);
         if (rc != 0)
             return rc;
@@ -1445,10 +1450,12 @@ static int run(ctx *x, int argc, char **argv)
     if (!msgpack_zone_init(&x->zone, 8192))
         return error_out("out_of_memory", "out of memory");
     x->zone_ok = true;
-    rc = client_connect(host, (uint16_t)port, (int)timeout, &x->conn, err, sizeof(err));
+    rc = client_connect_tls(host, (uint16_t)port, (int)timeout, use_tls ? &tls : NULL, &x->conn,
+                            err, sizeof(err));
     if (rc != 0)
         return error_out(rc == CLIENT_E_TIMEOUT ? "timeout"
                          : rc == -ENOMEM        ? "out_of_memory"
+                         : rc == CLIENT_E_TLS   ? "tls_failed"
                                                 : "connect_failed",
                          "%s", err);
     if (key) {
@@ -1459,7 +1466,7 @@ static int run(ctx *x, int argc, char **argv)
     if (x->cmd->exec)
         return x->cmd->exec(x);
     const msgpack_object *res;
-    client_args args = {.packed = x->args.data, .packed_len = x->args.len};
+    client_args args = {.packed = x->args.b.data, .packed_len = x->args.b.len};
     rc = client_call(x->conn, x->method, x->has_args ? &args : NULL, &x->zone, &res, &e);
     if (rc != 0)
         return client_fail(x, &e);
@@ -1477,7 +1484,7 @@ int main(int argc, char **argv)
     client_close(x.conn);
     if (x.zone_ok)
         msgpack_zone_destroy(&x.zone);
-    free(x.args.data);
+    ubuf_fini(&x.args.b);
     free(x.ids);
     free(x.input);
     free(x.words);

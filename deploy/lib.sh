@@ -17,7 +17,7 @@ as_root() {
 ENGRAM_PACKAGES=(
     build-essential g++ pkg-config meson ninja-build cmake dpkg-dev clang-format
     libevent-dev libpq-dev libmsgpack-dev libopenblas-dev libfaiss-dev libsodium-dev
-    libinih-dev libomp-dev postgresql postgresql-contrib
+    libinih-dev libomp-dev libssl-dev openssl postgresql postgresql-contrib
     python3 python3-msgpack python3-pytest python3-numpy gnuplot-nox procps iproute2 util-linux
 )
 

@@ -8,6 +8,9 @@
  * two vectors share neither of their 2 nearest cells, which near duplicates practically
  * never do. Deterministic for the same input. Thread-safe; uses `threads` OpenMP threads
  * in the caller's parallel regions only.
+ *
+ * Library: engram_dedupe (dedupe_dep), apart from the vector index so that only its users
+ * (the server's consolidation) link FAISS, OpenBLAS and libstdc++ for it.
  */
 #ifndef ENGRAM_INDEX_DEDUPE_H
 #define ENGRAM_INDEX_DEDUPE_H

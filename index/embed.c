@@ -39,34 +39,19 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "hash.h"
+
 #define UNIGRAM_W 1.0
 #define BIGRAM_W 0.5
 #define TRIGRAM_NORM 0.6
 
 /* Per-kind seeds xor-ed into the FNV offset basis. */
-#define FNV_OFFSET 0xcbf29ce484222325ULL
-#define FNV_PRIME 0x100000001b3ULL
 #define SEED_UNIGRAM 0x0000000000000000ULL
 #define SEED_BIGRAM 0x9e3779b97f4a7c15ULL
 #define SEED_TRIGRAM 0x243f6a8885a308d3ULL
 
 #define MARK_BEGIN '^' /* cannot occur inside a token: not alphanumeric and < 0x80 */
 #define MARK_END '$'
-
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
-
-static uint64_t fnv_byte(uint64_t h, unsigned char c)
-{
-    return (h ^ c) * FNV_PRIME;
-}
 
 static bool is_token_byte(unsigned char c)
 {
@@ -98,9 +83,9 @@ static void add_feature(acc *a, uint64_t h, double w)
 /* word_hash returns the FNV-1a hash (not yet mixed) of the lower-cased bytes [s, s+n). */
 static uint64_t word_hash(const unsigned char *s, size_t n)
 {
-    uint64_t h = FNV_OFFSET ^ SEED_UNIGRAM;
+    uint64_t h = HASH_FNV1A_OFFSET ^ SEED_UNIGRAM;
     for (size_t i = 0; i < n; i++)
-        h = fnv_byte(h, lower(s[i]));
+        h = hash_fnv1a_byte(h, lower(s[i]));
     return h;
 }
 
@@ -111,9 +96,9 @@ static void add_trigrams(acc *a, const unsigned char *s, size_t n)
     unsigned char c0 = MARK_BEGIN, c1 = lower(s[0]);
     for (size_t i = 1; i <= n; i++) {
         unsigned char c2 = i < n ? lower(s[i]) : MARK_END;
-        uint64_t h = FNV_OFFSET ^ SEED_TRIGRAM;
-        h = fnv_byte(fnv_byte(fnv_byte(h, c0), c1), c2);
-        add_feature(a, mix64(h), w);
+        uint64_t h = HASH_FNV1A_OFFSET ^ SEED_TRIGRAM;
+        h = hash_fnv1a_byte(hash_fnv1a_byte(hash_fnv1a_byte(h, c0), c1), c2);
+        add_feature(a, hash_mix64(h), w);
         c0 = c1;
         c1 = c2;
     }
@@ -134,9 +119,9 @@ static size_t embed_tokens(acc *a, const unsigned char *s, size_t len)
             i++;
         size_t n = i - start;
         uint64_t h = word_hash(s + start, n);
-        add_feature(a, mix64(h), UNIGRAM_W);
+        add_feature(a, hash_mix64(h), UNIGRAM_W);
         if (ntok > 0)
-            add_feature(a, mix64((prev * 0x9fb21c651e98df25ULL + h) ^ SEED_BIGRAM), BIGRAM_W);
+            add_feature(a, hash_mix64((prev * 0x9fb21c651e98df25ULL + h) ^ SEED_BIGRAM), BIGRAM_W);
         add_trigrams(a, s + start, n);
         prev = h;
         ntok++;

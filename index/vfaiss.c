@@ -16,6 +16,8 @@
 #include <faiss/c_api/index_factory_c.h>
 #include <faiss/c_api/index_io_c.h>
 
+#include "vindex.h"
+
 #define MAX_DIM 65536
 #define MAX_FACTORY 256
 #define MAX_K (1u << 30)
@@ -346,4 +348,72 @@ int vfaiss_deserialize(const void *buf, size_t len, int ef_search, vfaiss **out,
     if (rc < 0)
         set_err(err, errlen, "out of memory");
     return rc;
+}
+
+/* ---- vindex's engine interface (vindex.h): the same functions behind vindex_engine ---- */
+
+static int eng_create(size_t dim, const char *factory, int ef_search, vindex_eix **out, char *err,
+                      size_t errlen)
+{
+    vfaiss *f = NULL;
+    int rc = vfaiss_create(dim, factory, ef_search, &f, err, errlen);
+    *out = (vindex_eix *)f;
+    return rc;
+}
+
+static void eng_destroy(vindex_eix *x)
+{
+    vfaiss_destroy((vfaiss *)x);
+}
+
+static int eng_add(vindex_eix *x, size_t n, const float *vecs)
+{
+    return vfaiss_add((vfaiss *)x, n, vecs);
+}
+
+static int eng_search(const vindex_eix *x, const float *q, size_t k, int64_t *labels, float *sims)
+{
+    return vfaiss_search((const vfaiss *)x, q, k, labels, sims);
+}
+
+static size_t eng_count(const vindex_eix *x)
+{
+    return vfaiss_count((const vfaiss *)x);
+}
+
+static size_t eng_bytes(const vindex_eix *x)
+{
+    return vfaiss_bytes((const vfaiss *)x);
+}
+
+static int eng_serialize(const vindex_eix *x, void **buf, size_t *len)
+{
+    return vfaiss_serialize((const vfaiss *)x, buf, len);
+}
+
+static int eng_deserialize(const void *buf, size_t len, int ef_search, vindex_eix **out, char *err,
+                           size_t errlen)
+{
+    vfaiss *f = NULL;
+    int rc = vfaiss_deserialize(buf, len, ef_search, &f, err, errlen);
+    *out = (vindex_eix *)f;
+    return rc;
+}
+
+static const vindex_engine_ops engine = {
+    .name = "FAISS",
+    .create = eng_create,
+    .destroy = eng_destroy,
+    .add = eng_add,
+    .search = eng_search,
+    .count = eng_count,
+    .bytes = eng_bytes,
+    .serialize = eng_serialize,
+    .deserialize = eng_deserialize,
+};
+
+/* vfaiss_engine returns the FAISS engine's function table (static, never freed). */
+const vindex_engine_ops *vfaiss_engine(void)
+{
+    return &engine;
 }

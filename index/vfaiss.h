@@ -23,6 +23,10 @@
  * vfaiss_set_ef change the index and must not run concurrently with any other call on it
  * (the caller's lock). Creation and deserialization need no lock.
  *
+ * Library: engram_vfaiss (vfaiss_dep), which links FAISS, OpenBLAS, OpenMP and libstdc++;
+ * the vector index (engram_index) does not, and reaches this file only through
+ * vfaiss_engine.
+ *
  * Results: 0 success; negative errno for failures passed up (-ENOMEM, -EINVAL for invalid
  * arguments); positive VFAISS_E_* codes the caller handles. Where FAISS itself refused, the
  * text is in the err out-parameter (create, deserialize) or, for the other calls, from
@@ -108,6 +112,11 @@ int vfaiss_serialize(const vfaiss *f, void **buf, size_t *len);
  * not a trained inner-product index; err says which). err as in vfaiss_create. */
 int vfaiss_deserialize(const void *buf, size_t len, int ef_search, vfaiss **out, char *err,
                        size_t errlen);
+
+/* vfaiss_engine returns these functions as vindex's engine interface (vindex.h), for
+ * vindex_opts.faiss_engine: a program that links engram_vfaiss passes it to give its
+ * indexes the FAISS engine. The table is static (never freed); any thread. */
+const struct vindex_engine_ops *vfaiss_engine(void);
 
 /* vfaiss_last_error returns the message of the last FAISS error on this thread (FAISS keeps
  * it thread-local), or "" when there is none. Valid until the next FAISS call on this

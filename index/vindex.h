@@ -41,6 +41,11 @@
  * flight. Maintenance and snapshots block neither searches nor, except for short copies,
  * writers. No function of the index uses OpenMP or BLAS threads: one query runs on its
  * caller's thread, and queries parallelize across callers.
+ *
+ * Implementation: vindex.c (storage and writes, rebuilds, maintenance), vindex_search.c
+ * (searches, the recall monitor), vindex_snap.c (snapshots), sharing the private
+ * vindex_int.h. The library (engram_index) links no FAISS: the FAISS engine reaches it
+ * through vindex_opts.faiss_engine (see the engine interface below).
  */
 #ifndef ENGRAM_INDEX_VINDEX_H
 #define ENGRAM_INDEX_VINDEX_H
@@ -101,12 +106,52 @@ typedef struct vindex_opts {
     int engine;
     const char *faiss_factory; /* borrowed: must outlive the index */
     int faiss_ef_search;
+    /* The FAISS engine's functions (vfaiss_engine() from engram_vfaiss, index/vfaiss.h),
+     * borrowed: must outlive the index. The index itself links no FAISS: engine FAISS
+     * works only when a caller that links it passes it here. NULL: no FAISS engine; an
+     * index with engine VINDEX_ENGINE_FAISS then searches with its native codes (its first
+     * vindex_maintenance on the ANN kind returns VINDEX_E_FAISS, vindex_engine_error says
+     * why), and vindex_load skips a snapshot's FAISS section. */
+    const struct vindex_engine_ops *faiss_engine;
 } vindex_opts;
 
 enum vindex_engine {
     VINDEX_ENGINE_NATIVE = 0,
     VINDEX_ENGINE_FAISS = 1,
 };
+
+/* ---- the engine interface ----
+ *
+ * The ANN kind's candidate stage may come from an external library (FAISS) through this
+ * table of functions, which that library's adapter fills (index/vfaiss.h: vfaiss_engine),
+ * so the index links none of it. An engine index holds vectors (unit length; similarity
+ * is the inner product) under dense labels 0, 1, ... in the order they are added; the
+ * index maps labels to its slots, keeps tombstones and rebuilds instead of removing.
+ * Results: 0, -errno, or a positive engine code (any positive value: the index treats it
+ * as "the engine failed"). Thread-safety as vfaiss.h: search, count, bytes and serialize
+ * only read and may run concurrently; add needs exclusive use; create and deserialize make
+ * a new index. */
+typedef struct vindex_eix vindex_eix; /* an engine's index (the engine's own type) */
+
+typedef struct vindex_engine_ops {
+    const char *name; /* for messages, e.g. "FAISS" */
+    /* create: an empty index of dim from factory (a string the engine understands) with
+     * search effort ef_search; *out owns it. err gets a message on failure. */
+    int (*create)(size_t dim, const char *factory, int ef_search, vindex_eix **out, char *err,
+                  size_t errlen);
+    void (*destroy)(vindex_eix *x);                         /* NULL is a no-op */
+    int (*add)(vindex_eix *x, size_t n, const float *vecs); /* n x dim row-major */
+    /* search: the k best labels and similarities, best first; label -1 beyond what the index
+     * finds. On the caller's thread. */
+    int (*search)(const vindex_eix *x, const float *q, size_t k, int64_t *labels, float *sims);
+    size_t (*count)(const vindex_eix *x); /* vectors added: the next label */
+    size_t (*bytes)(const vindex_eix *x); /* memory held, for vindex_bytes */
+    /* serialize: the index as bytes (malloc'd, the caller frees them); deserialize: an index
+     * from them (borrowed; ef_search 0 keeps the serialized one). The caller checksums. */
+    int (*serialize)(const vindex_eix *x, void **buf, size_t *len);
+    int (*deserialize)(const void *buf, size_t len, int ef_search, vindex_eix **out, char *err,
+                       size_t errlen);
+} vindex_engine_ops;
 
 /* vindex_create returns an empty index, or NULL when out of memory or when opts are invalid
  * (dim 0 or above 65536, meta_size above 1 MiB, compact_percent above 100).

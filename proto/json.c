@@ -18,58 +18,6 @@
 #define PRINTF_LIKE(f, a)
 #endif
 
-void json_buf_fini(json_buf *b)
-{
-    free(b->data);
-    b->data = NULL;
-    b->len = 0;
-    b->cap = 0;
-}
-
-/* Makes room for n more bytes plus the terminating NUL. */
-static int buf_reserve(json_buf *b, size_t n)
-{
-    size_t need, cap;
-    char *p;
-
-    if (n > SIZE_MAX - b->len - 1)
-        return -ENOMEM;
-    need = b->len + n + 1;
-    if (need <= b->cap)
-        return 0;
-    cap = b->cap < 64 ? 64 : b->cap;
-    while (cap < need)
-        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
-    p = realloc(b->data, cap);
-    if (p == NULL)
-        return -ENOMEM;
-    b->data = p;
-    b->cap = cap;
-    return 0;
-}
-
-int json_buf_append(json_buf *b, const char *s, size_t n)
-{
-    if (n == 0)
-        return 0;
-    if (buf_reserve(b, n) != 0)
-        return -ENOMEM;
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-    return 0;
-}
-
-static int buf_putc(json_buf *b, char c)
-{
-    return json_buf_append(b, &c, 1);
-}
-
-static int buf_puts(json_buf *b, const char *s)
-{
-    return json_buf_append(b, s, strlen(s));
-}
-
 /* ---- MessagePack to JSON --------------------------------------------------------------- */
 
 static int put_string(json_buf *b, const char *s, size_t n)
@@ -80,7 +28,7 @@ static int put_string(json_buf *b, const char *s, size_t n)
 
     if (!rpc_utf8_valid(s, n))
         return JSON_E_UNSUPPORTED;
-    if ((rc = buf_putc(b, '"')) != 0)
+    if ((rc = ubuf_putc(b, '"')) != 0)
         return rc;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -129,7 +77,7 @@ static int put_string(json_buf *b, const char *s, size_t n)
     /* msgpack-c may give an empty string a NULL pointer: no arithmetic on it then */
     if (run < n && (rc = json_buf_append(b, s + run, n - run)) != 0)
         return rc;
-    return buf_putc(b, '"');
+    return ubuf_putc(b, '"');
 }
 
 static int put_base64(json_buf *b, const unsigned char *p, size_t n)
@@ -138,7 +86,7 @@ static int put_base64(json_buf *b, const unsigned char *p, size_t n)
     char q[4];
     int rc;
 
-    if ((rc = buf_putc(b, '"')) != 0)
+    if ((rc = ubuf_putc(b, '"')) != 0)
         return rc;
     for (size_t i = 0; i < n; i += 3) {
         uint32_t v = (uint32_t)p[i] << 16;
@@ -154,7 +102,7 @@ static int put_base64(json_buf *b, const unsigned char *p, size_t n)
         if ((rc = json_buf_append(b, q, 4)) != 0)
             return rc;
     }
-    return buf_putc(b, '"');
+    return ubuf_putc(b, '"');
 }
 
 /* Prints a finite double with the fewest of 15, 16 or 17 significant digits that read back
@@ -174,7 +122,7 @@ static int put_double(json_buf *b, double d, bool single)
     }
     if (strpbrk(s, ".eE") == NULL)
         strcat(s, ".0");
-    return buf_puts(b, s);
+    return ubuf_puts(b, s);
 }
 
 static int put_newline(json_buf *b, unsigned flags, unsigned indent)
@@ -183,7 +131,7 @@ static int put_newline(json_buf *b, unsigned flags, unsigned indent)
 
     if (!(flags & JSON_PRETTY))
         return 0;
-    if ((rc = buf_putc(b, '\n')) != 0)
+    if ((rc = ubuf_putc(b, '\n')) != 0)
         return rc;
     for (unsigned i = 0; i < indent; i++)
         if ((rc = json_buf_append(b, "  ", 2)) != 0)
@@ -199,15 +147,15 @@ static int from_msgpack(const msgpack_object *o, unsigned flags, unsigned depth,
 
     switch (o->type) {
     case MSGPACK_OBJECT_NIL:
-        return buf_puts(out, "null");
+        return ubuf_puts(out, "null");
     case MSGPACK_OBJECT_BOOLEAN:
-        return buf_puts(out, o->via.boolean ? "true" : "false");
+        return ubuf_puts(out, o->via.boolean ? "true" : "false");
     case MSGPACK_OBJECT_POSITIVE_INTEGER:
         snprintf(num, sizeof(num), "%" PRIu64, o->via.u64);
-        return buf_puts(out, num);
+        return ubuf_puts(out, num);
     case MSGPACK_OBJECT_NEGATIVE_INTEGER:
         snprintf(num, sizeof(num), "%" PRId64, o->via.i64);
-        return buf_puts(out, num);
+        return ubuf_puts(out, num);
     case MSGPACK_OBJECT_FLOAT32:
         return put_double(out, o->via.f64, true);
     case MSGPACK_OBJECT_FLOAT64:
@@ -225,10 +173,10 @@ static int from_msgpack(const msgpack_object *o, unsigned flags, unsigned depth,
 
         if (depth >= max_depth)
             return JSON_E_TOO_DEEP;
-        if ((rc = buf_putc(out, map ? '{' : '[')) != 0)
+        if ((rc = ubuf_putc(out, map ? '{' : '[')) != 0)
             return rc;
         for (uint32_t i = 0; i < n; i++) {
-            if (i > 0 && (rc = buf_putc(out, ',')) != 0)
+            if (i > 0 && (rc = ubuf_putc(out, ',')) != 0)
                 return rc;
             if ((rc = put_newline(out, flags, depth + 1)) != 0)
                 return rc;
@@ -238,7 +186,7 @@ static int from_msgpack(const msgpack_object *o, unsigned flags, unsigned depth,
                     return JSON_E_UNSUPPORTED;
                 if ((rc = put_string(out, k->via.str.ptr, k->via.str.size)) != 0)
                     return rc;
-                if ((rc = buf_puts(out, (flags & JSON_PRETTY) ? ": " : ":")) != 0)
+                if ((rc = ubuf_puts(out, (flags & JSON_PRETTY) ? ": " : ":")) != 0)
                     return rc;
                 rc = from_msgpack(&o->via.map.ptr[i].val, flags, depth + 1, max_depth, out);
             } else {
@@ -249,7 +197,7 @@ static int from_msgpack(const msgpack_object *o, unsigned flags, unsigned depth,
         }
         if (n > 0 && (rc = put_newline(out, flags, depth)) != 0)
             return rc;
-        return buf_putc(out, map ? '}' : ']');
+        return ubuf_putc(out, map ? '}' : ']');
     }
     default: /* ext */
         return JSON_E_UNSUPPORTED;

@@ -12,6 +12,8 @@
 
 #include <msgpack.h>
 
+#include "ubuf.h"
+
 /* Positive result codes (0 success, -ENOMEM when out of memory). */
 enum {
     JSON_E_UNSUPPORTED = 1, /* a MessagePack value with no JSON form (ext, non-string key, NaN) */
@@ -19,18 +21,22 @@ enum {
     JSON_E_TOO_DEEP,        /* nesting passes max_depth */
 };
 
-/* A growable byte buffer owned by the caller: init with {0}, free with json_buf_fini. */
-typedef struct json_buf {
-    char *data; /* NUL-terminated when len > 0 */
-    size_t len;
-    size_t cap;
-} json_buf;
+/* The output buffer of json_from_msgpack: util's growable buffer (ubuf.h), owned by the
+ * caller: init with {0}, free with json_buf_fini. json_buf_fini and json_buf_append are the
+ * ubuf functions under the names JSON callers have always used. */
+typedef ubuf json_buf;
 
 /* json_buf_fini frees b's memory and zeroes it. */
-void json_buf_fini(json_buf *b);
+static inline void json_buf_fini(json_buf *b)
+{
+    ubuf_fini(b);
+}
 
 /* json_buf_append appends n bytes; returns 0 or -ENOMEM. */
-int json_buf_append(json_buf *b, const char *s, size_t n);
+static inline int json_buf_append(json_buf *b, const char *s, size_t n)
+{
+    return ubuf_append(b, s, n);
+}
 
 enum {
     JSON_BIN_BASE64 = 1 << 0, /* encode bin as a base64 string instead of failing */

@@ -69,6 +69,19 @@ static const config_def defs[] = {
      "for 5 s; slower senders are closed (0: no floor)"},
     {"shutdown_timeout_ms", T_INT, OFF(shutdown_timeout_ms), "10000", 0, 600000, 0,
      "on SIGTERM, how long in-flight requests may take to finish"},
+    {"tls_cert_file", T_STR, OFF(tls_cert_file), "", 0, 0, 0,
+     "PEM certificate chain of the server (its certificate first): when set, with "
+     "tls_key_file, the RPC and HTTP ports speak TLS 1.3 only; empty: plain TCP. Re-read "
+     "on SIGHUP"},
+    {"tls_key_file", T_STR, OFF(tls_key_file), "", 0, 0, 0,
+     "PEM private key of tls_cert_file (unencrypted; keep it mode 600). Re-read on SIGHUP"},
+    {"tls_ca_file", T_STR, OFF(tls_ca_file), "", 0, 0, 0,
+     "PEM CA certificates that client certificates are verified against; when set, clients "
+     "are asked for a certificate (optional) and one that does not verify fails the "
+     "handshake. Re-read on SIGHUP"},
+    {"tls_admin_require_client_cert", T_INT, OFF(tls_admin_require_client_cert), "0", 0, 1, 0,
+     "1: auth with the admin key succeeds only on a connection that presented a client "
+     "certificate verified by tls_ca_file"},
     {"pg_dsn", T_STR, OFF(pg_dsn), "", 0, 0, F_SECRET,
      "PostgreSQL connection string (libpq keyword=value or URI); required"},
     {"pg_role", T_STR, OFF(pg_role), "engram_app", 0, 0, 0,
@@ -511,6 +524,21 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
     }
     if (check_factory(cfg, err) < 0)
         return -1;
+    if (!cfg->tls_cert_file[0] != !cfg->tls_key_file[0]) {
+        fprintf(err, "engramd: tls_cert_file and tls_key_file go together: set both for TLS, "
+                     "or neither\n");
+        return -1;
+    }
+    if (cfg->tls_ca_file[0] && !cfg->tls_cert_file[0]) {
+        fprintf(err, "engramd: tls_ca_file needs tls_cert_file and tls_key_file (client "
+                     "certificates are only asked for over TLS)\n");
+        return -1;
+    }
+    if (cfg->tls_admin_require_client_cert && !cfg->tls_ca_file[0]) {
+        fprintf(err, "engramd: tls_admin_require_client_cert needs tls_ca_file (the CA that "
+                     "admin client certificates are verified against)\n");
+        return -1;
+    }
     if (cfg->http_port == cfg->rpc_port) {
         fprintf(err, "engramd: http_port and rpc_port must differ (both %d)\n", cfg->rpc_port);
         return -1;

@@ -32,6 +32,11 @@ typedef struct config {
     long max_output_total_bytes;
     int min_send_rate;
     int shutdown_timeout_ms;
+    /* TLS (see tls.h); off unless tls_cert_file is set */
+    char *tls_cert_file;
+    char *tls_key_file;
+    char *tls_ca_file;
+    int tls_admin_require_client_cert;
     /* database */
     char *pg_dsn;
     char *pg_role;

@@ -35,6 +35,7 @@
 #include "tenancy.h"
 #include "rowcache.h"
 #include "tenants.h"
+#include "tls.h"
 #include "worker.h"
 
 /* OpenBLAS's own setter (cblas.h of libopenblas declares it). */
@@ -47,7 +48,7 @@ typedef struct app {
     struct event_base *base;
     struct evconnlistener *listener;
     struct event *ev_relisten;
-    struct event *ev_sigint, *ev_sigterm;
+    struct event *ev_sigint, *ev_sigterm, *ev_sighup;
     http_srv *http;
     unsigned next_worker;
 } app;
@@ -116,6 +117,36 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     event_base_loopexit(a->base, NULL);
 }
 
+/* SIGHUP re-reads the TLS certificate, key and CA files. New connections get the new
+ * context, open ones keep theirs; a reload that fails keeps the current files in use. */
+static void on_sighup(evutil_socket_t sig, short what, void *arg)
+{
+    app *a = arg;
+    char err[512], warn[512];
+    if (!a->srv.tls) {
+        log_info("received SIGHUP: TLS is off, nothing to reload");
+        return;
+    }
+    if (tls_reload(a->srv.tls, err, sizeof(err), warn, sizeof(warn)) < 0) {
+        metrics_tls_reload(false);
+        log_error("received SIGHUP: TLS reload failed, still serving the previous "
+                  "certificate: %s",
+                  err);
+        return;
+    }
+    metrics_tls_reload(true);
+    if (warn[0])
+        log_warn("TLS: %s", warn);
+    log_info("received SIGHUP: TLS certificate reloaded; new connections use it");
+}
+
+/* Whether host (listen_host) is a loopback address, where plain TCP stays on the machine. */
+static bool loopback_host(const char *host)
+{
+    return strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
+           strcmp(host, "localhost") == 0;
+}
+
 /* ---- start-up helpers -------------------------------------------------------------------- */
 
 static PGconn *connect_with_wait(const config *cfg)
@@ -165,17 +196,18 @@ static int create_tenant_cmd(server *s, PGconn *c, const char *name, const char 
     auth_hash(s, key, AUTH_KEY_LEN, hash);
     auth_hash_hex(hash, hex);
     snprintf(dim, sizeof(dim), "%d", s->cfg.embed_dim);
-    const char *vals[] = {name, tier, dim, key_id, hex};
-    PGresult *r = db_exec_blocking(
-        c,
-        "WITH t AS (INSERT INTO tenants (name, tier, embed_provider, embed_dim) VALUES ($1, $2, "
-        "'builtin', $3) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id) "
-        "INSERT INTO api_keys (tenant_id, name, key_id, key_hash) SELECT t.id, 'bootstrap', $4, "
-        "decode($5, 'hex') FROM t RETURNING tenant_id",
-        5, vals, err, sizeof(err));
+    /* the functions admin.tenant.create and admin.key.create call: a new tenant with its
+     * first key, or, when the name exists, a new key of that tenant */
+    const char *tv[] = {name, tier, "builtin", "", dim, "bootstrap", key_id, hex, NULL};
+    PGresult *r = DB_EXEC(c, sql_def(SQL_TENANT_CREATE), tv, err, sizeof(err));
     if (!r) {
-        log_error("cannot create tenant '%s': %s", name, err);
-        return -1;
+        char e2[512];
+        const char *kv[] = {NULL, name, "bootstrap", key_id, hex};
+        r = DB_EXEC(c, sql_def(SQL_ADMIN_KEY_CREATE), kv, e2, sizeof(e2));
+        if (!r) {
+            log_error("cannot create tenant '%s': %s", name, err);
+            return -1;
+        }
     }
     long long tid = atoll(PQgetvalue(r, 0, 0));
     PQclear(r);
@@ -237,6 +269,8 @@ int main(int argc, char **argv)
     }
     log_set_level((log_level)log_parse_level(s->cfg.log_level));
     signal(SIGPIPE, SIG_IGN);
+    /* SIGHUP reloads the TLS files once serving; until then it must not end the process */
+    signal(SIGHUP, SIG_IGN);
     evthread_use_pthreads();
     log_route_libevent();
     log_route_storage();
@@ -266,6 +300,16 @@ int main(int argc, char **argv)
         auth_load_admin(s, s->cfg.admin_key_file, err, sizeof(err)) < 0) {
         log_error("admin key: %s", err);
         goto out;
+    }
+    if (cmd == CMD_SERVE) {
+        /* before anything slow: a bad certificate or key stops engramd at once */
+        char warn[512];
+        if (tls_create(&s->cfg, &s->tls, err, sizeof(err), warn, sizeof(warn)) < 0) {
+            log_error("TLS: %s", err);
+            goto out;
+        }
+        if (warn[0])
+            log_warn("TLS: %s", warn);
     }
     pg = connect_with_wait(&s->cfg);
     if (!pg)
@@ -376,11 +420,19 @@ int main(int argc, char **argv)
     }
     a.ev_sigint = evsignal_new(a.base, SIGINT, on_signal, &a);
     a.ev_sigterm = evsignal_new(a.base, SIGTERM, on_signal, &a);
+    a.ev_sighup = evsignal_new(a.base, SIGHUP, on_sighup, &a);
     event_add(a.ev_sigint, NULL);
     event_add(a.ev_sigterm, NULL);
+    event_add(a.ev_sighup, NULL);
+    if (!s->tls && !loopback_host(s->cfg.listen_host))
+        log_warn("listen_host %s is not a loopback address and TLS is off: API keys and "
+                 "memories cross the network in clear text (set tls_cert_file and "
+                 "tls_key_file)",
+                 s->cfg.listen_host);
     atomic_store(&s->ready, true);
-    log_info("engramd ready: rpc %s, http %s:%d, %u workers, schema %d", hostport,
-             s->cfg.listen_host, s->cfg.http_port, s->nworkers, migrate_latest());
+    log_info("engramd ready: rpc %s, http %s:%d%s, %u workers, schema %d", hostport,
+             s->cfg.listen_host, s->cfg.http_port, s->tls ? " (TLS 1.3 only)" : " (plain TCP)",
+             s->nworkers, migrate_latest());
     event_base_dispatch(a.base);
     rc = 0;
 
@@ -405,12 +457,15 @@ out:
         event_free(a.ev_sigint);
     if (a.ev_sigterm)
         event_free(a.ev_sigterm);
+    if (a.ev_sighup)
+        event_free(a.ev_sighup);
     if (a.ev_relisten)
         event_free(a.ev_relisten);
     if (a.base)
         event_base_free(a.base);
     tenants_destroy(s->tenants);
     tenancy_destroy(s->tenancy);
+    tls_destroy(s->tls); /* after the workers and the HTTP port: no session is made after */
     rc_destroy(s->rows);
     metrics_fini();
     sql_fini();

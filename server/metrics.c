@@ -34,6 +34,7 @@ static size_t nmethods;
 static method_stats *stats; /* nmethods + 1: the last is for unknown methods */
 static atomic_long open_conns;
 static atomic_uint_fast64_t refused, malformed, slow_closed, apply_failures;
+static atomic_uint_fast64_t tls_handshake_failures, tls_reloads_ok, tls_reloads_failed;
 static db_slot db_slots[MAX_WORKERS];
 
 int metrics_init(const char *const *names, size_t n)
@@ -81,6 +82,16 @@ void metrics_conn_refused(void)
 void metrics_slow_closed(void)
 {
     atomic_fetch_add_explicit(&slow_closed, 1, memory_order_relaxed);
+}
+
+void metrics_tls_handshake_failed(void)
+{
+    atomic_fetch_add_explicit(&tls_handshake_failures, 1, memory_order_relaxed);
+}
+
+void metrics_tls_reload(bool ok)
+{
+    atomic_fetch_add_explicit(ok ? &tls_reloads_ok : &tls_reloads_failed, 1, memory_order_relaxed);
 }
 
 void metrics_malformed(void)
@@ -194,6 +205,20 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
                         (long)atomic_load(&open_conns), (unsigned long long)atomic_load(&refused),
                         (unsigned long long)atomic_load(&slow_closed),
                         (unsigned long long)atomic_load(&malformed));
+    evbuffer_add_printf(out,
+                        "# HELP engram_tls_handshake_failures_total TLS handshakes on the RPC "
+                        "port that did not complete: refused (protocol version, certificate), "
+                        "broken, or abandoned (a port probe that connects and closes counts).\n"
+                        "# TYPE engram_tls_handshake_failures_total counter\n"
+                        "engram_tls_handshake_failures_total %llu\n"
+                        "# HELP engram_tls_reloads_total Reloads of the TLS certificate files "
+                        "(SIGHUP) by result; a failed one keeps the previous certificate.\n"
+                        "# TYPE engram_tls_reloads_total counter\n"
+                        "engram_tls_reloads_total{result=\"ok\"} %llu\n"
+                        "engram_tls_reloads_total{result=\"failed\"} %llu\n",
+                        (unsigned long long)atomic_load(&tls_handshake_failures),
+                        (unsigned long long)atomic_load(&tls_reloads_ok),
+                        (unsigned long long)atomic_load(&tls_reloads_failed));
     unsigned conns = 0, ready = 0;
     size_t queued = 0, inflight = 0;
     uint64_t reconnects = 0, failures = 0;

@@ -6,6 +6,7 @@
 #ifndef ENGRAM_SERVER_METRICS_H
 #define ENGRAM_SERVER_METRICS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +34,11 @@ void metrics_malformed(void);
 /* metrics_slow_closed counts a connection closed for slowness (auth deadline, send rate,
  * unread output over the server-wide budget). */
 void metrics_slow_closed(void);
+/* metrics_tls_handshake_failed counts a TLS handshake on the RPC port that did not complete
+ * (refused, broken, or abandoned); metrics_tls_reload counts a reload of the certificate
+ * files by its outcome. */
+void metrics_tls_handshake_failed(void);
+void metrics_tls_reload(bool ok);
 
 /* metrics_index_apply_failed counts a change an index could not take (it stays unapplied
  * and is read again from the change log). */

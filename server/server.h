@@ -21,6 +21,7 @@ struct bg;
 struct tenancy;
 struct rowcache;
 struct climits;
+struct tls_ctx;
 
 typedef struct server {
     config cfg;
@@ -42,6 +43,7 @@ typedef struct server {
     atomic_bool draining;      /* shutdown has begun */
     atomic_int nconns;         /* open client connections (counted at accept) */
     struct climits *limits_cl; /* per-address and buffered-byte limits */
+    struct tls_ctx *tls;       /* the RPC and HTTP ports' TLS context; NULL: plain TCP */
 } server;
 
 /* server_now_ms returns the wall-clock time in milliseconds since the Unix epoch. */

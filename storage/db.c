@@ -772,8 +772,9 @@ static db_job *job_build(int64_t rls_tenant, const db_query *qs, int nq)
     size_t arrays = 0, bytes = 24;
     for (int i = 0; i < nq; i++) {
         const db_query *q = &qs[i];
-        arrays += (size_t)q->nparams;
-        for (int k = 0; k < q->nparams; k++) {
+        int np = q->stmt->nparams;
+        arrays += (size_t)np;
+        for (int k = 0; k < np; k++) {
             if (!q->values[k])
                 continue;
             bool bin = q->formats && q->formats[k] == 1;
@@ -811,14 +812,15 @@ static db_job *job_build(int64_t rls_tenant, const db_query *qs, int nq)
     for (int i = 0; i < nq; i++) {
         const db_query *q = &qs[i];
         db_job_query *jq = &j->q[base + i];
+        int np = q->stmt->nparams;
         *jq = (db_job_query){.kind = Q_EXEC_PREPARED,
-                             .stmt = q->stmt,
-                             .nparams = q->nparams,
+                             .stmt = q->stmt->name,
+                             .nparams = np,
                              .values = vals,
                              .lengths = lens,
                              .formats = fmts,
                              .result_format = q->result_format};
-        for (int k = 0; k < q->nparams; k++) {
+        for (int k = 0; k < np; k++) {
             bool bin = q->formats && q->formats[k] == 1;
             fmts[k] = bin ? 1 : 0;
             if (!q->values[k]) {
@@ -832,9 +834,9 @@ static db_job *job_build(int64_t rls_tenant, const db_query *qs, int nq)
             lens[k] = bin ? q->lengths[k] : (int)(n - 1);
             w += n;
         }
-        vals += q->nparams;
-        lens += q->nparams;
-        fmts += q->nparams;
+        vals += np;
+        lens += np;
+        fmts += np;
     }
     j->nq = base + nq;
     return j;
@@ -845,10 +847,11 @@ int db_submit(db_pool *p, int64_t rls_tenant, const db_query *qs, int nq, db_cb 
     if (!p || !qs || nq < 1 || nq > DB_MAX_QUERIES || p->destroying)
         return -EINVAL;
     for (int i = 0; i < nq; i++) {
-        if (!qs[i].stmt || qs[i].nparams < 0 || qs[i].nparams > DB_MAX_PARAMS ||
-            (qs[i].nparams > 0 && !qs[i].values))
+        const db_stmt_def *st = qs[i].stmt;
+        if (!st || st->nparams < 0 || st->nparams > DB_MAX_PARAMS ||
+            qs[i].nvalues != (size_t)st->nparams || (st->nparams > 0 && !qs[i].values))
             return -EINVAL;
-        for (int k = 0; k < qs[i].nparams; k++)
+        for (int k = 0; k < st->nparams; k++)
             if (qs[i].formats && qs[i].formats[k] == 1 && qs[i].values[k] &&
                 (!qs[i].lengths || qs[i].lengths[k] < 0))
                 return -EINVAL;
@@ -939,6 +942,60 @@ PGconn *db_connect_blocking(const char *dsn, const char *role, unsigned timeout_
 fail:
     PQfinish(c);
     return NULL;
+}
+
+PGresult *db_exec_stmt(PGconn *c, const db_stmt_def *s, const char *const *values, size_t nvalues,
+                       char *err, size_t errlen)
+{
+    if (!s || s->nparams < 0 || nvalues != (size_t)s->nparams) {
+        snprintf(err, errlen, "statement %s takes %d parameters, %zu passed", s ? s->name : "?",
+                 s ? s->nparams : 0, nvalues);
+        return NULL;
+    }
+    return db_exec_blocking(c, s->sql, s->nparams, values, err, errlen);
+}
+
+int db_tenant_begin(PGconn *c, int64_t tenant, db_tx_mode mode, char *err, size_t errlen)
+{
+    static const char *const begin[] = {
+        [DB_TX_WRITE] = "BEGIN",
+        [DB_TX_READ] = "BEGIN READ ONLY",
+        [DB_TX_SNAPSHOT] = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+    };
+    PGresult *r = db_exec_blocking(c, begin[mode], 0, NULL, err, errlen);
+    if (!r)
+        return -EIO;
+    PQclear(r);
+    char t[24];
+    snprintf(t, sizeof(t), "%lld", (long long)tenant);
+    const char *tv[] = {t};
+    r = db_exec_blocking(c, "SELECT set_config('engram.tenant_id', $1, true)", 1, tv, err, errlen);
+    if (!r) {
+        db_tx_end(c, false, NULL, 0);
+        return -EIO;
+    }
+    PQclear(r);
+    return 0;
+}
+
+int db_tx_end(PGconn *c, bool commit, char *err, size_t errlen)
+{
+    char e2[256];
+    PGresult *r = db_exec_blocking(c, commit ? "COMMIT" : "ROLLBACK", 0, NULL,
+                                   err && errlen ? err : e2, err && errlen ? errlen : sizeof(e2));
+    if (!r && commit) {
+        PQclear(db_exec_blocking(c, "ROLLBACK", 0, NULL, e2, sizeof(e2)));
+        return -EIO;
+    }
+    /* COMMIT of a transaction that failed answers ROLLBACK, not an error */
+    bool rolled_back = r && commit && strcmp(PQcmdStatus(r), "ROLLBACK") == 0;
+    PQclear(r);
+    if (rolled_back) {
+        if (err && errlen)
+            snprintf(err, errlen, "the transaction failed and was rolled back");
+        return -EIO;
+    }
+    return 0;
 }
 
 PGresult *db_exec_blocking(PGconn *c, const char *sql, int nparams, const char *const *values,

@@ -82,13 +82,25 @@ typedef void (*db_cb)(void *arg, const db_result *r);
 
 /* One statement of a job. Parameter memory is copied at submission. */
 typedef struct db_query {
-    const char *stmt;          /* a prepared statement's name from db_config.stmts */
-    int nparams;               /* <= DB_MAX_PARAMS */
+    const db_stmt_def *stmt;   /* a statement of db_config.stmts (prepared under its name) */
+    size_t nvalues;            /* the values passed: must equal stmt->nparams (checked) */
     const char *const *values; /* NULL entries are SQL NULL */
     const int *lengths;        /* for binary parameters; may be NULL when all are text */
     const int *formats;        /* 0 text, 1 binary; may be NULL when all are text */
     int result_format;         /* 0 text, 1 binary */
 } db_query;
+
+/* DB_ARRAY_LEN is the element count of an array (a pointer does not compile). */
+#define DB_ARRAY_LEN(a)                                                                            \
+    (sizeof(a) / sizeof((a)[0]) +                                                                  \
+     0 * sizeof(struct {                                                                           \
+         int not_an_array : __builtin_types_compatible_p(__typeof__(a), __typeof__(&(a)[0])) ? -1  \
+                                                                                             : 1;  \
+     }))
+
+/* DB_VALUES(v) sets a db_query's values and nvalues from the array v: the count the statement
+ * table expects is then checked against the array the caller really has. */
+#define DB_VALUES(v) .values = (v), .nvalues = DB_ARRAY_LEN(v)
 
 /* db_pool_create starts a pool on base and begins connecting at once; jobs submitted before
  * a connection is up wait (up to queue_timeout_ms). Returns NULL when out of memory or the
@@ -131,6 +143,33 @@ bool db_pool_idle(db_pool *p);
  * connection or NULL with the reason in err. The caller owns the connection (PQfinish). */
 PGconn *db_connect_blocking(const char *dsn, const char *role, unsigned timeout_ms, char *err,
                             size_t errlen);
+
+/* db_exec_stmt runs statement s (unprepared) with the nvalues text parameters of values,
+ * which must be s->nparams (-EINVAL otherwise, a bug). Returns the result (caller frees with
+ * PQclear) or NULL with the error in err. */
+PGresult *db_exec_stmt(PGconn *c, const db_stmt_def *s, const char *const *values, size_t nvalues,
+                       char *err, size_t errlen);
+
+/* DB_EXEC(c, s, v, err, errlen) is db_exec_stmt with the array v's own length. */
+#define DB_EXEC(c, s, v, err, errlen) db_exec_stmt((c), (s), (v), DB_ARRAY_LEN(v), (err), (errlen))
+
+/* The transaction of background work on one tenant's rows. */
+typedef enum db_tx_mode {
+    DB_TX_WRITE,    /* read committed, read-write */
+    DB_TX_READ,     /* read committed, read-only */
+    DB_TX_SNAPSHOT, /* repeatable read, read-only: one consistent view */
+} db_tx_mode;
+
+/* db_tenant_begin starts a transaction of the given mode on c and binds row-level security to
+ * tenant (engram.tenant_id, for this transaction only). Returns 0, or -EIO with the reason in
+ * err (nothing is left open then). */
+int db_tenant_begin(PGconn *c, int64_t tenant, db_tx_mode mode, char *err, size_t errlen);
+
+/* db_tx_end commits (commit true) or rolls back the transaction c has open. Returns 0, or -EIO
+ * with the reason in err when the commit failed (the transaction is rolled back then). A
+ * rollback's own failure is not reported: the connection is then unusable anyway, and the
+ * caller learns it from its next statement or PQstatus. */
+int db_tx_end(PGconn *c, bool commit, char *err, size_t errlen);
 
 /* db_exec_blocking runs sql with text parameters and checks for PGRES_COMMAND_OK or
  * PGRES_TUPLES_OK. Returns the result (caller frees with PQclear) or NULL with the error in

@@ -21,7 +21,7 @@
     "jsonb_build_array(m.metadata -> 'tokens', m.metadata -> 'chains', "                           \
     "m.metadata -> 'protocols', m.metadata -> 'strategy_id')::text, m.embedding"
 #define LOADER_NCOLS 15
-/* The pending access counts (see migration 0007), one join rather than a subquery per row. */
+/* The pending access counts (memory_access), one join rather than a subquery per row. */
 #define LOADER_ACCESS " LEFT JOIN memory_access pa ON pa.tenant_id = m.tenant_id AND pa.id = m.id"
 
 static uint64_t be64(const char *p)
@@ -215,28 +215,14 @@ static int in_snapshot(PGconn *c, int64_t tenant, uint64_t *seq, const char *sql
                        const char *const *vals, int (*each)(const PGresult *, void *), load_ctx *lc,
                        char *err, size_t errlen)
 {
-    PGresult *r = db_exec_blocking(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", 0, NULL,
-                                   err, errlen);
-    if (!r)
-        return -1;
-    PQclear(r);
     /* row-level security: the connection sees this tenant's rows only */
-    char t[24];
-    snprintf(t, sizeof(t), "%lld", (long long)tenant);
-    const char *tv[] = {t};
-    r = db_exec_blocking(c, "SELECT set_config('engram.tenant_id', $1, true)", 1, tv, err, errlen);
-    if (!r) {
-        char e2[64];
-        PQclear(db_exec_blocking(c, "ROLLBACK", 0, NULL, e2, sizeof(e2)));
+    if (db_tenant_begin(c, tenant, DB_TX_SNAPSHOT, err, errlen) < 0)
         return -1;
-    }
-    PQclear(r);
     int rc = read_seq(c, tenant, seq, err, errlen);
     if (rc == 0)
         rc = stream(c, sql, nparams, vals, each, lc, err, errlen);
-    char e2[128];
-    r = db_exec_blocking(c, rc == 0 ? "COMMIT" : "ROLLBACK", 0, NULL, e2, sizeof(e2));
-    PQclear(r);
+    /* read-only: nothing to keep, and a failed COMMIT loses nothing already read */
+    db_tx_end(c, false, NULL, 0);
     return rc;
 }
 
@@ -357,22 +343,15 @@ int loader_index_engine(PGconn *c, int64_t tenant, char *out, size_t outlen, cha
                         size_t errlen)
 {
     /* the tenants table is under row-level security: read it as the tenant */
-    PGresult *r = db_exec_blocking(c, "BEGIN READ ONLY", 0, NULL, err, errlen);
-    if (!r)
+    if (db_tenant_begin(c, tenant, DB_TX_READ, err, errlen) < 0)
         return -1;
-    PQclear(r);
     char t[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
     int rc = -1;
-    r = db_exec_blocking(c, "SELECT set_config('engram.tenant_id', $1, true)", 1, vals, err,
-                         errlen);
-    if (r) {
-        PQclear(r);
-        r = db_exec_blocking(c,
-                             "SELECT COALESCE(t.index_engine, '') FROM tenants t WHERE t.id = $1",
-                             1, vals, err, errlen);
-    }
+    PGresult *r =
+        db_exec_blocking(c, "SELECT COALESCE(t.index_engine, '') FROM tenants t WHERE t.id = $1", 1,
+                         vals, err, errlen);
     if (r && PQntuples(r) != 1) {
         snprintf(err, errlen, "tenant %lld not found", (long long)tenant);
     } else if (r && (size_t)PQgetlength(r, 0, 0) >= outlen) {
@@ -382,8 +361,7 @@ int loader_index_engine(PGconn *c, int64_t tenant, char *out, size_t outlen, cha
         rc = 0;
     }
     PQclear(r);
-    char e2[128];
-    PQclear(db_exec_blocking(c, rc == 0 ? "COMMIT" : "ROLLBACK", 0, NULL, e2, sizeof(e2)));
+    db_tx_end(c, false, NULL, 0); /* read-only */
     return rc;
 }
 

@@ -66,8 +66,8 @@ int loader_accessed(PGconn *c, int64_t tenant, int64_t since_ms,
                     int (*fn)(uint64_t id, int64_t access_count, int64_t last_ms, void *ctx),
                     void *ctx, char *err, size_t errlen);
 
-/* loader_index_engine copies the tenant's own choice of index engine (tenants.index_engine,
- * migration 0011) into out: "native", "faiss", or "" when it has none (the server's setting
+/* loader_index_engine copies the tenant's own choice of index engine (the column
+ * tenants.index_engine) into out: "native", "faiss", or "" when it has none (the server's setting
  * applies). Returns 0, or -1 with err (also when the tenant does not exist). */
 int loader_index_engine(PGconn *c, int64_t tenant, char *out, size_t outlen, char *err,
                         size_t errlen);

@@ -62,7 +62,8 @@ typedef struct memrow {
 } memrow;
 
 /* What an index needs of a memory, as the change functions return it (engram_memory_meta
- * in 0002_memory_api.sql): 14 text columns. Tags are joined by U+001F. */
+ * in migrations/0001_baseline.sql): 14 text columns. Tags are the typed metadata fields as a JSON
+ * array [tokens, chains, protocols, strategy_id], NULL from a store. */
 typedef struct memrow_meta {
     bool present; /* false: the memory no longer exists (every other field is 0) */
     uint64_t id;

@@ -1,8 +1,16 @@
-/* storage/migrate.h: versioned schema migrations, applied at start.
+/* storage/migrate.h: the schema, applied at start.
  *
- * Migrations are the files storage/migrations/NNNN_name.sql, embedded in the binary at
- * build time. Each runs in its own transaction and is recorded in schema_migrations; a
- * session-level advisory lock keeps two engramd processes from migrating at once.
+ * Two kinds of files, embedded in the binary at build time:
+ * - storage/migrations/NNNN_name.sql: forward-only numbered schema changes (tables,
+ *   columns, indexes, policies). Each runs once, in its own transaction, recorded in
+ *   schema_migrations. 0001_baseline is the whole schema as first released.
+ * - storage/functions/NN_name.sql: the PL/pgSQL and SQL functions, as repeatable
+ *   definitions (CREATE OR REPLACE). After the migrations, each file whose SHA-256 differs
+ *   from the one recorded in schema_functions runs whole in one transaction (function
+ *   bodies are checked when called, not when created, so files may refer to each other
+ *   in any order), followed by the privileges every function gets (engram_app only), and
+ *   its checksum is recorded. A changed function is a diff of its file.
+ * A session-level advisory lock keeps two engramd processes from migrating at once.
  */
 #ifndef ENGRAM_STORAGE_MIGRATE_H
 #define ENGRAM_STORAGE_MIGRATE_H
@@ -18,10 +26,21 @@ typedef struct migrate_step {
 extern const migrate_step migrate_steps[];
 extern const int migrate_nsteps;
 
-/* migrate_run applies every migration newer than the database's version, blocking on c.
- * Sets *applied (may be NULL) to how many ran. Returns 0, or -1 with the reason in err
- * (the failing migration is rolled back; earlier ones stay applied). Fails when the
- * database is newer than this binary knows. */
+typedef struct migrate_functions {
+    const char *name;     /* file name, e.g. "20_memory.sql"; applied in name order */
+    const char *checksum; /* SHA-256 of the file, hex */
+    const char *sql;
+} migrate_functions;
+
+extern const migrate_functions migrate_function_files[];
+extern const int migrate_nfunction_files;
+
+/* migrate_run applies every migration newer than the database's version, then every
+ * function file whose checksum changed, blocking on c. Sets *applied (may be NULL) to how
+ * many migrations and function files ran. Returns 0; -EIO when a statement failed (the
+ * failing step is rolled back; earlier ones stay applied); -EPROTONOSUPPORT when the
+ * database is newer than this binary knows, or was created before the baseline
+ * (pre-release numbering). The reason is in err either way. */
 int migrate_run(PGconn *c, int *applied, char *err, size_t errlen);
 
 /* migrate_latest returns the newest version this binary carries. */

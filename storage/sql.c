@@ -13,9 +13,11 @@
  *   $9 tokens, $10 chains, $11 protocols: jsonb[] of containment documents, any-of
  *   $12 strategy containment document     $13 attrs containment document
  *   $14 minimum composite  $15 as-of ms    $16 weights float8[5]
- * NULL means "no constraint" everywhere. Expired memories never match. */
+ * NULL means "no constraint" everywhere. Expired memories never match. The composite counts
+ * every access, folded into the row or still pending (SQL_ACCESS_COUNT), as search ranks
+ * with it and memory.get reports it. */
 #define COMPOSITE                                                                                  \
-    "engram_composite(m.created_at, m.access_count, m.importance, engram_ts($15::bigint), "        \
+    "engram_composite(m.created_at, " SQL_ACCESS_COUNT ", m.importance, engram_ts($15::bigint), "  \
     "($16::float8[])[1], ($16::float8[])[2], ($16::float8[])[3], ($16::float8[])[4], "             \
     "($16::float8[])[5])"
 #define FILTER                                                                                     \
@@ -118,7 +120,7 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
     [SQL_SYNC_OFF] = {"sync_off", "SELECT set_config('synchronous_commit', 'off', true)", 0},
     [SQL_TENANT_USAGE] = {"tenant_usage", "SELECT * FROM engram_tenant_usage($1)", 1},
     /* the engine in force on this server: the tenant's own, or the default given as the
-     * last parameter (see migration 0011) */
+     * last parameter (see engram_tenant_engine) */
     [SQL_ADMIN_TENANT_GET] = {"admin_tenant_get",
                               "SELECT engram_tenant_engine(engram_admin_tenant_get($1, $2), "
                               "$3)::text",
@@ -148,11 +150,6 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
                                 "NULL OR r.id < $3) ORDER BY r.id DESC LIMIT $2::int",
                                 3},
 };
-
-const char *sql_name(sql_stmt s)
-{
-    return sql_stmts[s].name;
-}
 
 /* Every statement table, in order; each module with statements of its own adds a line. */
 static const struct {

@@ -45,8 +45,11 @@ typedef enum sql_stmt {
 
 extern const db_stmt_def sql_stmts[SQL__COUNT];
 
-/* sql_name returns the prepared statement name of s. */
-const char *sql_name(sql_stmt s);
+/* sql_def returns statement s of the table (db_query.stmt, db_exec_stmt). */
+static inline const db_stmt_def *sql_def(sql_stmt s)
+{
+    return &sql_stmts[s];
+}
 
 /* sql_init gathers every module's statement table into one array (call once at start,
  * before any pool exists); sql_all returns it; sql_fini frees it. */
@@ -55,8 +58,8 @@ const db_stmt_def *sql_all(size_t *n);
 void sql_fini(void);
 
 /* The columns of a memory row, in the order memrow_parse expects (text format). */
-/* A memory m's access counts not folded into its row yet (migration 0007), and its last
- * access time and access count with them. */
+/* A memory m's access counts not folded into its row yet (memory_access, see
+ * migrations/0001_baseline.sql), and its last access time and access count with them. */
 #define SQL_PENDING_ACCESS(col)                                                                    \
     "(SELECT pa." col " FROM memory_access pa WHERE pa.tenant_id = m.tenant_id AND pa.id = m.id)"
 #define SQL_LAST_ACCESSED_MS                                                                       \

@@ -53,8 +53,3 @@ const db_stmt_def sql_session_stmts[SQLS__COUNT] = {
     [SQLS_CHILDREN] = {"session_children", FN("children", "$1::bigint, $2::bigint"), 2},
     [SQLS_HANDOFF] = {"session_handoff", FN("handoff", "$1::bigint, $2::bigint, $3::text"), 3},
 };
-
-const char *sqls_name(sqls_stmt s)
-{
-    return sql_session_stmts[s].name;
-}

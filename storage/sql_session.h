@@ -1,7 +1,7 @@
 /* storage/sql_session.h: the prepared statements of the sessions capability.
  *
- * Each statement calls one PL/pgSQL function of migrations/0003_sessions.sql and returns
- * one row with one text column: the result as a JSON document (server/m_session.c turns it
+ * Each statement calls one PL/pgSQL function of functions/30_sessions.sql and returns
+ * one row with one text column: the result as a JSON document (server/methods/m_session.c turns it
  * into MessagePack). The first argument is always the authenticated tenant.
  */
 #ifndef ENGRAM_STORAGE_SQL_SESSION_H
@@ -41,7 +41,10 @@ typedef enum sqls_stmt {
 /* The table, for sql.c to gather into the one statement array. */
 extern const db_stmt_def sql_session_stmts[SQLS__COUNT];
 
-/* sqls_name returns the prepared statement name of s. */
-const char *sqls_name(sqls_stmt s);
+/* sqls_def returns statement s of the table (db_query.stmt, db_exec_stmt). */
+static inline const db_stmt_def *sqls_def(sqls_stmt s)
+{
+    return &sql_session_stmts[s];
+}
 
 #endif

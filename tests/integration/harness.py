@@ -96,6 +96,9 @@ class Server:
         self.env.update(env or {})
         self.proc = None
         self.logs = []
+        # an ssl.SSLContext when engramd serves TLS: the harness's own connections (readiness,
+        # client(), http_get) use it
+        self.client_tls = None
 
     def start(self, wait=True):
         args = [BIN, "--pg-dsn", self.dsn, "--rpc-port", str(self.port),
@@ -116,7 +119,7 @@ class Server:
                 raise AssertionError(f"engramd exited early ({self.proc.returncode}):\n"
                                      + self.log_text()[-4000:])
             try:
-                with Client(self.port, timeout=2) as c:
+                with Client(self.port, timeout=2, ssl_context=self.client_tls) as c:
                     # answering RPC, and healthy: database connected, listener up
                     if c.call("ping") == "pong" and self.http_get("/healthz")[0] == 200:
                         return
@@ -171,7 +174,7 @@ class Server:
     # -- clients -------------------------------------------------------------------------
 
     def client(self, key=None, timeout=30.0):
-        return Client(self.port, timeout=timeout, key=key)
+        return Client(self.port, timeout=timeout, key=key, ssl_context=self.client_tls)
 
     def admin_key(self):
         with open(self.admin_key_file) as f:
@@ -188,9 +191,10 @@ class Server:
         return r["tenant_id"], r["api_key"]
 
     def http_get(self, path):
-        url = f"http://127.0.0.1:{self.http_port}{path}"
+        scheme = "https" if self.client_tls else "http"
+        url = f"{scheme}://127.0.0.1:{self.http_port}{path}"
         try:
-            with urllib.request.urlopen(url, timeout=10) as resp:
+            with urllib.request.urlopen(url, timeout=10, context=self.client_tls) as resp:
                 return resp.status, resp.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()

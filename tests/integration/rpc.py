@@ -20,9 +20,19 @@ class RpcError(Exception):
 
 
 class Client:
-    def __init__(self, port, host="127.0.0.1", timeout=30.0, key=None):
+    def __init__(self, port, host="127.0.0.1", timeout=30.0, key=None, ssl_context=None,
+                 server_hostname=None):
+        """ssl_context (an ssl.SSLContext): speak TLS, checking the server's certificate
+        against server_hostname (default host)."""
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            try:
+                self.sock = ssl_context.wrap_socket(self.sock,
+                                                    server_hostname=server_hostname or host)
+            except BaseException:
+                self.sock.close()
+                raise
         self.unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
         self.ids = itertools.count(1)
         self.pending = {}

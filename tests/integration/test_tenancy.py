@@ -262,3 +262,34 @@ def test_database_role_is_bound_by_policies(srv):
     assert out.splitlines()[-1] == "0"
     out = psql(srv.dsn_plain, f"SET ROLE engram_app; SET engram.tenant_id = '{tid}'; SELECT count(*) FROM memories")
     assert out.splitlines()[-1] == "1"
+
+
+def test_create_tenant_command_uses_the_admin_functions(srv, tmp_path):
+    """`engramd create-tenant` creates the tenant with its first key through the function
+    admin.tenant.create calls, and gives an existing tenant a further key through the one
+    admin.key.create calls; an existing key file is left alone."""
+    from harness import BIN
+    name = "cli-made-" + os.urandom(4).hex()
+
+    def run(path):
+        r = subprocess.run([BIN, "create-tenant", name, "standard", str(path), "--pg-dsn", srv.dsn,
+                            "--data-dir", srv.data_dir, "--admin-key-file", srv.admin_key_file],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout + r.stderr
+
+    first, second = tmp_path / "first.key", tmp_path / "second.key"
+    run(first)
+    run(second)
+    out = run(first)  # exists: nothing is created
+    assert "exists" in out
+    keys = [first.read_text().strip(), second.read_text().strip()]
+    assert keys[0] != keys[1] and all(k.startswith("egk_") for k in keys)
+    got = admin_call(srv, "admin.tenant.get", name=name)
+    assert got["tier"] == "standard" and got["embedding"]["provider"] == "builtin"
+    listed = admin_call(srv, "admin.key.list", tenant=name)["keys"]
+    assert [k["name"] for k in listed] == ["bootstrap", "bootstrap"]
+    for key in keys:
+        with srv.client(key=key) as c:
+            assert c.call("memory.store", content="hello", type="fact", importance=0.5)["id"] >= 1
+    assert int(psql(srv.dsn_plain, f"SELECT count(*) FROM tenants WHERE name = '{name}'")) == 1

@@ -1,19 +1,13 @@
-"""A tenant's ids are numbered by that tenant alone (migration 0012).
+"""A tenant's ids are numbered by that tenant alone.
 
 The ids one tenant receives must tell it nothing about what other tenants write: consecutive
 stores of one tenant get consecutive ids whatever the others do, of memories and of every
 session object. Two tenants hold the same ids, and everything keyed by an id (access counts,
-row cache, index) keeps them apart. A database that numbered ids from server-wide sequences
-keeps every existing id, and no id handed out before is handed out again.
+row cache, index) keeps them apart.
 """
-import glob
-import os
-import subprocess
-
-from harness import PG_BINDIR, Server, new_database, psql, structured_vectors, vec_bin, wait_for
+from harness import structured_vectors, vec_bin, wait_for
 
 VECS = structured_vectors(16, 384, seed=1201)
-MIGRATIONS = os.path.join(os.path.dirname(__file__), "..", "..", "storage", "migrations")
 
 
 def mem(i, tag):
@@ -74,68 +68,9 @@ def test_equal_ids_in_two_tenants_stay_apart(server):
         assert b.call("memory.get", ids=[ids_b[1]])["memories"][0]["content"] == "B 1 changed"
 
 
-def schema_at(dsn, version):
-    """Applies migrations 1..version the way engramd does (one transaction each)."""
-    psql(dsn, "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
-              " applied_at timestamptz NOT NULL DEFAULT now())")
-    for path in sorted(glob.glob(os.path.join(MIGRATIONS, "*.sql")))[:version]:
-        name = os.path.basename(path)[5:-4]
-        out = subprocess.run([os.path.join(PG_BINDIR, "psql"), dsn, "-v", "ON_ERROR_STOP=1",
-                              "-1", "-q", "-f", path], capture_output=True, text=True,
-                             timeout=120)
-        assert out.returncode == 0, out.stderr
-        psql(dsn, f"INSERT INTO schema_migrations (version, name) VALUES "
-                  f"({int(os.path.basename(path)[:4])}, '{name}')")
-
-
-def test_migration_keeps_ids_and_never_reuses_one():
-    dsn = new_database("ids")
-    schema_at(dsn, 11)
-    # a tenant of the old numbering: two memories among ids other tenants used, a
-    # deleted one above them, and sessions numbered up to 300
-    emb = ["\\x" + vec_bin(VECS[i]).hex() for i in range(2)]
-    psql(dsn, f"""
-        INSERT INTO tenants (id, name, tier, embed_dim, change_seq, memory_count)
-            VALUES (7, 'old', 'premium', 384, 3, 2);
-        SELECT setval('tenants_id_seq', 7);
-        INSERT INTO memories (tenant_id, id, type, content, importance, embedding, created_at,
-                              updated_at, seq)
-            VALUES (7, 480, 'fact', 'old one', 0.5, '{emb[0]}', now(), now(), 1),
-                   (7, 495, 'fact', 'old two', 0.5, '{emb[1]}', now(), now(), 2);
-        INSERT INTO memory_changes VALUES (7, 1, 480, 'u'), (7, 2, 495, 'u'), (7, 3, 499, 'd');
-        SELECT setval('memory_id_seq', 500);
-        SELECT setval('session_id_seq', 300);
-        SELECT setval('session_note_id_seq', 40);
-        SELECT setval('consolidation_runs_id_seq', 70);
-    """)
-    srv = Server(dsn).start()
-    try:
-        assert psql(dsn, "SELECT max(version) FROM schema_migrations") == "12"
-        assert psql(dsn, "SELECT count(*) FROM pg_class WHERE relkind = 'S' "
-                         "AND relname NOT IN ('tenants_id_seq', 'api_keys_id_seq')"
-                         ) == "0"
-        with srv.admin() as adm:
-            key = adm.call("admin.key.create", tenant_id=7, name="after")["api_key"]
-        with srv.client(key=key) as c:
-            got = c.call("memory.get", ids=[480, 495])["memories"]
-            assert [(m["id"], m["content"]) for m in got] == [(480, "old one"), (495, "old two")]
-            res = c.call("memory.search", embedding=vec_bin(VECS[1]), top_k=1,
-                         similarity_weight=1.0)["results"]
-            assert res[0]["id"] == 495
-            # the next ids follow the old sequence's last value: 499 (deleted) never returns
-            assert c.call("memory.store", **mem(2, "new"))["id"] == 501
-            sid = c.call("session.create", agent_id=1, config={"model": "m"})["session_id"]
-            assert sid == 301
-            note = c.call("session.note.add", session_id=sid, category="decision", key="k",
-                          value="v", scope="session")["note_id"]
-            assert note == 41
-            assert c.call("memory.consolidate")["run_id"] == 71
-        # a tenant created after the migration starts at 1
-        _, k2 = srv.create_tenant()
-        with srv.client(key=k2) as c:
-            assert c.call("memory.store", **mem(3, "fresh"))["id"] == 1
-            assert c.call("session.create", agent_id=1, config={"model": "m"})["session_id"] == 1
-            assert c.call("memory.consolidate")["run_id"] == 1
-        srv.stop()
-    finally:
-        srv.cleanup()
+def test_a_tenant_created_later_starts_at_one(server):
+    _, key = server.create_tenant()
+    with server.client(key=key) as c:
+        assert c.call("memory.store", **mem(3, "fresh"))["id"] == 1
+        assert c.call("session.create", agent_id=1, config={"model": "m"})["session_id"] == 1
+        assert c.call("memory.consolidate")["run_id"] == 1

@@ -838,6 +838,53 @@ static void test_connect_refused(void)
     client_close(NULL);
 }
 
+/* Reads and ignores everything until the client hangs up: a server that never answers. */
+static void sc_silent(srv *s)
+{
+    char buf[4096];
+    while (recv(s->fd, buf, sizeof(buf), 0) > 0)
+        ;
+}
+
+/* Hangs up on the first bytes: a plain server that does not understand a ClientHello. */
+static void sc_hang_up(srv *s)
+{
+    char buf[4096];
+    (void)recv(s->fd, buf, sizeof(buf), 0);
+}
+
+static void test_tls_failures(void)
+{
+    client_conn *c = NULL;
+    char err[512] = "";
+    fake f;
+    /* files are checked before any connection is tried: port 1 is never reached */
+    client_tls bad_ca = {.ca_file = "/nonexistent/engram-ca.pem"};
+    int rc = client_connect_tls("127.0.0.1", 1, 1000, &bad_ca, &c, err, sizeof(err));
+    CHECK_MSG(rc == CLIENT_E_TLS, "%d %s", rc, err);
+    CHECK(c == NULL);
+    CHECK_STR_CONTAINS(err, "/nonexistent/engram-ca.pem");
+    client_tls key_only = {.key_file = "/nonexistent/engram.key"};
+    rc = client_connect_tls("127.0.0.1", 1, 1000, &key_only, &c, err, sizeof(err));
+    CHECK_MSG(rc == CLIENT_E_TLS && c == NULL, "%d %s", rc, err);
+    CHECK_STR_CONTAINS(err, "certificate");
+
+    /* a server that is not speaking TLS hangs up on the ClientHello */
+    client_tls sys = {0};
+    fake_start(&f, sc_hang_up, NULL);
+    rc = client_connect_tls("127.0.0.1", f.port, 5000, &sys, &c, err, sizeof(err));
+    CHECK_MSG(rc == CLIENT_E_TLS && c == NULL, "%d %s", rc, err);
+    CHECK_STR_CONTAINS(err, "handshake");
+    fake_join(&f);
+
+    /* one that never answers: the handshake ends at the connection's deadline (without
+     * one this call would never return) */
+    fake_start(&f, sc_silent, NULL);
+    rc = client_connect_tls("127.0.0.1", f.port, 300, &sys, &c, err, sizeof(err));
+    CHECK_MSG(rc == CLIENT_E_TIMEOUT && c == NULL, "%d %s", rc, err);
+    fake_join(&f);
+}
+
 int main(void)
 {
     test_round_trip();
@@ -849,5 +896,6 @@ int main(void)
     test_close();
     test_timeout();
     test_connect_refused();
+    test_tls_failures();
     CHECK_RETURN();
 }

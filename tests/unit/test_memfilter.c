@@ -1,6 +1,6 @@
 /* tests/unit/test_memfilter.c: server/memfilter: filter parameters, the in-memory predicate
  * the vector search applies, the SQL parameters of the same filter, and the tags derived from
- * metadata in its three forms.
+ * metadata in both its forms.
  *
  * Arguments go through the real binder (rpc_bind_params with MF_PARAMS), as a request's do.
  * The request itself is a fake, local to this test: mf_parse needs only its arena, its bound
@@ -461,26 +461,18 @@ static void test_tag_sql(void)
 }
 
 /* The same metadata gives the same tag set whichever way it reaches the server: the request's
- * metadata map (stores), the JSON array index loads read, and PostgreSQL's engram_tags()
- * strings joined by U+001F. */
+ * metadata map (stores) and the JSON array index loads and change functions return. */
 static void test_tag_forms_agree(void)
 {
-    uint64_t *a = NULL, *b = NULL, *c = NULL;
+    uint64_t *a = NULL, *b = NULL;
     uint32_t na = tags_of("{\"tokens\":[\"ETH\",\"BTC\",\"ETH\"],\"chains\":[1],"
                           "\"protocols\":[\"aave\"],\"strategy_id\":\"s-1\",\"attrs\":{\"k\":1}}",
                           &a);
     const char *js = "[[\"ETH\",\"BTC\",\"ETH\"],[1],[\"aave\"],\"s-1\"]";
-    uint32_t nb = 0, nc = 0;
+    uint32_t nb = 0;
     CHECK(mf_tags_from_json(js, strlen(js), &b, &nb) == 0);
-    const char joined[] = "t:BTC\x1f"
-                          "c:1\x1f"
-                          "t:ETH\x1f"
-                          "p:aave\x1f"
-                          "s:s-1";
-    CHECK(mf_tags_from_joined(joined, sizeof(joined) - 1, &c, &nc) == 0);
-    CHECK(na == 5 && nb == 5 && nc == 5);
+    CHECK(na == 5 && nb == 5);
     CHECK(na == nb && memcmp(a, b, na * sizeof(*a)) == 0);
-    CHECK(na == nc && memcmp(a, c, na * sizeof(*a)) == 0);
     /* sorted ascending, no duplicates */
     for (uint32_t i = 1; i < na; i++)
         CHECK(a[i - 1] < a[i]);
@@ -492,13 +484,11 @@ static void test_tag_forms_agree(void)
     CHECK(found);
     free(a);
     free(b);
-    free(c);
 
     /* no typed fields: no tags, no allocation */
     uint64_t *none = (uint64_t *)1;
     uint32_t nn = 7;
     CHECK(tags_of("{\"attrs\":{\"k\":1}}", &none) == 0 && none == NULL);
-    CHECK(mf_tags_from_joined("", 0, &none, &nn) == 0 && none == NULL && nn == 0);
     CHECK(mf_tags_from_json("[null,null,null,null]", 21, &none, &nn) == 0 && none == NULL &&
           nn == 0);
     /* not the 4-element array: refused */

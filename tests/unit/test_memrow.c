@@ -176,21 +176,9 @@ static const char *const meta_cols[MEMROW_META_NCOLS] = {
 
 static void test_meta(void)
 {
-    const char *vals[MEMROW_META_NCOLS] = {"8",
-                                           "41",
-                                           "0",
-                                           "2",
-                                           "clade",
-                                           "fact",
-                                           "1",
-                                           "7000",
-                                           NULL,
-                                           "0",
-                                           "9000",
-                                           NULL,
-                                           "f",
-                                           "t:ETH\x1f"
-                                           "c:1"};
+    const char *vals[MEMROW_META_NCOLS] = {
+        "8",    "41", "0", "2",    "clade", "fact", "1",
+        "7000", NULL, "0", "9000", NULL,    "f",    "[[\"ETH\"], [1], null, null]"};
     PGresult *r = make_result(MEMROW_META_NCOLS, meta_cols, vals);
     memrow_meta mm;
     CHECK(memrow_meta_parse(r, 0, 0, &mm) == 0);
@@ -198,10 +186,8 @@ static void test_meta(void)
     CHECK(mm.scope == SCOPE_CLADE && mm.type == MEM_FACT && mm.importance == 1.0);
     CHECK(mm.created_ms == 7000 && mm.accessed_ms == MEMROW_NO_TIME && mm.access_count == 0);
     CHECK(mm.expires_ms == 9000 && mm.archived_ms == MEMROW_NO_TIME && !mm.pinned);
-    CHECK(mm.tags_len == 9 && memcmp(mm.tags,
-                                     "t:ETH\x1f"
-                                     "c:1",
-                                     9) == 0);
+    /* the typed metadata fields as JSON, for the server to hash (memfilter) */
+    CHECK(mm.tags_len == 26 && memcmp(mm.tags, "[[\"ETH\"], [1], null, null]", 26) == 0);
     PQclear(r);
 
     /* a NULL id: the memory is gone, which is not an error */

@@ -6,6 +6,10 @@
  * in double precision; the index ranks float similarities from BLAS, so scores are compared
  * position by position within SIM_EPS, and the order of the returned hits is checked exactly
  * on the values the index reports.
+ *
+ * Built twice: test_vindex (the native engine, every kind, edge cases, threads; links no
+ * FAISS) and, with VINDEX_TEST_FAISS, test_vindex_faiss (the same workload through the
+ * FAISS engine, linked with engram_vfaiss).
  */
 #include <errno.h>
 #include <math.h>
@@ -15,6 +19,9 @@
 
 #include "check.h"
 #include "vindex.h"
+#ifdef VINDEX_TEST_FAISS
+#include "vfaiss.h"
+#endif
 
 #define LATENT 32
 #define SIM_EPS 1e-6 /* float similarity vs double cosine */
@@ -365,11 +372,13 @@ static int foreach_fn(uint64_t id, const float *vec, const void *mp, void *ctx)
     return 0;
 }
 
+#ifndef VINDEX_TEST_FAISS
 static int stop_fn(uint64_t id, const float *vec, const void *mp, void *ctx)
 {
     int *calls = ctx;
     return ++*calls == 5 ? -7 : 0;
 }
+#endif
 
 static void check_state(vindex *vi, ref *r)
 {
@@ -589,6 +598,8 @@ out:
     ref_free(&r);
     free(md.w);
 }
+
+#ifndef VINDEX_TEST_FAISS
 
 /* ---- edge cases ---- */
 
@@ -926,8 +937,11 @@ static void test_kind_down(void)
     free(md.w);
 }
 
+#endif /* !VINDEX_TEST_FAISS */
+
 int main(void)
 {
+#ifndef VINDEX_TEST_FAISS
     test_edges();
     test_kind_down();
     /* default options: FLAT below 512 live vectors, SQ8 above */
@@ -955,24 +969,37 @@ int main(void)
     check_exact = false;
     test_workload(256, 3000, 2500, 6, 40, 9, &ann, "ann");
     test_workload(70, 3000, 2500, 6, 40, 10, &ann, "ann"); /* words not a multiple of 4 */
+    check_exact = true;
+#else
+    vindex_opts ann_exact = {
+        .quant_min = 1, .ann_min = 1, .ann_candidates = 1 << 20, .inline_compact_max = 1};
+    vindex_opts ann = {.quant_min = 1,
+                       .ann_min = 1,
+                       .ann_candidates = 32,
+                       .ann_max_candidates = 64,
+                       .inline_compact_max = 1};
     /* the FAISS engine, through the same workload: exact where the budget covers the index,
      * approximate (HNSW candidates plus the exact tail) otherwise */
     vindex_opts fx = ann;
     fx.engine = VINDEX_ENGINE_FAISS;
     fx.faiss_factory = "HNSW32,Flat";
     fx.faiss_ef_search = 64;
+    fx.faiss_engine = vfaiss_engine();
+    check_exact = false;
     test_workload(256, 3000, 2500, 6, 40, 11, &fx, "faiss");
     check_exact = true;
     vindex_opts fx_exact = ann_exact;
     fx_exact.engine = VINDEX_ENGINE_FAISS;
     fx_exact.faiss_factory = "HNSW32,Flat";
+    fx_exact.faiss_engine = vfaiss_engine();
     test_workload(128, 2000, 1500, 4, 40, 12, &fx_exact, "faiss-exact");
-    check_exact = false;
-    check_exact = true;
+#endif
     double recall = recall_want ? (double)recall_hits / (double)recall_want : 0.0;
     fprintf(stderr, "ann recall over the workloads: %.4f (%zu of %zu)\n", recall, recall_hits,
             recall_want);
     CHECK(recall_want > 1000 && recall >= 0.9);
+#ifndef VINDEX_TEST_FAISS
     test_threads();
+#endif
     CHECK_RETURN();
 }

@@ -11,7 +11,9 @@
  * - New codes (a rebuild) discard the old samples.
  * - The FAISS engine: its index is built by maintenance, answers searches (with the vectors
  *   added since searched exactly), is measured by the same monitor, and survives a
- *   snapshot.
+ *   snapshot; a program without the FAISS engine loads that snapshot without its FAISS
+ *   section. Built with VINDEX_TEST_FAISS as test_vindex_recall_faiss (linked with
+ *   engram_vfaiss); test_vindex_recall runs everything else and links no FAISS.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -23,6 +25,9 @@
 
 #include "check.h"
 #include "vindex.h"
+#ifdef VINDEX_TEST_FAISS
+#include "vfaiss.h"
+#endif
 #include "vkernel.h"
 
 #define DIM 128
@@ -47,7 +52,9 @@ static double gauss(void)
 }
 
 enum dist { D_RELU, D_SHARED, D_SPECTRAL, D_IID };
+#ifndef VINDEX_TEST_FAISS
 static const char *dist_name[] = {"relu", "shared", "spectral", "iid"};
+#endif
 static float W[16 * DIM], MEAN[DIM];
 
 static void gen(enum dist d, float *x)
@@ -91,6 +98,8 @@ static void normalize(float *x)
         x[j] = (float)(x[j] / n);
 }
 
+#ifndef VINDEX_TEST_FAISS
+
 static void rotation_is_orthogonal(void)
 {
     size_t dims[] = {1, 7, 64, 96, 128, 300, 768};
@@ -132,6 +141,8 @@ static void rotation_is_orthogonal(void)
         free(b);
     }
 }
+
+#endif
 
 static float X[N * DIM], Q[NQ * DIM];
 
@@ -193,6 +204,8 @@ static double recall_of(vindex *vi)
 {
     return recall_with(vi, NULL);
 }
+
+#ifndef VINDEX_TEST_FAISS
 
 static vindex *build(enum dist d)
 {
@@ -273,6 +286,10 @@ static void distributions(void)
     }
 }
 
+#endif
+
+#ifdef VINDEX_TEST_FAISS
+
 static void faiss_engine(void)
 {
     rs = 2024;
@@ -290,7 +307,8 @@ static void faiss_engine(void)
                      .ann_max_candidates = 1500,
                      .engine = VINDEX_ENGINE_FAISS,
                      .faiss_factory = "HNSW32,Flat",
-                     .faiss_ef_search = 32};
+                     .faiss_ef_search = 32,
+                     .faiss_engine = vfaiss_engine()};
     vindex *vi = vindex_create(&o);
     size_t first = N - 500; /* the last 500 arrive after the FAISS build: the tail */
     for (size_t i = 0; i < first; i++)
@@ -361,6 +379,36 @@ static void faiss_engine(void)
         CHECK(st.engine == VINDEX_ENGINE_NATIVE && !st.maintenance_due);
         vindex_destroy(lv);
     }
+    /* and for a FAISS index in a program that has no FAISS engine to give it: the section
+     * is dropped, searches run on the native codes and give the saved index's hits, and the
+     * first maintenance says why there is no FAISS index */
+    vindex_opts none = o;
+    none.faiss_engine = NULL;
+    CHECK(vindex_load(path, &none, &lv, &seq) == 0 && seq == 3);
+    if (lv) {
+        vindex_get_stats(lv, &st);
+        CHECK(st.engine == VINDEX_ENGINE_NATIVE && st.count == N / 2 && st.maintenance_due);
+        size_t same = 0;
+        for (int q = 0; q < NQ; q++) {
+            vindex_hit a[K], b[K];
+            size_t na = 0, nb = 0;
+            vindex_query vq = {.vec = Q + (size_t)q * DIM, .k = K};
+            CHECK(vindex_search(vi, &vq, a, &na) == 0 && vindex_search(lv, &vq, b, &nb) == 0);
+            CHECK(na == K && nb == K);
+            for (size_t i = 0; i < na; i++)
+                for (size_t j = 0; j < nb; j++)
+                    same += a[i].id == b[j].id;
+        }
+        CHECK_MSG(same >= (size_t)NQ * K * 95 / 100, "%zu of %d hits agree", same, NQ * K);
+        CHECK(vindex_maintenance(lv) == VINDEX_E_FAISS);
+        char why[160];
+        vindex_engine_error(lv, why, sizeof(why));
+        CHECK_STR_CONTAINS(why, "no FAISS engine");
+        vindex_get_stats(lv, &st);
+        CHECK(!st.maintenance_due && st.engine == VINDEX_ENGINE_NATIVE);
+        CHECK(vindex_maintenance(lv) == 0); /* not retried */
+        vindex_destroy(lv);
+    }
     unlink(path);
     /* a factory FAISS refuses: maintenance reports it once, searches stay native */
     vindex_opts bad = o;
@@ -381,6 +429,10 @@ static void faiss_engine(void)
     vindex_destroy(bv);
     vindex_destroy(vi);
 }
+
+#endif
+
+#ifndef VINDEX_TEST_FAISS
 
 static double blend_fn(float sim, const void *meta, void *ctx)
 {
@@ -429,6 +481,8 @@ static void blended(void)
     vindex_destroy(vi);
 }
 
+#endif
+
 int main(void)
 {
     rs = 99;
@@ -439,9 +493,12 @@ int main(void)
     normalize(MEAN);
     for (size_t j = 0; j < DIM; j++)
         MEAN[j] *= 0.84f;
+#ifndef VINDEX_TEST_FAISS
     rotation_is_orthogonal();
     distributions();
-    faiss_engine();
     blended();
+#else
+    faiss_engine();
+#endif
     CHECK_RETURN();
 }

@@ -1,7 +1,8 @@
 /* tests/unit/test_vindex_snap.c: vindex snapshots: round trips at every kind (identical
  * searches, state, seq), atomic replacement, and refusal of every damaged file: each byte
  * flipped, every truncation, a trailing byte, wrong magic, another dim or meta_size, a
- * missing file.
+ * missing file; the FAISS engine's section through a stand-in engine (no FAISS linked),
+ * and a load of it with no engine registered.
  */
 #include <errno.h>
 #include <math.h>
@@ -266,6 +267,264 @@ static void damage(const vindex_opts *base, size_t dim, size_t n)
     unlink(good);
 }
 
+/* ---- the engine section without FAISS ----
+ *
+ * A stand-in engine (an exact scan of the vectors added, in a buffer of its own) exercises
+ * vindex's engine interface in a program that links no FAISS: maintenance builds it,
+ * searches go through it, a snapshot carries it in its FAISS section and a load brings it
+ * back. A load with no engine to hand drops the section (the index runs on its native codes
+ * and the first maintenance says why there is no engine index), a section the engine cannot
+ * read is dropped and built again, and damage anywhere is refused by the checksum. */
+
+typedef struct mock {
+    size_t dim, n, cap;
+    float *v;
+} mock;
+
+static int mock_builds, mock_refuse;
+
+static int mock_create(size_t dim, const char *factory, int ef, vindex_eix **out, char *err,
+                       size_t errlen)
+{
+    *out = NULL;
+    if (strcmp(factory, "Mock") != 0) {
+        snprintf(err, errlen, "unknown factory %s", factory);
+        return 1;
+    }
+    mock *m = calloc(1, sizeof(*m));
+    if (!m)
+        return -ENOMEM;
+    m->dim = dim;
+    mock_builds++;
+    *out = (vindex_eix *)m;
+    return 0;
+}
+
+static void mock_destroy(vindex_eix *x)
+{
+    mock *m = (mock *)x;
+    if (m)
+        free(m->v);
+    free(m);
+}
+
+static int mock_add(vindex_eix *x, size_t n, const float *vecs)
+{
+    mock *m = (mock *)x;
+    if (m->n + n > m->cap) {
+        size_t cap = (m->n + n) * 2;
+        float *v = realloc(m->v, cap * m->dim * sizeof(float));
+        if (!v)
+            return -ENOMEM;
+        m->v = v;
+        m->cap = cap;
+    }
+    memcpy(m->v + m->n * m->dim, vecs, n * m->dim * sizeof(float));
+    m->n += n;
+    return 0;
+}
+
+static int mock_search(const vindex_eix *x, const float *q, size_t k, int64_t *labels, float *sims)
+{
+    const mock *m = (const mock *)x;
+    for (size_t i = 0; i < k; i++) {
+        labels[i] = -1;
+        sims[i] = -INFINITY;
+    }
+    for (size_t l = 0; l < m->n; l++) { /* insertion into the sorted top k */
+        float d = 0;
+        for (size_t j = 0; j < m->dim; j++)
+            d += q[j] * m->v[l * m->dim + j];
+        size_t at = k;
+        while (at > 0 && (labels[at - 1] < 0 || sims[at - 1] < d))
+            at--;
+        if (at == k)
+            continue;
+        memmove(labels + at + 1, labels + at, (k - at - 1) * sizeof(*labels));
+        memmove(sims + at + 1, sims + at, (k - at - 1) * sizeof(*sims));
+        labels[at] = (int64_t)l;
+        sims[at] = d;
+    }
+    return 0;
+}
+
+static size_t mock_count(const vindex_eix *x)
+{
+    return ((const mock *)x)->n;
+}
+
+static size_t mock_bytes(const vindex_eix *x)
+{
+    return sizeof(mock) + ((const mock *)x)->cap * ((const mock *)x)->dim * sizeof(float);
+}
+
+static int mock_serialize(const vindex_eix *x, void **buf, size_t *len)
+{
+    const mock *m = (const mock *)x;
+    *len = 16 + m->n * m->dim * sizeof(float);
+    unsigned char *b = malloc(*len);
+    if (!b)
+        return -ENOMEM;
+    uint64_t h[2] = {m->dim, m->n};
+    memcpy(b, h, 16);
+    if (m->n)
+        memcpy(b + 16, m->v, m->n * m->dim * sizeof(float));
+    *buf = b;
+    return 0;
+}
+
+static int mock_deserialize(const void *buf, size_t len, int ef, vindex_eix **out, char *err,
+                            size_t errlen)
+{
+    uint64_t h[2];
+    *out = NULL;
+    if (mock_refuse || len < 16)
+        return 1;
+    memcpy(h, buf, 16);
+    if (len != 16 + h[0] * h[1] * sizeof(float))
+        return 1;
+    mock *m = calloc(1, sizeof(*m));
+    if (!m)
+        return -ENOMEM;
+    m->dim = (size_t)h[0];
+    if (mock_add((vindex_eix *)m, (size_t)h[1], (const float *)((const char *)buf + 16))) {
+        mock_destroy((vindex_eix *)m);
+        return -ENOMEM;
+    }
+    *out = (vindex_eix *)m;
+    return 0;
+}
+
+static const vindex_engine_ops mock_engine = {.name = "mock",
+                                              .create = mock_create,
+                                              .destroy = mock_destroy,
+                                              .add = mock_add,
+                                              .search = mock_search,
+                                              .count = mock_count,
+                                              .bytes = mock_bytes,
+                                              .serialize = mock_serialize,
+                                              .deserialize = mock_deserialize};
+
+static int engine_of(vindex *vi)
+{
+    vindex_stats st;
+    vindex_get_stats(vi, &st);
+    return st.engine;
+}
+
+static void engine_section(void)
+{
+    enum { D = 16, NV = 1500 };
+    vindex_opts o = {.quant_min = 1,
+                     .ann_min = 1,
+                     .ann_candidates = 32,
+                     .ann_max_candidates = 64,
+                     .engine = VINDEX_ENGINE_FAISS,
+                     .faiss_factory = "Mock",
+                     .faiss_engine = &mock_engine};
+    vindex *vi = make(D, NV, &o, 40);
+    o.dim = D;
+    o.meta_size = sizeof(meta);
+    vindex_stats st;
+    vindex_get_stats(vi, &st);
+    CHECK(st.kind == VINDEX_KIND_ANN && st.engine == VINDEX_ENGINE_NATIVE && st.maintenance_due);
+    CHECK(vindex_maintenance(vi) == 1 && mock_builds == 1);
+    CHECK(engine_of(vi) == VINDEX_ENGINE_FAISS);
+    char p[512]; /* path_in's buffers rotate */
+    snprintf(p, sizeof(p), "%s", path_in("engine.snap"));
+    CHECK(vindex_save(vi, p, 21) == 0);
+
+    /* with the engine: its index comes back, in use without a build, same answers */
+    vindex *lv = NULL;
+    uint64_t seq = 0;
+    CHECK(vindex_load(p, &o, &lv, &seq) == 0 && seq == 21 && lv);
+    if (lv) {
+        CHECK(engine_of(lv) == VINDEX_ENGINE_FAISS && mock_builds == 1);
+        CHECK(same_results(vi, lv, D) == 0);
+        vindex_destroy(lv);
+        lv = NULL;
+    }
+
+    /* no engine registered: the section is dropped; the index answers as a native load of the
+     * same file does, and its maintenance reports the missing engine once */
+    vindex_opts none = o;
+    none.faiss_engine = NULL;
+    vindex_opts native = none;
+    native.engine = VINDEX_ENGINE_NATIVE;
+    vindex *nv = NULL;
+    CHECK(vindex_load(p, &none, &lv, &seq) == 0 && seq == 21 && lv);
+    CHECK(vindex_load(p, &native, &nv, &seq) == 0 && nv);
+    if (lv && nv) {
+        vindex_get_stats(lv, &st);
+        CHECK(st.engine == VINDEX_ENGINE_NATIVE && st.count == NV - 40 && st.maintenance_due);
+        CHECK(same_results(lv, nv, D) == 0);
+        CHECK(vindex_maintenance(lv) == VINDEX_E_FAISS);
+        char why[160];
+        vindex_engine_error(lv, why, sizeof(why));
+        CHECK_STR_CONTAINS(why, "no FAISS engine");
+        vindex_get_stats(lv, &st);
+        CHECK(!st.maintenance_due && st.engine == VINDEX_ENGINE_NATIVE);
+        CHECK(vindex_maintenance(lv) == 0);
+        CHECK(same_results(lv, nv, D) == 0);
+        /* it stays an ordinary index: a save without a section, loaded again */
+        CHECK(vindex_save(lv, path_in("none.snap"), 22) == 0);
+        vindex *lv2 = NULL;
+        CHECK(vindex_load(path_in("none.snap"), &o, &lv2, &seq) == 0 && lv2 && seq == 22);
+        if (lv2) {
+            CHECK(engine_of(lv2) == VINDEX_ENGINE_NATIVE && same_results(lv2, nv, D) == 0);
+            vindex_destroy(lv2);
+        }
+        unlink(path_in("none.snap"));
+    }
+    vindex_destroy(lv);
+    vindex_destroy(nv);
+    lv = NULL;
+
+    /* a section the engine cannot read: dropped, and the next maintenance builds it again */
+    mock_refuse = 1;
+    CHECK(vindex_load(p, &o, &lv, &seq) == 0 && lv);
+    mock_refuse = 0;
+    if (lv) {
+        vindex_get_stats(lv, &st);
+        CHECK(st.engine == VINDEX_ENGINE_NATIVE && st.maintenance_due);
+        CHECK(vindex_maintenance(lv) == 1 && mock_builds == 2);
+        CHECK(engine_of(lv) == VINDEX_ENGINE_FAISS && same_results(vi, lv, D) == 0);
+        vindex_destroy(lv);
+        lv = NULL;
+    }
+
+    /* damage anywhere, the engine section included, is refused whether or not an engine is
+     * there to read it */
+    size_t len = 0;
+    unsigned char *b = slurp(p, &len);
+    CHECK(b != NULL);
+    const char *bad = path_in("engine-bad.snap");
+    int tried = 0, refused = 0;
+    for (size_t i = 0; b && i < len; i += 1 + i / 8) {
+        b[i] ^= 0x10;
+        spit(bad, b, len);
+        b[i] ^= 0x10;
+        for (int e = 0; e < 2; e++) {
+            int rc = vindex_load(bad, e ? &o : &none, &lv, &seq);
+            tried++;
+            refused += (rc == VINDEX_E_CORRUPT || rc == VINDEX_E_MISMATCH) && !lv;
+            vindex_destroy(lv);
+            lv = NULL;
+        }
+        spit(bad, b, i); /* cut short there */
+        int rc = vindex_load(bad, &o, &lv, &seq);
+        tried++;
+        refused += rc == VINDEX_E_CORRUPT && !lv;
+        vindex_destroy(lv);
+        lv = NULL;
+    }
+    CHECK_MSG(refused == tried, "%d of %d damaged files refused", refused, tried);
+    free(b);
+    unlink(bad);
+    unlink(p);
+    vindex_destroy(vi);
+}
+
 /* no temporary files are left behind */
 static void check_clean(void)
 {
@@ -360,6 +619,7 @@ int main(void)
     damage(&flat, 8, 6);
     damage(&ann, 8, 6);
     damage(&sq8, 40, 3);
+    engine_section();
     check_clean();
     rmdir(dir);
     CHECK_RETURN();

@@ -1,0 +1,42 @@
+/* server/domain/access.h: access counts waiting to be written to PostgreSQL.
+ *
+ * Every memory a search or context call returns counts as an access. The index sees the
+ * access at once; PostgreSQL gets the counts in batches: each worker keeps one log and
+ * writes it about once a second (and when it shuts down), so a crash loses at most the
+ * last second or so of access counts, never a memory. Not thread-safe: one log per worker.
+ */
+#ifndef ENGRAM_SERVER_ACCESS_H
+#define ENGRAM_SERVER_ACCESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct access_log access_log;
+
+/* One memory's pending accesses. */
+typedef struct access_entry {
+    int64_t tenant;
+    uint64_t id;
+    uint64_t count;
+    int64_t last_ms;
+} access_entry;
+
+/* access_log_create returns an empty log or NULL; access_log_destroy frees it. */
+access_log *access_log_create(void);
+void access_log_destroy(access_log *l);
+
+/* access_log_add counts one access at now_ms to each of n memories of tenant. Returns 0
+ * or -ENOMEM (the accesses are then lost: they are statistics, not data). */
+int access_log_add(access_log *l, int64_t tenant, const uint64_t *ids, size_t n, int64_t now_ms);
+
+/* access_log_merge adds back entries that could not be written (counts add up). */
+int access_log_merge(access_log *l, const access_entry *e, size_t n);
+
+/* access_log_count returns how many memories have pending accesses. */
+size_t access_log_count(const access_log *l);
+
+/* access_log_take moves every pending entry into a malloc'd array (*out, *n; the caller
+ * frees it) and empties the log. Returns 0 or -ENOMEM (the log is unchanged then). */
+int access_log_take(access_log *l, access_entry **out, size_t *n);
+
+#endif

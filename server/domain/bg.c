@@ -1,0 +1,352 @@
+/* server/domain/bg.c: background job threads and the change listener (see bg.h). */
+#include "bg.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "db.h"
+#include "log.h"
+#include "sql_bg.h"
+#include "tenancy.h"
+#include "tenants.h"
+
+typedef struct job {
+    struct job *next;
+    void (*fn)(bg_ctx *ctx, void *arg);
+    void *arg;
+} job;
+
+struct bg_ctx {
+    bg *b;
+    PGconn *pg;
+    unsigned idx;
+};
+
+typedef struct periodic {
+    struct periodic *next;
+    unsigned interval_ms;
+    uint64_t due_ms;
+    bool queued; /* a run is waiting or running: do not pile up runs of a slow task */
+    void (*fn)(bg_ctx *ctx, void *arg);
+    void *arg;
+    bg *b;
+} periodic;
+
+struct bg {
+    server *srv;
+    periodic *periodics;
+    pthread_t ticker;
+    bool ticker_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    job *head, *tail;
+    bool stopping;
+    unsigned nthreads;
+    pthread_t *threads;
+    bg_ctx *ctxs;
+    pthread_t listener;
+    bool listener_started;
+    atomic_bool listener_ok;
+    int wake[2]; /* pipe that interrupts the listener's poll on stop */
+};
+
+PGconn *bg_conn(bg_ctx *ctx, char *err, size_t errlen)
+{
+    if (ctx->pg && PQstatus(ctx->pg) != CONNECTION_OK) {
+        PQfinish(ctx->pg);
+        ctx->pg = NULL;
+    }
+    if (!ctx->pg) {
+        const config *cfg = &ctx->b->srv->cfg;
+        ctx->pg = db_connect_blocking(cfg->pg_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
+                                      (unsigned)cfg->db_queue_timeout_ms, err, errlen);
+        /* index loads and catch-ups read one tenant's rows in order: a parallel plan only
+         * costs the database cores the workers need */
+        PGresult *r = ctx->pg ? PQexec(ctx->pg, "SET max_parallel_workers_per_gather = 0") : NULL;
+        PQclear(r);
+    }
+    return ctx->pg;
+}
+
+void bg_conn_failed(bg_ctx *ctx)
+{
+    PQfinish(ctx->pg);
+    ctx->pg = NULL;
+}
+
+int bg_cancelled(bg_ctx *ctx)
+{
+    pthread_mutex_lock(&ctx->b->mu);
+    int s = ctx->b->stopping;
+    pthread_mutex_unlock(&ctx->b->mu);
+    return s;
+}
+
+static void *job_thread(void *arg)
+{
+    bg_ctx *ctx = arg;
+    bg *b = ctx->b;
+    for (;;) {
+        pthread_mutex_lock(&b->mu);
+        while (!b->head && !b->stopping)
+            pthread_cond_wait(&b->cv, &b->mu);
+        job *j = b->head;
+        if (j) {
+            b->head = j->next;
+            if (!b->head)
+                b->tail = NULL;
+        }
+        pthread_mutex_unlock(&b->mu);
+        if (!j)
+            break; /* stopping and nothing left */
+        j->fn(ctx, j->arg);
+        free(j);
+    }
+    PQfinish(ctx->pg);
+    ctx->pg = NULL;
+    return NULL;
+}
+
+int bg_submit(bg *b, void (*fn)(bg_ctx *ctx, void *arg), void *arg)
+{
+    job *j = malloc(sizeof(*j));
+    if (!j)
+        return -ENOMEM;
+    j->fn = fn;
+    j->arg = arg;
+    j->next = NULL;
+    pthread_mutex_lock(&b->mu);
+    if (b->stopping) {
+        pthread_mutex_unlock(&b->mu);
+        free(j);
+        return -ESHUTDOWN;
+    }
+    if (b->tail)
+        b->tail->next = j;
+    else
+        b->head = j;
+    b->tail = j;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+int bg_listener_ok(bg *b)
+{
+    return atomic_load(&b->listener_ok);
+}
+
+static bool stopping(bg *b);
+
+static uint64_t mono_ms(void)
+{
+    return server_mono_ns() / 1000000u;
+}
+
+static void run_periodic(bg_ctx *ctx, void *arg)
+{
+    periodic *p = arg;
+    if (!bg_cancelled(ctx))
+        p->fn(ctx, p->arg);
+    pthread_mutex_lock(&p->b->mu);
+    p->queued = false;
+    p->due_ms = mono_ms() + p->interval_ms;
+    pthread_mutex_unlock(&p->b->mu);
+}
+
+int bg_every(bg *b, unsigned interval_ms, void (*fn)(bg_ctx *ctx, void *arg), void *arg)
+{
+    periodic *p = calloc(1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    p->interval_ms = interval_ms ? interval_ms : 1;
+    p->fn = fn;
+    p->arg = arg;
+    p->b = b;
+    pthread_mutex_lock(&b->mu);
+    p->due_ms = mono_ms() + p->interval_ms;
+    p->next = b->periodics;
+    b->periodics = p;
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+/* Wakes every 100 ms and queues the periodic tasks that are due. */
+static void *ticker_thread(void *arg)
+{
+    bg *b = arg;
+    while (!stopping(b)) {
+        struct pollfd pfd = {.fd = b->wake[0], .events = POLLIN};
+        poll(&pfd, 1, 100);
+        uint64_t now = mono_ms();
+        pthread_mutex_lock(&b->mu);
+        periodic *due = NULL;
+        for (periodic *p = b->periodics; p; p = p->next)
+            if (!p->queued && now >= p->due_ms && !due)
+                due = p;
+        if (due)
+            due->queued = true;
+        pthread_mutex_unlock(&b->mu);
+        if (due && bg_submit(b, run_periodic, due) < 0) {
+            pthread_mutex_lock(&b->mu);
+            due->queued = false;
+            pthread_mutex_unlock(&b->mu);
+        }
+    }
+    return NULL;
+}
+
+/* Parses "tenant:seq" and tells the registry. */
+static void handle_notify(bg *b, const char *payload)
+{
+    long long tid = 0;
+    unsigned long long seq = 0;
+    if (sscanf(payload, "%lld:%llu", &tid, &seq) == 2)
+        tenants_notify_change(b->srv->tenants, tid, seq);
+}
+
+static bool stopping(bg *b)
+{
+    pthread_mutex_lock(&b->mu);
+    bool s = b->stopping;
+    pthread_mutex_unlock(&b->mu);
+    return s;
+}
+
+/* The listener: LISTEN engram_changes on a dedicated connection; reconnect with backoff;
+ * after each (re)connection every loaded index catches up, since notifications sent while
+ * it was away are lost. */
+static void *listener_thread(void *arg)
+{
+    bg *b = arg;
+    const config *cfg = &b->srv->cfg;
+    unsigned backoff = 100;
+    bool first = true;
+    while (!stopping(b)) {
+        char err[256];
+        PGconn *c = db_connect_blocking(cfg->pg_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
+                                        (unsigned)cfg->db_queue_timeout_ms, err, sizeof(err));
+        PGresult *r =
+            c ? db_exec_stmt(c, sqlb_def(SQLB_LISTEN_CHANGES), NULL, 0, err, sizeof(err)) : NULL;
+        if (r) {
+            PQclear(r);
+            r = db_exec_stmt(c, sqlb_def(SQLB_LISTEN_ADMIN), NULL, 0, err, sizeof(err));
+        }
+        if (!r) {
+            PQfinish(c);
+            struct pollfd pfd = {.fd = b->wake[0], .events = POLLIN};
+            poll(&pfd, 1, (int)backoff);
+            backoff = backoff * 2 > (unsigned)cfg->db_backoff_max_ms
+                          ? (unsigned)cfg->db_backoff_max_ms
+                          : backoff * 2;
+            continue;
+        }
+        PQclear(r);
+        backoff = 100;
+        atomic_store(&b->listener_ok, true);
+        if (!first)
+            log_info("change listener reconnected; catching up loaded indexes");
+        if (!first)
+            tenants_catch_up_all(b->srv->tenants);
+        first = false;
+        while (!stopping(b)) {
+            struct pollfd pfd[2] = {{.fd = PQsocket(c), .events = POLLIN},
+                                    {.fd = b->wake[0], .events = POLLIN}};
+            int n = poll(pfd, 2, 1000);
+            if (n < 0 && errno != EINTR)
+                break;
+            if (pfd[1].revents)
+                break;
+            if (!PQconsumeInput(c))
+                break;
+            PGnotify *nt;
+            while ((nt = PQnotifies(c)) != NULL) {
+                if (strcmp(nt->relname, "engram_admin") == 0)
+                    tenancy_notify(b->srv->tenancy, nt->extra);
+                else if (!db_is_own_backend(nt->be_pid))
+                    handle_notify(b, nt->extra); /* a worker applies its own writes */
+                PQfreemem(nt);
+            }
+            if (PQstatus(c) != CONNECTION_OK)
+                break;
+        }
+        atomic_store(&b->listener_ok, false);
+        if (!stopping(b))
+            log_warn("change listener lost its database connection: %s", PQerrorMessage(c));
+        PQfinish(c);
+    }
+    return NULL;
+}
+
+bg *bg_create(server *s, unsigned nthreads)
+{
+    bg *b = calloc(1, sizeof(*b));
+    if (!b)
+        return NULL;
+    b->srv = s;
+    b->wake[0] = b->wake[1] = -1;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    b->threads = calloc(nthreads, sizeof(*b->threads));
+    b->ctxs = calloc(nthreads, sizeof(*b->ctxs));
+    if (!b->threads || !b->ctxs || pipe(b->wake) < 0)
+        goto fail;
+    for (unsigned i = 0; i < nthreads; i++) {
+        b->ctxs[i].b = b;
+        b->ctxs[i].idx = i;
+        if (pthread_create(&b->threads[i], NULL, job_thread, &b->ctxs[i]) != 0)
+            goto fail;
+        b->nthreads++;
+    }
+    if (pthread_create(&b->listener, NULL, listener_thread, b) != 0)
+        goto fail;
+    b->listener_started = true;
+    if (pthread_create(&b->ticker, NULL, ticker_thread, b) != 0)
+        goto fail;
+    b->ticker_started = true;
+    return b;
+fail:
+    bg_stop(b);
+    return NULL;
+}
+
+void bg_stop(bg *b)
+{
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->mu);
+    b->stopping = true;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    if (b->wake[1] >= 0) {
+        ssize_t w = write(b->wake[1], "x", 1);
+        (void)w;
+    }
+    for (unsigned i = 0; i < b->nthreads; i++)
+        pthread_join(b->threads[i], NULL);
+    if (b->listener_started)
+        pthread_join(b->listener, NULL);
+    if (b->ticker_started)
+        pthread_join(b->ticker, NULL);
+    while (b->periodics) {
+        periodic *p = b->periodics;
+        b->periodics = p->next;
+        free(p);
+    }
+    /* jobs queued after the threads left (none can be: submit refuses once stopping) */
+    if (b->wake[0] >= 0)
+        close(b->wake[0]);
+    if (b->wake[1] >= 0)
+        close(b->wake[1]);
+    free(b->threads);
+    free(b->ctxs);
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}

@@ -1,0 +1,49 @@
+/* server/domain/bg.h: background threads for work that may block on PostgreSQL.
+ *
+ * Index loads, change catch-up and maintenance run here, never on a worker. Each thread
+ * keeps its own blocking connection, opened on first use and reopened after a failure.
+ * A separate listener thread LISTENs for engram_changes notifications, so that indexes
+ * follow changes made by other engramd processes sharing the database.
+ */
+#ifndef ENGRAM_SERVER_BG_H
+#define ENGRAM_SERVER_BG_H
+
+#include <stdint.h>
+
+#include <libpq-fe.h>
+
+#include "server.h"
+
+typedef struct bg bg;
+typedef struct bg_ctx bg_ctx;
+
+/* bg_create starts nthreads job threads and the listener thread. Returns NULL on
+ * failure. */
+bg *bg_create(server *s, unsigned nthreads);
+
+/* bg_stop stops accepting jobs, runs every queued job with bg_cancelled true, joins the
+ * threads and frees bg. NULL is a no-op. */
+void bg_stop(bg *b);
+
+/* bg_submit queues fn(ctx, arg) for a job thread. Returns 0, or -ENOMEM / -ESHUTDOWN (fn
+ * does not run then). */
+int bg_submit(bg *b, void (*fn)(bg_ctx *ctx, void *arg), void *arg);
+
+/* bg_conn returns the job thread's database connection, connecting when needed; NULL with
+ * the reason in err when the database cannot be reached. Only inside a job. */
+PGconn *bg_conn(bg_ctx *ctx, char *err, size_t errlen);
+
+/* bg_conn_failed tells the thread its connection broke (it is reopened next time). */
+void bg_conn_failed(bg_ctx *ctx);
+
+/* bg_cancelled tells a job that the server is stopping and it should give up quickly. */
+int bg_cancelled(bg_ctx *ctx);
+
+/* bg_listener_ok tells whether the change listener is connected. */
+int bg_listener_ok(bg *b);
+
+/* bg_every runs fn(ctx, arg) on a job thread every interval_ms (first run after one
+ * interval), until bg_stop. Call before any other thread uses b. Returns 0 or -ENOMEM. */
+int bg_every(bg *b, unsigned interval_ms, void (*fn)(bg_ctx *ctx, void *arg), void *arg);
+
+#endif

@@ -1,0 +1,706 @@
+/* server/domain/consolidate.c: consolidation runs and their scheduler (see consolidate.h). */
+#include "consolidate.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db.h"
+#include "dedupe.h"
+#include "loader.h"
+#include "log.h"
+#include "memrow.h"
+#include "score.h"
+#include "sql_bg.h"
+#include "tiers.h"
+#include "ubuf.h"
+
+/* Advisory lock keys: one per tenant, in a range of their own. */
+#define LOCK_BASE (1LL << 60)
+/* Decisions applied per transaction: the tenant's writes wait at most one step. */
+#define CONSOLIDATE_STEP 200
+
+/* What the plan needs of one live memory. */
+typedef struct cmem {
+    int64_t id;
+    int64_t seq;
+    int type, scope;
+    uint64_t owner; /* agent id (agent scope), clade id (clade scope), 0 (tenant scope) */
+    double importance;
+    int64_t access;
+    int64_t created_ms;
+    bool pinned;
+    char *attrs_key;
+    /* the plan */
+    uint32_t parent; /* union-find */
+    int fate;        /* 0 live, 1 merged away, 2 superseded, 3 pruned */
+    uint32_t into;   /* merged into / superseded by (an index) */
+} cmem;
+
+typedef struct loaded {
+    cmem *m;
+    float *vecs;
+    size_t n, cap, dim;
+} loaded;
+
+static int take_row(const loader_row *row, void *arg)
+{
+    loaded *l = arg;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 1024;
+        cmem *m = realloc(l->m, cap * sizeof(*m));
+        if (!m)
+            return -1;
+        l->m = m;
+        float *v = realloc(l->vecs, cap * l->dim * sizeof(float));
+        if (!v)
+            return -1;
+        l->vecs = v;
+        l->cap = cap;
+    }
+    cmem *m = &l->m[l->n];
+    memset(m, 0, sizeof(*m));
+    m->id = (int64_t)row->id;
+    m->seq = (int64_t)row->seq;
+    m->type = row->type;
+    m->scope = row->scope;
+    m->owner = row->scope == SCOPE_AGENT   ? row->agent_id
+               : row->scope == SCOPE_CLADE ? row->clade_id
+                                           : 0;
+    m->importance = row->importance;
+    m->access = row->access_count;
+    m->created_ms = row->created_ms;
+    m->pinned = row->pinned;
+    m->attrs_key = row->attrs_key ? strdup(row->attrs_key) : NULL;
+    m->parent = (uint32_t)l->n;
+    float *v = l->vecs + l->n * l->dim;
+    double norm = 0;
+    for (size_t k = 0; k < l->dim; k++)
+        norm += (double)row->vec[k] * row->vec[k];
+    norm = norm > 0 ? sqrt(norm) : 1;
+    for (size_t k = 0; k < l->dim; k++)
+        v[k] = (float)(row->vec[k] / norm);
+    l->n++;
+    return 0;
+}
+
+static uint32_t find(cmem *m, uint32_t i)
+{
+    while (m[i].parent != i) {
+        m[i].parent = m[m[i].parent].parent;
+        i = m[i].parent;
+    }
+    return i;
+}
+
+/* True when a should survive over b: higher importance, more accessed, newer, lower id. */
+static bool better(const cmem *a, const cmem *b)
+{
+    if (a->importance != b->importance)
+        return a->importance > b->importance;
+    if (a->access != b->access)
+        return a->access > b->access;
+    if (a->created_ms != b->created_ms)
+        return a->created_ms > b->created_ms;
+    return a->id < b->id;
+}
+
+/* True when a is newer than b (supersedes it). */
+static bool newer(const cmem *a, const cmem *b)
+{
+    if (a->created_ms != b->created_ms)
+        return a->created_ms > b->created_ms;
+    return a->id > b->id;
+}
+
+/* The memories that share a type and a visibility are compared with each other only:
+ * sorted by that, then by id. qsort has no context argument; runs are planned one at a
+ * time (plan_mu). */
+static pthread_mutex_t plan_mu = PTHREAD_MUTEX_INITIALIZER;
+static const cmem *sort_base;
+
+static int cmp_idx(const void *x, const void *y)
+{
+    const cmem *a = &sort_base[*(const uint32_t *)x], *b = &sort_base[*(const uint32_t *)y];
+    if (a->type != b->type)
+        return a->type < b->type ? -1 : 1;
+    if (a->scope != b->scope)
+        return a->scope < b->scope ? -1 : 1;
+    if (a->owner != b->owner)
+        return a->owner < b->owner ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+static bool same_group(const cmem *a, const cmem *b)
+{
+    return a->type == b->type && a->scope == b->scope && a->owner == b->owner;
+}
+
+/* A growing text literal of a PostgreSQL array. */
+typedef struct lit {
+    ubuf b;
+    size_t n;
+} lit;
+
+static int lit_i64(lit *l, int64_t v)
+{
+    char num[32];
+    int k = snprintf(num, sizeof(num), "%s%lld", l->n++ ? "," : "{", (long long)v);
+    return ubuf_append(&l->b, num, (size_t)k);
+}
+
+static int lit_f64(lit *l, double v)
+{
+    char num[40];
+    int k = snprintf(num, sizeof(num), "%s%.17g", l->n++ ? "," : "{", v);
+    return ubuf_append(&l->b, num, (size_t)k);
+}
+
+/* An element that is itself a quoted bigint[] literal ("{1,2}"). */
+static int lit_arr(lit *l, const int64_t *v, size_t n)
+{
+    if (ubuf_append(&l->b, l->n++ ? ",\"{" : "{\"{", 3) < 0)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        char num[24];
+        int k = snprintf(num, sizeof(num), "%s%lld", i ? "," : "", (long long)v[i]);
+        if (ubuf_append(&l->b, num, (size_t)k) < 0)
+            return -1;
+    }
+    return ubuf_append(&l->b, "}\"", 2);
+}
+
+static const char *lit_end(lit *l)
+{
+    if (l->n == 0)
+        ubuf_append(&l->b, "{", 1);
+    ubuf_append(&l->b, "}", 1);
+    return l->b.data;
+}
+
+/* Records a failed run (its changes were rolled back) in a transaction of its own. */
+static void record_failure(PGconn *pg, const char *tid, const char *trigger, int64_t started,
+                           const char *error)
+{
+    char err[256], st[24];
+    snprintf(st, sizeof(st), "%lld", (long long)started);
+    const char *fv[] = {tid, trigger, st, error};
+    if (db_tenant_begin(pg, atoll(tid), DB_TX_WRITE, err, sizeof(err)) < 0) {
+        log_warn("recording a failed consolidation: %s", err);
+        return;
+    }
+    PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_CONSOLIDATE_FAILED), fv, err, sizeof(err));
+    bool ok = r != NULL;
+    PQclear(r);
+    if (db_tx_end(pg, ok, err, sizeof(err)) < 0 || !ok)
+        log_warn("recording a failed consolidation: %s", err);
+}
+
+static void set_err(consolidate_result *out, const char *fmt, const char *a)
+{
+    out->status = -1;
+    snprintf(out->error, sizeof(out->error), fmt, a);
+}
+
+/* A supersession candidate: two memories of one group that may describe one subject. */
+typedef struct cand {
+    uint32_t a, b;
+} cand;
+
+/* One run's state, from the read to the record. Every array is owned here and freed by
+ * run_fini. Each step below returns 0, or -1 with out->error set. */
+typedef struct run {
+    server *s;
+    const config *cfg;
+    PGconn *pg;
+    int64_t tenant;
+    const char *trigger;
+    char tid[24];
+    int64_t started; /* wall clock, ms: the "now" of every decision */
+    uint64_t seq;    /* the tenant's change number the read saw */
+    loaded l;        /* the live memories and their vectors */
+    cand *cands;     /* supersession candidates */
+    size_t ncand, ccand;
+    double *imp;      /* survivors' merged importance (a pruned memory: its composite) */
+    int64_t *acc;     /* survivors' merged access counts */
+    int64_t *members; /* each survivor's merged members, by a counting sort ... */
+    int64_t *mseqs;   /* ... with their change numbers */
+    size_t *first;    /* first[i] ends survivor i's run of members */
+    consolidate_result *out;
+} run;
+
+static void run_fini(run *r)
+{
+    for (size_t k = 0; k < r->l.n; k++)
+        free(r->l.m[k].attrs_key);
+    free(r->l.m);
+    free(r->l.vecs);
+    free(r->cands);
+    free(r->imp);
+    free(r->acc);
+    free(r->members);
+    free(r->mseqs);
+    free(r->first);
+}
+
+static int add_cand(run *r, uint32_t a, uint32_t b)
+{
+    if (r->ncand == r->ccand) {
+        size_t cap = r->ccand ? r->ccand * 2 : 256;
+        cand *c = realloc(r->cands, cap * sizeof(*c));
+        if (!c)
+            return -ENOMEM;
+        r->cands = c;
+        r->ccand = cap;
+    }
+    r->cands[r->ncand++] = (cand){a, b};
+    return 0;
+}
+
+/* Step 1, read: the tenant's live memories, as of one snapshot. */
+static int step_read(run *r)
+{
+    char err[300];
+    if (loader_live(r->pg, r->tenant, r->l.dim, &r->seq, take_row, &r->l, err, sizeof(err)) < 0) {
+        set_err(r->out, "reading memories: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Step 2, pairs: within each group (type, scope, owner), the pairs above the lower
+ * threshold. Duplicates join one cluster (union-find in l.m[].parent); near-duplicates of
+ * facts and preferences, and facts and preferences sharing attrs.key, become supersession
+ * candidates. */
+static int step_pairs(run *r)
+{
+    size_t n = r->l.n, dim = r->l.dim;
+    cmem *m = r->l.m;
+    char err[300];
+    int rc = -1;
+    dedupe_pair *pairs = NULL;
+    uint32_t *order = malloc((n + 1) * sizeof(*order));
+    float *gv = malloc((n + 1) * dim * sizeof(float));
+    if (!order || !gv) {
+        set_err(r->out, "%s", "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        order[i] = (uint32_t)i;
+    pthread_mutex_lock(&plan_mu);
+    sort_base = m;
+    qsort(order, n, sizeof(*order), cmp_idx);
+    pthread_mutex_unlock(&plan_mu);
+
+    float tdup = (float)r->cfg->consolidate_dedupe_threshold;
+    float tsup = (float)r->cfg->consolidate_supersede_threshold;
+    dedupe_opts dopts = {.exact_max = (size_t)r->cfg->consolidate_exact_max,
+                         .threads = (unsigned)r->cfg->consolidate_threads};
+    for (size_t g0 = 0; g0 < n;) {
+        size_t g1 = g0 + 1;
+        while (g1 < n && same_group(&m[order[g0]], &m[order[g1]]))
+            g1++;
+        size_t gn = g1 - g0;
+        int type = m[order[g0]].type;
+        bool updatable = type == MEM_FACT || type == MEM_PREFERENCE;
+        float thr = updatable && tsup < tdup ? tsup : tdup;
+        if (gn >= 2) {
+            for (size_t k = 0; k < gn; k++)
+                memcpy(gv + k * dim, r->l.vecs + (size_t)order[g0 + k] * dim, dim * sizeof(float));
+            size_t np = 0;
+            if (dedupe_pairs(gv, gn, dim, thr, &dopts, &pairs, &np, err, sizeof(err)) < 0) {
+                set_err(r->out, "similarity search: %s", err);
+                goto out;
+            }
+            for (size_t p = 0; p < np; p++) {
+                uint32_t a = order[g0 + pairs[p].i], b = order[g0 + pairs[p].j];
+                if (pairs[p].sim >= tdup) {
+                    uint32_t ra = find(m, a), rb = find(m, b);
+                    if (ra != rb)
+                        m[ra > rb ? ra : rb].parent = ra < rb ? ra : rb;
+                } else if (updatable && add_cand(r, a, b) < 0) {
+                    set_err(r->out, "%s", "out of memory");
+                    goto out;
+                }
+            }
+            free(pairs);
+            pairs = NULL;
+            /* facts and preferences sharing attrs.key are the same subject */
+            for (size_t x = 0; updatable && x < gn; x++) {
+                const cmem *mx = &m[order[g0 + x]];
+                for (size_t y = x + 1; mx->attrs_key && y < gn; y++) {
+                    const cmem *my = &m[order[g0 + y]];
+                    if (!my->attrs_key || strcmp(mx->attrs_key, my->attrs_key) != 0)
+                        continue;
+                    if (add_cand(r, order[g0 + x], order[g0 + y]) < 0) {
+                        set_err(r->out, "%s", "out of memory");
+                        goto out;
+                    }
+                }
+            }
+        }
+        g0 = g1;
+    }
+    rc = 0;
+out:
+    free(pairs);
+    free(order);
+    free(gv);
+    return rc;
+}
+
+/* Step 3, plan: each memory's fate. Every cluster's best memory survives and absorbs the
+ * others (merged importance: the highest; access counts: the sum); supersessions between
+ * what is still live (the older goes, pointing at its newest related memory); prunes of low
+ * composite, old enough, neither a constraint nor pinned. Then each survivor's members, in
+ * id order, for the apply step. */
+static int step_plan(run *r)
+{
+    size_t n = r->l.n;
+    cmem *m = r->l.m;
+    uint32_t *best = malloc((n + 1) * sizeof(*best));
+    r->imp = calloc(n + 1, sizeof(double));
+    r->acc = calloc(n + 1, sizeof(int64_t));
+    r->members = malloc((n + 1) * sizeof(int64_t));
+    r->mseqs = malloc((n + 1) * sizeof(int64_t));
+    r->first = calloc(n + 2, sizeof(size_t));
+    if (!best || !r->imp || !r->acc || !r->members || !r->mseqs || !r->first) {
+        free(best);
+        set_err(r->out, "%s", "out of memory");
+        return -1;
+    }
+    /* merges: every cluster's survivor absorbs the others */
+    for (size_t i = 0; i < n; i++)
+        best[i] = UINT32_MAX;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t root = find(m, (uint32_t)i);
+        if (best[root] == UINT32_MAX || better(&m[i], &m[best[root]]))
+            best[root] = (uint32_t)i;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t surv = best[find(m, (uint32_t)i)];
+        if (surv != i) {
+            m[i].fate = 1;
+            m[i].into = surv;
+        }
+    }
+    free(best);
+    /* the survivors' merged values, for the prune decision below */
+    for (size_t i = 0; i < n; i++) {
+        r->imp[i] = m[i].importance;
+        r->acc[i] = m[i].access;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (m[i].fate != 1)
+            continue;
+        uint32_t sv = m[i].into;
+        if (m[i].importance > r->imp[sv])
+            r->imp[sv] = m[i].importance;
+        r->acc[sv] += m[i].access;
+    }
+    /* supersessions between what is still live: the older goes, pointing at its newest
+     * related memory (a merged-away memory stands for its survivor) */
+    for (size_t c = 0; c < r->ncand; c++) {
+        uint32_t a = r->cands[c].a, b = r->cands[c].b;
+        if (m[a].fate == 1)
+            a = m[a].into;
+        if (m[b].fate == 1)
+            b = m[b].into;
+        if (a == b)
+            continue;
+        uint32_t older = newer(&m[a], &m[b]) ? b : a, newest = older == a ? b : a;
+        cmem *o = &m[older];
+        if (o->fate == 2 && !newer(&m[newest], &m[o->into]))
+            continue;
+        o->fate = 2;
+        o->into = newest;
+    }
+    /* prunes: low composite, old enough, not a constraint, not pinned */
+    int64_t grace_ms = (int64_t)(r->cfg->consolidate_prune_grace_days * 86400000.0);
+    for (size_t i = 0; i < n; i++) {
+        cmem *mi = &m[i];
+        if (mi->fate != 0 || mi->pinned || mi->type == MEM_CONSTRAINT ||
+            r->started - mi->created_ms < grace_ms)
+            continue;
+        uint32_t acc = r->acc[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)r->acc[i];
+        double c = score_composite(&r->s->score, mi->created_ms, acc, r->imp[i], r->started);
+        if (c < r->cfg->consolidate_prune_threshold) {
+            mi->fate = 3;
+            r->imp[i] = c; /* kept for the record */
+        }
+    }
+    /* each survivor's members, gathered by a counting sort (in id order) */
+    for (size_t j = 0; j < n; j++)
+        if (m[j].fate == 1)
+            r->first[m[j].into + 1]++;
+    for (size_t i = 0; i < n; i++)
+        r->first[i + 1] += r->first[i];
+    for (size_t j = 0; j < n; j++) {
+        if (m[j].fate != 1)
+            continue;
+        size_t at = r->first[m[j].into]++;
+        r->members[at] = m[j].id;
+        r->mseqs[at] = m[j].seq;
+    }
+    /* first[i] now ends survivor i's run of members; it starts where i - 1's ended */
+    return 0;
+}
+
+/* Applies one step of decisions (the literals S[0..10], see engram_consolidate_apply) in a
+ * transaction of its own; adds its counts to out. */
+static int apply_one(run *r, const char *own, lit *S)
+{
+    char err[300];
+    const char *vals[13] = {r->tid,         own,
+                            lit_end(&S[0]), lit_end(&S[1]),
+                            lit_end(&S[2]), lit_end(&S[3]),
+                            lit_end(&S[4]), lit_end(&S[5]),
+                            lit_end(&S[6]), lit_end(&S[7]),
+                            lit_end(&S[8]), lit_end(&S[9]),
+                            lit_end(&S[10])};
+    int rc = db_tenant_begin(r->pg, r->tenant, DB_TX_WRITE, err, sizeof(err));
+    if (rc == 0) {
+        PGresult *res = DB_EXEC(r->pg, sqlb_def(SQLB_CONSOLIDATE_APPLY), vals, err, sizeof(err));
+        int counts[4] = {0};
+        bool applied = res != NULL;
+        for (int k = 0; applied && k < 4; k++)
+            counts[k] = (int)memrow_i64(res, 0, k, 0);
+        PQclear(res);
+        rc = db_tx_end(r->pg, applied, err, sizeof(err));
+        if (rc == 0 && !applied)
+            rc = -EIO;
+        if (rc == 0) {
+            r->out->merged += counts[0];
+            r->out->superseded += counts[1];
+            r->out->archived += counts[2];
+            r->out->skipped += counts[3];
+        }
+    }
+    if (rc < 0) {
+        set_err(r->out, "applying the plan: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Step 4, apply: the plan in steps of at most CONSOLIDATE_STEP decisions, each its own
+ * transaction: merges, then supersessions, then prunes, in id order. */
+static int step_apply(run *r)
+{
+    size_t n = r->l.n;
+    const cmem *m = r->l.m;
+    bool ok = true;
+    ubuf own = {0}; /* "{id,id,...}": the survivors of earlier steps */
+    ok = ubuf_append(&own, "{}", 2) == 0;
+    size_t at = 0, phase = 0;
+    while (ok && phase < 3 && r->out->status >= 0) {
+        lit S[11];
+        memset(S, 0, sizeof(S));
+        size_t taken = 0;
+        while (phase < 3 && taken < CONSOLIDATE_STEP) {
+            if (at >= n) {
+                phase++;
+                at = 0;
+                continue;
+            }
+            const cmem *mi = &m[at];
+            if (phase == 0) {
+                size_t start = at ? r->first[at - 1] : 0, k = r->first[at] - start;
+                if (k > 0) {
+                    ok = ok && lit_i64(&S[0], mi->id) == 0 && lit_i64(&S[1], mi->seq) == 0 &&
+                         lit_arr(&S[2], r->members + start, k) == 0 &&
+                         lit_arr(&S[3], r->mseqs + start, k) == 0;
+                    taken++;
+                }
+            } else if (phase == 1 && mi->fate == 2) {
+                ok = ok && lit_i64(&S[4], mi->id) == 0 && lit_i64(&S[5], mi->seq) == 0 &&
+                     lit_i64(&S[6], m[mi->into].id) == 0 && lit_i64(&S[7], m[mi->into].seq) == 0;
+                taken++;
+            } else if (phase == 2 && mi->fate == 3) {
+                ok = ok && lit_i64(&S[8], mi->id) == 0 && lit_i64(&S[9], mi->seq) == 0 &&
+                     lit_f64(&S[10], r->imp[at]) == 0;
+                taken++;
+            }
+            at++;
+        }
+        if (ok && taken > 0)
+            apply_one(r, own.data, S);
+        /* this step's survivors changed: later steps must not take them for memories that a
+         * concurrent write changed (S[0] is "{id,id,...}" once ended) */
+        if (ok && S[0].n) {
+            ubuf_truncate(&own, own.len - 1); /* drop the closing brace */
+            ok = (own.len <= 1 || ubuf_append(&own, ",", 1) == 0) &&
+                 ubuf_append(&own, S[0].b.data + 1, S[0].b.len - 1) == 0;
+        }
+        for (int k = 0; k < 11; k++)
+            ubuf_fini(&S[k].b);
+    }
+    ubuf_fini(&own);
+    if (!ok && r->out->status >= 0)
+        set_err(r->out, "%s", "out of memory");
+    return r->out->status < 0 ? -1 : 0;
+}
+
+/* Step 5, record: store every live memory's composite and record the run with its counts
+ * and settings (engram_consolidate_finish). */
+static int step_record(run *r)
+{
+    const config *cfg = r->cfg;
+    consolidate_result *out = r->out;
+    char err[300], started_s[24], w[160], settings[400], counts[4][16];
+    snprintf(started_s, sizeof(started_s), "%lld", (long long)r->started);
+    snprintf(w, sizeof(w), "{%.17g,%.17g,%.17g,%.17g,%.17g}", r->s->score.w_recency,
+             r->s->score.w_access, r->s->score.w_explicit, r->s->score.recency_days,
+             r->s->score.access_saturation);
+    snprintf(settings, sizeof(settings),
+             "{\"dedupe_threshold\": %g, \"supersede_threshold\": %g, \"prune_threshold\": %g, "
+             "\"prune_grace_days\": %g, \"memories\": %zu, \"snapshot_seq\": %llu}",
+             cfg->consolidate_dedupe_threshold, cfg->consolidate_supersede_threshold,
+             cfg->consolidate_prune_threshold, cfg->consolidate_prune_grace_days, r->l.n,
+             (unsigned long long)r->seq);
+    snprintf(counts[0], 16, "%d", out->merged);
+    snprintf(counts[1], 16, "%d", out->superseded);
+    snprintf(counts[2], 16, "%d", out->archived);
+    snprintf(counts[3], 16, "%d", out->skipped);
+    const char *fv[10] = {r->tid,   r->trigger, started_s, started_s, w,
+                          settings, counts[0],  counts[1], counts[2], counts[3]};
+    int rc = db_tenant_begin(r->pg, r->tenant, DB_TX_WRITE, err, sizeof(err));
+    if (rc == 0) {
+        PGresult *res = DB_EXEC(r->pg, sqlb_def(SQLB_CONSOLIDATE_FINISH), fv, err, sizeof(err));
+        bool recorded = res != NULL;
+        int64_t run_id = recorded ? memrow_i64(res, 0, 0, 0) : 0;
+        int rescored = recorded ? (int)memrow_i64(res, 0, 1, 0) : 0;
+        PQclear(res);
+        rc = db_tx_end(r->pg, recorded, err, sizeof(err));
+        if (rc == 0 && !recorded)
+            rc = -EIO;
+        if (rc == 0) {
+            out->run_id = run_id;
+            out->rescored = rescored;
+        }
+    }
+    if (rc < 0) {
+        set_err(out, "recording the run: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
+void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, const char *trigger,
+                        consolidate_result *out)
+{
+    memset(out, 0, sizeof(*out));
+    run r = {.s = s,
+             .cfg = &s->cfg,
+             .tenant = tenant,
+             .trigger = trigger,
+             .l = {.dim = dim},
+             .out = out};
+    r.started = server_now_ms();
+    uint64_t t0 = server_mono_ns();
+    char err[300], key[32];
+    snprintf(r.tid, sizeof(r.tid), "%lld", (long long)tenant);
+    snprintf(key, sizeof(key), "%lld", (long long)(LOCK_BASE + tenant));
+    r.pg = bg_conn(ctx, err, sizeof(err));
+    if (!r.pg) {
+        set_err(out, "database unavailable: %s", err);
+        return;
+    }
+    /* one run per tenant at a time, across processes */
+    const char *kv[] = {key};
+    PGresult *res = DB_EXEC(r.pg, sqlb_def(SQLB_TRY_LOCK), kv, err, sizeof(err));
+    if (!res) {
+        set_err(out, "%s", err);
+        if (PQstatus(r.pg) != CONNECTION_OK)
+            bg_conn_failed(ctx);
+        return;
+    }
+    bool locked = PQgetvalue(res, 0, 0)[0] == 't';
+    PQclear(res);
+    if (!locked) {
+        out->status = 1;
+        snprintf(out->error, sizeof(out->error), "a consolidation of this tenant is running");
+        return;
+    }
+    /* the steps, each timed: read, pairs, plan, apply, record */
+    int (*const steps[])(run *) = {step_read, step_pairs, step_plan, step_apply, step_record};
+    uint64_t t[6] = {t0};
+    size_t done = 0;
+    while (done < 5 && steps[done](&r) == 0) {
+        t[done + 1] = server_mono_ns();
+        done++;
+    }
+    if (done == 5) {
+        out->status = 0;
+        log_info("tenant %lld consolidation: read %zu memories %.0f ms, similar pairs %.0f ms, "
+                 "plan %.0f ms, apply %.0f ms, record %.0f ms",
+                 (long long)tenant, r.l.n, (double)(t[1] - t[0]) / 1e6, (double)(t[2] - t[1]) / 1e6,
+                 (double)(t[3] - t[2]) / 1e6, (double)(t[4] - t[3]) / 1e6,
+                 (double)(t[5] - t[4]) / 1e6);
+    }
+    res = DB_EXEC(r.pg, sqlb_def(SQLB_UNLOCK), kv, err, sizeof(err));
+    PQclear(res);
+    if (out->status < 0 && PQstatus(r.pg) == CONNECTION_OK)
+        record_failure(r.pg, r.tid, trigger, r.started, out->error);
+    run_fini(&r);
+    out->duration_ms = (int64_t)((server_mono_ns() - t0) / 1000000u);
+    if (PQstatus(r.pg) != CONNECTION_OK)
+        bg_conn_failed(ctx);
+}
+
+/* ---- the scheduler ---------------------------------------------------------------------- */
+
+static void scheduled(bg_ctx *ctx, void *arg)
+{
+    server *s = arg;
+    char err[256], hours[64];
+    snprintf(hours, sizeof(hours), "{%d,%d,%d}", s->tiers[TIER_FREE].consolidation_hours,
+             s->tiers[TIER_STANDARD].consolidation_hours,
+             s->tiers[TIER_PREMIUM].consolidation_hours);
+    PGconn *pg = bg_conn(ctx, err, sizeof(err));
+    if (!pg)
+        return;
+    const char *v[] = {hours};
+    PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_CONSOLIDATION_DUE), v, err, sizeof(err));
+    if (!r) {
+        log_warn("consolidation scheduler: %s", err);
+        if (PQstatus(pg) != CONNECTION_OK)
+            bg_conn_failed(ctx);
+        return;
+    }
+    int n = PQntuples(r);
+    int64_t *ids = malloc(((size_t)n + 1) * sizeof(*ids));
+    uint32_t *dims = malloc(((size_t)n + 1) * sizeof(*dims));
+    int k = 0; /* rows whose id and dimension parse (others are reported by rowerr) */
+    for (int i = 0; ids && dims && i < n; i++) {
+        int64_t id = memrow_i64_of(r, i, 0, 0, ROWERR_TENANTS);
+        int64_t dim = memrow_i64_of(r, i, 1, 0, ROWERR_TENANTS);
+        if (id > 0 && dim > 0 && dim <= UINT32_MAX) {
+            ids[k] = id;
+            dims[k++] = (uint32_t)dim;
+        }
+    }
+    n = k;
+    PQclear(r);
+    for (int i = 0; ids && dims && i < n && !bg_cancelled(ctx); i++) {
+        consolidate_result res;
+        consolidate_tenant(ctx, s, ids[i], dims[i], "schedule", &res);
+        if (res.status == 0)
+            log_info("tenant %lld consolidated: %d merged, %d superseded, %d pruned, %d rescored, "
+                     "%lld ms",
+                     (long long)ids[i], res.merged, res.superseded, res.archived, res.rescored,
+                     (long long)res.duration_ms);
+        else if (res.status < 0)
+            log_warn("tenant %lld: consolidation failed: %s", (long long)ids[i], res.error);
+    }
+    free(ids);
+    free(dims);
+}
+
+int consolidate_start(server *s)
+{
+    return bg_every(s->bg, (unsigned)s->cfg.consolidate_check_interval_s * 1000u, scheduled, s);
+}

@@ -1,0 +1,90 @@
+/* server/domain/maint.c: periodic maintenance (see maint.h). */
+#include "maint.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "bg.h"
+#include "db.h"
+#include "log.h"
+#include "memrow.h"
+#include "sql_bg.h"
+
+#define PURGE_BATCH "10000"
+#define IDEMPOTENCY_TTL_S "86400"
+
+static void purge_expired(bg_ctx *ctx, void *arg)
+{
+    char err[256];
+    PGconn *pg = bg_conn(ctx, err, sizeof(err));
+    if (!pg) {
+        log_debug("maintenance skipped: %s", err);
+        return;
+    }
+    const char *vals[] = {PURGE_BATCH, IDEMPOTENCY_TTL_S};
+    PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_PURGE_EXPIRED), vals, err, sizeof(err));
+    if (!r) {
+        log_warn("purging expired memories failed: %s", err);
+        if (PQstatus(pg) != CONNECTION_OK)
+            bg_conn_failed(ctx);
+        return;
+    }
+    long long n = memrow_i64(r, 0, 0, 0);
+    PQclear(r);
+    if (n > 0)
+        log_info("purged %lld expired memories", n);
+    r = db_exec_stmt(pg, sqlb_def(SQLB_SESSION_PURGE), NULL, 0, err, sizeof(err));
+    if (!r) {
+        log_warn("purging expired checkpoints failed: %s", err);
+        if (PQstatus(pg) != CONNECTION_OK)
+            bg_conn_failed(ctx);
+        return;
+    }
+    n = memrow_i64(r, 0, 0, 0);
+    PQclear(r);
+    if (n > 0)
+        log_info("purged %lld expired session checkpoints", n);
+    /* pending access counts into the memories' rows, a batch at a time */
+    long long folded = 0;
+    for (int i = 0; i < 100; i++) {
+        const char *fv[] = {PURGE_BATCH};
+        r = DB_EXEC(pg, sqlb_def(SQLB_ACCESS_FOLD), fv, err, sizeof(err));
+        if (!r) {
+            log_warn("folding access counts failed: %s", err);
+            if (PQstatus(pg) != CONNECTION_OK) {
+                bg_conn_failed(ctx);
+                return;
+            }
+            break;
+        }
+        n = memrow_i64(r, 0, 0, 0);
+        PQclear(r);
+        folded += n;
+        if (n < atoll(PURGE_BATCH))
+            break;
+    }
+    if (folded > 0)
+        log_debug("folded %lld pending access counts", folded);
+    /* the change log: index snapshots older than the retention are rebuilt instead */
+    server *s = arg;
+    char hours[32];
+    snprintf(hours, sizeof(hours), "%d", s->cfg.change_log_retention_hours);
+    const char *pv[] = {hours, PURGE_BATCH};
+    r = DB_EXEC(pg, sqlb_def(SQLB_PRUNE_CHANGES), pv, err, sizeof(err));
+    if (!r) {
+        log_warn("pruning the change log failed: %s", err);
+        if (PQstatus(pg) != CONNECTION_OK)
+            bg_conn_failed(ctx);
+        return;
+    }
+    n = memrow_i64(r, 0, 0, 0);
+    PQclear(r);
+    if (n > 0)
+        log_info("pruned %lld changes older than %s hours from the change log", n, hours);
+}
+
+int maint_start(server *s)
+{
+    unsigned ms = (unsigned)s->cfg.maintenance_interval_s * 1000u;
+    return bg_every(s->bg, ms, purge_expired, s);
+}

@@ -1,0 +1,361 @@
+/* server/domain/tenancy.c: revocations, tiers, request rates and query counts (see tenancy.h). */
+#include "tenancy.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db.h"
+#include "idmap.h"
+#include "log.h"
+#include "memrow.h"
+#include "sql_bg.h"
+#include "tenants.h"
+#include "tiers.h"
+
+#define CHECK_INTERVAL_MS 5000
+#define COUNT_FLUSH_MS 1000
+
+struct tenancy {
+    server *srv;
+    pthread_mutex_t mu;
+    idmap *key_refs;   /* key row id -> connections using it */
+    idmap *key_tenant; /* key row id -> tenant id, while in use */
+    idmap *revoked;    /* key row ids revoked while in use */
+    idmap *deleted;    /* tenant ids deleted */
+    idmap *tiers;      /* tenant id -> tier + 1 */
+    idmap *bucket_at;  /* tenant id -> index in buckets */
+    tenancy_bucket *buckets;
+    size_t nbuckets, cbuckets;
+    idmap *queries; /* tenant id -> queries counted, not yet written */
+};
+
+tenancy *tenancy_create(server *s)
+{
+    tenancy *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->srv = s;
+    pthread_mutex_init(&t->mu, NULL);
+    t->key_refs = idmap_create(64);
+    t->key_tenant = idmap_create(64);
+    t->revoked = idmap_create(16);
+    t->deleted = idmap_create(16);
+    t->tiers = idmap_create(64);
+    t->bucket_at = idmap_create(64);
+    t->queries = idmap_create(64);
+    if (!t->key_refs || !t->key_tenant || !t->revoked || !t->deleted || !t->tiers ||
+        !t->bucket_at || !t->queries) {
+        tenancy_destroy(t);
+        return NULL;
+    }
+    return t;
+}
+
+void tenancy_destroy(tenancy *t)
+{
+    if (!t)
+        return;
+    idmap_destroy(t->key_refs);
+    idmap_destroy(t->key_tenant);
+    idmap_destroy(t->revoked);
+    idmap_destroy(t->deleted);
+    idmap_destroy(t->tiers);
+    idmap_destroy(t->bucket_at);
+    idmap_destroy(t->queries);
+    free(t->buckets);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+void tenancy_key_in_use(tenancy *t, int64_t key_id, int64_t tenant_id, int tier)
+{
+    pthread_mutex_lock(&t->mu);
+    uint64_t n = 0;
+    idmap_get(t->key_refs, (uint64_t)key_id, &n);
+    idmap_put(t->key_refs, (uint64_t)key_id, n + 1);
+    idmap_put(t->key_tenant, (uint64_t)key_id, (uint64_t)tenant_id);
+    /* a fresh authentication read the tier from the database: it is current */
+    idmap_put(t->tiers, (uint64_t)tenant_id, (uint64_t)tier + 1);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void tenancy_key_released(tenancy *t, int64_t key_id)
+{
+    pthread_mutex_lock(&t->mu);
+    uint64_t n = 0;
+    if (idmap_get(t->key_refs, (uint64_t)key_id, &n)) {
+        if (n <= 1) {
+            idmap_del(t->key_refs, (uint64_t)key_id);
+            idmap_del(t->key_tenant, (uint64_t)key_id);
+            idmap_del(t->revoked, (uint64_t)key_id); /* nobody holds it: the database decides */
+        } else {
+            idmap_put(t->key_refs, (uint64_t)key_id, n - 1);
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+bool tenancy_key_ok(tenancy *t, int64_t key_id, int64_t tenant_id)
+{
+    uint64_t v;
+    pthread_mutex_lock(&t->mu);
+    bool ok = !idmap_get(t->revoked, (uint64_t)key_id, &v) &&
+              !idmap_get(t->deleted, (uint64_t)tenant_id, &v);
+    pthread_mutex_unlock(&t->mu);
+    return ok;
+}
+
+int tenancy_tier(tenancy *t, int64_t tenant_id, int fallback)
+{
+    uint64_t v;
+    pthread_mutex_lock(&t->mu);
+    int tier = idmap_get(t->tiers, (uint64_t)tenant_id, &v) ? (int)v - 1 : fallback;
+    pthread_mutex_unlock(&t->mu);
+    return tier;
+}
+
+void tenancy_revoked(tenancy *t, int64_t key_id)
+{
+    uint64_t v;
+    pthread_mutex_lock(&t->mu);
+    if (idmap_get(t->key_refs, (uint64_t)key_id, &v))
+        idmap_put(t->revoked, (uint64_t)key_id, 1);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void tenancy_deleted(tenancy *t, int64_t tenant_id)
+{
+    pthread_mutex_lock(&t->mu);
+    idmap_put(t->deleted, (uint64_t)tenant_id, 1);
+    pthread_mutex_unlock(&t->mu);
+    tenants_forget(t->srv->tenants, tenant_id);
+}
+
+void tenancy_tier_changed(tenancy *t, int64_t tenant_id, int tier)
+{
+    if (tier < 0 || tier >= TIER_COUNT)
+        return;
+    pthread_mutex_lock(&t->mu);
+    idmap_put(t->tiers, (uint64_t)tenant_id, (uint64_t)tier + 1);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void tenancy_notify(tenancy *t, const char *payload)
+{
+    long long id = 0;
+    char name[32];
+    if (sscanf(payload, "revoked:%lld", &id) == 1)
+        tenancy_revoked(t, id);
+    else if (sscanf(payload, "deleted:%lld", &id) == 1)
+        tenancy_deleted(t, id);
+    else if (sscanf(payload, "tier:%lld:%31s", &id, name) == 2)
+        tenancy_tier_changed(t, id, tier_parse(name, strlen(name)));
+    else if (sscanf(payload, "engine:%lld:%31s", &id, name) == 2) {
+        /* "default": the tenant follows this server's setting */
+        const char *e = strcmp(name, "default") == 0 ? t->srv->cfg.index_engine : name;
+        tenants_engine_changed(t->srv->tenants, id, index_engine_parse(e, strlen(e)));
+    }
+}
+
+bool tenancy_bucket_take(tenancy_bucket *b, double rate_per_s, double burst, uint64_t now_ns,
+                         uint64_t *retry_ms)
+{
+    if (now_ns > b->last_ns) {
+        b->tokens += (double)(now_ns - b->last_ns) / 1e9 * rate_per_s;
+        b->last_ns = now_ns;
+    }
+    if (b->tokens > burst)
+        b->tokens = burst;
+    if (b->tokens >= 1.0) {
+        b->tokens -= 1.0;
+        return true;
+    }
+    *retry_ms = (uint64_t)ceil((1.0 - b->tokens) / rate_per_s * 1000.0);
+    if (*retry_ms == 0)
+        *retry_ms = 1;
+    return false;
+}
+
+bool tenancy_rate_take(tenancy *t, int64_t tenant_id, int tier, uint64_t *retry_ms)
+{
+    const tier_limits *lim = &t->srv->tiers[tier >= 0 && tier < TIER_COUNT ? tier : 0];
+    if (lim->rate_per_s <= 0)
+        return true;
+    uint64_t now = server_mono_ns();
+    pthread_mutex_lock(&t->mu);
+    uint64_t at;
+    if (!idmap_get(t->bucket_at, (uint64_t)tenant_id, &at)) {
+        if (t->nbuckets == t->cbuckets) {
+            size_t cap = t->cbuckets ? t->cbuckets * 2 : 64;
+            tenancy_bucket *b = realloc(t->buckets, cap * sizeof(*b));
+            if (!b) {
+                pthread_mutex_unlock(&t->mu);
+                return true; /* cannot track: let it through rather than refuse service */
+            }
+            t->buckets = b;
+            t->cbuckets = cap;
+        }
+        at = t->nbuckets++;
+        t->buckets[at] = (tenancy_bucket){.tokens = lim->rate_burst, .last_ns = now};
+        idmap_put(t->bucket_at, (uint64_t)tenant_id, at);
+    }
+    bool ok = tenancy_bucket_take(&t->buckets[at], lim->rate_per_s, lim->rate_burst, now, retry_ms);
+    pthread_mutex_unlock(&t->mu);
+    return ok;
+}
+
+void tenancy_count_query(tenancy *t, int64_t tenant_id)
+{
+    pthread_mutex_lock(&t->mu);
+    uint64_t n = 0;
+    idmap_get(t->queries, (uint64_t)tenant_id, &n);
+    idmap_put(t->queries, (uint64_t)tenant_id, n + 1);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* ---- periodic work --------------------------------------------------------------------- */
+
+typedef struct id_list {
+    uint64_t *a, *b;
+    size_t n, cap;
+} id_list;
+
+static int collect(uint64_t key, uint64_t value, void *arg)
+{
+    id_list *l = arg;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        uint64_t *a = realloc(l->a, cap * sizeof(*a));
+        if (!a)
+            return 1;
+        l->a = a;
+        uint64_t *b = realloc(l->b, cap * sizeof(*b));
+        if (!b)
+            return 1;
+        l->b = b;
+        l->cap = cap;
+    }
+    l->a[l->n] = key;
+    l->b[l->n] = value;
+    l->n++;
+    return 0;
+}
+
+static char *literal(const uint64_t *v, size_t n)
+{
+    char *s = malloc(n * 21 + 3);
+    if (!s)
+        return NULL;
+    char *p = s;
+    *p++ = '{';
+    for (size_t i = 0; i < n; i++)
+        p += sprintf(p, "%s%lld", i ? "," : "", (long long)v[i]);
+    *p++ = '}';
+    *p = '\0';
+    return s;
+}
+
+/* Verifies every key in use (revoked elsewhere while our listener was away?) and refreshes
+ * the tiers of their tenants. */
+static void check_keys(bg_ctx *ctx, void *arg)
+{
+    tenancy *t = arg;
+    id_list keys = {0};
+    pthread_mutex_lock(&t->mu);
+    idmap_foreach(t->key_tenant, collect, &keys);
+    pthread_mutex_unlock(&t->mu);
+    if (keys.n == 0)
+        return;
+    char err[256];
+    PGconn *pg = bg_conn(ctx, err, sizeof(err));
+    char *klit = literal(keys.a, keys.n), *tlit = literal(keys.b, keys.n);
+    if (!pg || !klit || !tlit)
+        goto out;
+    const char *v1[] = {klit};
+    PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_KEYS_VALID), v1, err, sizeof(err));
+    if (r) {
+        idmap *valid = idmap_create((size_t)PQntuples(r) + 1);
+        for (int i = 0; valid && i < PQntuples(r); i++)
+            idmap_put(valid, (uint64_t)memrow_i64_of(r, i, 0, 0, ROWERR_API_KEYS), 1);
+        for (size_t i = 0; valid && i < keys.n; i++) {
+            uint64_t v;
+            if (!idmap_get(valid, keys.a[i], &v)) {
+                log_info("key %llu no longer authenticates: closing its access",
+                         (unsigned long long)keys.a[i]);
+                tenancy_revoked(t, (int64_t)keys.a[i]);
+            }
+        }
+        idmap_destroy(valid);
+        PQclear(r);
+    }
+    const char *v2[] = {tlit};
+    r = DB_EXEC(pg, sqlb_def(SQLB_TENANT_TIERS), v2, err, sizeof(err));
+    if (r) {
+        for (int i = 0; i < PQntuples(r); i++) {
+            const char *tier = PQgetvalue(r, i, 1);
+            int64_t tid = memrow_i64_of(r, i, 0, 0, ROWERR_TENANTS);
+            int level = tier_parse(tier, strlen(tier));
+            if (level < 0)
+                rowerr_report(ROWERR_TENANTS, PQfname(r, 1), "not a tier");
+            tenancy_tier_changed(t, tid, level); /* ignores an unknown tier */
+        }
+        PQclear(r);
+    } else if (PQstatus(pg) != CONNECTION_OK) {
+        bg_conn_failed(ctx);
+    }
+out:
+    free(klit);
+    free(tlit);
+    free(keys.a);
+    free(keys.b);
+}
+
+/* Writes the counted queries of tiers without a daily limit. */
+static void flush_queries(bg_ctx *ctx, void *arg)
+{
+    tenancy *t = arg;
+    id_list q = {0};
+    pthread_mutex_lock(&t->mu);
+    idmap_foreach(t->queries, collect, &q);
+    idmap_clear(t->queries);
+    pthread_mutex_unlock(&t->mu);
+    if (q.n == 0)
+        return;
+    char err[256];
+    PGconn *pg = bg_conn(ctx, err, sizeof(err));
+    char *tl = literal(q.a, q.n), *cl = literal(q.b, q.n);
+    PGresult *r = NULL;
+    if (pg && tl && cl) {
+        const char *v[] = {tl, cl};
+        r = DB_EXEC(pg, sqlb_def(SQLB_QUERY_COUNT), v, err, sizeof(err));
+    }
+    if (!r) {
+        /* keep them for the next attempt */
+        pthread_mutex_lock(&t->mu);
+        for (size_t i = 0; i < q.n; i++) {
+            uint64_t n = 0;
+            idmap_get(t->queries, q.a[i], &n);
+            idmap_put(t->queries, q.a[i], n + q.b[i]);
+        }
+        pthread_mutex_unlock(&t->mu);
+        if (pg && PQstatus(pg) != CONNECTION_OK)
+            bg_conn_failed(ctx);
+    }
+    PQclear(r);
+    free(tl);
+    free(cl);
+    free(q.a);
+    free(q.b);
+}
+
+int tenancy_start(tenancy *t)
+{
+    if (bg_every(t->srv->bg, CHECK_INTERVAL_MS, check_keys, t) < 0 ||
+        bg_every(t->srv->bg, COUNT_FLUSH_MS, flush_queries, t) < 0)
+        return -ENOMEM;
+    return 0;
+}

@@ -1,0 +1,177 @@
+/* server/domain/tenants.h: the registry of tenants' vector indexes.
+ *
+ * A tenant's index is loaded on first use (on a background thread; the request waits
+ * without blocking its worker): from its snapshot file plus the changes committed after
+ * it, or, when there is no usable snapshot (missing, corrupt, from another database,
+ * ahead of the database, or older than the change log), from every memory in PostgreSQL.
+ * It is then kept current by applying every change: the worker that committed a change
+ * applies it at once, and changes committed by other processes arrive through the change
+ * log. Each change carries the tenant's change number; the registry applies each number
+ * once, in any order, and keeps deletes from being undone by an older write that arrives
+ * late, so an index always converges to the database's state.
+ *
+ * Each index is created with its tenant's engine (tenants.index_engine, or the index_engine
+ * setting when the tenant chose none), read from PostgreSQL at every load.
+ *
+ * Snapshots live in <index_dir>/<database instance id>/<tenant id>.idx, written
+ * atomically by the housekeeping (see tenants_start), at eviction and at shutdown; each
+ * records the engine (and FAISS factory) it was written by, and is used only by a load
+ * with the same. An index
+ * stays loaded until the loaded indexes exceed the memory budget; the least recently used
+ * is then snapshotted and unloaded, and comes back from its snapshot on its next use.
+ */
+#ifndef ENGRAM_SERVER_TENANTS_H
+#define ENGRAM_SERVER_TENANTS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bg.h"
+#include "loader.h"
+#include "memrow.h"
+#include "server.h"
+#include "vindex.h"
+#include "worker.h"
+
+/* What the index keeps per memory, next to its vector (vindex metadata). The tags array
+ * belongs to the index entry: the registry copies it in and frees it when the entry is
+ * replaced or removed; readers may use it only under the index's lock (filter callbacks). */
+typedef struct mem_meta {
+    uint64_t id; /* the memory's own id (filters need it) */
+    uint64_t agent_id;
+    uint64_t clade_id;
+    uint64_t seq; /* the change that last wrote this memory */
+    int64_t created_ms;
+    int64_t last_access_ms; /* 0: never accessed */
+    int64_t expires_ms;     /* INT64_MAX: never expires */
+    int64_t archived_ms;    /* 0: live */
+    const uint64_t *tags;   /* sorted tag hashes (see memfilter.h), NULL when none */
+    uint32_t ntags;
+    float importance;
+    uint32_t access_count;
+    uint8_t type;  /* mem_type */
+    uint8_t scope; /* mem_scope */
+    uint8_t pinned;
+} mem_meta;
+
+typedef struct tenants tenants;
+typedef struct tenant tenant;
+
+/* tenants_create returns an empty registry; tenants_destroy frees it and every index. */
+tenants *tenants_create(server *s);
+void tenants_destroy(tenants *ts);
+
+/* tenants_get returns the tenant's entry (created on first call, not yet loaded) with a
+ * reference the caller drops with tenant_put. dim is the tenant's embedding dimension.
+ * Returns NULL when out of memory. Any thread. */
+tenant *tenants_get(tenants *ts, int64_t id, uint32_t dim);
+void tenant_put(tenant *t);
+
+/* tenant_when_ready calls cb(arg, 0, NULL) on w's thread once the index is loaded, or
+ * cb(arg, -1, reason) when loading failed. When it is already loaded, returns 1 without
+ * calling cb (the caller continues at once); otherwise returns 0 and cb runs later. The
+ * reference on t must be held until cb has run. Returns -ENOMEM on failure. */
+int tenant_when_ready(tenant *t, worker *w, void (*cb)(void *arg, int status, const char *err),
+                      void *arg);
+
+/* tenant_index returns the loaded index (valid while the reference is held and the
+ * tenant is loaded). */
+vindex *tenant_index(tenant *t);
+
+/* tenant_apply_upsert applies change seq: memory id now has vector vec (NULL: unchanged)
+ * and metadata m. tenant_apply_delete applies change seq: id was deleted. Both are no-ops
+ * for changes already applied and safe from any thread. */
+void tenant_apply_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const mem_meta *m);
+void tenant_apply_delete(tenant *t, uint64_t seq, uint64_t id);
+
+/* tenants_notify_change tells the registry that change seq of tenant id was committed
+ * somewhere (listener thread); if the index is loaded and lacks it, a catch-up from the
+ * change log is scheduled. */
+void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq);
+
+/* tenants_catch_up_all schedules a catch-up of every loaded tenant (after the listener
+ * reconnects, notifications may have been missed). */
+void tenants_catch_up_all(tenants *ts);
+
+/* tenants_start schedules the housekeeping (every second: background rebuilds of indexes
+ * with many deleted vectors, snapshots of changed indexes, eviction of the least recently
+ * used indexes above the memory budget) and starts the preload: the indexes that have
+ * snapshots, newest first, as far as the budget allows. Call once, before the workers
+ * start. Returns 0 or -1. */
+int tenants_start(tenants *ts);
+
+/* tenants_save_all writes the snapshot of every loaded index changed since its last one
+ * (at shutdown, once no worker or background job runs). */
+void tenants_save_all(tenants *ts);
+
+/* tenants_preloaded tells whether the start-up preload has finished. */
+bool tenants_preloaded(tenants *ts);
+
+/* tenants_forget drops a tenant's index (tenant deleted). */
+void tenants_forget(tenants *ts, int64_t id);
+
+/* tenants_engine_changed tells the registry that tenant id now uses engine
+ * (VINDEX_ENGINE_*; the caller resolves "the server's default"): an admin.tenant.update of
+ * this process or a notification from another. A loaded index with another engine is
+ * dropped at once when no request uses it, else by the housekeeping within a second after
+ * its requests finish; its next use loads it with the engine PostgreSQL then names (a
+ * snapshot written by another engine is not used: see tenants.c). Requests already holding
+ * the old index finish with it. Any thread. */
+void tenants_engine_changed(tenants *ts, int64_t id, int engine);
+
+/* What memory.stats reports of a loaded index. */
+typedef struct tenants_index {
+    int engine;            /* VINDEX_ENGINE_* the index was created with */
+    enum vindex_kind kind; /* the structure searches use now */
+    size_t vectors;        /* live vectors */
+    size_t bytes;          /* vindex_bytes */
+    vindex_recall recall;  /* what its recall monitor measured */
+    int engine_in_use;     /* VINDEX_ENGINE_FAISS once the FAISS index is built */
+} tenants_index;
+
+/* tenants_index_info fills *out and returns true when tenant id's index is loaded in this
+ * process; false (and *out zeroed) when it is not. Never loads it. Any thread. */
+bool tenants_index_info(tenants *ts, int64_t id, tenants_index *out);
+
+/* mem_meta_from_row fills m from a loader row; m->tags is malloc'd (the caller frees it
+ * unless handed to the index). Returns 0, -ENOMEM or -EINVAL (the row's tag JSON is not
+ * what the loader selects). */
+int mem_meta_from_row(mem_meta *m, const loader_row *row);
+
+/* mem_meta_from_db fills m from the meta columns a change function returned; tags as in
+ * mem_meta_from_row. Returns 0 or -ENOMEM. */
+int mem_meta_from_db(mem_meta *m, const memrow_meta *row);
+
+/* tenant_touch counts one access to each of the n memories at now_ms in the index (the
+ * database is updated in batches elsewhere). */
+void tenant_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms);
+
+/* Buckets of the load-duration histogram: upper bounds in seconds, then +Inf. */
+#define TENANTS_LOAD_BUCKETS 12
+extern const double tenants_load_bounds_s[TENANTS_LOAD_BUCKETS - 1];
+
+typedef struct tenants_metrics {
+    uint64_t known;      /* tenants the registry holds (loaded, loading or not yet) */
+    uint64_t loaded;     /* indexes loaded */
+    uint64_t vectors;    /* vectors in them */
+    uint64_t bytes;      /* memory they hold (vindex_bytes) */
+    uint64_t budget;     /* the memory budget in bytes */
+    uint64_t by_kind[3]; /* loaded indexes by structure (flat, sq8, ann) */
+    uint64_t snapshot_loads, snapshots_rejected, database_loads, snapshots_written, evictions,
+        rebuilds; /* counters since start */
+    /* successful loads by source (0 from a snapshot, 1 from the database): how many took at
+     * most tenants_load_bounds_s[b] (and more than the bound before; the last bucket has no
+     * bound), and their total duration in microseconds */
+    uint64_t load_hist[2][TENANTS_LOAD_BUCKETS];
+    uint64_t load_us[2];
+    /* the recall monitor: loaded ANN indexes with an estimate, the lowest and the sum of
+     * their estimates, those searching exactly for recall, probes run and their time */
+    uint64_t recall_measured;
+    double recall_min, recall_sum;
+    uint64_t exact_fallbacks, recall_probes, recall_probe_ns;
+} tenants_metrics;
+
+/* tenants_stats fills m. Any thread. */
+void tenants_stats(tenants *ts, tenants_metrics *m);
+
+#endif

@@ -1,0 +1,86 @@
+/* server/methods/handlers.h: every RPC handler and its parameter schema, for methods.c's table.
+ *
+ * Handlers live in m_*.c by topic. Each declares `h_<name>` and `p_<name>` (its
+ * parameters, in the order of the P_* enum its file uses with req_arg).
+ */
+#ifndef ENGRAM_SERVER_HANDLERS_H
+#define ENGRAM_SERVER_HANDLERS_H
+
+#include <stddef.h>
+
+#include "req.h"
+#include "rpc.h"
+#include "tiers.h"
+
+#define HANDLER(name)                                                                              \
+    void h_##name(req *r);                                                                         \
+    extern const rpc_param p_##name[];                                                             \
+    extern const size_t np_##name
+
+/* m_sys.c */
+HANDLER(ping);
+HANDLER(auth);
+HANDLER(methods);
+
+/* m_memory.c */
+HANDLER(memory_store);
+HANDLER(memory_store_batch);
+HANDLER(memory_get);
+HANDLER(memory_delete);
+HANDLER(memory_update);
+HANDLER(memory_archive);
+HANDLER(memory_restore);
+HANDLER(memory_history);
+HANDLER(memory_list);
+HANDLER(memory_stats);
+
+/* m_search.c */
+HANDLER(memory_search);
+HANDLER(memory_context);
+
+/* m_session.c */
+HANDLER(session_append);
+HANDLER(session_checkpoint);
+HANDLER(session_checkpoints);
+HANDLER(session_children);
+HANDLER(session_complete);
+HANDLER(session_create);
+HANDLER(session_end);
+HANDLER(session_get);
+HANDLER(session_handoff);
+HANDLER(session_list);
+HANDLER(session_messages);
+HANDLER(session_note_add);
+HANDLER(session_notes);
+HANDLER(session_resume);
+HANDLER(session_scratchpad_get);
+HANDLER(session_scratchpad_update);
+HANDLER(session_spawn);
+HANDLER(session_summarize);
+HANDLER(session_task_complete);
+HANDLER(session_tombstone);
+
+/* m_consolidate.c */
+HANDLER(memory_consolidate);
+HANDLER(memory_consolidation_runs);
+
+/* m_admin.c */
+HANDLER(admin_tenant_create);
+HANDLER(admin_tenant_get);
+HANDLER(admin_tenant_list);
+HANDLER(admin_tenant_update);
+HANDLER(admin_tenant_delete);
+HANDLER(admin_key_create);
+HANDLER(admin_key_list);
+HANDLER(admin_key_revoke);
+HANDLER(tenant_usage);
+
+#define PARAMS(name, ...)                                                                          \
+    const rpc_param p_##name[] = {__VA_ARGS__};                                                    \
+    const size_t np_##name = sizeof(p_##name) / sizeof(p_##name[0])
+
+#define NO_PARAMS(name)                                                                            \
+    const rpc_param p_##name[] = {{NULL, RPC_T_ANY, 0, 0, 0}};                                     \
+    const size_t np_##name = 0
+
+#endif

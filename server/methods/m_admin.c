@@ -1,0 +1,552 @@
+/* server/methods/m_admin.c: tenant and key administration (admin connections only), and
+ * tenant.usage (a tenant's own view of its usage and limits). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "auth.h"
+#include "embed.h"
+#include "embedder.h"
+#include "handlers.h"
+#include "log.h"
+#include "mempack.h"
+#include "memrow.h"
+#include "sql.h"
+#include "tenancy.h"
+#include "tenants.h"
+
+#define LIST_MAX 1000
+#define LIST_DEFAULT 100
+
+/* The admin methods name a tenant by tenant_id or by name: exactly one. Fills vals[0..1]
+ * with the SQL parameters (id, name). Returns 0, or -1 after failing the request. */
+static int tenant_ref(req *r, size_t id_param, size_t name_param, const char **vals)
+{
+    const msgpack_object *id = req_arg(r, id_param), *name = req_arg(r, name_param);
+    if (!id == !name) {
+        req_fail(r, RPC_INVALID_ARGUMENT, "name the tenant with 'tenant_id' or 'name' (one)");
+        return -1;
+    }
+    vals[0] = vals[1] = NULL;
+    if (id) {
+        char *s = req_alloc(r, 24);
+        if (!s) {
+            req_fail(r, RPC_INTERNAL, "out of memory");
+            return -1;
+        }
+        snprintf(s, 24, "%lld", (long long)rpc_get_uint(id, 0));
+        vals[0] = s;
+    } else if (!(vals[1] = req_strdup(r, name))) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* Ends r with the JSON text of the first column of the first row as its result. */
+static void json_row_done(req *r, const db_result *res)
+{
+    if (res->status != DB_OK) {
+        req_fail_db(r, res);
+        return;
+    }
+    const PGresult *pr = res->res[0];
+    if (PQntuples(pr) != 1 || PQgetisnull(pr, 0, 0)) {
+        req_fail(r, RPC_INTERNAL, "no result");
+        return;
+    }
+    msgpack_packer *pk = req_result(r);
+    mp_pack_json(pk, PQgetvalue(pr, 0, 0), (size_t)PQgetlength(pr, 0, 0));
+    req_done(r);
+}
+
+/* ---- admin.tenant.create ------------------------------------------------------------- */
+
+/* The index_engine parameter of create and update: NULL when absent, "native" or "faiss",
+ * or (allow_default, update) "default" to clear the tenant's choice. Sets *out to the SQL
+ * value (NULL: none) and returns 0, or fails the request and returns -1. */
+static int engine_arg(req *r, const msgpack_object *o, bool allow_default, const char **out)
+{
+    *out = NULL;
+    if (!o)
+        return 0;
+    if (index_engine_parse(o->via.str.ptr, o->via.str.size) >= 0 ||
+        (allow_default && rpc_str_eq(o, "default"))) {
+        if (!(*out = req_strdup(r, o))) {
+            req_fail(r, RPC_INTERNAL, "out of memory");
+            return -1;
+        }
+        return 0;
+    }
+    req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'index_engine' must be native or faiss%s",
+             allow_default ? " (or default)" : "");
+    return -1;
+}
+
+enum { P_TC_NAME, P_TC_TIER, P_TC_EMBEDDING, P_TC_INDEX_ENGINE };
+PARAMS(admin_tenant_create, {"name", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, 128},
+       {"tier", RPC_T_STR, RPC_P_REQUIRED, 0, 0}, {"embedding", RPC_T_MAP, RPC_P_NULLABLE, 0, 0},
+       {"index_engine", RPC_T_STR, RPC_P_NULLABLE, 0, 0});
+
+typedef struct tc_state {
+    char key[AUTH_KEY_LEN + 1];
+} tc_state;
+
+static void tenant_created(req *r, const db_result *res)
+{
+    tc_state *st = req_state(r);
+    if (res->status != DB_OK) {
+        memset(st->key, 0, sizeof(st->key));
+        req_fail_db(r, res);
+        return;
+    }
+    const PGresult *pr = res->res[0];
+    msgpack_packer *pk = req_result(r);
+    msgpack_pack_map(pk, 3);
+    rpc_pack_kv_int(pk, "tenant_id", memrow_i64(pr, 0, 0, 0));
+    rpc_pack_kv_str(pk, "api_key", st->key);
+    rpc_pack_kv_int(pk, "key_id", memrow_i64(pr, 0, 1, 0));
+    memset(st->key, 0, sizeof(st->key));
+    req_done(r);
+}
+
+void h_admin_tenant_create(req *r)
+{
+    server *s = req_server(r);
+    const msgpack_object *tier = req_arg(r, P_TC_TIER);
+    if (tier_parse(tier->via.str.ptr, tier->via.str.size) < 0) {
+        req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'tier' must be free, standard or premium");
+        return;
+    }
+    const char *provider = "builtin";
+    const char *model = "";
+    long dim = s->cfg.embed_dim;
+    bool dim_given = false;
+    const msgpack_object *emb = req_arg(r, P_TC_EMBEDDING);
+    char err[256];
+    for (uint32_t i = 0; emb && i < emb->via.map.size; i++) {
+        const msgpack_object_kv *kv = &emb->via.map.ptr[i];
+        if (rpc_str_eq(&kv->key, "provider")) {
+            if (rpc_str_eq(&kv->val, "builtin")) {
+                provider = "builtin";
+            } else if (rpc_str_eq(&kv->val, "openai")) {
+                if (!embedder_available("openai")) {
+                    req_fail(r, RPC_INVALID_ARGUMENT,
+                             "embedding provider 'openai' is not configured on this server "
+                             "(openai_url)");
+                    return;
+                }
+                provider = "openai";
+            } else {
+                req_fail(r, RPC_INVALID_ARGUMENT,
+                         "parameter 'embedding.provider' must be builtin or openai");
+                return;
+            }
+        } else if (rpc_str_eq(&kv->key, "dim")) {
+            if (rpc_check_value(&kv->val, RPC_T_UINT, RPC_P_RANGE, EMBED_MIN_DIM, EMBED_MAX_DIM,
+                                "embedding.dim", err, sizeof(err)) != 0) {
+                req_fail(r, RPC_INVALID_ARGUMENT, "%s", err);
+                return;
+            }
+            dim = (long)kv->val.via.u64;
+            dim_given = true;
+        } else {
+            req_fail(r, RPC_INVALID_ARGUMENT, "unknown parameter 'embedding.%.*s'",
+                     (int)(kv->key.type == MSGPACK_OBJECT_STR ? kv->key.via.str.size : 1),
+                     kv->key.type == MSGPACK_OBJECT_STR ? kv->key.via.str.ptr : "?");
+            return;
+        }
+    }
+    if (strcmp(provider, "openai") == 0) {
+        /* the provider's vectors have one dimension; a tenant cannot choose another */
+        if (dim_given && dim != s->cfg.openai_dim) {
+            req_fail(r, RPC_INVALID_ARGUMENT,
+                     "parameter 'embedding.dim' must be %d for the openai provider",
+                     s->cfg.openai_dim);
+            return;
+        }
+        dim = s->cfg.openai_dim;
+        model = s->cfg.openai_model;
+    }
+    const char *engine;
+    if (engine_arg(r, req_arg(r, P_TC_INDEX_ENGINE), false, &engine) < 0)
+        return;
+    tc_state *st = req_alloc(r, sizeof(*st));
+    char *name = req_strdup(r, req_arg(r, P_TC_NAME));
+    char *tiername = req_strdup(r, tier);
+    char *dimtxt = req_alloc(r, 16);
+    if (!st || !name || !tiername || !dimtxt) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    char key_id[AUTH_KEY_ID_LEN + 1], hash_hex[65];
+    uint8_t hash[32];
+    auth_new_key(st->key, key_id);
+    auth_hash(s, st->key, AUTH_KEY_LEN, hash);
+    auth_hash_hex(hash, hash_hex);
+    snprintf(dimtxt, 16, "%ld", dim);
+    req_set_state(r, st);
+    const char *vals[] = {name,      tiername, provider, model, dimtxt,
+                          "default", key_id,   hash_hex, engine};
+    db_query q = {.stmt = sql_def(SQL_TENANT_CREATE), DB_VALUES(vals)};
+    req_submit(r, -1, &q, 1, tenant_created);
+}
+
+/* ---- admin.tenant.get / list / update / delete ------------------------------------------ */
+
+enum { P_TG_TENANT_ID, P_TG_NAME };
+PARAMS(admin_tenant_get, {"tenant_id", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},
+       {"name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128});
+
+void h_admin_tenant_get(req *r)
+{
+    const char *vals[3];
+    if (tenant_ref(r, P_TG_TENANT_ID, P_TG_NAME, vals) < 0)
+        return;
+    vals[2] = req_server(r)->cfg.index_engine;
+    db_query q = {.stmt = sql_def(SQL_ADMIN_TENANT_GET), DB_VALUES(vals)};
+    req_submit(r, -1, &q, 1, json_row_done);
+}
+
+enum { P_TL_CURSOR, P_TL_LIMIT };
+PARAMS(admin_tenant_list, {"cursor", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},
+       {"limit", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, LIST_MAX});
+
+typedef struct tl_state {
+    uint64_t limit;
+} tl_state;
+
+static void tenants_listed(req *r, const db_result *res)
+{
+    tl_state *st = req_state(r);
+    if (res->status != DB_OK) {
+        req_fail_db(r, res);
+        return;
+    }
+    const PGresult *pr = res->res[0];
+    const char *json = PQgetvalue(pr, 0, 0);
+    /* the last tenant's id continues the listing: find it in the parsed array */
+    msgpack_sbuffer sb;
+    msgpack_packer tmp;
+    char err[128];
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
+    msgpack_zone zone;
+    msgpack_zone_init(&zone, 4096);
+    msgpack_object arr;
+    size_t off = 0;
+    if (json_to_msgpack(json, strlen(json), 16, &tmp, err, sizeof(err)) != 0 ||
+        msgpack_unpack(sb.data, sb.size, &off, &zone, &arr) != MSGPACK_UNPACK_SUCCESS ||
+        arr.type != MSGPACK_OBJECT_ARRAY) {
+        msgpack_zone_destroy(&zone);
+        msgpack_sbuffer_destroy(&sb);
+        req_fail(r, RPC_INTERNAL, "malformed tenant list");
+        return;
+    }
+    msgpack_packer *pk = req_result(r);
+    msgpack_pack_map(pk, 2);
+    rpc_pack_cstr(pk, "tenants");
+    msgpack_pack_object(pk, arr);
+    rpc_pack_cstr(pk, "next_cursor");
+    const msgpack_object *last =
+        arr.via.array.size ? rpc_map_get(&arr.via.array.ptr[arr.via.array.size - 1], "tenant_id")
+                           : NULL;
+    if (last && arr.via.array.size == st->limit)
+        msgpack_pack_uint64(pk, last->via.u64);
+    else
+        msgpack_pack_nil(pk);
+    msgpack_zone_destroy(&zone);
+    msgpack_sbuffer_destroy(&sb);
+    req_done(r);
+}
+
+void h_admin_tenant_list(req *r)
+{
+    tl_state *st = req_alloc(r, sizeof(*st));
+    char *after = req_alloc(r, 24), *limit = req_alloc(r, 16);
+    if (!st || !after || !limit) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    st->limit = rpc_get_uint(req_arg(r, P_TL_LIMIT), LIST_DEFAULT);
+    snprintf(after, 24, "%lld", (long long)rpc_get_uint(req_arg(r, P_TL_CURSOR), 0));
+    snprintf(limit, 16, "%llu", (unsigned long long)st->limit);
+    req_set_state(r, st);
+    const char *vals[] = {after, limit, req_server(r)->cfg.index_engine};
+    db_query q = {.stmt = sql_def(SQL_ADMIN_TENANT_LIST), DB_VALUES(vals)};
+    req_submit(r, -1, &q, 1, tenants_listed);
+}
+
+enum { P_TU_TENANT_ID, P_TU_NAME, P_TU_NEW_NAME, P_TU_TIER, P_TU_INDEX_ENGINE };
+PARAMS(admin_tenant_update, {"tenant_id", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},
+       {"name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},
+       {"new_name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},
+       {"tier", RPC_T_STR, RPC_P_NULLABLE, 0, 0},
+       {"index_engine", RPC_T_STR, RPC_P_NULLABLE, 0, 0});
+
+typedef struct tu_state {
+    const char *tier;   /* the new tier, or NULL */
+    const char *engine; /* the new engine choice ("default" clears it), or NULL */
+} tu_state;
+
+static void tenant_updated(req *r, const db_result *res)
+{
+    const tu_state *st = req_state(r);
+    server *s = req_server(r);
+    if (res->status == DB_OK && PQntuples(res->res[0]) == 1) {
+        int64_t id = memrow_i64(res->res[0], 0, 1, 0);
+        /* this process learns the new tier and engine at once; others by notification */
+        if (st->tier)
+            tenancy_tier_changed(s->tenancy, id, tier_parse(st->tier, strlen(st->tier)));
+        if (st->engine) {
+            const char *e = strcmp(st->engine, "default") == 0 ? s->cfg.index_engine : st->engine;
+            tenants_engine_changed(s->tenants, id, index_engine_parse(e, strlen(e)));
+        }
+    }
+    json_row_done(r, res);
+}
+
+void h_admin_tenant_update(req *r)
+{
+    const char *vals[6];
+    if (tenant_ref(r, P_TU_TENANT_ID, P_TU_NAME, vals) < 0)
+        return;
+    const msgpack_object *tier = req_arg(r, P_TU_TIER), *nn = req_arg(r, P_TU_NEW_NAME);
+    const msgpack_object *engine = req_arg(r, P_TU_INDEX_ENGINE);
+    if (!tier && !nn && !engine) {
+        req_fail(r, RPC_INVALID_ARGUMENT,
+                 "admin.tenant.update needs 'tier', 'new_name' or 'index_engine'");
+        return;
+    }
+    if (tier && tier_parse(tier->via.str.ptr, tier->via.str.size) < 0) {
+        req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'tier' must be free, standard or premium");
+        return;
+    }
+    if (engine_arg(r, engine, true, &vals[4]) < 0)
+        return;
+    vals[2] = nn ? req_strdup(r, nn) : NULL;
+    vals[3] = tier ? req_strdup(r, tier) : NULL;
+    vals[5] = req_server(r)->cfg.index_engine;
+    tu_state *st = req_alloc(r, sizeof(*st));
+    if ((nn && !vals[2]) || (tier && !vals[3]) || !st) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    st->tier = vals[3];
+    st->engine = vals[4];
+    req_set_state(r, st);
+    db_query q = {.stmt = sql_def(SQL_ADMIN_TENANT_UPDATE), DB_VALUES(vals)};
+    req_submit(r, -1, &q, 1, tenant_updated);
+}
+
+enum { P_TD_TENANT_ID, P_TD_NAME };
+PARAMS(admin_tenant_delete, {"tenant_id", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},
+       {"name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128});
+
+static void tenant_deleted(req *r, const db_result *res)
+{
+    if (res->status != DB_OK) {
+        req_fail_db(r, res);
+        return;
+    }
+    int64_t id = memrow_i64(res->res[0], 0, 0, 0);
+    /* connections of the tenant fail from their next request; its index goes */
+    tenancy_deleted(req_server(r)->tenancy, id);
+    msgpack_packer *pk = req_result(r);
+    msgpack_pack_map(pk, 2);
+    rpc_pack_kv_int(pk, "tenant_id", id);
+    rpc_pack_kv_bool(pk, "deleted", true);
+    req_done(r);
+}
+
+void h_admin_tenant_delete(req *r)
+{
+    const char *vals[2];
+    if (tenant_ref(r, P_TD_TENANT_ID, P_TD_NAME, vals) < 0)
+        return;
+    db_query q = {.stmt = sql_def(SQL_ADMIN_TENANT_DELETE), DB_VALUES(vals)};
+    req_submit(r, -1, &q, 1, tenant_deleted);
+}
+
+/* ---- admin.key.create / list / revoke ----------------------------------------------------- */
+
+enum { P_KC_TENANT_ID, P_KC_TENANT, P_KC_NAME };
+PARAMS(admin_key_create, {"tenant_id", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},
+       {"tenant", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},
+       {"name", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, 128});
+
+static void key_created(req *r, const db_result *res)
+{
+    tc_state *st = req_state(r);
+    if (res->status != DB_OK) {
+        memset(st->key, 0, sizeof(st->key));
+        req_fail_db(r, res);
+        return;
+    }
+    const PGresult *pr = res->res[0];
+    msgpack_packer *pk = req_result(r);
+    msgpack_pack_map(pk, 5);
+    rpc_pack_kv_int(pk, "tenant_id", memrow_i64(pr, 0, 0, 0));
+    rpc_pack_kv_int(pk, "key_id", memrow_i64(pr, 0, 1, 0));
+    rpc_pack_kv_str(pk, "name", req_state(r) ? ((const char *)st + sizeof(*st)) : "");
+    rpc_pack_kv_str(pk, "api_key", st->key);
+    rpc_pack_kv_int(pk, "created_at", memrow_i64(pr, 0, 2, 0));
+    memset(st->key, 0, sizeof(st->key));
+    req_done(r);
+}
+
+void h_admin_key_create(req *r)
+{
+    server *s = req_server(r);
+    const char *vals[5];
+    if (tenant_ref(r, P_KC_TENANT_ID, P_KC_TENANT, vals) < 0)
+        return;
+    const msgpack_object *name = req_arg(r, P_KC_NAME);
+    /* the state holds the key, then the key's name right behind it */
+    tc_state *st = req_alloc(r, sizeof(*st) + name->via.str.size + 1);
+    if (!st) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    char *nm = (char *)st + sizeof(*st);
+    memcpy(nm, name->via.str.ptr, name->via.str.size);
+    nm[name->via.str.size] = '\0';
+    char key_id[AUTH_KEY_ID_LEN + 1], *hash_hex = req_alloc(r, 65);
+    if (!hash_hex) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    uint8_t hash[32];
+    auth_new_key(st->key, key_id);
+    auth_hash(s, st->key, AUTH_KEY_LEN, hash);
+    auth_hash_hex(hash, hash_hex);
+    char *kid = req_alloc(r, sizeof(key_id));
+    if (!kid) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    memcpy(kid, key_id, sizeof(key_id));
+    req_set_state(r, st);
+    vals[2] = nm;
+    vals[3] = kid;
+    vals[4] = hash_hex;
+    db_query q = {.stmt = sql_def(SQL_ADMIN_KEY_CREATE), DB_VALUES(vals)};
+    req_submit(r, -1, &q, 1, key_created);
+}
+
+enum { P_KL_TENANT_ID, P_KL_TENANT };
+PARAMS(admin_key_list, {"tenant_id", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},
+       {"tenant", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128});
+
+static void keys_listed(req *r, const db_result *res)
+{
+    if (res->status != DB_OK) {
+        req_fail_db(r, res);
+        return;
+    }
+    const PGresult *pr = res->res[0];
+    msgpack_packer *pk = req_result(r);
+    msgpack_pack_map(pk, 1);
+    rpc_pack_cstr(pk, "keys");
+    mp_pack_json(pk, PQgetvalue(pr, 0, 0), (size_t)PQgetlength(pr, 0, 0));
+    req_done(r);
+}
+
+void h_admin_key_list(req *r)
+{
+    const char *vals[2];
+    if (tenant_ref(r, P_KL_TENANT_ID, P_KL_TENANT, vals) < 0)
+        return;
+    db_query q = {.stmt = sql_def(SQL_ADMIN_KEY_LIST), DB_VALUES(vals)};
+    req_submit(r, -1, &q, 1, keys_listed);
+}
+
+enum { P_KR_KEY_ID };
+PARAMS(admin_key_revoke, {"key_id", RPC_T_UINT, RPC_P_REQUIRED, 0, 0});
+
+static void key_revoked(req *r, const db_result *res)
+{
+    if (res->status != DB_OK) {
+        req_fail_db(r, res);
+        return;
+    }
+    int64_t key = (int64_t)rpc_get_uint(req_arg(r, P_KR_KEY_ID), 0);
+    /* connections of this process holding the key fail from their next request */
+    tenancy_revoked(req_server(r)->tenancy, key);
+    msgpack_packer *pk = req_result(r);
+    msgpack_pack_map(pk, 3);
+    rpc_pack_kv_int(pk, "key_id", key);
+    rpc_pack_kv_int(pk, "tenant_id", memrow_i64(res->res[0], 0, 0, 0));
+    rpc_pack_kv_bool(pk, "revoked", true);
+    req_done(r);
+}
+
+void h_admin_key_revoke(req *r)
+{
+    char *kid = req_alloc(r, 24);
+    if (!kid) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    snprintf(kid, 24, "%lld", (long long)rpc_get_uint(req_arg(r, P_KR_KEY_ID), 0));
+    const char *vals[] = {kid};
+    db_query q = {.stmt = sql_def(SQL_ADMIN_KEY_REVOKE), DB_VALUES(vals)};
+    req_submit(r, -1, &q, 1, key_revoked);
+}
+
+/* ---- tenant.usage (a tenant's own) ------------------------------------------------------- */
+
+NO_PARAMS(tenant_usage);
+
+static void usage_done(req *r, const db_result *res)
+{
+    if (res->status != DB_OK) {
+        req_fail_db(r, res);
+        return;
+    }
+    const PGresult *pr = res->res[0];
+    if (PQntuples(pr) != 1) {
+        req_fail(r, RPC_NOT_FOUND, "tenant not found");
+        return;
+    }
+    const char *tiername = PQgetvalue(pr, 0, 0);
+    int tier = tier_parse(tiername, strlen(tiername));
+    const tier_limits *tl = &req_server(r)->tiers[tier < 0 ? 0 : tier];
+    msgpack_packer *pk = req_result(r);
+    msgpack_pack_map(pk, 6);
+    rpc_pack_kv_int(pk, "tenant_id", req_auth(r)->tenant_id);
+    rpc_pack_kv_str(pk, "tier", tiername);
+    rpc_pack_cstr(pk, "memories");
+    msgpack_pack_map(pk, 2);
+    rpc_pack_kv_int(pk, "stored", memrow_i64(pr, 0, 1, 0));
+    if (tl->max_memories)
+        rpc_pack_kv_int(pk, "limit", tl->max_memories);
+    else
+        rpc_pack_kv_nil(pk, "limit");
+    rpc_pack_cstr(pk, "queries");
+    msgpack_pack_map(pk, 3);
+    rpc_pack_kv_int(pk, "today", memrow_i64(pr, 0, 2, 0));
+    if (tl->queries_per_day)
+        rpc_pack_kv_int(pk, "limit", tl->queries_per_day);
+    else
+        rpc_pack_kv_nil(pk, "limit");
+    rpc_pack_kv_int(pk, "resets_at", memrow_i64(pr, 0, 4, 0));
+    rpc_pack_kv_int(pk, "storage_bytes", memrow_i64(pr, 0, 3, 0));
+    rpc_pack_cstr(pk, "rate");
+    msgpack_pack_map(pk, 2);
+    rpc_pack_kv_num(pk, "per_second", tl->rate_per_s);
+    rpc_pack_kv_num(pk, "burst", tl->rate_burst);
+    req_done(r);
+}
+
+void h_tenant_usage(req *r)
+{
+    const char *tid = mp_tenant_param(r);
+    if (!tid) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    const char *vals[] = {tid};
+    db_query q = {.stmt = sql_def(SQL_TENANT_USAGE), DB_VALUES(vals)};
+    req_submit(r, req_auth(r)->tenant_id, &q, 1, usage_done);
+}

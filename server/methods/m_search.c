@@ -1,0 +1,703 @@
+/* server/methods/m_search.c: memory.search and memory.context.
+ *
+ * One pipeline serves both: parse the filter; if it has an attrs containment, ask
+ * PostgreSQL for the matching ids; in text and hybrid modes run the full-text query; wait
+ * for the tenant's index; run the exact filtered vector search; fuse; count the accesses;
+ * fetch the rows; pack the results or the <agent_memory> block.
+ *
+ * Ranking. vector: score = w * similarity + (1 - w) * composite. text: PostgreSQL's
+ * ts_rank_cd of the query against the content. hybrid: reciprocal rank fusion of the
+ * vector and text rankings, score = sum over both lists of 1 / (60 + rank), where rank
+ * starts at 1 and a memory missing from a list contributes nothing for it.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "access.h"
+#include "embedder.h"
+#include "handlers.h"
+#include "log.h"
+#include "memfilter.h"
+#include "mempack.h"
+#include "rowcache.h"
+#include "memrow.h"
+#include "sql.h"
+#include "tenants.h"
+#include "ubuf.h"
+
+#define RRF_K 60.0
+#define HYBRID_MIN_CANDIDATES 50
+#define CONTEXT_TAG_TOKENS 4 /* the seed's allowance for <agent_memory></agent_memory> */
+
+enum { MODE_VECTOR, MODE_TEXT, MODE_HYBRID };
+
+/* Parameters after the shared filter ones. */
+enum {
+    P_SE_QUERY = MF__COUNT,
+    P_SE_EMBEDDING,
+    P_SE_TOP_K,
+    P_SE_MODE,
+    P_SE_SIMILARITY_WEIGHT,
+    P_SE_BUDGET_TOKENS, /* memory.context only */
+};
+
+#define SEARCH_PARAMS                                                                              \
+    MF_PARAMS, {"query", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 16777216},                    \
+        {"embedding", RPC_T_VECTOR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 4096},                        \
+        {"top_k", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, 100000},                            \
+        {"mode", RPC_T_STR, RPC_P_NULLABLE, 0, 0},                                                 \
+    {                                                                                              \
+        "similarity_weight", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1                         \
+    }
+
+PARAMS(memory_search, SEARCH_PARAMS);
+PARAMS(memory_context, SEARCH_PARAMS,
+       {"budget_tokens", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, 1000000});
+
+typedef struct result {
+    uint64_t id;
+    double score;
+    bool has_sim;
+    float similarity;
+    double composite;
+    mem_meta meta; /* as scored (tags not valid) */
+} result;
+
+typedef struct search_state {
+    bool context;
+    int mode;
+    mem_filter f;
+    size_t k;
+    size_t ncand; /* candidates per ranking (hybrid needs more than k) */
+    double w;
+    uint64_t budget;
+    const char *query;
+    float *qvec;   /* NULL in text mode without a query vector */
+    bool have_vec; /* the request gave the vector (no embedding needed) */
+    tenant *t;
+    uint64_t *text_ids;
+    double *text_rank;
+    size_t ntext;
+    result *res;
+    size_t nres;
+    memrow *rows; /* rows[i]: the row of res[i], when have[i] */
+    bool *have;
+} search_state;
+
+static void release_tenant(void *arg)
+{
+    search_state *st = arg;
+    tenant_put(st->t);
+    st->t = NULL;
+}
+
+static void free_attr_ids(void *arg)
+{
+    idmap_destroy(arg);
+}
+
+static bool keep_cb(const void *meta, void *ctx)
+{
+    const search_state *st = ctx;
+    const mem_meta *m = meta;
+    return mf_keep(&st->f, m->id, m);
+}
+
+static double score_cb(float sim, const void *meta, void *ctx)
+{
+    const search_state *st = ctx;
+    const mem_meta *m = meta;
+    double c =
+        score_composite(st->f.sp, m->created_ms, m->access_count, m->importance, st->f.now_ms);
+    return score_blend(st->w, sim, c);
+}
+
+/* ---- the last steps: rows, then the response ------------------------------------------ */
+
+/* Counts one access to each of the n memories: the index now, PostgreSQL in a batch. */
+static void count_access(req *r, search_state *st, const uint64_t *ids, size_t n)
+{
+    tenant_touch(st->t, ids, n, st->f.now_ms);
+    access_log_add(worker_access(req_worker(r)), req_auth(r)->tenant_id, ids, n, st->f.now_ms);
+}
+
+static void xml_escape(ubuf *b, const char *s, size_t n)
+{
+    size_t start = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *rep = NULL;
+        switch (s[i]) {
+        case '&':
+            rep = "&amp;";
+            break;
+        case '<':
+            rep = "&lt;";
+            break;
+        case '>':
+            rep = "&gt;";
+            break;
+        case '"':
+            rep = "&quot;";
+            break;
+        case '\'':
+            rep = "&apos;";
+            break;
+        default:
+            continue;
+        }
+        ubuf_append(b, s + start, i - start);
+        ubuf_append(b, rep, strlen(rep));
+        start = i + 1;
+    }
+    ubuf_append(b, s + start, n - start);
+}
+
+/* The seed's age display: minutes under an hour, hours under a day, days under a week,
+ * weeks under 30 days, months (30 days) under a year (365 days), then years. */
+static void age_display(int64_t age_ms, char *out, size_t n)
+{
+    int64_t min = age_ms > 0 ? age_ms / 60000 : 0;
+    int64_t h = min / 60, d = h / 24;
+    if (min < 60)
+        snprintf(out, n, "%lldm", (long long)min);
+    else if (h < 24)
+        snprintf(out, n, "%lldh", (long long)h);
+    else if (d < 7)
+        snprintf(out, n, "%lldd", (long long)d);
+    else if (d < 30)
+        snprintf(out, n, "%lldw", (long long)(d / 7));
+    else if (d < 365)
+        snprintf(out, n, "%lldmo", (long long)(d / 30));
+    else
+        snprintf(out, n, "%lldy", (long long)(d / 365));
+}
+
+static void pack_context(req *r, search_state *st)
+{
+    ubuf xml = {0};
+    uint64_t used = CONTEXT_TAG_TOKENS;
+    uint64_t *ids = req_alloc(r, (st->nres + 1) * sizeof(*ids));
+    size_t nids = 0;
+    ubuf_append(&xml, "<agent_memory>\n", 15);
+    for (size_t i = 0; ids && i < st->nres; i++) {
+        if (!st->have[i])
+            continue; /* gone since the search */
+        const memrow *m = &st->rows[i];
+        ubuf entry = {0};
+        char head[160], age[24];
+        age_display(st->f.now_ms - m->created_ms, age, sizeof(age));
+        int hl = snprintf(head, sizeof(head),
+                          "  <memory type=\"%s\" importance=\"%.2f\" age=\"%s\">\n    ",
+                          memrow_type_name(m->type), m->importance, age);
+        ubuf_append(&entry, head, (size_t)hl);
+        xml_escape(&entry, m->content, m->content_len);
+        ubuf_append(&entry, "\n  </memory>\n", 13);
+        uint64_t tokens = entry.len / 4;
+        if (used + tokens > st->budget) {
+            ubuf_fini(&entry);
+            break;
+        }
+        used += tokens;
+        ubuf_append(&xml, entry.data, entry.len);
+        ubuf_fini(&entry);
+        ids[nids++] = m->id;
+    }
+    ubuf_append(&xml, "</agent_memory>", 15);
+    if (!ids || !xml.data) {
+        ubuf_fini(&xml);
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    if (nids)
+        count_access(r, st, ids, nids);
+    msgpack_packer *pk = req_result(r);
+    msgpack_pack_map(pk, 3);
+    rpc_pack_cstr(pk, "text");
+    rpc_pack_strn(pk, xml.data, xml.len);
+    rpc_pack_cstr(pk, "ids");
+    msgpack_pack_array(pk, (uint32_t)nids);
+    for (size_t i = 0; i < nids; i++)
+        msgpack_pack_uint64(pk, ids[i]);
+    rpc_pack_kv_uint(pk, "tokens_used", used);
+    ubuf_fini(&xml);
+    req_done(r);
+}
+
+/* Packs the response from the rows of the results (a result without one was deleted
+ * since the search and is left out). */
+static void search_finish(req *r, search_state *st)
+{
+    if (st->context) {
+        pack_context(r, st);
+        return;
+    }
+    uint32_t n = 0;
+    for (size_t i = 0; i < st->nres; i++)
+        n += st->have[i];
+    msgpack_packer *pk = req_result(r);
+    msgpack_pack_map(pk, 1);
+    rpc_pack_cstr(pk, "results");
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < st->nres; i++) {
+        if (!st->have[i])
+            continue;
+        const result *x = &st->res[i];
+        mp_fresh fresh = {.set = true,
+                          .access_count = x->meta.access_count,
+                          .last_access_ms = x->meta.last_access_ms};
+        mp_pack_memory(pk, &st->rows[i], &fresh, 3);
+        if (x->has_sim)
+            rpc_pack_kv_num(pk, "similarity", x->similarity);
+        else
+            rpc_pack_kv_nil(pk, "similarity");
+        rpc_pack_kv_num(pk, "composite", x->composite);
+        rpc_pack_kv_num(pk, "score", x->score);
+    }
+    req_done(r);
+}
+
+static void *arena(void *ctx, size_t n)
+{
+    return req_alloc(ctx, n);
+}
+
+/* The rows the cache did not have: rows come back in the order of the ids asked, which is
+ * the results' order; they go into the cache too. */
+static void search_rows(req *r, const db_result *res)
+{
+    search_state *st = req_state(r);
+    if (res->status != DB_OK) {
+        req_fail_db(r, res);
+        return;
+    }
+    const PGresult *pr = res->res[0];
+    rowcache *rc = req_server(r)->rows;
+    int64_t tid_owner = req_auth(r)->tenant_id;
+    int nrows = PQntuples(pr), row = 0;
+    for (size_t i = 0; i < st->nres && row < nrows; i++) {
+        if (st->have[i])
+            continue;
+        memrow m;
+        if (memrow_parse(pr, row, 0, &m) != 0) {
+            req_fail(r, RPC_INTERNAL, "malformed memory row");
+            return;
+        }
+        if (m.id != st->res[i].id)
+            continue; /* deleted since the search */
+        row++;
+        st->rows[i] = m; /* points into pr, which outlives search_finish below */
+        st->have[i] = true;
+        rc_put(rc, tid_owner, &m);
+    }
+    search_finish(r, st);
+}
+
+/* Fills each result's similarity, metadata and composite from the index. */
+static void describe(search_state *st, vindex *vi)
+{
+    size_t dim = vindex_dim(vi);
+    float *v = st->qvec ? malloc(dim * sizeof(float)) : NULL;
+    double qn = 0;
+    for (size_t k = 0; st->qvec && k < dim; k++)
+        qn += (double)st->qvec[k] * st->qvec[k];
+    qn = sqrt(qn);
+    for (size_t i = 0; i < st->nres; i++) {
+        result *x = &st->res[i];
+        if (vindex_get_meta(vi, x->id, &x->meta) == 0) {
+            x->meta.tags = NULL;
+            x->meta.ntags = 0;
+            x->composite = score_composite(st->f.sp, x->meta.created_ms, x->meta.access_count,
+                                           x->meta.importance, st->f.now_ms);
+        }
+        if (!x->has_sim && v && qn > 0 && vindex_get_vector(vi, x->id, v) == 0) {
+            double dot = 0;
+            for (size_t k = 0; k < dim; k++)
+                dot += (double)v[k] * st->qvec[k];
+            x->similarity = (float)(dot / qn);
+            x->has_sim = true;
+        }
+    }
+    free(v);
+}
+
+static int cmp_result(const void *a, const void *b)
+{
+    const result *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score > y->score ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Reciprocal rank fusion of the vector hits and the text ids into st->res. */
+static int fuse(req *r, search_state *st, const vindex_hit *hits, size_t nhits)
+{
+    size_t cap = nhits + st->ntext;
+    result *all = req_alloc(r, (cap + 1) * sizeof(*all));
+    idmap *pos = idmap_create(cap + 1);
+    if (!all || !pos) {
+        idmap_destroy(pos);
+        return -ENOMEM;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < nhits; i++) {
+        memset(&all[n], 0, sizeof(all[n]));
+        all[n].id = hits[i].id;
+        all[n].score = 1.0 / (RRF_K + (double)(i + 1));
+        all[n].has_sim = true;
+        all[n].similarity = hits[i].similarity;
+        idmap_put(pos, hits[i].id, n);
+        n++;
+    }
+    for (size_t i = 0; i < st->ntext; i++) {
+        uint64_t p;
+        double add = 1.0 / (RRF_K + (double)(i + 1));
+        if (idmap_get(pos, st->text_ids[i], &p)) {
+            all[p].score += add;
+            continue;
+        }
+        memset(&all[n], 0, sizeof(all[n]));
+        all[n].id = st->text_ids[i];
+        all[n].score = add;
+        idmap_put(pos, st->text_ids[i], n);
+        n++;
+    }
+    idmap_destroy(pos);
+    qsort(all, n, sizeof(*all), cmp_result);
+    st->res = all;
+    st->nres = n < st->k ? n : st->k;
+    return 0;
+}
+
+/* The index is loaded: rank, count the accesses, fetch the rows. */
+static void search_run(req *r)
+{
+    search_state *st = req_state(r);
+    vindex *vi = tenant_index(st->t);
+    vindex_hit *hits = NULL;
+    size_t nhits = 0;
+    if (st->mode != MODE_TEXT) {
+        hits = req_alloc(r, st->ncand * sizeof(*hits));
+        if (!hits) {
+            req_fail(r, RPC_INTERNAL, "out of memory");
+            return;
+        }
+        vindex_query q = {.vec = st->qvec,
+                          .k = st->ncand,
+                          .keep = keep_cb,
+                          .score = score_cb,
+                          .score_slope = st->w,
+                          .score_bound = 1.0 - st->w,
+                          .score_monotone = true,
+                          .ctx = st};
+        if (st->w >= 1.0) {
+            /* similarity alone: the index ranks by it directly, at the depth its recall
+             * monitor measured for exactly that ranking */
+            q.score = NULL;
+            q.score_slope = q.score_bound = 0.0;
+            q.score_monotone = false;
+        }
+        int rc = vindex_search(vi, &q, hits, &nhits);
+        if (rc != 0) {
+            req_fail(r, rc == -ENOMEM ? RPC_INTERNAL : RPC_INVALID_ARGUMENT, "search failed (%d)",
+                     rc);
+            return;
+        }
+    }
+    if (st->mode == MODE_VECTOR) {
+        st->res = req_alloc(r, (nhits + 1) * sizeof(*st->res));
+        if (!st->res) {
+            req_fail(r, RPC_INTERNAL, "out of memory");
+            return;
+        }
+        for (size_t i = 0; i < nhits; i++) {
+            memset(&st->res[i], 0, sizeof(st->res[i]));
+            st->res[i].id = hits[i].id;
+            st->res[i].score = hits[i].score;
+            st->res[i].has_sim = true;
+            st->res[i].similarity = hits[i].similarity;
+        }
+        st->nres = nhits;
+    } else if (st->mode == MODE_TEXT) {
+        st->res = req_alloc(r, (st->ntext + 1) * sizeof(*st->res));
+        if (!st->res) {
+            req_fail(r, RPC_INTERNAL, "out of memory");
+            return;
+        }
+        for (size_t i = 0; i < st->ntext; i++) {
+            memset(&st->res[i], 0, sizeof(st->res[i]));
+            st->res[i].id = st->text_ids[i];
+            st->res[i].score = st->text_rank[i];
+        }
+        st->nres = st->ntext < st->k ? st->ntext : st->k;
+    } else if (fuse(r, st, hits, nhits) < 0) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    describe(st, vi);
+    uint64_t *ids = req_alloc(r, (st->nres + 1) * sizeof(*ids));
+    st->rows = req_alloc(r, (st->nres + 1) * sizeof(*st->rows));
+    st->have = req_alloc(r, st->nres + 1);
+    if (!ids || !st->rows || !st->have) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < st->nres; i++)
+        ids[i] = st->res[i].id;
+    /* every memory returned counts as an access (a context block's: once it is known which
+     * entries fit, see pack_context) */
+    if (st->nres && !st->context)
+        count_access(r, st, ids, st->nres);
+    /* rows from the cache at the version the index knows; the rest from PostgreSQL */
+    rowcache *rc = req_server(r)->rows;
+    int64_t tid_owner = req_auth(r)->tenant_id;
+    size_t nmiss = 0;
+    for (size_t i = 0; i < st->nres; i++) {
+        st->have[i] =
+            rc_get(rc, tid_owner, st->res[i].id, st->res[i].meta.seq, &st->rows[i], arena, r);
+        if (!st->have[i])
+            ids[nmiss++] = st->res[i].id;
+    }
+    if (nmiss == 0) {
+        search_finish(r, st);
+        return;
+    }
+    char *arr = mp_ids_literal(r, ids, nmiss);
+    const char *tid = mp_tenant_param(r);
+    if (!arr || !tid) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    const char *vals[] = {tid, arr};
+    db_query q = {.stmt = sql_def(SQL_MEMORY_GET), DB_VALUES(vals)};
+    req_submit(r, tid_owner, &q, 1, search_rows);
+}
+
+static void index_ready(void *arg, int status, const char *err)
+{
+    req *r = arg;
+    if (status != 0) {
+        req_fail(r, RPC_UNAVAILABLE, "%s", err ? err : "index unavailable");
+        return;
+    }
+    search_run(r);
+}
+
+/* Waits for the tenant's index (loading it if needed), then runs the search. */
+static void search_index(req *r)
+{
+    search_state *st = req_state(r);
+    const conn_auth *a = req_auth(r);
+    st->t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
+    if (!st->t || req_on_free(r, release_tenant, st) < 0) {
+        tenant_put(st->t);
+        st->t = NULL;
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    int rc = tenant_when_ready(st->t, req_worker(r), index_ready, r);
+    if (rc == 1)
+        search_run(r);
+    else if (rc < 0)
+        req_fail(r, RPC_INTERNAL, "out of memory");
+}
+
+static void text_rows(req *r, const db_result *res)
+{
+    search_state *st = req_state(r);
+    if (res->status != DB_OK) {
+        req_fail_db(r, res);
+        return;
+    }
+    const PGresult *pr = res->res[0];
+    size_t n = (size_t)PQntuples(pr);
+    st->text_ids = req_alloc(r, (n + 1) * sizeof(*st->text_ids));
+    st->text_rank = req_alloc(r, (n + 1) * sizeof(*st->text_rank));
+    if (!st->text_ids || !st->text_rank) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        st->text_ids[i] = (uint64_t)memrow_i64(pr, (int)i, 0, 0);
+        st->text_rank[i] = memrow_f64_of(pr, (int)i, 1, 0, ROWERR_OTHER);
+    }
+    st->ntext = n;
+    search_index(r);
+}
+
+static void search_text(req *r)
+{
+    search_state *st = req_state(r);
+    const char *vals[18];
+    char *limit = req_alloc(r, 16);
+    vals[0] = mp_tenant_param(r);
+    if (!limit || !vals[0] || mf_sql_params(r, &st->f, vals + 1) < 0) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    snprintf(limit, 16, "%zu", st->ncand);
+    vals[16] = st->query;
+    vals[17] = limit;
+    db_query q = {.stmt = sql_def(SQL_MEMORY_TEXT_SEARCH), DB_VALUES(vals)};
+    req_submit(r, req_auth(r)->tenant_id, &q, 1, text_rows);
+}
+
+static void attrs_rows(req *r, const db_result *res)
+{
+    search_state *st = req_state(r);
+    if (res->status != DB_OK) {
+        req_fail_db(r, res);
+        return;
+    }
+    const PGresult *pr = res->res[0];
+    int n = PQntuples(pr);
+    idmap *ids = idmap_create((size_t)n + 1);
+    if (!ids || req_on_free(r, free_attr_ids, ids) < 0) {
+        idmap_destroy(ids);
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (idmap_put(ids, (uint64_t)memrow_i64(pr, i, 0, 0), 1) < 0) {
+            req_fail(r, RPC_INTERNAL, "out of memory");
+            return;
+        }
+    }
+    st->f.attr_ids = ids;
+    if (st->mode == MODE_VECTOR)
+        search_index(r);
+    else
+        search_text(r);
+}
+
+/* After the query vector is known: the PostgreSQL steps, then the index. */
+static void search_start(req *r, rpc_code code, const char *message)
+{
+    search_state *st = req_state(r);
+    if (code != RPC_OK) {
+        req_fail(r, code, "%s", message ? message : "embedding failed");
+        return;
+    }
+    if (st->f.attrs_json && st->mode != MODE_TEXT) {
+        const char *tid = mp_tenant_param(r);
+        if (!tid) {
+            req_fail(r, RPC_INTERNAL, "out of memory");
+            return;
+        }
+        const char *vals[] = {tid, st->f.attrs_json};
+        db_query q = {.stmt = sql_def(SQL_MEMORY_ATTRS_IDS), DB_VALUES(vals)};
+        req_submit(r, req_auth(r)->tenant_id, &q, 1, attrs_rows);
+        return;
+    }
+    if (st->mode == MODE_VECTOR)
+        search_index(r);
+    else
+        search_text(r);
+}
+
+/* Admitted: embed the query text unless a vector came with it, then go on. */
+static void search_admitted(req *r)
+{
+    search_state *st = req_state(r);
+    if (st->have_vec) {
+        search_start(r, RPC_OK, NULL);
+        return;
+    }
+    const char *texts[1] = {st->query};
+    size_t lens[1] = {strlen(st->query)};
+    float *outs[1] = {st->qvec};
+    const char *whats[1] = {"query"};
+    embedder_run(r, texts, lens, outs, whats, 1, search_start);
+}
+
+static void search_begin(req *r, bool context)
+{
+    server *s = req_server(r);
+    const conn_auth *a = req_auth(r);
+    search_state *st = req_alloc(r, sizeof(*st));
+    if (!st) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    memset(st, 0, sizeof(*st));
+    req_set_state(r, st);
+    if (mf_parse(r, 0, &st->f) < 0)
+        return;
+    st->context = context;
+    const msgpack_object *query = req_arg(r, P_SE_QUERY);
+    const msgpack_object *embedding = req_arg(r, P_SE_EMBEDDING);
+    const msgpack_object *mode = req_arg(r, P_SE_MODE);
+    st->mode = MODE_VECTOR;
+    if (mode) {
+        if (rpc_str_eq(mode, "text"))
+            st->mode = MODE_TEXT;
+        else if (rpc_str_eq(mode, "hybrid"))
+            st->mode = MODE_HYBRID;
+        else if (!rpc_str_eq(mode, "vector")) {
+            req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'mode' must be vector, text or hybrid");
+            return;
+        }
+    }
+    if (st->mode != MODE_VECTOR && !query) {
+        req_fail(r, RPC_INVALID_ARGUMENT, "mode '%s' needs parameter 'query'",
+                 st->mode == MODE_TEXT ? "text" : "hybrid");
+        return;
+    }
+    if (!query && !embedding) {
+        req_fail(r, RPC_INVALID_ARGUMENT, "%s needs 'query' or 'embedding'", req_method(r));
+        return;
+    }
+    uint64_t k = rpc_get_uint(req_arg(r, P_SE_TOP_K), 10);
+    if (k > (uint64_t)s->cfg.max_top_k) {
+        req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'top_k' must be between 1 and %d",
+                 s->cfg.max_top_k);
+        return;
+    }
+    st->k = (size_t)k;
+    st->ncand = st->k;
+    if (st->mode == MODE_HYBRID) {
+        st->ncand = st->k * 3 > HYBRID_MIN_CANDIDATES ? st->k * 3 : HYBRID_MIN_CANDIDATES;
+        if (st->ncand > (size_t)s->cfg.max_top_k * 3)
+            st->ncand = (size_t)s->cfg.max_top_k * 3;
+    }
+    st->w = rpc_get_num(req_arg(r, P_SE_SIMILARITY_WEIGHT), s->cfg.similarity_weight);
+    st->budget = context ? rpc_get_uint(req_arg(r, P_SE_BUDGET_TOKENS), 3000) : 0;
+    if (query && !(st->query = req_strdup(r, query))) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    st->qvec = req_alloc(r, a->dim * sizeof(float));
+    if (!st->qvec) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    char err[300];
+    if (embedding) {
+        if (rpc_get_vector(embedding, "embedding", st->qvec, a->dim, err, sizeof(err)) != 0) {
+            req_fail(r, RPC_INVALID_ARGUMENT, "%s (this tenant's dimension is %u)", err, a->dim);
+            return;
+        }
+        double norm = 0;
+        for (size_t i = 0; i < a->dim; i++)
+            norm += (double)st->qvec[i] * st->qvec[i];
+        if (norm == 0.0) {
+            req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'embedding' is a zero vector");
+            return;
+        }
+        st->have_vec = true;
+    }
+    /* the arguments are valid: now the call counts against the daily query limit */
+    req_admit_query(r, search_admitted);
+}
+
+void h_memory_search(req *r)
+{
+    search_begin(r, false);
+}
+
+void h_memory_context(req *r)
+{
+    search_begin(r, true);
+}

@@ -1,0 +1,104 @@
+/* server/methods/methods.c: the sorted method table (see methods.h). */
+#include "methods.h"
+
+#include <string.h>
+
+#include "handlers.h"
+#include "log.h"
+
+#define M(wire, h, flags)                                                                          \
+    {                                                                                              \
+        wire, h_##h, p_##h, 0, flags, &np_##h                                                      \
+    }
+
+/* Sorted by name (strcmp order); methods_check verifies it and fills in the parameter
+ * counts (their sizes live in the handlers' files). */
+static method_def table[] = {
+    M("admin.key.create", admin_key_create, M_ADMIN),
+    M("admin.key.list", admin_key_list, M_ADMIN),
+    M("admin.key.revoke", admin_key_revoke, M_ADMIN),
+    M("admin.tenant.create", admin_tenant_create, M_ADMIN),
+    M("admin.tenant.delete", admin_tenant_delete, M_ADMIN),
+    M("admin.tenant.get", admin_tenant_get, M_ADMIN),
+    M("admin.tenant.list", admin_tenant_list, M_ADMIN),
+    M("admin.tenant.update", admin_tenant_update, M_ADMIN),
+    M("auth", auth, M_PUBLIC | M_AUTH),
+    M("memory.archive", memory_archive, M_TENANT | M_WRITE),
+    M("memory.consolidate", memory_consolidate, M_TENANT | M_WRITE),
+    M("memory.consolidation.runs", memory_consolidation_runs, M_TENANT),
+    M("memory.context", memory_context, M_TENANT | M_QUERY),
+    M("memory.delete", memory_delete, M_TENANT | M_WRITE),
+    M("memory.get", memory_get, M_TENANT),
+    M("memory.history", memory_history, M_TENANT),
+    M("memory.list", memory_list, M_TENANT),
+    M("memory.restore", memory_restore, M_TENANT | M_WRITE),
+    M("memory.search", memory_search, M_TENANT | M_QUERY),
+    M("memory.stats", memory_stats, M_TENANT),
+    M("memory.store", memory_store, M_TENANT | M_WRITE),
+    M("memory.store_batch", memory_store_batch, M_TENANT | M_WRITE),
+    M("memory.update", memory_update, M_TENANT | M_WRITE),
+    M("methods", methods, M_PUBLIC),
+    M("ping", ping, M_PUBLIC),
+    M("session.append", session_append, M_TENANT | M_WRITE),
+    M("session.checkpoint", session_checkpoint, M_TENANT | M_WRITE),
+    M("session.checkpoints", session_checkpoints, M_TENANT),
+    M("session.children", session_children, M_TENANT),
+    M("session.complete", session_complete, M_TENANT | M_WRITE),
+    M("session.create", session_create, M_TENANT | M_WRITE),
+    M("session.end", session_end, M_TENANT | M_WRITE),
+    M("session.get", session_get, M_TENANT),
+    M("session.handoff", session_handoff, M_TENANT),
+    M("session.list", session_list, M_TENANT),
+    M("session.messages", session_messages, M_TENANT),
+    M("session.note.add", session_note_add, M_TENANT | M_WRITE),
+    M("session.notes", session_notes, M_TENANT),
+    M("session.resume", session_resume, M_TENANT | M_WRITE),
+    M("session.scratchpad.get", session_scratchpad_get, M_TENANT),
+    M("session.scratchpad.update", session_scratchpad_update, M_TENANT | M_WRITE),
+    M("session.spawn", session_spawn, M_TENANT | M_WRITE),
+    M("session.summarize", session_summarize, M_TENANT | M_WRITE),
+    M("session.task.complete", session_task_complete, M_TENANT | M_WRITE),
+    M("session.tombstone", session_tombstone, M_TENANT | M_WRITE),
+    M("tenant.usage", tenant_usage, M_TENANT),
+};
+
+const method_def *const methods_table = table;
+const size_t methods_count = sizeof(table) / sizeof(table[0]);
+
+int methods_check(void)
+{
+    for (size_t i = 0; i < methods_count; i++) {
+        table[i].nparams = *table[i].count;
+        if (table[i].nparams > METHOD_MAX_PARAMS) {
+            log_error("method %s has too many parameters", table[i].name);
+            return -1;
+        }
+        if (i > 0 && strcmp(table[i - 1].name, table[i].name) >= 0) {
+            log_error("method table not sorted at %s", table[i].name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+const method_def *methods_find(const char *name, size_t n, size_t *idx)
+{
+    size_t lo = 0, hi = methods_count;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        const char *m = table[mid].name;
+        size_t mlen = strlen(m);
+        int c = memcmp(m, name, mlen < n ? mlen : n);
+        if (c == 0)
+            c = mlen < n ? -1 : mlen > n ? 1 : 0;
+        if (c == 0) {
+            *idx = mid;
+            return &table[mid];
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}

@@ -1,0 +1,623 @@
+/* server/net/conn.c: client connections: framing, backpressure and deadlines (see conn.h). */
+#include "conn.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/event.h>
+
+#include "climits.h"
+#include "log.h"
+#include "metrics.h"
+#include "req.h"
+#include "tenancy.h"
+#include "tls.h"
+
+/* Bytes libevent may buffer from the socket before it stops reading; we drain from there
+ * into the connection's own contiguous buffer as messages are processed. Over TLS the
+ * connection applies it itself (see update_reading). */
+#define READ_HIGH_WATER (256 * 1024)
+/* Before auth: unsent answers and requests in progress a connection may have. */
+#define PREAUTH_OUTPUT (64 * 1024)
+#define PREAUTH_INFLIGHT 8
+/* Under the server-wide budget, a connection holding at least this much unsent output that
+ * took none of it for STALL_MS is closed. A sender must keep min_send_rate after GRACE_MS. */
+#define HOG_OUTPUT (1024 * 1024)
+#define STALL_MS 5000
+#define GRACE_MS 5000
+
+struct conn {
+    worker *w;
+    server *srv;
+    struct bufferevent *bev;
+    conn *prev, *next;
+    unsigned refs;
+    bool open;          /* the socket is open */
+    bool closing;       /* close once the output is flushed */
+    bool read_stopped;  /* drain: no new requests */
+    bool paused;        /* backpressure: reading paused */
+    bool processing;    /* process_input is on the stack (it must not nest) */
+    bool held;          /* an identity change (auth) is in flight: dispatch nothing after it */
+    struct ssl_st *ssl; /* the TLS session (the bufferevent owns it); NULL: plain TCP */
+    bool tls_up;        /* the handshake has completed */
+    bool tls_broken;    /* the session failed: no close_notify may be sent */
+    bool client_cert;   /* the peer presented a certificate tls_ca_file verified */
+    rpc_scanner *scan;
+    uint8_t *in; /* bytes of the message being assembled, and any after it */
+    size_t in_len, in_cap;
+    uint64_t msg_started_ms; /* when the first byte of an incomplete message arrived; 0: none */
+    uint64_t rec_started_ms; /* TLS: since when a record has been arriving with no message
+                              * bytes decrypted yet; 0: none */
+    uint64_t last_active_ms;
+    uint64_t close_deadline_ms;
+    uint64_t opened_ms;
+    uint64_t out_progress_ms; /* when the client last took output (or had none) */
+    size_t out_bytes;         /* unsent output, as counted into the server-wide total */
+    uint64_t addr_key;        /* climits' count of connections from the peer's address */
+    unsigned inflight;
+    conn_auth auth;
+};
+
+static void process_input(conn *c);
+
+static uint64_t mono_ms(void)
+{
+    return server_mono_ns() / 1000000u;
+}
+
+static void conn_free(conn *c)
+{
+    climits_buffered(c->srv->limits_cl, -(long long)c->in_cap);
+    rpc_scanner_destroy(c->scan);
+    free(c->in);
+    free(c);
+}
+
+/* Counts output into the server-wide total as libevent adds and sends it. */
+static void on_output_change(struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
+{
+    conn *c = arg;
+    long long delta = (long long)info->n_added - (long long)info->n_deleted;
+    if (delta) {
+        climits_buffered(c->srv->limits_cl, delta);
+        c->out_bytes = (size_t)((long long)c->out_bytes + delta);
+    }
+    if (info->n_deleted || c->out_bytes == 0)
+        c->out_progress_ms = mono_ms();
+}
+
+void conn_ref(conn *c)
+{
+    c->refs++;
+}
+
+void conn_unref(conn *c)
+{
+    if (--c->refs == 0)
+        conn_free(c);
+}
+
+bool conn_alive(conn *c)
+{
+    return c->open && !c->closing;
+}
+
+void conn_close(conn *c)
+{
+    if (!c->open)
+        return;
+    c->open = false;
+    if (c->auth.authenticated && !c->auth.admin)
+        tenancy_key_released(c->srv->tenancy, c->auth.key_id);
+    c->auth.authenticated = false;
+    climits_addr_release(c->srv->limits_cl, c->addr_key);
+    /* the unsent output goes with the socket */
+    evbuffer_remove_cb(bufferevent_get_output(c->bev), on_output_change, c);
+    climits_buffered(c->srv->limits_cl, -(long long)c->out_bytes);
+    c->out_bytes = 0;
+    if (c->ssl && c->tls_up && !c->tls_broken)
+        tls_close_notify(c->ssl);
+    bufferevent_free(c->bev);
+    c->bev = NULL;
+    worker_conn_removed(c->w, c);
+    metrics_connections(-1);
+    atomic_fetch_sub(&c->srv->nconns, 1);
+    conn_unref(c);
+}
+
+/* libevent's read watermark suspends a TLS bufferevent in the middle of a record it has
+ * decrypted, and resuming waits for the socket to become readable, which it may never do
+ * again: over TLS the connection pauses itself instead, between callbacks, when OpenSSL
+ * holds nothing decrypted. */
+static bool input_full(conn *c)
+{
+    return c->ssl && evbuffer_get_length(bufferevent_get_input(c->bev)) >= READ_HIGH_WATER;
+}
+
+static void update_reading(conn *c)
+{
+    if (!c->open)
+        return;
+    bool want = !c->read_stopped && !c->closing && !c->paused && !input_full(c);
+    if (want)
+        bufferevent_enable(c->bev, EV_READ);
+    else
+        bufferevent_disable(c->bev, EV_READ);
+}
+
+void conn_close_after_flush(conn *c)
+{
+    if (!c->open || c->closing)
+        return;
+    c->closing = true;
+    c->close_deadline_ms = mono_ms() + 5000;
+    update_reading(c);
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        conn_close(c);
+}
+
+void conn_stop_reading(conn *c)
+{
+    c->read_stopped = true;
+    update_reading(c);
+}
+
+size_t conn_output_pending(conn *c)
+{
+    return c->open ? evbuffer_get_length(bufferevent_get_output(c->bev)) : 0;
+}
+
+const conn_auth *conn_get_auth(conn *c)
+{
+    return &c->auth;
+}
+
+void conn_set_auth(conn *c, const conn_auth *a)
+{
+    tenancy *tn = c->srv->tenancy;
+    if (c->auth.authenticated && !c->auth.admin)
+        tenancy_key_released(tn, c->auth.key_id);
+    c->auth = *a;
+    if (a->authenticated && !a->admin)
+        tenancy_key_in_use(tn, a->key_id, a->tenant_id, a->tier);
+}
+
+void conn_hold(conn *c)
+{
+    c->held = true;
+}
+
+void conn_release(conn *c)
+{
+    if (!c->held)
+        return;
+    c->held = false;
+    /* messages that arrived behind the barrier wait in c->in; dispatch them now, unless
+     * the barrier ended inside process_input's own loop, which simply continues */
+    if (c->open)
+        process_input(c);
+}
+
+bool conn_tls_client_cert(conn *c)
+{
+    return c->client_cert;
+}
+
+worker *conn_worker(conn *c)
+{
+    return c->w;
+}
+
+conn *conn_next(conn *c)
+{
+    return c->next;
+}
+
+void conn_link(conn **head, conn *c)
+{
+    c->prev = NULL;
+    c->next = *head;
+    if (*head)
+        (*head)->prev = c;
+    *head = c;
+}
+
+void conn_unlink(conn **head, conn *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        *head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->prev = c->next = NULL;
+}
+
+/* Reading pauses while too many requests are in flight or too much output is unsent: a
+ * client that pipelines without reading responses cannot grow our memory. */
+static void check_backpressure(conn *c)
+{
+    if (!c->open)
+        return;
+    size_t out = evbuffer_get_length(bufferevent_get_output(c->bev));
+    bool authed = c->auth.authenticated;
+    size_t max_out = authed ? (size_t)c->srv->cfg.max_output_bytes : PREAUTH_OUTPUT;
+    unsigned max_in = authed ? (unsigned)c->srv->cfg.max_inflight_per_conn : PREAUTH_INFLIGHT;
+    /* over the server-wide budget, nobody with unsent output is read */
+    bool over =
+        c->inflight >= max_in || out > max_out || (out > 0 && climits_over(c->srv->limits_cl));
+    if (over != c->paused) {
+        c->paused = over;
+        update_reading(c);
+    }
+}
+
+void conn_write(conn *c, const void *data, size_t len)
+{
+    if (!c->open)
+        return;
+    if (evbuffer_add(bufferevent_get_output(c->bev), data, len) < 0) {
+        log_warn("connection: cannot buffer a response (out of memory); closing");
+        conn_close(c);
+        return;
+    }
+    check_backpressure(c);
+}
+
+void conn_request_finished(conn *c)
+{
+    if (c->inflight)
+        c->inflight--;
+    if (!c->open)
+        return;
+    bool was_paused = c->paused;
+    check_backpressure(c);
+    /* complete messages may be waiting in our buffer from before the pause */
+    if (was_paused && !c->paused)
+        process_input(c);
+}
+
+/* Moves up to what libevent has buffered into c->in, keeping the partial message at the
+ * front. Returns the number of bytes moved, or -1 when out of memory. */
+static long pull_input(conn *c, size_t consumed)
+{
+    if (consumed) {
+        memmove(c->in, c->in + consumed, c->in_len - consumed);
+        c->in_len -= consumed;
+    }
+    struct evbuffer *input = bufferevent_get_input(c->bev);
+    size_t avail = evbuffer_get_length(input);
+    if (avail == 0)
+        return 0;
+    size_t limit = (size_t)c->srv->cfg.max_message_bytes + 65536;
+    size_t room = c->in_len < limit ? limit - c->in_len : 0;
+    size_t take = avail < room ? avail : room;
+    if (take == 0)
+        return 0;
+    if (c->in_len + take > c->in_cap) {
+        size_t cap = c->in_cap ? c->in_cap : 16384;
+        while (cap < c->in_len + take)
+            cap *= 2;
+        uint8_t *n = realloc(c->in, cap);
+        if (!n)
+            return -1;
+        climits_buffered(c->srv->limits_cl, (long long)cap - (long long)c->in_cap);
+        c->in = n;
+        c->in_cap = cap;
+    }
+    int got = evbuffer_remove(input, c->in + c->in_len, take);
+    if (got < 0)
+        return -1;
+    c->in_len += (size_t)got;
+    return got;
+}
+
+/* Finds and dispatches every complete message, pulling input as needed, until input runs
+ * out, the connection pauses, or it is closed. */
+static void process_input(conn *c)
+{
+    size_t off = 0;
+    if (c->processing)
+        return; /* a request finished synchronously inside the loop below */
+    c->processing = true;
+    conn_ref(c);
+    while (c->open && !c->closing && !c->read_stopped && !c->held) {
+        unsigned max_in =
+            c->auth.authenticated ? (unsigned)c->srv->cfg.max_inflight_per_conn : PREAUTH_INFLIGHT;
+        if (c->inflight >= max_in) {
+            check_backpressure(c);
+            break;
+        }
+        /* unsent output over a budget: the messages already read wait too, or one read of
+         * small requests with large answers would pass any budget many times over */
+        if (c->paused)
+            break;
+        size_t mlen = 0;
+        char err[256];
+        int rc = RPC_E_INCOMPLETE;
+        if (off < c->in_len)
+            rc = rpc_scanner_scan(c->scan, c->in + off, c->in_len - off, &mlen, err, sizeof(err));
+        if (rc == 0) {
+            c->inflight++;
+            c->last_active_ms = mono_ms();
+            c->msg_started_ms = 0;
+            int d = req_dispatch(c, c->in + off, mlen);
+            off += mlen;
+            if (d < 0) {
+                metrics_malformed();
+                conn_close_after_flush(c);
+                break;
+            }
+            continue;
+        }
+        if (rc == RPC_E_INCOMPLETE) {
+            long got = pull_input(c, off);
+            off = 0;
+            if (got < 0) {
+                log_warn("connection: out of memory reading a message; closing");
+                conn_close(c);
+                break;
+            }
+            if (got == 0) {
+                if (c->in_len > 0 && c->msg_started_ms == 0)
+                    c->msg_started_ms = mono_ms();
+                break;
+            }
+            continue;
+        }
+        /* malformed or hostile: tell the client when a msgid is readable, then close */
+        uint32_t msgid;
+        if (rpc_peek_msgid(c->in + off, c->in_len - off, &msgid)) {
+            msgpack_sbuffer sb;
+            msgpack_packer pk;
+            msgpack_sbuffer_init(&sb);
+            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+            rpc_pack_error(&pk, msgid, RPC_MALFORMED_REQUEST, err, NULL, 0);
+            conn_write(c, sb.data, sb.size);
+            msgpack_sbuffer_destroy(&sb);
+        }
+        log_debug("connection: closing after a malformed message: %s", err);
+        metrics_malformed();
+        conn_close_after_flush(c);
+        break;
+    }
+    if (c->open && off) {
+        memmove(c->in, c->in + off, c->in_len - off);
+        c->in_len -= off;
+    }
+    if (c->ssl)
+        update_reading(c); /* the input may have filled up or drained (input_full) */
+    c->processing = false;
+    conn_unref(c);
+}
+
+static void on_read(struct bufferevent *bev, void *arg)
+{
+    process_input(arg);
+}
+
+static void on_write(struct bufferevent *bev, void *arg)
+{
+    conn *c = arg;
+    if (c->closing) {
+        if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+            conn_close(c);
+        return;
+    }
+    bool was_paused = c->paused;
+    check_backpressure(c);
+    if (was_paused && !c->paused)
+        process_input(c);
+}
+
+/* The handshake completed: note whether the client proved who it is. */
+static void tls_established(conn *c)
+{
+    c->tls_up = true;
+    c->client_cert = tls_client_verified(c->ssl);
+    if (c->client_cert && log_enabled(LOG_DEBUG)) {
+        char subject[256];
+        tls_client_subject(c->ssl, subject, sizeof(subject));
+        log_debug("connection: TLS client certificate %s", subject);
+    }
+}
+
+/* The first of OpenSSL's reasons for a failed session, or the socket's error. */
+static void tls_failure_text(conn *c, char *buf, size_t n)
+{
+    unsigned long e, first = 0;
+    /* popped newest first; libevent adds SSL_get_error's small code (SSL_ERROR_SSL, ...)
+     * among OpenSSL's packed reasons, which are all larger */
+    while ((e = bufferevent_get_openssl_error(c->bev)) != 0)
+        if (e > 0xff)
+            first = e;
+    if (first)
+        tls_error_text(first, buf, n);
+    else if (EVUTIL_SOCKET_ERROR())
+        snprintf(buf, n, "%s", strerror(EVUTIL_SOCKET_ERROR()));
+    else
+        snprintf(buf, n, "the client closed the connection");
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+    conn *c = arg;
+    if ((what & BEV_EVENT_CONNECTED) && c->ssl) {
+        tls_established(c);
+        return;
+    }
+    if (c->ssl && (what & BEV_EVENT_ERROR))
+        c->tls_broken = true;
+    if (c->ssl && !c->tls_up && (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) {
+        char why[256];
+        tls_failure_text(c, why, sizeof(why));
+        log_debug("connection: TLS handshake failed: %s", why);
+        metrics_tls_handshake_failed();
+        conn_close(c);
+        return;
+    }
+    if (what & BEV_EVENT_ERROR) {
+        if (c->ssl) {
+            char why[256];
+            tls_failure_text(c, why, sizeof(why));
+            log_debug("connection: TLS error: %s", why);
+        } else {
+            log_debug("connection: socket error: %s", strerror(EVUTIL_SOCKET_ERROR()));
+        }
+    }
+    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))
+        conn_close(c);
+}
+
+void conn_tick(conn *c, uint64_t now)
+{
+    if (!c->open)
+        return;
+    const config *cfg = &c->srv->cfg;
+    if (c->closing && now >= c->close_deadline_ms) {
+        conn_close(c);
+        return;
+    }
+    /* a TLS handshake must finish by the auth deadline below, or within frame_timeout_ms
+     * when there is none */
+    if (c->ssl && !c->tls_up && cfg->auth_timeout_s == 0 &&
+        now - c->opened_ms > (uint64_t)cfg->frame_timeout_ms) {
+        log_debug("connection: TLS handshake not completed within %d ms; closing",
+                  cfg->frame_timeout_ms);
+        metrics_tls_handshake_failed();
+        metrics_slow_closed();
+        conn_close(c);
+        return;
+    }
+    /* a TLS record that is still arriving delivers no byte of the message inside it until
+     * its last byte is in: count it as a message started, or a client trickling one record
+     * would escape both checks below */
+    if (c->ssl && c->tls_up && c->msg_started_ms == 0 && c->in_len == 0) {
+        /* only while the connection reads: a record waits half-read when we stopped */
+        bool reading = !c->paused && !c->held && !c->read_stopped && !c->closing && !input_full(c);
+        if (reading && tls_partial_record(c->ssl)) {
+            if (c->rec_started_ms == 0)
+                c->rec_started_ms = now;
+        } else {
+            c->rec_started_ms = 0;
+        }
+    } else {
+        c->rec_started_ms = 0;
+    }
+    uint64_t started = c->msg_started_ms ? c->msg_started_ms : c->rec_started_ms;
+    /* bufferevent timeouts reset on every byte; a message must finish by an absolute
+     * deadline however slowly it trickles in */
+    if (started && now - started > (uint64_t)cfg->frame_timeout_ms) {
+        log_debug("connection: message not completed within %d ms; closing", cfg->frame_timeout_ms);
+        conn_close(c);
+        return;
+    }
+    /* a sender trickling bytes holds a slot for nothing: after a grace period it must keep
+     * min_send_rate for the message it is sending */
+    if (started && cfg->min_send_rate > 0 && now - started > GRACE_MS) {
+        size_t got = c->in_len + evbuffer_get_length(bufferevent_get_input(c->bev));
+        double rate = (double)got * 1000.0 / (double)(now - started);
+        if (rate < (double)cfg->min_send_rate) {
+            log_debug("connection: sending %.0f bytes/s, below %d; closing", rate,
+                      cfg->min_send_rate);
+            metrics_slow_closed();
+            conn_close(c);
+            return;
+        }
+    }
+    if (!c->auth.authenticated && cfg->auth_timeout_s > 0 &&
+        now - c->opened_ms > (uint64_t)cfg->auth_timeout_s * 1000u) {
+        log_debug("connection: not authenticated within %d s; closing", cfg->auth_timeout_s);
+        if (c->ssl && !c->tls_up)
+            metrics_tls_handshake_failed();
+        metrics_slow_closed();
+        conn_close(c);
+        return;
+    }
+    /* over the server-wide budget: a client that takes none of a large output goes */
+    if (c->out_bytes >= HOG_OUTPUT && now - c->out_progress_ms > STALL_MS &&
+        climits_over(c->srv->limits_cl)) {
+        log_info("connection: %zu bytes of answers unread for %d s while the server's "
+                 "buffers are over budget; closing",
+                 c->out_bytes, STALL_MS / 1000);
+        metrics_slow_closed();
+        conn_close(c);
+        return;
+    }
+    /* when the budget frees up, connections paused by it read again, starting with the
+     * messages that waited in their buffer */
+    if (c->paused && !climits_over(c->srv->limits_cl)) {
+        check_backpressure(c);
+        if (!c->paused)
+            process_input(c);
+    }
+    if (cfg->idle_timeout_s > 0 && c->inflight == 0 && c->in_len == 0 &&
+        now - c->last_active_ms > (uint64_t)cfg->idle_timeout_s * 1000u) {
+        log_debug("connection: idle for %d s; closing", cfg->idle_timeout_s);
+        conn_close(c);
+    }
+}
+
+conn *conn_create(worker *w, int fd, uint64_t addr_key)
+{
+    conn *c = calloc(1, sizeof(*c));
+    if (!c) {
+        close(fd);
+        return NULL;
+    }
+    c->w = w;
+    c->srv = worker_server(w);
+    c->addr_key = addr_key;
+    c->refs = 1; /* the open socket's reference */
+    c->scan = rpc_scanner_create(&c->srv->limits);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    evutil_make_socket_nonblocking(fd);
+    if (!c->scan)
+        goto fail;
+    if (c->srv->tls) {
+        c->ssl = tls_session_new(c->srv->tls);
+        if (!c->ssl)
+            goto fail;
+        /* the bufferevent owns the session and the socket from here, even when it fails:
+         * libevent frees both on most of its failure paths and we cannot tell which */
+        c->bev = bufferevent_openssl_socket_new(worker_base(w), fd, c->ssl,
+                                                BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);
+        if (!c->bev) {
+            rpc_scanner_destroy(c->scan);
+            free(c);
+            return NULL;
+        }
+        /* a peer that closes without close_notify ends the stream like any other EOF: every
+         * message is self-delimiting, so a truncation shows as an incomplete message */
+        bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
+    } else {
+        c->bev = bufferevent_socket_new(worker_base(w), fd, BEV_OPT_CLOSE_ON_FREE);
+        if (!c->bev)
+            goto fail;
+    }
+    c->open = true;
+    c->last_active_ms = c->opened_ms = c->out_progress_ms = mono_ms();
+    evbuffer_add_cb(bufferevent_get_output(c->bev), on_output_change, c);
+    bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    if (!c->ssl)
+        bufferevent_setwatermark(c->bev, EV_READ, 0, READ_HIGH_WATER);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    worker_conn_added(w, c);
+    metrics_connections(1);
+    return c;
+
+fail:
+    close(fd);
+    rpc_scanner_destroy(c->scan);
+    free(c);
+    return NULL;
+}

@@ -1,0 +1,83 @@
+/* server/net/conn.h: one client connection: reading, framing, backpressure, writing.
+ *
+ * A connection lives on one worker thread. Complete messages are handed to req_dispatch;
+ * responses come back through conn_write, possibly out of order. A connection is
+ * reference-counted: each request in flight holds a reference, so a request that finishes
+ * after its client went away finds a closed connection and drops its response.
+ */
+#ifndef ENGRAM_SERVER_CONN_H
+#define ENGRAM_SERVER_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker.h"
+
+/* Who a connection is authenticated as. A connection starts unauthenticated. */
+typedef struct conn_auth {
+    bool authenticated;
+    bool admin;
+    int64_t tenant_id;
+    int64_t key_id;
+    int tier; /* tier_id */
+    uint32_t dim;
+    char provider[16];
+} conn_auth;
+
+/* conn_create wraps fd (taking ownership) on worker w; the connection releases addr_key (see
+ * climits_addr_take) when it closes. Returns NULL (fd closed, key not released) on failure. */
+conn *conn_create(worker *w, int fd, uint64_t addr_key);
+
+/* conn_ref / conn_unref manage the references requests hold. */
+void conn_ref(conn *c);
+void conn_unref(conn *c);
+
+/* conn_alive tells whether the socket is still open (responses can still be sent). */
+bool conn_alive(conn *c);
+
+/* conn_write appends a response to the output; dropped when the connection is closed. */
+void conn_write(conn *c, const void *data, size_t len);
+
+/* conn_request_finished tells c that one of its requests completed (resumes reading if
+ * it was paused at the in-flight limit). */
+void conn_request_finished(conn *c);
+
+/* conn_close closes the socket now (unsent output is dropped). */
+void conn_close(conn *c);
+
+/* conn_close_after_flush stops reading and closes once the output is sent. */
+void conn_close_after_flush(conn *c);
+
+/* conn_stop_reading stops reading requests (shutdown drain). */
+void conn_stop_reading(conn *c);
+
+/* conn_tick enforces the message deadline and idle timeout; now is monotonic ms. */
+void conn_tick(conn *c, uint64_t now_ms);
+
+/* conn_output_pending returns the unsent output bytes. */
+size_t conn_output_pending(conn *c);
+
+/* conn_get_auth / conn_set_auth read and change who the connection is. */
+const conn_auth *conn_get_auth(conn *c);
+void conn_set_auth(conn *c, const conn_auth *a);
+
+/* conn_hold makes c dispatch no further request until conn_release: requests that follow
+ * an identity change (auth) in the stream must run as the identity it establishes, whatever
+ * the pipelining. conn_release dispatches the messages that waited. Worker thread only. */
+void conn_hold(conn *c);
+void conn_release(conn *c);
+
+/* conn_tls_client_cert tells whether c is a TLS connection whose client presented a
+ * certificate that tls_ca_file verified (see tls_admin_require_client_cert). */
+bool conn_tls_client_cert(conn *c);
+
+/* conn_worker returns the worker that owns c. */
+worker *conn_worker(conn *c);
+
+/* conn_next iterates a worker's list (worker.c owns the list head). */
+conn *conn_next(conn *c);
+void conn_link(conn **head, conn *c);
+void conn_unlink(conn **head, conn *c);
+
+#endif

@@ -1,0 +1,445 @@
+/* server/net/req.c: request lifecycle, dispatch and replies (see req.h). */
+#include "req.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "memrow.h"
+#include "methods.h"
+#include "metrics.h"
+#include "sql.h"
+#include "tenancy.h"
+
+#define ARENA_FIRST 4096
+
+typedef struct cleanup {
+    struct cleanup *next;
+    void (*fn)(void *arg);
+    void *arg;
+} cleanup;
+
+typedef struct arena_chunk {
+    struct arena_chunk *next;
+    size_t used, cap;
+    max_align_t data[];
+} arena_chunk;
+
+struct req {
+    conn *c;
+    worker *w;
+    server *srv;
+    const method_def *m;
+    size_t midx; /* index in the method table, SIZE_MAX when unknown */
+    uint32_t msgid;
+    bool notify;
+    bool barrier; /* an M_AUTH request: the connection holds later requests until it ends */
+    uint64_t t0_ns;
+    conn_auth auth; /* who the connection was when the request arrived */
+    uint8_t *msg;
+    size_t msg_len;
+    msgpack_zone zone;
+    const msgpack_object *args[METHOD_MAX_PARAMS];
+    msgpack_sbuffer out;
+    msgpack_packer pk;
+    void *state;
+    void (*admitted)(req *r); /* where req_admit_query continues */
+    arena_chunk *chunks;
+    cleanup *cleanups;
+};
+
+server *req_server(req *r)
+{
+    return r->srv;
+}
+
+worker *req_worker(req *r)
+{
+    return r->w;
+}
+
+db_pool *req_db(req *r)
+{
+    return worker_db(r->w);
+}
+
+const conn_auth *req_auth(req *r)
+{
+    return &r->auth;
+}
+
+const char *req_method(req *r)
+{
+    return r->m ? r->m->name : "unknown";
+}
+
+const msgpack_object *req_arg(req *r, size_t i)
+{
+    return i < METHOD_MAX_PARAMS ? r->args[i] : NULL;
+}
+
+bool req_tls_client_cert(req *r)
+{
+    return conn_tls_client_cert(r->c);
+}
+
+void req_set_auth(req *r, const conn_auth *a)
+{
+    r->auth = *a;
+    if (conn_alive(r->c))
+        conn_set_auth(r->c, a);
+}
+
+void *req_state(req *r)
+{
+    return r->state;
+}
+
+void req_set_state(req *r, void *st)
+{
+    r->state = st;
+}
+
+void *req_alloc(req *r, size_t n)
+{
+    n = (n + sizeof(max_align_t) - 1) & ~(sizeof(max_align_t) - 1);
+    arena_chunk *ch = r->chunks;
+    if (!ch || ch->cap - ch->used < n) {
+        size_t cap = n > ARENA_FIRST ? n : ARENA_FIRST;
+        ch = malloc(sizeof(*ch) + cap);
+        if (!ch)
+            return NULL;
+        ch->cap = cap;
+        ch->used = 0;
+        ch->next = r->chunks;
+        r->chunks = ch;
+    }
+    void *p = (char *)ch->data + ch->used;
+    ch->used += n;
+    return p;
+}
+
+char *req_strdup(req *r, const msgpack_object *o)
+{
+    if (!o || o->type != MSGPACK_OBJECT_STR)
+        return NULL;
+    char *s = req_alloc(r, o->via.str.size + 1);
+    if (!s)
+        return NULL;
+    memcpy(s, o->via.str.ptr, o->via.str.size);
+    s[o->via.str.size] = '\0';
+    return s;
+}
+
+int req_on_free(req *r, void (*fn)(void *arg), void *arg)
+{
+    cleanup *c = req_alloc(r, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->fn = fn;
+    c->arg = arg;
+    c->next = r->cleanups;
+    r->cleanups = c;
+    return 0;
+}
+
+static void req_free(req *r)
+{
+    for (cleanup *c = r->cleanups; c; c = c->next)
+        c->fn(c->arg);
+    arena_chunk *ch = r->chunks;
+    while (ch) {
+        arena_chunk *next = ch->next;
+        free(ch);
+        ch = next;
+    }
+    msgpack_sbuffer_destroy(&r->out);
+    msgpack_zone_destroy(&r->zone);
+    free(r->msg);
+    free(r);
+}
+
+/* Ends the request: writes the response (unless a notification), records metrics,
+ * releases the connection. */
+static void req_end(req *r, rpc_code code)
+{
+    if (!r->notify && r->out.size)
+        conn_write(r->c, r->out.data, r->out.size);
+    uint64_t us = (server_mono_ns() - r->t0_ns) / 1000u;
+    metrics_request(r->midx, code, us);
+    if (r->barrier) {
+        /* a failed auth leaves no identity behind, whatever the connection was before */
+        if (code != RPC_OK && conn_alive(r->c)) {
+            conn_auth none = {0};
+            conn_set_auth(r->c, &none);
+        }
+        conn_release(r->c);
+    }
+    worker_req_finished(r->w);
+    conn_request_finished(r->c);
+    conn_unref(r->c);
+    req_free(r);
+}
+
+msgpack_packer *req_result(req *r)
+{
+    r->out.size = 0;
+    rpc_pack_result_begin(&r->pk, r->msgid);
+    return &r->pk;
+}
+
+void req_done(req *r)
+{
+    req_end(r, RPC_OK);
+}
+
+static void fail_v(req *r, rpc_code code, const rpc_detail *d, size_t nd, const char *fmt,
+                   va_list ap)
+{
+    char msg[1024];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    r->out.size = 0;
+    rpc_pack_error(&r->pk, r->msgid, code, msg, d, nd);
+    if (code == RPC_INTERNAL)
+        log_error("%s: internal error: %s", req_method(r), msg);
+    else
+        log_debug("%s: %s: %s", req_method(r), rpc_code_name(code), msg);
+    req_end(r, code);
+}
+
+void req_fail(req *r, rpc_code code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fail_v(r, code, NULL, 0, fmt, ap);
+    va_end(ap);
+}
+
+void req_fail_details(req *r, rpc_code code, const rpc_detail *d, size_t nd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fail_v(r, code, d, nd, fmt, ap);
+    va_end(ap);
+}
+
+/* SQLSTATEs our functions raise, and the client codes they mean. */
+static const struct {
+    const char *sqlstate;
+    rpc_code code;
+} sqlstate_codes[] = {
+    {"EG400", RPC_INVALID_ARGUMENT},    {"EG403", RPC_PERMISSION_DENIED},
+    {"EG404", RPC_NOT_FOUND},           {"EG409", RPC_CONFLICT},
+    {"EG410", RPC_ALREADY_EXISTS},      {"EG429", RPC_QUOTA_EXCEEDED},
+    {"EG402", RPC_COST_LIMIT_EXCEEDED},
+};
+
+void req_fail_db(req *r, const db_result *res)
+{
+    if (res->status == DB_UNAVAILABLE) {
+        req_fail(r, RPC_UNAVAILABLE, "database unavailable: %s",
+                 res->message ? res->message : "no connection");
+        return;
+    }
+    for (size_t i = 0; i < sizeof(sqlstate_codes) / sizeof(sqlstate_codes[0]); i++) {
+        if (res->sqlstate && strcmp(res->sqlstate, sqlstate_codes[i].sqlstate) == 0) {
+            req_fail(r, sqlstate_codes[i].code, "%s", res->message ? res->message : "error");
+            return;
+        }
+    }
+    /* serialization failures and deadlocks are transient: the client may retry */
+    if (res->sqlstate &&
+        (strcmp(res->sqlstate, "40001") == 0 || strcmp(res->sqlstate, "40P01") == 0 ||
+         strncmp(res->sqlstate, "08", 2) == 0 || strcmp(res->sqlstate, "57014") == 0 ||
+         strncmp(res->sqlstate, "57P", 3) == 0)) {
+        req_fail(r, RPC_UNAVAILABLE, "database busy or unavailable, retry (%s)", res->sqlstate);
+        return;
+    }
+    log_error("%s: database error %s: %s", req_method(r), res->sqlstate ? res->sqlstate : "?",
+              res->message ? res->message : "?");
+    req_fail(r, RPC_INTERNAL, "internal database error");
+}
+
+typedef struct submit_ctx {
+    req *r;
+    void (*cb)(req *r, const db_result *res);
+} submit_ctx;
+
+static void on_job(void *arg, const db_result *res)
+{
+    submit_ctx *sc = arg;
+    req *r = sc->r;
+    void (*cb)(req *, const db_result *) = sc->cb;
+    free(sc);
+    cb(r, res);
+}
+
+void req_submit(req *r, int64_t rls_tenant, const db_query *qs, int nq,
+                void (*cb)(req *r, const db_result *res))
+{
+    submit_ctx *sc = malloc(sizeof(*sc));
+    if (!sc) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    sc->r = r;
+    sc->cb = cb;
+    int rc = db_submit(req_db(r), rls_tenant, qs, nq, on_job, sc);
+    if (rc < 0) {
+        free(sc);
+        if (rc == -EAGAIN)
+            req_fail(r, RPC_UNAVAILABLE, "database queue full, retry later");
+        else if (rc == -ENOMEM)
+            req_fail(r, RPC_INTERNAL, "out of memory");
+        else
+            req_fail(r, RPC_UNAVAILABLE, "database unavailable (shutting down)");
+    }
+}
+
+static void on_admit(req *r, const db_result *res)
+{
+    if (res->status != DB_OK) {
+        req_fail_db(r, res);
+        return;
+    }
+    const PGresult *pr = res->res[1];
+    if (PQntuples(pr) != 1) {
+        req_fail(r, RPC_INTERNAL, "query admission returned nothing");
+        return;
+    }
+    if (PQgetvalue(pr, 0, 0)[0] == 't') {
+        r->admitted(r);
+        return;
+    }
+    long long used = memrow_i64_of(pr, 0, 1, 0, ROWERR_TENANTS),
+              lim = memrow_i64_of(pr, 0, 2, 0, ROWERR_TENANTS);
+    long long resets = memrow_i64_of(pr, 0, 3, 0, ROWERR_TENANTS);
+    rpc_detail d[3] = {{"limit", RPC_D_INT, {.i = lim}},
+                       {"usage", RPC_D_INT, {.i = used}},
+                       {"resets_at", RPC_D_INT, {.i = resets}}};
+    req_fail_details(r, RPC_QUOTA_EXCEEDED, d, 3,
+                     "daily query limit of the %s tier reached (%lld of %lld); it resets at "
+                     "00:00 UTC",
+                     tier_name(r->auth.tier), used, lim);
+}
+
+void req_admit_query(req *r, void (*next)(req *r))
+{
+    const tier_limits *tl = &r->srv->tiers[r->auth.tier];
+    if (tl->queries_per_day <= 0) {
+        tenancy_count_query(r->srv->tenancy, r->auth.tenant_id);
+        next(r);
+        return;
+    }
+    r->admitted = next;
+    char *tid = req_alloc(r, 24);
+    if (!tid) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    snprintf(tid, 24, "%lld", (long long)r->auth.tenant_id);
+    const char *vals[] = {tid, r->srv->query_limits};
+    /* the counter's commit need not wait for the disk: see docs (quotas) */
+    db_query q[2] = {{.stmt = sql_def(SQL_SYNC_OFF)},
+                     {.stmt = sql_def(SQL_QUERY_ADMIT), DB_VALUES(vals)}};
+    req_submit(r, r->auth.tenant_id, q, 2, on_admit);
+}
+
+int req_dispatch(conn *c, const uint8_t *msg, size_t len)
+{
+    req *r = calloc(1, sizeof(*r));
+    if (!r) {
+        conn_request_finished(c);
+        return -1;
+    }
+    r->t0_ns = server_mono_ns();
+    r->c = c;
+    r->w = conn_worker(c);
+    r->srv = worker_server(r->w);
+    r->midx = SIZE_MAX;
+    r->auth = *conn_get_auth(c);
+    msgpack_sbuffer_init(&r->out);
+    msgpack_packer_init(&r->pk, &r->out, msgpack_sbuffer_write);
+    msgpack_zone_init(&r->zone, 2048);
+    conn_ref(c);
+    worker_req_started(r->w);
+    r->msg = malloc(len ? len : 1);
+    if (!r->msg) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return 0;
+    }
+    memcpy(r->msg, msg, len);
+    r->msg_len = len;
+
+    rpc_request rq;
+    bool msgid_known = false;
+    char err[256];
+    if (rpc_decode_request(r->msg, len, &r->zone, &rq, &msgid_known, err, sizeof(err)) != 0) {
+        if (msgid_known) {
+            r->msgid = rq.msgid;
+            req_fail(r, RPC_MALFORMED_REQUEST, "%s", err);
+        } else {
+            r->notify = true; /* nothing can be answered */
+            req_end(r, RPC_MALFORMED_REQUEST);
+        }
+        return -1;
+    }
+    r->msgid = rq.msgid;
+    r->notify = rq.kind == RPC_KIND_NOTIFY;
+    size_t idx;
+    const method_def *m = methods_find(rq.method, rq.method_len, &idx);
+    if (!m) {
+        req_fail(r, RPC_UNKNOWN_METHOD, "unknown method '%.*s'",
+                 (int)(rq.method_len > 64 ? 64 : rq.method_len), rq.method);
+        return 0;
+    }
+    r->m = m;
+    r->midx = idx;
+    if (m->flags & M_AUTH) {
+        r->barrier = true;
+        conn_hold(c);
+    }
+    if (!(m->flags & M_PUBLIC) && !r->auth.authenticated) {
+        req_fail(r, RPC_UNAUTHENTICATED, "not authenticated: call auth with an API key first");
+        return 0;
+    }
+    if ((m->flags & M_ADMIN) && !r->auth.admin) {
+        req_fail(r, RPC_PERMISSION_DENIED, "%s needs an admin connection", m->name);
+        return 0;
+    }
+    if ((m->flags & M_TENANT) && r->auth.admin) {
+        req_fail(r, RPC_PERMISSION_DENIED,
+                 "%s needs a tenant connection; the admin key has no tenant", m->name);
+        return 0;
+    }
+    if (!(m->flags & M_PUBLIC) && r->auth.authenticated && !r->auth.admin) {
+        tenancy *tn = r->srv->tenancy;
+        /* a key revoked (or a tenant deleted) after this connection authenticated */
+        if (!tenancy_key_ok(tn, r->auth.key_id, r->auth.tenant_id)) {
+            conn_auth none = {0};
+            req_set_auth(r, &none);
+            req_fail(r, RPC_UNAUTHENTICATED, "the API key was revoked or its tenant deleted");
+            return 0;
+        }
+        r->auth.tier = tenancy_tier(tn, r->auth.tenant_id, r->auth.tier);
+        uint64_t retry_ms = 0;
+        if (!tenancy_rate_take(tn, r->auth.tenant_id, r->auth.tier, &retry_ms)) {
+            rpc_detail d[1] = {{"retry_after_ms", RPC_D_UINT, {.u = retry_ms}}};
+            req_fail_details(r, RPC_RATE_LIMITED, d, 1,
+                             "request rate of the %s tier exceeded; retry in %llu ms",
+                             tier_name(r->auth.tier), (unsigned long long)retry_ms);
+            return 0;
+        }
+    }
+    if (rpc_bind_params(rq.params, m->params, m->nparams, r->args, err, sizeof(err)) != 0) {
+        if (m->flags & M_AUTH) /* one answer whatever is wrong with a key: it reveals nothing */
+            req_fail(r, RPC_UNAUTHENTICATED, "invalid API key");
+        else
+            req_fail(r, RPC_INVALID_ARGUMENT, "%s", err);
+        return 0;
+    }
+    m->fn(r);
+    return 0;
+}

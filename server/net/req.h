@@ -1,0 +1,95 @@
+/* server/net/req.h: one request's life, and the API method handlers use.
+ *
+ * A request owns a copy of its message, the decoded objects, an arena for the handler's
+ * allocations and the response buffer. A handler validates, does its work (possibly
+ * asynchronously: database jobs, index loads) and ends the request exactly once, with
+ * req_done after packing a result into req_result, or with req_fail. Everything runs on
+ * the owning worker's thread.
+ */
+#ifndef ENGRAM_SERVER_REQ_H
+#define ENGRAM_SERVER_REQ_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <msgpack.h>
+
+#include "conn.h"
+#include "db.h"
+#include "rpc.h"
+#include "server.h"
+
+typedef struct req req;
+
+/* req_dispatch handles one complete message of len bytes from c (copied): decoding,
+ * method lookup, authentication and permission checks, parameter binding, then the
+ * handler. Returns 0, or -1 when the message was malformed and the connection must be
+ * closed (an error response has been written when a msgid could be read). */
+int req_dispatch(conn *c, const uint8_t *msg, size_t len);
+
+/* Accessors. */
+server *req_server(req *r);
+worker *req_worker(req *r);
+db_pool *req_db(req *r);
+const conn_auth *req_auth(req *r);
+const char *req_method(req *r);
+
+/* req_tls_client_cert tells whether the request's connection presented a TLS client
+ * certificate that tls_ca_file verified. */
+bool req_tls_client_cert(req *r);
+
+/* req_arg returns the bound value of the method's i-th parameter, or NULL when absent. */
+const msgpack_object *req_arg(req *r, size_t i);
+
+/* req_set_auth changes who the request's connection is (auth). */
+void req_set_auth(req *r, const conn_auth *a);
+
+/* req_alloc returns n bytes that live as long as the request, or NULL when out of memory
+ * (the caller fails the request with RPC_INTERNAL or RPC_INVALID_ARGUMENT). */
+void *req_alloc(req *r, size_t n);
+
+/* req_on_free registers fn(arg) to run when the request ends (after its response is
+ * written), last registered first: for references and buffers a handler holds across
+ * asynchronous steps. Returns 0 or -ENOMEM (fn will not run: release now and fail). */
+int req_on_free(req *r, void (*fn)(void *arg), void *arg);
+
+/* req_strdup copies a msgpack string into the arena, NUL-terminated. */
+char *req_strdup(req *r, const msgpack_object *o);
+
+/* req_state / req_set_state keep one pointer of handler state across async steps. */
+void *req_state(req *r);
+void req_set_state(req *r, void *st);
+
+/* req_result begins the success response and returns the packer for exactly one object. */
+msgpack_packer *req_result(req *r);
+
+/* req_done sends the packed result and ends the request. */
+void req_done(req *r);
+
+/* req_fail ends the request with an error (the printf-style message goes to the client:
+ * never put secrets in it). */
+void req_fail(req *r, rpc_code code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* req_fail_details is req_fail with extra fields in the error map. */
+void req_fail_details(req *r, rpc_code code, const rpc_detail *d, size_t nd, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* req_fail_db ends the request for a failed database job: DB_UNAVAILABLE becomes
+ * unavailable; SQLSTATEs of the EGxxx class map to their codes; anything else is
+ * internal (logged, not shown to the client). */
+void req_fail_db(req *r, const db_result *res);
+
+/* req_admit_query admits one query (a method flagged M_QUERY) against the daily limit of
+ * the tenant's tier, then continues with next(r); over the limit it fails the request with
+ * quota_exceeded (limit, usage, resets_at). Tiers without a limit are counted in batches
+ * and go straight on. Call after validating the arguments, so bad calls cost nothing. */
+void req_admit_query(req *r, void (*next)(req *r));
+
+/* req_submit runs a database job for the request; cb(r, res) runs later on this thread.
+ * When the job cannot even be queued the request fails with unavailable and cb never
+ * runs. rls_tenant: the tenant for row-level security, or -1. */
+void req_submit(req *r, int64_t rls_tenant, const db_query *qs, int nq,
+                void (*cb)(req *r, const db_result *res));
+
+#endif

@@ -1,0 +1,461 @@
+/* server/net/worker.c: worker threads, their mailboxes and shutdown drain (see worker.h). */
+#include "worker.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "access.h"
+#include "idmap.h"
+#include "climits.h"
+#include "conn.h"
+#include "embedder.h"
+#include "log.h"
+#include "metrics.h"
+#include "sql.h"
+
+typedef struct wmsg {
+    struct wmsg *next;
+    void (*fn)(void *arg);
+    void *arg;
+} wmsg;
+
+struct worker {
+    server *srv;
+    unsigned idx;
+    pthread_t th;
+    bool started;
+    struct event_base *base;
+    db_pool *db;
+    pthread_mutex_t mu; /* guards the mailbox */
+    wmsg *mhead, *mtail;
+    struct event *ev_mail;
+    struct event *ev_tick;
+    conn *conns;
+    unsigned nconns;
+    unsigned inflight;
+    bool draining;
+    uint64_t drain_deadline_ms;
+    access_log *access;
+    idmap *store_groups; /* see worker_store_groups */
+    uint64_t last_flush_ms;
+    bool flushing;
+};
+
+#define ACCESS_FLUSH_MS 1000
+#define ACCESS_MAX_PENDING 1000000
+
+static uint64_t mono_ms(void)
+{
+    return server_mono_ns() / 1000000u;
+}
+
+static void on_db_event(void *ud, int level, const char *msg)
+{
+    worker *w = ud;
+    switch (level) {
+    case 0:
+        log_debug("worker %u: %s", w->idx, msg);
+        break;
+    case 1:
+        log_info("worker %u: %s", w->idx, msg);
+        break;
+    case 2:
+        log_warn("worker %u: %s", w->idx, msg);
+        break;
+    default:
+        log_error("worker %u: %s", w->idx, msg);
+        break;
+    }
+}
+
+static void on_mail(evutil_socket_t fd, short what, void *arg)
+{
+    worker *w = arg;
+    pthread_mutex_lock(&w->mu);
+    wmsg *m = w->mhead;
+    w->mhead = w->mtail = NULL;
+    pthread_mutex_unlock(&w->mu);
+    while (m) {
+        wmsg *next = m->next;
+        m->fn(m->arg);
+        free(m);
+        m = next;
+    }
+}
+
+typedef struct flush_ctx {
+    worker *w;
+    access_entry *e;
+    size_t n;
+} flush_ctx;
+
+static void on_flushed(void *arg, const db_result *res)
+{
+    flush_ctx *fc = arg;
+    worker *w = fc->w;
+    w->flushing = false;
+    if (res->status != DB_OK) {
+        /* keep them for the next attempt, unless the backlog has grown absurd */
+        if (access_log_count(w->access) + fc->n < ACCESS_MAX_PENDING &&
+            access_log_merge(w->access, fc->e, fc->n) == 0)
+            log_debug("worker %u: access counts not written yet: %s", w->idx,
+                      res->message ? res->message : "?");
+        else
+            log_warn("worker %u: dropped %zu access counts: %s", w->idx, fc->n,
+                     res->message ? res->message : "?");
+    }
+    free(fc->e);
+    free(fc);
+}
+
+/* Appends the decimal form of the n values got(i) to a PostgreSQL array literal. */
+static char *array_literal(size_t n, int64_t (*get)(const access_entry *e), const access_entry *e)
+{
+    char *s = malloc(n * 21 + 3);
+    if (!s)
+        return NULL;
+    char *p = s;
+    *p++ = '{';
+    for (size_t i = 0; i < n; i++)
+        p += sprintf(p, "%s%lld", i ? "," : "", (long long)get(&e[i]));
+    *p++ = '}';
+    *p = '\0';
+    return s;
+}
+
+static int64_t get_tenant(const access_entry *e)
+{
+    return e->tenant;
+}
+static int64_t get_id(const access_entry *e)
+{
+    return (int64_t)e->id;
+}
+static int64_t get_count(const access_entry *e)
+{
+    return (int64_t)e->count;
+}
+static int64_t get_ms(const access_entry *e)
+{
+    return e->last_ms;
+}
+
+/* Writes the pending access counts in one statement. */
+static void flush_access(worker *w)
+{
+    if (w->flushing || access_log_count(w->access) == 0)
+        return;
+    flush_ctx *fc = calloc(1, sizeof(*fc));
+    if (!fc || access_log_take(w->access, &fc->e, &fc->n) < 0) {
+        free(fc);
+        return;
+    }
+    fc->w = w;
+    char *vals[4] = {array_literal(fc->n, get_tenant, fc->e), array_literal(fc->n, get_id, fc->e),
+                     array_literal(fc->n, get_count, fc->e), array_literal(fc->n, get_ms, fc->e)};
+    int rc = -ENOMEM;
+    if (vals[0] && vals[1] && vals[2] && vals[3]) {
+        db_query q = {
+            .stmt = sql_def(SQL_MEMORY_TOUCH), .nvalues = 4, .values = (const char *const *)vals};
+        rc = db_submit(w->db, -1, &q, 1, on_flushed, fc);
+    }
+    for (int i = 0; i < 4; i++)
+        free(vals[i]);
+    if (rc < 0) {
+        access_log_merge(w->access, fc->e, fc->n);
+        free(fc->e);
+        free(fc);
+        return;
+    }
+    w->flushing = true;
+    w->last_flush_ms = mono_ms();
+}
+
+idmap *worker_store_groups(worker *w)
+{
+    return w->store_groups;
+}
+
+access_log *worker_access(worker *w)
+{
+    return w->access;
+}
+
+static void finish_drain(worker *w)
+{
+    conn *c = w->conns;
+    while (c) {
+        conn *next = conn_next(c);
+        conn_close(c);
+        c = next;
+    }
+    event_base_loopexit(w->base, NULL);
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    worker *w = arg;
+    uint64_t now = mono_ms();
+    for (conn *c = w->conns, *next; c; c = next) {
+        next = conn_next(c);
+        conn_tick(c, now);
+    }
+    if (now - w->last_flush_ms >= ACCESS_FLUSH_MS || w->draining)
+        flush_access(w);
+    db_pool_stats st;
+    db_pool_get_stats(w->db, &st);
+    /* a stalled database (connected, answering nothing) counts as no ready connection, so
+     * /healthz and /readyz report it down within the pool's stall time */
+    metrics_db_publish(w->idx, st.connections, st.stalled ? 0 : st.ready, st.queued, st.inflight,
+                       st.reconnects, st.failures);
+    if (w->draining) {
+        bool flushed = true;
+        for (conn *c = w->conns; c; c = conn_next(c))
+            if (conn_output_pending(c))
+                flushed = false;
+        bool db_done = !w->flushing && access_log_count(w->access) == 0 && db_pool_idle(w->db);
+        if ((w->inflight == 0 && flushed && db_done) || now >= w->drain_deadline_ms) {
+            if (w->inflight)
+                log_warn("worker %u: shutdown timeout with %u requests in flight", w->idx,
+                         w->inflight);
+            finish_drain(w);
+        }
+    }
+}
+
+worker *worker_create(server *s, unsigned idx)
+{
+    worker *w = calloc(1, sizeof(*w));
+    if (!w)
+        return NULL;
+    w->srv = s;
+    w->idx = idx;
+    pthread_mutex_init(&w->mu, NULL);
+    w->access = access_log_create();
+    w->store_groups = idmap_create(16);
+    if (!w->access || !w->store_groups) {
+        access_log_destroy(w->access);
+        idmap_destroy(w->store_groups);
+        pthread_mutex_destroy(&w->mu);
+        free(w);
+        return NULL;
+    }
+    w->base = event_base_new();
+    if (!w->base)
+        goto fail;
+    w->ev_mail = event_new(w->base, -1, EV_PERSIST, on_mail, w);
+    w->ev_tick = event_new(w->base, -1, EV_PERSIST, on_tick, w);
+    if (!w->ev_mail || !w->ev_tick)
+        goto fail;
+    event_add(w->ev_mail, NULL);
+    struct timeval tick = {.tv_sec = 0, .tv_usec = 100000};
+    event_add(w->ev_tick, &tick);
+    const config *cfg = &s->cfg;
+    size_t nstmts;
+    const db_stmt_def *stmts = sql_all(&nstmts);
+    db_config dc = {
+        .dsn = cfg->pg_dsn,
+        .connections = (unsigned)cfg->pg_pool_size,
+        .max_inflight = 128,
+        .queue_timeout_ms = (unsigned)cfg->db_queue_timeout_ms,
+        .query_timeout_ms = (unsigned)cfg->db_query_timeout_ms,
+        .backoff_min_ms = 50,
+        .backoff_max_ms = (unsigned)cfg->db_backoff_max_ms,
+        .max_queue = 65536,
+        .role = cfg->pg_role[0] ? cfg->pg_role : NULL,
+        .stmts = stmts,
+        .nstmts = nstmts,
+        .on_event = on_db_event,
+        .ud = w,
+    };
+    w->db = db_pool_create(w->base, &dc);
+    if (!w->db)
+        goto fail;
+    return w;
+fail:
+    db_pool_destroy(w->db);
+    if (w->ev_mail)
+        event_free(w->ev_mail);
+    if (w->ev_tick)
+        event_free(w->ev_tick);
+    if (w->base)
+        event_base_free(w->base);
+    pthread_mutex_destroy(&w->mu);
+    access_log_destroy(w->access);
+    idmap_destroy(w->store_groups); /* empty: every store ended before the drain finished */
+    free(w);
+    return NULL;
+}
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    event_base_dispatch(w->base);
+    return NULL;
+}
+
+int worker_start(worker *w)
+{
+    int rc = pthread_create(&w->th, NULL, worker_main, w);
+    if (rc != 0)
+        return -rc;
+    w->started = true;
+    return 0;
+}
+
+static void do_drain(void *arg)
+{
+    worker *w = arg;
+    if (w->draining)
+        return;
+    w->draining = true;
+    w->drain_deadline_ms = mono_ms() + (uint64_t)w->srv->cfg.shutdown_timeout_ms;
+    for (conn *c = w->conns; c; c = conn_next(c))
+        conn_stop_reading(c);
+}
+
+void worker_drain(worker *w)
+{
+    if (worker_post(w, do_drain, w) < 0)
+        event_base_loopexit(w->base, NULL);
+}
+
+void worker_join(worker *w)
+{
+    if (w && w->started) {
+        pthread_join(w->th, NULL);
+        w->started = false;
+    }
+}
+
+void worker_destroy(worker *w)
+{
+    if (!w)
+        return;
+    worker_join(w);
+    /* finish what other threads posted before they stopped, then fail whatever still waits
+     * on the database: the pool runs those callbacks as it is destroyed */
+    on_mail(-1, 0, w);
+    for (conn *c = w->conns, *next; c; c = next) {
+        next = conn_next(c);
+        conn_close(c);
+    }
+    db_pool_destroy(w->db);
+    w->db = NULL;
+    on_mail(-1, 0, w);
+    embedder_worker_fini(w->idx);
+    event_free(w->ev_mail);
+    event_free(w->ev_tick);
+    event_base_free(w->base);
+    pthread_mutex_destroy(&w->mu);
+    access_log_destroy(w->access);
+    idmap_destroy(w->store_groups); /* empty: every store ended before the drain finished */
+    free(w);
+}
+
+int worker_post(worker *w, void (*fn)(void *arg), void *arg)
+{
+    wmsg *m = malloc(sizeof(*m));
+    if (!m)
+        return -ENOMEM;
+    m->fn = fn;
+    m->arg = arg;
+    m->next = NULL;
+    pthread_mutex_lock(&w->mu);
+    if (w->mtail)
+        w->mtail->next = m;
+    else
+        w->mhead = m;
+    w->mtail = m;
+    pthread_mutex_unlock(&w->mu);
+    event_active(w->ev_mail, EV_READ, 0);
+    return 0;
+}
+
+typedef struct adopt_msg {
+    worker *w;
+    int fd;
+    uint64_t addr_key;
+} adopt_msg;
+
+static void do_adopt(void *arg)
+{
+    adopt_msg *a = arg;
+    if (a->w->draining) {
+        close(a->fd);
+        atomic_fetch_sub(&a->w->srv->nconns, 1);
+        climits_addr_release(a->w->srv->limits_cl, a->addr_key);
+    } else if (!conn_create(a->w, a->fd, a->addr_key)) {
+        log_warn("worker %u: cannot set up a connection (out of memory)", a->w->idx);
+        atomic_fetch_sub(&a->w->srv->nconns, 1);
+        climits_addr_release(a->w->srv->limits_cl, a->addr_key);
+    }
+    free(a);
+}
+
+int worker_adopt(worker *w, int fd, uint64_t addr_key)
+{
+    adopt_msg *a = malloc(sizeof(*a));
+    if (!a)
+        return -ENOMEM;
+    a->w = w;
+    a->fd = fd;
+    a->addr_key = addr_key;
+    int rc = worker_post(w, do_adopt, a);
+    if (rc < 0)
+        free(a);
+    return rc;
+}
+
+struct event_base *worker_base(worker *w)
+{
+    return w->base;
+}
+
+db_pool *worker_db(worker *w)
+{
+    return w->db;
+}
+
+server *worker_server(worker *w)
+{
+    return w->srv;
+}
+
+unsigned worker_index(worker *w)
+{
+    return w->idx;
+}
+
+void worker_conn_added(worker *w, conn *c)
+{
+    conn_link(&w->conns, c);
+    w->nconns++;
+}
+
+void worker_conn_removed(worker *w, conn *c)
+{
+    conn_unlink(&w->conns, c);
+    w->nconns--;
+}
+
+void worker_req_started(worker *w)
+{
+    w->inflight++;
+}
+
+void worker_req_finished(worker *w)
+{
+    w->inflight--;
+}
+
+bool worker_draining(worker *w)
+{
+    return w->draining;
+}

@@ -1,0 +1,70 @@
+/* server/net/worker.h: worker threads, each with its own libevent loop and database pool.
+ *
+ * The main thread accepts connections and hands each to a worker, round robin; from then
+ * on the connection and every request on it live on that worker's thread. Other threads
+ * reach a worker only through worker_post.
+ */
+#ifndef ENGRAM_SERVER_WORKER_H
+#define ENGRAM_SERVER_WORKER_H
+
+#include <stdbool.h>
+
+#include "db.h"
+#include "server.h"
+
+struct event_base;
+typedef struct worker worker;
+typedef struct conn conn;
+
+/* worker_create prepares worker idx (event base, database pool, mailbox) without starting
+ * its thread. Returns NULL when out of memory. */
+worker *worker_create(server *s, unsigned idx);
+
+/* worker_start runs the worker's loop on a new thread. Returns 0 or -errno. */
+int worker_start(worker *w);
+
+/* worker_drain asks the worker (from any thread) to stop reading new requests, finish what
+ * is in flight (waiting at most shutdown_timeout_ms), close its connections and leave its
+ * loop. */
+void worker_drain(worker *w);
+
+/* worker_join waits for the worker's loop to end (after worker_drain). */
+void worker_join(worker *w);
+
+/* worker_destroy finishes leftover work (mailbox, database callbacks) and frees w. Call
+ * after every thread that posts to w has stopped. NULL is a no-op. */
+void worker_destroy(worker *w);
+
+/* worker_post runs fn(arg) on w's thread soon. Safe from any thread. Returns 0 or -ENOMEM
+ * (fn does not run then). */
+int worker_post(worker *w, void (*fn)(void *arg), void *arg);
+
+/* worker_adopt hands a freshly accepted socket to w (any thread); w owns fd from now on, and
+ * the connection releases addr_key (climits_addr_take) when it closes. */
+int worker_adopt(worker *w, int fd, uint64_t addr_key);
+
+/* Accessors, valid on the worker's thread. */
+struct event_base *worker_base(worker *w);
+db_pool *worker_db(worker *w);
+server *worker_server(worker *w);
+unsigned worker_index(worker *w);
+
+/* worker_conn_added / worker_conn_removed keep the worker's connection list (conn.c). */
+void worker_conn_added(worker *w, conn *c);
+void worker_conn_removed(worker *w, conn *c);
+
+/* worker_req_started / worker_req_finished count requests in flight (req.c). */
+void worker_req_started(worker *w);
+void worker_req_finished(worker *w);
+
+/* worker_store_groups returns the worker's map of tenants with a store job in flight (see
+ * the group commit in m_memory.c), or NULL; worker thread only. */
+struct idmap *worker_store_groups(worker *w);
+
+/* worker_access returns the worker's access count log (access.h); worker thread only. */
+struct access_log *worker_access(worker *w);
+
+/* worker_draining tells whether the worker has begun shutting down. */
+bool worker_draining(worker *w);
+
+#endif

@@ -1,0 +1,315 @@
+-- storage/functions/20_memory.sql: The memory API: stores, updates, archives, deletes,
+-- history, expiry, access counts and the composite importance.
+--
+-- Repeatable: engramd applies this file whole, in one transaction, whenever its checksum
+-- differs from the one recorded in schema_functions (see storage/migrate.h). Every
+-- definition is CREATE OR REPLACE; a change of a function's arguments or result type
+-- needs a DROP FUNCTION IF EXISTS of the old signature above the new definition.
+
+-- The composite importance as the server computes it (weights passed in).
+CREATE OR REPLACE FUNCTION engram_composite(created timestamptz, access_count bigint,
+                                 importance double precision, as_of timestamptz,
+                                 w_recency double precision, w_access double precision,
+                                 w_explicit double precision, recency_days double precision,
+                                 saturation double precision) RETURNS double precision
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT w_recency * exp(-greatest(extract(epoch FROM as_of - created), 0) / 86400.0 / recency_days)
+         + w_access * least(access_count / saturation, 1.0)
+         + w_explicit * importance
+$$;
+
+-- engram_meta_of: the index state of memory m (engram_memory_meta). Its tags column is the
+-- typed metadata fields as a JSON array [tokens, chains, protocols, strategy_id], the same
+-- the index loader reads: the server derives tags from it by the one rule it uses for
+-- stores and loads too (server/domain/memfilter.c).
+CREATE OR REPLACE FUNCTION engram_meta_of(m memories) RETURNS engram_memory_meta
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN ROW(m.id, m.seq, m.agent_id, m.clade_id, m.scope, m.type, m.importance,
+               engram_ms(m.created_at), engram_ms(m.last_accessed_at), m.access_count,
+               engram_ms(m.expires_at), engram_ms(m.archived_at), m.pinned,
+               jsonb_build_array(m.metadata -> 'tokens', m.metadata -> 'chains',
+                                 m.metadata -> 'protocols', m.metadata -> 'strategy_id')::text
+              )::engram_memory_meta;
+END $$;
+
+-- Records the current state of memory m as a version replaced by `change`.
+CREATE OR REPLACE FUNCTION engram_keep_version(m memories, p_change text, p_detail jsonb) RETURNS void
+    LANGUAGE sql AS $$
+    INSERT INTO memory_versions (tenant_id, memory_id, version, content, type, importance,
+                                 metadata, expires_at, archived_at, valid_from, replaced_at,
+                                 change, detail)
+        VALUES (m.tenant_id, m.id, m.version, m.content, m.type, m.importance, m.metadata,
+                m.expires_at, m.archived_at, m.updated_at, date_trunc('milliseconds', now()),
+                p_change, COALESCE(p_detail, '{}'))
+$$;
+
+-- engram_memory_update: changes the given fields of one memory (NULL: unchanged), keeping
+-- the previous version. p_clear_expiry removes an expiry. Raises EG404 when the memory does
+-- not exist for this tenant.
+CREATE OR REPLACE FUNCTION engram_memory_update(
+        p_tenant bigint, p_id bigint, p_content text, p_type text, p_importance double precision,
+        p_metadata text, p_embedding bytea, p_expires_ms bigint, p_clear_expiry boolean,
+        p_pinned boolean)
+    RETURNS TABLE (r_version integer, r_updated_ms bigint, m_id bigint, m_seq bigint,
+                   m_agent_id bigint, m_clade_id bigint, m_scope text, m_type text,
+                   m_importance double precision, m_created_ms bigint, m_accessed_ms bigint,
+                   m_access_count bigint, m_expires_ms bigint, m_archived_ms bigint,
+                   m_pinned boolean, m_tags text)
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    m memories;
+    v_seq bigint;
+BEGIN
+    PERFORM engram_next_seq(p_tenant, 0);
+    SELECT * INTO m FROM memories WHERE tenant_id = p_tenant AND id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'memory % not found', p_id USING ERRCODE = 'EG404';
+    END IF;
+    PERFORM engram_keep_version(m, 'update', '{}');
+    v_seq := engram_next_seq(p_tenant, 1);
+    UPDATE memories SET
+        content = COALESCE(p_content, content),
+        type = COALESCE(p_type, type),
+        importance = COALESCE(p_importance, importance),
+        metadata = COALESCE(p_metadata::jsonb, metadata),
+        embedding = COALESCE(p_embedding, embedding),
+        expires_at = CASE WHEN p_clear_expiry THEN NULL
+                          ELSE COALESCE(engram_ts(p_expires_ms), expires_at) END,
+        pinned = COALESCE(p_pinned, pinned),
+        updated_at = date_trunc('milliseconds', now()),
+        version = version + 1,
+        seq = v_seq
+    WHERE tenant_id = p_tenant AND id = p_id
+    RETURNING * INTO m;
+    INSERT INTO memory_changes VALUES (p_tenant, v_seq, p_id, 'u');
+    PERFORM pg_notify('engram_changes', p_tenant || ':' || v_seq);
+    RETURN QUERY SELECT m.version, engram_ms(m.updated_at), mm.* FROM engram_meta_of(m) AS mm;
+END $$;
+
+-- engram_memory_set_archived: archives (p_archive) or restores the tenant's memories among
+-- p_ids, with a version row and one block of change numbers per call; returns the changed
+-- memories' new state.
+CREATE OR REPLACE FUNCTION engram_memory_set_archived(p_tenant bigint, p_ids bigint[],
+                                                      p_archive boolean, p_reason text)
+    RETURNS SETOF engram_memory_meta
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    m memories;
+    v_n bigint;
+    v_seq bigint;
+BEGIN
+    PERFORM engram_next_seq(p_tenant, 0);
+    SELECT count(*) INTO v_n FROM memories
+    WHERE tenant_id = p_tenant AND id = ANY (p_ids) AND (archived_at IS NULL) = p_archive;
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    v_seq := engram_next_seq(p_tenant, v_n) - v_n;
+    FOR m IN SELECT * FROM memories
+             WHERE tenant_id = p_tenant AND id = ANY (p_ids)
+               AND (archived_at IS NULL) = p_archive
+             ORDER BY id FOR UPDATE LOOP
+        PERFORM engram_keep_version(m, CASE WHEN p_archive THEN 'archive' ELSE 'restore' END,
+                                    jsonb_build_object('reason', p_reason));
+        v_seq := v_seq + 1;
+        UPDATE memories SET
+            archived_at = CASE WHEN p_archive THEN date_trunc('milliseconds', now()) END,
+            archived_reason = CASE WHEN p_archive THEN p_reason END,
+            superseded_by = CASE WHEN p_archive THEN superseded_by END,
+            merged_into = CASE WHEN p_archive THEN merged_into END,
+            updated_at = date_trunc('milliseconds', now()),
+            version = version + 1,
+            seq = v_seq
+        WHERE tenant_id = p_tenant AND id = m.id
+        RETURNING * INTO m;
+        INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
+        RETURN NEXT engram_meta_of(m);
+    END LOOP;
+    PERFORM pg_notify('engram_changes', p_tenant || ':' || v_seq);
+END $$;
+ALTER FUNCTION engram_memory_set_archived(bigint, bigint[], boolean, text)
+    SET plan_cache_mode = force_generic_plan;
+
+-- engram_purge_expired: deletes up to p_limit expired memories (with change records, so
+-- indexes drop them) and idempotency keys older than p_idem_age_s. Returns the number of
+-- memories deleted.
+CREATE OR REPLACE FUNCTION engram_purge_expired(p_limit integer, p_idem_age_s integer) RETURNS bigint
+    LANGUAGE plpgsql AS $$
+DECLARE
+    t bigint;
+    total bigint := 0;
+    v_ids bigint[];
+BEGIN
+    DELETE FROM idempotency_keys WHERE created_at < now() - make_interval(secs => p_idem_age_s);
+    FOR t IN SELECT DISTINCT tenant_id FROM memories
+             WHERE expires_at IS NOT NULL AND expires_at <= now() LOOP
+        SELECT array_agg(id) INTO v_ids FROM (
+            SELECT id FROM memories
+            WHERE tenant_id = t AND expires_at IS NOT NULL AND expires_at <= now()
+            ORDER BY id LIMIT p_limit - total) s;
+        IF v_ids IS NOT NULL THEN
+            total := total + (SELECT count(*) FROM engram_memory_delete(t, v_ids));
+        END IF;
+        EXIT WHEN total >= p_limit;
+    END LOOP;
+    RETURN total;
+END $$;
+ALTER FUNCTION engram_purge_expired(integer, integer) SECURITY DEFINER SET search_path FROM CURRENT;
+
+-- engram_memory_store_batch: stores n memories in one transaction, all or nothing, and
+-- returns each one's index state (tags NULL: the server derives them from the request).
+-- Arrays are parallel, one element per memory; p_embeddings holds the n embeddings back to
+-- back (p_dim float32 each). The tier's memory limit (p_limits: free, standard, premium;
+-- 0 unlimited) is checked under the tenant row's lock, so concurrent writers in any
+-- number of processes never pass it (EG429). With p_idem, a retry with the same key and
+-- fingerprint returns the first call's memories (replay true); another request under the
+-- same key is EG409. Ids and change numbers come from the tenant row, moved in one UPDATE.
+-- The rows come back from the INSERT itself (RETURNING): reading them back by id was
+-- planned as a scan of the tenant for a tenant PostgreSQL had no statistics on yet.
+CREATE OR REPLACE FUNCTION engram_memory_store_batch(
+        p_tenant bigint, p_limits bigint[], p_idem text, p_fingerprint bytea, p_dim integer,
+        p_agent bigint[], p_clade bigint[], p_scope text[], p_type text[], p_content text[],
+        p_importance double precision[], p_metadata text[], p_embeddings bytea,
+        p_created_ms bigint[], p_updated_ms bigint[], p_accessed_ms bigint[],
+        p_access_count bigint[], p_expires_ms bigint[], p_pinned boolean[])
+    RETURNS TABLE (idx integer, replay boolean, r_created_ms bigint, m_id bigint, m_seq bigint,
+                   m_agent_id bigint, m_clade_id bigint, m_scope text, m_type text,
+                   m_importance double precision, m_created_ms bigint, m_accessed_ms bigint,
+                   m_access_count bigint, m_expires_ms bigint, m_archived_ms bigint,
+                   m_pinned boolean, m_tags text)
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    n integer := cardinality(p_content);
+    v_last bigint;
+    v_base bigint;
+    v_count bigint;
+    v_tier text;
+    v_max bigint;
+    v_ids bigint[];
+    v_id_last bigint;
+    k record;
+BEGIN
+    -- the tenant row's lock, before anything else
+    SELECT t.change_seq, t.memory_count, t.tier INTO v_last, v_count, v_tier
+        FROM tenants t WHERE t.id = p_tenant FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'tenant not found' USING ERRCODE = 'EG404';
+    END IF;
+    IF p_idem IS NOT NULL THEN
+        SELECT * INTO k FROM idempotency_keys i WHERE i.tenant_id = p_tenant AND i.key = p_idem;
+        IF FOUND THEN
+            IF k.fingerprint <> p_fingerprint THEN
+                RAISE EXCEPTION 'idempotency_key was used before for a different request'
+                    USING ERRCODE = 'EG409';
+            END IF;
+            RETURN QUERY
+                SELECT o.i::integer, true, k.created_ms[o.i], mm.*
+                FROM unnest(k.ids) WITH ORDINALITY AS o (id, i)
+                CROSS JOIN LATERAL engram_meta_of(
+                    (SELECT m FROM memories m WHERE m.tenant_id = p_tenant AND m.id = o.id))
+                    AS mm
+                ORDER BY o.i;
+            RETURN;
+        END IF;
+    END IF;
+    IF length(p_embeddings) <> n * p_dim * 4 THEN
+        RAISE EXCEPTION 'embeddings do not match the dimension' USING ERRCODE = 'EG400';
+    END IF;
+    v_max := engram_tier_limit(p_limits, v_tier);
+    IF v_max IS NOT NULL AND v_count + n > v_max THEN
+        RAISE EXCEPTION 'memory limit reached'
+            USING ERRCODE = 'EG429',
+                  DETAIL = format('limit=%s usage=%s requested=%s', v_max, v_count, n);
+    END IF;
+    UPDATE tenants SET change_seq = change_seq + n, memory_count = memory_count + n,
+                       memory_id_last = memory_id_last + n
+        WHERE tenants.id = p_tenant RETURNING change_seq, memory_id_last INTO v_last, v_id_last;
+    v_base := v_last - n;
+    SELECT array_agg(v_id_last - n + g) INTO v_ids FROM generate_series(1, n) AS g;
+    -- tags NULL: the server derives them from the request
+    RETURN QUERY
+        WITH ins AS (
+            INSERT INTO memories (tenant_id, id, agent_id, clade_id, scope, type, content,
+                                  importance, metadata, embedding, created_at, updated_at,
+                                  last_accessed_at, access_count, expires_at, pinned, seq)
+                SELECT p_tenant, v_ids[a.i], a.agent, a.clade, a.scope, a.type, a.content, a.imp,
+                       a.md::jsonb,
+                       substring(p_embeddings FROM ((a.i - 1) * p_dim * 4 + 1)::integer
+                                 FOR p_dim * 4),
+                       date_trunc('milliseconds', COALESCE(engram_ts(a.cr), now())),
+                       date_trunc('milliseconds', COALESCE(engram_ts(a.up), engram_ts(a.cr), now())),
+                       date_trunc('milliseconds', engram_ts(a.acc)),
+                       COALESCE(a.cnt, 0), engram_ts(a.ex), COALESCE(a.pin, false),
+                       v_base + a.i
+                FROM unnest(p_agent, p_clade, p_scope, p_type, p_content, p_importance,
+                            p_metadata, p_created_ms, p_updated_ms, p_accessed_ms,
+                            p_access_count, p_expires_ms, p_pinned)
+                     WITH ORDINALITY AS a (agent, clade, scope, type, content, imp, md, cr, up,
+                                           acc, cnt, ex, pin, i)
+                RETURNING *)
+        SELECT (m.seq - v_base)::integer, false, engram_ms(m.created_at), m.id, m.seq,
+               m.agent_id, m.clade_id, m.scope, m.type, m.importance, engram_ms(m.created_at),
+               engram_ms(m.last_accessed_at), m.access_count, engram_ms(m.expires_at),
+               engram_ms(m.archived_at), m.pinned, NULL::text
+        FROM ins m
+        ORDER BY m.seq;
+    INSERT INTO memory_changes
+        SELECT p_tenant, v_base + o.i, o.id, 'u' FROM unnest(v_ids) WITH ORDINALITY AS o (id, i);
+    IF p_idem IS NOT NULL THEN
+        INSERT INTO idempotency_keys (tenant_id, key, fingerprint, ids, created_ms)
+            SELECT p_tenant, p_idem, p_fingerprint, v_ids,
+                   array_agg(engram_ms(date_trunc('milliseconds', COALESCE(engram_ts(c.cr), now())))
+                             ORDER BY c.i)
+            FROM unnest(p_created_ms) WITH ORDINALITY AS c (cr, i);
+    END IF;
+    PERFORM pg_notify('engram_changes', p_tenant || ':' || v_last);
+END $$;
+ALTER FUNCTION engram_memory_store_batch(bigint, bigint[], text, bytea, integer, bigint[],
+    bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[], bigint[],
+    bigint[], bigint[], bigint[], boolean[])
+    SET plan_cache_mode = force_generic_plan;
+
+-- engram_memory_touch adds a batch of access counts (the server's, about once a second per
+-- worker) to memory_access. Rows are taken in (tenant, id) order, so concurrent batches
+-- cannot deadlock. Returns the number of entries.
+CREATE OR REPLACE FUNCTION engram_memory_touch(p_tenant bigint[], p_ids bigint[], p_counts bigint[],
+                                    p_at_ms bigint[])
+    RETURNS bigint
+    LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    WITH t AS (
+        INSERT INTO memory_access AS a (tenant_id, id, access_count, last_accessed_at)
+        SELECT u.tenant, u.id, u.cnt, date_trunc('milliseconds', engram_ts(u.at))
+          FROM unnest(p_tenant, p_ids, p_counts, p_at_ms) AS u (tenant, id, cnt, at)
+         ORDER BY u.tenant, u.id
+        ON CONFLICT (tenant_id, id) DO UPDATE SET
+            access_count = a.access_count + excluded.access_count,
+            last_accessed_at = greatest(a.last_accessed_at, excluded.last_accessed_at)
+        RETURNING 1)
+    SELECT count(*) FROM t
+$$;
+
+-- engram_access_fold moves up to p_limit pending counts into memories and returns how many
+-- it moved. Entries a batch is writing at that moment stay for the next fold.
+CREATE OR REPLACE FUNCTION engram_access_fold(p_limit integer) RETURNS bigint
+    LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    WITH picked AS (
+        SELECT tenant_id, id FROM memory_access
+         ORDER BY tenant_id, id LIMIT p_limit
+           FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM memory_access a USING picked p
+         WHERE a.tenant_id = p.tenant_id AND a.id = p.id
+        RETURNING a.tenant_id, a.id, a.access_count, a.last_accessed_at
+    ), folded AS (
+        UPDATE memories m SET
+            access_count = m.access_count + g.access_count,
+            last_accessed_at = greatest(m.last_accessed_at, g.last_accessed_at)
+          FROM gone g
+         WHERE m.tenant_id = g.tenant_id AND m.id = g.id
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM gone) + 0 * (SELECT count(*) FROM folded)
+$$;

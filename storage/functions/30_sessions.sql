@@ -1,0 +1,1089 @@
+-- storage/functions/30_sessions.sql: Sessions: transcripts, scratchpad, notes, checkpoints,
+-- sub-agents, handoff.
+--
+-- Repeatable: engramd applies this file whole, in one transaction, whenever its checksum
+-- differs from the one recorded in schema_functions (see storage/migrate.h). Every
+-- definition is CREATE OR REPLACE; a change of a function's arguments or result type
+-- needs a DROP FUNCTION IF EXISTS of the old signature above the new definition.
+
+-- The 64 bits of a client's unsigned id, stored in bigint, as the unsigned number.
+CREATE OR REPLACE FUNCTION engram_session_u64(v bigint) RETURNS numeric
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT CASE WHEN v < 0 THEN v::numeric + 18446744073709551616 ELSE v::numeric END $$;
+
+-- The wall clock in ms precision. clock_timestamp, not now(): rows are stamped after the
+-- session lock is taken, so times never run backwards against seq and id order.
+CREATE OR REPLACE FUNCTION engram_session_now() RETURNS timestamptz
+    LANGUAGE sql VOLATILE
+    AS $$ SELECT date_trunc('milliseconds', clock_timestamp()) $$;
+
+CREATE OR REPLACE FUNCTION engram_session_arr_minus(a bigint[], b bigint[]) RETURNS bigint[]
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT COALESCE(array_agg(x ORDER BY x), '{}') FROM unnest(a) x WHERE x <> ALL (b) $$;
+
+CREATE OR REPLACE FUNCTION engram_session_arr_union(a bigint[], b bigint[]) RETURNS bigint[]
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT COALESCE(array_agg(DISTINCT x ORDER BY x), '{}')
+          FROM unnest(a || b) x $$;
+
+-- engram_session_get_row: the session, or EG404.
+CREATE OR REPLACE FUNCTION engram_session_get_row(p_tenant bigint, p_session bigint) RETURNS sessions
+    LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    s sessions;
+BEGIN
+    SELECT * INTO s FROM sessions WHERE tenant_id = p_tenant AND id = p_session;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'session % not found', p_session USING ERRCODE = 'EG404';
+    END IF;
+    RETURN s;
+END $$;
+
+-- engram_session_lock: locks the session for a change and returns it; a sub-agent's
+-- parent is locked first (every writer takes them in that order), or EG404.
+CREATE OR REPLACE FUNCTION engram_session_lock(p_tenant bigint, p_session bigint) RETURNS sessions
+    LANGUAGE plpgsql AS $$
+DECLARE
+    s sessions;
+    v_parent bigint;
+BEGIN
+    SELECT parent_id INTO v_parent FROM sessions WHERE tenant_id = p_tenant AND id = p_session;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'session % not found', p_session USING ERRCODE = 'EG404';
+    END IF;
+    IF v_parent IS NOT NULL THEN
+        PERFORM 1 FROM sessions WHERE tenant_id = p_tenant AND id = v_parent FOR UPDATE;
+    END IF;
+    SELECT * INTO s FROM sessions WHERE tenant_id = p_tenant AND id = p_session FOR UPDATE;
+    RETURN s;
+END $$;
+
+CREATE OR REPLACE FUNCTION engram_session_require_active(s sessions) RETURNS void
+    LANGUAGE plpgsql AS $$
+BEGIN
+    IF s.state <> 'active' THEN
+        RAISE EXCEPTION 'session % is %', s.id, s.state USING ERRCODE = 'EG409';
+    END IF;
+END $$;
+
+-- engram_session_check_size: raises EG429 when adding n entries of nbytes would pass the
+-- tier's transcript limits.
+CREATE OR REPLACE FUNCTION engram_session_check_size(s sessions, n bigint, nbytes bigint,
+                                          p_max_entries bigint, p_max_bytes bigint)
+    RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF s.entry_count + n > p_max_entries THEN
+        RAISE EXCEPTION 'session % has reached its limit of % transcript entries',
+                        s.id, p_max_entries
+            USING ERRCODE = 'EG429',
+                  DETAIL = format('limit=%s usage=%s', p_max_entries, s.entry_count);
+    END IF;
+    IF s.entry_bytes + nbytes > p_max_bytes THEN
+        RAISE EXCEPTION 'session % would pass its limit of % transcript bytes',
+                        s.id, p_max_bytes
+            USING ERRCODE = 'EG429',
+                  DETAIL = format('limit=%s usage=%s requested=%s', p_max_bytes, s.entry_bytes,
+                                  nbytes);
+    END IF;
+END $$;
+
+-- engram_session_chain: the sessions whose entries make up p_session's transcript as of
+-- position p_upto, each with the last seq that belongs to it.
+CREATE OR REPLACE FUNCTION engram_session_chain(p_tenant bigint, p_session bigint, p_upto bigint)
+    RETURNS TABLE (session_id bigint, upto bigint)
+    LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE c (session_id, upto, base, base_seq) AS (
+        SELECT s.id, p_upto, s.base_session_id, s.base_seq
+        FROM sessions s WHERE s.tenant_id = p_tenant AND s.id = p_session
+        UNION ALL
+        SELECT s.id, LEAST(c.upto, c.base_seq), s.base_session_id, s.base_seq
+        FROM c JOIN sessions s ON s.tenant_id = p_tenant AND s.id = c.base
+    )
+    SELECT c.session_id, c.upto FROM c
+$$;
+
+-- engram_session_log: every entry of the transcript as of p_upto, tombstones included.
+CREATE OR REPLACE FUNCTION engram_session_log(p_tenant bigint, p_session bigint, p_upto bigint)
+    RETURNS SETOF session_entries
+    LANGUAGE sql STABLE AS $$
+    SELECT e.* FROM engram_session_chain(p_tenant, p_session, p_upto) c
+    JOIN session_entries e
+      ON e.tenant_id = p_tenant AND e.session_id = c.session_id AND e.seq <= c.upto
+$$;
+
+-- engram_session_live: the messages and summaries no tombstone hides, as of p_upto.
+CREATE OR REPLACE FUNCTION engram_session_live(p_tenant bigint, p_session bigint, p_upto bigint)
+    RETURNS SETOF session_entries
+    LANGUAGE sql STABLE AS $$
+    WITH l AS MATERIALIZED (SELECT * FROM engram_session_log(p_tenant, p_session, p_upto))
+    SELECT l.* FROM l
+    WHERE l.kind <> 'tombstone'
+      AND NOT EXISTS (SELECT 1 FROM l t WHERE t.kind = 'tombstone' AND t.target_id = l.id)
+$$;
+
+CREATE OR REPLACE FUNCTION engram_session_entry_json(e session_entries) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'entry_id', e.id, 'seq', e.seq, 'type', e.kind, 'role', e.role,
+        'content', e.content, 'parent_id', e.parent_id, 'tokens', e.tokens,
+        'cost_usdc', e.cost_usdc, 'agent_id', engram_session_u64(e.agent_id),
+        'created_at', engram_ms(e.created_at),
+        'through_entry_id', CASE WHEN e.kind = 'summary' THEN e.target_id END,
+        'messages_compacted', e.messages_compacted)
+$$;
+
+-- engram_session_history: the transcript as a model would be given it, as of p_upto:
+-- tombstoned entries left out, the latest live compaction summary in place of everything
+-- up to the entry it compacts through, then the live messages after that point in order.
+-- p_agent (NULL: all) keeps only that agent's messages (the summary stays); p_tail (NULL:
+-- all) keeps the last p_tail items. Returns a JSON array.
+CREATE OR REPLACE FUNCTION engram_session_history(p_tenant bigint, p_session bigint, p_upto bigint,
+                                       p_agent bigint, p_tail bigint)
+    RETURNS jsonb
+    LANGUAGE sql STABLE AS $$
+    WITH live AS MATERIALIZED (SELECT * FROM engram_session_live(p_tenant, p_session, p_upto)),
+    top AS (
+        SELECT l.id, l.target_seq FROM live l WHERE l.kind = 'summary'
+        ORDER BY l.target_seq DESC LIMIT 1
+    ),
+    shown AS (
+        SELECT l.id, l.target_seq AS pos FROM live l JOIN top ON top.id = l.id
+        UNION ALL
+        SELECT l.id, l.seq FROM live l
+        WHERE l.kind = 'message'
+          AND l.seq > COALESCE((SELECT top.target_seq FROM top), 0)
+          AND (p_agent IS NULL OR l.agent_id = p_agent)
+    ),
+    picked AS (SELECT * FROM shown ORDER BY pos DESC LIMIT p_tail)
+    SELECT COALESCE(jsonb_agg(engram_session_entry_json(e) ORDER BY p.pos), '[]'::jsonb)
+    FROM picked p JOIN session_entries e ON e.tenant_id = p_tenant AND e.id = p.id
+$$;
+
+-- engram_session_find_entry: entry p_entry if it is part of p_session's transcript as of
+-- p_upto (its own or inherited), else a row of NULLs.
+CREATE OR REPLACE FUNCTION engram_session_find_entry(p_tenant bigint, p_session bigint, p_upto bigint,
+                                          p_entry bigint)
+    RETURNS session_entries
+    LANGUAGE sql STABLE AS $$
+    SELECT e.* FROM session_entries e
+    JOIN engram_session_chain(p_tenant, p_session, p_upto) c
+      ON c.session_id = e.session_id AND e.seq <= c.upto
+    WHERE e.tenant_id = p_tenant AND e.id = p_entry
+$$;
+
+CREATE OR REPLACE FUNCTION engram_session_note_json(n session_notes) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'note_id', n.id, 'category', n.category, 'key', n.key, 'value', n.value,
+        'scope', n.scope, 'work_item_id', n.work_item_id,
+        'agent_id', engram_session_u64(n.agent_id), 'created_at', engram_ms(n.created_at),
+        'supersedes', n.supersedes)
+$$;
+
+-- engram_session_json: the public view of a session (session.get).
+CREATE OR REPLACE FUNCTION engram_session_json(s sessions) RETURNS jsonb
+    LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'session_id', s.id, 'agent_id', engram_session_u64(s.agent_id),
+        'parent_id', s.parent_id, 'state', s.state, 'config', s.config,
+        'model', s.config ->> 'model', 'branch_type', s.branch_type,
+        'simulation', s.simulation,
+        'resumed_from', CASE WHEN s.origin_checkpoint_id IS NOT NULL THEN
+            jsonb_build_object('session_id', s.origin_session_id,
+                               'checkpoint_id', s.origin_checkpoint_id,
+                               'position', s.base_seq) END,
+        'created_at', engram_ms(s.created_at), 'updated_at', engram_ms(s.updated_at),
+        'ended_at', engram_ms(s.ended_at), 'summary', s.summary)
+    || jsonb_build_object(
+        'total_cost_usdc', s.total_cost_usdc,
+        'own_cost_usdc', s.total_cost_usdc - s.children_cost_usdc,
+        'children_cost_usdc', s.children_cost_usdc, 'max_cost_usdc', s.max_cost_usdc,
+        'position', s.position, 'entry_count', s.entry_count, 'entry_bytes', s.entry_bytes,
+        'compaction_count', s.compaction_count, 'rounds', s.rounds,
+        'scratchpad_version', s.scratchpad_version,
+        'note_count', (SELECT count(*) FROM session_notes n
+                       WHERE n.tenant_id = s.tenant_id AND n.session_id = s.id
+                         AND n.dead_rev IS NULL),
+        'checkpoint_count', (SELECT count(*) FROM session_checkpoints k
+                             WHERE k.tenant_id = s.tenant_id AND k.session_id = s.id
+                               AND k.expires_at > now()),
+        'child_count', (SELECT count(*) FROM sessions c
+                        WHERE c.tenant_id = s.tenant_id AND c.parent_id = s.id),
+        'active_children', (SELECT count(*) FROM sessions c
+                            WHERE c.tenant_id = s.tenant_id AND c.parent_id = s.id
+                              AND c.state = 'active'))
+    || jsonb_build_object(
+        'constraints', jsonb_build_object(
+            'budget_spent_usdc', s.total_cost_usdc,
+            'budget_limit_usdc', s.max_cost_usdc,
+            'budget_remaining_usdc', CASE WHEN s.max_cost_usdc IS NOT NULL
+                                     THEN GREATEST(s.max_cost_usdc - s.total_cost_usdc, 0) END,
+            'rounds', s.rounds,
+            'elapsed_ms', engram_ms(COALESCE(s.ended_at, engram_session_now()))
+                          - engram_ms(s.created_at)),
+        'task', s.task, 'return_format', s.return_format, 'max_tokens', s.max_tokens,
+        'output', s.output, 'completed_at', engram_ms(s.completed_at))
+$$;
+
+CREATE OR REPLACE FUNCTION engram_session_create(p_tenant bigint, p_agent bigint, p_config jsonb)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_cfg jsonb := jsonb_strip_nulls(p_config);
+    v_now timestamptz := engram_session_now();
+    v_id bigint;
+BEGIN
+    INSERT INTO sessions (tenant_id, agent_id, config, max_cost_usdc, created_at, updated_at)
+        VALUES (p_tenant, p_agent, v_cfg, (v_cfg ->> 'max_cost_usdc')::numeric, v_now, v_now)
+        RETURNING id INTO v_id;
+    RETURN jsonb_build_object('session_id', v_id, 'created_at', engram_ms(v_now));
+END $$;
+
+CREATE OR REPLACE FUNCTION engram_session_get(p_tenant bigint, p_session bigint) RETURNS jsonb
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN engram_session_json(engram_session_get_row(p_tenant, p_session));
+END $$;
+
+-- engram_session_list: newest first, p_limit per page; p_cursor is the next_cursor of the
+-- previous page (nil on the last page).
+CREATE OR REPLACE FUNCTION engram_session_list(p_tenant bigint, p_agent bigint, p_state text,
+                                    p_cursor bigint, p_limit integer)
+    RETURNS jsonb LANGUAGE sql STABLE AS $$
+    WITH page AS (
+        SELECT s.*, row_number() OVER (ORDER BY s.id DESC) AS rn FROM sessions s
+        WHERE s.tenant_id = p_tenant
+          AND (p_agent IS NULL OR s.agent_id = p_agent)
+          AND (p_state IS NULL OR s.state = p_state)
+          AND (p_cursor IS NULL OR s.id < p_cursor)
+        ORDER BY s.id DESC LIMIT p_limit + 1
+    )
+    SELECT jsonb_build_object(
+        'sessions', COALESCE(jsonb_agg(jsonb_build_object(
+               'session_id', p.id, 'agent_id', engram_session_u64(p.agent_id),
+               'parent_id', p.parent_id, 'state', p.state, 'model', p.config ->> 'model',
+               'branch_type', p.branch_type, 'created_at', engram_ms(p.created_at),
+               'updated_at', engram_ms(p.updated_at), 'total_cost_usdc', p.total_cost_usdc,
+               'entry_count', p.entry_count) ORDER BY p.id DESC)
+            FILTER (WHERE p.rn <= p_limit), '[]'::jsonb),
+        'next_cursor', CASE WHEN max(p.rn) > p_limit
+                            THEN min(p.id) FILTER (WHERE p.rn <= p_limit) END)
+    FROM page p
+$$;
+
+CREATE OR REPLACE FUNCTION engram_session_end(p_tenant bigint, p_session bigint, p_summary text)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    s sessions := engram_session_lock(p_tenant, p_session);
+    v_now timestamptz := engram_session_now();
+BEGIN
+    PERFORM engram_session_require_active(s);
+    UPDATE sessions SET state = 'ended', summary = p_summary, ended_at = v_now, updated_at = v_now
+        WHERE tenant_id = p_tenant AND id = p_session;
+    RETURN jsonb_build_object('session_id', p_session, 'state', 'ended',
+                              'ended_at', engram_ms(v_now));
+END $$;
+
+-- engram_session_append: one message. The cost is checked against the session's cap and,
+-- for a sub-agent, its parent's (which also pays it), under both locks: concurrent appends
+-- can never pass a cap, and a rejected append stores nothing.
+CREATE OR REPLACE FUNCTION engram_session_append(p_tenant bigint, p_session bigint, p_role text,
+                                      p_content text, p_parent bigint, p_tokens bigint,
+                                      p_cost numeric, p_agent bigint, p_max_entries bigint,
+                                      p_max_bytes bigint)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    s sessions := engram_session_lock(p_tenant, p_session);
+    p sessions;
+    v_cost numeric := COALESCE(p_cost, 0);
+    v_bytes bigint := octet_length(p_content);
+    v_now timestamptz := engram_session_now();
+    v_id bigint;
+BEGIN
+    PERFORM engram_session_require_active(s);
+    PERFORM engram_session_check_size(s, 1, v_bytes, p_max_entries, p_max_bytes);
+    IF s.max_cost_usdc IS NOT NULL AND s.total_cost_usdc + v_cost > s.max_cost_usdc THEN
+        RAISE EXCEPTION 'cost % would take session % past its cap of % USDC (spent %)',
+                        v_cost, s.id, s.max_cost_usdc, s.total_cost_usdc
+            USING ERRCODE = 'EG402',
+                  DETAIL = format('limit=%s usage=%s cost=%s session_id=%s', s.max_cost_usdc,
+                                  s.total_cost_usdc, v_cost, s.id);
+    END IF;
+    IF s.parent_id IS NOT NULL THEN
+        SELECT * INTO p FROM sessions WHERE tenant_id = p_tenant AND id = s.parent_id;
+        IF p.max_cost_usdc IS NOT NULL AND p.total_cost_usdc + v_cost > p.max_cost_usdc THEN
+            RAISE EXCEPTION 'cost % would take parent session % past its cap of % USDC (spent %)',
+                            v_cost, p.id, p.max_cost_usdc, p.total_cost_usdc
+                USING ERRCODE = 'EG402',
+                      DETAIL = format('limit=%s usage=%s cost=%s session_id=%s',
+                                      p.max_cost_usdc, p.total_cost_usdc, v_cost, p.id);
+        END IF;
+    END IF;
+    IF p_parent IS NOT NULL
+       AND (engram_session_find_entry(p_tenant, s.id, s.position, p_parent)).id IS NULL THEN
+        RAISE EXCEPTION 'parent_id % is not an entry of session %', p_parent, s.id
+            USING ERRCODE = 'EG400';
+    END IF;
+    INSERT INTO session_entries (tenant_id, session_id, seq, kind, role, content, parent_id,
+                                 tokens, cost_usdc, agent_id, created_at)
+        VALUES (p_tenant, s.id, s.position + 1, 'message', p_role, p_content, p_parent,
+                p_tokens, p_cost, COALESCE(p_agent, s.agent_id), v_now)
+        RETURNING id INTO v_id;
+    UPDATE sessions
+        SET position = position + 1, entry_count = entry_count + 1,
+            entry_bytes = entry_bytes + v_bytes, total_cost_usdc = total_cost_usdc + v_cost,
+            rounds = rounds + CASE WHEN p_role = 'assistant' THEN 1 ELSE 0 END,
+            updated_at = v_now
+        WHERE tenant_id = p_tenant AND id = s.id;
+    IF s.parent_id IS NOT NULL AND v_cost <> 0 THEN
+        UPDATE sessions
+            SET total_cost_usdc = total_cost_usdc + v_cost,
+                children_cost_usdc = children_cost_usdc + v_cost, updated_at = v_now
+            WHERE tenant_id = p_tenant AND id = s.parent_id;
+    END IF;
+    RETURN jsonb_build_object('entry_id', v_id, 'seq', s.position + 1,
+                              'total_cost_usdc', s.total_cost_usdc + v_cost);
+END $$;
+
+-- engram_session_tombstone: hides an entry of the session's transcript from now on (the
+-- entry stays, so checkpoints taken before still see it). p_session NULL: the session the
+-- entry was appended to. Tombstoning twice returns the first tombstone.
+CREATE OR REPLACE FUNCTION engram_session_tombstone(p_tenant bigint, p_session bigint, p_entry bigint)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_session bigint := p_session;
+    s sessions;
+    e session_entries;
+    v_id bigint;
+    v_now timestamptz;
+BEGIN
+    IF v_session IS NULL THEN
+        SELECT x.session_id INTO v_session FROM session_entries x
+            WHERE x.tenant_id = p_tenant AND x.id = p_entry;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'entry % not found', p_entry USING ERRCODE = 'EG404';
+        END IF;
+    END IF;
+    s := engram_session_lock(p_tenant, v_session);
+    e := engram_session_find_entry(p_tenant, s.id, s.position, p_entry);
+    IF e.id IS NULL THEN
+        RAISE EXCEPTION 'entry % not found in session %', p_entry, s.id USING ERRCODE = 'EG404';
+    END IF;
+    IF e.kind = 'tombstone' THEN
+        RAISE EXCEPTION 'entry % is a tombstone', p_entry USING ERRCODE = 'EG400';
+    END IF;
+    SELECT l.id INTO v_id FROM engram_session_log(p_tenant, s.id, s.position) l
+        WHERE l.kind = 'tombstone' AND l.target_id = p_entry LIMIT 1;
+    IF v_id IS NOT NULL THEN
+        RETURN jsonb_build_object('entry_id', p_entry, 'tombstone_id', v_id, 'session_id', s.id);
+    END IF;
+    v_now := engram_session_now();
+    INSERT INTO session_entries (tenant_id, session_id, seq, kind, agent_id, target_id,
+                                 target_seq, created_at)
+        VALUES (p_tenant, s.id, s.position + 1, 'tombstone', s.agent_id, p_entry, e.seq, v_now)
+        RETURNING id INTO v_id;
+    UPDATE sessions SET position = position + 1, updated_at = v_now
+        WHERE tenant_id = p_tenant AND id = s.id;
+    RETURN jsonb_build_object('entry_id', p_entry, 'tombstone_id', v_id, 'session_id', s.id);
+END $$;
+
+-- engram_session_summarize: records a compaction summary standing in for the transcript up
+-- to and including p_through. It must reach past the live summary in place now (EG409).
+CREATE OR REPLACE FUNCTION engram_session_summarize(p_tenant bigint, p_session bigint, p_summary text,
+                                         p_through bigint, p_compacted bigint,
+                                         p_max_entries bigint, p_max_bytes bigint)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_session bigint := p_session;
+    s sessions;
+    e session_entries;
+    v_cut bigint;
+    v_id bigint;
+    v_now timestamptz;
+BEGIN
+    IF v_session IS NULL THEN
+        SELECT x.session_id INTO v_session FROM session_entries x
+            WHERE x.tenant_id = p_tenant AND x.id = p_through;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'entry % not found', p_through USING ERRCODE = 'EG404';
+        END IF;
+    END IF;
+    s := engram_session_lock(p_tenant, v_session);
+    PERFORM engram_session_require_active(s);
+    e := engram_session_find_entry(p_tenant, s.id, s.position, p_through);
+    IF e.id IS NULL THEN
+        RAISE EXCEPTION 'entry % not found in session %', p_through, s.id
+            USING ERRCODE = 'EG404';
+    END IF;
+    IF e.kind <> 'message' THEN
+        RAISE EXCEPTION 'through_entry_id % is a %, not a message', p_through, e.kind
+            USING ERRCODE = 'EG400';
+    END IF;
+    SELECT max(l.target_seq) INTO v_cut FROM engram_session_live(p_tenant, s.id, s.position) l
+        WHERE l.kind = 'summary';
+    IF v_cut IS NOT NULL AND e.seq <= v_cut THEN
+        RAISE EXCEPTION 'a summary already compacts the transcript through entry % or later',
+                        p_through
+            USING ERRCODE = 'EG409';
+    END IF;
+    PERFORM engram_session_check_size(s, 1, octet_length(p_summary), p_max_entries, p_max_bytes);
+    v_now := engram_session_now();
+    INSERT INTO session_entries (tenant_id, session_id, seq, kind, content, agent_id, target_id,
+                                 target_seq, messages_compacted, created_at)
+        VALUES (p_tenant, s.id, s.position + 1, 'summary', p_summary, s.agent_id, p_through,
+                e.seq, p_compacted, v_now)
+        RETURNING id INTO v_id;
+    UPDATE sessions
+        SET position = position + 1, entry_count = entry_count + 1,
+            entry_bytes = entry_bytes + octet_length(p_summary),
+            compaction_count = compaction_count + 1, updated_at = v_now
+        WHERE tenant_id = p_tenant AND id = s.id;
+    RETURN jsonb_build_object('entry_id', v_id, 'session_id', s.id,
+                              'compaction_count', s.compaction_count + 1);
+END $$;
+
+CREATE OR REPLACE FUNCTION engram_session_messages(p_tenant bigint, p_session bigint, p_tail bigint,
+                                        p_agent bigint)
+    RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    s sessions := engram_session_get_row(p_tenant, p_session);
+BEGIN
+    RETURN jsonb_build_object(
+        'session_id', s.id, 'position', s.position,
+        'compaction_count', s.compaction_count,
+        'messages', engram_session_history(p_tenant, s.id, s.position, p_agent, p_tail));
+END $$;
+
+CREATE OR REPLACE FUNCTION engram_session_scratchpad_json(s sessions) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object('session_id', s.id, 'content', s.scratchpad,
+                              'version', s.scratchpad_version,
+                              'last_updated_at', engram_ms(s.scratchpad_updated_at),
+                              'token_count', s.scratchpad_tokens)
+$$;
+
+CREATE OR REPLACE FUNCTION engram_session_scratchpad_get(p_tenant bigint, p_session bigint)
+    RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN engram_session_scratchpad_json(engram_session_get_row(p_tenant, p_session));
+END $$;
+
+-- engram_session_scratchpad_update: replaces the scratchpad. p_expected (NULL: any) must be
+-- the current version or EG409. p_tokens NULL estimates one token per four characters.
+CREATE OR REPLACE FUNCTION engram_session_scratchpad_update(p_tenant bigint, p_session bigint,
+                                                 p_content text, p_expected bigint,
+                                                 p_tokens bigint)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    s sessions := engram_session_lock(p_tenant, p_session);
+    v_now timestamptz := engram_session_now();
+BEGIN
+    PERFORM engram_session_require_active(s);
+    IF p_expected IS NOT NULL AND p_expected <> s.scratchpad_version THEN
+        RAISE EXCEPTION 'scratchpad of session % is at version %, not %', s.id,
+                        s.scratchpad_version, p_expected
+            USING ERRCODE = 'EG409',
+                  DETAIL = format('version=%s expected_version=%s', s.scratchpad_version,
+                                  p_expected);
+    END IF;
+    UPDATE sessions
+        SET scratchpad = p_content, scratchpad_version = scratchpad_version + 1,
+            scratchpad_tokens = COALESCE(p_tokens, ceil(char_length(p_content) / 4.0)::bigint),
+            scratchpad_updated_at = v_now, updated_at = v_now
+        WHERE tenant_id = p_tenant AND id = s.id
+        RETURNING * INTO s;
+    RETURN engram_session_scratchpad_json(s);
+END $$;
+
+-- engram_session_note_add: adds a note (superseding the live note with the same key) and
+-- bumps the session's rev. The note's id is the tenant's next (engram_next_id).
+CREATE OR REPLACE FUNCTION engram_session_note_add(p_tenant bigint, p_session bigint, p_category text,
+                                        p_key text, p_value text, p_scope text,
+                                        p_work_item jsonb, p_agent bigint, p_max_notes bigint)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    s sessions := engram_session_lock(p_tenant, p_session);
+    v_now timestamptz := engram_session_now();
+    v_n bigint;
+    v_id bigint;
+    v_old bigint;
+BEGIN
+    PERFORM engram_session_require_active(s);
+    SELECT count(*) INTO v_n FROM session_notes
+        WHERE tenant_id = p_tenant AND session_id = s.id;
+    IF v_n + 1 > p_max_notes THEN
+        RAISE EXCEPTION 'session % has reached its limit of % notes', s.id, p_max_notes
+            USING ERRCODE = 'EG429', DETAIL = format('limit=%s usage=%s', p_max_notes, v_n);
+    END IF;
+    v_id := engram_next_id(p_tenant, 'session_note');
+    UPDATE session_notes
+        SET superseded_by = v_id, dead_rev = s.rev + 1
+        WHERE tenant_id = p_tenant AND session_id = s.id AND key = p_key AND dead_rev IS NULL
+        RETURNING id INTO v_old;
+    INSERT INTO session_notes (tenant_id, id, session_id, agent_id, category, key, value, scope,
+                               work_item_id, supersedes, created_rev, created_at)
+        VALUES (p_tenant, v_id, s.id, COALESCE(p_agent, s.agent_id), p_category, p_key, p_value,
+                p_scope, p_work_item, v_old, s.rev + 1, v_now);
+    UPDATE sessions SET rev = rev + 1, updated_at = v_now
+        WHERE tenant_id = p_tenant AND id = s.id;
+    RETURN jsonb_build_object('note_id', v_id, 'superseded', v_old, 'created_at',
+                              engram_ms(v_now));
+END $$;
+
+-- engram_session_notes: live notes in creation order, filtered (NULL: no filter).
+CREATE OR REPLACE FUNCTION engram_session_notes(p_tenant bigint, p_session bigint, p_scopes text[],
+                                     p_categories text[], p_since_ms bigint, p_agent bigint)
+    RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    s sessions := engram_session_get_row(p_tenant, p_session);
+BEGIN
+    RETURN jsonb_build_object('session_id', s.id, 'notes', COALESCE((
+        SELECT jsonb_agg(engram_session_note_json(n) ORDER BY n.id) FROM session_notes n
+        WHERE n.tenant_id = p_tenant AND n.session_id = s.id AND n.dead_rev IS NULL
+          AND (p_scopes IS NULL OR n.scope = ANY (p_scopes))
+          AND (p_categories IS NULL OR n.category = ANY (p_categories))
+          AND (p_since_ms IS NULL OR engram_ms(n.created_at) >= p_since_ms)
+          AND (p_agent IS NULL OR n.agent_id = p_agent)), '[]'::jsonb));
+END $$;
+
+-- engram_session_task_complete: clears the live current_task notes (of one work item when
+-- p_work_item is not NULL).
+CREATE OR REPLACE FUNCTION engram_session_task_complete(p_tenant bigint, p_session bigint,
+                                             p_work_item jsonb)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    s sessions := engram_session_lock(p_tenant, p_session);
+    v_now timestamptz := engram_session_now();
+    v_n bigint;
+BEGIN
+    PERFORM engram_session_require_active(s);
+    UPDATE session_notes SET dead_rev = s.rev + 1, cleared_at = v_now
+        WHERE tenant_id = p_tenant AND session_id = s.id AND dead_rev IS NULL
+          AND scope = 'current_task' AND (p_work_item IS NULL OR work_item_id = p_work_item);
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n > 0 THEN
+        UPDATE sessions SET rev = rev + 1, updated_at = v_now
+            WHERE tenant_id = p_tenant AND id = s.id;
+    END IF;
+    RETURN jsonb_build_object('session_id', s.id, 'cleared', v_n);
+END $$;
+
+-- engram_session_checkpoint: records the session's state as a delta against its previous
+-- checkpoint (expired or not: the chain stays complete until the purge folds it):
+--   position          the transcript position (entries are never copied)
+--   counters          costs, counters and constraint state, whole (a few numbers)
+--   scratchpad_snap   a copy of the scratchpad only when its version changed
+--   notes_added/_removed  note ids that became live / stopped being live
+--   children          the active sub-agents and their positions (whole; at most a few)
+CREATE OR REPLACE FUNCTION engram_session_checkpoint(p_tenant bigint, p_session bigint, p_label text,
+                                          p_metadata jsonb, p_ttl_s bigint,
+                                          p_max_checkpoints bigint)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    s sessions := engram_session_lock(p_tenant, p_session);
+    prev session_checkpoints;
+    v_now timestamptz := engram_session_now();
+    v_prev_rev bigint := -1;
+    v_prev_version bigint := 0;
+    v_snap bigint;
+    v_added bigint[];
+    v_removed bigint[];
+    v_children jsonb;
+    v_n bigint;
+    v_id bigint;
+BEGIN
+    IF s.parent_id IS NOT NULL THEN
+        RAISE EXCEPTION 'session % is a sub-agent session: checkpoint its parent session %',
+                        s.id, s.parent_id
+            USING ERRCODE = 'EG400';
+    END IF;
+    SELECT count(*) INTO v_n FROM session_checkpoints
+        WHERE tenant_id = p_tenant AND session_id = s.id AND expires_at > now();
+    IF v_n + 1 > p_max_checkpoints THEN
+        RAISE EXCEPTION 'session % has reached its limit of % live checkpoints', s.id,
+                        p_max_checkpoints
+            USING ERRCODE = 'EG429', DETAIL = format('limit=%s usage=%s', p_max_checkpoints, v_n);
+    END IF;
+    SELECT * INTO prev FROM session_checkpoints
+        WHERE tenant_id = p_tenant AND session_id = s.id ORDER BY id DESC LIMIT 1;
+    IF FOUND THEN
+        v_prev_rev := prev.rev;
+        v_prev_version := (prev.counters ->> 'scratchpad_version')::bigint;
+    END IF;
+    IF s.scratchpad_version <> v_prev_version THEN
+        INSERT INTO session_scratchpad_snaps (tenant_id, session_id, version, content,
+                                              token_count, updated_at)
+            VALUES (p_tenant, s.id, s.scratchpad_version, s.scratchpad, s.scratchpad_tokens,
+                    s.scratchpad_updated_at)
+            RETURNING id INTO v_snap;
+    END IF;
+    SELECT COALESCE(array_agg(n.id ORDER BY n.id), '{}') INTO v_added FROM session_notes n
+        WHERE n.tenant_id = p_tenant AND n.session_id = s.id AND n.dead_rev IS NULL
+          AND n.created_rev > v_prev_rev;
+    SELECT COALESCE(array_agg(n.id ORDER BY n.id), '{}') INTO v_removed FROM session_notes n
+        WHERE n.tenant_id = p_tenant AND n.session_id = s.id AND n.created_rev <= v_prev_rev
+          AND n.dead_rev > v_prev_rev;
+    SELECT COALESCE(jsonb_agg(jsonb_build_object(
+               'session_id', c.id, 'agent_id', c.agent_id, 'position', c.position,
+               'total_cost_usdc', c.total_cost_usdc, 'entry_count', c.entry_count,
+               'entry_bytes', c.entry_bytes, 'rounds', c.rounds,
+               'compaction_count', c.compaction_count) ORDER BY c.id), '[]')
+        INTO v_children FROM sessions c
+        WHERE c.tenant_id = p_tenant AND c.parent_id = s.id AND c.state = 'active';
+    INSERT INTO session_checkpoints (tenant_id, session_id, label, metadata, position, rev,
+                                     counters, scratchpad_snap, notes_added, notes_removed,
+                                     children, created_at, expires_at)
+        VALUES (p_tenant, s.id, p_label, COALESCE(p_metadata, '{}'), s.position, s.rev,
+                jsonb_build_object(
+                    'total_cost_usdc', s.total_cost_usdc,
+                    'children_cost_usdc', s.children_cost_usdc,
+                    'entry_count', s.entry_count, 'entry_bytes', s.entry_bytes,
+                    'compaction_count', s.compaction_count, 'rounds', s.rounds,
+                    'elapsed_ms', engram_ms(v_now) - engram_ms(s.created_at),
+                    'scratchpad_version', s.scratchpad_version),
+                v_snap, v_added, v_removed, v_children, v_now,
+                v_now + make_interval(secs => p_ttl_s))
+        RETURNING id INTO v_id;
+    UPDATE sessions SET updated_at = v_now WHERE tenant_id = p_tenant AND id = s.id;
+    RETURN jsonb_build_object(
+        'checkpoint_id', v_id, 'session_id', s.id, 'position', s.position,
+        'created_at', engram_ms(v_now),
+        'expires_at', engram_ms(v_now + make_interval(secs => p_ttl_s)),
+        'delta', jsonb_build_object('scratchpad', v_snap IS NOT NULL,
+                                    'notes_added', cardinality(v_added),
+                                    'notes_removed', cardinality(v_removed),
+                                    'entries', s.position - COALESCE(prev.position, s.base_seq)));
+END $$;
+
+CREATE OR REPLACE FUNCTION engram_session_checkpoints(p_tenant bigint, p_session bigint)
+    RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    s sessions := engram_session_get_row(p_tenant, p_session);
+BEGIN
+    RETURN jsonb_build_object('session_id', s.id, 'checkpoints', COALESCE((
+        SELECT jsonb_agg(jsonb_build_object(
+                   'checkpoint_id', k.id, 'label', k.label, 'metadata', k.metadata,
+                   'position', k.position, 'total_cost_usdc', k.counters -> 'total_cost_usdc',
+                   'created_at', engram_ms(k.created_at),
+                   'expires_at', engram_ms(k.expires_at)) ORDER BY k.id)
+        FROM session_checkpoints k
+        WHERE k.tenant_id = p_tenant AND k.session_id = s.id AND k.expires_at > now()),
+        '[]'::jsonb));
+END $$;
+
+-- engram_session_resume: a new session holding exactly the state of checkpoint p_checkpoint:
+-- the transcript up to its position (inherited, not copied), the scratchpad and live notes
+-- folded from the checkpoint chain, costs and counters (budget spent carries over; elapsed
+-- time restarts with the new session), and one new sub-agent session per sub-agent active
+-- at the checkpoint, each inheriting that sub-agent's transcript up to its position.
+-- p_branch is resume, sim, pre_steer or dream; a session in a simulation lineage cannot
+-- start another simulation branch (EG403). p_override is merged over the source's config
+-- (null values remove keys). Returns the new ids and every agent's conversation tail.
+CREATE OR REPLACE FUNCTION engram_session_resume(p_tenant bigint, p_checkpoint bigint, p_override jsonb,
+                                      p_branch text)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    k session_checkpoints;
+    src sessions;
+    v_source bigint;
+    v_cfg jsonb;
+    v_sim text;
+    v_now timestamptz := engram_session_now();
+    v_id bigint;
+    v_snap session_scratchpad_snaps;
+    v_depth bigint;
+    v_notes bigint;
+    v_agents jsonb;
+    v_children jsonb := '[]';
+    ch jsonb;
+    old sessions;
+    v_child bigint;
+BEGIN
+    SELECT session_id INTO v_source FROM session_checkpoints
+        WHERE tenant_id = p_tenant AND id = p_checkpoint AND expires_at > now();
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'checkpoint % not found', p_checkpoint USING ERRCODE = 'EG404';
+    END IF;
+    -- the purge folds checkpoints under the session's lock: hold it shared while reading
+    SELECT * INTO src FROM sessions WHERE tenant_id = p_tenant AND id = v_source FOR SHARE;
+    SELECT * INTO k FROM session_checkpoints
+        WHERE tenant_id = p_tenant AND id = p_checkpoint AND expires_at > now();
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'checkpoint % not found', p_checkpoint USING ERRCODE = 'EG404';
+    END IF;
+    IF p_branch <> 'resume' AND src.simulation IS NOT NULL THEN
+        RAISE EXCEPTION 'session % is a % simulation branch: simulation branches are single-level',
+                        src.id, src.simulation
+            USING ERRCODE = 'EG403';
+    END IF;
+    v_sim := CASE WHEN p_branch = 'resume' THEN src.simulation ELSE p_branch END;
+    v_cfg := jsonb_strip_nulls(src.config || COALESCE(p_override, '{}'));
+    SELECT sn.* INTO v_snap FROM session_checkpoints c
+        JOIN session_scratchpad_snaps sn ON sn.tenant_id = c.tenant_id AND sn.id = c.scratchpad_snap
+        WHERE c.tenant_id = p_tenant AND c.session_id = src.id AND c.id <= k.id
+        ORDER BY c.id DESC LIMIT 1;
+    INSERT INTO sessions (tenant_id, agent_id, config, max_cost_usdc, total_cost_usdc,
+                          children_cost_usdc, base_session_id, base_seq, position, entry_count,
+                          entry_bytes, compaction_count, rounds, scratchpad, scratchpad_version,
+                          scratchpad_tokens, scratchpad_updated_at, branch_type, simulation,
+                          origin_session_id, origin_checkpoint_id, created_at, updated_at)
+        VALUES (p_tenant, src.agent_id, v_cfg, (v_cfg ->> 'max_cost_usdc')::numeric,
+                (k.counters ->> 'total_cost_usdc')::numeric,
+                (k.counters ->> 'children_cost_usdc')::numeric, src.id, k.position, k.position,
+                (k.counters ->> 'entry_count')::bigint, (k.counters ->> 'entry_bytes')::bigint,
+                (k.counters ->> 'compaction_count')::bigint, (k.counters ->> 'rounds')::bigint,
+                COALESCE(v_snap.content, ''), COALESCE(v_snap.version, 0),
+                COALESCE(v_snap.token_count, 0), v_snap.updated_at, p_branch, v_sim, src.id,
+                k.id, v_now, v_now)
+        RETURNING id INTO v_id;
+    -- notes: a note is live at k when the last checkpoint up to k that mentions it added it
+    INSERT INTO session_notes (tenant_id, session_id, agent_id, category, key, value, scope,
+                               work_item_id, created_rev, created_at)
+        SELECT n.tenant_id, v_id, n.agent_id, n.category, n.key, n.value, n.scope,
+               n.work_item_id, 0, n.created_at
+        FROM session_notes n
+        WHERE n.tenant_id = p_tenant AND n.id IN (
+            SELECT o.note FROM (
+                SELECT DISTINCT ON (x.note) x.note, x.op FROM (
+                    SELECT unnest(c.notes_added) AS note, 'a' AS op, c.id FROM session_checkpoints c
+                    WHERE c.tenant_id = p_tenant AND c.session_id = src.id AND c.id <= k.id
+                    UNION ALL
+                    SELECT unnest(c.notes_removed), 'r', c.id FROM session_checkpoints c
+                    WHERE c.tenant_id = p_tenant AND c.session_id = src.id AND c.id <= k.id
+                ) x ORDER BY x.note, x.id DESC
+            ) o WHERE o.op = 'a')
+        ORDER BY n.id;
+    GET DIAGNOSTICS v_notes = ROW_COUNT;
+    v_depth := COALESCE((v_cfg ->> 'transcript_replay_depth')::bigint, 50);
+    -- sub-agents active at the checkpoint come back as sub-agents of the new session
+    FOR ch IN SELECT * FROM jsonb_array_elements(k.children) LOOP
+        SELECT * INTO old FROM sessions
+            WHERE tenant_id = p_tenant AND id = (ch ->> 'session_id')::bigint;
+        INSERT INTO sessions (tenant_id, agent_id, parent_id, config, total_cost_usdc,
+                              base_session_id, base_seq, position, entry_count, entry_bytes,
+                              compaction_count, rounds, branch_type, simulation,
+                              origin_session_id, origin_checkpoint_id, task, return_format,
+                              max_tokens, created_at, updated_at)
+            VALUES (p_tenant, old.agent_id, v_id, old.config,
+                    (ch ->> 'total_cost_usdc')::numeric, old.id, (ch ->> 'position')::bigint,
+                    (ch ->> 'position')::bigint, (ch ->> 'entry_count')::bigint,
+                    (ch ->> 'entry_bytes')::bigint, (ch ->> 'compaction_count')::bigint,
+                    (ch ->> 'rounds')::bigint, p_branch, v_sim, old.id, k.id, old.task,
+                    old.return_format, old.max_tokens, v_now, v_now)
+            RETURNING id INTO v_child;
+        v_children := v_children || jsonb_build_array(jsonb_build_object(
+            'session_id', v_child, 'resumed_from', old.id,
+            'agent_id', engram_session_u64(old.agent_id), 'task', old.task,
+            'tail', engram_session_history(p_tenant, v_child, (ch ->> 'position')::bigint, NULL,
+                                           v_depth)));
+    END LOOP;
+    -- each agent that took part, most recently active first, with its conversation tail
+    SELECT COALESCE(jsonb_agg(jsonb_build_object(
+               'agent_id', engram_session_u64(a.agent_id),
+               'tail', engram_session_history(p_tenant, v_id, k.position, a.agent_id, v_depth))
+               ORDER BY a.last_seq DESC), '[]')
+        INTO v_agents
+        FROM (SELECT l.agent_id, max(l.seq) AS last_seq
+              FROM engram_session_live(p_tenant, v_id, k.position) l
+              WHERE l.kind = 'message' GROUP BY l.agent_id
+              ORDER BY max(l.seq) DESC LIMIT 64) a;
+    RETURN jsonb_build_object(
+        'session_id', v_id, 'checkpoint_id', k.id, 'resumed_from', src.id,
+        'branch_type', p_branch, 'simulation', v_sim,
+        'restored', jsonb_build_object(
+            'position', k.position, 'label', k.label, 'metadata', k.metadata,
+            'total_cost_usdc', (k.counters -> 'total_cost_usdc'),
+            'entry_count', k.counters -> 'entry_count',
+            'compaction_count', k.counters -> 'compaction_count',
+            'rounds', k.counters -> 'rounds',
+            'elapsed_ms_at_checkpoint', k.counters -> 'elapsed_ms',
+            'scratchpad_version', COALESCE(v_snap.version, 0), 'notes', v_notes,
+            'checkpointed_at', engram_ms(k.created_at)),
+        'agents', v_agents, 'children', v_children);
+END $$;
+
+-- engram_session_purge_expired: removes every expired checkpoint and the scratchpad copies
+-- only it referenced; returns how many checkpoints were removed. A checkpoint with a
+-- successor in its session first folds its delta into the successor, so the successor
+-- still restores the full state. Runs as the owner (no tenant is set): call it from the
+-- maintenance scheduler.
+CREATE OR REPLACE FUNCTION engram_session_purge_expired() RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    ss record;
+    k session_checkpoints;
+    nx session_checkpoints;
+    v_id bigint;
+    v_n bigint := 0;
+BEGIN
+    FOR ss IN SELECT DISTINCT c.tenant_id, c.session_id FROM session_checkpoints c
+              WHERE c.expires_at <= now() ORDER BY 1, 2 LOOP
+        -- the same lock checkpoint and resume take: the chain changes under no reader
+        PERFORM 1 FROM sessions WHERE tenant_id = ss.tenant_id AND id = ss.session_id
+            FOR UPDATE;
+        FOR v_id IN SELECT c.id FROM session_checkpoints c
+                    WHERE c.tenant_id = ss.tenant_id AND c.session_id = ss.session_id
+                      AND c.expires_at <= now() ORDER BY c.id LOOP
+            -- read it now: folding its predecessor may have changed it since the loop began
+            SELECT * INTO k FROM session_checkpoints c
+                WHERE c.tenant_id = ss.tenant_id AND c.id = v_id;
+            SELECT * INTO nx FROM session_checkpoints c
+                WHERE c.tenant_id = ss.tenant_id AND c.session_id = ss.session_id AND c.id > k.id
+                ORDER BY c.id LIMIT 1;
+            IF FOUND THEN
+                UPDATE session_checkpoints c
+                    SET scratchpad_snap = COALESCE(nx.scratchpad_snap, k.scratchpad_snap),
+                        notes_added = engram_session_arr_union(
+                            engram_session_arr_minus(k.notes_added, nx.notes_removed),
+                            nx.notes_added),
+                        notes_removed = engram_session_arr_union(
+                            k.notes_removed,
+                            engram_session_arr_minus(nx.notes_removed, k.notes_added))
+                    WHERE c.tenant_id = nx.tenant_id AND c.id = nx.id;
+            END IF;
+            DELETE FROM session_checkpoints c WHERE c.tenant_id = k.tenant_id AND c.id = k.id;
+            IF k.scratchpad_snap IS NOT NULL
+               AND (nx.id IS NULL OR nx.scratchpad_snap IS NOT NULL) THEN
+                DELETE FROM session_scratchpad_snaps sn
+                    WHERE sn.tenant_id = k.tenant_id AND sn.id = k.scratchpad_snap;
+            END IF;
+            v_n := v_n + 1;
+        END LOOP;
+    END LOOP;
+    RETURN v_n;
+END $$;
+
+-- engram_session_spawn: a sub-agent session under p_parent whose transcript starts with the
+-- given context (a system message) and the task (a user message), nothing else.
+CREATE OR REPLACE FUNCTION engram_session_spawn(p_tenant bigint, p_parent bigint, p_task text,
+                                     p_model text, p_context text, p_max_tokens bigint,
+                                     p_return_format text, p_agent bigint, p_max_children bigint,
+                                     p_max_entries bigint, p_max_bytes bigint)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    p sessions := engram_session_lock(p_tenant, p_parent);
+    v_now timestamptz := engram_session_now();
+    v_n bigint;
+    v_id bigint;
+    v_agent bigint := COALESCE(p_agent, p.agent_id);
+    v_entries bigint := CASE WHEN p_context IS NULL THEN 1 ELSE 2 END;
+    v_bytes bigint := octet_length(p_task) + COALESCE(octet_length(p_context), 0);
+    v_cfg jsonb;
+BEGIN
+    IF p.parent_id IS NOT NULL THEN
+        RAISE EXCEPTION 'session % is a sub-agent session: sub-agents cannot spawn', p.id
+            USING ERRCODE = 'EG403';
+    END IF;
+    PERFORM engram_session_require_active(p);
+    SELECT count(*) INTO v_n FROM sessions WHERE tenant_id = p_tenant AND parent_id = p.id;
+    IF v_n + 1 > p_max_children THEN
+        RAISE EXCEPTION 'session % has reached its limit of % sub-agents', p.id, p_max_children
+            USING ERRCODE = 'EG429', DETAIL = format('limit=%s usage=%s', p_max_children, v_n);
+    END IF;
+    IF v_entries > p_max_entries OR v_bytes > p_max_bytes THEN
+        RAISE EXCEPTION 'the sub-agent''s task and context pass the transcript limits'
+            USING ERRCODE = 'EG429',
+                  DETAIL = format('limit=%s usage=0 requested=%s', p_max_bytes, v_bytes);
+    END IF;
+    v_cfg := jsonb_strip_nulls(jsonb_build_object(
+        'model', COALESCE(p_model, p.config ->> 'model'), 'max_tokens', p_max_tokens));
+    INSERT INTO sessions (tenant_id, agent_id, parent_id, config, task, return_format,
+                          max_tokens, simulation, position, entry_count, entry_bytes,
+                          created_at, updated_at)
+        VALUES (p_tenant, v_agent, p.id, v_cfg, p_task, p_return_format, p_max_tokens,
+                p.simulation, v_entries, v_entries, v_bytes, v_now, v_now)
+        RETURNING id INTO v_id;
+    IF p_context IS NOT NULL THEN
+        INSERT INTO session_entries (tenant_id, session_id, seq, kind, role, content, agent_id,
+                                     created_at)
+            VALUES (p_tenant, v_id, 1, 'message', 'system', p_context, v_agent, v_now);
+    END IF;
+    INSERT INTO session_entries (tenant_id, session_id, seq, kind, role, content, agent_id,
+                                 created_at)
+        VALUES (p_tenant, v_id, v_entries, 'message', 'user', p_task, v_agent, v_now);
+    UPDATE sessions SET updated_at = v_now WHERE tenant_id = p_tenant AND id = p.id;
+    RETURN jsonb_build_object('session_id', v_id, 'parent_id', p.id,
+                              'agent_id', engram_session_u64(v_agent));
+END $$;
+
+CREATE OR REPLACE FUNCTION engram_session_complete(p_tenant bigint, p_session bigint, p_output text)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    s sessions := engram_session_lock(p_tenant, p_session);
+    v_now timestamptz := engram_session_now();
+BEGIN
+    IF s.parent_id IS NULL THEN
+        RAISE EXCEPTION 'session % is not a sub-agent session (use session.end)', s.id
+            USING ERRCODE = 'EG400';
+    END IF;
+    PERFORM engram_session_require_active(s);
+    UPDATE sessions
+        SET state = 'completed', output = p_output, completed_at = v_now, ended_at = v_now,
+            updated_at = v_now
+        WHERE tenant_id = p_tenant AND id = s.id;
+    UPDATE sessions SET updated_at = v_now WHERE tenant_id = p_tenant AND id = s.parent_id;
+    RETURN jsonb_build_object('session_id', s.id, 'parent_id', s.parent_id,
+                              'state', 'completed', 'completed_at', engram_ms(v_now));
+END $$;
+
+-- engram_session_children: the sub-agents of p_session in spawn order; a completed
+-- sub-agent spawned with return_format 'full' also brings its transcript.
+CREATE OR REPLACE FUNCTION engram_session_children(p_tenant bigint, p_session bigint)
+    RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    s sessions := engram_session_get_row(p_tenant, p_session);
+BEGIN
+    RETURN jsonb_build_object('session_id', s.id, 'children', COALESCE((
+        SELECT jsonb_agg(jsonb_build_object(
+                   'session_id', c.id, 'agent_id', engram_session_u64(c.agent_id),
+                   'task', c.task, 'model', c.config ->> 'model', 'state', c.state,
+                   'return_format', c.return_format, 'max_tokens', c.max_tokens,
+                   'output', c.output, 'total_cost_usdc', c.total_cost_usdc,
+                   'entry_count', c.entry_count, 'created_at', engram_ms(c.created_at),
+                   'completed_at', engram_ms(c.completed_at))
+               || CASE WHEN c.return_format = 'full' AND c.state = 'completed' THEN
+                      jsonb_build_object('messages', engram_session_history(
+                          p_tenant, c.id, c.position, NULL, NULL))
+                  ELSE '{}'::jsonb END
+               ORDER BY c.id)
+        FROM sessions c WHERE c.tenant_id = p_tenant AND c.parent_id = s.id), '[]'::jsonb));
+END $$;
+
+-- engram_session_handoff: the package another agent (or a human, or a recovering process)
+-- needs to pick the session up. p_mode selects the sections:
+--   continue  summary, carry_forward, blockers, work_items, decisions, scratchpad, events(20)
+--   takeover  carry_forward, blockers, work_items, decisions
+--   review    summary, decisions
+--   recovery  everything above, all live notes, events(100), the latest checkpoint and
+--             the active sub-agents
+-- metrics are always included.
+CREATE OR REPLACE FUNCTION engram_session_handoff(p_tenant bigint, p_session bigint, p_mode text)
+    RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    s sessions := engram_session_get_row(p_tenant, p_session);
+    v_now timestamptz := engram_session_now();
+    v jsonb;
+    v_summary text;
+    v_events bigint;
+BEGIN
+    v := jsonb_build_object(
+        'session_id', s.id, 'mode', p_mode, 'state', s.state,
+        'agent_id', engram_session_u64(s.agent_id), 'model', s.config ->> 'model',
+        'generated_at', engram_ms(v_now),
+        'metrics', jsonb_build_object(
+            'duration_ms', engram_ms(COALESCE(s.ended_at, v_now)) - engram_ms(s.created_at),
+            'entries', s.entry_count, 'bytes', s.entry_bytes, 'cost_usdc', s.total_cost_usdc,
+            'checkpoints', (SELECT count(*) FROM session_checkpoints k
+                            WHERE k.tenant_id = p_tenant AND k.session_id = s.id
+                              AND k.expires_at > now()),
+            'compactions', s.compaction_count, 'rounds', s.rounds,
+            'notes', (SELECT count(*) FROM session_notes n
+                      WHERE n.tenant_id = p_tenant AND n.session_id = s.id
+                        AND n.dead_rev IS NULL),
+            'children', (SELECT count(*) FROM sessions c
+                         WHERE c.tenant_id = p_tenant AND c.parent_id = s.id)));
+    IF p_mode IN ('continue', 'review', 'recovery') THEN
+        v_summary := s.summary;
+        IF v_summary IS NULL THEN
+            SELECT l.content INTO v_summary FROM engram_session_live(p_tenant, s.id, s.position) l
+                WHERE l.kind = 'summary' ORDER BY l.target_seq DESC LIMIT 1;
+        END IF;
+        v := v || jsonb_build_object('summary', v_summary);
+    END IF;
+    IF p_mode IN ('continue', 'takeover', 'recovery') THEN
+        v := v || jsonb_build_object(
+            'carry_forward', COALESCE((
+                SELECT jsonb_agg(engram_session_note_json(n) ORDER BY n.id) FROM session_notes n
+                WHERE n.tenant_id = p_tenant AND n.session_id = s.id AND n.dead_rev IS NULL
+                  AND (n.scope = 'carry_forward' OR n.category = 'handoff')), '[]'::jsonb),
+            'blockers', COALESCE((
+                SELECT jsonb_agg(engram_session_note_json(n) ORDER BY n.id) FROM session_notes n
+                WHERE n.tenant_id = p_tenant AND n.session_id = s.id AND n.dead_rev IS NULL
+                  AND n.category = 'blocker'), '[]'::jsonb),
+            'work_items', COALESCE((
+                SELECT jsonb_agg(jsonb_build_object('work_item_id', w.work_item_id,
+                                                    'notes', w.notes) ORDER BY w.first)
+                FROM (SELECT n.work_item_id, min(n.id) AS first,
+                             jsonb_agg(engram_session_note_json(n) ORDER BY n.id) AS notes
+                      FROM session_notes n
+                      WHERE n.tenant_id = p_tenant AND n.session_id = s.id
+                        AND n.dead_rev IS NULL AND n.work_item_id IS NOT NULL
+                        AND (p_mode <> 'takeover' OR n.scope <> 'current_task')
+                      GROUP BY n.work_item_id) w), '[]'::jsonb));
+    END IF;
+    v := v || jsonb_build_object('decisions', COALESCE((
+        SELECT jsonb_agg(engram_session_note_json(n) ORDER BY n.id) FROM session_notes n
+        WHERE n.tenant_id = p_tenant AND n.session_id = s.id AND n.dead_rev IS NULL
+          AND n.category = 'decision'
+          AND (p_mode <> 'takeover' OR n.scope <> 'current_task')), '[]'::jsonb));
+    IF p_mode IN ('continue', 'recovery') THEN
+        v := v || jsonb_build_object('scratchpad', engram_session_scratchpad_json(s));
+        v_events := CASE p_mode WHEN 'continue' THEN 20 ELSE 100 END;
+        v := v || jsonb_build_object('events', COALESCE((
+            SELECT jsonb_agg(ev.e ORDER BY ev.at, ev.ord) FROM (
+                SELECT * FROM (
+                    SELECT n.created_at AS at, 1 AS ord, jsonb_build_object(
+                               'type', 'note', 'at', engram_ms(n.created_at), 'note_id', n.id,
+                               'category', n.category, 'key', n.key, 'value', n.value,
+                               'scope', n.scope, 'live', n.dead_rev IS NULL) AS e
+                    FROM session_notes n
+                    WHERE n.tenant_id = p_tenant AND n.session_id = s.id
+                      AND n.category <> 'context'
+                    UNION ALL
+                    SELECT l.created_at, 2, jsonb_build_object(
+                               'type', 'compaction', 'at', engram_ms(l.created_at),
+                               'entry_id', l.id, 'through_entry_id', l.target_id,
+                               'messages_compacted', l.messages_compacted)
+                    FROM engram_session_live(p_tenant, s.id, s.position) l
+                    WHERE l.kind = 'summary'
+                    UNION ALL
+                    SELECT k.created_at, 3, jsonb_build_object(
+                               'type', 'checkpoint', 'at', engram_ms(k.created_at),
+                               'checkpoint_id', k.id, 'label', k.label)
+                    FROM session_checkpoints k
+                    WHERE k.tenant_id = p_tenant AND k.session_id = s.id
+                      AND k.expires_at > now()
+                    UNION ALL
+                    SELECT c.created_at, 4, jsonb_build_object(
+                               'type', 'spawn', 'at', engram_ms(c.created_at),
+                               'session_id', c.id, 'task', c.task)
+                    FROM sessions c WHERE c.tenant_id = p_tenant AND c.parent_id = s.id
+                    UNION ALL
+                    SELECT c.completed_at, 5, jsonb_build_object(
+                               'type', 'sub_agent_completed', 'at', engram_ms(c.completed_at),
+                               'session_id', c.id, 'output', c.output)
+                    FROM sessions c
+                    WHERE c.tenant_id = p_tenant AND c.parent_id = s.id
+                      AND c.completed_at IS NOT NULL
+                    UNION ALL
+                    SELECT s.ended_at, 6, jsonb_build_object(
+                               'type', 'ended', 'at', engram_ms(s.ended_at))
+                    WHERE s.ended_at IS NOT NULL
+                ) all_ev ORDER BY all_ev.at DESC, all_ev.ord DESC LIMIT v_events
+            ) ev), '[]'::jsonb));
+    END IF;
+    IF p_mode = 'recovery' THEN
+        v := v || jsonb_build_object(
+            'notes', COALESCE((
+                SELECT jsonb_agg(engram_session_note_json(n) ORDER BY n.id) FROM session_notes n
+                WHERE n.tenant_id = p_tenant AND n.session_id = s.id AND n.dead_rev IS NULL),
+                '[]'::jsonb),
+            'checkpoint', (
+                SELECT jsonb_build_object('checkpoint_id', k.id, 'label', k.label,
+                                          'position', k.position,
+                                          'created_at', engram_ms(k.created_at),
+                                          'expires_at', engram_ms(k.expires_at))
+                FROM session_checkpoints k
+                WHERE k.tenant_id = p_tenant AND k.session_id = s.id AND k.expires_at > now()
+                ORDER BY k.id DESC LIMIT 1),
+            'children', COALESCE((
+                SELECT jsonb_agg(jsonb_build_object('session_id', c.id, 'task', c.task,
+                                                    'agent_id', engram_session_u64(c.agent_id),
+                                                    'entry_count', c.entry_count,
+                                                    'total_cost_usdc', c.total_cost_usdc)
+                                 ORDER BY c.id)
+                FROM sessions c
+                WHERE c.tenant_id = p_tenant AND c.parent_id = s.id AND c.state = 'active'),
+                '[]'::jsonb));
+    END IF;
+    RETURN v;
+END $$;

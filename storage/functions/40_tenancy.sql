@@ -1,0 +1,261 @@
+-- storage/functions/40_tenancy.sql: Tenants, API keys, tiers and quotas, and the per-tenant id
+-- counters.
+--
+-- Repeatable: engramd applies this file whole, in one transaction, whenever its checksum
+-- differs from the one recorded in schema_functions (see storage/migrate.h). Every
+-- definition is CREATE OR REPLACE; a change of a function's arguments or result type
+-- needs a DROP FUNCTION IF EXISTS of the old signature above the new definition.
+
+-- The limit of a tier from an array of the three (free, standard, premium); 0: unlimited.
+CREATE OR REPLACE FUNCTION engram_tier_limit(p_limits bigint[], p_tier text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT NULLIF(p_limits[CASE p_tier WHEN 'free' THEN 1 WHEN 'standard' THEN 2 ELSE 3 END], 0)
+$$;
+
+-- engram_query_admit: counts one query of the tenant for today (UTC) if its tier's daily
+-- limit allows it. The counter row's lock serializes concurrent admissions, from any number
+-- of engramd processes, so exactly the limit is admitted. Returns (admitted, count after,
+-- limit or NULL, start of the next UTC day in ms).
+CREATE OR REPLACE FUNCTION engram_query_admit(p_tenant bigint, p_limits bigint[])
+    RETURNS TABLE (admitted boolean, used bigint, lim bigint, resets_ms bigint)
+    LANGUAGE plpgsql AS $$
+DECLARE
+    v_day date := (now() AT TIME ZONE 'UTC')::date;
+    v_lim bigint;
+    v_used bigint;
+BEGIN
+    SELECT engram_tier_limit(p_limits, t.tier) INTO v_lim FROM tenants t WHERE t.id = p_tenant;
+    resets_ms := engram_ms(((v_day + 1)::timestamp) AT TIME ZONE 'UTC');
+    lim := v_lim;
+    INSERT INTO tenant_usage AS u (tenant_id, day, queries) VALUES (p_tenant, v_day, 1)
+        ON CONFLICT (tenant_id, day) DO UPDATE SET queries = u.queries + 1
+        WHERE v_lim IS NULL OR u.queries < v_lim
+        RETURNING u.queries INTO v_used;
+    IF v_used IS NULL THEN
+        admitted := false;
+        SELECT u.queries INTO used FROM tenant_usage u WHERE u.tenant_id = p_tenant AND u.day = v_day;
+    ELSE
+        admitted := true;
+        used := v_used;
+    END IF;
+    RETURN NEXT;
+END $$;
+
+-- engram_query_count: adds counted queries of tenants whose tier has no daily limit (the
+-- server batches them: they need no admission).
+CREATE OR REPLACE FUNCTION engram_query_count(p_tenants bigint[], p_counts bigint[]) RETURNS void
+    LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    INSERT INTO tenant_usage AS u (tenant_id, day, queries)
+        SELECT c.tenant, (now() AT TIME ZONE 'UTC')::date, c.n
+        FROM unnest(p_tenants, p_counts) AS c (tenant, n)
+        WHERE EXISTS (SELECT 1 FROM tenants t WHERE t.id = c.tenant)
+    ON CONFLICT (tenant_id, day) DO UPDATE SET queries = u.queries + EXCLUDED.queries
+$$;
+
+-- engram_tenant_usage: what tenant.usage reports (run with the tenant set).
+CREATE OR REPLACE FUNCTION engram_tenant_usage(p_tenant bigint)
+    RETURNS TABLE (tier text, memories bigint, queries_today bigint, storage_bytes bigint,
+                   resets_ms bigint)
+    LANGUAGE sql STABLE AS $$
+    SELECT t.tier, t.memory_count,
+           COALESCE((SELECT u.queries FROM tenant_usage u WHERE u.tenant_id = t.id
+                     AND u.day = (now() AT TIME ZONE 'UTC')::date), 0),
+           COALESCE((SELECT sum(pg_column_size(m.*)) FROM memories m WHERE m.tenant_id = t.id), 0)
+           + COALESCE((SELECT sum(pg_column_size(e.*)) FROM session_entries e
+                       WHERE e.tenant_id = t.id), 0),
+           engram_ms((((now() AT TIME ZONE 'UTC')::date + 1)::timestamp) AT TIME ZONE 'UTC')
+    FROM tenants t WHERE t.id = p_tenant
+$$;
+
+-- Authentication: the key row for a public key id (revoked keys are not found).
+CREATE OR REPLACE FUNCTION engram_auth_lookup(p_key_id text)
+    RETURNS TABLE (key_id bigint, tenant_id bigint, key_hash bytea, tier text, name text,
+                   embed_dim integer, embed_provider text)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT k.id, k.tenant_id, k.key_hash, t.tier, t.name, t.embed_dim, t.embed_provider
+    FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
+    WHERE k.key_id = p_key_id AND k.revoked_at IS NULL
+$$;
+
+-- Marks a key as used now (at authentication).
+CREATE OR REPLACE FUNCTION engram_key_touch(p_key bigint) RETURNS void
+    LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    UPDATE api_keys SET last_used_at = date_trunc('milliseconds', now()) WHERE id = p_key
+$$;
+
+-- Which of these key rows still authenticate (exist and are not revoked).
+CREATE OR REPLACE FUNCTION engram_keys_valid(p_keys bigint[]) RETURNS SETOF bigint
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT k.id FROM api_keys k WHERE k.id = ANY (p_keys) AND k.revoked_at IS NULL
+$$;
+
+-- Every tenant's current tier (so long-lived connections learn of tier changes).
+CREATE OR REPLACE FUNCTION engram_tenant_tiers(p_tenants bigint[])
+    RETURNS TABLE (tenant_id bigint, tier text)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT t.id, t.tier FROM tenants t WHERE t.id = ANY (p_tenants)
+$$;
+
+-- Every tenant, for the index preload.
+CREATE OR REPLACE FUNCTION engram_tenant_dims() RETURNS TABLE (tenant_id bigint, embed_dim integer)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT t.id, t.embed_dim FROM tenants t ORDER BY t.id
+$$;
+
+-- The shape of a tenant as admin calls return it, now with the tenant's own choice of
+-- engine (JSON null: none; the server turns it into the engine in force, see
+-- engram_tenant_engine).
+CREATE OR REPLACE FUNCTION engram_tenant_json(t tenants) RETURNS jsonb
+    LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'tenant_id', t.id, 'name', t.name, 'tier', t.tier,
+        'embedding', jsonb_build_object('provider', t.embed_provider, 'model', t.embed_model,
+                                        'dim', t.embed_dim),
+        'index_engine', t.index_engine,
+        'memories', t.memory_count, 'created_at', engram_ms(t.created_at),
+        'updated_at', engram_ms(t.updated_at),
+        'keys', (SELECT count(*) FROM api_keys k WHERE k.tenant_id = t.id AND k.revoked_at IS NULL))
+$$;
+
+-- Finds a tenant by id or (when p_id is NULL) by name.
+CREATE OR REPLACE FUNCTION engram_admin_find(p_id bigint, p_name text) RETURNS tenants
+    LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    t tenants;
+BEGIN
+    SELECT * INTO t FROM tenants WHERE (p_id IS NOT NULL AND id = p_id)
+                                    OR (p_id IS NULL AND name = p_name);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'tenant % not found', COALESCE(p_id::text, quote_literal(p_name))
+            USING ERRCODE = 'EG404';
+    END IF;
+    RETURN t;
+END $$;
+
+CREATE OR REPLACE FUNCTION engram_admin_tenant_get(p_id bigint, p_name text) RETURNS jsonb
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT engram_tenant_json(engram_admin_find(p_id, p_name))
+$$;
+
+-- Tenants in id order after p_after, at most p_limit, as one JSON document.
+CREATE OR REPLACE FUNCTION engram_admin_tenant_list(p_after bigint, p_limit integer) RETURNS jsonb
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT COALESCE(jsonb_agg(engram_tenant_json(t) ORDER BY t.id), '[]')
+    FROM (SELECT * FROM tenants WHERE id > COALESCE(p_after, 0) ORDER BY id LIMIT p_limit) t
+$$;
+
+-- Deletes the tenant and, by cascade, every row it owns, in one transaction.
+CREATE OR REPLACE FUNCTION engram_admin_tenant_delete(p_id bigint, p_name text) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    t tenants := engram_admin_find(p_id, p_name);
+BEGIN
+    DELETE FROM tenants WHERE id = t.id;
+    PERFORM pg_notify('engram_admin', 'deleted:' || t.id);
+    RETURN t.id;
+END $$;
+
+CREATE OR REPLACE FUNCTION engram_admin_key_create(p_id bigint, p_name text, p_key_name text,
+                                        p_key_id text, p_key_hash bytea)
+    RETURNS TABLE (tenant_id bigint, key_row bigint, created_ms bigint)
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    t tenants := engram_admin_find(p_id, p_name);
+BEGIN
+    tenant_id := t.id;
+    INSERT INTO api_keys (tenant_id, name, key_id, key_hash)
+        VALUES (t.id, p_key_name, p_key_id, p_key_hash)
+        RETURNING id, engram_ms(created_at) INTO key_row, created_ms;
+    RETURN NEXT;
+END $$;
+
+CREATE OR REPLACE FUNCTION engram_admin_key_list(p_id bigint, p_name text) RETURNS jsonb
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT COALESCE(jsonb_agg(jsonb_build_object(
+               'key_id', k.id, 'name', k.name, 'prefix', 'egk_' || k.key_id,
+               'created_at', engram_ms(k.created_at), 'last_used_at', engram_ms(k.last_used_at),
+               'revoked_at', engram_ms(k.revoked_at)) ORDER BY k.id), '[]')
+    FROM api_keys k WHERE k.tenant_id = (engram_admin_find(p_id, p_name)).id
+$$;
+
+-- Revokes a key (by its row id). Raises EG404 when it does not exist or is revoked already.
+CREATE OR REPLACE FUNCTION engram_admin_key_revoke(p_key bigint) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    v_tenant bigint;
+BEGIN
+    UPDATE api_keys SET revoked_at = date_trunc('milliseconds', now())
+    WHERE id = p_key AND revoked_at IS NULL RETURNING tenant_id INTO v_tenant;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'key % not found (or already revoked)', p_key USING ERRCODE = 'EG404';
+    END IF;
+    PERFORM pg_notify('engram_admin', 'revoked:' || p_key);
+    RETURN v_tenant;
+END $$;
+
+-- A tenant's JSON with the engine in force on the calling server: 'index_engine' is the
+-- tenant's choice or, when it has none, p_default (the server's setting), and
+-- 'index_engine_default' tells which.
+CREATE OR REPLACE FUNCTION engram_tenant_engine(j jsonb, p_default text) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT j || jsonb_build_object('index_engine', COALESCE(j ->> 'index_engine', p_default),
+                                   'index_engine_default', j ->> 'index_engine' IS NULL)
+$$;
+
+-- The same for an array of tenants, in order.
+CREATE OR REPLACE FUNCTION engram_tenants_engine(j jsonb, p_default text) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT COALESCE(jsonb_agg(engram_tenant_engine(e, p_default) ORDER BY o), '[]')
+    FROM jsonb_array_elements(j) WITH ORDINALITY AS x (e, o)
+$$;
+
+-- p_engine: 'native', 'faiss', or NULL (the server's setting).
+CREATE OR REPLACE FUNCTION engram_admin_tenant_create(p_name text, p_tier text, p_provider text,
+                                           p_model text, p_dim integer, p_key_name text,
+                                           p_key_id text, p_key_hash bytea, p_engine text)
+    RETURNS TABLE (tenant_id bigint, key_row bigint)
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+    INSERT INTO tenants (name, tier, embed_provider, embed_model, embed_dim, index_engine)
+        VALUES (p_name, p_tier, p_provider, p_model, p_dim, p_engine) RETURNING id INTO tenant_id;
+    INSERT INTO api_keys (tenant_id, name, key_id, key_hash)
+        VALUES (tenant_id, p_key_name, p_key_id, p_key_hash) RETURNING id INTO key_row;
+    RETURN NEXT;
+EXCEPTION WHEN unique_violation THEN
+    RAISE EXCEPTION 'a tenant named ''%'' already exists', p_name USING ERRCODE = 'EG410';
+END $$;
+
+-- p_engine: NULL leaves the engine as it is, 'default' clears the tenant's choice (it
+-- follows the server's setting again), 'native' or 'faiss' sets it. Every update naming an
+-- engine is announced, changed or not: a server that holds the index with another engine
+-- drops it, one that already uses that engine does nothing.
+CREATE OR REPLACE FUNCTION engram_admin_tenant_update(p_id bigint, p_name text, p_new_name text,
+                                           p_tier text, p_engine text) RETURNS jsonb
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    t tenants := engram_admin_find(p_id, p_name);
+BEGIN
+    UPDATE tenants SET name = COALESCE(p_new_name, name), tier = COALESCE(p_tier, tier),
+                       index_engine = CASE WHEN p_engine IS NULL THEN index_engine
+                                           WHEN p_engine = 'default' THEN NULL
+                                           ELSE p_engine END,
+                       updated_at = date_trunc('milliseconds', now())
+    WHERE id = t.id RETURNING * INTO t;
+    PERFORM pg_notify('engram_admin', 'tier:' || t.id || ':' || t.tier);
+    IF p_engine IS NOT NULL THEN
+        PERFORM pg_notify('engram_admin',
+                          'engine:' || t.id || ':' || COALESCE(t.index_engine, 'default'));
+    END IF;
+    RETURN engram_tenant_json(t);
+EXCEPTION WHEN unique_violation THEN
+    RAISE EXCEPTION 'a tenant named ''%'' already exists', p_new_name USING ERRCODE = 'EG410';
+END $$;
+
+-- engram_next_id: the tenant's next id of the kind. The counter row stays locked until the
+-- transaction ends, so the ids of one tenant and kind are handed out in commit order.
+CREATE OR REPLACE FUNCTION engram_next_id(p_tenant bigint, p_kind text) RETURNS bigint
+    LANGUAGE sql AS $$
+    INSERT INTO tenant_counters AS c (tenant_id, kind, last) VALUES (p_tenant, p_kind, 1)
+        ON CONFLICT (tenant_id, kind) DO UPDATE SET last = c.last + 1
+        RETURNING c.last
+$$;

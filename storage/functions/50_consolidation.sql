@@ -1,0 +1,265 @@
+-- storage/functions/50_consolidation.sql: Consolidation: applying a run's plan, recording
+-- runs, scheduling.
+--
+-- Repeatable: engramd applies this file whole, in one transaction, whenever its checksum
+-- differs from the one recorded in schema_functions (see storage/migrate.h). Every
+-- definition is CREATE OR REPLACE; a change of a function's arguments or result type
+-- needs a DROP FUNCTION IF EXISTS of the old signature above the new definition.
+
+-- The union of two metadata documents: typed lists merged without duplicates (in order of
+-- first appearance), strategy_id and attrs keys from a unless absent there.
+CREATE OR REPLACE FUNCTION engram_metadata_union(a jsonb, b jsonb) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_strip_nulls(jsonb_build_object(
+        'tokens', (SELECT jsonb_agg(x ORDER BY o) FROM (
+            SELECT DISTINCT ON (x) x, o FROM (
+                SELECT x, o FROM jsonb_array_elements(COALESCE(a -> 'tokens', '[]')) WITH ORDINALITY AS e (x, o)
+                UNION ALL
+                SELECT x, o + 100000 FROM jsonb_array_elements(COALESCE(b -> 'tokens', '[]')) WITH ORDINALITY AS f (x, o)) u
+            ORDER BY x, o) d),
+        'chains', (SELECT jsonb_agg(x ORDER BY o) FROM (
+            SELECT DISTINCT ON (x) x, o FROM (
+                SELECT x, o FROM jsonb_array_elements(COALESCE(a -> 'chains', '[]')) WITH ORDINALITY AS e (x, o)
+                UNION ALL
+                SELECT x, o + 100000 FROM jsonb_array_elements(COALESCE(b -> 'chains', '[]')) WITH ORDINALITY AS f (x, o)) u
+            ORDER BY x, o) d),
+        'protocols', (SELECT jsonb_agg(x ORDER BY o) FROM (
+            SELECT DISTINCT ON (x) x, o FROM (
+                SELECT x, o FROM jsonb_array_elements(COALESCE(a -> 'protocols', '[]')) WITH ORDINALITY AS e (x, o)
+                UNION ALL
+                SELECT x, o + 100000 FROM jsonb_array_elements(COALESCE(b -> 'protocols', '[]')) WITH ORDINALITY AS f (x, o)) u
+            ORDER BY x, o) d),
+        'strategy_id', COALESCE(a -> 'strategy_id', b -> 'strategy_id'),
+        'attrs', CASE WHEN a ? 'attrs' OR b ? 'attrs'
+                      THEN COALESCE(b -> 'attrs', '{}') || COALESCE(a -> 'attrs', '{}') END))
+$$;
+
+-- engram_consolidate_apply: applies one step of a run's plan, atomically. A run applies its
+-- plan in steps of a few hundred decisions, each its own transaction, so the tenant's writes
+-- wait at most one step for the tenant row's lock; a run cut short (its process died) has
+-- applied whole steps only, and the next run plans the rest again. Arrays, parallel within
+-- each group:
+--   merges:      p_survivor[k] absorbs p_members[k] (a bigint[] as text per cluster);
+--                p_survivor_seq / p_members_seq guard them (the seq each had in the plan)
+--   supersessions: p_old[k] is superseded by p_new[k] (guards p_old_seq, p_new_seq)
+--   prunes:      p_prune[k] archived for low composite (guard p_prune_seq, value p_prune_c)
+-- p_own lists the memories this run changed in earlier steps (their seq moved on).
+-- Returns the step's counts. Each member is looked up by its key (tenant, id), one index
+-- probe whatever the statistics say (a join on "id = ANY (members)" was planned as a scan
+-- of the tenant for tenants PostgreSQL had not analyzed yet).
+CREATE OR REPLACE FUNCTION engram_consolidate_apply(
+        p_tenant bigint, p_own bigint[],
+        p_survivor bigint[], p_survivor_seq bigint[], p_members text[], p_members_seq text[],
+        p_old bigint[], p_old_seq bigint[], p_new bigint[], p_new_seq bigint[],
+        p_prune bigint[], p_prune_seq bigint[], p_prune_c double precision[])
+    RETURNS TABLE (merged integer, superseded integer, archived integer, skipped integer)
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_total bigint;         -- change numbers reserved up front (the most the step can use)
+    v_first bigint;
+    v_merged integer := 0;
+    v_superseded integer := 0;
+    v_archived integer := 0;
+    v_skipped integer := 0;
+    v_seq bigint;
+    s memories;
+    m memories;
+    k integer;
+    v_members bigint[];
+    v_mseq bigint[];
+    v_id bigint;
+    v_rows memories[];
+    v_imp double precision;
+    v_acc bigint;
+    v_mds jsonb[];
+    v_ok boolean;
+    v_own bigint[] := COALESCE(p_own, '{}') || COALESCE(p_survivor, '{}');
+    v_now timestamptz := date_trunc('milliseconds', now());
+BEGIN
+    -- The tenant row's lock, held to the commit, and one block of change numbers for the whole
+    -- step: updating the tenant row once per change would make a large step quadratic (every
+    -- update of one row in one transaction walks the versions before it). What the step does
+    -- not use is given back at the end, so the numbers stay gapless.
+    v_total := COALESCE(cardinality(p_survivor), 0) + COALESCE(cardinality(p_old), 0)
+               + COALESCE(cardinality(p_prune), 0)
+               + COALESCE((SELECT sum(cardinality(x::bigint[])) FROM unnest(p_members) x), 0);
+    v_first := engram_next_seq(p_tenant, v_total) - v_total + 1;
+    v_seq := v_first - 1;
+    -- merges
+    FOR k IN 1 .. COALESCE(cardinality(p_survivor), 0) LOOP
+        v_members := p_members[k]::bigint[];
+        v_mseq := p_members_seq[k]::bigint[];
+        SELECT * INTO s FROM memories WHERE tenant_id = p_tenant AND id = p_survivor[k]
+            AND (seq = p_survivor_seq[k] OR id = ANY (v_own)) AND archived_at IS NULL FOR UPDATE;
+        v_ok := FOUND;
+        IF v_ok THEN
+            -- every member must be as the plan saw it (each looked up by its key)
+            SELECT count(*) = cardinality(v_members) INTO v_ok
+            FROM unnest(v_members, v_mseq) AS u (id, seq)
+            WHERE (SELECT x.seq FROM memories x WHERE x.tenant_id = p_tenant AND x.id = u.id
+                   AND x.archived_at IS NULL) = u.seq;
+        END IF;
+        IF NOT v_ok THEN
+            v_skipped := v_skipped + 1;
+            CONTINUE;
+        END IF;
+        PERFORM engram_keep_version(s, 'merge', jsonb_build_object('merged', to_jsonb(v_members)));
+        -- the members, locked in id order, one key lookup each
+        v_rows := '{}';
+        v_imp := s.importance;
+        v_acc := 0;
+        v_mds := '{}';
+        FOREACH v_id IN ARRAY ARRAY(SELECT x FROM unnest(v_members) x ORDER BY x) LOOP
+            SELECT * INTO m FROM memories WHERE tenant_id = p_tenant AND id = v_id FOR UPDATE;
+            CONTINUE WHEN NOT FOUND;
+            v_rows := v_rows || m;
+            v_imp := greatest(v_imp, m.importance);
+            v_acc := v_acc + m.access_count;
+            v_mds := v_mds || m.metadata;
+        END LOOP;
+        v_seq := v_seq + 1;
+        UPDATE memories x SET
+            importance = v_imp, access_count = x.access_count + v_acc,
+            metadata = engram_metadata_union_all(x.metadata, v_mds),
+            updated_at = v_now, version = x.version + 1, seq = v_seq
+        WHERE x.tenant_id = p_tenant AND x.id = s.id;
+        INSERT INTO memory_changes VALUES (p_tenant, v_seq, s.id, 'u');
+        FOREACH m IN ARRAY v_rows LOOP
+            PERFORM engram_keep_version(m, 'archive',
+                                        jsonb_build_object('reason', 'merged', 'into', s.id));
+            v_seq := v_seq + 1;
+            UPDATE memories SET archived_at = v_now, archived_reason = 'merged', merged_into = s.id,
+                                updated_at = v_now, version = version + 1, seq = v_seq
+            WHERE tenant_id = p_tenant AND id = m.id;
+            INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
+            v_merged := v_merged + 1;
+        END LOOP;
+    END LOOP;
+    -- supersessions
+    FOR k IN 1 .. COALESCE(cardinality(p_old), 0) LOOP
+        SELECT * INTO m FROM memories WHERE tenant_id = p_tenant AND id = p_old[k]
+            AND (seq = p_old_seq[k] OR id = ANY (v_own)) AND archived_at IS NULL FOR UPDATE;
+        v_ok := FOUND AND EXISTS (SELECT 1 FROM memories y WHERE y.tenant_id = p_tenant
+                                  AND y.id = p_new[k] AND y.archived_at IS NULL
+                                  AND (y.seq = p_new_seq[k] OR y.id = ANY (v_own)));
+        IF NOT v_ok THEN
+            v_skipped := v_skipped + 1;
+            CONTINUE;
+        END IF;
+        PERFORM engram_keep_version(m, 'supersede', jsonb_build_object('superseded_by', p_new[k]));
+        v_seq := v_seq + 1;
+        UPDATE memories SET archived_at = v_now, archived_reason = 'superseded',
+                            superseded_by = p_new[k], updated_at = v_now,
+                            version = version + 1, seq = v_seq
+        WHERE tenant_id = p_tenant AND id = m.id;
+        INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
+        v_superseded := v_superseded + 1;
+    END LOOP;
+    -- prunes
+    FOR k IN 1 .. COALESCE(cardinality(p_prune), 0) LOOP
+        SELECT * INTO m FROM memories WHERE tenant_id = p_tenant AND id = p_prune[k]
+            AND (seq = p_prune_seq[k] OR id = ANY (v_own)) AND archived_at IS NULL
+            AND NOT pinned AND type <> 'constraint' FOR UPDATE;
+        IF NOT FOUND THEN
+            v_skipped := v_skipped + 1;
+            CONTINUE;
+        END IF;
+        PERFORM engram_keep_version(m, 'archive', jsonb_build_object(
+            'reason', 'pruned', 'composite', p_prune_c[k]));
+        v_seq := v_seq + 1;
+        UPDATE memories SET archived_at = v_now, archived_reason = 'pruned', updated_at = v_now,
+                            version = version + 1, seq = v_seq
+        WHERE tenant_id = p_tenant AND id = m.id;
+        INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
+        v_archived := v_archived + 1;
+    END LOOP;
+    IF v_seq < v_first + v_total - 1 THEN
+        UPDATE tenants SET change_seq = change_seq - (v_first + v_total - 1 - v_seq)
+        WHERE id = p_tenant;
+    END IF;
+    IF v_seq >= v_first THEN
+        PERFORM pg_notify('engram_changes', p_tenant || ':' || v_seq);
+    END IF;
+    merged := v_merged;
+    superseded := v_superseded;
+    archived := v_archived;
+    skipped := v_skipped;
+    RETURN NEXT;
+END $$;
+ALTER FUNCTION engram_consolidate_apply(bigint, bigint[], bigint[], bigint[], text[], text[],
+    bigint[], bigint[], bigint[], bigint[], bigint[], bigint[], double precision[])
+    SET plan_cache_mode = force_generic_plan;
+
+-- engram_consolidate_finish: a run's last step: re-ranks (stores the composite importance of
+-- every live memory as of p_as_of_ms, weights p_w, counting pending accesses as search does)
+-- and records the run with its counts. Stored composites are not changes to index
+-- structure: no change numbers, no lock.
+CREATE OR REPLACE FUNCTION engram_consolidate_finish(
+        p_tenant bigint, p_trigger text, p_started_ms bigint, p_as_of_ms bigint,
+        p_w double precision[], p_settings jsonb, p_merged integer, p_superseded integer,
+        p_archived integer, p_skipped integer)
+    RETURNS TABLE (run_id bigint, rescored integer)
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    UPDATE memories x SET
+        composite = engram_composite(x.created_at,
+                                     x.access_count + COALESCE((SELECT a.access_count
+                                                                FROM memory_access a
+                                                                WHERE a.tenant_id = x.tenant_id
+                                                                  AND a.id = x.id), 0),
+                                     x.importance,
+                                     engram_ts(p_as_of_ms), p_w[1], p_w[2], p_w[3], p_w[4], p_w[5]),
+        composite_at = engram_ts(p_as_of_ms)
+    WHERE x.tenant_id = p_tenant AND x.archived_at IS NULL
+      AND (x.expires_at IS NULL OR x.expires_at > now());
+    GET DIAGNOSTICS rescored = ROW_COUNT;
+    INSERT INTO consolidation_runs (tenant_id, trigger, status, started_at, finished_at, merged,
+                                    superseded, rescored, archived, skipped, settings)
+        VALUES (p_tenant, p_trigger, 'completed', engram_ts(p_started_ms), clock_timestamp(),
+                p_merged, p_superseded, rescored, p_archived, p_skipped, p_settings)
+        RETURNING consolidation_runs.id INTO run_id;
+    RETURN NEXT;
+END $$;
+
+-- The union of a survivor's metadata with its merged members' (folded in id order).
+CREATE OR REPLACE FUNCTION engram_metadata_union_all(a jsonb, others jsonb[]) RETURNS jsonb
+    LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    r jsonb := a;
+    o jsonb;
+BEGIN
+    FOREACH o IN ARRAY COALESCE(others, '{}') LOOP
+        r := engram_metadata_union(r, o);
+    END LOOP;
+    RETURN r;
+END $$;
+
+-- Records a run that failed (its changes were rolled back).
+CREATE OR REPLACE FUNCTION engram_consolidate_failed(p_tenant bigint, p_trigger text, p_started_ms bigint,
+                                          p_error text) RETURNS bigint
+    LANGUAGE sql AS $$
+    INSERT INTO consolidation_runs (tenant_id, trigger, status, started_at, finished_at, error)
+        VALUES (p_tenant, p_trigger, 'failed', engram_ts(p_started_ms), clock_timestamp(), p_error)
+        RETURNING id
+$$;
+
+-- Tenants whose scheduled consolidation is due: p_hours holds the cadence of the three
+-- tiers (0: never); due when the last completed run (or, before the first, the tenant's
+-- creation) lies longer ago than that.
+CREATE OR REPLACE FUNCTION engram_consolidation_due(p_hours integer[])
+    RETURNS TABLE (tenant_id bigint, embed_dim integer)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT t.id, t.embed_dim FROM tenants t
+    CROSS JOIN LATERAL (SELECT p_hours[CASE t.tier WHEN 'free' THEN 1 WHEN 'standard' THEN 2
+                                       ELSE 3 END] AS h) c
+    WHERE c.h > 0 AND t.memory_count > 0
+      AND t.created_at < now() - make_interval(hours => c.h)
+      AND NOT EXISTS (SELECT 1 FROM consolidation_runs r WHERE r.tenant_id = t.id
+                      AND ((r.status = 'completed'
+                            AND r.finished_at > now() - make_interval(hours => c.h))
+                        OR (r.status = 'failed'  -- a failing tenant is retried after a pause
+                            AND r.finished_at > now() - interval '15 minutes')))
+    ORDER BY t.id
+$$;

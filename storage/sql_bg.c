@@ -1,0 +1,33 @@
+/* storage/sql_bg.c: the statements of background work (see sql_bg.h). */
+#include "sql_bg.h"
+
+const db_stmt_def sql_bg_stmts[SQLB__COUNT] = {
+    [SQLB_LISTEN_CHANGES] = {"listen_changes", "LISTEN engram_changes", 0},
+    [SQLB_LISTEN_ADMIN] = {"listen_admin", "LISTEN engram_admin", 0},
+    [SQLB_TRY_LOCK] = {"try_lock", "SELECT pg_try_advisory_lock($1::bigint)", 1},
+    [SQLB_UNLOCK] = {"unlock", "SELECT pg_advisory_unlock($1::bigint)", 1},
+    [SQLB_CONSOLIDATE_APPLY] = {"consolidate_apply",
+                                "SELECT * FROM engram_consolidate_apply($1, $2::bigint[], "
+                                "$3::bigint[], $4::bigint[], $5::text[], $6::text[], "
+                                "$7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], "
+                                "$11::bigint[], $12::bigint[], $13::float8[])",
+                                13},
+    [SQLB_CONSOLIDATE_FINISH] = {"consolidate_finish",
+                                 "SELECT * FROM engram_consolidate_finish($1, $2, $3, $4, "
+                                 "$5::float8[], $6::jsonb, $7, $8, $9, $10)",
+                                 10},
+    [SQLB_CONSOLIDATE_FAILED] = {"consolidate_failed",
+                                 "SELECT engram_consolidate_failed($1, $2, $3, $4)", 4},
+    [SQLB_CONSOLIDATION_DUE] = {"consolidation_due",
+                                "SELECT * FROM engram_consolidation_due($1::integer[])", 1},
+    [SQLB_PURGE_EXPIRED] = {"purge_expired", "SELECT engram_purge_expired($1, $2)", 2},
+    [SQLB_SESSION_PURGE] = {"session_purge", "SELECT engram_session_purge_expired()", 0},
+    [SQLB_ACCESS_FOLD] = {"access_fold", "SELECT engram_access_fold($1)", 1},
+    [SQLB_PRUNE_CHANGES] = {"prune_changes", "SELECT engram_prune_changes($1, $2)", 2},
+    [SQLB_KEYS_VALID] = {"keys_valid", "SELECT engram_keys_valid($1::bigint[])", 1},
+    [SQLB_TENANT_TIERS] = {"tenant_tiers",
+                           "SELECT tenant_id, tier FROM engram_tenant_tiers($1::bigint[])", 1},
+    [SQLB_QUERY_COUNT] = {"query_count", "SELECT engram_query_count($1::bigint[], $2::bigint[])",
+                          2},
+    [SQLB_TENANT_DIMS] = {"tenant_dims", "SELECT * FROM engram_tenant_dims()", 0},
+};

@@ -1,0 +1,42 @@
+/* storage/sql_bg.h: the statements of background work (consolidation, maintenance, quota
+ * accounting, change notifications, start-up).
+ *
+ * They run on the background threads' own connections with db_exec_stmt (DB_EXEC), not on
+ * the pool, so they are not prepared. The parameter counts here are checked against the
+ * values every caller passes.
+ */
+#ifndef ENGRAM_STORAGE_SQL_BG_H
+#define ENGRAM_STORAGE_SQL_BG_H
+
+#include "db.h"
+
+typedef enum sqlb_stmt {
+    SQLB_LISTEN_CHANGES,     /* () follow engram_changes ("tenant:seq") */
+    SQLB_LISTEN_ADMIN,       /* () follow engram_admin (tenant, key and engine changes) */
+    SQLB_TRY_LOCK,           /* (key) -> locked: a session-level advisory lock */
+    SQLB_UNLOCK,             /* (key) -> released */
+    SQLB_CONSOLIDATE_APPLY,  /* (tenant, own ids[], survivor ids[], ...) -> merged,
+                              * superseded, archived, skipped (see 0009) */
+    SQLB_CONSOLIDATE_FINISH, /* (tenant, trigger, started ms, ..., counts) -> run id, rescored */
+    SQLB_CONSOLIDATE_FAILED, /* (tenant, trigger, started ms, error) -> run id */
+    SQLB_CONSOLIDATION_DUE,  /* (cadence hours[3]) -> tenant, dim of tenants due */
+    SQLB_PURGE_EXPIRED,      /* (limit, batch) -> memories deleted */
+    SQLB_SESSION_PURGE,      /* () -> checkpoints removed */
+    SQLB_ACCESS_FOLD,        /* (limit) -> access counts folded into their rows */
+    SQLB_PRUNE_CHANGES,      /* (hours, limit) -> change records pruned */
+    SQLB_KEYS_VALID,         /* (key rows[]) -> the rows still valid */
+    SQLB_TENANT_TIERS,       /* (tenants[]) -> tenant, tier */
+    SQLB_QUERY_COUNT,        /* (tenants[], counts[]) count queries admitted without a check */
+    SQLB_TENANT_DIMS,        /* () -> tenant, embedding dimension */
+    SQLB__COUNT
+} sqlb_stmt;
+
+extern const db_stmt_def sql_bg_stmts[SQLB__COUNT];
+
+/* sqlb_def returns statement s of the table. */
+static inline const db_stmt_def *sqlb_def(sqlb_stmt s)
+{
+    return &sql_bg_stmts[s];
+}
+
+#endif

@@ -10,6 +10,8 @@
 
 #include <event2/event.h>
 
+#include "rowerr.h"
+
 static atomic_int current_level = LOG_INFO;
 static const char *const names[] = {"debug", "info", "warn", "error"};
 
@@ -73,4 +75,15 @@ static void libevent_cb(int severity, const char *msg)
 void log_route_libevent(void)
 {
     event_set_log_callback(libevent_cb);
+}
+
+static void rowerr_cb(const char *file, int line, const char *msg)
+{
+    if (log_enabled(LOG_WARN))
+        log_write(LOG_WARN, file, line, "%s", msg);
+}
+
+void log_route_storage(void)
+{
+    rowerr_set_log(rowerr_cb);
 }

@@ -23,6 +23,10 @@ void log_write(log_level level, const char *file, int line, const char *fmt, ...
 /* log_route_libevent sends libevent's own messages through log_write. */
 void log_route_libevent(void);
 
+/* log_route_storage sends storage's reports of unparsable rows (storage/rowerr.h) through
+ * log_write at warn level. */
+void log_route_storage(void);
+
 #define LOG_AT(lvl, ...)                                                                           \
     do {                                                                                           \
         if (log_enabled(lvl))                                                                      \

@@ -43,20 +43,6 @@ void openblas_set_num_threads(int n);
 
 #define STARTUP_DB_WAIT_MS 30000
 
-int64_t server_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-uint64_t server_mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 typedef struct app {
     server srv;
     struct event_base *base;
@@ -287,6 +273,7 @@ int main(int argc, char **argv)
     signal(SIGHUP, SIG_IGN);
     evthread_use_pthreads();
     log_route_libevent();
+    log_route_storage();
     /* one BLAS thread per query; queries run in parallel across workers */
     openblas_set_num_threads(1);
 

@@ -8,6 +8,8 @@
 
 #include <event2/buffer.h>
 
+#include "rowerr.h"
+
 /* Latency bucket upper bounds in microseconds; the last bucket is +Inf. */
 static const uint64_t bucket_us[] = {50,     100,     250,     500,     1000,   2500,
                                      5000,   10000,   25000,   50000,   100000, 250000,
@@ -31,7 +33,7 @@ static const char *const *method_names;
 static size_t nmethods;
 static method_stats *stats; /* nmethods + 1: the last is for unknown methods */
 static atomic_long open_conns;
-static atomic_uint_fast64_t refused, malformed, slow_closed;
+static atomic_uint_fast64_t refused, malformed, slow_closed, apply_failures;
 static atomic_uint_fast64_t tls_handshake_failures, tls_reloads_ok, tls_reloads_failed;
 static db_slot db_slots[MAX_WORKERS];
 
@@ -95,6 +97,11 @@ void metrics_tls_reload(bool ok)
 void metrics_malformed(void)
 {
     atomic_fetch_add_explicit(&malformed, 1, memory_order_relaxed);
+}
+
+void metrics_index_apply_failed(void)
+{
+    atomic_fetch_add_explicit(&apply_failures, 1, memory_order_relaxed);
 }
 
 void metrics_db_publish(unsigned worker, unsigned connections, unsigned ready, size_t queued,
@@ -239,6 +246,19 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
         "# TYPE engram_db_unavailable_total counter\nengram_db_unavailable_total %llu\n",
         conns, ready, queued, inflight, (unsigned long long)reconnects,
         (unsigned long long)failures);
+    evbuffer_add_printf(out,
+                        "# HELP engram_index_apply_failures_total Changes an index could not "
+                        "take (out of memory), read again from the change log.\n"
+                        "# TYPE engram_index_apply_failures_total counter\n"
+                        "engram_index_apply_failures_total %llu\n",
+                        (unsigned long long)atomic_load(&apply_failures));
+    evbuffer_add_printf(out, "# HELP engram_rows_unparsable_total Rows read from PostgreSQL with a "
+                             "value that does not parse (each also logged), by table.\n"
+                             "# TYPE engram_rows_unparsable_total counter\n");
+    for (int t = 0; t < ROWERR_TABLE_COUNT; t++)
+        evbuffer_add_printf(out, "engram_rows_unparsable_total{table=\"%s\"} %llu\n",
+                            rowerr_table_name((rowerr_table)t),
+                            (unsigned long long)rowerr_count((rowerr_table)t));
     for (size_t i = 0; i < ngauges; i++)
         evbuffer_add_printf(out, "# TYPE %s gauge\n%s %.17g\n", gauge_names[i], gauge_names[i],
                             gauges[i]);

@@ -40,6 +40,10 @@ void metrics_slow_closed(void);
 void metrics_tls_handshake_failed(void);
 void metrics_tls_reload(bool ok);
 
+/* metrics_index_apply_failed counts a change an index could not take (it stays unapplied
+ * and is read again from the change log). */
+void metrics_index_apply_failed(void);
+
 /* Database pool state, summed over workers. Each worker publishes its own slot. */
 void metrics_db_publish(unsigned worker, unsigned connections, unsigned ready, size_t queued,
                         size_t inflight, uint64_t reconnects, uint64_t failures);

@@ -7,6 +7,7 @@
 
 #include "db.h"
 #include "memrow.h"
+#include "rowerr.h"
 #include "sql.h"
 
 /* Binary-format columns of a loader row, after any leading columns of the query; the query
@@ -32,37 +33,69 @@ static uint64_t be64(const char *p)
     return v;
 }
 
-static int64_t col_i64(const PGresult *r, int col, int64_t def)
+/* A binary bigint column; NULL gives def. A value of another size is reported (rowerr,
+ * under table) and gives def with *ok cleared; ok may be NULL where the caller reports
+ * nothing more. */
+static int64_t col_i64(const PGresult *r, int col, int64_t def, rowerr_table table, bool *ok)
 {
-    if (PQgetisnull(r, 0, col) || PQgetlength(r, 0, col) != 8)
+    if (PQgetisnull(r, 0, col))
         return def;
+    if (PQgetlength(r, 0, col) != 8) {
+        if (!ok || *ok)
+            rowerr_report(table, PQfname(r, col), "not an 8-byte integer");
+        if (ok)
+            *ok = false;
+        return def;
+    }
     return (int64_t)be64(PQgetvalue(r, 0, col));
 }
 
+/* Reports the first bad column of a row (table memories) and fails the row. */
+static void bad_col(const PGresult *r, int col, const char *problem, bool *ok)
+{
+    if (*ok)
+        rowerr_report(ROWERR_MEMORIES, PQfname(r, col), problem);
+    *ok = false;
+}
+
 /* Parses the LOADER_COLS at offset off of the single row of r into row; vec is scratch of
- * dim floats. Returns 0 or -1. */
+ * dim floats. Returns 0, or -1 after reporting the first unparsable column. */
 static int parse_row(const PGresult *r, int off, size_t dim, float *vec, loader_row *row)
 {
+    const rowerr_table m = ROWERR_MEMORIES;
+    bool ok = true;
     memset(row, 0, sizeof(*row));
-    row->id = (uint64_t)col_i64(r, off + 0, 0);
-    row->agent_id = (uint64_t)col_i64(r, off + 1, 0);
-    row->clade_id = (uint64_t)col_i64(r, off + 2, 0);
+    row->id = (uint64_t)col_i64(r, off + 0, 0, m, &ok);
+    row->agent_id = (uint64_t)col_i64(r, off + 1, 0, m, &ok);
+    row->clade_id = (uint64_t)col_i64(r, off + 2, 0, m, &ok);
     row->scope = memrow_scope_parse(PQgetvalue(r, 0, off + 3), (size_t)PQgetlength(r, 0, off + 3));
+    if (row->scope < 0)
+        bad_col(r, off + 3, "not a memory scope", &ok);
     row->type = memrow_type_parse(PQgetvalue(r, 0, off + 4), (size_t)PQgetlength(r, 0, off + 4));
-    if (row->scope < 0 || row->type < 0 || PQgetlength(r, 0, off + 5) != 8)
-        return -1;
-    uint64_t bits = be64(PQgetvalue(r, 0, off + 5));
-    memcpy(&row->importance, &bits, sizeof(bits));
-    row->created_ms = col_i64(r, off + 6, 0);
-    row->last_accessed_ms = col_i64(r, off + 7, MEMROW_NO_TIME);
-    row->access_count = col_i64(r, off + 8, 0);
-    row->expires_ms = col_i64(r, off + 9, MEMROW_NO_TIME);
-    row->archived_ms = col_i64(r, off + 10, MEMROW_NO_TIME);
-    row->seq = (uint64_t)col_i64(r, off + 11, 0);
+    if (row->type < 0)
+        bad_col(r, off + 4, "not a memory type", &ok);
+    if (PQgetlength(r, 0, off + 5) == 8) {
+        uint64_t bits = be64(PQgetvalue(r, 0, off + 5));
+        memcpy(&row->importance, &bits, sizeof(bits));
+    } else {
+        bad_col(r, off + 5, "not an 8-byte float", &ok);
+    }
+    row->created_ms = col_i64(r, off + 6, 0, m, &ok);
+    row->last_accessed_ms = col_i64(r, off + 7, MEMROW_NO_TIME, m, &ok);
+    row->access_count = col_i64(r, off + 8, 0, m, &ok);
+    row->expires_ms = col_i64(r, off + 9, MEMROW_NO_TIME, m, &ok);
+    row->archived_ms = col_i64(r, off + 10, MEMROW_NO_TIME, m, &ok);
+    row->seq = (uint64_t)col_i64(r, off + 11, 0, m, &ok);
+    if (PQgetlength(r, 0, off + 12) != 1)
+        bad_col(r, off + 12, "not a boolean", &ok);
     row->pinned = PQgetlength(r, 0, off + 12) == 1 && PQgetvalue(r, 0, off + 12)[0] != 0;
     row->tag_json = PQgetvalue(r, 0, off + 13);
     row->tag_json_len = (size_t)PQgetlength(r, 0, off + 13);
-    if ((size_t)PQgetlength(r, 0, off + 14) != dim * sizeof(float))
+    if ((size_t)PQgetlength(r, 0, off + 14) != dim * sizeof(float)) {
+        bad_col(r, off + 14, "embedding of another dimension than the tenant's", &ok);
+        return -1;
+    }
+    if (!ok)
         return -1;
     /* embeddings are little-endian float32, as is every host we build for */
     memcpy(vec, PQgetvalue(r, 0, off + 14), dim * sizeof(float));
@@ -94,7 +127,14 @@ static int read_seq(PGconn *c, int64_t tenant, uint64_t *seq, char *err, size_t 
         snprintf(err, errlen, "tenant %lld not found", (long long)tenant);
         return -1;
     }
-    *seq = (uint64_t)strtoull(PQgetvalue(r, 0, 0), NULL, 10);
+    int64_t v;
+    if (!memrow_parse_i64(PQgetvalue(r, 0, 0), &v) || v < 0) {
+        rowerr_report(ROWERR_TENANTS, "change_seq", "not a change number");
+        PQclear(r);
+        snprintf(err, errlen, "tenant %lld: unreadable change number", (long long)tenant);
+        return -1;
+    }
+    *seq = (uint64_t)v;
     PQclear(r);
     return 0;
 }
@@ -141,7 +181,7 @@ static int each_row(const PGresult *r, void *arg)
     loader_row row;
     if (parse_row(r, 0, lc->dim, lc->vec, &row) < 0) {
         snprintf(lc->err, lc->errlen, "memory %lld has a malformed row or embedding",
-                 (long long)col_i64(r, 0, 0));
+                 (long long)col_i64(r, 0, 0, ROWERR_MEMORIES, NULL));
         return -1;
     }
     return lc->fn(&row, lc->ctx);
@@ -150,8 +190,15 @@ static int each_row(const PGresult *r, void *arg)
 static int each_change(const PGresult *r, void *arg)
 {
     load_ctx *lc = arg;
-    uint64_t seq = (uint64_t)col_i64(r, 0, 0);
-    uint64_t id = (uint64_t)col_i64(r, 1, 0);
+    bool ok = !PQgetisnull(r, 0, 0) && !PQgetisnull(r, 0, 1);
+    uint64_t seq = (uint64_t)col_i64(r, 0, 0, ROWERR_MEMORY_CHANGES, &ok);
+    uint64_t id = (uint64_t)col_i64(r, 1, 0, ROWERR_MEMORY_CHANGES, &ok);
+    if (!ok) {
+        if (PQgetisnull(r, 0, 0) || PQgetisnull(r, 0, 1))
+            rowerr_report(ROWERR_MEMORY_CHANGES, "seq, memory_id", "NULL");
+        snprintf(lc->err, lc->errlen, "a change log entry is malformed");
+        return -1;
+    }
     if (PQgetisnull(r, 0, 2))
         return lc->cfn(seq, id, NULL, lc->ctx);
     loader_row row;
@@ -205,7 +252,7 @@ static int each_live(const PGresult *r, void *arg)
     loader_row row;
     if (parse_row(r, 0, lc->dim, lc->vec, &row) < 0) {
         snprintf(lc->err, lc->errlen, "memory %lld has a malformed row or embedding",
-                 (long long)col_i64(r, 0, 0));
+                 (long long)col_i64(r, 0, 0, ROWERR_MEMORIES, NULL));
         return -1;
     }
     row.attrs_key = PQgetisnull(r, 0, LOADER_NCOLS) ? NULL : PQgetvalue(r, 0, LOADER_NCOLS);
@@ -264,8 +311,13 @@ int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64
 static int each_access(const PGresult *r, void *arg)
 {
     load_ctx *lc = arg;
-    return lc->afn((uint64_t)col_i64(r, 0, 0), col_i64(r, 1, 0), col_i64(r, 2, MEMROW_NO_TIME),
-                   lc->ctx);
+    bool ok = true;
+    uint64_t id = (uint64_t)col_i64(r, 0, 0, ROWERR_MEMORIES, &ok);
+    int64_t count = col_i64(r, 1, 0, ROWERR_MEMORIES, &ok);
+    int64_t last = col_i64(r, 2, MEMROW_NO_TIME, ROWERR_MEMORIES, &ok);
+    if (!ok)
+        return 0; /* reported; the memory keeps the access count the index has */
+    return lc->afn(id, count, last, lc->ctx);
 }
 
 int loader_accessed(PGconn *c, int64_t tenant, int64_t since_ms,

@@ -12,6 +12,8 @@
 
 #include <libpq-fe.h>
 
+#include "rowerr.h"
+
 typedef enum mem_type {
     MEM_FACT = 0,
     MEM_PREFERENCE,
@@ -83,16 +85,34 @@ typedef struct memrow_meta {
 
 #define MEMROW_META_NCOLS 14
 
-/* memrow_meta_parse reads the 14 meta columns starting at column col of row. Returns 0 or
- * -1 when malformed. */
+/* memrow_meta_parse reads the 14 meta columns starting at column col of row. Returns 0
+ * (present false when the memory is gone: its id is NULL), or -1 when the result has too
+ * few columns or a value does not parse (reported through rowerr, table memories). */
 int memrow_meta_parse(const PGresult *r, int row, int col, memrow_meta *out);
 
 /* memrow_parse reads row of r, a text-format result with the SQL_MEMROW_COLS columns
- * starting at column col. Returns 0, or -1 when a column is missing or unparsable. */
+ * starting at column col. Returns 0, or -1 when a column is missing or a value does not
+ * parse (an integer column holding other text, an unknown scope or type, an importance that
+ * is not a finite number, a boolean other than t/f), reported through rowerr (table
+ * memories). NULL where a column may be NULL gives that field's default, as documented on
+ * memrow. */
 int memrow_parse(const PGresult *r, int row, int col, memrow *out);
 
-/* memrow_i64 parses a text-format integer column; NULL gives def. */
+/* memrow_i64 parses a text-format integer column; NULL gives def. Text that is not a whole
+ * integer gives def too, and is reported through rowerr (table other); memrow_i64_of
+ * reports under table. */
 int64_t memrow_i64(const PGresult *r, int row, int col, int64_t def);
+int64_t memrow_i64_of(const PGresult *r, int row, int col, int64_t def, rowerr_table table);
+
+/* memrow_f64_of parses a text-format number column (finite); NULL gives def, and so does
+ * anything else, reported through rowerr under table. */
+double memrow_f64_of(const PGresult *r, int row, int col, double def, rowerr_table table);
+
+/* memrow_parse_i64 / memrow_parse_f64 parse the whole of s as a decimal integer (within
+ * int64) or a finite number. Return true, or false (*out untouched) when s is anything
+ * else (empty, trailing text, out of range). */
+bool memrow_parse_i64(const char *s, int64_t *out);
+bool memrow_parse_f64(const char *s, double *out);
 
 /* memrow_u64_sql formats v (an unsigned 64-bit identity) as the bigint text that holds
  * the same 64 bits, into buf (>= 24 bytes), and returns buf. */

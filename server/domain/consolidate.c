@@ -674,10 +674,16 @@ static void scheduled(bg_ctx *ctx, void *arg)
     int n = PQntuples(r);
     int64_t *ids = malloc(((size_t)n + 1) * sizeof(*ids));
     uint32_t *dims = malloc(((size_t)n + 1) * sizeof(*dims));
+    int k = 0; /* rows whose id and dimension parse (others are reported by rowerr) */
     for (int i = 0; ids && dims && i < n; i++) {
-        ids[i] = atoll(PQgetvalue(r, i, 0));
-        dims[i] = (uint32_t)atoi(PQgetvalue(r, i, 1));
+        int64_t id = memrow_i64_of(r, i, 0, 0, ROWERR_TENANTS);
+        int64_t dim = memrow_i64_of(r, i, 1, 0, ROWERR_TENANTS);
+        if (id > 0 && dim > 0 && dim <= UINT32_MAX) {
+            ids[k] = id;
+            dims[k++] = (uint32_t)dim;
+        }
     }
+    n = k;
     PQclear(r);
     for (int i = 0; ids && dims && i < n && !bg_cancelled(ctx); i++) {
         consolidate_result res;

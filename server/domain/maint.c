@@ -7,6 +7,7 @@
 #include "bg.h"
 #include "db.h"
 #include "log.h"
+#include "memrow.h"
 #include "sql_bg.h"
 
 #define PURGE_BATCH "10000"
@@ -28,7 +29,7 @@ static void purge_expired(bg_ctx *ctx, void *arg)
             bg_conn_failed(ctx);
         return;
     }
-    long long n = atoll(PQgetvalue(r, 0, 0));
+    long long n = memrow_i64(r, 0, 0, 0);
     PQclear(r);
     if (n > 0)
         log_info("purged %lld expired memories", n);
@@ -39,7 +40,7 @@ static void purge_expired(bg_ctx *ctx, void *arg)
             bg_conn_failed(ctx);
         return;
     }
-    n = atoll(PQgetvalue(r, 0, 0));
+    n = memrow_i64(r, 0, 0, 0);
     PQclear(r);
     if (n > 0)
         log_info("purged %lld expired session checkpoints", n);
@@ -56,7 +57,7 @@ static void purge_expired(bg_ctx *ctx, void *arg)
             }
             break;
         }
-        n = atoll(PQgetvalue(r, 0, 0));
+        n = memrow_i64(r, 0, 0, 0);
         PQclear(r);
         folded += n;
         if (n < atoll(PURGE_BATCH))
@@ -76,7 +77,7 @@ static void purge_expired(bg_ctx *ctx, void *arg)
             bg_conn_failed(ctx);
         return;
     }
-    n = atoll(PQgetvalue(r, 0, 0));
+    n = memrow_i64(r, 0, 0, 0);
     PQclear(r);
     if (n > 0)
         log_info("pruned %lld changes older than %s hours from the change log", n, hours);

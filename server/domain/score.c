@@ -13,3 +13,8 @@ double score_composite(const score_params *p, int64_t created_ms, uint32_t acces
         access = 1.0;
     return p->w_recency * recency + p->w_access * access + p->w_explicit * importance;
 }
+
+double score_blend(double w, double similarity, double composite)
+{
+    return w * similarity + (1.0 - w) * composite;
+}

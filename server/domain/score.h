@@ -26,4 +26,8 @@ typedef struct score_params {
 double score_composite(const score_params *p, int64_t created_ms, uint32_t access_count,
                        double importance, int64_t now_ms);
 
+/* score_blend returns the search score of a candidate: w * similarity + (1 - w) *
+ * composite, w being the search's similarity_weight in [0, 1]. */
+double score_blend(double w, double similarity, double composite);
+
 #endif

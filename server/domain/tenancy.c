@@ -11,17 +11,13 @@
 #include "db.h"
 #include "idmap.h"
 #include "log.h"
+#include "memrow.h"
 #include "sql_bg.h"
 #include "tenants.h"
 #include "tiers.h"
 
 #define CHECK_INTERVAL_MS 5000
 #define COUNT_FLUSH_MS 1000
-
-typedef struct bucket {
-    double tokens;
-    uint64_t last_ns;
-} bucket;
 
 struct tenancy {
     server *srv;
@@ -32,7 +28,7 @@ struct tenancy {
     idmap *deleted;    /* tenant ids deleted */
     idmap *tiers;      /* tenant id -> tier + 1 */
     idmap *bucket_at;  /* tenant id -> index in buckets */
-    bucket *buckets;
+    tenancy_bucket *buckets;
     size_t nbuckets, cbuckets;
     idmap *queries; /* tenant id -> queries counted, not yet written */
 };
@@ -165,19 +161,37 @@ void tenancy_notify(tenancy *t, const char *payload)
     }
 }
 
+bool tenancy_bucket_take(tenancy_bucket *b, double rate_per_s, double burst, uint64_t now_ns,
+                         uint64_t *retry_ms)
+{
+    if (now_ns > b->last_ns) {
+        b->tokens += (double)(now_ns - b->last_ns) / 1e9 * rate_per_s;
+        b->last_ns = now_ns;
+    }
+    if (b->tokens > burst)
+        b->tokens = burst;
+    if (b->tokens >= 1.0) {
+        b->tokens -= 1.0;
+        return true;
+    }
+    *retry_ms = (uint64_t)ceil((1.0 - b->tokens) / rate_per_s * 1000.0);
+    if (*retry_ms == 0)
+        *retry_ms = 1;
+    return false;
+}
+
 bool tenancy_rate_take(tenancy *t, int64_t tenant_id, int tier, uint64_t *retry_ms)
 {
     const tier_limits *lim = &t->srv->tiers[tier >= 0 && tier < TIER_COUNT ? tier : 0];
     if (lim->rate_per_s <= 0)
         return true;
     uint64_t now = server_mono_ns();
-    bool ok = true;
     pthread_mutex_lock(&t->mu);
     uint64_t at;
     if (!idmap_get(t->bucket_at, (uint64_t)tenant_id, &at)) {
         if (t->nbuckets == t->cbuckets) {
             size_t cap = t->cbuckets ? t->cbuckets * 2 : 64;
-            bucket *b = realloc(t->buckets, cap * sizeof(*b));
+            tenancy_bucket *b = realloc(t->buckets, cap * sizeof(*b));
             if (!b) {
                 pthread_mutex_unlock(&t->mu);
                 return true; /* cannot track: let it through rather than refuse service */
@@ -186,22 +200,10 @@ bool tenancy_rate_take(tenancy *t, int64_t tenant_id, int tier, uint64_t *retry_
             t->cbuckets = cap;
         }
         at = t->nbuckets++;
-        t->buckets[at] = (bucket){.tokens = lim->rate_burst, .last_ns = now};
+        t->buckets[at] = (tenancy_bucket){.tokens = lim->rate_burst, .last_ns = now};
         idmap_put(t->bucket_at, (uint64_t)tenant_id, at);
     }
-    bucket *b = &t->buckets[at];
-    b->tokens += (double)(now - b->last_ns) / 1e9 * lim->rate_per_s;
-    if (b->tokens > lim->rate_burst)
-        b->tokens = lim->rate_burst;
-    b->last_ns = now;
-    if (b->tokens >= 1.0) {
-        b->tokens -= 1.0;
-    } else {
-        ok = false;
-        *retry_ms = (uint64_t)ceil((1.0 - b->tokens) / lim->rate_per_s * 1000.0);
-        if (*retry_ms == 0)
-            *retry_ms = 1;
-    }
+    bool ok = tenancy_bucket_take(&t->buckets[at], lim->rate_per_s, lim->rate_burst, now, retry_ms);
     pthread_mutex_unlock(&t->mu);
     return ok;
 }
@@ -278,7 +280,7 @@ static void check_keys(bg_ctx *ctx, void *arg)
     if (r) {
         idmap *valid = idmap_create((size_t)PQntuples(r) + 1);
         for (int i = 0; valid && i < PQntuples(r); i++)
-            idmap_put(valid, (uint64_t)atoll(PQgetvalue(r, i, 0)), 1);
+            idmap_put(valid, (uint64_t)memrow_i64_of(r, i, 0, 0, ROWERR_API_KEYS), 1);
         for (size_t i = 0; valid && i < keys.n; i++) {
             uint64_t v;
             if (!idmap_get(valid, keys.a[i], &v)) {
@@ -295,7 +297,11 @@ static void check_keys(bg_ctx *ctx, void *arg)
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             const char *tier = PQgetvalue(r, i, 1);
-            tenancy_tier_changed(t, atoll(PQgetvalue(r, i, 0)), tier_parse(tier, strlen(tier)));
+            int64_t tid = memrow_i64_of(r, i, 0, 0, ROWERR_TENANTS);
+            int level = tier_parse(tier, strlen(tier));
+            if (level < 0)
+                rowerr_report(ROWERR_TENANTS, PQfname(r, 1), "not a tier");
+            tenancy_tier_changed(t, tid, level); /* ignores an unknown tier */
         }
         PQclear(r);
     } else if (PQstatus(pg) != CONNECTION_OK) {

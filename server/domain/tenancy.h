@@ -56,6 +56,21 @@ void tenancy_notify(tenancy *t, const char *payload);
  * request may go on; false with the milliseconds until a token is due in *retry_ms. */
 bool tenancy_rate_take(tenancy *t, int64_t tenant_id, int tier, uint64_t *retry_ms);
 
+/* A token bucket: tokens refill at a rate per second up to the burst; a request takes one.
+ * A new bucket starts full: {.tokens = burst, .last_ns = now}. */
+typedef struct tenancy_bucket {
+    double tokens;
+    uint64_t last_ns;
+} tenancy_bucket;
+
+/* tenancy_bucket_take refills b for the time from b->last_ns to now_ns (monotonic; a now_ns
+ * earlier than the last, from a thread that read the clock before another, adds nothing)
+ * at rate_per_s, capped at burst, and takes one token. Returns true when there was one;
+ * false with the milliseconds until one is due (at least 1) in *retry_ms. The caller
+ * serializes calls on one bucket. */
+bool tenancy_bucket_take(tenancy_bucket *b, double rate_per_s, double burst, uint64_t now_ns,
+                         uint64_t *retry_ms);
+
 /* tenancy_count_query counts one query of a tenant whose tier has no daily limit. */
 void tenancy_count_query(tenancy *t, int64_t tenant_id);
 

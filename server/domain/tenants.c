@@ -19,8 +19,9 @@
 
 #include "hash.h"
 #include "idmap.h"
-#include "memfilter.h"
 #include "log.h"
+#include "memfilter.h"
+#include "metrics.h"
 #include "sql_bg.h"
 #include "vfaiss.h"
 
@@ -60,6 +61,9 @@ struct tenant {
     pending *phead, *ptail;
     waiter *waiters;
     bool catchup_queued;
+    /* a change could not be applied (out of memory) or remembered: it is not marked applied,
+     * and the housekeeping schedules a catch-up that reads it again from the change log */
+    bool apply_retry;
     /* the engine (VINDEX_ENGINE_*) the loaded index was created with, set by each load from
      * the tenant's choice in PostgreSQL or the index_engine setting (t->mu) */
     int engine;
@@ -102,6 +106,10 @@ struct tenants {
     uint64_t rm_last_ns;
     size_t rm_next; /* where the next round starts among the tenants */
     atomic_uint_least64_t n_probes, probe_ns;
+#ifdef ENGRAM_FAULT_INJECTION
+    /* tests only: index upserts still to fail with -ENOMEM (ENGRAM_FAULT_INDEX_UPSERT) */
+    atomic_long fault_upserts;
+#endif
 };
 
 const double tenants_load_bounds_s[TENANTS_LOAD_BUCKETS - 1] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -139,6 +147,13 @@ tenants *tenants_create(server *s)
                            .ann_candidates = (size_t)c->index_ann_candidates,
                            .ann_max_candidates = (size_t)c->index_ann_max_candidates,
                            .compact_percent = (unsigned)c->index_compact_percent};
+#ifdef ENGRAM_FAULT_INJECTION
+    const char *fault = getenv("ENGRAM_FAULT_INDEX_UPSERT");
+    if (fault && atol(fault) > 0) {
+        atomic_store(&ts->fault_upserts, atol(fault));
+        log_warn("fault injection: the next %ld index upserts fail as out of memory", atol(fault));
+    }
+#endif
     if (c->index_memory_mb > 0) {
         ts->budget = (size_t)c->index_memory_mb << 20;
     } else {
@@ -379,7 +394,8 @@ static void mark_applied(tenant *t, uint64_t seq)
         size_t cap = t->cabove ? t->cabove * 2 : 16;
         uint64_t *n = realloc(t->above, cap * sizeof(*n));
         if (!n) {
-            /* cannot remember it: a catch-up will re-read it, applies are idempotent */
+            /* cannot remember it: a catch-up re-reads it (applies are idempotent) */
+            t->apply_retry = true;
             return;
         }
         t->above = n;
@@ -396,24 +412,41 @@ static void mark_applied(tenant *t, uint64_t seq)
 
 static void schedule_catch_up(tenant *t);
 
-static void do_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const mem_meta *m)
+/* Fault injection for tests: true when this index upsert is to fail as out of memory. */
+static bool fault_upsert(tenants *ts)
+{
+#ifdef ENGRAM_FAULT_INJECTION
+    long left = atomic_load(&ts->fault_upserts);
+    while (left > 0)
+        if (atomic_compare_exchange_weak(&ts->fault_upserts, &left, left - 1))
+            return true;
+#endif
+    return false;
+}
+
+/* Writes memory id as of change seq (vector vec, NULL: metadata only) into the index.
+ * Returns 0 when the index holds that version or a newer one (or a later delete) now; 1
+ * when the change could not be applied yet (metadata of a memory the index has no vector
+ * for: a catch-up is scheduled to read the whole row); -ENOMEM when the index could not
+ * take it. Only 0 lets the caller mark the change applied. */
+static int do_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const mem_meta *m)
 {
     uint64_t dseq;
     if (idmap_get(t->deleted, id, &dseq) && dseq >= seq)
-        return; /* deleted by a later change */
+        return 0; /* deleted by a later change */
     mem_meta cur, own;
     bool present = vindex_get_meta(t->vi, id, &cur) == 0;
     if (present && cur.seq >= seq)
-        return; /* a newer write is already in */
+        return 0; /* a newer write is already in */
     if (!present && !vec) {
         /* metadata for a memory we have no vector for yet: re-read from the log */
         schedule_catch_up(t);
-        return;
+        return 1;
     }
     if (meta_dup(m, &own) < 0) {
         log_error("tenant %lld: out of memory indexing memory %llu", (long long)t->id,
                   (unsigned long long)id);
-        return;
+        return -ENOMEM;
     }
     own.id = id;
     /* reads (access counts) are not changes: keep the higher count the index already has */
@@ -424,30 +457,46 @@ static void do_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, co
     if (present && !vec) {
         vindex_set_meta(t->vi, id, &own);
         free((void *)cur.tags);
-        return;
+        return 0;
     }
     /* one atomic replacement: no search sees the memory missing or twice */
-    int rc = vindex_upsert(t->vi, id, vec, &own);
+    int rc = fault_upsert(t->ts) ? -ENOMEM : vindex_upsert(t->vi, id, vec, &own);
     if (rc != 0 && rc != 1) {
-        free((void *)own.tags);
-        log_error("tenant %lld: cannot index memory %llu (%d)", (long long)t->id,
-                  (unsigned long long)id, rc);
-        return;
+        free((void *)own.tags); /* the index keeps cur (and its tags) */
+        log_error("tenant %lld: cannot index memory %llu (%d); retried from the change log",
+                  (long long)t->id, (unsigned long long)id, rc);
+        return rc < 0 ? rc : -ENOMEM;
     }
     if (present)
         free((void *)cur.tags); /* no search can still see them: upsert published under the
                                  * index's exclusive lock */
+    return 0;
 }
 
-static void do_delete(tenant *t, uint64_t seq, uint64_t id)
+/* Removes memory id as of change seq. Returns 0, or -ENOMEM when its tombstone (which keeps
+ * an older write arriving late out) could not be recorded. */
+static int do_delete(tenant *t, uint64_t seq, uint64_t id)
 {
     mem_meta cur;
     if (vindex_get_meta(t->vi, id, &cur) == 0 && cur.seq < seq) {
         vindex_remove(t->vi, id);
-        free((void *)cur.tags);
+        free((void *)cur.tags); /* the index's, unreachable now */
     }
-    if (seq > t->applied)
-        idmap_put(t->deleted, id, seq);
+    if (seq > t->applied && idmap_put(t->deleted, id, seq) < 0)
+        return -ENOMEM;
+    return 0;
+}
+
+/* A change that could not be applied (do_upsert or do_delete did not return 0) stays
+ * unapplied: the watermark, and with it every snapshot, stops below it until a catch-up
+ * reads it again. Out of memory is counted and retried from the housekeeping, once a second,
+ * rather than at once. */
+static void apply_failed(tenant *t, int rc)
+{
+    if (rc < 0) {
+        t->apply_retry = true;
+        metrics_index_apply_failed();
+    }
 }
 
 static void apply_locked(tenant *t, uint64_t seq, uint64_t id, bool del, const float *vec,
@@ -455,10 +504,11 @@ static void apply_locked(tenant *t, uint64_t seq, uint64_t id, bool del, const f
 {
     if (seq_applied(t, seq))
         return;
-    if (del)
-        do_delete(t, seq, id);
-    else
-        do_upsert(t, seq, id, vec, m);
+    int rc = del ? do_delete(t, seq, id) : do_upsert(t, seq, id, vec, m);
+    if (rc != 0) {
+        apply_failed(t, rc);
+        return;
+    }
     mark_applied(t, seq);
     t->dirty = true;
 }
@@ -467,13 +517,16 @@ static void queue_pending(tenant *t, uint64_t seq, uint64_t id, bool del, const 
                           const mem_meta *m)
 {
     pending *p = calloc(1, sizeof(*p));
-    if (!p)
-        return; /* the load's snapshot or a later catch-up covers it */
+    if (!p) {
+        t->apply_retry = true; /* a catch-up after the load reads it */
+        return;
+    }
     p->seq = seq;
     p->id = id;
     p->del = del;
     if (m && meta_dup(m, &p->m) < 0) {
         free(p);
+        t->apply_retry = true;
         return;
     }
     if (vec) {
@@ -481,6 +534,7 @@ static void queue_pending(tenant *t, uint64_t seq, uint64_t id, bool del, const 
         if (!p->vec) {
             free((void *)p->m.tags);
             free(p);
+            t->apply_retry = true;
             return;
         }
         memcpy(p->vec, vec, t->dim * sizeof(float));
@@ -986,16 +1040,22 @@ static int replay_change(uint64_t seq, uint64_t id, const loader_row *row, void 
         return 1;
     }
     pthread_mutex_lock(&t->mu);
+    int rc = 0;
     if (!seq_applied(t, seq)) {
-        if (row)
-            do_upsert(t, row->seq, id, row->vec, &m);
-        else
-            do_delete(t, seq, id);
-        mark_applied(t, seq);
+        rc = row ? do_upsert(t, row->seq, id, row->vec, &m) : do_delete(t, seq, id);
+        if (rc == 0)
+            mark_applied(t, seq);
     }
     pthread_mutex_unlock(&t->mu);
     if (row)
         free((void *)m.tags);
+    if (rc != 0) {
+        /* the snapshot's index would miss this change: the load fails (retried at the next
+         * use) rather than install an index with a gap */
+        metrics_index_apply_failed();
+        rp->oom = true;
+        return 1;
+    }
     return 0;
 }
 
@@ -1390,15 +1450,18 @@ static void preload_job(bg_ctx *ctx, void *arg)
         size_t nfiles = 0;
         bool dir = snap_dir_ready(ts, pg);
         for (int i = 0; files && known && i < n; i++) {
-            int64_t id = atoll(PQgetvalue(r, i, 0));
+            /* unparsable ids or dimensions are reported (rowerr) and skipped */
+            int64_t id = memrow_i64_of(r, i, 0, 0, ROWERR_TENANTS);
+            int64_t dim = memrow_i64_of(r, i, 1, 0, ROWERR_TENANTS);
+            if (id <= 0)
+                continue;
             idmap_put(known, (uint64_t)id, 1);
             char path[PATH_MAX];
             struct stat sb;
-            if (dir && snap_path(ts, id, path, sizeof(path)) && stat(path, &sb) == 0)
-                files[nfiles++] = (snap_file){.id = id,
-                                              .dim = (uint32_t)atoi(PQgetvalue(r, i, 1)),
-                                              .mtime = sb.st_mtime,
-                                              .size = sb.st_size};
+            if (dir && dim > 0 && dim <= UINT32_MAX && snap_path(ts, id, path, sizeof(path)) &&
+                stat(path, &sb) == 0)
+                files[nfiles++] = (snap_file){
+                    .id = id, .dim = (uint32_t)dim, .mtime = sb.st_mtime, .size = sb.st_size};
         }
         PQclear(r);
         if (dir && known && files)
@@ -1551,7 +1614,7 @@ static double blend_score(float sim, const void *meta, void *ctx)
     const blend_ctx *b = ctx;
     const mem_meta *m = meta;
     double c = score_composite(b->sp, m->created_ms, m->access_count, m->importance, b->now_ms);
-    return b->w * sim + (1.0 - b->w) * c;
+    return score_blend(b->w, sim, c);
 }
 
 /* recall_check runs the recall monitor on t's index, when it is approximate: a first
@@ -1683,6 +1746,11 @@ static void housekeeping(bg_ctx *ctx, void *arg)
         bool due = ready && t->dirty && !t->saving &&
                    (t->saved_mono_ns == 0 || server_mono_ns() - t->saved_mono_ns >= interval);
         bool stale = ready && t->want_engine >= 0 && t->want_engine != t->engine;
+        if (ready && t->apply_retry && !stale) {
+            /* a change failed to apply: read it again from the change log */
+            t->apply_retry = false;
+            schedule_catch_up(t);
+        }
         pthread_mutex_unlock(&t->mu);
         if (!ready)
             continue;
@@ -1840,9 +1908,13 @@ static int catch_up_change(uint64_t seq, uint64_t id, const loader_row *row, voi
     /* the row is the memory's current state, written by change row->seq >= seq */
     pthread_mutex_lock(&t->mu);
     if (t->state == T_READY && !seq_applied(t, seq)) {
-        do_upsert(t, row->seq, id, row->vec, &m);
-        mark_applied(t, seq);
-        t->dirty = true;
+        int rc = do_upsert(t, row->seq, id, row->vec, &m);
+        if (rc == 0) {
+            mark_applied(t, seq);
+            t->dirty = true;
+        } else {
+            apply_failed(t, rc); /* the later changes still apply */
+        }
     }
     pthread_mutex_unlock(&t->mu);
     free((void *)m.tags);

@@ -935,7 +935,7 @@ static void history_rows(req *r, const db_result *res)
         rpc_pack_cstr(pk, "content");
         rpc_pack_strn(pk, PQgetvalue(vs, i, 1), (size_t)PQgetlength(vs, i, 1));
         rpc_pack_kv_str(pk, "type", PQgetvalue(vs, i, 2));
-        rpc_pack_kv_num(pk, "importance", strtod(PQgetvalue(vs, i, 3), NULL));
+        rpc_pack_kv_num(pk, "importance", memrow_f64_of(vs, i, 3, 0, ROWERR_MEMORIES));
         rpc_pack_cstr(pk, "metadata");
         mp_pack_json(pk, PQgetvalue(vs, i, 4), (size_t)PQgetlength(vs, i, 4));
         rpc_pack_kv_int(pk, "valid_from", memrow_i64(vs, i, 5, 0));
@@ -1159,8 +1159,12 @@ static void stats_rows(req *r, const db_result *res)
         int64_t n = memrow_i64(pr, i, 2, 0);
         if (t >= 0)
             by_type[t] += n;
+        else
+            rowerr_report(ROWERR_MEMORIES, PQfname(pr, 0), "not a memory type");
         if (sc >= 0)
             by_scope[sc] += n;
+        else
+            rowerr_report(ROWERR_MEMORIES, PQfname(pr, 1), "not a memory scope");
         total += n;
         archived += memrow_i64(pr, i, 3, 0);
         int64_t lo = memrow_i64(pr, i, 4, MEMROW_NO_TIME),

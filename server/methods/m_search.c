@@ -112,7 +112,7 @@ static double score_cb(float sim, const void *meta, void *ctx)
     const mem_meta *m = meta;
     double c =
         score_composite(st->f.sp, m->created_ms, m->access_count, m->importance, st->f.now_ms);
-    return st->w * sim + (1.0 - st->w) * c;
+    return score_blend(st->w, sim, c);
 }
 
 /* ---- the last steps: rows, then the response ------------------------------------------ */
@@ -521,7 +521,7 @@ static void text_rows(req *r, const db_result *res)
     }
     for (size_t i = 0; i < n; i++) {
         st->text_ids[i] = (uint64_t)memrow_i64(pr, (int)i, 0, 0);
-        st->text_rank[i] = strtod(PQgetvalue(pr, (int)i, 1), NULL);
+        st->text_rank[i] = memrow_f64_of(pr, (int)i, 1, 0, ROWERR_OTHER);
     }
     st->ntext = n;
     search_index(r);

@@ -64,10 +64,18 @@ static void auth_done(req *r, const db_result *res)
     const char *tier = PQgetvalue(pr, 0, 3);
     conn_auth a = {0};
     a.authenticated = true;
-    a.key_id = memrow_i64(pr, 0, 0, 0);
-    a.tenant_id = memrow_i64(pr, 0, 1, 0);
+    a.key_id = memrow_i64_of(pr, 0, 0, 0, ROWERR_API_KEYS);
+    a.tenant_id = memrow_i64_of(pr, 0, 1, 0, ROWERR_API_KEYS);
     a.tier = tier_parse(tier, strlen(tier));
-    a.dim = (uint32_t)memrow_i64(pr, 0, 5, 0);
+    int64_t dim = memrow_i64_of(pr, 0, 5, 0, ROWERR_API_KEYS);
+    if (a.tier < 0)
+        rowerr_report(ROWERR_API_KEYS, PQfname(pr, 3), "not a tier");
+    if (a.key_id <= 0 || a.tenant_id <= 0 || a.tier < 0 || dim <= 0 || dim > UINT32_MAX) {
+        /* a key whose record cannot be read grants nothing (reported through rowerr) */
+        req_fail(r, RPC_INTERNAL, "the key's record is unreadable");
+        return;
+    }
+    a.dim = (uint32_t)dim;
     snprintf(a.provider, sizeof(a.provider), "%s", PQgetvalue(pr, 0, 6));
     req_set_auth(r, &a);
     /* last_used_at: written after the answer, nothing waits for it */

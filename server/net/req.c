@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "memrow.h"
 #include "methods.h"
 #include "metrics.h"
 #include "sql.h"
@@ -312,8 +313,9 @@ static void on_admit(req *r, const db_result *res)
         r->admitted(r);
         return;
     }
-    long long used = atoll(PQgetvalue(pr, 0, 1)), lim = atoll(PQgetvalue(pr, 0, 2));
-    long long resets = atoll(PQgetvalue(pr, 0, 3));
+    long long used = memrow_i64_of(pr, 0, 1, 0, ROWERR_TENANTS),
+              lim = memrow_i64_of(pr, 0, 2, 0, ROWERR_TENANTS);
+    long long resets = memrow_i64_of(pr, 0, 3, 0, ROWERR_TENANTS);
     rpc_detail d[3] = {{"limit", RPC_D_INT, {.i = lim}},
                        {"usage", RPC_D_INT, {.i = used}},
                        {"resets_at", RPC_D_INT, {.i = resets}}};

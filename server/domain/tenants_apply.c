@@ -1,0 +1,383 @@
+/* server/domain/tenants_apply.c: change application to a tenant's index, in change order, and
+ * catch-up from the change log (see tenants.h, tenants_int.h). */
+#include "tenants.h"
+
+#include <dirent.h>
+#include <malloc.h>
+#include <math.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hash.h"
+#include "idmap.h"
+#include "log.h"
+#include "memfilter.h"
+#include "metrics.h"
+#include "sql_bg.h"
+#include "vfaiss.h"
+
+#include "tenants_int.h"
+
+/* ---- change bookkeeping (t->mu held) ------------------------------------------------ */
+
+bool tn_seq_applied(tenant *t, uint64_t seq)
+{
+    if (seq <= t->applied)
+        return true;
+    size_t lo = 0, hi = t->nabove;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (t->above[mid] < seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < t->nabove && t->above[lo] == seq;
+}
+
+typedef struct prune_ctx {
+    uint64_t watermark;
+    uint64_t *ids;
+    size_t n, cap;
+} prune_ctx;
+
+static int collect_old(uint64_t key, uint64_t value, void *arg)
+{
+    prune_ctx *pc = arg;
+    if (value > pc->watermark)
+        return 0;
+    if (pc->n == pc->cap) {
+        size_t cap = pc->cap ? pc->cap * 2 : 16;
+        uint64_t *n = realloc(pc->ids, cap * sizeof(*n));
+        if (!n)
+            return 1;
+        pc->ids = n;
+        pc->cap = cap;
+    }
+    pc->ids[pc->n++] = key;
+    return 0;
+}
+
+/* Records seq as applied and advances the watermark over any contiguous run. */
+void tn_mark_applied(tenant *t, uint64_t seq)
+{
+    if (seq == t->applied + 1) {
+        t->applied = seq;
+        size_t k = 0;
+        while (k < t->nabove && t->above[k] == t->applied + 1)
+            t->applied = t->above[k++];
+        if (k) {
+            memmove(t->above, t->above + k, (t->nabove - k) * sizeof(*t->above));
+            t->nabove -= k;
+        }
+        /* tombstones at or below the watermark can no longer be undone by a late write */
+        if (idmap_count(t->deleted)) {
+            prune_ctx pc = {.watermark = t->applied};
+            idmap_foreach(t->deleted, collect_old, &pc);
+            for (size_t i = 0; i < pc.n; i++)
+                idmap_del(t->deleted, pc.ids[i]);
+            free(pc.ids);
+        }
+        return;
+    }
+    if (t->nabove == t->cabove) {
+        size_t cap = t->cabove ? t->cabove * 2 : 16;
+        uint64_t *n = realloc(t->above, cap * sizeof(*n));
+        if (!n) {
+            /* cannot remember it: a catch-up re-reads it (applies are idempotent) */
+            t->apply_retry = true;
+            return;
+        }
+        t->above = n;
+        t->cabove = cap;
+    }
+    size_t pos = t->nabove;
+    while (pos > 0 && t->above[pos - 1] > seq) {
+        t->above[pos] = t->above[pos - 1];
+        pos--;
+    }
+    t->above[pos] = seq;
+    t->nabove++;
+}
+
+/* Fault injection for tests: true when this index upsert is to fail as out of memory. */
+static bool fault_upsert(tenants *ts)
+{
+#ifdef ENGRAM_FAULT_INJECTION
+    long left = atomic_load(&ts->fault_upserts);
+    while (left > 0)
+        if (atomic_compare_exchange_weak(&ts->fault_upserts, &left, left - 1))
+            return true;
+#endif
+    return false;
+}
+
+/* Writes memory id as of change seq (vector vec, NULL: metadata only) into the index.
+ * Returns 0 when the index holds that version or a newer one (or a later delete) now; 1
+ * when the change could not be applied yet (metadata of a memory the index has no vector
+ * for: a catch-up is scheduled to read the whole row); -ENOMEM when the index could not
+ * take it. Only 0 lets the caller mark the change applied. */
+int tn_do_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const mem_meta *m)
+{
+    uint64_t dseq;
+    if (idmap_get(t->deleted, id, &dseq) && dseq >= seq)
+        return 0; /* deleted by a later change */
+    mem_meta cur, own;
+    bool present = vindex_get_meta(t->vi, id, &cur) == 0;
+    if (present && cur.seq >= seq)
+        return 0; /* a newer write is already in */
+    if (!present && !vec) {
+        /* metadata for a memory we have no vector for yet: re-read from the log */
+        tn_schedule_catch_up(t);
+        return 1;
+    }
+    if (tn_meta_dup(m, &own) < 0) {
+        log_error("tenant %lld: out of memory indexing memory %llu", (long long)t->id,
+                  (unsigned long long)id);
+        return -ENOMEM;
+    }
+    own.id = id;
+    /* reads (access counts) are not changes: keep the higher count the index already has */
+    if (present && cur.access_count > own.access_count) {
+        own.access_count = cur.access_count;
+        own.last_access_ms = cur.last_access_ms;
+    }
+    if (present && !vec) {
+        vindex_set_meta(t->vi, id, &own);
+        free((void *)cur.tags);
+        return 0;
+    }
+    /* one atomic replacement: no search sees the memory missing or twice */
+    int rc = fault_upsert(t->ts) ? -ENOMEM : vindex_upsert(t->vi, id, vec, &own);
+    if (rc != 0 && rc != 1) {
+        free((void *)own.tags); /* the index keeps cur (and its tags) */
+        log_error("tenant %lld: cannot index memory %llu (%d); retried from the change log",
+                  (long long)t->id, (unsigned long long)id, rc);
+        return rc < 0 ? rc : -ENOMEM;
+    }
+    if (present)
+        free((void *)cur.tags); /* no search can still see them: upsert published under the
+                                 * index's exclusive lock */
+    return 0;
+}
+
+/* Removes memory id as of change seq. Returns 0, or -ENOMEM when its tombstone (which keeps
+ * an older write arriving late out) could not be recorded. */
+int tn_do_delete(tenant *t, uint64_t seq, uint64_t id)
+{
+    mem_meta cur;
+    if (vindex_get_meta(t->vi, id, &cur) == 0 && cur.seq < seq) {
+        vindex_remove(t->vi, id);
+        free((void *)cur.tags); /* the index's, unreachable now */
+    }
+    if (seq > t->applied && idmap_put(t->deleted, id, seq) < 0)
+        return -ENOMEM;
+    return 0;
+}
+
+/* A change that could not be applied (do_upsert or do_delete did not return 0) stays
+ * unapplied: the watermark, and with it every snapshot, stops below it until a catch-up
+ * reads it again. Out of memory is counted and retried from the housekeeping, once a second,
+ * rather than at once. */
+static void apply_failed(tenant *t, int rc)
+{
+    if (rc < 0) {
+        t->apply_retry = true;
+        metrics_index_apply_failed();
+    }
+}
+
+void tn_apply_locked(tenant *t, uint64_t seq, uint64_t id, bool del, const float *vec,
+                     const mem_meta *m)
+{
+    if (tn_seq_applied(t, seq))
+        return;
+    int rc = del ? tn_do_delete(t, seq, id) : tn_do_upsert(t, seq, id, vec, m);
+    if (rc != 0) {
+        apply_failed(t, rc);
+        return;
+    }
+    tn_mark_applied(t, seq);
+    t->dirty = true;
+}
+
+static void queue_pending(tenant *t, uint64_t seq, uint64_t id, bool del, const float *vec,
+                          const mem_meta *m)
+{
+    pending *p = calloc(1, sizeof(*p));
+    if (!p) {
+        t->apply_retry = true; /* a catch-up after the load reads it */
+        return;
+    }
+    p->seq = seq;
+    p->id = id;
+    p->del = del;
+    if (m && tn_meta_dup(m, &p->m) < 0) {
+        free(p);
+        t->apply_retry = true;
+        return;
+    }
+    if (vec) {
+        p->vec = malloc(t->dim * sizeof(float));
+        if (!p->vec) {
+            free((void *)p->m.tags);
+            free(p);
+            t->apply_retry = true;
+            return;
+        }
+        memcpy(p->vec, vec, t->dim * sizeof(float));
+    }
+    if (t->ptail)
+        t->ptail->next = p;
+    else
+        t->phead = p;
+    t->ptail = p;
+}
+
+static void apply(tenant *t, uint64_t seq, uint64_t id, bool del, const float *vec,
+                  const mem_meta *m)
+{
+    pthread_mutex_lock(&t->mu);
+    if (t->state == T_READY)
+        tn_apply_locked(t, seq, id, del, vec, m);
+    else if (t->state == T_LOADING)
+        queue_pending(t, seq, id, del, vec, m);
+    /* unloaded: the next load reads it from the database */
+    pthread_mutex_unlock(&t->mu);
+}
+
+void tenant_apply_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const mem_meta *m)
+{
+    apply(t, seq, id, false, vec, m);
+}
+
+void tenant_apply_delete(tenant *t, uint64_t seq, uint64_t id)
+{
+    apply(t, seq, id, true, NULL, NULL);
+}
+
+/* The options of t's index: the server's, with t's dimension and engine (set by the load
+ * before it creates or reads the index). */
+void tn_index_opts(const tenant *t, vindex_opts *vo)
+{
+    const config *c = &t->ts->srv->cfg;
+    *vo = t->ts->vo;
+    vo->dim = t->dim;
+    vo->meta_size = sizeof(mem_meta);
+    vo->engine = t->engine;
+    vo->faiss_factory = c->index_faiss_factory; /* lives as long as the server */
+    vo->faiss_ef_search = c->index_faiss_ef_search;
+    vo->faiss_engine = vfaiss_engine(); /* the server links FAISS (engram_vfaiss) */
+}
+
+/* ---- catch-up from the change log ----------------------------------------------------- */
+
+static int catch_up_change(uint64_t seq, uint64_t id, const loader_row *row, void *arg)
+{
+    tenant *t = arg;
+    if (!row) {
+        tenant_apply_delete(t, seq, id);
+        return 0;
+    }
+    mem_meta m;
+    if (mem_meta_from_row(&m, row) < 0)
+        return -1;
+    /* the row is the memory's current state, written by change row->seq >= seq */
+    pthread_mutex_lock(&t->mu);
+    if (t->state == T_READY && !tn_seq_applied(t, seq)) {
+        int rc = tn_do_upsert(t, row->seq, id, row->vec, &m);
+        if (rc == 0) {
+            tn_mark_applied(t, seq);
+            t->dirty = true;
+        } else {
+            apply_failed(t, rc); /* the later changes still apply */
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    free((void *)m.tags);
+    return 0;
+}
+
+static void catch_up_job(bg_ctx *ctx, void *arg)
+{
+    tenant *t = arg;
+    pthread_mutex_lock(&t->mu);
+    t->catchup_queued = false;
+    bool ready = t->state == T_READY;
+    uint64_t after = t->applied;
+    pthread_mutex_unlock(&t->mu);
+    if (ready && !bg_cancelled(ctx)) {
+        char err[256];
+        uint64_t upto = 0;
+        PGconn *pg = bg_conn(ctx, err, sizeof(err));
+        if (pg && loader_changes(pg, t->id, t->dim, after, &upto, catch_up_change, t, err,
+                                 sizeof(err)) < 0) {
+            log_warn("tenant %lld: catch-up failed: %s", (long long)t->id, err);
+            if (PQstatus(pg) != CONNECTION_OK)
+                bg_conn_failed(ctx);
+        } else if (!pg) {
+            log_warn("tenant %lld: catch-up failed: %s", (long long)t->id, err);
+        }
+    }
+    tenant_put(t);
+}
+
+/* Queues one catch-up for t unless one is queued already. Call with t->mu held. */
+void tn_schedule_catch_up(tenant *t)
+{
+    if (t->catchup_queued)
+        return;
+    t->catchup_queued = true;
+    atomic_fetch_add(&t->refs, 1);
+    if (bg_submit(t->ts->srv->bg, catch_up_job, t) < 0) {
+        t->catchup_queued = false;
+        atomic_fetch_sub(&t->refs, 1); /* the caller still holds one */
+    }
+}
+
+void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq)
+{
+    pthread_mutex_lock(&ts->mu);
+    uint64_t v;
+    tenant *t = NULL;
+    if (idmap_get(ts->map, (uint64_t)id, &v)) {
+        t = (tenant *)(uintptr_t)v;
+        atomic_fetch_add(&t->refs, 1);
+    }
+    pthread_mutex_unlock(&ts->mu);
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->mu);
+    if (t->state == T_READY && !tn_seq_applied(t, seq))
+        tn_schedule_catch_up(t);
+    pthread_mutex_unlock(&t->mu);
+    tenant_put(t);
+}
+
+static int catch_up_one(uint64_t key, uint64_t value, void *ctx)
+{
+    tenant *t = (tenant *)(uintptr_t)value;
+    pthread_mutex_lock(&t->mu);
+    if (t->state == T_READY)
+        tn_schedule_catch_up(t);
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+
+void tenants_catch_up_all(tenants *ts)
+{
+    pthread_mutex_lock(&ts->mu);
+    idmap_foreach(ts->map, catch_up_one, NULL);
+    pthread_mutex_unlock(&ts->mu);
+}
+
+/* Returns t with a reference when the registry holds tenant id, else NULL. */

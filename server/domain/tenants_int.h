@@ -1,0 +1,189 @@
+/* server/domain/tenants_int.h: what the files of the tenants module share (private).
+ *
+ * The module is four files behind tenants.h: tenants.c (the registry, housekeeping and
+ * eviction), tenants_apply.c (change application and catch-up from the change log),
+ * tenants_load.c (loading from snapshots or PostgreSQL, preload) and tenants_snap.c
+ * (snapshot files and their tag records). Functions shared between them carry the tn_
+ * prefix.
+ */
+#ifndef ENGRAM_SERVER_TENANTS_INT_H
+#define ENGRAM_SERVER_TENANTS_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bg.h"
+#include "idmap.h"
+#include "tenants.h"
+#include "vindex.h"
+
+enum { T_UNLOADED, T_LOADING, T_READY };
+
+typedef struct waiter {
+    struct waiter *next;
+    worker *w;
+    void (*cb)(void *arg, int status, const char *err);
+    void *arg;
+    int status;
+    char err[300];
+} waiter;
+
+/* A change that arrived while the index was loading; applied after the load. */
+typedef struct pending {
+    struct pending *next;
+    uint64_t seq;
+    uint64_t id;
+    bool del;
+    mem_meta m;
+    float *vec; /* owned; NULL: metadata only */
+} pending;
+
+struct tenant {
+    tenants *ts;
+    int64_t id;
+    uint32_t dim;
+    atomic_uint refs; /* the map holds one while the tenant is in it */
+    pthread_mutex_t mu;
+    int state;
+    vindex *vi;
+    uint64_t applied; /* every change <= applied is in vi */
+    uint64_t *above;  /* applied changes > applied, sorted */
+    size_t nabove, cabove;
+    idmap *deleted; /* id -> change number of its delete, while above the watermark */
+    pending *phead, *ptail;
+    waiter *waiters;
+    bool catchup_queued;
+    /* a change could not be applied (out of memory) or remembered: it is not marked applied,
+     * and the housekeeping schedules a catch-up that reads it again from the change log */
+    bool apply_retry;
+    /* the engine (VINDEX_ENGINE_*) the loaded index was created with, set by each load from
+     * the tenant's choice in PostgreSQL or the index_engine setting (t->mu) */
+    int engine;
+    /* the engine an admin.tenant.update asked for since (-1: none): a loaded index with
+     * another engine is dropped, and the next use loads it anew (t->mu) */
+    int want_engine;
+    /* snapshots (t->mu) */
+    uint64_t saved_seq;            /* change number of the newest snapshot written or loaded */
+    uint64_t saved_mono_ns;        /* when (0: never) */
+    bool dirty;                    /* changed, or access counts moved, since that snapshot */
+    bool saving;                   /* a snapshot is being written */
+    bool dead;                     /* the tenant was deleted: write no snapshot */
+    atomic_uint_least64_t used_ns; /* last use, for eviction */
+    bool recall_warned;            /* housekeeping only: a low recall was logged */
+};
+
+struct tenants {
+    server *srv;
+    pthread_mutex_t mu;    /* guards map and refs */
+    idmap *map;            /* tenant id -> tenant* */
+    atomic_bool preloaded; /* the start-up preload has finished */
+    atomic_int preload_left;
+    vindex_opts vo; /* index options but dim and meta_size */
+    size_t budget;  /* bytes of loaded indexes before eviction */
+    pthread_mutex_t dir_mu;
+    char *dir;       /* <index_dir>/<database instance>; NULL until known */
+    bool dir_failed; /* the directory cannot be used: no snapshots */
+    int dir_lock;    /* dir/.lock, held shared while this process may write there (-1) */
+    bool dir_alone;  /* no other process held that lock when we took it */
+    atomic_bool housekeeping;
+    unsigned hk_runs;  /* housekeeping rounds (only the running round touches it) */
+    uint64_t hk_freed; /* evictions + rebuilds at the end of the last round (likewise) */
+    atomic_uint_least64_t n_snap_loads, n_snap_rejected, n_db_loads, n_snapshots, n_evictions,
+        n_rebuilds;
+    /* successful loads by source (0 snapshot, 1 database): duration histogram and sum */
+    atomic_uint_least64_t load_hist[2][TENANTS_LOAD_BUCKETS];
+    atomic_uint_least64_t load_us[2];
+    /* the recall monitor (housekeeping only, but the counters) */
+    double rm_allow_ns; /* probe time the CPU budget allows now (negative: a debt) */
+    uint64_t rm_last_ns;
+    size_t rm_next; /* where the next round starts among the tenants */
+    atomic_uint_least64_t n_probes, probe_ns;
+#ifdef ENGRAM_FAULT_INJECTION
+    /* tests only: index upserts still to fail with -ENOMEM (ENGRAM_FAULT_INDEX_UPSERT) */
+    atomic_long fault_upserts;
+#endif
+};
+
+#define TAGS_MAGIC "ENGTAGS2"
+#define TAGS_MAGIC_V1 "ENGTAGS1"
+#define TAGS_HEADER 24
+#define TAGS_RECORD 24
+#define SNAPID_MAGIC "ENGSNID1"
+#define SNAPID_LEN 24
+
+typedef struct snap_id {
+    uint32_t engine;
+    uint64_t factory; /* FNV-1a of the factory string; 0 for the native engine */
+} snap_id;
+
+/* tenants.c */
+/* Returns a copy of m whose tags are a fresh allocation (for the index to own). */
+int tn_meta_dup(const mem_meta *m, mem_meta *out);
+/* Counts one successful load of source (0 snapshot, 1 database) that took us. */
+void tn_record_load(tenants *ts, int source, uint64_t us);
+/* Frees the changes queued for t while its index loads (t->mu held). */
+void tn_pending_free_all(tenant *t);
+/* vindex_foreach callback: frees one memory's tag array (the index owns them). */
+int tn_free_tags(uint64_t id, const float *vec, const void *meta, void *ctx);
+
+/* tenants_apply.c */
+/* metadata for a memory we have no vector for yet: re-read from the log */
+void tn_schedule_catch_up(tenant *t);
+/* The options of t's index: the server's, with t's dimension and engine (set by the load
+ * before it creates or reads the index). */
+void tn_index_opts(const tenant *t, vindex_opts *vo);
+/* Applies change seq (an upsert of id with vec and m, or its delete) to t's loaded index
+ * and marks it applied when the index took it (t->mu held). */
+void tn_apply_locked(tenant *t, uint64_t seq, uint64_t id, bool del, const float *vec,
+                     const mem_meta *m);
+/* Removes memory id as of change seq. Returns 0, or -ENOMEM when its tombstone (which keeps
+ * an older write arriving late out) could not be recorded. */
+int tn_do_delete(tenant *t, uint64_t seq, uint64_t id);
+/* Writes memory id as of change seq (vector vec, NULL: metadata only) into the index.
+ * Returns 0 when the index holds that version or a newer one (or a later delete) now; 1
+ * when the change could not be applied yet (metadata of a memory the index has no vector
+ * for: a catch-up is scheduled to read the whole row); -ENOMEM when the index could not
+ * take it. Only 0 lets the caller mark the change applied. */
+int tn_do_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const mem_meta *m);
+/* Records seq as applied and advances the watermark over any contiguous run. */
+void tn_mark_applied(tenant *t, uint64_t seq);
+/* Tells whether change seq is already in t's index (t->mu held). */
+bool tn_seq_applied(tenant *t, uint64_t seq);
+
+/* tenants_load.c */
+/* Hands every waiter its result on its own worker. Call without t->mu. */
+void tn_release_waiters(waiter *list, int status, const char *err);
+/* Background job: loads the index of tenant arg (a reference the job releases). */
+void tn_load_job(bg_ctx *ctx, void *arg);
+/* At start: loads, newest first, the indexes that have snapshots, as far as the memory
+ * budget allows (estimated by file size); every other index loads on first use. Retries
+ * while the database is unreachable. */
+void tn_preload_job(bg_ctx *ctx, void *arg);
+
+/* tenants_snap.c */
+/* Writes t's snapshot when it is loaded and changed since the last one. Call without
+ * t->mu, holding a reference. Returns 1 when written, 0 when there was nothing to do, -1
+ * on failure (logged; retried later). */
+int tn_save_snapshot(tenant *t);
+/* Writes the snapshot path of tenant id into buf. Returns false while the directory is
+ * not known (or not usable). */
+bool tn_snap_path(tenants *ts, int64_t id, char *buf, size_t len);
+/* Finds (once) the directory for this database's snapshots: <index_dir>/<instance id>.
+ * Returns true when snapshots can be used. Any thread with a connection. */
+bool tn_snap_dir_ready(tenants *ts, PGconn *pg);
+/* Splits a snapshot's extra bytes into the tag records' part (*rec_len bytes from the
+ * start) and the identity. Returns false when they are not in a known format. */
+bool tn_snap_extra_split(const unsigned char *x, size_t xlen, size_t *rec_len, snap_id *id);
+/* a snapshot of another engine is not even read (an engine change, see
+ * tenants_engine_changed, or a changed index_engine or index_faiss_factory setting) */
+bool tn_snap_file_other(const char *path, const snap_id *want, snap_id *got);
+/* A snapshot identity as text, for log lines. */
+const char *tn_snap_id_name(const snap_id *id);
+/* The identity of an index created with vo. */
+snap_id tn_snap_id_of(const vindex_opts *vo);
+/* extra bytes in no known format: tags_restore refuses them (and resets the pointers) */
+int tn_tags_restore(vindex *vi, const unsigned char *x, size_t xlen, uint64_t upto);
+
+#endif

@@ -1,0 +1,611 @@
+/* server/domain/tenants_load.c: loading a tenant's index from its snapshot or from PostgreSQL, and
+ * the preload at start (see tenants.h, tenants_int.h). */
+#include "tenants.h"
+
+#include <dirent.h>
+#include <malloc.h>
+#include <math.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hash.h"
+#include "idmap.h"
+#include "log.h"
+#include "memfilter.h"
+#include "metrics.h"
+#include "sql_bg.h"
+#include "vfaiss.h"
+
+#include "tenants_int.h"
+
+/* ---- loading ------------------------------------------------------------------------ */
+
+static void post_waiter(void *arg)
+{
+    waiter *wt = arg;
+    wt->cb(wt->arg, wt->status, wt->status ? wt->err : NULL);
+    free(wt);
+}
+
+/* Hands every waiter its result on its own worker. Call without t->mu. */
+void tn_release_waiters(waiter *list, int status, const char *err)
+{
+    while (list) {
+        waiter *next = list->next;
+        list->status = status;
+        if (err)
+            snprintf(list->err, sizeof(list->err), "%s", err);
+        if (worker_post(list->w, post_waiter, list) < 0) {
+            /* cannot reach the worker: out of memory; the request is lost */
+            log_error("cannot deliver an index load result (out of memory)");
+            free(list);
+        }
+        list = next;
+    }
+}
+
+/* Frees an index whose metadata owns its tags. */
+static void index_free(vindex *vi)
+{
+    if (vi)
+        vindex_foreach(vi, tn_free_tags, NULL);
+    vindex_destroy(vi);
+}
+
+typedef struct load_ctx {
+    tenant *t;
+    vindex *vi;
+    size_t rows;
+} load_ctx;
+
+static int load_row(const loader_row *row, void *arg)
+{
+    load_ctx *lc = arg;
+    mem_meta m;
+    int mrc = mem_meta_from_row(&m, row);
+    if (mrc < 0) {
+        if (mrc == -EINVAL)
+            log_error("tenant %lld: memory %llu: unreadable metadata fields", (long long)lc->t->id,
+                      (unsigned long long)row->id);
+        return -1;
+    }
+    int rc = vindex_add(lc->vi, row->id, row->vec, &m); /* the index owns m.tags now */
+    if (rc != 0)
+        free((void *)m.tags);
+    if (rc == -ENOMEM)
+        return -1;
+    if (rc != 0)
+        log_warn("tenant %lld: memory %llu not indexed (%d)", (long long)lc->t->id,
+                 (unsigned long long)row->id, rc);
+    lc->rows++;
+    return 0;
+}
+
+/* Builds t's index from every memory in PostgreSQL and installs it (t is LOADING).
+ * Returns 0 or -1 with err. */
+static int load_from_db(PGconn *pg, tenant *t, size_t *rows, char *err, size_t errlen)
+{
+    vindex_opts vo;
+    tn_index_opts(t, &vo);
+    load_ctx lc = {.t = t, .vi = vindex_create(&vo)};
+    uint64_t seq = 0;
+    if (!lc.vi) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (loader_tenant(pg, t->id, t->dim, &seq, load_row, &lc, err, errlen) != 0) {
+        index_free(lc.vi);
+        return -1;
+    }
+    pthread_mutex_lock(&t->mu);
+    t->vi = lc.vi;
+    t->applied = seq;
+    t->nabove = 0;
+    idmap_clear(t->deleted);
+    t->saved_seq = 0;
+    t->saved_mono_ns = 0;
+    t->dirty = true; /* snapshotted by the next housekeeping round */
+    pthread_mutex_unlock(&t->mu);
+    *rows = lc.rows;
+    return 0;
+}
+
+typedef struct replay_ctx {
+    tenant *t;
+    uint64_t next; /* the change number the log must hold next */
+    size_t changes;
+    bool gap, oom;
+} replay_ctx;
+
+/* Applies one change read from the log after a snapshot (loader_changes callback). */
+static int replay_change(uint64_t seq, uint64_t id, const loader_row *row, void *arg)
+{
+    replay_ctx *rp = arg;
+    tenant *t = rp->t;
+    if (seq != rp->next) {
+        rp->gap = true; /* pruned: the snapshot is older than the log */
+        return 1;
+    }
+    rp->next++;
+    rp->changes++;
+    mem_meta m;
+    if (row && mem_meta_from_row(&m, row) < 0) {
+        rp->oom = true;
+        return 1;
+    }
+    pthread_mutex_lock(&t->mu);
+    int rc = 0;
+    if (!tn_seq_applied(t, seq)) {
+        rc = row ? tn_do_upsert(t, row->seq, id, row->vec, &m) : tn_do_delete(t, seq, id);
+        if (rc == 0)
+            tn_mark_applied(t, seq);
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (row)
+        free((void *)m.tags);
+    if (rc != 0) {
+        /* the snapshot's index would miss this change: the load fails (retried at the next
+         * use) rather than install an index with a gap */
+        metrics_index_apply_failed();
+        rp->oom = true;
+        return 1;
+    }
+    return 0;
+}
+
+typedef struct access_fix {
+    idmap *at; /* id -> index into the arrays */
+    uint64_t *ids;
+    int64_t *counts, *last;
+    size_t n, cap;
+    bool oom;
+} access_fix;
+
+static int access_row(uint64_t id, int64_t count, int64_t last_ms, void *arg)
+{
+    access_fix *af = arg;
+    if (af->n == af->cap) {
+        size_t cap = af->cap ? af->cap * 2 : 256;
+        uint64_t *i = realloc(af->ids, cap * sizeof(*i));
+        if (i)
+            af->ids = i;
+        int64_t *c = i ? realloc(af->counts, cap * sizeof(*c)) : NULL;
+        if (c)
+            af->counts = c;
+        int64_t *l = c ? realloc(af->last, cap * sizeof(*l)) : NULL;
+        if (l)
+            af->last = l;
+        if (!l) {
+            af->oom = true;
+            return 1;
+        }
+        af->cap = cap;
+    }
+    if (idmap_put(af->at, id, af->n) < 0) {
+        af->oom = true;
+        return 1;
+    }
+    af->ids[af->n] = id;
+    af->counts[af->n] = count;
+    af->last[af->n] = last_ms == MEMROW_NO_TIME ? 0 : last_ms;
+    af->n++;
+    return 0;
+}
+
+static void access_fix_one(void *meta, void *arg)
+{
+    const access_fix *af = arg;
+    mem_meta *m = meta;
+    uint64_t i;
+    if (!idmap_get(af->at, m->id, &i))
+        return;
+    uint32_t c = af->counts[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)af->counts[i];
+    if (c > m->access_count)
+        m->access_count = c;
+    if (af->last[i] > m->last_access_ms)
+        m->last_access_ms = af->last[i];
+}
+
+/* Brings the access counts of a restored index up to the database's (reads are not
+ * changes, so the replay does not carry them, and other processes count reads too).
+ * Returns 0 or -1 with err. */
+static int refresh_access(PGconn *pg, tenant *t, vindex *vi, char *err, size_t errlen)
+{
+    access_fix af = {.at = idmap_create(256)};
+    int rc = -1;
+    if (af.at)
+        rc = loader_accessed(pg, t->id, 0, access_row, &af, err, errlen);
+    if (!af.at || af.oom) {
+        snprintf(err, errlen, "out of memory");
+        rc = -1;
+    }
+    if (rc == 0 && af.n)
+        vindex_update_meta(vi, af.ids, af.n, access_fix_one, &af);
+    idmap_destroy(af.at);
+    free(af.ids);
+    free(af.counts);
+    free(af.last);
+    return rc == 0 ? 0 : -1;
+}
+
+static const char *snap_error(int rc)
+{
+    switch (rc) {
+    case VINDEX_E_CORRUPT:
+        return "corrupt (checksum, length or format)";
+    case VINDEX_E_MISMATCH:
+        return "written for another dimension or format";
+    case -ENOMEM:
+        return "out of memory";
+    default:
+        return rc < 0 ? strerror(-rc) : "unreadable";
+    }
+}
+
+/* Discards the index a snapshot load installed in t (t is LOADING). */
+static void uninstall(tenant *t)
+{
+    pthread_mutex_lock(&t->mu);
+    vindex *vi = t->vi;
+    t->vi = NULL;
+    t->applied = 0;
+    t->nabove = 0;
+    idmap_clear(t->deleted);
+    pthread_mutex_unlock(&t->mu);
+    index_free(vi);
+}
+
+/* Loads t's index from its snapshot and replays the changes committed after it (t is
+ * LOADING). Returns 0 when installed; 1 when there is no usable snapshot (missing, corrupt,
+ * stale, or older than the change log: the caller rebuilds from PostgreSQL); -1 with err
+ * when the database failed. */
+static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *changes, char *err,
+                              size_t errlen)
+{
+    tenants *ts = t->ts;
+    char path[PATH_MAX];
+    if (!tn_snap_dir_ready(ts, pg) || !tn_snap_path(ts, t->id, path, sizeof(path)))
+        return 1;
+    vindex_opts vo;
+    tn_index_opts(t, &vo);
+    snap_id want = tn_snap_id_of(&vo), got;
+    /* a snapshot of another engine is not even read (an engine change, see
+     * tenants_engine_changed, or a changed index_engine or index_faiss_factory setting) */
+    if (tn_snap_file_other(path, &want, &got)) {
+        atomic_fetch_add(&ts->n_snap_rejected, 1);
+        log_info("tenant %lld: snapshot %s not used: written by %s%s; rebuilding from the "
+                 "database",
+                 (long long)t->id, path, tn_snap_id_name(&got),
+                 got.engine == want.engine ? " with another factory" : "");
+        return 1;
+    }
+    vindex *vi = NULL;
+    uint64_t upto = 0, now_seq = 0;
+    void *x = NULL;
+    size_t xlen = 0, rec_len = 0;
+    int rc = vindex_load_extra(path, &vo, &vi, &upto, &x, &xlen);
+    if (rc == VINDEX_E_NOT_FOUND)
+        return 1;
+    if (rc != 0) {
+        atomic_fetch_add(&ts->n_snap_rejected, 1);
+        log_warn("tenant %lld: snapshot %s not used: %s; rebuilding from the database",
+                 (long long)t->id, path, snap_error(rc));
+        return 1;
+    }
+    bool known = tn_snap_extra_split(x, xlen, &rec_len, &got);
+    if (known && (got.engine != want.engine || got.factory != want.factory)) {
+        /* no tags were restored: the pointers in the metadata are the saved ones */
+        free(x);
+        vindex_destroy(vi);
+        atomic_fetch_add(&ts->n_snap_rejected, 1);
+        log_info("tenant %lld: snapshot %s not used: written by %s; rebuilding from the "
+                 "database",
+                 (long long)t->id, path, tn_snap_id_name(&got));
+        return 1;
+    }
+    /* extra bytes in no known format: tags_restore refuses them (and resets the pointers) */
+    rc = tn_tags_restore(vi, known ? x : NULL, known ? rec_len : 0, upto);
+    free(x);
+    if (rc < 0) {
+        if (rc == -1)
+            index_free(vi);
+        else
+            vindex_destroy(vi); /* no tags were allocated */
+        atomic_fetch_add(&ts->n_snap_rejected, 1);
+        log_warn("tenant %lld: snapshot %s not used: its metadata does not match its vectors; "
+                 "rebuilding from the database",
+                 (long long)t->id, path);
+        return 1;
+    }
+    pthread_mutex_lock(&t->mu);
+    t->vi = vi;
+    t->applied = upto;
+    t->nabove = 0;
+    idmap_clear(t->deleted);
+    pthread_mutex_unlock(&t->mu);
+    replay_ctx rp = {.t = t, .next = upto + 1};
+    rc = loader_changes(pg, t->id, t->dim, upto, &now_seq, replay_change, &rp, err, errlen);
+    if (rc < 0 || rp.oom) {
+        if (rp.oom)
+            snprintf(err, errlen, "out of memory");
+        uninstall(t);
+        return -1;
+    }
+    if (rp.gap || now_seq < upto || rp.next != now_seq + 1) {
+        uninstall(t);
+        atomic_fetch_add(&ts->n_snap_rejected, 1);
+        if (now_seq < upto)
+            log_warn("tenant %lld: snapshot %s not used: it holds change %llu but the database "
+                     "only reaches %llu; rebuilding from the database",
+                     (long long)t->id, path, (unsigned long long)upto, (unsigned long long)now_seq);
+        else
+            log_warn("tenant %lld: snapshot %s not used: changes after %llu are no longer in the "
+                     "change log; rebuilding from the database",
+                     (long long)t->id, path, (unsigned long long)upto);
+        return 1;
+    }
+    if (refresh_access(pg, t, vi, err, errlen) < 0) {
+        uninstall(t);
+        return -1;
+    }
+    pthread_mutex_lock(&t->mu);
+    t->saved_seq = upto;
+    t->saved_mono_ns = server_mono_ns();
+    t->dirty = rp.changes > 0;
+    pthread_mutex_unlock(&t->mu);
+    *rows = vindex_count(vi);
+    *changes = rp.changes;
+    atomic_fetch_add(&ts->n_snap_loads, 1);
+    return 0;
+}
+
+/* Sets t->engine, the engine the load creates the index with, from the tenant's choice in
+ * PostgreSQL or else the index_engine setting (t is LOADING). Returns 0 or -1 with err. */
+static int read_engine(PGconn *pg, tenant *t, char *err, size_t errlen)
+{
+    const config *c = &t->ts->srv->cfg;
+    char name[16];
+    if (loader_index_engine(pg, t->id, name, sizeof(name), err, errlen) < 0)
+        return -1;
+    int e = index_engine_parse(name, strlen(name));
+    if (e < 0)
+        e = index_engine_parse(c->index_engine, strlen(c->index_engine));
+    pthread_mutex_lock(&t->mu);
+    t->engine = e < 0 ? VINDEX_ENGINE_NATIVE : e;
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+
+/* Loads t's index on this background thread (t is LOADING): from its snapshot plus the
+ * changes after it, else from PostgreSQL; then applies the changes that arrived meanwhile
+ * and wakes the waiters. Returns 0 or -1. */
+static int load_now(bg_ctx *ctx, tenant *t)
+{
+    char err[256] = "";
+    uint64_t t0 = server_mono_ns();
+    size_t rows = 0, changes = 0;
+    int rc = -1, from = -1;
+    if (bg_cancelled(ctx)) {
+        snprintf(err, sizeof(err), "server shutting down");
+    } else {
+        PGconn *pg = bg_conn(ctx, err, sizeof(err));
+        if (pg && read_engine(pg, t, err, sizeof(err)) < 0) {
+            if (PQstatus(pg) != CONNECTION_OK)
+                bg_conn_failed(ctx);
+        } else if (pg) {
+            from = load_from_snapshot(pg, t, &rows, &changes, err, sizeof(err));
+            if (from == 1) {
+                rc = load_from_db(pg, t, &rows, err, sizeof(err));
+                if (rc == 0)
+                    atomic_fetch_add(&t->ts->n_db_loads, 1);
+            } else {
+                rc = from;
+            }
+            if (rc < 0 && PQstatus(pg) != CONNECTION_OK)
+                bg_conn_failed(ctx);
+        }
+    }
+    pthread_mutex_lock(&t->mu);
+    waiter *ws = t->waiters;
+    t->waiters = NULL;
+    if (rc == 0) {
+        t->state = T_READY;
+        pending *p = t->phead;
+        t->phead = t->ptail = NULL;
+        while (p) {
+            pending *next = p->next;
+            tn_apply_locked(t, p->seq, p->id, p->del, p->vec, p->del ? NULL : &p->m);
+            free(p->vec);
+            free((void *)p->m.tags);
+            free(p);
+            p = next;
+        }
+    } else {
+        tn_pending_free_all(t);
+        t->state = T_UNLOADED;
+    }
+    uint64_t applied = t->applied;
+    pthread_mutex_unlock(&t->mu);
+    uint64_t took_ns = server_mono_ns() - t0;
+    double ms = (double)took_ns / 1e6;
+    if (rc == 0)
+        tn_record_load(t->ts, from == 0 ? 0 : 1, took_ns / 1000);
+    const char *engine = index_engine_name(t->engine); /* written before the load, by it */
+    if (rc == 0 && from == 0)
+        log_info("tenant %lld: index loaded from its snapshot, %zu memories, %zu changes "
+                 "replayed, change %llu, %s engine, %.1f ms",
+                 (long long)t->id, rows, changes, (unsigned long long)applied, engine, ms);
+    else if (rc == 0)
+        log_info("tenant %lld: index built from the database, %zu memories, change %llu, %s "
+                 "engine, %.1f ms",
+                 (long long)t->id, rows, (unsigned long long)applied, engine, ms);
+    else
+        log_warn("tenant %lld: index load failed: %s", (long long)t->id, err);
+    char reason[300];
+    snprintf(reason, sizeof(reason), "index unavailable: %s", err);
+    tn_release_waiters(ws, rc == 0 ? 0 : -1, rc == 0 ? NULL : reason);
+    return rc;
+}
+
+void tn_load_job(bg_ctx *ctx, void *arg)
+{
+    tenant *t = arg;
+    load_now(ctx, t);
+    tenant_put(t);
+}
+
+static void preload_one_job(bg_ctx *ctx, void *arg)
+{
+    tenant *t = arg;
+    tenants *ts = t->ts;
+    load_now(ctx, t);
+    tenant_put(t);
+    if (atomic_fetch_sub(&ts->preload_left, 1) == 1) {
+        atomic_store(&ts->preloaded, true);
+        log_info("index preload finished");
+    }
+}
+
+typedef struct snap_file {
+    int64_t id;
+    uint32_t dim;
+    time_t mtime;
+    off_t size;
+} snap_file;
+
+static int by_mtime_desc(const void *a, const void *b)
+{
+    const snap_file *x = a, *y = b;
+    return x->mtime < y->mtime ? 1 : x->mtime > y->mtime ? -1 : 0;
+}
+
+/* Removes snapshots of tenants that no longer exist and temporary files a crash left: all
+ * of them when no other engramd writes in the directory (see snap_dir), else those older
+ * than an hour (another process may be writing a fresh one). */
+static void remove_strays(tenants *ts, const idmap *known)
+{
+    pthread_mutex_lock(&ts->dir_mu);
+    char *dir = ts->dir ? strdup(ts->dir) : NULL;
+    bool alone = ts->dir_alone;
+    pthread_mutex_unlock(&ts->dir_mu);
+    DIR *d = dir ? opendir(dir) : NULL;
+    if (!d) {
+        free(dir);
+        return;
+    }
+    struct dirent *e;
+    time_t now = time(NULL);
+    while ((e = readdir(d)) != NULL) {
+        char path[PATH_MAX];
+        const char *name = e->d_name;
+        size_t digits = strspn(name, "0123456789");
+        bool snap = digits > 0 && strcmp(name + digits, ".idx") == 0;
+        bool tmp = digits > 0 && strncmp(name + digits, ".idx.tmp.", 9) == 0;
+        if (!snap && !tmp)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        struct stat sb;
+        if (stat(path, &sb) != 0)
+            continue;
+        if ((snap && !idmap_get(known, strtoull(name, NULL, 10), NULL)) ||
+            (tmp && (alone || now - sb.st_mtime > 3600))) {
+            if (unlink(path) == 0)
+                log_info("removed stray index file %s", path);
+        }
+    }
+    closedir(d);
+    free(dir);
+}
+
+/* At start: loads, newest first, the indexes that have snapshots, as far as the memory
+ * budget allows (estimated by file size); every other index loads on first use. Retries
+ * while the database is unreachable. */
+void tn_preload_job(bg_ctx *ctx, void *arg)
+{
+    tenants *ts = arg;
+    unsigned delay_ms = 200;
+    while (!bg_cancelled(ctx)) {
+        char err[256];
+        PGconn *pg = bg_conn(ctx, err, sizeof(err));
+        PGresult *r =
+            pg ? db_exec_stmt(pg, sqlb_def(SQLB_TENANT_DIMS), NULL, 0, err, sizeof(err)) : NULL;
+        if (!r) {
+            log_warn("index preload: %s; retrying", err);
+            if (pg && PQstatus(pg) != CONNECTION_OK)
+                bg_conn_failed(ctx);
+            struct timespec ts_sleep = {.tv_sec = 0, .tv_nsec = (long)delay_ms * 1000000L};
+            nanosleep(&ts_sleep, NULL);
+            delay_ms = delay_ms < 1000 ? delay_ms * 2 : 1000;
+            continue;
+        }
+        int n = PQntuples(r);
+        snap_file *files = calloc((size_t)n + 1, sizeof(*files));
+        idmap *known = idmap_create((size_t)n + 16);
+        size_t nfiles = 0;
+        bool dir = tn_snap_dir_ready(ts, pg);
+        for (int i = 0; files && known && i < n; i++) {
+            /* unparsable ids or dimensions are reported (rowerr) and skipped */
+            int64_t id = memrow_i64_of(r, i, 0, 0, ROWERR_TENANTS);
+            int64_t dim = memrow_i64_of(r, i, 1, 0, ROWERR_TENANTS);
+            if (id <= 0)
+                continue;
+            idmap_put(known, (uint64_t)id, 1);
+            char path[PATH_MAX];
+            struct stat sb;
+            if (dir && dim > 0 && dim <= UINT32_MAX && tn_snap_path(ts, id, path, sizeof(path)) &&
+                stat(path, &sb) == 0)
+                files[nfiles++] = (snap_file){
+                    .id = id, .dim = (uint32_t)dim, .mtime = sb.st_mtime, .size = sb.st_size};
+        }
+        PQclear(r);
+        if (dir && known && files)
+            remove_strays(ts, known);
+        idmap_destroy(known);
+        qsort(files, nfiles, sizeof(*files), by_mtime_desc);
+        size_t bytes = 0, take = 0;
+        while (take < nfiles && bytes + (size_t)files[take].size <= ts->budget / 10 * 9)
+            bytes += (size_t)files[take++].size;
+        log_info("index preload: %zu of %d tenants have snapshots; loading %zu (%.1f MiB)", nfiles,
+                 n, take, (double)bytes / 1048576.0);
+        atomic_store(&ts->preload_left, (int)take + 1);
+        for (size_t i = 0; i < take; i++) {
+            tenant *t = tenants_get(ts, files[i].id, files[i].dim);
+            if (!t) {
+                atomic_fetch_sub(&ts->preload_left, 1);
+                continue;
+            }
+            pthread_mutex_lock(&t->mu);
+            bool start = t->state == T_UNLOADED;
+            if (start)
+                t->state = T_LOADING;
+            pthread_mutex_unlock(&t->mu);
+            if (start && bg_submit(ts->srv->bg, preload_one_job, t) == 0)
+                continue;
+            if (start) {
+                pthread_mutex_lock(&t->mu);
+                waiter *ws = t->waiters;
+                t->waiters = NULL;
+                t->state = T_UNLOADED;
+                pthread_mutex_unlock(&t->mu);
+                tn_release_waiters(ws, -1, "index unavailable: server shutting down");
+            }
+            tenant_put(t);
+            atomic_fetch_sub(&ts->preload_left, 1);
+        }
+        free(files);
+        if (atomic_fetch_sub(&ts->preload_left, 1) == 1) {
+            atomic_store(&ts->preloaded, true);
+            log_info("index preload finished");
+        }
+        return;
+    }
+}

@@ -1,6 +1,7 @@
 /* storage/loader.c: streaming index loads from PostgreSQL (see loader.h). */
 #include "loader.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +60,7 @@ static void bad_col(const PGresult *r, int col, const char *problem, bool *ok)
 }
 
 /* Parses the LOADER_COLS at offset off of the single row of r into row; vec is scratch of
- * dim floats. Returns 0, or -1 after reporting the first unparsable column. */
+ * dim floats. Returns 0, or -EBADMSG after reporting the first unparsable column. */
 static int parse_row(const PGresult *r, int off, size_t dim, float *vec, loader_row *row)
 {
     const rowerr_table m = ROWERR_MEMORIES;
@@ -93,10 +94,10 @@ static int parse_row(const PGresult *r, int off, size_t dim, float *vec, loader_
     row->tag_json_len = (size_t)PQgetlength(r, 0, off + 13);
     if ((size_t)PQgetlength(r, 0, off + 14) != dim * sizeof(float)) {
         bad_col(r, off + 14, "embedding of another dimension than the tenant's", &ok);
-        return -1;
+        return -EBADMSG;
     }
     if (!ok)
-        return -1;
+        return -EBADMSG;
     /* embeddings are little-endian float32, as is every host we build for */
     memcpy(vec, PQgetvalue(r, 0, off + 14), dim * sizeof(float));
     row->vec = vec;
@@ -121,18 +122,18 @@ static int read_seq(PGconn *c, int64_t tenant, uint64_t *seq, char *err, size_t 
     PGresult *r =
         db_exec_blocking(c, "SELECT change_seq FROM tenants WHERE id = $1", 1, vals, err, errlen);
     if (!r)
-        return -1;
+        return -EIO;
     if (PQntuples(r) != 1) {
         PQclear(r);
         snprintf(err, errlen, "tenant %lld not found", (long long)tenant);
-        return -1;
+        return -ENOENT;
     }
     int64_t v;
     if (!memrow_parse_i64(PQgetvalue(r, 0, 0), &v) || v < 0) {
         rowerr_report(ROWERR_TENANTS, "change_seq", "not a change number");
         PQclear(r);
         snprintf(err, errlen, "tenant %lld: unreadable change number", (long long)tenant);
-        return -1;
+        return -EBADMSG;
     }
     *seq = (uint64_t)v;
     PQclear(r);
@@ -140,13 +141,13 @@ static int read_seq(PGconn *c, int64_t tenant, uint64_t *seq, char *err, size_t 
 }
 
 /* Runs sql (one bigint or two bigint parameters) in single-row mode, calling each(r) per
- * row. Returns 0, the callback's non-zero value, or -1 with err. */
+ * row. Returns 0, the callback's non-zero value, or -EIO with err. */
 static int stream(PGconn *c, const char *sql, int nparams, const char *const *vals,
                   int (*each)(const PGresult *r, void *ctx), void *ctx, char *err, size_t errlen)
 {
     if (!PQsendQueryParams(c, sql, nparams, NULL, vals, NULL, NULL, 1)) {
         set_err(err, errlen, "query", PQerrorMessage(c));
-        return -1;
+        return -EIO;
     }
     PQsetSingleRowMode(c);
     int rc = 0;
@@ -182,7 +183,7 @@ static int each_row(const PGresult *r, void *arg)
     if (parse_row(r, 0, lc->dim, lc->vec, &row) < 0) {
         snprintf(lc->err, lc->errlen, "memory %lld has a malformed row or embedding",
                  (long long)col_i64(r, 0, 0, ROWERR_MEMORIES, NULL));
-        return -1;
+        return -EIO;
     }
     return lc->fn(&row, lc->ctx);
 }
@@ -197,7 +198,7 @@ static int each_change(const PGresult *r, void *arg)
         if (PQgetisnull(r, 0, 0) || PQgetisnull(r, 0, 1))
             rowerr_report(ROWERR_MEMORY_CHANGES, "seq, memory_id", "NULL");
         snprintf(lc->err, lc->errlen, "a change log entry is malformed");
-        return -1;
+        return -EIO;
     }
     if (PQgetisnull(r, 0, 2))
         return lc->cfn(seq, id, NULL, lc->ctx);
@@ -205,7 +206,7 @@ static int each_change(const PGresult *r, void *arg)
     if (parse_row(r, 2, lc->dim, lc->vec, &row) < 0) {
         snprintf(lc->err, lc->errlen, "memory %llu has a malformed row or embedding",
                  (unsigned long long)id);
-        return -1;
+        return -EIO;
     }
     return lc->cfn(seq, id, &row, lc->ctx);
 }
@@ -217,7 +218,7 @@ static int in_snapshot(PGconn *c, int64_t tenant, uint64_t *seq, const char *sql
 {
     /* row-level security: the connection sees this tenant's rows only */
     if (db_tenant_begin(c, tenant, DB_TX_SNAPSHOT, err, errlen) < 0)
-        return -1;
+        return -EIO;
     int rc = read_seq(c, tenant, seq, err, errlen);
     if (rc == 0)
         rc = stream(c, sql, nparams, vals, each, lc, err, errlen);
@@ -233,7 +234,7 @@ int loader_tenant(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
     lc.vec = malloc(dim * sizeof(float));
     if (!lc.vec) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return -EIO;
     }
     char t[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
@@ -253,7 +254,7 @@ static int each_live(const PGresult *r, void *arg)
     if (parse_row(r, 0, lc->dim, lc->vec, &row) < 0) {
         snprintf(lc->err, lc->errlen, "memory %lld has a malformed row or embedding",
                  (long long)col_i64(r, 0, 0, ROWERR_MEMORIES, NULL));
-        return -1;
+        return -EIO;
     }
     row.attrs_key = PQgetisnull(r, 0, LOADER_NCOLS) ? NULL : PQgetvalue(r, 0, LOADER_NCOLS);
     return lc->fn(&row, lc->ctx);
@@ -266,7 +267,7 @@ int loader_live(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
     lc.vec = malloc(dim * sizeof(float));
     if (!lc.vec) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return -EIO;
     }
     char t[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
@@ -289,7 +290,7 @@ int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64
     lc.vec = malloc(dim * sizeof(float));
     if (!lc.vec) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return -EIO;
     }
     char t[24], a[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
@@ -344,7 +345,7 @@ int loader_index_engine(PGconn *c, int64_t tenant, char *out, size_t outlen, cha
 {
     /* the tenants table is under row-level security: read it as the tenant */
     if (db_tenant_begin(c, tenant, DB_TX_READ, err, errlen) < 0)
-        return -1;
+        return -EIO;
     char t[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
@@ -375,7 +376,7 @@ int loader_instance(PGconn *c, char *out, size_t outlen, char *err, size_t errle
                          " WHERE d.datname = current_database()",
                          0, NULL, err, errlen);
     if (!r)
-        return -1;
+        return -EIO;
     int rc = -1;
     if (PQntuples(r) != 1 || PQgetlength(r, 0, 0) == 0 || (size_t)PQgetlength(r, 0, 0) >= outlen) {
         snprintf(err, errlen, "engram_instance must hold one id");

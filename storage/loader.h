@@ -41,7 +41,8 @@ typedef struct loader_row {
  * sets *seq to the tenant's change number as of that snapshot (every change up to it is in
  * the rows, none after it). Rows whose embedding is not dim floats are reported as an
  * error. fn returns 0 to continue, non-zero to stop (its value is returned).
- * Returns 0, a positive value from fn, or -1 with the reason in err. */
+ * Returns 0, a positive value from fn, or a negative errno with the reason in err: -EIO
+ * (the database), -ENOENT (no such tenant), -EBADMSG (a row that does not parse). */
 int loader_tenant(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
                   int (*fn)(const loader_row *row, void *ctx), void *ctx, char *err, size_t errlen);
 
@@ -68,12 +69,12 @@ int loader_accessed(PGconn *c, int64_t tenant, int64_t since_ms,
 
 /* loader_index_engine copies the tenant's own choice of index engine (the column
  * tenants.index_engine) into out: "native", "faiss", or "" when it has none (the server's setting
- * applies). Returns 0, or -1 with err (also when the tenant does not exist). */
+ * applies). Returns 0, or -EIO with err (also when the tenant does not exist). */
 int loader_index_engine(PGconn *c, int64_t tenant, char *out, size_t outlen, char *err,
                         size_t errlen);
 
 /* loader_instance copies the database's identity into out: its instance id (see migration
- * 0006), a dash and its oid. Returns 0 or -1 with err. */
+ * 0006), a dash and its oid. Returns 0 or -EIO with err. */
 int loader_instance(PGconn *c, char *out, size_t outlen, char *err, size_t errlen);
 
 #endif

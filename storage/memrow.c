@@ -178,7 +178,7 @@ int memrow_parse(const PGresult *r, int row, int col, memrow *out)
 {
     memset(out, 0, sizeof(*out));
     if (!shape_ok(r, row, col + 20))
-        return -1;
+        return -EBADMSG;
     rd d = {.r = r, .row = row};
     out->id = (uint64_t)rd_i64(&d, col + 0, 0);
     out->agent_id = (uint64_t)rd_i64(&d, col + 1, 0);
@@ -211,7 +211,7 @@ int memrow_meta_parse(const PGresult *r, int row, int col, memrow_meta *out)
 {
     memset(out, 0, sizeof(*out));
     if (!shape_ok(r, row, col + MEMROW_META_NCOLS))
-        return -1;
+        return -EBADMSG;
     if (PQgetisnull(r, row, col))
         return 0; /* gone */
     rd d = {.r = r, .row = row};

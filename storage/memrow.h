@@ -86,12 +86,12 @@ typedef struct memrow_meta {
 #define MEMROW_META_NCOLS 14
 
 /* memrow_meta_parse reads the 14 meta columns starting at column col of row. Returns 0
- * (present false when the memory is gone: its id is NULL), or -1 when the result has too
+ * (present false when the memory is gone: its id is NULL), or -EBADMSG when the result has too
  * few columns or a value does not parse (reported through rowerr, table memories). */
 int memrow_meta_parse(const PGresult *r, int row, int col, memrow_meta *out);
 
 /* memrow_parse reads row of r, a text-format result with the SQL_MEMROW_COLS columns
- * starting at column col. Returns 0, or -1 when a column is missing or a value does not
+ * starting at column col. Returns 0, or -EBADMSG when a column is missing or a value does not
  * parse (an integer column holding other text, an unknown scope or type, an importance that
  * is not a finite number, a boolean other than t/f), reported through rowerr (table
  * memories). NULL where a column may be NULL gives that field's default, as documented on

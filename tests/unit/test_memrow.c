@@ -6,6 +6,7 @@
  * text format, written by hand. A value that does not parse must fail the row and be counted
  * and logged (rowerr), never read as 0.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,8 +107,8 @@ static void test_parse_good(void)
     r = make_result(22, shifted_names, shifted);
     CHECK(memrow_parse(r, 0, 2, &m) == 0 && m.id == 17 && m.seq == 99);
     /* ... and a row or columns past the end are refused, not read */
-    CHECK(memrow_parse(r, 1, 2, &m) == -1);
-    CHECK(memrow_parse(r, 0, 3, &m) == -1);
+    CHECK(memrow_parse(r, 1, 2, &m) == -EBADMSG);
+    CHECK(memrow_parse(r, 0, 3, &m) == -EBADMSG);
     PQclear(r);
 }
 
@@ -142,7 +143,7 @@ static void test_parse_bad(void)
         PGresult *r = make_result(20, memrow_cols, vals);
         uint64_t before = rowerr_count(ROWERR_MEMORIES);
         memrow m;
-        CHECK_MSG(memrow_parse(r, 0, 0, &m) == -1, "column %d = '%s' accepted", cases[i].col,
+        CHECK_MSG(memrow_parse(r, 0, 0, &m) == -EBADMSG, "column %d = '%s' accepted", cases[i].col,
                   cases[i].value ? cases[i].value : "NULL");
         CHECK_MSG(rowerr_count(ROWERR_MEMORIES) == before + 1, "column %d counted %llu times",
                   cases[i].col, (unsigned long long)(rowerr_count(ROWERR_MEMORIES) - before));
@@ -157,13 +158,13 @@ static void test_parse_bad(void)
     PGresult *r = make_result(20, memrow_cols, vals);
     uint64_t before = rowerr_count(ROWERR_MEMORIES);
     memrow m;
-    CHECK(memrow_parse(r, 0, 0, &m) == -1);
+    CHECK(memrow_parse(r, 0, 0, &m) == -EBADMSG);
     CHECK(rowerr_count(ROWERR_MEMORIES) == before + 1);
     PQclear(r);
     /* too few columns for the reader */
     r = make_result(19, memrow_cols, good_row);
     before = rowerr_count(ROWERR_MEMORIES);
-    CHECK(memrow_parse(r, 0, 0, &m) == -1);
+    CHECK(memrow_parse(r, 0, 0, &m) == -EBADMSG);
     CHECK(rowerr_count(ROWERR_MEMORIES) == before + 1);
     PQclear(r);
     rowerr_set_log(NULL);
@@ -205,7 +206,7 @@ static void test_meta(void)
         bad[col] = "?";
         r = make_result(MEMROW_META_NCOLS, meta_cols, bad);
         before = rowerr_count(ROWERR_MEMORIES);
-        CHECK_MSG(memrow_meta_parse(r, 0, 0, &mm) == -1, "column %d accepted '?'", col);
+        CHECK_MSG(memrow_meta_parse(r, 0, 0, &mm) == -EBADMSG, "column %d accepted '?'", col);
         CHECK(rowerr_count(ROWERR_MEMORIES) == before + 1);
         PQclear(r);
     }

@@ -204,7 +204,7 @@ int memrow_parse(const PGresult *r, int row, int col, memrow *out)
     out->archived_reason = PQgetisnull(r, row, col + 17) ? NULL : PQgetvalue(r, row, col + 17);
     out->superseded_by = (uint64_t)rd_i64(&d, col + 18, 0);
     out->merged_into = (uint64_t)rd_i64(&d, col + 19, 0);
-    return d.bad ? -1 : 0;
+    return d.bad ? -EBADMSG : 0;
 }
 
 int memrow_meta_parse(const PGresult *r, int row, int col, memrow_meta *out)
@@ -231,5 +231,5 @@ int memrow_meta_parse(const PGresult *r, int row, int col, memrow_meta *out)
     out->pinned = rd_bool(&d, col + 12);
     out->tags = PQgetvalue(r, row, col + 13);
     out->tags_len = (size_t)PQgetlength(r, row, col + 13);
-    return d.bad ? -1 : 0;
+    return d.bad ? -EBADMSG : 0;
 }

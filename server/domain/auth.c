@@ -14,7 +14,7 @@ static const char b32[] = "abcdefghijklmnopqrstuvwxyz234567";
 
 int auth_init(void)
 {
-    return sodium_init() < 0 ? -1 : 0;
+    return sodium_init() < 0 ? -EIO : 0;
 }
 
 /* Fills out with n random base32 characters (5 random bits each). */
@@ -82,7 +82,7 @@ static int read_line(const char *path, char *buf, size_t n, char *err, size_t er
         if (errno == ENOENT)
             return -ENOENT;
         snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
-        return -1;
+        return -EIO;
     }
     if (!fgets(buf, (int)n, f))
         buf[0] = '\0';
@@ -101,7 +101,7 @@ static int write_new(const char *path, const char *line, char *err, size_t errle
         if (errno == EEXIST)
             return -EEXIST;
         snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
-        return -1;
+        return -EIO;
     }
     size_t n = strlen(line);
     bool ok = write(fd, line, n) == (ssize_t)n && write(fd, "\n", 1) == 1 && fsync(fd) == 0;
@@ -109,7 +109,7 @@ static int write_new(const char *path, const char *line, char *err, size_t errle
     if (!ok) {
         snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
         unlink(path);
-        return -1;
+        return -EIO;
     }
     return 0;
 }
@@ -125,12 +125,12 @@ int auth_load_secret(server *s, const char *path, char *err, size_t errlen)
                                NULL) != 0 ||
                 got != sizeof(s->secret)) {
                 snprintf(err, errlen, "%s does not hold a 64-character hex secret", path);
-                return -1;
+                return -EINVAL;
             }
             return 0;
         }
         if (rc != -ENOENT)
-            return -1;
+            return -EIO;
         uint8_t secret[32];
         char hex[65];
         randombytes_buf(secret, sizeof(secret));
@@ -142,10 +142,10 @@ int auth_load_secret(server *s, const char *path, char *err, size_t errlen)
             return 0;
         }
         if (rc != -EEXIST)
-            return -1;
+            return -EIO;
     }
     snprintf(err, errlen, "cannot read or create %s", path);
-    return -1;
+    return -EIO;
 }
 
 int auth_load_admin(server *s, const char *path, char *err, size_t errlen)
@@ -161,10 +161,10 @@ int auth_load_admin(server *s, const char *path, char *err, size_t errlen)
             rc = read_line(path, line, sizeof(line), err, errlen);
     }
     if (rc != 0)
-        return -1;
+        return -EIO;
     if (strlen(line) < 16) {
         snprintf(err, errlen, "the admin key in %s is shorter than 16 characters", path);
-        return -1;
+        return -EINVAL;
     }
     auth_hash(s, line, strlen(line), s->admin_hash);
     s->have_admin = true;

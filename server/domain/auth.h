@@ -19,15 +19,17 @@
 /* "egk_" + id + "_" + secret */
 #define AUTH_KEY_LEN (4 + AUTH_KEY_ID_LEN + 1 + AUTH_SECRET_LEN)
 
-/* auth_init initializes libsodium. Returns 0 or -1. */
+/* auth_init initializes libsodium. Returns 0 or -EIO. */
 int auth_init(void);
 
 /* auth_load_secret reads the server secret from path, creating it (mode 600, 32 random
- * bytes as hex) when missing, into s->secret. Returns 0 or -1 with err. */
+ * bytes as hex) when missing, into s->secret. Returns 0, or with err -EIO (the file cannot be
+ * read or written) or -EINVAL (it holds no valid secret). */
 int auth_load_secret(server *s, const char *path, char *err, size_t errlen);
 
 /* auth_load_admin reads the admin key from path, creating a new one (mode 600) when the
- * file is missing, and keeps only its keyed hash in s. Returns 0 or -1 with err. */
+ * file is missing, and keeps only its keyed hash in s. Returns 0, or with err -EIO (the file
+ * cannot be read or written) or -EINVAL (the key in it is too short). */
 int auth_load_admin(server *s, const char *path, char *err, size_t errlen);
 
 /* auth_new_key writes a new tenant key (AUTH_KEY_LEN chars + NUL) into key and its key id

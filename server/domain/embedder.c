@@ -63,14 +63,14 @@ int embedder_init(const config *cfg, char *err, size_t errlen)
         snprintf(err, errlen, "openai_url '%s' is not an http(s) URL", cfg->openai_url);
         if (u)
             evhttp_uri_free(u);
-        return -1;
+        return -EINVAL;
     }
     const char *scheme = evhttp_uri_get_scheme(u);
     openai.https = strcmp(scheme, "https") == 0;
     if (!openai.https && strcmp(scheme, "http") != 0) {
         snprintf(err, errlen, "openai_url must start with http:// or https://");
         evhttp_uri_free(u);
-        return -1;
+        return -EINVAL;
     }
     openai.url = strdup(cfg->openai_url);
     openai.host = strdup(evhttp_uri_get_host(u));
@@ -95,14 +95,14 @@ int embedder_init(const config *cfg, char *err, size_t errlen)
         openai.ssl = SSL_CTX_new(TLS_client_method());
         if (!openai.ssl || SSL_CTX_set_default_verify_paths(openai.ssl) != 1) {
             snprintf(err, errlen, "cannot set up TLS for openai_url");
-            return -1;
+            return -EIO;
         }
         SSL_CTX_set_verify(openai.ssl, SSL_VERIFY_PEER, NULL);
         SSL_CTX_set_min_proto_version(openai.ssl, TLS1_2_VERSION);
     }
     if (!openai.url || !openai.host || !openai.path) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return -ENOMEM;
     }
     openai.configured = true;
     log_info("embedding provider openai: %s, model %s, dimension %d", openai.url, cfg->openai_model,

@@ -26,7 +26,7 @@ void embedder_run(req *r, const char *const *texts, const size_t *lens, float *c
                   void (*done)(req *r, rpc_code code, const char *message));
 
 /* embedder_init reads the providers' settings (openai_*) at start, before workers run.
- * Returns 0, or -1 with err for a bad URL. */
+ * Returns 0, or with err -EINVAL for a bad URL, -EIO when TLS cannot be set up, -ENOMEM. */
 int embedder_init(const config *cfg, char *err, size_t errlen);
 
 /* embedder_fini releases what embedder_init set up. */

@@ -505,8 +505,9 @@ static void housekeeping(bg_ctx *ctx, void *arg)
 
 int tenants_start(tenants *ts)
 {
-    if (bg_every(ts->srv->bg, 1000, housekeeping, ts) < 0)
-        return -1;
+    int rc = bg_every(ts->srv->bg, 1000, housekeeping, ts);
+    if (rc < 0)
+        return rc;
     return bg_submit(ts->srv->bg, tn_preload_job, ts);
 }
 

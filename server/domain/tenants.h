@@ -97,7 +97,7 @@ void tenants_catch_up_all(tenants *ts);
  * with many deleted vectors, snapshots of changed indexes, eviction of the least recently
  * used indexes above the memory budget) and starts the preload: the indexes that have
  * snapshots, newest first, as far as the budget allows. Call once, before the workers
- * start. Returns 0 or -1. */
+ * start. Returns 0 or a negative errno (the background threads could not take them). */
 int tenants_start(tenants *ts);
 
 /* tenants_save_all writes the snapshot of every loaded index changed since its last one

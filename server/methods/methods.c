@@ -1,6 +1,7 @@
 /* server/methods/methods.c: the sorted method table (see methods.h). */
 #include "methods.h"
 
+#include <errno.h>
 #include <string.h>
 
 #include "handlers.h"
@@ -71,11 +72,11 @@ int methods_check(void)
         table[i].nparams = *table[i].count;
         if (table[i].nparams > METHOD_MAX_PARAMS) {
             log_error("method %s has too many parameters", table[i].name);
-            return -1;
+            return -EINVAL;
         }
         if (i > 0 && strcmp(table[i - 1].name, table[i].name) >= 0) {
             log_error("method table not sorted at %s", table[i].name);
-            return -1;
+            return -EINVAL;
         }
     }
     return 0;

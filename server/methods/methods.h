@@ -39,7 +39,7 @@ extern const size_t methods_count;
 /* methods_find returns the method named name (n bytes) and its index in *idx, or NULL. */
 const method_def *methods_find(const char *name, size_t n, size_t *idx);
 
-/* methods_check verifies the table is sorted and sane (at start); returns 0 or -1. */
+/* methods_check verifies the table is sorted and sane (at start); returns 0 or -EINVAL. */
 int methods_check(void);
 
 #endif

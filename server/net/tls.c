@@ -75,7 +75,7 @@ static int check_readable(const char *setting, const char *path, char *err, size
     FILE *f = fopen(path, "r");
     if (!f) {
         snprintf(err, errlen, "cannot read %s %s: %s", setting, path, strerror(errno));
-        return -1;
+        return -EIO;
     }
     fclose(f);
     return 0;
@@ -235,7 +235,7 @@ int tls_create(const config *cfg, tls_ctx **out, char *err, size_t errlen, char 
     tls_ctx *t = calloc(1, sizeof(*t));
     if (!t) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return -ENOMEM;
     }
     pthread_mutex_init(&t->mu, NULL);
     t->cert_file = dup_or_null(cfg->tls_cert_file);
@@ -250,7 +250,7 @@ int tls_create(const config *cfg, tls_ctx **out, char *err, size_t errlen, char 
 
 fail:
     tls_destroy(t);
-    return -1;
+    return -EINVAL;
 }
 
 void tls_destroy(tls_ctx *t)
@@ -272,7 +272,7 @@ int tls_reload(tls_ctx *t, char *err, size_t errlen, char *warn, size_t warnlen)
     SSL_CTX *ctx =
         build(t->cert_file, t->key_file, t->ca_file, &not_after, err, errlen, warn, warnlen);
     if (!ctx)
-        return -1;
+        return -EINVAL;
     pthread_mutex_lock(&t->mu);
     SSL_CTX *old = t->cur;
     t->cur = ctx;

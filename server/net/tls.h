@@ -24,11 +24,12 @@ struct ssl_st;
 typedef struct tls_ctx tls_ctx;
 
 /* tls_create builds the context cfg describes. Returns 0 with *out NULL when TLS is off
- * (tls_cert_file empty), 0 with *out a new context (free with tls_destroy), or -1 with
- * err naming the setting and what is wrong: a file that cannot be read, a key that does
- * not match the certificate, an encrypted key, an expired certificate. Writes warnings
- * (a certificate not valid yet or close to expiry, a key file others can read) into warn,
- * empty when there are none. Never puts key material in either. */
+ * (tls_cert_file empty), 0 with *out a new context (free with tls_destroy), or a negative
+ * errno (-EIO a file that cannot be read, -ENOMEM, -EINVAL otherwise) with err naming the setting
+ * and what is wrong: a file that cannot be read, a key that does not match the certificate, an
+ * encrypted key, an expired certificate. Writes warnings (a certificate not valid yet or close to
+ * expiry, a key file others can read) into warn, empty when there are none. Never puts key material
+ * in either. */
 int tls_create(const config *cfg, tls_ctx **out, char *err, size_t errlen, char *warn,
                size_t warnlen);
 
@@ -36,7 +37,7 @@ int tls_create(const config *cfg, tls_ctx **out, char *err, size_t errlen, char 
 void tls_destroy(tls_ctx *t);
 
 /* tls_reload re-reads the files the context was created from into a new context and
- * makes it current. Returns 0 (warn as for tls_create), or -1 with err; the current
+ * makes it current. Returns 0 (warn as for tls_create), or -EINVAL with err; the current
  * context stays then. */
 int tls_reload(tls_ctx *t, char *err, size_t errlen, char *warn, size_t warnlen);
 

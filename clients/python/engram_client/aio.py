@@ -16,6 +16,9 @@ from .errors import (ClientClosed, ClientError, ConnectionLost, EngramError, Eng
 __all__ = ["AsyncClient"]
 
 
+_TLS_SHUTDOWN_TIMEOUT = 1.0  # seconds close() waits for the server's TLS close_notify
+
+
 class _NotSent(ConnectionLost):
     """The request was not written whole: the server cannot have executed it."""
 
@@ -193,7 +196,10 @@ class AsyncClient(AsyncRoot):
                     raise EngramTimeout(f"could not connect to {self._host}:{self._port} in time")
                 tls_args: dict[str, Any] = {}
                 if self._tls is not None:
-                    tls_args = {"ssl": self._tls, "server_hostname": self._server_hostname}
+                    # closing sends close_notify; a server that never answers it must
+                    # not hold close() for asyncio's default of 30 s
+                    tls_args = {"ssl": self._tls, "server_hostname": self._server_hostname,
+                                "ssl_shutdown_timeout": _TLS_SHUTDOWN_TIMEOUT}
                 try:
                     r, w = await asyncio.wait_for(
                         asyncio.open_connection(self._host, self._port, limit=1 << 20,

@@ -306,8 +306,11 @@ class _Core:
                     time.sleep(min(retry.backoff(attempt), max(0.0, remaining)))
                     continue
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                wrapped = (_TLSSocket(sock) if isinstance(sock, ssl.SSLSocket)
-                           else _PlainSocket(sock))
+                wrapped: _PlainSocket | _TLSSocket
+                if isinstance(sock, ssl.SSLSocket):
+                    wrapped = _TLSSocket(sock)
+                else:
+                    wrapped = _PlainSocket(sock)
                 conn = _Conn(self, wrapped)
                 conn.reader.start()
                 try:

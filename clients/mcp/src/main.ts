@@ -15,7 +15,8 @@ function usage(): never {
   process.stderr.write(
     "usage: engram-mcp [--http PORT [--host HOST]]\n" +
       "env: ENGRAM_HOST ENGRAM_PORT ENGRAM_API_KEY|ENGRAM_API_KEY_FILE ENGRAM_AGENT_ID\n" +
-      "     ENGRAM_SESSION_ID ENGRAM_MODEL ENGRAM_TIMEOUT_MS\n",
+      "     ENGRAM_SESSION_ID ENGRAM_MODEL ENGRAM_TIMEOUT_MS\n" +
+      "     ENGRAM_TLS ENGRAM_TLS_CA ENGRAM_TLS_CERT ENGRAM_TLS_KEY ENGRAM_TLS_SERVERNAME\n",
   );
   process.exit(2);
 }
@@ -52,7 +53,7 @@ async function main(argv: string[]): Promise<void> {
     transport.onclose = shutdown;
     process.stdin.on("end", shutdown);
     await server.connect(transport);
-    log(`ready on stdio (engramd ${cfg.host}:${cfg.port})`);
+    log(`ready on stdio (engramd ${cfg.host}:${cfg.port}${cfg.tls ? " over TLS" : ""})`);
     return;
   }
 
@@ -79,7 +80,7 @@ async function main(argv: string[]): Promise<void> {
   await new Promise<void>((resolve) => web.listen(httpPort, httpHost, resolve));
   const addr = web.address();
   const port = typeof addr === "object" && addr ? addr.port : httpPort;
-  log(`listening on http://${httpHost}:${port}/mcp (engramd ${cfg.host}:${cfg.port})`);
+  log(`listening on http://${httpHost}:${port}/mcp (engramd ${cfg.host}:${cfg.port}${cfg.tls ? " over TLS" : ""})`);
 }
 
 main(process.argv.slice(2)).catch((e) => {

@@ -14,7 +14,8 @@ from .client import Client, Pipeline
 from .errors import (AlreadyExists, ClientClosed, ClientError, Conflict, ConnectionLost,
                      CostLimitExceeded, EngramError, EngramTimeout, InternalError,
                      InvalidArgument, MalformedRequest, NotFound, PermissionDenied,
-                     QuotaExceeded, RateLimited, Unauthenticated, Unavailable, UnknownMethod)
+                     QuotaExceeded, RateLimited, TLSError, Unauthenticated, Unavailable,
+                     UnknownMethod)
 
 __version__ = "0.1.0"
 
@@ -23,5 +24,5 @@ __all__ = [
     "EngramError", "InvalidArgument", "MalformedRequest", "UnknownMethod", "Unauthenticated",
     "PermissionDenied", "NotFound", "AlreadyExists", "Conflict", "QuotaExceeded",
     "RateLimited", "CostLimitExceeded", "Unavailable", "InternalError",
-    "ClientError", "ConnectionLost", "EngramTimeout", "ClientClosed",
+    "ClientError", "ConnectionLost", "TLSError", "EngramTimeout", "ClientClosed",
 ]

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from typing import Any, Mapping
 
-from . import _wire
+from . import _tls, _wire
 from ._api import AsyncRoot
 from ._wire import RetryPolicy
-from .errors import (ClientClosed, ConnectionLost, EngramError, EngramTimeout, RateLimited,
-                     Unavailable, error_from_wire)
+from .errors import (ClientClosed, ClientError, ConnectionLost, EngramError, EngramTimeout,
+                     RateLimited, TLSError, Unavailable, error_from_wire)
 
 __all__ = ["AsyncClient"]
+
+
+_TLS_SHUTDOWN_TIMEOUT = 1.0  # seconds close() waits for the server's TLS close_notify
 
 
 class _NotSent(ConnectionLost):
@@ -31,6 +35,7 @@ class _AConn:
         self.client = client
         self.pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}
         self.dead = False
+        self.answered = False  # an answer came: TLS errors from now on are a lost connection
         self.packer = _wire.packer()
         self.task = asyncio.get_running_loop().create_task(self._read_loop())
 
@@ -61,6 +66,7 @@ class _AConn:
                     r = _wire.parse_response(msg)
                     if r is None:
                         continue
+                    self.answered = True
                     msgid, err, result = r
                     entry = self.pending.pop(msgid, None)
                     if entry is None or entry[1].done():
@@ -74,9 +80,15 @@ class _AConn:
             self.fail(ConnectionLost("client closed"))
             raise
         except BaseException as e:  # noqa: BLE001
-            self.fail(e if isinstance(e, ConnectionLost) else ConnectionLost(str(e)))
+            if isinstance(e, ConnectionLost):
+                self.fail(e)
+            elif not self.answered and _tls.is_final(e):
+                # TLS 1.3: the server's refusal of our certificate comes on the first read
+                self.fail(_tls.tls_error(e, self.client._host, self.client._port))
+            else:
+                self.fail(ConnectionLost(str(e)))
 
-    def fail(self, exc: ConnectionLost) -> None:
+    def fail(self, exc: ClientError) -> None:
         if self.dead:
             return
         self.dead = True
@@ -90,7 +102,9 @@ class _AConn:
         self.pending.clear()
         for _, fut in pending:
             if not fut.done():
-                fut.set_exception(ConnectionLost(str(exc)))
+                # a TLS refusal stays one: it is final, never retried
+                fut.set_exception(TLSError(str(exc)) if isinstance(exc, TLSError)
+                                  else ConnectionLost(str(exc)))
                 fut.exception()  # nobody may be waiting any more: no "never retrieved" noise
 
 
@@ -98,13 +112,20 @@ class AsyncClient(AsyncRoot):
     """An asyncio Engram client with the methods of :class:`engram_client.Client` as
     coroutines: ``await client.memory.store(...)``. Use ``async with AsyncClient(...)``
     or call :meth:`close`. Calls may run concurrently; they share one connection.
-    Timeouts, retries, reconnects and idempotency keys behave as in the blocking client.
+    Timeouts, retries, reconnects, idempotency keys and the TLS options (``tls``,
+    ``tls_ca_file``, ``tls_cert_file``, ``tls_key_file``, ``tls_server_hostname``) behave as
+    in the blocking client.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 7420, *,
                  api_key: str | None = None, timeout: float = 30.0,
                  connect_timeout: float = 5.0, retry: RetryPolicy | None = None,
-                 reconnect: bool = True, numpy_embeddings: bool | None = None) -> None:
+                 reconnect: bool = True, numpy_embeddings: bool | None = None,
+                 tls: bool | ssl.SSLContext | None = None, tls_ca_file: str | None = None,
+                 tls_cert_file: str | None = None, tls_key_file: str | None = None,
+                 tls_server_hostname: str | None = None) -> None:
+        self._tls = _tls.make_context(tls, tls_ca_file, tls_cert_file, tls_key_file)
+        self._server_hostname = tls_server_hostname or host
         self._host = host
         self._port = port
         self._api_key = api_key
@@ -120,7 +141,8 @@ class AsyncClient(AsyncRoot):
         self._init_api(self)
 
     def __repr__(self) -> str:  # never shows the key
-        return f"AsyncClient({self._host!r}, {self._port})"
+        tls = ", tls=True" if self._tls is not None else ""
+        return f"AsyncClient({self._host!r}, {self._port}{tls})"
 
     async def connect(self) -> AsyncClient:
         """Connects (and authenticates) now instead of on the first call."""
@@ -172,11 +194,20 @@ class AsyncClient(AsyncRoot):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise EngramTimeout(f"could not connect to {self._host}:{self._port} in time")
+                tls_args: dict[str, Any] = {}
+                if self._tls is not None:
+                    # closing sends close_notify; a server that never answers it must
+                    # not hold close() for asyncio's default of 30 s
+                    tls_args = {"ssl": self._tls, "server_hostname": self._server_hostname,
+                                "ssl_shutdown_timeout": _TLS_SHUTDOWN_TIMEOUT}
                 try:
                     r, w = await asyncio.wait_for(
-                        asyncio.open_connection(self._host, self._port, limit=1 << 20),
+                        asyncio.open_connection(self._host, self._port, limit=1 << 20,
+                                                **tls_args),
                         min(self._connect_timeout, remaining))
                 except (OSError, asyncio.TimeoutError) as e:
+                    if _tls.is_final(e):  # a certificate or name that does not verify
+                        raise _tls.tls_error(e, self._host, self._port) from e
                     if self._closed:
                         raise ClientClosed("client is closed") from e
                     if not self._reconnect or attempt > max(self._retry.max_retries, 1) * 4:

@@ -1,21 +1,23 @@
-"""The blocking client: one TCP connection, a reader thread matching answers to requests
-by msgid (so any number of threads, and the ``pipeline`` futures, share the connection
-with requests in flight together), reconnect with backoff, re-authentication, retries."""
+"""The blocking client: one TCP (or TLS) connection, a reader thread matching answers to
+requests by msgid (so any number of threads, and the ``pipeline`` futures, share the
+connection with requests in flight together), reconnect with backoff, re-authentication,
+retries."""
 from __future__ import annotations
 
 import select
 import socket
+import ssl
 import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Mapping
 
-from . import _wire
+from . import _tls, _wire
 from ._api import FutureRoot, SyncRoot
 from ._wire import RetryPolicy
-from .errors import (ClientClosed, ConnectionLost, EngramError, EngramTimeout, Unauthenticated,
-                     error_from_wire)
+from .errors import (ClientClosed, ClientError, ConnectionLost, EngramError, EngramTimeout,
+                     TLSError, Unauthenticated, error_from_wire)
 
 __all__ = ["Client", "Pipeline", "RetryPolicy"]
 
@@ -39,14 +41,118 @@ class _Request:
         self.retry = retry
 
 
-class _Conn:
-    """One TCP connection and the requests waiting for an answer on it."""
+class _PlainSocket:
+    """A TCP socket as the connection uses it: the reader thread waits and reads while
+    other threads write whole messages (a socket allows one of each at a time)."""
 
-    def __init__(self, core: _Core, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket) -> None:
+        sock.settimeout(None)
+        self.sock = sock
+
+    def wait_readable(self, timeout: float) -> bool:
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        return bool(ready)
+
+    def recv(self, n: int) -> bytes | None:
+        return self.sock.recv(n)
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class _TLSSocket:
+    """A TLS session as the connection uses it. An OpenSSL session must not be used by two
+    threads at once, but the reader thread reads while other threads write: the socket is
+    non-blocking, every SSL call is made under ``lock`` and never waits, and the waiting
+    (select) happens outside it. A write that would block is repeated with the same bytes
+    until done, as OpenSSL requires."""
+
+    def __init__(self, sock: ssl.SSLSocket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def wait_readable(self, timeout: float) -> bool:
+        with self.lock:
+            if self.closed:
+                raise ConnectionLost("connection closed")
+            if self.sock.pending():  # decrypted bytes already inside OpenSSL
+                return True
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        return bool(ready)
+
+    def recv(self, n: int) -> bytes | None:
+        """Up to n bytes, b"" at the end of the stream, None when the bytes that arrived
+        held no application data (a session ticket, a partial record)."""
+        with self.lock:
+            if self.closed:
+                raise ConnectionLost("connection closed")
+            try:
+                return self.sock.recv(n)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return None
+
+    def sendall(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view.nbytes:
+            with self.lock:
+                if self.closed:
+                    raise OSError("connection closed")
+                try:
+                    n = self.sock.send(view)
+                except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                    n = 0
+            if n:
+                view = view[n:]
+                continue
+            try:
+                select.select([], [self.sock], [], 0.25)
+            except (ValueError, OSError) as e:  # closed by another thread meanwhile
+                raise OSError(f"connection closed: {e}") from e
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            try:
+                # the socket's own shutdown: SSLSocket.shutdown would drop the session
+                # under a reader that may still be about to use it
+                socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+
+
+def _handshake(ctx: ssl.SSLContext, sock: socket.socket, server_hostname: str, host: str,
+               port: int) -> ssl.SSLSocket:
+    """Runs the TLS handshake on sock (blocking, within its timeout). Takes ownership of
+    sock: it is closed on failure. Raises TLSError when retrying cannot help, OSError for a
+    connection that broke or timed out."""
+    try:
+        return ctx.wrap_socket(sock, server_hostname=server_hostname)
+    except OSError as e:
+        sock.close()
+        if _tls.is_final(e):
+            raise _tls.tls_error(e, host, port) from e
+        raise
+
+
+class _Conn:
+    """One connection and the requests waiting for an answer on it."""
+
+    def __init__(self, core: _Core, sock: _PlainSocket | _TLSSocket) -> None:
         self.core = core
         self.sock = sock
         self.pending: dict[int, _Request] = {}
         self.dead = False
+        self.answered = False  # an answer came: TLS errors from now on are a lost connection
         self.send_lock = threading.Lock()
         self.packer = _wire.packer()
         self.reader = threading.Thread(target=self._read_loop, daemon=True,
@@ -98,11 +204,12 @@ class _Conn:
         up = _wire.unpacker()
         try:
             while True:
-                ready, _, _ = select.select([self.sock], [], [], 0.25)
-                if not ready:
+                if not self.sock.wait_readable(0.25):
                     self._expire()
                     continue
                 data = self.sock.recv(1 << 18)
+                if data is None:
+                    continue
                 if not data:
                     raise ConnectionLost("connection closed by the server")
                 up.feed(data)
@@ -110,15 +217,23 @@ class _Conn:
                     r = _wire.parse_response(msg)
                     if r is None:
                         continue
+                    self.answered = True
                     msgid, err, result = r
                     with self.core.lock:
                         req = self.pending.pop(msgid, None)
                     if req is not None:
                         self.core.complete(req, err, result)
         except BaseException as e:  # noqa: BLE001 - the thread must end by failing the rest
-            self.fail(e if isinstance(e, ConnectionLost) else ConnectionLost(str(e)))
+            if isinstance(e, ConnectionLost):
+                self.fail(e)
+            elif not self.answered and _tls.is_final(e):
+                # In TLS 1.3 the server checks the client's certificate after the client
+                # finished its handshake: a refusal arrives as an alert on the first read.
+                self.fail(_tls.tls_error(e, self.core.host, self.core.port))
+            else:
+                self.fail(ConnectionLost(str(e)))
 
-    def fail(self, exc: ConnectionLost) -> None:
+    def fail(self, exc: ClientError) -> None:
         """Marks the connection dead, closes it, and hands every waiting request back to
         the core (retried or failed)."""
         core = self.core
@@ -130,10 +245,6 @@ class _Conn:
             self.pending.clear()
             if core.conn is self:
                 core.conn = None
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.sock.close()
         for req in pending:
             core.lost(req, exc, sent=True)
@@ -143,9 +254,12 @@ class _Core:
     """State shared by a Client and its with_options() views."""
 
     def __init__(self, host: str, port: int, api_key: str | None, connect_timeout: float,
-                 reconnect: bool, numpy_embeddings: bool | None) -> None:
+                 reconnect: bool, numpy_embeddings: bool | None, tls: ssl.SSLContext | None,
+                 server_hostname: str | None) -> None:
         self.host = host
         self.port = port
+        self.tls = tls
+        self.server_hostname = server_hostname or host
         self.api_key = api_key
         self.connect_timeout = connect_timeout
         self.reconnect = reconnect
@@ -179,6 +293,11 @@ class _Core:
                 try:
                     sock = socket.create_connection((self.host, self.port),
                                                     timeout=min(self.connect_timeout, remaining))
+                    if self.tls is not None:
+                        sock = _handshake(self.tls, sock, self.server_hostname, self.host,
+                                          self.port)
+                except TLSError:
+                    raise
                 except OSError as e:
                     if self.closed:
                         raise ClientClosed("client is closed") from e
@@ -187,8 +306,12 @@ class _Core:
                     time.sleep(min(retry.backoff(attempt), max(0.0, remaining)))
                     continue
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.settimeout(None)
-                conn = _Conn(self, sock)
+                wrapped: _PlainSocket | _TLSSocket
+                if isinstance(sock, ssl.SSLSocket):
+                    wrapped = _TLSSocket(sock)
+                else:
+                    wrapped = _PlainSocket(sock)
+                conn = _Conn(self, wrapped)
                 conn.reader.start()
                 try:
                     if self.api_key is not None:
@@ -252,9 +375,12 @@ class _Core:
         else:
             self.resolve(req, exc=exc)
 
-    def lost(self, req: _Request, exc: ConnectionLost, sent: bool) -> None:
+    def lost(self, req: _Request, exc: ClientError, sent: bool) -> None:
         if self.closed:
             self.resolve(req, exc=ClientClosed("client is closed"))
+            return
+        if isinstance(exc, TLSError):  # another attempt would be refused the same way
+            self.resolve(req, exc=exc)
             return
         delay = None
         if self.reconnect:
@@ -317,20 +443,34 @@ class Client(SyncRoot):
     ``timeout`` bounds each call, retries and reconnects included. ``retry`` says when a
     call is repeated (see :class:`RetryPolicy`); ``memory.store`` and
     ``memory.store_batch`` get a generated idempotency key, so a retry never stores twice.
+
+    TLS: ``tls=True`` (or any ``tls_*_file``) connects over TLS 1.3, verifying the server's
+    certificate against ``tls_ca_file`` (PEM; the system's CA store without it) and the
+    host name or address connected to (``tls_server_hostname`` names another);
+    ``tls_cert_file`` and ``tls_key_file`` present a client certificate (an admin needs one
+    on a server with ``tls_admin_require_client_cert``). ``tls`` may instead be an
+    ``ssl.SSLContext``, used as it is. A certificate that does not verify raises
+    :class:`engram_client.errors.TLSError`, which is never retried.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 7420, *,
                  api_key: str | None = None, timeout: float = 30.0,
                  connect_timeout: float = 5.0, retry: RetryPolicy | None = None,
-                 reconnect: bool = True, numpy_embeddings: bool | None = None) -> None:
-        self._core = _Core(host, port, api_key, connect_timeout, reconnect, numpy_embeddings)
+                 reconnect: bool = True, numpy_embeddings: bool | None = None,
+                 tls: bool | ssl.SSLContext | None = None, tls_ca_file: str | None = None,
+                 tls_cert_file: str | None = None, tls_key_file: str | None = None,
+                 tls_server_hostname: str | None = None) -> None:
+        ctx = _tls.make_context(tls, tls_ca_file, tls_cert_file, tls_key_file)
+        self._core = _Core(host, port, api_key, connect_timeout, reconnect, numpy_embeddings,
+                           ctx, tls_server_hostname)
         self._timeout = timeout
         self._retry = retry or RetryPolicy()
         self._init_api(self)
         self.pipeline = Pipeline(self)
 
     def __repr__(self) -> str:  # never shows the key
-        return f"Client({self._core.host!r}, {self._core.port})"
+        tls = ", tls=True" if self._core.tls is not None else ""
+        return f"Client({self._core.host!r}, {self._core.port}{tls})"
 
     def with_options(self, *, timeout: float | None = None,
                      retry: RetryPolicy | None = None) -> Client:

@@ -13,7 +13,8 @@ __all__ = [
     "EngramError", "InvalidArgument", "MalformedRequest", "UnknownMethod", "Unauthenticated",
     "PermissionDenied", "NotFound", "AlreadyExists", "Conflict", "QuotaExceeded",
     "RateLimited", "CostLimitExceeded", "Unavailable", "InternalError",
-    "ClientError", "ConnectionLost", "EngramTimeout", "ClientClosed", "error_from_wire",
+    "ClientError", "ConnectionLost", "TLSError", "EngramTimeout", "ClientClosed",
+    "error_from_wire",
     "ERROR_CLASSES",
 ]
 
@@ -170,6 +171,13 @@ class ConnectionLost(ClientError, ConnectionError):
     def __init__(self, message: str, maybe_committed: bool = False) -> None:
         super().__init__(message)
         self.maybe_committed = maybe_committed
+
+
+class TLSError(ClientError, ConnectionError):
+    """TLS with the server failed in a way another attempt would meet again, so the call
+    is not retried: the server's certificate did not verify against the CA (or the
+    system's store), it does not name the host connected to, the server refused the
+    client's certificate, or the port does not speak TLS 1.3. The message says which."""
 
 
 class EngramTimeout(ClientError, TimeoutError):

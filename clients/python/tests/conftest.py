@@ -1,6 +1,8 @@
 """Fixtures: the live engramd that clients/run-tests started (ENGRAM_TEST_HOST/PORT and
-ENGRAM_TEST_ADMIN_KEY_FILE), tenants made through the admin API, and a TCP proxy that can
-cut connections. A missing server is a failure, never a skip."""
+ENGRAM_TEST_ADMIN_KEY_FILE), the second one serving TLS on the same database
+(ENGRAM_TEST_TLS_PORT, its test PKI in ENGRAM_TEST_TLS_DIR), tenants made through the
+admin API, and a TCP proxy that can cut connections. A missing server is a failure, never
+a skip."""
 import os
 import random
 import string
@@ -67,3 +69,27 @@ def proxy(server):
     p = Proxy(server.host, server.port)
     yield p
     p.close()
+
+
+class TLSServer:
+    """The engramd serving TLS 1.3: its port, the admin key and the PKI's files (the CA of
+    its certificate, an unrelated CA, the operators' client certificate, which it requires
+    for the admin key, and a client certificate of the unrelated CA)."""
+
+    def __init__(self, server):
+        port, d = os.environ.get("ENGRAM_TEST_TLS_PORT"), os.environ.get("ENGRAM_TEST_TLS_DIR")
+        assert port and d, ("ENGRAM_TEST_TLS_PORT and ENGRAM_TEST_TLS_DIR must name a running "
+                            "engramd serving TLS: run clients/run-tests")
+        self.host, self.port, self.admin_key = "127.0.0.1", int(port), server._admin_key
+        f = lambda name: os.path.join(d, name)  # noqa: E731
+        self.ca, self.other_ca = f("ca.pem"), f("other_ca.pem")
+        self.client_cert, self.client_key = f("client.pem"), f("client.key")
+        self.rogue_cert, self.rogue_key = f("rogue_client.pem"), f("rogue_client.key")
+        for p in (self.ca, self.other_ca, self.client_cert, self.client_key, self.rogue_cert,
+                  self.rogue_key):
+            assert os.path.isfile(p), p
+
+
+@pytest.fixture(scope="session")
+def tls_server(server):
+    return TLSServer(server)

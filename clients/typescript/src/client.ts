@@ -1,20 +1,23 @@
-// The Engram client: one TCP connection carrying any number of requests in flight
-// (answers matched by msgid, in any order), reconnect with backoff and re-authentication,
-// retries that never apply a write twice, typed errors.
+// The Engram client: one TCP (or TLS) connection carrying any number of requests in
+// flight (answers matched by msgid, in any order), reconnect with backoff and
+// re-authentication, retries that never apply a write twice, typed errors.
 import { randomUUID } from "node:crypto";
 import * as net from "node:net";
 import { endianness } from "node:os";
+import * as tls from "node:tls";
 
 import { Decoder, Encoder } from "@msgpack/msgpack";
 
 import { ApiRoot, type Caller, METHODS } from "./api.js";
 import {
   ClientClosedError,
+  ClientError,
   ConnectionLostError,
   EngramError,
   errorFromWire,
   RateLimitedError,
   TimeoutError,
+  TLSError,
   UnavailableError,
 } from "./errors.js";
 import type { CallOptions, RetryPolicy } from "./types.js";
@@ -35,6 +38,73 @@ export interface ClientOptions {
   retry?: Partial<RetryPolicy>;
   /** Reconnect after a lost connection (default true). */
   reconnect?: boolean;
+  /**
+   * TLS 1.3 to an engramd serving it. `true` verifies the server's certificate against `ca`
+   * (Node's bundled CAs without it) and checks that it names `host` (or `servername`).
+   * An object of `node:tls` connection options is laid over those defaults (its
+   * `rejectUnauthorized`, `checkServerIdentity`, `minVersion`, ... apply as given).
+   * Implied by `ca`, `cert` or `key`. A certificate that does not verify, or a server
+   * refusing ours, rejects with TLSError, which is never retried.
+   */
+  tls?: boolean | tls.ConnectionOptions;
+  /** PEM CA certificate(s) to verify the server with, in place of Node's bundled CAs. */
+  ca?: string | Buffer | Array<string | Buffer>;
+  /** PEM client certificate chain to present (an admin needs one on a server with
+   * `tls_admin_require_client_cert`). */
+  cert?: string | Buffer | Array<string | Buffer>;
+  /** PEM private key of `cert`. */
+  key?: string | Buffer | Array<string | Buffer>;
+  /** The name the server's certificate must carry, when not `host`. */
+  servername?: string;
+}
+
+/** The node:tls options for a client's settings, or undefined for plain TCP. */
+function tlsOptions(o: ClientOptions): tls.ConnectionOptions | undefined {
+  const files = o.ca !== undefined || o.cert !== undefined || o.key !== undefined;
+  if (o.tls === false) {
+    if (files) throw new TypeError("ca, cert or key given with tls: false");
+    return undefined;
+  }
+  if (o.tls === undefined && !files) return undefined;
+  if (o.tls !== undefined && o.tls !== true && (o.tls === null || typeof o.tls !== "object")) {
+    throw new TypeError("tls must be a boolean or node:tls ConnectionOptions");
+  }
+  const out: tls.ConnectionOptions = {
+    minVersion: "TLSv1.3",
+    rejectUnauthorized: true,
+    ...(typeof o.tls === "object" ? o.tls : {}),
+  };
+  if (o.ca !== undefined) out.ca = o.ca;
+  if (o.cert !== undefined) out.cert = o.cert;
+  if (o.key !== undefined) out.key = o.key;
+  if (o.servername !== undefined) out.servername = o.servername;
+  if (out.key !== undefined && out.cert === undefined) throw new TypeError("key needs cert");
+  return out;
+}
+
+/**
+ * True for a TLS failure another attempt would meet again: a certificate or name that does
+ * not verify, an alert from the server (it refused our certificate), a protocol mismatch.
+ * A reset or EOF in the middle of a handshake is not: the server may be restarting.
+ */
+function isTlsRefusal(e: unknown, s?: tls.TLSSocket): boolean {
+  if (s?.authorizationError) return true;
+  const code = (e as { code?: unknown } | null)?.code;
+  return typeof code === "string" && /^ERR_(SSL|TLS|OSSL)_/.test(code);
+}
+
+function tlsError(e: unknown, host: string, port: number, s?: tls.TLSSocket): TLSError {
+  const msg = e instanceof Error ? e.message : String(e);
+  if (s?.authorizationError || (e as { code?: unknown } | null)?.code === "ERR_TLS_CERT_ALTNAME_INVALID") {
+    return new TLSError(`TLS with ${host}:${port}: the server's certificate did not verify: ${msg}`);
+  }
+  const code = String((e as { code?: unknown } | null)?.code ?? "");
+  if (/ALERT/.test(code)) {
+    // e.g. ERR_SSL_TLSV1_ALERT_UNKNOWN_CA: the server refused our certificate
+    const hint = /_CA|CERTIFICATE/.test(code) ? ": it did not accept the client certificate" : "";
+    return new TLSError(`TLS with ${host}:${port} failed: the server ended the handshake with ${code.replace(/^ERR_SSL_/, "")}${hint}`);
+  }
+  return new TLSError(`TLS with ${host}:${port} failed: ${msg}`);
 }
 
 export const DEFAULT_RETRY: RetryPolicy = {
@@ -161,6 +231,8 @@ class ConnectFailedError extends ConnectionLostError {}
 class Conn {
   readonly pending = new Map<number, Pending>();
   dead = false;
+  /** An answer came: TLS errors from now on are a lost connection, not a refusal. */
+  private answered = false;
   private readonly encoder = new Encoder({ useBigInt64: true, ignoreUndefined: true });
 
   constructor(
@@ -187,6 +259,7 @@ class Conn {
     try {
       for await (const msg of new Decoder({ useBigInt64: true }).decodeStream(this.socket)) {
         if (!Array.isArray(msg) || msg.length !== 4 || msg[0] !== 1) continue;
+        this.answered = true;
         const msgid = Number(msg[1]);
         const p = this.pending.get(msgid);
         if (!p) continue;
@@ -196,11 +269,17 @@ class Conn {
       }
       this.fail(new ConnectionLostError("connection closed by the server"));
     } catch (e) {
-      this.fail(new ConnectionLostError(e instanceof Error ? e.message : String(e)));
+      if (!this.answered && this.socket instanceof tls.TLSSocket && isTlsRefusal(e)) {
+        // TLS 1.3: the server checks our certificate after our side of the handshake is
+        // done, so its refusal arrives as an alert on the first read.
+        this.fail(tlsError(e, this.core.host, this.core.port));
+      } else {
+        this.fail(new ConnectionLostError(e instanceof Error ? e.message : String(e)));
+      }
     }
   }
 
-  fail(err: ConnectionLostError): void {
+  fail(err: ClientError): void {
     if (this.dead) return;
     this.dead = true;
     this.core.dropped(this);
@@ -225,8 +304,10 @@ class Core implements Caller {
   readonly connectTimeoutMs: number;
   readonly retry: RetryPolicy;
   readonly reconnect: boolean;
+  readonly tls: tls.ConnectionOptions | undefined;
 
   constructor(o: ClientOptions) {
+    this.tls = tlsOptions(o);
     this.host = o.host ?? "127.0.0.1";
     this.port = o.port ?? 7420;
     this.apiKey = o.apiKey;
@@ -257,14 +338,18 @@ class Core implements Caller {
     return this.connecting;
   }
 
+  /** A connected socket (TLS: handshake done). Rejects with TLSError when retrying cannot help. */
   private openSocket(timeoutMs: number): Promise<net.Socket> {
     return new Promise((resolve, reject) => {
-      const s = net.connect({ host: this.host, port: this.port });
+      const secure = this.tls !== undefined;
+      const s = secure
+        ? tls.connect({ ...this.tls, host: this.host, port: this.port })
+        : net.connect({ host: this.host, port: this.port });
       const timer = setTimeout(() => {
         s.destroy();
         reject(new Error("connect timed out"));
       }, timeoutMs);
-      s.once("connect", () => {
+      s.once(secure ? "secureConnect" : "connect", () => {
         clearTimeout(timer);
         s.removeAllListeners("error");
         s.on("error", () => {}); // surfaced by the read loop
@@ -274,7 +359,8 @@ class Core implements Caller {
       s.once("error", (e) => {
         clearTimeout(timer);
         s.destroy();
-        reject(e);
+        const t = s instanceof tls.TLSSocket ? s : undefined;
+        reject(t && isTlsRefusal(e, t) ? tlsError(e, this.host, this.port, t) : e);
       });
     });
   }
@@ -287,6 +373,7 @@ class Core implements Caller {
       try {
         socket = await this.openSocket(Math.min(this.connectTimeoutMs, remaining));
       } catch (e) {
+        if (e instanceof TLSError) throw e;
         if (this.closed) throw new ClientClosedError("client is closed");
         if (!this.reconnect || attempt > Math.max(retry.maxRetries, 1) * 4) {
           throw new ConnectFailedError(`cannot connect to ${this.host}:${this.port}: ${(e as Error).message}`);
@@ -423,6 +510,6 @@ export class Client extends ApiRoot {
 
   /** Never shows the key. */
   toString(): string {
-    return `Client(${this.core.host}:${this.core.port})`;
+    return `Client(${this.core.host}:${this.core.port}${this.core.tls ? ", tls" : ""})`;
   }
 }

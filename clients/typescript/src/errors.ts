@@ -102,6 +102,14 @@ export class ConnectionLostError extends ClientError {
   }
 }
 
+/**
+ * TLS with the server failed in a way another attempt would meet again, so the call is not
+ * retried: the server's certificate did not verify against the CA (or Node's bundled CAs),
+ * it does not name the host, the server refused the client's certificate, or the port
+ * does not speak TLS 1.3. The message says which.
+ */
+export class TLSError extends ClientError {}
+
 /** No answer within the call's timeout (retries included). */
 export class TimeoutError extends ClientError {}
 

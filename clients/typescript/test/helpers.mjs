@@ -1,6 +1,8 @@
-// Test helpers: the live engramd that clients/run-tests started, tenants made through
-// the admin API, and a TCP proxy that can cut connections or drop answers.
+// Test helpers: the live engramd that clients/run-tests started (and the one serving TLS
+// beside it), tenants made through the admin API, and a TCP proxy that can cut connections
+// or drop answers.
 import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import * as net from "node:net";
 import { randomBytes } from "node:crypto";
 
@@ -14,6 +16,26 @@ if (!port || !keyFile) {
 export const HOST = process.env.ENGRAM_TEST_HOST ?? "127.0.0.1";
 export const PORT = Number(port);
 const adminKey = readFileSync(keyFile, "utf8").trim();
+
+/**
+ * The engramd serving TLS 1.3 on the same database: its port, the admin key and the PKI's
+ * PEM contents (the CA of its certificate, an unrelated CA, the operators' client
+ * certificate it requires for the admin key, a client certificate of the unrelated CA).
+ */
+export function tlsServer() {
+  const tlsPort = process.env.ENGRAM_TEST_TLS_PORT;
+  const dir = process.env.ENGRAM_TEST_TLS_DIR;
+  if (!tlsPort || !dir) {
+    throw new Error("ENGRAM_TEST_TLS_PORT and ENGRAM_TEST_TLS_DIR must name a running engramd serving TLS: run clients/run-tests");
+  }
+  const pem = (name) => readFileSync(join(dir, name), "utf8");
+  return {
+    host: "127.0.0.1", port: Number(tlsPort), adminKey, dir,
+    ca: pem("ca.pem"), otherCa: pem("other_ca.pem"),
+    clientCert: pem("client.pem"), clientKey: pem("client.key"),
+    rogueCert: pem("rogue_client.pem"), rogueKey: pem("rogue_client.key"),
+  };
+}
 
 export function adminClient() {
   return new Client({ host: HOST, port: PORT, apiKey: adminKey });
@@ -40,9 +62,9 @@ export function vec(i, dim = 8) {
   return v;
 }
 
-/** A loopback proxy in front of engramd. */
+/** A loopback TCP proxy in front of engramd (the plain one unless told another port). */
 export class Proxy {
-  constructor() {
+  constructor(targetPort = PORT) {
     this.pairs = new Set();
     this.dropNextReply = false;
     this.blackhole = false;
@@ -55,7 +77,7 @@ export class Proxy {
         c.destroy();
         return;
       }
-      const s = net.connect({ host: HOST, port: PORT });
+      const s = net.connect({ host: HOST, port: targetPort });
       const pair = { c, s };
       this.pairs.add(pair);
       const close = () => {

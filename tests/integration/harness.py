@@ -101,15 +101,29 @@ class Server:
         self.client_tls = None
 
     def start(self, wait=True):
-        args = [BIN, "--pg-dsn", self.dsn, "--rpc-port", str(self.port),
-                "--http-port", str(self.http_port), "--workers", str(self.workers),
-                "--data-dir", self.data_dir, "--admin-key-file", self.admin_key_file,
-                "--log-level", "info"] + self.extra
-        self.logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(args, stdout=self.logf, stderr=subprocess.STDOUT,
-                                     env=self.env)
-        if wait:
-            self.wait_ready()
+        # free_port() only finds a port free at that moment: another test may take it before
+        # engramd binds it. An engramd that exits for that reason alone is started again on
+        # other ports (at most 3 times); any other early exit fails at once.
+        for attempt in range(3):
+            log_from = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+            args = [BIN, "--pg-dsn", self.dsn, "--rpc-port", str(self.port),
+                    "--http-port", str(self.http_port), "--workers", str(self.workers),
+                    "--data-dir", self.data_dir, "--admin-key-file", self.admin_key_file,
+                    "--log-level", "info"] + self.extra
+            self.logf = open(self.log_path, "ab")
+            self.proc = subprocess.Popen(args, stdout=self.logf, stderr=subprocess.STDOUT,
+                                         env=self.env)
+            if not wait:
+                return self
+            try:
+                self.wait_ready()
+                return self
+            except AssertionError:
+                lost_port = (self.proc.poll() is not None and
+                             "Address already in use" in self.log_text()[log_from:])
+                if not lost_port or attempt == 2:
+                    raise
+                self.port, self.http_port = free_port(), free_port()
         return self
 
     def wait_ready(self, timeout=60):

@@ -275,7 +275,7 @@ static int check_factory(const config *cfg, FILE *err)
         if (rc != 0) {
             fprintf(err, "engramd: invalid value for index_faiss_factory at dimension %d: %s\n",
                     dims[i], msg);
-            return -1;
+            return -EINVAL;
         }
     }
     return 0;
@@ -303,13 +303,13 @@ static int set_value(config *cfg, const config_def *d, const char *val, const ch
         if (errno || end == val || *end != '\0') {
             fprintf(err, "engramd: invalid value for %s (from %s): '%s' is not an integer\n",
                     d->name, source, val);
-            return -1;
+            return -EINVAL;
         }
         if ((double)v < d->min || (double)v > d->max) {
             fprintf(err,
                     "engramd: invalid value for %s (from %s): %lld is out of range %.0f..%.0f\n",
                     d->name, source, v, d->min, d->max);
-            return -1;
+            return -EINVAL;
         }
         if (d->type == T_INT)
             *(int *)(void *)p = (int)v;
@@ -322,12 +322,12 @@ static int set_value(config *cfg, const config_def *d, const char *val, const ch
         if (errno || end == val || *end != '\0' || !isfinite(v)) {
             fprintf(err, "engramd: invalid value for %s (from %s): '%s' is not a number\n", d->name,
                     source, val);
-            return -1;
+            return -EINVAL;
         }
         if (v < d->min || v > d->max) {
             fprintf(err, "engramd: invalid value for %s (from %s): %g is out of range %g..%g\n",
                     d->name, source, v, d->min, d->max);
-            return -1;
+            return -EINVAL;
         }
         *(double *)(void *)p = v;
         return 0;
@@ -336,7 +336,7 @@ static int set_value(config *cfg, const config_def *d, const char *val, const ch
         char *copy = strdup(val);
         if (!copy) {
             fprintf(err, "engramd: out of memory\n");
-            return -1;
+            return -EINVAL;
         }
         char **slot = (char **)(void *)p;
         free(*slot);
@@ -344,7 +344,7 @@ static int set_value(config *cfg, const config_def *d, const char *val, const ch
         return 0;
     }
     }
-    return -1;
+    return -EINVAL;
 }
 
 typedef struct ini_ctx {
@@ -422,7 +422,7 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
     *exit_now = false;
     for (size_t i = 0; i < NDEFS; i++)
         if (set_value(cfg, &defs[i], defs[i].def, "default", err) < 0)
-            return -1;
+            return -EINVAL;
     /* the config file first: flags and the environment override it */
     const char *path = getenv("ENGRAM_CONFIG");
     for (int i = 1; i < argc; i++) {
@@ -441,13 +441,13 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
         int r = ini_parse(path, on_ini, &c);
         if (r < 0) {
             fprintf(err, "engramd: cannot read config file %s: %s\n", path, strerror(errno));
-            return -1;
+            return -EINVAL;
         }
         if (c.failed)
-            return -1;
+            return -EINVAL;
         if (r > 0) {
             fprintf(err, "engramd: %s:%d: syntax error\n", path, r);
-            return -1;
+            return -EINVAL;
         }
     }
     for (size_t i = 0; i < NDEFS; i++) {
@@ -455,7 +455,7 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
         env_name(&defs[i], env, sizeof(env));
         const char *v = getenv(env);
         if (v && set_value(cfg, &defs[i], v, env, err) < 0)
-            return -1;
+            return -EINVAL;
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -467,7 +467,7 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
             continue;
         if (strncmp(a, "--", 2) != 0) {
             fprintf(err, "engramd: unexpected argument '%s' (try --help)\n", a);
-            return -1;
+            return -EINVAL;
         }
         const char *name = a + 2;
         const char *eq = strchr(name, '=');
@@ -475,7 +475,7 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
         char key[64];
         if (n >= sizeof(key)) {
             fprintf(err, "engramd: unknown setting '%s' (try --help)\n", a);
-            return -1;
+            return -EINVAL;
         }
         for (size_t k = 0; k < n; k++)
             key[k] = name[k] == '-' ? '_' : name[k];
@@ -483,31 +483,31 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
         const config_def *d = find_def(key, n);
         if (!d) {
             fprintf(err, "engramd: unknown setting '%s' (try --help)\n", a);
-            return -1;
+            return -EINVAL;
         }
         const char *val = eq ? eq + 1 : NULL;
         if (!val) {
             if (i + 1 >= argc) {
                 fprintf(err, "engramd: %s needs a value\n", a);
-                return -1;
+                return -EINVAL;
             }
             val = argv[++i];
         }
         char src[96];
         snprintf(src, sizeof(src), "--%.*s", (int)n, name);
         if (set_value(cfg, d, val, src, err) < 0)
-            return -1;
+            return -EINVAL;
     }
     /* cross-field checks */
     if (!cfg->pg_dsn[0]) {
         fprintf(err, "engramd: pg_dsn is required (--pg-dsn or ENGRAM_PG_DSN); deploy/run "
                      "provides an embedded PostgreSQL\n");
-        return -1;
+        return -EINVAL;
     }
     if (log_parse_level(cfg->log_level) < 0) {
         fprintf(err, "engramd: invalid value for log_level: '%s' (debug, info, warn, error)\n",
                 cfg->log_level);
-        return -1;
+        return -EINVAL;
     }
     double wsum = cfg->score_w_recency + cfg->score_w_access + cfg->score_w_explicit;
     if (wsum < 1 - 1e-9 || wsum > 1 + 1e-9) {
@@ -515,33 +515,33 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
                 "engramd: score_w_recency + score_w_access + score_w_explicit must be 1 (they "
                 "are %g + %g + %g)\n",
                 cfg->score_w_recency, cfg->score_w_access, cfg->score_w_explicit);
-        return -1;
+        return -EINVAL;
     }
     if (index_engine_parse(cfg->index_engine, strlen(cfg->index_engine)) < 0) {
         fprintf(err, "engramd: invalid value for index_engine: '%s' (native or faiss)\n",
                 cfg->index_engine);
-        return -1;
+        return -EINVAL;
     }
     if (check_factory(cfg, err) < 0)
-        return -1;
+        return -EINVAL;
     if (!cfg->tls_cert_file[0] != !cfg->tls_key_file[0]) {
         fprintf(err, "engramd: tls_cert_file and tls_key_file go together: set both for TLS, "
                      "or neither\n");
-        return -1;
+        return -EINVAL;
     }
     if (cfg->tls_ca_file[0] && !cfg->tls_cert_file[0]) {
         fprintf(err, "engramd: tls_ca_file needs tls_cert_file and tls_key_file (client "
                      "certificates are only asked for over TLS)\n");
-        return -1;
+        return -EINVAL;
     }
     if (cfg->tls_admin_require_client_cert && !cfg->tls_ca_file[0]) {
         fprintf(err, "engramd: tls_admin_require_client_cert needs tls_ca_file (the CA that "
                      "admin client certificates are verified against)\n");
-        return -1;
+        return -EINVAL;
     }
     if (cfg->http_port == cfg->rpc_port) {
         fprintf(err, "engramd: http_port and rpc_port must differ (both %d)\n", cfg->rpc_port);
-        return -1;
+        return -EINVAL;
     }
     return 0;
 }

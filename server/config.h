@@ -103,7 +103,7 @@ typedef struct config {
 
 /* config_load fills cfg from defaults, the config file, the environment and argv (argv[0]
  * is skipped; argv entries that are not settings are errors). On --help it prints the
- * settings table to out and sets *exit_now. Returns 0, or -1 after printing a message that
+ * settings table to out and sets *exit_now. Returns 0, or -EINVAL after printing a message that
  * names the bad setting to err. Strings in cfg are owned by cfg: free with config_free. */
 int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *exit_now);
 

@@ -161,11 +161,11 @@ done:
 static int check_tag(const msgpack_object *o, const char *what, char *err, size_t errlen)
 {
     if (rpc_check_value(o, RPC_T_STR, RPC_P_RANGE, 1, TAG_MAX_BYTES, what, err, errlen) != 0)
-        return -1;
+        return -EINVAL;
     for (uint32_t i = 0; i < o->via.str.size; i++) {
         if ((unsigned char)o->via.str.ptr[i] < 0x20 || o->via.str.ptr[i] == 0x7f) {
             snprintf(err, errlen, "'%s' must not contain control characters", what);
-            return -1;
+            return -EINVAL;
         }
     }
     return 0;
@@ -176,14 +176,14 @@ int mf_check_metadata(const msgpack_object *md, const char *what, char *err, siz
     char name[160];
     if (md->type != MSGPACK_OBJECT_MAP) {
         snprintf(err, errlen, "'%s' must be a map", what);
-        return -1;
+        return -EINVAL;
     }
     for (uint32_t i = 0; i < md->via.map.size; i++) {
         const msgpack_object_kv *kv = &md->via.map.ptr[i];
         const msgpack_object *v = &kv->val;
         if (kv->key.type != MSGPACK_OBJECT_STR) {
             snprintf(err, errlen, "'%s' keys must be strings", what);
-            return -1;
+            return -EINVAL;
         }
         snprintf(name, sizeof(name), "%s.%.*s", what, (int)kv->key.via.str.size,
                  kv->key.via.str.ptr);
@@ -191,25 +191,25 @@ int mf_check_metadata(const msgpack_object *md, const char *what, char *err, siz
         if (list_str || rpc_str_eq(&kv->key, "chains")) {
             if (rpc_check_value(v, list_str ? RPC_T_STR_ARRAY : RPC_T_UINT_ARRAY, RPC_P_RANGE, 0,
                                 TAG_MAX_ITEMS, name, err, errlen) != 0)
-                return -1;
+                return -EINVAL;
             for (uint32_t j = 0; list_str && j < v->via.array.size; j++) {
                 char item[200];
                 snprintf(item, sizeof(item), "%s[%u]", name, j);
                 if (check_tag(&v->via.array.ptr[j], item, err, errlen) != 0)
-                    return -1;
+                    return -EINVAL;
             }
         } else if (rpc_str_eq(&kv->key, "strategy_id")) {
             if (check_tag(v, name, err, errlen) != 0)
-                return -1;
+                return -EINVAL;
         } else if (rpc_str_eq(&kv->key, "attrs")) {
             if (rpc_check_value(v, RPC_T_MAP, 0, 0, 0, name, err, errlen) != 0)
-                return -1;
+                return -EINVAL;
         } else {
             snprintf(err, errlen,
                      "unknown field '%s' (metadata holds tokens, chains, protocols, strategy_id "
                      "and attrs)",
                      name);
-            return -1;
+            return -EINVAL;
         }
     }
     return 0;
@@ -324,7 +324,7 @@ int mf_parse(req *r, size_t base, mem_filter *f)
                 req_fail(r, RPC_INVALID_ARGUMENT,
                          "parameter 'type_filter' may hold only fact, preference, episode, "
                          "strategy_outcome and constraint");
-                return -1;
+                return -EINVAL;
             }
             f->type_mask |= (uint8_t)(1u << t);
         }
@@ -339,7 +339,7 @@ int mf_parse(req *r, size_t base, mem_filter *f)
             if (sc < 0) {
                 req_fail(r, RPC_INVALID_ARGUMENT,
                          "parameter 'scopes' may hold only agent, clade and tenant");
-                return -1;
+                return -EINVAL;
             }
             f->scope_mask |= (uint8_t)(1u << sc);
         }
@@ -385,7 +385,7 @@ int mf_parse(req *r, size_t base, mem_filter *f)
             req_fail(r, RPC_INVALID_ARGUMENT,
                      "parameter 'attrs' must hold only JSON values (strings, numbers, booleans, "
                      "nil, arrays, maps with string keys), at most 16 levels deep");
-            return -1;
+            return -EINVAL;
         }
         if (!(f->attrs_json = arena_take(r, &doc)))
             goto oom;
@@ -402,7 +402,7 @@ int mf_parse(req *r, size_t base, mem_filter *f)
         if (!f->has_agent) {
             req_fail(r, RPC_INVALID_ARGUMENT,
                      "parameter 'clade_id' names the clade of 'agent_id', which is missing");
-            return -1;
+            return -EINVAL;
         }
         f->has_clade = true;
         f->clade_id = rpc_get_uint(o, 0);
@@ -411,7 +411,7 @@ int mf_parse(req *r, size_t base, mem_filter *f)
     return 0;
 oom:
     req_fail(r, RPC_INTERNAL, "out of memory");
-    return -1;
+    return -EINVAL;
 }
 
 /* ---- evaluation ----------------------------------------------------------------------- */

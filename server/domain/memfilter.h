@@ -81,7 +81,7 @@ typedef struct mem_filter {
 } mem_filter;
 
 /* mf_parse reads the MF__COUNT filter arguments of r starting at parameter index base
- * into f (allocations in r's arena). Returns 0, or -1 after failing the request with
+ * into f (allocations in r's arena). Returns 0, or -EINVAL after failing the request with
  * invalid_argument (or internal when out of memory): r is gone then. */
 int mf_parse(req *r, size_t base, mem_filter *f);
 
@@ -108,7 +108,7 @@ int mf_tags_from_json(const char *s, size_t len, uint64_t **out, uint32_t *n);
 /* mf_check_metadata validates a metadata map: only tokens (strings), chains (unsigned
  * integers), protocols (strings), strategy_id (string) and attrs (map); tag strings 1..128
  * bytes without control characters; at most 64 entries per list. what prefixes messages
- * ("metadata" or "memories[3].metadata"). Returns 0 or -1 with err. */
+ * ("metadata" or "memories[3].metadata"). Returns 0 or -EINVAL with err. */
 int mf_check_metadata(const msgpack_object *md, const char *what, char *err, size_t errlen);
 
 #endif

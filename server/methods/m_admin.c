@@ -15,6 +15,7 @@
 #include "tenancy.h"
 #include "tenants.h"
 
+#include <errno.h>
 #define LIST_MAX 1000
 #define LIST_DEFAULT 100
 
@@ -25,20 +26,20 @@ static int tenant_ref(req *r, size_t id_param, size_t name_param, const char **v
     const msgpack_object *id = req_arg(r, id_param), *name = req_arg(r, name_param);
     if (!id == !name) {
         req_fail(r, RPC_INVALID_ARGUMENT, "name the tenant with 'tenant_id' or 'name' (one)");
-        return -1;
+        return -EINVAL;
     }
     vals[0] = vals[1] = NULL;
     if (id) {
         char *s = req_alloc(r, 24);
         if (!s) {
             req_fail(r, RPC_INTERNAL, "out of memory");
-            return -1;
+            return -EINVAL;
         }
         snprintf(s, 24, "%lld", (long long)rpc_get_uint(id, 0));
         vals[0] = s;
     } else if (!(vals[1] = req_strdup(r, name))) {
         req_fail(r, RPC_INTERNAL, "out of memory");
-        return -1;
+        return -EINVAL;
     }
     return 0;
 }
@@ -74,13 +75,13 @@ static int engine_arg(req *r, const msgpack_object *o, bool allow_default, const
         (allow_default && rpc_str_eq(o, "default"))) {
         if (!(*out = req_strdup(r, o))) {
             req_fail(r, RPC_INTERNAL, "out of memory");
-            return -1;
+            return -EINVAL;
         }
         return 0;
     }
     req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'index_engine' must be native or faiss%s",
              allow_default ? " (or default)" : "");
-    return -1;
+    return -EINVAL;
 }
 
 enum { P_TC_NAME, P_TC_TIER, P_TC_EMBEDDING, P_TC_INDEX_ENGINE };

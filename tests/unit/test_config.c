@@ -6,6 +6,7 @@
  * unknown settings refused wherever they appear; the cross-field checks; --help; secrets
  * redacted when printed.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,7 +74,7 @@ static void expect_error(const char *const *args, const char *want)
 {
     config cfg;
     result r = load(&cfg, args);
-    CHECK_MSG(r.rc == -1, "accepted; expected '%s'", want);
+    CHECK_MSG(r.rc == -EINVAL, "accepted; expected '%s'", want);
     CHECK_STR_CONTAINS(r.err, want);
     config_free(&cfg); /* strings set before the failure are freed too */
     result_free(&r);
@@ -264,7 +265,7 @@ static void test_precedence(void)
     config_free(&cfg);
     result_free(&r);
     r = load(&cfg, (const char *[]){"--config=", NULL}); /* empty: no file at all */
-    CHECK(r.rc == -1);
+    CHECK(r.rc == -EINVAL);
     CHECK_STR_CONTAINS(r.err, "pg_dsn is required");
     config_free(&cfg);
     result_free(&r);

@@ -352,7 +352,7 @@ int req_dispatch(conn *c, const uint8_t *msg, size_t len)
     req *r = calloc(1, sizeof(*r));
     if (!r) {
         conn_request_finished(c);
-        return -1;
+        return -ENOMEM;
     }
     r->t0_ns = server_mono_ns();
     r->c = c;
@@ -384,7 +384,7 @@ int req_dispatch(conn *c, const uint8_t *msg, size_t len)
             r->notify = true; /* nothing can be answered */
             req_end(r, RPC_MALFORMED_REQUEST);
         }
-        return -1;
+        return -EBADMSG;
     }
     r->msgid = rq.msgid;
     r->notify = rq.kind == RPC_KIND_NOTIFY;

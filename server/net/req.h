@@ -24,8 +24,9 @@ typedef struct req req;
 
 /* req_dispatch handles one complete message of len bytes from c (copied): decoding,
  * method lookup, authentication and permission checks, parameter binding, then the
- * handler. Returns 0, or -1 when the message was malformed and the connection must be
- * closed (an error response has been written when a msgid could be read). */
+ * handler. Returns 0; -EBADMSG when the message was malformed and the connection must be
+ * closed (an error response has been written when a msgid could be read); -ENOMEM when
+ * no request could be allocated (the connection is closed too). */
 int req_dispatch(conn *c, const uint8_t *msg, size_t len);
 
 /* Accessors. */

@@ -53,11 +53,11 @@ static int take_row(const loader_row *row, void *arg)
         size_t cap = l->cap ? l->cap * 2 : 1024;
         cmem *m = realloc(l->m, cap * sizeof(*m));
         if (!m)
-            return -1;
+            return -ENOMEM;
         l->m = m;
         float *v = realloc(l->vecs, cap * l->dim * sizeof(float));
         if (!v)
-            return -1;
+            return -ENOMEM;
         l->vecs = v;
         l->cap = cap;
     }
@@ -163,12 +163,12 @@ static int lit_f64(lit *l, double v)
 static int lit_arr(lit *l, const int64_t *v, size_t n)
 {
     if (ubuf_append(&l->b, l->n++ ? ",\"{" : "{\"{", 3) < 0)
-        return -1;
+        return -ENOMEM;
     for (size_t i = 0; i < n; i++) {
         char num[24];
         int k = snprintf(num, sizeof(num), "%s%lld", i ? "," : "", (long long)v[i]);
         if (ubuf_append(&l->b, num, (size_t)k) < 0)
-            return -1;
+            return -ENOMEM;
     }
     return ubuf_append(&l->b, "}\"", 2);
 }
@@ -211,7 +211,8 @@ typedef struct cand {
 } cand;
 
 /* One run's state, from the read to the record. Every array is owned here and freed by
- * run_fini. Each step below returns 0, or -1 with out->error set. */
+ * run_fini. Each step below returns 0, or a negative errno (-ENOMEM, -EIO otherwise) with
+ * out->error set. */
 typedef struct run {
     server *s;
     const config *cfg;
@@ -266,7 +267,7 @@ static int step_read(run *r)
     char err[300];
     if (loader_live(r->pg, r->tenant, r->l.dim, &r->seq, take_row, &r->l, err, sizeof(err)) < 0) {
         set_err(r->out, "reading memories: %s", err);
-        return -1;
+        return -EIO;
     }
     return 0;
 }
@@ -280,7 +281,7 @@ static int step_pairs(run *r)
     size_t n = r->l.n, dim = r->l.dim;
     cmem *m = r->l.m;
     char err[300];
-    int rc = -1;
+    int rc = -EIO;
     dedupe_pair *pairs = NULL;
     uint32_t *order = malloc((n + 1) * sizeof(*order));
     float *gv = malloc((n + 1) * dim * sizeof(float));
@@ -370,7 +371,7 @@ static int step_plan(run *r)
     if (!best || !r->imp || !r->acc || !r->members || !r->mseqs || !r->first) {
         free(best);
         set_err(r->out, "%s", "out of memory");
-        return -1;
+        return -ENOMEM;
     }
     /* merges: every cluster's survivor absorbs the others */
     for (size_t i = 0; i < n; i++)
@@ -481,7 +482,7 @@ static int apply_one(run *r, const char *own, lit *S)
     }
     if (rc < 0) {
         set_err(r->out, "applying the plan: %s", err);
-        return -1;
+        return -EIO;
     }
     return 0;
 }
@@ -541,7 +542,7 @@ static int step_apply(run *r)
     ubuf_fini(&own);
     if (!ok && r->out->status >= 0)
         set_err(r->out, "%s", "out of memory");
-    return r->out->status < 0 ? -1 : 0;
+    return r->out->status < 0 ? -EIO : 0;
 }
 
 /* Step 5, record: store every live memory's composite and record the run with its counts
@@ -584,7 +585,7 @@ static int step_record(run *r)
     }
     if (rc < 0) {
         set_err(out, "recording the run: %s", err);
-        return -1;
+        return -EIO;
     }
     return 0;
 }

@@ -289,8 +289,9 @@ static int catch_up_change(uint64_t seq, uint64_t id, const loader_row *row, voi
         return 0;
     }
     mem_meta m;
-    if (mem_meta_from_row(&m, row) < 0)
-        return -1;
+    int mrc = mem_meta_from_row(&m, row);
+    if (mrc < 0)
+        return mrc;
     /* the row is the memory's current state, written by change row->seq >= seq */
     pthread_mutex_lock(&t->mu);
     if (t->state == T_READY && !tn_seq_applied(t, seq)) {

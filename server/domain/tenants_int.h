@@ -164,7 +164,7 @@ void tn_preload_job(bg_ctx *ctx, void *arg);
 
 /* tenants_snap.c */
 /* Writes t's snapshot when it is loaded and changed since the last one. Call without
- * t->mu, holding a reference. Returns 1 when written, 0 when there was nothing to do, -1
+ * t->mu, holding a reference. Returns 1 when written, 0 when there was nothing to do, -EIO
  * on failure (logged; retried later). */
 int tn_save_snapshot(tenant *t);
 /* Writes the snapshot path of tenant id into buf. Returns false while the directory is
@@ -183,7 +183,10 @@ bool tn_snap_file_other(const char *path, const snap_id *want, snap_id *got);
 const char *tn_snap_id_name(const snap_id *id);
 /* The identity of an index created with vo. */
 snap_id tn_snap_id_of(const vindex_opts *vo);
-/* extra bytes in no known format: tags_restore refuses them (and resets the pointers) */
+/* Restores a loaded snapshot's tags from its tag records and drops memories written after
+ * change upto. Returns 0; -EBADMSG when the records do not describe the snapshot (free the
+ * tags with the index); -ENOMEM before any entry was touched (destroy the index without
+ * freeing them). */
 int tn_tags_restore(vindex *vi, const unsigned char *x, size_t xlen, uint64_t upto);
 
 #endif

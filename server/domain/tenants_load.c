@@ -76,13 +76,13 @@ static int load_row(const loader_row *row, void *arg)
         if (mrc == -EINVAL)
             log_error("tenant %lld: memory %llu: unreadable metadata fields", (long long)lc->t->id,
                       (unsigned long long)row->id);
-        return -1;
+        return mrc;
     }
     int rc = vindex_add(lc->vi, row->id, row->vec, &m); /* the index owns m.tags now */
     if (rc != 0)
         free((void *)m.tags);
     if (rc == -ENOMEM)
-        return -1;
+        return -ENOMEM;
     if (rc != 0)
         log_warn("tenant %lld: memory %llu not indexed (%d)", (long long)lc->t->id,
                  (unsigned long long)row->id, rc);
@@ -91,7 +91,7 @@ static int load_row(const loader_row *row, void *arg)
 }
 
 /* Builds t's index from every memory in PostgreSQL and installs it (t is LOADING).
- * Returns 0 or -1 with err. */
+ * Returns 0 or a negative errno with err. */
 static int load_from_db(PGconn *pg, tenant *t, size_t *rows, char *err, size_t errlen)
 {
     vindex_opts vo;
@@ -100,11 +100,11 @@ static int load_from_db(PGconn *pg, tenant *t, size_t *rows, char *err, size_t e
     uint64_t seq = 0;
     if (!lc.vi) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return -ENOMEM;
     }
     if (loader_tenant(pg, t->id, t->dim, &seq, load_row, &lc, err, errlen) != 0) {
         index_free(lc.vi);
-        return -1;
+        return -EIO;
     }
     pthread_mutex_lock(&t->mu);
     t->vi = lc.vi;
@@ -217,16 +217,16 @@ static void access_fix_one(void *meta, void *arg)
 
 /* Brings the access counts of a restored index up to the database's (reads are not
  * changes, so the replay does not carry them, and other processes count reads too).
- * Returns 0 or -1 with err. */
+ * Returns 0 or a negative errno with err. */
 static int refresh_access(PGconn *pg, tenant *t, vindex *vi, char *err, size_t errlen)
 {
     access_fix af = {.at = idmap_create(256)};
-    int rc = -1;
+    int rc = -ENOMEM;
     if (af.at)
         rc = loader_accessed(pg, t->id, 0, access_row, &af, err, errlen);
     if (!af.at || af.oom) {
         snprintf(err, errlen, "out of memory");
-        rc = -1;
+        rc = -ENOMEM;
     }
     if (rc == 0 && af.n)
         vindex_update_meta(vi, af.ids, af.n, access_fix_one, &af);
@@ -266,8 +266,8 @@ static void uninstall(tenant *t)
 
 /* Loads t's index from its snapshot and replays the changes committed after it (t is
  * LOADING). Returns 0 when installed; 1 when there is no usable snapshot (missing, corrupt,
- * stale, or older than the change log: the caller rebuilds from PostgreSQL); -1 with err
- * when the database failed. */
+ * stale, or older than the change log: the caller rebuilds from PostgreSQL); a negative errno with
+ * err when the database failed. */
 static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *changes, char *err,
                               size_t errlen)
 {
@@ -316,7 +316,7 @@ static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *chang
     rc = tn_tags_restore(vi, known ? x : NULL, known ? rec_len : 0, upto);
     free(x);
     if (rc < 0) {
-        if (rc == -1)
+        if (rc == -EBADMSG)
             index_free(vi);
         else
             vindex_destroy(vi); /* no tags were allocated */
@@ -338,7 +338,7 @@ static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *chang
         if (rp.oom)
             snprintf(err, errlen, "out of memory");
         uninstall(t);
-        return -1;
+        return -ENOMEM;
     }
     if (rp.gap || now_seq < upto || rp.next != now_seq + 1) {
         uninstall(t);
@@ -355,7 +355,7 @@ static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *chang
     }
     if (refresh_access(pg, t, vi, err, errlen) < 0) {
         uninstall(t);
-        return -1;
+        return -EIO;
     }
     pthread_mutex_lock(&t->mu);
     t->saved_seq = upto;
@@ -369,13 +369,13 @@ static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *chang
 }
 
 /* Sets t->engine, the engine the load creates the index with, from the tenant's choice in
- * PostgreSQL or else the index_engine setting (t is LOADING). Returns 0 or -1 with err. */
+ * PostgreSQL or else the index_engine setting (t is LOADING). Returns 0 or -EIO with err. */
 static int read_engine(PGconn *pg, tenant *t, char *err, size_t errlen)
 {
     const config *c = &t->ts->srv->cfg;
     char name[16];
     if (loader_index_engine(pg, t->id, name, sizeof(name), err, errlen) < 0)
-        return -1;
+        return -EIO;
     int e = index_engine_parse(name, strlen(name));
     if (e < 0)
         e = index_engine_parse(c->index_engine, strlen(c->index_engine));
@@ -387,13 +387,13 @@ static int read_engine(PGconn *pg, tenant *t, char *err, size_t errlen)
 
 /* Loads t's index on this background thread (t is LOADING): from its snapshot plus the
  * changes after it, else from PostgreSQL; then applies the changes that arrived meanwhile
- * and wakes the waiters. Returns 0 or -1. */
+ * and wakes the waiters. Returns 0 or a negative errno. */
 static int load_now(bg_ctx *ctx, tenant *t)
 {
     char err[256] = "";
     uint64_t t0 = server_mono_ns();
     size_t rows = 0, changes = 0;
-    int rc = -1, from = -1;
+    int rc = -EIO, from = -1;
     if (bg_cancelled(ctx)) {
         snprintf(err, sizeof(err), "server shutting down");
     } else {

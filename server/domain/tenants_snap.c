@@ -196,7 +196,7 @@ static int tagbuf_put(tagbuf *b, const void *data, size_t len)
             cap *= 2;
         unsigned char *p = realloc(b->p, cap);
         if (!p)
-            return -1;
+            return -ENOMEM;
         b->p = p;
         b->cap = cap;
     }
@@ -305,9 +305,9 @@ static int collect_id(uint64_t id, const float *vec, const void *meta, void *arg
 
 /* Restores the tags of a loaded snapshot from the tag records x (xlen bytes: the extra bytes
  * without the identity) and removes the memories written after its change number upto. Returns 0;
- * -1 when the extra bytes do not describe the snapshot's memories (every entry's tags are valid or
- * NULL: free them with the index); or -2 when memory ran out before any entry was touched (the tags
- * pointers are the saved ones: destroy the index without freeing them). */
+ * -EBADMSG when the extra bytes do not describe the snapshot's memories (every entry's tags are
+ * valid or NULL: free them with the index); or -ENOMEM when memory ran out before any entry was
+ * touched (the tags pointers are the saved ones: destroy the index without freeing them). */
 int tn_tags_restore(vindex *vi, const unsigned char *x, size_t xlen, uint64_t upto)
 {
     tagfix tf = {.x = x, .upto = upto};
@@ -344,7 +344,7 @@ fail:
     if (vindex_foreach(vi, collect_id, &ids) != 0) {
         idmap_destroy(tf.at);
         free(ids.p);
-        return -2;
+        return -ENOMEM;
     }
     if (rc < 0)
         tf.bad = true;
@@ -355,13 +355,13 @@ fail:
     idmap_destroy(tf.at);
     free(tf.drop);
     free(ids.p);
-    return tf.bad ? -1 : 0;
+    return tf.bad ? -EBADMSG : 0;
 }
 
 /* ---- snapshots, maintenance and eviction ---------------------------------------------- */
 
 /* Writes t's snapshot when it is loaded and changed since the last one. Call without
- * t->mu, holding a reference. Returns 1 when written, 0 when there was nothing to do, -1
+ * t->mu, holding a reference. Returns 1 when written, 0 when there was nothing to do, -EIO
  * on failure (logged; retried later). */
 int tn_save_snapshot(tenant *t)
 {
@@ -382,7 +382,7 @@ int tn_save_snapshot(tenant *t)
     if (tags_build(t, &x, &xlen) < 0) {
         pthread_mutex_unlock(&t->mu);
         log_warn("tenant %lld: snapshot skipped: out of memory", (long long)t->id);
-        return -1;
+        return -EIO;
     }
     t->saving = true;
     t->dirty = false;
@@ -408,7 +408,7 @@ int tn_save_snapshot(tenant *t)
     if (rc != 0) {
         log_warn("tenant %lld: cannot write snapshot %s: %s", (long long)t->id, path,
                  strerror(-rc));
-        return -1;
+        return -EIO;
     }
     atomic_fetch_add(&ts->n_snapshots, 1);
     log_debug("tenant %lld: snapshot at change %llu written in %.1f ms", (long long)t->id,

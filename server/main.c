@@ -173,8 +173,9 @@ static int ensure_dir(const char *path)
 {
     if (mkdir(path, 0700) == 0 || errno == EEXIST)
         return 0;
-    log_error("cannot create directory %s: %s", path, strerror(errno));
-    return -1;
+    int e = errno;
+    log_error("cannot create directory %s: %s", path, strerror(e));
+    return -e;
 }
 
 /* engramd create-tenant NAME TIER KEY_FILE: creates the tenant (or a new key for an
@@ -188,7 +189,7 @@ static int create_tenant_cmd(server *s, PGconn *c, const char *name, const char 
     }
     if (tier_parse(tier, strlen(tier)) < 0) {
         log_error("tier must be free, standard or premium, not '%s'", tier);
-        return -1;
+        return -EINVAL;
     }
     char key[AUTH_KEY_LEN + 1], key_id[AUTH_KEY_ID_LEN + 1], hex[65], dim[16], err[512];
     uint8_t hash[32];
@@ -206,22 +207,23 @@ static int create_tenant_cmd(server *s, PGconn *c, const char *name, const char 
         r = DB_EXEC(c, sql_def(SQL_ADMIN_KEY_CREATE), kv, e2, sizeof(e2));
         if (!r) {
             log_error("cannot create tenant '%s': %s", name, err);
-            return -1;
+            return -EIO;
         }
     }
     long long tid = atoll(PQgetvalue(r, 0, 0));
     PQclear(r);
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
     if (fd < 0) {
-        log_error("cannot create %s: %s", path, strerror(errno));
-        return -1;
+        int e = errno;
+        log_error("cannot create %s: %s", path, strerror(e));
+        return -e;
     }
     size_t n = strlen(key);
     bool ok = write(fd, key, n) == (ssize_t)n && write(fd, "\n", 1) == 1 && fsync(fd) == 0;
     close(fd);
     if (!ok) {
         log_error("cannot write %s", path);
-        return -1;
+        return -EIO;
     }
     log_info("tenant '%s' (id %lld, tier %s): API key written to %s", name, tid, tier, path);
     return 0;

@@ -1,6 +1,7 @@
 /* server/net/climits.c: process-wide client limits (see climits.h). */
 #include "climits.h"
 
+#include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -111,7 +112,7 @@ long climits_fit_descriptors(config *cfg, long reserve, char *msg, size_t msglen
     msg[0] = '\0';
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
-        return -1;
+        return -errno;
     rlim_t before = rl.rlim_cur;
     if (rl.rlim_cur < rl.rlim_max) {
         rlim_t want = rl.rlim_max == RLIM_INFINITY ? 1048576 : rl.rlim_max;

@@ -38,7 +38,8 @@ size_t climits_buffered_total(climits *cl);
 /* climits_fit_descriptors raises the soft RLIMIT_NOFILE to the hard limit and lowers
  * cfg->max_connections so that connections leave `reserve` descriptors for PostgreSQL,
  * snapshots, the listeners and logs. Writes what it did into msg (empty when nothing
- * changed). Call once at start, before any thread. Returns the descriptor limit. */
+ * changed). Call once at start, before any thread. Returns the descriptor limit, or a
+ * negative errno when it cannot be read (getrlimit). */
 long climits_fit_descriptors(config *cfg, long reserve, char *msg, size_t msglen);
 
 #endif

@@ -286,7 +286,7 @@ void conn_request_finished(conn *c)
 }
 
 /* Moves up to what libevent has buffered into c->in, keeping the partial message at the
- * front. Returns the number of bytes moved, or -1 when out of memory. */
+ * front. Returns the number of bytes moved, or -ENOMEM (-EIO when libevent refuses). */
 static long pull_input(conn *c, size_t consumed)
 {
     if (consumed) {
@@ -308,14 +308,14 @@ static long pull_input(conn *c, size_t consumed)
             cap *= 2;
         uint8_t *n = realloc(c->in, cap);
         if (!n)
-            return -1;
+            return -ENOMEM;
         climits_buffered(c->srv->limits_cl, (long long)cap - (long long)c->in_cap);
         c->in = n;
         c->in_cap = cap;
     }
     int got = evbuffer_remove(input, c->in + c->in_len, take);
     if (got < 0)
-        return -1;
+        return -EIO;
     c->in_len += (size_t)got;
     return got;
 }
@@ -362,7 +362,7 @@ static void process_input(conn *c)
             long got = pull_input(c, off);
             off = 0;
             if (got < 0) {
-                log_warn("connection: out of memory reading a message; closing");
+                log_warn("connection: cannot read a message (%s); closing", strerror((int)-got));
                 conn_close(c);
                 break;
             }

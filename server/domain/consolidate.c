@@ -182,13 +182,14 @@ static const char *lit_end(lit *l)
 }
 
 /* Records a failed run (its changes were rolled back) in a transaction of its own. */
-static void record_failure(PGconn *pg, const char *tid, const char *trigger, int64_t started,
+static void record_failure(PGconn *pg, int64_t tenant, const char *trigger, int64_t started,
                            const char *error)
 {
-    char err[256], st[24];
+    char err[256], st[24], tid[24];
     snprintf(st, sizeof(st), "%lld", (long long)started);
+    snprintf(tid, sizeof(tid), "%lld", (long long)tenant);
     const char *fv[] = {tid, trigger, st, error};
-    if (db_tenant_begin(pg, atoll(tid), DB_TX_WRITE, err, sizeof(err)) < 0) {
+    if (db_tenant_begin(pg, tenant, DB_TX_WRITE, err, sizeof(err)) < 0) {
         log_warn("recording a failed consolidation: %s", err);
         return;
     }
@@ -645,7 +646,7 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
     res = DB_EXEC(r.pg, sqlb_def(SQLB_UNLOCK), kv, err, sizeof(err));
     PQclear(res);
     if (out->status < 0 && PQstatus(r.pg) == CONNECTION_OK)
-        record_failure(r.pg, r.tid, trigger, r.started, out->error);
+        record_failure(r.pg, tenant, trigger, r.started, out->error);
     run_fini(&r);
     out->duration_ms = (int64_t)((server_mono_ns() - t0) / 1000000u);
     if (PQstatus(r.pg) != CONNECTION_OK)

@@ -17,6 +17,7 @@ import socket
 import string
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -275,6 +276,49 @@ class PgCluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def server_pair(dsn, extra=()):
+    """Two engramd processes on one database, sharing the secret and the admin key (as the
+    processes of one deployment do); returns them started. Stop and clean up both."""
+    a = Server(dsn, extra=list(extra)).start()
+    b = Server(dsn, extra=list(extra) + ["--secret-file", a.data_dir + "/secret.key",
+                                         "--admin-key-file", a.admin_key_file])
+    b.admin_key_file = a.admin_key_file
+    b.start()
+    return a, b
+
+
+class Bystander:
+    """A client that pings in a loop on its own thread while a test does something else:
+    start(), then stop() (joins the thread, at most 10 s). lat holds each ping's round trip in
+    seconds, failures the first exception (the loop ends at it), for the test to assert on."""
+
+    def __init__(self, port, key=None, ssl_context=None):
+        self.port, self.key, self.ssl_context = port, key, ssl_context
+        self.lat, self.failures = [], []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        with Client(self.port, key=self.key, ssl_context=self.ssl_context) as c:
+            while not self._stop.is_set():
+                t0 = time.time()
+                try:
+                    assert c.call("ping") == "pong"
+                except Exception as e:  # noqa: BLE001 - recorded for the test to assert on
+                    self.failures.append(repr(e))
+                    return
+                self.lat.append(time.time() - t0)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(10)
+        return self
+
+
 def structured_vectors(n, dim, seed=1, latent=32, noise=0.3):
     """Rows x = W z + noise * e, z in R^latent, L2-normalized, as float32 (numpy array).
 
@@ -294,4 +338,5 @@ def vec_bin(v):
 
 
 __all__ = ["Server", "PgCluster", "Client", "RpcError", "new_database", "psql",
-           "structured_vectors", "vec_bin", "free_port", "CLI", "wait_for", "PG_BINDIR"]
+           "structured_vectors", "vec_bin", "free_port", "CLI", "wait_for", "PG_BINDIR",
+           "Bystander", "server_pair"]

@@ -3,7 +3,7 @@ the other, administrative changes reach both. (Quota races on two processes are 
 tests/reliability/test_quota_races.py.)"""
 import pytest
 
-from harness import Server, new_database, structured_vectors, vec_bin, wait_for
+from harness import new_database, server_pair, structured_vectors, vec_bin, wait_for
 
 LIMITS = ["--free-max-memories", "40", "--free-queries-per-day", "25",
           "--free-rate-per-s", "1000", "--free-rate-burst", "1000"]
@@ -12,12 +12,7 @@ LIMITS = ["--free-max-memories", "40", "--free-queries-per-day", "25",
 @pytest.fixture(scope="module")
 def pair():
     dsn = new_database("pair")
-    a = Server(dsn, extra=LIMITS).start()
-    # the second process shares the database, the secret and the admin key
-    b = Server(dsn, extra=LIMITS + ["--secret-file", a.data_dir + "/secret.key",
-                                    "--admin-key-file", a.admin_key_file])
-    b.admin_key_file = a.admin_key_file
-    b.start()
+    a, b = server_pair(dsn, LIMITS)
     yield a, b, dsn
     try:
         a.stop()

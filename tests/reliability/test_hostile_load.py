@@ -14,7 +14,7 @@ import time
 
 import msgpack
 
-from harness import Client, Server, new_database
+from harness import Bystander, Server, new_database
 
 
 def length_bombs():
@@ -102,22 +102,7 @@ def test_hostile_frames_while_another_client_works():
     try:
         srv.start()
         _, key = srv.create_tenant()
-        stop = threading.Event()
-        lat, failures = [], []
-
-        def bystander():
-            with Client(srv.port, key=key) as c:
-                while not stop.is_set():
-                    t0 = time.time()
-                    try:
-                        assert c.call("ping") == "pong"
-                    except Exception as e:  # noqa: BLE001 - recorded, asserted below
-                        failures.append(repr(e))
-                        return
-                    lat.append(time.time() - t0)
-
-        t = threading.Thread(target=bystander, daemon=True)
-        t.start()
+        by = Bystander(srv.port, key=key).start()
         # all at once: incomplete frames (a small bomb is just a message still arriving) are
         # closed by the send-rate floor after its 5 s grace, the others at once
         results = []
@@ -133,8 +118,8 @@ def test_hostile_frames_while_another_client_works():
             th.start()
         for th in senders:
             th.join(30)
-        stop.set()
-        t.join(10)
+        by.stop()
+        lat, failures = by.lat, by.failures
         slowest = max(results, key=lambda r: r[2])
         lat.sort()
         p50 = lat[len(lat) // 2] * 1e3

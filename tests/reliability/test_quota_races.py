@@ -10,7 +10,7 @@ import concurrent.futures
 
 import pytest
 
-from harness import RpcError, Server, new_database, psql
+from harness import RpcError, new_database, psql, server_pair
 
 MAX_MEMORIES, QUERIES_PER_DAY = 40, 25
 LIMITS = ["--free-max-memories", str(MAX_MEMORIES), "--free-queries-per-day",
@@ -21,12 +21,7 @@ ROUNDS = 5
 @pytest.fixture(scope="module")
 def pair():
     dsn = new_database("quota")
-    a = Server(dsn, extra=LIMITS).start()
-    # the second process shares the database, the secret and the admin key
-    b = Server(dsn, extra=LIMITS + ["--secret-file", a.data_dir + "/secret.key",
-                                    "--admin-key-file", a.admin_key_file])
-    b.admin_key_file = a.admin_key_file
-    b.start()
+    a, b = server_pair(dsn, LIMITS)
     yield a, b, dsn
     try:
         a.stop()

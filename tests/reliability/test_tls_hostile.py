@@ -22,7 +22,7 @@ import time
 
 import msgpack
 
-from harness import Client, Server, new_database
+from harness import Bystander, Server, new_database
 from tlsutil import client_context, make_pki, metric, tls_flags
 
 AUTH_TIMEOUT_S = 3
@@ -174,22 +174,7 @@ def test_hostile_tls_while_a_bystander_works():
         _, key = srv.create_tenant()
         ctx = client_context(pki["ca"])
         failures0 = metric(srv.http_get("/metrics")[1], "engram_tls_handshake_failures_total")
-        stop = threading.Event()
-        lat, failures = [], []
-
-        def bystander():
-            with Client(srv.port, key=key, ssl_context=client_context(pki["ca"])) as c:
-                while not stop.is_set():
-                    t0 = time.time()
-                    try:
-                        assert c.call("ping") == "pong"
-                    except Exception as e:  # noqa: BLE001 - recorded, asserted below
-                        failures.append(repr(e))
-                        return
-                    lat.append(time.time() - t0)
-
-        t = threading.Thread(target=bystander, daemon=True)
-        t.start()
+        by = Bystander(srv.port, key=key, ssl_context=client_context(pki["ca"])).start()
         results = []
         lock = threading.Lock()
 
@@ -208,8 +193,8 @@ def test_hostile_tls_while_a_bystander_works():
             th.start()
         for th in senders:
             th.join(WAIT_S + 30)
-        stop.set()
-        t.join(10)
+        by.stop()
+        lat, failures = by.lat, by.failures
         body = srv.http_get("/metrics")[1]
         failed_handshakes = metric(body, "engram_tls_handshake_failures_total") - failures0
         lat.sort()

@@ -242,6 +242,18 @@ static const config_def defs[] = {
      0, "transcript content bytes per session of a standard tenant"},
     {"premium_max_session_bytes", T_LONG, OFF(tier_max_session_bytes[2]), "268435456", 1024, 1e13,
      0, "transcript content bytes per session of a premium tenant"},
+    {"free_max_live_sessions", T_LONG, OFF(tier_max_live_sessions[0]), "10", 0, 1e12, 0,
+     "active top-level sessions a free tenant may have at once (0: unlimited)"},
+    {"standard_max_live_sessions", T_LONG, OFF(tier_max_live_sessions[1]), "100", 0, 1e12, 0,
+     "active top-level sessions a standard tenant may have at once (0: unlimited)"},
+    {"premium_max_live_sessions", T_LONG, OFF(tier_max_live_sessions[2]), "1000", 0, 1e12, 0,
+     "active top-level sessions a premium tenant may have at once (0: unlimited)"},
+    {"free_session_retention_days", T_INT, OFF(tier_session_retention_days[0]), "30", 0, 36500, 0,
+     "days after its last activity a free tenant's session is purged (0: kept forever)"},
+    {"standard_session_retention_days", T_INT, OFF(tier_session_retention_days[1]), "30", 0, 36500,
+     0, "days after its last activity a standard tenant's session is purged (0: kept forever)"},
+    {"premium_session_retention_days", T_INT, OFF(tier_session_retention_days[2]), "30", 0, 36500,
+     0, "days after its last activity a premium tenant's session is purged (0: kept forever)"},
 };
 
 #define NDEFS (sizeof(defs) / sizeof(defs[0]))

@@ -99,6 +99,8 @@ typedef struct config {
     double tier_rate_burst[3];
     long tier_max_session_entries[3];
     long tier_max_session_bytes[3];
+    long tier_max_live_sessions[3];
+    int tier_session_retention_days[3];
 } config;
 
 /* config_load fills cfg from defaults, the config file, the environment and argv (argv[0]

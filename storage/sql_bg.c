@@ -22,6 +22,8 @@ const db_stmt_def sql_bg_stmts[SQLB__COUNT] = {
                                 "SELECT * FROM engram_consolidation_due($1::integer[])", 1},
     [SQLB_PURGE_EXPIRED] = {"purge_expired", "SELECT engram_purge_expired($1, $2)", 2},
     [SQLB_SESSION_PURGE] = {"session_purge", "SELECT engram_session_purge_expired()", 0},
+    [SQLB_SESSION_RETENTION] = {"session_retention",
+                                "SELECT engram_session_purge_retention($1::integer[], $2)", 2},
     [SQLB_ACCESS_FOLD] = {"access_fold", "SELECT engram_access_fold($1)", 1},
     [SQLB_PRUNE_CHANGES] = {"prune_changes", "SELECT engram_prune_changes($1, $2)", 2},
     [SQLB_KEYS_VALID] = {"keys_valid", "SELECT engram_keys_valid($1::bigint[])", 1},

@@ -22,6 +22,7 @@ typedef enum sqlb_stmt {
     SQLB_CONSOLIDATION_DUE,  /* (cadence hours[3]) -> tenant, dim of tenants due */
     SQLB_PURGE_EXPIRED,      /* (limit, batch) -> memories deleted */
     SQLB_SESSION_PURGE,      /* () -> checkpoints removed */
+    SQLB_SESSION_RETENTION,  /* (days[3], batch) -> sessions deleted past retention */
     SQLB_ACCESS_FOLD,        /* (limit) -> access counts folded into their rows */
     SQLB_PRUNE_CHANGES,      /* (hours, limit) -> change records pruned */
     SQLB_KEYS_VALID,         /* (key rows[]) -> the rows still valid */

@@ -10,16 +10,20 @@
 #include "db.h"
 
 typedef enum sqls_stmt {
-    SQLS_CREATE, /* (tenant, agent, config) -> {session_id, created_at} */
+    SQLS_CREATE, /* (tenant, agent, config, max live sessions) -> {session_id, created_at,
+                    config} */
     SQLS_GET,    /* (tenant, session) -> session */
     SQLS_LIST,   /* (tenant, agent, state, cursor, limit) -> {sessions, next_cursor} */
     SQLS_END,    /* (tenant, session, summary) -> {session_id, state, ended_at} */
+    SQLS_DELETE, /* (tenant, session, cascade) -> {session_id, deleted, session_ids} */
     SQLS_APPEND, /* (tenant, session, role, content, parent, tokens, cost, agent, max entries, max
                     bytes) -> {entry_id, seq, total_cost_usdc} */
     SQLS_TOMBSTONE, /* (tenant, session or NULL, entry) -> {entry_id, tombstone_id, session_id} */
     SQLS_SUMMARIZE, /* (tenant, session or NULL, summary, through, compacted, max entries, max
                        bytes) -> {entry_id, session_id, compaction_count} */
-    SQLS_MESSAGES,  /* (tenant, session, tail, agent) -> {session_id, position, messages} */
+    SQLS_MESSAGES,  /* (tenant, session, tail, agent, cursor, limit, max bytes, events) ->
+                       {session_id, position, as_of, messages, next_cursor} */
+    SQLS_CONTEXT,   /* (tenant, session, budget tokens, agent) -> {text, tokens_used, ...} */
     SQLS_SCRATCHPAD_GET,    /* (tenant, session) -> scratchpad */
     SQLS_SCRATCHPAD_UPDATE, /* (tenant, session, content, expected version, tokens) -> scratchpad */
     SQLS_NOTE_ADD, /* (tenant, session, category, key, value, scope, work item, agent, max notes) ->
@@ -29,7 +33,8 @@ typedef enum sqls_stmt {
     SQLS_CHECKPOINT,    /* (tenant, session, label, metadata, ttl s, max checkpoints) ->
                            {checkpoint_id, ...} */
     SQLS_CHECKPOINTS,   /* (tenant, session) -> {checkpoints} */
-    SQLS_RESUME,   /* (tenant, checkpoint, config override, branch type) -> {session_id, ...} */
+    SQLS_RESUME,        /* (tenant, checkpoint, config override, branch type, max live sessions) ->
+                           {session_id, ...} */
     SQLS_SPAWN,    /* (tenant, parent, task, model, context, max tokens, return format, agent, max
                       children, max entries, max bytes) -> {session_id} */
     SQLS_COMPLETE, /* (tenant, session, output) -> {session_id, state, completed_at} */

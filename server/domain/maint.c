@@ -1,6 +1,7 @@
 /* server/domain/maint.c: periodic maintenance (see maint.h). */
 #include "maint.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -12,6 +13,39 @@
 
 #define PURGE_BATCH "10000"
 #define IDEMPOTENCY_TTL_S "86400"
+#define SESSION_BATCH "100" /* top-level sessions per transaction */
+#define SESSION_ROUNDS 100
+
+/* Deletes the sessions past their tier's retention, SESSION_BATCH top-level sessions (with
+ * their sub-agents and branches) per transaction, until none is left or SESSION_ROUNDS
+ * transactions ran. Returns 0, or -EIO after a failure (logged; the connection is given
+ * up when it broke). */
+static int purge_sessions(bg_ctx *ctx, PGconn *pg, server *s)
+{
+    char err[256], days[64];
+    snprintf(days, sizeof(days), "{%d,%d,%d}", s->tiers[TIER_FREE].session_retention_days,
+             s->tiers[TIER_STANDARD].session_retention_days,
+             s->tiers[TIER_PREMIUM].session_retention_days);
+    long long total = 0;
+    for (int i = 0; i < SESSION_ROUNDS; i++) {
+        const char *vals[] = {days, SESSION_BATCH};
+        PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_SESSION_RETENTION), vals, err, sizeof(err));
+        if (!r) {
+            log_warn("purging sessions past their retention failed: %s", err);
+            if (PQstatus(pg) != CONNECTION_OK)
+                bg_conn_failed(ctx);
+            return -EIO;
+        }
+        long long n = memrow_i64(r, 0, 0, 0);
+        PQclear(r);
+        total += n;
+        if (n == 0)
+            break;
+    }
+    if (total > 0)
+        log_info("purged %lld sessions past their tier's retention", total);
+    return 0;
+}
 
 static void purge_expired(bg_ctx *ctx, void *arg)
 {
@@ -44,6 +78,8 @@ static void purge_expired(bg_ctx *ctx, void *arg)
     PQclear(r);
     if (n > 0)
         log_info("purged %lld expired session checkpoints", n);
+    if (purge_sessions(ctx, pg, arg) != 0)
+        return;
     /* pending access counts into the memories' rows, a batch at a time */
     long long folded = 0;
     for (int i = 0; i < 100; i++) {

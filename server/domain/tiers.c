@@ -31,6 +31,8 @@ void tiers_from_config(const config *cfg, tier_limits out[TIER_COUNT])
             .rate_burst = cfg->tier_rate_burst[i],
             .max_session_entries = cfg->tier_max_session_entries[i],
             .max_session_bytes = cfg->tier_max_session_bytes[i],
+            .max_live_sessions = cfg->tier_max_live_sessions[i],
+            .session_retention_days = cfg->tier_session_retention_days[i],
         };
     }
 }

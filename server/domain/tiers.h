@@ -24,6 +24,8 @@ typedef struct tier_limits {
     double rate_burst;
     int64_t max_session_entries;
     int64_t max_session_bytes;
+    int64_t max_live_sessions;  /* active top-level sessions; 0: unlimited */
+    int session_retention_days; /* after the last activity; 0: forever */
 } tier_limits;
 
 /* tier_name returns "free", "standard" or "premium" ("unknown" otherwise). */

@@ -45,6 +45,8 @@ HANDLER(session_checkpoints);
 HANDLER(session_children);
 HANDLER(session_complete);
 HANDLER(session_create);
+HANDLER(session_context);
+HANDLER(session_delete);
 HANDLER(session_end);
 HANDLER(session_get);
 HANDLER(session_handoff);

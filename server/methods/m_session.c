@@ -44,6 +44,13 @@
 #define TAIL_MAX 100000
 #define LIST_MAX 1000
 #define LIST_DEFAULT 100
+#define PAGE_MAX 1000 /* session.messages items per page */
+#define PAGE_DEFAULT 100
+#define PAGE_BYTES (4 << 20)  /* session.messages content bytes per page (>= 1 item) */
+#define CURSOR_MAX 40         /* "upto.after" */
+#define CONTEXT_BUDGET_MIN 64 /* session.context: the block's frame must fit */
+#define CONTEXT_BUDGET_MAX 1000000
+#define CONTEXT_BUDGET_DEFAULT 8000 /* the seed's 5-10K tokens of session context */
 #define SUB_MAX_TOKENS 16777216
 #define RESULT_MAX_DEPTH 32
 #define STR_UNBOUNDED 16777216 /* checked against max_content_bytes in the handler */
@@ -399,12 +406,14 @@ static const rpc_param template_schema[T__N] = {
     {"params", RPC_T_MAP, RPC_P_NULLABLE | RPC_P_RANGE, 0, TEMPLATE_PARAMS_MAX},
 };
 
-enum { K_ENABLED, K_THRESHOLD, K_KEEP_RECENT, K_TOOL_BUDGET, K__N };
+/* Auto-compaction settings; absent ones take the seed's defaults (engram_session_config). */
+enum { K_ENABLED, K_THRESHOLD, K_KEEP_RECENT, K_TOOL_BUDGET, K_MAX_FAILURES, K__N };
 static const rpc_param compaction_schema[K__N] = {
     {"enabled", RPC_T_BOOL, RPC_P_NULLABLE, 0, 0},
     {"threshold", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0.01, 1},
     {"keep_recent", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1000000},
     {"tool_result_budget", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 0, TOKENS_MAX},
+    {"max_failures", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, 1000},
 };
 
 /* Validates a config map (prefix "config" or "config_override"). Returns true, or false
@@ -526,6 +535,7 @@ void h_session_create(req *r)
     sq_u64(&q, req_arg(r, P_CR_AGENT));
     if (!add_config(r, &q, cfg))
         return;
+    sq_i64(&q, tier_of(r)->max_live_sessions);
     sq_run(&q, SQLS_CREATE);
 }
 
@@ -571,6 +581,20 @@ void h_session_end(req *r)
     sq_u64(&q, req_arg(r, P_EN_SESSION));
     sq_str(&q, summary);
     sq_run(&q, SQLS_END);
+}
+
+enum { P_DE_SESSION, P_DE_CASCADE };
+PARAMS(session_delete, ID_PARAM("session_id"), {"cascade", RPC_T_BOOL, RPC_P_NULLABLE, 0, 0});
+
+/* session.delete: removes a session, its sub-agents and everything they own from
+ * PostgreSQL; sessions resumed from it go too only with cascade. */
+void h_session_delete(req *r)
+{
+    sq q;
+    sq_init(&q, r);
+    sq_u64(&q, req_arg(r, P_DE_SESSION));
+    sq_add(&q, rpc_get_bool(req_arg(r, P_DE_CASCADE), false) ? "true" : "false");
+    sq_run(&q, SQLS_DELETE);
 }
 
 /* ---- transcript ------------------------------------------------------------------------- */
@@ -643,19 +667,47 @@ void h_session_summarize(req *r)
     sq_run(&q, SQLS_SUMMARIZE);
 }
 
-enum { P_ME_SESSION, P_ME_TAIL, P_ME_AGENT };
+enum { P_ME_SESSION, P_ME_TAIL, P_ME_AGENT, P_ME_CURSOR, P_ME_LIMIT, P_ME_EVENTS };
 PARAMS(session_messages, ID_PARAM("session_id"),
-       {"tail", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, TAIL_MAX}, OPT_ID_PARAM("agent_id"));
+       {"tail", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, TAIL_MAX}, OPT_ID_PARAM("agent_id"),
+       {"cursor", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, CURSOR_MAX},
+       {"limit", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, PAGE_MAX},
+       {"include_events", RPC_T_BOOL, RPC_P_NULLABLE, 0, 0});
 
-/* session.messages: the history with tombstones applied and the summary in place. */
+/* session.messages: one page of the history with tombstones applied and the summary in
+ * place; next_cursor continues it as of the first page's transcript position (tail picks
+ * the first page's start, so later pages may repeat it or leave it out). */
 void h_session_messages(req *r)
 {
+    const msgpack_object *cursor = req_arg(r, P_ME_CURSOR);
     sq q;
     sq_init(&q, r);
     sq_u64(&q, req_arg(r, P_ME_SESSION));
     sq_u64(&q, req_arg(r, P_ME_TAIL));
     sq_u64(&q, req_arg(r, P_ME_AGENT));
+    sq_str(&q, cursor);
+    sq_i64(&q, (int64_t)rpc_get_uint(req_arg(r, P_ME_LIMIT), PAGE_DEFAULT));
+    sq_i64(&q, PAGE_BYTES);
+    sq_add(&q, rpc_get_bool(req_arg(r, P_ME_EVENTS), false) ? "true" : "false");
     sq_run(&q, SQLS_MESSAGES);
+}
+
+enum { P_CX_SESSION, P_CX_BUDGET, P_CX_AGENT };
+PARAMS(session_context, ID_PARAM("session_id"),
+       {"budget_tokens", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, CONTEXT_BUDGET_MIN,
+        CONTEXT_BUDGET_MAX},
+       OPT_ID_PARAM("agent_id"));
+
+/* session.context: the <working_memory> block and, for a resumed session, the resumed
+ * session context with the agents' tails, within a token budget. */
+void h_session_context(req *r)
+{
+    sq q;
+    sq_init(&q, r);
+    sq_u64(&q, req_arg(r, P_CX_SESSION));
+    sq_i64(&q, (int64_t)rpc_get_uint(req_arg(r, P_CX_BUDGET), CONTEXT_BUDGET_DEFAULT));
+    sq_u64(&q, req_arg(r, P_CX_AGENT));
+    sq_run(&q, SQLS_CONTEXT);
 }
 
 /* ---- working memory --------------------------------------------------------------------- */
@@ -817,6 +869,7 @@ void h_session_resume(req *r)
         sq_str(&q, branch);
     else
         sq_add(&q, "resume");
+    sq_i64(&q, tier_of(r)->max_live_sessions);
     sq_run(&q, SQLS_RESUME);
 }
 

@@ -130,7 +130,39 @@ CREATE OR REPLACE FUNCTION engram_session_entry_json(e session_entries) RETURNS 
         'created_at', engram_ms(e.created_at),
         'through_entry_id', CASE WHEN e.kind = 'summary' THEN e.target_id END,
         'messages_compacted', e.messages_compacted)
+    || CASE WHEN e.kind = 'event' THEN jsonb_build_object('event', e.event, 'data', e.data)
+            ELSE '{}'::jsonb END
 $$;
+
+-- engram_session_config: a session's configuration with the seed's auto-compaction
+-- defaults filled in where the client gave none: trigger at 90% of the context window,
+-- keep the 10 most recent messages, truncate tool results above 50,000 characters, and
+-- stop auto-compacting after 3 failures in a row.
+CREATE OR REPLACE FUNCTION engram_session_config(p_cfg jsonb) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_cfg || jsonb_build_object('compaction',
+        jsonb_build_object('enabled', true, 'threshold', 0.9, 'keep_recent', 10,
+                           'tool_result_budget', 50000, 'max_failures', 3)
+        || CASE WHEN jsonb_typeof(p_cfg -> 'compaction') = 'object' THEN p_cfg -> 'compaction'
+                ELSE '{}'::jsonb END)
+$$;
+
+-- engram_session_event: appends event p_event to session s's transcript at the next
+-- position (the caller holds the session's lock and moves sessions.position itself).
+-- Returns the entry's id.
+CREATE OR REPLACE FUNCTION engram_session_event(s sessions, p_event text, p_agent bigint,
+                                                p_content text, p_data jsonb, p_now timestamptz)
+    RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    INSERT INTO session_entries (tenant_id, session_id, seq, kind, event, content, data,
+                                 agent_id, created_at)
+        VALUES (s.tenant_id, s.id, s.position + 1, 'event', p_event, p_content, p_data,
+                p_agent, p_now)
+        RETURNING id INTO v_id;
+    RETURN v_id;
+END $$;
 
 -- engram_session_history: the transcript as a model would be given it, as of p_upto:
 -- tombstoned entries left out, the latest live compaction summary in place of everything
@@ -153,6 +185,35 @@ CREATE OR REPLACE FUNCTION engram_session_history(p_tenant bigint, p_session big
         WHERE l.kind = 'message'
           AND l.seq > COALESCE((SELECT top.target_seq FROM top), 0)
           AND (p_agent IS NULL OR l.agent_id = p_agent)
+    ),
+    picked AS (SELECT * FROM shown ORDER BY pos DESC LIMIT p_tail)
+    SELECT COALESCE(jsonb_agg(engram_session_entry_json(e) ORDER BY p.pos), '[]'::jsonb)
+    FROM picked p JOIN session_entries e ON e.tenant_id = p_tenant AND e.id = p.id
+$$;
+
+-- engram_session_tail: what an agent needs to pick up its work, as of p_upto: the live
+-- compaction summary in place (as in engram_session_history), then the last p_tail items
+-- after it that involve agent p_agent: its own messages, events it caused, and events
+-- naming it as the sub-agent (a delegation to it, its completion). p_agent NULL: every
+-- message and event. Returns a JSON array in transcript order.
+CREATE OR REPLACE FUNCTION engram_session_tail(p_tenant bigint, p_session bigint, p_upto bigint,
+                                               p_agent bigint, p_tail bigint)
+    RETURNS jsonb
+    LANGUAGE sql STABLE AS $$
+    WITH live AS MATERIALIZED (SELECT * FROM engram_session_live(p_tenant, p_session, p_upto)),
+    top AS (
+        SELECT l.id, l.target_seq FROM live l WHERE l.kind = 'summary'
+        ORDER BY l.target_seq DESC LIMIT 1
+    ),
+    shown AS (
+        SELECT l.id, l.target_seq AS pos FROM live l JOIN top ON top.id = l.id
+        UNION ALL
+        SELECT l.id, l.seq FROM live l
+        WHERE l.kind IN ('message', 'event')
+          AND l.seq > COALESCE((SELECT top.target_seq FROM top), 0)
+          AND (p_agent IS NULL OR l.agent_id = p_agent
+               OR (l.kind = 'event'
+                   AND (l.data ->> 'child_agent_id')::numeric = engram_session_u64(p_agent)))
     ),
     picked AS (SELECT * FROM shown ORDER BY pos DESC LIMIT p_tail)
     SELECT COALESCE(jsonb_agg(engram_session_entry_json(e) ORDER BY p.pos), '[]'::jsonb)
@@ -185,7 +246,7 @@ CREATE OR REPLACE FUNCTION engram_session_json(s sessions) RETURNS jsonb
     LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
         'session_id', s.id, 'agent_id', engram_session_u64(s.agent_id),
-        'parent_id', s.parent_id, 'state', s.state, 'config', s.config,
+        'parent_id', s.parent_id, 'state', s.state, 'config', engram_session_config(s.config),
         'model', s.config ->> 'model', 'branch_type', s.branch_type,
         'simulation', s.simulation,
         'resumed_from', CASE WHEN s.origin_checkpoint_id IS NOT NULL THEN
@@ -225,17 +286,44 @@ CREATE OR REPLACE FUNCTION engram_session_json(s sessions) RETURNS jsonb
         'output', s.output, 'completed_at', engram_ms(s.completed_at))
 $$;
 
-CREATE OR REPLACE FUNCTION engram_session_create(p_tenant bigint, p_agent bigint, p_config jsonb)
+-- engram_session_check_live: raises EG429 when the tenant already has p_max_live active
+-- top-level sessions (0: no cap). The tenant's session-id counter row is locked first, the
+-- row every new session's id comes from anyway, so concurrent creations in any number of
+-- processes are counted one after another and the cap holds exactly.
+CREATE OR REPLACE FUNCTION engram_session_check_live(p_tenant bigint, p_max_live bigint)
+    RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_n bigint;
+BEGIN
+    IF p_max_live IS NULL OR p_max_live <= 0 THEN
+        RETURN;
+    END IF;
+    INSERT INTO tenant_counters AS c (tenant_id, kind, last) VALUES (p_tenant, 'session', 0)
+        ON CONFLICT (tenant_id, kind) DO UPDATE SET last = c.last;
+    SELECT count(*) INTO v_n FROM sessions
+        WHERE tenant_id = p_tenant AND state = 'active' AND parent_id IS NULL;
+    IF v_n + 1 > p_max_live THEN
+        RAISE EXCEPTION 'the tenant has reached its limit of % live sessions', p_max_live
+            USING ERRCODE = 'EG429', DETAIL = format('limit=%s usage=%s', p_max_live, v_n);
+    END IF;
+END $$;
+
+DROP FUNCTION IF EXISTS engram_session_create(bigint, bigint, jsonb);
+CREATE OR REPLACE FUNCTION engram_session_create(p_tenant bigint, p_agent bigint, p_config jsonb,
+                                                 p_max_live bigint)
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    v_cfg jsonb := jsonb_strip_nulls(p_config);
-    v_now timestamptz := engram_session_now();
+    v_cfg jsonb := engram_session_config(jsonb_strip_nulls(p_config));
+    v_now timestamptz;
     v_id bigint;
 BEGIN
+    PERFORM engram_session_check_live(p_tenant, p_max_live);
+    v_now := engram_session_now();
     INSERT INTO sessions (tenant_id, agent_id, config, max_cost_usdc, created_at, updated_at)
         VALUES (p_tenant, p_agent, v_cfg, (v_cfg ->> 'max_cost_usdc')::numeric, v_now, v_now)
         RETURNING id INTO v_id;
-    RETURN jsonb_build_object('session_id', v_id, 'created_at', engram_ms(v_now));
+    RETURN jsonb_build_object('session_id', v_id, 'created_at', engram_ms(v_now),
+                              'config', v_cfg);
 END $$;
 
 CREATE OR REPLACE FUNCTION engram_session_get(p_tenant bigint, p_session bigint) RETURNS jsonb
@@ -397,6 +485,8 @@ DECLARE
     s sessions;
     e session_entries;
     v_cut bigint;
+    v_keep bigint;
+    v_after bigint;
     v_id bigint;
     v_now timestamptz;
 BEGIN
@@ -425,6 +515,16 @@ BEGIN
                         p_through
             USING ERRCODE = 'EG409';
     END IF;
+    -- the most recent messages always stay (config.compaction.keep_recent)
+    v_keep := (engram_session_config(s.config) -> 'compaction' ->> 'keep_recent')::bigint;
+    SELECT count(*) INTO v_after FROM engram_session_live(p_tenant, s.id, s.position) l
+        WHERE l.kind = 'message' AND l.seq > e.seq;
+    IF v_after < v_keep THEN
+        RAISE EXCEPTION 'the summary would cover some of the % most recent messages the session keeps (config.compaction.keep_recent): only % follow entry %',
+                        v_keep, v_after, p_through
+            USING ERRCODE = 'EG409',
+                  DETAIL = format('keep_recent=%s messages_after=%s', v_keep, v_after);
+    END IF;
     PERFORM engram_session_check_size(s, 1, octet_length(p_summary), p_max_entries, p_max_bytes);
     v_now := engram_session_now();
     INSERT INTO session_entries (tenant_id, session_id, seq, kind, content, agent_id, target_id,
@@ -441,16 +541,117 @@ BEGIN
                               'compaction_count', s.compaction_count + 1);
 END $$;
 
+-- engram_session_messages: one page of the history engram_session_history describes, as
+-- of transcript position p_upto (NULL: the session's position now; later pages pass the
+-- first page's, so a page sequence shows one fixed transcript however many entries are
+-- appended meanwhile: nothing is skipped or repeated). Items are in position order (a
+-- compaction summary sits at the position it compacts through); p_after is the position of
+-- the last item of the previous page (NULL: the first page). p_tail keeps only the last
+-- p_tail items, p_agent only that agent's messages (the summary stays), p_events adds the
+-- transcript's events. A page ends after p_limit items or once p_max_bytes of content are
+-- exceeded (always at least one item); next_cursor is NULL on the last page. Reads only the
+-- page's entries plus the summaries and tombstones (session_entries_marks), never the
+-- whole transcript.
+DROP FUNCTION IF EXISTS engram_session_messages(bigint, bigint, bigint, bigint);
 CREATE OR REPLACE FUNCTION engram_session_messages(p_tenant bigint, p_session bigint, p_tail bigint,
-                                        p_agent bigint)
+                                                   p_agent bigint, p_cursor text,
+                                                   p_limit bigint, p_max_bytes bigint,
+                                                   p_events boolean)
     RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     s sessions := engram_session_get_row(p_tenant, p_session);
+    v_upto bigint := s.position;
+    v_after bigint := 0;
+    v_dead bigint[];
+    v_top session_entries;
+    v_cut bigint;
+    v_ids bigint[] := '{}';
+    v_items jsonb;
+    v_n bigint := 0;
+    v_bytes bigint := 0;
+    v_last bigint;
+    v_more boolean := false;
+    v_chain bigint[];
+    v_uptos bigint[];
+    e record;
+    i integer;
 BEGIN
+    IF p_cursor IS NOT NULL THEN
+        IF p_cursor !~ '^[0-9]{1,18}\.[0-9]{1,18}$' THEN
+            RAISE EXCEPTION 'cursor is not a cursor of session.messages' USING ERRCODE = 'EG400';
+        END IF;
+        v_upto := split_part(p_cursor, '.', 1)::bigint;
+        v_after := split_part(p_cursor, '.', 2)::bigint;
+        IF v_upto > s.position OR v_after > v_upto THEN
+            RAISE EXCEPTION 'cursor is not a cursor of session %', s.id USING ERRCODE = 'EG400';
+        END IF;
+    END IF;
+    SELECT array_agg(c.session_id ORDER BY c.upto), array_agg(c.upto ORDER BY c.upto)
+        INTO v_chain, v_uptos FROM engram_session_chain(p_tenant, s.id, v_upto) c;
+    SELECT COALESCE(array_agg(t.target_id), '{}') INTO v_dead
+        FROM unnest(v_chain, v_uptos) AS c (session_id, upto)
+        JOIN session_entries t ON t.tenant_id = p_tenant AND t.session_id = c.session_id
+                               AND t.seq <= c.upto AND t.kind = 'tombstone';
+    SELECT m.* INTO v_top FROM unnest(v_chain, v_uptos) AS c (session_id, upto)
+        JOIN session_entries m ON m.tenant_id = p_tenant AND m.session_id = c.session_id
+                               AND m.seq <= c.upto AND m.kind = 'summary'
+        WHERE m.id <> ALL (v_dead)
+        ORDER BY m.target_seq DESC LIMIT 1;
+    v_cut := COALESCE(v_top.target_seq, 0);
+    IF p_cursor IS NULL AND p_tail IS NOT NULL THEN
+        -- the first page starts at the p_tail-th last item
+        v_after := NULL;
+        FOR i IN REVERSE cardinality(v_chain) .. 1 LOOP
+            SELECT x.seq - 1 INTO v_after FROM session_entries x
+                WHERE x.tenant_id = p_tenant AND x.session_id = v_chain[i]
+                  AND x.seq <= v_uptos[i] AND x.seq > v_cut
+                  AND (x.kind = 'message' OR (p_events AND x.kind = 'event'))
+                  AND (p_agent IS NULL OR x.agent_id = p_agent) AND x.id <> ALL (v_dead)
+                ORDER BY x.seq DESC OFFSET p_tail - 1 - v_n LIMIT 1;
+            EXIT WHEN v_after IS NOT NULL;
+            SELECT v_n + count(*) INTO v_n FROM session_entries x
+                WHERE x.tenant_id = p_tenant AND x.session_id = v_chain[i]
+                  AND x.seq <= v_uptos[i] AND x.seq > v_cut
+                  AND (x.kind = 'message' OR (p_events AND x.kind = 'event'))
+                  AND (p_agent IS NULL OR x.agent_id = p_agent) AND x.id <> ALL (v_dead);
+        END LOOP;
+        -- fewer than p_tail messages: all of them, and the summary (if any)
+        v_after := COALESCE(v_after, 0);
+        v_n := 0;
+    END IF;
+    IF v_top.id IS NOT NULL AND v_cut > v_after THEN
+        v_ids := v_ids || v_top.id;
+        v_n := 1;
+        v_bytes := octet_length(v_top.content);
+        v_last := v_cut;
+    END IF;
+    <<chain>>
+    FOR i IN 1 .. cardinality(v_chain) LOOP
+        FOR e IN SELECT x.id, x.seq, COALESCE(octet_length(x.content), 0) AS nbytes
+                 FROM session_entries x
+                 WHERE x.tenant_id = p_tenant AND x.session_id = v_chain[i]
+                   AND x.seq <= v_uptos[i] AND x.seq > GREATEST(v_after, v_cut)
+                   AND (x.kind = 'message' OR (p_events AND x.kind = 'event'))
+                   AND (p_agent IS NULL OR x.agent_id = p_agent) AND x.id <> ALL (v_dead)
+                 ORDER BY x.seq LOOP
+            IF v_n >= p_limit OR (v_n > 0 AND v_bytes + e.nbytes > p_max_bytes) THEN
+                v_more := true;
+                EXIT chain;
+            END IF;
+            v_ids := v_ids || e.id;
+            v_n := v_n + 1;
+            v_bytes := v_bytes + e.nbytes;
+            v_last := e.seq;
+        END LOOP;
+    END LOOP;
+    SELECT COALESCE(jsonb_agg(engram_session_entry_json(x)
+                              ORDER BY CASE WHEN x.kind = 'summary' THEN x.target_seq
+                                            ELSE x.seq END), '[]'::jsonb)
+        INTO v_items FROM session_entries x WHERE x.tenant_id = p_tenant AND x.id = ANY (v_ids);
     RETURN jsonb_build_object(
-        'session_id', s.id, 'position', s.position,
-        'compaction_count', s.compaction_count,
-        'messages', engram_session_history(p_tenant, s.id, s.position, p_agent, p_tail));
+        'session_id', s.id, 'position', s.position, 'as_of', v_upto,
+        'compaction_count', s.compaction_count, 'messages', v_items,
+        'next_cursor', CASE WHEN v_more THEN format('%s.%s', v_upto, v_last) END);
 END $$;
 
 CREATE OR REPLACE FUNCTION engram_session_scratchpad_json(s sessions) RETURNS jsonb
@@ -573,7 +774,12 @@ END $$;
 --   counters          costs, counters and constraint state, whole (a few numbers)
 --   scratchpad_snap   a copy of the scratchpad only when its version changed
 --   notes_added/_removed  note ids that became live / stopped being live
---   children          the active sub-agents and their positions (whole; at most a few)
+--   children          the active sub-agents, whole (at most a few): each one's position and
+--                     counters, a copy of its scratchpad (scratchpad_snap, when it has one)
+--                     and the ids of its live notes (notes rows are never changed, only
+--                     marked dead, so the ids restore their content)
+-- A checkpoint of an active session is its pause: a session_paused event goes into the
+-- transcript first, so the checkpoint's position includes it.
 CREATE OR REPLACE FUNCTION engram_session_checkpoint(p_tenant bigint, p_session bigint, p_label text,
                                           p_metadata jsonb, p_ttl_s bigint,
                                           p_max_checkpoints bigint)
@@ -587,9 +793,11 @@ DECLARE
     v_snap bigint;
     v_added bigint[];
     v_removed bigint[];
-    v_children jsonb;
+    v_children jsonb := '[]';
     v_n bigint;
     v_id bigint;
+    c sessions;
+    v_child_snap bigint;
 BEGIN
     IF s.parent_id IS NOT NULL THEN
         RAISE EXCEPTION 'session % is a sub-agent session: checkpoint its parent session %',
@@ -602,6 +810,15 @@ BEGIN
         RAISE EXCEPTION 'session % has reached its limit of % live checkpoints', s.id,
                         p_max_checkpoints
             USING ERRCODE = 'EG429', DETAIL = format('limit=%s usage=%s', p_max_checkpoints, v_n);
+    END IF;
+    v_id := engram_next_id(p_tenant, 'session_checkpoint');
+    IF s.state = 'active' THEN
+        PERFORM engram_session_event(s, 'session_paused', s.agent_id,
+                                     format('Session paused at checkpoint %s (%s).', v_id, p_label),
+                                     jsonb_build_object('checkpoint_id', v_id, 'label', p_label),
+                                     v_now);
+        UPDATE sessions SET position = position + 1 WHERE tenant_id = p_tenant AND id = s.id
+            RETURNING * INTO s;
     END IF;
     SELECT * INTO prev FROM session_checkpoints
         WHERE tenant_id = p_tenant AND session_id = s.id ORDER BY id DESC LIMIT 1;
@@ -622,17 +839,30 @@ BEGIN
     SELECT COALESCE(array_agg(n.id ORDER BY n.id), '{}') INTO v_removed FROM session_notes n
         WHERE n.tenant_id = p_tenant AND n.session_id = s.id AND n.created_rev <= v_prev_rev
           AND n.dead_rev > v_prev_rev;
-    SELECT COALESCE(jsonb_agg(jsonb_build_object(
-               'session_id', c.id, 'agent_id', c.agent_id, 'position', c.position,
-               'total_cost_usdc', c.total_cost_usdc, 'entry_count', c.entry_count,
-               'entry_bytes', c.entry_bytes, 'rounds', c.rounds,
-               'compaction_count', c.compaction_count) ORDER BY c.id), '[]')
-        INTO v_children FROM sessions c
-        WHERE c.tenant_id = p_tenant AND c.parent_id = s.id AND c.state = 'active';
-    INSERT INTO session_checkpoints (tenant_id, session_id, label, metadata, position, rev,
+    FOR c IN SELECT * FROM sessions x
+             WHERE x.tenant_id = p_tenant AND x.parent_id = s.id AND x.state = 'active'
+             ORDER BY x.id LOOP
+        v_child_snap := NULL;
+        IF c.scratchpad_version > 0 THEN
+            INSERT INTO session_scratchpad_snaps (tenant_id, session_id, version, content,
+                                                  token_count, updated_at)
+                VALUES (p_tenant, c.id, c.scratchpad_version, c.scratchpad, c.scratchpad_tokens,
+                        c.scratchpad_updated_at)
+                RETURNING id INTO v_child_snap;
+        END IF;
+        v_children := v_children || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+            'session_id', c.id, 'agent_id', c.agent_id, 'position', c.position,
+            'total_cost_usdc', c.total_cost_usdc, 'entry_count', c.entry_count,
+            'entry_bytes', c.entry_bytes, 'rounds', c.rounds,
+            'compaction_count', c.compaction_count, 'scratchpad_snap', v_child_snap,
+            'notes', (SELECT COALESCE(jsonb_agg(n.id ORDER BY n.id), '[]') FROM session_notes n
+                      WHERE n.tenant_id = p_tenant AND n.session_id = c.id
+                        AND n.dead_rev IS NULL))));
+    END LOOP;
+    INSERT INTO session_checkpoints (tenant_id, id, session_id, label, metadata, position, rev,
                                      counters, scratchpad_snap, notes_added, notes_removed,
                                      children, created_at, expires_at)
-        VALUES (p_tenant, s.id, p_label, COALESCE(p_metadata, '{}'), s.position, s.rev,
+        VALUES (p_tenant, v_id, s.id, p_label, COALESCE(p_metadata, '{}'), s.position, s.rev,
                 jsonb_build_object(
                     'total_cost_usdc', s.total_cost_usdc,
                     'children_cost_usdc', s.children_cost_usdc,
@@ -641,8 +871,7 @@ BEGIN
                     'elapsed_ms', engram_ms(v_now) - engram_ms(s.created_at),
                     'scratchpad_version', s.scratchpad_version),
                 v_snap, v_added, v_removed, v_children, v_now,
-                v_now + make_interval(secs => p_ttl_s))
-        RETURNING id INTO v_id;
+                v_now + make_interval(secs => p_ttl_s));
     UPDATE sessions SET updated_at = v_now WHERE tenant_id = p_tenant AND id = s.id;
     RETURN jsonb_build_object(
         'checkpoint_id', v_id, 'session_id', s.id, 'position', s.position,
@@ -677,9 +906,15 @@ END $$;
 -- at the checkpoint, each inheriting that sub-agent's transcript up to its position.
 -- p_branch is resume, sim, pre_steer or dream; a session in a simulation lineage cannot
 -- start another simulation branch (EG403). p_override is merged over the source's config
--- (null values remove keys). Returns the new ids and every agent's conversation tail.
+-- (null values remove keys; config.compaction merges key by key). Each restored sub-agent
+-- gets its scratchpad and live notes as the checkpoint captured them; a sub-agent deleted
+-- since is left out and named in children_missing. The new session, and each restored
+-- sub-agent, starts with a session_resumed event after the inherited transcript. The new
+-- session counts against the tier's live-session cap (p_max_live, 0: none). Returns the new
+-- ids and every agent's conversation tail (its messages and the events involving it).
+DROP FUNCTION IF EXISTS engram_session_resume(bigint, bigint, jsonb, text);
 CREATE OR REPLACE FUNCTION engram_session_resume(p_tenant bigint, p_checkpoint bigint, p_override jsonb,
-                                      p_branch text)
+                                                 p_branch text, p_max_live bigint)
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     k session_checkpoints;
@@ -697,7 +932,11 @@ DECLARE
     ch jsonb;
     old sessions;
     v_child bigint;
+    v_row sessions;
+    v_csnap session_scratchpad_snaps;
+    v_missing jsonb := '[]';
 BEGIN
+    PERFORM engram_session_check_live(p_tenant, p_max_live);
     SELECT session_id INTO v_source FROM session_checkpoints
         WHERE tenant_id = p_tenant AND id = p_checkpoint AND expires_at > now();
     IF NOT FOUND THEN
@@ -716,7 +955,13 @@ BEGIN
             USING ERRCODE = 'EG403';
     END IF;
     v_sim := CASE WHEN p_branch = 'resume' THEN src.simulation ELSE p_branch END;
-    v_cfg := jsonb_strip_nulls(src.config || COALESCE(p_override, '{}'));
+    v_cfg := src.config || COALESCE(p_override, '{}');
+    IF jsonb_typeof(p_override -> 'compaction') = 'object'
+       AND jsonb_typeof(src.config -> 'compaction') = 'object' THEN
+        v_cfg := jsonb_set(v_cfg, '{compaction}',
+                           (src.config -> 'compaction') || (p_override -> 'compaction'));
+    END IF;
+    v_cfg := engram_session_config(jsonb_strip_nulls(v_cfg));
     SELECT sn.* INTO v_snap FROM session_checkpoints c
         JOIN session_scratchpad_snaps sn ON sn.tenant_id = c.tenant_id AND sn.id = c.scratchpad_snap
         WHERE c.tenant_id = p_tenant AND c.session_id = src.id AND c.id <= k.id
@@ -734,7 +979,15 @@ BEGIN
                 COALESCE(v_snap.content, ''), COALESCE(v_snap.version, 0),
                 COALESCE(v_snap.token_count, 0), v_snap.updated_at, p_branch, v_sim, src.id,
                 k.id, v_now, v_now)
-        RETURNING id INTO v_id;
+        RETURNING * INTO v_row;
+    v_id := v_row.id;
+    PERFORM engram_session_event(v_row, 'session_resumed', src.agent_id,
+                                 format('Session resumed from checkpoint %s (%s) of session %s.',
+                                        k.id, k.label, src.id),
+                                 jsonb_build_object('checkpoint_id', k.id, 'label', k.label,
+                                                    'resumed_from', src.id),
+                                 v_now);
+    UPDATE sessions SET position = position + 1 WHERE tenant_id = p_tenant AND id = v_id;
     -- notes: a note is live at k when the last checkpoint up to k that mentions it added it
     INSERT INTO session_notes (tenant_id, session_id, agent_id, category, key, value, scope,
                                work_item_id, created_rev, created_at)
@@ -758,28 +1011,59 @@ BEGIN
     FOR ch IN SELECT * FROM jsonb_array_elements(k.children) LOOP
         SELECT * INTO old FROM sessions
             WHERE tenant_id = p_tenant AND id = (ch ->> 'session_id')::bigint;
+        IF NOT FOUND THEN
+            v_missing := v_missing || jsonb_build_array((ch ->> 'session_id')::bigint);
+            CONTINUE;
+        END IF;
+        v_csnap := NULL;
+        IF ch ? 'scratchpad_snap' THEN
+            SELECT * INTO v_csnap FROM session_scratchpad_snaps
+                WHERE tenant_id = p_tenant AND id = (ch ->> 'scratchpad_snap')::bigint;
+        END IF;
         INSERT INTO sessions (tenant_id, agent_id, parent_id, config, total_cost_usdc,
                               base_session_id, base_seq, position, entry_count, entry_bytes,
-                              compaction_count, rounds, branch_type, simulation,
+                              compaction_count, rounds, scratchpad, scratchpad_version,
+                              scratchpad_tokens, scratchpad_updated_at, branch_type, simulation,
                               origin_session_id, origin_checkpoint_id, task, return_format,
                               max_tokens, created_at, updated_at)
             VALUES (p_tenant, old.agent_id, v_id, old.config,
                     (ch ->> 'total_cost_usdc')::numeric, old.id, (ch ->> 'position')::bigint,
                     (ch ->> 'position')::bigint, (ch ->> 'entry_count')::bigint,
                     (ch ->> 'entry_bytes')::bigint, (ch ->> 'compaction_count')::bigint,
-                    (ch ->> 'rounds')::bigint, p_branch, v_sim, old.id, k.id, old.task,
+                    (ch ->> 'rounds')::bigint, COALESCE(v_csnap.content, ''),
+                    COALESCE(v_csnap.version, 0), COALESCE(v_csnap.token_count, 0),
+                    v_csnap.updated_at, p_branch, v_sim, old.id, k.id, old.task,
                     old.return_format, old.max_tokens, v_now, v_now)
-            RETURNING id INTO v_child;
+            RETURNING * INTO v_row;
+        v_child := v_row.id;
+        INSERT INTO session_notes (tenant_id, session_id, agent_id, category, key, value, scope,
+                                   work_item_id, created_rev, created_at)
+            SELECT n.tenant_id, v_child, n.agent_id, n.category, n.key, n.value, n.scope,
+                   n.work_item_id, 0, n.created_at
+            FROM session_notes n
+            WHERE n.tenant_id = p_tenant AND n.session_id = old.id
+              AND n.id IN (SELECT x::bigint FROM jsonb_array_elements_text(
+                               COALESCE(ch -> 'notes', '[]')) x)
+            ORDER BY n.id;
+        PERFORM engram_session_event(v_row, 'session_resumed', old.agent_id,
+                                     format('Session resumed from checkpoint %s (%s) of session %s.',
+                                            k.id, k.label, src.id),
+                                     jsonb_build_object('checkpoint_id', k.id, 'label', k.label,
+                                                        'resumed_from', old.id),
+                                     v_now);
+        UPDATE sessions SET position = position + 1 WHERE tenant_id = p_tenant AND id = v_child;
         v_children := v_children || jsonb_build_array(jsonb_build_object(
             'session_id', v_child, 'resumed_from', old.id,
             'agent_id', engram_session_u64(old.agent_id), 'task', old.task,
-            'tail', engram_session_history(p_tenant, v_child, (ch ->> 'position')::bigint, NULL,
-                                           v_depth)));
+            'scratchpad_version', COALESCE(v_csnap.version, 0),
+            'notes', jsonb_array_length(COALESCE(ch -> 'notes', '[]')),
+            'tail', engram_session_tail(p_tenant, v_child, (ch ->> 'position')::bigint, NULL,
+                                        v_depth)));
     END LOOP;
     -- each agent that took part, most recently active first, with its conversation tail
     SELECT COALESCE(jsonb_agg(jsonb_build_object(
                'agent_id', engram_session_u64(a.agent_id),
-               'tail', engram_session_history(p_tenant, v_id, k.position, a.agent_id, v_depth))
+               'tail', engram_session_tail(p_tenant, v_id, k.position, a.agent_id, v_depth))
                ORDER BY a.last_seq DESC), '[]')
         INTO v_agents
         FROM (SELECT l.agent_id, max(l.seq) AS last_seq
@@ -798,7 +1082,7 @@ BEGIN
             'elapsed_ms_at_checkpoint', k.counters -> 'elapsed_ms',
             'scratchpad_version', COALESCE(v_snap.version, 0), 'notes', v_notes,
             'checkpointed_at', engram_ms(k.created_at)),
-        'agents', v_agents, 'children', v_children);
+        'agents', v_agents, 'children', v_children, 'children_missing', v_missing);
 END $$;
 
 -- engram_session_purge_expired: removes every expired checkpoint and the scratchpad copies
@@ -841,6 +1125,12 @@ BEGIN
                     WHERE c.tenant_id = nx.tenant_id AND c.id = nx.id;
             END IF;
             DELETE FROM session_checkpoints c WHERE c.tenant_id = k.tenant_id AND c.id = k.id;
+            -- the sub-agents' scratchpad copies are whole per checkpoint: only k held them
+            DELETE FROM session_scratchpad_snaps sn
+                WHERE sn.tenant_id = k.tenant_id
+                  AND sn.id IN (SELECT (ch ->> 'scratchpad_snap')::bigint
+                                FROM jsonb_array_elements(k.children) ch
+                                WHERE ch ? 'scratchpad_snap');
             IF k.scratchpad_snap IS NOT NULL
                AND (nx.id IS NULL OR nx.scratchpad_snap IS NOT NULL) THEN
                 DELETE FROM session_scratchpad_snaps sn
@@ -884,8 +1174,9 @@ BEGIN
             USING ERRCODE = 'EG429',
                   DETAIL = format('limit=%s usage=0 requested=%s', p_max_bytes, v_bytes);
     END IF;
-    v_cfg := jsonb_strip_nulls(jsonb_build_object(
-        'model', COALESCE(p_model, p.config ->> 'model'), 'max_tokens', p_max_tokens));
+    v_cfg := engram_session_config(jsonb_strip_nulls(jsonb_build_object(
+        'model', COALESCE(p_model, p.config ->> 'model'), 'max_tokens', p_max_tokens,
+        'compaction', p.config -> 'compaction')));
     INSERT INTO sessions (tenant_id, agent_id, parent_id, config, task, return_format,
                           max_tokens, simulation, position, entry_count, entry_bytes,
                           created_at, updated_at)
@@ -900,7 +1191,16 @@ BEGIN
     INSERT INTO session_entries (tenant_id, session_id, seq, kind, role, content, agent_id,
                                  created_at)
         VALUES (p_tenant, v_id, v_entries, 'message', 'user', p_task, v_agent, v_now);
-    UPDATE sessions SET updated_at = v_now WHERE tenant_id = p_tenant AND id = p.id;
+    -- the delegation, in the parent's transcript (tails of both agents show it)
+    PERFORM engram_session_event(p, 'spawn', p.agent_id,
+                                 format('Delegated to sub-agent %s (session %s): %s',
+                                        engram_session_u64(v_agent), v_id, left(p_task, 200)),
+                                 jsonb_build_object('child_session_id', v_id,
+                                                    'child_agent_id', engram_session_u64(v_agent),
+                                                    'return_format', p_return_format),
+                                 v_now);
+    UPDATE sessions SET position = position + 1, updated_at = v_now
+        WHERE tenant_id = p_tenant AND id = p.id;
     RETURN jsonb_build_object('session_id', v_id, 'parent_id', p.id,
                               'agent_id', engram_session_u64(v_agent));
 END $$;
@@ -909,6 +1209,7 @@ CREATE OR REPLACE FUNCTION engram_session_complete(p_tenant bigint, p_session bi
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     s sessions := engram_session_lock(p_tenant, p_session);
+    p sessions;
     v_now timestamptz := engram_session_now();
 BEGIN
     IF s.parent_id IS NULL THEN
@@ -920,6 +1221,18 @@ BEGIN
         SET state = 'completed', output = p_output, completed_at = v_now, ended_at = v_now,
             updated_at = v_now
         WHERE tenant_id = p_tenant AND id = s.id;
+    -- the parent's transcript records the completion while the parent is active
+    SELECT * INTO p FROM sessions WHERE tenant_id = p_tenant AND id = s.parent_id;
+    IF p.state = 'active' THEN
+        PERFORM engram_session_event(p, 'sub_agent_completed', p.agent_id,
+                                     format('Sub-agent %s (session %s) completed.',
+                                            engram_session_u64(s.agent_id), s.id),
+                                     jsonb_build_object('child_session_id', s.id,
+                                                        'child_agent_id',
+                                                        engram_session_u64(s.agent_id)),
+                                     v_now);
+        UPDATE sessions SET position = position + 1 WHERE tenant_id = p_tenant AND id = p.id;
+    END IF;
     UPDATE sessions SET updated_at = v_now WHERE tenant_id = p_tenant AND id = s.parent_id;
     RETURN jsonb_build_object('session_id', s.id, 'parent_id', s.parent_id,
                               'state', 'completed', 'completed_at', engram_ms(v_now));
@@ -1086,4 +1399,263 @@ BEGIN
                 '[]'::jsonb));
     END IF;
     RETURN v;
+END $$;
+
+-- ---- deletion and retention ---------------------------------------------------------------
+
+-- engram_session_closure: p_roots with their sub-agents and, when p_branches, the sessions
+-- resumed from any of them (which inherit part of their transcripts), transitively.
+CREATE OR REPLACE FUNCTION engram_session_closure(p_tenant bigint, p_roots bigint[],
+                                                  p_branches boolean)
+    RETURNS bigint[] LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE d (id) AS (
+        SELECT x.id FROM sessions x WHERE x.tenant_id = p_tenant AND x.id = ANY (p_roots)
+        UNION
+        SELECT x.id FROM sessions x JOIN d ON x.tenant_id = p_tenant
+            AND (x.parent_id = d.id OR (p_branches AND x.base_session_id = d.id))
+    )
+    SELECT COALESCE(array_agg(d.id ORDER BY d.id), '{}') FROM d
+$$;
+
+-- engram_session_delete: deletes session p_session from PostgreSQL with everything it owns
+-- (transcript, notes, scratchpad copies, checkpoints, and whatever else references the
+-- session with ON DELETE CASCADE) and its sub-agents. Sessions resumed from it or from its
+-- sub-agents inherit part of its transcript: without p_cascade the delete is refused
+-- (EG409) while any exist; with it they go too, with their own sub-agents and branches.
+-- Every session is locked in id order (a parent before its sub-agents, as every writer
+-- locks them), so a concurrent writer either finishes first or finds the session gone.
+CREATE OR REPLACE FUNCTION engram_session_delete(p_tenant bigint, p_session bigint,
+                                                 p_cascade boolean)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    s sessions := engram_session_lock(p_tenant, p_session);
+    v_ids bigint[];
+    v_dep bigint[];
+    v_n bigint;
+BEGIN
+    v_ids := engram_session_closure(p_tenant, ARRAY[s.id], p_cascade);
+    IF NOT p_cascade THEN
+        SELECT array_agg(d.id ORDER BY d.id) INTO v_dep FROM sessions d
+            WHERE d.tenant_id = p_tenant AND d.base_session_id = ANY (v_ids)
+              AND d.id <> ALL (v_ids);
+        IF v_dep IS NOT NULL THEN
+            RAISE EXCEPTION 'session % has % session(s) resumed from it that inherit its transcript (%); delete them first or pass cascade: true',
+                            s.id, cardinality(v_dep), array_to_string(v_dep[1:10], ', ')
+                USING ERRCODE = 'EG409', DETAIL = format('dependents=%s', cardinality(v_dep));
+        END IF;
+    END IF;
+    PERFORM 1 FROM sessions WHERE tenant_id = p_tenant AND id = ANY (v_ids) ORDER BY id
+        FOR UPDATE;
+    DELETE FROM sessions WHERE tenant_id = p_tenant AND id = ANY (v_ids);
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN jsonb_build_object('session_id', s.id, 'deleted', v_n, 'session_ids', to_jsonb(v_ids));
+END $$;
+
+-- engram_session_purge_retention: deletes the sessions past their tier's retention. A
+-- top-level session is expired when it, its sub-agents and every session resumed from
+-- them (transitively) have all been inactive (updated_at) for the retention of its
+-- tenant's tier; it then goes with all of them, as engram_session_delete with cascade
+-- would. p_days: the retention in days of free, standard and premium (0: forever). At most
+-- p_batch expired sessions per call, looking at no more than 20 * p_batch candidates;
+-- returns how many sessions (sub-agents and branches included) were deleted. Runs as the
+-- owner (no tenant is set): the maintenance scheduler calls it until it returns 0.
+CREATE OR REPLACE FUNCTION engram_session_purge_retention(p_days integer[], p_batch integer)
+    RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    t record;
+    r record;
+    v_days integer;
+    v_cut timestamptz;
+    v_ids bigint[];
+    v_roots integer := 0;
+    v_seen integer := 0;
+    v_n bigint := 0;
+    v_d bigint;
+BEGIN
+    <<tenants>>
+    FOR t IN SELECT x.id, x.tier FROM tenants x ORDER BY x.id LOOP
+        v_days := p_days[CASE t.tier WHEN 'free' THEN 1 WHEN 'standard' THEN 2 ELSE 3 END];
+        CONTINUE WHEN v_days IS NULL OR v_days <= 0;
+        v_cut := now() - make_interval(days => v_days);
+        FOR r IN SELECT x.id FROM sessions x
+                 WHERE x.tenant_id = t.id AND x.parent_id IS NULL AND x.updated_at < v_cut
+                 ORDER BY x.updated_at, x.id LOOP
+            EXIT tenants WHEN v_roots >= p_batch OR v_seen >= 20 * p_batch;
+            v_seen := v_seen + 1;
+            v_ids := engram_session_closure(t.id, ARRAY[r.id], true);
+            CONTINUE WHEN cardinality(v_ids) = 0; -- deleted with an earlier one
+            PERFORM 1 FROM sessions WHERE tenant_id = t.id AND id = ANY (v_ids) ORDER BY id
+                FOR UPDATE;
+            CONTINUE WHEN EXISTS (SELECT 1 FROM sessions x
+                                  WHERE x.tenant_id = t.id AND x.id = ANY (v_ids)
+                                    AND x.updated_at >= v_cut);
+            DELETE FROM sessions WHERE tenant_id = t.id AND id = ANY (v_ids);
+            GET DIAGNOSTICS v_d = ROW_COUNT;
+            v_n := v_n + v_d;
+            v_roots := v_roots + 1;
+        END LOOP;
+    END LOOP;
+    RETURN v_n;
+END $$;
+
+-- ---- session.context -------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION engram_session_xml(p text) RETURNS text
+    LANGUAGE sql IMMUTABLE AS $$
+    SELECT replace(replace(replace(p, '&', '&amp;'), '<', '&lt;'), '>', '&gt;')
+$$;
+
+-- engram_session_context: what a gateway injects for the session, within p_budget tokens
+-- (a token is 4 bytes of text, as memory.context counts):
+--   for a session resumed from a checkpoint, the seed's resumed-session context: each
+--   agent's conversation tail as of the checkpoint (p_agent: that agent's only), at most
+--   config.transcript_replay_depth items each;
+--   then the <working_memory> block: the scratchpad, then the live notes.
+-- Under the budget, what is kept first: the scratchpad (cut at the end if it alone does not
+-- fit), then notes in the order carry_forward, blockers, current_task, decisions, the rest
+-- (newest first within each), then the tails' items newest first. Notes are shown in
+-- creation order and tail items in transcript order whatever was dropped.
+CREATE OR REPLACE FUNCTION engram_session_context(p_tenant bigint, p_session bigint,
+                                                  p_budget bigint, p_agent bigint)
+    RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    s sessions := engram_session_get_row(p_tenant, p_session);
+    c_open constant text := E'<working_memory>\n';
+    c_close constant text := '</working_memory>';
+    c_head constant text := E'## Session Context (Resumed)\nThis session was paused and has now resumed. Below is a summary of recent activity you were involved in before the pause.\n';
+    v_bytes bigint;
+    v_cap bigint := p_budget * 4;
+    v_pad text := '';
+    v_pad_cut boolean := false;
+    v_notes jsonb := '[]';
+    v_keep bigint[] := '{}';
+    v_notes_total bigint;
+    v_resumed boolean := s.origin_checkpoint_id IS NOT NULL;
+    v_depth bigint := COALESCE((s.config ->> 'transcript_replay_depth')::bigint, 50);
+    v_agents jsonb := '[]';
+    v_tail_items jsonb := '[]';
+    v_text text;
+    v_line text;
+    v_section text := '';
+    v_agent_info jsonb := '[]';
+    n record;
+    a record;
+    it record;
+    v_lines text[];
+    v_kept integer;
+    v_all integer;
+    v_lo integer;
+    v_hi integer;
+    v_mid integer;
+BEGIN
+    v_bytes := octet_length(c_open) + octet_length(c_close);
+    -- the scratchpad
+    IF s.scratchpad <> '' THEN
+        v_pad := engram_session_xml(s.scratchpad) || E'\n';
+        IF v_bytes + octet_length(v_pad) > v_cap THEN
+            -- the longest prefix (in characters) that fits, found by bisection
+            v_lo := 0;
+            v_hi := length(v_pad);
+            WHILE v_lo < v_hi LOOP
+                v_mid := (v_lo + v_hi + 1) / 2;
+                IF octet_length(left(v_pad, v_mid)) <= v_cap - v_bytes - 13 THEN
+                    v_lo := v_mid;
+                ELSE
+                    v_hi := v_mid - 1;
+                END IF;
+            END LOOP;
+            v_pad := left(v_pad, v_lo) || E'\n[truncated]\n';
+            v_pad_cut := true;
+        END IF;
+        v_bytes := v_bytes + octet_length(v_pad);
+    END IF;
+    -- the live notes by priority
+    SELECT count(*) INTO v_notes_total FROM session_notes x
+        WHERE x.tenant_id = p_tenant AND x.session_id = s.id AND x.dead_rev IS NULL;
+    FOR n IN SELECT x.id, format(E'<note id="%s" category="%s" scope="%s" key="%s">%s</note>\n',
+                                 x.id, x.category, x.scope,
+                                 replace(engram_session_xml(x.key), '"', '&quot;'),
+                                 engram_session_xml(x.value)) AS line
+             FROM session_notes x
+             WHERE x.tenant_id = p_tenant AND x.session_id = s.id AND x.dead_rev IS NULL
+             ORDER BY CASE WHEN x.scope = 'carry_forward' THEN 0
+                           WHEN x.category = 'blocker' THEN 1
+                           WHEN x.scope = 'current_task' THEN 2
+                           WHEN x.category = 'decision' THEN 3 ELSE 4 END, x.id DESC LOOP
+        IF v_bytes + octet_length(n.line) + 17 <= v_cap THEN
+            v_keep := v_keep || n.id;
+            v_bytes := v_bytes + octet_length(n.line);
+        END IF;
+    END LOOP;
+    IF cardinality(v_keep) > 0 THEN
+        v_bytes := v_bytes + octet_length(E'<notes>\n</notes>\n');
+    END IF;
+    -- the resumed-session context
+    IF v_resumed THEN
+        v_bytes := v_bytes + octet_length(c_head) + 1;
+        FOR a IN SELECT y.agent_id FROM (
+                     SELECT l.agent_id, max(l.seq) AS last_seq
+                     FROM engram_session_live(p_tenant, s.id, s.base_seq) l
+                     WHERE l.kind = 'message' GROUP BY l.agent_id) y
+                 WHERE p_agent IS NULL OR y.agent_id = p_agent
+                 ORDER BY y.last_seq DESC LIMIT 64 LOOP
+            v_lines := '{}';
+            v_all := 0;
+            v_kept := 0;
+            v_line := format(E'### Agent %s\n', engram_session_u64(a.agent_id));
+            IF v_bytes + octet_length(v_line) > v_cap THEN
+                EXIT;
+            END IF;
+            v_bytes := v_bytes + octet_length(v_line);
+            FOR it IN SELECT format(E'[%s] %s\n',
+                                    CASE x ->> 'type' WHEN 'message' THEN x ->> 'role'
+                                         ELSE x ->> 'type' END,
+                                    x ->> 'content') AS line
+                      FROM jsonb_array_elements(engram_session_tail(p_tenant, s.id, s.base_seq,
+                                                                    a.agent_id, v_depth))
+                           WITH ORDINALITY AS t (x, ord)
+                      ORDER BY t.ord DESC LOOP
+                v_all := v_all + 1;
+                IF v_kept = v_all - 1 AND v_bytes + octet_length(it.line) <= v_cap THEN
+                    v_lines := it.line || v_lines;
+                    v_bytes := v_bytes + octet_length(it.line);
+                    v_kept := v_kept + 1;
+                END IF;
+            END LOOP;
+            v_section := v_section || v_line || array_to_string(v_lines, '');
+            v_agent_info := v_agent_info || jsonb_build_array(jsonb_build_object(
+                'agent_id', engram_session_u64(a.agent_id), 'items', v_kept,
+                'omitted', v_all - v_kept));
+        END LOOP;
+    END IF;
+    v_text := '';
+    IF v_resumed THEN
+        v_text := c_head || v_section || E'\n';
+    END IF;
+    v_text := v_text || c_open || v_pad;
+    IF cardinality(v_keep) > 0 THEN
+        v_text := v_text || E'<notes>\n' || (
+            SELECT string_agg(format(E'<note id="%s" category="%s" scope="%s" key="%s">%s</note>\n',
+                                     x.id, x.category, x.scope,
+                                     replace(engram_session_xml(x.key), '"', '&quot;'),
+                                     engram_session_xml(x.value)), '' ORDER BY x.id)
+            FROM session_notes x WHERE x.tenant_id = p_tenant AND x.id = ANY (v_keep))
+            || E'</notes>\n';
+    END IF;
+    v_text := v_text || c_close;
+    RETURN jsonb_build_object(
+        'session_id', s.id, 'text', v_text, 'tokens_used', octet_length(v_text) / 4,
+        'budget_tokens', p_budget,
+        'scratchpad', jsonb_build_object('version', s.scratchpad_version,
+                                         'included', s.scratchpad <> '',
+                                         'truncated', v_pad_cut),
+        'notes', jsonb_build_object('included', cardinality(v_keep),
+                                    'omitted', v_notes_total - cardinality(v_keep),
+                                    'note_ids', (SELECT COALESCE(jsonb_agg(x ORDER BY x), '[]')
+                                                 FROM unnest(v_keep) x)),
+        'resumed', CASE WHEN v_resumed THEN jsonb_build_object(
+                            'checkpoint_id', s.origin_checkpoint_id,
+                            'resumed_from', s.origin_session_id, 'position', s.base_seq,
+                            'agents', v_agent_info) END);
 END $$;

@@ -192,7 +192,7 @@ def test_tombstones_hide_entries(client):
 
 
 def test_summaries_stand_in_place(client):
-    sid = new_session(client)
+    sid = new_session(client, compaction={"keep_recent": 0})
     ids = [client.call("session.append", session_id=sid, role="user", content=f"m{i}")["entry_id"]
            for i in range(6)]
     s1 = client.call("session.summarize", session_id=sid, summary="S1", through_entry_id=ids[2],
@@ -523,7 +523,7 @@ def test_handoff_modes(client):
 
 
 def test_handoff_summary_falls_back_to_compaction(client):
-    sid = new_session(client)
+    sid = new_session(client, compaction={"keep_recent": 0})
     e = client.call("session.append", session_id=sid, role="user", content="a")["entry_id"]
     client.call("session.summarize", session_id=sid, summary="compacted", through_entry_id=e,
                 messages_compacted=1)
@@ -561,7 +561,7 @@ def test_transcript_limits_per_tier(small_server):
         assert err["code"] == "quota_exceeded" and err["limit"] == 1024 and err["usage"] == 1000
         c.call("session.append", session_id=sid, role="user", content="y" * 24)
         # summaries are entries too
-        sid = new_session(c)
+        sid = new_session(c, compaction={"keep_recent": 0})
         e = [c.call("session.append", session_id=sid, role="user", content="z")["entry_id"]
              for _ in range(3)]
         c.call("session.summarize", session_id=sid, summary="s", through_entry_id=e[1],

@@ -44,7 +44,7 @@ def snapshot(c, sid):
 
 
 def test_resume_restores_exactly_the_checkpointed_state(client):
-    sid = new_session(client, agent_id=5, max_cost_usdc=10)
+    sid = new_session(client, agent_id=5, max_cost_usdc=10, compaction={"keep_recent": 0})
     ids = [client.call("session.append", session_id=sid, role="user" if i % 2 else "assistant",
                        content=f"m{i}", cost_usdc=0.25)["entry_id"] for i in range(6)]
     client.call("session.tombstone", entry_id=ids[1])
@@ -68,26 +68,30 @@ def test_resume_restores_exactly_the_checkpointed_state(client):
     note(client, sid, "risk", "IL", category="discovery", scope="carry_forward")
     b = client.call("session.checkpoint", session_id=sid, label="B")
     at_b = snapshot(client, sid)
-    # 3 messages, a tombstone and a summary were logged since A (referenced, not copied)
+    # 3 messages, a tombstone, a summary and B's session_paused event were logged since A
+    # (referenced, not copied)
     assert b["delta"] == {"scratchpad": True, "notes_added": 2, "notes_removed": 2,
-                          "entries": 5}
-    # nothing changed: nothing stored but the position
+                          "entries": 6}
+    # nothing changed: nothing stored but the position (C's own session_paused event)
     c2 = client.call("session.checkpoint", session_id=sid, label="C")
     assert c2["delta"] == {"scratchpad": False, "notes_added": 0, "notes_removed": 0,
-                           "entries": 0}
+                           "entries": 1}
+    at_c = snapshot(client, sid)
     client.call("session.append", session_id=sid, role="user", content="after", cost_usdc=1)
     client.call("session.scratchpad.update", session_id=sid, content="plan C")
     note(client, sid, "late", "x")
     now = snapshot(client, sid)
 
-    for ck, want in ((a, at_a), (b, at_b), (c2, at_b)):
+    for ck, want in ((a, at_a), (b, at_b), (c2, at_c)):
         r = client.call("session.resume", checkpoint_id=ck["checkpoint_id"])
         assert r["resumed_from"] == sid and r["branch_type"] == "resume"
         got = snapshot(client, r["session_id"])
         assert got["messages"] == want["messages"]
         assert got["scratchpad"] == want["scratchpad"]
         assert got["notes"] == want["notes"]
-        assert got["counters"] == want["counters"]
+        # the resumed session starts with its session_resumed event after the checkpoint
+        assert got["counters"] == dict(want["counters"],
+                                       position=want["counters"]["position"] + 1)
         assert r["restored"]["total_cost_usdc"] == want["counters"]["total_cost_usdc"]
         assert r["restored"]["position"] == want["counters"]["position"]
     assert r["restored"]["label"] == "C"
@@ -109,7 +113,8 @@ def test_resumed_session_continues_independently(client):
     s = client.call("session.get", session_id=new)
     assert s["model"] == "opus" and s["config"]["system_prompt"] == "think hard"
     assert s["config"]["max_cost_usdc"] == 2  # kept from the source
-    assert s["resumed_from"] == {"session_id": sid, "checkpoint_id": ck, "position": 3}
+    # three messages and the checkpoint's session_paused event
+    assert s["resumed_from"] == {"session_id": sid, "checkpoint_id": ck, "position": 4}
     # budget spent carries over (1.5 of 2); elapsed time restarts
     assert s["total_cost_usdc"] == 1.5 and s["constraints"]["elapsed_ms"] < 60000
     client.call("session.append", session_id=new, role="user", content="b1", cost_usdc=0.5)
@@ -179,12 +184,14 @@ def test_agent_tails(client):
     r = client.call("session.resume", checkpoint_id=ck)
     tails = {a["agent_id"]: [m["content"] for m in a["tail"]] for a in r["agents"]}
     assert [a["agent_id"] for a in r["agents"]] == [2, 1]  # most recently active first
-    assert tails[1] == [f"a{i}" for i in range(10, 60)]  # default depth 50
+    # default depth 50; the session's agent's tail ends with the pause
+    paused = f"Session paused at checkpoint {ck} (t)."
+    assert tails[1] == [f"a{i}" for i in range(11, 60)] + [paused]
     assert tails[2] == [f"b{i}" for i in range(5)]
     r = client.call("session.resume", checkpoint_id=ck,
                     config_override={"transcript_replay_depth": 3})
     tails = {a["agent_id"]: [m["content"] for m in a["tail"]] for a in r["agents"]}
-    assert tails[1] == ["a57", "a58", "a59"] and tails[2] == ["b2", "b3", "b4"]
+    assert tails[1] == ["a58", "a59", paused] and tails[2] == ["b2", "b3", "b4"]
 
 
 def test_active_sub_agents_come_back(client):

@@ -39,6 +39,8 @@ def calls(sid, entry, ck, child):
         "session.complete": {"session_id": child, "output": "x"},
         "session.children": {"session_id": sid},
         "session.handoff": {"session_id": sid, "mode": "recovery"},
+        "session.context": {"session_id": sid},
+        "session.delete": {"session_id": sid, "cascade": True},
     }
 
 

@@ -68,6 +68,7 @@ WRITE_METHODS = frozenset({
     "session.checkpoint",
     "session.complete",
     "session.create",
+    "session.delete",
     "session.end",
     "session.note.add",
     "session.resume",
@@ -113,12 +114,14 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "session.checkpoints": ("session_id", ),
     "session.children": ("session_id", ),
     "session.complete": ("session_id", "output", ),
+    "session.context": ("session_id", "budget_tokens", "agent_id", ),
     "session.create": ("agent_id", "config", ),
+    "session.delete": ("session_id", "cascade", ),
     "session.end": ("session_id", "summary", ),
     "session.get": ("session_id", ),
     "session.handoff": ("session_id", "mode", ),
     "session.list": ("agent_id", "state", "cursor", "limit", ),
-    "session.messages": ("session_id", "tail", "agent_id", ),
+    "session.messages": ("session_id", "tail", "agent_id", "cursor", "limit", "include_events", ),
     "session.note.add": ("session_id", "category", "key", "value", "scope", "work_item_id", "agent_id", ),
     "session.notes": ("session_id", "scopes", "categories", "since", "agent_id", ),
     "session.resume": ("checkpoint_id", "config_override", "branch_type", ),
@@ -651,11 +654,32 @@ class SyncSession:
             "output": output,
         }))
 
+    def context(
+        self,
+        session_id: int,
+        *,
+        budget_tokens: int | None = None,
+        agent_id: int | None = None,
+    ) -> dict[str, Any]:
+        """Renders a session's <working_memory> block (and resumed-session context) within a token budget. (``session.context``)"""
+        return cast("dict[str, Any]", self._r._call("session.context", {
+            "session_id": session_id,
+            "budget_tokens": budget_tokens,
+            "agent_id": agent_id,
+        }))
+
     def create(self, agent_id: int, config: SessionConfig) -> SessionCreateResult:
         """Creates a session for an agent. (``session.create``)"""
         return cast("SessionCreateResult", self._r._call("session.create", {
             "agent_id": agent_id,
             "config": config,
+        }))
+
+    def delete(self, session_id: int, *, cascade: bool | None = None) -> dict[str, Any]:
+        """Deletes a session, its sub-agents and everything they own (branches only with cascade). (``session.delete``)"""
+        return cast("dict[str, Any]", self._r._call("session.delete", {
+            "session_id": session_id,
+            "cascade": cascade,
         }))
 
     def end(self, session_id: int, *, summary: str | None = None) -> dict[str, Any]:
@@ -698,12 +722,18 @@ class SyncSession:
         *,
         tail: int | None = None,
         agent_id: int | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+        include_events: bool | None = None,
     ) -> MessagesResult:
-        """Returns a session's history as a model should be given it. (``session.messages``)"""
+        """Returns one page of a session's history as a model should be given it. (``session.messages``)"""
         return cast("MessagesResult", self._r._call("session.messages", {
             "session_id": session_id,
             "tail": tail,
             "agent_id": agent_id,
+            "cursor": cursor,
+            "limit": limit,
+            "include_events": include_events,
         }))
 
     def notes(
@@ -1359,11 +1389,32 @@ class AsyncSession:
             "output": output,
         }))
 
+    async def context(
+        self,
+        session_id: int,
+        *,
+        budget_tokens: int | None = None,
+        agent_id: int | None = None,
+    ) -> dict[str, Any]:
+        """Renders a session's <working_memory> block (and resumed-session context) within a token budget. (``session.context``)"""
+        return cast("dict[str, Any]", await self._r._acall("session.context", {
+            "session_id": session_id,
+            "budget_tokens": budget_tokens,
+            "agent_id": agent_id,
+        }))
+
     async def create(self, agent_id: int, config: SessionConfig) -> SessionCreateResult:
         """Creates a session for an agent. (``session.create``)"""
         return cast("SessionCreateResult", await self._r._acall("session.create", {
             "agent_id": agent_id,
             "config": config,
+        }))
+
+    async def delete(self, session_id: int, *, cascade: bool | None = None) -> dict[str, Any]:
+        """Deletes a session, its sub-agents and everything they own (branches only with cascade). (``session.delete``)"""
+        return cast("dict[str, Any]", await self._r._acall("session.delete", {
+            "session_id": session_id,
+            "cascade": cascade,
         }))
 
     async def end(self, session_id: int, *, summary: str | None = None) -> dict[str, Any]:
@@ -1408,12 +1459,18 @@ class AsyncSession:
         *,
         tail: int | None = None,
         agent_id: int | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+        include_events: bool | None = None,
     ) -> MessagesResult:
-        """Returns a session's history as a model should be given it. (``session.messages``)"""
+        """Returns one page of a session's history as a model should be given it. (``session.messages``)"""
         return cast("MessagesResult", await self._r._acall("session.messages", {
             "session_id": session_id,
             "tail": tail,
             "agent_id": agent_id,
+            "cursor": cursor,
+            "limit": limit,
+            "include_events": include_events,
         }))
 
     async def notes(
@@ -2086,11 +2143,32 @@ class FutureSession:
             "output": output,
         }))
 
+    def context(
+        self,
+        session_id: int,
+        *,
+        budget_tokens: int | None = None,
+        agent_id: int | None = None,
+    ) -> Future[dict[str, Any]]:
+        """Renders a session's <working_memory> block (and resumed-session context) within a token budget. (``session.context``)"""
+        return cast("Future[dict[str, Any]]", self._r._submit("session.context", {
+            "session_id": session_id,
+            "budget_tokens": budget_tokens,
+            "agent_id": agent_id,
+        }))
+
     def create(self, agent_id: int, config: SessionConfig) -> Future[SessionCreateResult]:
         """Creates a session for an agent. (``session.create``)"""
         return cast("Future[SessionCreateResult]", self._r._submit("session.create", {
             "agent_id": agent_id,
             "config": config,
+        }))
+
+    def delete(self, session_id: int, *, cascade: bool | None = None) -> Future[dict[str, Any]]:
+        """Deletes a session, its sub-agents and everything they own (branches only with cascade). (``session.delete``)"""
+        return cast("Future[dict[str, Any]]", self._r._submit("session.delete", {
+            "session_id": session_id,
+            "cascade": cascade,
         }))
 
     def end(self, session_id: int, *, summary: str | None = None) -> Future[dict[str, Any]]:
@@ -2135,12 +2213,18 @@ class FutureSession:
         *,
         tail: int | None = None,
         agent_id: int | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+        include_events: bool | None = None,
     ) -> Future[MessagesResult]:
-        """Returns a session's history as a model should be given it. (``session.messages``)"""
+        """Returns one page of a session's history as a model should be given it. (``session.messages``)"""
         return cast("Future[MessagesResult]", self._r._submit("session.messages", {
             "session_id": session_id,
             "tail": tail,
             "agent_id": agent_id,
+            "cursor": cursor,
+            "limit": limit,
+            "include_events": include_events,
         }))
 
     def notes(

@@ -197,6 +197,7 @@ class TenantCreateResult(TypedDict):
 class SessionCreateResult(TypedDict):
     session_id: int
     created_at: int
+    config: SessionConfig
 
 
 class AppendResult(TypedDict):
@@ -248,7 +249,7 @@ class CheckpointResult(TypedDict):
 class Entry(TypedDict, total=False):
     entry_id: int
     seq: int
-    type: Literal["message", "summary"]
+    type: Literal["message", "summary", "event"]
     role: Role | None
     content: str
     parent_id: int | None
@@ -258,13 +259,17 @@ class Entry(TypedDict, total=False):
     created_at: int
     through_entry_id: int | None
     messages_compacted: int | None
+    event: str
+    data: dict[str, Any]
 
 
 class MessagesResult(TypedDict):
     session_id: int
     position: int
+    as_of: int
     compaction_count: int
     messages: list[Entry]
+    next_cursor: str | None
 
 
 class ResumeResult(TypedDict, total=False):
@@ -276,6 +281,7 @@ class ResumeResult(TypedDict, total=False):
     restored: dict[str, Any]
     agents: list[dict[str, Any]]
     children: list[dict[str, Any]]
+    children_missing: list[int]
 
 
 __all__ = [n for n in list(globals()) if not n.startswith("_") and n not in (

@@ -82,12 +82,14 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "session.checkpoints": { params: ["session_id"], required: ["session_id"], flags: ["tenant"] },
   "session.children": { params: ["session_id"], required: ["session_id"], flags: ["tenant"] },
   "session.complete": { params: ["session_id", "output"], required: ["session_id", "output"], flags: ["tenant", "write"] },
+  "session.context": { params: ["session_id", "budget_tokens", "agent_id"], required: ["session_id"], flags: ["tenant"] },
   "session.create": { params: ["agent_id", "config"], required: ["agent_id", "config"], flags: ["tenant", "write"] },
+  "session.delete": { params: ["session_id", "cascade"], required: ["session_id"], flags: ["tenant", "write"] },
   "session.end": { params: ["session_id", "summary"], required: ["session_id"], flags: ["tenant", "write"] },
   "session.get": { params: ["session_id"], required: ["session_id"], flags: ["tenant"] },
   "session.handoff": { params: ["session_id", "mode"], required: ["session_id", "mode"], flags: ["tenant"] },
   "session.list": { params: ["agent_id", "state", "cursor", "limit"], required: [], flags: ["tenant"] },
-  "session.messages": { params: ["session_id", "tail", "agent_id"], required: ["session_id"], flags: ["tenant"] },
+  "session.messages": { params: ["session_id", "tail", "agent_id", "cursor", "limit", "include_events"], required: ["session_id"], flags: ["tenant"] },
   "session.note.add": { params: ["session_id", "category", "key", "value", "scope", "work_item_id", "agent_id"], required: ["session_id", "category", "key", "value", "scope"], flags: ["tenant", "write"] },
   "session.notes": { params: ["session_id", "scopes", "categories", "since", "agent_id"], required: ["session_id"], flags: ["tenant"] },
   "session.resume": { params: ["checkpoint_id", "config_override", "branch_type"], required: ["checkpoint_id"], flags: ["tenant", "write"] },
@@ -330,10 +332,23 @@ export interface SessionCompleteParams {
   output: string;
 }
 
+/** Parameters of `session.context`. */
+export interface SessionContextParams {
+  session_id: Id;
+  budget_tokens?: Id;
+  agent_id?: Id;
+}
+
 /** Parameters of `session.create`. */
 export interface SessionCreateParams {
   agent_id: Id;
   config: SessionConfig;
+}
+
+/** Parameters of `session.delete`. */
+export interface SessionDeleteParams {
+  session_id: Id;
+  cascade?: boolean;
 }
 
 /** Parameters of `session.end`. */
@@ -366,6 +381,9 @@ export interface SessionMessagesParams {
   session_id: Id;
   tail?: Id;
   agent_id?: Id;
+  cursor?: string;
+  limit?: Id;
+  include_events?: boolean;
 }
 
 /** Parameters of `session.note.add`. */
@@ -654,9 +672,17 @@ export class ApiSession {
   complete(params: SessionCompleteParams, options?: CallOptions): Promise<Record<string, unknown>> {
     return this._caller.call("session.complete", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
   }
+  /** Renders a session's <working_memory> block (and resumed-session context) within a token budget. (`session.context`) */
+  context(params: SessionContextParams, options?: CallOptions): Promise<Record<string, unknown>> {
+    return this._caller.call("session.context", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
+  }
   /** Creates a session for an agent. (`session.create`) */
   create(params: SessionCreateParams, options?: CallOptions): Promise<SessionCreateResult> {
     return this._caller.call("session.create", params as unknown as Record<string, unknown>, options) as Promise<SessionCreateResult>;
+  }
+  /** Deletes a session, its sub-agents and everything they own (branches only with cascade). (`session.delete`) */
+  delete(params: SessionDeleteParams, options?: CallOptions): Promise<Record<string, unknown>> {
+    return this._caller.call("session.delete", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
   }
   /** Ends a session, optionally with a summary. (`session.end`) */
   end(params: SessionEndParams, options?: CallOptions): Promise<Record<string, unknown>> {
@@ -674,7 +700,7 @@ export class ApiSession {
   list(params: SessionListParams = {}, options?: CallOptions): Promise<Record<string, unknown>> {
     return this._caller.call("session.list", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
   }
-  /** Returns a session's history as a model should be given it. (`session.messages`) */
+  /** Returns one page of a session's history as a model should be given it. (`session.messages`) */
   messages(params: SessionMessagesParams, options?: CallOptions): Promise<MessagesResult> {
     return this._caller.call("session.messages", params as unknown as Record<string, unknown>, options) as Promise<MessagesResult>;
   }
@@ -774,7 +800,9 @@ export const METHOD_PATHS: Readonly<Record<string, readonly string[]>> = {
   "session.checkpoints": ["session", "checkpoints"],
   "session.children": ["session", "children"],
   "session.complete": ["session", "complete"],
+  "session.context": ["session", "context"],
   "session.create": ["session", "create"],
+  "session.delete": ["session", "delete"],
   "session.end": ["session", "end"],
   "session.get": ["session", "get"],
   "session.handoff": ["session", "handoff"],

@@ -84,7 +84,13 @@ export interface SessionConfig {
   model: string;
   system_prompt?: string;
   template?: { name: string; version?: string; params?: Record<string, string> };
-  compaction?: { enabled?: boolean; threshold?: number; keep_recent?: number; tool_result_budget?: number };
+  compaction?: {
+    enabled?: boolean;
+    threshold?: number;
+    keep_recent?: number;
+    tool_result_budget?: number;
+    max_failures?: number;
+  };
   max_cost_usdc?: number | null;
   transcript_replay_depth?: number;
 }
@@ -153,7 +159,7 @@ export interface StatsResult {
   storage_bytes: number;
 }
 export interface TenantCreateResult { tenant_id: Id; api_key: string; key_id: Id }
-export interface SessionCreateResult { session_id: Id; created_at: number }
+export interface SessionCreateResult { session_id: Id; created_at: number; config: SessionConfig }
 export interface AppendResult { entry_id: Id; seq: number; total_cost_usdc: number }
 export interface Scratchpad {
   session_id: Id;
@@ -186,7 +192,7 @@ export interface CheckpointResult {
 export interface Entry {
   entry_id: Id;
   seq: number;
-  type: "message" | "summary";
+  type: "message" | "summary" | "event";
   role: Role | null;
   content: string;
   parent_id: Id | null;
@@ -196,12 +202,16 @@ export interface Entry {
   created_at: number;
   through_entry_id: Id | null;
   messages_compacted: number | null;
+  event?: string;
+  data?: Record<string, unknown>;
 }
 export interface MessagesResult {
   session_id: Id;
   position: number;
+  as_of: number;
   compaction_count: number;
   messages: Entry[];
+  next_cursor: string | null;
 }
 export interface ResumeResult {
   session_id: Id;
@@ -212,4 +222,5 @@ export interface ResumeResult {
   restored: Record<string, unknown>;
   agents: { agent_id: Id; tail: Entry[] }[];
   children: Record<string, unknown>[];
+  children_missing: Id[];
 }

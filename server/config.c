@@ -190,6 +190,11 @@ static const config_def defs[] = {
      "weight of access frequency in the composite importance"},
     {"score_w_explicit", T_DOUBLE, OFF(score_w_explicit), "0.4", 0, 1, 0,
      "weight of the author's importance in the composite (the three weights sum to 1)"},
+    {"score_w_usefulness", T_DOUBLE, OFF(score_w_usefulness), "0", 0, 1, 0,
+     "share of provenance usefulness in the composite: (1 - w) * seed formula + w * (cited + 1) / "
+     "(injected + 2); 0 keeps the seed's formula"},
+    {"provenance_threshold", T_DOUBLE, OFF(provenance_threshold), "0.8", 0, 1, 0,
+     "cosine similarity above which memory.provenance counts a memory as cited by a sentence"},
     {"score_recency_days", T_DOUBLE, OFF(score_recency_days), "30", 0.001, 36500, 0,
      "recency decays as exp(-age_days / score_recency_days)"},
     {"score_access_saturation", T_DOUBLE, OFF(score_access_saturation), "10", 1, 1e9, 0,

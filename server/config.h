@@ -88,6 +88,8 @@ typedef struct config {
     double score_w_recency;
     double score_w_access;
     double score_w_explicit;
+    double score_w_usefulness;
+    double provenance_threshold;
     double score_recency_days;
     double score_access_saturation;
     /* tiers, indexed free / standard / premium (see tiers.h) */

@@ -350,7 +350,8 @@ int main(int argc, char **argv)
                               .w_access = s->cfg.score_w_access,
                               .w_explicit = s->cfg.score_w_explicit,
                               .recency_days = s->cfg.score_recency_days,
-                              .access_saturation = s->cfg.score_access_saturation};
+                              .access_saturation = s->cfg.score_access_saturation,
+                              .w_usefulness = s->cfg.score_w_usefulness};
     tiers_from_config(&s->cfg, s->tiers);
     snprintf(s->memory_limits, sizeof(s->memory_limits), "{%lld,%lld,%lld}",
              (long long)s->tiers[0].max_memories, (long long)s->tiers[1].max_memories,

@@ -20,8 +20,9 @@
     "m.access_count + COALESCE(pa.access_count, 0), engram_ms(m.expires_at), "                     \
     "engram_ms(m.archived_at), m.seq, m.pinned, "                                                  \
     "jsonb_build_array(m.metadata -> 'tokens', m.metadata -> 'chains', "                           \
-    "m.metadata -> 'protocols', m.metadata -> 'strategy_id')::text, m.embedding"
-#define LOADER_NCOLS 15
+    "m.metadata -> 'protocols', m.metadata -> 'strategy_id')::text, m.embedding, m.cited_count, "  \
+    "m.injected_count"
+#define LOADER_NCOLS 17
 /* The pending access counts (memory_access), one join rather than a subquery per row. */
 #define LOADER_ACCESS " LEFT JOIN memory_access pa ON pa.tenant_id = m.tenant_id AND pa.id = m.id"
 
@@ -100,6 +101,10 @@ static int parse_row(const PGresult *r, int off, size_t dim, float *vec, loader_
         return -EBADMSG;
     /* embeddings are little-endian float32, as is every host we build for */
     memcpy(vec, PQgetvalue(r, 0, off + 14), dim * sizeof(float));
+    row->cited_count = col_i64(r, off + 15, 0, m, &ok);
+    row->injected_count = col_i64(r, off + 16, 0, m, &ok);
+    if (!ok)
+        return -EBADMSG;
     row->vec = vec;
     row->dim = dim;
     return 0;

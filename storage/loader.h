@@ -28,6 +28,8 @@ typedef struct loader_row {
     int64_t archived_ms; /* MEMROW_NO_TIME when live */
     uint64_t seq;        /* the change that last wrote the row */
     bool pinned;
+    int64_t cited_count; /* provenance feedback: times cited and times injected */
+    int64_t injected_count;
     /* the typed metadata fields as the JSON array [tokens, chains, protocols, strategy_id]
      * (null where absent), for the caller to turn into tags */
     const char *tag_json;

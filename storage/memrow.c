@@ -177,7 +177,7 @@ static bool shape_ok(const PGresult *r, int row, int ncols)
 int memrow_parse(const PGresult *r, int row, int col, memrow *out)
 {
     memset(out, 0, sizeof(*out));
-    if (!shape_ok(r, row, col + 20))
+    if (!shape_ok(r, row, col + 22))
         return -EBADMSG;
     rd d = {.r = r, .row = row};
     out->id = (uint64_t)rd_i64(&d, col + 0, 0);
@@ -204,6 +204,8 @@ int memrow_parse(const PGresult *r, int row, int col, memrow *out)
     out->archived_reason = PQgetisnull(r, row, col + 17) ? NULL : PQgetvalue(r, row, col + 17);
     out->superseded_by = (uint64_t)rd_i64(&d, col + 18, 0);
     out->merged_into = (uint64_t)rd_i64(&d, col + 19, 0);
+    out->cited_count = rd_i64(&d, col + 20, 0);
+    out->injected_count = rd_i64(&d, col + 21, 0);
     return d.bad ? -EBADMSG : 0;
 }
 

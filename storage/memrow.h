@@ -59,6 +59,8 @@ typedef struct memrow {
     const char *archived_reason; /* NULL when none */
     uint64_t superseded_by;      /* 0 when none */
     uint64_t merged_into;        /* 0 when none */
+    int64_t cited_count;         /* provenance feedback: times cited ... */
+    int64_t injected_count;      /* ... of the times injected */
 } memrow;
 
 /* What an index needs of a memory, as the change functions return it (engram_memory_meta

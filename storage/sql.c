@@ -12,14 +12,16 @@
  *   $7 created after ms  $8 created before ms
  *   $9 tokens, $10 chains, $11 protocols: jsonb[] of containment documents, any-of
  *   $12 strategy containment document     $13 attrs containment document
- *   $14 minimum composite  $15 as-of ms    $16 weights float8[5]
+ *   $14 minimum composite  $15 as-of ms
+ *   $16 weights float8[6]: recency, access, explicit, recency days, saturation, usefulness
  * NULL means "no constraint" everywhere. Expired memories never match. The composite counts
  * every access, folded into the row or still pending (SQL_ACCESS_COUNT), as search ranks
  * with it and memory.get reports it. */
 #define COMPOSITE                                                                                  \
-    "engram_composite(m.created_at, " SQL_ACCESS_COUNT ", m.importance, engram_ts($15::bigint), "  \
-    "($16::float8[])[1], ($16::float8[])[2], ($16::float8[])[3], ($16::float8[])[4], "             \
-    "($16::float8[])[5])"
+    "engram_composite_u(engram_composite(m.created_at, " SQL_ACCESS_COUNT ", m.importance, "       \
+    "engram_ts($15::bigint), ($16::float8[])[1], ($16::float8[])[2], ($16::float8[])[3], "         \
+    "($16::float8[])[4], ($16::float8[])[5]), m.cited_count, m.injected_count, "                   \
+    "($16::float8[])[6])"
 #define FILTER                                                                                     \
     "m.tenant_id = $1 AND (m.expires_at IS NULL OR m.expires_at > now()) "                         \
     "AND ($2::text[] IS NULL OR m.type = ANY ($2)) "                                               \
@@ -84,6 +86,9 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
                             "FROM memory_versions v WHERE v.tenant_id = $1 AND v.memory_id = $2 "
                             "ORDER BY v.version",
                             2},
+    [SQL_MEMORY_FEEDBACK] = {"memory_feedback",
+                             "SELECT * FROM engram_memory_feedback($1, $2::bigint[], $3::bigint[])",
+                             3},
     [SQL_MEMORY_TOUCH] = {"memory_touch",
                           "SELECT engram_memory_touch($1::bigint[], $2::bigint[], $3::bigint[], "
                           "$4::bigint[])",

@@ -18,6 +18,7 @@ typedef enum sql_stmt {
     SQL_MEMORY_UPDATE,      /* engram_memory_update(...) -> version, updated, META */
     SQL_MEMORY_ARCHIVE,     /* (tenant, ids[], archive?, reason) -> META */
     SQL_MEMORY_HISTORY,     /* (tenant, id) -> version rows */
+    SQL_MEMORY_FEEDBACK,    /* (tenant, cited[], injected[]) -> cited?, counts, META */
     SQL_MEMORY_TOUCH,       /* (tenants[], ids[], counts[], at_ms[]) -> entries */
     SQL_MEMORY_ATTRS_IDS,   /* (tenant, attrs containment doc) -> ids */
     SQL_MEMORY_TEXT_SEARCH, /* FILTER params, query, limit -> id, rank */
@@ -71,8 +72,9 @@ void sql_fini(void);
     "engram_ms(m.created_at), engram_ms(m.updated_at), " SQL_LAST_ACCESSED_MS                      \
     ", " SQL_ACCESS_COUNT                                                                          \
     ", engram_ms(m.expires_at), engram_ms(m.archived_at), m.version, m.seq, "                      \
-    "m.pinned, m.archived_reason, m.superseded_by, m.merged_into"
-#define SQL_MEMROW_NCOLS 20
+    "m.pinned, m.archived_reason, m.superseded_by, m.merged_into, m.cited_count, "                 \
+    "m.injected_count"
+#define SQL_MEMROW_NCOLS 22
 
 /* Parameters $2..$16 of the filtered statements (text search, list): see sql.c. */
 #define SQL_FILTER_NPARAMS 15

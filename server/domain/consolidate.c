@@ -32,6 +32,7 @@ typedef struct cmem {
     double importance;
     int64_t access;
     int64_t created_ms;
+    uint32_t cited, injected; /* its own provenance feedback (prune's usefulness term) */
     bool pinned;
     char *attrs_key;
     /* the plan */
@@ -73,6 +74,8 @@ static int take_row(const loader_row *row, void *arg)
     m->importance = row->importance;
     m->access = row->access_count;
     m->created_ms = row->created_ms;
+    m->cited = row->cited_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->cited_count;
+    m->injected = row->injected_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->injected_count;
     m->pinned = row->pinned;
     m->attrs_key = row->attrs_key ? strdup(row->attrs_key) : NULL;
     m->parent = (uint32_t)l->n;
@@ -428,7 +431,8 @@ static int step_plan(run *r)
             r->started - mi->created_ms < grace_ms)
             continue;
         uint32_t acc = r->acc[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)r->acc[i];
-        double c = score_composite(&r->s->score, mi->created_ms, acc, r->imp[i], r->started);
+        double c = score_composite(&r->s->score, mi->created_ms, acc, mi->cited, mi->injected,
+                                   r->imp[i], r->started);
         if (c < r->cfg->consolidate_prune_threshold) {
             mi->fate = 3;
             r->imp[i] = c; /* kept for the record */
@@ -552,11 +556,11 @@ static int step_record(run *r)
 {
     const config *cfg = r->cfg;
     consolidate_result *out = r->out;
-    char err[300], started_s[24], w[160], settings[400], counts[4][16];
+    char err[300], started_s[24], w[192], settings[400], counts[4][16];
     snprintf(started_s, sizeof(started_s), "%lld", (long long)r->started);
-    snprintf(w, sizeof(w), "{%.17g,%.17g,%.17g,%.17g,%.17g}", r->s->score.w_recency,
+    snprintf(w, sizeof(w), "{%.17g,%.17g,%.17g,%.17g,%.17g,%.17g}", r->s->score.w_recency,
              r->s->score.w_access, r->s->score.w_explicit, r->s->score.recency_days,
-             r->s->score.access_saturation);
+             r->s->score.access_saturation, r->s->score.w_usefulness);
     snprintf(settings, sizeof(settings),
              "{\"dedupe_threshold\": %g, \"supersede_threshold\": %g, \"prune_threshold\": %g, "
              "\"prune_grace_days\": %g, \"memories\": %zu, \"snapshot_seq\": %llu}",

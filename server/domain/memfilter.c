@@ -473,8 +473,8 @@ bool mf_keep(const mem_filter *f, uint64_t id, const mem_meta *m)
         return false;
     if (f->has_strategy && !contains(m->tags, m->ntags, f->strategy))
         return false;
-    if (f->has_min && score_composite(f->sp, m->created_ms, m->access_count, m->importance,
-                                      f->now_ms) < f->min_composite)
+    if (f->has_min && score_composite(f->sp, m->created_ms, m->access_count, m->cited, m->injected,
+                                      m->importance, f->now_ms) < f->min_composite)
         return false;
     if (f->attrs_json) {
         uint64_t v;
@@ -486,7 +486,7 @@ bool mf_keep(const mem_filter *f, uint64_t id, const mem_meta *m)
 
 int mf_sql_params(req *r, const mem_filter *f, const char **vals)
 {
-    char *buf = req_alloc(r, 6 * 32 + 128);
+    char *buf = req_alloc(r, 6 * 32 + 192);
     if (!buf)
         return -ENOMEM;
     char *agent = buf, *clade = buf + 32, *after = buf + 64, *before = buf + 96, *minc = buf + 128,
@@ -518,8 +518,9 @@ int mf_sql_params(req *r, const mem_filter *f, const char **vals)
     }
     snprintf(asof, 32, "%lld", (long long)f->now_ms);
     vals[13] = asof;
-    snprintf(weights, 128, "{%.17g,%.17g,%.17g,%.17g,%.17g}", f->sp->w_recency, f->sp->w_access,
-             f->sp->w_explicit, f->sp->recency_days, f->sp->access_saturation);
+    snprintf(weights, 192, "{%.17g,%.17g,%.17g,%.17g,%.17g,%.17g}", f->sp->w_recency,
+             f->sp->w_access, f->sp->w_explicit, f->sp->recency_days, f->sp->access_saturation,
+             f->sp->w_usefulness);
     vals[14] = weights;
     return 0;
 }

@@ -187,6 +187,8 @@ int mem_meta_from_row(mem_meta *m, const loader_row *row)
     m->archived_ms = row->archived_ms == MEMROW_NO_TIME ? 0 : row->archived_ms;
     m->importance = (float)row->importance;
     m->access_count = row->access_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->access_count;
+    m->cited = row->cited_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->cited_count;
+    m->injected = row->injected_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->injected_count;
     m->type = (uint8_t)row->type;
     m->scope = (uint8_t)row->scope;
     m->pinned = row->pinned;
@@ -291,7 +293,8 @@ static double blend_score(float sim, const void *meta, void *ctx)
 {
     const blend_ctx *b = ctx;
     const mem_meta *m = meta;
-    double c = score_composite(b->sp, m->created_ms, m->access_count, m->importance, b->now_ms);
+    double c = score_composite(b->sp, m->created_ms, m->access_count, m->cited, m->injected,
+                               m->importance, b->now_ms);
     return score_blend(b->w, sim, c);
 }
 

@@ -49,6 +49,10 @@ typedef struct mem_meta {
     uint32_t ntags;
     float importance;
     uint32_t access_count;
+    /* provenance feedback (memory.feedback): times injected and cited; both only grow, so
+     * the index keeps the higher of what it has and what a change brings */
+    uint32_t cited;
+    uint32_t injected;
     uint8_t type;  /* mem_type */
     uint8_t scope; /* mem_scope */
     uint8_t pinned;

@@ -151,6 +151,12 @@ int tn_do_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const m
         own.access_count = cur.access_count;
         own.last_access_ms = cur.last_access_ms;
     }
+    /* feedback counts only grow, and the meta a change function returns carries none (0):
+     * the higher of the two is the newest whatever order changes arrive in */
+    if (present && cur.cited > own.cited)
+        own.cited = cur.cited;
+    if (present && cur.injected > own.injected)
+        own.injected = cur.injected;
     if (present && !vec) {
         vindex_set_meta(t->vi, id, &own);
         free((void *)cur.tags);

@@ -38,6 +38,10 @@ HANDLER(memory_stats);
 HANDLER(memory_search);
 HANDLER(memory_context);
 
+/* m_feedback.c */
+HANDLER(memory_feedback);
+HANDLER(memory_provenance);
+
 /* m_session.c */
 HANDLER(session_append);
 HANDLER(session_checkpoint);

@@ -9,6 +9,13 @@
  * ts_rank_cd of the query against the content. hybrid: reciprocal rank fusion of the
  * vector and text rankings, score = sum over both lists of 1 / (60 + rank), where rank
  * starts at 1 and a memory missing from a list contributes nothing for it.
+ *
+ * memory.context packs the results that fit the token budget, in rank order, as the
+ * <agent_memory> block (format "xml") or as search-result items (format "search_results":
+ * {source "engram://<tenant id>/<type>/<id>", title "[TYPE] memory <id>", content}, each
+ * counted as (bytes of source + title + content) / 4 tokens). Which memories fit is decided
+ * in rank order; order "stable" then lists them by their last change, oldest first (ties by
+ * id), so a block repeated across calls keeps a long unchanged prefix for prompt caches.
  */
 #include <errno.h>
 #include <math.h>
@@ -42,6 +49,8 @@ enum {
     P_SE_MODE,
     P_SE_SIMILARITY_WEIGHT,
     P_SE_BUDGET_TOKENS, /* memory.context only */
+    P_SE_FORMAT,
+    P_SE_ORDER,
 };
 
 #define SEARCH_PARAMS                                                                              \
@@ -55,7 +64,8 @@ enum {
 
 PARAMS(memory_search, SEARCH_PARAMS);
 PARAMS(memory_context, SEARCH_PARAMS,
-       {"budget_tokens", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, 1000000});
+       {"budget_tokens", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, 1000000},
+       {"format", RPC_T_STR, RPC_P_NULLABLE, 0, 0}, {"order", RPC_T_STR, RPC_P_NULLABLE, 0, 0});
 
 typedef struct result {
     uint64_t id;
@@ -68,6 +78,8 @@ typedef struct result {
 
 typedef struct search_state {
     bool context;
+    bool search_results; /* memory.context format "search_results" */
+    bool stable;         /* memory.context order "stable" */
     int mode;
     mem_filter f;
     size_t k;
@@ -110,8 +122,8 @@ static double score_cb(float sim, const void *meta, void *ctx)
 {
     const search_state *st = ctx;
     const mem_meta *m = meta;
-    double c =
-        score_composite(st->f.sp, m->created_ms, m->access_count, m->importance, st->f.now_ms);
+    double c = score_composite(st->f.sp, m->created_ms, m->access_count, m->cited, m->injected,
+                               m->importance, st->f.now_ms);
     return score_blend(st->w, sim, c);
 }
 
@@ -124,8 +136,10 @@ static void count_access(req *r, search_state *st, const uint64_t *ids, size_t n
     access_log_add(worker_access(req_worker(r)), req_auth(r)->tenant_id, ids, n, st->f.now_ms);
 }
 
-static void xml_escape(ubuf *b, const char *s, size_t n)
+/* Appends s escaped for XML text and attributes. Returns 0 or -ENOMEM. */
+static int xml_escape(ubuf *b, const char *s, size_t n)
 {
+    int rc = 0;
     size_t start = 0;
     for (size_t i = 0; i < n; i++) {
         const char *rep = NULL;
@@ -148,11 +162,12 @@ static void xml_escape(ubuf *b, const char *s, size_t n)
         default:
             continue;
         }
-        ubuf_append(b, s + start, i - start);
-        ubuf_append(b, rep, strlen(rep));
+        rc |= ubuf_append(b, s + start, i - start);
+        rc |= ubuf_append(b, rep, strlen(rep));
         start = i + 1;
     }
-    ubuf_append(b, s + start, n - start);
+    rc |= ubuf_append(b, s + start, n - start);
+    return rc < 0 ? -ENOMEM : 0;
 }
 
 /* The seed's age display: minutes under an hour, hours under a day, days under a week,
@@ -175,52 +190,125 @@ static void age_display(int64_t age_ms, char *out, size_t n)
         snprintf(out, n, "%lldy", (long long)(d / 365));
 }
 
+/* One entry of a context block: its text (xml) or its source and title (search_results). */
+typedef struct ctx_entry {
+    size_t idx; /* into st->rows */
+    int64_t updated_ms;
+    uint64_t id;
+    ubuf text;
+    char source[96], title[64];
+} ctx_entry;
+
+static int cmp_stable(const void *a, const void *b)
+{
+    const ctx_entry *x = a, *y = b;
+    if (x->updated_ms != y->updated_ms)
+        return x->updated_ms < y->updated_ms ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Fills e for row m and returns its tokens (bytes / 4); -ENOMEM. */
+static int64_t ctx_entry_make(const search_state *st, int64_t tenant_id, const memrow *m,
+                              ctx_entry *e)
+{
+    e->id = m->id;
+    e->updated_ms = m->updated_ms;
+    if (st->search_results) {
+        char type[32];
+        const char *tn = memrow_type_name(m->type);
+        size_t k = 0;
+        for (; tn[k] && k < sizeof(type) - 1; k++)
+            type[k] = tn[k] >= 'a' && tn[k] <= 'z' ? (char)(tn[k] - 'a' + 'A') : tn[k];
+        type[k] = '\0';
+        int sl = snprintf(e->source, sizeof(e->source), "engram://%lld/%s/%llu",
+                          (long long)tenant_id, tn, (unsigned long long)m->id);
+        int tl = snprintf(e->title, sizeof(e->title), "[%s] memory %llu", type,
+                          (unsigned long long)m->id);
+        return (int64_t)(((size_t)sl + (size_t)tl + m->content_len) / 4);
+    }
+    char head[160], age[24];
+    age_display(st->f.now_ms - m->created_ms, age, sizeof(age));
+    int hl =
+        snprintf(head, sizeof(head), "  <memory type=\"%s\" importance=\"%.2f\" age=\"%s\">\n    ",
+                 memrow_type_name(m->type), m->importance, age);
+    int rc = ubuf_append(&e->text, head, (size_t)hl);
+    rc |= xml_escape(&e->text, m->content, m->content_len);
+    rc |= ubuf_append(&e->text, "\n  </memory>\n", 13);
+    if (rc < 0)
+        return -ENOMEM;
+    return (int64_t)(e->text.len / 4);
+}
+
 static void pack_context(req *r, search_state *st)
 {
-    ubuf xml = {0};
-    uint64_t used = CONTEXT_TAG_TOKENS;
+    int64_t tenant_id = req_auth(r)->tenant_id;
+    uint64_t used = st->search_results ? 0 : CONTEXT_TAG_TOKENS;
+    ctx_entry *ents = req_alloc(r, (st->nres + 1) * sizeof(*ents));
     uint64_t *ids = req_alloc(r, (st->nres + 1) * sizeof(*ids));
-    size_t nids = 0;
-    ubuf_append(&xml, "<agent_memory>\n", 15);
-    for (size_t i = 0; ids && i < st->nres; i++) {
+    size_t n = 0;
+    bool oom = !ents || !ids;
+    /* which entries fit: in rank order, up to the first that does not */
+    for (size_t i = 0; !oom && i < st->nres; i++) {
         if (!st->have[i])
             continue; /* gone since the search */
-        const memrow *m = &st->rows[i];
-        ubuf entry = {0};
-        char head[160], age[24];
-        age_display(st->f.now_ms - m->created_ms, age, sizeof(age));
-        int hl = snprintf(head, sizeof(head),
-                          "  <memory type=\"%s\" importance=\"%.2f\" age=\"%s\">\n    ",
-                          memrow_type_name(m->type), m->importance, age);
-        ubuf_append(&entry, head, (size_t)hl);
-        xml_escape(&entry, m->content, m->content_len);
-        ubuf_append(&entry, "\n  </memory>\n", 13);
-        uint64_t tokens = entry.len / 4;
-        if (used + tokens > st->budget) {
-            ubuf_fini(&entry);
+        ctx_entry *e = &ents[n];
+        memset(e, 0, sizeof(*e));
+        e->idx = i;
+        int64_t tokens = ctx_entry_make(st, tenant_id, &st->rows[i], e);
+        if (tokens < 0) {
+            ubuf_fini(&e->text);
+            oom = true;
             break;
         }
-        used += tokens;
-        ubuf_append(&xml, entry.data, entry.len);
-        ubuf_fini(&entry);
-        ids[nids++] = m->id;
+        if (used + (uint64_t)tokens > st->budget) {
+            ubuf_fini(&e->text);
+            break;
+        }
+        used += (uint64_t)tokens;
+        n++;
     }
-    ubuf_append(&xml, "</agent_memory>", 15);
-    if (!ids || !xml.data) {
+    if (!oom && st->stable)
+        qsort(ents, n, sizeof(*ents), cmp_stable);
+    ubuf xml = {0};
+    if (!oom && !st->search_results) {
+        int rc = ubuf_append(&xml, "<agent_memory>\n", 15);
+        for (size_t k = 0; k < n; k++)
+            rc |= ubuf_append(&xml, ents[k].text.data, ents[k].text.len);
+        rc |= ubuf_append(&xml, "</agent_memory>", 15);
+        oom = rc < 0;
+    }
+    for (size_t k = 0; ents && k < n; k++)
+        ubuf_fini(&ents[k].text);
+    if (oom) {
         ubuf_fini(&xml);
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
-    if (nids)
-        count_access(r, st, ids, nids);
+    for (size_t k = 0; k < n; k++)
+        ids[k] = ents[k].id;
+    if (n)
+        count_access(r, st, ids, n);
     msgpack_packer *pk = req_result(r);
     msgpack_pack_map(pk, 3);
-    rpc_pack_cstr(pk, "text");
-    rpc_pack_strn(pk, xml.data, xml.len);
+    if (st->search_results) {
+        rpc_pack_cstr(pk, "items");
+        msgpack_pack_array(pk, (uint32_t)n);
+        for (size_t k = 0; k < n; k++) {
+            const memrow *m = &st->rows[ents[k].idx];
+            msgpack_pack_map(pk, 3);
+            rpc_pack_kv_str(pk, "source", ents[k].source);
+            rpc_pack_kv_str(pk, "title", ents[k].title);
+            rpc_pack_cstr(pk, "content");
+            rpc_pack_strn(pk, m->content, m->content_len);
+        }
+    } else {
+        rpc_pack_cstr(pk, "text");
+        rpc_pack_strn(pk, xml.data, xml.len);
+    }
     rpc_pack_cstr(pk, "ids");
-    msgpack_pack_array(pk, (uint32_t)nids);
-    for (size_t i = 0; i < nids; i++)
-        msgpack_pack_uint64(pk, ids[i]);
+    msgpack_pack_array(pk, (uint32_t)n);
+    for (size_t k = 0; k < n; k++)
+        msgpack_pack_uint64(pk, ids[k]);
     rpc_pack_kv_uint(pk, "tokens_used", used);
     ubuf_fini(&xml);
     req_done(r);
@@ -309,8 +397,9 @@ static void describe(search_state *st, vindex *vi)
         if (vindex_get_meta(vi, x->id, &x->meta) == 0) {
             x->meta.tags = NULL;
             x->meta.ntags = 0;
-            x->composite = score_composite(st->f.sp, x->meta.created_ms, x->meta.access_count,
-                                           x->meta.importance, st->f.now_ms);
+            x->composite =
+                score_composite(st->f.sp, x->meta.created_ms, x->meta.access_count, x->meta.cited,
+                                x->meta.injected, x->meta.importance, st->f.now_ms);
         }
         if (!x->has_sim && v && qn > 0 && vindex_get_vector(vi, x->id, v) == 0) {
             double dot = 0;
@@ -612,6 +701,26 @@ static void search_admitted(req *r)
     embedder_run(r, texts, lens, outs, whats, 1, search_start);
 }
 
+/* Reads memory.context's format and order. Returns 0, or -EINVAL after failing r. */
+static int context_shape(req *r, search_state *st)
+{
+    const msgpack_object *format = req_arg(r, P_SE_FORMAT);
+    const msgpack_object *order = req_arg(r, P_SE_ORDER);
+    if (format && rpc_str_eq(format, "search_results"))
+        st->search_results = true;
+    else if (format && !rpc_str_eq(format, "xml")) {
+        req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'format' must be xml or search_results");
+        return -EINVAL;
+    }
+    if (order && rpc_str_eq(order, "stable"))
+        st->stable = true;
+    else if (order && !rpc_str_eq(order, "rank")) {
+        req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'order' must be rank or stable");
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static void search_begin(req *r, bool context)
 {
     server *s = req_server(r);
@@ -664,6 +773,8 @@ static void search_begin(req *r, bool context)
     }
     st->w = rpc_get_num(req_arg(r, P_SE_SIMILARITY_WEIGHT), s->cfg.similarity_weight);
     st->budget = context ? rpc_get_uint(req_arg(r, P_SE_BUDGET_TOKENS), 3000) : 0;
+    if (context && context_shape(r, st) < 0)
+        return;
     if (query && !(st->query = req_strdup(r, query))) {
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;

@@ -39,7 +39,7 @@ static void pack_opt_id(msgpack_packer *pk, const char *key, uint64_t id)
 
 void mp_pack_memory(msgpack_packer *pk, const memrow *m, const mp_fresh *fresh, uint32_t nextra)
 {
-    msgpack_pack_map(pk, 19 + nextra);
+    msgpack_pack_map(pk, 21 + nextra);
     rpc_pack_kv_uint(pk, "id", m->id);
     rpc_pack_kv_uint(pk, "agent_id", m->agent_id);
     rpc_pack_kv_uint(pk, "clade_id", m->clade_id);
@@ -67,6 +67,8 @@ void mp_pack_memory(msgpack_packer *pk, const memrow *m, const mp_fresh *fresh, 
     pack_opt_id(pk, "merged_into", m->merged_into);
     rpc_pack_kv_bool(pk, "pinned", m->pinned);
     rpc_pack_kv_int(pk, "version", m->version);
+    rpc_pack_kv_int(pk, "cited_count", m->cited_count);
+    rpc_pack_kv_int(pk, "injected_count", m->injected_count);
 }
 
 char *mp_ids_literal(req *r, const uint64_t *ids, size_t n)

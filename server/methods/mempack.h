@@ -21,7 +21,7 @@ typedef struct mp_fresh {
     int64_t last_access_ms; /* 0: never */
 } mp_fresh;
 
-/* mp_pack_memory packs row as a map of its 19 fields plus nextra more that the caller packs
+/* mp_pack_memory packs row as a map of its 21 fields plus nextra more that the caller packs
  * next (key, value pairs). fresh may be NULL. */
 void mp_pack_memory(msgpack_packer *pk, const memrow *row, const mp_fresh *fresh, uint32_t nextra);
 

@@ -192,7 +192,8 @@ ALTER FUNCTION engram_consolidate_apply(bigint, bigint[], bigint[], bigint[], te
     SET plan_cache_mode = force_generic_plan;
 
 -- engram_consolidate_finish: a run's last step: re-ranks (stores the composite importance of
--- every live memory as of p_as_of_ms, weights p_w, counting pending accesses as search does)
+-- every live memory as of p_as_of_ms, weights p_w, counting pending accesses as search does;
+-- p_w[6], when given, is the usefulness weight, see engram_composite_u)
 -- and records the run with its counts. Stored composites are not changes to index
 -- structure: no change numbers, no lock.
 CREATE OR REPLACE FUNCTION engram_consolidate_finish(
@@ -204,13 +205,15 @@ CREATE OR REPLACE FUNCTION engram_consolidate_finish(
 #variable_conflict use_column
 BEGIN
     UPDATE memories x SET
-        composite = engram_composite(x.created_at,
-                                     x.access_count + COALESCE((SELECT a.access_count
-                                                                FROM memory_access a
-                                                                WHERE a.tenant_id = x.tenant_id
-                                                                  AND a.id = x.id), 0),
-                                     x.importance,
-                                     engram_ts(p_as_of_ms), p_w[1], p_w[2], p_w[3], p_w[4], p_w[5]),
+        composite = engram_composite_u(
+                        engram_composite(x.created_at,
+                                         x.access_count + COALESCE((SELECT a.access_count
+                                                                    FROM memory_access a
+                                                                    WHERE a.tenant_id = x.tenant_id
+                                                                      AND a.id = x.id), 0),
+                                         x.importance, engram_ts(p_as_of_ms), p_w[1], p_w[2],
+                                         p_w[3], p_w[4], p_w[5]),
+                        x.cited_count, x.injected_count, p_w[6]),
         composite_at = engram_ts(p_as_of_ms)
     WHERE x.tenant_id = p_tenant AND x.archived_at IS NULL
       AND (x.expires_at IS NULL OR x.expires_at > now());

@@ -609,9 +609,10 @@ static void test_sql_params(void)
     CHECK(vals[9] == NULL && vals[10] == NULL && vals[11] == NULL && vals[12] == NULL);
     CHECK(strcmp(vals[1], "false") == 0);
     CHECK(strcmp(vals[13], "1700000000000") == 0); /* as of the filter's time */
-    /* the score weights, in the order PostgreSQL's engram_composite takes them */
-    CHECK(strcmp(vals[14], "{0.29999999999999999,0.29999999999999999,0.40000000000000002,30,10}") ==
-          0);
+    /* the score weights, in the order PostgreSQL's engram_composite takes them, then the
+     * usefulness weight engram_composite_u takes */
+    CHECK(strcmp(vals[14],
+                 "{0.29999999999999999,0.29999999999999999,0.40000000000000002,30,10,0}") == 0);
     req_release(&r);
     doc_free(&d);
     /* agent ids are unsigned 64-bit identities, passed as the bigint of the same bits */

@@ -120,7 +120,9 @@ static memrow sample(void)
                     .pinned = true,
                     .archived_reason = NULL,
                     .superseded_by = 0,
-                    .merged_into = 99};
+                    .merged_into = 99,
+                    .cited_count = 2,
+                    .injected_count = 5};
 }
 
 static void test_memory(void)
@@ -130,7 +132,7 @@ static void test_memory(void)
     memrow m = sample();
     mp_pack_memory(&p.pk, &m, NULL, 0);
     const msgpack_object *o = packed_decode(&p);
-    CHECK(o && o->type == MSGPACK_OBJECT_MAP && o->via.map.size == 19);
+    CHECK(o && o->type == MSGPACK_OBJECT_MAP && o->via.map.size == 21);
     /* every field under its API name, with its API type */
     CHECK(is_uint(rpc_map_get(o, "id"), UINT64_MAX));
     CHECK(is_uint(rpc_map_get(o, "agent_id"), 7));
@@ -152,6 +154,8 @@ static void test_memory(void)
     const msgpack_object *pinned = rpc_map_get(o, "pinned");
     CHECK(pinned && pinned->type == MSGPACK_OBJECT_BOOLEAN && pinned->via.boolean);
     CHECK(is_int(rpc_map_get(o, "version"), 3));
+    CHECK(is_int(rpc_map_get(o, "cited_count"), 2));
+    CHECK(is_int(rpc_map_get(o, "injected_count"), 5));
     /* metadata arrives as the JSON it is stored as, turned into a map */
     const msgpack_object *md = rpc_map_get(o, "metadata");
     CHECK(md && md->type == MSGPACK_OBJECT_MAP && md->via.map.size == 2);
@@ -180,7 +184,7 @@ static void test_memory_variants(void)
     mp_pack_memory(&p.pk, &m, &fresh, 1);
     rpc_pack_kv_num(&p.pk, "score", 0.5); /* the caller's extra field */
     const msgpack_object *o = packed_decode(&p);
-    CHECK(o && o->via.map.size == 20);
+    CHECK(o && o->via.map.size == 22);
     CHECK(is_int(rpc_map_get(o, "access_count"), 40));
     CHECK(is_int(rpc_map_get(o, "last_accessed_at"), 1760000000000));
     CHECK(is_int(rpc_map_get(o, "archived_at"), 1750000000000));

@@ -18,16 +18,19 @@
 #include "rowerr.h"
 
 /* Column names as the statements return them (PQfname), for the messages. */
-static const char *const memrow_cols[20] = {
-    "id",      "agent_id",     "clade_id",        "scope",         "type",
-    "content", "importance",   "metadata",        "engram_ms",     "engram_ms",
-    "last_ms", "access_count", "engram_ms",       "engram_ms",     "version",
-    "seq",     "pinned",       "archived_reason", "superseded_by", "merged_into"};
+#define NCOLS 22 /* SQL_MEMROW_NCOLS */
+static const char *const memrow_cols[NCOLS] = {
+    "id",          "agent_id",      "clade_id",        "scope",         "type",
+    "content",     "importance",    "metadata",        "engram_ms",     "engram_ms",
+    "last_ms",     "access_count",  "engram_ms",       "engram_ms",     "version",
+    "seq",         "pinned",        "archived_reason", "superseded_by", "merged_into",
+    "cited_count", "injected_count"};
 
 /* A valid row: an agent memory that was read once, pinned, archived as superseded. */
-static const char *const good_row[20] = {
-    "17",   "5", "3",  "agent", "preference", "likes tea", "0.75", "{\"a\": 1}", "1000", "2000",
-    "3000", "4", NULL, "5000",  "2",          "99",        "t",    "superseded", "18",   NULL};
+static const char *const good_row[NCOLS] = {
+    "17",   "5",          "3",    "agent", "preference", "likes tea", "0.75", "{\"a\": 1}",
+    "1000", "2000",       "3000", "4",     NULL,         "5000",      "2",    "99",
+    "t",    "superseded", "18",   NULL,    "6",          "8"};
 
 /* Makes a one-row text result with ncols columns named from names, values from vals
  * (NULL: SQL NULL). */
@@ -59,7 +62,7 @@ static void capture(const char *file, int line, const char *msg)
 
 static void test_parse_good(void)
 {
-    PGresult *r = make_result(20, memrow_cols, good_row);
+    PGresult *r = make_result(NCOLS, memrow_cols, good_row);
     memrow m;
     uint64_t before = rowerr_count(ROWERR_MEMORIES);
     CHECK(memrow_parse(r, 0, 0, &m) == 0);
@@ -74,16 +77,17 @@ static void test_parse_good(void)
     CHECK(m.archived_ms == 5000 && m.version == 2 && m.seq == 99 && m.pinned);
     CHECK(m.archived_reason && strcmp(m.archived_reason, "superseded") == 0);
     CHECK(m.superseded_by == 18 && m.merged_into == 0); /* NULL: none */
+    CHECK(m.cited_count == 6 && m.injected_count == 8);
     CHECK(rowerr_count(ROWERR_MEMORIES) == before);
     PQclear(r);
 
     /* the nullable columns at NULL give their documented defaults */
-    const char *sparse[20];
+    const char *sparse[NCOLS];
     memcpy(sparse, good_row, sizeof(sparse));
     sparse[1] = sparse[2] = sparse[10] = sparse[12] = sparse[13] = NULL;
     sparse[14] = sparse[17] = sparse[18] = sparse[19] = NULL;
     sparse[16] = "f";
-    r = make_result(20, memrow_cols, sparse);
+    r = make_result(NCOLS, memrow_cols, sparse);
     CHECK(memrow_parse(r, 0, 0, &m) == 0);
     CHECK(m.agent_id == 0 && m.clade_id == 0 && m.last_accessed_ms == MEMROW_NO_TIME);
     CHECK(m.expires_ms == MEMROW_NO_TIME && m.archived_ms == MEMROW_NO_TIME);
@@ -91,20 +95,20 @@ static void test_parse_good(void)
     PQclear(r);
 
     /* ids are unsigned 64-bit identities stored as the bigint of the same bits */
-    const char *neg[20];
+    const char *neg[NCOLS];
     memcpy(neg, good_row, sizeof(neg));
     neg[0] = "-1";
-    r = make_result(20, memrow_cols, neg);
+    r = make_result(NCOLS, memrow_cols, neg);
     CHECK(memrow_parse(r, 0, 0, &m) == 0 && m.id == UINT64_MAX);
     PQclear(r);
 
     /* the columns may start after others (col) */
-    const char *shifted_names[22] = {"x", "y"}, *shifted[22] = {"a", "b"};
-    for (int i = 0; i < 20; i++) {
+    const char *shifted_names[NCOLS + 2] = {"x", "y"}, *shifted[NCOLS + 2] = {"a", "b"};
+    for (int i = 0; i < NCOLS; i++) {
         shifted_names[i + 2] = memrow_cols[i];
         shifted[i + 2] = good_row[i];
     }
-    r = make_result(22, shifted_names, shifted);
+    r = make_result(NCOLS + 2, shifted_names, shifted);
     CHECK(memrow_parse(r, 0, 2, &m) == 0 && m.id == 17 && m.seq == 99);
     /* ... and a row or columns past the end are refused, not read */
     CHECK(memrow_parse(r, 1, 2, &m) == -EBADMSG);
@@ -134,13 +138,15 @@ static void test_parse_bad(void)
         {16, "yes"},
         {16, NULL},
         {18, "eighteen"},
+        {20, "six"},
+        {21, "-"},
     };
     rowerr_set_log(capture);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        const char *vals[20];
+        const char *vals[NCOLS];
         memcpy(vals, good_row, sizeof(vals));
         vals[cases[i].col] = cases[i].value;
-        PGresult *r = make_result(20, memrow_cols, vals);
+        PGresult *r = make_result(NCOLS, memrow_cols, vals);
         uint64_t before = rowerr_count(ROWERR_MEMORIES);
         memrow m;
         CHECK_MSG(memrow_parse(r, 0, 0, &m) == -EBADMSG, "column %d = '%s' accepted", cases[i].col,
@@ -150,19 +156,19 @@ static void test_parse_bad(void)
         PQclear(r);
     }
     /* several bad columns in one row: one row, counted once */
-    const char *vals[20];
+    const char *vals[NCOLS];
     memcpy(vals, good_row, sizeof(vals));
     vals[0] = "x";
     vals[8] = "y";
     vals[15] = "z";
-    PGresult *r = make_result(20, memrow_cols, vals);
+    PGresult *r = make_result(NCOLS, memrow_cols, vals);
     uint64_t before = rowerr_count(ROWERR_MEMORIES);
     memrow m;
     CHECK(memrow_parse(r, 0, 0, &m) == -EBADMSG);
     CHECK(rowerr_count(ROWERR_MEMORIES) == before + 1);
     PQclear(r);
     /* too few columns for the reader */
-    r = make_result(19, memrow_cols, good_row);
+    r = make_result(NCOLS - 1, memrow_cols, good_row);
     before = rowerr_count(ROWERR_MEMORIES);
     CHECK(memrow_parse(r, 0, 0, &m) == -EBADMSG);
     CHECK(rowerr_count(ROWERR_MEMORIES) == before + 1);

@@ -29,27 +29,27 @@ static void test_terms(void)
 {
     const score_params *p = &defaults;
     /* created now, never read, no explicit importance: recency alone, exp(0) = 1 */
-    CHECK(near(score_composite(p, NOW, 0, 0.0, NOW), 0.3));
+    CHECK(near(score_composite(p, NOW, 0, 0, 0, 0.0, NOW), 0.3));
     /* each term at its maximum: the weights sum to 1 */
-    CHECK(near(score_composite(p, NOW, 10, 1.0, NOW), 1.0));
+    CHECK(near(score_composite(p, NOW, 10, 0, 0, 1.0, NOW), 1.0));
     /* explicit importance enters linearly with weight 0.4 */
-    CHECK(near(score_composite(p, NOW, 0, 0.5, NOW), 0.3 + 0.2));
+    CHECK(near(score_composite(p, NOW, 0, 0, 0, 0.5, NOW), 0.3 + 0.2));
     /* access frequency: 5 of 10 saturating accesses is half the access weight */
-    CHECK(near(score_composite(p, NOW, 5, 0.0, NOW), 0.3 + 0.15));
+    CHECK(near(score_composite(p, NOW, 5, 0, 0, 0.0, NOW), 0.3 + 0.15));
     /* saturation: 10, 11 and a billion accesses count the same */
-    double sat = score_composite(p, NOW, 10, 0.0, NOW);
+    double sat = score_composite(p, NOW, 10, 0, 0, 0.0, NOW);
     CHECK(near(sat, 0.6));
-    CHECK(near(score_composite(p, NOW, 11, 0.0, NOW), sat));
-    CHECK(near(score_composite(p, NOW, 1000000000u, 0.0, NOW), sat));
+    CHECK(near(score_composite(p, NOW, 11, 0, 0, 0.0, NOW), sat));
+    CHECK(near(score_composite(p, NOW, 1000000000u, 0, 0, 0.0, NOW), sat));
     /* recency: one decay constant (30 days) old is exp(-1) of the recency weight; 60 days
      * exp(-2); half a day exp(-1/60) */
-    CHECK(near(score_composite(p, NOW - 30 * DAY_MS, 0, 0.0, NOW), 0.3 * exp(-1.0)));
-    CHECK(near(score_composite(p, NOW - 60 * DAY_MS, 0, 0.0, NOW), 0.3 * exp(-2.0)));
-    CHECK(near(score_composite(p, NOW - DAY_MS / 2, 0, 0.0, NOW), 0.3 * exp(-1.0 / 60.0)));
+    CHECK(near(score_composite(p, NOW - 30 * DAY_MS, 0, 0, 0, 0.0, NOW), 0.3 * exp(-1.0)));
+    CHECK(near(score_composite(p, NOW - 60 * DAY_MS, 0, 0, 0, 0.0, NOW), 0.3 * exp(-2.0)));
+    CHECK(near(score_composite(p, NOW - DAY_MS / 2, 0, 0, 0, 0.0, NOW), 0.3 * exp(-1.0 / 60.0)));
     /* a creation time in the future counts as age 0, not as extra recency */
-    CHECK(near(score_composite(p, NOW + 5 * DAY_MS, 0, 0.0, NOW), 0.3));
+    CHECK(near(score_composite(p, NOW + 5 * DAY_MS, 0, 0, 0, 0.0, NOW), 0.3));
     /* all three at once */
-    CHECK(near(score_composite(p, NOW - 30 * DAY_MS, 3, 0.25, NOW),
+    CHECK(near(score_composite(p, NOW - 30 * DAY_MS, 3, 0, 0, 0.25, NOW),
                0.3 * exp(-1.0) + 0.3 * 0.3 + 0.4 * 0.25));
 }
 
@@ -61,15 +61,15 @@ static void test_other_weights(void)
                                   .w_explicit = 1,
                                   .recency_days = 30,
                                   .access_saturation = 10};
-    CHECK(near(score_composite(&only_explicit, NOW - 400 * DAY_MS, 50, 0.7, NOW), 0.7));
+    CHECK(near(score_composite(&only_explicit, NOW - 400 * DAY_MS, 50, 0, 0, 0.7, NOW), 0.7));
     /* a saturation of 1: the first access saturates */
     score_params quick = defaults;
     quick.access_saturation = 1;
-    CHECK(near(score_composite(&quick, NOW, 1, 0.0, NOW), 0.6));
+    CHECK(near(score_composite(&quick, NOW, 1, 0, 0, 0.0, NOW), 0.6));
     /* a short decay: 1 day old at recency_days 1 is exp(-1) */
     score_params fast = defaults;
     fast.recency_days = 1;
-    CHECK(near(score_composite(&fast, NOW - DAY_MS, 0, 0.0, NOW), 0.3 * exp(-1.0)));
+    CHECK(near(score_composite(&fast, NOW - DAY_MS, 0, 0, 0, 0.0, NOW), 0.3 * exp(-1.0)));
 }
 
 /* The composite lies in [0, 1] (the index bounds the blend with it) and moves the right way
@@ -84,20 +84,54 @@ static void test_bounds_and_monotonicity(void)
     for (size_t a = 0; a < sizeof(ages) / sizeof(ages[0]); a++)
         for (size_t c = 0; c < sizeof(accesses) / sizeof(accesses[0]); c++)
             for (size_t i = 0; i < sizeof(imps) / sizeof(imps[0]); i++) {
-                double v = score_composite(p, NOW - ages[a], accesses[c], imps[i], NOW);
+                double v = score_composite(p, NOW - ages[a], accesses[c], 0, 0, imps[i], NOW);
                 if (!(v >= 0.0 && v <= 1.0 + 1e-12))
                     out_of_range++;
-                if (a > 0 && v > score_composite(p, NOW - ages[a - 1], accesses[c], imps[i], NOW))
+                if (a > 0 &&
+                    v > score_composite(p, NOW - ages[a - 1], accesses[c], 0, 0, imps[i], NOW))
                     not_monotone++;
-                if (c > 0 && v < score_composite(p, NOW - ages[a], accesses[c - 1], imps[i], NOW))
+                if (c > 0 &&
+                    v < score_composite(p, NOW - ages[a], accesses[c - 1], 0, 0, imps[i], NOW))
                     not_monotone++;
-                if (i > 0 && v <= score_composite(p, NOW - ages[a], accesses[c], imps[i - 1], NOW))
+                if (i > 0 &&
+                    v <= score_composite(p, NOW - ages[a], accesses[c], 0, 0, imps[i - 1], NOW))
                     not_monotone++;
             }
     CHECK_MSG(out_of_range == 0, "%d composites outside [0, 1]", out_of_range);
     CHECK_MSG(not_monotone == 0, "%d pairs in the wrong order", not_monotone);
     /* strictly lower with age while the recency weight is not zero */
-    CHECK(score_composite(p, NOW - DAY_MS, 0, 0.5, NOW) < score_composite(p, NOW, 0, 0.5, NOW));
+    CHECK(score_composite(p, NOW - DAY_MS, 0, 0, 0, 0.5, NOW) <
+          score_composite(p, NOW, 0, 0, 0, 0.5, NOW));
+}
+
+/* The usefulness term: (cited + 1) / (injected + 2), blended in with w_usefulness; at 0 the
+ * seed's formula holds exactly whatever the counts. */
+static void test_usefulness(void)
+{
+    CHECK(near(score_usefulness(0, 0), 0.5));
+    CHECK(near(score_usefulness(1, 1), 2.0 / 3.0));
+    CHECK(near(score_usefulness(0, 1), 1.0 / 3.0));
+    CHECK(near(score_usefulness(9, 10), 10.0 / 12.0));
+    CHECK(score_usefulness(UINT32_MAX, UINT32_MAX) <= 1.0);
+    const score_params *p = &defaults;
+    /* weight 0: counts change nothing, bit for bit */
+    double base = score_composite(p, NOW - DAY_MS, 3, 0, 0, 0.25, NOW);
+    CHECK(score_composite(p, NOW - DAY_MS, 3, 5, 7, 0.25, NOW) == base);
+    CHECK(score_composite(p, NOW - DAY_MS, 3, 0, 100, 0.25, NOW) == base);
+    /* weight 0.2: 0.8 * base + 0.2 * usefulness */
+    score_params u = defaults;
+    u.w_usefulness = 0.2;
+    CHECK(near(score_composite(&u, NOW - DAY_MS, 3, 1, 1, 0.25, NOW),
+               0.8 * base + 0.2 * (2.0 / 3.0)));
+    /* a cited memory beats an injected-but-uncited twin; more citations are not lower */
+    CHECK(score_composite(&u, NOW, 0, 1, 1, 0.5, NOW) >
+          score_composite(&u, NOW, 0, 0, 1, 0.5, NOW));
+    CHECK(score_composite(&u, NOW, 0, 2, 2, 0.5, NOW) >=
+          score_composite(&u, NOW, 0, 1, 2, 0.5, NOW));
+    /* still in [0, 1] at the extremes */
+    u.w_usefulness = 1.0;
+    CHECK(near(score_composite(&u, NOW, 10, 0, 0, 1.0, NOW), 0.5));
+    CHECK(score_composite(&u, NOW, 10, UINT32_MAX, UINT32_MAX, 1.0, NOW) <= 1.0);
 }
 
 static void test_blend(void)
@@ -129,6 +163,7 @@ int main(void)
     test_terms();
     test_other_weights();
     test_bounds_and_monotonicity();
+    test_usefulness();
     test_blend();
     CHECK_RETURN();
 }

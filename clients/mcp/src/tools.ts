@@ -235,7 +235,7 @@ export const TOOLS: Tool[] = [
         top_k: 50,
         agent_id: ctx.agentId,
       });
-      return r.text;
+      return r.text ?? "";
     },
   },
   {

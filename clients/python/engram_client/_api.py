@@ -60,6 +60,8 @@ WRITE_METHODS = frozenset({
     "memory.archive",
     "memory.consolidate",
     "memory.delete",
+    "memory.feedback",
+    "memory.provenance",
     "memory.restore",
     "memory.store",
     "memory.store_batch",
@@ -96,11 +98,13 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "memory.archive": ("ids", "reason", ),
     "memory.consolidate": (),
     "memory.consolidation.runs": ("limit", "cursor", ),
-    "memory.context": ("type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens", ),
+    "memory.context": ("type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens", "format", "order", ),
     "memory.delete": ("ids", ),
+    "memory.feedback": ("cited", "injected", ),
     "memory.get": ("ids", ),
     "memory.history": ("id", ),
     "memory.list": ("type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding", ),
+    "memory.provenance": ("response", "injected", ),
     "memory.restore": ("ids", ),
     "memory.search": ("type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", ),
     "memory.stats": (),
@@ -301,8 +305,10 @@ class SyncMemory:
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
         budget_tokens: int | None = None,
+        format: str | None = None,
+        order: str | None = None,
     ) -> ContextResult:
-        """Searches and renders the results as an <agent_memory> block within a token budget. (``memory.context``)"""
+        """Searches and renders the results as an <agent_memory> block or search-result items within a token budget. (``memory.context``)"""
         return cast("ContextResult", self._r._call("memory.context", {
             "type_filter": type_filter,
             "min_importance": min_importance,
@@ -323,11 +329,25 @@ class SyncMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "budget_tokens": budget_tokens,
+            "format": format,
+            "order": order,
         }))
 
     def delete(self, ids: Sequence[int]) -> DeleteResult:
         """Deletes memories with their history. (``memory.delete``)"""
         return cast("DeleteResult", self._r._call("memory.delete", {"ids": ids}))
+
+    def feedback(
+        self,
+        *,
+        cited: Sequence[int] | None = None,
+        injected: Sequence[int] | None = None,
+    ) -> dict[str, Any]:
+        """Records which injected memories an answer cited (provenance feedback). (``memory.feedback``)"""
+        return cast("dict[str, Any]", self._r._call("memory.feedback", {
+            "cited": cited,
+            "injected": injected,
+        }))
 
     def get(self, ids: Sequence[int]) -> MemoriesResult:
         """Returns memories by id, in the order asked. (``memory.get``)"""
@@ -379,6 +399,13 @@ class SyncMemory:
             "cursor": cursor,
             "limit": limit,
             "include_embedding": include_embedding,
+        }))
+
+    def provenance(self, response: str, injected: Sequence[int]) -> dict[str, Any]:
+        """Estimates which injected memories a response used (sentence embeddings) and records it. (``memory.provenance``)"""
+        return cast("dict[str, Any]", self._r._call("memory.provenance", {
+            "response": response,
+            "injected": injected,
         }))
 
     def restore(self, ids: Sequence[int]) -> RestoreResult:
@@ -1029,8 +1056,10 @@ class AsyncMemory:
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
         budget_tokens: int | None = None,
+        format: str | None = None,
+        order: str | None = None,
     ) -> ContextResult:
-        """Searches and renders the results as an <agent_memory> block within a token budget. (``memory.context``)"""
+        """Searches and renders the results as an <agent_memory> block or search-result items within a token budget. (``memory.context``)"""
         return cast("ContextResult", await self._r._acall("memory.context", {
             "type_filter": type_filter,
             "min_importance": min_importance,
@@ -1051,11 +1080,25 @@ class AsyncMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "budget_tokens": budget_tokens,
+            "format": format,
+            "order": order,
         }))
 
     async def delete(self, ids: Sequence[int]) -> DeleteResult:
         """Deletes memories with their history. (``memory.delete``)"""
         return cast("DeleteResult", await self._r._acall("memory.delete", {"ids": ids}))
+
+    async def feedback(
+        self,
+        *,
+        cited: Sequence[int] | None = None,
+        injected: Sequence[int] | None = None,
+    ) -> dict[str, Any]:
+        """Records which injected memories an answer cited (provenance feedback). (``memory.feedback``)"""
+        return cast("dict[str, Any]", await self._r._acall("memory.feedback", {
+            "cited": cited,
+            "injected": injected,
+        }))
 
     async def get(self, ids: Sequence[int]) -> MemoriesResult:
         """Returns memories by id, in the order asked. (``memory.get``)"""
@@ -1107,6 +1150,13 @@ class AsyncMemory:
             "cursor": cursor,
             "limit": limit,
             "include_embedding": include_embedding,
+        }))
+
+    async def provenance(self, response: str, injected: Sequence[int]) -> dict[str, Any]:
+        """Estimates which injected memories a response used (sentence embeddings) and records it. (``memory.provenance``)"""
+        return cast("dict[str, Any]", await self._r._acall("memory.provenance", {
+            "response": response,
+            "injected": injected,
         }))
 
     async def restore(self, ids: Sequence[int]) -> RestoreResult:
@@ -1783,8 +1833,10 @@ class FutureMemory:
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
         budget_tokens: int | None = None,
+        format: str | None = None,
+        order: str | None = None,
     ) -> Future[ContextResult]:
-        """Searches and renders the results as an <agent_memory> block within a token budget. (``memory.context``)"""
+        """Searches and renders the results as an <agent_memory> block or search-result items within a token budget. (``memory.context``)"""
         return cast("Future[ContextResult]", self._r._submit("memory.context", {
             "type_filter": type_filter,
             "min_importance": min_importance,
@@ -1805,11 +1857,25 @@ class FutureMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "budget_tokens": budget_tokens,
+            "format": format,
+            "order": order,
         }))
 
     def delete(self, ids: Sequence[int]) -> Future[DeleteResult]:
         """Deletes memories with their history. (``memory.delete``)"""
         return cast("Future[DeleteResult]", self._r._submit("memory.delete", {"ids": ids}))
+
+    def feedback(
+        self,
+        *,
+        cited: Sequence[int] | None = None,
+        injected: Sequence[int] | None = None,
+    ) -> Future[dict[str, Any]]:
+        """Records which injected memories an answer cited (provenance feedback). (``memory.feedback``)"""
+        return cast("Future[dict[str, Any]]", self._r._submit("memory.feedback", {
+            "cited": cited,
+            "injected": injected,
+        }))
 
     def get(self, ids: Sequence[int]) -> Future[MemoriesResult]:
         """Returns memories by id, in the order asked. (``memory.get``)"""
@@ -1861,6 +1927,13 @@ class FutureMemory:
             "cursor": cursor,
             "limit": limit,
             "include_embedding": include_embedding,
+        }))
+
+    def provenance(self, response: str, injected: Sequence[int]) -> Future[dict[str, Any]]:
+        """Estimates which injected memories a response used (sentence embeddings) and records it. (``memory.provenance``)"""
+        return cast("Future[dict[str, Any]]", self._r._submit("memory.provenance", {
+            "response": response,
+            "injected": injected,
         }))
 
     def restore(self, ids: Sequence[int]) -> Future[RestoreResult]:

@@ -115,6 +115,8 @@ class Memory(TypedDict, total=False):
     merged_into: int | None
     pinned: bool
     version: int
+    cited_count: int
+    injected_count: int
     embedding: Any
 
 
@@ -149,8 +151,15 @@ class SearchResult(TypedDict):
     results: list[SearchHit]
 
 
-class ContextResult(TypedDict):
-    text: str
+class SearchResultItem(TypedDict):
+    source: str
+    title: str
+    content: str
+
+
+class ContextResult(TypedDict, total=False):
+    text: str  # format "xml" (the default)
+    items: list[SearchResultItem]  # format "search_results"
     ids: list[int]
     tokens_used: int
 

@@ -64,11 +64,13 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "memory.archive": { params: ["ids", "reason"], required: ["ids"], flags: ["tenant", "write"] },
   "memory.consolidate": { params: [], required: [], flags: ["tenant", "write"] },
   "memory.consolidation.runs": { params: ["limit", "cursor"], required: [], flags: ["tenant"] },
-  "memory.context": { params: ["type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens"], required: [], flags: ["tenant", "query"] },
+  "memory.context": { params: ["type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens", "format", "order"], required: [], flags: ["tenant", "query"] },
   "memory.delete": { params: ["ids"], required: ["ids"], flags: ["tenant", "write"] },
+  "memory.feedback": { params: ["cited", "injected"], required: [], flags: ["tenant", "write"] },
   "memory.get": { params: ["ids"], required: ["ids"], flags: ["tenant"] },
   "memory.history": { params: ["id"], required: ["id"], flags: ["tenant"] },
   "memory.list": { params: ["type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding"], required: [], flags: ["tenant"] },
+  "memory.provenance": { params: ["response", "injected"], required: ["response", "injected"], flags: ["tenant", "query", "write"] },
   "memory.restore": { params: ["ids"], required: ["ids"], flags: ["tenant", "write"] },
   "memory.search": { params: ["type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight"], required: [], flags: ["tenant", "query"] },
   "memory.stats": { params: [], required: [], flags: ["tenant"] },
@@ -193,11 +195,19 @@ export interface MemoryContextParams {
   mode?: SearchMode;
   similarity_weight?: number;
   budget_tokens?: Id;
+  format?: string;
+  order?: string;
 }
 
 /** Parameters of `memory.delete`. */
 export interface MemoryDeleteParams {
   ids: Id[];
+}
+
+/** Parameters of `memory.feedback`. */
+export interface MemoryFeedbackParams {
+  cited?: Id[];
+  injected?: Id[];
 }
 
 /** Parameters of `memory.get`. */
@@ -230,6 +240,12 @@ export interface MemoryListParams {
   cursor?: string;
   limit?: Id;
   include_embedding?: boolean;
+}
+
+/** Parameters of `memory.provenance`. */
+export interface MemoryProvenanceParams {
+  response: string;
+  injected: Id[];
 }
 
 /** Parameters of `memory.restore`. */
@@ -550,13 +566,17 @@ export class ApiMemory {
   consolidate(options?: CallOptions): Promise<Record<string, unknown>> {
     return this._caller.call("memory.consolidate", {}, options) as Promise<Record<string, unknown>>;
   }
-  /** Searches and renders the results as an <agent_memory> block within a token budget. (`memory.context`) */
+  /** Searches and renders the results as an <agent_memory> block or search-result items within a token budget. (`memory.context`) */
   context(params: MemoryContextParams = {}, options?: CallOptions): Promise<ContextResult> {
     return this._caller.call("memory.context", params as unknown as Record<string, unknown>, options) as Promise<ContextResult>;
   }
   /** Deletes memories with their history. (`memory.delete`) */
   delete(params: MemoryDeleteParams, options?: CallOptions): Promise<DeleteResult> {
     return this._caller.call("memory.delete", params as unknown as Record<string, unknown>, options) as Promise<DeleteResult>;
+  }
+  /** Records which injected memories an answer cited (provenance feedback). (`memory.feedback`) */
+  feedback(params: MemoryFeedbackParams = {}, options?: CallOptions): Promise<Record<string, unknown>> {
+    return this._caller.call("memory.feedback", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
   }
   /** Returns memories by id, in the order asked. (`memory.get`) */
   get(params: MemoryGetParams, options?: CallOptions): Promise<MemoriesResult> {
@@ -569,6 +589,10 @@ export class ApiMemory {
   /** Lists memories that pass a filter, one keyset page at a time. (`memory.list`) */
   list(params: MemoryListParams = {}, options?: CallOptions): Promise<ListResult> {
     return this._caller.call("memory.list", params as unknown as Record<string, unknown>, options) as Promise<ListResult>;
+  }
+  /** Estimates which injected memories a response used (sentence embeddings) and records it. (`memory.provenance`) */
+  provenance(params: MemoryProvenanceParams, options?: CallOptions): Promise<Record<string, unknown>> {
+    return this._caller.call("memory.provenance", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
   }
   /** Brings archived memories back. (`memory.restore`) */
   restore(params: MemoryRestoreParams, options?: CallOptions): Promise<RestoreResult> {
@@ -784,9 +808,11 @@ export const METHOD_PATHS: Readonly<Record<string, readonly string[]>> = {
   "memory.consolidation.runs": ["memory", "consolidation", "runs"],
   "memory.context": ["memory", "context"],
   "memory.delete": ["memory", "delete"],
+  "memory.feedback": ["memory", "feedback"],
   "memory.get": ["memory", "get"],
   "memory.history": ["memory", "history"],
   "memory.list": ["memory", "list"],
+  "memory.provenance": ["memory", "provenance"],
   "memory.restore": ["memory", "restore"],
   "memory.search": ["memory", "search"],
   "memory.stats": ["memory", "stats"],

@@ -128,6 +128,8 @@ export interface Memory {
   merged_into: Id | null;
   pinned: boolean;
   version: number;
+  cited_count: number;
+  injected_count: number;
   /** Only from `memory.list` with `include_embedding`. */
   embedding?: Float32Array;
 }
@@ -143,7 +145,9 @@ export interface StoreBatchResult { ids: Id[]; created_at: number[]; replayed: b
 export interface MemoriesResult { memories: Memory[] }
 export interface ListResult { memories: Memory[]; next_cursor: string | null }
 export interface SearchResult { results: SearchHit[] }
-export interface ContextResult { text: string; ids: Id[]; tokens_used: number }
+export interface SearchResultItem { source: string; title: string; content: string }
+/** `text` with format "xml" (the default), `items` with format "search_results". */
+export interface ContextResult { text?: string; items?: SearchResultItem[]; ids: Id[]; tokens_used: number }
 export interface UpdateResult { id: Id; version: number; updated_at: number }
 export interface DeleteResult { deleted: Id[] }
 export interface ArchiveResult { archived: Id[] }

@@ -53,6 +53,7 @@ DOCS = {
     "methods": "Lists every method of the server with its flags and parameters.",
     "ping": "Answers \"pong\".",
     "session.append": "Appends one message to a session's transcript.",
+    "session.audit": "Returns one page of a session's append-only audit log, in seq order.",
     "session.checkpoint": "Captures a session's full state to resume from later.",
     "session.checkpoints": "Lists a session's unexpired checkpoints, oldest first.",
     "session.children": "Lists a session's sub-agents in spawn order.",
@@ -74,6 +75,9 @@ DOCS = {
     "session.summarize": "Records a compaction summary standing in for the entries it covers.",
     "session.task.complete": "Marks the current task done: clears its current_task notes.",
     "session.tombstone": "Hides a transcript entry from the transcript from now on.",
+    "session.work_item.add": "Adds a work item to a session (a sub-agent's: to its parent).",
+    "session.work_item.list": "Lists a session's work items in id order, one page at a time.",
+    "session.work_item.update": "Changes a work item's title, description, status or owner.",
     "tenant.usage": "Returns the tenant's usage and limits.",
 }
 
@@ -101,7 +105,6 @@ NARROW = {
     ("*", "scopes"): ("Sequence[Scope]", "Scope[]"),
     ("*", "attrs"): ("Mapping[str, Any]", "Record<string, unknown>"),
     ("*", "tier"): ("Tier", "Tier"),
-    ("*", "work_item_id"): ("int | str", "Id | string"),
     ("*", "created_at"): ("int", "number"),
     ("memory.store", "type"): ("MemoryType", "MemoryType"),
     ("memory.update", "type"): ("MemoryType", "MemoryType"),
@@ -382,13 +385,13 @@ def gen_ts(methods):
         lines.append(f"/** {doc} */")
         lines.append(f"export class {cls} {{")
         for k, c in child_classes:
-            lines.append(f"  readonly {k}: {c};")
+            lines.append(f"  readonly {camel(k)}: {c};")
         lines.append("  /** @internal */")
         lines.append("  protected readonly _caller: Caller;")
         lines.append("  constructor(caller: Caller) {")
         lines.append("    this._caller = caller;")
         for k, c in child_classes:
-            lines.append(f"    this.{k} = new {c}(caller);")
+            lines.append(f"    this.{camel(k)} = new {c}(caller);")
         lines.append("  }")
         for key, m in sorted(node.items()):
             if "name" not in m:

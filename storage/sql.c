@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "sql_session.h"
+#include "sql_work.h"
 
 /* The filter shared by text search and list. Parameters:
  *   $1 tenant            $2 types text[]         $3 include archived
@@ -163,6 +164,7 @@ static const struct {
 } tables[] = {
     {sql_stmts, SQL__COUNT},
     {sql_session_stmts, SQLS__COUNT},
+    {sql_work_stmts, SQLW__COUNT},
 };
 
 static db_stmt_def *all;

@@ -57,5 +57,6 @@ const db_stmt_def sql_session_stmts[SQLS__COUNT] = {
                     11},
     [SQLS_COMPLETE] = {"session_complete", FN("complete", "$1::bigint, $2::bigint, $3::text"), 3},
     [SQLS_CHILDREN] = {"session_children", FN("children", "$1::bigint, $2::bigint"), 2},
-    [SQLS_HANDOFF] = {"session_handoff", FN("handoff", "$1::bigint, $2::bigint, $3::text"), 3},
+    [SQLS_HANDOFF] = {"session_handoff",
+                      FN("handoff", "$1::bigint, $2::bigint, $3::text, $4::bigint"), 4},
 };

@@ -39,7 +39,7 @@ typedef enum sqls_stmt {
                       children, max entries, max bytes) -> {session_id} */
     SQLS_COMPLETE, /* (tenant, session, output) -> {session_id, state, completed_at} */
     SQLS_CHILDREN, /* (tenant, session) -> {children} */
-    SQLS_HANDOFF,  /* (tenant, session, mode) -> package */
+    SQLS_HANDOFF,  /* (tenant, session, mode, agent) -> package */
     SQLS__COUNT
 } sqls_stmt;
 

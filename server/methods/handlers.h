@@ -66,6 +66,12 @@ HANDLER(session_summarize);
 HANDLER(session_task_complete);
 HANDLER(session_tombstone);
 
+/* m_work.c */
+HANDLER(session_audit);
+HANDLER(session_work_item_add);
+HANDLER(session_work_item_list);
+HANDLER(session_work_item_update);
+
 /* m_consolidate.c */
 HANDLER(memory_consolidate);
 HANDLER(memory_consolidation_runs);

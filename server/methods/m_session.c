@@ -4,12 +4,12 @@
  * The handlers validate every argument (nested maps included) and turn it into text
  * parameters of one prepared statement; each statement calls one PL/pgSQL function of
  * functions/30_sessions.sql that does the whole operation in one transaction under the
- * session's row lock and returns the result as one JSON document, which json_done turns
+ * session's row lock and returns the result as one JSON document, which sq (sq.h) turns
  * into the MessagePack result. Rules that need the database's state (cost caps, tier
  * limits, versions, single-level branching) are checked there; their SQLSTATEs map to the
  * client's error codes, and the DETAIL of EG402/EG409/EG429 ("limit=N usage=M") becomes
  * fields of the error map. Handlers run on the request's worker thread and end the request
- * exactly once: through json_done, or with req_fail before anything is submitted.
+ * exactly once: through sq_submit, or with req_fail before anything is submitted.
  */
 #include <errno.h>
 #include <math.h>
@@ -20,6 +20,7 @@
 #include "handlers.h"
 #include "json.h"
 #include "log.h"
+#include "sq.h"
 #include "sql_session.h"
 
 /* Fixed caps (documented in docs/protocol.md); transcript text is bounded by the
@@ -33,7 +34,6 @@
 #define SCRATCHPAD_MAX (256 * 1024)
 #define NOTE_KEY_MAX 256
 #define NOTE_VALUE_MAX 16384
-#define WORK_ITEM_MAX 256
 #define LABEL_MAX 256
 #define METADATA_MAX_BYTES 65536
 #define METADATA_MAX_DEPTH 16
@@ -52,239 +52,15 @@
 #define CONTEXT_BUDGET_MAX 1000000
 #define CONTEXT_BUDGET_DEFAULT 8000 /* the seed's 5-10K tokens of session context */
 #define SUB_MAX_TOKENS 16777216
-#define RESULT_MAX_DEPTH 32
 #define STR_UNBOUNDED 16777216 /* checked against max_content_bytes in the handler */
-#define JSON_TOO_BIG 100       /* sq_json: the JSON text passes max_bytes */
+#define JSON_TOO_BIG SQ_JSON_TOO_BIG
 
-/* ---- query building ------------------------------------------------------------------- */
+/* ---- statements ------------------------------------------------------------------------ */
 
-/* The text parameters of one statement. The first is always the authenticated tenant: no
- * statement ever takes a tenant from the client. Values live in the request's arena. */
-typedef struct sq {
-    req *r;
-    const char *v[DB_MAX_PARAMS];
-    int n;
-    bool oom;
-} sq;
-
-static void sq_add(sq *q, const char *v)
-{
-    if (q->n < DB_MAX_PARAMS)
-        q->v[q->n++] = v;
-    else
-        q->oom = true;
-}
-
-static char *sq_fmt_i64(sq *q, int64_t v)
-{
-    char *s = req_alloc(q->r, 24);
-    if (!s) {
-        q->oom = true;
-        return NULL;
-    }
-    snprintf(s, 24, "%lld", (long long)v);
-    return s;
-}
-
-static void sq_init(sq *q, req *r)
-{
-    memset(q, 0, sizeof(*q));
-    q->r = r;
-    sq_add(q, sq_fmt_i64(q, req_auth(r)->tenant_id));
-}
-
-static void sq_i64(sq *q, int64_t v)
-{
-    sq_add(q, sq_fmt_i64(q, v));
-}
-
-/* An unsigned id (or NULL): its 64 bits as a bigint, the way the schema stores them. */
-static void sq_u64(sq *q, const msgpack_object *o)
-{
-    sq_add(q, o ? sq_fmt_i64(q, (int64_t)o->via.u64) : NULL);
-}
-
-static void sq_str(sq *q, const msgpack_object *o)
-{
-    char *s = NULL;
-    if (o) {
-        s = req_strdup(q->r, o);
-        if (!s)
-            q->oom = true;
-    }
-    sq_add(q, s);
-}
-
-/* A number (or NULL) as the shortest decimal that reads back as the same double, so a
- * client's 0.1 is stored as exactly 0.1 in numeric columns and sums stay exact. */
-static void sq_num(sq *q, const msgpack_object *o)
-{
-    if (!o) {
-        sq_add(q, NULL);
-        return;
-    }
-    char *s = req_alloc(q->r, 40);
-    if (!s) {
-        q->oom = true;
-        return;
-    }
-    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
-        snprintf(s, 40, "%llu", (unsigned long long)o->via.u64);
-    } else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
-        snprintf(s, 40, "%lld", (long long)o->via.i64);
-    } else {
-        double d = rpc_get_num(o, 0);
-        for (int prec = 15; prec <= 17; prec++) {
-            snprintf(s, 40, "%.*g", prec, d);
-            if (strtod(s, NULL) == d)
-                break;
-        }
-    }
-    sq_add(q, s);
-}
-
-/* A JSON text parameter from an already validated value (or NULL). Returns 0, or the
- * json_from_msgpack code (the caller fails the request). */
-static int sq_json(sq *q, const msgpack_object *o, unsigned depth, size_t max_bytes)
-{
-    if (!o) {
-        sq_add(q, NULL);
-        return 0;
-    }
-    json_buf jb = {0};
-    int rc = json_from_msgpack(o, 0, depth, &jb);
-    if (rc == 0 && jb.len > max_bytes)
-        rc = JSON_TOO_BIG;
-    char *s = NULL;
-    if (rc == 0) {
-        s = req_alloc(q->r, jb.len + 1);
-        if (s)
-            memcpy(s, jb.data, jb.len + 1);
-        else
-            rc = -ENOMEM;
-    }
-    json_buf_fini(&jb);
-    if (rc != 0)
-        return rc;
-    sq_add(q, s);
-    return 0;
-}
-
-/* A text[] literal from an array of words already checked against a word list (so no
- * quoting is needed), or NULL. */
-static void sq_words(sq *q, const msgpack_object *o)
-{
-    if (!o) {
-        sq_add(q, NULL);
-        return;
-    }
-    size_t n = 3;
-    for (uint32_t i = 0; i < o->via.array.size; i++)
-        n += o->via.array.ptr[i].via.str.size + 1;
-    char *s = req_alloc(q->r, n);
-    if (!s) {
-        q->oom = true;
-        return;
-    }
-    char *w = s;
-    *w++ = '{';
-    for (uint32_t i = 0; i < o->via.array.size; i++) {
-        const msgpack_object_str *e = &o->via.array.ptr[i].via.str;
-        if (i)
-            *w++ = ',';
-        memcpy(w, e->ptr, e->size);
-        w += e->size;
-    }
-    *w++ = '}';
-    *w = '\0';
-    sq_add(q, s);
-}
-
-/* ---- results and errors ---------------------------------------------------------------- */
-
-/* Turns a DETAIL of "key=value key=value" into error fields: integers, numbers or strings.
- * Returns how many were filled (at most max); strings point into buf. */
-static size_t parse_details(const char *detail, char *buf, size_t buflen, rpc_detail *d, size_t max)
-{
-    snprintf(buf, buflen, "%s", detail);
-    size_t n = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, " ", &save); tok && n < max; tok = strtok_r(NULL, " ", &save)) {
-        char *eq = strchr(tok, '=');
-        if (!eq || eq == tok)
-            continue;
-        *eq = '\0';
-        const char *val = eq + 1;
-        char *end;
-        d[n].key = tok;
-        errno = 0;
-        long long i = strtoll(val, &end, 10);
-        if (*val && !*end && errno == 0) {
-            d[n].type = RPC_D_INT;
-            d[n].v.i = i;
-        } else {
-            double x = strtod(val, &end);
-            if (*val && !*end && isfinite(x)) {
-                d[n].type = RPC_D_NUM;
-                d[n].v.d = x;
-            } else {
-                d[n].type = RPC_D_STR;
-                d[n].v.s = val;
-            }
-        }
-        n++;
-    }
-    return n;
-}
-
-/* The callback of every session statement: one row, one column of JSON, packed as the
- * result. */
-static void json_done(req *r, const db_result *res)
-{
-    if (res->status == DB_ERROR && res->sqlstate && res->detail) {
-        rpc_code code = strcmp(res->sqlstate, "EG402") == 0   ? RPC_COST_LIMIT_EXCEEDED
-                        : strcmp(res->sqlstate, "EG429") == 0 ? RPC_QUOTA_EXCEEDED
-                        : strcmp(res->sqlstate, "EG409") == 0 ? RPC_CONFLICT
-                                                              : RPC_OK;
-        if (code != RPC_OK) {
-            char buf[512];
-            rpc_detail d[8];
-            size_t nd = parse_details(res->detail, buf, sizeof(buf), d, 8);
-            req_fail_details(r, code, d, nd, "%s", res->message ? res->message : "error");
-            return;
-        }
-    }
-    if (res->status != DB_OK) {
-        req_fail_db(r, res);
-        return;
-    }
-    const PGresult *pr = res->res[res->nres - 1];
-    if (PQntuples(pr) != 1 || PQnfields(pr) != 1 || PQgetisnull(pr, 0, 0)) {
-        req_fail(r, RPC_INTERNAL, "session statement returned no result");
-        return;
-    }
-    char err[128];
-    msgpack_packer *pk = req_result(r);
-    int rc = json_to_msgpack(PQgetvalue(pr, 0, 0), (size_t)PQgetlength(pr, 0, 0), RESULT_MAX_DEPTH,
-                             pk, err, sizeof(err));
-    if (rc != 0) {
-        req_fail(r, RPC_INTERNAL, "cannot encode the result: %s",
-                 rc == -ENOMEM ? "out of memory" : err);
-        return;
-    }
-    req_done(r);
-}
-
-/* Submits the statement with q's parameters (or fails the request when building them ran
- * out of memory). The tenant for row-level security is the authenticated one. */
+/* Submits the sessions statement st with q's parameters (sq_submit). */
 static void sq_run(sq *q, sqls_stmt st)
 {
-    if (q->oom) {
-        req_fail(q->r, RPC_INTERNAL, "out of memory");
-        return;
-    }
-    db_query dq = {.stmt = sqls_def(st), .nvalues = q->n, .values = q->v};
-    req_submit(q->r, req_auth(q->r)->tenant_id, &dq, 1, json_done);
+    sq_submit(q, sqls_def(st));
 }
 
 /* ---- validation helpers ----------------------------------------------------------------- */
@@ -472,19 +248,10 @@ static bool add_config(req *r, sq *q, const msgpack_object *cfg)
     return true;
 }
 
-/* work_item_id: an unsigned integer or a string of 1 to WORK_ITEM_MAX bytes, stored as
- * given (a JSON scalar). */
+/* work_item_id (an unsigned integer, checked by its parameter's type, or NULL): a JSON
+ * number, as notes store it; the function checks that the work item exists. */
 static bool add_work_item(req *r, sq *q, const msgpack_object *o)
 {
-    if (o && !(o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ||
-               (o->type == MSGPACK_OBJECT_STR && o->via.str.size >= 1 &&
-                o->via.str.size <= WORK_ITEM_MAX))) {
-        req_fail(r, RPC_INVALID_ARGUMENT,
-                 "parameter 'work_item_id' must be an unsigned integer or a string of 1 to %d "
-                 "bytes",
-                 WORK_ITEM_MAX);
-        return false;
-    }
     if (sq_json(q, o, 0, SIZE_MAX) != 0) {
         req_fail(r, RPC_INTERNAL, "cannot convert 'work_item_id'");
         return false;
@@ -742,8 +509,8 @@ enum { P_NA_SESSION, P_NA_CATEGORY, P_NA_KEY, P_NA_VALUE, P_NA_SCOPE, P_NA_WORK,
 PARAMS(session_note_add, ID_PARAM("session_id"), {"category", RPC_T_STR, RPC_P_REQUIRED, 0, 0},
        {"key", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, NOTE_KEY_MAX},
        {"value", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, NOTE_VALUE_MAX},
-       {"scope", RPC_T_STR, RPC_P_REQUIRED, 0, 0},
-       {"work_item_id", RPC_T_ANY, RPC_P_NULLABLE, 0, 0}, OPT_ID_PARAM("agent_id"));
+       {"scope", RPC_T_STR, RPC_P_REQUIRED, 0, 0}, OPT_ID_PARAM("work_item_id"),
+       OPT_ID_PARAM("agent_id"));
 
 static const char category_list[] = "decision, discovery, blocker, context, handoff";
 static const char scope_list[] = "current_task, session, carry_forward";
@@ -792,8 +559,7 @@ void h_session_notes(req *r)
 }
 
 enum { P_TC_SESSION, P_TC_WORK };
-PARAMS(session_task_complete, ID_PARAM("session_id"),
-       {"work_item_id", RPC_T_ANY, RPC_P_NULLABLE, 0, 0});
+PARAMS(session_task_complete, ID_PARAM("session_id"), OPT_ID_PARAM("work_item_id"));
 
 /* session.task.complete: clears the current task's notes. */
 void h_session_task_complete(req *r)
@@ -932,10 +698,12 @@ void h_session_children(req *r)
 
 /* ---- handoff ------------------------------------------------------------------------------ */
 
-enum { P_HO_SESSION, P_HO_MODE };
-PARAMS(session_handoff, ID_PARAM("session_id"), {"mode", RPC_T_STR, RPC_P_REQUIRED, 0, 0});
+enum { P_HO_SESSION, P_HO_MODE, P_HO_AGENT };
+PARAMS(session_handoff, ID_PARAM("session_id"), {"mode", RPC_T_STR, RPC_P_REQUIRED, 0, 0},
+       OPT_ID_PARAM("agent_id"));
 
-/* session.handoff: the handoff package the mode selects. */
+/* session.handoff: the handoff package the mode selects; the handoff (and the agent asking,
+ * when named) is recorded in the session's audit log. */
 void h_session_handoff(req *r)
 {
     if (!check_word(r, req_arg(r, P_HO_MODE), "mode", modes,
@@ -945,5 +713,6 @@ void h_session_handoff(req *r)
     sq_init(&q, r);
     sq_u64(&q, req_arg(r, P_HO_SESSION));
     sq_str(&q, req_arg(r, P_HO_MODE));
+    sq_u64(&q, req_arg(r, P_HO_AGENT));
     sq_run(&q, SQLS_HANDOFF);
 }

@@ -43,6 +43,7 @@ static method_def table[] = {
     M("methods", methods, M_PUBLIC),
     M("ping", ping, M_PUBLIC),
     M("session.append", session_append, M_TENANT | M_WRITE),
+    M("session.audit", session_audit, M_TENANT),
     M("session.checkpoint", session_checkpoint, M_TENANT | M_WRITE),
     M("session.checkpoints", session_checkpoints, M_TENANT),
     M("session.children", session_children, M_TENANT),
@@ -64,6 +65,9 @@ static method_def table[] = {
     M("session.summarize", session_summarize, M_TENANT | M_WRITE),
     M("session.task.complete", session_task_complete, M_TENANT | M_WRITE),
     M("session.tombstone", session_tombstone, M_TENANT | M_WRITE),
+    M("session.work_item.add", session_work_item_add, M_TENANT | M_WRITE),
+    M("session.work_item.list", session_work_item_list, M_TENANT),
+    M("session.work_item.update", session_work_item_update, M_TENANT | M_WRITE),
     M("tenant.usage", tenant_usage, M_TENANT),
 };
 

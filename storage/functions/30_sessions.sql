@@ -709,6 +709,9 @@ DECLARE
     v_old bigint;
 BEGIN
     PERFORM engram_session_require_active(s);
+    IF p_work_item IS NOT NULL THEN  -- a work item of the session (a sub-agent's: its parent's)
+        PERFORM engram_work_item_require(p_tenant, COALESCE(s.parent_id, s.id), p_work_item);
+    END IF;
     SELECT count(*) INTO v_n FROM session_notes
         WHERE tenant_id = p_tenant AND session_id = s.id;
     IF v_n + 1 > p_max_notes THEN
@@ -1263,14 +1266,19 @@ END $$;
 
 -- engram_session_handoff: the package another agent (or a human, or a recovering process)
 -- needs to pick the session up. p_mode selects the sections:
---   continue  summary, carry_forward, blockers, work_items, decisions, scratchpad, events(20)
---   takeover  carry_forward, blockers, work_items, decisions
+--   continue  summary, carry_forward, blockers, work_items, tasks_done, decisions,
+--             scratchpad, events(20), audit(20)
+--   takeover  carry_forward, blockers, work_items, tasks_done, decisions, audit(20), none of
+--             them holding a current_task note (nor the audit its records)
 --   review    summary, decisions
---   recovery  everything above, all live notes, events(100), the latest checkpoint and
---             the active sub-agents
--- metrics are always included.
-CREATE OR REPLACE FUNCTION engram_session_handoff(p_tenant bigint, p_session bigint, p_mode text)
-    RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+--   recovery  everything of continue, all live notes, events(100), audit(100), the latest
+--             checkpoint and the active sub-agents
+-- metrics are always included. The handoff is recorded in the audit log (p_agent: the
+-- agent asking, NULL: not known).
+DROP FUNCTION IF EXISTS engram_session_handoff(bigint, bigint, text);
+CREATE OR REPLACE FUNCTION engram_session_handoff(p_tenant bigint, p_session bigint, p_mode text,
+                                                  p_agent bigint)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     s sessions := engram_session_get_row(p_tenant, p_session);
     v_now timestamptz := engram_session_now();
@@ -1293,7 +1301,8 @@ BEGIN
                       WHERE n.tenant_id = p_tenant AND n.session_id = s.id
                         AND n.dead_rev IS NULL),
             'children', (SELECT count(*) FROM sessions c
-                         WHERE c.tenant_id = p_tenant AND c.parent_id = s.id)));
+                         WHERE c.tenant_id = p_tenant AND c.parent_id = s.id))
+            || engram_work_item_counts(p_tenant, COALESCE(s.parent_id, s.id)));
     IF p_mode IN ('continue', 'review', 'recovery') THEN
         v_summary := s.summary;
         IF v_summary IS NULL THEN
@@ -1307,21 +1316,17 @@ BEGIN
             'carry_forward', COALESCE((
                 SELECT jsonb_agg(engram_session_note_json(n) ORDER BY n.id) FROM session_notes n
                 WHERE n.tenant_id = p_tenant AND n.session_id = s.id AND n.dead_rev IS NULL
-                  AND (n.scope = 'carry_forward' OR n.category = 'handoff')), '[]'::jsonb),
+                  AND (n.scope = 'carry_forward' OR n.category = 'handoff')
+                  AND (p_mode <> 'takeover' OR n.scope <> 'current_task')), '[]'::jsonb),
             'blockers', COALESCE((
                 SELECT jsonb_agg(engram_session_note_json(n) ORDER BY n.id) FROM session_notes n
                 WHERE n.tenant_id = p_tenant AND n.session_id = s.id AND n.dead_rev IS NULL
-                  AND n.category = 'blocker'), '[]'::jsonb),
-            'work_items', COALESCE((
-                SELECT jsonb_agg(jsonb_build_object('work_item_id', w.work_item_id,
-                                                    'notes', w.notes) ORDER BY w.first)
-                FROM (SELECT n.work_item_id, min(n.id) AS first,
-                             jsonb_agg(engram_session_note_json(n) ORDER BY n.id) AS notes
-                      FROM session_notes n
-                      WHERE n.tenant_id = p_tenant AND n.session_id = s.id
-                        AND n.dead_rev IS NULL AND n.work_item_id IS NOT NULL
-                        AND (p_mode <> 'takeover' OR n.scope <> 'current_task')
-                      GROUP BY n.work_item_id) w), '[]'::jsonb));
+                  AND n.category = 'blocker'
+                  AND (p_mode <> 'takeover' OR n.scope <> 'current_task')), '[]'::jsonb))
+            || engram_work_item_handoff(p_tenant, s, p_mode = 'takeover')
+            || jsonb_build_object('audit', engram_audit_tail(
+                   p_tenant, s.id, CASE p_mode WHEN 'recovery' THEN 100 ELSE 20 END,
+                   p_mode = 'takeover'));
     END IF;
     v := v || jsonb_build_object('decisions', COALESCE((
         SELECT jsonb_agg(engram_session_note_json(n) ORDER BY n.id) FROM session_notes n
@@ -1398,6 +1403,8 @@ BEGIN
                 WHERE c.tenant_id = p_tenant AND c.parent_id = s.id AND c.state = 'active'),
                 '[]'::jsonb));
     END IF;
+    PERFORM engram_audit_write(p_tenant, s.id, p_agent, 'handoff', 'session', s.id,
+                               jsonb_build_object('mode', p_mode));
     RETURN v;
 END $$;
 

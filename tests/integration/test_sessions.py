@@ -376,14 +376,15 @@ def test_notes_supersede_and_filter(client):
     a = note(client, sid, "auth", "JWT")
     assert a["superseded"] is None
     note(client, sid, "api", "404 for deleted users", category="discovery", scope="carry_forward")
+    wid = client.call("session.work_item.add", session_id=sid, title="UAT")["work_item_id"]
     note(client, sid, "uat", "credentials expired", category="blocker", scope="current_task",
-         work_item_id=7)
+         work_item_id=wid)
     b = note(client, sid, "auth", "JWT + refresh", scope="carry_forward")
     assert b["superseded"] == a["note_id"]
     notes = client.call("session.notes", session_id=sid)["notes"]
     assert [n["key"] for n in notes] == ["api", "uat", "auth"]  # creation order, live only
     assert notes[2]["value"] == "JWT + refresh" and notes[2]["supersedes"] == a["note_id"]
-    assert notes[1]["work_item_id"] == 7
+    assert notes[1]["work_item_id"] == wid
     cf = client.call("session.notes", session_id=sid, scopes=["carry_forward"])["notes"]
     assert [n["key"] for n in cf] == ["api", "auth"]
     both = client.call("session.notes", session_id=sid, scopes=["carry_forward"],
@@ -401,10 +402,12 @@ def test_notes_supersede_and_filter(client):
 
 def test_task_complete_clears_current_task_notes(client):
     sid = new_session(client)
-    note(client, sid, "t1", "x", scope="current_task", work_item_id="W-1")
-    note(client, sid, "t2", "y", scope="current_task", work_item_id="W-2")
-    note(client, sid, "s", "z", scope="session", work_item_id="W-1")
-    r = client.call("session.task.complete", session_id=sid, work_item_id="W-1")
+    w1, w2 = (client.call("session.work_item.add", session_id=sid, title=t)["work_item_id"]
+              for t in ("W-1", "W-2"))
+    note(client, sid, "t1", "x", scope="current_task", work_item_id=w1)
+    note(client, sid, "t2", "y", scope="current_task", work_item_id=w2)
+    note(client, sid, "s", "z", scope="session", work_item_id=w1)
+    r = client.call("session.task.complete", session_id=sid, work_item_id=w1)
     assert r["cleared"] == 1
     assert [n["key"] for n in client.call("session.notes", session_id=sid)["notes"]] == ["t2", "s"]
     assert client.call("session.task.complete", session_id=sid)["cleared"] == 1
@@ -478,8 +481,9 @@ def test_handoff_modes(client):
                     cost_usdc=0.5)
     note(client, sid, "jwt", "use JWT", category="decision", scope="carry_forward")
     note(client, sid, "tmp", "local choice", category="decision", scope="current_task")
+    w9 = client.call("session.work_item.add", session_id=sid, title="W-9")["work_item_id"]
     note(client, sid, "uat", "creds expired", category="blocker", scope="session",
-         work_item_id="W-9")
+         work_item_id=w9)
     note(client, sid, "next", "testing agent validates 1-15", category="handoff",
          scope="session")
     note(client, sid, "bg", "client uses EA 14.3", category="context", scope="session")
@@ -495,7 +499,8 @@ def test_handoff_modes(client):
     assert keys(cont["carry_forward"]) == ["jwt", "next"]
     assert keys(cont["blockers"]) == ["uat"]
     assert keys(cont["decisions"]) == ["jwt", "tmp"]
-    assert cont["work_items"][0]["work_item_id"] == "W-9"
+    assert cont["work_items"][0]["work_item_id"] == w9
+    assert [n["key"] for n in cont["work_items"][0]["notes"]] == ["uat"]
     assert cont["scratchpad"]["content"] == "plan"
     types = [e["type"] for e in cont["events"]]
     assert types.count("note") == 4 and "checkpoint" in types and types[-1] == "ended"
@@ -508,6 +513,7 @@ def test_handoff_modes(client):
     assert keys(take["decisions"]) == ["jwt"]  # not the previous agent's current_task notes
     for absent in ("summary", "scratchpad", "events", "notes"):
         assert absent not in take, absent
+    assert take["work_items"][0]["work_item_id"] == w9
 
     review = client.call("session.handoff", session_id=sid, mode="review")
     assert review["summary"] == "configured pay rules" and keys(review["decisions"]) == \

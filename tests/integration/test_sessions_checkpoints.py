@@ -50,7 +50,8 @@ def test_resume_restores_exactly_the_checkpointed_state(client):
     client.call("session.tombstone", entry_id=ids[1])
     client.call("session.scratchpad.update", session_id=sid, content="plan A")
     note(client, sid, "auth", "JWT")
-    note(client, sid, "tmp", "scratch", scope="current_task", work_item_id=3)
+    wid = client.call("session.work_item.add", session_id=sid, title="t")["work_item_id"]
+    note(client, sid, "tmp", "scratch", scope="current_task", work_item_id=wid)
     a = client.call("session.checkpoint", session_id=sid, label="A", metadata={"strategy": "lp"})
     at_a = snapshot(client, sid)
     assert a["delta"]["scratchpad"] and a["delta"]["notes_added"] == 2

@@ -11,10 +11,11 @@ def setup_tenant_a(c):
     c.call("session.scratchpad.update", session_id=sid, content="secret plan")
     ck = c.call("session.checkpoint", session_id=sid, label="a")["checkpoint_id"]
     child = c.call("session.spawn", parent_id=sid, task="t", return_format="summary")["session_id"]
-    return sid, entry, ck, child
+    work = c.call("session.work_item.add", session_id=sid, title="secret task")["work_item_id"]
+    return sid, entry, ck, child, work
 
 
-def calls(sid, entry, ck, child):
+def calls(sid, entry, ck, child, work):
     """Every session method with tenant A's ids (None: the method takes no id)."""
     return {
         "session.create": None,
@@ -41,6 +42,10 @@ def calls(sid, entry, ck, child):
         "session.handoff": {"session_id": sid, "mode": "recovery"},
         "session.context": {"session_id": sid},
         "session.delete": {"session_id": sid, "cascade": True},
+        "session.audit": {"session_id": sid},
+        "session.work_item.add": {"session_id": sid, "title": "x"},
+        "session.work_item.update": {"session_id": sid, "work_item_id": work, "status": "done"},
+        "session.work_item.list": {"session_id": sid},
     }
 
 
@@ -48,9 +53,9 @@ def test_other_tenants_get_not_found_everywhere(server):
     _, key_a = server.create_tenant()
     _, key_b = server.create_tenant()
     with server.client(key=key_a) as a, server.client(key=key_b) as b:
-        sid, entry, ck, child = setup_tenant_a(a)
+        sid, entry, ck, child, work = setup_tenant_a(a)
         before = a.call("session.handoff", session_id=sid, mode="recovery")
-        table = calls(sid, entry, ck, child)
+        table = calls(sid, entry, ck, child, work)
         served = {m["name"] for m in b.call("methods") if m["name"].startswith("session.")}
         assert served == set(table), f"untested session methods: {served ^ set(table)}"
         for method, params in table.items():
@@ -75,7 +80,8 @@ def test_other_tenants_get_not_found_everywhere(server):
         assert [s["session_id"] for s in b.call("session.list")["sessions"]] == [own]
         # and A's session is exactly as it was
         after = a.call("session.handoff", session_id=sid, mode="recovery")
-        for k in ("notes", "scratchpad", "metrics", "checkpoint", "children", "summary"):
+        for k in ("notes", "scratchpad", "metrics", "checkpoint", "children", "summary",
+                  "work_items", "audit"):
             if k == "metrics":
                 before[k].pop("duration_ms")
                 after[k].pop("duration_ms")

@@ -1,5 +1,5 @@
 /* tests/unit/test_sql_stmts.c: the statement tables of storage/ (sql.c, sql_session.c,
- * sql_bg.c) and the parameter-count checks of db.c.
+ * sql_work.c, sql_bg.c) and the parameter-count checks of db.c.
  *
  * Every statement has a unique name, and its declared parameter count is exactly the
  * highest $N its text uses, with every $1..$N used: a count typed wrong in a table would
@@ -20,6 +20,7 @@
 #include "sql.h"
 #include "sql_bg.h"
 #include "sql_session.h"
+#include "sql_work.h"
 
 /* The highest $N in sql, and whether each of $1..$N appears (*gaps counts those missing). */
 static int max_param(const char *sql, int *gaps)
@@ -62,10 +63,12 @@ static void test_tables(void)
 {
     check_table("sql_stmts", sql_stmts, SQL__COUNT);
     check_table("sql_session_stmts", sql_session_stmts, SQLS__COUNT);
+    check_table("sql_work_stmts", sql_work_stmts, SQLW__COUNT);
     check_table("sql_bg_stmts", sql_bg_stmts, SQLB__COUNT);
     /* the statement named by an enum value is that entry */
     CHECK(sql_def(SQL_MEMORY_GET) == &sql_stmts[SQL_MEMORY_GET]);
     CHECK(sqls_def(SQLS_GET) == &sql_session_stmts[SQLS_GET]);
+    CHECK(sqlw_def(SQLW_AUDIT) == &sql_work_stmts[SQLW_AUDIT]);
     CHECK(sqlb_def(SQLB_UNLOCK) == &sql_bg_stmts[SQLB_UNLOCK]);
 }
 
@@ -77,7 +80,7 @@ static void test_unique_names(void)
     CHECK(sql_init() == 0);
     size_t n;
     const db_stmt_def *all = sql_all(&n);
-    CHECK(n == SQL__COUNT + SQLS__COUNT);
+    CHECK(n == SQL__COUNT + SQLS__COUNT + SQLW__COUNT);
     size_t total = n + SQLB__COUNT;
     const char **names = calloc(total, sizeof(*names));
     CHECK(names != NULL);

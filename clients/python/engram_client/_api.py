@@ -79,6 +79,8 @@ WRITE_METHODS = frozenset({
     "session.summarize",
     "session.task.complete",
     "session.tombstone",
+    "session.work_item.add",
+    "session.work_item.update",
 })
 IDEMPOTENT_METHODS = frozenset({
     "memory.store",
@@ -114,6 +116,7 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "methods": (),
     "ping": (),
     "session.append": ("session_id", "role", "content", "parent_id", "tokens", "cost_usdc", "agent_id", ),
+    "session.audit": ("session_id", "since", "cursor", "limit", ),
     "session.checkpoint": ("session_id", "label", "metadata", ),
     "session.checkpoints": ("session_id", ),
     "session.children": ("session_id", ),
@@ -123,7 +126,7 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "session.delete": ("session_id", "cascade", ),
     "session.end": ("session_id", "summary", ),
     "session.get": ("session_id", ),
-    "session.handoff": ("session_id", "mode", ),
+    "session.handoff": ("session_id", "mode", "agent_id", ),
     "session.list": ("agent_id", "state", "cursor", "limit", ),
     "session.messages": ("session_id", "tail", "agent_id", "cursor", "limit", "include_events", ),
     "session.note.add": ("session_id", "category", "key", "value", "scope", "work_item_id", "agent_id", ),
@@ -135,6 +138,9 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "session.summarize": ("session_id", "summary", "through_entry_id", "messages_compacted", ),
     "session.task.complete": ("session_id", "work_item_id", ),
     "session.tombstone": ("entry_id", "session_id", ),
+    "session.work_item.add": ("session_id", "title", "description", "status", "owner_agent_id", "agent_id", ),
+    "session.work_item.list": ("session_id", "statuses", "owner_agent_id", "cursor", "limit", ),
+    "session.work_item.update": ("session_id", "work_item_id", "title", "description", "status", "owner_agent_id", "expected_version", "agent_id", ),
     "tenant.usage": (),
 }
 
@@ -555,7 +561,7 @@ class SyncSessionNote:
         value: str,
         scope: NoteScope,
         *,
-        work_item_id: int | str | None = None,
+        work_item_id: int | None = None,
         agent_id: int | None = None,
     ) -> NoteAddResult:
         """Adds a structured note; a live note with the same key is superseded. (``session.note.add``)"""
@@ -609,7 +615,7 @@ class SyncSessionTask:
     def __init__(self, r: Any) -> None:
         self._r = r
 
-    def complete(self, session_id: int, *, work_item_id: int | str | None = None) -> dict[str, Any]:
+    def complete(self, session_id: int, *, work_item_id: int | None = None) -> dict[str, Any]:
         """Marks the current task done: clears its current_task notes. (``session.task.complete``)"""
         return cast("dict[str, Any]", self._r._call("session.task.complete", {
             "session_id": session_id,
@@ -617,16 +623,88 @@ class SyncSessionTask:
         }))
 
 
+class SyncSessionWorkItem:
+    """``session.work_item.*`` methods."""
+
+    __slots__ = ("_r", )
+
+    def __init__(self, r: Any) -> None:
+        self._r = r
+
+    def add(
+        self,
+        session_id: int,
+        title: str,
+        *,
+        description: str | None = None,
+        status: str | None = None,
+        owner_agent_id: int | None = None,
+        agent_id: int | None = None,
+    ) -> dict[str, Any]:
+        """Adds a work item to a session (a sub-agent's: to its parent). (``session.work_item.add``)"""
+        return cast("dict[str, Any]", self._r._call("session.work_item.add", {
+            "session_id": session_id,
+            "title": title,
+            "description": description,
+            "status": status,
+            "owner_agent_id": owner_agent_id,
+            "agent_id": agent_id,
+        }))
+
+    def list(
+        self,
+        session_id: int,
+        *,
+        statuses: Sequence[str] | None = None,
+        owner_agent_id: int | None = None,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Lists a session's work items in id order, one page at a time. (``session.work_item.list``)"""
+        return cast("dict[str, Any]", self._r._call("session.work_item.list", {
+            "session_id": session_id,
+            "statuses": statuses,
+            "owner_agent_id": owner_agent_id,
+            "cursor": cursor,
+            "limit": limit,
+        }))
+
+    def update(
+        self,
+        session_id: int,
+        work_item_id: int,
+        *,
+        title: str | None = None,
+        description: str | None = None,
+        status: str | None = None,
+        owner_agent_id: int | None = None,
+        expected_version: int | None = None,
+        agent_id: int | None = None,
+    ) -> dict[str, Any]:
+        """Changes a work item's title, description, status or owner. (``session.work_item.update``)"""
+        return cast("dict[str, Any]", self._r._call("session.work_item.update", {
+            "session_id": session_id,
+            "work_item_id": work_item_id,
+            "title": title,
+            "description": description,
+            "status": status,
+            "owner_agent_id": owner_agent_id,
+            "expected_version": expected_version,
+            "agent_id": agent_id,
+        }))
+
+
 class SyncSession:
     """``session.*`` methods."""
 
-    __slots__ = ("_r", "note", "scratchpad", "task", )
+    __slots__ = ("_r", "note", "scratchpad", "task", "work_item", )
 
     def __init__(self, r: Any) -> None:
         self._r = r
         self.note = SyncSessionNote(r)
         self.scratchpad = SyncSessionScratchpad(r)
         self.task = SyncSessionTask(r)
+        self.work_item = SyncSessionWorkItem(r)
 
     def append(
         self,
@@ -648,6 +726,22 @@ class SyncSession:
             "tokens": tokens,
             "cost_usdc": cost_usdc,
             "agent_id": agent_id,
+        }))
+
+    def audit(
+        self,
+        session_id: int,
+        *,
+        since: int | None = None,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Returns one page of a session's append-only audit log, in seq order. (``session.audit``)"""
+        return cast("dict[str, Any]", self._r._call("session.audit", {
+            "session_id": session_id,
+            "since": since,
+            "cursor": cursor,
+            "limit": limit,
         }))
 
     def checkpoint(
@@ -720,11 +814,18 @@ class SyncSession:
         """Returns a session with its costs, counters and constraints. (``session.get``)"""
         return cast("dict[str, Any]", self._r._call("session.get", {"session_id": session_id}))
 
-    def handoff(self, session_id: int, mode: HandoffMode) -> dict[str, Any]:
+    def handoff(
+        self,
+        session_id: int,
+        mode: HandoffMode,
+        *,
+        agent_id: int | None = None,
+    ) -> dict[str, Any]:
         """Returns the package another agent, a human or a recovering process needs. (``session.handoff``)"""
         return cast("dict[str, Any]", self._r._call("session.handoff", {
             "session_id": session_id,
             "mode": mode,
+            "agent_id": agent_id,
         }))
 
     def list(
@@ -1306,7 +1407,7 @@ class AsyncSessionNote:
         value: str,
         scope: NoteScope,
         *,
-        work_item_id: int | str | None = None,
+        work_item_id: int | None = None,
         agent_id: int | None = None,
     ) -> NoteAddResult:
         """Adds a structured note; a live note with the same key is superseded. (``session.note.add``)"""
@@ -1360,12 +1461,7 @@ class AsyncSessionTask:
     def __init__(self, r: Any) -> None:
         self._r = r
 
-    async def complete(
-        self,
-        session_id: int,
-        *,
-        work_item_id: int | str | None = None,
-    ) -> dict[str, Any]:
+    async def complete(self, session_id: int, *, work_item_id: int | None = None) -> dict[str, Any]:
         """Marks the current task done: clears its current_task notes. (``session.task.complete``)"""
         return cast("dict[str, Any]", await self._r._acall("session.task.complete", {
             "session_id": session_id,
@@ -1373,16 +1469,88 @@ class AsyncSessionTask:
         }))
 
 
+class AsyncSessionWorkItem:
+    """``session.work_item.*`` methods."""
+
+    __slots__ = ("_r", )
+
+    def __init__(self, r: Any) -> None:
+        self._r = r
+
+    async def add(
+        self,
+        session_id: int,
+        title: str,
+        *,
+        description: str | None = None,
+        status: str | None = None,
+        owner_agent_id: int | None = None,
+        agent_id: int | None = None,
+    ) -> dict[str, Any]:
+        """Adds a work item to a session (a sub-agent's: to its parent). (``session.work_item.add``)"""
+        return cast("dict[str, Any]", await self._r._acall("session.work_item.add", {
+            "session_id": session_id,
+            "title": title,
+            "description": description,
+            "status": status,
+            "owner_agent_id": owner_agent_id,
+            "agent_id": agent_id,
+        }))
+
+    async def list(
+        self,
+        session_id: int,
+        *,
+        statuses: Sequence[str] | None = None,
+        owner_agent_id: int | None = None,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Lists a session's work items in id order, one page at a time. (``session.work_item.list``)"""
+        return cast("dict[str, Any]", await self._r._acall("session.work_item.list", {
+            "session_id": session_id,
+            "statuses": statuses,
+            "owner_agent_id": owner_agent_id,
+            "cursor": cursor,
+            "limit": limit,
+        }))
+
+    async def update(
+        self,
+        session_id: int,
+        work_item_id: int,
+        *,
+        title: str | None = None,
+        description: str | None = None,
+        status: str | None = None,
+        owner_agent_id: int | None = None,
+        expected_version: int | None = None,
+        agent_id: int | None = None,
+    ) -> dict[str, Any]:
+        """Changes a work item's title, description, status or owner. (``session.work_item.update``)"""
+        return cast("dict[str, Any]", await self._r._acall("session.work_item.update", {
+            "session_id": session_id,
+            "work_item_id": work_item_id,
+            "title": title,
+            "description": description,
+            "status": status,
+            "owner_agent_id": owner_agent_id,
+            "expected_version": expected_version,
+            "agent_id": agent_id,
+        }))
+
+
 class AsyncSession:
     """``session.*`` methods."""
 
-    __slots__ = ("_r", "note", "scratchpad", "task", )
+    __slots__ = ("_r", "note", "scratchpad", "task", "work_item", )
 
     def __init__(self, r: Any) -> None:
         self._r = r
         self.note = AsyncSessionNote(r)
         self.scratchpad = AsyncSessionScratchpad(r)
         self.task = AsyncSessionTask(r)
+        self.work_item = AsyncSessionWorkItem(r)
 
     async def append(
         self,
@@ -1404,6 +1572,22 @@ class AsyncSession:
             "tokens": tokens,
             "cost_usdc": cost_usdc,
             "agent_id": agent_id,
+        }))
+
+    async def audit(
+        self,
+        session_id: int,
+        *,
+        since: int | None = None,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Returns one page of a session's append-only audit log, in seq order. (``session.audit``)"""
+        return cast("dict[str, Any]", await self._r._acall("session.audit", {
+            "session_id": session_id,
+            "since": since,
+            "cursor": cursor,
+            "limit": limit,
         }))
 
     async def checkpoint(
@@ -1480,11 +1664,18 @@ class AsyncSession:
             "session_id": session_id,
         }))
 
-    async def handoff(self, session_id: int, mode: HandoffMode) -> dict[str, Any]:
+    async def handoff(
+        self,
+        session_id: int,
+        mode: HandoffMode,
+        *,
+        agent_id: int | None = None,
+    ) -> dict[str, Any]:
         """Returns the package another agent, a human or a recovering process needs. (``session.handoff``)"""
         return cast("dict[str, Any]", await self._r._acall("session.handoff", {
             "session_id": session_id,
             "mode": mode,
+            "agent_id": agent_id,
         }))
 
     async def list(
@@ -2083,7 +2274,7 @@ class FutureSessionNote:
         value: str,
         scope: NoteScope,
         *,
-        work_item_id: int | str | None = None,
+        work_item_id: int | None = None,
         agent_id: int | None = None,
     ) -> Future[NoteAddResult]:
         """Adds a structured note; a live note with the same key is superseded. (``session.note.add``)"""
@@ -2141,7 +2332,7 @@ class FutureSessionTask:
         self,
         session_id: int,
         *,
-        work_item_id: int | str | None = None,
+        work_item_id: int | None = None,
     ) -> Future[dict[str, Any]]:
         """Marks the current task done: clears its current_task notes. (``session.task.complete``)"""
         return cast("Future[dict[str, Any]]", self._r._submit("session.task.complete", {
@@ -2150,16 +2341,88 @@ class FutureSessionTask:
         }))
 
 
+class FutureSessionWorkItem:
+    """``session.work_item.*`` methods."""
+
+    __slots__ = ("_r", )
+
+    def __init__(self, r: Any) -> None:
+        self._r = r
+
+    def add(
+        self,
+        session_id: int,
+        title: str,
+        *,
+        description: str | None = None,
+        status: str | None = None,
+        owner_agent_id: int | None = None,
+        agent_id: int | None = None,
+    ) -> Future[dict[str, Any]]:
+        """Adds a work item to a session (a sub-agent's: to its parent). (``session.work_item.add``)"""
+        return cast("Future[dict[str, Any]]", self._r._submit("session.work_item.add", {
+            "session_id": session_id,
+            "title": title,
+            "description": description,
+            "status": status,
+            "owner_agent_id": owner_agent_id,
+            "agent_id": agent_id,
+        }))
+
+    def list(
+        self,
+        session_id: int,
+        *,
+        statuses: Sequence[str] | None = None,
+        owner_agent_id: int | None = None,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> Future[dict[str, Any]]:
+        """Lists a session's work items in id order, one page at a time. (``session.work_item.list``)"""
+        return cast("Future[dict[str, Any]]", self._r._submit("session.work_item.list", {
+            "session_id": session_id,
+            "statuses": statuses,
+            "owner_agent_id": owner_agent_id,
+            "cursor": cursor,
+            "limit": limit,
+        }))
+
+    def update(
+        self,
+        session_id: int,
+        work_item_id: int,
+        *,
+        title: str | None = None,
+        description: str | None = None,
+        status: str | None = None,
+        owner_agent_id: int | None = None,
+        expected_version: int | None = None,
+        agent_id: int | None = None,
+    ) -> Future[dict[str, Any]]:
+        """Changes a work item's title, description, status or owner. (``session.work_item.update``)"""
+        return cast("Future[dict[str, Any]]", self._r._submit("session.work_item.update", {
+            "session_id": session_id,
+            "work_item_id": work_item_id,
+            "title": title,
+            "description": description,
+            "status": status,
+            "owner_agent_id": owner_agent_id,
+            "expected_version": expected_version,
+            "agent_id": agent_id,
+        }))
+
+
 class FutureSession:
     """``session.*`` methods."""
 
-    __slots__ = ("_r", "note", "scratchpad", "task", )
+    __slots__ = ("_r", "note", "scratchpad", "task", "work_item", )
 
     def __init__(self, r: Any) -> None:
         self._r = r
         self.note = FutureSessionNote(r)
         self.scratchpad = FutureSessionScratchpad(r)
         self.task = FutureSessionTask(r)
+        self.work_item = FutureSessionWorkItem(r)
 
     def append(
         self,
@@ -2181,6 +2444,22 @@ class FutureSession:
             "tokens": tokens,
             "cost_usdc": cost_usdc,
             "agent_id": agent_id,
+        }))
+
+    def audit(
+        self,
+        session_id: int,
+        *,
+        since: int | None = None,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> Future[dict[str, Any]]:
+        """Returns one page of a session's append-only audit log, in seq order. (``session.audit``)"""
+        return cast("Future[dict[str, Any]]", self._r._submit("session.audit", {
+            "session_id": session_id,
+            "since": since,
+            "cursor": cursor,
+            "limit": limit,
         }))
 
     def checkpoint(
@@ -2257,11 +2536,18 @@ class FutureSession:
             "session_id": session_id,
         }))
 
-    def handoff(self, session_id: int, mode: HandoffMode) -> Future[dict[str, Any]]:
+    def handoff(
+        self,
+        session_id: int,
+        mode: HandoffMode,
+        *,
+        agent_id: int | None = None,
+    ) -> Future[dict[str, Any]]:
         """Returns the package another agent, a human or a recovering process needs. (``session.handoff``)"""
         return cast("Future[dict[str, Any]]", self._r._submit("session.handoff", {
             "session_id": session_id,
             "mode": mode,
+            "agent_id": agent_id,
         }))
 
     def list(

@@ -18,8 +18,10 @@ def test_session_lifecycle(client):
     assert pad["version"] == 1
     assert client.session.scratchpad.get(sid)["content"] == "# plan\n- step 1"
     n = client.session.note.add(sid, "decision", "db", "use postgres", "carry_forward")
+    w = client.session.work_item.add(sid, "green CI", status="blocked")
+    assert w["status"] == "blocked" and w["owner_agent_id"] == 42
     client.session.note.add(sid, "blocker", "ci", "tests flaky", "current_task",
-                            work_item_id="T-1")
+                            work_item_id=w["work_item_id"])
     notes = client.session.notes(sid)["notes"]
     assert [x["key"] for x in notes] == ["db", "ci"] and notes[0]["note_id"] == n["note_id"]
     cp = client.session.checkpoint(sid, "before-risky-step")
@@ -31,6 +33,8 @@ def test_session_lifecycle(client):
     h = client.session.handoff(sid, "continue")
     assert h["scratchpad"]["content"] == "# plan\n- step 1"
     assert [x["key"] for x in h["blockers"]] == ["ci"]
+    assert [x["work_item_id"] for x in h["work_items"]] == [w["work_item_id"]]
+    assert "note_add" in [x["action"] for x in client.session.audit(sid)["records"]]
     assert client.session.task.complete(sid)["cleared"] == 1
     assert client.session.end(sid, summary="done")["state"] == "ended"
 

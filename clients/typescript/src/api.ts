@@ -80,6 +80,7 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "methods": { params: [], required: [], flags: ["public"] },
   "ping": { params: [], required: [], flags: ["public"] },
   "session.append": { params: ["session_id", "role", "content", "parent_id", "tokens", "cost_usdc", "agent_id"], required: ["session_id", "role", "content"], flags: ["tenant", "write"] },
+  "session.audit": { params: ["session_id", "since", "cursor", "limit"], required: ["session_id"], flags: ["tenant"] },
   "session.checkpoint": { params: ["session_id", "label", "metadata"], required: ["session_id", "label"], flags: ["tenant", "write"] },
   "session.checkpoints": { params: ["session_id"], required: ["session_id"], flags: ["tenant"] },
   "session.children": { params: ["session_id"], required: ["session_id"], flags: ["tenant"] },
@@ -89,7 +90,7 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "session.delete": { params: ["session_id", "cascade"], required: ["session_id"], flags: ["tenant", "write"] },
   "session.end": { params: ["session_id", "summary"], required: ["session_id"], flags: ["tenant", "write"] },
   "session.get": { params: ["session_id"], required: ["session_id"], flags: ["tenant"] },
-  "session.handoff": { params: ["session_id", "mode"], required: ["session_id", "mode"], flags: ["tenant"] },
+  "session.handoff": { params: ["session_id", "mode", "agent_id"], required: ["session_id", "mode"], flags: ["tenant"] },
   "session.list": { params: ["agent_id", "state", "cursor", "limit"], required: [], flags: ["tenant"] },
   "session.messages": { params: ["session_id", "tail", "agent_id", "cursor", "limit", "include_events"], required: ["session_id"], flags: ["tenant"] },
   "session.note.add": { params: ["session_id", "category", "key", "value", "scope", "work_item_id", "agent_id"], required: ["session_id", "category", "key", "value", "scope"], flags: ["tenant", "write"] },
@@ -101,6 +102,9 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "session.summarize": { params: ["session_id", "summary", "through_entry_id", "messages_compacted"], required: ["summary", "through_entry_id", "messages_compacted"], flags: ["tenant", "write"] },
   "session.task.complete": { params: ["session_id", "work_item_id"], required: ["session_id"], flags: ["tenant", "write"] },
   "session.tombstone": { params: ["entry_id", "session_id"], required: ["entry_id"], flags: ["tenant", "write"] },
+  "session.work_item.add": { params: ["session_id", "title", "description", "status", "owner_agent_id", "agent_id"], required: ["session_id", "title"], flags: ["tenant", "write"] },
+  "session.work_item.list": { params: ["session_id", "statuses", "owner_agent_id", "cursor", "limit"], required: ["session_id"], flags: ["tenant"] },
+  "session.work_item.update": { params: ["session_id", "work_item_id", "title", "description", "status", "owner_agent_id", "expected_version", "agent_id"], required: ["session_id", "work_item_id"], flags: ["tenant", "write"] },
   "tenant.usage": { params: [], required: [], flags: ["tenant"] },
 };
 
@@ -325,6 +329,14 @@ export interface SessionAppendParams {
   agent_id?: Id;
 }
 
+/** Parameters of `session.audit`. */
+export interface SessionAuditParams {
+  session_id: Id;
+  since?: Id;
+  cursor?: Id;
+  limit?: Id;
+}
+
 /** Parameters of `session.checkpoint`. */
 export interface SessionCheckpointParams {
   session_id: Id;
@@ -382,6 +394,7 @@ export interface SessionGetParams {
 export interface SessionHandoffParams {
   session_id: Id;
   mode: HandoffMode;
+  agent_id?: Id;
 }
 
 /** Parameters of `session.list`. */
@@ -409,7 +422,7 @@ export interface SessionNoteAddParams {
   key: string;
   value: string;
   scope: NoteScope;
-  work_item_id?: Id | string;
+  work_item_id?: Id;
   agent_id?: Id;
 }
 
@@ -464,13 +477,44 @@ export interface SessionSummarizeParams {
 /** Parameters of `session.task.complete`. */
 export interface SessionTaskCompleteParams {
   session_id: Id;
-  work_item_id?: Id | string;
+  work_item_id?: Id;
 }
 
 /** Parameters of `session.tombstone`. */
 export interface SessionTombstoneParams {
   entry_id: Id;
   session_id?: Id;
+}
+
+/** Parameters of `session.work_item.add`. */
+export interface SessionWorkItemAddParams {
+  session_id: Id;
+  title: string;
+  description?: string;
+  status?: string;
+  owner_agent_id?: Id;
+  agent_id?: Id;
+}
+
+/** Parameters of `session.work_item.list`. */
+export interface SessionWorkItemListParams {
+  session_id: Id;
+  statuses?: string[];
+  owner_agent_id?: Id;
+  cursor?: Id;
+  limit?: Id;
+}
+
+/** Parameters of `session.work_item.update`. */
+export interface SessionWorkItemUpdateParams {
+  session_id: Id;
+  work_item_id: Id;
+  title?: string;
+  description?: string;
+  status?: string;
+  owner_agent_id?: Id;
+  expected_version?: Id;
+  agent_id?: Id;
 }
 
 /** `admin.key.*` methods. */
@@ -663,11 +707,33 @@ export class ApiSessionTask {
   }
 }
 
+/** `session.work_item.*` methods. */
+export class ApiSessionWorkItem {
+  /** @internal */
+  protected readonly _caller: Caller;
+  constructor(caller: Caller) {
+    this._caller = caller;
+  }
+  /** Adds a work item to a session (a sub-agent's: to its parent). (`session.work_item.add`) */
+  add(params: SessionWorkItemAddParams, options?: CallOptions): Promise<Record<string, unknown>> {
+    return this._caller.call("session.work_item.add", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
+  }
+  /** Lists a session's work items in id order, one page at a time. (`session.work_item.list`) */
+  list(params: SessionWorkItemListParams, options?: CallOptions): Promise<Record<string, unknown>> {
+    return this._caller.call("session.work_item.list", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
+  }
+  /** Changes a work item's title, description, status or owner. (`session.work_item.update`) */
+  update(params: SessionWorkItemUpdateParams, options?: CallOptions): Promise<Record<string, unknown>> {
+    return this._caller.call("session.work_item.update", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
+  }
+}
+
 /** `session.*` methods. */
 export class ApiSession {
   readonly note: ApiSessionNote;
   readonly scratchpad: ApiSessionScratchpad;
   readonly task: ApiSessionTask;
+  readonly workItem: ApiSessionWorkItem;
   /** @internal */
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
@@ -675,10 +741,15 @@ export class ApiSession {
     this.note = new ApiSessionNote(caller);
     this.scratchpad = new ApiSessionScratchpad(caller);
     this.task = new ApiSessionTask(caller);
+    this.workItem = new ApiSessionWorkItem(caller);
   }
   /** Appends one message to a session's transcript. (`session.append`) */
   append(params: SessionAppendParams, options?: CallOptions): Promise<AppendResult> {
     return this._caller.call("session.append", params as unknown as Record<string, unknown>, options) as Promise<AppendResult>;
+  }
+  /** Returns one page of a session's append-only audit log, in seq order. (`session.audit`) */
+  audit(params: SessionAuditParams, options?: CallOptions): Promise<Record<string, unknown>> {
+    return this._caller.call("session.audit", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
   }
   /** Captures a session's full state to resume from later. (`session.checkpoint`) */
   checkpoint(params: SessionCheckpointParams, options?: CallOptions): Promise<CheckpointResult> {
@@ -822,6 +893,7 @@ export const METHOD_PATHS: Readonly<Record<string, readonly string[]>> = {
   "methods": ["methods"],
   "ping": ["ping"],
   "session.append": ["session", "append"],
+  "session.audit": ["session", "audit"],
   "session.checkpoint": ["session", "checkpoint"],
   "session.checkpoints": ["session", "checkpoints"],
   "session.children": ["session", "children"],
@@ -843,5 +915,8 @@ export const METHOD_PATHS: Readonly<Record<string, readonly string[]>> = {
   "session.summarize": ["session", "summarize"],
   "session.task.complete": ["session", "task", "complete"],
   "session.tombstone": ["session", "tombstone"],
+  "session.work_item.add": ["session", "workItem", "add"],
+  "session.work_item.list": ["session", "workItem", "list"],
+  "session.work_item.update": ["session", "workItem", "update"],
   "tenant.usage": ["tenant", "usage"],
 };

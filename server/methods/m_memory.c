@@ -28,6 +28,7 @@
 enum {
     P_IT_CONTENT,
     P_IT_TYPE,
+    P_IT_MEMORY_TYPE, /* seed 003's name of type (an alias: bound to P_IT_TYPE) */
     P_IT_IMPORTANCE,
     P_IT_METADATA,
     P_IT_EMBEDDING,
@@ -41,13 +42,13 @@ enum {
     P_IT_UPDATED_AT,
     P_IT_LAST_ACCESSED_AT,
     P_IT_ACCESS_COUNT,
-    P_IT_MEMORY_TYPE, /* seed 003's name of type; last, so fingerprints stay as they were */
     P_IT__COUNT
 };
 
 #define ITEM_PARAMS                                                                                \
     {"content", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, 16777216},                             \
-        {"type", RPC_T_STR, RPC_P_NULLABLE, 0, 0},                                                 \
+        {"type", RPC_T_STR, RPC_P_REQUIRED, 0, 0},                                                 \
+        {"memory_type", RPC_T_STR, RPC_P_NULLABLE | RPC_P_ALIAS, 0, 0},                            \
         {"importance", RPC_T_NUM, RPC_P_REQUIRED | RPC_P_RANGE, 0, 1},                             \
         {"metadata", RPC_T_MAP, RPC_P_NULLABLE, 0, 0},                                             \
         {"embedding", RPC_T_VECTOR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 4096},                        \
@@ -60,9 +61,8 @@ enum {
         {"pinned", RPC_T_BOOL, RPC_P_NULLABLE, 0, 0},                                              \
         {"updated_at", RPC_T_INT, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1e15},                          \
         {"last_accessed_at", RPC_T_INT, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1e15},                    \
-        {"access_count", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 0, 4e9},                        \
     {                                                                                              \
-        "memory_type", RPC_T_STR, RPC_P_NULLABLE, 0, 0                                             \
+        "access_count", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 0, 4e9                           \
     }
 
 static const rpc_param item_schema[] = {ITEM_PARAMS};
@@ -129,31 +129,13 @@ static rpc_code parse_item(req *r, const msgpack_object *const *a, const char *w
                  s->cfg.max_content_bytes);
         return RPC_INVALID_ARGUMENT;
     }
-    /* type, or memory_type as seed 003 names it: one of them, or both alike */
-    const msgpack_object *t = a[P_IT_TYPE], *mt = a[P_IT_MEMORY_TYPE];
-    if (!t && !mt) {
-        snprintf(err, errlen, "missing required parameter '%stype' (or '%smemory_type')", what,
-                 what);
-        return RPC_INVALID_ARGUMENT;
-    }
-    if (t && mt &&
-        (t->via.str.size != mt->via.str.size ||
-         memcmp(t->via.str.ptr, mt->via.str.ptr, t->via.str.size) != 0)) {
-        snprintf(err, errlen,
-                 "parameters '%stype' and '%smemory_type' name the same field and differ: give "
-                 "one",
-                 what, what);
-        return RPC_INVALID_ARGUMENT;
-    }
-    const char *tname = t ? "type" : "memory_type";
-    if (!t)
-        t = mt;
+    const msgpack_object *t = a[P_IT_TYPE]; /* or memory_type: the binder took either */
     it->type = memrow_type_parse(t->via.str.ptr, t->via.str.size);
     if (it->type < 0) {
         snprintf(err, errlen,
-                 "parameter '%s%s' must be one of fact, preference, episode, strategy_outcome, "
+                 "parameter '%stype' must be one of fact, preference, episode, strategy_outcome, "
                  "constraint",
-                 what, tname);
+                 what);
         return RPC_INVALID_ARGUMENT;
     }
     it->importance = rpc_get_num(a[P_IT_IMPORTANCE], 0);
@@ -541,10 +523,14 @@ void h_memory_store(req *r)
     st->n = 1;
     st->idem = req_strdup(r, req_arg(r, P_ST_IDEMPOTENCY_KEY));
     if (st->idem) {
-        /* memory_type is type by another name: a retry may use either */
-        if (!args[P_IT_TYPE])
-            args[P_IT_TYPE] = args[P_IT_MEMORY_TYPE];
-        fingerprint(args, P_IT_MEMORY_TYPE, st->fingerprint);
+        /* the arguments without the alias slot (always empty: memory_type binds to type),
+         * so a retry may use either name and fingerprints stay as they were before it */
+        const msgpack_object *fa[P_IT__COUNT];
+        size_t nfa = 0;
+        for (size_t i = 0; i < P_IT__COUNT; i++)
+            if (i != P_IT_MEMORY_TYPE)
+                fa[nfa++] = args[i];
+        fingerprint(fa, nfa, st->fingerprint);
     }
     req_set_state(r, st);
     store_embed(r);

@@ -114,12 +114,19 @@ def test_memory_type_alias_errors_and_idempotency(srv):
         err = c.call_err("memory.store", content="x", importance=0.5)
         assert err["code"] == "invalid_argument" and "missing required parameter 'type'" in err["message"]
         err = c.call_err("memory.store", content="x", memory_type="rumour", importance=0.5)
-        assert err["code"] == "invalid_argument" and "'memory_type' must be one of" in err["message"]
+        assert err["code"] == "invalid_argument" and "'type' must be one of" in err["message"]
         err = c.call_err("memory.store_batch", memories=[
             {"content": "a", "type": "fact", "importance": 0.5},
             {"content": "b", "type": "fact", "memory_type": "preference", "importance": 0.5}])
-        assert err["code"] == "invalid_argument" and "memories[1].memory_type" in err["message"]
+        assert err["code"] == "invalid_argument"
+        assert "memories[1]" in err["message"] and "'memory_type'" in err["message"]
         assert c.call("memory.stats")["total"] == 0
+        # `methods` lists memory_type as an alias of type, not as a parameter of its own
+        with srv.client() as anon:
+            store = next(m for m in anon.call("methods") if m["name"] == "memory.store")
+        t = next(p for p in store["params"] if p["name"] == "type")
+        assert t["required"] and t["aliases"] == ["memory_type"]
+        assert "memory_type" not in {p["name"] for p in store["params"]}
         # a retry under the same idempotency key may use either name: the same request
         first = c.call("memory.store", content="once", memory_type="fact", importance=0.5,
                        idempotency_key="k1")

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         ListOrderBy,
         ListResult,
         MemoriesResult,
+        MemoryFilter,
         MemoryInput,
         MemoryType,
         MessagesResult,
@@ -95,13 +96,13 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "memory.archive": ("ids", "reason", ),
     "memory.consolidate": (),
     "memory.consolidation.runs": ("limit", "cursor", ),
-    "memory.context": ("type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens", ),
-    "memory.delete": ("ids", ),
+    "memory.context": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens", ),
+    "memory.delete": ("ids", "filter", "dry_run", "all", ),
     "memory.get": ("ids", ),
     "memory.history": ("id", ),
-    "memory.list": ("type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding", ),
+    "memory.list": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding", ),
     "memory.restore": ("ids", ),
-    "memory.search": ("type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", ),
+    "memory.search": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", ),
     "memory.stats": (),
     "memory.store": ("content", "type", "importance", "metadata", "embedding", "agent_id", "clade_id", "scope", "created_at", "expires_at", "ttl_seconds", "pinned", "updated_at", "last_accessed_at", "access_count", "idempotency_key", ),
     "memory.store_batch": ("memories", "idempotency_key", ),
@@ -281,6 +282,7 @@ class SyncMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -303,6 +305,7 @@ class SyncMemory:
         return cast("ContextResult", self._r._call("memory.context", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -322,9 +325,21 @@ class SyncMemory:
             "budget_tokens": budget_tokens,
         }))
 
-    def delete(self, ids: Sequence[int]) -> DeleteResult:
-        """Deletes memories with their history. (``memory.delete``)"""
-        return cast("DeleteResult", self._r._call("memory.delete", {"ids": ids}))
+    def delete(
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        filter: MemoryFilter | None = None,
+        dry_run: bool | None = None,
+        all: bool | None = None,
+    ) -> DeleteResult:
+        """Deletes memories with their history: by ids, or all that pass a filter (with a dry-run count). (``memory.delete``)"""
+        return cast("DeleteResult", self._r._call("memory.delete", {
+            "ids": ids,
+            "filter": filter,
+            "dry_run": dry_run,
+            "all": all,
+        }))
 
     def get(self, ids: Sequence[int]) -> MemoriesResult:
         """Returns memories by id, in the order asked. (``memory.get``)"""
@@ -339,6 +354,7 @@ class SyncMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -360,6 +376,7 @@ class SyncMemory:
         return cast("ListResult", self._r._call("memory.list", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -387,6 +404,7 @@ class SyncMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -408,6 +426,7 @@ class SyncMemory:
         return cast("SearchResult", self._r._call("memory.search", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -982,6 +1001,7 @@ class AsyncMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -1004,6 +1024,7 @@ class AsyncMemory:
         return cast("ContextResult", await self._r._acall("memory.context", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -1023,9 +1044,21 @@ class AsyncMemory:
             "budget_tokens": budget_tokens,
         }))
 
-    async def delete(self, ids: Sequence[int]) -> DeleteResult:
-        """Deletes memories with their history. (``memory.delete``)"""
-        return cast("DeleteResult", await self._r._acall("memory.delete", {"ids": ids}))
+    async def delete(
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        filter: MemoryFilter | None = None,
+        dry_run: bool | None = None,
+        all: bool | None = None,
+    ) -> DeleteResult:
+        """Deletes memories with their history: by ids, or all that pass a filter (with a dry-run count). (``memory.delete``)"""
+        return cast("DeleteResult", await self._r._acall("memory.delete", {
+            "ids": ids,
+            "filter": filter,
+            "dry_run": dry_run,
+            "all": all,
+        }))
 
     async def get(self, ids: Sequence[int]) -> MemoriesResult:
         """Returns memories by id, in the order asked. (``memory.get``)"""
@@ -1040,6 +1073,7 @@ class AsyncMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -1061,6 +1095,7 @@ class AsyncMemory:
         return cast("ListResult", await self._r._acall("memory.list", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -1088,6 +1123,7 @@ class AsyncMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -1109,6 +1145,7 @@ class AsyncMemory:
         return cast("SearchResult", await self._r._acall("memory.search", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -1709,6 +1746,7 @@ class FutureMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -1731,6 +1769,7 @@ class FutureMemory:
         return cast("Future[ContextResult]", self._r._submit("memory.context", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -1750,9 +1789,21 @@ class FutureMemory:
             "budget_tokens": budget_tokens,
         }))
 
-    def delete(self, ids: Sequence[int]) -> Future[DeleteResult]:
-        """Deletes memories with their history. (``memory.delete``)"""
-        return cast("Future[DeleteResult]", self._r._submit("memory.delete", {"ids": ids}))
+    def delete(
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        filter: MemoryFilter | None = None,
+        dry_run: bool | None = None,
+        all: bool | None = None,
+    ) -> Future[DeleteResult]:
+        """Deletes memories with their history: by ids, or all that pass a filter (with a dry-run count). (``memory.delete``)"""
+        return cast("Future[DeleteResult]", self._r._submit("memory.delete", {
+            "ids": ids,
+            "filter": filter,
+            "dry_run": dry_run,
+            "all": all,
+        }))
 
     def get(self, ids: Sequence[int]) -> Future[MemoriesResult]:
         """Returns memories by id, in the order asked. (``memory.get``)"""
@@ -1767,6 +1818,7 @@ class FutureMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -1788,6 +1840,7 @@ class FutureMemory:
         return cast("Future[ListResult]", self._r._submit("memory.list", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -1815,6 +1868,7 @@ class FutureMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -1836,6 +1890,7 @@ class FutureMemory:
         return cast("Future[SearchResult]", self._r._submit("memory.search", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,

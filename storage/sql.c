@@ -6,7 +6,7 @@
 
 #include "sql_session.h"
 
-/* The filter shared by text search and list. Parameters:
+/* The filter shared by text search, list and delete by filter. Parameters:
  *   $1 tenant            $2 types text[]         $3 include archived
  *   $4 agent id          $5 clade id             $6 scopes text[]
  *   $7 created after ms  $8 created before ms

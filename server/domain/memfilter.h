@@ -1,4 +1,5 @@
-/* server/domain/memfilter.h: the search filters of memory.search, memory.context and memory.list.
+/* server/domain/memfilter.h: the search filters of memory.search, memory.context, memory.list
+ * and memory.delete's filter.
  *
  * One parse of the request's filter parameters yields both forms a filter takes: a
  * predicate over the index's per-memory metadata (vector search, exact with respect to the

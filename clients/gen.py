@@ -38,7 +38,7 @@ DOCS = {
     "memory.consolidate": "Runs a consolidation of the tenant now (premium tier).",
     "memory.consolidation.runs": "Lists the tenant's consolidation runs, newest first.",
     "memory.context": "Searches and renders the results as an <agent_memory> block or search-result items within a token budget.",
-    "memory.delete": "Deletes memories with their history.",
+    "memory.delete": "Deletes memories with their history: by ids, or all that pass a filter (with a dry-run count).",
     "memory.feedback": "Records which injected memories an answer cited (provenance feedback).",
     "memory.get": "Returns memories by id, in the order asked.",
     "memory.history": "Returns every version of a memory, oldest first.",
@@ -115,6 +115,7 @@ NARROW = {
     ("memory.search", "mode"): ("SearchMode", "SearchMode"),
     ("memory.context", "mode"): ("SearchMode", "SearchMode"),
     ("memory.list", "order_by"): ("ListOrderBy", "ListOrderBy"),
+    ("memory.delete", "filter"): ("MemoryFilter", "MemoryFilter"),
     ("memory.list", "order"): ("ListOrder", "ListOrder"),
     ("admin.tenant.create", "embedding"): ("EmbeddingConfig", "EmbeddingConfig"),
     ("session.create", "config"): ("SessionConfig", "SessionConfig"),
@@ -223,12 +224,20 @@ __IMPORTS__
 '''
 
 
+# Optional parameters that Python still takes by position, right after the required ones:
+# they were required once, and existing calls pass them so (memory.delete(ids)).
+PY_POSITIONAL = {("memory.delete", "ids")}
+
+
 def py_method(m, flavour, name):
     req = [p for p in m["params"] if p["required"]]
-    opt = [p for p in m["params"] if not p["required"]]
+    pos = [p for p in m["params"] if not p["required"] and (m["name"], p["name"]) in PY_POSITIONAL]
+    opt = [p for p in m["params"] if not p["required"] and p not in pos]
     args = ["self"]
     for p in req:
         args.append(f"{p['name']}: {ptype(m['name'], p, 'py')}")
+    for p in pos:
+        args.append(f"{p['name']}: {ptype(m['name'], p, 'py')} | None = None")
     if opt:
         args.append("*")
         for p in opt:

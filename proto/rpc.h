@@ -199,6 +199,9 @@ enum {
     RPC_P_NULLABLE = 1 << 1, /* nil is accepted and treated as absent */
     RPC_P_RANGE = 1 << 2,    /* min and max apply (else the value is unbounded); use
                               * -INFINITY or INFINITY for a one-sided bound */
+    RPC_P_ALIAS = 1 << 3,    /* another name of the nearest entry before it without this
+                              * flag (a seed's name for it): its value binds to that entry's
+                              * out[], its own out[] stays NULL */
 };
 
 /* One named parameter of a method. Tables of these are static and sorted by nothing in
@@ -215,10 +218,14 @@ typedef struct rpc_param {
  * nil and RPC_P_NULLABLE). out[i] points into params. A nil value without RPC_P_NULLABLE
  * is a type error unless the type is RPC_T_ANY.
  *
+ * A parameter given under its name and an alias (RPC_P_ALIAS) must have equal values.
+ *
  * Returns 0, or RPC_E_INVALID with a message naming the parameter in err (out[] all NULL)
  * for: a key that is not in the schema ("unknown parameter 'x'", the name shown with
  * unprintable bytes escaped), a key that is not a string, a duplicate key ("duplicate
- * parameter 'x'"), a missing required parameter ("missing required parameter 'x'"), a
+ * parameter 'x'"), a parameter given under two names with different values ("parameters
+ * 'type' and 'memory_type' name the same parameter and differ"), a missing required
+ * parameter ("missing required parameter 'x'"), a
  * value of the wrong type ("parameter 'top_k' must be an unsigned integer, not string"), a
  * value out of range ("parameter 'top_k' must be between 1 and 1000"), a vector whose
  * binary length is not a multiple of 4, that is empty, or that holds a NaN, an infinity or

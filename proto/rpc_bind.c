@@ -425,6 +425,18 @@ static bool key_is(const msgpack_object *k, const char *s, size_t n)
            (n == 0 || memcmp(k->via.str.ptr, s, n) == 0);
 }
 
+/* The name under which the value of schema[slot] came among the first j keys of params: one
+ * of its aliases (the RPC_P_ALIAS entries right after it), else its own. */
+static const char *earlier_name(const msgpack_object *params, uint32_t j, const rpc_param *schema,
+                                size_t n, size_t slot)
+{
+    for (size_t a = slot + 1; a < n && (schema[a].flags & RPC_P_ALIAS); a++)
+        for (uint32_t e = 0; e < j; e++)
+            if (key_is(&params->via.map.ptr[e].key, schema[a].name, strlen(schema[a].name)))
+                return schema[a].name;
+    return schema[slot].name;
+}
+
 int rpc_bind_params(const msgpack_object *params, const rpc_param *schema, size_t n,
                     const msgpack_object **out, char *err, size_t errlen)
 {
@@ -474,7 +486,16 @@ int rpc_bind_params(const msgpack_object *params, const rpc_param *schema, size_
                              schema[i].name, err, errlen);
         if (rc != 0)
             goto fail;
-        out[i] = v;
+        size_t slot = i; /* an alias binds to the parameter it names */
+        while (slot > 0 && (schema[slot].flags & RPC_P_ALIAS))
+            slot--;
+        if (out[slot] != NULL && !msgpack_object_equal(*out[slot], *v)) {
+            rpc_set_err(err, errlen, "parameters '%s' and '%s' name the same parameter and differ",
+                        earlier_name(params, j, schema, n, slot), schema[i].name);
+            rc = RPC_E_INVALID;
+            goto fail;
+        }
+        out[slot] = v;
     }
 
 required:

@@ -7,7 +7,7 @@
 #include "sql_session.h"
 #include "sql_work.h"
 
-/* The filter shared by text search and list. Parameters:
+/* The filter shared by text search, list and delete by filter. Parameters:
  *   $1 tenant            $2 types text[]         $3 include archived
  *   $4 agent id          $5 clade id             $6 scopes text[]
  *   $7 created after ms  $8 created before ms
@@ -15,6 +15,7 @@
  *   $12 strategy containment document     $13 attrs containment document
  *   $14 minimum composite  $15 as-of ms
  *   $16 weights float8[6]: recency, access, explicit, recency days, saturation, usefulness
+ *   $17 minimum explicit importance (the author's; compared in float4, as the index holds it)
  * NULL means "no constraint" everywhere. Expired memories never match. The composite counts
  * every access, folded into the row or still pending (SQL_ACCESS_COUNT), as search ranks
  * with it and memory.get reports it. */
@@ -39,16 +40,24 @@
     "AND ($11::jsonb[] IS NULL OR m.metadata @> ANY ($11)) "                                       \
     "AND ($12::jsonb IS NULL OR m.metadata @> $12) "                                               \
     "AND ($13::jsonb IS NULL OR m.metadata @> $13) "                                               \
-    "AND ($14::float8 IS NULL OR " COMPOSITE " >= $14) "
+    "AND ($14::float8 IS NULL OR " COMPOSITE " >= $14) "                                           \
+    "AND ($17::float8 IS NULL OR m.importance::float4 >= $17::float4) "
 
-/* The list's sort key for $17 ('created_at', 'importance', 'composite'), times $18 (1 for
- * descending, -1 for ascending); keyset paging continues after ($19, $20). */
+/* The list's sort key for $18 ('created_at', 'importance', 'composite'), times $19 (1 for
+ * descending, -1 for ascending); keyset paging continues after ($20, $21). */
 #define LIST_KEY                                                                                   \
-    "(CASE $17::text WHEN 'created_at' THEN engram_ms(m.created_at)::float8 "                      \
-    "WHEN 'importance' THEN m.importance ELSE " COMPOSITE " END) * $18::int"
+    "(CASE $18::text WHEN 'created_at' THEN engram_ms(m.created_at)::float8 "                      \
+    "WHEN 'importance' THEN m.importance ELSE " COMPOSITE " END) * $19::int"
 #define LIST_TAIL                                                                                  \
-    " FROM memories m WHERE " FILTER "AND ($19::float8 IS NULL OR (" LIST_KEY                      \
-    ", m.id * $18::int) < ($19, $20::bigint)) ORDER BY 1 DESC, 2 DESC LIMIT $21::int"
+    " FROM memories m WHERE " FILTER "AND ($20::float8 IS NULL OR (" LIST_KEY                      \
+    ", m.id * $19::int) < ($20, $21::bigint)) ORDER BY 1 DESC, 2 DESC LIMIT $22::int"
+
+/* memory.delete by filter: FILTER without visibility ($4, $5 NULL), the memories of owner
+ * agent $18 and clade $19 instead; a batch takes up to $21 ids after $22 (NULL: from the
+ * first) and up to $20 (NULL: the tenant's last id). */
+#define DELETE_FILTER                                                                              \
+    FILTER "AND ($18::bigint IS NULL OR m.agent_id = $18) "                                        \
+           "AND ($19::bigint IS NULL OR m.clade_id = $19) "
 
 const db_stmt_def sql_stmts[SQL__COUNT] = {
     [SQL_PING] = {"ping", "SELECT 1", 0},
@@ -78,8 +87,8 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
     [SQL_MEMORY_ARCHIVE] =
         {"memory_archive",
          "SELECT 0, 0, x.* FROM engram_memory_set_archived($1, $2::bigint[], $3, "
-         "$4) x",
-         4},
+         "$4, $5::bigint[]) x",
+         5},
     [SQL_MEMORY_HISTORY] = {"memory_history",
                             "SELECT v.version, v.content, v.type, v.importance, v.metadata::text, "
                             "engram_ms(v.valid_from), engram_ms(v.replaced_at), v.change, "
@@ -100,15 +109,30 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
                               2},
     [SQL_MEMORY_TEXT_SEARCH] = {"memory_text_search",
                                 "SELECT m.id, ts_rank_cd(m.content_tsv, q) AS rank FROM memories "
-                                "m, websearch_to_tsquery('english', $17) q WHERE " FILTER
-                                "AND m.content_tsv @@ q ORDER BY rank DESC, m.id LIMIT $18::int",
-                                18},
+                                "m, websearch_to_tsquery('english', $18) q WHERE " FILTER
+                                "AND m.content_tsv @@ q ORDER BY rank DESC, m.id LIMIT $19::int",
+                                19},
     [SQL_MEMORY_LIST] = {"memory_list",
-                         "SELECT " LIST_KEY ", m.id * $18::int, " SQL_MEMROW_COLS LIST_TAIL, 21},
+                         "SELECT " LIST_KEY ", m.id * $19::int, " SQL_MEMROW_COLS LIST_TAIL, 22},
     [SQL_MEMORY_LIST_EMB] = {"memory_list_emb",
-                             "SELECT " LIST_KEY ", m.id * $18::int, " SQL_MEMROW_COLS
+                             "SELECT " LIST_KEY ", m.id * $19::int, " SQL_MEMROW_COLS
                              ", encode(m.embedding, 'base64')" LIST_TAIL,
-                             21},
+                             22},
+    /* the tenant row's lock (what every memory write takes first), and the last memory id:
+     * a delete by filter takes no memory stored after it began */
+    [SQL_MEMORY_DELETE_LOCK] = {"memory_delete_lock",
+                                "SELECT t.memory_id_last FROM tenants t WHERE t.id = $1 FOR "
+                                "UPDATE",
+                                1},
+    [SQL_MEMORY_DELETE_COUNT] = {"memory_delete_count",
+                                 "SELECT count(*) FROM memories m WHERE " DELETE_FILTER, 19},
+    [SQL_MEMORY_DELETE_FILTER] = {"memory_delete_filter",
+                                  "SELECT d.id, d.seq FROM engram_memory_delete($1, ARRAY(SELECT "
+                                  "m.id FROM memories m WHERE " DELETE_FILTER
+                                  "AND m.id <= COALESCE($20::bigint, (SELECT t.memory_id_last "
+                                  "FROM tenants t WHERE t.id = $1)) AND m.id > COALESCE("
+                                  "$22::bigint, 0) ORDER BY m.id LIMIT $21::int)) d",
+                                  22},
     [SQL_MEMORY_STATS] = {"memory_stats",
                           "SELECT m.type, m.scope, count(*), count(m.archived_at), "
                           "min(engram_ms(m.created_at)), max(engram_ms(m.created_at)), "

@@ -16,23 +16,27 @@ typedef enum sql_stmt {
     SQL_MEMORY_GET,         /* (tenant, ids[]) -> MEMROW */
     SQL_MEMORY_DELETE,      /* (tenant, ids[]) -> id, seq */
     SQL_MEMORY_UPDATE,      /* engram_memory_update(...) -> version, updated, META */
-    SQL_MEMORY_ARCHIVE,     /* (tenant, ids[], archive?, reason) -> META */
+    SQL_MEMORY_ARCHIVE,     /* (tenant, ids[], archive?, reason, limits[3]) -> META */
     SQL_MEMORY_HISTORY,     /* (tenant, id) -> version rows */
     SQL_MEMORY_FEEDBACK,    /* (tenant, cited[], injected[]) -> cited?, counts, META */
     SQL_MEMORY_TOUCH,       /* (tenants[], ids[], counts[], at_ms[]) -> entries */
     SQL_MEMORY_ATTRS_IDS,   /* (tenant, attrs containment doc) -> ids */
     SQL_MEMORY_TEXT_SEARCH, /* FILTER params, query, limit -> id, rank */
     SQL_MEMORY_LIST, /* FILTER params, order, sign, cursor key, cursor id, limit -> MEMROW, key */
-    SQL_MEMORY_LIST_EMB,     /* as SQL_MEMORY_LIST, plus the embedding as the last column */
-    SQL_MEMORY_STATS,        /* (tenant) -> type, scope, count, archived, oldest, newest, bytes */
-    SQL_TENANT_CREATE,       /* (name, tier, provider, model, dim, key name, key id, key hash hex,
-                              * index engine or NULL) -> tenant id, key id: the tenant and its
-                              * first key at once */
-    SQL_TENANT_INDEX_ENGINE, /* (tenant) -> the tenant's index engine, NULL: the server's */
-    SQL_KEY_TOUCH,           /* (key row) */
-    SQL_QUERY_ADMIT,         /* (tenant, limits[3]) -> admitted, used, limit, resets_ms */
-    SQL_SYNC_OFF,            /* () this transaction commits without waiting for the disk */
-    SQL_TENANT_USAGE,        /* (tenant) -> tier, memories, queries today, bytes, resets_ms */
+    SQL_MEMORY_LIST_EMB,      /* as SQL_MEMORY_LIST, plus the embedding as the last column */
+    SQL_MEMORY_DELETE_LOCK,   /* (tenant) -> last memory id; takes the tenant row's lock */
+    SQL_MEMORY_DELETE_COUNT,  /* FILTER params, owner agent, owner clade -> count */
+    SQL_MEMORY_DELETE_FILTER, /* FILTER params, owner agent, owner clade, last id or NULL,
+                               * limit, after id or NULL -> id, seq of those deleted */
+    SQL_MEMORY_STATS,         /* (tenant) -> type, scope, count, archived, oldest, newest, bytes */
+    SQL_TENANT_CREATE,        /* (name, tier, provider, model, dim, key name, key id, key hash hex,
+                               * index engine or NULL) -> tenant id, key id: the tenant and its
+                               * first key at once */
+    SQL_TENANT_INDEX_ENGINE,  /* (tenant) -> the tenant's index engine, NULL: the server's */
+    SQL_KEY_TOUCH,            /* (key row) */
+    SQL_QUERY_ADMIT,          /* (tenant, limits[3]) -> admitted, used, limit, resets_ms */
+    SQL_SYNC_OFF,             /* () this transaction commits without waiting for the disk */
+    SQL_TENANT_USAGE, /* (tenant) -> tier, memories, queries today, bytes, resets_ms, archived */
     SQL_ADMIN_TENANT_GET,    /* (id, name, default engine) -> json */
     SQL_ADMIN_TENANT_LIST,   /* (after id, limit, default engine) -> json array */
     SQL_ADMIN_TENANT_UPDATE, /* (id, name, new name, tier, engine, default engine) -> json, id */
@@ -76,7 +80,7 @@ void sql_fini(void);
     "m.injected_count"
 #define SQL_MEMROW_NCOLS 22
 
-/* Parameters $2..$16 of the filtered statements (text search, list): see sql.c. */
-#define SQL_FILTER_NPARAMS 15
+/* Parameters $2..$17 of the filtered statements (text search, list, delete): see sql.c. */
+#define SQL_FILTER_NPARAMS 16
 
 #endif

@@ -14,8 +14,8 @@ const db_stmt_def sql_bg_stmts[SQLB__COUNT] = {
                                 13},
     [SQLB_CONSOLIDATE_FINISH] = {"consolidate_finish",
                                  "SELECT * FROM engram_consolidate_finish($1, $2, $3, $4, "
-                                 "$5::float8[], $6::jsonb, $7, $8, $9, $10)",
-                                 10},
+                                 "$5, $6, $7, $8, $9::jsonb)",
+                                 9},
     [SQLB_CONSOLIDATE_FAILED] = {"consolidate_failed",
                                  "SELECT engram_consolidate_failed($1, $2, $3, $4)", 4},
     [SQLB_CONSOLIDATION_DUE] = {"consolidation_due",

@@ -17,7 +17,7 @@ typedef enum sqlb_stmt {
     SQLB_UNLOCK,             /* (key) -> released */
     SQLB_CONSOLIDATE_APPLY,  /* (tenant, own ids[], survivor ids[], ...) -> merged,
                               * superseded, archived, skipped (see 0009) */
-    SQLB_CONSOLIDATE_FINISH, /* (tenant, trigger, started ms, ..., counts) -> run id, rescored */
+    SQLB_CONSOLIDATE_FINISH, /* (tenant, trigger, started ms, counts, settings) -> run id */
     SQLB_CONSOLIDATE_FAILED, /* (tenant, trigger, started ms, error) -> run id */
     SQLB_CONSOLIDATION_DUE,  /* (cadence hours[3]) -> tenant, dim of tenants due */
     SQLB_PURGE_EXPIRED,      /* (limit, batch) -> memories deleted */

@@ -423,16 +423,20 @@ static int step_plan(run *r)
         o->fate = 2;
         o->into = newest;
     }
-    /* prunes: low composite, old enough, not a constraint, not pinned */
+    /* re-rank and prune: every memory still live is ranked by its composite as of the run
+     * (with its merged values); those of low composite, old enough, neither a constraint
+     * nor pinned, are archived. The composite is not stored: reads compute it live. */
     int64_t grace_ms = (int64_t)(r->cfg->consolidate_prune_grace_days * 86400000.0);
     for (size_t i = 0; i < n; i++) {
         cmem *mi = &m[i];
-        if (mi->fate != 0 || mi->pinned || mi->type == MEM_CONSTRAINT ||
-            r->started - mi->created_ms < grace_ms)
+        if (mi->fate != 0)
             continue;
         uint32_t acc = r->acc[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)r->acc[i];
         double c = score_composite(&r->s->score, mi->created_ms, acc, mi->cited, mi->injected,
                                    r->imp[i], r->started);
+        r->out->rescored++;
+        if (mi->pinned || mi->type == MEM_CONSTRAINT || r->started - mi->created_ms < grace_ms)
+            continue;
         if (c < r->cfg->consolidate_prune_threshold) {
             mi->fate = 3;
             r->imp[i] = c; /* kept for the record */
@@ -550,17 +554,13 @@ static int step_apply(run *r)
     return r->out->status < 0 ? -EIO : 0;
 }
 
-/* Step 5, record: store every live memory's composite and record the run with its counts
- * and settings (engram_consolidate_finish). */
+/* Step 5, record: the run with its counts and settings (engram_consolidate_finish). */
 static int step_record(run *r)
 {
     const config *cfg = r->cfg;
     consolidate_result *out = r->out;
-    char err[300], started_s[24], w[192], settings[400], counts[4][16];
+    char err[300], started_s[24], settings[400], counts[5][16];
     snprintf(started_s, sizeof(started_s), "%lld", (long long)r->started);
-    snprintf(w, sizeof(w), "{%.17g,%.17g,%.17g,%.17g,%.17g,%.17g}", r->s->score.w_recency,
-             r->s->score.w_access, r->s->score.w_explicit, r->s->score.recency_days,
-             r->s->score.access_saturation, r->s->score.w_usefulness);
     snprintf(settings, sizeof(settings),
              "{\"dedupe_threshold\": %g, \"supersede_threshold\": %g, \"prune_threshold\": %g, "
              "\"prune_grace_days\": %g, \"memories\": %zu, \"snapshot_seq\": %llu}",
@@ -569,24 +569,22 @@ static int step_record(run *r)
              (unsigned long long)r->seq);
     snprintf(counts[0], 16, "%d", out->merged);
     snprintf(counts[1], 16, "%d", out->superseded);
-    snprintf(counts[2], 16, "%d", out->archived);
-    snprintf(counts[3], 16, "%d", out->skipped);
-    const char *fv[10] = {r->tid,   r->trigger, started_s, started_s, w,
-                          settings, counts[0],  counts[1], counts[2], counts[3]};
+    snprintf(counts[2], 16, "%d", out->rescored);
+    snprintf(counts[3], 16, "%d", out->archived);
+    snprintf(counts[4], 16, "%d", out->skipped);
+    const char *fv[9] = {r->tid,    r->trigger, started_s, counts[0], counts[1],
+                         counts[2], counts[3],  counts[4], settings};
     int rc = db_tenant_begin(r->pg, r->tenant, DB_TX_WRITE, err, sizeof(err));
     if (rc == 0) {
         PGresult *res = DB_EXEC(r->pg, sqlb_def(SQLB_CONSOLIDATE_FINISH), fv, err, sizeof(err));
         bool recorded = res != NULL;
         int64_t run_id = recorded ? memrow_i64(res, 0, 0, 0) : 0;
-        int rescored = recorded ? (int)memrow_i64(res, 0, 1, 0) : 0;
         PQclear(res);
         rc = db_tx_end(r->pg, recorded, err, sizeof(err));
         if (rc == 0 && !recorded)
             rc = -EIO;
-        if (rc == 0) {
+        if (rc == 0)
             out->run_id = run_id;
-            out->rescored = rescored;
-        }
     }
     if (rc < 0) {
         set_err(out, "recording the run: %s", err);

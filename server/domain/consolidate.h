@@ -11,13 +11,15 @@
  *       the highest importance, the summed access counts and the union of the metadata;
  *     - update: a newer fact or preference of the same visibility that is similar at
  *       consolidate_supersede_threshold, or shares metadata.attrs.key, supersedes the older;
- *     - prune: what remains live with a composite importance under
- *       consolidate_prune_threshold and older than consolidate_prune_grace_days is archived,
- *       except constraints and pinned memories;
+ *     - re-rank and prune: what remains live is ranked by its composite importance as of
+ *       the run (rescored counts it); under consolidate_prune_threshold and older than
+ *       consolidate_prune_grace_days it is archived, except constraints and pinned
+ *       memories. The composite is not stored: every read computes it live;
  *  4. applies the plan in steps of CONSOLIDATE_STEP decisions, each one transaction
  *     (engram_consolidate_apply; writes to the tenant wait at most one step), each decision
- *     guarded by the memory's change number as planned; then re-ranks (stores) every live
- *     memory's composite and records the run (engram_consolidate_finish).
+ *     guarded by the memory's change number as planned; then records the run
+ *     (engram_consolidate_finish). Archived memories stop counting against the tier's
+ *     memory limit.
  */
 #ifndef ENGRAM_SERVER_CONSOLIDATE_H
 #define ENGRAM_SERVER_CONSOLIDATE_H

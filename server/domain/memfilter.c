@@ -306,6 +306,14 @@ oom:
 
 int mf_parse(req *r, size_t base, mem_filter *f)
 {
+    const msgpack_object *args[MF__COUNT];
+    for (size_t i = 0; i < MF__COUNT; i++)
+        args[i] = req_arg(r, base + i);
+    return mf_parse_args(r, args, "", f);
+}
+
+int mf_parse_args(req *r, const msgpack_object *const *args, const char *what, mem_filter *f)
+{
     server *s = req_server(r);
     memset(f, 0, sizeof(*f));
     f->type_mask = (1u << MEM_TYPE_COUNT) - 1;
@@ -315,15 +323,16 @@ int mf_parse(req *r, size_t base, mem_filter *f)
     f->now_ms = server_now_ms();
     f->sp = &s->score;
     const msgpack_object *o;
-    if ((o = req_arg(r, base + MF_TYPE_FILTER))) {
+    if ((o = args[MF_TYPE_FILTER])) {
         f->type_mask = 0;
         for (uint32_t i = 0; i < o->via.array.size; i++) {
             const msgpack_object *e = &o->via.array.ptr[i];
             int t = memrow_type_parse(e->via.str.ptr, e->via.str.size);
             if (t < 0) {
                 req_fail(r, RPC_INVALID_ARGUMENT,
-                         "parameter 'type_filter' may hold only fact, preference, episode, "
-                         "strategy_outcome and constraint");
+                         "parameter '%stype_filter' may hold only fact, preference, episode, "
+                         "strategy_outcome and constraint",
+                         what);
                 return -EINVAL;
             }
             f->type_mask |= (uint8_t)(1u << t);
@@ -331,14 +340,14 @@ int mf_parse(req *r, size_t base, mem_filter *f)
         if (!(f->sql_types = str_array_literal(r, o)))
             goto oom;
     }
-    if ((o = req_arg(r, base + MF_SCOPES))) {
+    if ((o = args[MF_SCOPES])) {
         f->scope_mask = 0;
         for (uint32_t i = 0; i < o->via.array.size; i++) {
             const msgpack_object *e = &o->via.array.ptr[i];
             int sc = memrow_scope_parse(e->via.str.ptr, e->via.str.size);
             if (sc < 0) {
                 req_fail(r, RPC_INVALID_ARGUMENT,
-                         "parameter 'scopes' may hold only agent, clade and tenant");
+                         "parameter '%sscopes' may hold only agent, clade and tenant", what);
                 return -EINVAL;
             }
             f->scope_mask |= (uint8_t)(1u << sc);
@@ -346,20 +355,24 @@ int mf_parse(req *r, size_t base, mem_filter *f)
         if (!(f->sql_scopes = str_array_literal(r, o)))
             goto oom;
     }
-    if ((o = req_arg(r, base + MF_MIN_IMPORTANCE))) {
-        f->has_min = true;
+    if ((o = args[MF_MIN_IMPORTANCE])) {
+        f->has_min_importance = true;
+        f->min_importance = rpc_get_num(o, 0);
+    }
+    if ((o = args[MF_MIN_COMPOSITE])) {
+        f->has_min_composite = true;
         f->min_composite = rpc_get_num(o, 0);
     }
-    if ((o = req_arg(r, base + MF_TOKENS)) &&
+    if ((o = args[MF_TOKENS]) &&
         tag_list(r, o, "tokens", 't', &f->sql_tokens, &f->tokens, &f->ntokens) < 0)
         goto oom;
-    if ((o = req_arg(r, base + MF_CHAINS)) &&
+    if ((o = args[MF_CHAINS]) &&
         tag_list(r, o, "chains", 'c', &f->sql_chains, &f->chains, &f->nchains) < 0)
         goto oom;
-    if ((o = req_arg(r, base + MF_PROTOCOLS)) &&
+    if ((o = args[MF_PROTOCOLS]) &&
         tag_list(r, o, "protocols", 'p', &f->sql_protocols, &f->protocols, &f->nprotocols) < 0)
         goto oom;
-    if ((o = req_arg(r, base + MF_STRATEGY_ID))) {
+    if ((o = args[MF_STRATEGY_ID])) {
         json_buf doc = {0};
         f->has_strategy = true;
         f->strategy = prefixed_hash('s', o->via.str.ptr, o->via.str.size);
@@ -371,7 +384,7 @@ int mf_parse(req *r, size_t base, mem_filter *f)
         if (!(f->sql_strategy = arena_take(r, &doc)))
             goto oom;
     }
-    if ((o = req_arg(r, base + MF_ATTRS))) {
+    if ((o = args[MF_ATTRS])) {
         json_buf doc = {0};
         int rc = json_buf_append(&doc, "{\"attrs\":", 9);
         if (rc == 0)
@@ -383,31 +396,33 @@ int mf_parse(req *r, size_t base, mem_filter *f)
             if (rc == -ENOMEM)
                 goto oom;
             req_fail(r, RPC_INVALID_ARGUMENT,
-                     "parameter 'attrs' must hold only JSON values (strings, numbers, booleans, "
-                     "nil, arrays, maps with string keys), at most 16 levels deep");
+                     "parameter '%sattrs' must hold only JSON values (strings, numbers, booleans, "
+                     "nil, arrays, maps with string keys), at most 16 levels deep",
+                     what);
             return -EINVAL;
         }
         if (!(f->attrs_json = arena_take(r, &doc)))
             goto oom;
     }
-    if ((o = req_arg(r, base + MF_CREATED_AFTER)))
+    if ((o = args[MF_CREATED_AFTER]))
         f->created_after = rpc_get_int(o, INT64_MIN);
-    if ((o = req_arg(r, base + MF_CREATED_BEFORE)))
+    if ((o = args[MF_CREATED_BEFORE]))
         f->created_before = rpc_get_int(o, INT64_MAX);
-    if ((o = req_arg(r, base + MF_AGENT_ID))) {
+    if ((o = args[MF_AGENT_ID])) {
         f->has_agent = true;
         f->agent_id = rpc_get_uint(o, 0);
     }
-    if ((o = req_arg(r, base + MF_CLADE_ID))) {
+    if ((o = args[MF_CLADE_ID])) {
         if (!f->has_agent) {
             req_fail(r, RPC_INVALID_ARGUMENT,
-                     "parameter 'clade_id' names the clade of 'agent_id', which is missing");
+                     "parameter '%sclade_id' names the clade of '%sagent_id', which is missing",
+                     what, what);
             return -EINVAL;
         }
         f->has_clade = true;
         f->clade_id = rpc_get_uint(o, 0);
     }
-    f->include_archived = rpc_get_bool(req_arg(r, base + MF_INCLUDE_ARCHIVED), false);
+    f->include_archived = rpc_get_bool(args[MF_INCLUDE_ARCHIVED], false);
     return 0;
 oom:
     req_fail(r, RPC_INTERNAL, "out of memory");
@@ -473,8 +488,12 @@ bool mf_keep(const mem_filter *f, uint64_t id, const mem_meta *m)
         return false;
     if (f->has_strategy && !contains(m->tags, m->ntags, f->strategy))
         return false;
-    if (f->has_min && score_composite(f->sp, m->created_ms, m->access_count, m->cited, m->injected,
-                                      m->importance, f->now_ms) < f->min_composite)
+    /* in float, as the index holds importance (and the SQL filter compares it) */
+    if (f->has_min_importance && m->importance < (float)f->min_importance)
+        return false;
+    if (f->has_min_composite &&
+        score_composite(f->sp, m->created_ms, m->access_count, m->cited, m->injected, m->importance,
+                        f->now_ms) < f->min_composite)
         return false;
     if (f->attrs_json) {
         uint64_t v;
@@ -486,11 +505,11 @@ bool mf_keep(const mem_filter *f, uint64_t id, const mem_meta *m)
 
 int mf_sql_params(req *r, const mem_filter *f, const char **vals)
 {
-    char *buf = req_alloc(r, 6 * 32 + 192);
+    char *buf = req_alloc(r, 7 * 32 + 192);
     if (!buf)
         return -ENOMEM;
     char *agent = buf, *clade = buf + 32, *after = buf + 64, *before = buf + 96, *minc = buf + 128,
-         *asof = buf + 160, *weights = buf + 192;
+         *asof = buf + 160, *weights = buf + 192, *mini = buf + 384;
     vals[0] = f->sql_types;
     vals[1] = f->include_archived ? "true" : "false";
     vals[2] = f->has_agent ? memrow_u64_sql(f->agent_id, agent) : NULL;
@@ -512,7 +531,7 @@ int mf_sql_params(req *r, const mem_filter *f, const char **vals)
     vals[10] = f->sql_strategy;
     vals[11] = f->attrs_json;
     vals[12] = NULL;
-    if (f->has_min) {
+    if (f->has_min_composite) {
         snprintf(minc, 32, "%.17g", f->min_composite);
         vals[12] = minc;
     }
@@ -522,5 +541,10 @@ int mf_sql_params(req *r, const mem_filter *f, const char **vals)
              f->sp->w_access, f->sp->w_explicit, f->sp->recency_days, f->sp->access_saturation,
              f->sp->w_usefulness);
     vals[14] = weights;
+    vals[15] = NULL;
+    if (f->has_min_importance) {
+        snprintf(mini, 32, "%.17g", f->min_importance);
+        vals[15] = mini;
+    }
     return 0;
 }

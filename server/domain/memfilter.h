@@ -1,4 +1,5 @@
-/* server/domain/memfilter.h: the search filters of memory.search, memory.context and memory.list.
+/* server/domain/memfilter.h: the search filters of memory.search, memory.context, memory.list
+ * and memory.delete's filter.
  *
  * One parse of the request's filter parameters yields both forms a filter takes: a
  * predicate over the index's per-memory metadata (vector search, exact with respect to the
@@ -25,6 +26,7 @@
 enum {
     MF_TYPE_FILTER = 0,
     MF_MIN_IMPORTANCE,
+    MF_MIN_COMPOSITE,
     MF_TOKENS,
     MF_CHAINS,
     MF_PROTOCOLS,
@@ -42,6 +44,7 @@ enum {
 #define MF_PARAMS                                                                                  \
     {"type_filter", RPC_T_STR_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 5},                          \
         {"min_importance", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1},                         \
+        {"min_composite", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1},                          \
         {"tokens", RPC_T_STR_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 64},                          \
         {"chains", RPC_T_UINT_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 64},                         \
         {"protocols", RPC_T_STR_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 64},                       \
@@ -64,9 +67,11 @@ typedef struct mem_filter {
     uint64_t agent_id;
     bool has_clade;
     uint64_t clade_id;
-    int64_t created_after;  /* exclusive; INT64_MIN: none */
-    int64_t created_before; /* exclusive; INT64_MAX: none */
-    bool has_min;
+    int64_t created_after;   /* exclusive; INT64_MIN: none */
+    int64_t created_before;  /* exclusive; INT64_MAX: none */
+    bool has_min_importance; /* the author's importance, as stored */
+    double min_importance;
+    bool has_min_composite; /* the composite importance as of now_ms */
     double min_composite;
     uint64_t *tokens, *chains, *protocols; /* sorted tag hashes, any-of within each */
     uint32_t ntokens, nchains, nprotocols;
@@ -85,11 +90,16 @@ typedef struct mem_filter {
  * invalid_argument (or internal when out of memory): r is gone then. */
 int mf_parse(req *r, size_t base, mem_filter *f);
 
+/* mf_parse_args is mf_parse for filter arguments bound elsewhere (args[0..MF__COUNT), for
+ * example from a map parameter with rpc_bind_params); what prefixes parameter names in
+ * messages ("" or "filter."). Same results. */
+int mf_parse_args(req *r, const msgpack_object *const *args, const char *what, mem_filter *f);
+
 /* mf_keep tells whether a memory passes f (everything but attrs, which needs
  * f->attr_ids: when set, the memory's id must be in it). Thread-safe. */
 bool mf_keep(const mem_filter *f, uint64_t id, const mem_meta *m);
 
-/* mf_sql_params fills vals[0..SQL_FILTER_NPARAMS) with the text parameters $2..$16 of the
+/* mf_sql_params fills vals[0..SQL_FILTER_NPARAMS) with the text parameters $2..$17 of the
  * SQL filter (NULL entries are SQL NULL), allocating in r's arena. Returns 0 or -ENOMEM. */
 int mf_sql_params(req *r, const mem_filter *f, const char **vals);
 

@@ -518,8 +518,9 @@ static void usage_done(req *r, const db_result *res)
     rpc_pack_kv_int(pk, "tenant_id", req_auth(r)->tenant_id);
     rpc_pack_kv_str(pk, "tier", tiername);
     rpc_pack_cstr(pk, "memories");
-    msgpack_pack_map(pk, 2);
-    rpc_pack_kv_int(pk, "stored", memrow_i64(pr, 0, 1, 0));
+    msgpack_pack_map(pk, 3);
+    rpc_pack_kv_int(pk, "stored", memrow_i64(pr, 0, 1, 0)); /* live: what the limit counts */
+    rpc_pack_kv_int(pk, "archived", memrow_i64(pr, 0, 5, 0));
     if (tl->max_memories)
         rpc_pack_kv_int(pk, "limit", tl->max_memories);
     else

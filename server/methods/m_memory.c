@@ -28,6 +28,7 @@
 enum {
     P_IT_CONTENT,
     P_IT_TYPE,
+    P_IT_MEMORY_TYPE, /* seed 003's name of type (an alias: bound to P_IT_TYPE) */
     P_IT_IMPORTANCE,
     P_IT_METADATA,
     P_IT_EMBEDDING,
@@ -47,6 +48,7 @@ enum {
 #define ITEM_PARAMS                                                                                \
     {"content", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, 16777216},                             \
         {"type", RPC_T_STR, RPC_P_REQUIRED, 0, 0},                                                 \
+        {"memory_type", RPC_T_STR, RPC_P_NULLABLE | RPC_P_ALIAS, 0, 0},                            \
         {"importance", RPC_T_NUM, RPC_P_REQUIRED | RPC_P_RANGE, 0, 1},                             \
         {"metadata", RPC_T_MAP, RPC_P_NULLABLE, 0, 0},                                             \
         {"embedding", RPC_T_VECTOR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 4096},                        \
@@ -127,7 +129,7 @@ static rpc_code parse_item(req *r, const msgpack_object *const *a, const char *w
                  s->cfg.max_content_bytes);
         return RPC_INVALID_ARGUMENT;
     }
-    const msgpack_object *t = a[P_IT_TYPE];
+    const msgpack_object *t = a[P_IT_TYPE]; /* or memory_type: the binder took either */
     it->type = memrow_type_parse(t->via.str.ptr, t->via.str.size);
     if (it->type < 0) {
         snprintf(err, errlen,
@@ -212,10 +214,11 @@ typedef struct store_state {
     char fingerprint[2 + 64 + 1]; /* "\x" + hex: bytea input */
 } store_state;
 
-/* Ends r for a failed store job. */
-static void store_fail(req *r, const db_result *res)
+/* Ends r for a failed job that stores or restores requested memories: the memory limit
+ * (EG429, detail "limit=L usage=U ...") becomes quota_exceeded with limit, usage and
+ * requested; anything else as req_fail_db. */
+static void memory_write_fail(req *r, const db_result *res, int64_t requested)
 {
-    store_state *st = req_state(r);
     if (res->sqlstate && strcmp(res->sqlstate, "EG429") == 0) {
         long long limit = 0, usage = 0;
         if (res->detail)
@@ -223,14 +226,22 @@ static void store_fail(req *r, const db_result *res)
         rpc_detail d[3] = {
             {"limit", RPC_D_INT, {.i = limit}},
             {"usage", RPC_D_INT, {.i = usage}},
-            {"requested", RPC_D_INT, {.i = (int64_t)st->n}},
+            {"requested", RPC_D_INT, {.i = requested}},
         };
         req_fail_details(r, RPC_QUOTA_EXCEEDED, d, 3,
-                         "memory limit of the tenant's tier reached (%lld of %lld stored)", usage,
-                         limit);
+                         "memory limit of the tenant's tier reached (%lld of %lld live, "
+                         "archived memories not counted)",
+                         usage, limit);
         return;
     }
     req_fail_db(r, res);
+}
+
+/* Ends r for a failed store job. */
+static void store_fail(req *r, const db_result *res)
+{
+    store_state *st = req_state(r);
+    memory_write_fail(r, res, (int64_t)st->n);
 }
 
 /* Completes r from its rows of a store's result: rows off .. off + n - 1, in the order of
@@ -511,8 +522,16 @@ void h_memory_store(req *r)
     st->items = it;
     st->n = 1;
     st->idem = req_strdup(r, req_arg(r, P_ST_IDEMPOTENCY_KEY));
-    if (st->idem)
-        fingerprint(args, P_IT__COUNT, st->fingerprint);
+    if (st->idem) {
+        /* the arguments without the alias slot (always empty: memory_type binds to type),
+         * so a retry may use either name and fingerprints stay as they were before it */
+        const msgpack_object *fa[P_IT__COUNT];
+        size_t nfa = 0;
+        for (size_t i = 0; i < P_IT__COUNT; i++)
+            if (i != P_IT_MEMORY_TYPE)
+                fa[nfa++] = args[i];
+        fingerprint(fa, nfa, st->fingerprint);
+    }
     req_set_state(r, st);
     store_embed(r);
 }
@@ -611,8 +630,27 @@ void h_memory_get(req *r)
 
 /* ---- memory.delete ------------------------------------------------------------------- */
 
-enum { P_DEL_IDS };
-PARAMS(memory_delete, {"ids", RPC_T_UINT_ARRAY, RPC_P_REQUIRED | RPC_P_RANGE, 1, 1000});
+#define DELETE_BATCH 1000 /* memories per transaction of a delete by filter */
+
+enum { P_DEL_IDS, P_DEL_FILTER, P_DEL_DRY_RUN, P_DEL_ALL };
+PARAMS(memory_delete, {"ids", RPC_T_UINT_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 1000},
+       {"filter", RPC_T_MAP, RPC_P_NULLABLE, 0, 0}, {"dry_run", RPC_T_BOOL, RPC_P_NULLABLE, 0, 0},
+       {"all", RPC_T_BOOL, RPC_P_NULLABLE, 0, 0});
+
+static const rpc_param delete_filter_schema[] = {MF_PARAMS};
+
+/* Applies the deleted (id, seq) rows of pr to the tenant's index; returns how many. */
+static int apply_deletes(req *r, const PGresult *pr)
+{
+    const conn_auth *a = req_auth(r);
+    tenant *t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
+    int n = PQntuples(pr);
+    for (int i = 0; t && i < n; i++)
+        tenant_apply_delete(t, (uint64_t)memrow_i64(pr, i, 1, 0),
+                            (uint64_t)memrow_i64(pr, i, 0, 0));
+    tenant_put(t);
+    return n;
+}
 
 static void delete_done(req *r, const db_result *res)
 {
@@ -621,25 +659,154 @@ static void delete_done(req *r, const db_result *res)
         return;
     }
     const PGresult *pr = res->res[0];
-    int n = PQntuples(pr);
-    const conn_auth *a = req_auth(r);
-    tenant *t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
+    int n = apply_deletes(r, pr);
     msgpack_packer *pk = req_result(r);
     msgpack_pack_map(pk, 1);
     rpc_pack_cstr(pk, "deleted");
     msgpack_pack_array(pk, (uint32_t)n);
-    for (int i = 0; i < n; i++) {
-        uint64_t id = (uint64_t)memrow_i64(pr, i, 0, 0);
-        if (t)
-            tenant_apply_delete(t, (uint64_t)memrow_i64(pr, i, 1, 0), id);
-        msgpack_pack_uint64(pk, id);
-    }
-    tenant_put(t);
+    for (int i = 0; i < n; i++)
+        msgpack_pack_uint64(pk, (uint64_t)memrow_i64(pr, i, 0, 0));
     req_done(r);
+}
+
+/* A delete by filter: the statement parameters (see SQL_MEMORY_DELETE_FILTER) and the count
+ * so far. Batches of DELETE_BATCH memories in id order, each its own transaction under the
+ * tenant row's lock, up to the tenant's last memory id when the first batch ran. */
+typedef struct delete_state {
+    const char *vals[1 + SQL_FILTER_NPARAMS + 5];
+    char last[24], after[24], limit[16];
+    int64_t count;
+} delete_state;
+
+enum { DV_OWNER_AGENT = 1 + SQL_FILTER_NPARAMS, DV_OWNER_CLADE, DV_LAST, DV_LIMIT, DV_AFTER };
+
+static void delete_filter_batch(req *r);
+
+static void delete_filter_rows(req *r, const db_result *res)
+{
+    delete_state *st = req_state(r);
+    if (res->status != DB_OK) {
+        /* earlier batches stay deleted; a repeated call deletes the rest */
+        req_fail_db(r, res);
+        return;
+    }
+    if (!st->vals[DV_LAST]) {
+        snprintf(st->last, sizeof(st->last), "%lld", (long long)memrow_i64(res->res[0], 0, 0, 0));
+        st->vals[DV_LAST] = st->last;
+    }
+    const PGresult *pr = res->res[1];
+    int n = apply_deletes(r, pr);
+    st->count += n;
+    if (n == DELETE_BATCH) {
+        /* rows come back in id order: the next batch starts after the last */
+        snprintf(st->after, sizeof(st->after), "%lld", (long long)memrow_i64(pr, n - 1, 0, 0));
+        st->vals[DV_AFTER] = st->after;
+        delete_filter_batch(r);
+        return;
+    }
+    msgpack_packer *pk = req_result(r);
+    msgpack_pack_map(pk, 2);
+    rpc_pack_kv_int(pk, "count", st->count);
+    rpc_pack_kv_bool(pk, "dry_run", false);
+    req_done(r);
+}
+
+static void delete_filter_batch(req *r)
+{
+    delete_state *st = req_state(r);
+    db_query q[2] = {{.stmt = sql_def(SQL_MEMORY_DELETE_LOCK), .values = st->vals, .nvalues = 1},
+                     {.stmt = sql_def(SQL_MEMORY_DELETE_FILTER), DB_VALUES(st->vals)}};
+    req_submit(r, req_auth(r)->tenant_id, q, 2, delete_filter_rows);
+}
+
+static void delete_count_rows(req *r, const db_result *res)
+{
+    if (res->status != DB_OK) {
+        req_fail_db(r, res);
+        return;
+    }
+    msgpack_packer *pk = req_result(r);
+    msgpack_pack_map(pk, 2);
+    rpc_pack_kv_int(pk, "count", memrow_i64(res->res[0], 0, 0, 0));
+    rpc_pack_kv_bool(pk, "dry_run", true);
+    req_done(r);
+}
+
+/* memory.delete {filter, dry_run, all}: the search filters, except that agent_id and
+ * clade_id select the memories stored with them (ownership, not what that agent may see:
+ * that includes the tenant's shared memories) and archived memories match unless
+ * include_archived is false. An empty filter needs all: true. */
+static void delete_by_filter(req *r, const msgpack_object *filter)
+{
+    char err[300];
+    const msgpack_object *args[MF__COUNT];
+    if (rpc_bind_params(filter, delete_filter_schema, MF__COUNT, args, err, sizeof(err)) != 0) {
+        req_fail(r, RPC_INVALID_ARGUMENT, "filter: %s", err);
+        return;
+    }
+    bool constrains = false;
+    for (size_t i = 0; i < MF__COUNT; i++)
+        constrains = constrains || (i != MF_INCLUDE_ARCHIVED && args[i]);
+    bool all = rpc_get_bool(req_arg(r, P_DEL_ALL), false);
+    if (!constrains && !all) {
+        req_fail(r, RPC_INVALID_ARGUMENT,
+                 "an empty 'filter' matches every memory of the tenant: give 'all': true to "
+                 "delete them all");
+        return;
+    }
+    if (constrains && all) {
+        req_fail(r, RPC_INVALID_ARGUMENT, "'all': true goes with an empty 'filter' only");
+        return;
+    }
+    const msgpack_object *agent = args[MF_AGENT_ID], *clade = args[MF_CLADE_ID];
+    args[MF_AGENT_ID] = args[MF_CLADE_ID] = NULL;
+    mem_filter f;
+    if (mf_parse_args(r, args, "filter.", &f) < 0)
+        return;
+    f.include_archived = rpc_get_bool(args[MF_INCLUDE_ARCHIVED], true);
+    delete_state *st = req_alloc(r, sizeof(*st));
+    char *owner = req_alloc(r, 64);
+    if (!st || !owner) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    memset(st, 0, sizeof(*st));
+    st->vals[0] = mp_tenant_param(r);
+    if (!st->vals[0] || mf_sql_params(r, &f, st->vals + 1) < 0) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    st->vals[DV_OWNER_AGENT] = agent ? memrow_u64_sql(rpc_get_uint(agent, 0), owner) : NULL;
+    st->vals[DV_OWNER_CLADE] = clade ? memrow_u64_sql(rpc_get_uint(clade, 0), owner + 32) : NULL;
+    req_set_state(r, st);
+    if (rpc_get_bool(req_arg(r, P_DEL_DRY_RUN), false)) {
+        db_query q = {.stmt = sql_def(SQL_MEMORY_DELETE_COUNT),
+                      .values = st->vals,
+                      .nvalues = DV_OWNER_CLADE + 1};
+        req_submit(r, req_auth(r)->tenant_id, &q, 1, delete_count_rows);
+        return;
+    }
+    snprintf(st->limit, sizeof(st->limit), "%d", DELETE_BATCH);
+    st->vals[DV_LIMIT] = st->limit;
+    delete_filter_batch(r);
 }
 
 void h_memory_delete(req *r)
 {
+    const msgpack_object *filter = req_arg(r, P_DEL_FILTER);
+    if (!req_arg(r, P_DEL_IDS) == !filter) {
+        req_fail(r, RPC_INVALID_ARGUMENT, "give 'ids' or 'filter'%s",
+                 filter ? ", not both" : " (memories by id, or those that pass a filter)");
+        return;
+    }
+    if (filter) {
+        delete_by_filter(r, filter);
+        return;
+    }
+    if (req_arg(r, P_DEL_DRY_RUN) || req_arg(r, P_DEL_ALL)) {
+        req_fail(r, RPC_INVALID_ARGUMENT, "'dry_run' and 'all' go with 'filter', not 'ids'");
+        return;
+    }
     submit_ids(r, P_DEL_IDS, SQL_MEMORY_DELETE, delete_done);
 }
 
@@ -863,7 +1030,14 @@ static void archive_done(req *r, const db_result *res)
 {
     const char *key = req_state(r);
     if (res->status != DB_OK) {
-        req_fail_db(r, res);
+        /* requested: how many of the ids the restore would have brought back */
+        long long requested = 0;
+        if (res->detail) {
+            const char *q = strstr(res->detail, "requested=");
+            if (q)
+                requested = strtoll(q + 10, NULL, 10);
+        }
+        memory_write_fail(r, res, requested);
         return;
     }
     const PGresult *pr = res->res[0];
@@ -889,7 +1063,9 @@ static void set_archived(req *r, bool archive, const char *reason)
         return;
     }
     req_set_state(r, archive ? "archived" : "restored");
-    const char *vals[] = {tid, arr, archive ? "true" : "false", reason};
+    /* a restore is checked against the tier's memory limit (archived ones do not count) */
+    const char *vals[] = {tid, arr, archive ? "true" : "false", reason,
+                          req_server(r)->memory_limits};
     db_query q = {.stmt = sql_def(SQL_MEMORY_ARCHIVE), DB_VALUES(vals)};
     req_submit(r, req_auth(r)->tenant_id, &q, 1, archive_done);
 }
@@ -1119,7 +1295,7 @@ void h_memory_list(req *r)
         snprintf(cid, 24, "%lld", id);
     }
     req_set_state(r, st);
-    const char *vals[21];
+    const char *vals[1 + SQL_FILTER_NPARAMS + 5];
     char *sign = req_alloc(r, 4), *limit = req_alloc(r, 16);
     vals[0] = mp_tenant_param(r);
     if (!vals[0] || !sign || !limit || mf_sql_params(r, &f, vals + 1) < 0) {
@@ -1128,11 +1304,12 @@ void h_memory_list(req *r)
     }
     snprintf(sign, 4, "%d", st->sign);
     snprintf(limit, 16, "%zu", st->limit);
-    vals[16] = st->order_by;
-    vals[17] = sign;
-    vals[18] = ckey;
-    vals[19] = cid;
-    vals[20] = limit;
+    const char **tail = vals + 1 + SQL_FILTER_NPARAMS;
+    tail[0] = st->order_by;
+    tail[1] = sign;
+    tail[2] = ckey;
+    tail[3] = cid;
+    tail[4] = limit;
     db_query q = {.stmt = sql_def(st->embedding ? SQL_MEMORY_LIST_EMB : SQL_MEMORY_LIST),
                   DB_VALUES(vals)};
     req_submit(r, req_auth(r)->tenant_id, &q, 1, list_rows);

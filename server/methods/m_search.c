@@ -619,7 +619,7 @@ static void text_rows(req *r, const db_result *res)
 static void search_text(req *r)
 {
     search_state *st = req_state(r);
-    const char *vals[18];
+    const char *vals[1 + SQL_FILTER_NPARAMS + 2];
     char *limit = req_alloc(r, 16);
     vals[0] = mp_tenant_param(r);
     if (!limit || !vals[0] || mf_sql_params(r, &st->f, vals + 1) < 0) {
@@ -627,8 +627,8 @@ static void search_text(req *r)
         return;
     }
     snprintf(limit, 16, "%zu", st->ncand);
-    vals[16] = st->query;
-    vals[17] = limit;
+    vals[1 + SQL_FILTER_NPARAMS] = st->query;
+    vals[2 + SQL_FILTER_NPARAMS] = limit;
     db_query q = {.stmt = sql_def(SQL_MEMORY_TEXT_SEARCH), DB_VALUES(vals)};
     req_submit(r, req_auth(r)->tenant_id, &q, 1, text_rows);
 }

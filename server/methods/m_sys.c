@@ -191,14 +191,29 @@ void h_methods(req *r)
         for (size_t f = 0; f < sizeof(names) / sizeof(names[0]); f++)
             if (m->flags & names[f].bit)
                 rpc_pack_cstr(pk, names[f].name);
+        /* an alias is listed with the parameter it names ("aliases"), not as one */
+        uint32_t np = 0;
+        for (size_t k = 0; k < m->nparams; k++)
+            np += !(m->params[k].flags & RPC_P_ALIAS);
         rpc_pack_cstr(pk, "params");
-        msgpack_pack_array(pk, (uint32_t)m->nparams);
+        msgpack_pack_array(pk, np);
         for (size_t k = 0; k < m->nparams; k++) {
             const rpc_param *p = &m->params[k];
-            msgpack_pack_map(pk, 3);
+            if (p->flags & RPC_P_ALIAS)
+                continue;
+            uint32_t na = 0;
+            while (k + 1 + na < m->nparams && (m->params[k + 1 + na].flags & RPC_P_ALIAS))
+                na++;
+            msgpack_pack_map(pk, na ? 4 : 3);
             rpc_pack_kv_str(pk, "name", p->name);
             rpc_pack_kv_str(pk, "type", type_name(p->type));
             rpc_pack_kv_bool(pk, "required", (p->flags & RPC_P_REQUIRED) != 0);
+            if (na) {
+                rpc_pack_cstr(pk, "aliases");
+                msgpack_pack_array(pk, na);
+                for (uint32_t a = 1; a <= na; a++)
+                    rpc_pack_cstr(pk, m->params[k + a].name);
+            }
         }
     }
     req_done(r);

@@ -34,26 +34,29 @@ END $$;
 
 -- engram_memory_delete: deletes the tenant's memories among p_ids; returns each deleted id
 -- with its change number. Ids that do not exist (or belong to another tenant) are skipped.
+-- tenants.memory_count counts live memories only: archived ones deleted leave it alone.
 CREATE OR REPLACE FUNCTION engram_memory_delete(p_tenant bigint, p_ids bigint[])
     RETURNS TABLE (id bigint, seq bigint)
     LANGUAGE plpgsql AS $$
 DECLARE
     v_ids bigint[];
     v_n bigint;
+    v_live bigint;
     v_last bigint;
 BEGIN
     PERFORM engram_next_seq(p_tenant, 0);  -- take the tenant row's lock first
     WITH d AS (
         DELETE FROM memories m WHERE m.tenant_id = p_tenant AND m.id = ANY (p_ids)
-        RETURNING m.id
+        RETURNING m.id, m.archived_at IS NULL AS live
     )
-    SELECT array_agg(d.id ORDER BY d.id) INTO v_ids FROM d;
+    SELECT array_agg(d.id ORDER BY d.id), count(*) FILTER (WHERE d.live) INTO v_ids, v_live
+    FROM d;
     v_n := COALESCE(cardinality(v_ids), 0);
     IF v_n = 0 THEN
         RETURN;
     END IF;
     v_last := engram_next_seq(p_tenant, v_n);
-    UPDATE tenants SET memory_count = memory_count - v_n WHERE tenants.id = p_tenant;
+    UPDATE tenants SET memory_count = memory_count - v_live WHERE tenants.id = p_tenant;
     INSERT INTO memory_changes
         SELECT p_tenant, v_last - v_n + o.n, o.id, 'd' FROM unnest(v_ids) WITH ORDINALITY AS o (id, n);
     PERFORM pg_notify('engram_changes', p_tenant || ':' || v_last);

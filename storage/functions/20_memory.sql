@@ -90,22 +90,39 @@ END $$;
 
 -- engram_memory_set_archived: archives (p_archive) or restores the tenant's memories among
 -- p_ids, with a version row and one block of change numbers per call; returns the changed
--- memories' new state.
+-- memories' new state. Archived memories do not count against the tier's memory limit
+-- (p_limits: free, standard, premium; 0 unlimited): an archive gives its memories' places
+-- back, and a restore that would pass the limit is refused whole (EG429), checked under the
+-- tenant row's lock like a store.
+DROP FUNCTION IF EXISTS engram_memory_set_archived(bigint, bigint[], boolean, text);
 CREATE OR REPLACE FUNCTION engram_memory_set_archived(p_tenant bigint, p_ids bigint[],
-                                                      p_archive boolean, p_reason text)
+                                                      p_archive boolean, p_reason text,
+                                                      p_limits bigint[])
     RETURNS SETOF engram_memory_meta
     LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     m memories;
     v_n bigint;
+    v_done bigint := 0;
     v_seq bigint;
+    v_count bigint;
+    v_max bigint;
 BEGIN
     PERFORM engram_next_seq(p_tenant, 0);
     SELECT count(*) INTO v_n FROM memories
     WHERE tenant_id = p_tenant AND id = ANY (p_ids) AND (archived_at IS NULL) = p_archive;
     IF v_n = 0 THEN
         RETURN;
+    END IF;
+    IF NOT p_archive THEN
+        SELECT t.memory_count, engram_tier_limit(p_limits, t.tier) INTO v_count, v_max
+            FROM tenants t WHERE t.id = p_tenant;
+        IF v_max IS NOT NULL AND v_count + v_n > v_max THEN
+            RAISE EXCEPTION 'memory limit reached'
+                USING ERRCODE = 'EG429',
+                      DETAIL = format('limit=%s usage=%s requested=%s', v_max, v_count, v_n);
+        END IF;
     END IF;
     v_seq := engram_next_seq(p_tenant, v_n) - v_n;
     FOR m IN SELECT * FROM memories
@@ -115,6 +132,7 @@ BEGIN
         PERFORM engram_keep_version(m, CASE WHEN p_archive THEN 'archive' ELSE 'restore' END,
                                     jsonb_build_object('reason', p_reason));
         v_seq := v_seq + 1;
+        v_done := v_done + 1;
         UPDATE memories SET
             archived_at = CASE WHEN p_archive THEN date_trunc('milliseconds', now()) END,
             archived_reason = CASE WHEN p_archive THEN p_reason END,
@@ -128,9 +146,12 @@ BEGIN
         INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
         RETURN NEXT engram_meta_of(m);
     END LOOP;
+    UPDATE tenants SET memory_count = memory_count + CASE WHEN p_archive THEN -v_done
+                                                          ELSE v_done END
+        WHERE tenants.id = p_tenant;
     PERFORM pg_notify('engram_changes', p_tenant || ':' || v_seq);
 END $$;
-ALTER FUNCTION engram_memory_set_archived(bigint, bigint[], boolean, text)
+ALTER FUNCTION engram_memory_set_archived(bigint, bigint[], boolean, text, bigint[])
     SET plan_cache_mode = force_generic_plan;
 
 -- engram_purge_expired: deletes up to p_limit expired memories (with change records, so

@@ -52,10 +52,13 @@ CREATE OR REPLACE FUNCTION engram_query_count(p_tenants bigint[], p_counts bigin
     ON CONFLICT (tenant_id, day) DO UPDATE SET queries = u.queries + EXCLUDED.queries
 $$;
 
--- engram_tenant_usage: what tenant.usage reports (run with the tenant set).
+-- engram_tenant_usage: what tenant.usage reports (run with the tenant set). memories: the
+-- live ones, which count against the tier's limit (tenants.memory_count); archived: the
+-- archived ones (kept, restorable, not counted against it).
+DROP FUNCTION IF EXISTS engram_tenant_usage(bigint);
 CREATE OR REPLACE FUNCTION engram_tenant_usage(p_tenant bigint)
     RETURNS TABLE (tier text, memories bigint, queries_today bigint, storage_bytes bigint,
-                   resets_ms bigint)
+                   resets_ms bigint, archived bigint)
     LANGUAGE sql STABLE AS $$
     SELECT t.tier, t.memory_count,
            COALESCE((SELECT u.queries FROM tenant_usage u WHERE u.tenant_id = t.id
@@ -63,7 +66,8 @@ CREATE OR REPLACE FUNCTION engram_tenant_usage(p_tenant bigint)
            COALESCE((SELECT sum(pg_column_size(m.*)) FROM memories m WHERE m.tenant_id = t.id), 0)
            + COALESCE((SELECT sum(pg_column_size(e.*)) FROM session_entries e
                        WHERE e.tenant_id = t.id), 0),
-           engram_ms((((now() AT TIME ZONE 'UTC')::date + 1)::timestamp) AT TIME ZONE 'UTC')
+           engram_ms((((now() AT TIME ZONE 'UTC')::date + 1)::timestamp) AT TIME ZONE 'UTC'),
+           (SELECT count(*) FROM memories m WHERE m.tenant_id = t.id AND m.archived_at IS NOT NULL)
     FROM tenants t WHERE t.id = p_tenant
 $$;
 

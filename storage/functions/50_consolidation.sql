@@ -174,10 +174,11 @@ BEGIN
         INSERT INTO memory_changes VALUES (p_tenant, v_seq, m.id, 'u');
         v_archived := v_archived + 1;
     END LOOP;
-    IF v_seq < v_first + v_total - 1 THEN
-        UPDATE tenants SET change_seq = change_seq - (v_first + v_total - 1 - v_seq)
-        WHERE id = p_tenant;
-    END IF;
+    -- change numbers the step did not use go back; the memories it archived stop counting
+    -- against the tier's memory limit (tenants.memory_count counts live memories)
+    UPDATE tenants SET change_seq = change_seq - (v_first + v_total - 1 - v_seq),
+                       memory_count = memory_count - (v_merged + v_superseded + v_archived)
+    WHERE id = p_tenant;
     IF v_seq >= v_first THEN
         PERFORM pg_notify('engram_changes', p_tenant || ':' || v_seq);
     END IF;
@@ -191,38 +192,26 @@ ALTER FUNCTION engram_consolidate_apply(bigint, bigint[], bigint[], bigint[], te
     bigint[], bigint[], bigint[], bigint[], bigint[], bigint[], double precision[])
     SET plan_cache_mode = force_generic_plan;
 
--- engram_consolidate_finish: a run's last step: re-ranks (stores the composite importance of
--- every live memory as of p_as_of_ms, weights p_w, counting pending accesses as search does;
--- p_w[6], when given, is the usefulness weight, see engram_composite_u)
--- and records the run with its counts. Stored composites are not changes to index
--- structure: no change numbers, no lock.
+-- engram_consolidate_finish: a run's last step: records the run with its counts (p_rescored:
+-- the memories the run ranked by their composite importance to decide prunes). The
+-- composite is not stored: every read computes it as of the request (memory.list
+-- order_by composite, min_composite, search), so a stored copy would only go stale.
+DROP FUNCTION IF EXISTS engram_consolidate_finish(bigint, text, bigint, bigint, double precision[],
+                                                  jsonb, integer, integer, integer, integer);
 CREATE OR REPLACE FUNCTION engram_consolidate_finish(
-        p_tenant bigint, p_trigger text, p_started_ms bigint, p_as_of_ms bigint,
-        p_w double precision[], p_settings jsonb, p_merged integer, p_superseded integer,
-        p_archived integer, p_skipped integer)
+        p_tenant bigint, p_trigger text, p_started_ms bigint, p_merged integer,
+        p_superseded integer, p_rescored integer, p_archived integer, p_skipped integer,
+        p_settings jsonb)
     RETURNS TABLE (run_id bigint, rescored integer)
     LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
-    UPDATE memories x SET
-        composite = engram_composite_u(
-                        engram_composite(x.created_at,
-                                         x.access_count + COALESCE((SELECT a.access_count
-                                                                    FROM memory_access a
-                                                                    WHERE a.tenant_id = x.tenant_id
-                                                                      AND a.id = x.id), 0),
-                                         x.importance, engram_ts(p_as_of_ms), p_w[1], p_w[2],
-                                         p_w[3], p_w[4], p_w[5]),
-                        x.cited_count, x.injected_count, p_w[6]),
-        composite_at = engram_ts(p_as_of_ms)
-    WHERE x.tenant_id = p_tenant AND x.archived_at IS NULL
-      AND (x.expires_at IS NULL OR x.expires_at > now());
-    GET DIAGNOSTICS rescored = ROW_COUNT;
     INSERT INTO consolidation_runs (tenant_id, trigger, status, started_at, finished_at, merged,
                                     superseded, rescored, archived, skipped, settings)
         VALUES (p_tenant, p_trigger, 'completed', engram_ts(p_started_ms), clock_timestamp(),
-                p_merged, p_superseded, rescored, p_archived, p_skipped, p_settings)
+                p_merged, p_superseded, p_rescored, p_archived, p_skipped, p_settings)
         RETURNING consolidation_runs.id INTO run_id;
+    rescored := p_rescored;
     RETURN NEXT;
 END $$;
 

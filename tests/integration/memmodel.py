@@ -18,6 +18,11 @@ def now_ms():
     return int(time.time() * 1000)
 
 
+def f32(x):
+    """x rounded to float32, as the index holds importance."""
+    return float(np.float32(x))
+
+
 def composite(created_ms, access_count, importance, at_ms):
     age_days = max(at_ms - created_ms, 0) / DAY_MS
     return (W_RECENCY * math.exp(-age_days / RECENCY_DAYS)
@@ -86,8 +91,10 @@ def passes(m, flt, at_ms):
         return False
     if "attrs" in flt and not contains(m.attrs, flt["attrs"]):
         return False
-    if "min_importance" in flt and composite(m.created_at, m.access_count, m.importance,
-                                             at_ms) < flt["min_importance"]:
+    if "min_importance" in flt and f32(m.importance) < f32(flt["min_importance"]):
+        return False  # the author's importance (compared in float32, as the index holds it)
+    if "min_composite" in flt and composite(m.created_at, m.access_count, m.importance,
+                                            at_ms) < flt["min_composite"]:
         return False
     return True
 

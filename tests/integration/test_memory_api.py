@@ -306,7 +306,7 @@ def test_list_by_composite_counts_pending_accesses():
             got = [m["id"] for m in c.call("memory.list", order_by="composite")["memories"]]
             # equal but for the accesses: the accessed memory ranks first, the others by id
             assert got == [ids[0], ids[2], ids[1]]
-            r = c.call("memory.list", order_by="composite", min_importance=
+            r = c.call("memory.list", order_by="composite", min_composite=
                        composite(t0, 4, 0.5, now_ms()) - 0.01)["memories"]
             assert [m["id"] for m in r] == [ids[0]]
         srv.stop()

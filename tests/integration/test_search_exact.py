@@ -67,7 +67,9 @@ def random_filter(rng, t0):
     if rng.random() < 0.25:
         flt["scopes"] = rng.sample(["agent", "clade", "tenant"], rng.randrange(1, 3))
     if rng.random() < 0.2:
-        flt["min_importance"] = round(rng.uniform(0.2, 0.6), 2)
+        flt["min_composite"] = round(rng.uniform(0.2, 0.6), 2)
+    if rng.random() < 0.15:
+        flt["min_importance"] = round(rng.uniform(0.1, 0.8), 2)
     return flt
 
 

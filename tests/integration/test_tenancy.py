@@ -227,7 +227,7 @@ def test_unlimited_tiers_are_counted_for_usage(srv):
             "query counts never written"
         u = c.call("tenant.usage")
         assert u["queries"]["today"] == 7 and u["queries"]["limit"] is None
-        assert u["memories"] == {"stored": 1, "limit": 50000}
+        assert u["memories"] == {"stored": 1, "archived": 0, "limit": 50000}
         assert u["storage_bytes"] > 0 and u["rate"]["per_second"] > 0
 
 

@@ -158,7 +158,8 @@ static void test_defaults(void)
     CHECK(f.type_mask == (1u << MEM_TYPE_COUNT) - 1);
     CHECK(f.scope_mask == (1u << SCOPE_COUNT) - 1);
     CHECK(f.created_after == INT64_MIN && f.created_before == INT64_MAX);
-    CHECK(!f.include_archived && !f.has_agent && !f.has_clade && !f.has_min && !f.has_strategy);
+    CHECK(!f.include_archived && !f.has_agent && !f.has_clade && !f.has_min_importance &&
+          !f.has_min_composite && !f.has_strategy);
     CHECK(f.ntokens == 0 && f.nchains == 0 && f.nprotocols == 0 && f.attrs_json == NULL);
     CHECK(f.sp == &srv.score);
     /* nil is the same as absent */
@@ -498,13 +499,40 @@ static void test_tag_forms_agree(void)
     CHECK(mf_tags_from_json("", 0, &none, &nn) == -EINVAL);
 }
 
+/* min_importance: the author's importance as stored, whatever the age and reads (seed 003's
+ * MemorySearchRequest) */
 static void test_min_importance(void)
 {
     req r;
     doc d;
     mem_filter f;
     CHECK(parse(&r, &d, "{\"min_importance\":0.5}", &f) == 0);
-    CHECK(f.has_min && f.min_composite == 0.5);
+    CHECK(f.has_min_importance && f.min_importance == 0.5 && !f.has_min_composite);
+    mem_meta m = base_meta();
+    m.created_ms = NOW - 300 * DAY_MS; /* old and never read: a low composite */
+    m.importance = 0.5f;               /* the bound is inclusive */
+    CHECK(mf_keep(&f, 1, &m));
+    m.importance = 0.49f;
+    m.created_ms = NOW;
+    m.access_count = 100; /* a high composite does not help */
+    CHECK(!mf_keep(&f, 1, &m));
+    const char *vals[SQL_FILTER_NPARAMS];
+    CHECK(mf_sql_params(&r, &f, vals) == 0);
+    CHECK(vals[15] && strtod(vals[15], NULL) == 0.5 && vals[12] == NULL);
+    req_release(&r);
+    doc_free(&d);
+    CHECK(parse(&r, &d, "{\"min_importance\":1.5}", &f) == -2); /* 0..1 */
+    req_release(&r);
+    doc_free(&d);
+}
+
+static void test_min_composite(void)
+{
+    req r;
+    doc d;
+    mem_filter f;
+    CHECK(parse(&r, &d, "{\"min_composite\":0.5}", &f) == 0);
+    CHECK(f.has_min_composite && f.min_composite == 0.5 && !f.has_min_importance);
     /* created now, never read: composite = 0.3 + 0.4 * importance */
     mem_meta m = base_meta();
     m.created_ms = NOW;
@@ -520,10 +548,10 @@ static void test_min_importance(void)
     CHECK(!mf_keep(&f, 1, &m));
     const char *vals[SQL_FILTER_NPARAMS];
     CHECK(mf_sql_params(&r, &f, vals) == 0);
-    CHECK(vals[12] && strtod(vals[12], NULL) == 0.5);
+    CHECK(vals[12] && strtod(vals[12], NULL) == 0.5 && vals[15] == NULL);
     req_release(&r);
     doc_free(&d);
-    CHECK(parse(&r, &d, "{\"min_importance\":1.5}", &f) == -2); /* 0..1 */
+    CHECK(parse(&r, &d, "{\"min_composite\":1.5}", &f) == -2); /* 0..1 */
     req_release(&r);
     doc_free(&d);
 }
@@ -607,6 +635,7 @@ static void test_sql_params(void)
     CHECK(vals[0] == NULL && vals[2] == NULL && vals[3] == NULL && vals[4] == NULL);
     CHECK(vals[5] == NULL && vals[6] == NULL && vals[7] == NULL && vals[8] == NULL);
     CHECK(vals[9] == NULL && vals[10] == NULL && vals[11] == NULL && vals[12] == NULL);
+    CHECK(vals[15] == NULL);
     CHECK(strcmp(vals[1], "false") == 0);
     CHECK(strcmp(vals[13], "1700000000000") == 0); /* as of the filter's time */
     /* the score weights, in the order PostgreSQL's engram_composite takes them, then the
@@ -696,6 +725,7 @@ int main(void)
     test_tag_sql();
     test_tag_forms_agree();
     test_min_importance();
+    test_min_composite();
     test_attrs();
     test_sql_params();
     test_check_metadata();

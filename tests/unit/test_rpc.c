@@ -1591,6 +1591,78 @@ static void test_encode(void)
     pk_fini(&p);
 }
 
+/* RPC_P_ALIAS: another name of the parameter before it (seed 003's memory_type for type) */
+static void test_bind_alias(void)
+{
+    static const rpc_param sch[] = {
+        {"content", RPC_T_STR, RPC_P_REQUIRED, 0, 0},
+        {"type", RPC_T_STR, RPC_P_REQUIRED, 0, 0},
+        {"memory_type", RPC_T_STR, RPC_P_NULLABLE | RPC_P_ALIAS, 0, 0},
+        {"kind", RPC_T_STR, RPC_P_NULLABLE | RPC_P_ALIAS, 0, 0},
+        {"top_k", RPC_T_UINT, 0, 0, 0},
+    };
+    const msgpack_object *out[5];
+    char err[256];
+    struct {
+        const char *keys[3], *vals[3];
+        int rc;
+        const char *type, *msg;
+    } cases[] = {
+        {{"content", "type"}, {"c", "fact"}, 0, "fact", NULL},
+        {{"content", "memory_type"}, {"c", "fact"}, 0, "fact", NULL},
+        {{"memory_type", "content"}, {"episode", "c"}, 0, "episode", NULL},
+        {{"content", "kind"}, {"c", "fact"}, 0, "fact", NULL},
+        {{"type", "memory_type", "content"}, {"fact", "fact", "c"}, 0, "fact", NULL},
+        {{"content", "memory_type", "kind"}, {"c", "fact", "fact"}, 0, "fact", NULL},
+        {{"type", "memory_type", "content"},
+         {"fact", "episode", "c"},
+         RPC_E_INVALID,
+         NULL,
+         "parameters 'type' and 'memory_type' name the same parameter and differ"},
+        {{"memory_type", "type", "content"},
+         {"fact", "episode", "c"},
+         RPC_E_INVALID,
+         NULL,
+         "parameters 'memory_type' and 'type' name the same parameter and differ"},
+        {{"content", "kind", "memory_type"},
+         {"c", "fact", "episode"},
+         RPC_E_INVALID,
+         NULL,
+         "parameters 'kind' and 'memory_type' name the same parameter and differ"},
+        {{"content"}, {"c"}, RPC_E_INVALID, NULL, "missing required parameter 'type'"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        obj x;
+        int n = 0;
+        while (n < 3 && cases[k].keys[n])
+            n++;
+        pk_init(&x.p);
+        msgpack_pack_map(&x.p.pk, (uint32_t)n);
+        for (int i = 0; i < n; i++)
+            rpc_pack_kv_str(&x.p.pk, cases[k].keys[i], cases[k].vals[i]);
+        obj_unpack(&x);
+        int rc = rpc_bind_params(&x.o, sch, 5, out, err, sizeof(err));
+        CHECK_MSG(rc == cases[k].rc, "case %zu: %d %s", k, rc, rc ? err : "");
+        if (rc == 0) {
+            CHECK(rpc_str_eq(out[1], cases[k].type));
+            CHECK(out[2] == NULL && out[3] == NULL); /* aliases bind to type */
+        } else {
+            CHECK_STR_CONTAINS(err, cases[k].msg);
+        }
+        obj_fini(&x);
+    }
+    /* a nil alias is absent, not a second value */
+    obj x;
+    pk_init(&x.p);
+    msgpack_pack_map(&x.p.pk, 3);
+    rpc_pack_kv_str(&x.p.pk, "content", "c");
+    rpc_pack_kv_str(&x.p.pk, "type", "fact");
+    rpc_pack_kv_nil(&x.p.pk, "memory_type");
+    obj_unpack(&x);
+    CHECK(rpc_bind_params(&x.o, sch, 5, out, err, sizeof(err)) == 0 && rpc_str_eq(out[1], "fact"));
+    obj_fini(&x);
+}
+
 int main(void)
 {
     test_basics();
@@ -1601,6 +1673,7 @@ int main(void)
     test_decode();
     test_bind_types();
     test_bind_map();
+    test_bind_alias();
     test_getters();
     test_check_value();
     test_encode();

@@ -255,11 +255,11 @@ export const TOOLS: Tool[] = [
     annotations: { readOnlyHint: false, destructiveHint: true, idempotentHint: true, openWorldHint: false },
     async run(a, ctx) {
       const ids = ints(a, "ids");
-      const r = await ctx.client.memory.delete({ ids });
-      const gone = new Set(r.deleted.map(String));
+      const deleted = (await ctx.client.memory.delete({ ids })).deleted ?? [];
+      const gone = new Set(deleted.map(String));
       const missing = ids.filter((i) => !gone.has(String(i)));
-      return `Deleted ${r.deleted.length} memor${r.deleted.length === 1 ? "y" : "ies"}` +
-        (r.deleted.length ? ` (${r.deleted.join(", ")})` : "") +
+      return `Deleted ${deleted.length} memor${deleted.length === 1 ? "y" : "ies"}` +
+        (deleted.length ? ` (${deleted.join(", ")})` : "") +
         (missing.length ? `; not found: ${missing.join(", ")}` : "") + ".";
     },
   },

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         ListOrderBy,
         ListResult,
         MemoriesResult,
+        MemoryFilter,
         MemoryInput,
         MemoryType,
         MessagesResult,
@@ -100,15 +101,15 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "memory.archive": ("ids", "reason", ),
     "memory.consolidate": (),
     "memory.consolidation.runs": ("limit", "cursor", ),
-    "memory.context": ("type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens", "format", "order", ),
-    "memory.delete": ("ids", ),
+    "memory.context": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens", "format", "order", ),
+    "memory.delete": ("ids", "filter", "dry_run", "all", ),
     "memory.feedback": ("cited", "injected", ),
     "memory.get": ("ids", ),
     "memory.history": ("id", ),
-    "memory.list": ("type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding", ),
+    "memory.list": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding", ),
     "memory.provenance": ("response", "injected", ),
     "memory.restore": ("ids", ),
-    "memory.search": ("type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", ),
+    "memory.search": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", ),
     "memory.stats": (),
     "memory.store": ("content", "type", "importance", "metadata", "embedding", "agent_id", "clade_id", "scope", "created_at", "expires_at", "ttl_seconds", "pinned", "updated_at", "last_accessed_at", "access_count", "idempotency_key", ),
     "memory.store_batch": ("memories", "idempotency_key", ),
@@ -294,6 +295,7 @@ class SyncMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -318,6 +320,7 @@ class SyncMemory:
         return cast("ContextResult", self._r._call("memory.context", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -339,9 +342,21 @@ class SyncMemory:
             "order": order,
         }))
 
-    def delete(self, ids: Sequence[int]) -> DeleteResult:
-        """Deletes memories with their history. (``memory.delete``)"""
-        return cast("DeleteResult", self._r._call("memory.delete", {"ids": ids}))
+    def delete(
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        filter: MemoryFilter | None = None,
+        dry_run: bool | None = None,
+        all: bool | None = None,
+    ) -> DeleteResult:
+        """Deletes memories with their history: by ids, or all that pass a filter (with a dry-run count). (``memory.delete``)"""
+        return cast("DeleteResult", self._r._call("memory.delete", {
+            "ids": ids,
+            "filter": filter,
+            "dry_run": dry_run,
+            "all": all,
+        }))
 
     def feedback(
         self,
@@ -368,6 +383,7 @@ class SyncMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -389,6 +405,7 @@ class SyncMemory:
         return cast("ListResult", self._r._call("memory.list", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -423,6 +440,7 @@ class SyncMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -444,6 +462,7 @@ class SyncMemory:
         return cast("SearchResult", self._r._call("memory.search", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -1140,6 +1159,7 @@ class AsyncMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -1164,6 +1184,7 @@ class AsyncMemory:
         return cast("ContextResult", await self._r._acall("memory.context", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -1185,9 +1206,21 @@ class AsyncMemory:
             "order": order,
         }))
 
-    async def delete(self, ids: Sequence[int]) -> DeleteResult:
-        """Deletes memories with their history. (``memory.delete``)"""
-        return cast("DeleteResult", await self._r._acall("memory.delete", {"ids": ids}))
+    async def delete(
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        filter: MemoryFilter | None = None,
+        dry_run: bool | None = None,
+        all: bool | None = None,
+    ) -> DeleteResult:
+        """Deletes memories with their history: by ids, or all that pass a filter (with a dry-run count). (``memory.delete``)"""
+        return cast("DeleteResult", await self._r._acall("memory.delete", {
+            "ids": ids,
+            "filter": filter,
+            "dry_run": dry_run,
+            "all": all,
+        }))
 
     async def feedback(
         self,
@@ -1214,6 +1247,7 @@ class AsyncMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -1235,6 +1269,7 @@ class AsyncMemory:
         return cast("ListResult", await self._r._acall("memory.list", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -1269,6 +1304,7 @@ class AsyncMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -1290,6 +1326,7 @@ class AsyncMemory:
         return cast("SearchResult", await self._r._acall("memory.search", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -2007,6 +2044,7 @@ class FutureMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -2031,6 +2069,7 @@ class FutureMemory:
         return cast("Future[ContextResult]", self._r._submit("memory.context", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -2052,9 +2091,21 @@ class FutureMemory:
             "order": order,
         }))
 
-    def delete(self, ids: Sequence[int]) -> Future[DeleteResult]:
-        """Deletes memories with their history. (``memory.delete``)"""
-        return cast("Future[DeleteResult]", self._r._submit("memory.delete", {"ids": ids}))
+    def delete(
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        filter: MemoryFilter | None = None,
+        dry_run: bool | None = None,
+        all: bool | None = None,
+    ) -> Future[DeleteResult]:
+        """Deletes memories with their history: by ids, or all that pass a filter (with a dry-run count). (``memory.delete``)"""
+        return cast("Future[DeleteResult]", self._r._submit("memory.delete", {
+            "ids": ids,
+            "filter": filter,
+            "dry_run": dry_run,
+            "all": all,
+        }))
 
     def feedback(
         self,
@@ -2081,6 +2132,7 @@ class FutureMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -2102,6 +2154,7 @@ class FutureMemory:
         return cast("Future[ListResult]", self._r._submit("memory.list", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,
@@ -2136,6 +2189,7 @@ class FutureMemory:
         *,
         type_filter: Sequence[MemoryType] | None = None,
         min_importance: float | None = None,
+        min_composite: float | None = None,
         tokens: Sequence[str] | None = None,
         chains: Sequence[int] | None = None,
         protocols: Sequence[str] | None = None,
@@ -2157,6 +2211,7 @@ class FutureMemory:
         return cast("Future[SearchResult]", self._r._submit("memory.search", {
             "type_filter": type_filter,
             "min_importance": min_importance,
+            "min_composite": min_composite,
             "tokens": tokens,
             "chains": chains,
             "protocols": protocols,

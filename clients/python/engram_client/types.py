@@ -47,6 +47,7 @@ class MemoryInput(TypedDict, total=False):
     """One item of ``memory.store_batch``: the parameters of ``memory.store``."""
     content: str
     type: MemoryType
+    memory_type: MemoryType  # seed 003's name of ``type`` (an alias)
     importance: float
     metadata: Metadata
     embedding: Embedding
@@ -60,6 +61,25 @@ class MemoryInput(TypedDict, total=False):
     updated_at: int
     last_accessed_at: int
     access_count: int
+
+
+class MemoryFilter(TypedDict, total=False):
+    """The ``filter`` of ``memory.delete``: the search filters (docs/protocol.md, Filters),
+    with ``agent_id``/``clade_id`` meaning the memories stored with them."""
+    type_filter: Sequence[MemoryType]
+    min_importance: float
+    min_composite: float
+    tokens: Sequence[str]
+    chains: Sequence[int]
+    protocols: Sequence[str]
+    strategy_id: str
+    attrs: dict[str, Any]
+    created_after: int
+    created_before: int
+    scopes: Sequence[Scope]
+    agent_id: int
+    clade_id: int
+    include_archived: bool
 
 
 class EmbeddingConfig(TypedDict, total=False):
@@ -170,8 +190,12 @@ class UpdateResult(TypedDict):
     updated_at: int
 
 
-class DeleteResult(TypedDict):
+class DeleteResult(TypedDict, total=False):
+    """``memory.delete``: ``deleted`` (the ids) by ``ids``; ``count`` and ``dry_run`` by
+    ``filter``."""
     deleted: list[int]
+    count: int
+    dry_run: bool
 
 
 class ArchiveResult(TypedDict):

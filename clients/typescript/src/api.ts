@@ -18,6 +18,7 @@ import type {
   ListOrderBy,
   ListResult,
   MemoriesResult,
+  MemoryFilter,
   MemoryInput,
   MemoryType,
   MessagesResult,
@@ -64,15 +65,15 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "memory.archive": { params: ["ids", "reason"], required: ["ids"], flags: ["tenant", "write"] },
   "memory.consolidate": { params: [], required: [], flags: ["tenant", "write"] },
   "memory.consolidation.runs": { params: ["limit", "cursor"], required: [], flags: ["tenant"] },
-  "memory.context": { params: ["type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens", "format", "order"], required: [], flags: ["tenant", "query"] },
-  "memory.delete": { params: ["ids"], required: ["ids"], flags: ["tenant", "write"] },
+  "memory.context": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens", "format", "order"], required: [], flags: ["tenant", "query"] },
+  "memory.delete": { params: ["ids", "filter", "dry_run", "all"], required: [], flags: ["tenant", "write"] },
   "memory.feedback": { params: ["cited", "injected"], required: [], flags: ["tenant", "write"] },
   "memory.get": { params: ["ids"], required: ["ids"], flags: ["tenant"] },
   "memory.history": { params: ["id"], required: ["id"], flags: ["tenant"] },
-  "memory.list": { params: ["type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding"], required: [], flags: ["tenant"] },
+  "memory.list": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding"], required: [], flags: ["tenant"] },
   "memory.provenance": { params: ["response", "injected"], required: ["response", "injected"], flags: ["tenant", "query", "write"] },
   "memory.restore": { params: ["ids"], required: ["ids"], flags: ["tenant", "write"] },
-  "memory.search": { params: ["type_filter", "min_importance", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight"], required: [], flags: ["tenant", "query"] },
+  "memory.search": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight"], required: [], flags: ["tenant", "query"] },
   "memory.stats": { params: [], required: [], flags: ["tenant"] },
   "memory.store": { params: ["content", "type", "importance", "metadata", "embedding", "agent_id", "clade_id", "scope", "created_at", "expires_at", "ttl_seconds", "pinned", "updated_at", "last_accessed_at", "access_count", "idempotency_key"], required: ["content", "type", "importance"], flags: ["tenant", "write"] },
   "memory.store_batch": { params: ["memories", "idempotency_key"], required: ["memories"], flags: ["tenant", "write"] },
@@ -182,6 +183,7 @@ export interface MemoryConsolidationRunsParams {
 export interface MemoryContextParams {
   type_filter?: MemoryType[];
   min_importance?: number;
+  min_composite?: number;
   tokens?: string[];
   chains?: Id[];
   protocols?: string[];
@@ -205,7 +207,10 @@ export interface MemoryContextParams {
 
 /** Parameters of `memory.delete`. */
 export interface MemoryDeleteParams {
-  ids: Id[];
+  ids?: Id[];
+  filter?: MemoryFilter;
+  dry_run?: boolean;
+  all?: boolean;
 }
 
 /** Parameters of `memory.feedback`. */
@@ -228,6 +233,7 @@ export interface MemoryHistoryParams {
 export interface MemoryListParams {
   type_filter?: MemoryType[];
   min_importance?: number;
+  min_composite?: number;
   tokens?: string[];
   chains?: Id[];
   protocols?: string[];
@@ -261,6 +267,7 @@ export interface MemoryRestoreParams {
 export interface MemorySearchParams {
   type_filter?: MemoryType[];
   min_importance?: number;
+  min_composite?: number;
   tokens?: string[];
   chains?: Id[];
   protocols?: string[];
@@ -614,8 +621,8 @@ export class ApiMemory {
   context(params: MemoryContextParams = {}, options?: CallOptions): Promise<ContextResult> {
     return this._caller.call("memory.context", params as unknown as Record<string, unknown>, options) as Promise<ContextResult>;
   }
-  /** Deletes memories with their history. (`memory.delete`) */
-  delete(params: MemoryDeleteParams, options?: CallOptions): Promise<DeleteResult> {
+  /** Deletes memories with their history: by ids, or all that pass a filter (with a dry-run count). (`memory.delete`) */
+  delete(params: MemoryDeleteParams = {}, options?: CallOptions): Promise<DeleteResult> {
     return this._caller.call("memory.delete", params as unknown as Record<string, unknown>, options) as Promise<DeleteResult>;
   }
   /** Records which injected memories an answer cited (provenance feedback). (`memory.feedback`) */

@@ -60,6 +60,8 @@ export interface Metadata {
 export interface MemoryInput {
   content: string;
   type: MemoryType;
+  /** seed 003's name of `type` (an alias) */
+  memory_type?: MemoryType;
   importance: number;
   metadata?: Metadata;
   embedding?: EmbeddingInput;
@@ -73,6 +75,25 @@ export interface MemoryInput {
   updated_at?: number;
   last_accessed_at?: number;
   access_count?: number;
+}
+
+/** The `filter` of `memory.delete`: the search filters, with `agent_id`/`clade_id` meaning
+ * the memories stored with them. */
+export interface MemoryFilter {
+  type_filter?: MemoryType[];
+  min_importance?: number;
+  min_composite?: number;
+  tokens?: string[];
+  chains?: Id[];
+  protocols?: string[];
+  strategy_id?: string;
+  attrs?: Record<string, unknown>;
+  created_after?: number;
+  created_before?: number;
+  scopes?: Scope[];
+  agent_id?: Id;
+  clade_id?: Id;
+  include_archived?: boolean;
 }
 
 export interface EmbeddingConfig {
@@ -149,7 +170,8 @@ export interface SearchResultItem { source: string; title: string; content: stri
 /** `text` with format "xml" (the default), `items` with format "search_results". */
 export interface ContextResult { text?: string; items?: SearchResultItem[]; ids: Id[]; tokens_used: number }
 export interface UpdateResult { id: Id; version: number; updated_at: number }
-export interface DeleteResult { deleted: Id[] }
+/** `memory.delete`: `deleted` (the ids) by `ids`; `count` and `dry_run` by `filter`. */
+export interface DeleteResult { deleted?: Id[]; count?: number; dry_run?: boolean }
 export interface ArchiveResult { archived: Id[] }
 export interface RestoreResult { restored: Id[] }
 export interface HistoryResult { id: Id; versions: Record<string, unknown>[] }

@@ -514,7 +514,7 @@ static void usage_done(req *r, const db_result *res)
     int tier = tier_parse(tiername, strlen(tiername));
     const tier_limits *tl = &req_server(r)->tiers[tier < 0 ? 0 : tier];
     msgpack_packer *pk = req_result(r);
-    msgpack_pack_map(pk, 6);
+    msgpack_pack_map(pk, 7);
     rpc_pack_kv_int(pk, "tenant_id", req_auth(r)->tenant_id);
     rpc_pack_kv_str(pk, "tier", tiername);
     rpc_pack_cstr(pk, "memories");
@@ -533,6 +533,17 @@ static void usage_done(req *r, const db_result *res)
     else
         rpc_pack_kv_nil(pk, "limit");
     rpc_pack_kv_int(pk, "resets_at", memrow_i64(pr, 0, 4, 0));
+    rpc_pack_cstr(pk, "sessions");
+    msgpack_pack_map(pk, 3);
+    rpc_pack_kv_int(pk, "live", memrow_i64(pr, 0, 6, 0)); /* what the cap counts */
+    if (tl->max_live_sessions)
+        rpc_pack_kv_int(pk, "limit", tl->max_live_sessions);
+    else
+        rpc_pack_kv_nil(pk, "limit");
+    if (tl->session_retention_days)
+        rpc_pack_kv_int(pk, "retention_days", tl->session_retention_days);
+    else
+        rpc_pack_kv_nil(pk, "retention_days");
     rpc_pack_kv_int(pk, "storage_bytes", memrow_i64(pr, 0, 3, 0));
     rpc_pack_cstr(pk, "rate");
     msgpack_pack_map(pk, 2);

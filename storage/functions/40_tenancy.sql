@@ -56,9 +56,10 @@ $$;
 -- live ones, which count against the tier's limit (tenants.memory_count); archived: the
 -- archived ones (kept, restorable, not counted against it).
 DROP FUNCTION IF EXISTS engram_tenant_usage(bigint);
+DROP FUNCTION IF EXISTS engram_tenant_usage(bigint);
 CREATE OR REPLACE FUNCTION engram_tenant_usage(p_tenant bigint)
     RETURNS TABLE (tier text, memories bigint, queries_today bigint, storage_bytes bigint,
-                   resets_ms bigint, archived bigint)
+                   resets_ms bigint, archived bigint, sessions_live bigint)
     LANGUAGE sql STABLE AS $$
     SELECT t.tier, t.memory_count,
            COALESCE((SELECT u.queries FROM tenant_usage u WHERE u.tenant_id = t.id
@@ -67,7 +68,9 @@ CREATE OR REPLACE FUNCTION engram_tenant_usage(p_tenant bigint)
            + COALESCE((SELECT sum(pg_column_size(e.*)) FROM session_entries e
                        WHERE e.tenant_id = t.id), 0),
            engram_ms((((now() AT TIME ZONE 'UTC')::date + 1)::timestamp) AT TIME ZONE 'UTC'),
-           (SELECT count(*) FROM memories m WHERE m.tenant_id = t.id AND m.archived_at IS NOT NULL)
+           (SELECT count(*) FROM memories m WHERE m.tenant_id = t.id AND m.archived_at IS NOT NULL),
+           (SELECT count(*) FROM sessions s
+            WHERE s.tenant_id = t.id AND s.state = 'active' AND s.parent_id IS NULL)
     FROM tenants t WHERE t.id = p_tenant
 $$;
 

@@ -233,6 +233,7 @@ def test_live_session_cap(capped):
     _, key = a.create_tenant(tier="free")
     with a.client(key=key) as c:
         s = [new_session(c) for _ in range(3)]
+        assert c.call("tenant.usage")["sessions"] == {"live": 3, "limit": 3, "retention_days": 30}
         err = c.call_err("session.create", agent_id=1, config={"model": "m"})
         assert err["code"] == "quota_exceeded" and err["limit"] == 3 and err["usage"] == 3
         assert "live sessions" in err["message"]

@@ -41,6 +41,8 @@ def snapshot(c, sid, mem_ids):
         "scratchpad": c.call("session.scratchpad.get", session_id=sid),
         "checkpoints": c.call("session.checkpoints", session_id=sid),
         "children": c.call("session.children", session_id=sid),
+        "work_items": c.call("session.work_item.list", session_id=sid),
+        "audit": c.call("session.audit", session_id=sid, limit=1000),
         "history": [c.call("memory.history", id=i) for i in mem_ids],
     }), sort_keys=True, default=str)
 
@@ -80,6 +82,7 @@ def test_second_tenant_cannot_reach_the_first(server):
         a.call("session.scratchpad.update", session_id=sid, content=MARK)
         cp = a.call("session.checkpoint", session_id=sid, label="cp")["checkpoint_id"]
         child = a.call("session.spawn", parent_id=sid, task=MARK, return_format="summary")["session_id"]
+        work = a.call("session.work_item.add", session_id=sid, title=MARK)["work_item_id"]
         before = snapshot(a, sid, mem_ids)
     assert min(mem_ids + [sid, entry, cp, child]) > PAD
 
@@ -90,6 +93,7 @@ def test_second_tenant_cannot_reach_the_first(server):
         ("memory.update", "content"): "overwritten by B",
         ("session.handoff", "mode"): "continue",
         ("session.append", "tokens"): 3,
+        ("session.work_item.update", "status"): "done",
     }
     by_name = {
         "ids": mem_ids, "id": mem_ids[0], "session_id": sid, "parent_id": sid, "entry_id": entry,
@@ -99,6 +103,8 @@ def test_second_tenant_cannot_reach_the_first(server):
         "agent_id": 1, "config": {"model": "m"}, "role": "user", "label": "probe", "output": "probe",
         "category": "decision", "key": "k", "value": "probe", "summary": "probe",
         "messages_compacted": 1, "task": "probe", "return_format": "summary", "tokens": ["SHARED"],
+        "cited": mem_ids, "injected": mem_ids, "response": "probe", "title": "probe",
+        "work_item_id": work,
     }
     with server.client() as anon:
         methods = [m for m in anon.call("methods") if "tenant" in m["flags"]]

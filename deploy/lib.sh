@@ -18,7 +18,7 @@ ENGRAM_PACKAGES=(
     build-essential g++ pkg-config meson ninja-build cmake dpkg-dev clang-format
     clang libclang-rt-14-dev
     libevent-dev libpq-dev libmsgpack-dev libopenblas-dev libfaiss-dev libsodium-dev
-    libinih-dev libomp-dev libssl-dev openssl postgresql postgresql-contrib
+    libinih-dev libomp-dev libssl-dev libsystemd-dev openssl postgresql postgresql-contrib
     python3 python3-msgpack python3-pytest python3-numpy gnuplot-nox procps iproute2 util-linux
 )
 

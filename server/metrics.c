@@ -35,6 +35,7 @@ static method_stats *stats; /* nmethods + 1: the last is for unknown methods */
 static atomic_long open_conns;
 static atomic_uint_fast64_t refused, malformed, slow_closed, apply_failures;
 static atomic_uint_fast64_t tls_handshake_failures, tls_reloads_ok, tls_reloads_failed;
+static atomic_uint_fast64_t config_reloads_ok, config_reloads_failed;
 static db_slot db_slots[MAX_WORKERS];
 
 int metrics_init(const char *const *names, size_t n)
@@ -92,6 +93,12 @@ void metrics_tls_handshake_failed(void)
 void metrics_tls_reload(bool ok)
 {
     atomic_fetch_add_explicit(ok ? &tls_reloads_ok : &tls_reloads_failed, 1, memory_order_relaxed);
+}
+
+void metrics_config_reload(bool ok)
+{
+    atomic_fetch_add_explicit(ok ? &config_reloads_ok : &config_reloads_failed, 1,
+                              memory_order_relaxed);
 }
 
 void metrics_malformed(void)
@@ -219,6 +226,15 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
                         (unsigned long long)atomic_load(&tls_handshake_failures),
                         (unsigned long long)atomic_load(&tls_reloads_ok),
                         (unsigned long long)atomic_load(&tls_reloads_failed));
+    evbuffer_add_printf(out,
+                        "# HELP engram_config_reloads_total Reloads of the configuration "
+                        "(SIGHUP) by result; a failed one (a file with an error) changes "
+                        "nothing.\n"
+                        "# TYPE engram_config_reloads_total counter\n"
+                        "engram_config_reloads_total{result=\"ok\"} %llu\n"
+                        "engram_config_reloads_total{result=\"failed\"} %llu\n",
+                        (unsigned long long)atomic_load(&config_reloads_ok),
+                        (unsigned long long)atomic_load(&config_reloads_failed));
     unsigned conns = 0, ready = 0;
     size_t queued = 0, inflight = 0;
     uint64_t reconnects = 0, failures = 0;

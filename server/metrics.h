@@ -39,6 +39,8 @@ void metrics_slow_closed(void);
  * files by its outcome. */
 void metrics_tls_handshake_failed(void);
 void metrics_tls_reload(bool ok);
+/* metrics_config_reload counts a reload of the configuration (SIGHUP) by its outcome. */
+void metrics_config_reload(bool ok);
 
 /* metrics_index_apply_failed counts a change an index could not take (it stays unapplied
  * and is read again from the change log). */

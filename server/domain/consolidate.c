@@ -661,9 +661,9 @@ static void scheduled(bg_ctx *ctx, void *arg)
 {
     server *s = arg;
     char err[256], hours[64];
-    snprintf(hours, sizeof(hours), "{%d,%d,%d}", s->tiers[TIER_FREE].consolidation_hours,
-             s->tiers[TIER_STANDARD].consolidation_hours,
-             s->tiers[TIER_PREMIUM].consolidation_hours);
+    const tier_limits *tl = s->tiers; /* one snapshot (a SIGHUP may publish another) */
+    snprintf(hours, sizeof(hours), "{%d,%d,%d}", tl[TIER_FREE].consolidation_hours,
+             tl[TIER_STANDARD].consolidation_hours, tl[TIER_PREMIUM].consolidation_hours);
     PGconn *pg = bg_conn(ctx, err, sizeof(err));
     if (!pg)
         return;
@@ -707,4 +707,9 @@ static void scheduled(bg_ctx *ctx, void *arg)
 int consolidate_start(server *s)
 {
     return bg_every(s->bg, (unsigned)s->cfg.consolidate_check_interval_s * 1000u, scheduled, s);
+}
+
+int consolidate_set_interval(server *s, int interval_s)
+{
+    return bg_every_set(s->bg, scheduled, s, (unsigned)interval_s * 1000u);
 }

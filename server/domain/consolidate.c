@@ -13,6 +13,7 @@
 #include "loader.h"
 #include "log.h"
 #include "memrow.h"
+#include "metrics.h"
 #include "score.h"
 #include "sql_bg.h"
 #include "tiers.h"
@@ -593,8 +594,22 @@ static int step_record(run *r)
     return 0;
 }
 
+static void run_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, const char *trigger,
+                       consolidate_result *out);
+
 void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, const char *trigger,
                         consolidate_result *out)
+{
+    uint64_t t0 = server_mono_ns();
+    run_tenant(ctx, s, tenant, dim, trigger, out);
+    metrics_consolidation(strcmp(trigger, "schedule") == 0, out->status, (uint64_t)out->merged,
+                          (uint64_t)out->superseded, (uint64_t)out->archived,
+                          (uint64_t)out->rescored, (server_mono_ns() - t0) / 1000000u);
+}
+
+/* One run of consolidate_tenant (which counts it in the metrics). */
+static void run_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, const char *trigger,
+                       consolidate_result *out)
 {
     memset(out, 0, sizeof(*out));
     run r = {.s = s,

@@ -18,8 +18,9 @@ ENGRAM_PACKAGES=(
     build-essential g++ pkg-config meson ninja-build cmake dpkg-dev clang-format
     clang libclang-rt-14-dev
     libevent-dev libpq-dev libmsgpack-dev libopenblas-dev libfaiss-dev libsodium-dev
-    libinih-dev libomp-dev libssl-dev openssl postgresql postgresql-contrib
+    libinih-dev libomp-dev libssl-dev libsystemd-dev openssl postgresql postgresql-contrib
     python3 python3-msgpack python3-pytest python3-numpy gnuplot-nox procps iproute2 util-linux
+    systemd binutils
 )
 
 # install_deps: installs missing Debian packages. Skips apt entirely when all are present,
@@ -43,9 +44,12 @@ install_deps() {
         "${missing[@]}" >/dev/null || die "apt-get install failed"
 }
 
-# faiss_opt_level: avx2 when this CPU has AVX2 and FMA, generic otherwise.
+# faiss_opt_level: ENGRAM_FAISS_OPT when set (generic or avx2: a container image built for
+# other machines), else avx2 when this CPU has AVX2 and FMA, generic otherwise.
 faiss_opt_level() {
-    if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+    if [ -n "${ENGRAM_FAISS_OPT:-}" ]; then
+        echo "$ENGRAM_FAISS_OPT"
+    elif grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
         echo avx2
     else
         echo generic

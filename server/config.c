@@ -17,7 +17,9 @@
 
 typedef enum { T_INT, T_LONG, T_DOUBLE, T_STR } cfg_type;
 
-enum { F_SECRET = 1 };
+#define F_SECRET CONFIG_SECRET
+#define F_RELOAD CONFIG_RELOAD
+#define F_REREAD CONFIG_REREAD
 
 typedef struct config_def {
     const char *name;
@@ -70,13 +72,13 @@ static const config_def defs[] = {
      "for 5 s; slower senders are closed (0: no floor)"},
     {"shutdown_timeout_ms", T_INT, OFF(shutdown_timeout_ms), "10000", 0, 600000, 0,
      "on SIGTERM, how long in-flight requests may take to finish"},
-    {"tls_cert_file", T_STR, OFF(tls_cert_file), "", 0, 0, 0,
+    {"tls_cert_file", T_STR, OFF(tls_cert_file), "", 0, 0, F_REREAD,
      "PEM certificate chain of the server (its certificate first): when set, with "
      "tls_key_file, the RPC and HTTP ports speak TLS 1.3 only; empty: plain TCP. Re-read "
      "on SIGHUP"},
-    {"tls_key_file", T_STR, OFF(tls_key_file), "", 0, 0, 0,
+    {"tls_key_file", T_STR, OFF(tls_key_file), "", 0, 0, F_REREAD,
      "PEM private key of tls_cert_file (unencrypted; keep it mode 600). Re-read on SIGHUP"},
-    {"tls_ca_file", T_STR, OFF(tls_ca_file), "", 0, 0, 0,
+    {"tls_ca_file", T_STR, OFF(tls_ca_file), "", 0, 0, F_REREAD,
      "PEM CA certificates that client certificates are verified against; when set, clients "
      "are asked for a certificate (optional) and one that does not verify fails the "
      "handshake. Re-read on SIGHUP"},
@@ -98,8 +100,8 @@ static const config_def defs[] = {
      "longest pause between reconnection attempts"},
     {"bg_threads", T_INT, OFF(bg_threads), "2", 1, 64, 0,
      "background threads for index loads and maintenance"},
-    {"consolidate_check_interval_s", T_INT, OFF(consolidate_check_interval_s), "60", 1, 86400, 0,
-     "seconds between looks for tenants whose scheduled consolidation is due"},
+    {"consolidate_check_interval_s", T_INT, OFF(consolidate_check_interval_s), "60", 1, 86400,
+     F_RELOAD, "seconds between looks for tenants whose scheduled consolidation is due"},
     {"consolidate_dedupe_threshold", T_DOUBLE, OFF(consolidate_dedupe_threshold), "0.95", 0.5, 1, 0,
      "cosine similarity from which two memories of a type and visibility are merged"},
     {"consolidate_supersede_threshold", T_DOUBLE, OFF(consolidate_supersede_threshold), "0.85", 0.5,
@@ -112,7 +114,7 @@ static const config_def defs[] = {
      "threads for a consolidation's similarity search"},
     {"consolidate_exact_max", T_INT, OFF(consolidate_exact_max), "8192", 2, 10000000, 0,
      "largest group of memories compared exactly (all pairs); larger ones in k-means cells"},
-    {"maintenance_interval_s", T_INT, OFF(maintenance_interval_s), "30", 1, 86400, 0,
+    {"maintenance_interval_s", T_INT, OFF(maintenance_interval_s), "30", 1, 86400, F_RELOAD,
      "seconds between purges of expired memories and old idempotency keys"},
     {"change_log_retention_hours", T_INT, OFF(change_log_retention_hours), "168", 1, 87600, 0,
      "hours the change log keeps a change; an index snapshot older than that is rebuilt "
@@ -162,7 +164,7 @@ static const config_def defs[] = {
     {"secret_file", T_STR, OFF(secret_file), "", 0, 0, 0,
      "file holding the secret that keys API-key hashes (default: <data_dir>/secret.key, "
      "created when missing)"},
-    {"log_level", T_STR, OFF(log_level), "info", 0, 0, 0, "debug, info, warn or error"},
+    {"log_level", T_STR, OFF(log_level), "info", 0, 0, F_RELOAD, "debug, info, warn or error"},
     {"embed_dim", T_INT, OFF(embed_dim), "384", 8, 4096, 0,
      "dimension of the built-in embedder for new tenants"},
     {"openai_url", T_STR, OFF(openai_url), "", 0, 0, 0,
@@ -200,69 +202,86 @@ static const config_def defs[] = {
      "recency decays as exp(-age_days / score_recency_days)"},
     {"score_access_saturation", T_DOUBLE, OFF(score_access_saturation), "10", 1, 1e9, 0,
      "accesses at which the access-frequency term saturates"},
-    {"free_max_memories", T_LONG, OFF(tier_max_memories[0]), "100", 0, 1e12, 0,
+    {"free_max_memories", T_LONG, OFF(tier_max_memories[0]), "100", 0, 1e12, F_RELOAD,
      "memories a free tenant may store (0: unlimited)"},
-    {"standard_max_memories", T_LONG, OFF(tier_max_memories[1]), "5000", 0, 1e12, 0,
+    {"standard_max_memories", T_LONG, OFF(tier_max_memories[1]), "5000", 0, 1e12, F_RELOAD,
      "memories a standard tenant may store (0: unlimited)"},
-    {"premium_max_memories", T_LONG, OFF(tier_max_memories[2]), "50000", 0, 1e12, 0,
+    {"premium_max_memories", T_LONG, OFF(tier_max_memories[2]), "50000", 0, 1e12, F_RELOAD,
      "memories a premium tenant may store (0: unlimited)"},
-    {"free_queries_per_day", T_LONG, OFF(tier_queries_per_day[0]), "50", 0, 1e12, 0,
+    {"free_queries_per_day", T_LONG, OFF(tier_queries_per_day[0]), "50", 0, 1e12, F_RELOAD,
      "searches and context calls a free tenant may make per UTC day (0: unlimited)"},
-    {"standard_queries_per_day", T_LONG, OFF(tier_queries_per_day[1]), "500", 0, 1e12, 0,
+    {"standard_queries_per_day", T_LONG, OFF(tier_queries_per_day[1]), "500", 0, 1e12, F_RELOAD,
      "searches and context calls a standard tenant may make per UTC day (0: unlimited)"},
-    {"premium_queries_per_day", T_LONG, OFF(tier_queries_per_day[2]), "0", 0, 1e12, 0,
+    {"premium_queries_per_day", T_LONG, OFF(tier_queries_per_day[2]), "0", 0, 1e12, F_RELOAD,
      "searches and context calls a premium tenant may make per UTC day (0: unlimited)"},
-    {"free_consolidation_hours", T_INT, OFF(tier_consolidation_hours[0]), "168", 0, 8760, 0,
+    {"free_consolidation_hours", T_INT, OFF(tier_consolidation_hours[0]), "168", 0, 8760, F_RELOAD,
      "hours between scheduled consolidations of a free tenant (0: never)"},
-    {"standard_consolidation_hours", T_INT, OFF(tier_consolidation_hours[1]), "24", 0, 8760, 0,
-     "hours between scheduled consolidations of a standard tenant (0: never)"},
-    {"premium_consolidation_hours", T_INT, OFF(tier_consolidation_hours[2]), "24", 0, 8760, 0,
-     "hours between scheduled consolidations of a premium tenant (0: never)"},
-    {"free_checkpoint_ttl_s", T_INT, OFF(tier_checkpoint_ttl_s[0]), "86400", 60, 31536000, 0,
+    {"standard_consolidation_hours", T_INT, OFF(tier_consolidation_hours[1]), "24", 0, 8760,
+     F_RELOAD, "hours between scheduled consolidations of a standard tenant (0: never)"},
+    {"premium_consolidation_hours", T_INT, OFF(tier_consolidation_hours[2]), "24", 0, 8760,
+     F_RELOAD, "hours between scheduled consolidations of a premium tenant (0: never)"},
+    {"free_checkpoint_ttl_s", T_INT, OFF(tier_checkpoint_ttl_s[0]), "86400", 60, 31536000, F_RELOAD,
      "lifetime of a free tenant's session checkpoints"},
-    {"standard_checkpoint_ttl_s", T_INT, OFF(tier_checkpoint_ttl_s[1]), "86400", 60, 31536000, 0,
-     "lifetime of a standard tenant's session checkpoints"},
-    {"premium_checkpoint_ttl_s", T_INT, OFF(tier_checkpoint_ttl_s[2]), "86400", 60, 31536000, 0,
-     "lifetime of a premium tenant's session checkpoints"},
-    {"free_rate_per_s", T_DOUBLE, OFF(tier_rate_per_s[0]), "20", 0, 1e9, 0,
+    {"standard_checkpoint_ttl_s", T_INT, OFF(tier_checkpoint_ttl_s[1]), "86400", 60, 31536000,
+     F_RELOAD, "lifetime of a standard tenant's session checkpoints"},
+    {"premium_checkpoint_ttl_s", T_INT, OFF(tier_checkpoint_ttl_s[2]), "86400", 60, 31536000,
+     F_RELOAD, "lifetime of a premium tenant's session checkpoints"},
+    {"free_rate_per_s", T_DOUBLE, OFF(tier_rate_per_s[0]), "20", 0, 1e9, F_RELOAD,
      "sustained requests per second of a free tenant (0: unlimited)"},
-    {"standard_rate_per_s", T_DOUBLE, OFF(tier_rate_per_s[1]), "200", 0, 1e9, 0,
+    {"standard_rate_per_s", T_DOUBLE, OFF(tier_rate_per_s[1]), "200", 0, 1e9, F_RELOAD,
      "sustained requests per second of a standard tenant (0: unlimited)"},
-    {"premium_rate_per_s", T_DOUBLE, OFF(tier_rate_per_s[2]), "5000", 0, 1e9, 0,
+    {"premium_rate_per_s", T_DOUBLE, OFF(tier_rate_per_s[2]), "5000", 0, 1e9, F_RELOAD,
      "sustained requests per second of a premium tenant (0: unlimited)"},
-    {"free_rate_burst", T_DOUBLE, OFF(tier_rate_burst[0]), "40", 1, 1e9, 0,
+    {"free_rate_burst", T_DOUBLE, OFF(tier_rate_burst[0]), "40", 1, 1e9, F_RELOAD,
      "request burst a free tenant may make above its rate"},
-    {"standard_rate_burst", T_DOUBLE, OFF(tier_rate_burst[1]), "400", 1, 1e9, 0,
+    {"standard_rate_burst", T_DOUBLE, OFF(tier_rate_burst[1]), "400", 1, 1e9, F_RELOAD,
      "request burst a standard tenant may make above its rate"},
-    {"premium_rate_burst", T_DOUBLE, OFF(tier_rate_burst[2]), "10000", 1, 1e9, 0,
+    {"premium_rate_burst", T_DOUBLE, OFF(tier_rate_burst[2]), "10000", 1, 1e9, F_RELOAD,
      "request burst a premium tenant may make above its rate"},
-    {"free_max_session_entries", T_LONG, OFF(tier_max_session_entries[0]), "1000", 1, 1e12, 0,
-     "transcript entries per session of a free tenant"},
-    {"standard_max_session_entries", T_LONG, OFF(tier_max_session_entries[1]), "10000", 1, 1e12, 0,
-     "transcript entries per session of a standard tenant"},
-    {"premium_max_session_entries", T_LONG, OFF(tier_max_session_entries[2]), "100000", 1, 1e12, 0,
-     "transcript entries per session of a premium tenant"},
-    {"free_max_session_bytes", T_LONG, OFF(tier_max_session_bytes[0]), "1048576", 1024, 1e13, 0,
-     "transcript content bytes per session of a free tenant"},
+    {"free_max_session_entries", T_LONG, OFF(tier_max_session_entries[0]), "1000", 1, 1e12,
+     F_RELOAD, "transcript entries per session of a free tenant"},
+    {"standard_max_session_entries", T_LONG, OFF(tier_max_session_entries[1]), "10000", 1, 1e12,
+     F_RELOAD, "transcript entries per session of a standard tenant"},
+    {"premium_max_session_entries", T_LONG, OFF(tier_max_session_entries[2]), "100000", 1, 1e12,
+     F_RELOAD, "transcript entries per session of a premium tenant"},
+    {"free_max_session_bytes", T_LONG, OFF(tier_max_session_bytes[0]), "1048576", 1024, 1e13,
+     F_RELOAD, "transcript content bytes per session of a free tenant"},
     {"standard_max_session_bytes", T_LONG, OFF(tier_max_session_bytes[1]), "16777216", 1024, 1e13,
-     0, "transcript content bytes per session of a standard tenant"},
+     F_RELOAD, "transcript content bytes per session of a standard tenant"},
     {"premium_max_session_bytes", T_LONG, OFF(tier_max_session_bytes[2]), "268435456", 1024, 1e13,
-     0, "transcript content bytes per session of a premium tenant"},
-    {"free_max_live_sessions", T_LONG, OFF(tier_max_live_sessions[0]), "10", 0, 1e12, 0,
+     F_RELOAD, "transcript content bytes per session of a premium tenant"},
+    {"free_max_live_sessions", T_LONG, OFF(tier_max_live_sessions[0]), "10", 0, 1e12, F_RELOAD,
      "active top-level sessions a free tenant may have at once (0: unlimited)"},
-    {"standard_max_live_sessions", T_LONG, OFF(tier_max_live_sessions[1]), "100", 0, 1e12, 0,
+    {"standard_max_live_sessions", T_LONG, OFF(tier_max_live_sessions[1]), "100", 0, 1e12, F_RELOAD,
      "active top-level sessions a standard tenant may have at once (0: unlimited)"},
-    {"premium_max_live_sessions", T_LONG, OFF(tier_max_live_sessions[2]), "1000", 0, 1e12, 0,
+    {"premium_max_live_sessions", T_LONG, OFF(tier_max_live_sessions[2]), "1000", 0, 1e12, F_RELOAD,
      "active top-level sessions a premium tenant may have at once (0: unlimited)"},
-    {"free_session_retention_days", T_INT, OFF(tier_session_retention_days[0]), "30", 0, 36500, 0,
-     "days after its last activity a free tenant's session is purged (0: kept forever)"},
+    {"free_session_retention_days", T_INT, OFF(tier_session_retention_days[0]), "30", 0, 36500,
+     F_RELOAD, "days after its last activity a free tenant's session is purged (0: kept forever)"},
     {"standard_session_retention_days", T_INT, OFF(tier_session_retention_days[1]), "30", 0, 36500,
-     0, "days after its last activity a standard tenant's session is purged (0: kept forever)"},
+     F_RELOAD,
+     "days after its last activity a standard tenant's session is purged (0: kept forever)"},
     {"premium_session_retention_days", T_INT, OFF(tier_session_retention_days[2]), "30", 0, 36500,
-     0, "days after its last activity a premium tenant's session is purged (0: kept forever)"},
+     F_RELOAD,
+     "days after its last activity a premium tenant's session is purged (0: kept forever)"},
 };
 
 #define NDEFS (sizeof(defs) / sizeof(defs[0]))
+
+/* The topics of the reference (config_print_reference): each starts at its first setting. */
+static const struct {
+    const char *first, *title;
+} topics[] = {
+    {"listen_host", "Network and client limits"},
+    {"tls_cert_file", "TLS"},
+    {"pg_dsn", "Database"},
+    {"bg_threads", "Background work, consolidation and maintenance"},
+    {"data_dir", "Data directory and indexes"},
+    {"admin_key_file", "Keys and logging"},
+    {"embed_dim", "Embeddings"},
+    {"max_content_bytes", "Memories and ranking"},
+    {"free_max_memories", "Tiers (free, standard, premium)"},
+};
 
 int index_engine_parse(const char *s, size_t n)
 {
@@ -431,13 +450,19 @@ static void print_help(FILE *out)
         fprintf(out, "\n      %s\n", d->help);
     }
     fprintf(out, "  --config PATH              ENGRAM_CONFIG                 an INI file of the "
-                 "settings above (name = value)\n");
+                 "settings above (name = value)\n"
+                 "  --print-config[=ini|markdown]  print the commented reference of every "
+                 "setting and exit\n"
+                 "  --check-config             validate the settings, print the effective "
+                 "values and exit\n"
+                 "Settings marked reload take effect on SIGHUP; the others need a restart.\n");
 }
 
 int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *exit_now)
 {
     memset(cfg, 0, sizeof(*cfg));
     *exit_now = false;
+    bool check_only = false;
     for (size_t i = 0; i < NDEFS; i++)
         if (set_value(cfg, &defs[i], defs[i].def, "default", err) < 0)
             return -EINVAL;
@@ -449,6 +474,19 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
             *exit_now = true;
             return 0;
         }
+        if (strncmp(argv[i], "--print-config", 14) == 0) {
+            const char *f = argv[i] + 14;
+            if (strcmp(f, "") != 0 && strcmp(f, "=ini") != 0 && strcmp(f, "=markdown") != 0) {
+                fprintf(err, "engramd: --print-config takes =ini or =markdown, not '%s'\n", f);
+                return -EINVAL;
+            }
+            config_print_reference(
+                strcmp(f, "=markdown") == 0 ? CONFIG_REF_MARKDOWN : CONFIG_REF_INI, out);
+            *exit_now = true;
+            return 0;
+        }
+        if (strcmp(argv[i], "--check-config") == 0)
+            check_only = true;
         if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
             path = argv[i + 1];
         else if (strncmp(argv[i], "--config=", 9) == 0)
@@ -481,7 +519,7 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
             i++;
             continue;
         }
-        if (strncmp(a, "--config=", 9) == 0)
+        if (strncmp(a, "--config=", 9) == 0 || strcmp(a, "--check-config") == 0)
             continue;
         if (strncmp(a, "--", 2) != 0) {
             fprintf(err, "engramd: unexpected argument '%s' (try --help)\n", a);
@@ -561,6 +599,10 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
         fprintf(err, "engramd: http_port and rpc_port must differ (both %d)\n", cfg->rpc_port);
         return -EINVAL;
     }
+    if (check_only) {
+        config_print(cfg, out);
+        *exit_now = true;
+    }
     return 0;
 }
 
@@ -573,6 +615,29 @@ void config_free(config *cfg)
         free(*slot);
         *slot = NULL;
     }
+}
+
+/* Writes the value of setting d in cfg to buf as text: exact for numbers (%.17g), the string
+ * itself, or "(redacted)" for a secret when redact is set. */
+static void format_value(const config *cfg, const config_def *d, bool redact, char *buf, size_t n)
+{
+    const char *p = (const char *)cfg + d->offset;
+    switch (d->type) {
+    case T_INT:
+        snprintf(buf, n, "%d", *(const int *)(const void *)p);
+        return;
+    case T_LONG:
+        snprintf(buf, n, "%ld", *(const long *)(const void *)p);
+        return;
+    case T_DOUBLE:
+        snprintf(buf, n, "%.17g", *(const double *)(const void *)p);
+        return;
+    case T_STR:
+        snprintf(buf, n, "%s",
+                 redact && (d->flags & F_SECRET) ? "(redacted)" : *(char *const *)(const void *)p);
+        return;
+    }
+    buf[0] = '\0';
 }
 
 void config_print(const config *cfg, FILE *out)
@@ -597,4 +662,178 @@ void config_print(const config *cfg, FILE *out)
             break;
         }
     }
+}
+
+void config_diff(const config *a, const config *b, config_diff_fn fn, void *arg)
+{
+    for (size_t i = 0; i < NDEFS; i++) {
+        char va[1024], vb[1024];
+        format_value(a, &defs[i], false, va, sizeof(va));
+        format_value(b, &defs[i], false, vb, sizeof(vb));
+        if (strcmp(va, vb) == 0)
+            continue;
+        if (defs[i].flags & F_SECRET)
+            fn(defs[i].name, defs[i].flags, "(redacted)", "(redacted)", arg);
+        else
+            fn(defs[i].name, defs[i].flags, va, vb, arg);
+    }
+}
+
+/* The range of d as text ("1..65535"), or "" for a string. */
+static void format_range(const config_def *d, char *buf, size_t n)
+{
+    if (d->type == T_INT || d->type == T_LONG)
+        snprintf(buf, n, "%.0f..%.0f", d->min, d->max);
+    else if (d->type == T_DOUBLE)
+        snprintf(buf, n, "%g..%g", d->min, d->max);
+    else
+        buf[0] = '\0';
+}
+
+/* What SIGHUP does to d, in words. */
+static const char *reload_words(const config_def *d)
+{
+    if (d->flags & F_RELOAD)
+        return "reloaded on SIGHUP";
+    if (d->flags & F_REREAD)
+        return "restart (the file is re-read on SIGHUP)";
+    return "restart";
+}
+
+/* Writes text as comment lines of at most 92 columns, each starting with prefix. */
+static void print_wrapped(FILE *out, const char *prefix, const char *text)
+{
+    const size_t width = 92 - strlen(prefix);
+    while (*text) {
+        size_t n = strlen(text);
+        if (n > width) {
+            n = width;
+            while (n > 0 && text[n] != ' ')
+                n--;
+            if (n == 0) /* one word longer than the line: keep it whole */
+                n = strcspn(text, " ");
+        }
+        fprintf(out, "%s%.*s\n", prefix, (int)n, text);
+        text += n;
+        while (*text == ' ')
+            text++;
+    }
+}
+
+static const char *topic_of(const config_def *d)
+{
+    for (size_t t = 0; t < sizeof(topics) / sizeof(topics[0]); t++)
+        if (strcmp(topics[t].first, d->name) == 0)
+            return topics[t].title;
+    return NULL;
+}
+
+static void print_reference_ini(FILE *out)
+{
+    fprintf(out,
+            "# engramd configuration: every setting, commented out at its default.\n"
+            "#\n"
+            "# Generated by `engramd --print-config` from the settings table (server/config.c);\n"
+            "# docs/configuration.md is generated from the same table. Uncomment a line to\n"
+            "# change a setting. A setting is read, in increasing precedence, from its default,\n"
+            "# this file (engramd --config FILE, or ENGRAM_CONFIG), its environment variable and\n"
+            "# its command-line flag. `engramd --config FILE --check-config` validates a file\n"
+            "# and prints the effective values.\n"
+            "#\n"
+            "# Settings marked \"reloaded on SIGHUP\" take effect when engramd receives SIGHUP\n"
+            "# (systemctl reload engramd); the others need a restart, and a reload that finds\n"
+            "# one of them changed logs a warning and keeps the running value.\n"
+            "\n"
+            "[engramd]\n");
+    for (size_t i = 0; i < NDEFS; i++) {
+        const config_def *d = &defs[i];
+        const char *topic = topic_of(d);
+        if (topic)
+            fprintf(out, "\n# ==== %s ====\n", topic);
+        char flag[64], env[64], range[96], line[512];
+        flag_name(d, flag, sizeof(flag));
+        env_name(d, env, sizeof(env));
+        format_range(d, range, sizeof(range));
+        fprintf(out, "\n");
+        print_wrapped(out, "# ", d->help);
+        snprintf(line, sizeof(line), "%s%s%s%s, %s; %s%s", range[0] ? "range " : "", range,
+                 range[0] ? "; " : "", env, flag, reload_words(d),
+                 (d->flags & F_SECRET) ? "; secret, never printed" : "");
+        fprintf(out, "# %s\n#%s = %s\n", line, d->name, d->def); /* one line: greppable */
+    }
+}
+
+/* Writes s with the characters Markdown tables treat specially escaped. */
+static void md_cell(FILE *out, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '|' || *s == '*' || *s == '_' || *s == '<' || *s == '>' || *s == '`')
+            fputc('\\', out);
+        fputc(*s, out);
+    }
+}
+
+static void print_reference_markdown(FILE *out)
+{
+    fprintf(
+        out,
+        "# Configuration\n"
+        "\n"
+        "<!-- Generated by `engramd --print-config=markdown` from the settings table in\n"
+        "     server/config.c; tests/integration/test_config_reference.py fails when this file\n"
+        "     differs from what the code generates. Regenerate it with\n"
+        "     deploy/gen-config-docs.sh, never edit it by hand. -->\n"
+        "\n"
+        "Every setting of `engramd` is read, in increasing precedence, from its default, from\n"
+        "the configuration file (`engramd --config FILE`, or the `ENGRAM_CONFIG` variable),\n"
+        "from its environment variable and from its command-line flag (`--name value` or\n"
+        "`--name=value`). Every value is checked against its type and range at start; the\n"
+        "first bad one stops `engramd` with a message naming the setting and where it came\n"
+        "from.\n"
+        "\n"
+        "The configuration file is INI: `name = value` lines, `#` or `;` comments, and an\n"
+        "optional `[engramd]` (or `[engram]`) section header. "
+        "[`deploy/engramd.conf`](../deploy/engramd.conf)\n"
+        "is the commented reference of every setting at its default (`engramd\n"
+        "--print-config` writes it); `engramd --config FILE --check-config` validates a file\n"
+        "and prints the effective values without starting.\n"
+        "\n"
+        "**Reload.** On SIGHUP (`systemctl reload engramd`) `engramd` reads its configuration\n"
+        "again, from the same file, environment and flags. Settings marked *SIGHUP* below take\n"
+        "their new values at once: the log level, the maintenance and consolidation intervals\n"
+        "and every tier limit (memories, queries, rates, sessions, retention); each change is\n"
+        "logged. The TLS certificate, key and CA files are read again (at the same paths).\n"
+        "Any other setting needs a restart: a reload that finds one changed logs a warning\n"
+        "and keeps the running value. A file with an error changes nothing (the error is\n"
+        "logged, and `engram_config_reloads_total{result=\"failed\"}` counts it).\n");
+    for (size_t i = 0; i < NDEFS; i++) {
+        const config_def *d = &defs[i];
+        const char *topic = topic_of(d);
+        if (topic)
+            fprintf(out,
+                    "\n## %s\n\n"
+                    "| Setting | Default | Range | Environment / flag | Reload | Description |\n"
+                    "|---|---|---|---|---|---|\n",
+                    topic);
+        char flag[64], env[64], range[96];
+        flag_name(d, flag, sizeof(flag));
+        env_name(d, env, sizeof(env));
+        format_range(d, range, sizeof(range));
+        fprintf(out, "| `%s` | %s%s%s | %s | `%s` `%s` | %s | ", d->name, d->def[0] ? "`" : "",
+                d->def[0] ? d->def : "(empty)", d->def[0] ? "`" : "", range[0] ? range : "", env,
+                flag,
+                (d->flags & F_RELOAD)   ? "SIGHUP"
+                : (d->flags & F_REREAD) ? "restart (file re-read on SIGHUP)"
+                                        : "restart");
+        md_cell(out, d->help);
+        fprintf(out, "%s |\n", (d->flags & F_SECRET) ? " (secret: never printed)" : "");
+    }
+}
+
+void config_print_reference(config_ref_format fmt, FILE *out)
+{
+    if (fmt == CONFIG_REF_MARKDOWN)
+        print_reference_markdown(out);
+    else
+        print_reference_ini(out);
 }

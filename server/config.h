@@ -6,6 +6,10 @@
  * --rpc-port=7420). Every value is validated against the table's type and range at start;
  * the first bad one stops engramd with a message naming the setting and where it came
  * from.
+ *
+ * The same table generates the commented reference file (`engramd --print-config`, shipped
+ * as deploy/engramd.conf) and docs/configuration.md (`engramd --print-config=markdown`),
+ * and says which settings SIGHUP reloads (CONFIG_RELOAD; main.c applies them).
  */
 #ifndef ENGRAM_SERVER_CONFIG_H
 #define ENGRAM_SERVER_CONFIG_H
@@ -105,10 +109,18 @@ typedef struct config {
     int tier_session_retention_days[3];
 } config;
 
+/* Flags of a setting. CONFIG_SECRET: never printed. CONFIG_RELOAD: SIGHUP applies a new value
+ * without a restart. CONFIG_REREAD: the file the setting names is read again on SIGHUP (a new
+ * path needs a restart). */
+enum { CONFIG_SECRET = 1, CONFIG_RELOAD = 2, CONFIG_REREAD = 4 };
+
 /* config_load fills cfg from defaults, the config file, the environment and argv (argv[0]
  * is skipped; argv entries that are not settings are errors). On --help it prints the
- * settings table to out and sets *exit_now. Returns 0, or -EINVAL after printing a message that
- * names the bad setting to err. Strings in cfg are owned by cfg: free with config_free. */
+ * settings table to out and sets *exit_now; likewise --print-config[=ini|markdown] prints
+ * the reference (config_print_reference) and --check-config, once every value passed
+ * validation, prints the effective settings (config_print). Returns 0, or -EINVAL after printing a
+ * message that names the bad setting to err. Strings in cfg are owned by cfg: free with
+ * config_free. */
 int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *exit_now);
 
 /* index_engine_parse returns the VINDEX_ENGINE_* named by the n bytes at s ("native",
@@ -121,5 +133,23 @@ void config_free(config *cfg);
 
 /* config_print writes every effective setting as `name = value` (secrets redacted). */
 void config_print(const config *cfg, FILE *out);
+
+/* The formats of config_print_reference. */
+typedef enum { CONFIG_REF_INI, CONFIG_REF_MARKDOWN } config_ref_format;
+
+/* config_print_reference writes every setting of the table with its default, range,
+ * environment variable, flag, description and whether SIGHUP reloads it: as a commented
+ * INI file that --config reads back to the defaults (every setting commented out), or as
+ * the Markdown of docs/configuration.md. */
+void config_print_reference(config_ref_format fmt, FILE *out);
+
+/* config_diff_fn receives one setting whose value differs: its name, its CONFIG_* flags and
+ * both values as text (secrets as "(redacted)"). */
+typedef void (*config_diff_fn)(const char *name, unsigned flags, const char *old_value,
+                               const char *new_value, void *arg);
+
+/* config_diff calls fn for every setting whose value differs between a and b, in table
+ * order. */
+void config_diff(const config *a, const config *b, config_diff_fn fn, void *arg);
 
 #endif

@@ -30,6 +30,7 @@
 #include "methods.h"
 #include "metrics.h"
 #include "migrate.h"
+#include "notify.h"
 #include "server.h"
 #include "sql.h"
 #include "tenancy.h"
@@ -43,14 +44,33 @@ void openblas_set_num_threads(int n);
 
 #define STARTUP_DB_WAIT_MS 30000
 
+/* One published set of tier limits (server.h: s->tiers, s->memory_limits, s->query_limits).
+ * A SIGHUP reload publishes a new one; the older stay allocated, since a request may still
+ * read them, and are freed at exit. */
+typedef struct tier_snap {
+    struct tier_snap *older;
+    tier_limits tiers[TIER_COUNT];
+    char memory_limits[80];
+    char query_limits[80];
+} tier_snap;
+
 typedef struct app {
     server srv;
     struct event_base *base;
     struct evconnlistener *listener;
     struct event *ev_relisten;
     struct event *ev_sigint, *ev_sigterm, *ev_sighup;
+    struct event *ev_ready;    /* polls until the indexes are loaded, then READY=1 */
+    struct event *ev_watchdog; /* WATCHDOG=1 pings when the unit sets WatchdogSec */
+    bool ready_sent;
     http_srv *http;
     unsigned next_worker;
+    int argc; /* the serve command's settings, read again on SIGHUP */
+    char **argv;
+    config live; /* the reloadable settings in force after the last reload (have_live) */
+    bool have_live;
+    tier_snap *snaps; /* the newest first */
+    char hostport[300];
 } app;
 
 /* ---- accepting ------------------------------------------------------------------------- */
@@ -91,6 +111,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     }
     log_info("received %s: finishing in-flight requests (up to %d ms)",
              sig == SIGINT ? "SIGINT" : "SIGTERM", a->srv.cfg.shutdown_timeout_ms);
+    notify_stopping("finishing in-flight requests");
     if (a->listener)
         evconnlistener_disable(a->listener);
     http_stop_accepting(a->http);
@@ -99,27 +120,167 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     event_base_loopexit(a->base, NULL);
 }
 
-/* SIGHUP re-reads the TLS certificate, key and CA files. New connections get the new
- * context, open ones keep theirs; a reload that fails keeps the current files in use. */
-static void on_sighup(evutil_socket_t sig, short what, void *arg)
+/* Publishes the tier limits of cfg (s->tiers and the SQL literals). Returns 0 or -ENOMEM. */
+static int publish_tiers(app *a, const config *cfg)
 {
-    app *a = arg;
-    char err[512], warn[512];
-    if (!a->srv.tls) {
-        log_info("received SIGHUP: TLS is off, nothing to reload");
+    tier_snap *t = calloc(1, sizeof(*t));
+    if (!t)
+        return -ENOMEM;
+    tiers_from_config(cfg, t->tiers);
+    snprintf(t->memory_limits, sizeof(t->memory_limits), "{%lld,%lld,%lld}",
+             (long long)t->tiers[0].max_memories, (long long)t->tiers[1].max_memories,
+             (long long)t->tiers[2].max_memories);
+    snprintf(t->query_limits, sizeof(t->query_limits), "{%lld,%lld,%lld}",
+             (long long)t->tiers[0].queries_per_day, (long long)t->tiers[1].queries_per_day,
+             (long long)t->tiers[2].queries_per_day);
+    t->older = a->snaps;
+    a->snaps = t;
+    atomic_store(&a->srv.tiers, t->tiers);
+    atomic_store(&a->srv.memory_limits, t->memory_limits);
+    atomic_store(&a->srv.query_limits, t->query_limits);
+    return 0;
+}
+
+typedef struct reload_count {
+    int changed, restart;
+} reload_count;
+
+/* A setting that needs a restart differs from the value engramd started with. */
+static void on_restart_diff(const char *name, unsigned flags, const char *old_value,
+                            const char *new_value, void *arg)
+{
+    reload_count *n = arg;
+    if (flags & CONFIG_RELOAD)
+        return;
+    n->restart++;
+    log_warn("reload: %s is now '%s' in the configuration but needs a restart; engramd keeps "
+             "'%s' until then",
+             name, new_value, old_value);
+}
+
+/* A reloadable setting differs from the value in force. */
+static void on_reload_diff(const char *name, unsigned flags, const char *old_value,
+                           const char *new_value, void *arg)
+{
+    reload_count *n = arg;
+    if (!(flags & CONFIG_RELOAD))
+        return;
+    n->changed++;
+    log_info("reload: %s = %s (was %s)", name, new_value, old_value);
+}
+
+/* Reads the configuration again (the same file, environment and flags as at start) and
+ * applies the settings marked CONFIG_RELOAD: the log level, the maintenance and
+ * consolidation intervals, the tier limits. Settings that need a restart are compared with
+ * the running values and each change is logged as a warning. A configuration with an error
+ * changes nothing. Main thread only. */
+static void reload_config(app *a, reload_count *n)
+{
+    server *s = &a->srv;
+    config ncfg;
+    bool exit_now = false;
+    char *msg = NULL;
+    size_t msglen = 0;
+    FILE *errf = open_memstream(&msg, &msglen);
+    if (!errf) {
+        log_error("reload: out of memory; nothing changed");
+        metrics_config_reload(false);
         return;
     }
+    int rc = config_load(&ncfg, a->argc, a->argv, errf, errf, &exit_now);
+    fclose(errf);
+    if (rc < 0 || exit_now) {
+        while (msglen > 0 && msg[msglen - 1] == '\n')
+            msg[--msglen] = '\0';
+        log_error("reload: the configuration has an error, nothing changed: %s",
+                  msg && msg[0] ? msg : "(no message)");
+        free(msg);
+        config_free(&ncfg);
+        metrics_config_reload(false);
+        return;
+    }
+    free(msg);
+    const config *cur = a->have_live ? &a->live : &s->cfg;
+    config_diff(&s->cfg, &ncfg, on_restart_diff, n);
+    config_diff(cur, &ncfg, on_reload_diff, n);
+    if (publish_tiers(a, &ncfg) < 0) {
+        log_error("reload: out of memory; nothing changed");
+        config_free(&ncfg);
+        metrics_config_reload(false);
+        return;
+    }
+    log_set_level((log_level)log_parse_level(ncfg.log_level));
+    if (ncfg.maintenance_interval_s != cur->maintenance_interval_s)
+        maint_set_interval(s, ncfg.maintenance_interval_s);
+    if (ncfg.consolidate_check_interval_s != cur->consolidate_check_interval_s)
+        consolidate_set_interval(s, ncfg.consolidate_check_interval_s);
+    if (a->have_live)
+        config_free(&a->live);
+    a->live = ncfg; /* takes the strings */
+    a->have_live = true;
+    metrics_config_reload(true);
+}
+
+/* SIGHUP re-reads the TLS certificate, key and CA files. New connections get the new
+ * context, open ones keep theirs; a reload that fails keeps the current files in use. */
+static void reload_tls(app *a)
+{
+    char err[512], warn[512];
+    if (!a->srv.tls)
+        return;
     if (tls_reload(a->srv.tls, err, sizeof(err), warn, sizeof(warn)) < 0) {
         metrics_tls_reload(false);
-        log_error("received SIGHUP: TLS reload failed, still serving the previous "
-                  "certificate: %s",
-                  err);
+        log_error("reload: TLS reload failed, still serving the previous certificate: %s", err);
         return;
     }
     metrics_tls_reload(true);
     if (warn[0])
         log_warn("TLS: %s", warn);
-    log_info("received SIGHUP: TLS certificate reloaded; new connections use it");
+    log_info("reload: TLS certificate reloaded; new connections use it");
+}
+
+/* SIGHUP: the configuration (reload_config), then the TLS files, between RELOADING=1 and
+ * READY=1 for the service manager (before the first READY=1, only a status). */
+static void on_sighup(evutil_socket_t sig, short what, void *arg)
+{
+    app *a = arg;
+    if (a->ready_sent)
+        notify_reloading();
+    log_info("received SIGHUP: reloading the configuration%s",
+             a->srv.tls ? " and the TLS files" : "");
+    reload_count n = {0};
+    reload_config(a, &n);
+    reload_tls(a);
+    char status[200];
+    snprintf(status, sizeof(status),
+             "serving; configuration reloaded: %d setting(s) changed, %d need a restart", n.changed,
+             n.restart);
+    log_info("reload done: %d setting(s) changed, %d changed setting(s) need a restart", n.changed,
+             n.restart);
+    if (a->ready_sent)
+        notify_ready(status);
+}
+
+/* Polls every 100 ms from the moment engramd listens until the indexes are loaded, then
+ * tells the service manager it is ready (READY=1) and stops. */
+static void on_ready_check(evutil_socket_t fd, short what, void *arg)
+{
+    app *a = arg;
+    if (!tenants_preloaded(a->srv.tenants))
+        return;
+    event_del(a->ev_ready);
+    a->ready_sent = true;
+    char status[400];
+    snprintf(status, sizeof(status), "serving: rpc %s, http %s:%d, indexes loaded", a->hostport,
+             a->srv.cfg.listen_host, a->srv.cfg.http_port);
+    notify_ready(status);
+    log_info("indexes loaded; ready (notified the service manager: %s)",
+             notify_enabled() && getenv("NOTIFY_SOCKET") ? "yes" : "no");
+}
+
+static void on_watchdog(evutil_socket_t fd, short what, void *arg)
+{
+    notify_watchdog();
 }
 
 /* Whether host (listen_host) is a loopback address, where plain TCP stays on the machine. */
@@ -244,6 +405,8 @@ int main(int argc, char **argv)
 
     static app a;
     server *s = &a.srv;
+    a.argc = argc;
+    a.argv = argv;
     bool exit_now = false;
     if (config_load(&s->cfg, argc, argv, stdout, stderr, &exit_now) < 0)
         return 2;
@@ -253,7 +416,8 @@ int main(int argc, char **argv)
     }
     log_set_level((log_level)log_parse_level(s->cfg.log_level));
     signal(SIGPIPE, SIG_IGN);
-    /* SIGHUP reloads the TLS files once serving; until then it must not end the process */
+    /* SIGHUP reloads the configuration and the TLS files once serving; until then it must not
+     * end the process */
     signal(SIGHUP, SIG_IGN);
     evthread_use_pthreads();
     log_route_libevent();
@@ -334,13 +498,8 @@ int main(int argc, char **argv)
                               .recency_days = s->cfg.score_recency_days,
                               .access_saturation = s->cfg.score_access_saturation,
                               .w_usefulness = s->cfg.score_w_usefulness};
-    tiers_from_config(&s->cfg, s->tiers);
-    snprintf(s->memory_limits, sizeof(s->memory_limits), "{%lld,%lld,%lld}",
-             (long long)s->tiers[0].max_memories, (long long)s->tiers[1].max_memories,
-             (long long)s->tiers[2].max_memories);
-    snprintf(s->query_limits, sizeof(s->query_limits), "{%lld,%lld,%lld}",
-             (long long)s->tiers[0].queries_per_day, (long long)s->tiers[1].queries_per_day,
-             (long long)s->tiers[2].queries_per_day);
+    if (publish_tiers(&a, &s->cfg) < 0)
+        goto out;
     s->tenants = tenants_create(s);
     s->bg = bg_create(s, (unsigned)s->cfg.bg_threads);
     a.base = event_base_new();
@@ -380,8 +539,8 @@ int main(int argc, char **argv)
 
     struct sockaddr_storage ss;
     int sslen = sizeof(ss);
-    char hostport[300];
-    snprintf(hostport, sizeof(hostport), strchr(s->cfg.listen_host, ':') ? "[%s]:%d" : "%s:%d",
+    char *hostport = a.hostport;
+    snprintf(hostport, sizeof(a.hostport), strchr(s->cfg.listen_host, ':') ? "[%s]:%d" : "%s:%d",
              s->cfg.listen_host, s->cfg.rpc_port);
     if (evutil_parse_sockaddr_port(hostport, (struct sockaddr *)&ss, &sslen) < 0) {
         log_error("listen_host '%s' is not an IP address", s->cfg.listen_host);
@@ -418,6 +577,24 @@ int main(int argc, char **argv)
     log_info("engramd ready: rpc %s, http %s:%d%s, %u workers, schema %d", hostport,
              s->cfg.listen_host, s->cfg.http_port, s->tls ? " (TLS 1.3 only)" : " (plain TCP)",
              s->nworkers, migrate_latest());
+    /* READY=1 once the indexes are loaded too (on_ready_check); WATCHDOG=1 pings from this
+     * loop, which also runs the signals and the listener */
+    struct timeval poll_tv = {.tv_sec = 0, .tv_usec = 100000};
+    a.ev_ready = event_new(a.base, -1, EV_PERSIST, on_ready_check, &a);
+    if (!a.ev_ready || event_add(a.ev_ready, &poll_tv) < 0)
+        goto out;
+    on_ready_check(-1, 0, &a);
+    uint64_t wd_usec = notify_watchdog_usec();
+    if (wd_usec) {
+        struct timeval wd_tv = {.tv_sec = (time_t)(wd_usec / 2 / 1000000u),
+                                .tv_usec = (suseconds_t)(wd_usec / 2 % 1000000u)};
+        a.ev_watchdog = event_new(a.base, -1, EV_PERSIST, on_watchdog, &a);
+        if (!a.ev_watchdog || event_add(a.ev_watchdog, &wd_tv) < 0)
+            goto out;
+        notify_watchdog();
+        log_info("watchdog: pinging the service manager every %llu ms",
+                 (unsigned long long)(wd_usec / 2000u));
+    }
     event_base_dispatch(a.base);
     rc = 0;
 
@@ -446,6 +623,10 @@ out:
         event_free(a.ev_sighup);
     if (a.ev_relisten)
         event_free(a.ev_relisten);
+    if (a.ev_ready)
+        event_free(a.ev_ready);
+    if (a.ev_watchdog)
+        event_free(a.ev_watchdog);
     if (a.base)
         event_base_free(a.base);
     tenants_destroy(s->tenants);
@@ -460,6 +641,13 @@ out:
     if (rc == 0 && cmd == CMD_SERVE)
         log_info("engramd stopped");
     config_free(&s->cfg);
+    if (a.have_live)
+        config_free(&a.live);
+    while (a.snaps) {
+        tier_snap *t = a.snaps;
+        a.snaps = t->older;
+        free(t);
+    }
     libevent_global_shutdown();
     return rc;
 }

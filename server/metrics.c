@@ -35,6 +35,10 @@ static method_stats *stats; /* nmethods + 1: the last is for unknown methods */
 static atomic_long open_conns;
 static atomic_uint_fast64_t refused, malformed, slow_closed, apply_failures;
 static atomic_uint_fast64_t tls_handshake_failures, tls_reloads_ok, tls_reloads_failed;
+static atomic_uint_fast64_t config_reloads_ok, config_reloads_failed;
+static atomic_uint_fast64_t gc_batches, gc_requests;
+/* consolidation runs by trigger (0 schedule, 1 on demand) and result (0 ok, 1 busy, 2 failed) */
+static atomic_uint_fast64_t cons_runs[2][3], cons_ms, cons_actions[4];
 static db_slot db_slots[MAX_WORKERS];
 
 int metrics_init(const char *const *names, size_t n)
@@ -92,6 +96,29 @@ void metrics_tls_handshake_failed(void)
 void metrics_tls_reload(bool ok)
 {
     atomic_fetch_add_explicit(ok ? &tls_reloads_ok : &tls_reloads_failed, 1, memory_order_relaxed);
+}
+
+void metrics_config_reload(bool ok)
+{
+    atomic_fetch_add_explicit(ok ? &config_reloads_ok : &config_reloads_failed, 1,
+                              memory_order_relaxed);
+}
+
+void metrics_group_commit(size_t requests)
+{
+    atomic_fetch_add_explicit(&gc_batches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&gc_requests, requests, memory_order_relaxed);
+}
+
+void metrics_consolidation(bool scheduled, int status, uint64_t merged, uint64_t superseded,
+                           uint64_t archived, uint64_t rescored, uint64_t duration_ms)
+{
+    int result = status == 0 ? 0 : status > 0 ? 1 : 2;
+    atomic_fetch_add_explicit(&cons_runs[scheduled ? 0 : 1][result], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&cons_ms, duration_ms, memory_order_relaxed);
+    const uint64_t n[4] = {merged, superseded, archived, rescored};
+    for (int i = 0; i < 4; i++)
+        atomic_fetch_add_explicit(&cons_actions[i], n[i], memory_order_relaxed);
 }
 
 void metrics_malformed(void)
@@ -219,6 +246,48 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
                         (unsigned long long)atomic_load(&tls_handshake_failures),
                         (unsigned long long)atomic_load(&tls_reloads_ok),
                         (unsigned long long)atomic_load(&tls_reloads_failed));
+    evbuffer_add_printf(out,
+                        "# HELP engram_config_reloads_total Reloads of the configuration "
+                        "(SIGHUP) by result; a failed one (a file with an error) changes "
+                        "nothing.\n"
+                        "# TYPE engram_config_reloads_total counter\n"
+                        "engram_config_reloads_total{result=\"ok\"} %llu\n"
+                        "engram_config_reloads_total{result=\"failed\"} %llu\n",
+                        (unsigned long long)atomic_load(&config_reloads_ok),
+                        (unsigned long long)atomic_load(&config_reloads_failed));
+    evbuffer_add_printf(out,
+                        "# HELP engram_group_commit_batches_total Transactions that committed "
+                        "a group of one tenant's writes (memory.store and the like).\n"
+                        "# TYPE engram_group_commit_batches_total counter\n"
+                        "engram_group_commit_batches_total %llu\n"
+                        "# HELP engram_group_commit_requests_total Write requests committed in "
+                        "those groups (divided by the batches: the mean group size).\n"
+                        "# TYPE engram_group_commit_requests_total counter\n"
+                        "engram_group_commit_requests_total %llu\n",
+                        (unsigned long long)atomic_load(&gc_batches),
+                        (unsigned long long)atomic_load(&gc_requests));
+    evbuffer_add_printf(out, "# HELP engram_consolidation_runs_total Consolidation runs by "
+                             "trigger and result (busy: another run held the tenant).\n"
+                             "# TYPE engram_consolidation_runs_total counter\n");
+    static const char *const triggers[2] = {"schedule", "on_demand"};
+    static const char *const results[3] = {"ok", "busy", "failed"};
+    for (int t = 0; t < 2; t++)
+        for (int r = 0; r < 3; r++)
+            evbuffer_add_printf(
+                out, "engram_consolidation_runs_total{trigger=\"%s\",result=\"%s\"} %llu\n",
+                triggers[t], results[r], (unsigned long long)atomic_load(&cons_runs[t][r]));
+    evbuffer_add_printf(out,
+                        "# HELP engram_consolidation_seconds_total Time consolidation runs "
+                        "took.\n# TYPE engram_consolidation_seconds_total counter\n"
+                        "engram_consolidation_seconds_total %.3f\n"
+                        "# HELP engram_consolidation_memories_total Memories consolidation "
+                        "merged, superseded, archived (pruned) or rescored.\n"
+                        "# TYPE engram_consolidation_memories_total counter\n",
+                        (double)atomic_load(&cons_ms) / 1e3);
+    static const char *const actions[4] = {"merged", "superseded", "archived", "rescored"};
+    for (int i = 0; i < 4; i++)
+        evbuffer_add_printf(out, "engram_consolidation_memories_total{action=\"%s\"} %llu\n",
+                            actions[i], (unsigned long long)atomic_load(&cons_actions[i]));
     unsigned conns = 0, ready = 0;
     size_t queued = 0, inflight = 0;
     uint64_t reconnects = 0, failures = 0;

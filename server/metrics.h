@@ -39,6 +39,16 @@ void metrics_slow_closed(void);
  * files by its outcome. */
 void metrics_tls_handshake_failed(void);
 void metrics_tls_reload(bool ok);
+/* metrics_group_commit counts one group commit of requests writes. */
+void metrics_group_commit(size_t requests);
+
+/* metrics_consolidation counts one consolidation run (status as consolidate_result's: 0
+ * completed, 1 busy, -1 failed) with what it did and how long it took. */
+void metrics_consolidation(bool scheduled, int status, uint64_t merged, uint64_t superseded,
+                           uint64_t archived, uint64_t rescored, uint64_t duration_ms);
+
+/* metrics_config_reload counts a reload of the configuration (SIGHUP) by its outcome. */
+void metrics_config_reload(bool ok);
 
 /* metrics_index_apply_failed counts a change an index could not take (it stays unapplied
  * and is read again from the change log). */

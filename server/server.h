@@ -1,7 +1,9 @@
 /* server/server.h: the process-wide context every server module shares.
  *
  * One `server` exists per engramd process. It is filled in by main before any thread
- * starts and is read-only afterwards, except for the fields marked atomic.
+ * starts and is read-only afterwards, except for the fields marked atomic. cfg keeps the
+ * values engramd started with; the settings a SIGHUP reloads live in atomic fields (tiers)
+ * or in their modules (log level, bg intervals).
  */
 #ifndef ENGRAM_SERVER_SERVER_H
 #define ENGRAM_SERVER_SERVER_H
@@ -27,9 +29,14 @@ typedef struct server {
     config cfg;
     rpc_limits limits;
     score_params score;
-    tier_limits tiers[TIER_COUNT];
-    char memory_limits[80]; /* "{free,standard,premium}" bigint[] literals, 0: unlimited */
-    char query_limits[80];
+    /* The tier limits in force, tiers[TIER_COUNT], and the same limits as the bigint[]
+     * literals the SQL takes ("{free,standard,premium}", 0: unlimited). A SIGHUP reload
+     * (main.c) publishes a new immutable snapshot by storing these pointers; the old ones stay
+     * valid until exit. Reading the field is an atomic load (C11 atomic lvalue conversion), so
+     * `&s->tiers[t]` yields one consistent tier: take it once per use. */
+    const tier_limits *_Atomic tiers;
+    const char *_Atomic memory_limits;
+    const char *_Atomic query_limits;
     unsigned nworkers;
     struct worker **workers;
     struct tenants *tenants;

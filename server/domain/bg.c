@@ -177,6 +177,24 @@ int bg_every(bg *b, unsigned interval_ms, void (*fn)(bg_ctx *ctx, void *arg), vo
     return 0;
 }
 
+int bg_every_set(bg *b, void (*fn)(bg_ctx *ctx, void *arg), void *arg, unsigned interval_ms)
+{
+    int found = 0;
+    pthread_mutex_lock(&b->mu);
+    for (periodic *p = b->periodics; p; p = p->next) {
+        if (p->fn != fn || p->arg != arg)
+            continue;
+        p->interval_ms = interval_ms ? interval_ms : 1;
+        /* a shorter interval applies at once, not after the old, longer wait */
+        uint64_t due = mono_ms() + p->interval_ms;
+        if (!p->queued && due < p->due_ms)
+            p->due_ms = due;
+        found = 1;
+    }
+    pthread_mutex_unlock(&b->mu);
+    return found ? 0 : -ENOENT;
+}
+
 /* Wakes every 100 ms and queues the periodic tasks that are due. */
 static void *ticker_thread(void *arg)
 {

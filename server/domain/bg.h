@@ -46,4 +46,9 @@ int bg_listener_ok(bg *b);
  * interval), until bg_stop. Call before any other thread uses b. Returns 0 or -ENOMEM. */
 int bg_every(bg *b, unsigned interval_ms, void (*fn)(bg_ctx *ctx, void *arg), void *arg);
 
+/* bg_every_set changes the interval of the periodic task registered as fn(arg) (SIGHUP
+ * reload); the next run is due at most interval_ms from now. Any thread. Returns 0, or
+ * -ENOENT when no such task exists. */
+int bg_every_set(bg *b, void (*fn)(bg_ctx *ctx, void *arg), void *arg, unsigned interval_ms);
+
 #endif

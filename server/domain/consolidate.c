@@ -13,6 +13,7 @@
 #include "loader.h"
 #include "log.h"
 #include "memrow.h"
+#include "metrics.h"
 #include "score.h"
 #include "sql_bg.h"
 #include "tiers.h"
@@ -593,8 +594,22 @@ static int step_record(run *r)
     return 0;
 }
 
+static void run_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, const char *trigger,
+                       consolidate_result *out);
+
 void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, const char *trigger,
                         consolidate_result *out)
+{
+    uint64_t t0 = server_mono_ns();
+    run_tenant(ctx, s, tenant, dim, trigger, out);
+    metrics_consolidation(strcmp(trigger, "schedule") == 0, out->status, (uint64_t)out->merged,
+                          (uint64_t)out->superseded, (uint64_t)out->archived,
+                          (uint64_t)out->rescored, (server_mono_ns() - t0) / 1000000u);
+}
+
+/* One run of consolidate_tenant (which counts it in the metrics). */
+static void run_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, const char *trigger,
+                       consolidate_result *out)
 {
     memset(out, 0, sizeof(*out));
     run r = {.s = s,
@@ -661,9 +676,9 @@ static void scheduled(bg_ctx *ctx, void *arg)
 {
     server *s = arg;
     char err[256], hours[64];
-    snprintf(hours, sizeof(hours), "{%d,%d,%d}", s->tiers[TIER_FREE].consolidation_hours,
-             s->tiers[TIER_STANDARD].consolidation_hours,
-             s->tiers[TIER_PREMIUM].consolidation_hours);
+    const tier_limits *tl = s->tiers; /* one snapshot (a SIGHUP may publish another) */
+    snprintf(hours, sizeof(hours), "{%d,%d,%d}", tl[TIER_FREE].consolidation_hours,
+             tl[TIER_STANDARD].consolidation_hours, tl[TIER_PREMIUM].consolidation_hours);
     PGconn *pg = bg_conn(ctx, err, sizeof(err));
     if (!pg)
         return;
@@ -707,4 +722,9 @@ static void scheduled(bg_ctx *ctx, void *arg)
 int consolidate_start(server *s)
 {
     return bg_every(s->bg, (unsigned)s->cfg.consolidate_check_interval_s * 1000u, scheduled, s);
+}
+
+int consolidate_set_interval(server *s, int interval_s)
+{
+    return bg_every_set(s->bg, scheduled, s, (unsigned)interval_s * 1000u);
 }

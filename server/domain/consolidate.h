@@ -46,4 +46,9 @@ void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, co
  * whose tier cadence has elapsed). Returns 0 or -ENOMEM. */
 int consolidate_start(server *s);
 
+/* consolidate_set_interval makes the scheduler look every interval_s seconds from now on
+ * (consolidate_check_interval_s reloaded on SIGHUP). Returns 0 or -ENOENT before
+ * consolidate_start. */
+int consolidate_set_interval(server *s, int interval_s);
+
 #endif

@@ -23,9 +23,9 @@
 static int purge_sessions(bg_ctx *ctx, PGconn *pg, server *s)
 {
     char err[256], days[64];
-    snprintf(days, sizeof(days), "{%d,%d,%d}", s->tiers[TIER_FREE].session_retention_days,
-             s->tiers[TIER_STANDARD].session_retention_days,
-             s->tiers[TIER_PREMIUM].session_retention_days);
+    const tier_limits *tl = s->tiers; /* one snapshot (a SIGHUP may publish another) */
+    snprintf(days, sizeof(days), "{%d,%d,%d}", tl[TIER_FREE].session_retention_days,
+             tl[TIER_STANDARD].session_retention_days, tl[TIER_PREMIUM].session_retention_days);
     long long total = 0;
     for (int i = 0; i < SESSION_ROUNDS; i++) {
         const char *vals[] = {days, SESSION_BATCH};
@@ -123,4 +123,9 @@ int maint_start(server *s)
 {
     unsigned ms = (unsigned)s->cfg.maintenance_interval_s * 1000u;
     return bg_every(s->bg, ms, purge_expired, s);
+}
+
+int maint_set_interval(server *s, int interval_s)
+{
+    return bg_every_set(s->bg, purge_expired, s, (unsigned)interval_s * 1000u);
 }

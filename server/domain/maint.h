@@ -14,4 +14,8 @@
 /* maint_start registers the periodic tasks with s->bg. Returns 0 or -ENOMEM. */
 int maint_start(server *s);
 
+/* maint_set_interval makes the periodic tasks run every interval_s seconds from now on
+ * (maintenance_interval_s reloaded on SIGHUP). Returns 0 or -ENOENT before maint_start. */
+int maint_set_interval(server *s, int interval_s);
+
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "idmap.h"
+#include "metrics.h"
 #include "worker.h"
 
 typedef struct gc_group {
@@ -96,6 +97,8 @@ static void group_next(gc_group *g)
     int rc = g->ops->build(j->m, n, &q, &p);
     if (rc == 0)
         rc = db_submit(req_db(j->m[0]), g->tenant, &q, 1, group_done, j);
+    if (rc == 0)
+        metrics_group_commit(n);
     if (rc < 0) {
         for (size_t i = 0; i < n; i++) {
             if (rc == -EAGAIN)

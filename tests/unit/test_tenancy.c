@@ -104,9 +104,12 @@ static void setup(void)
     memset(&srv, 0, sizeof(srv));
     /* free: 5 requests, then one per 1000 s (never within this test); standard: unlimited
      * rate; premium: 3 requests */
-    srv.tiers[TIER_FREE] = (tier_limits){.rate_per_s = 0.001, .rate_burst = 5};
-    srv.tiers[TIER_STANDARD] = (tier_limits){.rate_per_s = 0, .rate_burst = 1};
-    srv.tiers[TIER_PREMIUM] = (tier_limits){.rate_per_s = 0.001, .rate_burst = 3};
+    static const tier_limits tl[TIER_COUNT] = {
+        [TIER_FREE] = {.rate_per_s = 0.001, .rate_burst = 5},
+        [TIER_STANDARD] = {.rate_per_s = 0, .rate_burst = 1},
+        [TIER_PREMIUM] = {.rate_per_s = 0.001, .rate_burst = 3},
+    };
+    srv.tiers = tl;
     srv.cfg.index_engine = "native";
     srv.tenants = tenants_create(&srv);
     srv.tenancy = tenancy_create(&srv);

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# bench/tenant-memory.sh [BUILDDIR]: measures the memory one tenant of 50,000 memories of
+# 768 dimensions costs engramd (the sizing figure of docs/operations.md). Uses a release
+# build (default build-bench/, as bench/run-targets.sh makes it; build-rel/ or build/ work
+# too), its own PostgreSQL cluster in var/tenant-memory/pg and its own engramd on
+# 127.0.0.1:7620/7621. Prints the resident memory and the index bytes:
+#   1. just started (on the first run, before any tenant exists; later runs preload it);
+#   2. after loading the tenant (engram-bench --workload load: memory.store_batch; the first
+#      run only, later runs reuse the data) and one second of searches, which loads its
+#      index (from the database, or from its snapshot on later runs);
+#   3. after a restart (the index snapshot is written at shutdown) and one second of
+#      searches: the index loaded from its snapshot, nothing else warm;
+#   4. after 15 s of searches (the row cache holds the rows searches returned).
+# Environment: TM_MEMORIES (50000), TM_DIM (768), TM_OUT (var/tenant-memory).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../deploy/lib.sh"
+cd "$ENGRAM_ROOT"
+build=${1:-build-bench}
+n=${TM_MEMORIES:-50000}
+dim=${TM_DIM:-768}
+out=${TM_OUT:-var/tenant-memory}
+bin=$build/server/engramd
+bench=$build/bench/engram-bench
+[ -x "$bin" ] && [ -x "$bench" ] || die "$bin or $bench missing: build a release first"
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+pg_cluster_init "$out/pg" >/dev/null
+pg_cluster_start "$out/pg" engram_tm
+pid=
+stop() {
+    [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+    pid=
+}
+trap 'stop; pg_cluster_stop "$out/pg"' EXIT
+start() {
+    "$bin" --pg-dsn "$PG_DSN" --rpc-port 7620 --http-port 7621 --data-dir "$out/data" \
+        --admin-key-file "$out/admin.key" --premium-max-memories 0 --premium-rate-per-s 0 \
+        >>"$out/engramd.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 600); do
+        curl -sf http://127.0.0.1:7621/healthz 2>/dev/null | grep -q '"indexes":"loaded"' && return 0
+        sleep 0.2
+    done
+    die "engramd did not start, see $out/engramd.log"
+}
+metric() { curl -sf http://127.0.0.1:7621/metrics | awk -v m="$1" '$1 == m { printf "%.0f", $2 }'; }
+report() {
+    local rss idx vec
+    rss=$(metric engram_process_resident_bytes)
+    idx=$(metric engram_index_bytes)
+    vec=$(metric engram_index_vectors)
+    printf '%-44s RSS %7.1f MiB   index %7.1f MiB   vectors %s\n' "$1" \
+        "$(echo "$rss / 1048576" | bc -l)" "$(echo "$idx / 1048576" | bc -l)" "$vec" | tee -a "$out/report.txt"
+}
+: >"$out/report.txt"
+echo "engramd $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $n x $dim, $(date -u +%FT%TZ)" | tee -a "$out/report.txt"
+start
+report "1. started (first run: no tenant yet)"
+"$bench" --port 7620 --http-port 7621 --admin-key-file "$out/admin.key" --workload load \
+    --tenants 1 --memories "$n" --dim "$dim" --reuse --state-file "$out/bench.state" \
+    --tenant-prefix tm --quiet >"$out/load.log" 2>&1 || die "load failed, see $out/load.log"
+search1() {
+    "$bench" --port 7620 --http-port 7621 --admin-key-file "$out/admin.key" --workload search \
+        --tenants 1 --memories "$n" --dim "$dim" --reuse --state-file "$out/bench.state" \
+        --tenant-prefix tm --duration 1 --warmup 0 --quiet >"$out/search1.log" 2>&1 ||
+        die "search failed, see $out/search1.log"
+}
+search1
+report "2. loaded, index in memory"
+stop
+start
+search1
+report "3. restarted, index from its snapshot"
+"$bench" --port 7620 --http-port 7621 --admin-key-file "$out/admin.key" --workload search \
+    --tenants 1 --memories "$n" --dim "$dim" --reuse --state-file "$out/bench.state" \
+    --tenant-prefix tm --duration 15 --warmup 1 --connections 4 --quiet >"$out/search.log" 2>&1 ||
+    die "search failed, see $out/search.log"
+report "4. after 15 s of searches (row cache warm)"
+grep -E "index loaded|snapshot" "$out/engramd.log" | tail -3 || true

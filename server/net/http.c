@@ -14,6 +14,7 @@
 
 #include "bg.h"
 #include "climits.h"
+#include "console.h"
 #include "metrics.h"
 #include "rowcache.h"
 #include "tenants.h"
@@ -230,6 +231,8 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
 static void on_other(struct evhttp_request *rq, void *arg)
 {
     if (refuse_plain(arg, rq))
+        return;
+    if (console_serve(rq))
         return;
     evhttp_send_error(rq, 404, "not found: try /healthz or /metrics");
 }

@@ -59,26 +59,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
                       void *arg)
 {
     app *a = arg;
-    server *s = &a->srv;
-    uint64_t key;
-    if (atomic_load(&s->nconns) >= s->cfg.max_connections) {
-        metrics_conn_refused();
-        close(fd);
-        return;
-    }
-    if (!climits_addr_take(s->limits_cl, addr, &key)) {
-        /* one address holding its share: the others' slots stay free */
-        metrics_conn_refused();
-        close(fd);
-        return;
-    }
-    atomic_fetch_add(&s->nconns, 1);
-    worker *w = s->workers[a->next_worker++ % s->nworkers];
-    if (worker_adopt(w, fd, key) < 0) {
-        atomic_fetch_sub(&s->nconns, 1);
-        climits_addr_release(s->limits_cl, key);
-        close(fd);
-    }
+    worker_accept(&a->srv, fd, addr, &a->next_worker, false);
 }
 
 static void on_relisten(evutil_socket_t fd, short what, void *arg)
@@ -112,6 +93,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
              sig == SIGINT ? "SIGINT" : "SIGTERM", a->srv.cfg.shutdown_timeout_ms);
     if (a->listener)
         evconnlistener_disable(a->listener);
+    http_stop_accepting(a->http);
     for (unsigned i = 0; i < a->srv.nworkers; i++)
         worker_drain(a->srv.workers[i]);
     event_base_loopexit(a->base, NULL);

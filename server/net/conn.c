@@ -15,6 +15,7 @@
 #include <event2/event.h>
 
 #include "climits.h"
+#include "hapi.h"
 #include "log.h"
 #include "metrics.h"
 #include "req.h"
@@ -64,6 +65,7 @@ struct conn {
     uint64_t addr_key;        /* climits' count of connections from the peer's address */
     unsigned inflight;
     conn_auth auth;
+    hapi *hx; /* HTTP state (a connection of the HTTP port); NULL: MessagePack-RPC */
 };
 
 static void process_input(conn *c);
@@ -77,6 +79,7 @@ static void conn_free(conn *c)
 {
     climits_buffered(c->srv->limits_cl, -(long long)c->in_cap);
     rpc_scanner_destroy(c->scan);
+    hapi_destroy(c->hx);
     free(c->in);
     free(c);
 }
@@ -264,6 +267,17 @@ void conn_write(conn *c, const void *data, size_t len)
 {
     if (!c->open)
         return;
+    if (c->hx) {
+        hapi_on_response(c->hx, data, len);
+        return;
+    }
+    conn_send(c, data, len);
+}
+
+void conn_send(conn *c, const void *data, size_t len)
+{
+    if (!c->open)
+        return;
     if (evbuffer_add(bufferevent_get_output(c->bev), data, len) < 0) {
         log_warn("connection: cannot buffer a response (out of memory); closing");
         conn_close(c);
@@ -280,6 +294,11 @@ void conn_request_finished(conn *c)
         return;
     bool was_paused = c->paused;
     check_backpressure(c);
+    /* HTTP answers one request at a time: the next one may be waiting in the buffer */
+    if (c->hx && !c->paused) {
+        process_input(c);
+        return;
+    }
     /* complete messages may be waiting in our buffer from before the pause */
     if (was_paused && !c->paused)
         process_input(c);
@@ -340,6 +359,34 @@ static void process_input(conn *c)
          * small requests with large answers would pass any budget many times over */
         if (c->paused)
             break;
+        if (c->hx) {
+            size_t used = 0;
+            int st = hapi_step(c->hx, c->in + off, c->in_len - off, &used);
+            off += used;
+            if (used)
+                c->msg_started_ms = 0;
+            if (st == HAPI_AGAIN)
+                continue;
+            if (st == HAPI_BUSY)
+                break;
+            if (st == HAPI_CLOSE) {
+                conn_close_after_flush(c);
+                break;
+            }
+            long got = pull_input(c, off);
+            off = 0;
+            if (got < 0) {
+                log_warn("connection: cannot read a request (%s); closing", strerror((int)-got));
+                conn_close(c);
+                break;
+            }
+            if (got == 0) {
+                if (c->in_len > 0 && c->msg_started_ms == 0)
+                    c->msg_started_ms = mono_ms();
+                break;
+            }
+            continue;
+        }
         size_t mlen = 0;
         char err[256];
         int rc = RPC_E_INCOMPLETE;
@@ -397,6 +444,18 @@ static void process_input(conn *c)
         update_reading(c); /* the input may have filled up or drained (input_full) */
     c->processing = false;
     conn_unref(c);
+}
+
+int conn_dispatch(conn *c, const uint8_t *msg, size_t len)
+{
+    c->inflight++;
+    c->last_active_ms = mono_ms();
+    return req_dispatch(c, msg, len);
+}
+
+server *conn_server(conn *c)
+{
+    return c->srv;
 }
 
 static void on_read(struct bufferevent *bev, void *arg)
@@ -517,6 +576,13 @@ void conn_tick(conn *c, uint64_t now)
      * deadline however slowly it trickles in */
     if (started && now - started > (uint64_t)cfg->frame_timeout_ms) {
         log_debug("connection: message not completed within %d ms; closing", cfg->frame_timeout_ms);
+        metrics_slow_closed();
+        if (c->hx && (!c->ssl || c->tls_up) && hapi_timeout(c->hx)) {
+            /* 408 went out: close once it is sent */
+            c->msg_started_ms = c->rec_started_ms = 0;
+            conn_close_after_flush(c);
+            return;
+        }
         conn_close(c);
         return;
     }
@@ -533,7 +599,8 @@ void conn_tick(conn *c, uint64_t now)
             return;
         }
     }
-    if (!c->auth.authenticated && cfg->auth_timeout_s > 0 &&
+    /* an HTTP connection authenticates each request (its bearer key), not the connection */
+    if (!c->hx && !c->auth.authenticated && cfg->auth_timeout_s > 0 &&
         now - c->opened_ms > (uint64_t)cfg->auth_timeout_s * 1000u) {
         log_debug("connection: not authenticated within %d s; closing", cfg->auth_timeout_s);
         if (c->ssl && !c->tls_up)
@@ -566,7 +633,7 @@ void conn_tick(conn *c, uint64_t now)
     }
 }
 
-conn *conn_create(worker *w, int fd, uint64_t addr_key)
+conn *conn_create(worker *w, int fd, uint64_t addr_key, bool http)
 {
     conn *c = calloc(1, sizeof(*c));
     if (!c) {
@@ -579,6 +646,8 @@ conn *conn_create(worker *w, int fd, uint64_t addr_key)
     c->refs = 1; /* the open socket's reference */
     c->scan = rpc_scanner_create(&c->srv->limits);
     int one = 1;
+    if (http && !(c->hx = hapi_create(c)))
+        goto fail;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     evutil_make_socket_nonblocking(fd);
     if (!c->scan)
@@ -593,6 +662,7 @@ conn *conn_create(worker *w, int fd, uint64_t addr_key)
                                                 BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);
         if (!c->bev) {
             rpc_scanner_destroy(c->scan);
+            hapi_destroy(c->hx);
             free(c);
             return NULL;
         }
@@ -618,6 +688,7 @@ conn *conn_create(worker *w, int fd, uint64_t addr_key)
 fail:
     close(fd);
     rpc_scanner_destroy(c->scan);
+    hapi_destroy(c->hx);
     free(c);
     return NULL;
 }

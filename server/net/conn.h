@@ -26,8 +26,10 @@ typedef struct conn_auth {
 } conn_auth;
 
 /* conn_create wraps fd (taking ownership) on worker w; the connection releases addr_key (see
- * climits_addr_take) when it closes. Returns NULL (fd closed, key not released) on failure. */
-conn *conn_create(worker *w, int fd, uint64_t addr_key);
+ * climits_addr_take) when it closes. http: the connection speaks HTTP/1.1 (the HTTP port,
+ * hapi.h) instead of MessagePack-RPC. Returns NULL (fd closed, key not released) on
+ * failure. */
+conn *conn_create(worker *w, int fd, uint64_t addr_key, bool http);
 
 /* conn_ref / conn_unref manage the references requests hold. */
 void conn_ref(conn *c);
@@ -36,8 +38,21 @@ void conn_unref(conn *c);
 /* conn_alive tells whether the socket is still open (responses can still be sent). */
 bool conn_alive(conn *c);
 
-/* conn_write appends a response to the output; dropped when the connection is closed. */
+/* conn_write appends a response to the output; dropped when the connection is closed. On an
+ * HTTP connection the response (a MessagePack-RPC message) goes to hapi_on_response, which
+ * writes its HTTP form with conn_send. */
 void conn_write(conn *c, const void *data, size_t len);
+
+/* conn_send appends len bytes to the output as they are (closes the connection when out of
+ * memory; dropped when it is closed). */
+void conn_send(conn *c, const void *data, size_t len);
+
+/* conn_dispatch hands one complete MessagePack-RPC message of c to req_dispatch, counting
+ * it in flight (hapi.c; conn.c's own loop does the same). Returns req_dispatch's result. */
+int conn_dispatch(conn *c, const uint8_t *msg, size_t len);
+
+/* conn_server returns the server c belongs to. */
+server *conn_server(conn *c);
 
 /* conn_request_finished tells c that one of its requests completed (resumes reading if
  * it was paused at the in-flight limit). */

@@ -1,84 +1,39 @@
-/* server/net/http.c: /healthz and /metrics (see http.h). */
+/* server/net/http.c: the HTTP port's listener and its GET endpoints (see http.h). */
 #include "http.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
-#include <event2/http.h>
-#include <event2/keyvalq_struct.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <event2/util.h>
 
 #include "bg.h"
 #include "climits.h"
-#include "console.h"
+#include "log.h"
 #include "metrics.h"
+#include "openapi.h"
 #include "rowcache.h"
 #include "tenants.h"
 #include "tls.h"
+#include "worker.h"
 
 struct http_srv {
     server *srv;
-    struct evhttp *http;
+    struct evconnlistener *listener;
+    struct event *ev_relisten;
+    unsigned next_worker;
 };
 
-static void reply(struct evhttp_request *rq, int code, const char *reason, const char *ctype,
-                  struct evbuffer *body)
+/* GET /healthz: start-up finished, not draining, every worker's database connection ready,
+ * the change listener connected, the indexes preloaded. Unchanged since before the JSON
+ * API; /readyz is the narrower readiness check. */
+static int on_healthz(server *s, struct evbuffer *b)
 {
-    evhttp_add_header(evhttp_request_get_output_headers(rq), "Content-Type", ctype);
-    evhttp_send_reply(rq, code, reason, body);
-}
-
-/* With TLS on, every connection gets a TLS bufferevent (make_bev); evhttp falls back to a
- * plain one only when that could not be made (out of memory). Such a connection is
- * answered nothing but an error: the port never serves plain HTTP. */
-static bool refuse_plain(http_srv *h, struct evhttp_request *rq)
-{
-    if (!h->srv->tls)
-        return false;
-    struct evhttp_connection *ec = evhttp_request_get_connection(rq);
-    struct bufferevent *bev = ec ? evhttp_connection_get_bufferevent(ec) : NULL;
-    if (bev && bufferevent_openssl_get_ssl(bev))
-        return false;
-    evhttp_send_error(rq, 503, "TLS session unavailable");
-    return true;
-}
-
-/* Every connection's bufferevent is made here and owns its socket (BEV_OPT_CLOSE_ON_FREE),
- * so libevent removes the socket's events before it closes the socket. With evhttp's own
- * bufferevent, evhttp closes the socket first and the deferred removal then calls epoll_ctl
- * on the closed descriptor number, which another thread (a snapshot file, the stray-file
- * sweep) may already have reused; ThreadSanitizer reports that as a race. With TLS on, the
- * bufferevent is a TLS one. */
-static struct bufferevent *make_bev(struct event_base *base, void *arg)
-{
-    http_srv *h = arg;
-    if (!h->srv->tls)
-        return bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
-    struct ssl_st *ssl = tls_session_new(h->srv->tls);
-    if (!ssl)
-        return NULL;
-    struct bufferevent *bev = bufferevent_openssl_socket_new(
-        base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);
-    if (bev)
-        bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
-    return bev;
-}
-
-static void on_healthz(struct evhttp_request *rq, void *arg)
-{
-    http_srv *h = arg;
-    server *s = h->srv;
-    if (refuse_plain(h, rq))
-        return;
-    struct evbuffer *b = evbuffer_new();
-    if (!b) {
-        evhttp_send_error(rq, 500, "out of memory");
-        return;
-    }
     bool started = atomic_load(&s->ready);
     bool draining = atomic_load(&s->draining);
     unsigned ready = metrics_db_ready();
@@ -93,25 +48,48 @@ static void on_healthz(struct evhttp_request *rq, void *arg)
                         ok ? "ok" : "unavailable", started ? "true" : "false",
                         draining ? "true" : "false", db ? "up" : "down", ready,
                         listener ? "up" : "down", indexes ? "loaded" : "loading");
-    reply(rq, ok ? 200 : 503, ok ? "OK" : "Service Unavailable", "application/json", b);
-    evbuffer_free(b);
+    return ok ? 200 : 503;
 }
 
-static void on_metrics(struct evhttp_request *rq, void *arg)
+/* GET /readyz: may this process take traffic? Start-up finished, not draining, the indexes
+ * loaded and the database reachable (every worker holds a ready connection). 503 names the
+ * first reason. */
+static int on_readyz(server *s, struct evbuffer *b)
 {
-    http_srv *h = arg;
-    if (refuse_plain(h, rq))
-        return;
-    struct evbuffer *b = evbuffer_new();
-    if (!b) {
-        evhttp_send_error(rq, 500, "out of memory");
-        return;
-    }
+    bool started = atomic_load(&s->ready);
+    bool draining = atomic_load(&s->draining);
+    unsigned ready = metrics_db_ready();
+    bool db = ready >= s->nworkers;
+    bool indexes = s->tenants && tenants_preloaded(s->tenants);
+    const char *reason = !started   ? "starting up"
+                         : draining ? "shutting down"
+                         : !db      ? "database unreachable"
+                         : !indexes ? "indexes loading"
+                                    : NULL;
+    evbuffer_add_printf(b, "{\"status\":\"%s\",", reason ? "unavailable" : "ready");
+    if (reason)
+        evbuffer_add_printf(b, "\"reason\":\"%s\",", reason);
+    evbuffer_add_printf(b, "\"database\":\"%s\",\"db_connections_ready\":%u,\"indexes\":\"%s\"}\n",
+                        db ? "up" : "down", ready, indexes ? "loaded" : "loading");
+    return reason ? 503 : 200;
+}
+
+/* GET /livez: the process is alive; answered by a worker's event loop, so an answer at all
+ * means that loop runs. */
+static int on_livez(server *s, struct evbuffer *b)
+{
+    (void)s;
+    evbuffer_add_printf(b, "{\"status\":\"alive\"}\n");
+    return 200;
+}
+
+static int on_metrics(server *s, struct evbuffer *b)
+{
     tenants_metrics tm = {0};
-    if (h->srv->tenants)
-        tenants_stats(h->srv->tenants, &tm);
+    if (s->tenants)
+        tenants_stats(s->tenants, &tm);
     uint64_t rc_entries, rc_bytes, rc_hits, rc_misses;
-    rc_stats(h->srv->rows, &rc_entries, &rc_bytes, &rc_hits, &rc_misses);
+    rc_stats(s->rows, &rc_entries, &rc_bytes, &rc_hits, &rc_misses);
     /* resident memory from /proc/self/statm (second field, in pages) */
     double rss = 0;
     FILE *f = fopen("/proc/self/statm", "r");
@@ -129,13 +107,13 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
                      (double)tm.budget,     (double)tm.known,      (double)tm.by_kind[0],
                      (double)tm.by_kind[1], (double)tm.by_kind[2], rss};
     metrics_render(b, names, vals, sizeof(vals) / sizeof(vals[0]));
-    if (h->srv->tls)
+    if (s->tls)
         evbuffer_add_printf(b,
                             "# HELP engram_tls_certificate_expiry_timestamp_seconds When the "
                             "certificate served to new connections expires (Unix time).\n"
                             "# TYPE engram_tls_certificate_expiry_timestamp_seconds gauge\n"
                             "engram_tls_certificate_expiry_timestamp_seconds %lld\n",
-                            (long long)tls_not_after(h->srv->tls));
+                            (long long)tls_not_after(s->tls));
     evbuffer_add_printf(
         b,
         "# HELP engram_index_loads_total Index loads by source: a snapshot plus the changes "
@@ -174,7 +152,7 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
                         "messages buffered across all connections (max_output_total_bytes "
                         "bounds it).\n# TYPE engram_client_buffered_bytes gauge\n"
                         "engram_client_buffered_bytes %zu\n",
-                        h->srv->limits_cl ? climits_buffered_total(h->srv->limits_cl) : 0);
+                        s->limits_cl ? climits_buffered_total(s->limits_cl) : 0);
     evbuffer_add_printf(
         b, "# HELP engram_index_recall_estimate Recall@10 of searches as the recall monitor "
            "measures it, over the loaded indexes of a kind (exact kinds are 1): the lowest and "
@@ -224,56 +202,105 @@ static void on_metrics(struct evhttp_request *rq, void *arg)
                             sources[src], (double)tm.load_us[src] / 1e6, sources[src],
                             (unsigned long long)cum);
     }
-    reply(rq, 200, "OK", "text/plain; version=0.0.4", b);
-    evbuffer_free(b);
+    return 200;
 }
 
-static void on_other(struct evhttp_request *rq, void *arg)
+static int on_openapi(server *s, struct evbuffer *b)
 {
-    if (refuse_plain(arg, rq))
-        return;
-    if (console_serve(rq))
-        return;
-    evhttp_send_error(rq, 404, "not found: try /healthz or /metrics");
+    return openapi_render(s, b) == 0 ? 200 : 500;
+}
+
+/* The GET endpoints, by exact path. */
+static const struct {
+    const char *path;
+    int (*fn)(server *s, struct evbuffer *b);
+    const char *ctype;
+} routes[] = {
+    {"/healthz", on_healthz, "application/json"},
+    {"/livez", on_livez, "application/json"},
+    {"/metrics", on_metrics, "text/plain; version=0.0.4"},
+    {"/readyz", on_readyz, "application/json"},
+    {"/v1/openapi.json", on_openapi, "application/json"},
+};
+
+int http_get(server *s, const char *path, size_t n, struct evbuffer *body, const char **ctype)
+{
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+        if (strlen(routes[i].path) == n && memcmp(routes[i].path, path, n) == 0) {
+            *ctype = routes[i].ctype;
+            return routes[i].fn(s, body);
+        }
+    }
+    return 0;
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *addr, int len,
+                      void *arg)
+{
+    http_srv *h = arg;
+    worker_accept(h->srv, fd, addr, &h->next_worker, true);
+}
+
+static void on_relisten(evutil_socket_t fd, short what, void *arg)
+{
+    http_srv *h = arg;
+    if (h->listener && !atomic_load(&h->srv->draining))
+        evconnlistener_enable(h->listener);
+}
+
+/* On EMFILE/ENFILE the listener would spin on the pending connection: pause it briefly. */
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+    http_srv *h = arg;
+    log_warn("HTTP port: accept failed: %s; pausing for 100 ms", strerror(EVUTIL_SOCKET_ERROR()));
+    evconnlistener_disable(l);
+    struct timeval tv = {.tv_sec = 0, .tv_usec = 100000};
+    evtimer_add(h->ev_relisten, &tv);
 }
 
 http_srv *http_start(server *s, struct event_base *base, const char *host, int port, char *err,
                      size_t errlen)
 {
+    struct sockaddr_storage ss;
+    int sslen = sizeof(ss);
+    char hostport[300];
+    snprintf(hostport, sizeof(hostport), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    if (evutil_parse_sockaddr_port(hostport, (struct sockaddr *)&ss, &sslen) < 0) {
+        snprintf(err, errlen, "listen_host '%s' is not an IP address", host);
+        return NULL;
+    }
     http_srv *h = calloc(1, sizeof(*h));
     if (!h) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
     h->srv = s;
-    h->http = evhttp_new(base);
-    if (!h->http) {
-        snprintf(err, errlen, "out of memory");
-        free(h);
+    h->ev_relisten = evtimer_new(base, on_relisten, h);
+    h->listener =
+        evconnlistener_new_bind(base, on_accept, h, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 1024,
+                                (struct sockaddr *)&ss, sslen);
+    if (!h->listener || !h->ev_relisten) {
+        snprintf(err, errlen, "cannot bind HTTP port %s: %s", hostport, strerror(errno));
+        http_stop(h);
         return NULL;
     }
-    evhttp_set_allowed_methods(h->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
-    evhttp_set_max_headers_size(h->http, 16384);
-    evhttp_set_max_body_size(h->http, 0);
-    evhttp_set_timeout(h->http, 10);
-    evhttp_set_cb(h->http, "/healthz", on_healthz, h);
-    evhttp_set_cb(h->http, "/readyz", on_healthz, h); /* the same checks, by the usual name */
-    evhttp_set_cb(h->http, "/metrics", on_metrics, h);
-    evhttp_set_gencb(h->http, on_other, h);
-    evhttp_set_bevcb(h->http, make_bev, h);
-    if (!evhttp_bind_socket_with_handle(h->http, host, (ev_uint16_t)port)) {
-        snprintf(err, errlen, "cannot bind HTTP port %s:%d", host, port);
-        evhttp_free(h->http);
-        free(h);
-        return NULL;
-    }
+    evconnlistener_set_error_cb(h->listener, on_accept_error);
     return h;
+}
+
+void http_stop_accepting(http_srv *h)
+{
+    if (h && h->listener)
+        evconnlistener_disable(h->listener);
 }
 
 void http_stop(http_srv *h)
 {
     if (!h)
         return;
-    evhttp_free(h->http);
+    if (h->listener)
+        evconnlistener_free(h->listener);
+    if (h->ev_relisten)
+        event_free(h->ev_relisten);
     free(h);
 }

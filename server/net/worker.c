@@ -382,6 +382,7 @@ typedef struct adopt_msg {
     worker *w;
     int fd;
     uint64_t addr_key;
+    bool http;
 } adopt_msg;
 
 static void do_adopt(void *arg)
@@ -391,7 +392,7 @@ static void do_adopt(void *arg)
         close(a->fd);
         atomic_fetch_sub(&a->w->srv->nconns, 1);
         climits_addr_release(a->w->srv->limits_cl, a->addr_key);
-    } else if (!conn_create(a->w, a->fd, a->addr_key)) {
+    } else if (!conn_create(a->w, a->fd, a->addr_key, a->http)) {
         log_warn("worker %u: cannot set up a connection (out of memory)", a->w->idx);
         atomic_fetch_sub(&a->w->srv->nconns, 1);
         climits_addr_release(a->w->srv->limits_cl, a->addr_key);
@@ -399,7 +400,7 @@ static void do_adopt(void *arg)
     free(a);
 }
 
-int worker_adopt(worker *w, int fd, uint64_t addr_key)
+int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http)
 {
     adopt_msg *a = malloc(sizeof(*a));
     if (!a)
@@ -407,10 +408,34 @@ int worker_adopt(worker *w, int fd, uint64_t addr_key)
     a->w = w;
     a->fd = fd;
     a->addr_key = addr_key;
+    a->http = http;
     int rc = worker_post(w, do_adopt, a);
     if (rc < 0)
         free(a);
     return rc;
+}
+
+void worker_accept(server *s, int fd, const struct sockaddr *addr, unsigned *next, bool http)
+{
+    uint64_t key;
+    if (atomic_load(&s->nconns) >= s->cfg.max_connections) {
+        metrics_conn_refused();
+        close(fd);
+        return;
+    }
+    if (!climits_addr_take(s->limits_cl, addr, &key)) {
+        /* one address holding its share: the others' slots stay free */
+        metrics_conn_refused();
+        close(fd);
+        return;
+    }
+    atomic_fetch_add(&s->nconns, 1);
+    worker *w = s->workers[(*next)++ % s->nworkers];
+    if (worker_adopt(w, fd, key, http) < 0) {
+        atomic_fetch_sub(&s->nconns, 1);
+        climits_addr_release(s->limits_cl, key);
+        close(fd);
+    }
 }
 
 struct event_base *worker_base(worker *w)

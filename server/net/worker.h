@@ -8,6 +8,7 @@
 #define ENGRAM_SERVER_WORKER_H
 
 #include <stdbool.h>
+#include <sys/socket.h>
 
 #include "db.h"
 #include "server.h"
@@ -40,8 +41,15 @@ void worker_destroy(worker *w);
 int worker_post(worker *w, void (*fn)(void *arg), void *arg);
 
 /* worker_adopt hands a freshly accepted socket to w (any thread); w owns fd from now on, and
- * the connection releases addr_key (climits_addr_take) when it closes. */
-int worker_adopt(worker *w, int fd, uint64_t addr_key);
+ * the connection releases addr_key (climits_addr_take) when it closes. http: a connection of
+ * the HTTP port (conn_create). */
+int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http);
+
+/* worker_accept admits a socket accepted on the RPC port (http false) or the HTTP port
+ * under the limits both share (max_connections, max_connections_per_address), refusing it
+ * (closed, counted) when over them, and hands it to the next worker, round robin (*next).
+ * Takes ownership of fd. Main thread (the listeners' loop). */
+void worker_accept(server *s, int fd, const struct sockaddr *addr, unsigned *next, bool http);
 
 /* Accessors, valid on the worker's thread. */
 struct event_base *worker_base(worker *w);

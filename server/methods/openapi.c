@@ -1,0 +1,238 @@
+/* server/methods/openapi.c: the OpenAPI 3.1 document of the JSON API (see openapi.h). */
+#include "openapi.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+#include "methods.h"
+
+/* The HTTP status each error code is answered with (hapi.c uses the same table). */
+static const int statuses[] = {400, 401, 402, 403, 404, 409, 413, 429, 500, 503};
+
+static const char *status_text(int st)
+{
+    switch (st) {
+    case 400:
+        return "invalid_argument or malformed_request (the JSON body is not an object)";
+    case 401:
+        return "unauthenticated: no, or an invalid, revoked or unknown bearer key";
+    case 402:
+        return "cost_limit_exceeded: a session's cost cap would be passed";
+    case 403:
+        return "permission_denied: admin-only or tenant-only method";
+    case 404:
+        return "not_found, or unknown_method";
+    case 409:
+        return "conflict or already_exists";
+    case 413:
+        return "the body passes max_message_bytes";
+    case 429:
+        return "rate_limited or quota_exceeded; Retry-After when the server knows when";
+    case 500:
+        return "internal";
+    case 503:
+        return "unavailable: retry";
+    }
+    return "error";
+}
+
+static void put_bound(struct evbuffer *b, const char *key, double v, bool integer)
+{
+    if (!isfinite(v))
+        return;
+    if (integer && v >= -9.2e18 && v <= 9.2e18 && v == (double)(long long)v)
+        evbuffer_add_printf(b, ",\"%s\":%lld", key, (long long)v);
+    else
+        evbuffer_add_printf(b, ",\"%s\":%.17g", key, v);
+}
+
+/* "type": T, or [T, "null"] for a nullable parameter. */
+static void put_type(struct evbuffer *b, const char *t, bool nullable)
+{
+    if (nullable)
+        evbuffer_add_printf(b, "\"type\":[\"%s\",\"null\"]", t);
+    else
+        evbuffer_add_printf(b, "\"type\":\"%s\"", t);
+}
+
+static void put_schema(struct evbuffer *b, const rpc_param *p)
+{
+    bool nul = (p->flags & RPC_P_NULLABLE) != 0;
+    bool rng = (p->flags & RPC_P_RANGE) != 0;
+    double lo = rng ? p->min : -INFINITY, hi = rng ? p->max : INFINITY;
+    evbuffer_add(b, "{", 1);
+    switch (p->type) {
+    case RPC_T_ANY:
+        evbuffer_add_printf(b, "\"description\":\"any JSON value\"");
+        break;
+    case RPC_T_BOOL:
+        put_type(b, "boolean", nul);
+        break;
+    case RPC_T_UINT:
+        put_type(b, "integer", nul);
+        put_bound(b, "minimum", lo > 0 ? lo : 0, true);
+        put_bound(b, "maximum", hi, true);
+        break;
+    case RPC_T_INT:
+        put_type(b, "integer", nul);
+        put_bound(b, "minimum", lo, true);
+        put_bound(b, "maximum", hi, true);
+        break;
+    case RPC_T_NUM:
+        put_type(b, "number", nul);
+        put_bound(b, "minimum", lo, false);
+        put_bound(b, "maximum", hi, false);
+        break;
+    case RPC_T_STR:
+        put_type(b, "string", nul);
+        put_bound(b, "minLength", lo, true);
+        put_bound(b, "maxLength", hi, true);
+        if (rng)
+            evbuffer_add_printf(b, ",\"description\":\"length bounds count UTF-8 bytes\"");
+        break;
+    case RPC_T_BIN:
+        put_type(b, "string", nul);
+        evbuffer_add_printf(b, ",\"contentEncoding\":\"base64\"");
+        break;
+    case RPC_T_ARRAY:
+        put_type(b, "array", nul);
+        put_bound(b, "minItems", lo, true);
+        put_bound(b, "maxItems", hi, true);
+        break;
+    case RPC_T_MAP:
+        put_type(b, "object", nul);
+        put_bound(b, "minProperties", lo, true);
+        put_bound(b, "maxProperties", hi, true);
+        break;
+    case RPC_T_VECTOR:
+        evbuffer_add_printf(b, "\"oneOf\":[{\"$ref\":\"#/components/schemas/VectorArray\"");
+        put_bound(b, "minItems", lo, true);
+        put_bound(b, "maxItems", hi, true);
+        evbuffer_add_printf(b, "},{\"$ref\":\"#/components/schemas/VectorBase64\"}%s]",
+                            nul ? ",{\"type\":\"null\"}" : "");
+        break;
+    case RPC_T_STR_ARRAY:
+        put_type(b, "array", nul);
+        evbuffer_add_printf(b, ",\"items\":{\"type\":\"string\"}");
+        put_bound(b, "minItems", lo, true);
+        put_bound(b, "maxItems", hi, true);
+        break;
+    case RPC_T_UINT_ARRAY:
+        put_type(b, "array", nul);
+        evbuffer_add_printf(b, ",\"items\":{\"type\":\"integer\",\"minimum\":0}");
+        put_bound(b, "minItems", lo, true);
+        put_bound(b, "maxItems", hi, true);
+        break;
+    }
+    evbuffer_add(b, "}", 1);
+}
+
+static void put_method(struct evbuffer *b, const method_def *m)
+{
+    evbuffer_add_printf(b, "\"/v1/rpc/%s\":{\"post\":{\"operationId\":\"", m->name);
+    for (const char *c = m->name; *c; c++)
+        evbuffer_add(b, *c == '.' ? "_" : c, 1);
+    const char *dot = strchr(m->name, '.');
+    evbuffer_add_printf(b, "\",\"tags\":[\"%.*s\"],",
+                        dot ? (int)(dot - m->name) : (int)strlen(m->name), m->name);
+    evbuffer_add_printf(b, "\"summary\":\"%s (docs/protocol.md)\",\"description\":\"%s%s%s\",",
+                        m->name, (m->flags & M_ADMIN) ? "Needs the admin key. " : "",
+                        (m->flags & M_TENANT) ? "Needs a tenant API key. " : "",
+                        (m->flags & M_QUERY) ? "Counts toward the tier's daily query limit." : "");
+    if (m->flags & M_PUBLIC)
+        evbuffer_add_printf(b, "\"security\":[],");
+    /* the body: one object of named parameters (aliases are further names of the one before) */
+    bool any_required = false;
+    evbuffer_add_printf(b, "\"requestBody\":{\"content\":{\"application/json\":{\"schema\":{"
+                           "\"type\":\"object\",\"additionalProperties\":false,\"properties\":{");
+    for (size_t k = 0; k < m->nparams; k++) {
+        const rpc_param *p = &m->params[k];
+        evbuffer_add_printf(b, "%s\"%s\":", k ? "," : "", p->name);
+        if (p->flags & RPC_P_ALIAS) {
+            /* the schema of the parameter it names, and which that is */
+            size_t j = k;
+            while (j > 0 && (m->params[j].flags & RPC_P_ALIAS))
+                j--;
+            rpc_param q = m->params[j];
+            q.flags = (q.flags & ~RPC_P_REQUIRED) | RPC_P_NULLABLE;
+            evbuffer_add_printf(b, "{\"description\":\"another name of '%s'\",\"allOf\":[",
+                                m->params[j].name);
+            put_schema(b, &q);
+            evbuffer_add(b, "]}", 2);
+            continue;
+        }
+        put_schema(b, p);
+        any_required = any_required || (p->flags & RPC_P_REQUIRED);
+    }
+    evbuffer_add_printf(b, "}");
+    if (any_required) {
+        evbuffer_add_printf(b, ",\"required\":[");
+        bool first = true;
+        for (size_t k = 0; k < m->nparams; k++) {
+            if (!(m->params[k].flags & RPC_P_REQUIRED) || (m->params[k].flags & RPC_P_ALIAS))
+                continue;
+            evbuffer_add_printf(b, "%s\"%s\"", first ? "" : ",", m->params[k].name);
+            first = false;
+        }
+        evbuffer_add_printf(b, "]");
+    }
+    evbuffer_add_printf(b, "}}},\"required\":%s},", any_required ? "true" : "false");
+    evbuffer_add_printf(b,
+                        "\"responses\":{\"200\":{\"description\":\"the result (see "
+                        "docs/protocol.md)\",\"content\":{\"application/json\":{\"schema\":{}}}}");
+    for (size_t i = 0; i < sizeof(statuses) / sizeof(statuses[0]); i++)
+        evbuffer_add_printf(b, ",\"%d\":{\"$ref\":\"#/components/responses/E%d\"}", statuses[i],
+                            statuses[i]);
+    evbuffer_add_printf(b, "}}}");
+}
+
+int openapi_render(const server *s, struct evbuffer *out)
+{
+    (void)s;
+    struct evbuffer *b = evbuffer_new();
+    if (!b)
+        return -ENOMEM;
+    evbuffer_add_printf(
+        b, "{\"openapi\":\"3.1.0\",\"info\":{\"title\":\"Engram HTTP/JSON API\",\"version\":\"1\","
+           "\"description\":\"Every method of the MessagePack-RPC protocol (docs/protocol.md) as "
+           "POST /v1/rpc/{method} with a JSON object of its named parameters. Binary values are "
+           "base64 strings; embeddings are also accepted as arrays of numbers and returned as "
+           "arrays with ?embeddings=array.\"},"
+           "\"security\":[{\"bearer\":[]}],\"paths\":{");
+    bool first = true;
+    for (size_t i = 0; i < methods_count; i++) {
+        const method_def *m = &methods_table[i];
+        if (m->flags & M_AUTH)
+            continue; /* the bearer key of each request does its job */
+        if (!first)
+            evbuffer_add(b, ",", 1);
+        first = false;
+        put_method(b, m);
+    }
+    evbuffer_add_printf(
+        b, "},\"components\":{\"securitySchemes\":{\"bearer\":{\"type\":\"http\",\"scheme\":"
+           "\"bearer\",\"description\":\"a tenant API key, or the admin key for admin.* "
+           "methods\"}},\"schemas\":{"
+           "\"VectorArray\":{\"type\":\"array\",\"items\":{\"type\":\"number\"}},"
+           "\"VectorBase64\":{\"type\":\"string\",\"contentEncoding\":\"base64\",\"description\":"
+           "\"little-endian float32 values, 4 bytes each, base64 (RFC 4648, padded)\"},"
+           "\"Error\":{\"type\":\"object\",\"required\":[\"error\"],\"properties\":{\"error\":{"
+           "\"type\":\"object\",\"required\":[\"code\",\"message\"],\"properties\":{\"code\":{"
+           "\"type\":\"string\",\"enum\":[");
+    for (int c = RPC_OK + 1; c < RPC_CODE_COUNT; c++)
+        evbuffer_add_printf(b, "%s\"%s\"", c > RPC_OK + 1 ? "," : "", rpc_code_name((rpc_code)c));
+    evbuffer_add_printf(b, "]},\"message\":{\"type\":\"string\"}},\"additionalProperties\":true}}"
+                           "}},\"responses\":{");
+    for (size_t i = 0; i < sizeof(statuses) / sizeof(statuses[0]); i++)
+        evbuffer_add_printf(b,
+                            "%s\"E%d\":{\"description\":\"%s\",\"content\":{\"application/json\":"
+                            "{\"schema\":{\"$ref\":\"#/components/schemas/Error\"}}}}",
+                            i ? "," : "", statuses[i], status_text(statuses[i]));
+    evbuffer_add_printf(b, "}}}\n");
+    int rc = evbuffer_add_buffer(out, b) == 0 ? 0 : -ENOMEM;
+    evbuffer_free(b);
+    return rc;
+}

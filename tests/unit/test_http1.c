@@ -1,0 +1,94 @@
+/* tests/unit/test_http1.c: proto/http1.c, the request head parser. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "http1.h"
+
+static int parse(const char *s, http1_request *rq)
+{
+    char err[128];
+    return http1_parse_head((const uint8_t *)s, strlen(s), 16384, rq, err, sizeof(err));
+}
+
+static void test_basic(void)
+{
+    http1_request rq;
+    const char *s = "POST /v1/rpc/memory.store?embeddings=array HTTP/1.1\r\nHost: x\r\n"
+                    "Authorization:  Bearer k1 \r\nContent-Length: 12\r\n\r\n{\"a\": true}\n";
+    CHECK(parse(s, &rq) == 0);
+    CHECK(rq.method == HTTP1_POST && rq.minor == 1 && rq.keep_alive);
+    CHECK(rq.path_len == 20 && memcmp(rq.path, "/v1/rpc/memory.store", 20) == 0);
+    CHECK(rq.has_length && rq.content_length == 12);
+    CHECK(rq.authorization_len == 9 && memcmp(rq.authorization, "Bearer k1", 9) == 0);
+    CHECK(rq.head_len == strlen(s) - 12);
+    const char *v;
+    CHECK(http1_query_get(rq.query, rq.query_len, "embeddings", &v) == 5 &&
+          memcmp(v, "array", 5) == 0);
+    CHECK(http1_query_get(rq.query, rq.query_len, "embedding", &v) == -1);
+    /* bare LF, HTTP/1.0 keep-alive, absolute form */
+    CHECK(parse("GET http://h:1/livez?x HTTP/1.0\nConnection: Keep-Alive\n\n", &rq) == 0);
+    CHECK(rq.method == HTTP1_GET && rq.minor == 0 && rq.keep_alive);
+    CHECK(rq.path_len == 6 && memcmp(rq.path, "/livez", 6) == 0 && rq.query_len == 1);
+    CHECK(parse("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n\r\n",
+                &rq) == 0);
+    CHECK(!rq.keep_alive && rq.expect_100);
+    CHECK(parse("GET / HTTP/1.0\r\n\r\n", &rq) == 0 && !rq.keep_alive);
+}
+
+static void test_errors(void)
+{
+    http1_request rq;
+    CHECK(parse("GET / HTTP/1.1\r\nHost: x\r\n", &rq) == HTTP1_E_INCOMPLETE);
+    CHECK(parse("GET / HTTP/1.1\r\n\r\n", &rq) == HTTP1_E_MALFORMED); /* no Host */
+    CHECK(parse("GET / HTTP/2.0\r\n\r\n", &rq) == HTTP1_E_VERSION);
+    CHECK(parse("GET / FTP/1.0\r\n\r\n", &rq) == HTTP1_E_MALFORMED);
+    CHECK(parse("GET  / HTTP/1.1\r\nHost: x\r\n\r\n", &rq) == HTTP1_E_MALFORMED);
+    CHECK(parse("GET nope HTTP/1.1\r\nHost: x\r\n\r\n", &rq) == HTTP1_E_MALFORMED);
+    CHECK(parse("GET / HTTP/1.1\r\nHost : x\r\n\r\n", &rq) == HTTP1_E_MALFORMED);
+    CHECK(parse("GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", &rq) == HTTP1_E_MALFORMED);
+    CHECK(parse("GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", &rq) == HTTP1_E_MALFORMED);
+    CHECK(parse("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                &rq) == HTTP1_E_MALFORMED);
+    CHECK(parse("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
+                &rq) == 0);
+    CHECK(parse("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", &rq) ==
+          HTTP1_E_MALFORMED);
+    CHECK(parse("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
+                &rq) == HTTP1_E_MALFORMED);
+    CHECK(parse("GET / HTTP/1.1\r\nHost: x\r\nX: a\001b\r\n\r\n", &rq) == HTTP1_E_MALFORMED);
+    CHECK(parse("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", &rq) == 0 &&
+          rq.transfer_encoding);
+    /* too large: a head without end at the limit, and too many fields */
+    char *big = malloc(20000);
+    memset(big, 'a', 20000);
+    memcpy(big, "GET / HTTP/1.1\r\nX: ", 19);
+    http1_request r2;
+    CHECK(http1_parse_head((const uint8_t *)big, 20000, 16384, &r2, NULL, 0) == HTTP1_E_TOO_LARGE);
+    free(big);
+    char many[4096] = "GET / HTTP/1.1\r\nHost: x\r\n";
+    for (int i = 0; i < 101; i++)
+        strcat(many, "A: b\r\n");
+    strcat(many, "\r\n");
+    CHECK(parse(many, &rq) == HTTP1_E_TOO_LARGE);
+}
+
+static void test_find_end_resumes(void)
+{
+    const char *s = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    size_t n = strlen(s), scanned = 0, end = 0;
+    /* one byte at a time: the end is found exactly once the last byte is there */
+    for (size_t len = 1; len <= n; len++) {
+        end = http1_find_end((const uint8_t *)s, len, &scanned);
+        CHECK(end == 0 || len == n);
+    }
+    CHECK(end == n);
+}
+
+int main(void)
+{
+    test_basic();
+    test_errors();
+    test_find_end_resumes();
+    CHECK_RETURN();
+}

@@ -86,10 +86,29 @@
     return h('ul', null, keys.map((k) => h('li', null, h('span', { class: 'k' }, `${k}: `),
                                            jsonView(v[k]))));
   }
+  // kv: a definition list of [label, value] pairs; empty values are left out
   function kv(pairs) {
     const dl = h('dl', { class: 'kv' });
-    for (const [k, v] of pairs) append(dl, [h('dt', null, k), h('dd', null, v)]);
+    for (const [k, v] of pairs)
+      if (v !== '' && v !== null && v !== undefined) append(dl, [h('dt', null, k), h('dd', null, v)]);
     return dl;
+  }
+  // cell: a value of a record for a table cell: times (keys at, *_at) as dates, maps and
+  // lists as compact JSON
+  function cell(k, v) {
+    if (v === null || v === undefined) return '';
+    if ((k === 'at' || k.endsWith('_at')) && typeof v === 'number') return fmtTime(v);
+    if (typeof v === 'object') return h('span', { class: 'mono' }, compact(v));
+    if (typeof v === 'string' && v.includes('\n')) return h('pre', null, v);
+    return String(v);
+  }
+  // autoTable: records as a table whose columns are their keys, in order of appearance
+  function autoTable(rows) {
+    const cols = [];
+    for (const r of rows) for (const k of Object.keys(r)) if (!cols.includes(k)) cols.push(k);
+    return h('table', null, h('thead', null, h('tr', null, cols.map((c) => h('th', null, c)))),
+      h('tbody', null, rows.map((r) => h('tr', null, cols.map((c) =>
+        h('td', null, cell(c, r[c])))))));
   }
   function table(headers, rows) {
     return h('table', null,
@@ -672,12 +691,25 @@
         if (seq !== renderSeq) return;
         showError(null);
         clear(out);
+        const order = ['metrics', 'summary', 'carry_forward', 'blockers', 'work_items',
+                       'tasks_done', 'decisions', 'notes', 'checkpoint', 'children',
+                       'scratchpad', 'events', 'audit'];
+        const head = ['session_id', 'mode', 'state', 'agent_id', 'model', 'generated_at'];
+        const rest = Object.keys(r).filter((k) => !order.includes(k) && !head.includes(k));
+        const section = (k) => {
+          const v = r[k];
+          let body;
+          if (v === null || v === undefined) body = h('p', { class: 'muted' }, 'none');
+          else if (typeof v === 'string') body = h('pre', null, v);
+          else if (Array.isArray(v)) body = v.length && typeof v[0] === 'object'
+            ? autoTable(v) : h('p', { class: 'muted' }, v.length ? compact(v) : 'none');
+          else if (typeof v === 'object') body = kv(Object.keys(v).map((x) => [x, cell(x, v[x])]));
+          else body = h('p', null, String(v));
+          return h('div', { class: 'card', 'data-section': k }, h('h3', null, k), body);
+        };
         append(out, h('h2', null, `Handoff package (${r.mode})`),
-          h('p', { class: 'muted' }, `generated ${fmtTime(r.generated_at)}`),
-          Object.keys(r).filter((k) => !['mode', 'generated_at'].includes(k)).map((k) =>
-            h('div', { class: 'card', 'data-section': k }, h('h3', null, k),
-              typeof r[k] === 'string' ? h('pre', null, r[k]) :
-                h('div', { class: 'jsonv' }, jsonView(r[k])))));
+          kv(head.map((k) => [k, cell(k, r[k])])),
+          order.filter((k) => k in r).map(section), rest.map(section));
       } catch (e) { showError(e); }
     };
     btn.addEventListener('click', go);
@@ -716,7 +748,7 @@
           const last = points.length ? points[points.length - 1][s.key] : null;
           return h('span', null, sw, `${s.label}: ${last === null || last === undefined ? '\u2013' : fmt(last)}`);
         })),
-        EngramMetrics.lineChart(points, series, fmt));
+        EngramMetrics.lineChart(points, series.filter((s) => !s.legendOnly), fmt));
       append(charts,
         chart('Requests per second', 'chart-qps', [
           { key: 'qps', label: 'requests/s', color: '#1f4e79' },
@@ -727,7 +759,7 @@
           { key: 'mean', label: 'mean', color: '#1f4e79' }], ms),
         chart('Index memory', 'chart-memory', [
           { key: 'indexBytes', label: 'index', color: '#1f4e79' },
-          { key: 'budgetBytes', label: 'budget', color: '#b26a00' },
+          { key: 'budgetBytes', label: 'budget', color: '#b26a00', legendOnly: true },
           { key: 'rssBytes', label: 'process RSS', color: '#7b1fa2' }], fmtBytes));
     };
     const scrape = async () => {

@@ -381,11 +381,11 @@ def test_console_in_browser(server, world, shots):
         while time.time() < deadline and not b.js(
                 "document.querySelectorAll('#chart-qps path[data-series=qps]').length &&"
                 "document.querySelector('#chart-qps path[data-series=qps]')"
-                ".getAttribute('d').split('L').length >= 3"):
+                ".getAttribute('d').split('L').length >= 4"):
             api(server, key, "memory.search", query="deploy window", top_k=2)
             time.sleep(0.3)
         d = b.js("document.querySelector('#chart-qps path[data-series=qps]').getAttribute('d')")
-        assert d.count("L") >= 2, d
+        assert d.count("L") >= 3, d
         assert b.js("!!document.querySelector('#chart-latency path[data-series=p50]')")
         assert b.js("!!document.querySelector('#chart-memory path[data-series=rssBytes]')")
         legend = text(b, "#chart-qps .legend span")

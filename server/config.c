@@ -37,7 +37,8 @@ static const config_def defs[] = {
      "address the RPC and HTTP ports bind to"},
     {"rpc_port", T_INT, OFF(rpc_port), "7420", 1, 65535, 0, "MessagePack-RPC TCP port"},
     {"http_port", T_INT, OFF(http_port), "7421", 0, 65535, 0,
-     "HTTP port for /healthz and /metrics (0: disabled)"},
+     "HTTP port: the HTTP/JSON API, /v1/openapi.json, /livez, /readyz, /healthz and /metrics "
+     "(0: disabled)"},
     {"workers", T_INT, OFF(workers), "0", 0, 256, 0,
      "worker threads, each with its own event loop (0: one per CPU core)"},
     {"max_connections", T_INT, OFF(max_connections), "10000", 1, 1000000, 0,

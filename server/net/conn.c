@@ -599,10 +599,12 @@ void conn_tick(conn *c, uint64_t now)
             return;
         }
     }
-    /* an HTTP connection authenticates each request (its bearer key), not the connection */
-    if (!c->hx && !c->auth.authenticated && cfg->auth_timeout_s > 0 &&
+    /* an HTTP connection authenticates each request (its bearer key), not the connection:
+     * it has the same time to deliver its first request instead */
+    if ((c->hx ? !hapi_had_request(c->hx) : !c->auth.authenticated) && cfg->auth_timeout_s > 0 &&
         now - c->opened_ms > (uint64_t)cfg->auth_timeout_s * 1000u) {
-        log_debug("connection: not authenticated within %d s; closing", cfg->auth_timeout_s);
+        log_debug("connection: not authenticated (HTTP: no request) within %d s; closing",
+                  cfg->auth_timeout_s);
         if (c->ssl && !c->tls_up)
             metrics_tls_handshake_failed();
         metrics_slow_closed();

@@ -3,6 +3,7 @@
 #include "hapi.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,7 @@ struct hapi {
     rpc_scanner *scan;   /* the RPC limits, applied to what a JSON body becomes */
     size_t head_scanned; /* http1_find_end's resume point in the head being received */
     bool continue_sent;  /* "100 Continue" went out for the request being received */
+    bool had_request;    /* a whole request has arrived */
     /* the exchange in progress: one at a time, answered in order */
     bool busy;
     int stage;
@@ -311,6 +313,11 @@ void hapi_on_response(hapi *h, const void *data, size_t len)
         respond_result(h, (msgpack_object *)resp.result, &zone);
     }
     msgpack_zone_destroy(&zone);
+}
+
+bool hapi_had_request(hapi *h)
+{
+    return h->had_request;
 }
 
 bool hapi_timeout(hapi *h)
@@ -657,6 +664,7 @@ int hapi_step(hapi *h, const uint8_t *in, size_t len, size_t *consumed)
         return HAPI_MORE;
     }
     /* the whole request is here */
+    h->had_request = true;
     *consumed = rq.head_len + (size_t)body_len;
     h->head_scanned = 0;
     h->continue_sent = false;

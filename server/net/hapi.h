@@ -51,6 +51,9 @@ int hapi_step(hapi *h, const uint8_t *in, size_t len, size_t *consumed);
  * dispatched (called by conn_write) and writes the HTTP answer. */
 void hapi_on_response(hapi *h, const void *data, size_t len);
 
+/* hapi_had_request tells whether a whole request has arrived on the connection yet. */
+bool hapi_had_request(hapi *h);
+
 /* hapi_timeout writes 408 for a request that did not arrive in time and returns true (the
  * caller closes after the flush); false when an answer is still due (close at once). */
 bool hapi_timeout(hapi *h);

@@ -400,3 +400,26 @@ def test_readyz_503_while_the_database_is_down():
         if srv:
             srv.cleanup()
         pg.cleanup()
+
+
+def test_revoked_key_fails_on_a_kept_alive_connection(server):
+    tid, key = server.create_tenant()
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    assert post(server, "memory.list", {}, key, conn=conn)[0] == 200
+    with server.admin() as a:
+        kid = [k for k in a.call("admin.key.list", tenant_id=tid)["keys"]][0]["key_id"]
+        a.call("admin.key.revoke", key_id=kid)
+    status, _, body = post(server, "memory.list", {}, key, conn=conn)
+    assert status == 401 and body["error"]["code"] == "unauthenticated"
+    status, _, body = post(server, "memory.list", {}, key, conn=conn)
+    assert status == 401
+    conn.close()
+
+
+def test_connection_without_a_request_is_closed(tight):
+    # like an RPC connection that never authenticates: auth_timeout_s (10 s by default)
+    s = socket.create_connection(("127.0.0.1", tight.http_port), timeout=30)
+    t0 = time.time()
+    assert s.recv(4096) == b""
+    assert 5 < time.time() - t0 < 25
+    s.close()

@@ -97,6 +97,29 @@ def test_handshake_auth_store_search(srv, pki):
         assert c.call("ping") == "pong"
 
 
+def test_json_api_over_https(srv, pki):
+    """The HTTP/JSON API over TLS; the admin key needs the client certificate there too."""
+    import json
+    _, key = srv.create_tenant()
+
+    def post(ctx, method, bearer):
+        c = http.client.HTTPSConnection("127.0.0.1", srv.http_port, context=ctx, timeout=30)
+        try:
+            c.request("POST", f"/v1/rpc/{method}", body=b"{}",
+                      headers={"Authorization": f"Bearer {bearer}"})
+            r = c.getresponse()
+            return r.status, json.loads(r.read())
+        finally:
+            c.close()
+
+    no_cert = client_context(pki["ca"])
+    status, body = post(no_cert, "memory.list", key)
+    assert status == 200 and body["memories"] == []
+    status, body = post(no_cert, "admin.tenant.list", srv.admin_key())
+    assert status == 401 and "certificate" in body["error"]["message"]
+    assert post(srv.client_tls, "admin.tenant.list", srv.admin_key())[0] == 200
+
+
 def test_http_port_speaks_tls_only(srv, pki):
     status, body = srv.http_get("/healthz")
     assert status == 200 and '"status":"ok"' in body

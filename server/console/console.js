@@ -849,8 +849,9 @@
               route();
             } catch (e) { showError(e); }
           });
-          return h('tr', { class: state.tenantId === t.tenant_id ? 'link' : null },
-            tdNum(t.tenant_id), td(t.name), td(t.tier),
+          return h('tr', null,
+            tdNum(t.tenant_id), td([t.name, state.tenantId === t.tenant_id
+              ? [' ', h('span', { class: 'tag ok' }, 'open')] : null]), td(t.tier),
             td(t.embedding ? `${t.embedding.provider} ${t.embedding.dim}` : ''),
             td(t.index_engine), tdNum(t.memories), tdNum(t.keys), td(fmtTime(t.created_at)),
             td(open));

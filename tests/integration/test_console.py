@@ -228,6 +228,18 @@ def test_console_in_browser(server, world, shots):
         assert key in b.js("sessionStorage.getItem('engram.console')")
         assert b.js("document.cookie") == ""
 
+        # the metrics page's parser and quantiles (metrics.js), on known input
+        parsed = b.js("EngramMetrics.parse('# HELP a x\\n# TYPE a counter\\n"
+                      "a{m=\"x\\\\\"y\",le=\"+Inf\"} 3\\nb 1e-3\\n')")
+        assert parsed == [{"name": "a", "labels": {"m": 'x"y', "le": "+Inf"}, "value": 3},
+                          {"name": "b", "labels": {}, "value": 0.001}], parsed
+        before = "[[0.001, 0], [0.01, 0], [Infinity, 0]]"
+        after = "[[0.001, 4], [0.01, 8], [Infinity, 8]]"
+        assert b.js(f"EngramMetrics.quantile(0.5, {before}, {after})") == pytest.approx(0.001)
+        assert b.js(f"EngramMetrics.quantile(0.99, {before}, {after})") == \
+            pytest.approx(0.001 + 0.009 * (7.92 - 4) / 4)
+        assert b.js(f"EngramMetrics.quantile(0.5, {before}, {before})") is None
+
         # -- memories: list, escaping, filter ------------------------------------------------
         row = f"#memory-list tr[data-id='{ids['xss']}'] td.content"
         b.wait(f"!!document.querySelector(\"{row}\")", what="the XSS memory's row")

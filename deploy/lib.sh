@@ -22,12 +22,15 @@ ENGRAM_PACKAGES=(
     python3 python3-msgpack python3-pytest python3-numpy gnuplot-nox procps iproute2 util-linux
     systemd binutils
 )
+# Only the tests need these: headless Chromium for the web console's browser test
+# (tests/integration/test_console.py). deploy/test passes them to install_deps.
+ENGRAM_TEST_PACKAGES=(chromium)
 
-# install_deps: installs missing Debian packages. Skips apt entirely when all are present,
-# so a second run starts in seconds.
+# install_deps [PACKAGE...]: installs missing Debian packages (ENGRAM_PACKAGES and those
+# named). Skips apt entirely when all are present, so a second run starts in seconds.
 install_deps() {
     local missing=() p
-    for p in "${ENGRAM_PACKAGES[@]}"; do
+    for p in "${ENGRAM_PACKAGES[@]}" "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
             missing+=("$p")
     done

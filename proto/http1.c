@@ -212,6 +212,9 @@ int http1_parse_head(const uint8_t *buf, size_t len, size_t max_head, http1_requ
                 return fail(err, errlen, HTTP1_E_MALFORMED, "more than one Authorization");
             out->authorization = (const char *)val;
             out->authorization_len = val_len;
+        } else if (name_is(name, name_len, "if-none-match")) {
+            out->if_none_match = (const char *)val; /* the last one given */
+            out->if_none_match_len = val_len;
         } else if (name_is(name, name_len, "host")) {
             if (host)
                 return fail(err, errlen, HTTP1_E_MALFORMED, "more than one Host");

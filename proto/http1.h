@@ -2,9 +2,9 @@
  *
  * The HTTP port's connections hand their input here; the parser does no I/O and allocates
  * nothing, so it can be fuzzed and unit-tested without a socket. It reads what the server
- * needs (method, target, version, the framing headers, Authorization) and checks the rest
- * only for syntax. Bodies are framed by Content-Length alone: a Transfer-Encoding is
- * reported, never decoded.
+ * needs (method, target, version, the framing headers, Authorization, If-None-Match) and
+ * checks the rest only for syntax. Bodies are framed by Content-Length alone: a
+ * Transfer-Encoding is reported, never decoded.
  */
 #ifndef ENGRAM_PROTO_HTTP1_H
 #define ENGRAM_PROTO_HTTP1_H
@@ -48,6 +48,8 @@ typedef struct http1_request {
     bool transfer_encoding;    /* a Transfer-Encoding header was given (not supported) */
     const char *authorization; /* the Authorization value, trimmed, or NULL */
     size_t authorization_len;
+    const char *if_none_match; /* the If-None-Match value, trimmed, or NULL */
+    size_t if_none_match_len;
     size_t head_len; /* bytes of the head, CRLF CRLF included: the body starts there */
 } http1_request;
 

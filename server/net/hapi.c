@@ -14,6 +14,7 @@
 #include <sodium.h>
 
 #include "auth.h"
+#include "console.h"
 #include "http.h"
 #include "http1.h"
 #include "json.h"
@@ -83,21 +84,29 @@ typedef struct extra {
     long retry_after; /* seconds, or -1 */
     bool bearer;      /* WWW-Authenticate */
     const char *allow;
+    const char *cache;   /* Cache-Control; NULL: no-store */
+    const char *etag;    /* ETag, or NULL */
+    const char *headers; /* more header lines, each ended by CRLF, or NULL */
 } extra;
 
 /* Ends the exchange with an answer. The connection closes after it unless kept alive. */
 static void respond(hapi *h, int status, const char *ctype, const void *body, size_t n,
                     const extra *x)
 {
-    char head[768], date[64];
+    char head[1536], date[64];
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
     int len = snprintf(head, sizeof(head),
                        "HTTP/1.1 %d %s\r\nDate: %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                       "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n",
-                       status, http1_reason(status), date, ctype, n);
+                       "Cache-Control: %s\r\nX-Content-Type-Options: nosniff\r\n",
+                       status, http1_reason(status), date, ctype, n,
+                       x && x->cache ? x->cache : "no-store");
+    if (x && x->etag)
+        len += snprintf(head + len, sizeof(head) - (size_t)len, "ETag: %s\r\n", x->etag);
+    if (x && x->headers)
+        len += snprintf(head + len, sizeof(head) - (size_t)len, "%s", x->headers);
     if (x && x->retry_after >= 0)
         len += snprintf(head + len, sizeof(head) - (size_t)len, "Retry-After: %ld\r\n",
                         x->retry_after);
@@ -563,6 +572,29 @@ out:
     return ret;
 }
 
+/* GET /console...: the web console's embedded files (console.h), with its security headers;
+ * 304 when If-None-Match names the file's ETag. f is NULL for a console path naming no file. */
+static void serve_console(hapi *h, const http1_request *rq, const console_file *f)
+{
+    if (rq->method != HTTP1_GET && rq->method != HTTP1_HEAD) {
+        extra x = {.retry_after = -1, .allow = "GET, HEAD"};
+        local_error(h, 405, RPC_INVALID_ARGUMENT, &x, "use GET for the console");
+        return;
+    }
+    if (!f) {
+        local_error(h, 404, RPC_NOT_FOUND, NULL, "no such console file");
+        return;
+    }
+    extra x = {.retry_after = -1,
+               .cache = CONSOLE_CACHE_CONTROL,
+               .etag = f->etag,
+               .headers = console_headers()};
+    bool fresh = console_not_modified(f, rq->if_none_match, rq->if_none_match_len);
+    if (fresh)
+        h->head_only = true; /* a 304 has the 200's Content-Length but no body */
+    respond(h, fresh ? 304 : 200, f->ctype, f->data, f->len, &x);
+}
+
 int hapi_step(hapi *h, const uint8_t *in, size_t len, size_t *consumed)
 {
     *consumed = 0;
@@ -655,6 +687,12 @@ int hapi_step(hapi *h, const uint8_t *in, size_t len, size_t *consumed)
             return HAPI_AGAIN;
         }
         return rpc_call(h, &rq, name, n, body, (size_t)body_len);
+    }
+    const console_file *cf;
+    int cs = console_find(rq.path, rq.path_len, &cf);
+    if (cs) {
+        serve_console(h, &rq, cf);
+        return HAPI_AGAIN;
     }
     struct evbuffer *b = evbuffer_new();
     if (!b) {

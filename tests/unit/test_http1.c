@@ -34,6 +34,11 @@ static void test_basic(void)
                 &rq) == 0);
     CHECK(!rq.keep_alive && rq.expect_100);
     CHECK(parse("GET / HTTP/1.0\r\n\r\n", &rq) == 0 && !rq.keep_alive);
+    CHECK(rq.if_none_match == NULL);
+    /* If-None-Match (the console's revalidation), trimmed */
+    CHECK(parse("GET /console HTTP/1.1\r\nHost: x\r\nIf-None-Match:  \"ab\", W/\"cd\" \r\n\r\n",
+                &rq) == 0);
+    CHECK(rq.if_none_match_len == 12 && memcmp(rq.if_none_match, "\"ab\", W/\"cd\"", 12) == 0);
 }
 
 static void test_errors(void)

@@ -90,6 +90,27 @@ typedef struct extra {
 } extra;
 
 /* Ends the exchange with an answer. The connection closes after it unless kept alive. */
+/* Appends to the response head buf (cap bytes, *len used so far); a head that would not fit
+ * stops growing (the caller answers 500 instead), so *len never passes cap - 1. Returns
+ * false once it did not fit. */
+static bool head_add(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static bool head_add(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+{
+    if (*len >= cap - 1)
+        return false;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap - *len) {
+        *len = cap - 1;
+        return false;
+    }
+    *len += (size_t)n;
+    return true;
+}
+
 static void respond(hapi *h, int status, const char *ctype, const void *body, size_t n,
                     const extra *x)
 {
@@ -98,27 +119,37 @@ static void respond(hapi *h, int status, const char *ctype, const void *body, si
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
-    int len = snprintf(head, sizeof(head),
+    size_t len = 0;
+    bool ok = head_add(head, sizeof(head), &len,
                        "HTTP/1.1 %d %s\r\nDate: %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
                        "Cache-Control: %s\r\nX-Content-Type-Options: nosniff\r\n",
                        status, http1_reason(status), date, ctype, n,
                        x && x->cache ? x->cache : "no-store");
     if (x && x->etag)
-        len += snprintf(head + len, sizeof(head) - (size_t)len, "ETag: %s\r\n", x->etag);
+        ok = ok && head_add(head, sizeof(head), &len, "ETag: %s\r\n", x->etag);
     if (x && x->headers)
-        len += snprintf(head + len, sizeof(head) - (size_t)len, "%s", x->headers);
+        ok = ok && head_add(head, sizeof(head), &len, "%s", x->headers);
     if (x && x->retry_after >= 0)
-        len += snprintf(head + len, sizeof(head) - (size_t)len, "Retry-After: %ld\r\n",
-                        x->retry_after);
+        ok = ok && head_add(head, sizeof(head), &len, "Retry-After: %ld\r\n", x->retry_after);
     if (x && x->bearer)
-        len += snprintf(head + len, sizeof(head) - (size_t)len,
-                        "WWW-Authenticate: Bearer realm=\"engram\"\r\n");
+        ok = ok &&
+             head_add(head, sizeof(head), &len, "WWW-Authenticate: Bearer realm=\"engram\"\r\n");
     if (x && x->allow)
-        len += snprintf(head + len, sizeof(head) - (size_t)len, "Allow: %s\r\n", x->allow);
+        ok = ok && head_add(head, sizeof(head), &len, "Allow: %s\r\n", x->allow);
     if (!h->keep_alive)
-        len += snprintf(head + len, sizeof(head) - (size_t)len, "Connection: close\r\n");
-    len += snprintf(head + len, sizeof(head) - (size_t)len, "\r\n");
-    conn_send(h->c, head, (size_t)len);
+        ok = ok && head_add(head, sizeof(head), &len, "Connection: close\r\n");
+    ok = ok && head_add(head, sizeof(head), &len, "\r\n");
+    if (!ok) {
+        /* cannot happen with the fixed headers above; never send a cut head */
+        static const char fail[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n"
+                                   "Connection: close\r\n\r\n";
+        log_error("HTTP response head longer than %zu bytes", sizeof(head));
+        conn_send(h->c, fail, sizeof(fail) - 1);
+        h->keep_alive = false;
+        n = 0;
+    } else {
+        conn_send(h->c, head, len);
+    }
     if (!h->head_only && n)
         conn_send(h->c, body, n);
     h->busy = false;
@@ -716,7 +747,7 @@ int hapi_step(hapi *h, const uint8_t *in, size_t len, size_t *consumed)
     } else {
         local_error(h, 404, RPC_NOT_FOUND, NULL,
                     "no such path: POST /v1/rpc/{method}, GET /v1/openapi.json, /healthz, "
-                    "/readyz, /livez or /metrics");
+                    "/readyz, /livez, /metrics or /console");
     }
     evbuffer_free(b);
     return HAPI_AGAIN;

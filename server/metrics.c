@@ -156,8 +156,10 @@ unsigned metrics_db_ready(void)
 void metrics_render(struct evbuffer *out, const char *const *gauge_names, const double *gauges,
                     size_t ngauges)
 {
-    evbuffer_add_printf(out, "# HELP engram_requests_total RPC requests by method and result "
-                             "code.\n# TYPE engram_requests_total counter\n");
+    evbuffer_add_printf(out,
+                        "# HELP engram_requests_total Requests (MessagePack-RPC and HTTP/JSON, "
+                        "including the auth an HTTP bearer key runs once per connection) by "
+                        "method and result code.\n# TYPE engram_requests_total counter\n");
     for (size_t i = 0; stats && i <= nmethods; i++) {
         const char *name = i < nmethods ? method_names[i] : "unknown";
         for (int c = 0; c < RPC_CODE_COUNT; c++) {
@@ -168,8 +170,9 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
                                     (unsigned long long)v);
         }
     }
-    evbuffer_add_printf(out, "# HELP engram_errors_total RPC requests that returned an error, by "
-                             "method and code.\n# TYPE engram_errors_total counter\n");
+    evbuffer_add_printf(out,
+                        "# HELP engram_errors_total Requests (RPC and HTTP/JSON) that returned "
+                        "an error, by method and code.\n# TYPE engram_errors_total counter\n");
     for (size_t i = 0; stats && i <= nmethods; i++) {
         const char *name = i < nmethods ? method_names[i] : "unknown";
         for (int c = 1; c < RPC_CODE_COUNT; c++) {
@@ -179,8 +182,8 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
                                     name, rpc_code_name((rpc_code)c), (unsigned long long)v);
         }
     }
-    evbuffer_add_printf(out, "# HELP engram_request_duration_seconds RPC latency from the "
-                             "message's arrival to its response, by method.\n"
+    evbuffer_add_printf(out, "# HELP engram_request_duration_seconds Latency (RPC and HTTP/JSON) "
+                             "from the message's arrival to its response, by method.\n"
                              "# TYPE engram_request_duration_seconds histogram\n");
     for (size_t i = 0; stats && i <= nmethods; i++) {
         const char *name = i < nmethods ? method_names[i] : "unknown";
@@ -214,7 +217,7 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
                             name, (unsigned long long)cum);
     }
     evbuffer_add_printf(out,
-                        "# HELP engram_connections Open client connections.\n"
+                        "# HELP engram_connections Open client connections (RPC and HTTP).\n"
                         "# TYPE engram_connections gauge\nengram_connections %ld\n"
                         "# HELP engram_connections_refused_total Connections refused at "
                         "max_connections or max_connections_per_address.\n"

@@ -276,6 +276,55 @@ class PgCluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class PgStandby(PgCluster):
+    """A hot standby of a running PgCluster: pg_basebackup -R (streaming replication, the
+    primary_conninfo it writes) into a directory of its own, with its own socket
+    directory. start() waits until it accepts read-only connections; create_db is not
+    possible (read-only): use dsn_for(name) for a database of the primary."""
+
+    def __init__(self, primary):
+        self.dir = tempfile.mkdtemp(prefix="engram-pgsb-")
+        os.chmod(self.dir, 0o755)
+        self.data = os.path.join(self.dir, "data")
+        self.run = os.path.join(self.dir, "run")
+        self.root = os.geteuid() == 0
+        if self.root:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._as_owner(["mkdir", "-p", self.run])
+        self._as_owner([os.path.join(PG_BINDIR, "pg_basebackup"), "-D", self.data, "-h",
+                        primary.run, "-U", "postgres", "-R", "-X", "stream", "-c", "fast"])
+        # the copied postgresql.conf names the primary's socket directory: the last line wins
+        conf = f"\nunix_socket_directories = '{self.run}'\nhot_standby = on\n"
+        self._as_owner(["sh", "-c", f"cat >> {self.data}/postgresql.conf"], conf)
+        self.dsn = f"host={self.run} dbname=postgres user=postgres"
+
+    def start(self):
+        super().start()
+        assert wait_for(lambda: self._accepts(), timeout=60), "the standby never accepted reads"
+
+    def _accepts(self):
+        try:
+            return psql(self.dsn, "SELECT pg_is_in_recovery()") == "t"
+        except RuntimeError:
+            return False
+
+    def dsn_for(self, name):
+        return with_dbname(self.dsn, name)
+
+    def pause(self):
+        psql(self.dsn, "SELECT pg_wal_replay_pause()")
+        assert wait_for(lambda: psql(self.dsn, "SELECT pg_get_wal_replay_pause_state()") == "paused",
+                        timeout=30), "replay did not pause"
+
+    def resume(self):
+        psql(self.dsn, "SELECT pg_wal_replay_resume()")
+
+    def caught_up(self, primary):
+        """True once the standby has replayed everything the primary has written."""
+        lsn = psql(primary.dsn, "SELECT pg_current_wal_lsn()")
+        return psql(self.dsn, f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn") == "t"
+
+
 def server_pair(dsn, extra=()):
     """Two engramd processes on one database, sharing the secret and the admin key (as the
     processes of one deployment do); returns them started. Stop and clean up both."""

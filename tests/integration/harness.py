@@ -336,6 +336,88 @@ def server_pair(dsn, extra=()):
     return a, b
 
 
+def server_fleet(dsn, n, extra=()):
+    """n engramd processes on one database sharing the secret and the admin key (the first
+    one's); returns them started. Stop and clean up every one."""
+    first = Server(dsn, extra=list(extra)).start()
+    fleet = [first]
+    try:
+        for _ in range(n - 1):
+            s = Server(dsn, extra=list(extra) + ["--secret-file", first.data_dir + "/secret.key",
+                                                 "--admin-key-file", first.admin_key_file])
+            s.admin_key_file = first.admin_key_file
+            fleet.append(s.start())
+    except BaseException:
+        for s in fleet:
+            s.cleanup()
+        raise
+    return fleet
+
+
+HAPROXY = os.environ.get("ENGRAM_HAPROXY", "/usr/sbin/haproxy")
+
+
+class HAProxy:
+    """HAProxy in TCP mode in front of engramd processes (Debian's haproxy package): one
+    frontend port, round robin over the servers' RPC ports, each checked with GET /readyz
+    on its HTTP port (a process that is not ready, or whose database is down, is taken out
+    of rotation). start() waits until the frontend accepts connections."""
+
+    def __init__(self, servers, inter_ms=500):
+        assert os.access(HAPROXY, os.X_OK), f"{HAPROXY} missing: install Debian's haproxy"
+        self.tmp = tempfile.mkdtemp(prefix="engram-haproxy-")
+        self.port = free_port()
+        self.cfg = os.path.join(self.tmp, "haproxy.cfg")
+        self.log_path = os.path.join(self.tmp, "haproxy.log")
+        lines = ["global", "    maxconn 2000", "defaults", "    mode tcp",
+                 "    timeout connect 2s", "    timeout client 10m", "    timeout server 10m",
+                 "frontend engram", f"    bind 127.0.0.1:{self.port}",
+                 "    default_backend engramd", "backend engramd", "    balance roundrobin",
+                 "    option httpchk", "    http-check send meth GET uri /readyz",
+                 "    http-check expect status 200"]
+        for i, s in enumerate(servers):
+            lines.append(f"    server e{i} 127.0.0.1:{s.port} check port {s.http_port} "
+                         f"inter {inter_ms} fall 2 rise 1")
+        with open(self.cfg, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        self.proc = None
+
+    def start(self):
+        out = subprocess.run([HAPROXY, "-c", "-f", self.cfg], capture_output=True, text=True)
+        assert out.returncode == 0, f"haproxy rejects its configuration:\n{out.stdout}{out.stderr}"
+        self.logf = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([HAPROXY, "-db", "-f", self.cfg], stdout=self.logf,
+                                     stderr=subprocess.STDOUT)
+
+        def up():
+            assert self.proc.poll() is None, "haproxy exited:\n" + open(self.log_path).read()
+            try:
+                with Client(self.port, timeout=2) as c:
+                    return c.call("ping") == "pong"
+            except (OSError, ConnectionError, RpcError):
+                return False
+
+        assert wait_for(up, timeout=30), "haproxy never forwarded a ping"
+        return self
+
+    def client(self, key=None, timeout=30.0):
+        return Client(self.port, timeout=timeout, key=key)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def cleanup(self):
+        self.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
 class Bystander:
     """A client that pings in a loop on its own thread while a test does something else:
     start(), then stop() (joins the thread, at most 10 s). lat holds each ping's round trip in

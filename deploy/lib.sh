@@ -23,8 +23,9 @@ ENGRAM_PACKAGES=(
     systemd binutils
 )
 # Only the tests need these: headless Chromium for the web console's browser test
-# (tests/integration/test_console.py). deploy/test passes them to install_deps.
-ENGRAM_TEST_PACKAGES=(chromium)
+# (tests/integration/test_console.py), HAProxy in front of the fleet of engramd
+# (tests/integration/test_fleet.py). deploy/test passes them to install_deps.
+ENGRAM_TEST_PACKAGES=(chromium haproxy)
 
 # install_deps [PACKAGE...]: installs missing Debian packages (ENGRAM_PACKAGES and those
 # named). Skips apt entirely when all are present, so a second run starts in seconds.

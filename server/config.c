@@ -92,6 +92,13 @@ static const config_def defs[] = {
      "by row-level security; empty: stay the DSN's user"},
     {"pg_pool_size", T_INT, OFF(pg_pool_size), "2", 1, 64, 0,
      "PostgreSQL connections per worker (pipelined)"},
+    {"pg_read_dsn", T_STR, OFF(pg_read_dsn), "", 0, 0, F_SECRET,
+     "PostgreSQL connection string of hot standbys for reads (may name several hosts); "
+     "memory reads and index loads use it when the standby has replayed every change the "
+     "process knows of, else the primary (see docs/operations.md, Read replicas); empty: "
+     "every read goes to pg_dsn"},
+    {"pg_read_pool_size", T_INT, OFF(pg_read_pool_size), "2", 1, 64, 0,
+     "standby connections per worker (pipelined), when pg_read_dsn is set"},
     {"db_queue_timeout_ms", T_INT, OFF(db_queue_timeout_ms), "2000", 10, 600000, 0,
      "longest a request waits for a database connection before 'unavailable'"},
     {"db_query_timeout_ms", T_INT, OFF(db_query_timeout_ms), "10000", 100, 3600000, 0,

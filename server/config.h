@@ -45,6 +45,8 @@ typedef struct config {
     char *pg_dsn;
     char *pg_role;
     int pg_pool_size;
+    char *pg_read_dsn; /* hot standbys for reads, "" when none */
+    int pg_read_pool_size;
     int db_queue_timeout_ms;
     int db_query_timeout_ms;
     int db_backoff_max_ms;

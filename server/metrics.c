@@ -40,6 +40,10 @@ static atomic_uint_fast64_t gc_batches, gc_requests;
 /* consolidation runs by trigger (0 schedule, 1 on demand) and result (0 ok, 1 busy, 2 failed) */
 static atomic_uint_fast64_t cons_runs[2][3], cons_ms, cons_actions[4];
 static db_slot db_slots[MAX_WORKERS];
+/* reads that may use a standby: by target (standby, primary), fallbacks by reason; the
+ * standby pools' connections and ready ones per worker */
+static atomic_uint_fast64_t db_reads[2], db_read_fallbacks[METRICS_FALLBACK__COUNT];
+static atomic_uint rdb_connections[MAX_WORKERS], rdb_ready[MAX_WORKERS];
 
 int metrics_init(const char *const *names, size_t n)
 {
@@ -129,6 +133,26 @@ void metrics_malformed(void)
 void metrics_index_apply_failed(void)
 {
     atomic_fetch_add_explicit(&apply_failures, 1, memory_order_relaxed);
+}
+
+void metrics_db_read_publish(unsigned worker, unsigned connections, unsigned ready)
+{
+    if (worker >= MAX_WORKERS)
+        return;
+    atomic_store_explicit(&rdb_connections[worker], connections, memory_order_relaxed);
+    atomic_store_explicit(&rdb_ready[worker], ready, memory_order_relaxed);
+}
+
+void metrics_db_read(metrics_read_target target)
+{
+    atomic_fetch_add_explicit(&db_reads[target == METRICS_READ_STANDBY ? 0 : 1], 1,
+                              memory_order_relaxed);
+}
+
+void metrics_db_read_fallback(metrics_read_fallback reason)
+{
+    if ((unsigned)reason < METRICS_FALLBACK__COUNT)
+        atomic_fetch_add_explicit(&db_read_fallbacks[reason], 1, memory_order_relaxed);
 }
 
 void metrics_db_publish(unsigned worker, unsigned connections, unsigned ready, size_t queued,
@@ -318,6 +342,32 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
         "# TYPE engram_db_unavailable_total counter\nengram_db_unavailable_total %llu\n",
         conns, ready, queued, inflight, (unsigned long long)reconnects,
         (unsigned long long)failures);
+    unsigned rconns = 0, rready = 0;
+    for (unsigned i = 0; i < MAX_WORKERS; i++) {
+        rconns += atomic_load_explicit(&rdb_connections[i], memory_order_relaxed);
+        rready += atomic_load_explicit(&rdb_ready[i], memory_order_relaxed);
+    }
+    evbuffer_add_printf(
+        out,
+        "# HELP engram_db_read_pool_connections Standby (pg_read_dsn) connections configured in "
+        "worker pools.\n"
+        "# TYPE engram_db_read_pool_connections gauge\nengram_db_read_pool_connections %u\n"
+        "# HELP engram_db_read_pool_ready Standby connections connected and prepared.\n"
+        "# TYPE engram_db_read_pool_ready gauge\nengram_db_read_pool_ready %u\n"
+        "# HELP engram_db_reads_total Reads that may use a standby, by where they ran.\n"
+        "# TYPE engram_db_reads_total counter\n"
+        "engram_db_reads_total{target=\"standby\"} %llu\n"
+        "engram_db_reads_total{target=\"primary\"} %llu\n"
+        "# HELP engram_db_read_fallbacks_total Reads sent to the primary instead of a standby: "
+        "the standby had not replayed what the process knows (behind), or none was usable "
+        "(unavailable).\n"
+        "# TYPE engram_db_read_fallbacks_total counter\n"
+        "engram_db_read_fallbacks_total{reason=\"behind\"} %llu\n"
+        "engram_db_read_fallbacks_total{reason=\"unavailable\"} %llu\n",
+        rconns, rready, (unsigned long long)atomic_load(&db_reads[0]),
+        (unsigned long long)atomic_load(&db_reads[1]),
+        (unsigned long long)atomic_load(&db_read_fallbacks[METRICS_FALLBACK_BEHIND]),
+        (unsigned long long)atomic_load(&db_read_fallbacks[METRICS_FALLBACK_UNAVAILABLE]));
     evbuffer_add_printf(out,
                         "# HELP engram_index_apply_failures_total Changes an index could not "
                         "take (out of memory), read again from the change log.\n"

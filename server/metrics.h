@@ -58,6 +58,21 @@ void metrics_index_apply_failed(void);
 void metrics_db_publish(unsigned worker, unsigned connections, unsigned ready, size_t queued,
                         size_t inflight, uint64_t reconnects, uint64_t failures);
 
+/* metrics_db_read_publish records worker's standby pool (pg_read_dsn): connections configured
+ * and ready. */
+void metrics_db_read_publish(unsigned worker, unsigned connections, unsigned ready);
+
+/* Where a read that may use a standby ran (engram_db_reads_total{target}), and why one went
+ * to the primary instead (engram_db_read_fallbacks_total{reason}). */
+typedef enum metrics_read_target { METRICS_READ_STANDBY, METRICS_READ_PRIMARY } metrics_read_target;
+typedef enum metrics_read_fallback {
+    METRICS_FALLBACK_BEHIND,      /* the standby had not replayed the changes the process knows */
+    METRICS_FALLBACK_UNAVAILABLE, /* no standby connection ready, or its job failed */
+    METRICS_FALLBACK__COUNT
+} metrics_read_fallback;
+void metrics_db_read(metrics_read_target target);
+void metrics_db_read_fallback(metrics_read_fallback reason);
+
 /* metrics_render appends the Prometheus text exposition of everything to out, plus the
  * gauges the caller passes (name/value pairs; names must be valid metric names). */
 void metrics_render(struct evbuffer *out, const char *const *gauge_names, const double *gauges,

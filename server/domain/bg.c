@@ -25,6 +25,8 @@ typedef struct job {
 struct bg_ctx {
     bg *b;
     PGconn *pg;
+    PGconn *rpg;           /* a hot standby (pg_read_dsn), see bg_read_conn */
+    uint64_t rpg_retry_ms; /* when a failed standby connection may be tried again */
     unsigned idx;
 };
 
@@ -74,6 +76,38 @@ PGconn *bg_conn(bg_ctx *ctx, char *err, size_t errlen)
     return ctx->pg;
 }
 
+static uint64_t mono_ms(void);
+
+PGconn *bg_read_conn(bg_ctx *ctx)
+{
+    const config *cfg = &ctx->b->srv->cfg;
+    if (!cfg->pg_read_dsn[0])
+        return NULL;
+    if (ctx->rpg && PQstatus(ctx->rpg) != CONNECTION_OK) {
+        PQfinish(ctx->rpg);
+        ctx->rpg = NULL;
+    }
+    if (!ctx->rpg && mono_ms() >= ctx->rpg_retry_ms) {
+        char err[256];
+        ctx->rpg = db_connect_blocking(cfg->pg_read_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
+                                       (unsigned)cfg->db_queue_timeout_ms, err, sizeof(err));
+        if (!ctx->rpg) {
+            /* loads go to the primary meanwhile; do not make each one wait for a dead host */
+            ctx->rpg_retry_ms = mono_ms() + (uint64_t)cfg->db_backoff_max_ms;
+            log_warn("read replica: index loads use the primary: %s", err);
+        } else {
+            PQclear(PQexec(ctx->rpg, "SET max_parallel_workers_per_gather = 0"));
+        }
+    }
+    return ctx->rpg;
+}
+
+void bg_read_conn_failed(bg_ctx *ctx)
+{
+    PQfinish(ctx->rpg);
+    ctx->rpg = NULL;
+}
+
 void bg_conn_failed(bg_ctx *ctx)
 {
     PQfinish(ctx->pg);
@@ -110,6 +144,8 @@ static void *job_thread(void *arg)
     }
     PQfinish(ctx->pg);
     ctx->pg = NULL;
+    PQfinish(ctx->rpg);
+    ctx->rpg = NULL;
     return NULL;
 }
 

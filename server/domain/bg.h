@@ -36,6 +36,13 @@ PGconn *bg_conn(bg_ctx *ctx, char *err, size_t errlen);
 /* bg_conn_failed tells the thread its connection broke (it is reopened next time). */
 void bg_conn_failed(bg_ctx *ctx);
 
+/* bg_read_conn returns the job thread's connection to a hot standby (pg_read_dsn),
+ * connecting when needed; NULL when none is configured or it cannot be reached (then not
+ * tried again for db_backoff_max_ms: the caller uses bg_conn). Only inside a job.
+ * bg_read_conn_failed drops it after an error. */
+PGconn *bg_read_conn(bg_ctx *ctx);
+void bg_read_conn_failed(bg_ctx *ctx);
+
 /* bg_cancelled tells a job that the server is stopping and it should give up quickly. */
 int bg_cancelled(bg_ctx *ctx);
 

@@ -93,6 +93,16 @@ void tenant_apply_delete(tenant *t, uint64_t seq, uint64_t id);
  * change log is scheduled. */
 void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq);
 
+/* tenant_read_floor returns the highest change number of t this process knows was
+ * committed: what its index holds, what this process wrote and what other processes
+ * announced (change notifications), whether or not the index is loaded. A read that is
+ * combined with the index, or that must show this process's own writes, may run on a hot
+ * standby only if the standby's copy of the tenant has replayed at least this change (see
+ * req_submit_read). tenants_read_floor is the same for tenant id, 0 when the registry does
+ * not hold it (this process has seen nothing of it). Any thread. */
+uint64_t tenant_read_floor(tenant *t);
+uint64_t tenants_read_floor(tenants *ts, int64_t id);
+
 /* tenants_catch_up_all schedules a catch-up of every loaded tenant (after the listener
  * reconnects, notifications may have been missed). */
 void tenants_catch_up_all(tenants *ts);

@@ -253,6 +253,8 @@ static void apply(tenant *t, uint64_t seq, uint64_t id, bool del, const float *v
                   const mem_meta *m)
 {
     pthread_mutex_lock(&t->mu);
+    if (seq > t->known)
+        t->known = seq;
     if (t->state == T_READY)
         tn_apply_locked(t, seq, id, del, vec, m);
     else if (t->state == T_LOADING)
@@ -364,10 +366,41 @@ void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq)
     if (!t)
         return;
     pthread_mutex_lock(&t->mu);
+    if (seq > t->known)
+        t->known = seq;
     if (t->state == T_READY && !tn_seq_applied(t, seq))
         tn_schedule_catch_up(t);
     pthread_mutex_unlock(&t->mu);
     tenant_put(t);
+}
+
+uint64_t tenant_read_floor(tenant *t)
+{
+    pthread_mutex_lock(&t->mu);
+    uint64_t f = t->known;
+    if (t->applied > f)
+        f = t->applied;
+    if (t->nabove && t->above[t->nabove - 1] > f)
+        f = t->above[t->nabove - 1];
+    pthread_mutex_unlock(&t->mu);
+    return f;
+}
+
+uint64_t tenants_read_floor(tenants *ts, int64_t id)
+{
+    pthread_mutex_lock(&ts->mu);
+    uint64_t v;
+    tenant *t = NULL;
+    if (idmap_get(ts->map, (uint64_t)id, &v)) {
+        t = (tenant *)(uintptr_t)v;
+        atomic_fetch_add(&t->refs, 1);
+    }
+    pthread_mutex_unlock(&ts->mu);
+    if (!t)
+        return 0;
+    uint64_t f = tenant_read_floor(t);
+    tenant_put(t);
+    return f;
 }
 
 static int catch_up_one(uint64_t key, uint64_t value, void *ctx)

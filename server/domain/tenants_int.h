@@ -49,7 +49,11 @@ struct tenant {
     int state;
     vindex *vi;
     uint64_t applied; /* every change <= applied is in vi */
-    uint64_t *above;  /* applied changes > applied, sorted */
+    /* the highest change number this process knows was committed (its own writes, the
+     * change notifications of others, whether or not the index is loaded): reads on a
+     * standby must include it (tenants_read_floor; t->mu) */
+    uint64_t known;
+    uint64_t *above; /* applied changes > applied, sorted */
     size_t nabove, cabove;
     idmap *deleted; /* id -> change number of its delete, while above the watermark */
     pending *phead, *ptail;

@@ -368,6 +368,50 @@ static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *chang
     return 0;
 }
 
+/* Builds t's index from a hot standby (t is LOADING), then applies from the primary pg the
+ * changes the standby had not replayed yet, so the index is as current as one built from
+ * the primary: the bulk of the bytes (every embedding) comes from the standby. Returns 0
+ * when installed; 1 when the standby cannot serve (unreachable, failed, or so far behind
+ * that the primary's change log no longer reaches back to it: the caller builds from the
+ * primary); a negative errno with err when the primary failed. */
+static int load_from_standby(bg_ctx *ctx, PGconn *pg, tenant *t, size_t *rows, size_t *changes,
+                             char *err, size_t errlen)
+{
+    PGconn *rpg = bg_read_conn(ctx);
+    if (!rpg)
+        return 1;
+    char rerr[256];
+    int rc = load_from_db(rpg, t, rows, rerr, sizeof(rerr));
+    if (rc < 0) {
+        log_warn("tenant %lld: index load from the read replica failed, using the primary: %s",
+                 (long long)t->id, rerr);
+        if (PQstatus(rpg) != CONNECTION_OK)
+            bg_read_conn_failed(ctx);
+        return 1;
+    }
+    pthread_mutex_lock(&t->mu);
+    uint64_t upto = t->applied;
+    pthread_mutex_unlock(&t->mu);
+    replay_ctx rp = {.t = t, .next = upto + 1};
+    uint64_t now_seq = 0;
+    rc = loader_changes(pg, t->id, t->dim, upto, &now_seq, replay_change, &rp, err, errlen);
+    if (rc < 0 || rp.oom) {
+        if (rp.oom)
+            snprintf(err, errlen, "out of memory");
+        uninstall(t);
+        return rp.oom ? -ENOMEM : -EIO;
+    }
+    if (rp.gap || now_seq < upto || rp.next != now_seq + 1) {
+        uninstall(t);
+        log_warn("tenant %lld: the read replica is at change %llu, which the change log no "
+                 "longer reaches back to (the primary is at %llu): building from the primary",
+                 (long long)t->id, (unsigned long long)upto, (unsigned long long)now_seq);
+        return 1;
+    }
+    *changes = rp.changes;
+    return 0;
+}
+
 /* Sets t->engine, the engine the load creates the index with, from the tenant's choice in
  * PostgreSQL or else the index_engine setting (t is LOADING). Returns 0 or -EIO with err. */
 static int read_engine(PGconn *pg, tenant *t, char *err, size_t errlen)
@@ -404,7 +448,11 @@ static int load_now(bg_ctx *ctx, tenant *t)
         } else if (pg) {
             from = load_from_snapshot(pg, t, &rows, &changes, err, sizeof(err));
             if (from == 1) {
-                rc = load_from_db(pg, t, &rows, err, sizeof(err));
+                rc = load_from_standby(ctx, pg, t, &rows, &changes, err, sizeof(err));
+                if (rc == 0)
+                    from = 2;
+                else if (rc == 1)
+                    rc = load_from_db(pg, t, &rows, err, sizeof(err));
                 if (rc == 0)
                     atomic_fetch_add(&t->ts->n_db_loads, 1);
             } else {
@@ -443,6 +491,10 @@ static int load_now(bg_ctx *ctx, tenant *t)
     if (rc == 0 && from == 0)
         log_info("tenant %lld: index loaded from its snapshot, %zu memories, %zu changes "
                  "replayed, change %llu, %s engine, %.1f ms",
+                 (long long)t->id, rows, changes, (unsigned long long)applied, engine, ms);
+    else if (rc == 0 && from == 2)
+        log_info("tenant %lld: index built from the read replica, %zu memories, %zu changes "
+                 "then from the primary, change %llu, %s engine, %.1f ms",
                  (long long)t->id, rows, changes, (unsigned long long)applied, engine, ms);
     else if (rc == 0)
         log_info("tenant %lld: index built from the database, %zu memories, change %llu, %s "

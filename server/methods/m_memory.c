@@ -607,8 +607,10 @@ static void get_rows(req *r, const db_result *res)
     req_done(r);
 }
 
-/* Submits one statement taking (tenant, ids[]) with the request's ids argument. */
-static void submit_ids(req *r, size_t param, sql_stmt stmt, void (*cb)(req *, const db_result *))
+/* Submits one statement taking (tenant, ids[]) with the request's ids argument; a read
+ * (read true) may run on a standby (req_submit_read). */
+static void submit_ids(req *r, size_t param, sql_stmt stmt, bool read,
+                       void (*cb)(req *, const db_result *))
 {
     size_t n;
     uint64_t *ids = mp_uint_array(r, req_arg(r, param), &n);
@@ -620,12 +622,15 @@ static void submit_ids(req *r, size_t param, sql_stmt stmt, void (*cb)(req *, co
     }
     const char *vals[] = {tid, arr};
     db_query q = {.stmt = sql_def(stmt), DB_VALUES(vals)};
-    req_submit(r, req_auth(r)->tenant_id, &q, 1, cb);
+    if (read)
+        req_submit_read(r, &q, 1, cb);
+    else
+        req_submit(r, req_auth(r)->tenant_id, &q, 1, cb);
 }
 
 void h_memory_get(req *r)
 {
-    submit_ids(r, P_GET_IDS, SQL_MEMORY_GET, get_rows);
+    submit_ids(r, P_GET_IDS, SQL_MEMORY_GET, true, get_rows);
 }
 
 /* ---- memory.delete ------------------------------------------------------------------- */
@@ -807,7 +812,7 @@ void h_memory_delete(req *r)
         req_fail(r, RPC_INVALID_ARGUMENT, "'dry_run' and 'all' go with 'filter', not 'ids'");
         return;
     }
-    submit_ids(r, P_DEL_IDS, SQL_MEMORY_DELETE, delete_done);
+    submit_ids(r, P_DEL_IDS, SQL_MEMORY_DELETE, false, delete_done);
 }
 
 /* ---- index updates from returned meta rows --------------------------------------------- */
@@ -1154,7 +1159,7 @@ void h_memory_history(req *r)
     const char *v2[] = {tid, one};
     db_query q[2] = {{.stmt = sql_def(SQL_MEMORY_GET), DB_VALUES(v1)},
                      {.stmt = sql_def(SQL_MEMORY_HISTORY), DB_VALUES(v2)}};
-    req_submit(r, req_auth(r)->tenant_id, q, 2, history_rows);
+    req_submit_read(r, q, 2, history_rows);
 }
 
 /* ---- memory.list ------------------------------------------------------------------------ */
@@ -1312,7 +1317,7 @@ void h_memory_list(req *r)
     tail[4] = limit;
     db_query q = {.stmt = sql_def(st->embedding ? SQL_MEMORY_LIST_EMB : SQL_MEMORY_LIST),
                   DB_VALUES(vals)};
-    req_submit(r, req_auth(r)->tenant_id, &q, 1, list_rows);
+    req_submit_read(r, &q, 1, list_rows);
 }
 
 /* ---- memory.stats ----------------------------------------------------------------------- */
@@ -1421,5 +1426,5 @@ void h_memory_stats(req *r)
     const char *vals[] = {tid};
     db_query q[2] = {{.stmt = sql_def(SQL_MEMORY_STATS), DB_VALUES(vals)},
                      {.stmt = sql_def(SQL_TENANT_INDEX_ENGINE), DB_VALUES(vals)}};
-    req_submit(r, req_auth(r)->tenant_id, q, 2, stats_rows);
+    req_submit_read(r, q, 2, stats_rows);
 }

@@ -561,7 +561,7 @@ static void search_run(req *r)
     }
     const char *vals[] = {tid, arr};
     db_query q = {.stmt = sql_def(SQL_MEMORY_GET), DB_VALUES(vals)};
-    req_submit(r, tid_owner, &q, 1, search_rows);
+    req_submit_read(r, &q, 1, search_rows);
 }
 
 static void index_ready(void *arg, int status, const char *err)
@@ -630,7 +630,7 @@ static void search_text(req *r)
     vals[1 + SQL_FILTER_NPARAMS] = st->query;
     vals[2 + SQL_FILTER_NPARAMS] = limit;
     db_query q = {.stmt = sql_def(SQL_MEMORY_TEXT_SEARCH), DB_VALUES(vals)};
-    req_submit(r, req_auth(r)->tenant_id, &q, 1, text_rows);
+    req_submit_read(r, &q, 1, text_rows);
 }
 
 static void attrs_rows(req *r, const db_result *res)
@@ -677,7 +677,7 @@ static void search_start(req *r, rpc_code code, const char *message)
         }
         const char *vals[] = {tid, st->f.attrs_json};
         db_query q = {.stmt = sql_def(SQL_MEMORY_ATTRS_IDS), DB_VALUES(vals)};
-        req_submit(r, req_auth(r)->tenant_id, &q, 1, attrs_rows);
+        req_submit_read(r, &q, 1, attrs_rows);
         return;
     }
     if (st->mode == MODE_VECTOR)

@@ -12,6 +12,7 @@
 #include "metrics.h"
 #include "sql.h"
 #include "tenancy.h"
+#include "tenants.h"
 
 #define ARENA_FIRST 4096
 
@@ -295,6 +296,149 @@ void req_submit(req *r, int64_t rls_tenant, const db_query *qs, int nq,
             req_fail(r, RPC_INTERNAL, "out of memory");
         else
             req_fail(r, RPC_UNAVAILABLE, "database unavailable (shutting down)");
+    }
+}
+
+/* A read sent to a standby, with a copy of its queries for a second try on the primary
+ * (db_submit copies parameters, but the callers' arrays do not outlive the call). */
+typedef struct read_ctx {
+    req *r;
+    void (*cb)(req *r, const db_result *res);
+    uint64_t floor;
+    int nq;
+    db_query qs[DB_MAX_QUERIES];
+    char *blob; /* the copied value pointers, lengths, formats and bytes */
+} read_ctx;
+
+static void read_ctx_free(read_ctx *rc)
+{
+    if (rc) {
+        free(rc->blob);
+        free(rc);
+    }
+}
+
+/* Copies qs into a new read_ctx. Returns NULL when out of memory. */
+static read_ctx *read_ctx_copy(const db_query *qs, int nq)
+{
+    size_t arrays = 0, bytes = 1;
+    for (int i = 0; i < nq; i++) {
+        arrays += qs[i].nvalues;
+        for (size_t k = 0; k < qs[i].nvalues; k++) {
+            if (!qs[i].values[k])
+                continue;
+            bool bin = qs[i].formats && qs[i].formats[k] == 1;
+            bytes += bin ? (size_t)qs[i].lengths[k] : strlen(qs[i].values[k]) + 1;
+        }
+    }
+    read_ctx *rc = calloc(1, sizeof(*rc));
+    if (!rc)
+        return NULL;
+    rc->blob = malloc(arrays * (sizeof(char *) + 2 * sizeof(int)) + bytes);
+    if (!rc->blob) {
+        free(rc);
+        return NULL;
+    }
+    const char **vals = (const char **)(void *)rc->blob;
+    int *lens = (int *)(void *)(vals + arrays);
+    int *fmts = lens + arrays;
+    char *w = (char *)(fmts + arrays);
+    for (int i = 0; i < nq; i++) {
+        const db_query *q = &qs[i];
+        rc->qs[i] = *q;
+        rc->qs[i].values = vals;
+        rc->qs[i].lengths = lens;
+        rc->qs[i].formats = fmts;
+        for (size_t k = 0; k < q->nvalues; k++) {
+            bool bin = q->formats && q->formats[k] == 1;
+            fmts[k] = bin ? 1 : 0;
+            lens[k] = bin ? q->lengths[k] : 0;
+            if (!q->values[k]) {
+                vals[k] = NULL;
+                continue;
+            }
+            size_t n = bin ? (size_t)q->lengths[k] : strlen(q->values[k]) + 1;
+            memcpy(w, q->values[k], n);
+            vals[k] = w;
+            w += n;
+        }
+        vals += q->nvalues;
+        lens += q->nvalues;
+        fmts += q->nvalues;
+    }
+    rc->nq = nq;
+    return rc;
+}
+
+static void on_read_job(void *arg, const db_result *res)
+{
+    read_ctx *rc = arg;
+    req *r = rc->r;
+    metrics_read_fallback why = METRICS_FALLBACK_UNAVAILABLE;
+    if (res->status == DB_OK && res->nres == rc->nq + 1) {
+        const PGresult *fr = res->res[0];
+        int64_t seq = -1;
+        if (PQntuples(fr) == 1 && !memrow_parse_i64(PQgetvalue(fr, 0, 0), &seq))
+            seq = -1;
+        if (seq >= 0 && (uint64_t)seq >= rc->floor) {
+            metrics_db_read(METRICS_READ_STANDBY);
+            db_result shifted = *res;
+            shifted.res = res->res + 1;
+            shifted.nres = res->nres - 1;
+            void (*cb)(req *, const db_result *) = rc->cb;
+            read_ctx_free(rc);
+            cb(r, &shifted);
+            return;
+        }
+        why = METRICS_FALLBACK_BEHIND;
+        log_debug("%s: standby at change %lld of tenant %lld, %llu needed: reading the primary",
+                  req_method(r), (long long)seq, (long long)r->auth.tenant_id,
+                  (unsigned long long)rc->floor);
+    } else if (res->status != DB_OK) {
+        log_debug("%s: standby read failed (%s): reading the primary", req_method(r),
+                  res->message ? res->message : "?");
+    }
+    metrics_db_read_fallback(why);
+    metrics_db_read(METRICS_READ_PRIMARY);
+    req_submit(r, r->auth.tenant_id, rc->qs, rc->nq, rc->cb);
+    read_ctx_free(rc);
+}
+
+void req_submit_read(req *r, const db_query *qs, int nq, void (*cb)(req *r, const db_result *res))
+{
+    db_pool *rdb = worker_read_db(r->w);
+    if (!rdb || nq < 1 || nq >= DB_MAX_QUERIES) {
+        if (rdb)
+            metrics_db_read(METRICS_READ_PRIMARY);
+        req_submit(r, r->auth.tenant_id, qs, nq, cb);
+        return;
+    }
+    db_pool_stats ps;
+    db_pool_get_stats(rdb, &ps);
+    read_ctx *rc = NULL;
+    if (ps.ready == 0 || ps.stalled || !(rc = read_ctx_copy(qs, nq))) {
+        /* no standby to ask (or no memory for the copy): do not wait for one */
+        metrics_db_read_fallback(METRICS_FALLBACK_UNAVAILABLE);
+        metrics_db_read(METRICS_READ_PRIMARY);
+        req_submit(r, r->auth.tenant_id, qs, nq, cb);
+        return;
+    }
+    rc->r = r;
+    rc->cb = cb;
+    rc->floor = tenants_read_floor(r->srv->tenants, r->auth.tenant_id);
+    char tid[24];
+    snprintf(tid, sizeof(tid), "%lld", (long long)r->auth.tenant_id);
+    const char *fv[] = {tid};
+    db_query all[DB_MAX_QUERIES];
+    all[0] = (db_query){.stmt = sql_def(SQL_READ_FLOOR), DB_VALUES(fv)};
+    for (int i = 0; i < nq; i++)
+        all[i + 1] = rc->qs[i];
+    int rcode = db_submit(rdb, r->auth.tenant_id, all, nq + 1, on_read_job, rc);
+    if (rcode < 0) {
+        metrics_db_read_fallback(METRICS_FALLBACK_UNAVAILABLE);
+        metrics_db_read(METRICS_READ_PRIMARY);
+        req_submit(r, r->auth.tenant_id, rc->qs, rc->nq, cb);
+        read_ctx_free(rc);
     }
 }
 

@@ -93,4 +93,17 @@ void req_admit_query(req *r, void (*next)(req *r));
 void req_submit(req *r, int64_t rls_tenant, const db_query *qs, int nq,
                 void (*cb)(req *r, const db_result *res));
 
+/* req_submit_read runs a read-only job of the request's tenant (row-level security bound to
+ * it), on a hot standby when pg_read_dsn is set and the standby is consistent with this
+ * process, else on the primary; cb(r, res) sees the results of qs only, as with req_submit.
+ *
+ * The standby runs SQL_READ_FLOOR first, in the same transaction: the tenant's change
+ * number as the standby has replayed it. The answer is used only when that number reaches
+ * tenants_read_floor (every change this process's index holds, wrote or was told of); each
+ * later statement of the job sees a snapshot at least as new, so it misses none of them.
+ * Otherwise, when no standby connection is ready, or when the standby's job fails (a
+ * recovery conflict, a lost connection), the same job runs again on the primary
+ * (engram_db_read_fallbacks_total counts why). At most DB_MAX_QUERIES - 1 queries. */
+void req_submit_read(req *r, const db_query *qs, int nq, void (*cb)(req *r, const db_result *res));
+
 #endif

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -32,6 +33,7 @@ struct worker {
     bool started;
     struct event_base *base;
     db_pool *db;
+    db_pool *rdb;       /* hot standbys (pg_read_dsn), NULL when none: see req_submit_read */
     pthread_mutex_t mu; /* guards the mailbox */
     wmsg *mhead, *mtail;
     struct event *ev_mail;
@@ -72,6 +74,14 @@ static void on_db_event(void *ud, int level, const char *msg)
         log_error("worker %u: %s", w->idx, msg);
         break;
     }
+}
+
+/* The standby pool's events, told apart from the primary's in the log. */
+static void on_rdb_event(void *ud, int level, const char *msg)
+{
+    char buf[600];
+    snprintf(buf, sizeof(buf), "read replica: %s", msg);
+    on_db_event(ud, level, buf);
 }
 
 static void on_mail(evutil_socket_t fd, short what, void *arg)
@@ -214,12 +224,17 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
      * /healthz and /readyz report it down within the pool's stall time */
     metrics_db_publish(w->idx, st.connections, st.stalled ? 0 : st.ready, st.queued, st.inflight,
                        st.reconnects, st.failures);
+    if (w->rdb) {
+        db_pool_get_stats(w->rdb, &st);
+        metrics_db_read_publish(w->idx, st.connections, st.stalled ? 0 : st.ready);
+    }
     if (w->draining) {
         bool flushed = true;
         for (conn *c = w->conns; c; c = conn_next(c))
             if (conn_output_pending(c))
                 flushed = false;
-        bool db_done = !w->flushing && access_log_count(w->access) == 0 && db_pool_idle(w->db);
+        bool db_done = !w->flushing && access_log_count(w->access) == 0 && db_pool_idle(w->db) &&
+                       (!w->rdb || db_pool_idle(w->rdb));
         if ((w->inflight == 0 && flushed && db_done) || now >= w->drain_deadline_ms) {
             if (w->inflight)
                 log_warn("worker %u: shutdown timeout with %u requests in flight", w->idx,
@@ -277,8 +292,18 @@ worker *worker_create(server *s, unsigned idx)
     w->db = db_pool_create(w->base, &dc);
     if (!w->db)
         goto fail;
+    if (cfg->pg_read_dsn[0]) {
+        /* the same statements and role: a standby runs the read-only ones */
+        dc.dsn = cfg->pg_read_dsn;
+        dc.connections = (unsigned)cfg->pg_read_pool_size;
+        dc.on_event = on_rdb_event;
+        w->rdb = db_pool_create(w->base, &dc);
+        if (!w->rdb)
+            goto fail;
+    }
     return w;
 fail:
+    db_pool_destroy(w->rdb);
     db_pool_destroy(w->db);
     if (w->ev_mail)
         event_free(w->ev_mail);
@@ -346,6 +371,8 @@ void worker_destroy(worker *w)
         next = conn_next(c);
         conn_close(c);
     }
+    db_pool_destroy(w->rdb);
+    w->rdb = NULL;
     db_pool_destroy(w->db);
     w->db = NULL;
     on_mail(-1, 0, w);
@@ -446,6 +473,11 @@ struct event_base *worker_base(worker *w)
 db_pool *worker_db(worker *w)
 {
     return w->db;
+}
+
+db_pool *worker_read_db(worker *w)
+{
+    return w->rdb;
 }
 
 server *worker_server(worker *w)

@@ -54,6 +54,8 @@ void worker_accept(server *s, int fd, const struct sockaddr *addr, unsigned *nex
 /* Accessors, valid on the worker's thread. */
 struct event_base *worker_base(worker *w);
 db_pool *worker_db(worker *w);
+/* worker_read_db returns the pool of hot standbys (pg_read_dsn), or NULL when none is set. */
+db_pool *worker_read_db(worker *w);
 server *worker_server(worker *w);
 unsigned worker_index(worker *w);
 

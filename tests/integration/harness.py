@@ -276,6 +276,55 @@ class PgCluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class PgStandby(PgCluster):
+    """A hot standby of a running PgCluster: pg_basebackup -R (streaming replication, the
+    primary_conninfo it writes) into a directory of its own, with its own socket
+    directory. start() waits until it accepts read-only connections; create_db is not
+    possible (read-only): use dsn_for(name) for a database of the primary."""
+
+    def __init__(self, primary):
+        self.dir = tempfile.mkdtemp(prefix="engram-pgsb-")
+        os.chmod(self.dir, 0o755)
+        self.data = os.path.join(self.dir, "data")
+        self.run = os.path.join(self.dir, "run")
+        self.root = os.geteuid() == 0
+        if self.root:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._as_owner(["mkdir", "-p", self.run])
+        self._as_owner([os.path.join(PG_BINDIR, "pg_basebackup"), "-D", self.data, "-h",
+                        primary.run, "-U", "postgres", "-R", "-X", "stream", "-c", "fast"])
+        # the copied postgresql.conf names the primary's socket directory: the last line wins
+        conf = f"\nunix_socket_directories = '{self.run}'\nhot_standby = on\n"
+        self._as_owner(["sh", "-c", f"cat >> {self.data}/postgresql.conf"], conf)
+        self.dsn = f"host={self.run} dbname=postgres user=postgres"
+
+    def start(self):
+        super().start()
+        assert wait_for(lambda: self._accepts(), timeout=60), "the standby never accepted reads"
+
+    def _accepts(self):
+        try:
+            return psql(self.dsn, "SELECT pg_is_in_recovery()") == "t"
+        except RuntimeError:
+            return False
+
+    def dsn_for(self, name):
+        return with_dbname(self.dsn, name)
+
+    def pause(self):
+        psql(self.dsn, "SELECT pg_wal_replay_pause()")
+        assert wait_for(lambda: psql(self.dsn, "SELECT pg_get_wal_replay_pause_state()") == "paused",
+                        timeout=30), "replay did not pause"
+
+    def resume(self):
+        psql(self.dsn, "SELECT pg_wal_replay_resume()")
+
+    def caught_up(self, primary):
+        """True once the standby has replayed everything the primary has written."""
+        lsn = psql(primary.dsn, "SELECT pg_current_wal_lsn()")
+        return psql(self.dsn, f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn") == "t"
+
+
 def server_pair(dsn, extra=()):
     """Two engramd processes on one database, sharing the secret and the admin key (as the
     processes of one deployment do); returns them started. Stop and clean up both."""
@@ -285,6 +334,88 @@ def server_pair(dsn, extra=()):
     b.admin_key_file = a.admin_key_file
     b.start()
     return a, b
+
+
+def server_fleet(dsn, n, extra=()):
+    """n engramd processes on one database sharing the secret and the admin key (the first
+    one's); returns them started. Stop and clean up every one."""
+    first = Server(dsn, extra=list(extra)).start()
+    fleet = [first]
+    try:
+        for _ in range(n - 1):
+            s = Server(dsn, extra=list(extra) + ["--secret-file", first.data_dir + "/secret.key",
+                                                 "--admin-key-file", first.admin_key_file])
+            s.admin_key_file = first.admin_key_file
+            fleet.append(s.start())
+    except BaseException:
+        for s in fleet:
+            s.cleanup()
+        raise
+    return fleet
+
+
+HAPROXY = os.environ.get("ENGRAM_HAPROXY", "/usr/sbin/haproxy")
+
+
+class HAProxy:
+    """HAProxy in TCP mode in front of engramd processes (Debian's haproxy package): one
+    frontend port, round robin over the servers' RPC ports, each checked with GET /readyz
+    on its HTTP port (a process that is not ready, or whose database is down, is taken out
+    of rotation). start() waits until the frontend accepts connections."""
+
+    def __init__(self, servers, inter_ms=500):
+        assert os.access(HAPROXY, os.X_OK), f"{HAPROXY} missing: install Debian's haproxy"
+        self.tmp = tempfile.mkdtemp(prefix="engram-haproxy-")
+        self.port = free_port()
+        self.cfg = os.path.join(self.tmp, "haproxy.cfg")
+        self.log_path = os.path.join(self.tmp, "haproxy.log")
+        lines = ["global", "    maxconn 2000", "defaults", "    mode tcp",
+                 "    timeout connect 2s", "    timeout client 10m", "    timeout server 10m",
+                 "frontend engram", f"    bind 127.0.0.1:{self.port}",
+                 "    default_backend engramd", "backend engramd", "    balance roundrobin",
+                 "    option httpchk", "    http-check send meth GET uri /readyz",
+                 "    http-check expect status 200"]
+        for i, s in enumerate(servers):
+            lines.append(f"    server e{i} 127.0.0.1:{s.port} check port {s.http_port} "
+                         f"inter {inter_ms} fall 2 rise 1")
+        with open(self.cfg, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        self.proc = None
+
+    def start(self):
+        out = subprocess.run([HAPROXY, "-c", "-f", self.cfg], capture_output=True, text=True)
+        assert out.returncode == 0, f"haproxy rejects its configuration:\n{out.stdout}{out.stderr}"
+        self.logf = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([HAPROXY, "-db", "-f", self.cfg], stdout=self.logf,
+                                     stderr=subprocess.STDOUT)
+
+        def up():
+            assert self.proc.poll() is None, "haproxy exited:\n" + open(self.log_path).read()
+            try:
+                with Client(self.port, timeout=2) as c:
+                    return c.call("ping") == "pong"
+            except (OSError, ConnectionError, RpcError):
+                return False
+
+        assert wait_for(up, timeout=30), "haproxy never forwarded a ping"
+        return self
+
+    def client(self, key=None, timeout=30.0):
+        return Client(self.port, timeout=timeout, key=key)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def cleanup(self):
+        self.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class Bystander:

@@ -322,18 +322,31 @@ static void catch_up_job(bg_ctx *ctx, void *arg)
     bool ready = t->state == T_READY;
     uint64_t after = t->applied;
     pthread_mutex_unlock(&t->mu);
-    if (ready && !bg_cancelled(ctx)) {
+    /* a connection lost under the catch-up (the database failed over since this thread last
+     * used it) is replaced and the catch-up tried once more: the listener schedules catch-ups
+     * right after it reconnected, when this thread's connection may still be the old one */
+    for (int attempt = 0; ready && !bg_cancelled(ctx) && attempt < 2; attempt++) {
         char err[256];
         uint64_t upto = 0;
         PGconn *pg = bg_conn(ctx, err, sizeof(err));
-        if (pg && loader_changes(pg, t->id, t->dim, after, &upto, catch_up_change, t, err,
-                                 sizeof(err)) < 0) {
+        if (!pg) {
             log_warn("tenant %lld: catch-up failed: %s", (long long)t->id, err);
-            if (PQstatus(pg) != CONNECTION_OK)
-                bg_conn_failed(ctx);
-        } else if (!pg) {
-            log_warn("tenant %lld: catch-up failed: %s", (long long)t->id, err);
+            break;
         }
+        if (loader_changes(pg, t->id, t->dim, after, &upto, catch_up_change, t, err, sizeof(err)) >=
+            0)
+            break;
+        bool lost = PQstatus(pg) != CONNECTION_OK;
+        if (lost)
+            bg_conn_failed(ctx);
+        if (!lost || attempt == 1)
+            log_warn("tenant %lld: catch-up failed: %s", (long long)t->id, err);
+        if (!lost)
+            break;
+        pthread_mutex_lock(&t->mu);
+        ready = t->state == T_READY;
+        after = t->applied;
+        pthread_mutex_unlock(&t->mu);
     }
     tenant_put(t);
 }

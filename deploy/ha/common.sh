@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034 # the variables are for the scripts that source this
 # deploy/ha/common.sh: the layout deploy/ha/start, stop and kill-primary share. Sourced.
 #
 # One machine plays three: a pg_auto_failover monitor, two PostgreSQL nodes (a primary and
@@ -10,6 +11,7 @@
 #                 engramd a RPC +10 HTTP +11, engramd b RPC +20 HTTP +21, HAProxy RPC +30,
 #                 HAProxy HTTP (the JSON API, same checks) +31, HAProxy stats +32
 #   HA_DBNAME     the application database [engram]
+# shellcheck source=../lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 HA_DIR=${HA_DIR:-$ENGRAM_ROOT/var/ha}

@@ -492,6 +492,14 @@ static void conn_read_results(db_conn *c)
         c->ninflight--;
         if (j->internal_done) {
             j->internal_done(c, j);
+        } else if (j->failed && strcmp(j->sqlstate, "25006") == 0) {
+            /* read_only_sql_transaction: this server takes no writes (a standby, a demoted
+             * primary): the job is unavailable, and a new connection finds the primary
+             * (target_session_attrs=read-write in the DSN) */
+            c->pool->failures++;
+            job_complete(j, DB_UNAVAILABLE);
+            conn_fail(c, "database is read-only (not the primary); reconnecting");
+            return;
         } else {
             job_complete(j, j->failed ? DB_ERROR : DB_OK);
         }

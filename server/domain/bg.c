@@ -58,7 +58,8 @@ struct bg {
 
 /* Tells whether idle connection c was closed by its server while it sat unused: after a
  * failover the old primary's backends say FATAL and close, but libpq only learns it when it
- * next reads. Anything readable on an idle connection is such news (or a stray notice). */
+ * next reads. Something readable on an idle connection is such news or a stray notice: one
+ * round trip tells which. */
 static bool closed_while_idle(PGconn *c)
 {
     struct pollfd pfd = {.fd = PQsocket(c), .events = POLLIN};
@@ -66,7 +67,10 @@ static bool closed_while_idle(PGconn *c)
         return true;
     if (poll(&pfd, 1, 0) <= 0)
         return false;
-    return !PQconsumeInput(c) || PQstatus(c) != CONNECTION_OK;
+    PGresult *r = PQexec(c, "SELECT 1");
+    bool ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+    PQclear(r);
+    return !ok || PQstatus(c) != CONNECTION_OK;
 }
 
 PGconn *bg_conn(bg_ctx *ctx, char *err, size_t errlen)

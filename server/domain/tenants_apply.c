@@ -22,6 +22,7 @@
 #include "log.h"
 #include "memfilter.h"
 #include "metrics.h"
+#include "rowcache.h"
 #include "sql_bg.h"
 #include "vfaiss.h"
 
@@ -321,6 +322,9 @@ static void catch_up_job(bg_ctx *ctx, void *arg)
     t->catchup_queued = false;
     bool ready = t->state == T_READY;
     uint64_t after = t->applied;
+    /* the highest change the index holds, read before the catch-up's snapshot: every one of
+     * them had committed, so the database's change number cannot be lower (see below) */
+    uint64_t top = t->nabove ? t->above[t->nabove - 1] : t->applied;
     pthread_mutex_unlock(&t->mu);
     /* a connection lost under the catch-up (the database failed over since this thread last
      * used it) is replaced and the catch-up tried once more: the listener schedules catch-ups
@@ -334,8 +338,22 @@ static void catch_up_job(bg_ctx *ctx, void *arg)
             break;
         }
         if (loader_changes(pg, t->id, t->dim, after, &upto, catch_up_change, t, err, sizeof(err)) >=
-            0)
+            0) {
+            if (upto < top) {
+                /* the database is behind the index: changes this index applied are gone (a
+                 * failover to a standby that had not received them: asynchronous
+                 * replication, or a forced promotion). Their numbers will be reused for
+                 * other changes, which this index would take for applied: drop it and its
+                 * snapshot; the next use loads what the database has. */
+                log_warn("tenant %lld: the database's change number %llu is behind the "
+                         "index's %llu (changes lost in a failover?); dropping the index to "
+                         "load it again",
+                         (long long)t->id, (unsigned long long)upto, (unsigned long long)top);
+                tenants_forget(t->ts, t->id);
+                rc_forget_tenant(t->ts->srv->rows, t->id); /* rows tagged with lost numbers */
+            }
             break;
+        }
         bool lost = PQstatus(pg) != CONNECTION_OK;
         if (lost)
             bg_conn_failed(ctx);

@@ -279,12 +279,14 @@ def main():
             promoted = f.primary_port()
         finally:
             f.stop()
-        w = r["window_s"]
+        w, p = r["window_s"], r["promoted_after_s"]
         print(f"run {n + 1}: writers 4, acknowledged {len(r['acked'])} "
               f"({sum(1 for a in r['acked'] if a[3])} replayed), primary {r['killed_port']} "
               f"killed, {promoted} promoted, unavailability window "
-              f"{'%.2f s' % w if w is not None else 'not measured'}, longest request "
-              f"{r['longest_attempt_s']:.2f} s", flush=True)
+              f"{'%.2f s' % w if w is not None else 'not measured'} (a new primary took "
+              f"writes {'%.1f s' % p if p is not None else 'never'} after the kill, polled "
+              f"every 0.5 s), "
+              f"longest request {r['longest_attempt_s']:.2f} s", flush=True)
 
 
 if __name__ == "__main__":

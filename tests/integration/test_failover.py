@@ -18,7 +18,7 @@ from rpc import Client, RpcError
 BIN = os.environ.get("ENGRAM_BIN", "")
 
 
-def test_failover_loses_no_acknowledged_write():
+def test_failover_loses_no_acknowledged_write(capsys):
     assert BIN and os.access(BIN, os.X_OK), "ENGRAM_BIN must name the engramd binary"
     f, r = run(BIN, writers=4)
     try:
@@ -34,11 +34,13 @@ def test_failover_loses_no_acknowledged_write():
         assert r["first_ok"] is not None and r["acked_after_resume"] > 0, \
             "writes did not resume after the failover"
         window = r["window_s"]
-        print(f"\nfailover: {len(r['acked'])} writes acknowledged "
-              f"({sum(1 for a in r['acked'] if a[3])} as replays), {r['failed_attempts']} "
-              f"attempts failed; secondary promoted {r['promoted_after_s']:.1f} s after the "
-              f"kill; unavailability window {window:.2f} s (first failed write to first "
-              f"acknowledged write after it); longest request {r['longest_attempt_s']:.2f} s")
+        with capsys.disabled():  # in meson's test log too, not only on failure
+            print(f"\nfailover: {len(r['acked'])} writes acknowledged "
+                  f"({sum(1 for a in r['acked'] if a[3])} as replays), "
+                  f"{r['failed_attempts']} attempts failed; secondary promoted "
+                  f"{r['promoted_after_s']:.1f} s after the kill; unavailability window "
+                  f"{window:.2f} s (first failed write to first acknowledged write after "
+                  f"it); longest request {r['longest_attempt_s']:.2f} s", flush=True)
         # no request waits longer than the database timeouts (a queue wait, then a query),
         # plus scheduling slack on a loaded machine
         limit = (QUEUE_TIMEOUT_MS + QUERY_TIMEOUT_MS) / 1000 + 5

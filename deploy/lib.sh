@@ -22,10 +22,15 @@ ENGRAM_PACKAGES=(
     python3 python3-msgpack python3-pytest python3-numpy gnuplot-nox procps iproute2 util-linux
     systemd binutils
 )
+# deploy/ha's formation: pg_auto_failover (its PostgreSQL 15 extension and pg_autoctl) and
+# HAProxy in front of the engramd processes.
+ENGRAM_HA_PACKAGES=(postgresql-15-auto-failover pg-auto-failover-cli haproxy)
 # Only the tests need these: headless Chromium for the web console's browser test
-# (tests/integration/test_console.py), HAProxy in front of the fleet of engramd
-# (tests/integration/test_fleet.py). deploy/test passes them to install_deps.
-ENGRAM_TEST_PACKAGES=(chromium haproxy)
+# (tests/integration/test_console.py), deploy/ha for the failover test
+# (tests/integration/test_failover.py) and HAProxy in front of the fleet of engramd
+# (tests/integration/test_fleet.py; haproxy is one of the HA packages). deploy/test passes
+# them to install_deps.
+ENGRAM_TEST_PACKAGES=(chromium "${ENGRAM_HA_PACKAGES[@]}")
 
 # install_deps [PACKAGE...]: installs missing Debian packages (ENGRAM_PACKAGES and those
 # named). Skips apt entirely when all are present, so a second run starts in seconds.

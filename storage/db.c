@@ -49,6 +49,17 @@ typedef struct db_job {
 
 enum { C_DOWN, C_CONNECTING, C_SETUP, C_READY };
 
+/* Connection parameters: the configured DSN parsed, with what failover needs added where the
+ * DSN does not say otherwise (see conn_params_init). keys/vals end with NULL and point into
+ * opts or the defaults' own strings. */
+typedef struct conn_params {
+    PQconninfoOption *opts;
+    const char **keys;
+    const char **vals;
+    char tcp_user_timeout[16];
+    char connect_timeout[16];
+} conn_params;
+
 typedef struct db_conn {
     db_pool *pool;
     PGconn *pg;
@@ -60,7 +71,9 @@ typedef struct db_conn {
     size_t ninflight;
     unsigned backoff_ms;
     bool ever_ready;
-    uint64_t connect_started_ms; /* when the current connection attempt began */
+    uint64_t connect_started_ms; /* when the attempt on the current host began */
+    const char *attempt_host;    /* libpq's host and port entry being tried (identity only: */
+    const char *attempt_port;    /* a multi-host DSN moves on to the next entry) */
     uint64_t last_rx_ms;         /* when a result last arrived (or the connection came up) */
 } db_conn;
 
@@ -68,6 +81,7 @@ struct db_pool {
     struct event_base *base;
     db_config cfg;
     char *dsn;
+    conn_params params;   /* dsn with the failover defaults added (see conn_params_init) */
     char *role;           /* "SET ROLE ..." or NULL */
     char timeout_sql[64]; /* "SET statement_timeout = ..." */
     db_conn *conns;
@@ -123,6 +137,86 @@ static uint64_t now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* conn_params_init parses dsn (a key=value string or a URI, one host or several) and adds, for
+ * each of these the DSN leaves unset:
+ *   keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3: an idle
+ *     connection to a host that vanished (power loss, a network partition: no RST ever
+ *     arrives) is found dead in about 11 s instead of the kernel's two hours;
+ *   tcp_user_timeout=timeout_ms (at least 1000): data, and on Linux a connection attempt's
+ *     SYN, unacknowledged that long closes the socket, so a dead first host of a multi-host
+ *     DSN costs one timeout before libpq tries the next;
+ *   connect_timeout=timeout_ms in seconds (at least 2): the same bound per host for the
+ *     blocking connections (libpq applies it per host; the pool bounds each host's attempt
+ *     itself, see on_tick).
+ * They only apply to TCP; a Unix socket path ignores them. Returns 0, or -EINVAL when dsn does
+ * not parse (err says why), -ENOMEM. */
+static int conn_params_init(conn_params *cp, const char *dsn, unsigned timeout_ms, char *err,
+                            size_t errlen)
+{
+    memset(cp, 0, sizeof(*cp));
+    char *perr = NULL;
+    cp->opts = PQconninfoParse(dsn, &perr);
+    if (!cp->opts) {
+        snprintf(err, errlen, "%s", perr ? perr : "out of memory");
+        size_t n = strlen(err);
+        while (n > 0 && err[n - 1] == '\n')
+            err[--n] = '\0';
+        int rc = perr ? -EINVAL : -ENOMEM;
+        PQfreemem(perr);
+        return rc;
+    }
+    snprintf(cp->tcp_user_timeout, sizeof(cp->tcp_user_timeout), "%u",
+             timeout_ms < 1000 ? 1000 : timeout_ms);
+    snprintf(cp->connect_timeout, sizeof(cp->connect_timeout), "%u",
+             timeout_ms / 1000 < 2 ? 2 : timeout_ms / 1000);
+    const struct {
+        const char *key, *val;
+    } defaults[] = {
+        {"keepalives", "1"},
+        {"keepalives_idle", "5"},
+        {"keepalives_interval", "2"},
+        {"keepalives_count", "3"},
+        {"tcp_user_timeout", cp->tcp_user_timeout},
+        {"connect_timeout", cp->connect_timeout},
+    };
+    size_t n = 0;
+    for (PQconninfoOption *o = cp->opts; o->keyword; o++)
+        n++;
+    cp->keys = calloc(n + 1, sizeof(*cp->keys));
+    cp->vals = calloc(n + 1, sizeof(*cp->vals));
+    if (!cp->keys || !cp->vals) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    size_t k = 0;
+    for (PQconninfoOption *o = cp->opts; o->keyword; o++) {
+        const char *v = o->val;
+        for (size_t d = 0; !v && d < sizeof(defaults) / sizeof(defaults[0]); d++)
+            if (strcmp(o->keyword, defaults[d].key) == 0)
+                v = defaults[d].val;
+        if (!v)
+            continue;
+        cp->keys[k] = o->keyword;
+        cp->vals[k] = v;
+        k++;
+    }
+    return 0;
+fail:
+    free(cp->keys);
+    free(cp->vals);
+    PQconninfoFree(cp->opts);
+    memset(cp, 0, sizeof(*cp));
+    return -ENOMEM;
+}
+
+static void conn_params_fini(conn_params *cp)
+{
+    free(cp->keys);
+    free(cp->vals);
+    PQconninfoFree(cp->opts);
+    memset(cp, 0, sizeof(*cp));
 }
 
 static void emit(db_pool *p, int level, const char *fmt, ...)
@@ -398,6 +492,14 @@ static void conn_read_results(db_conn *c)
         c->ninflight--;
         if (j->internal_done) {
             j->internal_done(c, j);
+        } else if (j->failed && strcmp(j->sqlstate, "25006") == 0) {
+            /* read_only_sql_transaction: this server takes no writes (a standby, a demoted
+             * primary): the job is unavailable, and a new connection finds the primary
+             * (target_session_attrs=read-write in the DSN) */
+            c->pool->failures++;
+            job_complete(j, DB_UNAVAILABLE);
+            conn_fail(c, "database is read-only (not the primary); reconnecting");
+            return;
         } else {
             job_complete(j, j->failed ? DB_ERROR : DB_OK);
         }
@@ -442,11 +544,20 @@ static void conn_begin_setup(db_conn *c)
     conn_flush(c);
 }
 
+/* Notices and the server's own messages outside a query (a backend that is terminated, or
+ * whose postmaster died, says so before it closes the socket) go to the pool's log, not to
+ * stderr as libpq's default processor would print them. */
+static void on_notice(void *arg, const char *message)
+{
+    emit(arg, 1, "database says: %s", message);
+}
+
 static void conn_poll_connect(db_conn *c)
 {
     PostgresPollingStatusType st = PQconnectPoll(c->pg);
     switch (st) {
     case PGRES_POLLING_OK:
+        PQsetNoticeProcessor(c->pg, on_notice, c->pool);
         own_pid_add(PQbackendPID(c->pg));
         conn_begin_setup(c);
         return;
@@ -456,6 +567,12 @@ static void conn_poll_connect(db_conn *c)
         conn_fail(c, PQerrorMessage(c->pg));
         return;
     default:
+        /* a multi-host DSN moved on to its next host: that host gets its own time (on_tick) */
+        if (PQhost(c->pg) != c->attempt_host || PQport(c->pg) != c->attempt_port) {
+            c->attempt_host = PQhost(c->pg);
+            c->attempt_port = PQport(c->pg);
+            c->connect_started_ms = now_ms();
+        }
         /* the socket may change between attempts (several hosts, IPv4/IPv6) */
         event_del(c->ev_io);
         event_assign(c->ev_io, c->pool->base, PQsocket(c->pg),
@@ -498,7 +615,8 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
 static void conn_start(db_conn *c)
 {
     db_pool *p = c->pool;
-    c->pg = PQconnectStart(p->dsn);
+    c->pg = p->params.keys ? PQconnectStartParams(p->params.keys, p->params.vals, 0)
+                           : PQconnectStart(p->dsn);
     if (!c->pg) {
         conn_schedule_retry(c);
         return;
@@ -512,6 +630,8 @@ static void conn_start(db_conn *c)
     }
     c->state = C_CONNECTING;
     c->connect_started_ms = now_ms();
+    c->attempt_host = PQhost(c->pg);
+    c->attempt_port = PQport(c->pg);
     c->ev_io = event_new(p->base, PQsocket(c->pg), EV_WRITE, on_io, c);
     if (!c->ev_io) {
         conn_fail(c, "out of memory");
@@ -659,7 +779,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         if ((c->state == C_READY || c->state == C_SETUP) && c->head &&
             now - c->head->sent_ms >= p->cfg.query_timeout_ms + 1000)
             conn_fail(c, "database did not answer in time");
-        /* a server that accepts the socket but never answers must not hold us forever */
+        /* a server that accepts the socket but never answers must not hold us forever (each
+         * host of a multi-host DSN gets this long: conn_poll_connect restarts the clock) */
         else if (c->state == C_CONNECTING &&
                  now - c->connect_started_ms >= p->cfg.queue_timeout_ms + 1000)
             conn_fail(c, "database connection attempt timed out");
@@ -695,6 +816,11 @@ db_pool *db_pool_create(struct event_base *base, const db_config *cfg)
     p->dsn = strdup(cfg->dsn);
     if (!p->dsn)
         goto fail;
+    char perr[256];
+    int prc = conn_params_init(&p->params, cfg->dsn, p->cfg.queue_timeout_ms, perr, sizeof(perr));
+    if (prc == -ENOMEM)
+        goto fail;
+    /* a DSN that does not parse is tried as it is: the connection attempts report why */
     if (cfg->role) {
         /* quote the role as an identifier; it comes from our configuration */
         size_t n = strlen(cfg->role);
@@ -760,6 +886,7 @@ void db_pool_destroy(db_pool *p)
         event_free(p->ev_tick);
     free(p->conns);
     free(p->role);
+    conn_params_fini(&p->params);
     free(p->dsn);
     free(p);
 }
@@ -907,11 +1034,12 @@ bool db_pool_idle(db_pool *p)
 PGconn *db_connect_blocking(const char *dsn, const char *role, unsigned timeout_ms, char *err,
                             size_t errlen)
 {
-    char tmo[16];
-    snprintf(tmo, sizeof(tmo), "%u", timeout_ms / 1000 ? timeout_ms / 1000 : 1);
-    const char *keys[] = {"dbname", "connect_timeout", NULL};
-    const char *vals[] = {dsn, tmo, NULL};
-    PGconn *c = PQconnectdbParams(keys, vals, 1);
+    conn_params cp;
+    int prc = conn_params_init(&cp, dsn, timeout_ms, err, errlen);
+    if (prc < 0)
+        return NULL;
+    PGconn *c = PQconnectdbParams(cp.keys, cp.vals, 0);
+    conn_params_fini(&cp);
     if (!c || PQstatus(c) != CONNECTION_OK) {
         snprintf(err, errlen, "%s", c ? PQerrorMessage(c) : "out of memory");
         size_t n = strlen(err);

@@ -14,6 +14,16 @@
  * sockets open and answers nothing), the pool is stalled: in-flight jobs fail and their
  * connections reconnect, waiting and new jobs fail at once, all with DB_UNAVAILABLE, until
  * any connection receives an answer again.
+ * A statement refused because the server is read-only (SQLSTATE 25006: a standby, or a
+ * primary demoted by a failover) fails its job with DB_UNAVAILABLE and reconnects.
+ *
+ * Failover: the DSN may name several hosts (host=a,b port=p,q) with
+ * target_session_attrs=read-write, so that each new connection finds the current primary.
+ * Unless the DSN sets them, connections get TCP keepalives (idle 5 s, then 3 probes 2 s
+ * apart), tcp_user_timeout = queue_timeout_ms and connect_timeout: a primary whose machine
+ * vanished without closing its sockets is noticed and a dead first host is skipped. After a
+ * failover the in-flight jobs fail (DB_UNAVAILABLE: a write may have committed, so callers
+ * retry with an idempotency key), connections come back on the new primary with backoff.
  * A job's callback runs exactly once, on the pool's thread. A write whose callback did not
  * report DB_OK may or may not have committed; callers never acknowledge it.
  */

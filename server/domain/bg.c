@@ -58,9 +58,26 @@ struct bg {
     int wake[2]; /* pipe that interrupts the listener's poll on stop */
 };
 
+/* Tells whether idle connection c was closed by its server while it sat unused: after a
+ * failover the old primary's backends say FATAL and close, but libpq only learns it when it
+ * next reads. Something readable on an idle connection is such news or a stray notice: one
+ * round trip tells which. */
+static bool closed_while_idle(PGconn *c)
+{
+    struct pollfd pfd = {.fd = PQsocket(c), .events = POLLIN};
+    if (pfd.fd < 0)
+        return true;
+    if (poll(&pfd, 1, 0) <= 0)
+        return false;
+    PGresult *r = PQexec(c, "SELECT 1");
+    bool ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+    PQclear(r);
+    return !ok || PQstatus(c) != CONNECTION_OK;
+}
+
 PGconn *bg_conn(bg_ctx *ctx, char *err, size_t errlen)
 {
-    if (ctx->pg && PQstatus(ctx->pg) != CONNECTION_OK) {
+    if (ctx->pg && (PQstatus(ctx->pg) != CONNECTION_OK || closed_while_idle(ctx->pg))) {
         PQfinish(ctx->pg);
         ctx->pg = NULL;
     }

@@ -118,6 +118,21 @@ static void drop(stripe *s, entry *e)
     free(e);
 }
 
+void rc_forget_tenant(rowcache *c, int64_t tenant)
+{
+    for (int i = 0; c && i < STRIPES; i++) {
+        stripe *s = &c->s[i];
+        pthread_mutex_lock(&s->mu);
+        for (entry *e = s->head; e;) {
+            entry *next = e->next;
+            if (e->tenant == tenant)
+                drop(s, e);
+            e = next;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
 /* Doubles the bucket array when the chains grow long (best effort). */
 static void grow(stripe *s)
 {

@@ -39,6 +39,11 @@ bool rc_get(rowcache *c, int64_t tenant, uint64_t id, uint64_t seq, memrow *out,
  * change number is kept). Rows larger than a stripe's budget are not stored. */
 void rc_put(rowcache *c, int64_t tenant, const memrow *m);
 
+/* rc_forget_tenant drops every row of tenant: the database no longer has the versions they
+ * are tagged with (a failover lost changes whose numbers will be reused). Walks the whole
+ * cache; for rare events. */
+void rc_forget_tenant(rowcache *c, int64_t tenant);
+
 /* rc_stats reports the entries and bytes held, and the hits and misses so far. */
 void rc_stats(rowcache *c, uint64_t *entries, uint64_t *bytes, uint64_t *hits, uint64_t *misses);
 

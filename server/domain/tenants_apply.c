@@ -22,6 +22,7 @@
 #include "log.h"
 #include "memfilter.h"
 #include "metrics.h"
+#include "rowcache.h"
 #include "sql_bg.h"
 #include "vfaiss.h"
 
@@ -323,19 +324,49 @@ static void catch_up_job(bg_ctx *ctx, void *arg)
     t->catchup_queued = false;
     bool ready = t->state == T_READY;
     uint64_t after = t->applied;
+    /* the highest change the index holds, read before the catch-up's snapshot: every one of
+     * them had committed, so the database's change number cannot be lower (see below) */
+    uint64_t top = t->nabove ? t->above[t->nabove - 1] : t->applied;
     pthread_mutex_unlock(&t->mu);
-    if (ready && !bg_cancelled(ctx)) {
+    /* a connection lost under the catch-up (the database failed over since this thread last
+     * used it) is replaced and the catch-up tried once more: the listener schedules catch-ups
+     * right after it reconnected, when this thread's connection may still be the old one */
+    for (int attempt = 0; ready && !bg_cancelled(ctx) && attempt < 2; attempt++) {
         char err[256];
         uint64_t upto = 0;
         PGconn *pg = bg_conn(ctx, err, sizeof(err));
-        if (pg && loader_changes(pg, t->id, t->dim, after, &upto, catch_up_change, t, err,
-                                 sizeof(err)) < 0) {
+        if (!pg) {
             log_warn("tenant %lld: catch-up failed: %s", (long long)t->id, err);
-            if (PQstatus(pg) != CONNECTION_OK)
-                bg_conn_failed(ctx);
-        } else if (!pg) {
-            log_warn("tenant %lld: catch-up failed: %s", (long long)t->id, err);
+            break;
         }
+        if (loader_changes(pg, t->id, t->dim, after, &upto, catch_up_change, t, err, sizeof(err)) >=
+            0) {
+            if (upto < top) {
+                /* the database is behind the index: changes this index applied are gone (a
+                 * failover to a standby that had not received them: asynchronous
+                 * replication, or a forced promotion). Their numbers will be reused for
+                 * other changes, which this index would take for applied: drop it and its
+                 * snapshot; the next use loads what the database has. */
+                log_warn("tenant %lld: the database's change number %llu is behind the "
+                         "index's %llu (changes lost in a failover?); dropping the index to "
+                         "load it again",
+                         (long long)t->id, (unsigned long long)upto, (unsigned long long)top);
+                tenants_forget(t->ts, t->id);
+                rc_forget_tenant(t->ts->srv->rows, t->id); /* rows tagged with lost numbers */
+            }
+            break;
+        }
+        bool lost = PQstatus(pg) != CONNECTION_OK;
+        if (lost)
+            bg_conn_failed(ctx);
+        if (!lost || attempt == 1)
+            log_warn("tenant %lld: catch-up failed: %s", (long long)t->id, err);
+        if (!lost)
+            break;
+        pthread_mutex_lock(&t->mu);
+        ready = t->state == T_READY;
+        after = t->applied;
+        pthread_mutex_unlock(&t->mu);
     }
     tenant_put(t);
 }

@@ -1,7 +1,8 @@
 """PostgreSQL stopped and restarted under a running engramd: clear errors, then recovery."""
 import time
 
-from harness import PgCluster, Server, wait_for
+from harness import PgCluster, Server, free_port, psql, wait_for
+from rpc import RpcError
 
 
 def store_when_back(c, content, limit=30):
@@ -115,6 +116,56 @@ def test_hung_database_is_noticed_and_survived():
     finally:
         if frozen:
             pg.thaw()
+        if srv:
+            srv.cleanup()
+        pg.cleanup()
+
+
+def test_multi_host_dsn_and_a_read_only_primary():
+    """engramd on a multi-host DSN whose first host is dead (connection refused) with
+    target_session_attrs=read-write: it finds the live one. When that server stops taking
+    writes (as a primary demoted by a failover does; here default_transaction_read_only), a
+    write fails with 'unavailable' (SQLSTATE 25006 is not an internal error), the connection
+    is dropped, and libpq refuses read-only servers until one takes writes again; then
+    writes resume by themselves."""
+    pg = PgCluster()
+    pg.start()
+    srv = None
+    try:
+        dsn = pg.create_db("engram_multihost")
+        dead = free_port()
+        multi = (f"host=127.0.0.1,{pg.run} port={dead},5432 dbname=engram_multihost "
+                 "user=postgres target_session_attrs=read-write")
+        srv = Server(multi, extra=["--db-queue-timeout-ms", "1000", "--db-backoff-max-ms", "500"])
+        srv.start()
+        _, key = srv.create_tenant()
+        with srv.client(key=key) as c:
+            a = c.call("memory.store", content="written before", type="fact", importance=0.5)
+            psql(dsn, "ALTER SYSTEM SET default_transaction_read_only = on")
+            psql(dsn, "SELECT pg_reload_conf()")
+            t0 = time.time()
+            errs = []
+            # the reload reaches each backend at its next command: the first stores may
+            # still commit; then every one fails with 'unavailable', none hangs
+            while time.time() - t0 < 10 and len(errs) < 3:
+                t1 = time.time()
+                try:
+                    c.call("memory.store", content="during", type="fact", importance=0.5)
+                except RpcError as e:
+                    assert e.code == "unavailable", e
+                    errs.append(e.message)
+                assert time.time() - t1 < 8, "a store hung on a read-only primary"
+            assert len(errs) == 3, "stores did not fail on a read-only server"
+            psql(dsn, "ALTER SYSTEM RESET default_transaction_read_only")
+            psql(dsn, "SELECT pg_reload_conf()")
+            b = store_when_back(c, "written after")
+            got = c.call("memory.get", ids=[a["id"], b["id"]])["memories"]
+            assert [m["content"] for m in got] == ["written before", "written after"]
+        log = srv.log_text()
+        assert "read-only (not the primary); reconnecting" in log or \
+            "session is read-only" in log, log[-3000:]
+        srv.stop()
+    finally:
         if srv:
             srv.cleanup()
         pg.cleanup()

@@ -13,6 +13,8 @@ typedef enum sql_stmt {
     SQL_PING,               /* () -> 1 */
     SQL_AUTH_LOOKUP,        /* (key_id) -> key id, tenant id, key hash, tier, name, dim, provider */
     SQL_MEMORY_STORE_BATCH, /* engram_memory_store_batch(...) -> idx, replay, created, META */
+    SQL_MEMORY_STORE_GROUP, /* engram_memory_store_group(...) -> idx, replay, created, META,
+                             * err_state, err_message, err_detail */
     SQL_MEMORY_GET,         /* (tenant, ids[]) -> MEMROW */
     SQL_MEMORY_DELETE,      /* (tenant, ids[]) -> id, seq */
     SQL_MEMORY_UPDATE,      /* engram_memory_update(...) -> version, updated, META */

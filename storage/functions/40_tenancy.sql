@@ -151,13 +151,17 @@ CREATE OR REPLACE FUNCTION engram_admin_tenant_list(p_after bigint, p_limit inte
     FROM (SELECT * FROM tenants WHERE id > COALESCE(p_after, 0) ORDER BY id LIMIT p_limit) t
 $$;
 
--- Deletes the tenant and, by cascade, every row it owns, in one transaction.
+-- Deletes the tenant and every row it owns, in one transaction: by cascade, and the
+-- memories and change log (which reference no tenant, see migration 0006) explicitly, after
+-- the tenant row, whose lock keeps new stores out.
 CREATE OR REPLACE FUNCTION engram_admin_tenant_delete(p_id bigint, p_name text) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     t tenants := engram_admin_find(p_id, p_name);
 BEGIN
     DELETE FROM tenants WHERE id = t.id;
+    DELETE FROM memories WHERE tenant_id = t.id;
+    DELETE FROM memory_changes WHERE tenant_id = t.id;
     PERFORM pg_notify('engram_admin', 'deleted:' || t.id);
     RETURN t.id;
 END $$;

@@ -154,7 +154,9 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
     [SQL_TENANT_INDEX_ENGINE] = {"tenant_index_engine",
                                  "SELECT t.index_engine FROM tenants t WHERE t.id = $1", 1},
     [SQL_KEY_TOUCH] = {"key_touch", "SELECT engram_key_touch($1)", 1},
-    [SQL_QUERY_ADMIT] = {"query_admit", "SELECT * FROM engram_query_admit($1, $2::bigint[])", 2},
+    [SQL_QUERY_RESERVE] = {"query_reserve",
+                           "SELECT * FROM engram_query_reserve($1, $2::bigint[], $3, $4, $5, $6)",
+                           6},
     [SQL_SYNC_OFF] = {"sync_off", "SELECT set_config('synchronous_commit', 'off', true)", 0},
     [SQL_TENANT_USAGE] = {"tenant_usage", "SELECT * FROM engram_tenant_usage($1)", 1},
     /* the engine in force on this server: the tenant's own, or the default given as the

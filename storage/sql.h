@@ -36,7 +36,8 @@ typedef enum sql_stmt {
                                * first key at once */
     SQL_TENANT_INDEX_ENGINE,  /* (tenant) -> the tenant's index engine, NULL: the server's */
     SQL_KEY_TOUCH,            /* (key row) */
-    SQL_QUERY_ADMIT,          /* (tenant, limits[3]) -> admitted, used, limit, resets_ms */
+    SQL_QUERY_RESERVE,        /* (tenant, limits[3], holder, used, want, lease ms) -> granted,
+                               * used, limit, resets_ms, others */
     SQL_SYNC_OFF,             /* () this transaction commits without waiting for the disk */
     SQL_TENANT_USAGE, /* (tenant) -> tier, memories, queries today, bytes, resets_ms, archived */
     SQL_ADMIN_TENANT_GET,    /* (id, name, default engine) -> json */

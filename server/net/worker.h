@@ -69,6 +69,9 @@ void worker_req_finished(worker *w);
  * the group commit in m_memory.c), or NULL; worker thread only. */
 struct idmap *worker_store_groups(worker *w);
 
+/* worker_qadmit returns the worker's query admission (qadmit.h); worker thread only. */
+struct qadmit *worker_qadmit(worker *w);
+
 /* worker_access returns the worker's access count log (access.h); worker thread only. */
 struct access_log *worker_access(worker *w);
 

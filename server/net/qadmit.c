@@ -34,7 +34,8 @@ typedef struct qa_block {
     uint64_t last_ms;  /* monotonic: last admission asked for */
     uint64_t retry_ms; /* monotonic: re-ask for the waiters then (0: not scheduled) */
     uint64_t wait_since_ms;
-    bool busy; /* a reservation job in flight */
+    bool busy;     /* a reservation job in flight */
+    int64_t asked; /* what that job asked for */
     char limits[80];
     waiter *w; /* waiting, in arrival order */
     size_t nw, cw;
@@ -138,6 +139,7 @@ static void reserve(qa_block *b, int64_t want)
     b->avail = 0;
     b->used = 0;
     b->busy = true;
+    b->asked = want;
     b->q->reservations++;
     metrics_query_reservation();
 }
@@ -172,24 +174,34 @@ static void on_reserved(void *arg, const db_result *res)
     b->resets_ms = resets;
     /* decide for every waiter first: a verdict's callback may bring new requests */
     waiter *w = b->w;
-    size_t n = b->nw, k = 0;
+    size_t n = b->nw;
     b->w = NULL;
     b->nw = b->cw = 0;
     size_t admit = (size_t)(b->avail < (int64_t)n ? b->avail : (int64_t)n);
     b->avail -= (int64_t)admit;
     b->used += (int64_t)admit;
-    bool wait = n > admit && others > 0 && now - b->wait_since_ms < QA_LEASE_MS + 1000;
-    if (wait) {
-        /* others hold the rest: they use it or give it back; ask again soon */
-        b->w = malloc((n - admit) * sizeof(*b->w));
-        if (b->w) {
-            memcpy(b->w, w + admit, (n - admit) * sizeof(*b->w));
-            b->nw = b->cw = n - admit;
-            b->retry_ms = now + QA_RETRY_MS;
-            k = n;
+    size_t rest = n - admit, refuse = 0;
+    if (rest > 0) {
+        /* the database had all we asked for (a report, or a block smaller than the queue):
+         * ask again at once; it had less while others hold some: they use it or give it
+         * back, ask again soon; it had less and nobody holds any: the day is used up */
+        bool again = granted >= b->asked;
+        bool wait = !again && others > 0 && now - b->wait_since_ms < QA_LEASE_MS + 1000;
+        if (again || wait) {
+            b->w = malloc(rest * sizeof(*b->w));
+            if (b->w) {
+                memcpy(b->w, w + admit, rest * sizeof(*b->w));
+                b->nw = b->cw = rest;
+            } else {
+                refuse = rest;
+            }
         } else {
-            wait = false;
+            refuse = rest;
         }
+        if (b->nw && wait)
+            b->retry_ms = now + QA_RETRY_MS;
+        if (b->nw && again)
+            reserve(b, (int64_t)rest > b->want ? (int64_t)rest : b->want);
     }
     if (!b->nw)
         b->wait_since_ms = 0;
@@ -198,7 +210,7 @@ static void on_reserved(void *arg, const db_result *res)
         w[i].cb(w[i].r, &yes);
     /* no quota left anywhere: every one of the day's queries was used (ours included) */
     qa_verdict no = {.admitted = false, .used = used + granted, .limit = lim, .resets_ms = resets};
-    for (size_t i = wait ? k : admit; i < n; i++)
+    for (size_t i = n - refuse; i < n; i++)
         w[i].cb(w[i].r, &no);
     free(w);
 }

@@ -432,8 +432,12 @@ BEGIN
             v_total := v_took;
         END IF;
         IF v_total > 0 THEN
-            PERFORM pg_notify('engram_changes',
-                              p_tenants[s] || ':' || (v_seq0[r] + p_counts[r]));
+            -- the run's last change number: the last admitted segment's end
+            q := r;
+            WHILE v_seq0[q] IS NULL LOOP
+                q := q - 1;
+            END LOOP;
+            PERFORM pg_notify('engram_changes', p_tenants[s] || ':' || (v_seq0[q] + p_counts[q]));
         END IF;
         s := r + 1;
     END LOOP;

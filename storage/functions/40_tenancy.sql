@@ -13,7 +13,10 @@ CREATE OR REPLACE FUNCTION engram_tier_limit(p_limits bigint[], p_tier text) RET
 $$;
 
 -- engram_query_admit: counts one query of the tenant for today (UTC) if its tier's daily
--- limit allows it. The counter row's lock serializes concurrent admissions, from any number
+-- limit allows it. No longer called (engram_query_reserve below admits from blocks); kept
+-- while engramd processes of the previous release may still share the database during a
+-- rolling upgrade (they ignore the blocks others hold, so the limit is exact again once all
+-- run this release). The counter row's lock serializes concurrent admissions, from any number
 -- of engramd processes, so exactly the limit is admitted. Returns (admitted, count after,
 -- limit or NULL, start of the next UTC day in ms).
 CREATE OR REPLACE FUNCTION engram_query_admit(p_tenant bigint, p_limits bigint[])

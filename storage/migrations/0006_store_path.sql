@@ -14,3 +14,11 @@
 -- tenant gone, EG404), as the cascade did.
 ALTER TABLE memories DROP CONSTRAINT memories_tenant_id_fkey;
 ALTER TABLE memory_changes DROP CONSTRAINT memory_changes_tenant_id_fkey;
+
+-- An embedding stays in the row while the row fits a page: a 768-dimension embedding (3 KiB)
+-- was stored out of line, two TOAST chunks, each a heap tuple and a TOAST index entry, and
+-- toast_save_datum was an eighth of a store's PostgreSQL CPU. Embeddings too large for the
+-- row (over about 1,900 dimensions) still go out of line. Only new rows are affected. The
+-- rows are wider (scans that skip the embedding read more pages), and the index loads read
+-- the embeddings from the row instead of the TOAST table.
+ALTER TABLE memories SET (toast_tuple_target = 8160);

@@ -20,6 +20,7 @@ typedef struct gc_group {
     req **q;         /* waiting, in arrival order */
     size_t nq, cq;   /* waiting, room */
     size_t inflight; /* jobs sent and not yet answered */
+    idmap *busy;     /* tenant -> its requests in those jobs */
 } gc_group;
 
 typedef struct gc_job {
@@ -51,6 +52,27 @@ static bool refusal_row(const PGresult *pr, int i)
 
 static void job_done(void *arg, const db_result *res);
 
+/* Counts the n requests m in (delta 1) or out of (-1) the jobs in flight, per tenant. */
+static void mark_busy(gc_group *g, req *const *m, size_t n, int delta)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t t = (uint64_t)req_auth(m[i])->tenant_id, v = 0;
+        if (!idmap_get(g->busy, t, &v) && delta < 0)
+            continue; /* never remembered (no room) */
+        v += (uint64_t)(int64_t)delta;
+        if (v == 0)
+            idmap_del(g->busy, t);
+        else
+            idmap_put(g->busy, t, v); /* no room: the tenant may go in a second job (correct) */
+    }
+}
+
+static bool tenant_busy(const gc_group *g, req *r)
+{
+    uint64_t v = 0;
+    return idmap_get(g->busy, (uint64_t)req_auth(r)->tenant_id, &v) && v > 0;
+}
+
 /* Sends the n requests m as one job of g; on failure to submit, fails them. */
 static void job_send(gc_group *g, req *const *m, size_t n, bool alone)
 {
@@ -76,6 +98,7 @@ static void job_send(gc_group *g, req *const *m, size_t n, bool alone)
         return;
     }
     metrics_group_commit(n);
+    mark_busy(g, j->m, n, 1);
     g->inflight++;
 }
 
@@ -85,6 +108,7 @@ static void job_done(void *arg, const db_result *res)
     gc_group *g = j->g;
     const gc_ops *ops = g->ops;
     g->inflight--;
+    mark_busy(g, j->m, j->n, -1); /* before any request ends */
     if (res->status == DB_OK) {
         const PGresult *pr = res->res[0];
         int off = 0;
@@ -150,38 +174,51 @@ static int sort_by_tenant(req **m, size_t n)
     return 0;
 }
 
-/* Sends waiting requests of g while a slot is free, or leaves g when nothing is left. */
+/* Sends waiting requests of g while a slot is free, or leaves g when nothing is left. A
+ * second job in flight takes only tenants the first does not hold: a tenant's transactions
+ * would wait for each other's row lock anyway, and its requests make a bigger group for the
+ * next job instead. */
 static void group_next(gc_group *g)
 {
     while (g->nq > 0 && g->inflight < GC_MAX_INFLIGHT) {
-        size_t n = 0, items = 0;
-        while (n < g->nq) {
-            size_t k = g->ops->items(g->q[n]);
+        req **m = malloc(g->nq * sizeof(req *));
+        if (!m) {
+            req_fail(g->q[0], RPC_INTERNAL, "out of memory");
+            memmove(g->q, g->q + 1, (g->nq - 1) * sizeof(req *));
+            g->nq--;
+            continue;
+        }
+        size_t n = 0, items = 0, keep = 0, i = 0;
+        for (; i < g->nq; i++) {
+            req *r = g->q[i];
+            size_t k = g->ops->items(r);
             if (n > 0 && items + k > g->ops->max_items)
                 break;
+            if (tenant_busy(g, r)) {
+                g->q[keep++] = r;
+                continue;
+            }
+            m[n++] = r;
             items += k;
-            n++;
         }
-        req **m = malloc(n * sizeof(req *));
-        if (m && sort_by_tenant(g->q, n) < 0) {
+        for (; i < g->nq; i++)
+            g->q[keep++] = g->q[i];
+        g->nq = keep;
+        if (n == 0) {
             free(m);
-            m = NULL;
+            break;
         }
-        if (!m) {
-            for (size_t i = 0; i < n; i++)
-                req_fail(g->q[i], RPC_INTERNAL, "out of memory");
+        if (sort_by_tenant(m, n) < 0) {
+            for (size_t x = 0; x < n; x++)
+                req_fail(m[x], RPC_INTERNAL, "out of memory");
         } else {
-            memcpy(m, g->q, n * sizeof(req *));
-        }
-        memmove(g->q, g->q + n, (g->nq - n) * sizeof(req *));
-        g->nq -= n;
-        if (m) {
             job_send(g, m, n, false);
-            free(m);
         }
+        free(m);
     }
     if (g->nq == 0 && g->inflight == 0) {
         idmap_del(g->map, GROUP_KEY);
+        idmap_destroy(g->busy);
         free(g->q);
         free(g);
     }
@@ -197,7 +234,9 @@ void gc_submit(req *r, const gc_ops *ops)
     } else if (groups && (g = calloc(1, sizeof(*g))) != NULL) {
         g->ops = ops;
         g->map = groups;
-        if (idmap_put(groups, GROUP_KEY, (uint64_t)(uintptr_t)g) < 0) {
+        g->busy = idmap_create(16);
+        if (!g->busy || idmap_put(groups, GROUP_KEY, (uint64_t)(uintptr_t)g) < 0) {
+            idmap_destroy(g->busy);
             free(g);
             g = NULL;
         }

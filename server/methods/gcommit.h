@@ -3,7 +3,9 @@
  * Every commit waits for the disk, so a write alone pays a whole transaction and a flush of
  * the WAL. Instead, per worker, up to GC_MAX_INFLIGHT jobs are in flight; the requests that
  * arrive meanwhile wait and then go to PostgreSQL together, whatever their tenants, as one
- * statement in one transaction (up to a bound on the items they carry). Each request is
+ * statement in one transaction (up to a bound on the items they carry). A job never takes a
+ * tenant that a job in flight holds: that tenant's writes would only wait for the other
+ * transaction's lock of its row, so they make the next group bigger instead. Each request is
  * still answered only after the commit that holds its items. A request that finds a free
  * slot goes at once, alone: it costs nothing extra.
  *

@@ -45,6 +45,7 @@ typedef struct options {
     const char *workload;
     double mix[WL_NOPS];
     size_t tenants, memories, dim, conns, depth, top_k, queries, batch;
+    size_t inflight; /* 0, or requests in flight over all connections */
     size_t load_conns, load_depth;
     double duration, warmup, drain_timeout;
     uint64_t seed;
@@ -104,6 +105,10 @@ static void usage(FILE *f)
             "  --queries Q              query pool per tenant with exact ground truth (1000)\n"
             "  --connections C          connections (1)\n"
             "  --depth D                requests in flight per connection (1)\n"
+            "  --inflight N             at most N requests in flight over all connections, each\n"
+            "                           free place going to the next connection in turn: with\n"
+            "                           --connections = --tenants, N clients' load over many\n"
+            "                           tenants (0: no bound)\n"
             "  --sweep-concurrency L    run at each number of connections in L (1,2,4,8,16)\n"
             "  --duration S             measured seconds per run (10)\n"
             "  --warmup S               unmeasured seconds before each run (2)\n"
@@ -235,6 +240,7 @@ enum {
     O_QUERIES,
     O_CONNS,
     O_DEPTH,
+    O_INFLIGHT,
     O_SWEEP,
     O_DURATION,
     O_WARMUP,
@@ -277,6 +283,7 @@ static const struct option long_opts[] = {
     {"connections", required_argument, NULL, O_CONNS},
     {"concurrency", required_argument, NULL, O_CONNS},
     {"depth", required_argument, NULL, O_DEPTH},
+    {"inflight", required_argument, NULL, O_INFLIGHT},
     {"sweep-concurrency", required_argument, NULL, O_SWEEP},
     {"duration", required_argument, NULL, O_DURATION},
     {"warmup", required_argument, NULL, O_WARMUP},
@@ -423,6 +430,9 @@ static int parse_args(int argc, char **argv, options *o)
             break;
         case O_DEPTH:
             ok = parse_size(optarg, 1, LOADGEN_MAX_DEPTH, &o->depth);
+            break;
+        case O_INFLIGHT:
+            ok = parse_size(optarg, 0, 1000000, &o->inflight);
             break;
         case O_SWEEP:
             ok = parse_levels(optarg, o);
@@ -1056,6 +1066,7 @@ static int run_levels(bench *b)
                            .port = (uint16_t)o->port,
                            .conns = conns,
                            .depth = o->depth,
+                           .max_inflight = o->inflight,
                            .keys = keys,
                            .warmup_s = o->warmup,
                            .duration_s = o->duration,
@@ -1161,6 +1172,7 @@ int main(int argc, char **argv)
                        .queries = o->queries,
                        .batch = o->batch,
                        .depth = o->depth,
+                       .inflight = o->inflight,
                        .duration_s = o->duration,
                        .warmup_s = o->warmup,
                        .seed = o->seed,

@@ -42,6 +42,9 @@ typedef struct lg {
     lg_conn *conns;
     msgpack_zone zone;
     size_t authed, active;
+    size_t inflight; /* over every connection (for max_inflight) */
+    size_t rr;       /* the connection that gets the next free place (max_inflight) */
+    size_t cap;      /* fill() sends while inflight is below this (0: no bound) */
     bool running, measuring, stopping;
     uint64_t m_start, m_end; /* window bounds; m_end 0 while open */
     int fatal;               /* 0, or 1 / -errno with err set */
@@ -156,7 +159,7 @@ static void fill(lg_conn *c)
     size_t newslots[LOADGEN_MAX_DEPTH], nnew = 0;
     msgpack_packer pk;
     msgpack_packer_init(&pk, c, out_write);
-    while (!c->exhausted && c->inflight < cf->depth) {
+    while (!c->exhausted && c->inflight < cf->depth && (!g->cap || g->inflight < g->cap)) {
         size_t s = 0;
         while (c->slots[s].busy)
             s++;
@@ -177,6 +180,7 @@ static void fill(lg_conn *c)
         sl->busy = true;
         sl->msgid = msgid;
         c->inflight++;
+        g->inflight++;
         newslots[nnew++] = s;
     }
     if (nnew) {
@@ -188,6 +192,27 @@ static void fill(lg_conn *c)
                 g->res->ops[sl->req.op].sent++;
         }
         flush(c);
+    }
+}
+
+/* With max_inflight: hands the free places to the connections in turn, one request each,
+ * from where the last turn stopped. */
+static void fill_turns(lg *g)
+{
+    const loadgen_conf *cf = g->conf;
+    size_t n = cf->conns, tried = 0;
+    while (g->inflight < cf->max_inflight && tried < n && !g->fatal) {
+        lg_conn *c = &g->conns[g->rr];
+        g->rr = (g->rr + 1) % n;
+        tried++;
+        if (c->state != C_RUN || c->exhausted || c->inflight >= cf->depth)
+            continue;
+        size_t before = g->inflight;
+        g->cap = before + 1; /* one request from this connection */
+        fill(c);
+        g->cap = cf->max_inflight;
+        if (g->inflight > before)
+            tried = 0;
     }
 }
 
@@ -232,6 +257,7 @@ static void conn_broken(lg_conn *c, const char *why)
             g->res->unanswered++;
         c->slots[s].busy = false;
     }
+    g->inflight -= c->inflight;
     c->inflight = 0;
     if (was != C_RUN) {
         fail(g, 1, "connection failed before the run: %s", why);
@@ -308,6 +334,7 @@ static void on_response(lg_conn *c, const rpc_response *r, uint64_t t_recv)
         st->done_in_window++;
     sl->busy = false;
     c->inflight--;
+    g->inflight--;
 }
 
 /* ---- events ------------------------------------------------------------------------ */
@@ -371,7 +398,10 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
         memmove(c->in, c->in + off, c->in_len - off);
         c->in_len -= off;
     }
-    fill(c);
+    if (g->conf->max_inflight)
+        fill_turns(g);
+    else
+        fill(c);
     maybe_done(c);
 }
 
@@ -456,6 +486,7 @@ static void start_run(lg *g)
     const loadgen_conf *cf = g->conf;
     g->running = true;
     g->active = cf->conns;
+    g->cap = cf->max_inflight;
     if (cf->duration_s > 0) {
         double w = cf->warmup_s > 0 ? cf->warmup_s : 0;
         struct timeval tw = tv_of(w), te = tv_of(w + cf->duration_s);
@@ -468,8 +499,11 @@ static void start_run(lg *g)
     } else {
         on_window_open(-1, 0, g);
     }
+    if (cf->max_inflight)
+        fill_turns(g);
     for (size_t i = 0; i < cf->conns && !g->fatal; i++) {
-        fill(&g->conns[i]);
+        if (!cf->max_inflight)
+            fill(&g->conns[i]);
         maybe_done(&g->conns[i]);
     }
 }
@@ -569,6 +603,15 @@ int loadgen_run(const loadgen_conf *conf, loadgen_result *res, char *err, size_t
     if (g.m_end == 0)
         g.m_end = loadgen_now_ns();
     res->window_s = (double)(g.m_end - g.m_start) / 1e9;
+    {
+        /* the window in wall-clock time, for matching it with samples taken elsewhere */
+        struct timespec rt;
+        clock_gettime(CLOCK_REALTIME, &rt);
+        uint64_t now_rt = (uint64_t)rt.tv_sec * 1000000000ULL + (uint64_t)rt.tv_nsec;
+        uint64_t now_mono = loadgen_now_ns();
+        res->window_unix_ns[0] = now_rt - (now_mono - g.m_start);
+        res->window_unix_ns[1] = now_rt - (now_mono - g.m_end);
+    }
     rc = 0;
 out:
     if (rc == -ENOMEM && err[0] == '\0')

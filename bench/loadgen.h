@@ -76,6 +76,9 @@ typedef struct loadgen_conf {
     uint16_t port;
     size_t conns;            /* 1 or more */
     size_t depth;            /* 1 .. LOADGEN_MAX_DEPTH requests in flight per connection */
+    size_t max_inflight;     /* 0, or at most this many requests in flight over all the
+                              * connections: each freed place goes to the next connection in
+                              * turn (many tenants' connections, a few clients' load) */
     const char *const *keys; /* conns API keys, keys[c] for connection c (only read) */
     double warmup_s;         /* ignored when duration_s is 0 */
     double duration_s;       /* 0: run until next() is exhausted on every connection */
@@ -98,7 +101,8 @@ typedef struct loadgen_opstats {
 } loadgen_opstats;
 
 typedef struct loadgen_result {
-    double window_s; /* length of the measurement window */
+    double window_s;            /* length of the measurement window */
+    uint64_t window_unix_ns[2]; /* its start and end, wall clock (ns since the epoch) */
     loadgen_opstats ops[LOADGEN_MAX_OPS];
     uint64_t unanswered;          /* requests sent in the window and never answered (drain timeout
                                    * or a broken connection) */

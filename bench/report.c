@@ -285,15 +285,16 @@ int report_json(const char *path, const report_conf *c, const report_load *l,
     char mc[32] = "null";
     if (!isnan(c->mean_cosine))
         snprintf(mc, sizeof(mc), "%.4f", c->mean_cosine);
-    fprintf(f,
-            "}, \"tenants\": %zu, \"memories\": %zu, \"dim\": %zu, \"dataset\": \"%s\", "
-            "\"index_engine\": %s%s%s, \"mean_cosine\": %s, \"top_k\": %zu, "
-            "\"queries\": %zu, \"batch\": %zu, \"depth\": %zu, \"duration_s\": %g, "
-            "\"warmup_s\": %g, \"seed\": %llu, \"reuse\": %s},\n",
-            c->tenants, c->memories, c->dim, c->dataset ? c->dataset : "gaussian",
-            c->index_engine ? "\"" : "", c->index_engine ? c->index_engine : "null",
-            c->index_engine ? "\"" : "", mc, c->top_k, c->queries, c->batch, c->depth,
-            c->duration_s, c->warmup_s, (unsigned long long)c->seed, c->reuse ? "true" : "false");
+    fprintf(
+        f,
+        "}, \"tenants\": %zu, \"memories\": %zu, \"dim\": %zu, \"dataset\": \"%s\", "
+        "\"index_engine\": %s%s%s, \"mean_cosine\": %s, \"top_k\": %zu, "
+        "\"queries\": %zu, \"batch\": %zu, \"depth\": %zu, \"inflight\": %zu, \"duration_s\": %g, "
+        "\"warmup_s\": %g, \"seed\": %llu, \"reuse\": %s},\n",
+        c->tenants, c->memories, c->dim, c->dataset ? c->dataset : "gaussian",
+        c->index_engine ? "\"" : "", c->index_engine ? c->index_engine : "null",
+        c->index_engine ? "\"" : "", mc, c->top_k, c->queries, c->batch, c->depth, c->inflight,
+        c->duration_s, c->warmup_s, (unsigned long long)c->seed, c->reuse ? "true" : "false");
     fprintf(f,
             "  \"load\": {\"tenants_loaded\": %zu, \"tenants_reused\": %zu, \"memories\": %llu, "
             "\"seconds\": %.4f, \"memories_per_s\": ",
@@ -321,9 +322,12 @@ int report_json(const char *path, const report_conf *c, const report_load *l,
         }
         fprintf(f,
                 "%s\n    {\"connections\": %zu, \"depth\": %zu, \"window_s\": %.4f, "
-                "\"requests\": %llu, \"ok\": %llu, \"errors\": %llu, \"unanswered\": %llu, "
+                "\"window_unix_ns\": [%llu, %llu], \"requests\": %llu, \"ok\": %llu, \"errors\": "
+                "%llu, \"unanswered\": %llu, "
                 "\"broken_connections\": %llu, \"throughput_rps\": ",
-                i ? "," : "", r->conns, r->depth, r->lr.window_s, (unsigned long long)reqs,
+                i ? "," : "", r->conns, r->depth, r->lr.window_s,
+                (unsigned long long)r->lr.window_unix_ns[0],
+                (unsigned long long)r->lr.window_unix_ns[1], (unsigned long long)reqs,
                 (unsigned long long)ok, (unsigned long long)errs,
                 (unsigned long long)r->lr.unanswered, (unsigned long long)r->lr.conn_errors);
         jnum(f, r->lr.window_s > 0 ? (double)run_ok_in_window(r) / r->lr.window_s : NAN);

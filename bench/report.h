@@ -20,7 +20,8 @@ typedef struct report_conf {
     const char *workload; /* the --workload name */
     double mix[WL_NOPS];  /* the weights in use */
     size_t tenants, memories, dim, top_k, queries, batch, depth;
-    const char *dataset;      /* data set name */
+    size_t inflight;     /* --inflight: requests in flight over all connections (0: no bound) */
+    const char *dataset; /* data set name */
     const char *index_engine; /* NULL: the server's default */
     double mean_cosine;       /* of the data set (a sample); NAN: not measured */
     double duration_s, warmup_s;

@@ -17,14 +17,16 @@
 # while processes other than engramd, PostgreSQL and engram-bench used more than
 # BENCH_NOISE cores during it, and the least disturbed attempt is kept,
 # BENCH_RPC_PORT / BENCH_HTTP_PORT (7520 / 7521), FAISS_PREFIX (a ready FAISS build),
-# BENCH_SECTIONS ("targets datasets": which parts run), BENCH_DATASETS (the data sets of the
+# BENCH_SECTIONS ("targets writes datasets": which parts run), BENCH_ENGRAMD (measure this
+# engramd instead of the tree's release build), BENCH_DATASETS (the data sets of the
 # datasets part: "gaussian anisotropic spectral relu clustered text"), BENCH_ENGINES ("native
 # faiss"), BENCH_DS_DURATION / BENCH_DS_WARMUP (10 / 2 s per data-set row),
 # BENCH_TEXT_DATASET (the text data set's directory: $ENGRAM_TEXT_DATASET, else
 # $BENCH_OUT/text; made by bench/text-dataset.sh when missing, a few minutes once).
 #
 # Outputs in $BENCH_OUT: one JSON per row (engram-bench --json-out), PNG charts, engramd's
-# log, restart probes, targets.md (the table), datasets.md and datasets.png (recall and
+# log, restart probes, targets.md (the table), writes.md (stores over 1 to 1,000 tenants,
+# store_batch: PostgreSQL's CPU and WAL bytes per memory), datasets.md and datasets.png (recall and
 # latency per data set and index engine). The data sets stay in $BENCH_OUT/pg and
 # are reused by the next run (delete $BENCH_OUT to start from nothing). Server and load
 # generator share the machine, as the targets assume.
@@ -42,7 +44,7 @@ ATTEMPTS=${BENCH_ATTEMPTS:-3}           # runs per row at most, while the machin
 NOISE=${BENCH_NOISE:-0.3}               # cores of other work that make a run noisy
 RPC_PORT=${BENCH_RPC_PORT:-7520}
 HTTP_PORT=${BENCH_HTTP_PORT:-7521}
-SECTIONS=${BENCH_SECTIONS:-targets datasets}
+SECTIONS=${BENCH_SECTIONS:-targets writes datasets}
 BUILD=build-bench
 want() { [[ " ${SECTIONS//,/ } " == *" $1 "* ]]; }
 mkdir -p "$OUT"
@@ -57,7 +59,9 @@ else
 fi
 # A release build (-O3).
 build_engram "$BUILD" --buildtype=release
-ENGRAMD="$ENGRAM_ROOT/$BUILD/server/engramd"
+# BENCH_ENGRAMD: another engramd to measure (an earlier commit's release build, for a
+# before/after table) with this tree's engram-bench
+ENGRAMD="${BENCH_ENGRAMD:-$ENGRAM_ROOT/$BUILD/server/engramd}"
 BENCH="$ENGRAM_ROOT/$BUILD/bench/engram-bench"
 
 # ---- database and server ------------------------------------------------------------------
@@ -160,11 +164,13 @@ bench() {
     mkdir -p "$OUT/attempts"
     for a in $(seq 1 "$ATTEMPTS"); do
         log "row $name (attempt $a): engram-bench $*"
+        [ -z "${WAL_ROWS:-}" ] || wal_start "$OUT/attempts/$name.a$a"
         "$BENCH" --port "$RPC_PORT" --http-port "$HTTP_PORT" --admin-key-file "$OUT/admin.key" \
             --state-file "$OUT/engram-bench.state" --server-pid "$ENGRAMD_PID" \
             --pg-pid "$(head -n 1 "$OUT/pg/data/postmaster.pid")" --wait-quiet "$QUIET" \
             --wait-quiet-max "$QUIET_MAX" --reuse --json-out "$OUT/attempts/$name.a$a.json" \
             --plot-prefix "$OUT/attempts/$name.a$a" "$@" | tee "$OUT/attempts/$name.a$a.txt"
+        [ -z "${WAL_ROWS:-}" ] || wal_stop "$OUT/attempts/$name.a$a"
         vacuum
         n=$(interference "$OUT/attempts/$name.a$a.json")
         log "row $name (attempt $a): other work took $n cores"
@@ -189,6 +195,49 @@ vacuum() {
 }
 
 T=(--duration "$DURATION" --warmup "$WARMUP")
+
+# WAL per stored memory (the writes part, WAL_ROWS set): during a run one psql samples,
+# twice a second, PostgreSQL's clock, its WAL position and the memory ids handed out so far
+# (every tenant's memory_id_last, which deletes do not move) into ATTEMPT.walsamples;
+# wal_stop ATTEMPT then writes ATTEMPT.wal (JSON): both interpolated at the measurement
+# window's ends (window_unix_ns in the report), and the load average when the run began.
+wal_start() {
+    rm -f "$1.walstop"
+    cut -d' ' -f1 /proc/loadavg >"$1.load1"
+    while [ ! -e "$1.walstop" ]; do
+        echo "SELECT (extract(epoch FROM clock_timestamp()) * 1e9)::bigint,"
+        echo "  pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0'),"
+        echo "  (SELECT COALESCE(sum(memory_id_last), 0) FROM tenants);"
+        sleep 0.5
+    done | pg_as_owner "$PG_BINDIR/psql" -h "$OUT/pg/run" -U postgres -d "$VACUUM_DB" -qAt \
+        -F ' ' >"$1.walsamples" 2>/dev/null &
+    WAL_PID=$!
+}
+wal_stop() {
+    touch "$1.walstop"
+    wait "$WAL_PID" 2>/dev/null || true
+    rm -f "$1.walstop"
+    python3 - "$1" <<'PY'
+import json, sys
+a = sys.argv[1]
+pts = []
+for line in open(a + ".walsamples"):
+    f = line.split()
+    if len(f) == 3:
+        pts.append((int(f[0]), float(f[1]), float(f[2])))
+r = json.load(open(a + ".json"))["runs"][0]
+t0, t1 = r["window_unix_ns"]
+def at(t, k):  # linear between the samples around t
+    for (ta, *va), (tb, *vb) in zip(pts, pts[1:]):
+        if ta <= t <= tb:
+            return va[k] + (vb[k] - va[k]) * (t - ta) / max(tb - ta, 1)
+    return float("nan")
+wal, ids = at(t1, 0) - at(t0, 0), at(t1, 1) - at(t0, 1)
+json.dump({"wal_bytes": wal, "memories": ids,
+           "wal_bytes_per_memory": wal / ids if ids > 0 else None,
+           "load1_at_start": float(open(a + ".load1").read())}, open(a + ".wal", "w"))
+PY
+}
 
 # The targets part (everything down to targets.md) runs when BENCH_SECTIONS names it.
 if want targets; then
@@ -525,6 +574,73 @@ print(open(os.path.join(out, "targets.md")).read())
 PY
 log "table written to $OUT/targets.md"
 fi # want targets
+
+# ---- writes: durable stores over a mix of tenants -------------------------------------------
+# 16 clients' stores spread over 1, 8, 100 and 1,000 tenants (one connection per tenant, at
+# most 16 requests in flight over all of them: --inflight), one client, and store_batch;
+# with PostgreSQL's CPU and the WAL written per stored memory. Tenants of their own (prefix
+# mix, 100 memories each; what a run stores is deleted after it, outside the window).
+if want writes; then
+stop_engramd
+start_engramd --max-connections-per-address 0
+wait_ready
+log "engramd (release) pid $ENGRAMD_PID for the writes rows, results in $OUT/writes.md"
+WAL_ROWS=1
+MIX=(--tenant-prefix mix --memories 100 --dim 768)
+bench w-store-c1 --workload store "${MIX[@]}" --connections 1 "${T[@]}"
+for nt in 1 8 100 1000; do
+    conns=$((nt > 16 ? nt : 16))
+    bench "w-store-t$nt" --workload store "${MIX[@]}" --tenants "$nt" --connections "$conns" \
+        --inflight 16 "${T[@]}"
+done
+bench w-batch-t1 --workload store_batch "${MIX[@]}" --batch-size 1000 --connections 2 "${T[@]}"
+bench w-batch-t2 --workload store_batch "${MIX[@]}" --tenants 2 --batch-size 1000 \
+    --connections 2 "${T[@]}"
+WAL_ROWS=
+stop_engramd
+python3 - "$OUT" <<'PY'
+import json, os, sys
+
+out = sys.argv[1]
+rows = [("w-store-c1", "store, 1 client, 1 tenant"),
+        ("w-store-t1", "store, 16 clients, 1 tenant"),
+        ("w-store-t8", "store, 16 clients over 8 tenants"),
+        ("w-store-t100", "store, 16 clients over 100 tenants"),
+        ("w-store-t1000", "store, 16 clients over 1,000 tenants"),
+        ("w-batch-t1", "store_batch of 1,000, 2 connections, 1 tenant"),
+        ("w-batch-t2", "store_batch of 1,000, 2 connections over 2 tenants")]
+with open(os.path.join(out, "writes.md"), "w") as f:
+    f.write("| workload | memories/s | p50 ms | p99 ms | engramd cores | PostgreSQL cores | "
+            "WAL bytes per memory | load (1 min) at start | other work (cores) |\n"
+            "|---|---|---|---|---|---|---|---|---|\n")
+    for name, what in rows:
+        p = os.path.join(out, name + ".json")
+        if not os.path.exists(p):
+            f.write(f"| {what} | not run | | | | | | | |\n")
+            continue
+        r = json.load(open(p))["runs"][0]
+        op = "store_batch" if "batch" in name else "store"
+        s = r["ops"][op]
+        rate = s.get("memories_per_s") or s["throughput_rps"]
+        w = json.load(open(os.path.join(out, name + ".wal")))
+        a = json.load(open(os.path.join(out, name + ".attempt")))
+        wal = w["wal_bytes_per_memory"] or float("nan")
+        c = r["cpu"]
+        f.write(f"| {what} | {rate:,.0f} | {s['latency_ms']['p50']:.2f} | "
+                f"{s['latency_ms']['p99']:.2f} | {c.get('server_cores') or 0:.2f} | "
+                f"{c.get('postgres_cores') or 0:.2f} | {wal:,.0f} | {w['load1_at_start']} | "
+                f"{a['other_cores']} |\n")
+    f.write("\nCommands (the script adds --port, --http-port, --admin-key-file, --state-file, "
+            "--server-pid, --pg-pid, --wait-quiet, --wait-quiet-max, --reuse, --json-out and "
+            "--plot-prefix):\n\n")
+    for name, _ in rows:
+        p = os.path.join(out, name + ".cmd")
+        if os.path.exists(p):
+            f.write("    " + open(p).read().strip() + "\n")
+print(open(os.path.join(out, "writes.md")).read())
+PY
+log "writes table written to $OUT/writes.md"
+fi # want writes
 
 # ---- data sets x index engines ---------------------------------------------------------------
 # Search quality and latency on every data set (bench/dataset.h) with each index engine: one

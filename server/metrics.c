@@ -36,7 +36,7 @@ static atomic_long open_conns;
 static atomic_uint_fast64_t refused, malformed, slow_closed, apply_failures;
 static atomic_uint_fast64_t tls_handshake_failures, tls_reloads_ok, tls_reloads_failed;
 static atomic_uint_fast64_t config_reloads_ok, config_reloads_failed;
-static atomic_uint_fast64_t gc_batches, gc_requests;
+static atomic_uint_fast64_t gc_batches, gc_requests, qa_reservations;
 /* consolidation runs by trigger (0 schedule, 1 on demand) and result (0 ok, 1 busy, 2 failed) */
 static atomic_uint_fast64_t cons_runs[2][3], cons_ms, cons_actions[4];
 static db_slot db_slots[MAX_WORKERS];
@@ -106,6 +106,11 @@ void metrics_config_reload(bool ok)
 {
     atomic_fetch_add_explicit(ok ? &config_reloads_ok : &config_reloads_failed, 1,
                               memory_order_relaxed);
+}
+
+void metrics_query_reservation(void)
+{
+    atomic_fetch_add_explicit(&qa_reservations, 1, memory_order_relaxed);
 }
 
 void metrics_group_commit(size_t requests)
@@ -284,15 +289,20 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
                         (unsigned long long)atomic_load(&config_reloads_failed));
     evbuffer_add_printf(out,
                         "# HELP engram_group_commit_batches_total Transactions that committed "
-                        "a group of one tenant's writes (memory.store and the like).\n"
+                        "a group of writes of any tenants (memory.store and the like).\n"
                         "# TYPE engram_group_commit_batches_total counter\n"
                         "engram_group_commit_batches_total %llu\n"
                         "# HELP engram_group_commit_requests_total Write requests committed in "
                         "those groups (divided by the batches: the mean group size).\n"
                         "# TYPE engram_group_commit_requests_total counter\n"
-                        "engram_group_commit_requests_total %llu\n",
+                        "engram_group_commit_requests_total %llu\n"
+                        "# HELP engram_query_reservations_total Database round trips of query "
+                        "admission: blocks of a daily query limit reserved or given back.\n"
+                        "# TYPE engram_query_reservations_total counter\n"
+                        "engram_query_reservations_total %llu\n",
                         (unsigned long long)atomic_load(&gc_batches),
-                        (unsigned long long)atomic_load(&gc_requests));
+                        (unsigned long long)atomic_load(&gc_requests),
+                        (unsigned long long)atomic_load(&qa_reservations));
     evbuffer_add_printf(out, "# HELP engram_consolidation_runs_total Consolidation runs by "
                              "trigger and result (busy: another run held the tenant).\n"
                              "# TYPE engram_consolidation_runs_total counter\n");

@@ -39,6 +39,9 @@ void metrics_slow_closed(void);
  * files by its outcome. */
 void metrics_tls_handshake_failed(void);
 void metrics_tls_reload(bool ok);
+/* metrics_query_reservation counts one query-block reservation job (qadmit.h). */
+void metrics_query_reservation(void);
+
 /* metrics_group_commit counts one group commit of requests writes. */
 void metrics_group_commit(size_t requests);
 

@@ -70,6 +70,14 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
          "$11::float8[], $12::text[], $13, $14::bigint[], $15::bigint[], "
          "$16::bigint[], $17::bigint[], $18::bigint[], $19::boolean[])",
          19},
+    /* the stores of several requests of any tenants (gcommit.h): no engram.tenant_id */
+    [SQL_MEMORY_STORE_GROUP] =
+        {"memory_store_group",
+         "SELECT * FROM engram_memory_store_group($1::bigint[], $2::integer[], $3::integer[], "
+         "$4::bigint[], $5::bigint[], $6::bigint[], $7::text[], $8::text[], $9::text[], "
+         "$10::float8[], $11::text[], $12, $13::bigint[], $14::bigint[], $15::bigint[], "
+         "$16::bigint[], $17::bigint[], $18::boolean[])",
+         18},
     /* The tenant goes in as an InitPlan value (SELECT $1) that the planner cannot see: with
      * the value itself, a tenant its statistics have not seen is estimated at one row and
      * "tenant_id = $1 AND id = ANY ($2)" was planned as a scan of the whole tenant. */
@@ -146,7 +154,9 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
     [SQL_TENANT_INDEX_ENGINE] = {"tenant_index_engine",
                                  "SELECT t.index_engine FROM tenants t WHERE t.id = $1", 1},
     [SQL_KEY_TOUCH] = {"key_touch", "SELECT engram_key_touch($1)", 1},
-    [SQL_QUERY_ADMIT] = {"query_admit", "SELECT * FROM engram_query_admit($1, $2::bigint[])", 2},
+    [SQL_QUERY_RESERVE] = {"query_reserve",
+                           "SELECT * FROM engram_query_reserve($1, $2::bigint[], $3, $4, $5, $6)",
+                           6},
     [SQL_SYNC_OFF] = {"sync_off", "SELECT set_config('synchronous_commit', 'off', true)", 0},
     [SQL_TENANT_USAGE] = {"tenant_usage", "SELECT * FROM engram_tenant_usage($1)", 1},
     /* the engine in force on this server: the tenant's own, or the default given as the

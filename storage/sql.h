@@ -13,6 +13,8 @@ typedef enum sql_stmt {
     SQL_PING,               /* () -> 1 */
     SQL_AUTH_LOOKUP,        /* (key_id) -> key id, tenant id, key hash, tier, name, dim, provider */
     SQL_MEMORY_STORE_BATCH, /* engram_memory_store_batch(...) -> idx, replay, created, META */
+    SQL_MEMORY_STORE_GROUP, /* engram_memory_store_group(...) -> idx, replay, created, META,
+                             * err_state, err_message, err_detail */
     SQL_MEMORY_GET,         /* (tenant, ids[]) -> MEMROW */
     SQL_MEMORY_DELETE,      /* (tenant, ids[]) -> id, seq */
     SQL_MEMORY_UPDATE,      /* engram_memory_update(...) -> version, updated, META */
@@ -34,7 +36,8 @@ typedef enum sql_stmt {
                                * first key at once */
     SQL_TENANT_INDEX_ENGINE,  /* (tenant) -> the tenant's index engine, NULL: the server's */
     SQL_KEY_TOUCH,            /* (key row) */
-    SQL_QUERY_ADMIT,          /* (tenant, limits[3]) -> admitted, used, limit, resets_ms */
+    SQL_QUERY_RESERVE,        /* (tenant, limits[3], holder, used, want, lease ms) -> granted,
+                               * used, limit, resets_ms, others */
     SQL_SYNC_OFF,             /* () this transaction commits without waiting for the disk */
     SQL_TENANT_USAGE, /* (tenant) -> tier, memories, queries today, bytes, resets_ms, archived */
     SQL_ADMIN_TENANT_GET,    /* (id, name, default engine) -> json */

@@ -1,4 +1,5 @@
-/* server/methods/gcommit.c: group commit of one tenant's writes, per worker (see gcommit.h). */
+/* server/methods/gcommit.c: group commit of writes across tenants, per worker (see
+ * gcommit.h). */
 #include "gcommit.h"
 
 #include <errno.h>
@@ -10,152 +11,252 @@
 #include "metrics.h"
 #include "worker.h"
 
+/* The worker's one group lives in its store-group map under this key. */
+#define GROUP_KEY 0
+
 typedef struct gc_group {
-    int64_t tenant;
     const gc_ops *ops;
-    idmap *map; /* the worker's groups, to leave when idle */
-    req **q;    /* waiting, in arrival order */
-    size_t nq, cq;
+    idmap *map;      /* the worker's groups, to leave when idle */
+    req **q;         /* waiting, in arrival order */
+    size_t nq, cq;   /* waiting, room */
+    size_t inflight; /* jobs sent and not yet answered */
+    idmap *busy;     /* tenant -> its requests in those jobs */
 } gc_group;
 
 typedef struct gc_job {
     gc_group *g;
+    bool alone; /* a retry of one request: its failure is its own */
     size_t n;
     req *m[]; /* the members, in the statement's order */
 } gc_job;
 
 static void group_next(gc_group *g);
 
-/* Sends r alone. */
-static void submit_alone(req *r, const gc_ops *ops)
+static void fail_submit(req *r, int rc)
 {
-    db_query q;
-    gc_params p;
-    if (ops->build(&r, 1, &q, &p) < 0)
+    if (rc == -EAGAIN)
+        req_fail(r, RPC_UNAVAILABLE, "database queue full, retry later");
+    else if (rc == -ENOMEM)
         req_fail(r, RPC_INTERNAL, "out of memory");
     else
-        req_submit(r, req_auth(r)->tenant_id, &q, 1, ops->done);
+        req_fail(r, RPC_UNAVAILABLE, "database unavailable (shutting down)");
 }
 
-static void group_done(void *arg, const db_result *res)
+/* Whether row i of pr is a request's refusal (the last three columns: sqlstate, message,
+ * detail). */
+static bool refusal_row(const PGresult *pr, int i)
 {
-    gc_job *j = arg;
-    const gc_ops *ops = j->g->ops;
-    if (res->status == DB_OK) {
-        int off = 0;
-        for (size_t i = 0; i < j->n; i++) {
-            size_t n = ops->items(j->m[i]);
-            ops->finish(j->m[i], res->res[0], off);
-            off += (int)n;
-        }
-    } else if (j->n == 1 || res->status == DB_UNAVAILABLE) {
-        for (size_t i = 0; i < j->n; i++)
-            ops->fail(j->m[i], res);
-    } else {
-        /* retried alone: each gets its own outcome (e.g. the quota allows some) */
-        for (size_t i = 0; i < j->n; i++)
-            submit_alone(j->m[i], ops);
-    }
-    gc_group *g = j->g;
-    free(j);
-    group_next(g);
+    int nf = PQnfields(pr);
+    return nf >= 3 && i < PQntuples(pr) && !PQgetisnull(pr, i, nf - 3);
 }
 
-/* Sends the waiting requests of g as one job, or leaves g when none wait. */
-static void group_next(gc_group *g)
+static void job_done(void *arg, const db_result *res);
+
+/* Counts the n requests m in (delta 1) or out of (-1) the jobs in flight, per tenant. */
+static void mark_busy(gc_group *g, req *const *m, size_t n, int delta)
 {
-    if (g->nq == 0) {
-        idmap_del(g->map, (uint64_t)g->tenant);
-        free(g->q);
-        free(g);
-        return;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t t = (uint64_t)req_auth(m[i])->tenant_id, v = 0;
+        if (!idmap_get(g->busy, t, &v) && delta < 0)
+            continue; /* never remembered (no room) */
+        v += (uint64_t)(int64_t)delta;
+        if (v == 0)
+            idmap_del(g->busy, t);
+        else
+            idmap_put(g->busy, t, v); /* no room: the tenant may go in a second job (correct) */
     }
-    size_t n = 0, items = 0;
-    while (n < g->nq) {
-        size_t k = g->ops->items(g->q[n]);
-        if (n > 0 && items + k > g->ops->max_items)
-            break;
-        items += k;
-        n++;
-    }
+}
+
+static bool tenant_busy(const gc_group *g, req *r)
+{
+    uint64_t v = 0;
+    return idmap_get(g->busy, (uint64_t)req_auth(r)->tenant_id, &v) && v > 0;
+}
+
+/* Sends the n requests m as one job of g; on failure to submit, fails them. */
+static void job_send(gc_group *g, req *const *m, size_t n, bool alone)
+{
     gc_job *j = malloc(sizeof(*j) + n * sizeof(req *));
     if (!j) {
         for (size_t i = 0; i < n; i++)
-            req_fail(g->q[i], RPC_INTERNAL, "out of memory");
-        memmove(g->q, g->q + n, (g->nq - n) * sizeof(req *));
-        g->nq -= n;
-        group_next(g);
+            req_fail(m[i], RPC_INTERNAL, "out of memory");
         return;
     }
     j->g = g;
+    j->alone = alone;
     j->n = n;
-    memcpy(j->m, g->q, n * sizeof(req *));
-    memmove(g->q, g->q + n, (g->nq - n) * sizeof(req *));
-    g->nq -= n;
+    memcpy(j->m, m, n * sizeof(req *));
     db_query q;
     gc_params p;
     int rc = g->ops->build(j->m, n, &q, &p);
     if (rc == 0)
-        rc = db_submit(req_db(j->m[0]), g->tenant, &q, 1, group_done, j);
-    if (rc == 0)
-        metrics_group_commit(n);
+        rc = db_submit(req_db(j->m[0]), -1, &q, 1, job_done, j);
     if (rc < 0) {
-        for (size_t i = 0; i < n; i++) {
-            if (rc == -EAGAIN)
-                req_fail(j->m[i], RPC_UNAVAILABLE, "database queue full, retry later");
-            else if (rc == -ENOMEM)
-                req_fail(j->m[i], RPC_INTERNAL, "out of memory");
-            else
-                req_fail(j->m[i], RPC_UNAVAILABLE, "database unavailable (shutting down)");
-        }
+        for (size_t i = 0; i < n; i++)
+            fail_submit(j->m[i], rc);
         free(j);
-        group_next(g); /* the next ones, or leave */
+        return;
+    }
+    metrics_group_commit(n);
+    mark_busy(g, j->m, n, 1);
+    g->inflight++;
+}
+
+static void job_done(void *arg, const db_result *res)
+{
+    gc_job *j = arg;
+    gc_group *g = j->g;
+    const gc_ops *ops = g->ops;
+    g->inflight--;
+    mark_busy(g, j->m, j->n, -1); /* before any request ends */
+    if (res->status == DB_OK) {
+        const PGresult *pr = res->res[0];
+        int off = 0;
+        for (size_t i = 0; i < j->n; i++) {
+            if (refusal_row(pr, off)) {
+                int nf = PQnfields(pr);
+                db_result one = {
+                    .status = DB_ERROR,
+                    .sqlstate = PQgetvalue(pr, off, nf - 3),
+                    .message = PQgetvalue(pr, off, nf - 2),
+                    .detail = PQgetisnull(pr, off, nf - 1) ? NULL : PQgetvalue(pr, off, nf - 1),
+                };
+                ops->fail(j->m[i], &one);
+                off++;
+                continue;
+            }
+            int n = (int)ops->items(j->m[i]); /* finish ends the request */
+            ops->finish(j->m[i], pr, off);
+            off += n;
+        }
+    } else if (j->alone || j->n == 1 || res->status == DB_UNAVAILABLE) {
+        for (size_t i = 0; i < j->n; i++)
+            ops->fail(j->m[i], res);
+    } else {
+        /* retried alone: each gets its own outcome */
+        for (size_t i = 0; i < j->n; i++)
+            job_send(g, &j->m[i], 1, true);
+    }
+    free(j);
+    group_next(g);
+}
+
+typedef struct member {
+    int64_t tenant;
+    size_t at; /* arrival order */
+    req *r;
+} member;
+
+static int by_tenant(const void *a, const void *b)
+{
+    const member *x = a, *y = b;
+    if (x->tenant != y->tenant)
+        return x->tenant < y->tenant ? -1 : 1;
+    return x->at < y->at ? -1 : x->at > y->at ? 1 : 0;
+}
+
+/* Sorts the n requests m by tenant, keeping arrival order within a tenant: concurrent
+ * groups then lock tenant rows in one order (no deadlock), and one tenant's requests get
+ * what they would have had alone one after the other. Returns 0 or -ENOMEM. */
+static int sort_by_tenant(req **m, size_t n)
+{
+    if (n < 2)
+        return 0;
+    member *t = malloc(n * sizeof(*t));
+    if (!t)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        t[i] = (member){req_auth(m[i])->tenant_id, i, m[i]};
+    qsort(t, n, sizeof(*t), by_tenant);
+    for (size_t i = 0; i < n; i++)
+        m[i] = t[i].r;
+    free(t);
+    return 0;
+}
+
+/* Sends waiting requests of g while a slot is free, or leaves g when nothing is left. A
+ * second job in flight takes only tenants the first does not hold: a tenant's transactions
+ * would wait for each other's row lock anyway, and its requests make a bigger group for the
+ * next job instead. */
+static void group_next(gc_group *g)
+{
+    while (g->nq > 0 && g->inflight < GC_MAX_INFLIGHT) {
+        req **m = malloc(g->nq * sizeof(req *));
+        if (!m) {
+            req_fail(g->q[0], RPC_INTERNAL, "out of memory");
+            memmove(g->q, g->q + 1, (g->nq - 1) * sizeof(req *));
+            g->nq--;
+            continue;
+        }
+        size_t n = 0, items = 0, keep = 0, i = 0;
+        for (; i < g->nq; i++) {
+            req *r = g->q[i];
+            size_t k = g->ops->items(r);
+            if (n > 0 && items + k > g->ops->max_items)
+                break;
+            if (tenant_busy(g, r)) {
+                g->q[keep++] = r;
+                continue;
+            }
+            m[n++] = r;
+            items += k;
+        }
+        for (; i < g->nq; i++)
+            g->q[keep++] = g->q[i];
+        g->nq = keep;
+        if (n == 0) {
+            free(m);
+            break;
+        }
+        if (sort_by_tenant(m, n) < 0) {
+            for (size_t x = 0; x < n; x++)
+                req_fail(m[x], RPC_INTERNAL, "out of memory");
+        } else {
+            job_send(g, m, n, false);
+        }
+        free(m);
+    }
+    if (g->nq == 0 && g->inflight == 0) {
+        idmap_del(g->map, GROUP_KEY);
+        idmap_destroy(g->busy);
+        free(g->q);
+        free(g);
     }
 }
 
-void gc_submit(req *r, const gc_ops *ops, bool alone)
+void gc_submit(req *r, const gc_ops *ops)
 {
-    int64_t tid = req_auth(r)->tenant_id;
     idmap *groups = worker_store_groups(req_worker(r));
     uint64_t v;
-    if (!alone && groups && idmap_get(groups, (uint64_t)tid, &v)) {
-        gc_group *g = (gc_group *)(uintptr_t)v;
-        if (g->nq == g->cq) {
-            size_t cap = g->cq ? g->cq * 2 : 16;
-            req **nq = realloc(g->q, cap * sizeof(*nq));
-            if (!nq) {
-                req_fail(r, RPC_INTERNAL, "out of memory");
-                return;
-            }
-            g->q = nq;
-            g->cq = cap;
-        }
-        g->q[g->nq++] = r;
-        return;
-    }
     gc_group *g = NULL;
-    if (!alone && groups && (g = calloc(1, sizeof(*g))) != NULL) {
-        g->tenant = tid;
+    if (groups && idmap_get(groups, GROUP_KEY, &v)) {
+        g = (gc_group *)(uintptr_t)v;
+    } else if (groups && (g = calloc(1, sizeof(*g))) != NULL) {
         g->ops = ops;
         g->map = groups;
-        if (idmap_put(groups, (uint64_t)tid, (uint64_t)(uintptr_t)g) < 0) {
+        g->busy = idmap_create(16);
+        if (!g->busy || idmap_put(groups, GROUP_KEY, (uint64_t)(uintptr_t)g) < 0) {
+            idmap_destroy(g->busy);
             free(g);
             g = NULL;
         }
     }
-    if (!g) { /* alone (or no memory for a group) */
-        submit_alone(r, ops);
-        return;
-    }
-    g->q = malloc(16 * sizeof(*g->q));
-    if (!g->q) {
-        idmap_del(groups, (uint64_t)tid);
-        free(g);
+    if (!g) {
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
-    g->cq = 16;
-    g->q[0] = r;
-    g->nq = 1;
+    if (g->nq == g->cq) {
+        size_t cap = g->cq ? g->cq * 2 : 16;
+        req **nq = realloc(g->q, cap * sizeof(*nq));
+        if (!nq) {
+            req_fail(r, RPC_INTERNAL, "out of memory");
+            if (g->nq == 0 && g->inflight == 0)
+                group_next(g); /* leaves */
+            return;
+        }
+        g->q = nq;
+        g->cq = cap;
+    }
+    g->q[g->nq++] = r;
     group_next(g);
 }

@@ -1,17 +1,26 @@
-/* server/methods/gcommit.h: group commit of one tenant's writes, per worker.
+/* server/methods/gcommit.h: group commit of writes across tenants, per worker.
  *
- * A tenant's writes commit one at a time (they take the tenant's row lock to number their
- * changes), so concurrent writes of one tenant would queue in PostgreSQL, each paying a
- * whole transaction. Instead, per worker and tenant, while one job is in flight the next
- * requests wait, and then go to PostgreSQL together as one statement and one transaction
- * (up to a bound on the items they carry). Each request is still answered only after the
- * commit that holds its items. A request alone costs nothing extra. If a combined job
- * fails with a database error (a quota reached by the sum, say), each request is retried
- * alone, so every request gets the answer it would have had alone.
+ * Every commit waits for the disk, so a write alone pays a whole transaction and a flush of
+ * the WAL. Instead, per worker, up to GC_MAX_INFLIGHT jobs are in flight; the requests that
+ * arrive meanwhile wait and then go to PostgreSQL together, whatever their tenants, as one
+ * statement in one transaction (up to a bound on the items they carry). A job never takes a
+ * tenant that a job in flight holds: that tenant's writes would only wait for the other
+ * transaction's lock of its row, so they make the next group bigger instead. Each request is
+ * still answered only after the commit that holds its items. A request that finds a free
+ * slot goes at once, alone: it costs nothing extra.
+ *
+ * The statement answers for each request (in the order the job lists them, sorted by
+ * tenant) either its rows, one per item, or a single row whose last three columns (sqlstate,
+ * message, detail) say why that request alone was refused (a quota, a tenant gone): one
+ * request's refusal never fails another's. If the whole job fails with a database error,
+ * each request is retried alone, so every request gets the answer it would have had alone.
+ * A job that failed for want of the database (DB_UNAVAILABLE) fails every request in it,
+ * unacknowledged, as any write then.
  *
  * The kind of write is described by a gc_ops table; memory.store and memory.store_batch
- * are the users (m_memory.c). A worker keeps one group per tenant (worker_store_groups),
- * so one kind of write per worker goes through it. Worker thread only.
+ * without an idempotency key are the users (m_memory.c). A worker keeps one group
+ * (worker_store_groups), so one kind of write per worker goes through it. Worker thread
+ * only.
  */
 #ifndef ENGRAM_SERVER_GCOMMIT_H
 #define ENGRAM_SERVER_GCOMMIT_H
@@ -21,6 +30,10 @@
 
 #include "db.h"
 #include "req.h"
+
+/* Jobs of one worker's group in flight at once: one per database connection of a worker
+ * (db_connections_per_worker's default), so both connections stay busy. */
+#define GC_MAX_INFLIGHT 2
 
 /* Room for one statement's parameters, owned by the caller of ops->build. */
 typedef struct gc_params {
@@ -34,19 +47,18 @@ typedef struct gc_ops {
     /* items returns how many items (rows) request r writes */
     size_t (*items)(req *r);
     /* build writes into q (parameters in p, text in m[0]'s arena) one statement for the
-     * items of the n requests m, in that order. Returns 0 or -ENOMEM. */
+     * items of the n requests m, in that order (sorted by tenant id; the statement runs
+     * without engram.tenant_id: see the result contract above). Returns 0 or -ENOMEM. */
     int (*build)(req *const *m, size_t n, db_query *q, gc_params *p);
     /* finish completes r from its rows of the result, starting at row off */
     void (*finish)(req *r, const PGresult *pr, int off);
-    /* fail ends r for a failed job */
+    /* fail ends r for a failed job, or for its refusal row (res->status DB_ERROR with the
+     * row's sqlstate, message and detail) */
     void (*fail)(req *r, const db_result *res);
-    /* done is the req_submit callback of a request sent alone (finish or fail on its own) */
-    void (*done)(req *r, const db_result *res);
 } gc_ops;
 
-/* gc_submit sends r (whose items are ready) through its tenant's group on this worker, or
- * alone when alone is true (e.g. an idempotent retry must not share its transaction) or no
- * group can be made. r is answered through ops->finish or ops->fail, or req_fail. */
-void gc_submit(req *r, const gc_ops *ops, bool alone);
+/* gc_submit sends r (whose items are ready) through this worker's group. r is answered through
+ * ops->finish or ops->fail, or req_fail. */
+void gc_submit(req *r, const gc_ops *ops);
 
 #endif

@@ -315,29 +315,36 @@ static void store_done(req *r, const db_result *res)
         store_finish(r, res->res[0], 0);
 }
 
-/* Builds the store statement for the items of the nm requests m (one tenant, all with
- * their vectors), in that order, into q; parameter text lives in m[0]'s arena. Returns 0
- * or -ENOMEM. */
-static int store_query(req *const *m, size_t nm, db_query *q, const char **vals, int *lens,
-                       int *fmts)
+/* Builds into q the store statement for the items of the nm requests m, in that order:
+ * group false, the single request m[0] (nm 1) by engram_memory_store_batch, which takes its
+ * idempotency key and runs with the tenant set; group true, the group statement
+ * (engram_memory_store_group, no tenant set: see gcommit.h), the requests of any tenants,
+ * sorted by tenant. Every item has its vector. Parameter text lives in m[0]'s arena.
+ * Returns 0 or -ENOMEM. */
+static int store_query(req *const *m, size_t nm, bool group, db_query *q, const char **vals,
+                       int *lens, int *fmts)
 {
-    const conn_auth *a = req_auth(m[0]);
     server *s = req_server(m[0]);
     const store_state *st0 = req_state(m[0]);
     mp_array agent = {0}, clade = {0}, scope = {0}, type = {0}, content = {0}, imp = {0}, md = {0},
-             cr = {0}, up = {0}, acc = {0}, cnt = {0}, ex = {0}, pin = {0};
-    size_t total = 0;
+             cr = {0}, up = {0}, acc = {0}, cnt = {0}, ex = {0}, pin = {0}, tens = {0},
+             counts = {0}, dims = {0};
+    size_t vbytes = 0;
     for (size_t j = 0; j < nm; j++)
-        total += ((const store_state *)req_state(m[j]))->n;
-    size_t row = a->dim * sizeof(float), vbytes = total * row;
+        vbytes += ((const store_state *)req_state(m[j]))->n * req_auth(m[j])->dim * sizeof(float);
     char *emb = req_alloc(m[0], vbytes ? vbytes : 1);
     bool ok = emb != NULL;
     size_t at = 0;
     for (size_t j = 0; ok && j < nm; j++) {
         const store_state *st = req_state(m[j]);
-        for (size_t i = 0; ok && i < st->n; i++, at++) {
+        const conn_auth *a = req_auth(m[j]);
+        size_t row = a->dim * sizeof(float);
+        ok = mp_array_i64(&tens, a->tenant_id, false) == 0 &&
+             mp_array_i64(&counts, (int64_t)st->n, false) == 0 &&
+             mp_array_i64(&dims, (int64_t)a->dim, false) == 0;
+        for (size_t i = 0; ok && i < st->n; i++, at += row) {
             const mem_item *it = &st->items[i];
-            memcpy(emb + at * row, it->vec, row);
+            memcpy(emb + at, it->vec, row);
             ok = mp_array_i64(&agent, (int64_t)it->agent_id, false) == 0 &&
                  mp_array_i64(&clade, (int64_t)it->clade_id, false) == 0 &&
                  mp_array_str(&scope, memrow_scope_name(it->scope),
@@ -355,40 +362,56 @@ static int store_query(req *const *m, size_t nm, db_query *q, const char **vals,
                  mp_array_bool(&pin, it->pinned) == 0;
         }
     }
-    char *lits[13] = {NULL};
-    mp_array *arrs[13] = {&agent, &clade, &scope, &type, &content, &imp, &md,
-                          &cr,    &up,    &acc,   &cnt,  &ex,      &pin};
-    for (int i = 0; i < 13; i++) {
+    char *lits[16] = {NULL};
+    mp_array *arrs[16] = {&agent, &clade, &scope, &type, &content, &imp,  &md,     &cr,
+                          &up,    &acc,   &cnt,   &ex,   &pin,     &tens, &counts, &dims};
+    for (int i = 0; i < 16; i++) {
         if (ok)
             ok = (lits[i] = mp_array_finish(m[0], arrs[i])) != NULL;
         else
             mp_array_fini(arrs[i]);
     }
+    if (!ok)
+        return -ENOMEM;
+    memset(lens, 0, 19 * sizeof(*lens));
+    memset(fmts, 0, 19 * sizeof(*fmts));
+    if (group) {
+        /* the database picks the limit of each tenant's tier as it is when the rows go in */
+        const char *v[18] = {lits[13], lits[14], lits[15], s->memory_limits, lits[0],  lits[1],
+                             lits[2],  lits[3],  lits[4],  lits[5],          lits[6],  emb,
+                             lits[7],  lits[8],  lits[9],  lits[10],         lits[11], lits[12]};
+        memcpy(vals, v, sizeof(v));
+        lens[11] = (int)vbytes;
+        fmts[11] = 1;
+        *q = (db_query){.stmt = sql_def(SQL_MEMORY_STORE_GROUP),
+                        .nvalues = 18, /* v[18] */
+                        .values = vals,
+                        .lengths = lens,
+                        .formats = fmts};
+        return 0;
+    }
     const char *tid = mp_tenant_param(m[0]);
     char *dim = req_alloc(m[0], 16);
-    if (!ok || !tid || !dim)
+    if (!tid || !dim)
         return -ENOMEM;
-    /* the database picks the limit of the tenant's tier as it is when the rows go in */
-    snprintf(dim, 16, "%u", a->dim);
+    snprintf(dim, 16, "%u", req_auth(m[0])->dim);
     const char *v[19] = {tid,      s->memory_limits, st0->idem, st0->idem ? st0->fingerprint : NULL,
                          dim,      lits[0],          lits[1],   lits[2],
                          lits[3],  lits[4],          lits[5],   lits[6],
                          emb,      lits[7],          lits[8],   lits[9],
                          lits[10], lits[11],         lits[12]};
     memcpy(vals, v, sizeof(v));
-    memset(lens, 0, 19 * sizeof(*lens));
-    memset(fmts, 0, 19 * sizeof(*fmts));
     lens[12] = (int)vbytes;
     fmts[12] = 1;
     *q = (db_query){.stmt = sql_def(SQL_MEMORY_STORE_BATCH),
-                    .nvalues = 19, /* vals[19], see store_params */
+                    .nvalues = 19, /* v[19] */
                     .values = vals,
                     .lengths = lens,
                     .formats = fmts};
     return 0;
 }
 
-/* Stores go through the tenant's group commit (gcommit.h), except those with an
+/* Stores go through the worker's group commit (gcommit.h), except those with an
  * idempotency key: a replay must see its own transaction. */
 static size_t store_items(req *r)
 {
@@ -397,7 +420,7 @@ static size_t store_items(req *r)
 
 static int store_build(req *const *m, size_t nm, db_query *q, gc_params *p)
 {
-    return store_query(m, nm, q, p->vals, p->lens, p->fmts);
+    return store_query(m, nm, true, q, p->vals, p->lens, p->fmts);
 }
 
 static const gc_ops store_ops = {
@@ -406,7 +429,6 @@ static const gc_ops store_ops = {
     .build = store_build,
     .finish = store_finish,
     .fail = store_fail,
-    .done = store_done,
 };
 
 /* Sends the store once every memory has its vector. */
@@ -417,7 +439,17 @@ static void store_submit(req *r, rpc_code code, const char *message)
         req_fail(r, code, "%s", message ? message : "embedding failed");
         return;
     }
-    gc_submit(r, &store_ops, st->idem != NULL);
+    if (!st->idem) {
+        gc_submit(r, &store_ops);
+        return;
+    }
+    gc_params p;
+    db_query q;
+    if (store_query(&r, 1, false, &q, p.vals, p.lens, p.fmts) < 0) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    req_submit(r, req_auth(r)->tenant_id, &q, 1, store_done);
 }
 
 /* Embeds the items that came without a vector, checks the others, then submits. */

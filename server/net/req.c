@@ -9,10 +9,12 @@
 #include "log.h"
 #include "memrow.h"
 #include "methods.h"
+#include "qadmit.h"
 #include "metrics.h"
 #include "sql.h"
 #include "tenancy.h"
 #include "tenants.h"
+#include "worker.h"
 
 #define ARENA_FIRST 4096
 
@@ -442,31 +444,23 @@ void req_submit_read(req *r, const db_query *qs, int nq, void (*cb)(req *r, cons
     }
 }
 
-static void on_admit(req *r, const db_result *res)
+static void on_admit(req *r, const qa_verdict *v)
 {
-    if (res->status != DB_OK) {
-        req_fail_db(r, res);
+    if (v->err) {
+        req_fail_db(r, v->err);
         return;
     }
-    const PGresult *pr = res->res[1];
-    if (PQntuples(pr) != 1) {
-        req_fail(r, RPC_INTERNAL, "query admission returned nothing");
-        return;
-    }
-    if (PQgetvalue(pr, 0, 0)[0] == 't') {
+    if (v->admitted) {
         r->admitted(r);
         return;
     }
-    long long used = memrow_i64_of(pr, 0, 1, 0, ROWERR_TENANTS),
-              lim = memrow_i64_of(pr, 0, 2, 0, ROWERR_TENANTS);
-    long long resets = memrow_i64_of(pr, 0, 3, 0, ROWERR_TENANTS);
-    rpc_detail d[3] = {{"limit", RPC_D_INT, {.i = lim}},
-                       {"usage", RPC_D_INT, {.i = used}},
-                       {"resets_at", RPC_D_INT, {.i = resets}}};
+    rpc_detail d[3] = {{"limit", RPC_D_INT, {.i = v->limit}},
+                       {"usage", RPC_D_INT, {.i = v->used}},
+                       {"resets_at", RPC_D_INT, {.i = v->resets_ms}}};
     req_fail_details(r, RPC_QUOTA_EXCEEDED, d, 3,
                      "daily query limit of the %s tier reached (%lld of %lld); it resets at "
                      "00:00 UTC",
-                     tier_name(r->auth.tier), used, lim);
+                     tier_name(r->auth.tier), (long long)v->used, (long long)v->limit);
 }
 
 void req_admit_query(req *r, void (*next)(req *r))
@@ -478,17 +472,8 @@ void req_admit_query(req *r, void (*next)(req *r))
         return;
     }
     r->admitted = next;
-    char *tid = req_alloc(r, 24);
-    if (!tid) {
-        req_fail(r, RPC_INTERNAL, "out of memory");
-        return;
-    }
-    snprintf(tid, 24, "%lld", (long long)r->auth.tenant_id);
-    const char *vals[] = {tid, r->srv->query_limits};
-    /* the counter's commit need not wait for the disk: see docs (quotas) */
-    db_query q[2] = {{.stmt = sql_def(SQL_SYNC_OFF)},
-                     {.stmt = sql_def(SQL_QUERY_ADMIT), DB_VALUES(vals)}};
-    req_submit(r, r->auth.tenant_id, q, 2, on_admit);
+    /* from this worker's block of the day's quota: no round trip in the common case */
+    qadmit_admit(worker_qadmit(r->w), r, r->srv->query_limits, on_admit);
 }
 
 int req_dispatch(conn *c, const uint8_t *msg, size_t len)

@@ -18,6 +18,7 @@
 #include "embedder.h"
 #include "log.h"
 #include "metrics.h"
+#include "qadmit.h"
 #include "sql.h"
 
 typedef struct wmsg {
@@ -45,6 +46,7 @@ struct worker {
     uint64_t drain_deadline_ms;
     access_log *access;
     idmap *store_groups; /* see worker_store_groups */
+    qadmit *qadmit;      /* see worker_qadmit */
     uint64_t last_flush_ms;
     bool flushing;
 };
@@ -192,6 +194,11 @@ idmap *worker_store_groups(worker *w)
     return w->store_groups;
 }
 
+qadmit *worker_qadmit(worker *w)
+{
+    return w->qadmit;
+}
+
 access_log *worker_access(worker *w)
 {
     return w->access;
@@ -219,6 +226,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     if (now - w->last_flush_ms >= ACCESS_FLUSH_MS || w->draining)
         flush_access(w);
     db_pool_stats st;
+    if (w->qadmit)
+        qadmit_tick(w->qadmit, w->draining);
     db_pool_get_stats(w->db, &st);
     /* a stalled database (connected, answering nothing) counts as no ready connection, so
      * /healthz and /readyz report it down within the pool's stall time */
@@ -301,10 +310,20 @@ worker *worker_create(server *s, unsigned idx)
         if (!w->rdb)
             goto fail;
     }
+    /* the holder of query blocks: this worker of this process, unique among the processes
+     * sharing the database (host, pid and start time) */
+    char host[64] = "", holder[160];
+    gethostname(host, sizeof(host) - 1);
+    snprintf(holder, sizeof(holder), "%s/%ld/%llu/%u", host, (long)getpid(),
+             (unsigned long long)server_mono_ns(), idx);
+    w->qadmit = qadmit_create(w->db, holder);
+    if (!w->qadmit)
+        goto fail;
     return w;
 fail:
     db_pool_destroy(w->rdb);
     db_pool_destroy(w->db);
+    qadmit_destroy(w->qadmit);
     if (w->ev_mail)
         event_free(w->ev_mail);
     if (w->ev_tick)
@@ -373,9 +392,10 @@ void worker_destroy(worker *w)
     }
     db_pool_destroy(w->rdb);
     w->rdb = NULL;
-    db_pool_destroy(w->db);
+    db_pool_destroy(w->db); /* its failed reservations reach w->qadmit: destroyed after it */
     w->db = NULL;
     on_mail(-1, 0, w);
+    qadmit_destroy(w->qadmit);
     embedder_worker_fini(w->idx);
     event_free(w->ev_mail);
     event_free(w->ev_tick);

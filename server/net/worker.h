@@ -67,9 +67,12 @@ void worker_conn_removed(worker *w, conn *c);
 void worker_req_started(worker *w);
 void worker_req_finished(worker *w);
 
-/* worker_store_groups returns the worker's map of tenants with a store job in flight (see
- * the group commit in m_memory.c), or NULL; worker thread only. */
+/* worker_store_groups returns the map that holds the worker's store group while stores are
+ * waiting or in flight (see gcommit.h), or NULL; worker thread only. */
 struct idmap *worker_store_groups(worker *w);
+
+/* worker_qadmit returns the worker's query admission (qadmit.h); worker thread only. */
+struct qadmit *worker_qadmit(worker *w);
 
 /* worker_access returns the worker's access count log (access.h); worker thread only. */
 struct access_log *worker_access(worker *w);

@@ -165,8 +165,10 @@ DECLARE
     v_ids bigint[];
 BEGIN
     DELETE FROM idempotency_keys WHERE created_at < now() - make_interval(secs => p_idem_age_s);
+    -- tenants in id order: the tenant rows are locked in the order the group store takes
+    -- them (engram_memory_store_group), so neither waits for the other in a cycle
     FOR t IN SELECT DISTINCT tenant_id FROM memories
-             WHERE expires_at IS NOT NULL AND expires_at <= now() LOOP
+             WHERE expires_at IS NOT NULL AND expires_at <= now() ORDER BY tenant_id LOOP
         SELECT array_agg(id) INTO v_ids FROM (
             SELECT id FROM memories
             WHERE tenant_id = t AND expires_at IS NOT NULL AND expires_at <= now()
@@ -290,6 +292,209 @@ BEGIN
     PERFORM pg_notify('engram_changes', p_tenant || ':' || v_last);
 END $$;
 ALTER FUNCTION engram_memory_store_batch(bigint, bigint[], text, bytea, integer, bigint[],
+    bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[], bigint[],
+    bigint[], bigint[], bigint[], boolean[])
+    SET plan_cache_mode = force_generic_plan;
+
+-- engram_memory_store_group: the stores of several requests, of any tenants, in one
+-- transaction (the server's group commit, server/methods/gcommit.h). Request s (a segment)
+-- is p_counts[s] memories of tenant p_tenants[s], whose embeddings have p_dims[s] float32
+-- each; the per-memory arrays hold every segment's memories back to back, in segment
+-- order, as do the embeddings. Segments come in tenant order (checked), so concurrent
+-- groups take the tenant rows' locks in one order and never deadlock.
+--
+-- Each segment gets exactly what engram_memory_store_batch would give it alone, run in the
+-- segments' order: the tier's memory limit (p_limits) is checked per segment, under the
+-- tenant row's lock, counting what the earlier segments of the tenant took; a refused
+-- segment (EG429, or EG404 for a tenant that is gone) does not fail the others: it yields
+-- one row with err_state, err_message and err_detail set. Ids and change numbers come from
+-- the tenant row as for engram_memory_store_batch, one UPDATE per tenant in the common
+-- case (every segment fits) and no separate row lock. Rows come back in segment order, a
+-- segment's memories in its own order (idx NULL; tags NULL, as for store_batch).
+--
+-- Why SECURITY DEFINER is safe here: a group holds rows of several tenants, so no single
+-- engram.tenant_id can cover its INSERT. The function writes only rows whose tenant_id is
+-- the tenant of their own segment, locks and updates only those tenants' rows, reads
+-- nothing of any other tenant, and returns each row to the segment that sent it. The server
+-- passes as p_tenants[s] the tenant its connection authenticated as (conn_auth), the very
+-- value it would otherwise have set as engram.tenant_id for that store: the trust placed in
+-- the server is unchanged, and every other statement still runs under row-level security.
+CREATE OR REPLACE FUNCTION engram_memory_store_group(
+        p_tenants bigint[], p_counts integer[], p_dims integer[], p_limits bigint[],
+        p_agent bigint[], p_clade bigint[], p_scope text[], p_type text[], p_content text[],
+        p_importance double precision[], p_metadata text[], p_embeddings bytea,
+        p_created_ms bigint[], p_updated_ms bigint[], p_accessed_ms bigint[],
+        p_access_count bigint[], p_expires_ms bigint[], p_pinned boolean[])
+    RETURNS TABLE (idx integer, replay boolean, r_created_ms bigint, m_id bigint, m_seq bigint,
+                   m_agent_id bigint, m_clade_id bigint, m_scope text, m_type text,
+                   m_importance double precision, m_created_ms bigint, m_accessed_ms bigint,
+                   m_access_count bigint, m_expires_ms bigint, m_archived_ms bigint,
+                   m_pinned boolean, m_tags text, err_state text, err_message text,
+                   err_detail text)
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    ns integer := cardinality(p_tenants);
+    v_seg integer[] := '{}';   -- the segment of each memory
+    v_first integer[] := '{}'; -- a segment's first memory (1-based)
+    v_eoff bigint[] := '{}';   -- the byte offset of its first embedding
+    v_seq0 bigint[] := '{}';   -- the change number before its first memory; NULL: refused
+    v_id0 bigint[] := '{}';    -- the id before its first memory
+    v_key bigint[] := '{}';    -- a refused segment's place among the rows (see below)
+    v_state text[] := '{}';
+    v_msg text[] := '{}';
+    v_detail text[] := '{}';
+    s integer;
+    q integer;
+    r integer;
+    k integer := 1;
+    e bigint := 0;
+    v_total bigint;
+    v_last bigint;
+    v_idl bigint;
+    v_count bigint;
+    v_max bigint;
+    v_took bigint;
+BEGIN
+    IF cardinality(p_counts) <> ns OR cardinality(p_dims) <> ns OR ns = 0 THEN
+        RAISE EXCEPTION 'segments do not match' USING ERRCODE = 'EG400';
+    END IF;
+    FOR s IN 1 .. ns LOOP
+        IF s > 1 AND p_tenants[s] < p_tenants[s - 1] THEN
+            RAISE EXCEPTION 'segments must come in tenant order' USING ERRCODE = 'EG400';
+        END IF;
+        v_first[s] := k;
+        v_eoff[s] := e;
+        FOR q IN k .. k + p_counts[s] - 1 LOOP
+            v_seg[q] := s;
+        END LOOP;
+        k := k + p_counts[s];
+        e := e + p_counts[s]::bigint * p_dims[s] * 4;
+    END LOOP;
+    IF k - 1 <> cardinality(p_content) OR e <> length(p_embeddings) THEN
+        RAISE EXCEPTION 'embeddings do not match the dimension' USING ERRCODE = 'EG400';
+    END IF;
+    s := 1;
+    WHILE s <= ns LOOP
+        -- the run s .. r of one tenant's segments
+        r := s;
+        v_total := p_counts[s];
+        WHILE r < ns AND p_tenants[r + 1] = p_tenants[s] LOOP
+            r := r + 1;
+            v_total := v_total + p_counts[r];
+        END LOOP;
+        -- the common case, every segment fits: one UPDATE takes the lock and the numbers
+        UPDATE tenants t SET change_seq = t.change_seq + v_total,
+                             memory_count = t.memory_count + v_total,
+                             memory_id_last = t.memory_id_last + v_total
+         WHERE t.id = p_tenants[s]
+           AND (engram_tier_limit(p_limits, t.tier) IS NULL
+                OR t.memory_count + v_total <= engram_tier_limit(p_limits, t.tier))
+        RETURNING t.change_seq - v_total, t.memory_id_last - v_total INTO v_last, v_idl;
+        IF FOUND THEN
+            FOR q IN s .. r LOOP
+                v_seq0[q] := v_last;
+                v_id0[q] := v_idl;
+                v_last := v_last + p_counts[q];
+                v_idl := v_idl + p_counts[q];
+            END LOOP;
+        ELSE
+            -- some segment does not fit (or the tenant is gone): one at a time, in order
+            SELECT t.change_seq, t.memory_id_last, t.memory_count,
+                   engram_tier_limit(p_limits, t.tier)
+                INTO v_last, v_idl, v_count, v_max
+                FROM tenants t WHERE t.id = p_tenants[s] FOR UPDATE;
+            v_took := 0;
+            FOR q IN s .. r LOOP
+                IF v_last IS NULL THEN
+                    v_state[q] := 'EG404';
+                    v_msg[q] := 'tenant not found';
+                ELSIF v_max IS NOT NULL AND v_count + v_took + p_counts[q] > v_max THEN
+                    v_state[q] := 'EG429';
+                    v_msg[q] := 'memory limit reached';
+                    v_detail[q] := format('limit=%s usage=%s requested=%s', v_max,
+                                          v_count + v_took, p_counts[q]);
+                ELSE
+                    v_seq0[q] := v_last + v_took;
+                    v_id0[q] := v_idl + v_took;
+                    v_took := v_took + p_counts[q];
+                    CONTINUE;
+                END IF;
+                -- sorts after the rows of the segments before it, before those after it
+                v_key[q] := COALESCE(v_last, 0) + v_took;
+            END LOOP;
+            IF v_took > 0 THEN
+                UPDATE tenants t SET change_seq = t.change_seq + v_took,
+                                     memory_count = t.memory_count + v_took,
+                                     memory_id_last = t.memory_id_last + v_took
+                 WHERE t.id = p_tenants[s];
+            END IF;
+            v_total := v_took;
+        END IF;
+        IF v_total > 0 THEN
+            -- the run's last change number: the last admitted segment's end
+            q := r;
+            WHILE v_seq0[q] IS NULL LOOP
+                q := q - 1;
+            END LOOP;
+            PERFORM pg_notify('engram_changes', p_tenants[s] || ':' || (v_seq0[q] + p_counts[q]));
+        END IF;
+        s := r + 1;
+    END LOOP;
+    -- one INSERT for every admitted memory, the change log in the same statement; rows in
+    -- (tenant, change number) order are the segments' order (see above)
+    RETURN QUERY
+        WITH ins AS (
+            INSERT INTO memories (tenant_id, id, agent_id, clade_id, scope, type, content,
+                                  importance, metadata, embedding, created_at, updated_at,
+                                  last_accessed_at, access_count, expires_at, pinned, seq)
+                SELECT p_tenants[a.g], v_id0[a.g] + a.i - v_first[a.g] + 1, a.agent, a.clade,
+                       a.scope, a.type, a.content, a.imp, a.md::jsonb,
+                       substring(p_embeddings
+                                 FROM (v_eoff[a.g] + (a.i - v_first[a.g]) * p_dims[a.g] * 4
+                                       + 1)::integer
+                                 FOR p_dims[a.g] * 4),
+                       date_trunc('milliseconds', COALESCE(engram_ts(a.cr), now())),
+                       date_trunc('milliseconds', COALESCE(engram_ts(a.up), engram_ts(a.cr), now())),
+                       date_trunc('milliseconds', engram_ts(a.acc)),
+                       COALESCE(a.cnt, 0), engram_ts(a.ex), COALESCE(a.pin, false),
+                       v_seq0[a.g] + a.i - v_first[a.g] + 1
+                FROM (SELECT u.*, v_seg[u.i] AS g
+                      FROM unnest(p_agent, p_clade, p_scope, p_type, p_content, p_importance,
+                                  p_metadata, p_created_ms, p_updated_ms, p_accessed_ms,
+                                  p_access_count, p_expires_ms, p_pinned)
+                           WITH ORDINALITY AS u (agent, clade, scope, type, content, imp, md,
+                                                 cr, up, acc, cnt, ex, pin, i)) a
+                WHERE v_seq0[a.g] IS NOT NULL
+                RETURNING *),
+        ch AS (
+            INSERT INTO memory_changes (tenant_id, seq, memory_id, op)
+                SELECT m.tenant_id, m.seq, m.id, 'u' FROM ins m)
+        SELECT x.idx, x.replay, x.r_created_ms, x.m_id, x.m_seq, x.m_agent_id, x.m_clade_id,
+               x.m_scope, x.m_type, x.m_importance, x.m_created_ms, x.m_accessed_ms,
+               x.m_access_count, x.m_expires_ms, x.m_archived_ms, x.m_pinned, x.m_tags,
+               x.err_state, x.err_message, x.err_detail
+        FROM (
+            SELECT m.tenant_id AS t, 2 * m.seq AS o, NULL::integer AS idx, false AS replay,
+                   engram_ms(m.created_at) AS r_created_ms, m.id AS m_id, m.seq AS m_seq,
+                   m.agent_id AS m_agent_id, m.clade_id AS m_clade_id, m.scope AS m_scope,
+                   m.type AS m_type, m.importance AS m_importance,
+                   engram_ms(m.created_at) AS m_created_ms,
+                   engram_ms(m.last_accessed_at) AS m_accessed_ms,
+                   m.access_count AS m_access_count, engram_ms(m.expires_at) AS m_expires_ms,
+                   engram_ms(m.archived_at) AS m_archived_ms, m.pinned AS m_pinned,
+                   NULL::text AS m_tags, NULL::text AS err_state, NULL::text AS err_message,
+                   NULL::text AS err_detail
+            FROM ins m
+            UNION ALL
+            SELECT p_tenants[f.s], 2 * v_key[f.s] + 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                   NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, v_state[f.s],
+                   v_msg[f.s], v_detail[f.s]
+            FROM generate_series(1, ns) AS f (s)
+            WHERE v_state[f.s] IS NOT NULL) x
+        ORDER BY x.t, x.o;
+END $$;
+ALTER FUNCTION engram_memory_store_group(bigint[], integer[], integer[], bigint[], bigint[],
     bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[], bigint[],
     bigint[], bigint[], bigint[], boolean[])
     SET plan_cache_mode = force_generic_plan;

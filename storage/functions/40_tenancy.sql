@@ -13,7 +13,10 @@ CREATE OR REPLACE FUNCTION engram_tier_limit(p_limits bigint[], p_tier text) RET
 $$;
 
 -- engram_query_admit: counts one query of the tenant for today (UTC) if its tier's daily
--- limit allows it. The counter row's lock serializes concurrent admissions, from any number
+-- limit allows it. No longer called (engram_query_reserve below admits from blocks); kept
+-- while engramd processes of the previous release may still share the database during a
+-- rolling upgrade (they ignore the blocks others hold, so the limit is exact again once all
+-- run this release). The counter row's lock serializes concurrent admissions, from any number
 -- of engramd processes, so exactly the limit is admitted. Returns (admitted, count after,
 -- limit or NULL, start of the next UTC day in ms).
 CREATE OR REPLACE FUNCTION engram_query_admit(p_tenant bigint, p_limits bigint[])
@@ -38,6 +41,64 @@ BEGIN
         admitted := true;
         used := v_used;
     END IF;
+    RETURN NEXT;
+END $$;
+
+-- engram_query_reserve: one holder's (an engramd worker's) report and next block of the
+-- tenant's queries for today (UTC). The holder used p_used of the block it held and returns
+-- the rest; it asks for p_want more (0: only the report). Granted only while the day's used
+-- queries plus every holder's block stay within the tier's limit (p_limits), under the lock
+-- of the day's counter row, so holders in any number of processes never admit more than the
+-- limit. A block whose lease ran out (its holder gone without returning it) counts as used:
+-- what its holder admitted is unknown, and counting it used can only refuse, never over-
+-- admit. A report of a block that expired so is ignored (counted already). Returns (granted,
+-- used: the queries reported used today, lim or NULL, resets_ms, others: what other holders
+-- hold now). Run with the tenant set.
+CREATE OR REPLACE FUNCTION engram_query_reserve(p_tenant bigint, p_limits bigint[], p_holder text,
+                                                p_used bigint, p_want bigint, p_lease_ms integer)
+    RETURNS TABLE (granted bigint, used bigint, lim bigint, resets_ms bigint, others bigint)
+    LANGUAGE plpgsql AS $$
+DECLARE
+    v_day date := (now() AT TIME ZONE 'UTC')::date;
+    v_lim bigint;
+    v_used bigint;
+    v_held bigint;
+    v_gone bigint;
+    v_others bigint;
+    v_grant bigint;
+BEGIN
+    SELECT engram_tier_limit(p_limits, t.tier) INTO v_lim FROM tenants t WHERE t.id = p_tenant;
+    -- the day's counter row, locked until the end of the transaction
+    INSERT INTO tenant_usage AS u (tenant_id, day, queries) VALUES (p_tenant, v_day, 0)
+        ON CONFLICT (tenant_id, day) DO UPDATE SET queries = u.queries
+        RETURNING u.queries INTO v_used;
+    WITH gone AS (
+        DELETE FROM tenant_query_blocks b
+         WHERE b.tenant_id = p_tenant AND b.day <= v_day AND b.holder <> p_holder
+           AND b.expires_at < now()
+        RETURNING b.day, b.held)
+    SELECT COALESCE(sum(g.held) FILTER (WHERE g.day = v_day), 0) INTO v_gone FROM gone g;
+    DELETE FROM tenant_query_blocks b
+     WHERE b.tenant_id = p_tenant AND b.day = v_day AND b.holder = p_holder
+    RETURNING b.held INTO v_held;
+    v_used := v_used + v_gone + least(greatest(p_used, 0), COALESCE(v_held, 0));
+    SELECT COALESCE(sum(b.held), 0) INTO v_others FROM tenant_query_blocks b
+     WHERE b.tenant_id = p_tenant AND b.day = v_day;
+    v_grant := greatest(p_want, 0);
+    IF v_lim IS NOT NULL THEN
+        v_grant := greatest(least(v_grant, v_lim - v_used - v_others), 0);
+    END IF;
+    UPDATE tenant_usage u SET queries = v_used WHERE u.tenant_id = p_tenant AND u.day = v_day;
+    IF v_grant > 0 THEN
+        INSERT INTO tenant_query_blocks (tenant_id, day, holder, held, expires_at)
+            VALUES (p_tenant, v_day, p_holder, v_grant,
+                    now() + make_interval(secs => p_lease_ms / 1000.0));
+    END IF;
+    granted := v_grant;
+    used := v_used;
+    lim := v_lim;
+    resets_ms := engram_ms(((v_day + 1)::timestamp) AT TIME ZONE 'UTC');
+    others := v_others;
     RETURN NEXT;
 END $$;
 
@@ -151,13 +212,17 @@ CREATE OR REPLACE FUNCTION engram_admin_tenant_list(p_after bigint, p_limit inte
     FROM (SELECT * FROM tenants WHERE id > COALESCE(p_after, 0) ORDER BY id LIMIT p_limit) t
 $$;
 
--- Deletes the tenant and, by cascade, every row it owns, in one transaction.
+-- Deletes the tenant and every row it owns, in one transaction: by cascade, and the
+-- memories and change log (which reference no tenant, see migration 0006) explicitly, after
+-- the tenant row, whose lock keeps new stores out.
 CREATE OR REPLACE FUNCTION engram_admin_tenant_delete(p_id bigint, p_name text) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     t tenants := engram_admin_find(p_id, p_name);
 BEGIN
     DELETE FROM tenants WHERE id = t.id;
+    DELETE FROM memories WHERE tenant_id = t.id;
+    DELETE FROM memory_changes WHERE tenant_id = t.id;
     PERFORM pg_notify('engram_admin', 'deleted:' || t.id);
     RETURN t.id;
 END $$;

@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from harness import Server, new_database
+from harness import Server, new_database, psql
 
 BENCH = os.environ.get("ENGRAM_BENCH", "")
 OPS = ["search", "search_text", "context", "store", "store_batch", "ping", "load"]
@@ -190,3 +190,25 @@ def test_usage_errors(server, workdir):
     r = bench(server, workdir, "--admin-key-file", bad, "--memories", "10", "--dim", "8",
               "--duration", "0.2", check=False)
     assert r.returncode == 1 and "unauthenticated" in r.stderr
+
+
+def test_inflight_spreads_a_few_clients_over_many_tenants(server, workdir):
+    """--inflight: 12 connections (one per tenant), at most 3 requests in flight over all of
+    them; every tenant gets stores, and the window's stores span the wall-clock window the
+    report gives (window_unix_ns, which run-targets.sh matches with its WAL samples)."""
+    out = os.path.join(workdir, "inflight.json")
+    bench(server, workdir, "--workload", "store", "--tenants", "12", "--connections", "12",
+          "--inflight", "3", "--memories", "20", "--dim", "16", "--duration", "1.5",
+          "--warmup", "0.3", "--tenant-prefix", "fl", "--json-out", out)
+    d = load_json(out)
+    assert d["config"]["inflight"] == 3
+    run = d["runs"][0]
+    check_counts(run)
+    assert run["ops"]["store"]["ok"] > 12
+    t0, t1 = run["window_unix_ns"]
+    assert 1.2e9 < t1 - t0 < 3e9
+    # every tenant stored something: ids past the 20 loaded (the run deletes what it stored,
+    # so look at the counters)
+    counts = psql(server.dsn, "SELECT memory_id_last FROM tenants WHERE name LIKE 'fl%' "
+                                    "ORDER BY name").split()
+    assert len(counts) == 12 and all(int(c) > 20 for c in counts), counts

@@ -69,3 +69,71 @@ def test_a_quota_reached_by_the_group_is_judged_per_request():
         srv.stop()
     finally:
         srv.cleanup()
+
+
+def test_stores_of_many_tenants_share_transactions_and_keep_their_own_answers():
+    """Stores of different tenants go to PostgreSQL in one transaction (rows of several
+    tenants share a transaction id), yet each tenant's ids and change numbers are its own and
+    gapless, and a tenant at its quota is refused without failing the others' stores in the
+    same transactions."""
+    dsn = new_database("groupx")
+    srv = Server(dsn, extra=["--free-max-memories", "20", "--free-rate-per-s", "10000",
+                             "--free-rate-burst", "10000"]).start()
+    try:
+        tenants = [srv.create_tenant() for _ in range(6)] + [srv.create_tenant(tier="free")]
+        free_tid = tenants[-1][0]
+        per_conn = 40
+        outcomes = {}
+        lock = threading.Lock()
+
+        def client(ti, k):
+            tid, key = tenants[ti]
+            with srv.client(key=key) as c:
+                msgs = [c.send("memory.store", {"content": f"t{tid}-c{k}-{i}", "type": "fact",
+                                                "importance": 0.5}) for i in range(per_conn)]
+                got = [c.wait(m) for m in msgs]
+            with lock:
+                for i, (err, res) in enumerate(got):
+                    outcomes[(tid, k, i)] = (err, res)
+
+        threads = [threading.Thread(target=client, args=(ti, k))
+                   for ti in range(len(tenants)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(outcomes) == len(tenants) * 2 * per_conn
+        for tid, _ in tenants:
+            mine = {key: v for key, v in outcomes.items() if key[0] == tid}
+            ok = {key: res["id"] for key, (err, res) in mine.items() if err is None}
+            errs = [err for err, _ in mine.values() if err is not None]
+            if tid == free_tid:
+                assert len(ok) == 20 and {e["code"] for e in errs} == {"quota_exceeded"}
+            else:
+                assert not errs, errs[:3]
+                assert len(ok) == 2 * per_conn
+            # ids are the tenant's own, 1..n without gaps, each naming its request's memory
+            assert sorted(ok.values()) == list(range(1, len(ok) + 1))
+            rows = dict(line.split("|") for line in psql(
+                dsn, f"SELECT id, content FROM memories WHERE tenant_id = {tid}").splitlines())
+            assert {int(i): c for i, c in rows.items()} == {
+                v: f"t{tid}-c{k}-{i}" for (_, k, i), v in ok.items()}
+            # change numbers: gapless from 1, one per memory, as the tenant row says
+            seqs = psql(dsn, "SELECT string_agg(c.seq::text, ',' ORDER BY c.seq) FROM "
+                             f"memory_changes c JOIN memories m ON m.tenant_id = c.tenant_id "
+                             f"AND m.id = c.memory_id AND m.seq = c.seq WHERE c.tenant_id = {tid}")
+            assert seqs == ",".join(str(i) for i in range(1, len(ok) + 1))
+            assert psql(dsn, f"SELECT change_seq, memory_count, memory_id_last FROM tenants "
+                             f"WHERE id = {tid}") == f"{len(ok)}|{len(ok)}|{len(ok)}"
+        # some transaction held the stores of several tenants
+        shared = int(psql(dsn, "SELECT COALESCE(max(n), 0) FROM (SELECT count(DISTINCT tenant_id) "
+                               "AS n FROM memories GROUP BY xmin::text) x"))
+        assert shared > 1
+        # and the index of each tenant has its memories
+        tid, key = tenants[0]
+        with srv.client(key=key) as c:
+            res = c.call("memory.search", query=f"t{tid}-c1-7", top_k=3)["results"]
+            assert res and all(r["content"].startswith(f"t{tid}-") for r in res)
+        srv.stop()
+    finally:
+        srv.cleanup()

@@ -575,7 +575,7 @@ int tenant_when_ready(tenant *t, worker *w, void (*cb)(void *arg, int status, co
     return 0;
 }
 
-static tenant *lookup(tenants *ts, int64_t id)
+tenant *tn_lookup(tenants *ts, int64_t id)
 {
     pthread_mutex_lock(&ts->mu);
     uint64_t v;
@@ -592,7 +592,7 @@ void tenants_engine_changed(tenants *ts, int64_t id, int engine)
 {
     if (engine != VINDEX_ENGINE_NATIVE && engine != VINDEX_ENGINE_FAISS)
         return;
-    tenant *t = lookup(ts, id);
+    tenant *t = tn_lookup(ts, id);
     if (!t)
         return; /* not loaded here: its next load reads the new engine */
     pthread_mutex_lock(&t->mu);
@@ -608,7 +608,7 @@ void tenants_engine_changed(tenants *ts, int64_t id, int engine)
 bool tenants_index_info(tenants *ts, int64_t id, tenants_index *out)
 {
     memset(out, 0, sizeof(*out));
-    tenant *t = lookup(ts, id);
+    tenant *t = tn_lookup(ts, id);
     if (!t)
         return false;
     pthread_mutex_lock(&t->mu);

@@ -386,14 +386,7 @@ void tn_schedule_catch_up(tenant *t)
 
 void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq)
 {
-    pthread_mutex_lock(&ts->mu);
-    uint64_t v;
-    tenant *t = NULL;
-    if (idmap_get(ts->map, (uint64_t)id, &v)) {
-        t = (tenant *)(uintptr_t)v;
-        atomic_fetch_add(&t->refs, 1);
-    }
-    pthread_mutex_unlock(&ts->mu);
+    tenant *t = tn_lookup(ts, id);
     if (!t)
         return;
     pthread_mutex_lock(&t->mu);
@@ -419,14 +412,7 @@ uint64_t tenant_read_floor(tenant *t)
 
 uint64_t tenants_read_floor(tenants *ts, int64_t id)
 {
-    pthread_mutex_lock(&ts->mu);
-    uint64_t v;
-    tenant *t = NULL;
-    if (idmap_get(ts->map, (uint64_t)id, &v)) {
-        t = (tenant *)(uintptr_t)v;
-        atomic_fetch_add(&t->refs, 1);
-    }
-    pthread_mutex_unlock(&ts->mu);
+    tenant *t = tn_lookup(ts, id);
     if (!t)
         return 0;
     uint64_t f = tenant_read_floor(t);

@@ -135,6 +135,10 @@ int tn_free_tags(uint64_t id, const float *vec, const void *meta, void *ctx);
 /* tenants_apply.c */
 /* metadata for a memory we have no vector for yet: re-read from the log */
 void tn_schedule_catch_up(tenant *t);
+
+/* tn_lookup returns tenant id with a reference taken (tenant_put it), or NULL when the
+ * registry does not hold it. */
+tenant *tn_lookup(tenants *ts, int64_t id);
 /* The options of t's index: the server's, with t's dimension and engine (set by the load
  * before it creates or reads the index). */
 void tn_index_opts(const tenant *t, vindex_opts *vo);

@@ -164,13 +164,15 @@ BEGIN
     RETURN v_id;
 END $$;
 
--- engram_session_history: the transcript as a model would be given it, as of p_upto:
--- tombstoned entries left out, the latest live compaction summary in place of everything
--- up to the entry it compacts through, then the live messages after that point in order.
--- p_agent (NULL: all) keeps only that agent's messages (the summary stays); p_tail (NULL:
--- all) keeps the last p_tail items. Returns a JSON array.
-CREATE OR REPLACE FUNCTION engram_session_history(p_tenant bigint, p_session bigint, p_upto bigint,
-                                       p_agent bigint, p_tail bigint)
+-- engram_session_items: the transcript as of p_upto as a model (p_events false) or an agent
+-- picking up its work (p_events true) is given it: tombstoned entries left out, the latest
+-- live compaction summary in place of everything up to the entry it compacts through, then
+-- the live messages (and, with p_events, events) after that point in order. p_agent (NULL:
+-- all) keeps only that agent's messages and events, and the events naming it as the
+-- sub-agent (a delegation to it, its completion); the summary stays. p_tail (NULL: all)
+-- keeps the last p_tail items. Returns a JSON array.
+CREATE OR REPLACE FUNCTION engram_session_items(p_tenant bigint, p_session bigint, p_upto bigint,
+                                                p_agent bigint, p_tail bigint, p_events boolean)
     RETURNS jsonb
     LANGUAGE sql STABLE AS $$
     WITH live AS MATERIALIZED (SELECT * FROM engram_session_live(p_tenant, p_session, p_upto)),
@@ -182,34 +184,7 @@ CREATE OR REPLACE FUNCTION engram_session_history(p_tenant bigint, p_session big
         SELECT l.id, l.target_seq AS pos FROM live l JOIN top ON top.id = l.id
         UNION ALL
         SELECT l.id, l.seq FROM live l
-        WHERE l.kind = 'message'
-          AND l.seq > COALESCE((SELECT top.target_seq FROM top), 0)
-          AND (p_agent IS NULL OR l.agent_id = p_agent)
-    ),
-    picked AS (SELECT * FROM shown ORDER BY pos DESC LIMIT p_tail)
-    SELECT COALESCE(jsonb_agg(engram_session_entry_json(e) ORDER BY p.pos), '[]'::jsonb)
-    FROM picked p JOIN session_entries e ON e.tenant_id = p_tenant AND e.id = p.id
-$$;
-
--- engram_session_tail: what an agent needs to pick up its work, as of p_upto: the live
--- compaction summary in place (as in engram_session_history), then the last p_tail items
--- after it that involve agent p_agent: its own messages, events it caused, and events
--- naming it as the sub-agent (a delegation to it, its completion). p_agent NULL: every
--- message and event. Returns a JSON array in transcript order.
-CREATE OR REPLACE FUNCTION engram_session_tail(p_tenant bigint, p_session bigint, p_upto bigint,
-                                               p_agent bigint, p_tail bigint)
-    RETURNS jsonb
-    LANGUAGE sql STABLE AS $$
-    WITH live AS MATERIALIZED (SELECT * FROM engram_session_live(p_tenant, p_session, p_upto)),
-    top AS (
-        SELECT l.id, l.target_seq FROM live l WHERE l.kind = 'summary'
-        ORDER BY l.target_seq DESC LIMIT 1
-    ),
-    shown AS (
-        SELECT l.id, l.target_seq AS pos FROM live l JOIN top ON top.id = l.id
-        UNION ALL
-        SELECT l.id, l.seq FROM live l
-        WHERE l.kind IN ('message', 'event')
+        WHERE (l.kind = 'message' OR (p_events AND l.kind = 'event'))
           AND l.seq > COALESCE((SELECT top.target_seq FROM top), 0)
           AND (p_agent IS NULL OR l.agent_id = p_agent
                OR (l.kind = 'event'
@@ -219,6 +194,22 @@ CREATE OR REPLACE FUNCTION engram_session_tail(p_tenant bigint, p_session bigint
     SELECT COALESCE(jsonb_agg(engram_session_entry_json(e) ORDER BY p.pos), '[]'::jsonb)
     FROM picked p JOIN session_entries e ON e.tenant_id = p_tenant AND e.id = p.id
 $$;
+
+-- engram_session_history: the history a model is given (engram_session_items without
+-- events).
+CREATE OR REPLACE FUNCTION engram_session_history(p_tenant bigint, p_session bigint, p_upto bigint,
+                                       p_agent bigint, p_tail bigint)
+    RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$ SELECT engram_session_items(p_tenant, p_session, p_upto, p_agent, p_tail, false) $$;
+
+-- engram_session_tail: what an agent needs to pick up its work: engram_session_items with
+-- the events that involve it.
+CREATE OR REPLACE FUNCTION engram_session_tail(p_tenant bigint, p_session bigint, p_upto bigint,
+                                               p_agent bigint, p_tail bigint)
+    RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$ SELECT engram_session_items(p_tenant, p_session, p_upto, p_agent, p_tail, true) $$;
 
 -- engram_session_find_entry: entry p_entry if it is part of p_session's transcript as of
 -- p_upto (its own or inherited), else a row of NULLs.

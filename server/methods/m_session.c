@@ -73,39 +73,6 @@ static const tier_limits *tier_of(req *r)
     return &req_server(r)->tiers[tier];
 }
 
-/* Whether the string o is one of the NULL-terminated words. */
-static bool one_of(const msgpack_object *o, const char *const *words)
-{
-    for (size_t i = 0; words[i]; i++)
-        if (rpc_str_eq(o, words[i]))
-            return true;
-    return false;
-}
-
-/* Fails the request unless the string o (may be NULL: absent) is one of words. */
-static bool check_word(req *r, const msgpack_object *o, const char *name, const char *const *words,
-                       const char *list)
-{
-    if (!o || one_of(o, words))
-        return true;
-    req_fail(r, RPC_INVALID_ARGUMENT, "parameter '%s' must be one of %s", name, list);
-    return false;
-}
-
-/* Fails the request unless every string of the array o (may be NULL) is one of words. */
-static bool check_words(req *r, const msgpack_object *o, const char *name, const char *const *words,
-                        const char *list)
-{
-    for (uint32_t i = 0; o && i < o->via.array.size; i++) {
-        if (!one_of(&o->via.array.ptr[i], words)) {
-            req_fail(r, RPC_INVALID_ARGUMENT, "parameter '%s[%u]' must be one of %s", name, i,
-                     list);
-            return false;
-        }
-    }
-    return true;
-}
-
 /* Fails the request when the string o (may be NULL) is longer than max_content_bytes. */
 static bool check_content(req *r, const msgpack_object *o, const char *name)
 {
@@ -268,15 +235,6 @@ static const char *const branch_types[] = {"resume", "sim", "pre_steer", "dream"
 static const char *const return_formats[] = {"summary", "full", NULL};
 static const char *const modes[] = {"continue", "takeover", "review", "recovery", NULL};
 
-#define ID_PARAM(name)                                                                             \
-    {                                                                                              \
-        name, RPC_T_UINT, RPC_P_REQUIRED, 0, 0                                                     \
-    }
-#define OPT_ID_PARAM(name)                                                                         \
-    {                                                                                              \
-        name, RPC_T_UINT, RPC_P_NULLABLE, 0, 0                                                     \
-    }
-
 /* Handlers whose only argument is the session id. */
 static void session_only(req *r, sqls_stmt st)
 {
@@ -322,7 +280,7 @@ PARAMS(session_list, OPT_ID_PARAM("agent_id"), {"state", RPC_T_STR, RPC_P_NULLAB
 void h_session_list(req *r)
 {
     const msgpack_object *state = req_arg(r, P_LI_STATE);
-    if (!check_word(r, state, "state", states, "active, ended, completed"))
+    if (!sq_check_word(r, state, "state", states, "active, ended, completed"))
         return;
     sq q;
     sq_init(&q, r);
@@ -379,7 +337,7 @@ PARAMS(session_append, ID_PARAM("session_id"), {"role", RPC_T_STR, RPC_P_REQUIRE
 void h_session_append(req *r)
 {
     const msgpack_object *content = req_arg(r, P_AP_CONTENT);
-    if (!check_word(r, req_arg(r, P_AP_ROLE), "role", roles, "system, user, assistant, tool") ||
+    if (!sq_check_word(r, req_arg(r, P_AP_ROLE), "role", roles, "system, user, assistant, tool") ||
         !check_content(r, content, "content"))
         return;
     const tier_limits *tl = tier_of(r);
@@ -518,8 +476,8 @@ static const char scope_list[] = "current_task, session, carry_forward";
 /* session.note.add: a structured note; a live note with the same key is superseded. */
 void h_session_note_add(req *r)
 {
-    if (!check_word(r, req_arg(r, P_NA_CATEGORY), "category", categories, category_list) ||
-        !check_word(r, req_arg(r, P_NA_SCOPE), "scope", scopes, scope_list))
+    if (!sq_check_word(r, req_arg(r, P_NA_CATEGORY), "category", categories, category_list) ||
+        !sq_check_word(r, req_arg(r, P_NA_SCOPE), "scope", scopes, scope_list))
         return;
     sq q;
     sq_init(&q, r);
@@ -545,8 +503,8 @@ PARAMS(session_notes, ID_PARAM("session_id"),
 void h_session_notes(req *r)
 {
     const msgpack_object *sc = req_arg(r, P_NO_SCOPES), *ca = req_arg(r, P_NO_CATEGORIES);
-    if (!check_words(r, sc, "scopes", scopes, scope_list) ||
-        !check_words(r, ca, "categories", categories, category_list))
+    if (!sq_check_words(r, sc, "scopes", scopes, scope_list) ||
+        !sq_check_words(r, ca, "categories", categories, category_list))
         return;
     sq q;
     sq_init(&q, r);
@@ -620,7 +578,7 @@ void h_session_resume(req *r)
 {
     const msgpack_object *override = req_arg(r, P_RE_OVERRIDE);
     const msgpack_object *branch = req_arg(r, P_RE_BRANCH);
-    if (!check_word(r, branch, "branch_type", branch_types, "resume, sim, pre_steer, dream"))
+    if (!sq_check_word(r, branch, "branch_type", branch_types, "resume, sim, pre_steer, dream"))
         return;
     if (override && !check_config(r, override, "config_override", false))
         return;
@@ -654,7 +612,8 @@ void h_session_spawn(req *r)
 {
     if (!check_content(r, req_arg(r, P_SW_TASK), "task") ||
         !check_content(r, req_arg(r, P_SW_CONTEXT), "context") ||
-        !check_word(r, req_arg(r, P_SW_FORMAT), "return_format", return_formats, "summary, full"))
+        !sq_check_word(r, req_arg(r, P_SW_FORMAT), "return_format", return_formats,
+                       "summary, full"))
         return;
     const tier_limits *tl = tier_of(r);
     sq q;
@@ -706,8 +665,8 @@ PARAMS(session_handoff, ID_PARAM("session_id"), {"mode", RPC_T_STR, RPC_P_REQUIR
  * when named) is recorded in the session's audit log. */
 void h_session_handoff(req *r)
 {
-    if (!check_word(r, req_arg(r, P_HO_MODE), "mode", modes,
-                    "continue, takeover, review, recovery"))
+    if (!sq_check_word(r, req_arg(r, P_HO_MODE), "mode", modes,
+                       "continue, takeover, review, recovery"))
         return;
     sq q;
     sq_init(&q, r);

@@ -22,15 +22,6 @@
 #define LIST_MAX 1000
 #define LIST_DEFAULT 100
 
-#define ID_PARAM(name)                                                                             \
-    {                                                                                              \
-        name, RPC_T_UINT, RPC_P_REQUIRED, 0, 0                                                     \
-    }
-#define OPT_ID_PARAM(name)                                                                         \
-    {                                                                                              \
-        name, RPC_T_UINT, RPC_P_NULLABLE, 0, 0                                                     \
-    }
-
 /* a cursor is an id or a seq: within bigint */
 #define CURSOR_PARAM                                                                               \
     {                                                                                              \
@@ -41,24 +32,6 @@ static const char *const statuses[] = {"open", "in_progress", "blocked", "done",
 static const char status_list[] = "open, in_progress, blocked, done, cancelled";
 /* the statuses a new work item may start in */
 static const char *const new_statuses[] = {"open", "in_progress", "blocked", NULL};
-
-static bool is_one_of(const msgpack_object *o, const char *const *words)
-{
-    for (size_t i = 0; words[i]; i++)
-        if (rpc_str_eq(o, words[i]))
-            return true;
-    return false;
-}
-
-/* Fails the request unless the string o (NULL: absent, accepted) is one of words. */
-static bool check_status(req *r, const msgpack_object *o, const char *name,
-                         const char *const *words, const char *list)
-{
-    if (!o || is_one_of(o, words))
-        return true;
-    req_fail(r, RPC_INVALID_ARGUMENT, "parameter '%s' must be one of %s", name, list);
-    return false;
-}
 
 /* ---- session.work_item.add ------------------------------------------------------------------ */
 
@@ -72,8 +45,8 @@ PARAMS(session_work_item_add, ID_PARAM("session_id"),
 /* session.work_item.add: a new work item of the session (a sub-agent's: of its parent). */
 void h_session_work_item_add(req *r)
 {
-    if (!check_status(r, req_arg(r, P_WA_STATUS), "status", new_statuses,
-                      "open, in_progress, blocked"))
+    if (!sq_check_word(r, req_arg(r, P_WA_STATUS), "status", new_statuses,
+                       "open, in_progress, blocked"))
         return;
     sq q;
     sq_init(&q, r);
@@ -110,7 +83,7 @@ PARAMS(session_work_item_update, ID_PARAM("session_id"), ID_PARAM("work_item_id"
 void h_session_work_item_update(req *r)
 {
     const msgpack_object *status = req_arg(r, P_WU_STATUS);
-    if (!check_status(r, status, "status", statuses, status_list))
+    if (!sq_check_word(r, status, "status", statuses, status_list))
         return;
     if (!req_arg(r, P_WU_TITLE) && !req_arg(r, P_WU_DESCRIPTION) && !status &&
         !req_arg(r, P_WU_OWNER)) {
@@ -143,13 +116,8 @@ PARAMS(session_work_item_list, ID_PARAM("session_id"),
 void h_session_work_item_list(req *r)
 {
     const msgpack_object *st = req_arg(r, P_WL_STATUSES);
-    for (uint32_t i = 0; st && i < st->via.array.size; i++) {
-        if (!is_one_of(&st->via.array.ptr[i], statuses)) {
-            req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'statuses[%u]' must be one of %s", i,
-                     status_list);
-            return;
-        }
-    }
+    if (!sq_check_words(r, st, "statuses", statuses, status_list))
+        return;
     sq q;
     sq_init(&q, r);
     sq_u64(&q, req_arg(r, P_WL_SESSION));

@@ -21,6 +21,16 @@
 
 #define SQ_JSON_TOO_BIG 100 /* sq_json: the JSON text passes max_bytes */
 
+/* Parameter schemas of ids: required, or optional (nil allowed). */
+#define ID_PARAM(name)                                                                             \
+    {                                                                                              \
+        name, RPC_T_UINT, RPC_P_REQUIRED, 0, 0                                                     \
+    }
+#define OPT_ID_PARAM(name)                                                                         \
+    {                                                                                              \
+        name, RPC_T_UINT, RPC_P_NULLABLE, 0, 0                                                     \
+    }
+
 /* The text parameters of one statement. The first is always the authenticated tenant: no
  * statement ever takes a tenant from the client. oom: an adder ran out of memory (sq_submit
  * fails the request). */
@@ -65,5 +75,14 @@ void sq_words(sq *q, const msgpack_object *o);
  * the request with its JSON result or its error (or fails it at once when building the
  * parameters ran out of memory). */
 void sq_submit(sq *q, const db_stmt_def *def);
+
+/* sq_check_word returns true when the string o (NULL: absent) is one of the NULL-terminated
+ * words; otherwise it fails the request with invalid_argument naming the parameter and the
+ * list and returns false. sq_check_words does the same for every string of the array o
+ * (NULL: absent). */
+bool sq_check_word(req *r, const msgpack_object *o, const char *name, const char *const *words,
+                   const char *list);
+bool sq_check_words(req *r, const msgpack_object *o, const char *name, const char *const *words,
+                    const char *list);
 
 #endif

@@ -139,6 +139,13 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* Whether at least span ms lie between t and now. t may be later than now: a tick reads the
+ * clock once, then sends pings stamped with a later reading (unsigned now - t would wrap). */
+static bool elapsed(uint64_t now, uint64_t t, uint64_t span)
+{
+    return now >= t && now - t >= span;
+}
+
 /* conn_params_init parses dsn (a key=value string or a URI, one host or several) and adds, for
  * each of these the DSN leaves unset:
  *   keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3: an idle
@@ -711,7 +718,7 @@ static void heartbeat(db_pool *p, uint64_t now)
             inflight = true;
             continue;
         }
-        if (now - c->last_rx_ms < p->cfg.heartbeat_ms)
+        if (!elapsed(now, c->last_rx_ms, p->cfg.heartbeat_ms))
             continue;
         db_job *j = job_alloc(1);
         if (!j)
@@ -727,13 +734,13 @@ static void heartbeat(db_pool *p, uint64_t now)
         conn_flush(c);
         inflight = true;
     }
-    uint64_t quiet = now - p->last_rx_ms;
+    uint64_t quiet = now >= p->last_rx_ms ? now - p->last_rx_ms : 0;
     if (!inflight || quiet < p->cfg.stall_ms || p->stalled)
         return;
     bool oldest_waits = false;
     for (unsigned i = 0; i < p->cfg.connections; i++) {
         db_conn *c = &p->conns[i];
-        if (c->state == C_READY && c->head && now - c->head->sent_ms >= p->cfg.stall_ms)
+        if (c->state == C_READY && c->head && elapsed(now, c->head->sent_ms, p->cfg.stall_ms))
             oldest_waits = true;
     }
     if (!oldest_waits)
@@ -761,7 +768,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     db_job *last = NULL;
     while (*pp) {
         db_job *j = *pp;
-        if (p->stalled || now - j->queued_ms >= p->cfg.queue_timeout_ms) {
+        if (p->stalled || elapsed(now, j->queued_ms, p->cfg.queue_timeout_ms)) {
             *pp = j->next;
             p->nqueued--;
             job_defer_fail(p, j,
@@ -777,12 +784,12 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     for (unsigned i = 0; i < p->cfg.connections; i++) {
         db_conn *c = &p->conns[i];
         if ((c->state == C_READY || c->state == C_SETUP) && c->head &&
-            now - c->head->sent_ms >= p->cfg.query_timeout_ms + 1000)
+            elapsed(now, c->head->sent_ms, (uint64_t)p->cfg.query_timeout_ms + 1000))
             conn_fail(c, "database did not answer in time");
         /* a server that accepts the socket but never answers must not hold us forever (each
          * host of a multi-host DSN gets this long: conn_poll_connect restarts the clock) */
         else if (c->state == C_CONNECTING &&
-                 now - c->connect_started_ms >= p->cfg.queue_timeout_ms + 1000)
+                 elapsed(now, c->connect_started_ms, (uint64_t)p->cfg.queue_timeout_ms + 1000))
             conn_fail(c, "database connection attempt timed out");
     }
 }

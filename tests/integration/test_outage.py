@@ -169,3 +169,32 @@ def test_multi_host_dsn_and_a_read_only_primary():
         if srv:
             srv.cleanup()
         pg.cleanup()
+
+
+def test_idle_connections_are_kept():
+    """Idle pool connections are pinged every second and must stay: a ping is never mistaken
+    for a statement that ran too long (the tick read the clock before stamping the ping, and
+    the unsigned difference wrapped), which dropped and re-made connections every few
+    seconds."""
+    pg = PgCluster()
+    pg.start()
+    srv = None
+    try:
+        dsn = pg.create_db("engram_idle")
+        srv = Server(dsn, extra=["--pg-pool-size", "4"])
+        srv.start()
+        _, key = srv.create_tenant()
+        with srv.client(key=key) as c:
+            c.call("memory.store", content="one memory", type="fact", importance=0.5)
+        # 2 workers x 4 connections, about 80 pings; the old check dropped one in ten
+        time.sleep(10)
+        status, text = srv.http_get("/metrics")
+        assert status == 200
+        reconnects = [ln for ln in text.splitlines() if ln.startswith("engram_db_reconnects_total ")]
+        assert reconnects == ["engram_db_reconnects_total 0"], reconnects
+        assert "did not answer in time" not in srv.log_text(), srv.log_text()[-3000:]
+        srv.stop()
+    finally:
+        if srv:
+            srv.cleanup()
+        pg.cleanup()

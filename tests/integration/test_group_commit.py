@@ -2,9 +2,12 @@
 waiting while another is in flight), and each request still gets exactly its own answer:
 its ids, only after the commit, its quota verdict as if it had been alone, and a failure of
 its own never fails the others."""
+import os
+import subprocess
 import threading
 
-from harness import Server, new_database, psql, structured_vectors, vec_bin
+from harness import (PG_BINDIR, Server, new_database, psql, structured_vectors, vec_bin,
+                     wait_for)
 
 
 def test_pipelined_stores_all_land_with_their_own_ids():
@@ -125,15 +128,75 @@ def test_stores_of_many_tenants_share_transactions_and_keep_their_own_answers():
             assert seqs == ",".join(str(i) for i in range(1, len(ok) + 1))
             assert psql(dsn, f"SELECT change_seq, memory_count, memory_id_last FROM tenants "
                              f"WHERE id = {tid}") == f"{len(ok)}|{len(ok)}|{len(ok)}"
-        # some transaction held the stores of several tenants
-        shared = int(psql(dsn, "SELECT COALESCE(max(n), 0) FROM (SELECT count(DISTINCT tenant_id) "
-                               "AS n FROM memories GROUP BY xmin::text) x"))
-        assert shared > 1
-        # and the index of each tenant has its memories
+        # (that waiting stores of several tenants share one transaction is shown
+        # deterministically by the next test) and the index of each tenant has its memories
         tid, key = tenants[0]
         with srv.client(key=key) as c:
             res = c.call("memory.search", query=f"t{tid}-c1-7", top_k=3)["results"]
             assert res and all(r["content"].startswith(f"t{tid}-") for r in res)
         srv.stop()
     finally:
+        srv.cleanup()
+
+
+def test_waiting_stores_of_several_tenants_go_in_one_transaction():
+    """While a worker's jobs are in flight, the stores that arrive wait, and then go to
+    PostgreSQL together in one transaction, whatever their tenants. Made deterministic by
+    holding two tenants' rows locked: the jobs of those tenants' stores fill both places in
+    flight (they wait for the lock), the stores of three other tenants queue, and all nine go
+    in one transaction once the lock is released."""
+    dsn = new_database("groupw")
+    srv = Server(dsn, workers=1).start()
+    blocker = None
+    clients = []
+    try:
+        tenants = [srv.create_tenant() for _ in range(5)]
+        vecs = structured_vectors(20, 384, seed=7)
+        # connected and authenticated first: authentication reads the database, whose
+        # connections are about to wait for the lock (briefly: the pool declares a database
+        # that answers nothing for seconds down)
+        clients = [srv.client(key=key) for _, key in tenants]
+        for c in clients:
+            c.call("ping")
+        blocker = subprocess.Popen([os.path.join(PG_BINDIR, "psql"), dsn, "-X", "-q"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        blocker.stdin.write("BEGIN;\nSELECT 1 FROM tenants WHERE id IN (%d, %d) FOR UPDATE;\n"
+                            "\\echo locked\n" % (tenants[0][0], tenants[1][0]))
+        blocker.stdin.flush()
+        while blocker.stdout.readline().strip() != "locked":
+            pass
+        sent = []
+        for i, c in enumerate(clients):
+            for k in range(1 if i < 2 else 3):
+                sent.append((i, c, c.send("memory.store", {
+                    "content": f"w{i}-{k}", "type": "fact", "importance": 0.5,
+                    "embedding": vec_bin(vecs[4 * i + k])})))
+            if i == 1:
+                # both places in flight wait for the lock
+                assert wait_for(lambda: psql(dsn, "SELECT count(*) FROM pg_stat_activity "
+                                                  "WHERE wait_event_type = 'Lock' AND "
+                                                  "datname = current_database()") == "2",
+                                timeout=2)
+        # the connections' requests are handled in order: once ping answers, its connection's
+        # stores are waiting in the group
+        for c in clients[2:]:
+            c.call("ping")
+        blocker.stdin.write("COMMIT;\n")
+        blocker.stdin.close()
+        blocker.wait(timeout=30)
+        blocker = None
+        for i, c, m in sent:
+            err, res = c.wait(m)
+            assert err is None, err
+        held = [str(t) for t, _ in tenants[2:]]
+        per_tx = psql(dsn, "SELECT string_agg(n::text, ',') FROM (SELECT count(*) AS n FROM "
+                           "memories WHERE tenant_id IN (%s) GROUP BY xmin::text) x"
+                      % ",".join(held))
+        assert per_tx == "9", per_tx  # one transaction, three tenants
+        srv.stop()
+    finally:
+        if blocker:
+            blocker.kill()
+        for c in clients:
+            c.close()
         srv.cleanup()

@@ -18,7 +18,8 @@
  *               candidates) at sizes of 1,000 and more
  *   --engine E  the ANN engine: native (default) or faiss (the index's FAISS engine:
  *               HNSW32,Flat, efSearch 64, built by maintenance before measuring)
- *   --generic   use the portable kernels instead of AVX2
+ *   --generic   use the portable kernels instead of AVX2 (and AVX-512)
+ *   --avx2      use the AVX2 kernels even where the CPU has AVX-512 VPOPCNTDQ
  *   --quick     search latency and recall only: no throughput, snapshot or embed_text runs
  *   --check-truth  check the ground truth against a plain double scan (20 queries)
  * Data and queries come from bench/dataset.c: queries follow the data's distribution but are
@@ -510,6 +511,8 @@ int main(int argc, char **argv)
             engine = !strcmp(argv[i], "faiss") ? VINDEX_ENGINE_FAISS : VINDEX_ENGINE_NATIVE;
         } else if (!strcmp(argv[i], "--generic")) {
             vk_set_level(VK_GENERIC);
+        } else if (!strcmp(argv[i], "--avx2")) {
+            vk_set_level(VK_AVX2);
         } else if (!strcmp(argv[i], "--quick")) {
             quick = true;
         } else if (!strcmp(argv[i], "--check-truth")) {
@@ -518,7 +521,8 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "usage: %s [--dataset gaussian|anisotropic|spectral|relu|clustered|text] "
                     "[--dim D] [--seed S] [--text-dir DIR] [-q N] [-s sizes|max] [-t threads] "
-                    "[-d dir] [--compare] [--hnsw] [--engine native|faiss] [--generic] [--quick] "
+                    "[-d dir] [--compare] [--hnsw] [--engine native|faiss] [--generic] [--avx2] "
+                    "[--quick] "
                     "[--check-truth]\n",
                     argv[0]);
             return 2;
@@ -553,7 +557,9 @@ int main(int argc, char **argv)
         printf("note: %d queries cut to the %zu of the data set\n", NQ, dataset_query_size(ds));
         NQ = (int)dataset_query_size(ds);
     }
-    printf("kernels: %s\n", vk_level() == VK_AVX2 ? "AVX2" : "generic");
+    printf("kernels: %s\n", vk_level() == VK_AVX512 ? "AVX-512 (Hamming), AVX2"
+                            : vk_level() == VK_AVX2 ? "AVX2"
+                                                    : "generic");
 
     size_t maxn = 0;
     for (size_t s = 0; s < nsizes; s++)

@@ -1,7 +1,8 @@
-/* index/vkernel.c: distance kernels (see vkernel.h): AVX2/FMA versions compiled with
- * __attribute__((target)) so the rest of the build stays generic x86-64, selected at run
- * time, and portable C versions that produce the same results (except vk_dot, whose
- * summation order differs and whose callers bound the error).
+/* index/vkernel.c: distance kernels (see vkernel.h): AVX2/FMA versions (and an AVX-512 one of
+ * the Hamming pass) compiled with __attribute__((target)) so the rest of the build stays
+ * generic x86-64, selected at run time, and portable C versions that produce the same
+ * results (except vk_dot, whose summation order differs and whose callers bound the
+ * error).
  *
  * Overflow. vk_sq8_dot multiplies int8 codes (|c| <= 127) by int16 queries (|q| <= 32767):
  * one vpmaddwd lane adds two products (at most 8,322,418) and a lane accumulates one pair
@@ -27,9 +28,12 @@ int vk_cpu_level(void)
 {
 #ifdef VK_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("popcnt"))
-        return VK_AVX2;
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+        !__builtin_cpu_supports("popcnt"))
+        return VK_GENERIC;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vpopcntdq"))
+        return VK_AVX512;
+    return VK_AVX2;
 #endif
     return VK_GENERIC;
 }
@@ -347,6 +351,33 @@ AVX2 static void hamming_avx2(const uint64_t *codes, size_t words, size_t n, con
     }
 }
 
+/* AVX-512 with VPOPCNTDQ: a popcount instruction on 64-bit lanes, eight words at a time; a
+ * code's last words come in through a masked load (masked-out lanes read nothing, so never
+ * past the end of the codes). */
+#define AVX512 __attribute__((target("avx512f,avx512vpopcntdq")))
+
+AVX512 static void hamming_avx512(const uint64_t *codes, size_t words, size_t n, const uint64_t *q,
+                                  uint16_t *out)
+{
+    size_t full = words / 8 * 8;
+    __mmask8 tail = (__mmask8)((1u << (words - full)) - 1u);
+    for (size_t v = 0; v < n; v++) {
+        const uint64_t *c = codes + v * words;
+        __m512i acc = _mm512_setzero_si512();
+        size_t w = 0;
+        for (; w < full; w += 8) {
+            __m512i x = _mm512_xor_si512(_mm512_loadu_si512(c + w), _mm512_loadu_si512(q + w));
+            acc = _mm512_add_epi64(acc, _mm512_popcnt_epi64(x));
+        }
+        if (tail) {
+            __m512i x = _mm512_xor_si512(_mm512_maskz_loadu_epi64(tail, c + w),
+                                         _mm512_maskz_loadu_epi64(tail, q + w));
+            acc = _mm512_add_epi64(acc, _mm512_popcnt_epi64(x));
+        }
+        out[v] = (uint16_t)_mm512_reduce_add_epi64(acc);
+    }
+}
+
 AVX2 static size_t find_range_avx2(const uint16_t *h, size_t n, unsigned lo, unsigned hi,
                                    uint32_t *out)
 {
@@ -513,6 +544,10 @@ void vk_sq8_dots(const int8_t *codes, size_t stride, size_t n, const int16_t *q,
 void vk_hamming(const uint64_t *codes, size_t words, size_t n, const uint64_t *q, uint16_t *out)
 {
 #ifdef VK_X86
+    if (vk_level() >= VK_AVX512) {
+        hamming_avx512(codes, words, n, q, out);
+        return;
+    }
     if (use_avx2()) {
         hamming_avx2(codes, words, n, q, out);
         return;

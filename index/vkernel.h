@@ -1,5 +1,6 @@
-/* index/vkernel.h: the distance kernels of the vector index, with AVX2/FMA versions chosen
- * at run time (__builtin_cpu_supports) and portable C fallbacks.
+/* index/vkernel.h: the distance kernels of the vector index, with AVX2/FMA versions (and an
+ * AVX-512 VPOPCNTDQ Hamming pass) chosen at run time (__builtin_cpu_supports) and portable C
+ * fallbacks.
  *
  * Every kernel except vk_dot gives bit-identical results at every level: integer kernels are
  * exact, and vk_dot_exact sums exact double products in one fixed order. vk_dot is the
@@ -17,6 +18,7 @@
 enum {
     VK_GENERIC = 0, /* portable C */
     VK_AVX2 = 1,    /* AVX2 + FMA + POPCNT */
+    VK_AVX512 = 2,  /* VK_AVX2, and AVX-512F + VPOPCNTDQ for vk_hamming */
 };
 
 /* vk_level returns the level in use: the best the CPU supports unless vk_set_level lowered

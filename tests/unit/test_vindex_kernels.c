@@ -36,7 +36,7 @@ static void kernels(void)
     int16_t *q = malloc(8192 * sizeof(int16_t));
     uint64_t *bits = malloc((size_t)N * 80 * sizeof(uint64_t)), qb[80];
     int64_t d0[N], d1[N];
-    uint16_t h0[N], h1[N];
+    uint16_t h0[N], h1[N], h2[N];
     static const size_t dims[] = {1,  3,   7,   8,   9,    15,   31,   32,   33,   63,  64,
                                   65, 100, 384, 768, 1023, 1536, 4095, 4096, 4097, 5000};
     int bad_exact = 0, bad_dot = 0, bad_sq = 0, bad_ham = 0;
@@ -97,12 +97,14 @@ static void kernels(void)
                 vk_hamming(bits, words, N, qb, h0);
                 vk_set_level(VK_AVX2);
                 vk_hamming(bits, words, N, qb, h1);
+                vk_set_level(VK_AVX512);
+                vk_hamming(bits, words, N, qb, h2);
                 for (size_t v = 0; v < N; v++) {
                     unsigned ref = 0;
                     for (size_t i = 0; i < words; i++)
                         for (int k = 0; k < 64; k++)
                             ref += ((bits[v * words + i] ^ qb[i]) >> k) & 1;
-                    bad_ham += h0[v] != ref || h1[v] != ref;
+                    bad_ham += h0[v] != ref || h1[v] != ref || h2[v] != ref;
                 }
             }
         }
@@ -251,6 +253,11 @@ static void searches(void)
             bad += n0 != n1 || n0 != q.k;
             for (size_t i = 0; i < n0 && i < n1; i++)
                 bad += h0[i].id != h1[i].id || h0[i].similarity != h1[i].similarity;
+            vk_set_level(VK_AVX512);
+            CHECK(vindex_search(vi, &q, h1, &n1) == 0);
+            bad += n0 != n1;
+            for (size_t i = 0; i < n0 && i < n1; i++)
+                bad += h0[i].id != h1[i].id || h0[i].similarity != h1[i].similarity;
         }
         CHECK_MSG(bad == 0, "kind %d: %d hits differ between kernel levels", kind, bad);
         vindex_destroy(vi);
@@ -261,10 +268,14 @@ static void searches(void)
 int main(void)
 {
     int cpu = vk_cpu_level();
-    fprintf(stderr, "cpu level %d (%s)\n", cpu, cpu == VK_AVX2 ? "AVX2" : "generic only");
+    fprintf(stderr, "cpu level %d (%s)\n", cpu,
+            cpu == VK_AVX512 ? "AVX-512 VPOPCNTDQ"
+            : cpu == VK_AVX2 ? "AVX2"
+                             : "generic only");
     CHECK(vk_set_level(VK_GENERIC) == VK_GENERIC && vk_level() == VK_GENERIC);
     CHECK(vk_set_level(99) == cpu && vk_level() == cpu);
-    /* on a CPU without AVX2 both "levels" run the portable code: the comparisons still hold */
+    /* on a CPU without AVX2 (AVX-512) the higher "levels" run the best code it has: the
+     * comparisons still hold */
     kernels();
     encodes();
     searches();

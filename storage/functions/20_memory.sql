@@ -273,7 +273,9 @@ BEGIN
                             p_access_count, p_expires_ms, p_pinned)
                      WITH ORDINALITY AS a (agent, clade, scope, type, content, imp, md, cr, up,
                                            acc, cnt, ex, pin, i)
-                RETURNING *)
+                RETURNING tenant_id, id, seq, agent_id, clade_id, scope, type, importance,
+                          created_at, last_accessed_at, access_count, expires_at, archived_at,
+                          pinned)
         SELECT (m.seq - v_base)::integer, false, engram_ms(m.created_at), m.id, m.seq,
                m.agent_id, m.clade_id, m.scope, m.type, m.importance, engram_ms(m.created_at),
                engram_ms(m.last_accessed_at), m.access_count, engram_ms(m.expires_at),
@@ -355,6 +357,7 @@ DECLARE
     v_count bigint;
     v_max bigint;
     v_took bigint;
+    v_note text;               -- set (to '') when the UPDATE above notified
 BEGIN
     IF cardinality(p_counts) <> ns OR cardinality(p_dims) <> ns OR ns = 0 THEN
         RAISE EXCEPTION 'segments do not match' USING ERRCODE = 'EG400';
@@ -390,7 +393,10 @@ BEGIN
          WHERE t.id = p_tenants[s]
            AND (engram_tier_limit(p_limits, t.tier) IS NULL
                 OR t.memory_count + v_total <= engram_tier_limit(p_limits, t.tier))
-        RETURNING t.change_seq - v_total, t.memory_id_last - v_total INTO v_last, v_idl;
+        -- and tells the other processes (one statement less than a PERFORM)
+        RETURNING t.change_seq - v_total, t.memory_id_last - v_total,
+                  pg_notify('engram_changes', t.id || ':' || t.change_seq)
+            INTO v_last, v_idl, v_note;
         IF FOUND THEN
             FOR q IN s .. r LOOP
                 v_seq0[q] := v_last;
@@ -431,7 +437,7 @@ BEGIN
             END IF;
             v_total := v_took;
         END IF;
-        IF v_total > 0 THEN
+        IF v_total > 0 AND v_note IS NULL THEN
             -- the run's last change number: the last admitted segment's end
             q := r;
             WHILE v_seq0[q] IS NULL LOOP
@@ -466,7 +472,10 @@ BEGIN
                            WITH ORDINALITY AS u (agent, clade, scope, type, content, imp, md,
                                                  cr, up, acc, cnt, ex, pin, i)) a
                 WHERE v_seq0[a.g] IS NOT NULL
-                RETURNING *),
+                -- not the content and embedding: copied into the CTE's store for nothing
+                RETURNING tenant_id, id, seq, agent_id, clade_id, scope, type, importance,
+                          created_at, last_accessed_at, access_count, expires_at, archived_at,
+                          pinned),
         ch AS (
             INSERT INTO memory_changes (tenant_id, seq, memory_id, op)
                 SELECT m.tenant_id, m.seq, m.id, 'u' FROM ins m)

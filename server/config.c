@@ -123,6 +123,11 @@ static const config_def defs[] = {
      "largest group of memories compared exactly (all pairs); larger ones in k-means cells"},
     {"maintenance_interval_s", T_INT, OFF(maintenance_interval_s), "30", 1, 86400, F_RELOAD,
      "seconds between purges of expired memories and old idempotency keys"},
+    {"access_fold_idle_s", T_INT, OFF(access_fold_idle_s), "600", 0, 604800, 0,
+     "seconds a memory must go unread before the maintenance folds its pending access count "
+     "into its row: a memory read all the time keeps its count in the narrow memory_access "
+     "table instead of having its whole row (embedding and index entries) rewritten at every "
+     "maintenance; 0 folds at every maintenance"},
     {"change_log_retention_hours", T_INT, OFF(change_log_retention_hours), "168", 1, 87600, 0,
      "hours the change log keeps a change; an index snapshot older than that is rebuilt "
      "from the memories instead of replayed"},

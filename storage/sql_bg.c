@@ -24,7 +24,7 @@ const db_stmt_def sql_bg_stmts[SQLB__COUNT] = {
     [SQLB_SESSION_PURGE] = {"session_purge", "SELECT engram_session_purge_expired()", 0},
     [SQLB_SESSION_RETENTION] = {"session_retention",
                                 "SELECT engram_session_purge_retention($1::integer[], $2)", 2},
-    [SQLB_ACCESS_FOLD] = {"access_fold", "SELECT engram_access_fold($1)", 1},
+    [SQLB_ACCESS_FOLD] = {"access_fold", "SELECT engram_access_fold($1, $2)", 2},
     [SQLB_PRUNE_CHANGES] = {"prune_changes", "SELECT engram_prune_changes($1, $2)", 2},
     [SQLB_KEYS_VALID] = {"keys_valid", "SELECT engram_keys_valid($1::bigint[])", 1},
     [SQLB_TENANT_TIERS] = {"tenant_tiers",

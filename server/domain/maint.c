@@ -80,10 +80,14 @@ static void purge_expired(bg_ctx *ctx, void *arg)
         log_info("purged %lld expired session checkpoints", n);
     if (purge_sessions(ctx, pg, arg) != 0)
         return;
-    /* pending access counts into the memories' rows, a batch at a time */
+    /* pending access counts into the memories' rows, a batch at a time, of the memories
+     * unread for access_fold_idle_s */
+    server *srv = arg;
+    char idle[32];
+    snprintf(idle, sizeof(idle), "%d", srv->cfg.access_fold_idle_s);
     long long folded = 0;
     for (int i = 0; i < 100; i++) {
-        const char *fv[] = {PURGE_BATCH};
+        const char *fv[] = {PURGE_BATCH, idle};
         r = DB_EXEC(pg, sqlb_def(SQLB_ACCESS_FOLD), fv, err, sizeof(err));
         if (!r) {
             log_warn("folding access counts failed: %s", err);
@@ -102,9 +106,8 @@ static void purge_expired(bg_ctx *ctx, void *arg)
     if (folded > 0)
         log_debug("folded %lld pending access counts", folded);
     /* the change log: index snapshots older than the retention are rebuilt instead */
-    server *s = arg;
     char hours[32];
-    snprintf(hours, sizeof(hours), "%d", s->cfg.change_log_retention_hours);
+    snprintf(hours, sizeof(hours), "%d", srv->cfg.change_log_retention_hours);
     const char *pv[] = {hours, PURGE_BATCH};
     r = DB_EXEC(pg, sqlb_def(SQLB_PRUNE_CHANGES), pv, err, sizeof(err));
     if (!r) {

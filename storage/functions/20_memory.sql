@@ -528,11 +528,17 @@ CREATE OR REPLACE FUNCTION engram_memory_touch(p_tenant bigint[], p_ids bigint[]
 $$;
 
 -- engram_access_fold moves up to p_limit pending counts into memories and returns how many
--- it moved. Entries a batch is writing at that moment stay for the next fold.
-CREATE OR REPLACE FUNCTION engram_access_fold(p_limit integer) RETURNS bigint
+-- it moved: those of memories last read p_idle_s seconds ago or earlier (a memory read all
+-- the time keeps its count here, in a narrow row, instead of having its whole row, embedding
+-- and index entries included, rewritten at every fold; every reader adds the pending count).
+-- Entries a batch is writing at that moment stay for the next fold.
+DROP FUNCTION IF EXISTS engram_access_fold(integer);
+CREATE OR REPLACE FUNCTION engram_access_fold(p_limit integer, p_idle_s integer)
+    RETURNS bigint
     LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
     WITH picked AS (
         SELECT tenant_id, id FROM memory_access
+         WHERE last_accessed_at <= now() - make_interval(secs => p_idle_s)
          ORDER BY tenant_id, id LIMIT p_limit
            FOR UPDATE SKIP LOCKED
     ), gone AS (

@@ -2,12 +2,14 @@
 rows by the maintenance task, and survive a crash of the server: every reader (memory.get
 through any process, a restarted index) sees them throughout."""
 
+import time
+
 from harness import Server, new_database, psql, structured_vectors, vec_bin, wait_for
 
 
 def test_access_counts_land_fold_and_survive_a_crash():
     dsn = new_database("access")
-    srv = Server(dsn, extra=["--maintenance-interval-s", "2"])
+    srv = Server(dsn, extra=["--maintenance-interval-s", "2", "--access-fold-idle-s", "0"])
     other = Server(dsn, extra=["--secret-file", srv.data_dir + "/secret.key"])
     try:
         srv.start()
@@ -53,3 +55,38 @@ def test_access_counts_land_fold_and_survive_a_crash():
     finally:
         srv.cleanup()
         other.cleanup()
+
+
+def test_a_memory_read_recently_keeps_its_count_pending():
+    """A memory read within access_fold_idle_s keeps its count in memory_access (its row is
+    not rewritten at every maintenance); readers report it all the same; once unread for
+    that long, the count is folded into the row."""
+    dsn = new_database("accessidle")
+    srv = Server(dsn, extra=["--maintenance-interval-s", "1", "--access-fold-idle-s", "6"])
+    try:
+        srv.start()
+        tid, key = srv.create_tenant()
+        vecs = structured_vectors(3, 384, seed=72)
+        with srv.client(key=key) as c:
+            ids = [c.call("memory.store", content=f"b{i}", type="fact", importance=0.5,
+                          embedding=vec_bin(v))["id"] for i, v in enumerate(vecs)]
+            c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1, similarity_weight=1.0)
+            assert wait_for(lambda: psql(dsn, f"SELECT access_count FROM memory_access WHERE "
+                                              f"tenant_id = {tid} AND id = {ids[0]}") == "1")
+            read_at = time.monotonic()
+            # maintenance runs every second; the memory was read under 6 s ago: not folded
+            time.sleep(2)
+            if time.monotonic() - read_at < 3.5:
+                assert psql(dsn, f"SELECT access_count FROM memories WHERE tenant_id = {tid} "
+                                 f"AND id = {ids[0]}") == "0"
+                assert psql(dsn, "SELECT count(*) FROM memory_access") == "1"
+            assert c.call("memory.get", ids=[ids[0]])["memories"][0]["access_count"] == 1
+        # unread for 6 s: folded into the row, the pending entry gone
+        assert wait_for(lambda: psql(dsn, f"SELECT access_count FROM memories WHERE tenant_id = "
+                                          f"{tid} AND id = {ids[0]}") == "1", timeout=20)
+        assert psql(dsn, "SELECT count(*) FROM memory_access") == "0"
+        with srv.client(key=key) as c:
+            assert c.call("memory.get", ids=[ids[0]])["memories"][0]["access_count"] == 1
+        srv.stop()
+    finally:
+        srv.cleanup()

@@ -111,7 +111,8 @@ static void test_counts_checked(void)
     PGresult *r = db_exec_stmt(NULL, sql_def(SQL_MEMORY_GET), one, 1, err, sizeof(err));
     CHECK(r == NULL);
     CHECK_STR_CONTAINS(err, "memory_get takes 2 parameters, 1 passed");
-    r = DB_EXEC(NULL, sqlb_def(SQLB_ACCESS_FOLD), one, err, sizeof(err));
+    const char *fold[] = {"1", "0"};
+    r = DB_EXEC(NULL, sqlb_def(SQLB_ACCESS_FOLD), fold, err, sizeof(err));
     CHECK(r == NULL); /* the count matched: it failed only for want of a connection */
     CHECK_MSG(strstr(err, "takes") == NULL, "%s", err);
 

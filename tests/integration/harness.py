@@ -8,6 +8,7 @@ Environment (set by meson / deploy/test):
                         own cluster
 A missing ENGRAM_TEST_PG_DSN is a failure, never a skip: these tests exist to run.
 """
+import contextlib
 import os
 import random
 import re
@@ -219,7 +220,18 @@ class PgCluster:
     """A private PostgreSQL cluster for tests that stop and start the database."""
 
     def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="engram-pg-")
+        self._make_dirs("engram-pg-")
+        self._as_owner([os.path.join(PG_BINDIR, "initdb"), "-D", self.data, "-U", "postgres",
+                        "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8"])
+        conf = (f"\nlisten_addresses = ''\nunix_socket_directories = '{self.run}'\n"
+                "max_connections = 100\nfsync = off\n")
+        self._as_owner(["sh", "-c", f"cat >> {self.data}/postgresql.conf"], conf)
+        self.dsn = f"host={self.run} dbname=postgres user=postgres"
+
+    def _make_dirs(self, prefix):
+        """A directory of the cluster's own (owned by postgres when run as root) and its
+        socket directory; data is where the cluster goes."""
+        self.dir = tempfile.mkdtemp(prefix=prefix)
         os.chmod(self.dir, 0o755)
         self.data = os.path.join(self.dir, "data")
         self.run = os.path.join(self.dir, "run")
@@ -227,12 +239,6 @@ class PgCluster:
         if self.root:
             shutil.chown(self.dir, "postgres", "postgres")
         self._as_owner(["mkdir", "-p", self.run])
-        self._as_owner([os.path.join(PG_BINDIR, "initdb"), "-D", self.data, "-U", "postgres",
-                        "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8"])
-        conf = (f"\nlisten_addresses = ''\nunix_socket_directories = '{self.run}'\n"
-                "max_connections = 100\nfsync = off\n")
-        self._as_owner(["sh", "-c", f"cat >> {self.data}/postgresql.conf"], conf)
-        self.dsn = f"host={self.run} dbname=postgres user=postgres"
 
     def _as_owner(self, cmd, stdin=None):
         if self.root:
@@ -283,14 +289,7 @@ class PgStandby(PgCluster):
     possible (read-only): use dsn_for(name) for a database of the primary."""
 
     def __init__(self, primary):
-        self.dir = tempfile.mkdtemp(prefix="engram-pgsb-")
-        os.chmod(self.dir, 0o755)
-        self.data = os.path.join(self.dir, "data")
-        self.run = os.path.join(self.dir, "run")
-        self.root = os.geteuid() == 0
-        if self.root:
-            shutil.chown(self.dir, "postgres", "postgres")
-        self._as_owner(["mkdir", "-p", self.run])
+        self._make_dirs("engram-pgsb-")
         self._as_owner([os.path.join(PG_BINDIR, "pg_basebackup"), "-D", self.data, "-h",
                         primary.run, "-U", "postgres", "-R", "-X", "stream", "-c", "fast"])
         # the copied postgresql.conf names the primary's socket directory: the last line wins
@@ -334,6 +333,36 @@ def server_pair(dsn, extra=()):
     b.admin_key_file = a.admin_key_file
     b.start()
     return a, b
+
+
+@contextlib.contextmanager
+def running_pair(prefix, extra=()):
+    """A server_pair on a new database (named from prefix), yielded as (a, b, dsn); both
+    are stopped (a test's end fails if one does not stop cleanly) and cleaned up after."""
+    dsn = new_database(prefix)
+    a, b = server_pair(dsn, extra)
+    try:
+        yield a, b, dsn
+        a.stop()
+        b.stop()
+    finally:
+        a.cleanup()
+        b.cleanup()
+
+
+def metric(srv, name, labels=None, default=None):
+    """A sample of srv's /metrics: name{labels}; with labels None the unlabelled sample, or
+    the sum of every labelled one. default when absent (None: the test fails)."""
+    status, text = srv.http_get("/metrics")
+    assert status == 200
+    want = name + ("{" + labels + "}" if labels else "")
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(want + " ") or (labels is None and line.startswith(name + "{")):
+            total += float(line.split()[-1])
+            found = True
+    assert found or default is not None, f"{want} missing from /metrics"
+    return total if found else default
 
 
 def server_fleet(dsn, n, extra=()):

@@ -18,26 +18,14 @@ import time
 import numpy as np
 import pytest
 
-from harness import HAProxy, new_database, psql, server_fleet, structured_vectors, vec_bin, wait_for
+from harness import (HAProxy, metric, new_database, psql, server_fleet, structured_vectors,
+                     vec_bin, wait_for)
 
 DIM = 16
 NOTIFY_BOUND_S = 1.0
 CHECK_BOUND_S = 5.0 + 1.0  # the check interval, plus a round of the background queue
 LIMITS = ["--free-rate-per-s", "1", "--free-rate-burst", "3", "--premium-consolidation-hours", "0",
           "--free-consolidation-hours", "0", "--standard-consolidation-hours", "0"]
-
-
-def metric(srv, name, labels=None):
-    status, text = srv.http_get("/metrics")
-    assert status == 200
-    want = name + ("{" + labels + "}" if labels else "")
-    total, found = 0.0, False
-    for line in text.splitlines():
-        if line.startswith(want + " ") or (labels is None and line.startswith(name + "{")):
-            total += float(line.split()[-1])
-            found = True
-    assert found, f"{want} missing from /metrics"
-    return total
 
 
 def until(pred, bound, what, since):

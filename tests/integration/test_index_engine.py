@@ -18,6 +18,7 @@ import pytest
 
 from harness import (BIN, RpcError, Server, new_database, require_env, structured_vectors, vec_bin,
                      wait_for)
+from harness import metric as harness_metric
 
 DIM = 128
 N = 1200
@@ -26,13 +27,7 @@ ANN = ["--index-ann-min", "512", "--index-ann-max-candidates", "64"]
 
 
 def metric(srv, name, labels=None):
-    status, text = srv.http_get("/metrics")
-    assert status == 200
-    want = name + ("{" + labels + "}" if labels else "")
-    for line in text.splitlines():
-        if line.startswith(want + " "):
-            return float(line.split()[-1])
-    return 0.0
+    return harness_metric(srv, name, labels, default=0.0)
 
 
 class Data:

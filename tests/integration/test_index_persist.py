@@ -11,19 +11,14 @@ import os
 import re
 
 from harness import Server, new_database, psql, structured_vectors, vec_bin, wait_for
+from harness import metric as harness_metric
 
 DIM = 384
 
 
 def metric(srv, name, labels=None):
     """The value of one sample of /metrics (0 when absent)."""
-    status, text = srv.http_get("/metrics")
-    assert status == 200
-    want = name + ("{" + labels + "}" if labels else "")
-    for line in text.splitlines():
-        if line.startswith(want + " "):
-            return float(line.split()[-1])
-    return 0.0
+    return harness_metric(srv, name, labels, default=0.0)
 
 
 def load_histogram(srv, source):

@@ -3,7 +3,7 @@ the other, administrative changes reach both. (Quota races on two processes are 
 tests/reliability/test_quota_races.py.)"""
 import pytest
 
-from harness import new_database, server_pair, structured_vectors, vec_bin, wait_for
+from harness import running_pair, structured_vectors, vec_bin, wait_for
 
 LIMITS = ["--free-max-memories", "40", "--free-queries-per-day", "25",
           "--free-rate-per-s", "1000", "--free-rate-burst", "1000"]
@@ -11,15 +11,8 @@ LIMITS = ["--free-max-memories", "40", "--free-queries-per-day", "25",
 
 @pytest.fixture(scope="module")
 def pair():
-    dsn = new_database("pair")
-    a, b = server_pair(dsn, LIMITS)
-    yield a, b, dsn
-    try:
-        a.stop()
-        b.stop()
-    finally:
-        a.cleanup()
-        b.cleanup()
+    with running_pair("pair", LIMITS) as p:
+        yield p
 
 
 def test_writes_through_one_are_found_through_the_other(pair):

@@ -10,7 +10,7 @@ import concurrent.futures
 
 import pytest
 
-from harness import RpcError, new_database, psql, server_pair, wait_for
+from harness import RpcError, metric, psql, running_pair, wait_for
 
 LIMIT = 137
 LIMITS = ["--free-queries-per-day", str(LIMIT), "--free-rate-per-s", "100000",
@@ -19,15 +19,8 @@ LIMITS = ["--free-queries-per-day", str(LIMIT), "--free-rate-per-s", "100000",
 
 @pytest.fixture(scope="module")
 def pair():
-    dsn = new_database("qblocks")
-    a, b = server_pair(dsn, LIMITS)
-    yield a, b, dsn
-    try:
-        a.stop()
-        b.stop()
-    finally:
-        a.cleanup()
-        b.cleanup()
+    with running_pair("qblocks", LIMITS) as p:
+        yield p
 
 
 def search_many(srv, key, n):
@@ -43,10 +36,7 @@ def search_many(srv, key, n):
 
 
 def reservations(srv):
-    status, text = srv.http_get("/metrics")
-    assert status == 200
-    return sum(int(float(line.split()[-1])) for line in text.splitlines()
-               if line.startswith("engram_query_reservations_total"))
+    return int(metric(srv, "engram_query_reservations_total", default=0))
 
 
 def test_searches_from_two_processes_admit_exactly_the_limit(pair):

@@ -11,19 +11,10 @@ import os
 
 import pytest
 
-from harness import PgCluster, PgStandby, Server, psql, structured_vectors, vec_bin, wait_for
+from harness import (PgCluster, PgStandby, Server, metric, psql, structured_vectors, vec_bin,
+                     wait_for)
 
 DIM = 64
-
-
-def metric(srv, name, labels=None):
-    status, text = srv.http_get("/metrics")
-    assert status == 200
-    want = name + ("{" + labels + "}" if labels else "")
-    for line in text.splitlines():
-        if line.startswith(want + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{want} missing from /metrics")
 
 
 def reads(srv):

@@ -3,18 +3,13 @@ made through this process or another one, is what the next search returns; and s
 the same with the cache turned off."""
 
 from harness import Server, new_database, structured_vectors, vec_bin, wait_for
+from harness import metric as harness_metric
 
 DIM = 384
 
 
 def metric(srv, name, labels=None):
-    status, text = srv.http_get("/metrics")
-    assert status == 200
-    want = name + ("{" + labels + "}" if labels else "")
-    for line in text.splitlines():
-        if line.startswith(want + " "):
-            return float(line.split()[-1])
-    return 0.0
+    return harness_metric(srv, name, labels, default=0.0)
 
 
 def top(c, vec, **kw):

@@ -10,7 +10,7 @@ import concurrent.futures
 
 import pytest
 
-from harness import RpcError, new_database, psql, server_pair
+from harness import RpcError, psql, running_pair
 
 MAX_MEMORIES, QUERIES_PER_DAY = 40, 25
 LIMITS = ["--free-max-memories", str(MAX_MEMORIES), "--free-queries-per-day",
@@ -20,15 +20,8 @@ ROUNDS = 5
 
 @pytest.fixture(scope="module")
 def pair():
-    dsn = new_database("quota")
-    a, b = server_pair(dsn, LIMITS)
-    yield a, b, dsn
-    try:
-        a.stop()
-        b.stop()
-    finally:
-        a.cleanup()
-        b.cleanup()
+    with running_pair("quota", LIMITS) as p:
+        yield p
 
 
 def race(pair, key, n, call):

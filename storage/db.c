@@ -21,9 +21,9 @@ typedef struct db_job_query {
     const char *stmt; /* statement name (EXEC_PREPARED, PREPARE) */
     const char *sql;  /* RAW and PREPARE */
     int nparams;
-    const char **values;
-    int *lengths;
-    int *formats;
+    const char *const *values;
+    const int *lengths;
+    const int *formats;
     int result_format;
 } db_job_query;
 
@@ -34,7 +34,9 @@ typedef struct db_job {
     void (*internal_done)(struct db_conn *c, struct db_job *j); /* set-up jobs */
     int nq;                                                     /* queries in q */
     db_job_query *q; /* nq entries, allocated with the job */
-    char *blob;      /* owns copies of parameter values */
+    char *blob;      /* owns copies of parameter values (db_query_copy) */
+    char rls[24];    /* the RLS query's one value: the tenant id as text */
+    const char *rls_val[1];
     uint64_t queued_ms;
     uint64_t sent_ms;
     /* result collection */
@@ -898,80 +900,82 @@ void db_pool_destroy(db_pool *p)
     free(p);
 }
 
-/* Builds the job for nq caller queries (plus the RLS query when rls_tenant >= 0), copying
- * every parameter into one allocation owned by the job. Returns NULL when out of memory. */
-static db_job *job_build(int64_t rls_tenant, const db_query *qs, int nq)
+int db_query_copy(const db_query *qs, int nq, db_query *out, char **blob)
 {
-    int base = rls_tenant >= 0 ? 1 : 0;
-    size_t arrays = 0, bytes = 24;
+    size_t arrays = 0, bytes = 1;
     for (int i = 0; i < nq; i++) {
-        const db_query *q = &qs[i];
-        int np = q->stmt->nparams;
-        arrays += (size_t)np;
-        for (int k = 0; k < np; k++) {
-            if (!q->values[k])
+        arrays += qs[i].nvalues;
+        for (size_t k = 0; k < qs[i].nvalues; k++) {
+            if (!qs[i].values[k])
                 continue;
-            bool bin = q->formats && q->formats[k] == 1;
-            bytes += bin ? (size_t)q->lengths[k] : strlen(q->values[k]) + 1;
+            bool bin = qs[i].formats && qs[i].formats[k] == 1;
+            bytes += bin ? (size_t)qs[i].lengths[k] : strlen(qs[i].values[k]) + 1;
         }
     }
-    arrays += (size_t)base;
-    db_job *j = job_alloc(base + nq);
-    if (!j)
-        return NULL;
     /* one block: value pointers, then lengths, then formats, then the bytes */
-    j->blob = malloc(arrays * (sizeof(char *) + 2 * sizeof(int)) + bytes);
-    if (!j->blob) {
-        free(j);
-        return NULL;
-    }
-    const char **vals = (const char **)(void *)j->blob;
+    *blob = malloc(arrays * (sizeof(char *) + 2 * sizeof(int)) + bytes);
+    if (!*blob)
+        return -ENOMEM;
+    const char **vals = (const char **)(void *)*blob;
     int *lens = (int *)(void *)(vals + arrays);
     int *fmts = lens + arrays;
     char *w = (char *)(fmts + arrays);
-    if (base) {
-        j->q[0] = (db_job_query){.kind = Q_EXEC_PREPARED,
-                                 .stmt = "__rls",
-                                 .nparams = 1,
-                                 .values = vals,
-                                 .lengths = lens,
-                                 .formats = fmts};
-        int n = snprintf(w, 24, "%lld", (long long)rls_tenant);
-        vals[0] = w;
-        lens[0] = n;
-        fmts[0] = 0;
-        w += n + 1;
-        vals++, lens++, fmts++;
-    }
     for (int i = 0; i < nq; i++) {
         const db_query *q = &qs[i];
-        db_job_query *jq = &j->q[base + i];
-        int np = q->stmt->nparams;
-        *jq = (db_job_query){.kind = Q_EXEC_PREPARED,
-                             .stmt = q->stmt->name,
-                             .nparams = np,
-                             .values = vals,
-                             .lengths = lens,
-                             .formats = fmts,
-                             .result_format = q->result_format};
-        for (int k = 0; k < np; k++) {
+        out[i] = *q;
+        out[i].values = vals;
+        out[i].lengths = lens;
+        out[i].formats = fmts;
+        for (size_t k = 0; k < q->nvalues; k++) {
             bool bin = q->formats && q->formats[k] == 1;
             fmts[k] = bin ? 1 : 0;
+            lens[k] = bin ? q->lengths[k] : 0; /* libpq reads lengths of binary values only */
             if (!q->values[k]) {
                 vals[k] = NULL;
-                lens[k] = 0;
                 continue;
             }
             size_t n = bin ? (size_t)q->lengths[k] : strlen(q->values[k]) + 1;
             memcpy(w, q->values[k], n);
             vals[k] = w;
-            lens[k] = bin ? q->lengths[k] : (int)(n - 1);
             w += n;
         }
-        vals += np;
-        lens += np;
-        fmts += np;
+        vals += q->nvalues;
+        lens += q->nvalues;
+        fmts += q->nvalues;
     }
+    return 0;
+}
+
+/* Builds the job for nq caller queries (plus the RLS query when rls_tenant >= 0), copying
+ * every parameter into one allocation owned by the job. Returns NULL when out of memory. */
+static db_job *job_build(int64_t rls_tenant, const db_query *qs, int nq)
+{
+    static const int text_fmt[1] = {0};
+    int base = rls_tenant >= 0 ? 1 : 0;
+    db_job *j = job_alloc(base + nq);
+    db_query copy[DB_MAX_QUERIES];
+    if (!j || db_query_copy(qs, nq, copy, &j->blob) < 0) {
+        free(j);
+        return NULL;
+    }
+    if (base) {
+        snprintf(j->rls, sizeof(j->rls), "%lld", (long long)rls_tenant);
+        j->rls_val[0] = j->rls;
+        j->q[0] = (db_job_query){.kind = Q_EXEC_PREPARED,
+                                 .stmt = "__rls",
+                                 .nparams = 1,
+                                 .values = j->rls_val,
+                                 .lengths = text_fmt,
+                                 .formats = text_fmt};
+    }
+    for (int i = 0; i < nq; i++)
+        j->q[base + i] = (db_job_query){.kind = Q_EXEC_PREPARED,
+                                        .stmt = copy[i].stmt->name,
+                                        .nparams = copy[i].stmt->nparams,
+                                        .values = copy[i].values,
+                                        .lengths = copy[i].lengths,
+                                        .formats = copy[i].formats,
+                                        .result_format = copy[i].result_format};
     j->nq = base + nq;
     return j;
 }

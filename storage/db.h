@@ -121,6 +121,11 @@ db_pool *db_pool_create(struct event_base *base, const db_config *cfg);
  * DB_UNAVAILABLE ("shutting down") and frees the pool. NULL is a no-op. */
 void db_pool_destroy(db_pool *p);
 
+/* db_query_copy copies the nq queries qs into out (the same statements), with their values,
+ * lengths and formats in one new allocation returned in *blob, which the caller frees: the
+ * copies live as long as it. Returns 0 or -ENOMEM. */
+int db_query_copy(const db_query *qs, int nq, db_query *out, char **blob);
+
 /* db_submit queues a job of nq queries (1..DB_MAX_QUERIES) that run in one transaction. When
  * rls_tenant >= 0 the transaction first sets the setting engram.tenant_id to it (for
  * row-level security). cb(arg, result) runs exactly once, later, on the pool's thread; never

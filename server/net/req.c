@@ -323,50 +323,10 @@ static void read_ctx_free(read_ctx *rc)
 /* Copies qs into a new read_ctx. Returns NULL when out of memory. */
 static read_ctx *read_ctx_copy(const db_query *qs, int nq)
 {
-    size_t arrays = 0, bytes = 1;
-    for (int i = 0; i < nq; i++) {
-        arrays += qs[i].nvalues;
-        for (size_t k = 0; k < qs[i].nvalues; k++) {
-            if (!qs[i].values[k])
-                continue;
-            bool bin = qs[i].formats && qs[i].formats[k] == 1;
-            bytes += bin ? (size_t)qs[i].lengths[k] : strlen(qs[i].values[k]) + 1;
-        }
-    }
     read_ctx *rc = calloc(1, sizeof(*rc));
-    if (!rc)
-        return NULL;
-    rc->blob = malloc(arrays * (sizeof(char *) + 2 * sizeof(int)) + bytes);
-    if (!rc->blob) {
+    if (!rc || db_query_copy(qs, nq, rc->qs, &rc->blob) < 0) {
         free(rc);
         return NULL;
-    }
-    const char **vals = (const char **)(void *)rc->blob;
-    int *lens = (int *)(void *)(vals + arrays);
-    int *fmts = lens + arrays;
-    char *w = (char *)(fmts + arrays);
-    for (int i = 0; i < nq; i++) {
-        const db_query *q = &qs[i];
-        rc->qs[i] = *q;
-        rc->qs[i].values = vals;
-        rc->qs[i].lengths = lens;
-        rc->qs[i].formats = fmts;
-        for (size_t k = 0; k < q->nvalues; k++) {
-            bool bin = q->formats && q->formats[k] == 1;
-            fmts[k] = bin ? 1 : 0;
-            lens[k] = bin ? q->lengths[k] : 0;
-            if (!q->values[k]) {
-                vals[k] = NULL;
-                continue;
-            }
-            size_t n = bin ? (size_t)q->lengths[k] : strlen(q->values[k]) + 1;
-            memcpy(w, q->values[k], n);
-            vals[k] = w;
-            w += n;
-        }
-        vals += q->nvalues;
-        lens += q->nvalues;
-        fmts += q->nvalues;
     }
     rc->nq = nq;
     return rc;

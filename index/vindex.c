@@ -237,6 +237,10 @@ int vi_resolve_opts(const vindex_opts *in, vindex_opts *o)
     if (!in || in->dim == 0 || in->dim > MAX_DIM || in->meta_size > MAX_META ||
         in->compact_percent > 100)
         return -EINVAL;
+    if (in->meta_atomic_len && (in->meta_atomic_off % 8 || in->meta_atomic_len % 8 ||
+                                in->meta_size % 8 || in->meta_atomic_off > in->meta_size ||
+                                in->meta_atomic_len > in->meta_size - in->meta_atomic_off))
+        return -EINVAL;
     *o = *in;
     if (!o->quant_min)
         o->quant_min = DEF_QUANT_MIN;
@@ -733,15 +737,27 @@ bool vindex_contains(vindex *vi, uint64_t id)
     return found;
 }
 
-/* vindex_get_meta copies id's metadata into meta_out. Shared lock. */
+/* vindex_get_meta copies id's metadata into meta_out, the atomic range a word at a time
+ * (vindex_touch_meta may be writing it). Shared lock. */
 int vindex_get_meta(vindex *vi, uint64_t id, void *meta_out)
 {
     rdlock(vi);
     uint64_t slot;
     int rc = VINDEX_E_NOT_FOUND;
     if (idmap_get(vi->map, id, &slot)) {
-        if (vi->meta_size)
-            memcpy(meta_out, meta_in(vi, chunk_of(vi, slot), off_of(vi, slot)), vi->meta_size);
+        const unsigned char *m = meta_in(vi, chunk_of(vi, slot), off_of(vi, slot));
+        unsigned char *out = meta_out;
+        size_t a = vi->o.meta_atomic_off, na = vi->o.meta_atomic_len;
+        if (na) {
+            memcpy(out, m, a);
+            for (size_t w = 0; w < na; w += 8) {
+                uint64_t v = vindex_meta_word((const uint64_t *)(const void *)(m + a + w));
+                memcpy(out + a + w, &v, 8);
+            }
+            memcpy(out + a + na, m + a + na, vi->meta_size - a - na);
+        } else if (vi->meta_size) {
+            memcpy(out, m, vi->meta_size);
+        }
         rc = 0;
     }
     unlock(vi);
@@ -780,6 +796,27 @@ size_t vindex_update_meta(vindex *vi, const uint64_t *ids, size_t n,
         }
     }
     unlock(vi);
+    pthread_mutex_unlock(&vi->wmu);
+    return found;
+}
+
+/* vindex_touch_meta applies fn to each present id's metadata under the writer mutex alone:
+ * everything that moves slots or writes metadata otherwise holds it, so the map and the
+ * chunks stay put, and searches under the shared lock read the atomic range atomically. */
+size_t vindex_touch_meta(vindex *vi, const uint64_t *ids, size_t n,
+                         void (*fn)(void *meta, void *ctx), void *ctx)
+{
+    size_t found = 0;
+    if (!vi->o.meta_atomic_len)
+        return vindex_update_meta(vi, ids, n, fn, ctx);
+    pthread_mutex_lock(&vi->wmu);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t slot;
+        if (idmap_get(vi->map, ids[i], &slot)) {
+            fn(meta_in(vi, chunk_of(vi, slot), off_of(vi, slot)), ctx);
+            found++;
+        }
+    }
     pthread_mutex_unlock(&vi->wmu);
     return found;
 }

@@ -78,6 +78,12 @@ enum vindex_kind {
 typedef struct vindex_opts {
     size_t dim;       /* vector dimension, 1..65536 */
     size_t meta_size; /* bytes of metadata per vector, may be 0 */
+    /* Bytes [meta_atomic_off, meta_atomic_off + meta_atomic_len) of the metadata are 8-byte
+     * words that vindex_touch_meta changes while searches run: the index reads them with
+     * relaxed atomic loads, and keep and score callbacks must too (vindex_meta_word). Both
+     * multiples of 8, within meta_size, which is then a multiple of 8; len 0: none. */
+    size_t meta_atomic_off;
+    size_t meta_atomic_len;
     /* Kind thresholds in live vectors: SQ8 from quant_min (default 512), ANN from ann_min
      * (default 4096). A threshold of SIZE_MAX never switches. Kinds only go up on adds; a
      * rebuild goes back down once the live count falls below half a threshold. The
@@ -243,6 +249,27 @@ int vindex_get_meta(vindex *vi, uint64_t id, void *meta_out);
 /* vindex_set_meta replaces the metadata of id. Returns 0 or VINDEX_E_NOT_FOUND. Writer
  * mutex and exclusive lock (as vindex_update_meta). */
 int vindex_set_meta(vindex *vi, uint64_t id, const void *meta);
+
+/* vindex_touch_meta calls fn(meta, ctx) on the stored metadata of each of the n ids that
+ * are present, under the writer mutex only: searches go on meanwhile. fn may change only the
+ * words of the atomic range (vindex_opts.meta_atomic_off), with vindex_meta_word_store; it
+ * must be quick and must not call back into the index. Counters that every search bumps
+ * (access counts) use it instead of vindex_update_meta, whose exclusive lock would make the
+ * searches of one tenant take turns. Returns the number of ids found. */
+size_t vindex_touch_meta(vindex *vi, const uint64_t *ids, size_t n,
+                         void (*fn)(void *meta, void *ctx), void *ctx);
+
+/* A word of the atomic range of a stored metadata block, read or written as
+ * vindex_touch_meta's concurrency needs (relaxed atomics: each word stands alone). */
+static inline uint64_t vindex_meta_word(const uint64_t *w)
+{
+    return __atomic_load_n(w, __ATOMIC_RELAXED);
+}
+
+static inline void vindex_meta_word_store(uint64_t *w, uint64_t v)
+{
+    __atomic_store_n(w, v, __ATOMIC_RELAXED);
+}
 
 /* vindex_update_meta calls fn(meta, ctx) on the stored metadata of each of the n ids that
  * are present, under one exclusive lock; fn must be quick and must not call back into the

@@ -492,8 +492,8 @@ bool mf_keep(const mem_filter *f, uint64_t id, const mem_meta *m)
     if (f->has_min_importance && m->importance < (float)f->min_importance)
         return false;
     if (f->has_min_composite &&
-        score_composite(f->sp, m->created_ms, m->access_count, m->cited, m->injected, m->importance,
-                        f->now_ms) < f->min_composite)
+        score_composite(f->sp, m->created_ms, mem_meta_access_count(m), m->cited, m->injected,
+                        m->importance, f->now_ms) < f->min_composite)
         return false;
     if (f->attrs_json) {
         uint64_t v;

@@ -293,8 +293,8 @@ static double blend_score(float sim, const void *meta, void *ctx)
 {
     const blend_ctx *b = ctx;
     const mem_meta *m = meta;
-    double c = score_composite(b->sp, m->created_ms, m->access_count, m->cited, m->injected,
-                               m->importance, b->now_ms);
+    double c = score_composite(b->sp, m->created_ms, mem_meta_access_count(m), m->cited,
+                               m->injected, m->importance, b->now_ms);
     return score_blend(b->w, sim, c);
 }
 
@@ -704,21 +704,24 @@ typedef struct touch_ctx {
     int64_t now_ms;
 } touch_ctx;
 
+/* Under the index's writer mutex (vindex_touch_meta), searches reading meanwhile: the
+ * writers of these words take turns, the readers load them atomically. */
 static void touch_one(void *meta, void *arg)
 {
     mem_meta *m = meta;
     const touch_ctx *tc = arg;
-    if (m->access_count < UINT32_MAX)
-        m->access_count++;
-    if (tc->now_ms > m->last_access_ms)
-        m->last_access_ms = tc->now_ms;
+    uint64_t n = vindex_meta_word(&m->access_count);
+    if (n < UINT32_MAX)
+        vindex_meta_word_store(&m->access_count, n + 1);
+    if (tc->now_ms > mem_meta_last_access(m))
+        vindex_meta_word_store((uint64_t *)(void *)&m->last_access_ms, (uint64_t)tc->now_ms);
 }
 
 void tenant_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms)
 {
     touch_ctx tc = {.now_ms = now_ms};
     pthread_mutex_lock(&t->mu);
-    if (t->state == T_READY && vindex_update_meta(t->vi, ids, n, touch_one, &tc) > 0)
+    if (t->state == T_READY && vindex_touch_meta(t->vi, ids, n, touch_one, &tc) > 0)
         t->dirty = true;
     pthread_mutex_unlock(&t->mu);
 }

@@ -24,6 +24,7 @@
 #define ENGRAM_SERVER_TENANTS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "bg.h"
@@ -42,13 +43,16 @@ typedef struct mem_meta {
     uint64_t clade_id;
     uint64_t seq; /* the change that last wrote this memory */
     int64_t created_ms;
+    /* The access counters: the index's atomic range (vindex_opts.meta_atomic_off). Every
+     * search bumps them with vindex_touch_meta while other searches read them, so a
+     * pointer into the index reads them with mem_meta_access_count / _last_access. */
     int64_t last_access_ms; /* 0: never accessed */
+    uint64_t access_count;  /* at most UINT32_MAX */
     int64_t expires_ms;     /* INT64_MAX: never expires */
     int64_t archived_ms;    /* 0: live */
     const uint64_t *tags;   /* sorted tag hashes (see memfilter.h), NULL when none */
     uint32_t ntags;
     float importance;
-    uint32_t access_count;
     /* provenance feedback (memory.feedback): times injected and cited; both only grow, so
      * the index keeps the higher of what it has and what a change brings */
     uint32_t cited;
@@ -57,6 +61,20 @@ typedef struct mem_meta {
     uint8_t scope; /* mem_scope */
     uint8_t pinned;
 } mem_meta;
+
+#define MEM_META_ATOMIC_OFF offsetof(mem_meta, last_access_ms)
+#define MEM_META_ATOMIC_LEN (offsetof(mem_meta, access_count) + 8 - MEM_META_ATOMIC_OFF)
+
+static inline uint32_t mem_meta_access_count(const mem_meta *m)
+{
+    uint64_t v = vindex_meta_word(&m->access_count);
+    return v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+}
+
+static inline int64_t mem_meta_last_access(const mem_meta *m)
+{
+    return (int64_t)vindex_meta_word((const uint64_t *)(const void *)&m->last_access_ms);
+}
 
 typedef struct tenants tenants;
 typedef struct tenant tenant;

@@ -282,6 +282,8 @@ void tn_index_opts(const tenant *t, vindex_opts *vo)
     *vo = t->ts->vo;
     vo->dim = t->dim;
     vo->meta_size = sizeof(mem_meta);
+    vo->meta_atomic_off = MEM_META_ATOMIC_OFF;
+    vo->meta_atomic_len = MEM_META_ATOMIC_LEN;
     vo->engine = t->engine;
     vo->faiss_factory = c->index_faiss_factory; /* lives as long as the server */
     vo->faiss_ef_search = c->index_faiss_ef_search;

@@ -122,8 +122,8 @@ static double score_cb(float sim, const void *meta, void *ctx)
 {
     const search_state *st = ctx;
     const mem_meta *m = meta;
-    double c = score_composite(st->f.sp, m->created_ms, m->access_count, m->cited, m->injected,
-                               m->importance, st->f.now_ms);
+    double c = score_composite(st->f.sp, m->created_ms, mem_meta_access_count(m), m->cited,
+                               m->injected, m->importance, st->f.now_ms);
     return score_blend(st->w, sim, c);
 }
 

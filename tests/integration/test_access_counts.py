@@ -2,9 +2,17 @@
 rows by the maintenance task, and survive a crash of the server: every reader (memory.get
 through any process, a restarted index) sees them throughout."""
 
+import threading
 import time
 
 from harness import Server, new_database, psql, structured_vectors, vec_bin, wait_for
+
+
+def counted(dsn, tid, mid):
+    """A memory's access count as the database has it: its row's plus the pending one."""
+    return int(psql(dsn, f"SELECT m.access_count + COALESCE((SELECT a.access_count FROM "
+                         f"memory_access a WHERE a.tenant_id = m.tenant_id AND a.id = m.id), 0)"
+                         f" FROM memories m WHERE m.tenant_id = {tid} AND m.id = {mid}"))
 
 
 def test_access_counts_land_fold_and_survive_a_crash():
@@ -25,9 +33,7 @@ def test_access_counts_land_fold_and_survive_a_crash():
                 assert res[0]["id"] == ids[0]
 
         def total():
-            return int(psql(dsn, f"SELECT m.access_count + COALESCE((SELECT a.access_count FROM "
-                                 f"memory_access a WHERE a.tenant_id = m.tenant_id AND a.id = m.id), 0)"
-                                 f" FROM memories m WHERE m.tenant_id = {tid} AND m.id = {ids[0]}"))
+            return counted(dsn, tid, ids[0])
 
         # durable in the database within about a second of the reads
         assert wait_for(lambda: total() == 3)
@@ -94,3 +100,45 @@ def test_a_memory_read_recently_keeps_its_count_pending():
     finally:
         srv.cleanup()
         later.cleanup()
+
+
+def test_concurrent_searches_of_one_tenant_count_every_access():
+    """Searches of one tenant on both workers bump the index's counts together, with the
+    searches going on (no exclusive lock): none is lost, and the index's count is the
+    database's."""
+    dsn = new_database("access_conc")
+    srv = Server(dsn, extra=["--workers", "2"])
+    try:
+        srv.start()
+        tid, key = srv.create_tenant()
+        vecs = structured_vectors(40, 384, seed=73)
+        with srv.client(key=key) as c:
+            ids = [c.call("memory.store", content=f"c{i}", type="fact", importance=0.5,
+                          embedding=vec_bin(v))["id"] for i, v in enumerate(vecs)]
+        errors = []
+
+        def reader():
+            try:
+                with srv.client(key=key) as c:
+                    for _ in range(30):
+                        res = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=3,
+                                     similarity_weight=1.0)["results"]
+                        assert res[0]["id"] == ids[0]
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=reader) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        # 6 x 30 searches, each one access of ids[0]: the next search reports them all
+        with srv.client(key=key) as c:
+            res = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1,
+                         similarity_weight=1.0)["results"]
+            assert res[0]["id"] == ids[0] and res[0]["access_count"] == 180
+        assert wait_for(lambda: counted(dsn, tid, ids[0]) == 181)
+        srv.stop()
+    finally:
+        srv.cleanup()

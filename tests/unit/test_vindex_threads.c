@@ -2,7 +2,8 @@
  * ThreadSanitizer (deploy/test runs it in build-tsan) and as a plain correctness test.
  *
  * Two searchers (plain, filtered, scored), a writer (adds, upserts, removes), a metadata
- * writer (set_meta, update_meta), a maintainer (maintenance, calibration), a reader
+ * writer (set_meta, update_meta), a toucher (touch_meta, which writes the metadata's atomic
+ * word under the searches), a maintainer (maintenance, calibration), a reader
  * (contains, get_meta, get_vector, foreach, stats, recall) and a snapshotter (save) run
  * on one index while it goes from SQ8 to ANN and is compacted under them, first with the
  * native engine, then with FAISS. Each id's vector never changes and its group (what the
@@ -12,6 +13,7 @@
  * writer's record of which ids are live.
  */
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -32,6 +34,7 @@ enum { D = 48, KEYS = 3000, BASE = 1400, WRITES = 3000, WRITES_MAX = 60000, K = 
 typedef struct meta {
     uint32_t group;   /* id % GROUPS, never changes */
     uint32_t version; /* bumped by the metadata writer */
+    uint64_t touches; /* the atomic range: bumped by the toucher */
 } meta;
 
 static float X[KEYS + 1][D]; /* id -> its vector (ids 1..KEYS), normalized */
@@ -40,7 +43,7 @@ typedef struct shared {
     vindex *vi;
     atomic_bool done;
     atomic_int bad;
-    atomic_int searches, reads, saves, rebuilds, meta_writes, writes;
+    atomic_int searches, reads, saves, rebuilds, meta_writes, writes, touches;
     bool live[KEYS + 1]; /* the writer's record; read by others only after the join */
     char snap[256];
 } shared;
@@ -101,11 +104,21 @@ static bool keep_group(const void *m, void *ctx)
     return ((const meta *)m)->group == *(const uint32_t *)ctx;
 }
 
-/* similarity plus a small bonus from the version: score <= 1 * similarity + 0.02 */
+/* similarity plus a small bonus from the version and the touches: score <= 1 * similarity +
+ * 0.02 */
 static double score_fn(float sim, const void *m, void *ctx)
 {
     (void)ctx;
-    return sim + 0.01 * (double)(((const meta *)m)->version % 3);
+    const meta *x = m;
+    return sim + 0.005 * (double)(x->version % 3) +
+           0.005 * (double)(vindex_meta_word(&x->touches) % 2);
+}
+
+static void touch_fn(void *m, void *ctx)
+{
+    (void)ctx;
+    meta *x = m;
+    vindex_meta_word_store(&x->touches, vindex_meta_word(&x->touches) + 1);
 }
 
 static void bump_version(void *m, void *ctx)
@@ -161,7 +174,27 @@ static bool enough(shared *s)
 {
     return atomic_load(&s->searches) >= 200 && atomic_load(&s->saves) >= 3 &&
            atomic_load(&s->rebuilds) >= 2 && atomic_load(&s->reads) >= 200 &&
-           atomic_load(&s->meta_writes) >= 100;
+           atomic_load(&s->meta_writes) >= 100 && atomic_load(&s->touches) >= 100;
+}
+
+static void *toucher(void *arg)
+{
+    shared *s = arg;
+    uint64_t rs = 4242;
+    int n = 0;
+
+    while (!atomic_load(&s->done)) {
+        uint64_t ids[4];
+        for (size_t i = 0; i < 4; i++)
+            ids[i] = next_rand(&rs) % KEYS + 1;
+        if (vindex_touch_meta(s->vi, ids, 4, touch_fn, NULL) > 4)
+            atomic_fetch_add(&s->bad, 1);
+        n++;
+        atomic_fetch_add(&s->touches, 1);
+        if (n % 32 == 0)
+            pause_ms(1);
+    }
+    return NULL;
 }
 
 static void *writer(void *arg)
@@ -171,7 +204,7 @@ static void *writer(void *arg)
 
     for (int i = 0; i < WRITES_MAX && (i < WRITES || !enough(s)); i++) {
         uint64_t id = next_rand(&rs) % KEYS + 1;
-        meta m = {(uint32_t)(id % GROUPS), 0};
+        meta m = {(uint32_t)(id % GROUPS), 0, 0};
         int rc;
         switch (next_rand(&rs) % 4) {
         case 0: /* remove */
@@ -212,7 +245,7 @@ static void *meta_writer(void *arg)
         for (size_t i = 0; i < 8; i++)
             ids[i] = next_rand(&rs) % KEYS + 1;
         (void)vindex_update_meta(s->vi, ids, 8, bump_version, NULL);
-        meta m = {(uint32_t)(ids[0] % GROUPS), (uint32_t)n};
+        meta m = {(uint32_t)(ids[0] % GROUPS), (uint32_t)n, 0};
         int rc = vindex_set_meta(s->vi, ids[0], &m);
         if (rc != 0 && rc != VINDEX_E_NOT_FOUND)
             atomic_fetch_add(&s->bad, 1);
@@ -304,9 +337,9 @@ static void run(const char *name, const vindex_opts *base_opts)
     vindex_opts o = *base_opts;
     /* tmpfs when there is one: the saves' fsyncs would otherwise set the pace */
     char dir[64];
-    pthread_t th[7];
-    void *(*fn[7])(void *) = {searcher,   searcher, writer,     meta_writer,
-                              maintainer, reader,   snapshotter};
+    pthread_t th[8];
+    void *(*fn[8])(void *) = {searcher,   searcher, writer,      meta_writer,
+                              maintainer, reader,   snapshotter, toucher};
 
     snprintf(dir, sizeof(dir), "%s/engram-vthreads-XXXXXX",
              access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
@@ -315,18 +348,20 @@ static void run(const char *name, const vindex_opts *base_opts)
     snprintf(s.snap, sizeof(s.snap), "%s/t.idx", dir);
     o.dim = D;
     o.meta_size = sizeof(meta);
+    o.meta_atomic_off = offsetof(meta, touches);
+    o.meta_atomic_len = sizeof(uint64_t);
     s.vi = vindex_create(&o);
     CHECK(s.vi != NULL);
     if (s.vi == NULL)
         return;
     for (uint64_t id = 1; id <= BASE; id++) {
-        meta m = {(uint32_t)(id % GROUPS), 0};
+        meta m = {(uint32_t)(id % GROUPS), 0, 0};
         CHECK(vindex_add(s.vi, id, X[id], &m) == 0);
         s.live[id] = true;
     }
-    for (size_t i = 0; i < 7; i++)
+    for (size_t i = 0; i < 8; i++)
         CHECK(pthread_create(&th[i], NULL, fn[i], &s) == 0);
-    for (size_t i = 0; i < 7; i++)
+    for (size_t i = 0; i < 8; i++)
         pthread_join(th[i], NULL);
 
     vindex_stats st;

@@ -62,8 +62,11 @@ typedef struct mem_meta {
     uint8_t pinned;
 } mem_meta;
 
+/* the atomic range is the two counters, adjacent */
+_Static_assert(offsetof(mem_meta, access_count) == offsetof(mem_meta, last_access_ms) + 8,
+               "mem_meta's access counters must be adjacent 8-byte words");
 #define MEM_META_ATOMIC_OFF offsetof(mem_meta, last_access_ms)
-#define MEM_META_ATOMIC_LEN (offsetof(mem_meta, access_count) + 8 - MEM_META_ATOMIC_OFF)
+#define MEM_META_ATOMIC_LEN 16
 
 static inline uint32_t mem_meta_access_count(const mem_meta *m)
 {

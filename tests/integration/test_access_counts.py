@@ -8,6 +8,12 @@ import time
 from harness import Server, new_database, psql, structured_vectors, vec_bin, wait_for
 
 
+def store_facts(c, vecs, tag):
+    """Stores one fact per vector through client c; returns their ids in order."""
+    return [c.call("memory.store", content=f"{tag}{i}", type="fact", importance=0.5,
+                   embedding=vec_bin(v))["id"] for i, v in enumerate(vecs)]
+
+
 def counted(dsn, tid, mid):
     """A memory's access count as the database has it: its row's plus the pending one."""
     return int(psql(dsn, f"SELECT m.access_count + COALESCE((SELECT a.access_count FROM "
@@ -25,8 +31,7 @@ def test_access_counts_land_fold_and_survive_a_crash():
         tid, key = srv.create_tenant()
         vecs = structured_vectors(5, 384, seed=71)
         with srv.client(key=key) as c:
-            ids = [c.call("memory.store", content=f"a{i}", type="fact", importance=0.5,
-                          embedding=vec_bin(v))["id"] for i, v in enumerate(vecs)]
+            ids = store_facts(c, vecs, "a")
             for _ in range(3):
                 res = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1,
                              similarity_weight=1.0)["results"]
@@ -76,8 +81,7 @@ def test_a_memory_read_recently_keeps_its_count_pending():
         tid, key = srv.create_tenant()
         vecs = structured_vectors(3, 384, seed=72)
         with srv.client(key=key) as c:
-            ids = [c.call("memory.store", content=f"b{i}", type="fact", importance=0.5,
-                          embedding=vec_bin(v))["id"] for i, v in enumerate(vecs)]
+            ids = store_facts(c, vecs, "b")
             c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1, similarity_weight=1.0)
             assert wait_for(lambda: psql(dsn, f"SELECT access_count FROM memory_access WHERE "
                                               f"tenant_id = {tid} AND id = {ids[0]}") == "1")
@@ -113,8 +117,7 @@ def test_concurrent_searches_of_one_tenant_count_every_access():
         tid, key = srv.create_tenant()
         vecs = structured_vectors(40, 384, seed=73)
         with srv.client(key=key) as c:
-            ids = [c.call("memory.store", content=f"c{i}", type="fact", importance=0.5,
-                          embedding=vec_bin(v))["id"] for i, v in enumerate(vecs)]
+            ids = store_facts(c, vecs, "c")
         errors = []
 
         def reader():

@@ -194,22 +194,28 @@ int tenants_settle(const char *host, uint16_t port, const char *key, int timeout
         const msgpack_object *loaded = rpc_map_get(ix, "loaded");
         const msgpack_object *est = rpc_map_get(ix, "recall_estimate");
         const msgpack_object *depth = rpc_map_get(ix, "candidate_depth");
-        char kind[16], eng[16], use[16];
+        char kind[16], eng[16], use[16], warm[16];
         str_of(rpc_map_get(ix, "kind"), kind, sizeof(kind));
         str_of(rpc_map_get(ix, "engine"), eng, sizeof(eng));
         str_of(rpc_map_get(ix, "engine_in_use"), use, sizeof(use));
+        str_of(rpc_map_get(ix, "row_cache_warm"), warm, sizeof(warm));
         bool is_loaded = loaded && loaded->type == MSGPACK_OBJECT_BOOLEAN && loaded->via.boolean;
         bool measured =
             est && (est->type == MSGPACK_OBJECT_FLOAT64 || est->type == MSGPACK_OBJECT_FLOAT32);
-        bool ready =
-            is_loaded && (strcmp(kind, "ann") != 0 ||
-                          (measured && (strcmp(eng, "faiss") != 0 || strcmp(use, "faiss") == 0)));
+        /* the server reads a loaded tenant's rows into its row cache in the background: a
+         * run measures the server after that, as it serves once warm */
+        bool warming = strcmp(warm, "pending") == 0 || strcmp(warm, "warming") == 0;
+        bool ready = is_loaded && !warming &&
+                     (strcmp(kind, "ann") != 0 ||
+                      (measured && (strcmp(eng, "faiss") != 0 || strcmp(use, "faiss") == 0)));
         if (ready) {
-            snprintf(desc, desclen, "index %s, engine %s, recall estimate %.4f, depth %llu", kind,
+            snprintf(desc, desclen,
+                     "index %s, engine %s, recall estimate %.4f, depth %llu, row cache %s", kind,
                      use[0] ? use : eng, measured ? est->via.f64 : 1.0,
                      depth && depth->type == MSGPACK_OBJECT_POSITIVE_INTEGER
                          ? (unsigned long long)depth->via.u64
-                         : 0ull);
+                         : 0ull,
+                     warm[0] ? warm : "-");
             rc = 0;
         }
         msgpack_zone_destroy(&z);

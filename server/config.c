@@ -169,6 +169,10 @@ static const config_def defs[] = {
     {"row_cache_mb", T_LONG, OFF(row_cache_mb), "256", 0, 1e6, 0,
      "memory rows cached for search results in MiB, so that searches need no database "
      "round trip (0: none)"},
+    {"row_cache_prewarm_percent", T_INT, OFF(row_cache_prewarm_percent), "75", 0, 100, 0,
+     "after a tenant's index loads, its newest live memory rows are read into the row cache in "
+     "the background while the cache holds less than this share of row_cache_mb, so that the "
+     "first searches after a start or an eviction need no database round trip (0: off)"},
     {"index_compact_percent", T_INT, OFF(index_compact_percent), "25", 1, 100, 0,
      "share of deleted vectors at which an index is rebuilt without them (background)"},
     {"admin_key_file", T_STR, OFF(admin_key_file), "", 0, 0, 0,

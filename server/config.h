@@ -68,6 +68,7 @@ typedef struct config {
     char *index_faiss_factory;
     int index_faiss_ef_search;
     long row_cache_mb;
+    int row_cache_prewarm_percent;
     int consolidate_check_interval_s;
     double consolidate_dedupe_threshold;
     double consolidate_supersede_threshold;

@@ -345,6 +345,40 @@ int loader_accessed(PGconn *c, int64_t tenant, int64_t since_ms,
                        2, vals, each_access, &lc, err, errlen);
 }
 
+int loader_rows(PGconn *c, int64_t tenant, uint64_t before, size_t limit,
+                int (*fn)(const memrow *row, void *ctx), void *ctx, uint64_t *last, size_t *n,
+                char *err, size_t errlen)
+{
+    *n = 0;
+    if (db_tenant_begin(c, tenant, DB_TX_READ, err, errlen) < 0)
+        return -EIO;
+    char t[24], b[24], l[24];
+    snprintf(t, sizeof(t), "%lld", (long long)tenant);
+    snprintf(b, sizeof(b), "%llu", (unsigned long long)(before ? before : (uint64_t)INT64_MAX));
+    snprintf(l, sizeof(l), "%zu", limit);
+    const char *vals[] = {t, b, l};
+    PGresult *r = db_exec_blocking(c,
+                                   "SELECT " SQL_MEMROW_COLS " FROM memories m WHERE m.tenant_id = "
+                                   "$1 AND m.id < $2 AND m.archived_at IS NULL AND (m.expires_at "
+                                   "IS NULL OR m.expires_at > now()) ORDER BY m.id DESC LIMIT $3",
+                                   3, vals, err, errlen);
+    int rc = r ? 0 : -EIO;
+    for (int i = 0; r && i < PQntuples(r) && rc == 0; i++) {
+        memrow m;
+        if (memrow_parse(r, i, 0, &m) != 0) {
+            snprintf(err, errlen, "a memory row does not parse");
+            rc = -EBADMSG;
+            break;
+        }
+        *last = m.id;
+        (*n)++;
+        rc = fn(&m, ctx);
+    }
+    PQclear(r);
+    db_tx_end(c, false, NULL, 0); /* read-only */
+    return rc;
+}
+
 int loader_index_engine(PGconn *c, int64_t tenant, char *out, size_t outlen, char *err,
                         size_t errlen)
 {

@@ -13,6 +13,8 @@
 
 #include <libpq-fe.h>
 
+#include "memrow.h"
+
 /* What an index needs of one memory. */
 typedef struct loader_row {
     uint64_t id;
@@ -68,6 +70,17 @@ int loader_live(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
 int loader_accessed(PGconn *c, int64_t tenant, int64_t since_ms,
                     int (*fn)(uint64_t id, int64_t access_count, int64_t last_ms, void *ctx),
                     void *ctx, char *err, size_t errlen);
+
+/* loader_rows reads one page of the tenant's live memory rows (not archived, not expired) as
+ * text-format SQL_MEMROW_COLS, newest first: at most limit rows whose id is below before
+ * (0: no bound), calling fn(row, ctx) for each (*last: the smallest id read; *n: how many;
+ * fewer than limit means the tenant has no more). fn returns 0 to continue, non-zero to
+ * stop. For warming the row cache: each page is a transaction of its own, and the rows carry
+ * their change numbers. Returns 0, fn's non-zero value, -EIO (the database, err says why)
+ * or -EBADMSG (a row that does not parse). */
+int loader_rows(PGconn *c, int64_t tenant, uint64_t before, size_t limit,
+                int (*fn)(const memrow *row, void *ctx), void *ctx, uint64_t *last, size_t *n,
+                char *err, size_t errlen);
 
 /* loader_index_engine copies the tenant's own choice of index engine (the column
  * tenants.index_engine) into out: "native", "faiss", or "" when it has none (the server's setting

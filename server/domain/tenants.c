@@ -622,6 +622,8 @@ bool tenants_index_info(tenants *ts, int64_t id, tenants_index *out)
         out->bytes = st.bytes;
         vindex_get_recall(t->vi, &out->recall);
         out->engine_in_use = st.engine;
+        out->rows_warm = atomic_load(&t->rows_warm);
+        out->rows_warmed = atomic_load(&t->rows_warmed);
     }
     pthread_mutex_unlock(&t->mu);
     tenant_put(t);
@@ -693,6 +695,7 @@ void tenants_stats(tenants *ts, tenants_metrics *m)
     m->rebuilds = atomic_load(&ts->n_rebuilds);
     m->recall_probes = atomic_load(&ts->n_probes);
     m->recall_probe_ns = atomic_load(&ts->probe_ns);
+    m->rows_warmed = atomic_load(&ts->n_rows_warmed);
     for (int src = 0; src < 2; src++) {
         for (size_t b = 0; b < TENANTS_LOAD_BUCKETS; b++)
             m->load_hist[src][b] = atomic_load(&ts->load_hist[src][b]);

@@ -154,6 +154,21 @@ void tenants_forget(tenants *ts, int64_t id);
  * the old index finish with it. Any thread. */
 void tenants_engine_changed(tenants *ts, int64_t id, int engine);
 
+/* Where warming the row cache with a tenant's rows stands (after each load of its index, the
+ * newest live rows are read into the row cache in the background). */
+enum tenants_rows_warm {
+    TENANTS_ROWS_PENDING,    /* queued behind other background work */
+    TENANTS_ROWS_WARMING,    /* reading */
+    TENANTS_ROWS_DONE,       /* every live row read */
+    TENANTS_ROWS_CACHE_FULL, /* stopped: the cache holds row_cache_prewarm_percent */
+    TENANTS_ROWS_OFF,        /* row_cache_prewarm_percent or row_cache_mb is 0 */
+    TENANTS_ROWS_FAILED,     /* the database failed (searches read rows as they need them) */
+};
+
+/* tenants_rows_warm_name names a state for memory.stats ("pending", "warming", "done",
+ * "cache_full", "off", "failed"). */
+const char *tenants_rows_warm_name(int state);
+
 /* What memory.stats reports of a loaded index. */
 typedef struct tenants_index {
     int engine;            /* VINDEX_ENGINE_* the index was created with */
@@ -162,6 +177,8 @@ typedef struct tenants_index {
     size_t bytes;          /* vindex_bytes */
     vindex_recall recall;  /* what its recall monitor measured */
     int engine_in_use;     /* VINDEX_ENGINE_FAISS once the FAISS index is built */
+    int rows_warm;         /* enum tenants_rows_warm, of the last load */
+    uint64_t rows_warmed;  /* rows that warming put in the row cache since that load */
 } tenants_index;
 
 /* tenants_index_info fills *out and returns true when tenant id's index is loaded in this
@@ -204,6 +221,7 @@ typedef struct tenants_metrics {
     uint64_t recall_measured;
     double recall_min, recall_sum;
     uint64_t exact_fallbacks, recall_probes, recall_probe_ns;
+    uint64_t rows_warmed; /* rows read into the row cache after loads, since start */
 } tenants_metrics;
 
 /* tenants_stats fills m. Any thread. */

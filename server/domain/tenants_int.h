@@ -76,6 +76,10 @@ struct tenant {
     bool dead;                     /* the tenant was deleted: write no snapshot */
     atomic_uint_least64_t used_ns; /* last use, for eviction */
     bool recall_warned;            /* housekeeping only: a low recall was logged */
+    /* warming the row cache after the last load (enum tenants_rows_warm; tenants_load.c) */
+    atomic_int rows_warm;
+    atomic_uint rows_warm_gen; /* bumped by each load: an older warming stops */
+    atomic_uint_least64_t rows_warmed;
 };
 
 struct tenants {
@@ -104,6 +108,7 @@ struct tenants {
     uint64_t rm_last_ns;
     size_t rm_next; /* where the next round starts among the tenants */
     atomic_uint_least64_t n_probes, probe_ns;
+    atomic_uint_least64_t n_rows_warmed; /* rows read into the row cache after loads */
 #ifdef ENGRAM_FAULT_INJECTION
     /* tests only: index upserts still to fail with -ENOMEM (ENGRAM_FAULT_INDEX_UPSERT) */
     atomic_long fault_upserts;

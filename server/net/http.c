@@ -141,12 +141,16 @@ static int on_metrics(server *s, struct evbuffer *b)
         "# HELP engram_row_cache_lookups_total Row cache lookups by result.\n"
         "# TYPE engram_row_cache_lookups_total counter\n"
         "engram_row_cache_lookups_total{result=\"hit\"} %llu\n"
-        "engram_row_cache_lookups_total{result=\"miss\"} %llu\n",
+        "engram_row_cache_lookups_total{result=\"miss\"} %llu\n"
+        "# HELP engram_row_cache_prewarmed_rows_total Rows read into the row cache after index "
+        "loads (row_cache_prewarm_percent).\n"
+        "# TYPE engram_row_cache_prewarmed_rows_total counter\n"
+        "engram_row_cache_prewarmed_rows_total %llu\n",
         (unsigned long long)tm.snapshot_loads, (unsigned long long)tm.database_loads,
         (unsigned long long)tm.snapshots_rejected, (unsigned long long)tm.snapshots_written,
         (unsigned long long)tm.evictions, (unsigned long long)tm.rebuilds,
         (unsigned long long)rc_entries, (unsigned long long)rc_bytes, (unsigned long long)rc_hits,
-        (unsigned long long)rc_misses);
+        (unsigned long long)rc_misses, (unsigned long long)tm.rows_warmed);
     evbuffer_add_printf(b,
                         "# HELP engram_client_buffered_bytes Unsent answers and incoming "
                         "messages buffered across all connections (max_output_total_bytes "

@@ -103,7 +103,7 @@ def index_stats(srv, key):
         idx = c.call("memory.stats")["index"]
     assert set(idx) == set(INDEX_FIELDS) | {"recall_estimate", "candidate_depth",
                                            "exact_fallback", "recall_samples", "engine_in_use",
-                                           "blended_depth"}
+                                           "blended_depth", "row_cache_warm", "rows_warmed"}
     return {f: idx[f] for f in INDEX_FIELDS}
 
 

@@ -94,3 +94,83 @@ def test_searches_without_the_cache():
         srv.stop()
     finally:
         srv.cleanup()
+
+
+def index_stats(c):
+    return c.call("memory.stats")["index"]
+
+
+def test_a_loaded_index_reads_its_live_rows_into_the_cache():
+    """After a restart the preloaded tenant's live rows are in the row cache before any
+    search: searches of them make no database round trip, archived rows are not read, and a
+    row changed after warming is served at its new version."""
+    dsn = new_database("rowwarm")
+    srv = Server(dsn).start()
+    try:
+        _, key = srv.create_tenant()
+        vecs = structured_vectors(300, DIM, seed=63)
+        with srv.client(key=key) as c:
+            ids = c.call("memory.store_batch", memories=[
+                {"content": f"warm {i}", "type": "fact", "importance": 0.5,
+                 "embedding": vec_bin(v)} for i, v in enumerate(vecs)])["ids"]
+            c.call("memory.archive", ids=ids[:20])
+            assert top(c, vecs[30])["id"] == ids[30]  # loads the index
+        srv.restart()  # the snapshot written at shutdown is preloaded
+        with srv.client(key=key) as c:
+            idx = wait_for(lambda: (lambda s: s if s["row_cache_warm"] == "done" else None)(
+                index_stats(c)), timeout=30)
+            assert idx, index_stats(c)
+            assert idx["rows_warmed"] == 280
+            assert metric(srv, "engram_row_cache_prewarmed_rows_total") == 280
+            assert metric(srv, "engram_row_cache_entries") == 280
+            hits = metric(srv, "engram_row_cache_lookups_total", 'result="hit"')
+            misses = metric(srv, "engram_row_cache_lookups_total", 'result="miss"')
+            for i in range(20, 60):
+                assert top(c, vecs[i])["content"] == f"warm {i}"
+            assert metric(srv, "engram_row_cache_lookups_total", 'result="miss"') == misses
+            assert metric(srv, "engram_row_cache_lookups_total", 'result="hit"') == hits + 40
+            # archived rows were not read: asking for one is a miss
+            got = top(c, vecs[3], include_archived=True)
+            assert got["id"] == ids[3] and got["archived_at"] is not None
+            assert metric(srv, "engram_row_cache_lookups_total", 'result="miss"') == misses + 1
+            # a row changed after warming: the new version, never the warmed one
+            c.call("memory.update", id=ids[50], content="changed", embedding=vec_bin(vecs[50]))
+            assert top(c, vecs[50])["content"] == "changed"
+        srv.stop()
+    finally:
+        srv.cleanup()
+
+
+def test_warming_stops_at_its_share_of_the_cache_and_can_be_turned_off():
+    dsn = new_database("rowwarmfull")
+    # 1 MiB of cache, warming up to 5% of it (51 KiB): about 130 rows of this size
+    srv = Server(dsn, extra=["--row-cache-mb", "1", "--row-cache-prewarm-percent", "5"]).start()
+    try:
+        _, key = srv.create_tenant()
+        vecs = structured_vectors(1000, DIM, seed=64)
+        with srv.client(key=key) as c:
+            c.call("memory.store_batch", memories=[
+                {"content": f"row {i} " + "x" * 200, "type": "fact", "importance": 0.5,
+                 "embedding": vec_bin(v)} for i, v in enumerate(vecs)])
+            top(c, vecs[0])  # loads the index, snapshotted at shutdown
+        srv.restart()
+        with srv.client(key=key) as c:
+            idx = wait_for(lambda: (lambda s: s if s["row_cache_warm"] == "cache_full" else None)(
+                index_stats(c)), timeout=30)
+            assert idx, index_stats(c)
+            assert 0 < idx["rows_warmed"] < 1000
+            held = metric(srv, "engram_row_cache_bytes")
+            # it stops within one check (64 rows of about 400 bytes) past the share
+            share = (1 << 20) // 100 * 5
+            assert share <= held < share + 64 * 1024, held
+        srv.extra = ["--row-cache-mb", "1", "--row-cache-prewarm-percent", "0"]
+        srv.restart()
+        with srv.client(key=key) as c:
+            idx = wait_for(lambda: (lambda s: s if s["loaded"] else None)(index_stats(c)),
+                           timeout=30)
+            assert idx and idx["row_cache_warm"] == "off" and idx["rows_warmed"] == 0
+            assert metric(srv, "engram_row_cache_entries") == 0
+            assert metric(srv, "engram_row_cache_prewarmed_rows_total") == 0
+        srv.stop()
+    finally:
+        srv.cleanup()

@@ -169,7 +169,7 @@ static const config_def defs[] = {
     {"row_cache_mb", T_LONG, OFF(row_cache_mb), "256", 0, 1e6, 0,
      "memory rows cached for search results in MiB, so that searches need no database "
      "round trip (0: none)"},
-    {"row_cache_prewarm_percent", T_INT, OFF(row_cache_prewarm_percent), "75", 0, 100, 0,
+    {"row_cache_prewarm_percent", T_INT, OFF(row_cache_prewarm_percent), "90", 0, 100, 0,
      "after a tenant's index loads, its newest live memory rows are read into the row cache in "
      "the background while the cache holds less than this share of row_cache_mb, so that the "
      "first searches after a start or an eviction need no database round trip (0: off)"},

@@ -431,9 +431,6 @@ static int read_engine(PGconn *pg, tenant *t, char *err, size_t errlen)
     return 0;
 }
 
-/* Loads t's index on this background thread (t is LOADING): from its snapshot plus the
- * changes after it, else from PostgreSQL; then applies the changes that arrived meanwhile
- * and wakes the waiters. Returns 0 or a negative errno. */
 /* ---- warming the row cache ------------------------------------------------------------
  *
  * A search packs its results from the row cache, or reads the missing rows from PostgreSQL:
@@ -575,6 +572,9 @@ const char *tenants_rows_warm_name(int state)
     return state >= 0 && state <= TENANTS_ROWS_FAILED ? names[state] : "unknown";
 }
 
+/* Loads t's index on this background thread (t is LOADING): from its snapshot plus the
+ * changes after it, else from PostgreSQL; then applies the changes that arrived meanwhile
+ * and wakes the waiters, and queues the warming of its rows. Returns 0 or a negative errno. */
 static int load_now(bg_ctx *ctx, tenant *t)
 {
     char err[256] = "";

@@ -720,11 +720,16 @@ static void touch_one(void *meta, void *arg)
         vindex_meta_word_store((uint64_t *)(void *)&m->last_access_ms, (uint64_t)tc->now_ms);
 }
 
+/* Access counts do not make the index dirty: PostgreSQL has them (the worker's access log,
+ * within a second), and an index restored from a snapshot reads them back from it
+ * (refresh_access, tenants_load.c). Otherwise every searched tenant's whole snapshot,
+ * hundreds of megabytes at 50,000 x 768, was written again each index_snapshot_interval_s
+ * for its access counts alone. */
 void tenant_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms)
 {
     touch_ctx tc = {.now_ms = now_ms};
     pthread_mutex_lock(&t->mu);
-    if (t->state == T_READY && vindex_touch_meta(t->vi, ids, n, touch_one, &tc) > 0)
-        t->dirty = true;
+    if (t->state == T_READY)
+        vindex_touch_meta(t->vi, ids, n, touch_one, &tc);
     pthread_mutex_unlock(&t->mu);
 }

@@ -71,7 +71,7 @@ struct tenant {
     /* snapshots (t->mu) */
     uint64_t saved_seq;            /* change number of the newest snapshot written or loaded */
     uint64_t saved_mono_ns;        /* when (0: never) */
-    bool dirty;                    /* changed, or access counts moved, since that snapshot */
+    bool dirty;                    /* changed since that snapshot (reads are not changes) */
     bool saving;                   /* a snapshot is being written */
     bool dead;                     /* the tenant was deleted: write no snapshot */
     atomic_uint_least64_t used_ns; /* last use, for eviction */

@@ -210,7 +210,7 @@ static void access_fix_one(void *meta, void *arg)
     uint64_t i;
     if (!idmap_get(af->at, m->id, &i))
         return;
-    uint32_t c = af->counts[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)af->counts[i];
+    uint64_t c = af->counts[i] > 0 ? (uint64_t)af->counts[i] : 0;
     if (c > m->access_count)
         m->access_count = c;
     if (af->last[i] > m->last_access_ms)

@@ -5,7 +5,7 @@ through any process, a restarted index) sees them throughout."""
 import threading
 import time
 
-from harness import Server, new_database, psql, structured_vectors, vec_bin, wait_for
+from harness import Server, metric, new_database, psql, structured_vectors, vec_bin, wait_for
 
 
 def store_facts(c, vecs, tag):
@@ -142,6 +142,40 @@ def test_concurrent_searches_of_one_tenant_count_every_access():
                          similarity_weight=1.0)["results"]
             assert res[0]["id"] == ids[0] and res[0]["access_count"] == 180
         assert wait_for(lambda: counted(dsn, tid, ids[0]) == 181)
+        srv.stop()
+    finally:
+        srv.cleanup()
+
+
+def test_reads_alone_write_no_snapshot_and_a_restart_keeps_their_counts():
+    """Access counts are not changes of the index: searches alone never cause a snapshot to
+    be written again, and an index restored from its snapshot reads the counts back from
+    the database."""
+    dsn = new_database("accsnap")
+    srv = Server(dsn, extra=["--index-snapshot-interval-s", "1"])
+    try:
+        srv.start()
+        tid, key = srv.create_tenant()
+        vecs = structured_vectors(20, 384, seed=73)
+        with srv.client(key=key) as c:
+            ids = store_facts(c, vecs, "s")
+            c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1, similarity_weight=1.0)
+        # the index built from the database is snapshotted once
+        assert wait_for(lambda: metric(srv, "engram_index_snapshots_written_total") == 1)
+        with srv.client(key=key) as c:
+            for _ in range(30):
+                res = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1,
+                             similarity_weight=1.0)["results"]
+                assert res[0]["id"] == ids[0]
+        assert wait_for(lambda: counted(dsn, tid, ids[0]) == 31)
+        time.sleep(3)  # three snapshot intervals: reads alone write none
+        assert metric(srv, "engram_index_snapshots_written_total") == 1
+        srv.restart()
+        assert metric(srv, "engram_index_loads_total", 'source="snapshot"') == 1
+        with srv.client(key=key) as c:
+            res = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1,
+                         similarity_weight=1.0)["results"]
+            assert res[0]["id"] == ids[0] and res[0]["access_count"] == 31
         srv.stop()
     finally:
         srv.cleanup()

@@ -210,7 +210,8 @@ static void access_fix_one(void *meta, void *arg)
     uint64_t i;
     if (!idmap_get(af->at, m->id, &i))
         return;
-    uint64_t c = af->counts[i] > 0 ? (uint64_t)af->counts[i] : 0;
+    /* capped at 32 bits, as every other path into the index does (mem_meta_from_row) */
+    uint32_t c = af->counts[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)af->counts[i];
     if (c > m->access_count)
         m->access_count = c;
     if (af->last[i] > m->last_access_ms)
@@ -475,6 +476,14 @@ static int warm_row(const memrow *m, void *arg)
     return 0;
 }
 
+/* Drops w and its reference to the tenant. */
+static void warm_free(warm_job *w)
+{
+    tenant_put(w->t);
+    free(w);
+}
+
+/* Ends w's warming in state (err: why it failed), and frees it. */
 static void warm_finish(warm_job *w, int state, const char *err)
 {
     tenant *t = w->t;
@@ -486,8 +495,7 @@ static void warm_finish(warm_job *w, int state, const char *err)
     else
         log_debug("tenant %lld: %zu rows read into the row cache in %.1f ms (%s)", (long long)t->id,
                   w->n, (double)(server_mono_ns() - w->t0) / 1e6, tenants_rows_warm_name(state));
-    tenant_put(t);
-    free(w);
+    warm_free(w);
 }
 
 /* Reads the next page of w's tenant's newest live rows into the row cache (see above), then
@@ -502,8 +510,7 @@ static void rows_warm_job(bg_ctx *ctx, void *arg)
     pthread_mutex_unlock(&t->mu);
     if (!go || bg_cancelled(ctx)) {
         /* unloaded, deleted or loaded again since (that load warms anew), or shutting down */
-        tenant_put(t);
-        free(w);
+        warm_free(w);
         return;
     }
     atomic_store(&t->rows_warm, TENANTS_ROWS_WARMING);
@@ -528,10 +535,8 @@ static void rows_warm_job(bg_ctx *ctx, void *arg)
         warm_finish(w, TENANTS_ROWS_DONE, NULL);
     } else {
         w->before = last;
-        if (bg_submit(t->ts->srv->bg, rows_warm_job, w) < 0) {
-            tenant_put(t); /* shutting down */
-            free(w);
-        }
+        if (bg_submit(t->ts->srv->bg, rows_warm_job, w) < 0)
+            warm_free(w); /* shutting down */
     }
 }
 

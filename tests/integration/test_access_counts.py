@@ -14,6 +14,13 @@ def store_facts(c, vecs, tag):
                    embedding=vec_bin(v))["id"] for i, v in enumerate(vecs)]
 
 
+def search(c, vec, top_k=1):
+    """The results of a similarity search for vec through client c (each counts an access
+    of every memory it returns)."""
+    return c.call("memory.search", embedding=vec_bin(vec), top_k=top_k,
+                  similarity_weight=1.0)["results"]
+
+
 def counted(dsn, tid, mid):
     """A memory's access count as the database has it: its row's plus the pending one."""
     return int(psql(dsn, f"SELECT m.access_count + COALESCE((SELECT a.access_count FROM "
@@ -33,8 +40,7 @@ def test_access_counts_land_fold_and_survive_a_crash():
         with srv.client(key=key) as c:
             ids = store_facts(c, vecs, "a")
             for _ in range(3):
-                res = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1,
-                             similarity_weight=1.0)["results"]
+                res = search(c, vecs[0])
                 assert res[0]["id"] == ids[0]
 
         def total():
@@ -51,13 +57,12 @@ def test_access_counts_land_fold_and_survive_a_crash():
                                                  f"AND id = {ids[0]}") == "3")
         assert psql(dsn, "SELECT count(*) FROM memory_access") == "0"
         with srv.client(key=key) as c:
-            c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1, similarity_weight=1.0)
+            search(c, vecs[0])
         assert wait_for(lambda: total() == 4)
         srv.kill()  # a crash: the index restarts from the database and its snapshot state
         srv.start()
         with srv.client(key=key) as c:
-            res = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1,
-                         similarity_weight=1.0)["results"]
+            res = search(c, vecs[0])
             assert res[0]["id"] == ids[0] and res[0]["access_count"] == 4
         with other.client(key=key) as c:
             assert wait_for(lambda: c.call("memory.get", ids=[ids[0]])["memories"][0]["access_count"] == 5)
@@ -82,7 +87,7 @@ def test_a_memory_read_recently_keeps_its_count_pending():
         vecs = structured_vectors(3, 384, seed=72)
         with srv.client(key=key) as c:
             ids = store_facts(c, vecs, "b")
-            c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1, similarity_weight=1.0)
+            search(c, vecs[0])
             assert wait_for(lambda: psql(dsn, f"SELECT access_count FROM memory_access WHERE "
                                               f"tenant_id = {tid} AND id = {ids[0]}") == "1")
             # maintenance runs every second: at least two ran, and none folded the count of a
@@ -124,8 +129,7 @@ def test_concurrent_searches_of_one_tenant_count_every_access():
             try:
                 with srv.client(key=key) as c:
                     for _ in range(30):
-                        res = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=3,
-                                     similarity_weight=1.0)["results"]
+                        res = search(c, vecs[0], top_k=3)
                         assert res[0]["id"] == ids[0]
             except Exception as e:  # reported below
                 errors.append(e)
@@ -138,8 +142,7 @@ def test_concurrent_searches_of_one_tenant_count_every_access():
         assert not errors, errors
         # 6 x 30 searches, each one access of ids[0]: the next search reports them all
         with srv.client(key=key) as c:
-            res = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1,
-                         similarity_weight=1.0)["results"]
+            res = search(c, vecs[0])
             assert res[0]["id"] == ids[0] and res[0]["access_count"] == 180
         assert wait_for(lambda: counted(dsn, tid, ids[0]) == 181)
         srv.stop()
@@ -159,13 +162,12 @@ def test_reads_alone_write_no_snapshot_and_a_restart_keeps_their_counts():
         vecs = structured_vectors(20, 384, seed=73)
         with srv.client(key=key) as c:
             ids = store_facts(c, vecs, "s")
-            c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1, similarity_weight=1.0)
+            search(c, vecs[0])
         # the index built from the database is snapshotted once
         assert wait_for(lambda: metric(srv, "engram_index_snapshots_written_total") == 1)
         with srv.client(key=key) as c:
             for _ in range(30):
-                res = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1,
-                             similarity_weight=1.0)["results"]
+                res = search(c, vecs[0])
                 assert res[0]["id"] == ids[0]
         assert wait_for(lambda: counted(dsn, tid, ids[0]) == 31)
         time.sleep(3)  # three snapshot intervals: reads alone write none
@@ -173,8 +175,7 @@ def test_reads_alone_write_no_snapshot_and_a_restart_keeps_their_counts():
         srv.restart()
         assert metric(srv, "engram_index_loads_total", 'source="snapshot"') == 1
         with srv.client(key=key) as c:
-            res = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1,
-                         similarity_weight=1.0)["results"]
+            res = search(c, vecs[0])
             assert res[0]["id"] == ids[0] and res[0]["access_count"] == 31
         srv.stop()
     finally:

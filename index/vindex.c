@@ -312,6 +312,11 @@ vindex *vindex_create(const vindex_opts *opts)
         pthread_mutex_destroy(&vi->cal_mu);
         goto fail_maint;
     }
+    if (pthread_mutex_init(&vi->qs_mu, NULL)) {
+        pthread_mutex_destroy(&vi->pub_mu);
+        pthread_mutex_destroy(&vi->cal_mu);
+        goto fail_maint;
+    }
     vi->map = idmap_create(0);
     if (!vi->map)
         goto fail_all;
@@ -319,6 +324,7 @@ vindex *vindex_create(const vindex_opts *opts)
 
 fail_all:
     idmap_destroy(vi->map);
+    pthread_mutex_destroy(&vi->qs_mu);
     pthread_mutex_destroy(&vi->pub_mu);
     pthread_mutex_destroy(&vi->cal_mu);
 fail_maint:
@@ -352,8 +358,11 @@ void vindex_destroy(vindex *vi)
     free(vi->rot);
     free(vi->cal_pos);
     free(vi->cal_spos);
+    free(vi->cal_real);
+    free(vi->qs_buf);
     fx_destroy(vi, vi->fx);
     free(vi->fx_slot);
+    pthread_mutex_destroy(&vi->qs_mu);
     pthread_mutex_destroy(&vi->pub_mu);
     pthread_mutex_destroy(&vi->cal_mu);
     pthread_mutex_destroy(&vi->maint_mu);

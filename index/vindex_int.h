@@ -67,6 +67,8 @@
 #define CAL_RING 2048                  /* true-neighbour positions the calibration keeps */
 #define CAL_MIN 200                    /* positions needed before the depth is trusted */
 #define CAL_K 10                       /* the calibration's k */
+#define QS_CAP 256                     /* recent queries kept as probes (FAISS) */
+#define QS_EVERY 4                     /* every this many searches offers its query */
 #define DEF_COMPACT_PERCENT 25
 #define DEF_INLINE_COMPACT 4096
 
@@ -145,6 +147,21 @@ struct vindex {
     uint32_t *cal_spos;
     size_t cal_sn, cal_shead;
     _Atomic size_t sdepth;
+    /* FAISS engine: which of the ring's positions came from a real query (1) rather than a
+     * synthetic probe (0), parallel to cal_pos, and how many did (cal_qn) */
+    unsigned char *cal_real;
+    size_t cal_qn;
+    size_t pub_qsamples;
+
+    /* FAISS engine: recent search queries for the calibration to use as probes (an HNSW
+     * graph's recall depends on where queries land, which synthetic probes only guess).
+     * Every QS_EVERY-th search copies its normalized query in (trylock: a search never
+     * waits for it); qs_n unused ones sit below qs_head, newest last; a full ring
+     * overwrites its oldest. qs_buf (QS_CAP * dim floats) is allocated at the first copy. */
+    pthread_mutex_t qs_mu;
+    float *qs_buf;
+    size_t qs_head, qs_n;
+    _Atomic uint64_t qs_tick;
 
     /* writer state, under wmu */
     size_t tier_retry_at; /* after a failed kind change, retry once live reaches this */

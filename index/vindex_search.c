@@ -699,6 +699,43 @@ static void prepare_codes(const vindex *vi, qprep *p, int kind, float *scratch)
 }
 
 /* vindex_search writes the best q->k hits into out, best first; see vindex.h. */
+/* offer_query copies every QS_EVERY-th query of the FAISS engine (qn: dim floats,
+ * normalized) into the ring of queries the calibration takes its probes from. Never waits:
+ * when the ring is busy (a calibration popping, another search copying) the query is
+ * skipped, and a ring that cannot be allocated stays off. */
+static void offer_query(vindex *vi, const float *qn)
+{
+    if (atomic_fetch_add_explicit(&vi->qs_tick, 1, memory_order_relaxed) % QS_EVERY != 0)
+        return;
+    if (pthread_mutex_trylock(&vi->qs_mu))
+        return;
+    if (!vi->qs_buf)
+        vi->qs_buf = malloc(QS_CAP * vi->dim * sizeof(float));
+    if (vi->qs_buf) {
+        memcpy(vi->qs_buf + vi->qs_head * vi->dim, qn, vi->dim * sizeof(float));
+        vi->qs_head = (vi->qs_head + 1) % QS_CAP;
+        if (vi->qs_n < QS_CAP)
+            vi->qs_n++;
+    }
+    pthread_mutex_unlock(&vi->qs_mu);
+}
+
+/* take_query moves the newest unused query of the ring into out (dim floats). Returns
+ * true when there was one. */
+static bool take_query(vindex *vi, float *out)
+{
+    bool got = false;
+    pthread_mutex_lock(&vi->qs_mu);
+    if (vi->qs_n > 0) {
+        vi->qs_head = (vi->qs_head + QS_CAP - 1) % QS_CAP;
+        vi->qs_n--;
+        memcpy(out, vi->qs_buf + vi->qs_head * vi->dim, vi->dim * sizeof(float));
+        got = true;
+    }
+    pthread_mutex_unlock(&vi->qs_mu);
+    return got;
+}
+
 int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
 {
     *n = 0;
@@ -753,6 +790,7 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
             if (q->score)
                 need *= 4;
             sc.kept_checked = false;
+            offer_query(vi, qn);
             rc = need > limit && need > want ? 1 : search_fx(&sc, need);
             if (rc == 1) {
                 /* too selective a filter, FAISS failed, or the filter kept fewer than k of
@@ -1000,12 +1038,14 @@ int vindex_calibrate_scored(vindex *vi, size_t probes, double target, const vind
     size_t live = 0, limit = 0;
     bool ann = false, was_below = false, fxm = false;
     pthread_mutex_lock(&vi->cal_mu);
-    if (!vi->cal_pos || !vi->cal_spos) {
+    if (!vi->cal_pos || !vi->cal_spos || !vi->cal_real) {
         if (!vi->cal_pos)
             vi->cal_pos = malloc(CAL_RING * sizeof(uint32_t));
         if (!vi->cal_spos)
             vi->cal_spos = malloc(CAL_RING * sizeof(uint32_t));
-        if (!vi->cal_pos || !vi->cal_spos) {
+        if (!vi->cal_real)
+            vi->cal_real = calloc(CAL_RING, 1);
+        if (!vi->cal_pos || !vi->cal_spos || !vi->cal_real) {
             rc = -ENOMEM;
             goto done;
         }
@@ -1017,7 +1057,7 @@ int vindex_calibrate_scored(vindex *vi, size_t probes, double target, const vind
         if (vi->cal_gen != vi->code_gen || !ann) {
             /* new codes: what was measured on the old ones says nothing */
             vi->cal_gen = vi->code_gen;
-            vi->cal_n = vi->cal_head = vi->cal_probes = 0;
+            vi->cal_n = vi->cal_head = vi->cal_probes = vi->cal_qn = 0;
             vi->cal_sn = vi->cal_shead = 0;
         }
         if (!ann) {
@@ -1033,21 +1073,27 @@ int vindex_calibrate_scored(vindex *vi, size_t probes, double target, const vind
             fxd = fxd ? fxd : vi->o.ann_candidates;
             if (fxd != vi->cal_fx_depth) {
                 vi->cal_fx_depth = fxd;
-                vi->cal_n = vi->cal_head = 0;
+                vi->cal_n = vi->cal_head = vi->cal_qn = 0;
             }
         }
         uint32_t pos[CAL_K], spos[CAL_K];
         int nsp = 0;
-        make_probe(vi, vi->cal_probes, probe);
+        /* the FAISS engine prefers a recent real query; otherwise a synthetic probe */
+        bool real = fxm && take_query(vi, probe);
+        if (!real)
+            make_probe(vi, vi->cal_probes++, probe);
         int np = probe_positions(vi, probe, pos, fxd, fxm ? NULL : shape, spos, &nsp);
         unlock(vi);
         if (np < 0) {
             rc = np;
             goto done;
         }
-        vi->cal_probes++;
         for (int j = 0; j < np; j++) {
+            if (vi->cal_n == CAL_RING)
+                vi->cal_qn -= vi->cal_real[vi->cal_head];
             vi->cal_pos[vi->cal_head] = pos[j];
+            vi->cal_real[vi->cal_head] = real;
+            vi->cal_qn += real;
             vi->cal_head = (vi->cal_head + 1) % CAL_RING;
             if (vi->cal_n < CAL_RING)
                 vi->cal_n++;
@@ -1131,6 +1177,7 @@ done:
         out->ann_estimate = vi->cal_ann_est;
         out->depth = atomic_load(&vi->depth);
         out->samples = vi->cal_n;
+        out->query_samples = vi->cal_qn;
         out->exact_fallback = atomic_load(&vi->exact_fb) != 0;
         out->was_below = was_below;
         out->scored_depth = atomic_load(&vi->sdepth);
@@ -1139,6 +1186,7 @@ done:
     vi->pub_est = vi->cal_est;
     vi->pub_ann_est = vi->cal_ann_est;
     vi->pub_samples = vi->cal_n;
+    vi->pub_qsamples = vi->cal_qn;
     vi->pub_gen = vi->cal_gen;
     pthread_mutex_unlock(&vi->pub_mu);
     pthread_mutex_unlock(&vi->cal_mu);
@@ -1152,7 +1200,7 @@ void vindex_get_recall(vindex *vi, vindex_recall *out)
 {
     pthread_mutex_lock(&vi->pub_mu);
     double est = vi->pub_est, ann_est = vi->pub_ann_est;
-    size_t samples = vi->pub_samples;
+    size_t samples = vi->pub_samples, qsamples = vi->pub_qsamples;
     uint64_t gen = vi->pub_gen;
     pthread_mutex_unlock(&vi->pub_mu);
     rdlock(vi);
@@ -1163,6 +1211,7 @@ void vindex_get_recall(vindex *vi, vindex_recall *out)
     out->ann_estimate = ann && fresh ? ann_est : NAN;
     out->depth = atomic_load(&vi->depth);
     out->samples = fresh ? samples : 0;
+    out->query_samples = fresh ? qsamples : 0;
     out->exact_fallback = atomic_load(&vi->exact_fb) != 0;
     out->was_below = false;
     out->scored_depth = atomic_load(&vi->sdepth);

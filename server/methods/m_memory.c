@@ -1418,7 +1418,7 @@ static void stats_rows(req *r, const db_result *res)
     mp_pack_time(pk, "newest_at", newest);
     rpc_pack_kv_int(pk, "storage_bytes", bytes);
     rpc_pack_cstr(pk, "index");
-    msgpack_pack_map(pk, 12);
+    msgpack_pack_map(pk, 13);
     rpc_pack_kv_str(pk, "engine", engine);
     rpc_pack_kv_bool(pk, "loaded", loaded);
     if (loaded) {
@@ -1435,6 +1435,7 @@ static void stats_rows(req *r, const db_result *res)
         rpc_pack_kv_int(pk, "blended_depth", (int64_t)rc->scored_depth);
         rpc_pack_kv_bool(pk, "exact_fallback", rc->exact_fallback);
         rpc_pack_kv_int(pk, "recall_samples", (int64_t)rc->samples);
+        rpc_pack_kv_int(pk, "recall_query_samples", (int64_t)rc->query_samples);
         rpc_pack_kv_str(pk, "row_cache_warm", tenants_rows_warm_name(ti.rows_warm));
         rpc_pack_kv_int(pk, "rows_warmed", (int64_t)ti.rows_warmed);
     } else {
@@ -1446,6 +1447,7 @@ static void stats_rows(req *r, const db_result *res)
         rpc_pack_kv_nil(pk, "blended_depth");
         rpc_pack_kv_nil(pk, "exact_fallback");
         rpc_pack_kv_nil(pk, "recall_samples");
+        rpc_pack_kv_nil(pk, "recall_query_samples");
         rpc_pack_kv_nil(pk, "row_cache_warm");
         rpc_pack_kv_nil(pk, "rows_warmed");
     }

@@ -103,7 +103,8 @@ def index_stats(srv, key):
         idx = c.call("memory.stats")["index"]
     assert set(idx) == set(INDEX_FIELDS) | {"recall_estimate", "candidate_depth",
                                            "exact_fallback", "recall_samples", "engine_in_use",
-                                           "blended_depth", "row_cache_warm", "rows_warmed"}
+                                           "blended_depth", "row_cache_warm", "rows_warmed",
+                                           "recall_query_samples"}
     return {f: idx[f] for f in INDEX_FIELDS}
 
 
@@ -203,6 +204,29 @@ def test_both_engines_search_exactly_and_forget_deletes(env):
                                            "vectors": N - 150}
     assert index_stats(srv, native.key) == {"engine": "native", "loaded": True, "kind": "ann",
                                             "vectors": N - 150}
+
+
+def test_faiss_recall_monitor_measures_the_tenants_own_queries(env):
+    """The recall monitor of a faiss index takes its probes from copies of the tenant's
+    recent queries (every fourth search's) before it makes synthetic ones; a native index's
+    monitor never does."""
+    _, srv, faiss, native = env
+
+    def query_samples(d):
+        with srv.client(key=d.key) as c:
+            return c.call("memory.stats")["index"]["recall_query_samples"]
+
+    assert engine_in_use(srv, faiss.key) == "faiss"
+    for d, seed in ((faiss, 61), (native, 62)):
+        with srv.client(key=d.key) as c:
+            for q in structured_vectors(200, DIM, seed=seed):
+                got = c.call("memory.search", embedding=vec_bin(q), top_k=10,
+                             similarity_weight=1.0)["results"]
+                assert len(got) == 10
+    assert wait_for(lambda: query_samples(faiss) > 0, timeout=60)
+    with srv.client(key=native.key) as c:
+        idx = c.call("memory.stats")["index"]
+    assert idx["recall_samples"] > 0 and idx["recall_query_samples"] == 0
 
 
 def test_restart_loads_each_engine_from_its_own_snapshot(env):

@@ -250,6 +250,9 @@ static void distributions(void)
         CHECK_MSG(r.estimate >= 0.99, "%s: estimate %.3f", dist_name[d], r.estimate);
         CHECK_MSG(fabs(r.estimate - measured) <= 0.02, "%s: estimate %.3f, measured %.3f",
                   dist_name[d], r.estimate, measured);
+        /* the native engine measures synthetic probes only, searches or not */
+        CHECK(vindex_calibrate(vi, 10, 0.99, &r) == 0);
+        CHECK(r.query_samples == 0);
         if (d == D_IID) {
             /* neighbours are no closer in code than anything else: only an exact scan works */
             CHECK(r.exact_fallback);
@@ -289,6 +292,49 @@ static void distributions(void)
 #endif
 
 #ifdef VINDEX_TEST_FAISS
+
+/* The FAISS engine measures recent real queries before synthetic probes: searches with
+ * queries of another distribution than the data (i.i.d. directions against non-negative
+ * vectors), then an estimate that is the recall of those very queries. */
+static void faiss_query_probes(vindex *vi)
+{
+    static float keep[NQ * DIM]; /* the data's queries, for the tests after this one */
+    memcpy(keep, Q, sizeof(keep));
+    rs = 77;
+    for (size_t i = 0; i < NQ; i++) {
+        gen(D_IID, Q + i * DIM);
+        normalize(Q + i * DIM);
+    }
+    double measured = recall_of(vi);
+    /* each query four times in a row: every fourth search is kept, so each once per pass;
+     * three passes offer 300, the ring keeps the newest 256 */
+    for (int pass = 0; pass < 3; pass++)
+        for (int q = 0; q < NQ; q++)
+            for (int rep = 0; rep < 4; rep++) {
+                vindex_hit h[K];
+                size_t n = 0;
+                vindex_query vq = {.vec = Q + (size_t)q * DIM, .k = K};
+                CHECK(vindex_search(vi, &vq, h, &n) == 0 && n == K);
+            }
+    /* 205 probes fill the ring of 2,048 positions: the newest 205 queries, each of the 100
+     * about twice */
+    vindex_recall r;
+    CHECK(vindex_calibrate(vi, 205, 0.99, &r) == 0);
+    fprintf(stderr,
+            "faiss    i.i.d. queries: recall@10 %.3f, estimate from them %.3f (%zu of %zu)\n",
+            measured, r.ann_estimate, r.query_samples, r.samples);
+    CHECK(r.samples == 2048 && r.query_samples == r.samples);
+    CHECK_MSG(fabs(r.ann_estimate - measured) <= 0.01, "estimate %.3f, measured %.3f",
+              r.ann_estimate, measured);
+    vindex_recall g;
+    vindex_get_recall(vi, &g);
+    CHECK(g.query_samples == r.query_samples);
+    /* 51 queries are left, then synthetic probes take over (or, when the depth changed,
+     * start a new ring: then real ones are the first 51 probes' positions at most) */
+    CHECK(vindex_calibrate(vi, 100, 0.99, &r) == 0);
+    CHECK(r.query_samples < r.samples && r.query_samples <= 2048 - 490);
+    memcpy(Q, keep, sizeof(keep));
+}
 
 static void faiss_engine(void)
 {
@@ -332,6 +378,8 @@ static void faiss_engine(void)
     CHECK_MSG(measured >= 0.985, "faiss: recall %.3f", measured);
     CHECK(!isnan(r.estimate) && r.estimate >= 0.99);
     CHECK(fabs(r.estimate - measured) <= 0.02);
+    CHECK(r.query_samples == 0); /* calibrated before any search */
+    faiss_query_probes(vi);
     /* deleted vectors never come back, from FAISS's candidates or the tail */
     for (uint64_t i = 0; i < N; i += 2)
         CHECK(vindex_remove(vi, i) == 0);

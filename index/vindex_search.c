@@ -767,6 +767,9 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
     sctx sc = {.vi = vi, .p = &p, .t = &t, .kept_checked = false};
     int rc = 0;
     rdlock(vi);
+    if (vi->fx)
+        offer_query(vi, qn); /* whichever path answers: exact ones too, or the monitor of an
+                              * index that fell back to exact scans would see only probes */
     prepare_codes(vi, &p, vi->kind, rot);
     size_t want = ann_budget(vi, q->k, q->score != NULL);
     bool fb = atomic_load_explicit(&vi->exact_fb, memory_order_relaxed) != 0;
@@ -790,7 +793,6 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
             if (q->score)
                 need *= 4;
             sc.kept_checked = false;
-            offer_query(vi, qn);
             rc = need > limit && need > want ? 1 : search_fx(&sc, need);
             if (rc == 1) {
                 /* too selective a filter, FAISS failed, or the filter kept fewer than k of

@@ -698,7 +698,6 @@ static void prepare_codes(const vindex *vi, qprep *p, int kind, float *scratch)
     vk_sign_bits(scratch, dim, bits);
 }
 
-/* vindex_search writes the best q->k hits into out, best first; see vindex.h. */
 /* offer_query copies every QS_EVERY-th query of the FAISS engine (qn: dim floats,
  * normalized) into the ring of queries the calibration takes its probes from. Never waits:
  * when the ring is busy (a calibration popping, another search copying) the query is
@@ -736,6 +735,7 @@ static bool take_query(vindex *vi, float *out)
     return got;
 }
 
+/* vindex_search writes the best q->k hits into out, best first; see vindex.h. */
 int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
 {
     *n = 0;

@@ -68,6 +68,11 @@ tenants *tenants_create(server *s)
         atomic_store(&ts->fault_upserts, atol(fault));
         log_warn("fault injection: the next %ld index upserts fail as out of memory", atol(fault));
     }
+    fault = getenv("ENGRAM_FAULT_ROWS_WARM");
+    if (fault && atol(fault) > 0) {
+        atomic_store(&ts->fault_warms, atol(fault));
+        log_warn("fault injection: the next %ld pages of row cache warming fail", atol(fault));
+    }
 #endif
     if (c->index_memory_mb > 0) {
         ts->budget = (size_t)c->index_memory_mb << 20;

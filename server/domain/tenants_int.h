@@ -112,6 +112,8 @@ struct tenants {
 #ifdef ENGRAM_FAULT_INJECTION
     /* tests only: index upserts still to fail with -ENOMEM (ENGRAM_FAULT_INDEX_UPSERT) */
     atomic_long fault_upserts;
+    /* tests only: row cache warming pages still to fail (ENGRAM_FAULT_ROWS_WARM) */
+    atomic_long fault_warms;
 #endif
 };
 

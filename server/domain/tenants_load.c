@@ -514,6 +514,13 @@ static void rows_warm_job(bg_ctx *ctx, void *arg)
         return;
     }
     atomic_store(&t->rows_warm, TENANTS_ROWS_WARMING);
+#ifdef ENGRAM_FAULT_INJECTION
+    if (atomic_fetch_sub(&t->ts->fault_warms, 1) > 0) {
+        warm_finish(w, TENANTS_ROWS_FAILED, "fault injection");
+        return;
+    }
+    atomic_fetch_add(&t->ts->fault_warms, 1); /* none was due: stays at 0 */
+#endif
     PGconn *pg = bg_conn(ctx, err, sizeof(err));
     if (!pg) {
         warm_finish(w, TENANTS_ROWS_FAILED, err);

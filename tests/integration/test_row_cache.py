@@ -174,3 +174,45 @@ def test_warming_stops_at_its_share_of_the_cache_and_can_be_turned_off():
         srv.stop()
     finally:
         srv.cleanup()
+
+
+def test_failed_warming_leaves_searches_reading_rows_as_they_need_them():
+    """engramd built for tests (any build but release) honours ENGRAM_FAULT_ROWS_WARM=N: the
+    next N pages of row cache warming fail. A failed warming is reported (state failed, a
+    warning naming the tenant), reads nothing, and searches still return the right rows,
+    read from the database as they are needed; the next load warms again."""
+    dsn = new_database("rowwarmfail")
+    srv = Server(dsn).start()
+    try:
+        tid, key = srv.create_tenant()
+        vecs = structured_vectors(200, DIM, seed=65)
+        with srv.client(key=key) as c:
+            ids = c.call("memory.store_batch", memories=[
+                {"content": f"fail {i}", "type": "fact", "importance": 0.5,
+                 "embedding": vec_bin(v)} for i, v in enumerate(vecs)])["ids"]
+            assert top(c, vecs[0])["id"] == ids[0]  # loads the index
+        srv.env["ENGRAM_FAULT_ROWS_WARM"] = "1"
+        srv.restart()
+        assert "fault injection: the next 1 pages of row cache warming fail" in srv.log_text()
+        with srv.client(key=key) as c:
+            idx = wait_for(lambda: (lambda s: s if s["row_cache_warm"] == "failed" else None)(
+                index_stats(c)), timeout=30)
+            assert idx, index_stats(c)
+            assert idx["rows_warmed"] == 0
+            assert metric(srv, "engram_row_cache_entries") == 0
+            assert (f"tenant {tid}: reading its rows into the row cache failed after 0 rows: "
+                    "fault injection") in srv.log_text()
+            misses = metric(srv, "engram_row_cache_lookups_total", 'result="miss"')
+            for i in range(10, 30):
+                got = top(c, vecs[i])
+                assert got["id"] == ids[i] and got["content"] == f"fail {i}"
+            assert metric(srv, "engram_row_cache_lookups_total", 'result="miss"') >= misses + 20
+        del srv.env["ENGRAM_FAULT_ROWS_WARM"]
+        srv.restart()
+        with srv.client(key=key) as c:
+            idx = wait_for(lambda: (lambda s: s if s["row_cache_warm"] == "done" else None)(
+                index_stats(c)), timeout=30)
+            assert idx and idx["rows_warmed"] == 200, index_stats(c)
+        srv.stop()
+    finally:
+        srv.cleanup()

@@ -114,12 +114,11 @@ void tn_mark_applied(tenant *t, uint64_t seq)
 static bool fault_upsert(tenants *ts)
 {
 #ifdef ENGRAM_FAULT_INJECTION
-    long left = atomic_load(&ts->fault_upserts);
-    while (left > 0)
-        if (atomic_compare_exchange_weak(&ts->fault_upserts, &left, left - 1))
-            return true;
-#endif
+    return tn_fault_take(&ts->fault_upserts);
+#else
+    (void)ts;
     return false;
+#endif
 }
 
 /* Writes memory id as of change seq (vector vec, NULL: metadata only) into the index.

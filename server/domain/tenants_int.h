@@ -117,6 +117,19 @@ struct tenants {
 #endif
 };
 
+#ifdef ENGRAM_FAULT_INJECTION
+/* Fault injection for tests: takes one of the faults still due in *left (a counter of
+ * struct tenants). Returns true when there was one. */
+static inline bool tn_fault_take(atomic_long *left)
+{
+    long n = atomic_load(left);
+    while (n > 0)
+        if (atomic_compare_exchange_weak(left, &n, n - 1))
+            return true;
+    return false;
+}
+#endif
+
 #define TAGS_MAGIC "ENGTAGS2"
 #define TAGS_MAGIC_V1 "ENGTAGS1"
 #define TAGS_HEADER 24

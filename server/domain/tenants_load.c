@@ -515,11 +515,10 @@ static void rows_warm_job(bg_ctx *ctx, void *arg)
     }
     atomic_store(&t->rows_warm, TENANTS_ROWS_WARMING);
 #ifdef ENGRAM_FAULT_INJECTION
-    if (atomic_fetch_sub(&t->ts->fault_warms, 1) > 0) {
+    if (tn_fault_take(&t->ts->fault_warms)) {
         warm_finish(w, TENANTS_ROWS_FAILED, "fault injection");
         return;
     }
-    atomic_fetch_add(&t->ts->fault_warms, 1); /* none was due: stays at 0 */
 #endif
     PGconn *pg = bg_conn(ctx, err, sizeof(err));
     if (!pg) {

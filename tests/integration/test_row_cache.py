@@ -100,6 +100,19 @@ def index_stats(c):
     return c.call("memory.stats")["index"]
 
 
+def store_rows(c, vecs, prefix, pad=""):
+    """Stores one fact per vector, content "<prefix> <i><pad>"; returns their ids."""
+    return c.call("memory.store_batch", memories=[
+        {"content": f"{prefix} {i}{pad}", "type": "fact", "importance": 0.5,
+         "embedding": vec_bin(v)} for i, v in enumerate(vecs)])["ids"]
+
+
+def warm_state(c, state):
+    """memory.stats' index once its row cache warming is in state (None after 30 s)."""
+    return wait_for(lambda: (lambda s: s if s["row_cache_warm"] == state else None)(
+        index_stats(c)), timeout=30)
+
+
 def test_a_loaded_index_reads_its_live_rows_into_the_cache():
     """After a restart the preloaded tenant's live rows are in the row cache before any
     search: searches of them make no database round trip, archived rows are not read, and a
@@ -110,15 +123,12 @@ def test_a_loaded_index_reads_its_live_rows_into_the_cache():
         _, key = srv.create_tenant()
         vecs = structured_vectors(300, DIM, seed=63)
         with srv.client(key=key) as c:
-            ids = c.call("memory.store_batch", memories=[
-                {"content": f"warm {i}", "type": "fact", "importance": 0.5,
-                 "embedding": vec_bin(v)} for i, v in enumerate(vecs)])["ids"]
+            ids = store_rows(c, vecs, "warm")
             c.call("memory.archive", ids=ids[:20])
             assert top(c, vecs[30])["id"] == ids[30]  # loads the index
         srv.restart()  # the snapshot written at shutdown is preloaded
         with srv.client(key=key) as c:
-            idx = wait_for(lambda: (lambda s: s if s["row_cache_warm"] == "done" else None)(
-                index_stats(c)), timeout=30)
+            idx = warm_state(c, "done")
             assert idx, index_stats(c)
             assert idx["rows_warmed"] == 280
             assert metric(srv, "engram_row_cache_prewarmed_rows_total") == 280
@@ -149,14 +159,11 @@ def test_warming_stops_at_its_share_of_the_cache_and_can_be_turned_off():
         _, key = srv.create_tenant()
         vecs = structured_vectors(1000, DIM, seed=64)
         with srv.client(key=key) as c:
-            c.call("memory.store_batch", memories=[
-                {"content": f"row {i} " + "x" * 200, "type": "fact", "importance": 0.5,
-                 "embedding": vec_bin(v)} for i, v in enumerate(vecs)])
+            store_rows(c, vecs, "row", pad=" " + "x" * 200)
             top(c, vecs[0])  # loads the index, snapshotted at shutdown
         srv.restart()
         with srv.client(key=key) as c:
-            idx = wait_for(lambda: (lambda s: s if s["row_cache_warm"] == "cache_full" else None)(
-                index_stats(c)), timeout=30)
+            idx = warm_state(c, "cache_full")
             assert idx, index_stats(c)
             assert 0 < idx["rows_warmed"] < 1000
             held = metric(srv, "engram_row_cache_bytes")
@@ -187,16 +194,13 @@ def test_failed_warming_leaves_searches_reading_rows_as_they_need_them():
         tid, key = srv.create_tenant()
         vecs = structured_vectors(200, DIM, seed=65)
         with srv.client(key=key) as c:
-            ids = c.call("memory.store_batch", memories=[
-                {"content": f"fail {i}", "type": "fact", "importance": 0.5,
-                 "embedding": vec_bin(v)} for i, v in enumerate(vecs)])["ids"]
+            ids = store_rows(c, vecs, "fail")
             assert top(c, vecs[0])["id"] == ids[0]  # loads the index
         srv.env["ENGRAM_FAULT_ROWS_WARM"] = "1"
         srv.restart()
         assert "fault injection: the next 1 pages of row cache warming fail" in srv.log_text()
         with srv.client(key=key) as c:
-            idx = wait_for(lambda: (lambda s: s if s["row_cache_warm"] == "failed" else None)(
-                index_stats(c)), timeout=30)
+            idx = warm_state(c, "failed")
             assert idx, index_stats(c)
             assert idx["rows_warmed"] == 0
             assert metric(srv, "engram_row_cache_entries") == 0
@@ -210,8 +214,7 @@ def test_failed_warming_leaves_searches_reading_rows_as_they_need_them():
         del srv.env["ENGRAM_FAULT_ROWS_WARM"]
         srv.restart()
         with srv.client(key=key) as c:
-            idx = wait_for(lambda: (lambda s: s if s["row_cache_warm"] == "done" else None)(
-                index_stats(c)), timeout=30)
+            idx = warm_state(c, "done")
             assert idx and idx["rows_warmed"] == 200, index_stats(c)
         srv.stop()
     finally:

@@ -296,6 +296,15 @@ static void distributions(void)
 /* The FAISS engine measures recent real queries before synthetic probes: searches with
  * queries of another distribution than the data (i.i.d. directions against non-negative
  * vectors), then an estimate that is the recall of those very queries. */
+#define CAL_K_TEST 10 /* true neighbours a probe records (the index's CAL_K) */
+
+static bool keep_none(const void *meta, void *ctx)
+{
+    (void)meta;
+    (void)ctx;
+    return false;
+}
+
 static void faiss_query_probes(vindex *vi)
 {
     static float keep[NQ * DIM]; /* the data's queries, for the tests after this one */
@@ -333,6 +342,18 @@ static void faiss_query_probes(vindex *vi)
      * start a new ring: then real ones are the first 51 probes' positions at most) */
     CHECK(vindex_calibrate(vi, 100, 0.99, &r) == 0);
     CHECK(r.query_samples < r.samples && r.query_samples <= 2048 - 490);
+    /* a search answered by an exact scan leaves its query too (an index that fell back to
+     * exact scans must go on measuring real queries): here a filter that keeps nothing */
+    CHECK(vindex_calibrate(vi, 205, 0.99, &r) == 0);
+    CHECK(r.query_samples == 0);
+    for (int q = 0; q < 8; q++) {
+        vindex_hit h[K];
+        size_t n = 1;
+        vindex_query vq = {.vec = Q + (size_t)q * DIM, .k = K, .keep = keep_none};
+        CHECK(vindex_search(vi, &vq, h, &n) == 0 && n == 0);
+    }
+    CHECK(vindex_calibrate(vi, 2, 0.99, &r) == 0);
+    CHECK(r.query_samples == 2 * CAL_K_TEST);
     memcpy(Q, keep, sizeof(keep));
 }
 

@@ -52,6 +52,7 @@ typedef struct config {
     int db_backoff_max_ms;
     int bg_threads;
     int maintenance_interval_s;
+    int access_flush_ms;
     int access_fold_idle_s;
     int change_log_retention_hours;
     char *index_dir;

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +52,6 @@ struct worker {
     bool flushing;
 };
 
-#define ACCESS_FLUSH_MS 1000
 #define ACCESS_MAX_PENDING 1000000
 
 static uint64_t mono_ms(void)
@@ -126,19 +126,48 @@ static void on_flushed(void *arg, const db_result *res)
     free(fc);
 }
 
-/* Appends the decimal form of the n values got(i) to a PostgreSQL array literal. */
-static char *array_literal(size_t n, int64_t (*get)(const access_entry *e), const access_entry *e)
+/* PostgreSQL's binary form of a one-dimensional bigint[] without NULLs (array_send): a header
+ * of ndim, flags, element type, length and lower bound, then each element as a length and
+ * its eight bytes, all in network order. */
+#define INT8_ARRAY_OID 20u
+#define BIN_ARRAY_HEAD 20u
+#define BIN_ARRAY_ELEM 12u
+
+static void put_be32(unsigned char *p, uint32_t v)
 {
-    char *s = malloc(n * 21 + 3);
-    if (!s)
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+/* Writes the n values got(e[i]) as a binary bigint[] into a malloc'd buffer (*len its size;
+ * the caller frees it), or returns NULL when out of memory. Binary, not a text literal: a
+ * worker writes thousands of entries a second, and formatting and parsing them as decimal
+ * held its event loop for milliseconds. */
+static char *bin_array(size_t n, int64_t (*get)(const access_entry *e), const access_entry *e,
+                       int *len)
+{
+    size_t bytes = BIN_ARRAY_HEAD + n * BIN_ARRAY_ELEM;
+    if (n > INT32_MAX / BIN_ARRAY_ELEM - 1)
         return NULL;
-    char *p = s;
-    *p++ = '{';
-    for (size_t i = 0; i < n; i++)
-        p += sprintf(p, "%s%lld", i ? "," : "", (long long)get(&e[i]));
-    *p++ = '}';
-    *p = '\0';
-    return s;
+    unsigned char *b = malloc(bytes);
+    if (!b)
+        return NULL;
+    put_be32(b, 1);     /* ndim */
+    put_be32(b + 4, 0); /* no NULLs */
+    put_be32(b + 8, INT8_ARRAY_OID);
+    put_be32(b + 12, (uint32_t)n);
+    put_be32(b + 16, 1); /* lower bound */
+    unsigned char *p = b + BIN_ARRAY_HEAD;
+    for (size_t i = 0; i < n; i++, p += BIN_ARRAY_ELEM) {
+        uint64_t v = (uint64_t)get(&e[i]);
+        put_be32(p, 8);
+        put_be32(p + 4, (uint32_t)(v >> 32));
+        put_be32(p + 8, (uint32_t)v);
+    }
+    *len = (int)bytes;
+    return (char *)b;
 }
 
 static int64_t get_tenant(const access_entry *e)
@@ -169,12 +198,17 @@ static void flush_access(worker *w)
         return;
     }
     fc->w = w;
-    char *vals[4] = {array_literal(fc->n, get_tenant, fc->e), array_literal(fc->n, get_id, fc->e),
-                     array_literal(fc->n, get_count, fc->e), array_literal(fc->n, get_ms, fc->e)};
+    int lens[4] = {0}, fmts[4] = {1, 1, 1, 1};
+    char *vals[4] = {
+        bin_array(fc->n, get_tenant, fc->e, &lens[0]), bin_array(fc->n, get_id, fc->e, &lens[1]),
+        bin_array(fc->n, get_count, fc->e, &lens[2]), bin_array(fc->n, get_ms, fc->e, &lens[3])};
     int rc = -ENOMEM;
     if (vals[0] && vals[1] && vals[2] && vals[3]) {
-        db_query q = {
-            .stmt = sql_def(SQL_MEMORY_TOUCH), .nvalues = 4, .values = (const char *const *)vals};
+        db_query q = {.stmt = sql_def(SQL_MEMORY_TOUCH),
+                      .nvalues = 4,
+                      .values = (const char *const *)vals,
+                      .lengths = lens,
+                      .formats = fmts};
         rc = db_submit(w->db, -1, &q, 1, on_flushed, fc);
     }
     for (int i = 0; i < 4; i++)
@@ -223,7 +257,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         next = conn_next(c);
         conn_tick(c, now);
     }
-    if (now - w->last_flush_ms >= ACCESS_FLUSH_MS || w->draining)
+    if (now - w->last_flush_ms >= (uint64_t)w->srv->cfg.access_flush_ms || w->draining)
         flush_access(w);
     db_pool_stats st;
     if (w->qadmit)

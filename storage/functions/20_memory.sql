@@ -509,23 +509,46 @@ ALTER FUNCTION engram_memory_store_group(bigint[], integer[], integer[], bigint[
     SET plan_cache_mode = force_generic_plan;
 
 -- engram_memory_touch adds a batch of access counts (the server's, about once a second per
--- worker) to memory_access. Rows are taken in (tenant, id) order, so concurrent batches
--- cannot deadlock. Returns the number of entries.
+-- worker) to memory_access. Returns the number of entries.
+--
+-- The rows mostly exist already (a memory read now was usually read a second ago, and a
+-- row stays until the maintenance folds it, 10 minutes after the last read), so they are
+-- updated in place first, and only when some were missing does an INSERT ... ON CONFLICT
+-- add the rest (it locks each row it finds before updating it: one more WAL record and
+-- buffer change per row). 8,500 existing entries took 61 to 99 ms through INSERT ... ON
+-- CONFLICT alone, with the times converted through numeric division per row. The entries
+-- come sorted by (tenant, id), so two batches lock the rows they share in one order
+-- whichever drives the join, the sorted input or the table's scan order; should a batch
+-- still fail (a deadlock between processes), the server keeps its counts for the next
+-- one. A row that the maintenance folds away meanwhile is not updated, and its count is
+-- inserted again.
 CREATE OR REPLACE FUNCTION engram_memory_touch(p_tenant bigint[], p_ids bigint[], p_counts bigint[],
                                     p_at_ms bigint[])
     RETURNS bigint
-    LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
-    WITH t AS (
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    v_n bigint;
+BEGIN
+    UPDATE memory_access a SET
+        access_count = a.access_count + u.cnt,
+        last_accessed_at = greatest(a.last_accessed_at,
+                                    'epoch'::timestamptz + u.at * interval '1 millisecond')
+      FROM unnest(p_tenant, p_ids, p_counts, p_at_ms) AS u (tenant, id, cnt, at)
+     WHERE a.tenant_id = u.tenant AND a.id = u.id;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n < cardinality(p_ids) THEN
         INSERT INTO memory_access AS a (tenant_id, id, access_count, last_accessed_at)
-        SELECT u.tenant, u.id, u.cnt, date_trunc('milliseconds', engram_ts(u.at))
+        SELECT u.tenant, u.id, u.cnt, 'epoch'::timestamptz + u.at * interval '1 millisecond'
           FROM unnest(p_tenant, p_ids, p_counts, p_at_ms) AS u (tenant, id, cnt, at)
+         WHERE NOT EXISTS (SELECT 1 FROM memory_access m
+                            WHERE m.tenant_id = u.tenant AND m.id = u.id)
          ORDER BY u.tenant, u.id
         ON CONFLICT (tenant_id, id) DO UPDATE SET
             access_count = a.access_count + excluded.access_count,
-            last_accessed_at = greatest(a.last_accessed_at, excluded.last_accessed_at)
-        RETURNING 1)
-    SELECT count(*) FROM t
-$$;
+            last_accessed_at = greatest(a.last_accessed_at, excluded.last_accessed_at);
+    END IF;
+    RETURN cardinality(p_ids);
+END $$;
 
 -- engram_access_fold moves up to p_limit pending counts into memories and returns how many
 -- it moved: those of memories last read p_idle_s seconds ago or earlier (a memory read all

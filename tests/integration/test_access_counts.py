@@ -111,6 +111,43 @@ def test_a_memory_read_recently_keeps_its_count_pending():
         later.cleanup()
 
 
+def test_pending_counts_add_up_across_batches():
+    """A batch adds to the pending counts that earlier batches left (the row is updated in
+    place), inserts the ones that have none yet, and carries the time of the last read
+    (a 64-bit millisecond count, sent as a binary array) forward."""
+    dsn = new_database("accessadd")
+    srv = Server(dsn, extra=["--access-fold-idle-s", "3600"])
+    try:
+        srv.start()
+        tid, key = srv.create_tenant()
+        vecs = structured_vectors(3, 384, seed=74)
+
+        def pending(mid):
+            return psql(dsn, f"SELECT access_count, (extract(epoch FROM now() - last_accessed_at)"
+                             f" < 60)::text FROM memory_access WHERE tenant_id = {tid} AND "
+                             f"id = {mid}").split("|")
+
+        with srv.client(key=key) as c:
+            ids = store_facts(c, vecs, "d")
+            assert search(c, vecs[0])[0]["id"] == ids[0]
+            assert wait_for(lambda: pending(ids[0]) == ["1", "true"])
+            first = psql(dsn, f"SELECT last_accessed_at FROM memory_access WHERE tenant_id = "
+                              f"{tid} AND id = {ids[0]}")
+            time.sleep(0.05)
+            for _ in range(2):
+                assert search(c, vecs[0])[0]["id"] == ids[0]
+            assert search(c, vecs[1])[0]["id"] == ids[1]
+            assert wait_for(lambda: pending(ids[0])[0] == "3" and pending(ids[1]) == ["1", "true"])
+            assert pending(ids[0]) == ["3", "true"]
+            assert psql(dsn, f"SELECT last_accessed_at > '{first}' FROM memory_access WHERE "
+                             f"tenant_id = {tid} AND id = {ids[0]}") == "t"
+            assert psql(dsn, "SELECT count(*) FROM memory_access") == "2"
+            assert c.call("memory.get", ids=[ids[0]])["memories"][0]["access_count"] == 3
+        srv.stop()
+    finally:
+        srv.cleanup()
+
+
 def test_concurrent_searches_of_one_tenant_count_every_access():
     """Searches of one tenant on both workers bump the index's counts together, with the
     searches going on (no exclusive lock): none is lost, and the index's count is the

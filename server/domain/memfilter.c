@@ -503,6 +503,14 @@ bool mf_keep(const mem_filter *f, uint64_t id, const mem_meta *m)
     return true;
 }
 
+bool mf_lifecycle_only(const mem_filter *f)
+{
+    return f->type_mask == (1u << MEM_TYPE_COUNT) - 1 && !f->has_agent &&
+           f->scope_mask == (1u << SCOPE_COUNT) - 1 && f->created_after == INT64_MIN &&
+           f->created_before == INT64_MAX && !f->ntokens && !f->nchains && !f->nprotocols &&
+           !f->has_strategy && !f->has_min_importance && !f->has_min_composite && !f->attrs_json;
+}
+
 int mf_sql_params(req *r, const mem_filter *f, const char **vals)
 {
     char *buf = req_alloc(r, 7 * 32 + 192);

@@ -99,6 +99,11 @@ int mf_parse_args(req *r, const msgpack_object *const *args, const char *what, m
  * f->attr_ids: when set, the memory's id must be in it). Thread-safe. */
 bool mf_keep(const mem_filter *f, uint64_t id, const mem_meta *m);
 
+/* mf_lifecycle_only tells whether f passes every memory that is neither archived (unless
+ * f includes archived ones) nor expired: no type, scope, agent, time, tag, importance,
+ * composite or attrs condition. */
+bool mf_lifecycle_only(const mem_filter *f);
+
 /* mf_sql_params fills vals[0..SQL_FILTER_NPARAMS) with the text parameters $2..$17 of the
  * SQL filter (NULL entries are SQL NULL), allocating in r's arena. Returns 0 or -ENOMEM. */
 int mf_sql_params(req *r, const mem_filter *f, const char **vals);

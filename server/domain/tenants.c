@@ -725,8 +725,19 @@ static void touch_one(void *meta, void *arg)
         vindex_meta_word_store((uint64_t *)(void *)&m->last_access_ms, (uint64_t)tc->now_ms);
 }
 
+void tenant_nonlive_seen(tenant *t, int64_t now_ms)
+{
+    atomic_store_explicit(&t->nonlive_ms, now_ms, memory_order_relaxed);
+}
+
+bool tenant_nonlive_recent(tenant *t, int64_t now_ms)
+{
+    int64_t seen = atomic_load_explicit(&t->nonlive_ms, memory_order_relaxed);
+    return seen != 0 && now_ms - seen < TENANT_NONLIVE_MS;
+}
+
 /* Access counts do not make the index dirty: PostgreSQL has them (the worker's access log,
- * within a second), and an index restored from a snapshot reads them back from it
+ * within access_flush_ms), and an index restored from a snapshot reads them back from it
  * (refresh_access, tenants_load.c). Otherwise every searched tenant's whole snapshot,
  * hundreds of megabytes at 50,000 x 768, was written again each index_snapshot_interval_s
  * for its access counts alone. */

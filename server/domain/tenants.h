@@ -198,6 +198,14 @@ int mem_meta_from_db(mem_meta *m, const memrow_meta *row);
  * database is updated in batches elsewhere). */
 void tenant_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms);
 
+/* A search whose filter only excludes archived and expired memories may skip the index's
+ * filter when the tenant's best matches are live (see m_search.c). tenant_nonlive_seen
+ * notes at now_ms that one of them was not; tenant_nonlive_recent tells whether that was
+ * noted within the last TENANT_NONLIVE_MS. Thread-safe. */
+#define TENANT_NONLIVE_MS 10000
+void tenant_nonlive_seen(tenant *t, int64_t now_ms);
+bool tenant_nonlive_recent(tenant *t, int64_t now_ms);
+
 /* Buckets of the load-duration histogram: upper bounds in seconds, then +Inf. */
 #define TENANTS_LOAD_BUCKETS 12
 extern const double tenants_load_bounds_s[TENANTS_LOAD_BUCKETS - 1];

@@ -69,13 +69,14 @@ struct tenant {
      * another engine is dropped, and the next use loads it anew (t->mu) */
     int want_engine;
     /* snapshots (t->mu) */
-    uint64_t saved_seq;            /* change number of the newest snapshot written or loaded */
-    uint64_t saved_mono_ns;        /* when (0: never) */
-    bool dirty;                    /* changed since that snapshot (reads are not changes) */
-    bool saving;                   /* a snapshot is being written */
-    bool dead;                     /* the tenant was deleted: write no snapshot */
-    atomic_uint_least64_t used_ns; /* last use, for eviction */
-    bool recall_warned;            /* housekeeping only: a low recall was logged */
+    uint64_t saved_seq;              /* change number of the newest snapshot written or loaded */
+    uint64_t saved_mono_ns;          /* when (0: never) */
+    bool dirty;                      /* changed since that snapshot (reads are not changes) */
+    bool saving;                     /* a snapshot is being written */
+    bool dead;                       /* the tenant was deleted: write no snapshot */
+    atomic_uint_least64_t used_ns;   /* last use, for eviction */
+    atomic_int_least64_t nonlive_ms; /* see tenant_nonlive_seen; 0: never */
+    bool recall_warned;              /* housekeeping only: a low recall was logged */
     /* warming the row cache after the last load (enum tenants_rows_warm; tenants_load.c) */
     atomic_int rows_warm;
     atomic_uint rows_warm_gen; /* bumped by each load: an older warming stops */

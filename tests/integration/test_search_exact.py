@@ -127,3 +127,33 @@ def test_filtered_topk_matches_brute_force(server, dim):
             for g in got:
                 by_id[g["id"]].access_count += 1
         assert checked_full >= 40, "too few searches without near-ties to compare ids"
+
+
+def test_archived_best_matches_give_way_to_the_next_live_ones(server):
+    """A search without filters skips the index's per-candidate filter and checks its hits
+    (m_search.c): when the best matches are archived, the answer is still the best k live
+    memories, every time, and archived ones come back only when asked for."""
+    _, key = server.create_tenant()
+    n, dim, k = 300, 384, 5
+    vecs = structured_vectors(n, dim, seed=44)
+    with server.client(key=key) as c:
+        ids = c.call("memory.store_batch", memories=[
+            {"content": f"m{i}", "type": "fact", "importance": 0.5, "embedding": vec_bin(v)}
+            for i, v in enumerate(vecs)])["ids"]
+        q = np.asarray(vecs[0], np.float64)
+        sims = np.asarray(vecs, np.float64) @ (q / np.linalg.norm(q))
+        order = [ids[i] for i in np.argsort(-sims, kind="stable")]
+
+        def top(**kw):
+            return [g["id"] for g in c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=k,
+                                            similarity_weight=1.0, **kw)["results"]]
+
+        assert top() == order[:k]
+        # archive the three best: the next live ones fill the page, in order
+        assert c.call("memory.archive", ids=order[:3])["archived"] == order[:3]
+        for _ in range(3):
+            assert top() == order[3:3 + k]
+        assert top(include_archived=True) == order[:k]
+        # restored, they are found again
+        assert c.call("memory.restore", ids=order[:3])["restored"] == order[:3]
+        assert top() == order[:k]

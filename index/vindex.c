@@ -91,6 +91,7 @@ static void encode_bin(const vindex *vi, const float *center, const float *x, ui
     for (size_t j = 0; j < vi->dim; j++)
         t[j] = x[j] - center[j];
     vk_rotate(t, vi->dim, vi->rot);
+    memset(bits, 0, vi->words * sizeof(uint64_t)); /* the words past dim (vi_code_words) */
     vk_sign_bits(t, vi->dim, bits);
     if (t != sbuf)
         free(t);
@@ -272,7 +273,7 @@ vindex *vindex_create(const vindex_opts *opts)
     vi->dim = o.dim;
     vi->meta_size = o.meta_size;
     vi->sq_stride = (o.dim + 31) / 32 * 32;
-    vi->words = (o.dim + 63) / 64;
+    vi->words = vi_code_words(o.dim);
     /* about 1 MiB of rows per chunk, 64..4096 slots */
     size_t rows = ((size_t)1 << 20) / (o.dim * sizeof(float));
     vi->ch_shift = 6;

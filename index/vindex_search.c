@@ -695,6 +695,7 @@ static void prepare_codes(const vindex *vi, qprep *p, int kind, float *scratch)
     for (size_t j = 0; j < dim; j++)
         scratch[j] = qn[j] - vi->center[j];
     vk_rotate(scratch, dim, vi->rot);
+    memset(bits, 0, vi->words * sizeof(uint64_t)); /* the words past dim (vi_code_words) */
     vk_sign_bits(scratch, dim, bits);
 }
 

@@ -402,7 +402,8 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     if (memcmp(hdr, SNAP_MAGIC, 8) != 0 || version < 2 || version > SNAP_VERSION ||
         rd32(hdr + 12) != SNAP_HEADER || rd32(hdr + 52) != SNAP_BOM || kind > VINDEX_KIND_ANN ||
         dim == 0 || dim > MAX_DIM || msz > MAX_META || rd64(hdr + 64) != (dim + 31) / 32 * 32 ||
-        rd64(hdr + 72) != (dim + 63) / 64 || count >= MAX_SLOTS) {
+        (rd64(hdr + 72) != (dim + 63) / 64 && rd64(hdr + 72) != vi_code_words(dim)) ||
+        count >= MAX_SLOTS) {
         rc = VINDEX_E_CORRUPT;
         goto fail;
     }
@@ -410,8 +411,11 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     uint64_t per = 8 + msz + dim * 4;
     if (kind >= VINDEX_KIND_SQ8)
         per += 8 + (dim + 31) / 32 * 32;
+    /* the width of the file's sign codes: one bit per dimension (files before
+     * vi_code_words), or that width */
+    uint64_t fwords = rd64(hdr + 72);
     if (kind >= VINDEX_KIND_ANN)
-        per += (dim + 63) / 64 * 8;
+        per += fwords * 8;
     uint64_t body, xlen = rd64(hdr + 80);
     /* version 3, ANN: the centre, then the FAISS engine's section, whose two lengths are
      * read ahead here to check the file's length (they are hashed in order later) */
@@ -518,18 +522,18 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
                     rskip(&r, m * vi->sq_stride, scratch, 1 << 16);
                 break;
             case 6:
-                if (c->bin)
+                if (c->bin && fwords == vi->words)
                     rget(&r, c->bin, m * vi->words * sizeof(uint64_t));
                 else
-                    rskip(&r, m * vi->words * sizeof(uint64_t), scratch, 1 << 16);
+                    rskip(&r, m * fwords * sizeof(uint64_t), scratch, 1 << 16);
                 break;
             }
         }
     }
     /* codes the file has and may be used: a version 2 file's sign codes are raw signs */
     int usable = (int)kind;
-    if (version < 3 && usable > VINDEX_KIND_SQ8)
-        usable = VINDEX_KIND_SQ8;
+    if ((version < 3 || fwords != vi->words) && usable > VINDEX_KIND_SQ8)
+        usable = VINDEX_KIND_SQ8; /* codes of another width are redone too */
     vindex_eix *fx = NULL;
     uint32_t *fx_slot = NULL;
     uint64_t fx_upto = 0;

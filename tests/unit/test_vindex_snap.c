@@ -95,7 +95,7 @@ typedef struct cmpctx {
 static int cmp_one(uint64_t id, const float *vec, const void *m, void *arg)
 {
     cmpctx *c = arg;
-    float v[256];
+    float v[512];
     meta mm;
     if (vindex_get_vector(c->other, id, v) || vindex_get_meta(c->other, id, &mm) ||
         memcmp(v, vec, c->dim * sizeof(float)) || memcmp(&mm, m, sizeof(mm)))
@@ -109,7 +109,7 @@ static vindex *make(size_t dim, size_t n, const vindex_opts *base, size_t remova
     o.dim = dim;
     o.meta_size = sizeof(meta);
     vindex *vi = vindex_create(&o);
-    float v[256];
+    float v[512];
     for (size_t i = 0; i < n; i++) {
         for (size_t j = 0; j < dim; j++)
             v[j] = (float)rnd();
@@ -147,7 +147,7 @@ static void round_trip(size_t dim, size_t n, const vindex_opts *base, const char
     CHECK(vindex_foreach(vi, cmp_one, &c) == 0 && c.bad == 0);
     CHECK_MSG(same_results(vi, lv, dim) == 0, "%s: searches differ after load", label);
     /* stale seq: the snapshot does not follow later changes */
-    float v[256];
+    float v[512];
     for (size_t j = 0; j < dim; j++)
         v[j] = (float)rnd();
     meta m = {1, 1};
@@ -554,6 +554,7 @@ int main(void)
     round_trip(48, 700, &sq8, "sq8");
     round_trip(48, 700, &ann, "ann");
     round_trip(200, 1500, &ann, "ann 200");
+    round_trip(384, 1500, &ann, "ann 384 (codes widened to 8 words)");
     round_trip(48, 0, &flat, "empty");
     /* a file of one kind loaded with options calling for another */
     {

@@ -48,8 +48,11 @@
 /* a scored ANN search past its depth stops after this many candidates in a row (whole
  * batches) entered no top k */
 #define ANN_PATIENCE 128
-#define GATHER_STEP 512 /* candidates the ANN search gathers at a time (at least) */
-#define QBUF 1024       /* query dims prepared on the stack; larger ones are allocated */
+#define GATHER_STEP 512       /* candidates the ANN search gathers at a time (at least) */
+#define QBUF 1024             /* query dims prepared on the stack; larger ones are allocated */
+#define COMPACT_MIN 64        /* never compact for fewer tombstones than this */
+#define CHUNK0_MIN 16         /* first capacity of chunk 0 */
+#define MAX_SLOTS 0xfffffff0u /* slots are uint32 in search scratch */
 
 /* vi_code_words is the width of a sign code in 64-bit words, the stride of the codes: one bit
  * per dimension, except that codes of 5 to 7 words are widened to 8 (zero words at the end,
@@ -62,9 +65,6 @@ static inline size_t vi_code_words(size_t dim)
     size_t w = (dim + 63) / 64;
     return w > 4 && w < 8 ? 8 : w;
 }
-#define COMPACT_MIN 64        /* never compact for fewer tombstones than this */
-#define CHUNK0_MIN 16         /* first capacity of chunk 0 */
-#define MAX_SLOTS 0xfffffff0u /* slots are uint32 in search scratch */
 
 #define DEF_QUANT_MIN 512
 #define DEF_ANN_MIN 4096

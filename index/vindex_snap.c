@@ -399,11 +399,13 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     xxh64_update(&r.h, hdr, sizeof(hdr));
     uint64_t dim = rd64(hdr + 16), msz = rd64(hdr + 24), count = rd64(hdr + 32);
     uint32_t kind = rd32(hdr + 48), version = rd32(hdr + 8);
+    /* the width of the file's sign codes: one bit per dimension (files before
+     * vi_code_words), or that width */
+    uint64_t fwords = rd64(hdr + 72);
     if (memcmp(hdr, SNAP_MAGIC, 8) != 0 || version < 2 || version > SNAP_VERSION ||
         rd32(hdr + 12) != SNAP_HEADER || rd32(hdr + 52) != SNAP_BOM || kind > VINDEX_KIND_ANN ||
         dim == 0 || dim > MAX_DIM || msz > MAX_META || rd64(hdr + 64) != (dim + 31) / 32 * 32 ||
-        (rd64(hdr + 72) != (dim + 63) / 64 && rd64(hdr + 72) != vi_code_words(dim)) ||
-        count >= MAX_SLOTS) {
+        (fwords != (dim + 63) / 64 && fwords != vi_code_words(dim)) || count >= MAX_SLOTS) {
         rc = VINDEX_E_CORRUPT;
         goto fail;
     }
@@ -411,9 +413,6 @@ int vindex_load_extra(const char *path, const vindex_opts *opts, vindex **out, u
     uint64_t per = 8 + msz + dim * 4;
     if (kind >= VINDEX_KIND_SQ8)
         per += 8 + (dim + 31) / 32 * 32;
-    /* the width of the file's sign codes: one bit per dimension (files before
-     * vi_code_words), or that width */
-    uint64_t fwords = rd64(hdr + 72);
     if (kind >= VINDEX_KIND_ANN)
         per += fwords * 8;
     uint64_t body, xlen = rd64(hdr + 80);

@@ -124,10 +124,10 @@ static const config_def defs[] = {
     {"maintenance_interval_s", T_INT, OFF(maintenance_interval_s), "30", 1, 86400, F_RELOAD,
      "seconds between purges of expired memories and old idempotency keys"},
     {"access_flush_ms", T_INT, OFF(access_flush_ms), "5000", 100, 600000, 0,
-     "milliseconds between each worker's writes of the access counts it gathered to "
-     "PostgreSQL: a crash loses at most this much of them (search results count accesses at "
-     "once; memory.get reports the written ones); a memory read many times in that time is "
-     "one row update"},
+     "least milliseconds between two writes of a worker's access counts to PostgreSQL (a "
+     "worker that wrote none for that long writes at its next tick, 0.1 s): a crash loses at "
+     "most this much of them (search results count accesses at once; memory.get reports the "
+     "written ones); a memory read many times in that time is one row update"},
     {"access_fold_idle_s", T_INT, OFF(access_fold_idle_s), "600", 0, 604800, 0,
      "seconds a memory must go unread before the maintenance folds its pending access count "
      "into its row: a memory read all the time keeps its count in the narrow memory_access "

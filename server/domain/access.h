@@ -2,7 +2,8 @@
  *
  * Every memory a search or context call returns counts as an access. The index sees the
  * access at once; PostgreSQL gets the counts in batches: each worker keeps one log and
- * writes it every access_flush_ms (5 s by default; and when it shuts down), so a crash
+ * writes it at most once every access_flush_ms (5 s by default; a worker that wrote none
+ * for that long writes at its next tick; and when it shuts down), so a crash
  * loses at most the last few seconds of access counts, never a memory. A memory read many
  * times within that time is one entry. Not thread-safe: one log per worker.
  */

@@ -148,6 +148,34 @@ def test_pending_counts_add_up_across_batches():
         srv.cleanup()
 
 
+def test_a_worker_writes_counts_at_most_once_per_flush_interval_and_at_shutdown():
+    """access_flush_ms bounds how often a worker writes its counts: a worker that has
+    written nothing for that long writes at its next tick, then keeps what follows for the
+    interval (ten minutes here); a clean shutdown writes what is pending."""
+    dsn = new_database("accessflush")
+    srv = Server(dsn, extra=["--access-flush-ms", "600000", "--access-fold-idle-s", "3600"])
+    try:
+        srv.start()
+        tid, key = srv.create_tenant()
+        vecs = structured_vectors(3, 384, seed=75)
+
+        def pending():
+            return psql(dsn, f"SELECT COALESCE(sum(access_count), 0) FROM memory_access "
+                             f"WHERE tenant_id = {tid}")
+
+        with srv.client(key=key) as c:  # one connection: one worker
+            ids = store_facts(c, vecs, "e")
+            assert search(c, vecs[0])[0]["id"] == ids[0]
+            assert wait_for(lambda: pending() == "1")
+            assert search(c, vecs[0])[0]["id"] == ids[0]
+            time.sleep(2.5)  # two and a half of the old one-second intervals
+            assert pending() == "1"
+        srv.stop()  # the drain writes the pending counts
+        assert pending() == "2" and counted(dsn, tid, ids[0]) == 2
+    finally:
+        srv.cleanup()
+
+
 def test_concurrent_searches_of_one_tenant_count_every_access():
     """Searches of one tenant on both workers bump the index's counts together, with the
     searches going on (no exclusive lock): none is lost, and the index's count is the

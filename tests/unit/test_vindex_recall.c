@@ -293,11 +293,9 @@ static void distributions(void)
 
 #ifdef VINDEX_TEST_FAISS
 
-/* The FAISS engine measures recent real queries before synthetic probes: searches with
- * queries of another distribution than the data (i.i.d. directions against non-negative
- * vectors), then an estimate that is the recall of those very queries. */
 #define CAL_K_TEST 10 /* true neighbours a probe records (the index's CAL_K) */
 
+/* A filter that keeps nothing (every search answered by an exact scan). */
 static bool keep_none(const void *meta, void *ctx)
 {
     (void)meta;
@@ -305,6 +303,9 @@ static bool keep_none(const void *meta, void *ctx)
     return false;
 }
 
+/* The FAISS engine measures recent real queries before synthetic probes: searches with
+ * queries of another distribution than the data (i.i.d. directions against non-negative
+ * vectors), then an estimate that is the recall of those very queries. */
 static void faiss_query_probes(vindex *vi)
 {
     static float keep[NQ * DIM]; /* the data's queries, for the tests after this one */

@@ -48,7 +48,13 @@ struct worker {
     access_log *access;
     idmap *store_groups; /* see worker_store_groups */
     qadmit *qadmit;      /* see worker_qadmit */
+    /* when the last access-count write began (the worker's creation until then);
+     * flushed_once false until the first, which goes at the first tick with counts, as for
+     * a worker that wrote none for access_flush_ms. (last_flush_ms 0 for "never" held the
+     * first write back on machines up for less than access_flush_ms: CLOCK_MONOTONIC starts
+     * near 0 at boot.) */
     uint64_t last_flush_ms;
+    bool flushed_once;
     bool flushing;
 };
 
@@ -220,6 +226,7 @@ static void flush_access(worker *w)
         return;
     }
     w->flushing = true;
+    w->flushed_once = true;
     w->last_flush_ms = mono_ms();
 }
 
@@ -257,7 +264,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         next = conn_next(c);
         conn_tick(c, now);
     }
-    if (now - w->last_flush_ms >= (uint64_t)w->srv->cfg.access_flush_ms || w->draining)
+    if (!w->flushed_once || now - w->last_flush_ms >= (uint64_t)w->srv->cfg.access_flush_ms ||
+        w->draining)
         flush_access(w);
     db_pool_stats st;
     if (w->qadmit)
@@ -295,6 +303,7 @@ worker *worker_create(server *s, unsigned idx)
     w->srv = s;
     w->idx = idx;
     pthread_mutex_init(&w->mu, NULL);
+    w->last_flush_ms = mono_ms();
     w->access = access_log_create();
     w->store_groups = idmap_create(16);
     if (!w->access || !w->store_groups) {

@@ -46,9 +46,9 @@ enum {
 
 struct dataset {
     dataset_kind kind;
-    uint64_t seed, salt; /* salt: 0 for gaussian, so its data is that of earlier versions */
+    uint64_t seed, salt; /* salt: 0 for gaussian, as in the first versions */
     size_t dim;
-    float *w;       /* dim x DATASET_LATENT, row-major */
+    float *wt;      /* W (dim x DATASET_LATENT) transposed: DATASET_LATENT rows of dim */
     float *shared;  /* anisotropic: the shared direction, length ANISO_SHARED sqrt(dim) */
     float *centres; /* clustered: CLUSTERS x dim, unit rows */
     /* text */
@@ -136,27 +136,37 @@ static void normalize_rows(float *x, size_t n, size_t dim)
 }
 
 /* W z + 0.3 e for rows first.. of a stream, not normalized: noise and latent from each row's
- * own generator, then the W z part for all rows at once with sgemm. */
+ * own generator, then the W z part summed in double in one fixed order (l = 0..31) and
+ * rounded once. Not BLAS: OpenBLAS picks its sgemm kernel by CPU (Haswell, SkylakeX,
+ * Cooperlake, ...), each summing in its own order, so the data set's last bits depended on
+ * the machine. Each product of two floats is exact in double, so the result is the same
+ * with or without fused multiply-adds. */
 static int gen_base(const dataset *ds, int stream, uint64_t t, uint64_t first, size_t n, float *out)
 {
     size_t dim = ds->dim;
     if (n == 0)
         return 0;
-    float *z = calloc(n * DATASET_LATENT, sizeof(float));
-    if (!z)
+    float z[DATASET_LATENT];
+    double *acc = malloc(dim * sizeof(double));
+    if (!acc)
         return -ENOMEM;
     for (size_t r = 0; r < n; r++) {
         uint64_t s = stream_seed(ds, stream, t, first + r);
-        gauss_fill(&s, z + r * DATASET_LATENT, DATASET_LATENT);
+        gauss_fill(&s, z, DATASET_LATENT);
         float *row = out + r * dim;
         gauss_fill(&s, row, dim);
         for (size_t j = 0; j < dim; j++)
-            row[j] *= (float)DATASET_NOISE;
+            acc[j] = 0.0;
+        for (size_t l = 0; l < DATASET_LATENT; l++) {
+            const float *wl = ds->wt + l * dim;
+            double zl = z[l];
+            for (size_t j = 0; j < dim; j++)
+                acc[j] += zl * (double)wl[j];
+        }
+        for (size_t j = 0; j < dim; j++)
+            row[j] = (float)((double)(row[j] * (float)DATASET_NOISE) + acc[j]);
     }
-    /* out (n x dim) += z (n x 32) * W^T (32 x dim) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)dim, DATASET_LATENT, 1.0f, z,
-                DATASET_LATENT, ds->w, DATASET_LATENT, 1.0f, out, (int)dim);
-    free(z);
+    free(acc);
     return 0;
 }
 
@@ -314,14 +324,20 @@ dataset *dataset_create(dataset_kind kind, uint64_t seed, size_t dim)
     dataset *ds = alloc_dataset(kind, seed, dim);
     if (!ds)
         return NULL;
-    ds->w = malloc(dim * DATASET_LATENT * sizeof(float));
-    if (!ds->w)
+    float *w = malloc(dim * DATASET_LATENT * sizeof(float)); /* W row-major, as drawn */
+    ds->wt = malloc(dim * DATASET_LATENT * sizeof(float));
+    if (!w || !ds->wt) {
+        free(w);
         goto fail;
+    }
     uint64_t s = stream_seed(ds, STREAM_W, 0, 0);
-    gauss_fill(&s, ds->w, dim * DATASET_LATENT);
+    gauss_fill(&s, w, dim * DATASET_LATENT);
     float scale = 1.0f / sqrtf((float)DATASET_LATENT);
-    for (size_t j = 0; j < dim * DATASET_LATENT; j++)
-        ds->w[j] *= scale;
+    for (size_t j = 0; j < dim; j++) {
+        for (size_t l = 0; l < DATASET_LATENT; l++)
+            ds->wt[l * dim + j] = w[j * DATASET_LATENT + l] * scale;
+    }
+    free(w);
     if (kind == DATASET_ANISOTROPIC) {
         ds->shared = malloc(dim * sizeof(float));
         if (!ds->shared)
@@ -529,7 +545,7 @@ void dataset_destroy(dataset *ds)
 {
     if (!ds)
         return;
-    free(ds->w);
+    free(ds->wt);
     free(ds->shared);
     free(ds->centres);
     free(ds->tv);

@@ -20,7 +20,7 @@
  * Every row is L2-normalized. The synthetic kinds depend on the seed and the dimension
  * only; memory i of tenant t comes from a generator seeded by (seed, kind, t, i), so any
  * memory can be regenerated alone, in any order, and a second run with the same seed stores
- * exactly the same data (gaussian stays the data of earlier versions). Queries come from the
+ * exactly the same data, on any CPU (no BLAS in the generator). Queries come from the
  * same distribution through a separate stream: they are never stored vectors. For text,
  * memory i is row i of the file (every tenant the same, rows past the end repeating from the
  * start) and query i is held-out sentence i.

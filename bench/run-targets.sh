@@ -328,7 +328,7 @@ curl_metrics >"$OUT/restart-metrics.txt"
 # index from PostgreSQL; after each eviction the next search loads its snapshot. The load
 # durations are engramd's own (its metrics); the tenant is deleted after.
 COLD_PREFIX="cold$(date +%s)"
-COLD_TENANT="$COLD_PREFIX-s1-n5000-d768-0"
+COLD_TENANT="$COLD_PREFIX-v2-s1-n5000-d768-0"
 probe_one() { # probe_one PREFIX MEMORIES
     "$BENCH" --port "$RPC_PORT" --http-port "$HTTP_PORT" --state-file "$OUT/engram-bench.state" \
         --tenant-prefix "$1" --tenants 1 --memories "$2" --dim 768 --probe-ready 60

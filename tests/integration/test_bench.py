@@ -136,7 +136,7 @@ def test_reuse_and_mixed_cleanup(server, workdir):
     # stored memories that outrank loaded ones count as hits: recall stays defined
     assert 0.9 <= run["recall_at_k"] <= 1.0
     # the memories the run stored were deleted again: the data set is as loaded
-    key = state_key(workdir, "bench-s1-n200-d64-0")
+    key = state_key(workdir, "bench-v2-s1-n200-d64-0")
     assert memory_total(server, key) == 200
 
 

@@ -128,6 +128,10 @@ static const config_def defs[] = {
      "worker that wrote none for that long writes at its next tick, 0.1 s): a crash loses at "
      "most this much of them (search results count accesses at once; memory.get reports the "
      "written ones); a memory read many times in that time is one row update"},
+    {"change_poll_ms", T_INT, OFF(change_poll_ms), "5000", 100, 3600000, 0,
+     "milliseconds between two checks of the loaded tenants' change numbers in PostgreSQL "
+     "(one query): a change another process committed but could not announce (it died "
+     "between its commit and its NOTIFY) reaches this process's index within this time"},
     {"access_fold_idle_s", T_INT, OFF(access_fold_idle_s), "600", 0, 604800, 0,
      "seconds a memory must go unread before the maintenance folds its pending access count "
      "into its row: a memory read all the time keeps its count in the narrow memory_access "

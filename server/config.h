@@ -53,6 +53,7 @@ typedef struct config {
     int bg_threads;
     int maintenance_interval_s;
     int access_flush_ms;
+    int change_poll_ms;
     int access_fold_idle_s;
     int change_log_retention_hours;
     char *index_dir;

@@ -111,6 +111,10 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
                           "SELECT engram_memory_touch($1::bigint[], $2::bigint[], $3::bigint[], "
                           "$4::bigint[])",
                           4},
+    [SQL_NOTIFY_CHANGES] = {"notify_changes",
+                            "SELECT count(pg_notify('engram_changes', x)) FROM unnest($1::text[]) "
+                            "AS x, set_config('synchronous_commit', 'off', true) AS a",
+                            1},
     [SQL_MEMORY_ATTRS_IDS] = {"memory_attrs_ids",
                               "SELECT m.id FROM memories m WHERE m.tenant_id = $1 AND m.metadata "
                               "@> $2::jsonb",

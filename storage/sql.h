@@ -22,6 +22,8 @@ typedef enum sql_stmt {
     SQL_MEMORY_HISTORY,     /* (tenant, id) -> version rows */
     SQL_MEMORY_FEEDBACK,    /* (tenant, cited[], injected[]) -> cited?, counts, META */
     SQL_MEMORY_TOUCH,       /* (tenants[], ids[], counts[], at_ms[]) -> entries */
+    SQL_NOTIFY_CHANGES,     /* ("tenant:seq"[]) -> count: NOTIFY engram_changes of each;
+                             * its commit does not wait for the disk (it wrote no data) */
     SQL_MEMORY_ATTRS_IDS,   /* (tenant, attrs containment doc) -> ids */
     SQL_MEMORY_TEXT_SEARCH, /* FILTER params, query, limit -> id, rank */
     SQL_MEMORY_LIST, /* FILTER params, order, sign, cursor key, cursor id, limit -> MEMROW, key */

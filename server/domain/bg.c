@@ -282,6 +282,46 @@ static void handle_notify(bg *b, const char *payload)
         tenants_notify_change(b->srv->tenants, tid, seq);
 }
 
+/* Compares the loaded tenants' change numbers with PostgreSQL's (one query on the listener's
+ * connection c) and has every index that lacks a committed change catch up: the backstop
+ * for changes whose NOTIFY was never sent (store groups announce theirs after the commit,
+ * gcommit.c; a process that died in between sent none). Returns false when the query
+ * failed (the connection is then re-made). */
+static bool check_change_seqs(bg *b, PGconn *c)
+{
+    int64_t *ids = NULL;
+    size_t n = 0;
+    if (tenants_loaded_ids(b->srv->tenants, &ids, &n) < 0 || n == 0)
+        return true; /* out of memory: the next check tries again */
+    char *lit = malloc(n * 21 + 3);
+    if (!lit) {
+        free(ids);
+        return true;
+    }
+    size_t len = 0;
+    lit[len++] = '{';
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)sprintf(lit + len, "%s%lld", i ? "," : "", (long long)ids[i]);
+    lit[len++] = '}';
+    lit[len] = '\0';
+    free(ids);
+    const char *vals[1] = {lit};
+    char err[256];
+    PGresult *r = DB_EXEC(c, sqlb_def(SQLB_CHANGE_SEQS), vals, err, sizeof(err));
+    free(lit);
+    if (!r) {
+        log_warn("change check failed: %s", err);
+        return false;
+    }
+    for (int i = 0; i < PQntuples(r); i++) {
+        long long tid = strtoll(PQgetvalue(r, i, 0), NULL, 10);
+        unsigned long long seq = strtoull(PQgetvalue(r, i, 1), NULL, 10);
+        tenants_notify_change(b->srv->tenants, tid, seq);
+    }
+    PQclear(r);
+    return true;
+}
+
 static bool stopping(bg *b)
 {
     pthread_mutex_lock(&b->mu);
@@ -326,10 +366,16 @@ static void *listener_thread(void *arg)
         if (!first)
             tenants_catch_up_all(b->srv->tenants);
         first = false;
+        uint64_t poll_ms = (uint64_t)cfg->change_poll_ms;
+        uint64_t next_check = server_mono_ns() / 1000000u + poll_ms;
         while (!stopping(b)) {
             struct pollfd pfd[2] = {{.fd = PQsocket(c), .events = POLLIN},
                                     {.fd = b->wake[0], .events = POLLIN}};
-            int n = poll(pfd, 2, 1000);
+            uint64_t now = server_mono_ns() / 1000000u;
+            int wait = next_check <= now         ? 0
+                       : next_check - now > 1000 ? 1000
+                                                 : (int)(next_check - now);
+            int n = poll(pfd, 2, wait);
             if (n < 0 && errno != EINTR)
                 break;
             if (pfd[1].revents)
@@ -346,6 +392,11 @@ static void *listener_thread(void *arg)
             }
             if (PQstatus(c) != CONNECTION_OK)
                 break;
+            if (server_mono_ns() / 1000000u >= next_check) {
+                if (!check_change_seqs(b, c))
+                    break;
+                next_check = server_mono_ns() / 1000000u + poll_ms;
+            }
         }
         atomic_store(&b->listener_ok, false);
         if (!stopping(b))

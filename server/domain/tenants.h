@@ -124,6 +124,10 @@ void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq);
 uint64_t tenant_read_floor(tenant *t);
 uint64_t tenants_read_floor(tenants *ts, int64_t id);
 
+/* tenants_loaded_ids returns in *ids (malloc'd, the caller frees it; NULL when *n is 0) the
+ * ids of the *n tenants whose indexes are loaded. Returns 0 or -ENOMEM. Any thread. */
+int tenants_loaded_ids(tenants *ts, int64_t **ids, size_t *n);
+
 /* tenants_catch_up_all schedules a catch-up of every loaded tenant (after the listener
  * reconnects, notifications may have been missed). */
 void tenants_catch_up_all(tenants *ts);

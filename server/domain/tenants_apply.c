@@ -431,6 +431,52 @@ static int catch_up_one(uint64_t key, uint64_t value, void *ctx)
     return 0;
 }
 
+typedef struct id_list {
+    int64_t *v;
+    size_t n, cap;
+    int rc;
+} id_list;
+
+static int collect_loaded(uint64_t key, uint64_t value, void *ctx)
+{
+    tenant *t = (tenant *)(uintptr_t)value;
+    id_list *l = ctx;
+    pthread_mutex_lock(&t->mu);
+    bool ready = t->state == T_READY;
+    pthread_mutex_unlock(&t->mu);
+    if (!ready)
+        return 0;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        int64_t *v = realloc(l->v, cap * sizeof(*v));
+        if (!v) {
+            l->rc = -ENOMEM;
+            return 1; /* stop */
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = (int64_t)key;
+    return 0;
+}
+
+int tenants_loaded_ids(tenants *ts, int64_t **ids, size_t *n)
+{
+    id_list l = {0};
+    pthread_mutex_lock(&ts->mu);
+    idmap_foreach(ts->map, collect_loaded, &l);
+    pthread_mutex_unlock(&ts->mu);
+    if (l.rc < 0) {
+        free(l.v);
+        *ids = NULL;
+        *n = 0;
+        return l.rc;
+    }
+    *ids = l.v;
+    *n = l.n;
+    return 0;
+}
+
 void tenants_catch_up_all(tenants *ts)
 {
     pthread_mutex_lock(&ts->mu);

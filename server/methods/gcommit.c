@@ -3,12 +3,16 @@
 #include "gcommit.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "idmap.h"
+#include "log.h"
+#include "memrow.h"
 #include "metrics.h"
+#include "sql.h"
 #include "worker.h"
 
 /* The worker's one group lives in its store-group map under this key. */
@@ -17,10 +21,16 @@
 typedef struct gc_group {
     const gc_ops *ops;
     idmap *map;      /* the worker's groups, to leave when idle */
+    worker *w;       /* the worker it belongs to */
     req **q;         /* waiting, in arrival order */
     size_t nq, cq;   /* waiting, room */
     size_t inflight; /* jobs sent and not yet answered */
     idmap *busy;     /* tenant -> its requests in those jobs */
+    /* change announcements (ops->seq_col): tenant -> the last change number committed and
+     * not yet announced; one NOTIFY statement in flight at a time (noting), and what
+     * commits meanwhile goes in the next one */
+    idmap *notes;
+    bool noting;
 } gc_group;
 
 typedef struct gc_job {
@@ -102,6 +112,88 @@ static void job_send(gc_group *g, req *const *m, size_t n, bool alone)
     g->inflight++;
 }
 
+typedef struct note_lit {
+    char *p;
+    size_t len;
+} note_lit;
+
+static int note_add(uint64_t key, uint64_t value, void *ctx)
+{
+    note_lit *l = ctx;
+    l->len += (size_t)sprintf(l->p + l->len, "%s%lld:%llu", l->len > 1 ? "," : "",
+                              (long long)(int64_t)key, (unsigned long long)value);
+    return 0;
+}
+
+static void notified(void *arg, const db_result *res);
+
+/* Sends g's pending announcements as one NOTIFY statement (the array literal
+ * {tenant:seq,...}). A failure is logged: the other processes' change check still finds
+ * the changes (change_poll_ms). */
+static void notes_send(gc_group *g)
+{
+    size_t n = idmap_count(g->notes);
+    if (n == 0)
+        return;
+    note_lit l = {.p = malloc(n * 42 + 3)}; /* "-9223372036854775808:18446744073709551615," */
+    if (!l.p) {
+        log_warn("change notification not sent: out of memory");
+        idmap_clear(g->notes);
+        return;
+    }
+    l.p[l.len++] = '{';
+    idmap_foreach(g->notes, note_add, &l);
+    l.p[l.len++] = '}';
+    l.p[l.len] = '\0';
+    idmap_clear(g->notes);
+    const char *vals[1] = {l.p};
+    db_query q = {.stmt = sql_def(SQL_NOTIFY_CHANGES), .nvalues = 1, .values = vals};
+    /* on the worker's pool, whose connections this process's listener ignores */
+    int rc = db_submit(worker_db(g->w), -1, &q, 1, notified, g);
+    free(l.p);
+    if (rc < 0)
+        log_warn("change notification not sent: %s", strerror(-rc));
+    else
+        g->noting = true;
+}
+
+static void notified(void *arg, const db_result *res)
+{
+    gc_group *g = arg;
+    g->noting = false;
+    if (res->status != DB_OK)
+        log_warn("change notification not sent: %s", res->message ? res->message : "no reason");
+    notes_send(g);
+    group_next(g); /* leaves g when nothing else is left */
+}
+
+/* Notes the changes of job j, which committed with result pr, for announcement: for each
+ * tenant (the job lists its requests by tenant) the change number of its last row. */
+static void announce(gc_group *g, const gc_job *j, const PGresult *pr)
+{
+    int off = 0;
+    for (size_t i = 0; i < j->n; i++) {
+        if (refusal_row(pr, off)) {
+            off++;
+            continue;
+        }
+        int n = (int)g->ops->items(j->m[i]);
+        off += n;
+        int64_t t = req_auth(j->m[i])->tenant_id;
+        bool last_of_tenant = i + 1 == j->n || req_auth(j->m[i + 1])->tenant_id != t;
+        if (n == 0 || !last_of_tenant || off > PQntuples(pr))
+            continue; /* a later request of the tenant has the higher number */
+        int64_t seq = memrow_i64(pr, off - 1, g->ops->seq_col, -1);
+        uint64_t had = 0;
+        if (seq < 0 || (idmap_get(g->notes, (uint64_t)t, &had) && had >= (uint64_t)seq))
+            continue;
+        if (idmap_put(g->notes, (uint64_t)t, (uint64_t)seq) < 0)
+            log_warn("change notification of tenant %lld not sent: out of memory", (long long)t);
+    }
+    if (!g->noting)
+        notes_send(g);
+}
+
 static void job_done(void *arg, const db_result *res)
 {
     gc_job *j = arg;
@@ -111,6 +203,8 @@ static void job_done(void *arg, const db_result *res)
     mark_busy(g, j->m, j->n, -1); /* before any request ends */
     if (res->status == DB_OK) {
         const PGresult *pr = res->res[0];
+        if (ops->seq_col >= 0)
+            announce(g, j, pr); /* before the requests end (and free their state) */
         int off = 0;
         for (size_t i = 0; i < j->n; i++) {
             if (refusal_row(pr, off)) {
@@ -216,9 +310,10 @@ static void group_next(gc_group *g)
         }
         free(m);
     }
-    if (g->nq == 0 && g->inflight == 0) {
+    if (g->nq == 0 && g->inflight == 0 && !g->noting) {
         idmap_del(g->map, GROUP_KEY);
         idmap_destroy(g->busy);
+        idmap_destroy(g->notes);
         free(g->q);
         free(g);
     }
@@ -234,9 +329,12 @@ void gc_submit(req *r, const gc_ops *ops)
     } else if (groups && (g = calloc(1, sizeof(*g))) != NULL) {
         g->ops = ops;
         g->map = groups;
+        g->w = req_worker(r);
         g->busy = idmap_create(16);
-        if (!g->busy || idmap_put(groups, GROUP_KEY, (uint64_t)(uintptr_t)g) < 0) {
+        g->notes = idmap_create(16);
+        if (!g->busy || !g->notes || idmap_put(groups, GROUP_KEY, (uint64_t)(uintptr_t)g) < 0) {
             idmap_destroy(g->busy);
+            idmap_destroy(g->notes);
             free(g);
             g = NULL;
         }

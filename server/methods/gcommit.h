@@ -17,6 +17,14 @@
  * A job that failed for want of the database (DB_UNAVAILABLE) fails every request in it,
  * unacknowledged, as any write then.
  *
+ * Announcements: a statement that writes changes without notifying (ops->seq_col) has them
+ * announced after its commit, NOTIFY engram_changes of each tenant's last change number, in
+ * one statement per worker at a time (what commits meanwhile goes in the next). A NOTIFY
+ * inside the store's transaction would take PostgreSQL's database-wide notify lock at the
+ * commit and hold it until the commit record is on disk, so store transactions would commit
+ * one at a time. An announcement that is never sent (the process died after the commit) is
+ * made up for by the other processes' change check (change_poll_ms, bg.c).
+ *
  * The kind of write is described by a gc_ops table; memory.store and memory.store_batch
  * without an idempotency key are the users (m_memory.c). A worker keeps one group
  * (worker_store_groups), so one kind of write per worker goes through it. Worker thread
@@ -31,9 +39,12 @@
 #include "db.h"
 #include "req.h"
 
-/* Jobs of one worker's group in flight at once: one per database connection of a worker
- * (db_connections_per_worker's default), so both connections stay busy. */
-#define GC_MAX_INFLIGHT 2
+/* Jobs of one worker's group in flight at once. One: the stores that arrive while it is in
+ * flight make the next group bigger, and the workers' jobs together keep several
+ * connections busy. With two per worker (one per database connection), 16 clients over 8
+ * tenants stored 4,483 to 4,666 memories/s in groups of 2.0 requests, against 6,774 to
+ * 7,457/s in groups of 4.0 with one (bench/README.md, "Writes over a mix of tenants"). */
+#define GC_MAX_INFLIGHT 1
 
 /* Room for one statement's parameters, owned by the caller of ops->build. */
 typedef struct gc_params {
@@ -44,6 +55,11 @@ typedef struct gc_params {
 
 typedef struct gc_ops {
     size_t max_items; /* the most items one combined statement may carry */
+    /* the column of a row's change number (text format), whose tenant is its request's:
+     * after a job commits, the last change of each of its tenants is announced to the other
+     * processes (NOTIFY engram_changes, SQL_NOTIFY_CHANGES), as the statement does not
+     * notify itself; -1 when the statement notifies, or writes no changes */
+    int seq_col;
     /* items returns how many items (rows) request r writes */
     size_t (*items)(req *r);
     /* build writes into q (parameters in p, text in m[0]'s arena) one statement for the

@@ -63,3 +63,15 @@ BEGIN
     RETURN QUERY SELECT o.id, v_last - v_n + o.n FROM unnest(v_ids) WITH ORDINALITY AS o (id, n);
 END $$;
 ALTER FUNCTION engram_memory_delete(bigint, bigint[]) SET plan_cache_mode = force_generic_plan;
+
+-- engram_change_seqs: the last change number of each of the tenants p_ids (those that
+-- exist), for the servers' periodic change check (server/domain/bg.c): a change committed
+-- without a NOTIFY (store groups announce theirs after the commit; a server that died in
+-- between sent none) reaches the other servers' indexes by it. SECURITY DEFINER because the
+-- check covers every loaded tenant and row-level security shows a connection one tenant's
+-- row at most; it returns nothing but ids and change numbers.
+CREATE OR REPLACE FUNCTION engram_change_seqs(p_ids bigint[])
+    RETURNS TABLE (id bigint, change_seq bigint)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT t.id, t.change_seq FROM tenants t WHERE t.id = ANY(p_ids)
+$$;

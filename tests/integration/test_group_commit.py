@@ -140,11 +140,11 @@ def test_stores_of_many_tenants_share_transactions_and_keep_their_own_answers():
 
 
 def test_waiting_stores_of_several_tenants_go_in_one_transaction():
-    """While a worker's jobs are in flight, the stores that arrive wait, and then go to
+    """While a worker's job is in flight, the stores that arrive wait, and then go to
     PostgreSQL together in one transaction, whatever their tenants. Made deterministic by
-    holding two tenants' rows locked: the jobs of those tenants' stores fill both places in
-    flight (they wait for the lock), the stores of three other tenants queue, and all nine go
-    in one transaction once the lock is released."""
+    holding the first tenant's row locked: the job of its store is the worker's one place in
+    flight (it waits for the lock), the stores of four other tenants queue, and all ten go in
+    one transaction once the lock is released."""
     dsn = new_database("groupw")
     srv = Server(dsn, workers=1).start()
     blocker = None
@@ -160,8 +160,8 @@ def test_waiting_stores_of_several_tenants_go_in_one_transaction():
             c.call("ping")
         blocker = subprocess.Popen([os.path.join(PG_BINDIR, "psql"), dsn, "-X", "-q"],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        blocker.stdin.write("BEGIN;\nSELECT 1 FROM tenants WHERE id IN (%d, %d) FOR UPDATE;\n"
-                            "\\echo locked\n" % (tenants[0][0], tenants[1][0]))
+        blocker.stdin.write("BEGIN;\nSELECT 1 FROM tenants WHERE id = %d FOR UPDATE;\n"
+                            "\\echo locked\n" % tenants[0][0])
         blocker.stdin.flush()
         while blocker.stdout.readline().strip() != "locked":
             pass
@@ -171,15 +171,15 @@ def test_waiting_stores_of_several_tenants_go_in_one_transaction():
                 sent.append((i, c, c.send("memory.store", {
                     "content": f"w{i}-{k}", "type": "fact", "importance": 0.5,
                     "embedding": vec_bin(vecs[4 * i + k])})))
-            if i == 1:
-                # both places in flight wait for the lock
+            if i == 0:
+                # the one place in flight waits for the lock
                 assert wait_for(lambda: psql(dsn, "SELECT count(*) FROM pg_stat_activity "
                                                   "WHERE wait_event_type = 'Lock' AND "
-                                                  "datname = current_database()") == "2",
+                                                  "datname = current_database()") == "1",
                                 timeout=2)
         # the connections' requests are handled in order: once ping answers, its connection's
         # stores are waiting in the group
-        for c in clients[2:]:
+        for c in clients[1:]:
             c.call("ping")
         blocker.stdin.write("COMMIT;\n")
         blocker.stdin.close()
@@ -188,11 +188,11 @@ def test_waiting_stores_of_several_tenants_go_in_one_transaction():
         for i, c, m in sent:
             err, res = c.wait(m)
             assert err is None, err
-        held = [str(t) for t, _ in tenants[2:]]
+        held = [str(t) for t, _ in tenants[1:]]
         per_tx = psql(dsn, "SELECT string_agg(n::text, ',') FROM (SELECT count(*) AS n FROM "
                            "memories WHERE tenant_id IN (%s) GROUP BY xmin::text) x"
                       % ",".join(held))
-        assert per_tx == "9", per_tx  # one transaction, three tenants
+        assert per_tx == "10", per_tx  # one transaction, four tenants
         srv.stop()
     finally:
         if blocker:

@@ -3,7 +3,7 @@ the other, administrative changes reach both. (Quota races on two processes are 
 tests/reliability/test_quota_races.py.)"""
 import pytest
 
-from harness import running_pair, structured_vectors, vec_bin, wait_for
+from harness import psql, running_pair, structured_vectors, vec_bin, wait_for
 
 LIMITS = ["--free-max-memories", "40", "--free-queries-per-day", "25",
           "--free-rate-per-s", "1000", "--free-rate-burst", "1000"]
@@ -69,3 +69,60 @@ def test_admin_changes_reach_the_other_process(pair):
     finally:
         cb.close()
         cb2.close()
+
+
+def test_store_groups_announce_their_changes_after_the_commit():
+    """engram_memory_store_group sends no NOTIFY (it would make commits wait for one another);
+    the server announces each group's changes after its commit. With the change check an
+    hour apart, B can only learn of A's stores from those announcements."""
+    with running_pair("announce", ["--change-poll-ms", "3600000"]) as (a, b, _):
+        _, key = a.create_tenant(tier="premium")
+        vecs = structured_vectors(12, 384, seed=321)
+        with a.client(key=key) as ca, b.client(key=key) as cb:
+            ca.call("memory.search", query="warm up")
+            cb.call("memory.search", query="warm up")
+            one = ca.call("memory.store", content="single", type="fact", importance=0.5,
+                          embedding=vec_bin(vecs[0]))["id"]
+            ids = ca.call("memory.store_batch", memories=[
+                {"content": f"b{i}", "type": "fact", "importance": 0.5, "embedding": vec_bin(v)}
+                for i, v in enumerate(vecs[1:])])["ids"]
+
+            def top1(v):
+                return [r["id"] for r in cb.call("memory.search", embedding=vec_bin(v), top_k=1,
+                                                 similarity_weight=1.0)["results"]]
+
+            assert wait_for(lambda: top1(vecs[0]) == [one], timeout=10), \
+                "B never learnt of A's memory.store"
+            assert wait_for(lambda: top1(vecs[11]) == [ids[10]], timeout=10), \
+                "B never learnt of A's memory.store_batch"
+
+
+def test_a_change_never_announced_arrives_by_the_change_check():
+    """A change committed without a NOTIFY (as when a process dies between a group's commit
+    and its announcement; here the group function called directly, which never notifies)
+    reaches the other processes' loaded indexes by their periodic change check."""
+    with running_pair("unannounced", ["--change-poll-ms", "300"]) as (a, b, dsn):
+        tid, key = a.create_tenant(tier="premium")
+        vecs = structured_vectors(2, 384, seed=322)
+        with b.client(key=key) as cb:
+            first = cb.call("memory.store", content="first", type="fact", importance=0.5,
+                            embedding=vec_bin(vecs[0]))["id"]
+            # B's index is loaded (and holds its own write) before the change below
+            assert [r["id"] for r in cb.call("memory.search", embedding=vec_bin(vecs[0]),
+                                             top_k=1)["results"]] == [first]
+            emb = "\\x" + vec_bin(vecs[1]).hex()
+            mid = psql(dsn, f"SELECT m_id FROM engram_memory_store_group(ARRAY[{tid}]::bigint[], "
+                            f"ARRAY[1], ARRAY[384], ARRAY[0,0,0]::bigint[], ARRAY[0]::bigint[], "
+                            f"ARRAY[0]::bigint[], ARRAY['agent'], ARRAY['fact'], "
+                            f"ARRAY['written behind the servers'' backs'], ARRAY[0.5]::float8[], "
+                            f"ARRAY['{{}}'], '{emb}'::bytea, ARRAY[NULL]::bigint[], "
+                            f"ARRAY[NULL]::bigint[], ARRAY[NULL]::bigint[], ARRAY[0]::bigint[], "
+                            f"ARRAY[NULL]::bigint[], ARRAY[false])")
+            assert mid.isdigit()
+
+            def top1():
+                return [r["id"] for r in cb.call("memory.search", embedding=vec_bin(vecs[1]),
+                                                 top_k=1, similarity_weight=1.0)["results"]]
+
+            assert wait_for(lambda: top1() == [int(mid)], timeout=10), \
+                "the unannounced change never reached the loaded index"

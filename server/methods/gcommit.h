@@ -19,11 +19,16 @@
  *
  * Announcements: a statement that writes changes without notifying (ops->seq_col) has them
  * announced after its commit, NOTIFY engram_changes of each tenant's last change number, in
- * one statement per worker at a time (what commits meanwhile goes in the next). A NOTIFY
+ * one statement per worker at a time, sent 5 ms after the first change it carries (what
+ * commits meanwhile goes in the same or the next one). A NOTIFY
  * inside the store's transaction would take PostgreSQL's database-wide notify lock at the
  * commit and hold it until the commit record is on disk, so store transactions would commit
  * one at a time. An announcement that is never sent (the process died after the commit) is
  * made up for by the other processes' change check (change_poll_ms, bg.c).
+ *
+ * A job of one request may go through a cheaper statement of its own (ops->solo_stmt), which
+ * either does the write or answers nothing, and then the request goes again alone through
+ * the group statement.
  *
  * The kind of write is described by a gc_ops table; memory.store and memory.store_batch
  * without an idempotency key are the users (m_memory.c). A worker keeps one group
@@ -60,6 +65,11 @@ typedef struct gc_ops {
      * processes (NOTIFY engram_changes, SQL_NOTIFY_CHANGES), as the statement does not
      * notify itself; -1 when the statement notifies, or writes no changes */
     int seq_col;
+    /* a statement (sql.h) taking build's parameters, for a job of one request, run with
+     * engram.tenant_id set to its tenant: cheaper than build's for that case, and answering
+     * no rows when it did not do the write (a refusal), after which the request goes again
+     * alone through build's statement, which says why; -1 when there is none */
+    int solo_stmt;
     /* items returns how many items (rows) request r writes */
     size_t (*items)(req *r);
     /* build writes into q (parameters in p, text in m[0]'s arena) one statement for the

@@ -426,6 +426,7 @@ static int store_build(req *const *m, size_t nm, db_query *q, gc_params *p)
 static const gc_ops store_ops = {
     .max_items = BATCH_MAX,
     .seq_col = 4, /* engram_memory_store_group's m_seq (it sends no NOTIFY itself) */
+    .solo_stmt = SQL_MEMORY_STORE_SOLO,
     .items = store_items,
     .build = store_build,
     .finish = store_finish,

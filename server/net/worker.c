@@ -284,8 +284,9 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         for (conn *c = w->conns; c; c = conn_next(c))
             if (conn_output_pending(c))
                 flushed = false;
+        /* the store group leaves once its stores ended and its changes were announced */
         bool db_done = !w->flushing && access_log_count(w->access) == 0 && db_pool_idle(w->db) &&
-                       (!w->rdb || db_pool_idle(w->rdb));
+                       (!w->rdb || db_pool_idle(w->rdb)) && idmap_count(w->store_groups) == 0;
         if ((w->inflight == 0 && flushed && db_done) || now >= w->drain_deadline_ms) {
             if (w->inflight)
                 log_warn("worker %u: shutdown timeout with %u requests in flight", w->idx,

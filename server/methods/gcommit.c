@@ -203,30 +203,14 @@ static void notified(void *arg, const db_result *res)
     group_next(g); /* leaves g when nothing else is left */
 }
 
-/* Notes the changes of job j, which committed with result pr, for announcement: for each
- * tenant (the job lists its requests by tenant) the change number of its last row. */
-static void announce(gc_group *g, const gc_job *j, const PGresult *pr)
+/* Notes change seq of tenant t for announcement (the highest of a tenant's stands). */
+static void note_change(gc_group *g, int64_t t, int64_t seq)
 {
-    int off = 0;
-    for (size_t i = 0; i < j->n; i++) {
-        if (refusal_row(pr, off)) {
-            off++;
-            continue;
-        }
-        int n = (int)g->ops->items(j->m[i]);
-        off += n;
-        int64_t t = req_auth(j->m[i])->tenant_id;
-        bool last_of_tenant = i + 1 == j->n || req_auth(j->m[i + 1])->tenant_id != t;
-        if (n == 0 || !last_of_tenant || off > PQntuples(pr))
-            continue; /* a later request of the tenant has the higher number */
-        int64_t seq = memrow_i64(pr, off - 1, g->ops->seq_col, -1);
-        uint64_t had = 0;
-        if (seq < 0 || (idmap_get(g->notes, (uint64_t)t, &had) && had >= (uint64_t)seq))
-            continue;
-        if (idmap_put(g->notes, (uint64_t)t, (uint64_t)seq) < 0)
-            log_warn("change notification of tenant %lld not sent: out of memory", (long long)t);
-    }
-    notes_arm(g);
+    uint64_t had = 0;
+    if (seq < 0 || (idmap_get(g->notes, (uint64_t)t, &had) && had >= (uint64_t)seq))
+        return;
+    if (idmap_put(g->notes, (uint64_t)t, (uint64_t)seq) < 0)
+        log_warn("change notification of tenant %lld not sent: out of memory", (long long)t);
 }
 
 static void job_done(void *arg, const db_result *res)
@@ -244,8 +228,6 @@ static void job_done(void *arg, const db_result *res)
     }
     if (res->status == DB_OK) {
         const PGresult *pr = res->res[0];
-        if (ops->seq_col >= 0)
-            announce(g, j, pr); /* before the requests end (and free their state) */
         int off = 0;
         for (size_t i = 0; i < j->n; i++) {
             if (refusal_row(pr, off)) {
@@ -261,9 +243,13 @@ static void job_done(void *arg, const db_result *res)
                 continue;
             }
             int n = (int)ops->items(j->m[i]); /* finish ends the request */
+            if (ops->seq_col >= 0 && n > 0 && off + n <= PQntuples(pr)) /* its last row */
+                note_change(g, req_auth(j->m[i])->tenant_id,
+                            memrow_i64(pr, off + n - 1, ops->seq_col, -1));
             ops->finish(j->m[i], pr, off);
             off += n;
         }
+        notes_arm(g);
     } else if (j->alone || j->n == 1 || res->status == DB_UNAVAILABLE) {
         for (size_t i = 0; i < j->n; i++)
             ops->fail(j->m[i], res);

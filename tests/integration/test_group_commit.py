@@ -5,6 +5,7 @@ its own never fails the others."""
 import os
 import subprocess
 import threading
+import time
 
 from harness import (PG_BINDIR, Server, new_database, psql, structured_vectors, vec_bin,
                      wait_for)
@@ -199,4 +200,41 @@ def test_waiting_stores_of_several_tenants_go_in_one_transaction():
             blocker.kill()
         for c in clients:
             c.close()
+        srv.cleanup()
+
+
+def test_a_store_alone_skips_the_group_function_unless_refused():
+    """A job of one request goes through one plain statement, not the plpgsql group function
+    (PostgreSQL counts the function's calls with track_functions); a request that statement
+    refuses (over the tier's limit) goes again through the function, which says why."""
+    dsn = new_database("groupsolo")
+    psql(dsn, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = ''pl''', "
+              "current_database()); END $$")
+    srv = Server(dsn, extra=["--free-max-memories", "3"]).start()
+
+    def calls():
+        return int(psql(dsn, "SELECT pg_stat_clear_snapshot(); SELECT COALESCE(sum(calls), 0) "
+                             "FROM pg_stat_user_functions WHERE funcname = "
+                             "'engram_memory_store_group'").splitlines()[-1])
+
+    try:
+        _, key = srv.create_tenant(tier="free")
+        with srv.client(key=key) as c:
+            one = c.call("memory.store", content="alone", type="fact", importance=0.2)["id"]
+            ids = c.call("memory.store_batch", memories=[{"content": f"b{i}", "type": "fact",
+                                                          "importance": 0.1} for i in range(2)])
+            assert c.call("memory.get", ids=[one])["memories"][0]["content"] == "alone"
+            assert len(ids["ids"]) == 2
+            err, _ = c.wait(c.send("memory.store", {"content": "one too many", "type": "fact",
+                                                    "importance": 0.1}))
+            assert err is not None and err["code"] == "quota_exceeded", err
+            assert (err["limit"], err["usage"], err["requested"]) == (3, 3, 1)
+            assert c.call("memory.stats")["total"] == 3
+        # backends report their statistics within a second of going idle: once the refusal's
+        # call shows, wait two more seconds for any other call to show too
+        assert wait_for(lambda: calls() >= 1, timeout=10)
+        time.sleep(2)
+        assert calls() == 1  # the refusal only: the three writes went by the plain statement
+        srv.stop()
+    finally:
         srv.cleanup()

@@ -34,9 +34,17 @@ ENGRAMD_ARGS = (f"--db-queue-timeout-ms {QUEUE_TIMEOUT_MS} --db-query-timeout-ms
 
 
 def free_port_base(span=40):
-    """A base port whose span ports are all free now (deploy/ha/common.sh's layout)."""
+    """A base port whose span ports are all free now (deploy/ha/common.sh's layout), below
+    the kernel's ephemeral range: a port in it can be taken between this check and the
+    server's bind by any outgoing connection (a clean CI run lost node1's port that way)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    top = max(low, 20000 + 4 * span)
     for _ in range(200):
-        base = random.randrange(20000, 60000 - span)
+        base = random.randrange(20000, top - span)
         socks = []
         try:
             for p in range(base, base + span):

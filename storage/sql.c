@@ -83,7 +83,8 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
      * durable store of one memory took 0.373 to 0.412 ms by pgbench this way against 0.482
      * to 0.587 through the function (its plpgsql and its statements' executor start-ups).
      * Rows only when the tenant's UPDATE took: otherwise none, and the server sends the
-     * request through the function, which says why (gcommit.c). */
+     * request through the function, which says why (gcommit.c). Its text search vectors are
+     * computed under the tenant's lock: for a few memories only (gc_ops.solo_max_items). */
     [SQL_MEMORY_STORE_SOLO] =
         {"memory_store_solo",
          "WITH p AS (SELECT ($1::bigint[])[1] AS tenant, ($2::integer[])[1] AS n, "
@@ -98,10 +99,11 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
          "RETURNING t.id AS tenant, t.change_seq - p.n AS seq0, t.memory_id_last - p.n AS id0, "
          "p.dim, p.emb), "
          "ins AS (INSERT INTO memories (tenant_id, id, agent_id, clade_id, scope, type, content, "
-         "importance, metadata, embedding, created_at, updated_at, last_accessed_at, "
-         "access_count, expires_at, pinned, seq) "
-         "SELECT u.tenant, u.id0 + a.i, a.agent, a.clade, a.scope, a.type, a.content, a.imp, "
-         "a.md::jsonb, substring(u.emb FROM ((a.i - 1) * u.dim * 4 + 1)::integer FOR u.dim * 4), "
+         "content_tsv, importance, metadata, embedding, created_at, updated_at, "
+         "last_accessed_at, access_count, expires_at, pinned, seq) "
+         "SELECT u.tenant, u.id0 + a.i, a.agent, a.clade, a.scope, a.type, a.content, "
+         "to_tsvector('english', a.content), a.imp, a.md::jsonb, substring(u.emb FROM ((a.i - 1) * "
+         "u.dim * 4 + 1)::integer FOR u.dim * 4), "
          "date_trunc('milliseconds', COALESCE(engram_ts(a.cr), now())), "
          "date_trunc('milliseconds', COALESCE(engram_ts(a.up), engram_ts(a.cr), now())), "
          "date_trunc('milliseconds', engram_ts(a.acc)), COALESCE(a.cnt, 0), engram_ts(a.ex), "

@@ -103,7 +103,8 @@ static void job_send(gc_group *g, req *const *m, size_t n, bool alone)
     }
     j->g = g;
     j->alone = alone;
-    j->solo = n == 1 && !alone && g->ops->solo_stmt >= 0;
+    j->solo =
+        n == 1 && !alone && g->ops->solo_stmt >= 0 && g->ops->items(m[0]) <= g->ops->solo_max_items;
     j->n = n;
     memcpy(j->m, m, n * sizeof(req *));
     db_query q;

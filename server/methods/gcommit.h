@@ -70,6 +70,9 @@ typedef struct gc_ops {
      * no rows when it did not do the write (a refusal), after which the request goes again
      * alone through build's statement, which says why; -1 when there is none */
     int solo_stmt;
+    /* the most items of a request that goes through solo_stmt; a bigger one goes through
+     * build's statement even alone */
+    size_t solo_max_items;
     /* items returns how many items (rows) request r writes */
     size_t (*items)(req *r);
     /* build writes into q (parameters in p, text in m[0]'s arena) one statement for the

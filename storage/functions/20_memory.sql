@@ -71,6 +71,8 @@ BEGIN
     v_seq := engram_next_seq(p_tenant, 1);
     UPDATE memories SET
         content = COALESCE(p_content, content),
+        content_tsv = CASE WHEN p_content IS NULL THEN content_tsv
+                           ELSE to_tsvector('english', p_content) END,
         type = COALESCE(p_type, type),
         importance = COALESCE(p_importance, importance),
         metadata = COALESCE(p_metadata::jsonb, metadata),
@@ -214,8 +216,15 @@ DECLARE
     v_max bigint;
     v_ids bigint[];
     v_id_last bigint;
+    v_tsv tsvector[];
+    v_md jsonb[];
     k record;
 BEGIN
+    -- the text search vectors and the metadata before the lock (migration 0008); a replay
+    -- below computed them for nothing
+    v_tsv := ARRAY(SELECT to_tsvector('english', c.t)
+                   FROM unnest(p_content) WITH ORDINALITY AS c (t, i) ORDER BY c.i);
+    v_md := p_metadata::jsonb[];
     -- the tenant row's lock, before anything else
     SELECT t.change_seq, t.memory_count, t.tier INTO v_last, v_count, v_tier
         FROM tenants t WHERE t.id = p_tenant FOR UPDATE;
@@ -257,10 +266,11 @@ BEGIN
     RETURN QUERY
         WITH ins AS (
             INSERT INTO memories (tenant_id, id, agent_id, clade_id, scope, type, content,
-                                  importance, metadata, embedding, created_at, updated_at,
-                                  last_accessed_at, access_count, expires_at, pinned, seq)
-                SELECT p_tenant, v_ids[a.i], a.agent, a.clade, a.scope, a.type, a.content, a.imp,
-                       a.md::jsonb,
+                                  content_tsv, importance, metadata, embedding, created_at,
+                                  updated_at, last_accessed_at, access_count, expires_at,
+                                  pinned, seq)
+                SELECT p_tenant, v_ids[a.i], a.agent, a.clade, a.scope, a.type, a.content,
+                       a.tsv, a.imp, a.md,
                        substring(p_embeddings FROM ((a.i - 1) * p_dim * 4 + 1)::integer
                                  FOR p_dim * 4),
                        date_trunc('milliseconds', COALESCE(engram_ts(a.cr), now())),
@@ -269,10 +279,10 @@ BEGIN
                        COALESCE(a.cnt, 0), engram_ts(a.ex), COALESCE(a.pin, false),
                        v_base + a.i
                 FROM unnest(p_agent, p_clade, p_scope, p_type, p_content, p_importance,
-                            p_metadata, p_created_ms, p_updated_ms, p_accessed_ms,
-                            p_access_count, p_expires_ms, p_pinned)
+                            v_md, p_created_ms, p_updated_ms, p_accessed_ms,
+                            p_access_count, p_expires_ms, p_pinned, v_tsv)
                      WITH ORDINALITY AS a (agent, clade, scope, type, content, imp, md, cr, up,
-                                           acc, cnt, ex, pin, i)
+                                           acc, cnt, ex, pin, tsv, i)
                 RETURNING tenant_id, id, seq, agent_id, clade_id, scope, type, importance,
                           created_at, last_accessed_at, access_count, expires_at, archived_at,
                           pinned)
@@ -366,6 +376,8 @@ DECLARE
     v_count bigint;
     v_max bigint;
     v_took bigint;
+    v_tsv tsvector[];
+    v_md jsonb[];
 BEGIN
     IF cardinality(p_counts) <> ns OR cardinality(p_dims) <> ns OR ns = 0 THEN
         RAISE EXCEPTION 'segments do not match' USING ERRCODE = 'EG400';
@@ -385,6 +397,12 @@ BEGIN
     IF k - 1 <> cardinality(p_content) OR e <> length(p_embeddings) THEN
         RAISE EXCEPTION 'embeddings do not match the dimension' USING ERRCODE = 'EG400';
     END IF;
+    -- The text search vectors and the metadata before any tenant row's lock (migration
+    -- 0008): the lock is held to the commit, and another batch of the tenant waits for it.
+    -- A refused segment's were computed for nothing.
+    v_tsv := ARRAY(SELECT to_tsvector('english', c.t)
+                   FROM unnest(p_content) WITH ORDINALITY AS c (t, i) ORDER BY c.i);
+    v_md := p_metadata::jsonb[];
     s := 1;
     WHILE s <= ns LOOP
         -- the run s .. r of one tenant's segments
@@ -449,10 +467,11 @@ BEGIN
     RETURN QUERY
         WITH ins AS (
             INSERT INTO memories (tenant_id, id, agent_id, clade_id, scope, type, content,
-                                  importance, metadata, embedding, created_at, updated_at,
-                                  last_accessed_at, access_count, expires_at, pinned, seq)
+                                  content_tsv, importance, metadata, embedding, created_at,
+                                  updated_at, last_accessed_at, access_count, expires_at,
+                                  pinned, seq)
                 SELECT p_tenants[a.g], v_id0[a.g] + a.i - v_first[a.g] + 1, a.agent, a.clade,
-                       a.scope, a.type, a.content, a.imp, a.md::jsonb,
+                       a.scope, a.type, a.content, a.tsv, a.imp, a.md,
                        substring(p_embeddings
                                  FROM (v_eoff[a.g] + (a.i - v_first[a.g]) * p_dims[a.g] * 4
                                        + 1)::integer
@@ -464,10 +483,10 @@ BEGIN
                        v_seq0[a.g] + a.i - v_first[a.g] + 1
                 FROM (SELECT u.*, v_seg[u.i] AS g
                       FROM unnest(p_agent, p_clade, p_scope, p_type, p_content, p_importance,
-                                  p_metadata, p_created_ms, p_updated_ms, p_accessed_ms,
-                                  p_access_count, p_expires_ms, p_pinned)
+                                  v_md, p_created_ms, p_updated_ms, p_accessed_ms,
+                                  p_access_count, p_expires_ms, p_pinned, v_tsv)
                            WITH ORDINALITY AS u (agent, clade, scope, type, content, imp, md,
-                                                 cr, up, acc, cnt, ex, pin, i)) a
+                                                 cr, up, acc, cnt, ex, pin, tsv, i)) a
                 WHERE v_seq0[a.g] IS NOT NULL
                 -- not the content and embedding: copied into the CTE's store for nothing
                 RETURNING tenant_id, id, seq, agent_id, clade_id, scope, type, importance,

@@ -238,3 +238,59 @@ def test_a_store_alone_skips_the_group_function_unless_refused():
         srv.stop()
     finally:
         srv.cleanup()
+
+
+def test_every_store_path_writes_the_text_search_vector():
+    """content_tsv is written by the writers since migration 0008 (no longer generated):
+    the plain statement (a few memories), the group function (a request of more than 16,
+    which computes the vectors before it takes the tenant's lock), the batch function (an
+    idempotency key) and an update of the content each write to_tsvector('english', content),
+    and text search finds what each wrote."""
+    dsn = new_database("grouptsv")
+    psql(dsn, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = ''pl''', "
+              "current_database()); END $$")
+    srv = Server(dsn).start()
+
+    def calls():
+        return int(psql(dsn, "SELECT pg_stat_clear_snapshot(); SELECT COALESCE(sum(calls), 0) "
+                             "FROM pg_stat_user_functions WHERE funcname = "
+                             "'engram_memory_store_group'").splitlines()[-1])
+
+    def batch(word, n, **kw):
+        return c.call("memory.store_batch", memories=[
+            {"content": f"the {word} number {i} was noted", "type": "fact", "importance": 0.3}
+            for i in range(n)], **kw)["ids"]
+
+    def found(word):
+        return {r["id"] for r in c.call("memory.search", query=word, mode="text",
+                                        top_k=100)["results"]}
+
+    try:
+        tid, key = srv.create_tenant()
+        with srv.client(key=key) as c:
+            solo = c.call("memory.store", content="a lonely pelican", type="fact",
+                          importance=0.5)["id"]
+            small = batch("walrus", 16)  # the plain statement, as one request of 16
+            big = batch("narwhal", 17)  # the group function
+            idem = batch("ocelot", 3, idempotency_key="tsv-1")  # the batch function
+            upd = c.call("memory.store", content="a plain heron", type="fact",
+                         importance=0.5)["id"]
+            c.call("memory.update", id=upd, content="a changed flamingo")
+            c.call("memory.update", id=solo, importance=0.9)  # content, vector unchanged
+            assert found("pelican") == {solo}
+            assert found("walrus") == set(small)
+            assert found("narwhal") == set(big)
+            assert found("ocelot") == set(idem)
+            assert found("flamingo") == {upd} and found("heron") == set()
+        bad = psql(dsn, f"SELECT count(*) FROM memories WHERE tenant_id = {tid} AND "
+                        "content_tsv IS DISTINCT FROM to_tsvector('english', content)")
+        assert bad.strip() == "0"
+        assert psql(dsn, f"SELECT count(*) FROM memories WHERE tenant_id = {tid}").strip() == "38"
+        # the request of 17 alone went through the group function (statistics arrive within
+        # a second of the backend going idle)
+        assert wait_for(lambda: calls() >= 1, timeout=10)
+        time.sleep(2)
+        assert calls() == 1
+        srv.stop()
+    finally:
+        srv.cleanup()

@@ -49,6 +49,20 @@ typedef struct gc_job {
     req *m[]; /* the members, in the statement's order */
 } gc_job;
 
+/* Frees g (its timer cancelled) and takes it out of its worker's map (g->map, NULL when it
+ * never went in). Nothing may refer to g any more: no job or NOTIFY in flight. */
+static void group_free(gc_group *g)
+{
+    if (g->map)
+        idmap_del(g->map, GROUP_KEY);
+    idmap_destroy(g->busy);
+    idmap_destroy(g->notes);
+    if (g->note_timer)
+        event_free(g->note_timer);
+    free(g->q);
+    free(g);
+}
+
 static void group_next(gc_group *g);
 
 static void fail_submit(req *r, int rc)
@@ -338,15 +352,8 @@ static void group_next(gc_group *g)
         }
         free(m);
     }
-    if (g->nq == 0 && g->inflight == 0 && !g->noting && !g->note_armed) {
-        idmap_del(g->map, GROUP_KEY);
-        idmap_destroy(g->busy);
-        idmap_destroy(g->notes);
-        if (g->note_timer)
-            event_free(g->note_timer);
-        free(g->q);
-        free(g);
-    }
+    if (g->nq == 0 && g->inflight == 0 && !g->noting && !g->note_armed)
+        group_free(g);
 }
 
 void gc_submit(req *r, const gc_ops *ops)
@@ -365,11 +372,8 @@ void gc_submit(req *r, const gc_ops *ops)
         g->note_timer = evtimer_new(worker_base(g->w), notes_due, g);
         if (!g->busy || !g->notes || !g->note_timer ||
             idmap_put(groups, GROUP_KEY, (uint64_t)(uintptr_t)g) < 0) {
-            idmap_destroy(g->busy);
-            idmap_destroy(g->notes);
-            if (g->note_timer)
-                event_free(g->note_timer);
-            free(g);
+            g->map = NULL; /* not in it */
+            group_free(g);
             g = NULL;
         }
     }
@@ -391,4 +395,22 @@ void gc_submit(req *r, const gc_ops *ops)
     }
     g->q[g->nq++] = r;
     group_next(g);
+}
+
+void gc_worker_fini(idmap *groups)
+{
+    uint64_t v;
+    if (!groups || !idmap_get(groups, GROUP_KEY, &v))
+        return;
+    gc_group *g = (gc_group *)(uintptr_t)v;
+    if (g->nq || g->inflight || g->noting) {
+        /* cannot happen once the pools are destroyed; kept, not freed under its users */
+        log_warn("store group left with %zu waiting, %zu jobs in flight", g->nq, g->inflight);
+        return;
+    }
+    if (idmap_count(g->notes))
+        log_warn("shutdown: %zu tenants' last changes not announced (the other processes' "
+                 "change check finds them)",
+                 idmap_count(g->notes));
+    group_free(g);
 }

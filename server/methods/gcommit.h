@@ -42,6 +42,7 @@
 #include <stddef.h>
 
 #include "db.h"
+#include "idmap.h"
 #include "req.h"
 
 /* Jobs of one worker's group in flight at once. One: the stores that arrive while it is in
@@ -89,5 +90,12 @@ typedef struct gc_ops {
 /* gc_submit sends r (whose items are ready) through this worker's group. r is answered through
  * ops->finish or ops->fail, or req_fail. */
 void gc_submit(req *r, const gc_ops *ops);
+
+/* gc_worker_fini frees the group left in a worker's map groups when the worker is destroyed
+ * after a drain that timed out, once its database pools are destroyed (which fails its
+ * jobs): announcements still waiting for their timer are dropped, with a warning; the other
+ * processes' change check (change_poll_ms) finds those changes. Before the worker's event
+ * base is freed. */
+void gc_worker_fini(idmap *groups);
 
 #endif

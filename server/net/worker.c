@@ -17,6 +17,7 @@
 #include "climits.h"
 #include "conn.h"
 #include "embedder.h"
+#include "gcommit.h"
 #include "log.h"
 #include "metrics.h"
 #include "qadmit.h"
@@ -440,13 +441,14 @@ void worker_destroy(worker *w)
     w->db = NULL;
     on_mail(-1, 0, w);
     qadmit_destroy(w->qadmit);
+    gc_worker_fini(w->store_groups); /* a drain that timed out can leave announcements */
     embedder_worker_fini(w->idx);
     event_free(w->ev_mail);
     event_free(w->ev_tick);
     event_base_free(w->base);
     pthread_mutex_destroy(&w->mu);
     access_log_destroy(w->access);
-    idmap_destroy(w->store_groups); /* empty: every store ended before the drain finished */
+    idmap_destroy(w->store_groups);
     free(w);
 }
 

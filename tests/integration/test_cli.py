@@ -4,9 +4,7 @@ import os
 import subprocess
 import tempfile
 
-import pytest
-
-from harness import CLI, Server, new_database, structured_vectors, vec_bin
+from harness import CLI, structured_vectors, vec_bin
 
 
 def cli(server, *args, key=None, stdin=None, check=True):

@@ -1,7 +1,6 @@
 """The memory API: record fields, visibility, lifecycle, batch, idempotency, expiry, list."""
 import time
 
-import numpy as np
 import pytest
 
 from harness import Server, new_database, psql, structured_vectors, vec_bin, wait_for

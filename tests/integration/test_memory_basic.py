@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from harness import RpcError, structured_vectors, vec_bin
+from harness import structured_vectors, vec_bin
 
 
 def test_ping_needs_no_auth(server):

@@ -58,8 +58,9 @@ def test_resume_restores_exactly_the_checkpointed_state(client):
     assert a["expires_at"] - a["created_at"] == TTL_S * 1000
 
     # change everything
-    more = [client.call("session.append", session_id=sid, role="assistant", content=f"n{i}",
-                        cost_usdc=0.5)["entry_id"] for i in range(3)]
+    for i in range(3):
+        client.call("session.append", session_id=sid, role="assistant", content=f"n{i}",
+                    cost_usdc=0.5)
     client.call("session.tombstone", entry_id=ids[2])
     client.call("session.summarize", session_id=sid, summary="S", through_entry_id=ids[4],
                 messages_compacted=4)

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from harness import (PG_BINDIR, RpcError, Server, new_database, psql, structured_vectors, vec_bin,
-                     wait_for)
+from harness import PG_BINDIR, RpcError, Server, new_database, psql, wait_for
 
 LIMITS = ["--free-max-memories", "20", "--free-queries-per-day", "30",
           "--standard-rate-per-s", "5", "--standard-rate-burst", "5",

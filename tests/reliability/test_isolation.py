@@ -13,7 +13,6 @@ alone. (Equal ids in two tenants are covered by test_isolation_basic.)
 """
 import json
 
-
 from harness import structured_vectors, vec_bin
 
 MARK = "SECRET-A-7f3e"

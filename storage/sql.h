@@ -16,8 +16,9 @@ typedef enum sql_stmt {
     SQL_MEMORY_STORE_GROUP, /* engram_memory_store_group(...) -> idx, replay, created, META,
                              * err_state, err_message, err_detail */
     SQL_MEMORY_STORE_SOLO,  /* the parameters and rows of SQL_MEMORY_STORE_GROUP for a group
-                             * of one request (run with engram.tenant_id set); no rows when
-                             * it does not fit the tier (or the tenant is gone) */
+                             * of one request of a few memories (run with engram.tenant_id
+                             * set); no rows when it does not fit the tier (or the tenant is
+                             * gone) */
     SQL_MEMORY_GET,         /* (tenant, ids[]) -> MEMROW */
     SQL_MEMORY_DELETE,      /* (tenant, ids[]) -> id, seq */
     SQL_MEMORY_UPDATE,      /* engram_memory_update(...) -> version, updated, META */

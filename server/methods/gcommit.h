@@ -26,9 +26,9 @@
  * one at a time. An announcement that is never sent (the process died after the commit) is
  * made up for by the other processes' change check (change_poll_ms, bg.c).
  *
- * A job of one request may go through a cheaper statement of its own (ops->solo_stmt), which
- * either does the write or answers nothing, and then the request goes again alone through
- * the group statement.
+ * A job of one request of at most ops->solo_max_items items may go through a cheaper
+ * statement of its own (ops->solo_stmt), which either does the write or answers nothing, and
+ * then the request goes again alone through the group statement.
  *
  * The kind of write is described by a gc_ops table; memory.store and memory.store_batch
  * without an idempotency key are the users (m_memory.c). A worker keeps one group

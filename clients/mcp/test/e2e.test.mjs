@@ -187,9 +187,9 @@ test("stdio: failures are tool errors, never crashes", async () => {
   }
 });
 
-test("streamable HTTP: the same tools over --http", async () => {
+test("streamable HTTP: the same tools over --http, with the client's key", async () => {
   const child = spawn(process.execPath, [MAIN, "--http", "0"], {
-    env: baseEnv({ ENGRAM_API_KEY_FILE: keyFile, ENGRAM_AGENT_ID: "8" }),
+    env: baseEnv({ ENGRAM_AGENT_ID: "8" }),
     stdio: ["ignore", "ignore", "pipe"],
   });
   try {
@@ -203,7 +203,8 @@ test("streamable HTTP: the same tools over --http", async () => {
       child.on("exit", (code) => reject(new Error(`engram-mcp exited ${code}: ${buf}`)));
     });
     const c = new McpClient({ name: "engram-mcp-test", version: "0.0.0" });
-    await c.connect(new StreamableHTTPClientTransport(new URL(url)));
+    await c.connect(new StreamableHTTPClientTransport(new URL(url),
+      { requestInit: { headers: { Authorization: `Bearer ${tenantKey}` } } }));
     assert.deepEqual((await c.listTools()).tools.map((t) => t.name).sort(), TOOL_NAMES);
     let r = await call(c, "remember", { content: "HTTP transport works", tags: ["http"] });
     assert.match(text(r), /Stored memory/);

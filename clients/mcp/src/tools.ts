@@ -97,15 +97,27 @@ function oneOf<T extends string>(a: Record<string, unknown>, k: string, allowed:
 const json = (v: unknown) =>
   JSON.stringify(v, (_, x) => (typeof x === "bigint" ? x.toString() : x), 2);
 
+/** The session.create in flight for a context, so that concurrent first calls share it. */
+const creating = new WeakMap<ToolContext, Promise<Id>>();
+
 /** The session a session tool acts on: the argument, else the current one (created now). */
 async function session(a: Record<string, unknown>, ctx: ToolContext): Promise<Id> {
   const given = int(a, "session_id");
   if (given !== undefined) return given;
-  if (ctx.sessionId === undefined) {
-    const r = await ctx.client.session.create({ agent_id: ctx.agentId ?? 0, config: { model: ctx.model } });
-    ctx.sessionId = r.session_id;
+  if (ctx.sessionId !== undefined) return ctx.sessionId;
+  let p = creating.get(ctx);
+  if (p === undefined) {
+    p = ctx.client.session
+      .create({ agent_id: ctx.agentId ?? 0, config: { model: ctx.model } })
+      .then((r) => {
+        const id: Id = ctx.sessionId ?? r.session_id; // a resume meanwhile wins
+        ctx.sessionId = id;
+        return id;
+      })
+      .finally(() => creating.delete(ctx));
+    creating.set(ctx, p);
   }
-  return ctx.sessionId;
+  return p;
 }
 
 const SESSION_ID = {

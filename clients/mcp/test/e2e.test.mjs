@@ -137,6 +137,17 @@ test("stdio: session working memory tools", async () => {
   }
 });
 
+test("stdio: concurrent first calls share one new session", async () => {
+  const c = await stdioClient({ ENGRAM_API_KEY: tenantKey, ENGRAM_AGENT_ID: "7" });
+  try {
+    const rs = await Promise.all([1, 2, 3, 4].map(() => call(c, "scratchpad_read", {})));
+    const ids = rs.map((r) => /Scratchpad of session (\d+),/.exec(text(r))[1]);
+    assert.equal(new Set(ids).size, 1, `sessions ${ids}`);
+  } finally {
+    await c.close();
+  }
+});
+
 test("stdio: failures are tool errors, never crashes", async () => {
   const c = await stdioClient({ ENGRAM_API_KEY_FILE: keyFile });
   try {

@@ -235,13 +235,8 @@ export async function startHttpServer(cfg: EngramMcpConfig, opts: HttpOptions, l
         return;
       }
       const ctx: ToolContext = { client, agentId: cfg.agentId, model: cfg.model, sessionId: undefined };
-      const server = createEngramMcpServer(ctx);
-      const s: Session = {
-        id: undefined, transport: undefined as unknown as StreamableHTTPServerTransport, server, ctx,
-        keyHash: sha256(key), tenant: String(who.tenant_id ?? "?"),
-        open: 0, lastActive: Date.now(), closed: false, closeReason: "",
-      };
-      s.transport = new StreamableHTTPServerTransport({
+      let s!: Session; // the callbacks run once it is set
+      const transport = new StreamableHTTPServerTransport({
         sessionIdGenerator: () => randomUUID(),
         onsessioninitialized: (id) => {
           s.id = id;
@@ -252,12 +247,20 @@ export async function startHttpServer(cfg: EngramMcpConfig, opts: HttpOptions, l
           s.closeReason = "deleted by the client";
         },
       });
-      s.transport.onclose = () => drop(s, "closed");
-      await server.connect(s.transport);
-      track(s, res);
+      s = {
+        id: undefined, transport, server: createEngramMcpServer(ctx), ctx,
+        keyHash: sha256(key), tenant: String(who.tenant_id ?? "?"),
+        open: 0, lastActive: Date.now(), closed: false, closeReason: "",
+      };
       client = undefined; // the session owns it now
-      await s.transport.handleRequest(req, res, body);
-      if (s.id === undefined) drop(s, "initialize failed"); // e.g. 406: no session was made
+      transport.onclose = () => drop(s, "closed");
+      try {
+        await s.server.connect(transport);
+        track(s, res);
+        await transport.handleRequest(req, res, body);
+      } finally {
+        if (s.id === undefined) drop(s, "initialize failed"); // e.g. 406: no session was made
+      }
     } finally {
       pending--;
       client?.close();

@@ -355,6 +355,11 @@ test("DELETE ends a session; unknown sessions get 404, requests without one 400"
   assert.deepEqual(await memoriesOf(keyA, "without"), []);
   r = await raw(srv.url, { method: "GET", key: keyA, headers: { Accept: "text/event-stream" } });
   assert.equal(r.status, 400);
+  // an initialize the transport refuses makes no session
+  r = await raw(srv.url, { key: keyA, body: INIT, headers: { Accept: "application/json" } });
+  assert.equal(r.status, 406);
+  assert.equal(r.headers.get("mcp-session-id"), null);
+  assert.equal(srv.stderr().match(/ opened /g).length, 1);
 });
 
 test("sessions are capped, and closed after the idle timeout once their client is gone", async () => {
@@ -369,10 +374,13 @@ test("sessions are capped, and closed after the idle timeout once their client i
   // c1 goes away (its SSE stream closes); c2 stays connected, its GET stream open
   const sid1 = c1.sid;
   await c1.client.close();
-  await sleep(2500);
+  const t0 = Date.now();
+  const closed = new RegExp(`session ${sid1.slice(0, 8)} closed \\(idle\\)`);
+  // expected 1 to 1.5 s from now, bounded for a loaded machine (a request would be activity)
+  while (!closed.test(srv.stderr()) && Date.now() - t0 < 15_000) await sleep(100);
+  assert.ok(Date.now() - t0 >= 900, "closed before its idle timeout");
   r = await raw(srv.url, { sid: sid1, key: keyA, body: LIST });
   assert.equal(r.status, 404);
-  assert.match(srv.stderr(), new RegExp(`session ${sid1.slice(0, 8)} closed \\(idle\\)`));
   assert.equal((await c2.client.listTools()).tools.length, 12);
   const c3 = await connect(srv.url, keyA); // the slot c1 held
   assert.equal((await c3.client.listTools()).tools.length, 12);

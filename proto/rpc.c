@@ -71,6 +71,7 @@ const char *rpc_code_name(rpc_code code)
         [RPC_COST_LIMIT_EXCEEDED] = "cost_limit_exceeded",
         [RPC_UNAVAILABLE] = "unavailable",
         [RPC_INTERNAL] = "internal",
+        [RPC_RESULT_TOO_LARGE] = "result_too_large",
     };
 
     if ((unsigned)code >= RPC_CODE_COUNT)

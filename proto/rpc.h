@@ -58,6 +58,7 @@ typedef enum rpc_code {
     RPC_COST_LIMIT_EXCEEDED,
     RPC_UNAVAILABLE,
     RPC_INTERNAL,
+    RPC_RESULT_TOO_LARGE, /* the answer would pass max_result_bytes: ask for less */
     RPC_CODE_COUNT
 } rpc_code;
 
@@ -121,6 +122,11 @@ void rpc_scanner_reset(rpc_scanner *s);
  * resynchronised: drop the connection (the scanner is reset). */
 int rpc_scanner_scan(rpc_scanner *s, const uint8_t *buf, size_t len, size_t *msg_len, char *err,
                      size_t errlen);
+
+/* rpc_scanner_last_objects returns how many MessagePack values the message that the last
+ * successful rpc_scanner_scan delimited holds (every value counts, a map entry 2): what
+ * decoding it costs (msgpack-c spends about 24 bytes of zone per value). 0 before any. */
+size_t rpc_scanner_last_objects(const rpc_scanner *s);
 
 /* ---- decoding ---------------------------------------------------------------------- */
 

@@ -43,6 +43,7 @@ struct rpc_scan_state {
     uint64_t need;    /* values still owed by the open containers */
     unsigned depth;   /* open containers */
     bool started;     /* the top-level value's header has been read */
+    uint64_t last;    /* values of the last message completed (kept by the reset after it) */
 };
 
 /* rpc_scan_state_reset starts st over at a new message. (rpc_scan.c) */

@@ -142,8 +142,10 @@ int rpc_scan_run(struct rpc_scan_state *st, uint64_t *stack, const rpc_limits *l
         if (st->pos > len)
             return RPC_E_INCOMPLETE; /* a payload is still arriving */
         if (st->started && st->depth == 0) {
+            uint64_t objects = st->objects;
             *msg_len = (size_t)st->pos;
             rpc_scan_state_reset(st);
+            st->last = objects;
             return 0;
         }
         if (st->pos == len)
@@ -239,6 +241,11 @@ rpc_scanner *rpc_scanner_create(const rpc_limits *lim)
 void rpc_scanner_destroy(rpc_scanner *s)
 {
     free(s);
+}
+
+size_t rpc_scanner_last_objects(const rpc_scanner *s)
+{
+    return (size_t)s->st.last;
 }
 
 void rpc_scanner_reset(rpc_scanner *s)

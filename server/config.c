@@ -52,7 +52,14 @@ static const config_def defs[] = {
     {"max_inflight_per_conn", T_INT, OFF(max_inflight_per_conn), "256", 1, 65536, 0,
      "pipelined requests in progress per connection before reading pauses"},
     {"max_output_bytes", T_LONG, OFF(max_output_bytes), "67108864", 65536, 4294967296.0, 0,
-     "unsent response bytes per connection before reading pauses"},
+     "bytes a connection may hold in unsent answers, answers being packed and requests in "
+     "progress: a request is dispatched only when its message, its decoded form and a "
+     "reservation for its answer fit, and an answer that outgrows its reservation takes the "
+     "rest from here or waits until the client has read enough"},
+    {"max_result_bytes", T_LONG, OFF(max_result_bytes), "16777216", 65536, 4294967296.0, 0,
+     "largest answer one request may have (MessagePack bytes; at most max_output_bytes): a "
+     "larger one is refused with result_too_large, naming this limit, and the client asks "
+     "for less (fewer ids, a smaller page)"},
     {"frame_timeout_ms", T_INT, OFF(frame_timeout_ms), "30000", 100, 3600000, 0,
      "time allowed to finish sending a message once it has started"},
     {"idle_timeout_s", T_INT, OFF(idle_timeout_s), "600", 0, 604800, 0,
@@ -64,9 +71,11 @@ static const config_def defs[] = {
      "open connections from one IP address before more from it are refused (0: no limit)"},
     {"max_output_total_bytes", T_LONG, OFF(max_output_total_bytes), "268435456", 0, 1099511627776.0,
      0,
-     "unsent answers and incoming messages buffered across all connections: above it, "
-     "connections with unsent output stop being read, and one that has not taken any of at "
-     "least 1 MiB of it for 5 s is closed (0: no limit)"},
+     "unsent answers, answers being packed and incoming messages across all connections, "
+     "charged when a request is dispatched: a request that does not fit waits, an eighth more "
+     "is kept for connections that hold nothing (so every client's small requests go "
+     "through), and a connection that has taken none of at least 1 MiB of unsent output for "
+     "5 s while the total is over it is closed (0: no limit)"},
     {"min_send_rate", T_INT, OFF(min_send_rate), "1024", 0, 1073741824, 0,
      "bytes per second a client must keep up while sending a message, once it has been at it "
      "for 5 s; slower senders are closed (0: no floor)"},
@@ -605,6 +614,20 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
     }
     if (check_factory(cfg, err) < 0)
         return -EINVAL;
+    if (cfg->max_result_bytes > cfg->max_output_bytes) {
+        fprintf(err,
+                "engramd: max_result_bytes (%ld) must not exceed max_output_bytes (%ld): an "
+                "answer must fit in its connection's budget\n",
+                cfg->max_result_bytes, cfg->max_output_bytes);
+        return -EINVAL;
+    }
+    if (cfg->max_output_total_bytes > 0 && cfg->max_result_bytes > cfg->max_output_total_bytes) {
+        fprintf(err,
+                "engramd: max_result_bytes (%ld) must not exceed max_output_total_bytes (%ld): "
+                "an answer must fit in the process's budget\n",
+                cfg->max_result_bytes, cfg->max_output_total_bytes);
+        return -EINVAL;
+    }
     if (!cfg->tls_cert_file[0] != !cfg->tls_key_file[0]) {
         fprintf(err, "engramd: tls_cert_file and tls_key_file go together: set both for TLS, "
                      "or neither\n");

@@ -29,6 +29,7 @@ typedef struct config {
     int max_depth;
     int max_inflight_per_conn;
     long max_output_bytes;
+    long max_result_bytes;
     int frame_timeout_ms;
     int idle_timeout_s;
     int auth_timeout_s;

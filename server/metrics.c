@@ -34,6 +34,7 @@ static size_t nmethods;
 static method_stats *stats; /* nmethods + 1: the last is for unknown methods */
 static atomic_long open_conns;
 static atomic_uint_fast64_t refused, malformed, slow_closed, apply_failures;
+static atomic_uint_fast64_t answers_deferred, answers_refused, budget_waits;
 static atomic_uint_fast64_t tls_handshake_failures, tls_reloads_ok, tls_reloads_failed;
 static atomic_uint_fast64_t config_reloads_ok, config_reloads_failed;
 static atomic_uint_fast64_t gc_batches, gc_requests, qa_reservations;
@@ -90,6 +91,21 @@ void metrics_conn_refused(void)
 void metrics_slow_closed(void)
 {
     atomic_fetch_add_explicit(&slow_closed, 1, memory_order_relaxed);
+}
+
+void metrics_answer_deferred(void)
+{
+    atomic_fetch_add_explicit(&answers_deferred, 1, memory_order_relaxed);
+}
+
+void metrics_answer_refused(void)
+{
+    atomic_fetch_add_explicit(&answers_refused, 1, memory_order_relaxed);
+}
+
+void metrics_budget_wait(void)
+{
+    atomic_fetch_add_explicit(&budget_waits, 1, memory_order_relaxed);
 }
 
 void metrics_tls_handshake_failed(void)
@@ -264,6 +280,25 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
                         (long)atomic_load(&open_conns), (unsigned long long)atomic_load(&refused),
                         (unsigned long long)atomic_load(&slow_closed),
                         (unsigned long long)atomic_load(&malformed));
+    evbuffer_add_printf(out,
+                        "# HELP engram_output_budget_waits_total Times a connection stopped "
+                        "dispatching because its next request did not fit max_output_bytes or "
+                        "max_output_total_bytes (a reader slower than its answers is "
+                        "throttled this way).\n"
+                        "# TYPE engram_output_budget_waits_total counter\n"
+                        "engram_output_budget_waits_total %llu\n"
+                        "# HELP engram_answers_deferred_total Answers that did not fit what was "
+                        "left of the budgets when packed: their requests ran again once they "
+                        "fitted.\n"
+                        "# TYPE engram_answers_deferred_total counter\n"
+                        "engram_answers_deferred_total %llu\n"
+                        "# HELP engram_answers_refused_total Answers over max_result_bytes, "
+                        "refused with result_too_large.\n"
+                        "# TYPE engram_answers_refused_total counter\n"
+                        "engram_answers_refused_total %llu\n",
+                        (unsigned long long)atomic_load(&budget_waits),
+                        (unsigned long long)atomic_load(&answers_deferred),
+                        (unsigned long long)atomic_load(&answers_refused));
     evbuffer_add_printf(out,
                         "# HELP engram_tls_handshake_failures_total TLS handshakes on the RPC "
                         "port that did not complete: refused (protocol version, certificate), "

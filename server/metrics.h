@@ -34,6 +34,12 @@ void metrics_malformed(void);
 /* metrics_slow_closed counts a connection closed for slowness (auth deadline, send rate,
  * unread output over the server-wide budget). */
 void metrics_slow_closed(void);
+/* Output budgets (conn.h): metrics_budget_wait counts a connection that stopped dispatching
+ * for budget, metrics_answer_deferred an answer that did not fit and whose request runs
+ * again, metrics_answer_refused one over max_result_bytes. */
+void metrics_budget_wait(void);
+void metrics_answer_deferred(void);
+void metrics_answer_refused(void);
 /* metrics_tls_handshake_failed counts a TLS handshake on the RPC port that did not complete
  * (refused, broken, or abandoned); metrics_tls_reload counts a reload of the certificate
  * files by its outcome. */

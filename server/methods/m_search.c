@@ -144,6 +144,8 @@ static double score_cb(float sim, const void *meta, void *ctx)
 /* Counts one access to each of the n memories: the index now, PostgreSQL in a batch. */
 static void count_access(req *r, search_state *st, const uint64_t *ids, size_t n)
 {
+    if (req_is_again(r))
+        return; /* counted when it ran the first time (its answer waited for budget) */
     tenant_touch(st->t, ids, n, st->f.now_ms);
     access_log_add(worker_access(req_worker(r)), req_auth(r)->tenant_id, ids, n, st->f.now_ms);
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #include "hash.h"
 #include "idmap.h"
@@ -19,6 +20,7 @@ struct climits {
     long per_addr_max;
     atomic_llong buffered;
     long long budget;
+    atomic_ullong refused_ms; /* monotonic ms of the last charge the budget refused */
 };
 
 climits *climits_create(const config *cfg)
@@ -99,6 +101,42 @@ void climits_buffered(climits *cl, long long delta)
 bool climits_over(climits *cl)
 {
     return cl->budget > 0 && atomic_load_explicit(&cl->buffered, memory_order_relaxed) > cl->budget;
+}
+
+bool climits_try_charge(climits *cl, size_t bytes, bool reserve)
+{
+    if (cl->budget <= 0) {
+        atomic_fetch_add_explicit(&cl->buffered, (long long)bytes, memory_order_relaxed);
+        return true;
+    }
+    long long limit = cl->budget + (reserve ? cl->budget / CLIMITS_RESERVE_DIV : 0);
+    long long cur = atomic_load_explicit(&cl->buffered, memory_order_relaxed);
+    do {
+        if (cur + (long long)bytes > limit) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            atomic_store_explicit(&cl->refused_ms,
+                                  (unsigned long long)ts.tv_sec * 1000u +
+                                      (unsigned long long)ts.tv_nsec / 1000000u,
+                                  memory_order_relaxed);
+            return false;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(&cl->buffered, &cur, cur + (long long)bytes,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    return true;
+}
+
+bool climits_pressed(climits *cl, uint64_t now_ms)
+{
+    if (climits_over(cl))
+        return true;
+    unsigned long long at = atomic_load_explicit(&cl->refused_ms, memory_order_relaxed);
+    return at != 0 && now_ms - at < CLIMITS_PRESSURE_MS;
+}
+
+size_t climits_budget(climits *cl)
+{
+    return cl->budget > 0 ? (size_t)cl->budget : 0;
 }
 
 size_t climits_buffered_total(climits *cl)

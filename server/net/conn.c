@@ -6,8 +6,11 @@
 #include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <linux/sockios.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -34,6 +37,20 @@
 #define HOG_OUTPUT (1024 * 1024)
 #define STALL_MS 5000
 #define GRACE_MS 5000
+/* What a request is charged at dispatch, besides its message: msgpack-c's zone for its
+ * decoded values (about 24 bytes each). Its answer's reservation comes after (conn_admit). */
+#define ZONE_BYTES_PER_VALUE 24
+/* The least an answer reserves, and how many requests may be in flight before the
+ * connection has seen its first answer (so a pipelined burst waits for one answer's size
+ * before hundreds of large answers are asked of the database at once). */
+#define ANSWER_RESERVE (32 * 1024)
+#define SLOW_START 8
+
+/* What a connection knows of one method's answers. */
+typedef struct method_load {
+    uint32_t est;     /* its recent answers' size, a decaying maximum (0: none seen yet) */
+    uint32_t running; /* its requests admitted and not ended */
+} method_load;
 
 struct conn {
     worker *w;
@@ -46,6 +63,7 @@ struct conn {
     bool read_stopped;  /* drain: no new requests */
     bool paused;        /* backpressure: reading paused */
     bool processing;    /* process_input is on the stack (it must not nest) */
+    bool resuming;      /* resume_parked is on the stack (it must not nest) */
     bool held;          /* an identity change (auth) is in flight: dispatch nothing after it */
     struct ssl_st *ssl; /* the TLS session (the bufferevent owns it); NULL: plain TCP */
     bool tls_up;        /* the handshake has completed */
@@ -60,9 +78,17 @@ struct conn {
     uint64_t last_active_ms;
     uint64_t close_deadline_ms;
     uint64_t opened_ms;
-    uint64_t out_progress_ms; /* when the client last took output (or had none) */
-    size_t out_bytes;         /* unsent output, as counted into the server-wide total */
-    uint64_t addr_key;        /* climits' count of connections from the peer's address */
+    uint64_t out_progress_ms;   /* when the client last took output (or had none) */
+    size_t out_bytes;           /* unsent output, as counted into the server-wide total */
+    uint64_t addr_key;          /* climits' count of connections from the peer's address */
+    size_t charged;             /* bytes the requests in progress are charged (conn.h, budgets) */
+    bool budget_wait;           /* the next request did not fit the budgets: it waits */
+    size_t ready_len;           /* a framed message at c->in's start that waits for budget ... */
+    size_t ready_values;        /* ... and its values, so it is not scanned again */
+    req *park_head, *park_tail; /* requests waiting for their answer's reservation (conn_admit) */
+    method_load *load;          /* per method index (conn_admit); NULL until the first */
+    size_t nload;
+    int sndq; /* the socket's unsent bytes (SIOCOUTQ) at the last tick */
     unsigned inflight;
     conn_auth auth;
     hapi *hx; /* HTTP state (a connection of the HTTP port); NULL: MessagePack-RPC */
@@ -75,8 +101,22 @@ static uint64_t mono_ms(void)
     return server_mono_ns() / 1000000u;
 }
 
+/* Ends every parked request without an answer (the connection closed). */
+static void drop_parked(conn *c)
+{
+    req *r = c->park_head;
+    c->park_head = c->park_tail = NULL;
+    while (r) {
+        req *next = req_parked_next(r);
+        req_set_parked_next(r, NULL);
+        req_abandon(r);
+        r = next;
+    }
+}
+
 static void conn_free(conn *c)
 {
+    free(c->load);
     climits_buffered(c->srv->limits_cl, -(long long)c->in_cap);
     rpc_scanner_destroy(c->scan);
     hapi_destroy(c->hx);
@@ -128,6 +168,9 @@ void conn_close(conn *c)
     c->out_bytes = 0;
     if (c->ssl && c->tls_up && !c->tls_broken)
         tls_close_notify(c->ssl);
+    conn_ref(c); /* the parked requests' ends must not free c under us */
+    drop_parked(c);
+    conn_unref(c);
     bufferevent_free(c->bev);
     c->bev = NULL;
     worker_conn_removed(c->w, c);
@@ -255,12 +298,169 @@ static void check_backpressure(conn *c)
     size_t max_out = authed ? (size_t)c->srv->cfg.max_output_bytes : PREAUTH_OUTPUT;
     unsigned max_in = authed ? (unsigned)c->srv->cfg.max_inflight_per_conn : PREAUTH_INFLIGHT;
     /* over the server-wide budget, nobody with unsent output is read */
-    bool over =
-        c->inflight >= max_in || out > max_out || (out > 0 && climits_over(c->srv->limits_cl));
+    bool over = c->inflight >= max_in || out > max_out || c->budget_wait || c->park_head ||
+                (out > 0 && climits_over(c->srv->limits_cl));
     if (over != c->paused) {
         c->paused = over;
         update_reading(c);
     }
+}
+
+/* The connection's own budget: max_output_bytes once authenticated. */
+static size_t own_budget(const conn *c)
+{
+    return c->auth.authenticated ? (size_t)c->srv->cfg.max_output_bytes : PREAUTH_OUTPUT;
+}
+
+/* What dispatching a message of len bytes and `values` values costs before its answer. */
+static size_t input_cost(size_t len, size_t values)
+{
+    return len + values * ZONE_BYTES_PER_VALUE;
+}
+
+/* Charges bytes to c and to the process when both budgets hold them beside what they hold.
+ * A connection that holds nothing else (beside `own`, what the asking request was charged
+ * already) may always have one request, and draws on the process's reserve for idle
+ * connections (climits.h), so one client's unread answers never starve another's small
+ * requests. Returns true when charged. */
+static bool try_charge(conn *c, size_t bytes, size_t own)
+{
+    bool idle = c->charged == own && c->out_bytes == 0;
+    if (!idle && c->out_bytes + c->charged + bytes > own_budget(c))
+        return false;
+    if (!climits_try_charge(c->srv->limits_cl, bytes, idle))
+        return false;
+    c->charged += bytes;
+    return true;
+}
+
+bool conn_charge_more(conn *c, size_t bytes)
+{
+    if (c->out_bytes + c->charged + bytes > own_budget(c))
+        return false;
+    if (!climits_try_charge(c->srv->limits_cl, bytes, false))
+        return false;
+    c->charged += bytes;
+    return true;
+}
+
+void conn_charge_force(conn *c, size_t bytes)
+{
+    climits_buffered(c->srv->limits_cl, (long long)bytes);
+    c->charged += bytes;
+}
+
+void conn_uncharge(conn *c, size_t bytes)
+{
+    if (bytes > c->charged)
+        bytes = c->charged;
+    climits_buffered(c->srv->limits_cl, -(long long)bytes);
+    c->charged -= bytes;
+}
+
+/* The load of method midx on c (allocated at the first use, for nmethods methods), or
+ * NULL when out of memory or midx is not a method (no learning then). */
+static method_load *load_of(conn *c, size_t midx, size_t nmethods)
+{
+    if (!c->load && nmethods > 0) {
+        c->load = calloc(nmethods, sizeof(*c->load));
+        c->nload = c->load ? nmethods : 0;
+    }
+    return midx < c->nload ? &c->load[midx] : NULL;
+}
+
+size_t conn_answer_reserve(conn *c, size_t midx, size_t nmethods, size_t need)
+{
+    size_t limit = (size_t)c->srv->cfg.max_result_bytes;
+    const method_load *ml = load_of(c, midx, nmethods);
+    size_t r = ml && ml->est > need ? ml->est : need;
+    if (r < ANSWER_RESERVE)
+        r = ANSWER_RESERVE;
+    return r < limit ? r : limit;
+}
+
+/* Whether a request of method ml must wait for one of its method's answers first. */
+static bool slow_start(const method_load *ml)
+{
+    return ml && ml->est == 0 && ml->running >= SLOW_START;
+}
+
+bool conn_admit(conn *c, struct req *r, size_t midx, size_t bytes, size_t own)
+{
+    method_load *ml = load_of(c, midx, 0);
+    /* first come, first served: nothing passes a request that waits */
+    if (!c->park_head && !slow_start(ml) && try_charge(c, bytes, own)) {
+        if (ml)
+            ml->running++;
+        return true;
+    }
+    req_set_parked_next(r, NULL);
+    if (c->park_tail)
+        req_set_parked_next(c->park_tail, r);
+    else
+        c->park_head = r;
+    c->park_tail = r;
+    metrics_budget_wait();
+    return false;
+}
+
+void conn_admit_force(conn *c, size_t midx, size_t bytes)
+{
+    method_load *ml = load_of(c, midx, 0);
+    conn_charge_force(c, bytes);
+    if (ml)
+        ml->running++;
+}
+
+void conn_answer_done(conn *c, size_t midx, size_t bytes, bool measured)
+{
+    method_load *ml = load_of(c, midx, 0);
+    if (!ml)
+        return;
+    if (ml->running)
+        ml->running--;
+    if (measured) {
+        /* a decaying maximum: one large answer raises it at once, small ones wear it down */
+        uint32_t b = bytes > UINT32_MAX ? UINT32_MAX : (uint32_t)bytes;
+        uint32_t decayed = ml->est - ml->est / 8;
+        ml->est = b > decayed ? b : decayed;
+        if (ml->est == 0)
+            ml->est = 1; /* seen */
+    }
+}
+
+/* Starts the parked requests whose reservations now fit, oldest first. */
+static void resume_parked(conn *c)
+{
+    if (c->resuming)
+        return; /* a resumed request ended at once: the loop below goes on */
+    c->resuming = true;
+    conn_ref(c);
+    while (c->open && c->park_head) {
+        req *r = c->park_head;
+        method_load *ml = load_of(c, req_method_index(r), 0);
+        if (slow_start(ml) || !try_charge(c, req_parked_bytes(r), req_charged(r)))
+            break;
+        c->park_head = req_parked_next(r);
+        if (!c->park_head)
+            c->park_tail = NULL;
+        req_set_parked_next(r, NULL);
+        if (ml)
+            ml->running++;
+        req_resume(r);
+    }
+    c->resuming = false;
+    conn_unref(c);
+}
+
+/* Budget was freed: parked requests start if they fit now, and the next attempt to dispatch
+ * checks the budgets again. */
+static void budget_changed(conn *c)
+{
+    resume_parked(c);
+    if (c->budget_wait)
+        c->budget_wait = false;
+    check_backpressure(c);
 }
 
 void conn_write(conn *c, const void *data, size_t len)
@@ -293,6 +493,7 @@ void conn_request_finished(conn *c)
     if (!c->open)
         return;
     bool was_paused = c->paused;
+    budget_changed(c);
     check_backpressure(c);
     /* HTTP answers one request at a time: the next one may be waiting in the buffer */
     if (c->hx && !c->paused) {
@@ -348,7 +549,9 @@ static void process_input(conn *c)
         return; /* a request finished synchronously inside the loop below */
     c->processing = true;
     conn_ref(c);
-    while (c->open && !c->closing && !c->read_stopped && !c->held) {
+    resume_parked(c);
+    while (c->open && !c->closing && !c->read_stopped && !c->held && !c->budget_wait &&
+           !c->park_head) {
         unsigned max_in =
             c->auth.authenticated ? (unsigned)c->srv->cfg.max_inflight_per_conn : PREAUTH_INFLIGHT;
         if (c->inflight >= max_in) {
@@ -387,16 +590,39 @@ static void process_input(conn *c)
             }
             continue;
         }
-        size_t mlen = 0;
+        size_t mlen = 0, values = 0;
         char err[256];
         int rc = RPC_E_INCOMPLETE;
-        if (off < c->in_len)
+        if (off == 0 && c->ready_len) {
+            /* framed before, and waiting for budget since */
+            mlen = c->ready_len;
+            values = c->ready_values;
+            rc = 0;
+        } else if (off < c->in_len) {
             rc = rpc_scanner_scan(c->scan, c->in + off, c->in_len - off, &mlen, err, sizeof(err));
+            values = rpc_scanner_last_objects(c->scan);
+        }
         if (rc == 0) {
+            size_t cost = input_cost(mlen, values);
+            if (!try_charge(c, cost, 0)) {
+                /* it waits at the front of c->in until answers are read or requests end */
+                if (off) {
+                    memmove(c->in, c->in + off, c->in_len - off);
+                    c->in_len -= off;
+                    off = 0;
+                }
+                c->ready_len = mlen;
+                c->ready_values = values;
+                c->budget_wait = true;
+                metrics_budget_wait();
+                check_backpressure(c);
+                break;
+            }
+            c->ready_len = 0;
             c->inflight++;
             c->last_active_ms = mono_ms();
             c->msg_started_ms = 0;
-            int d = req_dispatch(c, c->in + off, mlen);
+            int d = req_dispatch(c, c->in + off, mlen, values, cost);
             off += mlen;
             if (d < 0) {
                 metrics_malformed();
@@ -448,9 +674,18 @@ static void process_input(conn *c)
 
 int conn_dispatch(conn *c, const uint8_t *msg, size_t len)
 {
+    /* HTTP: one request at a time, built here from JSON, whose values the scanner counts;
+     * charged whatever the budgets say, since HTTP has no pipelining to hold back (its
+     * answer still waits for budget like any other: conn_charge_more) */
+    size_t mlen = 0, values = len;
+    if (rpc_scanner_scan(c->scan, msg, len, &mlen, NULL, 0) == 0 && mlen == len)
+        values = rpc_scanner_last_objects(c->scan);
+    rpc_scanner_reset(c->scan);
+    size_t cost = input_cost(len, values);
+    conn_charge_force(c, cost);
     c->inflight++;
     c->last_active_ms = mono_ms();
-    return req_dispatch(c, msg, len);
+    return req_dispatch(c, msg, len, values, cost);
 }
 
 server *conn_server(conn *c)
@@ -472,6 +707,7 @@ static void on_write(struct bufferevent *bev, void *arg)
         return;
     }
     bool was_paused = c->paused;
+    budget_changed(c);
     check_backpressure(c);
     if (was_paused && !c->paused)
         process_input(c);
@@ -611,9 +847,20 @@ void conn_tick(conn *c, uint64_t now)
         conn_close(c);
         return;
     }
+    /* A client reading slowly takes bytes from the kernel's send queue long before libevent
+     * can write more into it (loopback queues hold megabytes): that is progress too, so a
+     * slow reader is throttled by the budgets, never taken for a stalled one. */
+    if (c->out_bytes > 0) {
+        int q = 0;
+        if (ioctl(bufferevent_getfd(c->bev), SIOCOUTQ, &q) == 0) {
+            if (q < c->sndq)
+                c->out_progress_ms = now;
+            c->sndq = q;
+        }
+    }
     /* over the server-wide budget: a client that takes none of a large output goes */
     if (c->out_bytes >= HOG_OUTPUT && now - c->out_progress_ms > STALL_MS &&
-        climits_over(c->srv->limits_cl)) {
+        climits_pressed(c->srv->limits_cl, now)) {
         log_info("connection: %zu bytes of answers unread for %d s while the server's "
                  "buffers are over budget; closing",
                  c->out_bytes, STALL_MS / 1000);
@@ -624,6 +871,7 @@ void conn_tick(conn *c, uint64_t now)
     /* when the budget frees up, connections paused by it read again, starting with the
      * messages that waited in their buffer */
     if (c->paused && !climits_over(c->srv->limits_cl)) {
+        budget_changed(c);
         check_backpressure(c);
         if (!c->paused)
             process_input(c);

@@ -14,6 +14,8 @@
 
 #include "worker.h"
 
+struct req;
+
 /* Who a connection is authenticated as. A connection starts unauthenticated. */
 typedef struct conn_auth {
     bool authenticated;
@@ -48,8 +50,49 @@ void conn_write(conn *c, const void *data, size_t len);
 void conn_send(conn *c, const void *data, size_t len);
 
 /* conn_dispatch hands one complete MessagePack-RPC message of c to req_dispatch, counting
- * it in flight (hapi.c; conn.c's own loop does the same). Returns req_dispatch's result. */
+ * it in flight and charging it to the budgets (hapi.c; conn.c's own loop does the same).
+ * Returns req_dispatch's result. */
 int conn_dispatch(conn *c, const uint8_t *msg, size_t len);
+
+/* Budgets. Everything a connection's requests hold while in progress (their messages, their
+ * decoded values, their answers as they are packed) is charged to the connection, against
+ * max_output_bytes together with its unsent output, and to the process, against
+ * max_output_total_bytes (climits). A request is charged its message, its values and a
+ * reservation for its answer when it is dispatched; until that fits, the connection
+ * dispatches nothing more and reads nothing more.
+ *
+ * conn_charge_more charges bytes more to a request's answer as it grows: returns true, or
+ * false (nothing charged) when either budget would pass its limit. conn_charge_force
+ * charges them whatever the budgets say (a write's answer must go out: its change is
+ * committed). conn_uncharge gives bytes back (also on a closed connection). Worker thread
+ * only. */
+bool conn_charge_more(conn *c, size_t bytes);
+void conn_charge_force(conn *c, size_t bytes);
+void conn_uncharge(conn *c, size_t bytes);
+
+/* Answers' reservations, learnt per method (midx: an index in a method table of nmethods
+ * entries; SIZE_MAX for none) and connection.
+ *
+ * conn_answer_reserve returns the room to reserve for the answer of a request of method
+ * midx about to run on c: at least need, at least the size of that method's recent answers
+ * on c (a decaying maximum) and 32 KiB, at most max_result_bytes.
+ *
+ * conn_admit charges bytes for request r's answer before its handler runs. own: what r was
+ * charged already (its message), which does not stop an otherwise idle connection from
+ * having it. Returns true when charged: the caller runs r. Otherwise r is parked, after any
+ * request parked before it, and the connection reads nothing more; once the budgets hold
+ * bytes for it, or the connection closes, the connection calls req_resume(r) or
+ * req_abandon(r). Until c has seen one answer of a method, only 8 requests of it run at once
+ * (a pipelined burst waits for one answer's size before hundreds of large answers are asked
+ * of the database). conn_admit_force charges and counts a request that never waits (a write,
+ * an auth).
+ *
+ * conn_answer_done tells c that an admitted request of midx ended; measured: its answer was
+ * packed, bytes long (learnt for the next reservations). Worker thread only. */
+size_t conn_answer_reserve(conn *c, size_t midx, size_t nmethods, size_t need);
+bool conn_admit(conn *c, struct req *r, size_t midx, size_t bytes, size_t own);
+void conn_admit_force(conn *c, size_t midx, size_t bytes);
+void conn_answer_done(conn *c, size_t midx, size_t bytes, bool measured);
 
 /* conn_server returns the server c belongs to. */
 server *conn_server(conn *c);

@@ -181,6 +181,7 @@ static int status_of(const char *code, size_t n)
         {"cost_limit_exceeded", 402},
         {"unavailable", 503},
         {"internal", 500},
+        {"result_too_large", 413},
     };
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
         if (strlen(map[i].code) == n && memcmp(map[i].code, code, n) == 0)

@@ -152,9 +152,11 @@ static int on_metrics(server *s, struct evbuffer *b)
         (unsigned long long)rc_entries, (unsigned long long)rc_bytes, (unsigned long long)rc_hits,
         (unsigned long long)rc_misses, (unsigned long long)tm.rows_warmed);
     evbuffer_add_printf(b,
-                        "# HELP engram_client_buffered_bytes Unsent answers and incoming "
-                        "messages buffered across all connections (max_output_total_bytes "
-                        "bounds it).\n# TYPE engram_client_buffered_bytes gauge\n"
+                        "# HELP engram_client_buffered_bytes Bytes held for clients across all "
+                        "connections: unsent answers, answers being packed, requests in "
+                        "progress and incoming messages (max_output_total_bytes and its "
+                        "eighth for idle connections bound it).\n"
+                        "# TYPE engram_client_buffered_bytes gauge\n"
                         "engram_client_buffered_bytes %zu\n",
                         s->limits_cl ? climits_buffered_total(s->limits_cl) : 0);
     evbuffer_add_printf(

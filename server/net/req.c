@@ -17,6 +17,13 @@
 #include "worker.h"
 
 #define ARENA_FIRST 4096
+#define OUT_FIRST 4096
+
+/* An answer as it is packed: its capacity is what the connection's budgets granted. */
+typedef struct outbuf {
+    char *data;
+    size_t size, cap;
+} outbuf;
 
 typedef struct cleanup {
     struct cleanup *next;
@@ -45,8 +52,19 @@ struct req {
     size_t msg_len;
     msgpack_zone zone;
     const msgpack_object *args[METHOD_MAX_PARAMS];
-    msgpack_sbuffer out;
+    outbuf out;
     msgpack_packer pk;
+    /* budgets (conn.h): what the connection charged for this request, and how much of it
+     * the answer may fill before it asks for more */
+    size_t charged, answer_room;
+    bool force;    /* a write or an auth: its answer is granted whatever the budgets say */
+    bool counting; /* the answer did not fit: only its size is counted now (need) */
+    bool oom;      /* ... because memory ran out */
+    size_t need;
+    bool again;        /* running again after its answer did not fit (req_is_again) */
+    size_t park_bytes; /* parked (conn_admit): the answer room it waits for */
+    bool in_load;      /* counted in its method's load on the connection (conn_answer_done) */
+    req *park_next;
     void *state;
     void (*admitted)(req *r); /* where req_admit_query continues */
     arena_chunk *chunks;
@@ -158,18 +176,91 @@ static void req_free(req *r)
         free(ch);
         ch = next;
     }
-    msgpack_sbuffer_destroy(&r->out);
+    free(r->out.data);
     msgpack_zone_destroy(&r->zone);
     free(r->msg);
     free(r);
+}
+
+/* The packer's writer: appends to r->out within what the budgets grant (conn.h). An answer
+ * that outgrows its room asks the connection for more; when the budgets refuse (or the
+ * answer passes max_result_bytes), packing goes on counting bytes only, and req_done decides
+ * (refuse it, or run the request again once it fits). Never fails, so the packer goes on. */
+static int out_write(void *data, const char *buf, size_t len)
+{
+    req *r = data;
+    if (r->counting) {
+        r->need += len;
+        return 0;
+    }
+    size_t want = r->out.size + len;
+    if (want > r->out.cap) {
+        /* the whole reservation at once (an answer of a size learnt before is copied once),
+         * then doubling; never growing by less, which would copy a large answer over and
+         * over while the budgets are tight */
+        size_t cap = r->out.cap                   ? r->out.cap
+                     : r->answer_room > OUT_FIRST ? r->answer_room
+                                                  : OUT_FIRST;
+        while (cap < want && cap <= SIZE_MAX / 2)
+            cap *= 2;
+        if (cap < want)
+            cap = want;
+        size_t limit = (size_t)r->srv->cfg.max_result_bytes;
+        bool fits = true;
+        if (cap > r->answer_room) {
+            if (r->force) {
+                conn_charge_force(r->c, cap - r->answer_room);
+            } else {
+                if (cap > limit)
+                    cap = limit > want ? limit : want;
+                /* over max_result_bytes, or more than the budgets give: count the rest, and
+                 * req_done decides (refuse it, or run again with room for all of it) */
+                fits = want <= limit && conn_charge_more(r->c, cap - r->answer_room);
+            }
+            if (fits) {
+                r->charged += cap - r->answer_room;
+                r->answer_room = cap;
+            }
+        }
+        char *n = fits ? realloc(r->out.data, cap) : NULL;
+        if (!n) {
+            r->oom = fits;
+            r->counting = true;
+            r->need = want;
+            free(r->out.data);
+            r->out = (outbuf){0};
+            return 0;
+        }
+        r->out.data = n;
+        r->out.cap = cap;
+    }
+    memcpy(r->out.data + r->out.size, buf, len);
+    r->out.size = want;
+    return 0;
+}
+
+/* Starts the response over (a result, or an error after a result was begun). */
+static void out_reset(req *r)
+{
+    r->out.size = 0;
+    r->counting = r->oom = false;
+    r->need = 0;
 }
 
 /* Ends the request: writes the response (unless a notification), records metrics,
  * releases the connection. */
 static void req_end(req *r, rpc_code code)
 {
+    if (r->in_load) {
+        conn_answer_done(r->c, r->midx, r->out.size, code == RPC_OK && !r->notify);
+        r->in_load = false;
+    }
     if (!r->notify && r->out.size)
         conn_write(r->c, r->out.data, r->out.size);
+    free(r->out.data);
+    r->out = (outbuf){0};
+    conn_uncharge(r->c, r->charged);
+    r->charged = 0;
     uint64_t us = (server_mono_ns() - r->t0_ns) / 1000u;
     metrics_request(r->midx, code, us);
     if (r->barrier) {
@@ -188,14 +279,125 @@ static void req_end(req *r, rpc_code code)
 
 msgpack_packer *req_result(req *r)
 {
-    r->out.size = 0;
+    out_reset(r);
     rpc_pack_result_begin(&r->pk, r->msgid);
     return &r->pk;
 }
 
+/* Empties what a run of the handler left: its cleanups, its arena, its state and its
+ * answer; the answer's room goes back to the budgets. */
+static void reset_run(req *r)
+{
+    for (cleanup *c = r->cleanups; c; c = c->next)
+        c->fn(c->arg);
+    r->cleanups = NULL;
+    arena_chunk *ch = r->chunks;
+    while (ch) {
+        arena_chunk *next = ch->next;
+        free(ch);
+        ch = next;
+    }
+    r->chunks = NULL;
+    r->state = NULL;
+    r->admitted = NULL;
+    free(r->out.data);
+    r->out = (outbuf){0};
+    conn_uncharge(r->c, r->answer_room);
+    r->charged -= r->answer_room;
+    r->answer_room = 0;
+}
+
+/* Reserves room for r's answer and runs its handler, now or once the room is there. */
+static void admit_and_run(req *r, size_t need)
+{
+    size_t room = conn_answer_reserve(r->c, r->midx, methods_count, need);
+    if (r->force) {
+        conn_admit_force(r->c, r->midx, room); /* a write or an auth never waits */
+    } else if (!conn_admit(r->c, r, r->midx, room, r->charged)) {
+        r->park_bytes = room;
+        return;
+    }
+    r->in_load = true;
+    r->charged += room;
+    r->answer_room = room;
+    r->m->fn(r);
+}
+
+req *req_parked_next(req *r)
+{
+    return r->park_next;
+}
+
+void req_set_parked_next(req *r, req *next)
+{
+    r->park_next = next;
+}
+
+size_t req_parked_bytes(req *r)
+{
+    return r->park_bytes;
+}
+
+size_t req_method_index(req *r)
+{
+    return r->midx;
+}
+
+size_t req_charged(req *r)
+{
+    return r->charged;
+}
+
+void req_resume(req *r)
+{
+    size_t room = r->park_bytes;
+    r->park_bytes = 0;
+    r->in_load = true;
+    r->charged += room;
+    r->answer_room = room;
+    r->m->fn(r);
+}
+
+void req_abandon(req *r)
+{
+    r->notify = true; /* nothing to answer: the connection is gone */
+    req_end(r, RPC_UNAVAILABLE);
+}
+
 void req_done(req *r)
 {
+    if (r->counting && !r->notify) {
+        size_t limit = (size_t)r->srv->cfg.max_result_bytes;
+        if (r->oom) {
+            req_fail(r, RPC_INTERNAL, "out of memory packing the answer");
+        } else if (r->need > limit) {
+            rpc_detail d[2] = {{"limit", RPC_D_UINT, {.u = limit}},
+                               {"size", RPC_D_UINT, {.u = r->need}}};
+            metrics_answer_refused();
+            req_fail_details(r, RPC_RESULT_TOO_LARGE, d, 2,
+                             "the answer is %zu bytes, more than max_result_bytes (%zu): ask for "
+                             "less (fewer ids, a smaller top_k or page)",
+                             r->need, limit);
+        } else {
+            /* it fits max_result_bytes, not what is left now: run it again once it does */
+            size_t need = r->need;
+            metrics_answer_deferred();
+            conn_answer_done(r->c, r->midx, need, true);
+            r->in_load = false;
+            reset_run(r);
+            r->again = true;
+            r->counting = false;
+            r->need = 0;
+            admit_and_run(r, need);
+        }
+        return;
+    }
     req_end(r, RPC_OK);
+}
+
+bool req_is_again(req *r)
+{
+    return r->again;
 }
 
 static void fail_v(req *r, rpc_code code, const rpc_detail *d, size_t nd, const char *fmt,
@@ -203,8 +405,12 @@ static void fail_v(req *r, rpc_code code, const rpc_detail *d, size_t nd, const 
 {
     char msg[1024];
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    r->out.size = 0;
+    out_reset(r);
+    /* an error always goes out: it is small, and its request's reservation holds it */
+    bool force = r->force;
+    r->force = true;
     rpc_pack_error(&r->pk, r->msgid, code, msg, d, nd);
+    r->force = force;
     if (code == RPC_INTERNAL)
         log_error("%s: internal error: %s", req_method(r), msg);
     else
@@ -426,6 +632,10 @@ static void on_admit(req *r, const qa_verdict *v)
 void req_admit_query(req *r, void (*next)(req *r))
 {
     const tier_limits *tl = &r->srv->tiers[r->auth.tier];
+    if (r->again) {
+        next(r); /* admitted and counted the first time */
+        return;
+    }
     if (tl->queries_per_day <= 0) {
         tenancy_count_query(r->srv->tenancy, r->auth.tenant_id);
         next(r);
@@ -436,36 +646,58 @@ void req_admit_query(req *r, void (*next)(req *r))
     qadmit_admit(worker_qadmit(r->w), r, r->srv->query_limits, on_admit);
 }
 
-int req_dispatch(conn *c, const uint8_t *msg, size_t len)
+/* A new request of c for a copy of the message msg (len bytes, `values` values), charged
+ * `charged` bytes. NULL when out of memory (the charge is given back). */
+static req *req_new(conn *c, const uint8_t *msg, size_t len, size_t values, size_t charged)
 {
     req *r = calloc(1, sizeof(*r));
-    if (!r) {
-        conn_request_finished(c);
-        return -ENOMEM;
+    uint8_t *copy = malloc(len ? len : 1);
+    if (!r || !copy) {
+        free(r);
+        free(copy);
+        conn_uncharge(c, charged);
+        return NULL;
     }
+    memcpy(copy, msg, len);
     r->t0_ns = server_mono_ns();
     r->c = c;
     r->w = conn_worker(c);
     r->srv = worker_server(r->w);
     r->midx = SIZE_MAX;
     r->auth = *conn_get_auth(c);
-    msgpack_sbuffer_init(&r->out);
-    msgpack_packer_init(&r->pk, &r->out, msgpack_sbuffer_write);
+    r->charged = charged;
+    r->msg = copy;
+    r->msg_len = len;
+    msgpack_packer_init(&r->pk, r, out_write);
     msgpack_zone_init(&r->zone, 2048);
     conn_ref(c);
     worker_req_started(r->w);
-    r->msg = malloc(len ? len : 1);
-    if (!r->msg) {
-        req_fail(r, RPC_INTERNAL, "out of memory");
-        return 0;
+    return r;
+}
+
+static int dispatch(req *r);
+
+int req_dispatch(conn *c, const uint8_t *msg, size_t len, size_t values, size_t charged)
+{
+    req *r = req_new(c, msg, len, values, charged);
+    if (!r) {
+        conn_request_finished(c);
+        return -ENOMEM;
     }
-    memcpy(r->msg, msg, len);
-    r->msg_len = len;
+    return dispatch(r);
+}
+
+/* Decodes, checks and runs r (see req_dispatch). */
+static int dispatch(req *r)
+{
+    conn *c = r->c;
+    const uint8_t *msg = r->msg;
+    size_t len = r->msg_len;
 
     rpc_request rq;
     bool msgid_known = false;
     char err[256];
-    if (rpc_decode_request(r->msg, len, &r->zone, &rq, &msgid_known, err, sizeof(err)) != 0) {
+    if (rpc_decode_request(msg, len, &r->zone, &rq, &msgid_known, err, sizeof(err)) != 0) {
         if (msgid_known) {
             r->msgid = rq.msgid;
             req_fail(r, RPC_MALFORMED_REQUEST, "%s", err);
@@ -486,6 +718,7 @@ int req_dispatch(conn *c, const uint8_t *msg, size_t len)
     }
     r->m = m;
     r->midx = idx;
+    r->force = (m->flags & (M_WRITE | M_AUTH)) != 0;
     if (m->flags & M_AUTH) {
         r->barrier = true;
         conn_hold(c);
@@ -529,6 +762,6 @@ int req_dispatch(conn *c, const uint8_t *msg, size_t len)
             req_fail(r, RPC_INVALID_ARGUMENT, "%s", err);
         return 0;
     }
-    m->fn(r);
+    admit_and_run(r, 0);
     return 0;
 }

@@ -22,12 +22,31 @@
 
 typedef struct req req;
 
-/* req_dispatch handles one complete message of len bytes from c (copied): decoding,
- * method lookup, authentication and permission checks, parameter binding, then the
- * handler. Returns 0; -EBADMSG when the message was malformed and the connection must be
+/* req_dispatch handles one complete message of len bytes from c (copied; `values`
+ * MessagePack values): decoding, method lookup, authentication and permission checks,
+ * parameter binding, the reservation for its answer (conn_admit: the request may wait for
+ * it), then the handler. The connection has charged the request `charged` bytes for its
+ * message (conn.h, budgets); the request gives back everything it was charged when it
+ * ends. Returns 0; -EBADMSG when the message was malformed and the connection must be
  * closed (an error response has been written when a msgid could be read); -ENOMEM when
  * no request could be allocated (the connection is closed too). */
-int req_dispatch(conn *c, const uint8_t *msg, size_t len);
+int req_dispatch(conn *c, const uint8_t *msg, size_t len, size_t values, size_t charged);
+
+/* For the connection's queue of requests waiting for their answer's reservation (conn_admit):
+ * the link, the bytes r waits for, what it was charged already; req_resume runs r once its
+ * reservation is charged, req_abandon ends it without an answer (its connection closed). */
+req *req_parked_next(req *r);
+void req_set_parked_next(req *r, req *next);
+size_t req_parked_bytes(req *r);
+size_t req_charged(req *r);
+size_t req_method_index(req *r);
+void req_resume(req *r);
+void req_abandon(req *r);
+
+/* req_is_again tells whether r runs a second time (its first answer did not fit what was
+ * left of the budgets, and it waited): handlers that count something per request
+ * (accesses) count it once. */
+bool req_is_again(req *r);
 
 /* Accessors. */
 server *req_server(req *r);
@@ -65,7 +84,11 @@ void req_set_state(req *r, void *st);
 /* req_result begins the success response and returns the packer for exactly one object. */
 msgpack_packer *req_result(req *r);
 
-/* req_done sends the packed result and ends the request. */
+/* req_done sends the packed result and ends the request. An answer that did not fit the
+ * connection's budgets is not sent: over max_result_bytes the request fails with
+ * result_too_large (limit, size); otherwise the handler runs again from the start once that
+ * much fits (its cleanups run and its arena is emptied first; a write's answer always fits:
+ * its change is committed). */
 void req_done(req *r);
 
 /* req_fail ends the request with an error (the printf-style message goes to the client:

@@ -112,6 +112,7 @@ def test_connections_per_address_auth_deadline_and_send_rate():
 def test_pipelining_without_reading_stays_within_budgets():
     # methods: a 12-byte request, an answer of several KiB
     srv = Server(new_database("flood"), extra=["--max-output-total-bytes", str(8 << 20),
+                                               "--max-result-bytes", str(4 << 20),
                                                "--auth-timeout-s", "30"])
     try:
         srv.start()

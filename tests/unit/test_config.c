@@ -216,6 +216,14 @@ static void test_cross_field(void)
     result_free(&r);
     expect_error((const char *[]){"--pg-dsn", "x", "--http-port", "7420", NULL},
                  "http_port and rpc_port must differ");
+    expect_error((const char *[]){"--pg-dsn", "x", "--max-output-bytes", "1048576", NULL},
+                 "max_result_bytes (16777216) must not exceed max_output_bytes (1048576)");
+    expect_error((const char *[]){"--pg-dsn", "x", "--max-output-total-bytes", "8388608", NULL},
+                 "max_result_bytes (16777216) must not exceed max_output_total_bytes (8388608)");
+    r = load(&cfg, (const char *[]){"--pg-dsn", "x", "--max-output-total-bytes", "0", NULL});
+    CHECK_MSG(r.rc == 0, "%s", r.err); /* no process budget: no cross check */
+    config_free(&cfg);
+    result_free(&r);
     expect_error((const char *[]){"--pg-dsn", "x", "--log-level", "verbose", NULL},
                  "invalid value for log_level: 'verbose'");
     expect_error((const char *[]){"--pg-dsn", "x", "--index-engine", "hnsw", NULL},

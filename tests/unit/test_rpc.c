@@ -159,9 +159,11 @@ static void test_basics(void)
         "cost_limit_exceeded",
         "unavailable",
         "internal",
+        "result_too_large",
     };
     rpc_limits l;
 
+    CHECK(sizeof(names) / sizeof(names[0]) == RPC_CODE_COUNT);
     for (int c = 0; c < RPC_CODE_COUNT; c++)
         CHECK_MSG(strcmp(rpc_code_name((rpc_code)c), names[c]) == 0, "code %d: %s", c,
                   rpc_code_name((rpc_code)c));

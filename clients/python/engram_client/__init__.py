@@ -14,8 +14,8 @@ from .client import Client, Pipeline
 from .errors import (AlreadyExists, ClientClosed, ClientError, Conflict, ConnectionLost,
                      CostLimitExceeded, EngramError, EngramTimeout, InternalError,
                      InvalidArgument, MalformedRequest, NotFound, PermissionDenied,
-                     QuotaExceeded, RateLimited, TLSError, Unauthenticated, Unavailable,
-                     UnknownMethod)
+                     QuotaExceeded, RateLimited, ResultTooLarge, TLSError, Unauthenticated,
+                     Unavailable, UnknownMethod)
 
 __version__ = "0.1.0"
 
@@ -23,6 +23,6 @@ __all__ = [
     "Client", "AsyncClient", "Pipeline", "RetryPolicy", "NO_RETRY",
     "EngramError", "InvalidArgument", "MalformedRequest", "UnknownMethod", "Unauthenticated",
     "PermissionDenied", "NotFound", "AlreadyExists", "Conflict", "QuotaExceeded",
-    "RateLimited", "CostLimitExceeded", "Unavailable", "InternalError",
+    "RateLimited", "CostLimitExceeded", "Unavailable", "InternalError", "ResultTooLarge",
     "ClientError", "ConnectionLost", "TLSError", "EngramTimeout", "ClientClosed",
 ]

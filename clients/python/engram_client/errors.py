@@ -138,10 +138,24 @@ class InternalError(EngramError):
     code = "internal"
 
 
+class ResultTooLarge(EngramError):
+    """The answer would pass the server's ``max_result_bytes`` (``limit``; ``size`` is the
+    answer's): ask for less (fewer ids, a smaller ``top_k`` or page)."""
+    code = "result_too_large"
+
+    @property
+    def limit(self) -> int | None:
+        return self.data.get("limit")
+
+    @property
+    def size(self) -> int | None:
+        return self.data.get("size")
+
+
 ERROR_CLASSES: dict[str, type[EngramError]] = {
     c.code: c for c in (InvalidArgument, MalformedRequest, UnknownMethod, Unauthenticated,
                         PermissionDenied, NotFound, AlreadyExists, Conflict, QuotaExceeded,
-                        RateLimited, CostLimitExceeded, Unavailable, InternalError)
+                        RateLimited, CostLimitExceeded, Unavailable, InternalError, ResultTooLarge)
 }
 
 

@@ -52,6 +52,11 @@ export class CostLimitExceededError extends EngramError {
 }
 export class UnavailableError extends EngramError {}
 export class InternalError extends EngramError {}
+/** The answer would pass the server's max_result_bytes (`limit`; `size` is the answer's): ask for less. */
+export class ResultTooLargeError extends EngramError {
+  get limit(): number | undefined { return num(this.data.limit); }
+  get size(): number | undefined { return num(this.data.size); }
+}
 
 /** Error code -> class. */
 export const ERROR_CLASSES: Readonly<Record<string, new (code: string, message: string, data?: Record<string, unknown>, method?: string) => EngramError>> = {
@@ -68,6 +73,7 @@ export const ERROR_CLASSES: Readonly<Record<string, new (code: string, message: 
   cost_limit_exceeded: CostLimitExceededError,
   unavailable: UnavailableError,
   internal: InternalError,
+  result_too_large: ResultTooLargeError,
 };
 
 /** The error for a response's error field (a map `{code, message, ...}`). */

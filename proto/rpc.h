@@ -210,6 +210,17 @@ enum {
                               * out[], its own out[] stays NULL */
 };
 
+/* RPC_P_LIMIT(i) in a parameter's flags names limit i (1 .. RPC_LIMITS_MAX - 1), set at
+ * start (rpc_limits_set: an operator's setting): for a string or a binary it is the longest
+ * length, for a map, an array or any value the most bytes of the value's MessagePack
+ * encoding (rpc_value_bytes), for each string of a RPC_T_STR_ARRAY its longest length, for
+ * a number or a vector the maximum (max is then ignored). Without one, a string without
+ * RPC_P_RANGE (an enum, a name) is at most RPC_STR_MAX_DEFAULT bytes, each string of a
+ * RPC_T_STR_ARRAY too, and a map, an array or any value at most RPC_VALUE_MAX_DEFAULT
+ * bytes: every value a client sizes has a byte limit. */
+#define RPC_P_LIMIT(i) ((unsigned)(i) << 8)
+#define RPC_P_LIMIT_OF(flags) ((flags) >> 8)
+
 /* One named parameter of a method. Tables of these are static and sorted by nothing in
  * particular; lookups are linear (methods have a handful of parameters). */
 typedef struct rpc_param {
@@ -218,6 +229,31 @@ typedef struct rpc_param {
     unsigned flags;
     double min, max;
 } rpc_param;
+
+#define RPC_STR_MAX_DEFAULT 256
+#define RPC_VALUE_MAX_DEFAULT 65536
+#define RPC_LIMITS_MAX 32
+
+/* rpc_limits_set makes limits[i] (bytes, or the maximum for numbers) the value of limit i
+ * for i in 1 .. n - 1 (limits[0] is not used; a limit never set is unbounded). Call once
+ * at start, before any thread binds parameters: the table is read without locks. */
+void rpc_limits_set(const double *limits, size_t n);
+
+/* rpc_limit_value returns the value of limit i (INFINITY when not set or i is 0). */
+double rpc_limit_value(unsigned i);
+
+/* rpc_param_max returns the effective maximum of p as the binder applies it: its limit's
+ * value, else max when RPC_P_RANGE, else the defaults above for strings and containers
+ * (INFINITY otherwise). For containers it is a number of bytes, beside min/max counts. */
+double rpc_param_max(const rpc_param *p);
+
+/* rpc_value_bytes returns the size of o's MessagePack encoding (what a client sent). */
+size_t rpc_value_bytes(const msgpack_object *o);
+
+/* rpc_check_param validates o against p exactly as rpc_bind_params does (limits and
+ * defaults included), naming it what. Returns 0 or RPC_E_INVALID with err. */
+int rpc_check_param(const msgpack_object *o, const rpc_param *p, const char *what, char *err,
+                    size_t errlen);
 
 /* rpc_bind_params matches the argument map params (NULL means no arguments) against the
  * schema of n entries and sets out[i] to the value of schema[i], or NULL when absent (or

@@ -419,6 +419,138 @@ wrong_type:
     return RPC_E_INVALID;
 }
 
+/* ---- limits --------------------------------------------------------------------------- */
+
+static double limits_tab[RPC_LIMITS_MAX];
+static bool limits_set[RPC_LIMITS_MAX];
+
+void rpc_limits_set(const double *limits, size_t n)
+{
+    for (size_t i = 1; i < RPC_LIMITS_MAX; i++) {
+        limits_set[i] = i < n;
+        limits_tab[i] = i < n ? limits[i] : INFINITY;
+    }
+}
+
+double rpc_limit_value(unsigned i)
+{
+    return i > 0 && i < RPC_LIMITS_MAX && limits_set[i] ? limits_tab[i] : INFINITY;
+}
+
+static bool is_container(rpc_type t)
+{
+    return t == RPC_T_MAP || t == RPC_T_ARRAY || t == RPC_T_ANY;
+}
+
+double rpc_param_max(const rpc_param *p)
+{
+    if (RPC_P_LIMIT_OF(p->flags))
+        return rpc_limit_value(RPC_P_LIMIT_OF(p->flags));
+    if (is_container(p->type))
+        return RPC_VALUE_MAX_DEFAULT;
+    if (p->flags & RPC_P_RANGE)
+        return p->max;
+    if (p->type == RPC_T_STR)
+        return RPC_STR_MAX_DEFAULT;
+    return INFINITY;
+}
+
+/* Bytes of a MessagePack header for a length or count n: fix form (fixmax), 8, 16 or 32
+ * bits. */
+static size_t head_bytes(uint64_t n, uint64_t fixmax, bool has8)
+{
+    if (n <= fixmax)
+        return 1;
+    if (has8 && n <= 0xff)
+        return 2;
+    return n <= 0xffff ? 3 : 5;
+}
+
+size_t rpc_value_bytes(const msgpack_object *o)
+{
+    size_t n = 0;
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL:
+    case MSGPACK_OBJECT_BOOLEAN:
+        return 1;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        return o->via.u64 <= 0x7f          ? 1
+               : o->via.u64 <= 0xff        ? 2
+               : o->via.u64 <= 0xffff      ? 3
+               : o->via.u64 <= 0xffffffffu ? 5
+                                           : 9;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        return o->via.i64 >= -32         ? 1
+               : o->via.i64 >= -128      ? 2
+               : o->via.i64 >= -32768    ? 3
+               : o->via.i64 >= INT32_MIN ? 5
+                                         : 9;
+    case MSGPACK_OBJECT_FLOAT32:
+        return 5;
+    case MSGPACK_OBJECT_FLOAT64:
+        return 9;
+    case MSGPACK_OBJECT_STR:
+        return head_bytes(o->via.str.size, 31, true) + o->via.str.size;
+    case MSGPACK_OBJECT_BIN:
+        return (o->via.bin.size <= 0xff ? 2 : o->via.bin.size <= 0xffff ? 3 : 5) + o->via.bin.size;
+    case MSGPACK_OBJECT_EXT:
+        return 6 + o->via.ext.size;
+    case MSGPACK_OBJECT_ARRAY:
+        n = head_bytes(o->via.array.size, 15, false);
+        for (uint32_t i = 0; i < o->via.array.size; i++)
+            n += rpc_value_bytes(&o->via.array.ptr[i]);
+        return n;
+    case MSGPACK_OBJECT_MAP:
+        n = head_bytes(o->via.map.size, 15, false);
+        for (uint32_t i = 0; i < o->via.map.size; i++)
+            n += rpc_value_bytes(&o->via.map.ptr[i].key) + rpc_value_bytes(&o->via.map.ptr[i].val);
+        return n;
+    }
+    return 1;
+}
+
+int rpc_check_param(const msgpack_object *o, const rpc_param *p, const char *what, char *err,
+                    size_t errlen)
+{
+    bool ranged = (p->flags & RPC_P_RANGE) != 0;
+    double max = rpc_param_max(p);
+    double min = ranged ? p->min : p->type == RPC_T_INT || p->type == RPC_T_NUM ? -INFINITY : 0;
+    unsigned flags = p->flags;
+    if (what == NULL)
+        what = p->name;
+    if (!is_container(p->type) && p->type != RPC_T_STR_ARRAY && p->type != RPC_T_UINT_ARRAY &&
+        !isinf(max)) {
+        /* the effective maximum applies as a range */
+        flags |= RPC_P_RANGE;
+        return rpc_check_value(o, p->type, flags, min, max, what, err, errlen);
+    }
+    int rc = rpc_check_value(o, p->type, flags, p->min, p->max, what, err, errlen);
+    if (rc != 0 || o == NULL || o->type == MSGPACK_OBJECT_NIL)
+        return rc;
+    if (is_container(p->type)) {
+        size_t bytes = rpc_value_bytes(o);
+        if ((double)bytes > max) {
+            char b[40];
+            rpc_set_err(err, errlen,
+                        "parameter '%s' must be at most %s bytes (as MessagePack), not %zu", what,
+                        fmt_bound(max, b, sizeof(b)), bytes);
+            return RPC_E_INVALID;
+        }
+    } else if (p->type == RPC_T_STR_ARRAY) {
+        unsigned lim = RPC_P_LIMIT_OF(p->flags);
+        double emax = lim ? rpc_limit_value(lim) : RPC_STR_MAX_DEFAULT;
+        for (uint32_t i = 0; i < o->via.array.size; i++) {
+            if ((double)o->via.array.ptr[i].via.str.size > emax) {
+                char b[40];
+                rpc_set_err(err, errlen, "parameter '%s[%u]' must be at most %s bytes long", what,
+                            i, fmt_bound(emax, b, sizeof(b)));
+                return RPC_E_INVALID;
+            }
+        }
+    }
+    return 0;
+}
+
 static bool key_is(const msgpack_object *k, const char *s, size_t n)
 {
     return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
@@ -482,8 +614,7 @@ int rpc_bind_params(const msgpack_object *params, const rpc_param *schema, size_
         }
         if (v->type == MSGPACK_OBJECT_NIL && (schema[i].flags & RPC_P_NULLABLE))
             continue;
-        rc = rpc_check_value(v, schema[i].type, schema[i].flags, schema[i].min, schema[i].max,
-                             schema[i].name, err, errlen);
+        rc = rpc_check_param(v, &schema[i], schema[i].name, err, errlen);
         if (rc != 0)
             goto fail;
         size_t slot = i; /* an alias binds to the parameter it names */

@@ -94,6 +94,14 @@ typedef struct config {
     int openai_retries;
     int openai_batch;
     long max_content_bytes;
+    long max_metadata_bytes;
+    int max_metadata_entries;
+    long max_query_bytes;
+    long max_entry_bytes;
+    long max_scratchpad_bytes;
+    long max_note_bytes;
+    long max_work_item_bytes;
+    long max_label_bytes;
     int max_top_k;
     double similarity_weight;
     double score_w_recency;
@@ -105,6 +113,7 @@ typedef struct config {
     double score_access_saturation;
     /* tiers, indexed free / standard / premium (see tiers.h) */
     long tier_max_memories[3];
+    long tier_max_memory_bytes[3];
     long tier_queries_per_day[3];
     int tier_consolidation_hours[3];
     int tier_checkpoint_ttl_s[3];

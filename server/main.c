@@ -37,6 +37,7 @@
 #include "tenancy.h"
 #include "rowcache.h"
 #include "tenants.h"
+#include "plimits.h"
 #include "tls.h"
 #include "worker.h"
 
@@ -51,7 +52,7 @@ void openblas_set_num_threads(int n);
 typedef struct tier_snap {
     struct tier_snap *older;
     tier_limits tiers[TIER_COUNT];
-    char memory_limits[80];
+    char memory_limits[160];
     char query_limits[80];
 } tier_snap;
 
@@ -128,9 +129,11 @@ static int publish_tiers(app *a, const config *cfg)
     if (!t)
         return -ENOMEM;
     tiers_from_config(cfg, t->tiers);
-    snprintf(t->memory_limits, sizeof(t->memory_limits), "{%lld,%lld,%lld}",
+    /* memory counts, then memory bytes (engram_tier_limit, engram_tier_byte_limit) */
+    snprintf(t->memory_limits, sizeof(t->memory_limits), "{%lld,%lld,%lld,%lld,%lld,%lld}",
              (long long)t->tiers[0].max_memories, (long long)t->tiers[1].max_memories,
-             (long long)t->tiers[2].max_memories);
+             (long long)t->tiers[2].max_memories, (long long)t->tiers[0].max_memory_bytes,
+             (long long)t->tiers[1].max_memory_bytes, (long long)t->tiers[2].max_memory_bytes);
     snprintf(t->query_limits, sizeof(t->query_limits), "{%lld,%lld,%lld}",
              (long long)t->tiers[0].queries_per_day, (long long)t->tiers[1].queries_per_day,
              (long long)t->tiers[2].queries_per_day);
@@ -489,6 +492,7 @@ int main(int argc, char **argv)
     PQfinish(pg);
     pg = NULL;
 
+    plimits_apply(&s->cfg);
     if (methods_check() < 0 || sql_init() < 0)
         goto out;
     names = method_names();

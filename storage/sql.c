@@ -89,13 +89,18 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
         {"memory_store_solo",
          "WITH p AS (SELECT ($1::bigint[])[1] AS tenant, ($2::integer[])[1] AS n, "
          "($3::integer[])[1] AS dim, $4::bigint[] AS lim, $12::bytea AS emb, "
-         "cardinality($1::bigint[]) AS nseg, cardinality($9::text[]) AS nrows), "
+         "cardinality($1::bigint[]) AS nseg, cardinality($9::text[]) AS nrows, "
+         "(SELECT COALESCE(sum(octet_length(x.c) + octet_length(x.m::jsonb::text)), 0) "
+         "FROM unnest($9::text[], $11::text[]) AS x (c, m)) AS nbytes), "
          "upd AS (UPDATE tenants t SET change_seq = t.change_seq + p.n, "
-         "memory_count = t.memory_count + p.n, memory_id_last = t.memory_id_last + p.n "
+         "memory_count = t.memory_count + p.n, memory_bytes = t.memory_bytes + p.nbytes, "
+         "memory_id_last = t.memory_id_last + p.n "
          "FROM p WHERE t.id = p.tenant AND p.nseg = 1 AND p.nrows = p.n "
          "AND length(p.emb) = p.n::bigint * p.dim * 4 "
          "AND (engram_tier_limit(p.lim, t.tier) IS NULL "
          "OR t.memory_count + p.n <= engram_tier_limit(p.lim, t.tier)) "
+         "AND (engram_tier_byte_limit(p.lim, t.tier) IS NULL "
+         "OR t.memory_bytes + p.nbytes <= engram_tier_byte_limit(p.lim, t.tier)) "
          "RETURNING t.id AS tenant, t.change_seq - p.n AS seq0, t.memory_id_last - p.n AS id0, "
          "p.dim, p.emb), "
          "ins AS (INSERT INTO memories (tenant_id, id, agent_id, clade_id, scope, type, content, "
@@ -134,8 +139,8 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
                            "SELECT id, seq FROM engram_memory_delete($1, $2::bigint[])", 2},
     [SQL_MEMORY_UPDATE] = {"memory_update",
                            "SELECT * FROM engram_memory_update($1, $2, $3, $4, $5, $6, $7, $8, "
-                           "$9, $10)",
-                           10},
+                           "$9, $10, $11::bigint[])",
+                           11},
     [SQL_MEMORY_ARCHIVE] =
         {"memory_archive",
          "SELECT 0, 0, x.* FROM engram_memory_set_archived($1, $2::bigint[], $3, "

@@ -171,7 +171,34 @@ static int check_tag(const msgpack_object *o, const char *what, char *err, size_
     return 0;
 }
 
-int mf_check_metadata(const msgpack_object *md, const char *what, char *err, size_t errlen)
+/* Whether every map and list in o (attrs) has at most max entries; names the first that has
+ * more in err. */
+static int check_entries(const msgpack_object *o, const char *what, size_t max, unsigned depth,
+                         char *err, size_t errlen)
+{
+    uint32_t n = o->type == MSGPACK_OBJECT_MAP     ? o->via.map.size
+                 : o->type == MSGPACK_OBJECT_ARRAY ? o->via.array.size
+                                                   : 0;
+    if (n > max) {
+        snprintf(err, errlen,
+                 "'%s' holds a %s of %u entries; at most %zu are allowed in any one map or list "
+                 "(max_metadata_entries)",
+                 what, o->type == MSGPACK_OBJECT_MAP ? "map" : "list", n, max);
+        return -EINVAL;
+    }
+    if (depth > 64)
+        return 0; /* the binder refused deeper values */
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *v =
+            o->type == MSGPACK_OBJECT_MAP ? &o->via.map.ptr[i].val : &o->via.array.ptr[i];
+        if (check_entries(v, what, max, depth + 1, err, errlen) != 0)
+            return -EINVAL;
+    }
+    return 0;
+}
+
+int mf_check_metadata(const msgpack_object *md, const char *what, size_t max_entries, char *err,
+                      size_t errlen)
 {
     char name[160];
     if (md->type != MSGPACK_OBJECT_MAP) {
@@ -202,7 +229,8 @@ int mf_check_metadata(const msgpack_object *md, const char *what, char *err, siz
             if (check_tag(v, name, err, errlen) != 0)
                 return -EINVAL;
         } else if (rpc_str_eq(&kv->key, "attrs")) {
-            if (rpc_check_value(v, RPC_T_MAP, 0, 0, 0, name, err, errlen) != 0)
+            if (rpc_check_value(v, RPC_T_MAP, 0, 0, 0, name, err, errlen) != 0 ||
+                check_entries(v, name, max_entries, 0, err, errlen) != 0)
                 return -EINVAL;
         } else {
             snprintf(err, errlen,

@@ -18,6 +18,7 @@
 
 #include "idmap.h"
 #include "req.h"
+#include "plimits.h"
 #include "rpc.h"
 #include "score.h"
 #include "tenants.h"
@@ -49,7 +50,7 @@ enum {
         {"chains", RPC_T_UINT_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 64},                         \
         {"protocols", RPC_T_STR_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 64},                       \
         {"strategy_id", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},                          \
-        {"attrs", RPC_T_MAP, RPC_P_NULLABLE | RPC_P_RANGE, 1, 64},                                 \
+        {"attrs", RPC_T_MAP, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_METADATA), 1, 64},    \
         {"created_after", RPC_T_INT, RPC_P_NULLABLE, 0, 0},                                        \
         {"created_before", RPC_T_INT, RPC_P_NULLABLE, 0, 0},                                       \
         {"scopes", RPC_T_STR_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 3},                           \
@@ -122,8 +123,11 @@ int mf_tags_from_json(const char *s, size_t len, uint64_t **out, uint32_t *n);
 
 /* mf_check_metadata validates a metadata map: only tokens (strings), chains (unsigned
  * integers), protocols (strings), strategy_id (string) and attrs (map); tag strings 1..128
- * bytes without control characters; at most 64 entries per list. what prefixes messages
+ * bytes without control characters; at most 64 entries per list; in attrs, at most
+ * max_entries entries in any one map or list, at any depth (max_metadata_entries; the
+ * binder bounds the whole map's bytes: max_metadata_bytes). what prefixes messages
  * ("metadata" or "memories[3].metadata"). Returns 0 or -EINVAL with err. */
-int mf_check_metadata(const msgpack_object *md, const char *what, char *err, size_t errlen);
+int mf_check_metadata(const msgpack_object *md, const char *what, size_t max_entries, char *err,
+                      size_t errlen);
 
 #endif

@@ -23,6 +23,7 @@ void tiers_from_config(const config *cfg, tier_limits out[TIER_COUNT])
     for (int i = 0; i < TIER_COUNT; i++) {
         out[i] = (tier_limits){
             .max_memories = cfg->tier_max_memories[i],
+            .max_memory_bytes = cfg->tier_max_memory_bytes[i],
             .queries_per_day = cfg->tier_queries_per_day[i],
             .consolidation_hours = cfg->tier_consolidation_hours[i],
             .consolidation_on_demand = i == TIER_PREMIUM,

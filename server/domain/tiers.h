@@ -16,6 +16,7 @@ enum { TIER_FREE = 0, TIER_STANDARD, TIER_PREMIUM, TIER_COUNT };
 
 typedef struct tier_limits {
     int64_t max_memories;         /* 0: unlimited */
+    int64_t max_memory_bytes;     /* 0: unlimited (tenants.memory_bytes) */
     int64_t queries_per_day;      /* 0: unlimited */
     int consolidation_hours;      /* scheduled cadence; 0: never */
     bool consolidation_on_demand; /* may call memory.consolidate */

@@ -518,13 +518,19 @@ static void usage_done(req *r, const db_result *res)
     rpc_pack_kv_int(pk, "tenant_id", req_auth(r)->tenant_id);
     rpc_pack_kv_str(pk, "tier", tiername);
     rpc_pack_cstr(pk, "memories");
-    msgpack_pack_map(pk, 3);
+    msgpack_pack_map(pk, 5);
     rpc_pack_kv_int(pk, "stored", memrow_i64(pr, 0, 1, 0)); /* live: what the limit counts */
     rpc_pack_kv_int(pk, "archived", memrow_i64(pr, 0, 5, 0));
     if (tl->max_memories)
         rpc_pack_kv_int(pk, "limit", tl->max_memories);
     else
         rpc_pack_kv_nil(pk, "limit");
+    /* the text of the memories, archived ones and kept versions included: the byte quota */
+    rpc_pack_kv_int(pk, "bytes", memrow_i64(pr, 0, 7, 0));
+    if (tl->max_memory_bytes)
+        rpc_pack_kv_int(pk, "bytes_limit", tl->max_memory_bytes);
+    else
+        rpc_pack_kv_nil(pk, "bytes_limit");
     rpc_pack_cstr(pk, "queries");
     msgpack_pack_map(pk, 3);
     rpc_pack_kv_int(pk, "today", memrow_i64(pr, 0, 2, 0));

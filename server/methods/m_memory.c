@@ -12,6 +12,7 @@
 #include "embedder.h"
 #include "gcommit.h"
 #include "handlers.h"
+#include "plimits.h"
 #include "log.h"
 #include "memfilter.h"
 #include "mempack.h"
@@ -46,11 +47,11 @@ enum {
 };
 
 #define ITEM_PARAMS                                                                                \
-    {"content", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, 16777216},                             \
+    {"content", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE | RPC_P_LIMIT(PLIM_CONTENT), 1, 0},        \
         {"type", RPC_T_STR, RPC_P_REQUIRED, 0, 0},                                                 \
         {"memory_type", RPC_T_STR, RPC_P_NULLABLE | RPC_P_ALIAS, 0, 0},                            \
         {"importance", RPC_T_NUM, RPC_P_REQUIRED | RPC_P_RANGE, 0, 1},                             \
-        {"metadata", RPC_T_MAP, RPC_P_NULLABLE, 0, 0},                                             \
+        {"metadata", RPC_T_MAP, RPC_P_NULLABLE | RPC_P_LIMIT(PLIM_METADATA), 0, 0},                \
         {"embedding", RPC_T_VECTOR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 4096},                        \
         {"agent_id", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},                                            \
         {"clade_id", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},                                            \
@@ -92,7 +93,8 @@ static rpc_code metadata_json(req *r, const msgpack_object *md, const char *what
 {
     char name[64];
     snprintf(name, sizeof(name), "%smetadata", what);
-    if (mf_check_metadata(md, name, err, errlen) != 0)
+    if (mf_check_metadata(md, name, (size_t)req_server(r)->cfg.max_metadata_entries, err, errlen) !=
+        0)
         return RPC_INVALID_ARGUMENT;
     json_buf jb = {0};
     int rc = json_from_msgpack(md, 0, 16, &jb);
@@ -119,17 +121,11 @@ static rpc_code metadata_json(req *r, const msgpack_object *md, const char *what
 static rpc_code parse_item(req *r, const msgpack_object *const *a, const char *what, int64_t now,
                            mem_item *it, char *err, size_t errlen)
 {
-    server *s = req_server(r);
     memset(it, 0, sizeof(*it));
     snprintf(it->what, sizeof(it->what), "%s", what);
     it->content = a[P_IT_CONTENT]->via.str.ptr;
-    it->content_len = a[P_IT_CONTENT]->via.str.size;
-    if (it->content_len > (size_t)s->cfg.max_content_bytes) {
-        snprintf(err, errlen, "parameter '%scontent' is longer than %ld bytes", what,
-                 s->cfg.max_content_bytes);
-        return RPC_INVALID_ARGUMENT;
-    }
-    const msgpack_object *t = a[P_IT_TYPE]; /* or memory_type: the binder took either */
+    it->content_len = a[P_IT_CONTENT]->via.str.size; /* the binder checked its length */
+    const msgpack_object *t = a[P_IT_TYPE];          /* or memory_type: the binder took either */
     it->type = memrow_type_parse(t->via.str.ptr, t->via.str.size);
     if (it->type < 0) {
         snprintf(err, errlen,
@@ -203,7 +199,9 @@ PARAMS(memory_store, ITEM_PARAMS,
        {"idempotency_key", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, IDEM_KEY_MAX});
 
 enum { P_SB_MEMORIES, P_SB_IDEMPOTENCY_KEY };
-PARAMS(memory_store_batch, {"memories", RPC_T_ARRAY, RPC_P_REQUIRED | RPC_P_RANGE, 1, BATCH_MAX},
+PARAMS(memory_store_batch,
+       {"memories", RPC_T_ARRAY, RPC_P_REQUIRED | RPC_P_RANGE | RPC_P_LIMIT(PLIM_MESSAGE), 1,
+        BATCH_MAX},
        {"idempotency_key", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, IDEM_KEY_MAX});
 
 typedef struct store_state {
@@ -214,24 +212,40 @@ typedef struct store_state {
     char fingerprint[2 + 64 + 1]; /* "\x" + hex: bytea input */
 } store_state;
 
-/* Ends r for a failed job that stores or restores requested memories: the memory limit
- * (EG429, detail "limit=L usage=U ...") becomes quota_exceeded with limit, usage and
- * requested; anything else as req_fail_db. */
+/* Ends r for a failed job that stores, updates, archives or restores memories: a tier limit
+ * (EG429, detail "limit=L usage=U requested=N") becomes quota_exceeded with limit, usage,
+ * requested and quota ("memories": the live memory count, requested memories;
+ * "memory_bytes": the bytes of text the memories and their kept versions hold, requested
+ * bytes); anything else as req_fail_db. requested: the memories asked for (a detail's
+ * requested is used when present). */
 static void memory_write_fail(req *r, const db_result *res, int64_t requested)
 {
     if (res->sqlstate && strcmp(res->sqlstate, "EG429") == 0) {
-        long long limit = 0, usage = 0;
-        if (res->detail)
+        long long limit = 0, usage = 0, req_n = requested;
+        const char *q;
+        if (res->detail) {
             sscanf(res->detail, "limit=%lld usage=%lld", &limit, &usage);
-        rpc_detail d[3] = {
+            if ((q = strstr(res->detail, "requested=")))
+                req_n = strtoll(q + 10, NULL, 10);
+        }
+        bool bytes = res->message && strstr(res->message, "byte") != NULL;
+        rpc_detail d[4] = {
             {"limit", RPC_D_INT, {.i = limit}},
             {"usage", RPC_D_INT, {.i = usage}},
-            {"requested", RPC_D_INT, {.i = requested}},
+            {"requested", RPC_D_INT, {.i = req_n}},
+            {"quota", RPC_D_STR, {.s = bytes ? "memory_bytes" : "memories"}},
         };
-        req_fail_details(r, RPC_QUOTA_EXCEEDED, d, 3,
-                         "memory limit of the tenant's tier reached (%lld of %lld live, "
-                         "archived memories not counted)",
-                         usage, limit);
+        if (bytes)
+            req_fail_details(r, RPC_QUOTA_EXCEEDED, d, 4,
+                             "memory byte limit of the tenant's tier reached (%lld of %lld bytes "
+                             "used, %lld more asked; archived memories and kept versions count: "
+                             "delete memories to make room)",
+                             usage, limit, req_n);
+        else
+            req_fail_details(r, RPC_QUOTA_EXCEEDED, d, 4,
+                             "memory limit of the tenant's tier reached (%lld of %lld live, "
+                             "archived memories not counted)",
+                             usage, limit);
         return;
     }
     req_fail_db(r, res);
@@ -679,8 +693,8 @@ void h_memory_get(req *r)
 
 enum { P_DEL_IDS, P_DEL_FILTER, P_DEL_DRY_RUN, P_DEL_ALL };
 PARAMS(memory_delete, {"ids", RPC_T_UINT_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 1000},
-       {"filter", RPC_T_MAP, RPC_P_NULLABLE, 0, 0}, {"dry_run", RPC_T_BOOL, RPC_P_NULLABLE, 0, 0},
-       {"all", RPC_T_BOOL, RPC_P_NULLABLE, 0, 0});
+       {"filter", RPC_T_MAP, RPC_P_NULLABLE | RPC_P_LIMIT(PLIM_METADATA), 0, 0},
+       {"dry_run", RPC_T_BOOL, RPC_P_NULLABLE, 0, 0}, {"all", RPC_T_BOOL, RPC_P_NULLABLE, 0, 0});
 
 static const rpc_param delete_filter_schema[] = {MF_PARAMS};
 
@@ -890,9 +904,10 @@ enum {
     P_UP_PINNED
 };
 PARAMS(memory_update, {"id", RPC_T_UINT, RPC_P_REQUIRED, 0, 0},
-       {"content", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 16777216},
+       {"content", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_CONTENT), 1, 0},
        {"importance", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1},
-       {"type", RPC_T_STR, RPC_P_NULLABLE, 0, 0}, {"metadata", RPC_T_MAP, RPC_P_NULLABLE, 0, 0},
+       {"type", RPC_T_STR, RPC_P_NULLABLE, 0, 0},
+       {"metadata", RPC_T_MAP, RPC_P_NULLABLE | RPC_P_LIMIT(PLIM_METADATA), 0, 0},
        {"embedding", RPC_T_VECTOR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 4096},
        {"expires_at", RPC_T_INT, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1e15},
        {"ttl_seconds", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, 3.2e9},
@@ -912,7 +927,7 @@ static void update_done(req *r, const db_result *res)
 {
     update_state *st = req_state(r);
     if (res->status != DB_OK) {
-        req_fail_db(r, res);
+        memory_write_fail(r, res, 0);
         return;
     }
     const PGresult *pr = res->res[0];
@@ -941,7 +956,7 @@ static void update_submit(req *r, rpc_code code, const char *message)
     }
     snprintf(id, 24, "%lld", (long long)rpc_get_uint(req_arg(r, P_UP_ID), 0));
     const msgpack_object *pinned = req_arg(r, P_UP_PINNED);
-    const char *vals[10] = {tid,
+    const char *vals[11] = {tid,
                             id,
                             st->content,
                             st->type,
@@ -950,8 +965,9 @@ static void update_submit(req *r, rpc_code code, const char *message)
                             (const char *)st->vec,
                             st->expires[0] ? st->expires : NULL,
                             st->clear_expiry ? "true" : "false",
-                            pinned ? (rpc_get_bool(pinned, false) ? "true" : "false") : NULL};
-    int lens[10] = {0}, fmts[10] = {0};
+                            pinned ? (rpc_get_bool(pinned, false) ? "true" : "false") : NULL,
+                            req_server(r)->memory_limits};
+    int lens[11] = {0}, fmts[11] = {0};
     lens[6] = (int)(a->dim * sizeof(float));
     fmts[6] = 1;
     db_query q = {
@@ -961,7 +977,6 @@ static void update_submit(req *r, rpc_code code, const char *message)
 
 void h_memory_update(req *r)
 {
-    server *s = req_server(r);
     const conn_auth *a = req_auth(r);
     update_state *st = req_alloc(r, sizeof(*st));
     if (!st) {
@@ -979,11 +994,6 @@ void h_memory_update(req *r)
         return;
     }
     if ((o = req_arg(r, P_UP_CONTENT))) {
-        if (o->via.str.size > (size_t)s->cfg.max_content_bytes) {
-            req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'content' is longer than %ld bytes",
-                     s->cfg.max_content_bytes);
-            return;
-        }
         if (!(st->content = req_strdup(r, o))) {
             req_fail(r, RPC_INTERNAL, "out of memory");
             return;
@@ -1075,14 +1085,7 @@ static void archive_done(req *r, const db_result *res)
 {
     const char *key = req_state(r);
     if (res->status != DB_OK) {
-        /* requested: how many of the ids the restore would have brought back */
-        long long requested = 0;
-        if (res->detail) {
-            const char *q = strstr(res->detail, "requested=");
-            if (q)
-                requested = strtoll(q + 10, NULL, 10);
-        }
-        memory_write_fail(r, res, requested);
+        memory_write_fail(r, res, 0); /* the detail says how many were asked */
         return;
     }
     const PGresult *pr = res->res[0];

@@ -29,6 +29,7 @@
 #include "log.h"
 #include "memfilter.h"
 #include "mempack.h"
+#include "plimits.h"
 #include "rowcache.h"
 #include "memrow.h"
 #include "sql.h"
@@ -54,9 +55,9 @@ enum {
 };
 
 #define SEARCH_PARAMS                                                                              \
-    MF_PARAMS, {"query", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 16777216},                    \
+    MF_PARAMS, {"query", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_QUERY), 1, 0}, \
         {"embedding", RPC_T_VECTOR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 4096},                        \
-        {"top_k", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, 100000},                            \
+        {"top_k", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_TOP_K), 1, 0},       \
         {"mode", RPC_T_STR, RPC_P_NULLABLE, 0, 0},                                                 \
     {                                                                                              \
         "similarity_weight", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1                         \
@@ -786,12 +787,9 @@ static void search_begin(req *r, bool context)
         req_fail(r, RPC_INVALID_ARGUMENT, "%s needs 'query' or 'embedding'", req_method(r));
         return;
     }
-    uint64_t k = rpc_get_uint(req_arg(r, P_SE_TOP_K), 10);
-    if (k > (uint64_t)s->cfg.max_top_k) {
-        req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'top_k' must be between 1 and %d",
-                 s->cfg.max_top_k);
-        return;
-    }
+    uint64_t k = rpc_get_uint(req_arg(r, P_SE_TOP_K), 10); /* at most max_top_k (the binder) */
+    if (k > (uint64_t)s->cfg.max_top_k)
+        k = (uint64_t)s->cfg.max_top_k; /* the default of 10 over a smaller max_top_k */
     st->k = (size_t)k;
     st->ncand = st->k;
     if (st->mode == MODE_HYBRID) {

@@ -18,23 +18,21 @@
 #include <string.h>
 
 #include "handlers.h"
+#include "plimits.h"
 #include "json.h"
 #include "log.h"
 #include "sq.h"
 #include "sql_session.h"
 
-/* Fixed caps (documented in docs/protocol.md); transcript text is bounded by the
- * max_content_bytes setting instead. */
+/* Fixed caps (documented in docs/protocol.md); transcript text, summaries, tasks, outputs,
+ * scratchpads, notes and labels are bounded by settings instead (plimits.h). */
 #define MODEL_MAX 256
 #define NAME_MAX_BYTES 256
 #define TEMPLATE_PARAMS_MAX 64
 #define TEMPLATE_VALUE_MAX 4096
 #define COST_MAX 1e9
 #define TOKENS_MAX 1e12
-#define SCRATCHPAD_MAX (256 * 1024)
 #define NOTE_KEY_MAX 256
-#define NOTE_VALUE_MAX 16384
-#define LABEL_MAX 256
 #define METADATA_MAX_BYTES 65536
 #define METADATA_MAX_DEPTH 16
 #define MAX_NOTES 10000
@@ -52,7 +50,6 @@
 #define CONTEXT_BUDGET_MAX 1000000
 #define CONTEXT_BUDGET_DEFAULT 8000 /* the seed's 5-10K tokens of session context */
 #define SUB_MAX_TOKENS 16777216
-#define STR_UNBOUNDED 16777216 /* checked against max_content_bytes in the handler */
 #define JSON_TOO_BIG SQ_JSON_TOO_BIG
 
 /* ---- statements ------------------------------------------------------------------------ */
@@ -71,17 +68,6 @@ static const tier_limits *tier_of(req *r)
     if (tier < 0 || tier >= TIER_COUNT)
         tier = TIER_FREE;
     return &req_server(r)->tiers[tier];
-}
-
-/* Fails the request when the string o (may be NULL) is longer than max_content_bytes. */
-static bool check_content(req *r, const msgpack_object *o, const char *name)
-{
-    long max = req_server(r)->cfg.max_content_bytes;
-    if (o && o->type == MSGPACK_OBJECT_STR && o->via.str.size > (size_t)max) {
-        req_fail(r, RPC_INVALID_ARGUMENT, "parameter '%s' is longer than %ld bytes", name, max);
-        return false;
-    }
-    return true;
 }
 
 /* Checks the map m against schema (n entries) as rpc_bind_params checks parameters, naming
@@ -112,8 +98,7 @@ static bool check_map(req *r, const msgpack_object *m, const char *prefix, const
             return false;
         }
         seen[i] = true;
-        if (rpc_check_value(&kv->val, schema[i].type, schema[i].flags, schema[i].min, schema[i].max,
-                            what, err, sizeof(err)) != 0) {
+        if (rpc_check_param(&kv->val, &schema[i], what, err, sizeof(err)) != 0) {
             req_fail(r, RPC_INVALID_ARGUMENT, "%s", err);
             return false;
         }
@@ -135,7 +120,7 @@ static bool check_map(req *r, const msgpack_object *m, const char *prefix, const
 enum { C_MODEL, C_SYSTEM_PROMPT, C_TEMPLATE, C_COMPACTION, C_MAX_COST, C_REPLAY_DEPTH, C__N };
 static const rpc_param config_schema[C__N] = {
     {"model", RPC_T_STR, RPC_P_RANGE, 1, MODEL_MAX},
-    {"system_prompt", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 0, STR_UNBOUNDED},
+    {"system_prompt", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_ENTRY), 0, 0},
     {"template", RPC_T_MAP, RPC_P_NULLABLE, 0, 0},
     {"compaction", RPC_T_MAP, RPC_P_NULLABLE, 0, 0},
     {"max_cost_usdc", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, COST_MAX},
@@ -170,9 +155,6 @@ static bool check_config(req *r, const msgpack_object *cfg, const char *prefix, 
     if (need_model)
         schema[C_MODEL].flags |= RPC_P_REQUIRED;
     if (!check_map(r, cfg, prefix, schema, C__N, f))
-        return false;
-    snprintf(what, sizeof(what), "%s.system_prompt", prefix);
-    if (!check_content(r, f[C_SYSTEM_PROMPT], what))
         return false;
     if (f[C_TEMPLATE]) {
         snprintf(what, sizeof(what), "%s.template", prefix);
@@ -247,7 +229,8 @@ static void session_only(req *r, sqls_stmt st)
 /* ---- session.create, get, list, end -------------------------------------------------- */
 
 enum { P_CR_AGENT, P_CR_CONFIG };
-PARAMS(session_create, ID_PARAM("agent_id"), {"config", RPC_T_MAP, RPC_P_REQUIRED, 0, 0});
+PARAMS(session_create, ID_PARAM("agent_id"),
+       {"config", RPC_T_MAP, RPC_P_REQUIRED | RPC_P_LIMIT(PLIM_MESSAGE), 0, 0});
 
 /* session.create: validates config (nested maps included) and creates the session. */
 void h_session_create(req *r)
@@ -293,14 +276,12 @@ void h_session_list(req *r)
 
 enum { P_EN_SESSION, P_EN_SUMMARY };
 PARAMS(session_end, ID_PARAM("session_id"),
-       {"summary", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 0, STR_UNBOUNDED});
+       {"summary", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_ENTRY), 0, 0});
 
 /* session.end: ends an active session, keeping an optional summary. */
 void h_session_end(req *r)
 {
     const msgpack_object *summary = req_arg(r, P_EN_SUMMARY);
-    if (!check_content(r, summary, "summary"))
-        return;
     sq q;
     sq_init(&q, r);
     sq_u64(&q, req_arg(r, P_EN_SESSION));
@@ -326,7 +307,7 @@ void h_session_delete(req *r)
 
 enum { P_AP_SESSION, P_AP_ROLE, P_AP_CONTENT, P_AP_PARENT, P_AP_TOKENS, P_AP_COST, P_AP_AGENT };
 PARAMS(session_append, ID_PARAM("session_id"), {"role", RPC_T_STR, RPC_P_REQUIRED, 0, 0},
-       {"content", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 0, STR_UNBOUNDED},
+       {"content", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE | RPC_P_LIMIT(PLIM_ENTRY), 0, 0},
        OPT_ID_PARAM("parent_id"),
        {"tokens", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 0, TOKENS_MAX},
        {"cost_usdc", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, COST_MAX},
@@ -337,8 +318,7 @@ PARAMS(session_append, ID_PARAM("session_id"), {"role", RPC_T_STR, RPC_P_REQUIRE
 void h_session_append(req *r)
 {
     const msgpack_object *content = req_arg(r, P_AP_CONTENT);
-    if (!sq_check_word(r, req_arg(r, P_AP_ROLE), "role", roles, "system, user, assistant, tool") ||
-        !check_content(r, content, "content"))
+    if (!sq_check_word(r, req_arg(r, P_AP_ROLE), "role", roles, "system, user, assistant, tool"))
         return;
     const tier_limits *tl = tier_of(r);
     sq q;
@@ -370,7 +350,7 @@ void h_session_tombstone(req *r)
 
 enum { P_SU_SESSION, P_SU_SUMMARY, P_SU_THROUGH, P_SU_COMPACTED };
 PARAMS(session_summarize, OPT_ID_PARAM("session_id"),
-       {"summary", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, STR_UNBOUNDED},
+       {"summary", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE | RPC_P_LIMIT(PLIM_ENTRY), 1, 0},
        ID_PARAM("through_entry_id"),
        {"messages_compacted", RPC_T_UINT, RPC_P_REQUIRED | RPC_P_RANGE, 0, TOKENS_MAX});
 
@@ -378,8 +358,6 @@ PARAMS(session_summarize, OPT_ID_PARAM("session_id"),
 void h_session_summarize(req *r)
 {
     const msgpack_object *summary = req_arg(r, P_SU_SUMMARY);
-    if (!check_content(r, summary, "summary"))
-        return;
     const tier_limits *tl = tier_of(r);
     sq q;
     sq_init(&q, r);
@@ -447,7 +425,7 @@ void h_session_scratchpad_get(req *r)
 
 enum { P_SP_SESSION, P_SP_CONTENT, P_SP_EXPECTED, P_SP_TOKENS };
 PARAMS(session_scratchpad_update, ID_PARAM("session_id"),
-       {"content", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 0, SCRATCHPAD_MAX},
+       {"content", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE | RPC_P_LIMIT(PLIM_SCRATCHPAD), 0, 0},
        OPT_ID_PARAM("expected_version"),
        {"token_count", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 0, TOKENS_MAX});
 
@@ -466,7 +444,7 @@ void h_session_scratchpad_update(req *r)
 enum { P_NA_SESSION, P_NA_CATEGORY, P_NA_KEY, P_NA_VALUE, P_NA_SCOPE, P_NA_WORK, P_NA_AGENT };
 PARAMS(session_note_add, ID_PARAM("session_id"), {"category", RPC_T_STR, RPC_P_REQUIRED, 0, 0},
        {"key", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, NOTE_KEY_MAX},
-       {"value", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, NOTE_VALUE_MAX},
+       {"value", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE | RPC_P_LIMIT(PLIM_NOTE), 1, 0},
        {"scope", RPC_T_STR, RPC_P_REQUIRED, 0, 0}, OPT_ID_PARAM("work_item_id"),
        OPT_ID_PARAM("agent_id"));
 
@@ -534,8 +512,8 @@ void h_session_task_complete(req *r)
 
 enum { P_CP_SESSION, P_CP_LABEL, P_CP_METADATA };
 PARAMS(session_checkpoint, ID_PARAM("session_id"),
-       {"label", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, LABEL_MAX},
-       {"metadata", RPC_T_MAP, RPC_P_NULLABLE, 0, 0});
+       {"label", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE | RPC_P_LIMIT(PLIM_LABEL), 1, 0},
+       {"metadata", RPC_T_MAP, RPC_P_NULLABLE | RPC_P_LIMIT(PLIM_METADATA), 0, 0});
 
 /* session.checkpoint: records the session's state as a delta against the previous
  * checkpoint; it lives for the tier's checkpoint_ttl_s. */
@@ -570,7 +548,7 @@ void h_session_checkpoints(req *r)
 
 enum { P_RE_CHECKPOINT, P_RE_OVERRIDE, P_RE_BRANCH };
 PARAMS(session_resume, ID_PARAM("checkpoint_id"),
-       {"config_override", RPC_T_MAP, RPC_P_NULLABLE, 0, 0},
+       {"config_override", RPC_T_MAP, RPC_P_NULLABLE | RPC_P_LIMIT(PLIM_MESSAGE), 0, 0},
        {"branch_type", RPC_T_STR, RPC_P_NULLABLE, 0, 0});
 
 /* session.resume: a new session holding exactly the state of a checkpoint. */
@@ -601,18 +579,16 @@ void h_session_resume(req *r)
 
 enum { P_SW_PARENT, P_SW_TASK, P_SW_MODEL, P_SW_CONTEXT, P_SW_MAX_TOKENS, P_SW_FORMAT, P_SW_AGENT };
 PARAMS(session_spawn, ID_PARAM("parent_id"),
-       {"task", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, STR_UNBOUNDED},
+       {"task", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE | RPC_P_LIMIT(PLIM_ENTRY), 1, 0},
        {"model", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, MODEL_MAX},
-       {"context", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 0, STR_UNBOUNDED},
+       {"context", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_ENTRY), 0, 0},
        {"max_tokens", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, SUB_MAX_TOKENS},
        {"return_format", RPC_T_STR, RPC_P_REQUIRED, 0, 0}, OPT_ID_PARAM("agent_id"));
 
 /* session.spawn: a sub-agent session under a parent, holding only the given context. */
 void h_session_spawn(req *r)
 {
-    if (!check_content(r, req_arg(r, P_SW_TASK), "task") ||
-        !check_content(r, req_arg(r, P_SW_CONTEXT), "context") ||
-        !sq_check_word(r, req_arg(r, P_SW_FORMAT), "return_format", return_formats,
+    if (!sq_check_word(r, req_arg(r, P_SW_FORMAT), "return_format", return_formats,
                        "summary, full"))
         return;
     const tier_limits *tl = tier_of(r);
@@ -633,13 +609,11 @@ void h_session_spawn(req *r)
 
 enum { P_CO_SESSION, P_CO_OUTPUT };
 PARAMS(session_complete, ID_PARAM("session_id"),
-       {"output", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 0, STR_UNBOUNDED});
+       {"output", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE | RPC_P_LIMIT(PLIM_ENTRY), 0, 0});
 
 /* session.complete: records a sub-agent's output and completes it. */
 void h_session_complete(req *r)
 {
-    if (!check_content(r, req_arg(r, P_CO_OUTPUT), "output"))
-        return;
     sq q;
     sq_init(&q, r);
     sq_u64(&q, req_arg(r, P_CO_SESSION));

@@ -12,12 +12,12 @@
 #include <stdint.h>
 
 #include "handlers.h"
+#include "plimits.h"
 #include "sq.h"
 #include "sql_work.h"
 
 /* Fixed caps (documented in docs/protocol.md). */
 #define TITLE_MAX 256
-#define DESCRIPTION_MAX 16384
 #define MAX_WORK_ITEMS 1000
 #define LIST_MAX 1000
 #define LIST_DEFAULT 100
@@ -38,7 +38,7 @@ static const char *const new_statuses[] = {"open", "in_progress", "blocked", NUL
 enum { P_WA_SESSION, P_WA_TITLE, P_WA_DESCRIPTION, P_WA_STATUS, P_WA_OWNER, P_WA_AGENT };
 PARAMS(session_work_item_add, ID_PARAM("session_id"),
        {"title", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, TITLE_MAX},
-       {"description", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 0, DESCRIPTION_MAX},
+       {"description", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_WORK_ITEM), 0, 0},
        {"status", RPC_T_STR, RPC_P_NULLABLE, 0, 0}, OPT_ID_PARAM("owner_agent_id"),
        OPT_ID_PARAM("agent_id"));
 
@@ -74,7 +74,7 @@ enum {
 };
 PARAMS(session_work_item_update, ID_PARAM("session_id"), ID_PARAM("work_item_id"),
        {"title", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, TITLE_MAX},
-       {"description", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 0, DESCRIPTION_MAX},
+       {"description", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_WORK_ITEM), 0, 0},
        {"status", RPC_T_STR, RPC_P_NULLABLE, 0, 0}, OPT_ID_PARAM("owner_agent_id"),
        OPT_ID_PARAM("expected_version"), OPT_ID_PARAM("agent_id"));
 

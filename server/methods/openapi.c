@@ -8,6 +8,7 @@
 #include <event2/buffer.h>
 
 #include "methods.h"
+#include "plimits.h"
 
 /* The HTTP status each error code is answered with (hapi.c uses the same table). */
 static const int statuses[] = {400, 401, 402, 403, 404, 409, 413, 429, 500, 503};
@@ -62,7 +63,14 @@ static void put_schema(struct evbuffer *b, const rpc_param *p)
 {
     bool nul = (p->flags & RPC_P_NULLABLE) != 0;
     bool rng = (p->flags & RPC_P_RANGE) != 0;
-    double lo = rng ? p->min : -INFINITY, hi = rng ? p->max : INFINITY;
+    bool container = p->type == RPC_T_MAP || p->type == RPC_T_ARRAY || p->type == RPC_T_ANY;
+    unsigned lim = RPC_P_LIMIT_OF(p->flags);
+    /* the bounds the binder applies: a limit's setting, the defaults (rpc.h) */
+    double lo = rng ? p->min : -INFINITY;
+    double hi =
+        container || p->type == RPC_T_STR_ARRAY ? (rng ? p->max : INFINITY) : rpc_param_max(p);
+    if (p->type == RPC_T_STR && lo == -INFINITY)
+        lo = 0;
     evbuffer_add(b, "{", 1);
     switch (p->type) {
     case RPC_T_ANY:
@@ -90,8 +98,8 @@ static void put_schema(struct evbuffer *b, const rpc_param *p)
         put_type(b, "string", nul);
         put_bound(b, "minLength", lo, true);
         put_bound(b, "maxLength", hi, true);
-        if (rng)
-            evbuffer_add_printf(b, ",\"description\":\"length bounds count UTF-8 bytes\"");
+        evbuffer_add_printf(b, ",\"description\":\"length bounds count UTF-8 bytes%s%s\"",
+                            lim ? "; the maximum is the setting " : "", plimits_setting(lim));
         break;
     case RPC_T_BIN:
         put_type(b, "string", nul);
@@ -126,6 +134,14 @@ static void put_schema(struct evbuffer *b, const rpc_param *p)
         put_bound(b, "minItems", lo, true);
         put_bound(b, "maxItems", hi, true);
         break;
+    }
+    if (container) {
+        /* the binder's byte bound on the value's MessagePack form (about its JSON length) */
+        put_bound(b, "x-maxBytes", rpc_param_max(p), true);
+        if (lim)
+            evbuffer_add_printf(b, ",\"x-maxBytesSetting\":\"%s\"", plimits_setting(lim));
+    } else if (p->type == RPC_T_STR_ARRAY) {
+        put_bound(b, "x-maxItemBytes", lim ? rpc_limit_value(lim) : RPC_STR_MAX_DEFAULT, true);
     }
     evbuffer_add(b, "}", 1);
 }

@@ -35,6 +35,8 @@ END $$;
 -- engram_memory_delete: deletes the tenant's memories among p_ids; returns each deleted id
 -- with its change number. Ids that do not exist (or belong to another tenant) are skipped.
 -- tenants.memory_count counts live memories only: archived ones deleted leave it alone.
+-- tenants.memory_bytes gives back the bytes of the memories and of their kept versions
+-- (which go with them).
 CREATE OR REPLACE FUNCTION engram_memory_delete(p_tenant bigint, p_ids bigint[])
     RETURNS TABLE (id bigint, seq bigint)
     LANGUAGE plpgsql AS $$
@@ -43,20 +45,30 @@ DECLARE
     v_n bigint;
     v_live bigint;
     v_last bigint;
+    v_bytes bigint;
+    v_vbytes bigint;
 BEGIN
     PERFORM engram_next_seq(p_tenant, 0);  -- take the tenant row's lock first
+    -- the versions go with their memories (ON DELETE CASCADE); every writer of versions holds
+    -- this lock, so none is added in between
+    SELECT COALESCE(sum(v.bytes), 0) INTO v_vbytes FROM memory_versions v
+    WHERE v.tenant_id = p_tenant AND v.memory_id = ANY (p_ids);
     WITH d AS (
         DELETE FROM memories m WHERE m.tenant_id = p_tenant AND m.id = ANY (p_ids)
-        RETURNING m.id, m.archived_at IS NULL AS live
+        RETURNING m.id, m.archived_at IS NULL AS live, m.bytes
     )
-    SELECT array_agg(d.id ORDER BY d.id), count(*) FILTER (WHERE d.live) INTO v_ids, v_live
+    SELECT array_agg(d.id ORDER BY d.id), count(*) FILTER (WHERE d.live),
+           COALESCE(sum(d.bytes), 0)
+        INTO v_ids, v_live, v_bytes
     FROM d;
     v_n := COALESCE(cardinality(v_ids), 0);
     IF v_n = 0 THEN
         RETURN;
     END IF;
     v_last := engram_next_seq(p_tenant, v_n);
-    UPDATE tenants SET memory_count = memory_count - v_live WHERE tenants.id = p_tenant;
+    UPDATE tenants SET memory_count = memory_count - v_live,
+                       memory_bytes = memory_bytes - v_bytes - v_vbytes
+        WHERE tenants.id = p_tenant;
     INSERT INTO memory_changes
         SELECT p_tenant, v_last - v_n + o.n, o.id, 'd' FROM unnest(v_ids) WITH ORDINALITY AS o (id, n);
     PERFORM pg_notify('engram_changes', p_tenant || ':' || v_last);

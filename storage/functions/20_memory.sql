@@ -33,8 +33,11 @@ BEGIN
               )::engram_memory_meta;
 END $$;
 
--- Records the current state of memory m as a version replaced by `change`.
-CREATE OR REPLACE FUNCTION engram_keep_version(m memories, p_change text, p_detail jsonb) RETURNS void
+-- Records the current state of memory m as a version replaced by `change`, and returns the
+-- version's bytes, which the caller adds to tenants.memory_bytes (migration 0009).
+DROP FUNCTION IF EXISTS engram_keep_version(memories, text, jsonb);
+CREATE OR REPLACE FUNCTION engram_keep_version(m memories, p_change text, p_detail jsonb)
+    RETURNS integer
     LANGUAGE sql AS $$
     INSERT INTO memory_versions (tenant_id, memory_id, version, content, type, importance,
                                  metadata, expires_at, archived_at, valid_from, replaced_at,
@@ -42,15 +45,39 @@ CREATE OR REPLACE FUNCTION engram_keep_version(m memories, p_change text, p_deta
         VALUES (m.tenant_id, m.id, m.version, m.content, m.type, m.importance, m.metadata,
                 m.expires_at, m.archived_at, m.updated_at, date_trunc('milliseconds', now()),
                 p_change, COALESCE(p_detail, '{}'))
+        RETURNING bytes
 $$;
+
+-- engram_byte_check: raises EG429 when adding p_add bytes to the tenant's memory bytes would
+-- pass its tier's byte limit (p_limits, see engram_tier_byte_limit). Call with the tenant
+-- row's lock held.
+CREATE OR REPLACE FUNCTION engram_byte_check(p_tenant bigint, p_limits bigint[], p_add bigint)
+    RETURNS void
+    LANGUAGE plpgsql AS $$
+DECLARE
+    v_bytes bigint;
+    v_max bigint;
+BEGIN
+    SELECT t.memory_bytes, engram_tier_byte_limit(p_limits, t.tier) INTO v_bytes, v_max
+        FROM tenants t WHERE t.id = p_tenant;
+    IF v_max IS NOT NULL AND p_add > 0 AND v_bytes + p_add > v_max THEN
+        RAISE EXCEPTION 'memory byte limit reached'
+            USING ERRCODE = 'EG429',
+                  DETAIL = format('limit=%s usage=%s requested=%s', v_max, v_bytes, p_add);
+    END IF;
+END $$;
 
 -- engram_memory_update: changes the given fields of one memory (NULL: unchanged), keeping
 -- the previous version. p_clear_expiry removes an expiry. Raises EG404 when the memory does
--- not exist for this tenant.
+-- not exist for this tenant, EG429 when the kept version and the new text would pass the
+-- tier's byte limit (p_limits; the memory's bytes grow by its new size: the old text stays
+-- as the version).
+DROP FUNCTION IF EXISTS engram_memory_update(bigint, bigint, text, text, double precision, text,
+                                            bytea, bigint, boolean, boolean);
 CREATE OR REPLACE FUNCTION engram_memory_update(
         p_tenant bigint, p_id bigint, p_content text, p_type text, p_importance double precision,
         p_metadata text, p_embedding bytea, p_expires_ms bigint, p_clear_expiry boolean,
-        p_pinned boolean)
+        p_pinned boolean, p_limits bigint[])
     RETURNS TABLE (r_version integer, r_updated_ms bigint, m_id bigint, m_seq bigint,
                    m_agent_id bigint, m_clade_id bigint, m_scope text, m_type text,
                    m_importance double precision, m_created_ms bigint, m_accessed_ms bigint,
@@ -61,13 +88,19 @@ CREATE OR REPLACE FUNCTION engram_memory_update(
 DECLARE
     m memories;
     v_seq bigint;
+    v_new bigint;
 BEGIN
     PERFORM engram_next_seq(p_tenant, 0);
     SELECT * INTO m FROM memories WHERE tenant_id = p_tenant AND id = p_id FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'memory % not found', p_id USING ERRCODE = 'EG404';
     END IF;
+    v_new := octet_length(COALESCE(p_content, m.content))
+             + octet_length(COALESCE(p_metadata::jsonb, m.metadata)::text);
+    PERFORM engram_byte_check(p_tenant, p_limits, v_new);
+    -- the old text becomes the version (its bytes stay counted), the new text is added
     PERFORM engram_keep_version(m, 'update', '{}');
+    UPDATE tenants SET memory_bytes = memory_bytes + v_new WHERE id = p_tenant;
     v_seq := engram_next_seq(p_tenant, 1);
     UPDATE memories SET
         content = COALESCE(p_content, content),
@@ -110,13 +143,16 @@ DECLARE
     v_seq bigint;
     v_count bigint;
     v_max bigint;
+    v_add bigint;
 BEGIN
     PERFORM engram_next_seq(p_tenant, 0);
-    SELECT count(*) INTO v_n FROM memories
+    SELECT count(*), COALESCE(sum(bytes), 0) INTO v_n, v_add FROM memories
     WHERE tenant_id = p_tenant AND id = ANY (p_ids) AND (archived_at IS NULL) = p_archive;
     IF v_n = 0 THEN
         RETURN;
     END IF;
+    -- each memory's text is kept once more, as the version this change replaces
+    PERFORM engram_byte_check(p_tenant, p_limits, v_add);
     IF NOT p_archive THEN
         SELECT t.memory_count, engram_tier_limit(p_limits, t.tier) INTO v_count, v_max
             FROM tenants t WHERE t.id = p_tenant;
@@ -149,7 +185,8 @@ BEGIN
         RETURN NEXT engram_meta_of(m);
     END LOOP;
     UPDATE tenants SET memory_count = memory_count + CASE WHEN p_archive THEN -v_done
-                                                          ELSE v_done END
+                                                          ELSE v_done END,
+                       memory_bytes = memory_bytes + v_add
         WHERE tenants.id = p_tenant;
     PERFORM pg_notify('engram_changes', p_tenant || ':' || v_seq);
 END $$;
@@ -218,13 +255,16 @@ DECLARE
     v_id_last bigint;
     v_tsv tsvector[];
     v_md jsonb[];
+    v_bytes bigint;
     k record;
 BEGIN
-    -- the text search vectors and the metadata before the lock (migration 0008); a replay
-    -- below computed them for nothing
+    -- the text search vectors, the metadata and the bytes (memories.bytes) before the lock
+    -- (migration 0008); a replay below computed them for nothing
     v_tsv := ARRAY(SELECT to_tsvector('english', c.t)
                    FROM unnest(p_content) WITH ORDINALITY AS c (t, i) ORDER BY c.i);
     v_md := p_metadata::jsonb[];
+    SELECT COALESCE(sum(octet_length(u.c) + octet_length(u.md::text)), 0) INTO v_bytes
+        FROM unnest(p_content, v_md) AS u (c, md);
     -- the tenant row's lock, before anything else
     SELECT t.change_seq, t.memory_count, t.tier INTO v_last, v_count, v_tier
         FROM tenants t WHERE t.id = p_tenant FOR UPDATE;
@@ -257,7 +297,9 @@ BEGIN
             USING ERRCODE = 'EG429',
                   DETAIL = format('limit=%s usage=%s requested=%s', v_max, v_count, n);
     END IF;
+    PERFORM engram_byte_check(p_tenant, p_limits, v_bytes);
     UPDATE tenants SET change_seq = change_seq + n, memory_count = memory_count + n,
+                       memory_bytes = memory_bytes + v_bytes,
                        memory_id_last = memory_id_last + n
         WHERE tenants.id = p_tenant RETURNING change_seq, memory_id_last INTO v_last, v_id_last;
     v_base := v_last - n;
@@ -378,6 +420,11 @@ DECLARE
     v_took bigint;
     v_tsv tsvector[];
     v_md jsonb[];
+    v_sb bigint[];      -- each segment's bytes (memories.bytes of its memories)
+    v_tb bigint;
+    v_bytes bigint;
+    v_bmax bigint;
+    v_btook bigint;
 BEGIN
     IF cardinality(p_counts) <> ns OR cardinality(p_dims) <> ns OR ns = 0 THEN
         RAISE EXCEPTION 'segments do not match' USING ERRCODE = 'EG400';
@@ -403,22 +450,32 @@ BEGIN
     v_tsv := ARRAY(SELECT to_tsvector('english', c.t)
                    FROM unnest(p_content) WITH ORDINALITY AS c (t, i) ORDER BY c.i);
     v_md := p_metadata::jsonb[];
+    v_sb := ARRAY(SELECT COALESCE(sum(octet_length(u.c) + octet_length(u.md::text)), 0)
+                  FROM generate_series(1, ns) AS g (s)
+                  LEFT JOIN unnest(p_content, v_md) WITH ORDINALITY AS u (c, md, i)
+                         ON v_seg[u.i] = g.s
+                  GROUP BY g.s ORDER BY g.s);
     s := 1;
     WHILE s <= ns LOOP
         -- the run s .. r of one tenant's segments
         r := s;
         v_total := p_counts[s];
+        v_tb := v_sb[s];
         WHILE r < ns AND p_tenants[r + 1] = p_tenants[s] LOOP
             r := r + 1;
             v_total := v_total + p_counts[r];
+            v_tb := v_tb + v_sb[r];
         END LOOP;
         -- the common case, every segment fits: one UPDATE takes the lock and the numbers
         UPDATE tenants t SET change_seq = t.change_seq + v_total,
                              memory_count = t.memory_count + v_total,
+                             memory_bytes = t.memory_bytes + v_tb,
                              memory_id_last = t.memory_id_last + v_total
          WHERE t.id = p_tenants[s]
            AND (engram_tier_limit(p_limits, t.tier) IS NULL
                 OR t.memory_count + v_total <= engram_tier_limit(p_limits, t.tier))
+           AND (engram_tier_byte_limit(p_limits, t.tier) IS NULL
+                OR t.memory_bytes + v_tb <= engram_tier_byte_limit(p_limits, t.tier))
         RETURNING t.change_seq - v_total, t.memory_id_last - v_total INTO v_last, v_idl;
         IF FOUND THEN
             FOR q IN s .. r LOOP
@@ -430,10 +487,12 @@ BEGIN
         ELSE
             -- some segment does not fit (or the tenant is gone): one at a time, in order
             SELECT t.change_seq, t.memory_id_last, t.memory_count,
-                   engram_tier_limit(p_limits, t.tier)
-                INTO v_last, v_idl, v_count, v_max
+                   engram_tier_limit(p_limits, t.tier), t.memory_bytes,
+                   engram_tier_byte_limit(p_limits, t.tier)
+                INTO v_last, v_idl, v_count, v_max, v_bytes, v_bmax
                 FROM tenants t WHERE t.id = p_tenants[s] FOR UPDATE;
             v_took := 0;
+            v_btook := 0;
             FOR q IN s .. r LOOP
                 IF v_last IS NULL THEN
                     v_state[q] := 'EG404';
@@ -443,10 +502,17 @@ BEGIN
                     v_msg[q] := 'memory limit reached';
                     v_detail[q] := format('limit=%s usage=%s requested=%s', v_max,
                                           v_count + v_took, p_counts[q]);
+                ELSIF v_bmax IS NOT NULL AND v_sb[q] > 0
+                      AND v_bytes + v_btook + v_sb[q] > v_bmax THEN
+                    v_state[q] := 'EG429';
+                    v_msg[q] := 'memory byte limit reached';
+                    v_detail[q] := format('limit=%s usage=%s requested=%s', v_bmax,
+                                          v_bytes + v_btook, v_sb[q]);
                 ELSE
                     v_seq0[q] := v_last + v_took;
                     v_id0[q] := v_idl + v_took;
                     v_took := v_took + p_counts[q];
+                    v_btook := v_btook + v_sb[q];
                     CONTINUE;
                 END IF;
                 -- sorts after the rows of the segments before it, before those after it
@@ -455,6 +521,7 @@ BEGIN
             IF v_took > 0 THEN
                 UPDATE tenants t SET change_seq = t.change_seq + v_took,
                                      memory_count = t.memory_count + v_took,
+                                     memory_bytes = t.memory_bytes + v_btook,
                                      memory_id_last = t.memory_id_last + v_took
                  WHERE t.id = p_tenants[s];
             END IF;

@@ -12,6 +12,15 @@ CREATE OR REPLACE FUNCTION engram_tier_limit(p_limits bigint[], p_tier text) RET
     SELECT NULLIF(p_limits[CASE p_tier WHEN 'free' THEN 1 WHEN 'standard' THEN 2 ELSE 3 END], 0)
 $$;
 
+-- engram_tier_byte_limit: the tier's limit of memory bytes (tenants.memory_bytes, migration
+-- 0009), carried by the same literal after the memory counts: {free, standard, premium,
+-- free bytes, standard bytes, premium bytes}; NULL when unlimited or not given (a server of
+-- the previous release sends three limits).
+CREATE OR REPLACE FUNCTION engram_tier_byte_limit(p_limits bigint[], p_tier text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT NULLIF(p_limits[CASE p_tier WHEN 'free' THEN 4 WHEN 'standard' THEN 5 ELSE 6 END], 0)
+$$;
+
 -- engram_query_admit: counts one query of the tenant for today (UTC) if its tier's daily
 -- limit allows it. No longer called (engram_query_reserve below admits from blocks); kept
 -- while engramd processes of the previous release may still share the database during a
@@ -115,12 +124,12 @@ $$;
 
 -- engram_tenant_usage: what tenant.usage reports (run with the tenant set). memories: the
 -- live ones, which count against the tier's limit (tenants.memory_count); archived: the
--- archived ones (kept, restorable, not counted against it).
-DROP FUNCTION IF EXISTS engram_tenant_usage(bigint);
+-- archived ones (kept, restorable, not counted against it); memory_bytes: the text of all of
+-- them and their kept versions, which counts against the tier's byte limit.
 DROP FUNCTION IF EXISTS engram_tenant_usage(bigint);
 CREATE OR REPLACE FUNCTION engram_tenant_usage(p_tenant bigint)
     RETURNS TABLE (tier text, memories bigint, queries_today bigint, storage_bytes bigint,
-                   resets_ms bigint, archived bigint, sessions_live bigint)
+                   resets_ms bigint, archived bigint, sessions_live bigint, memory_bytes bigint)
     LANGUAGE sql STABLE AS $$
     SELECT t.tier, t.memory_count,
            COALESCE((SELECT u.queries FROM tenant_usage u WHERE u.tenant_id = t.id
@@ -131,7 +140,8 @@ CREATE OR REPLACE FUNCTION engram_tenant_usage(p_tenant bigint)
            engram_ms((((now() AT TIME ZONE 'UTC')::date + 1)::timestamp) AT TIME ZONE 'UTC'),
            (SELECT count(*) FROM memories m WHERE m.tenant_id = t.id AND m.archived_at IS NOT NULL),
            (SELECT count(*) FROM sessions s
-            WHERE s.tenant_id = t.id AND s.state = 'active' AND s.parent_id IS NULL)
+            WHERE s.tenant_id = t.id AND s.state = 'active' AND s.parent_id IS NULL),
+           t.memory_bytes
     FROM tenants t WHERE t.id = p_tenant
 $$;
 

@@ -76,6 +76,8 @@ DECLARE
     v_ok boolean;
     v_own bigint[] := COALESCE(p_own, '{}') || COALESCE(p_survivor, '{}');
     v_now timestamptz := date_trunc('milliseconds', now());
+    v_bytes bigint := 0; -- what the kept versions and the merged metadata add (memory_bytes)
+    v_nb integer;
 BEGIN
     -- The tenant row's lock, held to the commit, and one block of change numbers for the whole
     -- step: updating the tenant row once per change would make a large step quadratic (every
@@ -104,7 +106,8 @@ BEGIN
             v_skipped := v_skipped + 1;
             CONTINUE;
         END IF;
-        PERFORM engram_keep_version(s, 'merge', jsonb_build_object('merged', to_jsonb(v_members)));
+        v_bytes := v_bytes
+                   + engram_keep_version(s, 'merge', jsonb_build_object('merged', to_jsonb(v_members)));
         -- the members, locked in id order, one key lookup each
         v_rows := '{}';
         v_imp := s.importance;
@@ -123,11 +126,13 @@ BEGIN
             importance = v_imp, access_count = x.access_count + v_acc,
             metadata = engram_metadata_union_all(x.metadata, v_mds),
             updated_at = v_now, version = x.version + 1, seq = v_seq
-        WHERE x.tenant_id = p_tenant AND x.id = s.id;
+        WHERE x.tenant_id = p_tenant AND x.id = s.id
+        RETURNING x.bytes INTO v_nb;
+        v_bytes := v_bytes + v_nb - s.bytes;
         INSERT INTO memory_changes VALUES (p_tenant, v_seq, s.id, 'u');
         FOREACH m IN ARRAY v_rows LOOP
-            PERFORM engram_keep_version(m, 'archive',
-                                        jsonb_build_object('reason', 'merged', 'into', s.id));
+            v_bytes := v_bytes + engram_keep_version(
+                m, 'archive', jsonb_build_object('reason', 'merged', 'into', s.id));
             v_seq := v_seq + 1;
             UPDATE memories SET archived_at = v_now, archived_reason = 'merged', merged_into = s.id,
                                 updated_at = v_now, version = version + 1, seq = v_seq
@@ -147,7 +152,8 @@ BEGIN
             v_skipped := v_skipped + 1;
             CONTINUE;
         END IF;
-        PERFORM engram_keep_version(m, 'supersede', jsonb_build_object('superseded_by', p_new[k]));
+        v_bytes := v_bytes + engram_keep_version(
+            m, 'supersede', jsonb_build_object('superseded_by', p_new[k]));
         v_seq := v_seq + 1;
         UPDATE memories SET archived_at = v_now, archived_reason = 'superseded',
                             superseded_by = p_new[k], updated_at = v_now,
@@ -165,7 +171,7 @@ BEGIN
             v_skipped := v_skipped + 1;
             CONTINUE;
         END IF;
-        PERFORM engram_keep_version(m, 'archive', jsonb_build_object(
+        v_bytes := v_bytes + engram_keep_version(m, 'archive', jsonb_build_object(
             'reason', 'pruned', 'composite', p_prune_c[k]));
         v_seq := v_seq + 1;
         UPDATE memories SET archived_at = v_now, archived_reason = 'pruned', updated_at = v_now,
@@ -177,7 +183,8 @@ BEGIN
     -- change numbers the step did not use go back; the memories it archived stop counting
     -- against the tier's memory limit (tenants.memory_count counts live memories)
     UPDATE tenants SET change_seq = change_seq - (v_first + v_total - 1 - v_seq),
-                       memory_count = memory_count - (v_merged + v_superseded + v_archived)
+                       memory_count = memory_count - (v_merged + v_superseded + v_archived),
+                       memory_bytes = memory_bytes + v_bytes
     WHERE id = p_tenant;
     IF v_seq >= v_first THEN
         PERFORM pg_notify('engram_changes', p_tenant || ':' || v_seq);

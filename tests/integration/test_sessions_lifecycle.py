@@ -311,7 +311,7 @@ def test_pages_never_skip_or_repeat_under_concurrent_appends(server, tenant, cli
 
 
 def test_pages_with_summary_tail_agent_and_bytes(server, tenant):
-    srv = Server(new_database("pg"), extra=["--max-content-bytes", "2000000"]).start()
+    srv = Server(new_database("pg"), extra=["--max-entry-bytes", "2000000"]).start()
     try:
         _, key = srv.create_tenant()
         with srv.client(key=key) as c:

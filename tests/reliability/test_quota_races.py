@@ -12,9 +12,12 @@ import pytest
 
 from harness import RpcError, psql, running_pair
 
-MAX_MEMORIES, QUERIES_PER_DAY = 40, 25
+MAX_MEMORIES, QUERIES_PER_DAY, MAX_BYTES = 40, 25, 30000
 LIMITS = ["--free-max-memories", str(MAX_MEMORIES), "--free-queries-per-day",
-          str(QUERIES_PER_DAY), "--free-rate-per-s", "100000", "--free-rate-burst", "100000"]
+          str(QUERIES_PER_DAY), "--free-rate-per-s", "100000", "--free-rate-burst", "100000",
+          # the byte quota races on standard tenants, whose memory count is not the limit
+          "--standard-max-memory-bytes", str(MAX_BYTES), "--standard-max-memories", "0",
+          "--standard-rate-per-s", "100000", "--standard-rate-burst", "100000"]
 ROUNDS = 5
 
 
@@ -79,6 +82,42 @@ def test_memory_limit_exact_under_races(pair):
         assert stored == MAX_MEMORIES
     print(f"[quota] memories total: {totals}")
     assert totals["over"] == 0 and totals["under"] == 0
+
+
+def test_memory_byte_limit_exact_under_races(pair):
+    """Stores of 1,002 bytes each (1,000 of content, {} of metadata), one in three a batch of
+    three, race for the last few thousand bytes of a 30,000-byte quota, over two processes."""
+    _, _, dsn = pair
+    size = 1002
+    for rnd in range(ROUNDS):
+        tid, key = pair[0].create_tenant(tier="standard")
+        prefill = 24 + rnd  # 24 to 28 memories: 6,000 down to 2,000 bytes left
+        with pair[0].client(key=key) as c:
+            c.call("memory.store_batch", memories=[
+                {"content": "p" * 1000, "type": "fact", "importance": 0.1} for _ in range(prefill)])
+
+        def store(c, i):
+            if i % 3 == 0:
+                c.call("memory.store_batch", memories=[
+                    {"content": "b" * 1000, "type": "fact", "importance": 0.1} for _ in range(3)])
+                return "ok3"
+            c.call("memory.store", content="s" * 1000, type="fact", importance=0.1)
+            return "ok1"
+
+        out = race(pair, key, 200, store)
+        units = out.count("ok1") + 3 * out.count("ok3")
+        used, recount = (int(x) for x in psql(dsn, f"""
+            SELECT memory_bytes, (SELECT sum(bytes) FROM memories WHERE tenant_id = {tid})
+            FROM tenants WHERE id = {tid}""").split("|"))
+        others = [o for o in out if o not in ("ok1", "ok3", "quota_exceeded")]
+        print(f"\n[quota] bytes round {rnd}: limit {MAX_BYTES}, prefilled {prefill * size}, 200 "
+              f"racing calls over 2 processes: accepted {units} memories, bytes now {used} "
+              f"(recounted {recount}), refused {out.count('quota_exceeded')}")
+        assert not others, others
+        assert used == recount == (prefill + units) * size
+        # never over, and the last whole memory taken: a single store is refused only when
+        # fewer than its 1,002 bytes are left
+        assert used <= MAX_BYTES and MAX_BYTES - used < size
 
 
 def test_daily_query_limit_exact_under_races(pair):

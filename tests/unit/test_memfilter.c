@@ -680,7 +680,7 @@ static void test_check_metadata(void)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         doc d;
         char err[300] = "";
-        int rc = mf_check_metadata(doc_parse(&d, cases[i].json), "md", err, sizeof(err));
+        int rc = mf_check_metadata(doc_parse(&d, cases[i].json), "md", 256, err, sizeof(err));
         if (!cases[i].want) {
             CHECK_MSG(rc == 0, "%s: %s", cases[i].json, err);
         } else {
@@ -697,20 +697,33 @@ static void test_check_metadata(void)
     snprintf(json, sizeof(json), "{\"tokens\":[\"%s\"]}", tag);
     doc d;
     char err[300];
-    CHECK(mf_check_metadata(doc_parse(&d, json), "md", err, sizeof(err)) == 0);
+    CHECK(mf_check_metadata(doc_parse(&d, json), "md", 256, err, sizeof(err)) == 0);
     doc_free(&d);
     tag[128] = 'x';
     tag[129] = '\0';
     snprintf(json, sizeof(json), "{\"tokens\":[\"%s\"]}", tag);
-    CHECK(mf_check_metadata(doc_parse(&d, json), "md", err, sizeof(err)) == -EINVAL);
+    CHECK(mf_check_metadata(doc_parse(&d, json), "md", 256, err, sizeof(err)) == -EINVAL);
     doc_free(&d);
     for (int n = 64; n <= 65; n++) {
         size_t len = (size_t)snprintf(json, sizeof(json), "{\"chains\":[");
         for (int i = 0; i < n; i++)
             len += (size_t)snprintf(json + len, sizeof(json) - len, "%s%d", i ? "," : "", i);
         snprintf(json + len, sizeof(json) - len, "]}");
-        CHECK(mf_check_metadata(doc_parse(&d, json), "md", err, sizeof(err)) ==
+        CHECK(mf_check_metadata(doc_parse(&d, json), "md", 256, err, sizeof(err)) ==
               (n == 64 ? 0 : -EINVAL));
+        doc_free(&d);
+    }
+    /* attrs: at most max_entries entries in any map or list, at any depth */
+    const char *attrs[] = {"{\"attrs\":{\"a\":1,\"b\":2,\"c\":3}}",
+                           "{\"attrs\":{\"a\":1,\"b\":2,\"c\":3,\"d\":4}}",
+                           "{\"attrs\":{\"a\":[1,2,3]}}", "{\"attrs\":{\"a\":[1,2,3,4]}}",
+                           "{\"attrs\":{\"a\":{\"b\":[[1,2,3,4]]}}}"};
+    const int want[] = {0, -EINVAL, 0, -EINVAL, -EINVAL};
+    for (size_t i = 0; i < sizeof(attrs) / sizeof(attrs[0]); i++) {
+        CHECK_MSG(mf_check_metadata(doc_parse(&d, attrs[i]), "md", 3, err, sizeof(err)) == want[i],
+                  "%s", attrs[i]);
+        if (want[i])
+            CHECK_STR_CONTAINS(err, "max_metadata_entries");
         doc_free(&d);
     }
 }

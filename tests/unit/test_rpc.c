@@ -1665,6 +1665,129 @@ static void test_bind_alias(void)
     obj_fini(&x);
 }
 
+/* Unpacks the n bytes of b (one value) into u: the caller destroys u. */
+static const msgpack_object *unpack_value(msgpack_unpacked *u, const char *b, size_t n)
+{
+    msgpack_unpacked_init(u);
+    CHECK(msgpack_unpack_next(u, b, n, NULL) == MSGPACK_UNPACK_SUCCESS);
+    return &u->data;
+}
+
+/* Limits set at start (settings) bound strings, containers and numbers; without one, plain
+ * strings and containers have defaults; rpc_value_bytes is the value's encoded size. */
+static void test_limits(void)
+{
+    double lim[4] = {0, 10, 40, 7};
+    rpc_limits_set(lim, 4);
+    CHECK(rpc_limit_value(1) == 10 && rpc_limit_value(3) == 7);
+    CHECK(isinf(rpc_limit_value(0)) && isinf(rpc_limit_value(4)));
+    const rpc_param s_lim = {"s", RPC_T_STR, RPC_P_RANGE | RPC_P_LIMIT(1), 1, 1e9};
+    const rpc_param s_plain = {"e", RPC_T_STR, 0, 0, 0};
+    const rpc_param m_lim = {"m", RPC_T_MAP, RPC_P_LIMIT(2), 0, 0};
+    const rpc_param m_plain = {"m", RPC_T_MAP, 0, 0, 0};
+    const rpc_param n_lim = {"n", RPC_T_UINT, RPC_P_RANGE | RPC_P_LIMIT(3), 1, 1e9};
+    const rpc_param a_lim = {"a", RPC_T_STR_ARRAY, RPC_P_RANGE | RPC_P_LIMIT(3), 0, 5};
+    CHECK(rpc_param_max(&s_lim) == 10 && rpc_param_max(&s_plain) == RPC_STR_MAX_DEFAULT);
+    CHECK(rpc_param_max(&m_plain) == RPC_VALUE_MAX_DEFAULT && rpc_param_max(&m_lim) == 40);
+
+    char err[256], buf[512];
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_unpacked u;
+    /* strings: the limit replaces max; min stays */
+    for (size_t n = 0; n <= 11; n++) {
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        memset(buf, 'x', n);
+        msgpack_pack_str_with_body(&pk, buf, n);
+        int rc =
+            rpc_check_param(unpack_value(&u, sb.data, sb.size), &s_lim, NULL, err, sizeof(err));
+        CHECK_MSG(rc == (n >= 1 && n <= 10 ? 0 : RPC_E_INVALID), "length %zu", n);
+        if (n == 11)
+            CHECK_STR_CONTAINS(err, "parameter 's' must be between 1 and 10 bytes long");
+        msgpack_unpacked_destroy(&u);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    /* a plain string: 256 bytes at most */
+    for (size_t n = 256; n <= 257; n++) {
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        memset(buf, 'e', n);
+        msgpack_pack_str_with_body(&pk, buf, n);
+        CHECK(rpc_check_param(unpack_value(&u, sb.data, sb.size), &s_plain, NULL, err,
+                              sizeof(err)) == (n == 256 ? 0 : RPC_E_INVALID));
+        msgpack_unpacked_destroy(&u);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    /* maps: bytes of the encoded value, which rpc_value_bytes counts exactly */
+    for (size_t n = 20; n <= 40; n++) {
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_map(&pk, 1);
+        msgpack_pack_str_with_body(&pk, "k", 1);
+        memset(buf, 'v', n);
+        msgpack_pack_str_with_body(&pk, buf, n); /* 1 + 2 + 1 + n bytes in all (n < 32) */
+        const msgpack_object *o = unpack_value(&u, sb.data, sb.size);
+        CHECK(rpc_value_bytes(o) == sb.size);
+        CHECK(rpc_check_param(o, &m_lim, NULL, err, sizeof(err)) ==
+              (sb.size <= 40 ? 0 : RPC_E_INVALID));
+        if (sb.size > 40)
+            CHECK_STR_CONTAINS(err, "must be at most 40 bytes");
+        msgpack_unpacked_destroy(&u);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    /* numbers: the limit is the maximum */
+    for (uint64_t v = 6; v <= 8; v++) {
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_uint64(&pk, v);
+        CHECK(rpc_check_param(unpack_value(&u, sb.data, sb.size), &n_lim, NULL, err, sizeof(err)) ==
+              (v <= 7 ? 0 : RPC_E_INVALID));
+        msgpack_unpacked_destroy(&u);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    /* arrays of strings: the limit bounds each string, the range the count */
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 2);
+    msgpack_pack_str_with_body(&pk, "1234567", 7);
+    msgpack_pack_str_with_body(&pk, "12345678", 8);
+    CHECK(rpc_check_param(unpack_value(&u, sb.data, sb.size), &a_lim, NULL, err, sizeof(err)) ==
+          RPC_E_INVALID);
+    CHECK_STR_CONTAINS(err, "parameter 'a[1]' must be at most 7 bytes long");
+    msgpack_unpacked_destroy(&u);
+    msgpack_sbuffer_destroy(&sb);
+    /* rpc_value_bytes against the packer, over every header width */
+    const size_t lens[] = {0, 15, 16, 31, 32, 255, 256, 65535, 65536};
+    char *big = malloc(65536);
+    CHECK(big != NULL);
+    memset(big, 'b', 65536);
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_array(&pk, (uint32_t)(lens[i] % 20 + 1));
+        msgpack_pack_str_with_body(&pk, big, lens[i]);
+        msgpack_pack_bin_with_body(&pk, big, lens[i]);
+        msgpack_pack_int64(&pk, -(int64_t)lens[i] * 1000003);
+        msgpack_pack_uint64(&pk, (uint64_t)lens[i] * 100000007u);
+        msgpack_pack_double(&pk, 0.5);
+        msgpack_pack_float(&pk, 0.5f);
+        msgpack_pack_nil(&pk);
+        for (size_t k = 7; k < lens[i] % 20 + 1; k++)
+            msgpack_pack_true(&pk);
+        if (lens[i] % 20 + 1 < 7) { /* keep the array's declared count right */
+            msgpack_sbuffer_destroy(&sb);
+            continue;
+        }
+        CHECK_MSG(rpc_value_bytes(unpack_value(&u, sb.data, sb.size)) == sb.size, "length %zu",
+                  lens[i]);
+        msgpack_unpacked_destroy(&u);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    free(big);
+    rpc_limits_set(NULL, 0);
+}
+
 int main(void)
 {
     test_basics();
@@ -1676,6 +1799,7 @@ int main(void)
     test_bind_types();
     test_bind_map();
     test_bind_alias();
+    test_limits();
     test_getters();
     test_check_value();
     test_encode();

@@ -250,6 +250,15 @@ double rpc_param_max(const rpc_param *p);
 /* rpc_value_bytes returns the size of o's MessagePack encoding (what a client sent). */
 size_t rpc_value_bytes(const msgpack_object *o);
 
+/* rpc_message_field copies into out (n bytes, NUL-terminated, cut to fit) the parameter a
+ * validation message names: its first single-quoted word, as every message of
+ * rpc_bind_params, rpc_check_value and rpc_check_param has it ("parameter 'top_k' must be
+ * ...", "unknown parameter 'colour'", "missing required parameter 'content'"), after the
+ * place of a nested item when the message starts with one ("memories[3]: parameter
+ * 'content' ..." names memories[3].content). Returns false (out empty) when msg quotes
+ * none. */
+bool rpc_message_field(const char *msg, char *out, size_t n);
+
 /* rpc_check_param validates o against p exactly as rpc_bind_params does (limits and
  * defaults included), naming it what. Returns 0 or RPC_E_INVALID with err. */
 int rpc_check_param(const msgpack_object *o, const rpc_param *p, const char *what, char *err,

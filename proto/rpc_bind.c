@@ -509,6 +509,24 @@ size_t rpc_value_bytes(const msgpack_object *o)
     return 1;
 }
 
+bool rpc_message_field(const char *msg, char *out, size_t n)
+{
+    if (n)
+        out[0] = '\0';
+    const char *a = msg ? strchr(msg, '\'') : NULL;
+    const char *b = a ? strchr(a + 1, '\'') : NULL;
+    if (!b || b == a + 1 || n == 0)
+        return false;
+    /* "memories[3]: parameter 'content' ...": a nested item names its place first */
+    size_t pre = 0;
+    const char *colon = strstr(msg, ": ");
+    if (colon && colon < a && colon > msg && memchr(msg, ' ', (size_t)(colon - msg)) == NULL)
+        pre = (size_t)(colon - msg);
+    size_t len = (size_t)(b - a - 1);
+    int k = snprintf(out, n, "%.*s%s%.*s", (int)pre, msg, pre ? "." : "", (int)len, a + 1);
+    return k > 0;
+}
+
 int rpc_check_param(const msgpack_object *o, const rpc_param *p, const char *what, char *err,
                     size_t errlen)
 {

@@ -639,6 +639,12 @@ void h_memory_store_batch(req *r)
 enum { P_GET_IDS };
 PARAMS(memory_get, {"ids", RPC_T_UINT_ARRAY, RPC_P_REQUIRED | RPC_P_RANGE, 1, 1000});
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 static void get_rows(req *r, const db_result *res)
 {
     if (res->status != DB_OK) {
@@ -647,17 +653,42 @@ static void get_rows(req *r, const db_result *res)
     }
     const PGresult *pr = res->res[0];
     int n = PQntuples(pr);
+    size_t nask;
+    uint64_t *ask = mp_uint_array(r, req_arg(r, P_GET_IDS), &nask);
+    uint64_t *found = req_alloc(r, ((size_t)n + 1) * sizeof(*found));
+    if (!ask || !found) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
     msgpack_packer *pk = req_result(r);
-    msgpack_pack_map(pk, 1);
+    msgpack_pack_map(pk, 2);
     rpc_pack_cstr(pk, "memories");
     msgpack_pack_array(pk, (uint32_t)n);
+    size_t nfound = 0;
     for (int i = 0; i < n; i++) {
         memrow m;
-        if (memrow_parse(pr, i, 0, &m) != 0)
+        if (memrow_parse(pr, i, 0, &m) != 0) {
             msgpack_pack_nil(pk);
-        else
+        } else {
             mp_pack_memory(pk, &m, NULL, 0);
+            found[nfound++] = m.id;
+        }
     }
+    /* the ids asked for that are not there (deleted, expired, another tenant's, never
+     * stored), in the order asked, once each */
+    qsort(found, nfound, sizeof(*found), cmp_u64);
+    size_t nmissing = 0;
+    for (size_t i = 0; i < nask; i++) {
+        bool seen = bsearch(&ask[i], found, nfound, sizeof(*found), cmp_u64) != NULL;
+        for (size_t j = 0; !seen && j < i; j++)
+            seen = ask[j] == ask[i];
+        if (!seen)
+            ask[nmissing++] = ask[i];
+    }
+    rpc_pack_cstr(pk, "missing");
+    msgpack_pack_array(pk, (uint32_t)nmissing);
+    for (size_t i = 0; i < nmissing; i++)
+        msgpack_pack_uint64(pk, ask[i]);
     req_done(r);
 }
 

@@ -409,6 +409,20 @@ static void fail_v(req *r, rpc_code code, const rpc_detail *d, size_t nd, const 
     /* an error always goes out: it is small, and its request's reservation holds it */
     bool force = r->force;
     r->force = true;
+    /* invalid_argument names the parameter in data.field too (the message quotes it) */
+    rpc_detail all[9];
+    char field[160];
+    bool has_field = false;
+    for (size_t i = 0; i < nd; i++)
+        has_field = has_field || strcmp(d[i].key, "field") == 0;
+    if (code == RPC_INVALID_ARGUMENT && !has_field && nd < 8 &&
+        rpc_message_field(msg, field, sizeof(field))) {
+        for (size_t i = 0; i < nd; i++)
+            all[i] = d[i];
+        all[nd] = (rpc_detail){"field", RPC_D_STR, {.s = field}};
+        d = all;
+        nd++;
+    }
     rpc_pack_error(&r->pk, r->msgid, code, msg, d, nd);
     r->force = force;
     if (code == RPC_INTERNAL)

@@ -311,3 +311,25 @@ def test_list_by_composite_counts_pending_accesses():
         srv.stop()
     finally:
         srv.cleanup()
+
+
+def test_get_names_the_missing_ids(server, client):
+    a = client.call("memory.store", content="here", type="fact", importance=0.5)["id"]
+    b = client.call("memory.store", content="gone", type="fact", importance=0.5)["id"]
+    client.call("memory.delete", ids=[b])
+    got = client.call("memory.get", ids=[b, a, 999999, b, a])
+    assert [m["id"] for m in got["memories"]] == [a]
+    assert got["missing"] == [b, 999999]  # in the order asked, once each
+    assert client.call("memory.get", ids=[a])["missing"] == []
+
+
+def test_invalid_argument_names_the_field(server, client):
+    for params, field in ((dict(content="x", type="fact", importance=2), "importance"),
+                          (dict(content="x", type="fact", importance=0.5, colour=1), "colour"),
+                          (dict(type="fact", importance=0.5), "content")):
+        e = client.call_err("memory.store", **params)
+        assert e["code"] == "invalid_argument" and e["field"] == field, e
+    e = client.call_err("memory.store_batch", memories=[
+        {"content": "ok", "type": "fact", "importance": 0.5},
+        {"content": "x", "type": "fact", "importance": 7}])
+    assert e["field"] == "memories[1].importance", e

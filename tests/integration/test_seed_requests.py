@@ -367,7 +367,8 @@ def test_delete_one_agents_memory_in_one_call(pair):
                                                similarity_weight=1.0)["results"][0]["id"] == mine[10])
         done = c.call("memory.delete", filter={"agent_id": 3})
         assert done == {"count": dry["count"], "dry_run": False}
-        assert c.call("memory.get", ids=mine[:50] + [authored]) == {"memories": []}
+        assert c.call("memory.get", ids=mine[:50] + [authored]) == {
+            "memories": [], "missing": mine[:50] + [authored]}
         assert psql(a.dsn_plain, f"SELECT count(*) FROM memories WHERE tenant_id = {tid} AND agent_id = 3") == "0"
         # search no longer finds them, here and (through the change log) on the other process
         for srv in (a, b):

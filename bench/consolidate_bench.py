@@ -6,7 +6,8 @@ usage: bench/consolidate_bench.py --port 7420 --admin-key-file var/admin.key
                                   [--memories 50000] [--dim 768] [--dup-rate 0.1]
 
 Loads a fresh premium tenant with structured vectors (x = W z + 0.3 noise, z in R^32,
-normalized) of which a fraction are near-duplicates of others (cosine > 0.97), then calls
+normalized) of which a fraction are near-duplicates of others (cosine > 0.97) with the same
+text (what consolidation merges since issue 32: a cosine alone merges nothing), then calls
 memory.consolidate and prints the run's counts and the wall-clock time of the call.
 """
 import argparse
@@ -34,7 +35,8 @@ def main():
     w = rng.standard_normal((a.dim, 32)) / np.sqrt(32)
     n_base = int(a.memories * (1 - a.dup_rate))
     x = rng.standard_normal((n_base, 32)) @ w.T + 0.3 * rng.standard_normal((n_base, a.dim))
-    dups = x[rng.integers(0, n_base, a.memories - n_base)]
+    src = rng.integers(0, n_base, a.memories - n_base)
+    dups = x[src]
     dups = dups + 0.05 * np.linalg.norm(dups, axis=1, keepdims=True) / np.sqrt(a.dim) * \
         rng.standard_normal(dups.shape)
     x = np.vstack([x, dups])
@@ -45,9 +47,13 @@ def main():
     key = admin.call("admin.tenant.create", name=name, tier="premium", embedding={"dim": a.dim})["api_key"]
     c = Client(a.port, host=a.host, key=key, timeout=600)
     t0 = time.time()
+    def text(i):  # a duplicate says what its original says
+        j = i if i < n_base else int(src[i - n_base])
+        return f"Pool {j} on chain {j % 7} pays {j % 50 / 10:.1f}% APY to liquidity providers"
+
     for k in range(0, a.memories, 1000):
         c.call("memory.store_batch", memories=[
-            {"content": f"memory {i}", "type": "fact", "importance": 0.5, "embedding": x[i].tobytes()}
+            {"content": text(i), "type": "fact", "importance": 0.5, "embedding": x[i].tobytes()}
             for i in range(k, min(a.memories, k + 1000))])
     load = time.time() - t0
     t0 = time.time()

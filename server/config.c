@@ -119,9 +119,12 @@ static const config_def defs[] = {
     {"consolidate_check_interval_s", T_INT, OFF(consolidate_check_interval_s), "60", 1, 86400,
      F_RELOAD, "seconds between looks for tenants whose scheduled consolidation is due"},
     {"consolidate_dedupe_threshold", T_DOUBLE, OFF(consolidate_dedupe_threshold), "0.95", 0.5, 1, 0,
-     "cosine similarity from which two memories of a type and visibility are merged"},
+     "cosine similarity from which two memories of a type and visibility are near duplicates; "
+     "without a model only the same text merges, the others are counted in the run's record"},
     {"consolidate_supersede_threshold", T_DOUBLE, OFF(consolidate_supersede_threshold), "0.85", 0.5,
-     1, 0, "cosine similarity from which a newer fact or preference supersedes an older"},
+     1, 0,
+     "cosine similarity from which a newer fact or preference is similar to an older; without a "
+     "model only a shared attrs.key or a change of values supersedes, the others are counted"},
     {"consolidate_prune_threshold", T_DOUBLE, OFF(consolidate_prune_threshold), "0.15", 0, 1, 0,
      "composite importance under which an old memory is archived by consolidation"},
     {"consolidate_prune_grace_days", T_DOUBLE, OFF(consolidate_prune_grace_days), "30", 0, 36500, 0,

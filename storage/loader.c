@@ -262,6 +262,10 @@ static int each_live(const PGresult *r, void *arg)
         return -EIO;
     }
     row.attrs_key = PQgetisnull(r, 0, LOADER_NCOLS) ? NULL : PQgetvalue(r, 0, LOADER_NCOLS);
+    row.content = PQgetvalue(r, 0, LOADER_NCOLS + 1);
+    row.content_len = (size_t)PQgetlength(r, 0, LOADER_NCOLS + 1);
+    row.attrs_json =
+        PQgetisnull(r, 0, LOADER_NCOLS + 2) ? NULL : PQgetvalue(r, 0, LOADER_NCOLS + 2);
     return lc->fn(&row, lc->ctx);
 }
 
@@ -278,8 +282,8 @@ int loader_live(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
     int rc = in_snapshot(c, tenant, seq,
-                         "SELECT " LOADER_COLS
-                         ", m.metadata -> 'attrs' ->> 'key' FROM memories m" LOADER_ACCESS
+                         "SELECT " LOADER_COLS ", m.metadata -> 'attrs' ->> 'key', m.content, "
+                         "(m.metadata -> 'attrs')::text FROM memories m" LOADER_ACCESS
                          " WHERE m.tenant_id = $1 AND m.archived_at IS NULL AND (m.expires_at IS "
                          "NULL OR m.expires_at > now()) ORDER BY m.id",
                          1, vals, each_live, &lc, err, errlen);

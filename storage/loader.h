@@ -37,7 +37,12 @@ typedef struct loader_row {
     const char *tag_json;
     size_t tag_json_len;
     const char *attrs_key; /* metadata.attrs.key as text, or NULL (loader_live only) */
-    const float *vec;      /* dim floats, valid during the callback only */
+    /* loader_live only: the content (content_len bytes, not NUL-terminated) and
+     * metadata.attrs as JSON text (NULL when absent), for consolidation's text rules */
+    const char *content;
+    size_t content_len;
+    const char *attrs_json;
+    const float *vec; /* dim floats, valid during the callback only */
     size_t dim;
 } loader_row;
 
@@ -59,8 +64,8 @@ int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64
                    void *ctx, char *err, size_t errlen);
 
 /* loader_live streams the tenant's live memories (not archived, not expired) in id order,
- * with attrs_key set, from one snapshot, for consolidation. Same returns as
- * loader_tenant. */
+ * with attrs_key, content and attrs_json set, from one snapshot, for consolidation. Same
+ * returns as loader_tenant. */
 int loader_live(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
                 int (*fn)(const loader_row *row, void *ctx), void *ctx, char *err, size_t errlen);
 

@@ -11,9 +11,10 @@ const db_stmt_def sql_bg_stmts[SQLB__COUNT] = {
     [SQLB_CONSOLIDATE_APPLY] = {"consolidate_apply",
                                 "SELECT * FROM engram_consolidate_apply($1, $2::bigint[], "
                                 "$3::bigint[], $4::bigint[], $5::text[], $6::text[], "
-                                "$7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], "
-                                "$11::bigint[], $12::bigint[], $13::float8[])",
-                                13},
+                                "$7::text[], $8::bigint[], $9::bigint[], $10::bigint[], "
+                                "$11::bigint[], $12::text[], $13::text[], $14::bigint[], "
+                                "$15::bigint[], $16::float8[])",
+                                16},
     [SQLB_CONSOLIDATE_FINISH] = {"consolidate_finish",
                                  "SELECT * FROM engram_consolidate_finish($1, $2, $3, $4, "
                                  "$5, $6, $7, $8, $9::jsonb)",

@@ -16,8 +16,8 @@ typedef enum sqlb_stmt {
     SQLB_CHANGE_SEQS,        /* (tenant ids[]) -> id, change_seq */
     SQLB_TRY_LOCK,           /* (key) -> locked: a session-level advisory lock */
     SQLB_UNLOCK,             /* (key) -> released */
-    SQLB_CONSOLIDATE_APPLY,  /* (tenant, own ids[], survivor ids[], ...) -> merged,
-                              * superseded, archived, skipped (see 0009) */
+    SQLB_CONSOLIDATE_APPLY,  /* (tenant, own ids[], survivor ids[], ..., reasons) -> merged,
+                              * superseded, archived, skipped (50_consolidation.sql) */
     SQLB_CONSOLIDATE_FINISH, /* (tenant, trigger, started ms, counts, settings) -> run id */
     SQLB_CONSOLIDATE_FAILED, /* (tenant, trigger, started ms, error) -> run id */
     SQLB_CONSOLIDATION_DUE,  /* (cadence hours[3]) -> tenant, dim of tenants due */

@@ -16,13 +16,29 @@
 #include "metrics.h"
 #include "score.h"
 #include "sql_bg.h"
+#include "textrule.h"
 #include "tiers.h"
 #include "ubuf.h"
+#include "xxh64.h"
 
 /* Advisory lock keys: one per tenant, in a range of their own. */
 #define LOCK_BASE (1LL << 60)
 /* Decisions applied per transaction: the tenant's writes wait at most one step. */
 #define CONSOLIDATE_STEP 200
+
+/* Elements of a metadata list (tokens, chains, protocols) kept for the merge guard. */
+#define META_LIST 8
+
+/* The metadata a text rule must not contradict: attrs and strategy_id (hashes, 0 when
+ * absent) and the first elements of tokens, chains and protocols (hashes). */
+typedef struct cmeta {
+    uint64_t attrs, strategy;
+    uint32_t list[3][META_LIST];
+    uint8_t nlist[3];
+} cmeta;
+
+/* Why a memory is superseded. */
+enum { RULE_NONE, RULE_KEY, RULE_VALUES };
 
 /* What the plan needs of one live memory. */
 typedef struct cmem {
@@ -36,10 +52,16 @@ typedef struct cmem {
     uint32_t cited, injected; /* its own provenance feedback (prune's usefulness term) */
     bool pinned;
     char *attrs_key;
+    textrule_sig sig; /* its text, for the text rules (textrule.h) */
+    cmeta meta;
     /* the plan */
-    uint32_t parent; /* union-find */
-    int fate;        /* 0 live, 1 merged away, 2 superseded, 3 pruned */
-    uint32_t into;   /* merged into / superseded by (an index) */
+    uint32_t parent;     /* union-find */
+    int fate;            /* 0 live, 1 merged away, 2 superseded, 3 pruned */
+    uint32_t into;       /* merged into / superseded by (an index) */
+    int rule;            /* superseded: RULE_KEY or RULE_VALUES */
+    const char *why_key; /* superseded by RULE_KEY: the attrs.key (a member's, not owned) */
+    uint32_t late;       /* survivor: its newest member (the cluster's age for supersessions) */
+    float cos;           /* merged away: cosine similarity to its survivor */
 } cmem;
 
 typedef struct loaded {
@@ -47,6 +69,126 @@ typedef struct loaded {
     float *vecs;
     size_t n, cap, dim;
 } loaded;
+
+/* The next element of a JSON array's text at *p (before end): its bytes in *e, *en, with
+ * surrounding spaces trimmed; *p moves past it and its comma. Returns false at the end. */
+static bool json_elem(const char **p, const char *end, const char **e, size_t *en)
+{
+    const char *q = *p;
+    while (q < end && (*q == ' ' || *q == '\n' || *q == '\t' || *q == ','))
+        q++;
+    if (q >= end || *q == ']')
+        return false;
+    const char *start = q;
+    int depth = 0;
+    bool str = false;
+    for (; q < end; q++) {
+        if (str) {
+            if (*q == '\\' && q + 1 < end)
+                q++;
+            else if (*q == '"')
+                str = false;
+        } else if (*q == '"') {
+            str = true;
+        } else if (*q == '[' || *q == '{') {
+            depth++;
+        } else if (*q == ']' || *q == '}') {
+            if (depth == 0)
+                break;
+            depth--;
+        } else if (*q == ',' && depth == 0) {
+            break;
+        }
+    }
+    const char *stop = q;
+    while (stop > start && (stop[-1] == ' ' || stop[-1] == '\n' || stop[-1] == '\t'))
+        stop--;
+    *e = start;
+    *en = (size_t)(stop - start);
+    *p = q;
+    return true;
+}
+
+/* A hash of a JSON value's text, 0 for null, an empty list or object, or no value. */
+static uint64_t json_hash(const char *e, size_t en)
+{
+    if (!e || en == 0 || (en == 4 && !memcmp(e, "null", 4)) || (en == 2 && e[0] == '[') ||
+        (en == 2 && e[0] == '{'))
+        return 0;
+    return xxh64(e, en, 0x6d657461) | 1;
+}
+
+/* Reads the metadata the text rules must not contradict: tag_json is the loader's array
+ * [tokens, chains, protocols, strategy_id], attrs_json metadata.attrs (NULL: absent).
+ * PostgreSQL prints jsonb in one canonical form, so equal values have equal text. */
+static void meta_read(cmeta *mt, const char *tag_json, size_t len, const char *attrs_json)
+{
+    memset(mt, 0, sizeof(*mt));
+    mt->attrs = attrs_json ? json_hash(attrs_json, strlen(attrs_json)) : 0;
+    if (!tag_json || len < 2 || tag_json[0] != '[')
+        return;
+    const char *p = tag_json + 1, *end = tag_json + len, *e;
+    size_t en;
+    for (int k = 0; k < 4 && json_elem(&p, end, &e, &en); k++) {
+        if (k == 3) {
+            mt->strategy = json_hash(e, en);
+        } else if (en > 2 && e[0] == '[') {
+            const char *q = e + 1, *qe = e + en, *x;
+            size_t xn;
+            while (mt->nlist[k] < META_LIST && json_elem(&q, qe, &x, &xn))
+                mt->list[k][mt->nlist[k]++] = (uint32_t)json_hash(x, xn) | 1u;
+        }
+    }
+}
+
+/* True when the lists a and b (na, nb elements) share an element. */
+static bool lists_meet(const uint32_t *a, uint8_t na, const uint32_t *b, uint8_t nb)
+{
+    for (uint8_t i = 0; i < na; i++)
+        for (uint8_t j = 0; j < nb; j++)
+            if (a[i] == b[j])
+                return true;
+    return false;
+}
+
+/* True when neither metadata contradicts the other: attrs and strategy_id equal where both
+ * have one, and each list empty on one side or sharing an element ("ETH" and "USDC" tokens
+ * are about different assets). */
+static bool meta_agree(const cmeta *a, const cmeta *b)
+{
+    if ((a->attrs && b->attrs && a->attrs != b->attrs) ||
+        (a->strategy && b->strategy && a->strategy != b->strategy))
+        return false;
+    for (int k = 0; k < 3; k++)
+        if (a->nlist[k] && b->nlist[k] &&
+            !lists_meet(a->list[k], a->nlist[k], b->list[k], b->nlist[k]))
+            return false;
+    return true;
+}
+
+/* Folds m into a cluster's summary s (what every member agrees with): the first attrs and
+ * strategy_id seen, and the intersection of the lists. Called only when meta_agree(s, m). */
+static void meta_fold(cmeta *s, const cmeta *m)
+{
+    if (!s->attrs)
+        s->attrs = m->attrs;
+    if (!s->strategy)
+        s->strategy = m->strategy;
+    for (int k = 0; k < 3; k++) {
+        if (!m->nlist[k])
+            continue;
+        if (!s->nlist[k]) {
+            memcpy(s->list[k], m->list[k], sizeof(s->list[k]));
+            s->nlist[k] = m->nlist[k];
+            continue;
+        }
+        uint8_t n = 0;
+        for (uint8_t i = 0; i < s->nlist[k]; i++)
+            if (lists_meet(&s->list[k][i], 1, m->list[k], m->nlist[k]))
+                s->list[k][n++] = s->list[k][i];
+        s->nlist[k] = n;
+    }
+}
 
 static int take_row(const loader_row *row, void *arg)
 {
@@ -79,6 +221,12 @@ static int take_row(const loader_row *row, void *arg)
     m->injected = row->injected_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->injected_count;
     m->pinned = row->pinned;
     m->attrs_key = row->attrs_key ? strdup(row->attrs_key) : NULL;
+    if ((row->attrs_key && !m->attrs_key) ||
+        textrule_sign(row->content, row->content_len, &m->sig) < 0) {
+        free(m->attrs_key); /* not counted in l->n: run_fini would not free it */
+        return -ENOMEM;
+    }
+    meta_read(&m->meta, row->tag_json, row->tag_json_len, row->attrs_json);
     m->parent = (uint32_t)l->n;
     float *v = l->vecs + l->n * l->dim;
     double norm = 0;
@@ -177,6 +325,21 @@ static int lit_arr(lit *l, const int64_t *v, size_t n)
     return ubuf_append(&l->b, "}\"", 2);
 }
 
+/* An element that is a quoted string: '"' and '\\' escaped, as PostgreSQL's array input
+ * reads them. */
+static int lit_str(lit *l, const char *v)
+{
+    if (ubuf_append(&l->b, l->n++ ? ",\"" : "{\"", 2) < 0)
+        return -ENOMEM;
+    for (; *v; v++) {
+        if ((*v == '"' || *v == '\\') && ubuf_putc(&l->b, '\\') < 0)
+            return -ENOMEM;
+        if (ubuf_putc(&l->b, *v) < 0)
+            return -ENOMEM;
+    }
+    return ubuf_putc(&l->b, '"');
+}
+
 static const char *lit_end(lit *l)
 {
     if (l->n == 0)
@@ -210,10 +373,21 @@ static void set_err(consolidate_result *out, const char *fmt, const char *a)
     snprintf(out->error, sizeof(out->error), fmt, a);
 }
 
-/* A supersession candidate: two memories of one group that may describe one subject. */
+/* A supersession candidate: an older memory, a newer one of its group about the same
+ * thing, and the rule that says so. */
 typedef struct cand {
     uint32_t a, b;
+    int rule;
 } cand;
+
+/* What a run planned by rule, for its record (settings.rules). */
+typedef struct rule_counts {
+    int same_text;    /* memories merged into a survivor of the same text */
+    int attrs_key;    /* superseded: a newer memory with the same attrs.key */
+    int values;       /* superseded: a newer text that differs only in quantities */
+    int near_kept;    /* pairs at the dedupe threshold left alone: other texts */
+    int similar_kept; /* fact and preference pairs at the supersede threshold left alone */
+} rule_counts;
 
 /* One run's state, from the read to the record. Every array is owned here and freed by
  * run_fini. Each step below returns 0, or a negative errno (-ENOMEM, -EIO otherwise) with
@@ -233,8 +407,10 @@ typedef struct run {
     double *imp;      /* survivors' merged importance (a pruned memory: its composite) */
     int64_t *acc;     /* survivors' merged access counts */
     int64_t *members; /* each survivor's merged members, by a counting sort ... */
-    int64_t *mseqs;   /* ... with their change numbers */
+    int64_t *mseqs;   /* ... with their change numbers ... */
+    float *mcos;      /* ... and their cosine similarity to the survivor */
     size_t *first;    /* first[i] ends survivor i's run of members */
+    rule_counts rules;
     consolidate_result *out;
 } run;
 
@@ -249,10 +425,11 @@ static void run_fini(run *r)
     free(r->acc);
     free(r->members);
     free(r->mseqs);
+    free(r->mcos);
     free(r->first);
 }
 
-static int add_cand(run *r, uint32_t a, uint32_t b)
+static int add_cand(run *r, uint32_t a, uint32_t b, int rule)
 {
     if (r->ncand == r->ccand) {
         size_t cap = r->ccand ? r->ccand * 2 : 256;
@@ -262,7 +439,7 @@ static int add_cand(run *r, uint32_t a, uint32_t b)
         r->cands = c;
         r->ccand = cap;
     }
-    r->cands[r->ncand++] = (cand){a, b};
+    r->cands[r->ncand++] = (cand){a, b, rule};
     return 0;
 }
 
@@ -277,10 +454,89 @@ static int step_read(run *r)
     return 0;
 }
 
-/* Step 2, pairs: within each group (type, scope, owner), the pairs above the lower
- * threshold. Duplicates join one cluster (union-find in l.m[].parent); near-duplicates of
- * facts and preferences, and facts and preferences sharing attrs.key, become supersession
- * candidates. */
+/* A memory of a group in an order of the text rules: sorted by a key (two hashes, or
+ * attrs.key), then newest first, then by id. */
+typedef struct ord {
+    uint64_t h0, h1;
+    const char *key;
+    int64_t created_ms, id;
+    uint32_t idx;
+} ord;
+
+static int cmp_ord(const void *x, const void *y)
+{
+    const ord *a = x, *b = y;
+    if (a->key || b->key) {
+        int c = strcmp(a->key ? a->key : "", b->key ? b->key : "");
+        if (c)
+            return c;
+    }
+    if (a->h0 != b->h0)
+        return a->h0 < b->h0 ? -1 : 1;
+    if (a->h1 != b->h1)
+        return a->h1 < b->h1 ? -1 : 1;
+    if (a->created_ms != b->created_ms)
+        return a->created_ms > b->created_ms ? -1 : 1;
+    return a->id > b->id ? -1 : a->id < b->id;
+}
+
+static float dot(const float *a, const float *b, size_t dim)
+{
+    double d = 0;
+    for (size_t k = 0; k < dim; k++)
+        d += (double)a[k] * b[k];
+    return (float)d;
+}
+
+/* A cluster of one text being formed: its first member (the union-find root) and what all
+ * its members agree with. */
+typedef struct tclu {
+    uint32_t root;
+    cmeta sum;
+} tclu;
+
+/* The same text: memories whose normalized texts are equal (o[0..n), one run of equal text
+ * hashes, oldest id first) join one cluster, each the first whose members all agree with
+ * its metadata, or a new one (among the first 64 clusters, so that a text stored thousands
+ * of times with as many metadata stays linear). */
+static int same_text_run(run *r, const ord *o, size_t n, tclu **cl, size_t *ccap)
+{
+    cmem *m = r->l.m;
+    size_t nc = 0;
+    for (size_t k = 0; k < n; k++) {
+        cmem *mk = &m[o[k].idx];
+        size_t c = 0;
+        while (c < nc && c < 64 && !meta_agree(&(*cl)[c].sum, &mk->meta))
+            c++;
+        if (c == nc || c == 64) { /* past 64 clusters of one text: left alone */
+            if (nc == *ccap) {
+                size_t cap = *ccap ? *ccap * 2 : 16;
+                tclu *t = realloc(*cl, cap * sizeof(*t));
+                if (!t)
+                    return -ENOMEM;
+                *cl = t;
+                *ccap = cap;
+            }
+            (*cl)[nc++] = (tclu){.root = o[k].idx, .sum = mk->meta};
+            continue;
+        }
+        meta_fold(&(*cl)[c].sum, &mk->meta);
+        mk->parent = (*cl)[c].root; /* roots are never re-parented: one level */
+        r->rules.same_text++;
+    }
+    return 0;
+}
+
+/* Step 2, pairs: within each group (type, scope, owner),
+ *  - merges: memories of the same text (textrule.h) whose metadata agree join one cluster
+ *    (union-find in l.m[].parent), whatever their cosine;
+ *  - updates of facts and preferences: a memory and the newest memory of its group with the
+ *    same attrs.key (RULE_KEY), or the newest with the same text but for quantities whose
+ *    metadata agree (RULE_VALUES), become supersession candidates;
+ *  - the pairs that a cosine alone would have merged or superseded before (at
+ *    consolidate_dedupe_threshold, and for facts and preferences at
+ *    consolidate_supersede_threshold) and no rule relates are counted, not acted on.
+ * Time: a sort per group and the similarity search; memory: a few arrays of n. */
 static int step_pairs(run *r)
 {
     size_t n = r->l.n, dim = r->l.dim;
@@ -288,9 +544,12 @@ static int step_pairs(run *r)
     char err[300];
     int rc = -EIO;
     dedupe_pair *pairs = NULL;
+    tclu *cl = NULL;
+    size_t ccap = 0;
     uint32_t *order = malloc((n + 1) * sizeof(*order));
     float *gv = malloc((n + 1) * dim * sizeof(float));
-    if (!order || !gv) {
+    ord *o = malloc((n + 1) * sizeof(*o));
+    if (!order || !gv || !o) {
         set_err(r->out, "%s", "out of memory");
         goto out;
     }
@@ -312,42 +571,97 @@ static int step_pairs(run *r)
         size_t gn = g1 - g0;
         int type = m[order[g0]].type;
         bool updatable = type == MEM_FACT || type == MEM_PREFERENCE;
-        float thr = updatable && tsup < tdup ? tsup : tdup;
-        if (gn >= 2) {
-            for (size_t k = 0; k < gn; k++)
-                memcpy(gv + k * dim, r->l.vecs + (size_t)order[g0 + k] * dim, dim * sizeof(float));
-            size_t np = 0;
-            if (dedupe_pairs(gv, gn, dim, thr, &dopts, &pairs, &np, err, sizeof(err)) < 0) {
-                set_err(r->out, "similarity search: %s", err);
+        if (gn < 2) {
+            g0 = g1;
+            continue;
+        }
+        /* the same text: runs of equal text hashes, oldest id first */
+        for (size_t k = 0; k < gn; k++) {
+            const cmem *mk = &m[order[g0 + k]];
+            o[k] = (ord){
+                .h0 = mk->sig.text[0], .h1 = mk->sig.text[1], .id = -mk->id, .idx = order[g0 + k]};
+        }
+        qsort(o, gn, sizeof(*o), cmp_ord);
+        for (size_t a = 0, b; a < gn; a = b) {
+            for (b = a + 1; b < gn && o[b].h0 == o[a].h0 && o[b].h1 == o[a].h1; b++)
+                ;
+            if (b - a > 1 && same_text_run(r, o + a, b - a, &cl, &ccap) < 0) {
+                set_err(r->out, "%s", "out of memory");
                 goto out;
             }
-            for (size_t p = 0; p < np; p++) {
-                uint32_t a = order[g0 + pairs[p].i], b = order[g0 + pairs[p].j];
-                if (pairs[p].sim >= tdup) {
-                    uint32_t ra = find(m, a), rb = find(m, b);
-                    if (ra != rb)
-                        m[ra > rb ? ra : rb].parent = ra < rb ? ra : rb;
-                } else if (updatable && add_cand(r, a, b) < 0) {
+        }
+        /* the same attrs.key: each older memory and the newest (first: where both rules
+         * relate two memories, the client's key is the reason recorded) */
+        size_t no = 0;
+        for (size_t k = 0; updatable && k < gn; k++) {
+            const cmem *mk = &m[order[g0 + k]];
+            if (mk->attrs_key)
+                o[no++] = (ord){.key = mk->attrs_key,
+                                .created_ms = mk->created_ms,
+                                .id = mk->id,
+                                .idx = order[g0 + k]};
+        }
+        qsort(o, no, sizeof(*o), cmp_ord);
+        for (size_t a = 0, b; a < no; a = b) {
+            for (b = a + 1; b < no && !strcmp(o[b].key, o[a].key); b++)
+                if (add_cand(r, o[b].idx, o[a].idx, RULE_KEY) < 0) {
                     set_err(r->out, "%s", "out of memory");
                     goto out;
                 }
-            }
-            free(pairs);
-            pairs = NULL;
-            /* facts and preferences sharing attrs.key are the same subject */
-            for (size_t x = 0; updatable && x < gn; x++) {
-                const cmem *mx = &m[order[g0 + x]];
-                for (size_t y = x + 1; mx->attrs_key && y < gn; y++) {
-                    const cmem *my = &m[order[g0 + y]];
-                    if (!my->attrs_key || strcmp(mx->attrs_key, my->attrs_key) != 0)
+        }
+        /* the same text but for quantities: each older memory and the newest of its run that
+         * has other values and agreeing metadata (the first 64 newer ones are looked at) */
+        no = 0;
+        for (size_t k = 0; updatable && k < gn; k++) {
+            const cmem *mk = &m[order[g0 + k]];
+            if (mk->sig.nquant > 0)
+                o[no++] = (ord){.h0 = mk->sig.subject[0],
+                                .h1 = mk->sig.subject[1],
+                                .created_ms = mk->created_ms,
+                                .id = mk->id,
+                                .idx = order[g0 + k]};
+        }
+        qsort(o, no, sizeof(*o), cmp_ord);
+        for (size_t a = 0, b; a < no; a = b) {
+            for (b = a + 1; b < no && o[b].h0 == o[a].h0 && o[b].h1 == o[a].h1; b++)
+                ;
+            for (size_t x = a + 1; x < b; x++) {
+                const cmem *old = &m[o[x].idx];
+                for (size_t y = a; y < x && y < a + 64; y++) {
+                    const cmem *nw = &m[o[y].idx];
+                    if (!textrule_values(&old->sig, &nw->sig) || !meta_agree(&old->meta, &nw->meta))
                         continue;
-                    if (add_cand(r, order[g0 + x], order[g0 + y]) < 0) {
+                    if (add_cand(r, o[x].idx, o[y].idx, RULE_VALUES) < 0) {
                         set_err(r->out, "%s", "out of memory");
                         goto out;
                     }
+                    break;
                 }
             }
         }
+        /* what a cosine alone would have archived: counted */
+        float thr = updatable && tsup < tdup ? tsup : tdup;
+        for (size_t k = 0; k < gn; k++)
+            memcpy(gv + k * dim, r->l.vecs + (size_t)order[g0 + k] * dim, dim * sizeof(float));
+        size_t np = 0;
+        if (dedupe_pairs(gv, gn, dim, thr, &dopts, &pairs, &np, err, sizeof(err)) < 0) {
+            set_err(r->out, "similarity search: %s", err);
+            goto out;
+        }
+        for (size_t p = 0; p < np; p++) {
+            const cmem *a = &m[order[g0 + pairs[p].i]], *b = &m[order[g0 + pairs[p].j]];
+            bool agree = meta_agree(&a->meta, &b->meta);
+            bool key = a->attrs_key && b->attrs_key && !strcmp(a->attrs_key, b->attrs_key);
+            if ((agree && textrule_same(&a->sig, &b->sig)) ||
+                (updatable && (key || (agree && textrule_values(&a->sig, &b->sig)))))
+                continue;
+            if (pairs[p].sim >= tdup)
+                r->rules.near_kept++;
+            else
+                r->rules.similar_kept++;
+        }
+        free(pairs);
+        pairs = NULL;
         g0 = g1;
     }
     rc = 0;
@@ -355,6 +669,8 @@ out:
     free(pairs);
     free(order);
     free(gv);
+    free(o);
+    free(cl);
     return rc;
 }
 
@@ -372,8 +688,9 @@ static int step_plan(run *r)
     r->acc = calloc(n + 1, sizeof(int64_t));
     r->members = malloc((n + 1) * sizeof(int64_t));
     r->mseqs = malloc((n + 1) * sizeof(int64_t));
+    r->mcos = malloc((n + 1) * sizeof(float));
     r->first = calloc(n + 2, sizeof(size_t));
-    if (!best || !r->imp || !r->acc || !r->members || !r->mseqs || !r->first) {
+    if (!best || !r->imp || !r->acc || !r->members || !r->mseqs || !r->mcos || !r->first) {
         free(best);
         set_err(r->out, "%s", "out of memory");
         return -ENOMEM;
@@ -386,11 +703,16 @@ static int step_plan(run *r)
         if (best[root] == UINT32_MAX || better(&m[i], &m[best[root]]))
             best[root] = (uint32_t)i;
     }
+    for (size_t i = 0; i < n; i++)
+        m[i].late = (uint32_t)i;
     for (size_t i = 0; i < n; i++) {
         uint32_t surv = best[find(m, (uint32_t)i)];
         if (surv != i) {
             m[i].fate = 1;
             m[i].into = surv;
+            m[i].cos = dot(r->l.vecs + i * r->l.dim, r->l.vecs + (size_t)surv * r->l.dim, r->l.dim);
+            if (newer(&m[i], &m[m[surv].late]))
+                m[surv].late = (uint32_t)i;
         }
     }
     free(best);
@@ -407,6 +729,18 @@ static int step_plan(run *r)
             r->imp[sv] = m[i].importance;
         r->acc[sv] += m[i].access;
     }
+    /* what all members of each cluster agree with (meta_fold): two clusters whose summaries
+     * agree have no two members that contradict each other */
+    cmeta *sum = malloc((n + 1) * sizeof(*sum));
+    if (!sum) {
+        set_err(r->out, "%s", "out of memory");
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++)
+        sum[i] = m[i].meta;
+    for (size_t i = 0; i < n; i++)
+        if (m[i].fate == 1)
+            meta_fold(&sum[m[i].into], &m[i].meta);
     /* supersessions between what is still live: the older goes, pointing at its newest
      * related memory (a merged-away memory stands for its survivor) */
     for (size_t c = 0; c < r->ncand; c++) {
@@ -415,14 +749,25 @@ static int step_plan(run *r)
             a = m[a].into;
         if (m[b].fate == 1)
             b = m[b].into;
-        if (a == b)
+        if (a == b || (r->cands[c].rule == RULE_VALUES && !meta_agree(&sum[a], &sum[b])))
             continue;
-        uint32_t older = newer(&m[a], &m[b]) ? b : a, newest = older == a ? b : a;
+        /* a cluster is as new as its newest member */
+        uint32_t older = newer(&m[m[a].late], &m[m[b].late]) ? b : a, newest = older == a ? b : a;
         cmem *o = &m[older];
-        if (o->fate == 2 && !newer(&m[newest], &m[o->into]))
+        if (o->fate == 2 && !newer(&m[m[newest].late], &m[m[o->into].late]))
             continue;
         o->fate = 2;
         o->into = newest;
+        o->rule = r->cands[c].rule;
+        o->why_key =
+            m[r->cands[c].a].attrs_key ? m[r->cands[c].a].attrs_key : m[r->cands[c].b].attrs_key;
+    }
+    free(sum);
+    for (size_t i = 0; i < n; i++) {
+        if (m[i].fate == 2 && m[i].rule == RULE_KEY)
+            r->rules.attrs_key++;
+        else if (m[i].fate == 2)
+            r->rules.values++;
     }
     /* re-rank and prune: every memory still live is ranked by its composite as of the run
      * (with its merged values); those of low composite, old enough, neither a constraint
@@ -455,23 +800,86 @@ static int step_plan(run *r)
         size_t at = r->first[m[j].into]++;
         r->members[at] = m[j].id;
         r->mseqs[at] = m[j].seq;
+        r->mcos[at] = m[j].cos;
     }
     /* first[i] now ends survivor i's run of members; it starts where i - 1's ended */
     return 0;
 }
 
-/* Applies one step of decisions (the literals S[0..10], see engram_consolidate_apply) in a
- * transaction of its own; adds its counts to out. */
+/* The recorded reason of a merge: the rule, and the members' cosine similarity to the
+ * survivor (k of them in cos), which the rule did not need. */
+static void merge_why(const float *cos, size_t k, char *out, size_t outlen)
+{
+    float lo = cos[0], hi = cos[0];
+    for (size_t i = 1; i < k; i++) {
+        lo = cos[i] < lo ? cos[i] : lo;
+        hi = cos[i] > hi ? cos[i] : hi;
+    }
+    int w = snprintf(out, outlen,
+                     "the same text once case, punctuation, spacing, number formats and the words "
+                     "a/an/the/now/currently/still are set aside; metadata agree; cosine %.3f",
+                     (double)lo);
+    if (hi - lo >= 0.0005f && w > 0 && (size_t)w < outlen)
+        snprintf(out + w, outlen - (size_t)w, " to %.3f", (double)hi);
+}
+
+/* Copies at most n bytes of s into out (outlen > n), never cutting a UTF-8 sequence. */
+static void utf8_prefix(const char *s, size_t n, char *out, size_t outlen)
+{
+    size_t len = strlen(s);
+    if (len > n) {
+        len = n;
+        while (len > 0 && ((unsigned char)s[len] & 0xC0) == 0x80)
+            len--;
+    }
+    if (len >= outlen)
+        len = outlen - 1;
+    memcpy(out, s, len);
+    out[len] = '\0';
+}
+
+/* The recorded reason of a supersession of o by nw. */
+static void supersede_why(const cmem *o, const cmem *nw, char *out, size_t outlen)
+{
+    if (o->rule == RULE_KEY) {
+        char key[160];
+        utf8_prefix(o->why_key ? o->why_key : "", 150, key, sizeof(key));
+        snprintf(out, outlen, "same attrs.key '%s'%s", key,
+                 o->why_key && strlen(o->why_key) > 150 ? " (cut)" : "");
+        return;
+    }
+    char diff[300];
+    textrule_explain(&o->sig, &nw->sig, diff, sizeof(diff));
+    snprintf(out, outlen, "the same text but for values: %s", diff);
+}
+
+/* The literals of one step (see engram_consolidate_apply). */
+enum {
+    L_SURVIVOR,
+    L_SURVIVOR_SEQ,
+    L_MEMBERS,
+    L_MEMBERS_SEQ,
+    L_MERGE_WHY,
+    L_OLD,
+    L_OLD_SEQ,
+    L_NEW,
+    L_NEW_SEQ,
+    L_OLD_RULE,
+    L_OLD_WHY,
+    L_PRUNE,
+    L_PRUNE_SEQ,
+    L_PRUNE_C,
+    L__COUNT
+};
+
+/* Applies one step of decisions (the literals S[L__COUNT]) in a transaction of its own;
+ * adds its counts to out. */
 static int apply_one(run *r, const char *own, lit *S)
 {
     char err[300];
-    const char *vals[13] = {r->tid,         own,
-                            lit_end(&S[0]), lit_end(&S[1]),
-                            lit_end(&S[2]), lit_end(&S[3]),
-                            lit_end(&S[4]), lit_end(&S[5]),
-                            lit_end(&S[6]), lit_end(&S[7]),
-                            lit_end(&S[8]), lit_end(&S[9]),
-                            lit_end(&S[10])};
+    const char *vals[2 + L__COUNT] = {r->tid, own};
+    for (int k = 0; k < L__COUNT; k++)
+        vals[2 + k] = lit_end(&S[k]);
     int rc = db_tenant_begin(r->pg, r->tenant, DB_TX_WRITE, err, sizeof(err));
     if (rc == 0) {
         PGresult *res = DB_EXEC(r->pg, sqlb_def(SQLB_CONSOLIDATE_APPLY), vals, err, sizeof(err));
@@ -508,7 +916,7 @@ static int step_apply(run *r)
     ok = ubuf_append(&own, "{}", 2) == 0;
     size_t at = 0, phase = 0;
     while (ok && phase < 3 && r->out->status >= 0) {
-        lit S[11];
+        lit S[L__COUNT];
         memset(S, 0, sizeof(S));
         size_t taken = 0;
         while (phase < 3 && taken < CONSOLIDATE_STEP) {
@@ -518,21 +926,31 @@ static int step_apply(run *r)
                 continue;
             }
             const cmem *mi = &m[at];
+            char why[400];
             if (phase == 0) {
                 size_t start = at ? r->first[at - 1] : 0, k = r->first[at] - start;
                 if (k > 0) {
-                    ok = ok && lit_i64(&S[0], mi->id) == 0 && lit_i64(&S[1], mi->seq) == 0 &&
-                         lit_arr(&S[2], r->members + start, k) == 0 &&
-                         lit_arr(&S[3], r->mseqs + start, k) == 0;
+                    merge_why(r->mcos + start, k, why, sizeof(why));
+                    ok = ok && lit_i64(&S[L_SURVIVOR], mi->id) == 0 &&
+                         lit_i64(&S[L_SURVIVOR_SEQ], mi->seq) == 0 &&
+                         lit_arr(&S[L_MEMBERS], r->members + start, k) == 0 &&
+                         lit_arr(&S[L_MEMBERS_SEQ], r->mseqs + start, k) == 0 &&
+                         lit_str(&S[L_MERGE_WHY], why) == 0;
                     taken++;
                 }
             } else if (phase == 1 && mi->fate == 2) {
-                ok = ok && lit_i64(&S[4], mi->id) == 0 && lit_i64(&S[5], mi->seq) == 0 &&
-                     lit_i64(&S[6], m[mi->into].id) == 0 && lit_i64(&S[7], m[mi->into].seq) == 0;
+                supersede_why(mi, &m[mi->into], why, sizeof(why));
+                ok = ok && lit_i64(&S[L_OLD], mi->id) == 0 &&
+                     lit_i64(&S[L_OLD_SEQ], mi->seq) == 0 &&
+                     lit_i64(&S[L_NEW], m[mi->into].id) == 0 &&
+                     lit_i64(&S[L_NEW_SEQ], m[mi->into].seq) == 0 &&
+                     lit_str(&S[L_OLD_RULE], mi->rule == RULE_KEY ? "attrs_key" : "values") == 0 &&
+                     lit_str(&S[L_OLD_WHY], why) == 0;
                 taken++;
             } else if (phase == 2 && mi->fate == 3) {
-                ok = ok && lit_i64(&S[8], mi->id) == 0 && lit_i64(&S[9], mi->seq) == 0 &&
-                     lit_f64(&S[10], r->imp[at]) == 0;
+                ok = ok && lit_i64(&S[L_PRUNE], mi->id) == 0 &&
+                     lit_i64(&S[L_PRUNE_SEQ], mi->seq) == 0 &&
+                     lit_f64(&S[L_PRUNE_C], r->imp[at]) == 0;
                 taken++;
             }
             at++;
@@ -541,12 +959,12 @@ static int step_apply(run *r)
             apply_one(r, own.data, S);
         /* this step's survivors changed: later steps must not take them for memories that a
          * concurrent write changed (S[0] is "{id,id,...}" once ended) */
-        if (ok && S[0].n) {
+        if (ok && S[L_SURVIVOR].n) {
             ubuf_truncate(&own, own.len - 1); /* drop the closing brace */
             ok = (own.len <= 1 || ubuf_append(&own, ",", 1) == 0) &&
-                 ubuf_append(&own, S[0].b.data + 1, S[0].b.len - 1) == 0;
+                 ubuf_append(&own, S[L_SURVIVOR].b.data + 1, S[L_SURVIVOR].b.len - 1) == 0;
         }
-        for (int k = 0; k < 11; k++)
+        for (int k = 0; k < L__COUNT; k++)
             ubuf_fini(&S[k].b);
     }
     ubuf_fini(&own);
@@ -560,14 +978,19 @@ static int step_record(run *r)
 {
     const config *cfg = r->cfg;
     consolidate_result *out = r->out;
-    char err[300], started_s[24], settings[400], counts[5][16];
+    char err[300], started_s[24], settings[800], counts[5][16];
+    const rule_counts *rk = &r->rules;
     snprintf(started_s, sizeof(started_s), "%lld", (long long)r->started);
     snprintf(settings, sizeof(settings),
              "{\"dedupe_threshold\": %g, \"supersede_threshold\": %g, \"prune_threshold\": %g, "
-             "\"prune_grace_days\": %g, \"memories\": %zu, \"snapshot_seq\": %llu}",
+             "\"prune_grace_days\": %g, \"memories\": %zu, \"snapshot_seq\": %llu, "
+             "\"rules\": {\"model\": null, \"merged_same_text\": %d, "
+             "\"superseded_attrs_key\": %d, \"superseded_values\": %d, "
+             "\"near_pairs_kept\": %d, \"similar_pairs_kept\": %d}}",
              cfg->consolidate_dedupe_threshold, cfg->consolidate_supersede_threshold,
              cfg->consolidate_prune_threshold, cfg->consolidate_prune_grace_days, r->l.n,
-             (unsigned long long)r->seq);
+             (unsigned long long)r->seq, rk->same_text, rk->attrs_key, rk->values, rk->near_kept,
+             rk->similar_kept);
     snprintf(counts[0], 16, "%d", out->merged);
     snprintf(counts[1], 16, "%d", out->superseded);
     snprintf(counts[2], 16, "%d", out->rescored);

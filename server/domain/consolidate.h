@@ -3,22 +3,32 @@
  * One run, on a background thread with its own database connection:
  *  1. takes the tenant's advisory lock (another engramd, or another run here, holding it
  *     means the tenant is being consolidated: this run does nothing);
- *  2. reads the live memories from one snapshot;
- *  3. plans, deterministically for the same data and settings:
- *     - deduplicate: memories of the same type and visibility whose cosine similarity reaches
- *       consolidate_dedupe_threshold are merged into one survivor (the highest explicit
- *       importance, then the most accessed, then the newest, then the lowest id), which takes
- *       the highest importance, the summed access counts and the union of the metadata;
- *     - update: a newer fact or preference of the same visibility that is similar at
- *       consolidate_supersede_threshold, or shares metadata.attrs.key, supersedes the older;
+ *  2. reads the live memories from one snapshot, with their content (each text is reduced to
+ *     a fixed-size signature as it streams in: textrule.h);
+ *  3. plans, deterministically for the same data and settings. A cosine alone never archives
+ *     (issue 32): two texts that differ in one entity are above any threshold. Without a
+ *     model, only evidence in the texts or the metadata does:
+ *     - deduplicate: memories of the same type and visibility with the same text (case,
+ *       punctuation, number formats and a few empty words aside: textrule.h) and metadata
+ *       that agree (attrs and strategy_id equal where both have them, tokens, chains and
+ *       protocols sharing an element where both have them) are merged into one survivor
+ *       (the highest explicit importance, then the most accessed, then the newest, then the
+ *       lowest id), which takes the highest importance, the summed access counts and the
+ *       union of the metadata;
+ *     - update: a newer fact or preference of the same visibility supersedes the older when
+ *       both share metadata.attrs.key, or when its text is the older's but for quantities
+ *       (a value update: "2.3% -> 2.5%") and their metadata agree;
+ *     - pairs a cosine alone would have merged (consolidate_dedupe_threshold) or superseded
+ *       (consolidate_supersede_threshold) are counted in the run's record, not acted on;
  *     - re-rank and prune: what remains live is ranked by its composite importance as of
  *       the run (rescored counts it); under consolidate_prune_threshold and older than
  *       consolidate_prune_grace_days it is archived, except constraints and pinned
  *       memories. The composite is not stored: every read computes it live;
  *  4. applies the plan in steps of CONSOLIDATE_STEP decisions, each one transaction
  *     (engram_consolidate_apply; writes to the tenant wait at most one step), each decision
- *     guarded by the memory's change number as planned; then records the run
- *     (engram_consolidate_finish). Archived memories stop counting against the tier's
+ *     guarded by the memory's change number as planned and recorded in the history of every
+ *     memory it changes with its rule and reason; then records the run with its counts by
+ *     rule (engram_consolidate_finish). Archived memories stop counting against the tier's
  *     memory limit.
  */
 #ifndef ENGRAM_SERVER_CONSOLIDATE_H

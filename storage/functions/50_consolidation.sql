@@ -40,17 +40,28 @@ $$;
 -- applied whole steps only, and the next run plans the rest again. Arrays, parallel within
 -- each group:
 --   merges:      p_survivor[k] absorbs p_members[k] (a bigint[] as text per cluster);
---                p_survivor_seq / p_members_seq guard them (the seq each had in the plan)
---   supersessions: p_old[k] is superseded by p_new[k] (guards p_old_seq, p_new_seq)
+--                p_survivor_seq / p_members_seq guard them (the seq each had in the plan);
+--                p_merge_why[k] is the reason (the rule is 'same_text')
+--   supersessions: p_old[k] is superseded by p_new[k] (guards p_old_seq, p_new_seq), by the
+--                rule p_old_rule[k] ('attrs_key' or 'values') for the reason p_old_why[k]
 --   prunes:      p_prune[k] archived for low composite (guard p_prune_seq, value p_prune_c)
+-- Every decision's rule and reason go into the history (memory_versions.detail) of each
+-- memory it changes: nothing is merged or superseded without them.
 -- p_own lists the memories this run changed in earlier steps (their seq moved on).
 -- Returns the step's counts. Each member is looked up by its key (tenant, id), one index
 -- probe whatever the statistics say (a join on "id = ANY (members)" was planned as a scan
 -- of the tenant for tenants PostgreSQL had not analyzed yet).
+-- The signature before the reasons (issue 32) is dropped: an older engramd, whose planner
+-- superseded on a cosine alone, then fails its runs (recorded as failed) instead of
+-- archiving distinct facts.
+DROP FUNCTION IF EXISTS engram_consolidate_apply(bigint, bigint[], bigint[], bigint[], text[],
+    text[], bigint[], bigint[], bigint[], bigint[], bigint[], bigint[], double precision[]);
 CREATE OR REPLACE FUNCTION engram_consolidate_apply(
         p_tenant bigint, p_own bigint[],
         p_survivor bigint[], p_survivor_seq bigint[], p_members text[], p_members_seq text[],
+        p_merge_why text[],
         p_old bigint[], p_old_seq bigint[], p_new bigint[], p_new_seq bigint[],
+        p_old_rule text[], p_old_why text[],
         p_prune bigint[], p_prune_seq bigint[], p_prune_c double precision[])
     RETURNS TABLE (merged integer, superseded integer, archived integer, skipped integer)
     LANGUAGE plpgsql AS $$
@@ -106,8 +117,8 @@ BEGIN
             v_skipped := v_skipped + 1;
             CONTINUE;
         END IF;
-        v_bytes := v_bytes
-                   + engram_keep_version(s, 'merge', jsonb_build_object('merged', to_jsonb(v_members)));
+        v_bytes := v_bytes + engram_keep_version(s, 'merge', jsonb_build_object(
+            'merged', to_jsonb(v_members), 'rule', 'same_text', 'why', p_merge_why[k]));
         -- the members, locked in id order, one key lookup each
         v_rows := '{}';
         v_imp := s.importance;
@@ -131,8 +142,8 @@ BEGIN
         v_bytes := v_bytes + v_nb - s.bytes;
         INSERT INTO memory_changes VALUES (p_tenant, v_seq, s.id, 'u');
         FOREACH m IN ARRAY v_rows LOOP
-            v_bytes := v_bytes + engram_keep_version(
-                m, 'archive', jsonb_build_object('reason', 'merged', 'into', s.id));
+            v_bytes := v_bytes + engram_keep_version(m, 'archive', jsonb_build_object(
+                'reason', 'merged', 'into', s.id, 'rule', 'same_text', 'why', p_merge_why[k]));
             v_seq := v_seq + 1;
             UPDATE memories SET archived_at = v_now, archived_reason = 'merged', merged_into = s.id,
                                 updated_at = v_now, version = version + 1, seq = v_seq
@@ -152,8 +163,8 @@ BEGIN
             v_skipped := v_skipped + 1;
             CONTINUE;
         END IF;
-        v_bytes := v_bytes + engram_keep_version(
-            m, 'supersede', jsonb_build_object('superseded_by', p_new[k]));
+        v_bytes := v_bytes + engram_keep_version(m, 'supersede', jsonb_build_object(
+            'superseded_by', p_new[k], 'rule', p_old_rule[k], 'why', p_old_why[k]));
         v_seq := v_seq + 1;
         UPDATE memories SET archived_at = v_now, archived_reason = 'superseded',
                             superseded_by = p_new[k], updated_at = v_now,
@@ -196,11 +207,13 @@ BEGIN
     RETURN NEXT;
 END $$;
 ALTER FUNCTION engram_consolidate_apply(bigint, bigint[], bigint[], bigint[], text[], text[],
-    bigint[], bigint[], bigint[], bigint[], bigint[], bigint[], double precision[])
+    text[], bigint[], bigint[], bigint[], bigint[], text[], text[], bigint[], bigint[],
+    double precision[])
     SET plan_cache_mode = force_generic_plan;
 
 -- engram_consolidate_finish: a run's last step: records the run with its counts (p_rescored:
--- the memories the run ranked by their composite importance to decide prunes). The
+-- the memories the run ranked by their composite importance to decide prunes) and its
+-- settings, which carry what it planned by rule (settings.rules, see consolidate.c). The
 -- composite is not stored: every read computes it as of the request (memory.list
 -- order_by composite, min_composite, search), so a stored copy would only go stale.
 DROP FUNCTION IF EXISTS engram_consolidate_finish(bigint, text, bigint, bigint, double precision[],

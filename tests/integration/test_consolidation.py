@@ -36,21 +36,30 @@ def dataset(c, t0):
     """Stores the hand-built set; returns {label: id}."""
     b = basis(7, 12)
     specs = {
-        # three phrasings of one fact: one cluster, the survivor is the most important
-        "dup1": dict(content="fee tier A", type="fact", importance=0.3, emb=near(b[0], 0.99, 1), access_count=2,
-                     metadata={"tokens": ["ETH"], "attrs": {"pool": "a"}}),
-        "dup2": dict(content="fee tier A again", type="fact", importance=0.8, emb=near(b[0], 0.99, 2), access_count=3,
-                     metadata={"tokens": ["USDC"], "chains": [1]}),
-        "dup3": dict(content="fee tier A once more", type="fact", importance=0.5, emb=near(b[0], 0.99, 3),
+        # one fact said three times (case, punctuation and spacing aside): one cluster, the
+        # survivor is the most important; their tokens share ETH, so their metadata agree
+        "dup1": dict(content="Fee tier A pays 0.05%.", type="fact", importance=0.3, emb=near(b[0], 0.99, 1),
+                     access_count=2, metadata={"tokens": ["ETH"], "attrs": {"pool": "a"}}),
+        "dup2": dict(content="fee tier A pays 0.05%", type="fact", importance=0.8, emb=near(b[0], 0.99, 2),
+                     access_count=3, metadata={"tokens": ["USDC", "ETH"], "chains": [1]}),
+        "dup3": dict(content="Fee tier A  pays 0.05 % !", type="fact", importance=0.5, emb=near(b[0], 0.99, 3),
                      metadata={"tokens": ["ETH"], "protocols": ["uniswap"]}),
-        # as similar, but another type, or another agent's private memory: never merged
-        "other_type": dict(content="fee tier A (episode)", type="episode", importance=0.9, emb=near(b[0], 0.99, 4)),
-        "other_agent": dict(content="fee tier A (agent 9)", type="fact", importance=0.9, emb=near(b[0], 0.99, 5),
+        # the same text, but another type, or another agent's private memory: never merged
+        "other_type": dict(content="Fee tier A pays 0.05%.", type="episode", importance=0.9, emb=near(b[0], 0.99, 4)),
+        "other_agent": dict(content="Fee tier A pays 0.05%.", type="fact", importance=0.9, emb=near(b[0], 0.99, 5),
                             agent_id=9),
-        # a newer fact similar enough to update an older one (0.85 <= sim < 0.95)
-        "old_apy": dict(content="APY 2.3%", type="fact", importance=0.5, emb=b[1], created_at=t0 - 5 * DAY_MS),
-        "new_apy": dict(content="APY 2.5%", type="fact", importance=0.5, emb=near(b[1], 0.9, 6),
+        # a newer fact whose text differs in a quantity only updates the older (issue 32: the
+        # text is the evidence; the cosine, 0.9 here, is not)
+        "old_apy": dict(content="The vault APY is 2.3%", type="fact", importance=0.5, emb=b[1],
+                        created_at=t0 - 5 * DAY_MS),
+        "new_apy": dict(content="The vault APY is 2.5%", type="fact", importance=0.5, emb=near(b[1], 0.9, 6),
                         created_at=t0 - DAY_MS),
+        # as similar, but about another vault: a distinct fact, never superseded (before issue
+        # 32 a cosine of 0.85 was enough)
+        "usdc_vault": dict(content="The USDC vault APY is 2.3%", type="fact", importance=0.5, emb=b[10],
+                           created_at=t0 - 5 * DAY_MS),
+        "dai_vault": dict(content="The DAI vault APY is 2.3%", type="fact", importance=0.5, emb=near(b[10], 0.9, 10),
+                          created_at=t0 - DAY_MS),
         # not similar, but the same attrs.key: the newer preference supersedes
         "old_pref": dict(content="prefer 0.05% tier", type="preference", importance=0.6, emb=b[2],
                          created_at=t0 - 9 * DAY_MS, metadata={"attrs": {"key": "fee-tier"}}),
@@ -117,16 +126,23 @@ def test_known_merges_supersessions_and_prunes(srv):
         assert m["old_apy"]["archived_reason"] == "superseded" and m["old_apy"]["superseded_by"] == ids["new_apy"]
         assert m["old_pref"]["superseded_by"] == ids["new_pref"]
         assert m["new_apy"]["archived_at"] is None and m["new_pref"]["archived_at"] is None
+        assert m["usdc_vault"]["archived_at"] is None and m["dai_vault"]["archived_at"] is None
         assert m["ep_old"]["archived_at"] is None and m["ep_new"]["archived_at"] is None
         assert m["trivia"]["archived_reason"] == "pruned"
         for keep in ("old_rule", "pinned", "young", "classic"):
             assert m[keep]["archived_at"] is None, keep
-        # memory.history records the merge and the supersession
+        # memory.history records the merge and the supersessions, each with its rule and reason
         h = c.call("memory.history", id=ids["dup2"])["versions"]
         assert h[0]["replaced_by"] == "merge" and sorted(h[0]["detail"]["merged"]) == sorted([ids["dup1"], ids["dup3"]])
+        assert h[0]["detail"]["rule"] == "same_text"
         h = c.call("memory.history", id=ids["old_apy"])["versions"]
-        assert h[0]["replaced_by"] == "supersede" and h[0]["detail"]["superseded_by"] == ids["new_apy"]
-        assert c.call("memory.history", id=ids["dup1"])["versions"][0]["detail"] == {"reason": "merged", "into": ids["dup2"]}
+        assert h[0]["replaced_by"] == "supersede" and h[0]["detail"] == {
+            "superseded_by": ids["new_apy"], "rule": "values", "why": "the same text but for values: 2.3% -> 2.5%"}
+        assert c.call("memory.history", id=ids["old_pref"])["versions"][0]["detail"] == {
+            "superseded_by": ids["new_pref"], "rule": "attrs_key", "why": "same attrs.key 'fee-tier'"}
+        d = c.call("memory.history", id=ids["dup1"])["versions"][0]["detail"]
+        assert (d["reason"], d["into"], d["rule"]) == ("merged", ids["dup2"], "same_text")
+        assert d["why"].startswith("the same text once case, punctuation") and "cosine 0.9" in d["why"]
         # the index follows: archived memories are gone from searches (once the change log
         # has been applied), back with include_archived
         q = vec_bin(near(basis(7, 12)[0], 0.99, 9))
@@ -145,6 +161,11 @@ def test_known_merges_supersessions_and_prunes(srv):
         runs = c.call("memory.consolidation.runs")["runs"]
         assert runs[0]["run_id"] == r["run_id"] and runs[0]["trigger"] == "on_demand"
         assert (runs[0]["merged"], runs[0]["superseded"], runs[0]["archived"]) == (2, 2, 1)
+        # with what it planned by rule, and the similar pairs it left alone: the two vaults
+        # (cosine 0.9, at least consolidate_supersede_threshold)
+        rules = runs[0]["settings"]["rules"]
+        assert rules == {"model": None, "merged_same_text": 2, "superseded_attrs_key": 1,
+                         "superseded_values": 1, "near_pairs_kept": 0, "similar_pairs_kept": 1}
         # a second run finds nothing more to do
         r2 = c.call("memory.consolidate")
         assert (r2["merged"], r2["superseded"], r2["archived"]) == (0, 0, 0)
@@ -153,6 +174,55 @@ def test_known_merges_supersessions_and_prunes(srv):
         assert c.call("memory.get", ids=[ids["trivia"]])["memories"][0]["archived_at"] is None
         hits = c.call("memory.search", embedding=vec_bin(basis(7, 12)[5]), top_k=1, similarity_weight=1.0)["results"]
         assert hits[0]["id"] == ids["trivia"]
+
+
+def test_text_rules_need_agreeing_metadata(srv):
+    """The same text, or a change of values only, archives nothing when the metadata say the
+    memories are about different things (issue 32): tokens, chains or protocols that share
+    nothing, attrs or strategy_id that differ. And neither rule needs a cosine."""
+    _, key = srv.create_tenant(tier="premium", embedding={"dim": DIM})
+    b = basis(11, 8)
+    t0 = now_ms()
+    specs = {
+        # the same text about USDC, DAI, and USDC and ETH
+        "usdc": dict(content="The vault APY is 2.3%", emb=b[0], metadata={"tokens": ["USDC"]}),
+        "dai": dict(content="The vault APY is 2.3%", emb=near(b[0], 0.99, 1), metadata={"tokens": ["DAI"]}),
+        "usdc_eth": dict(content="the vault APY is 2.30 %", emb=near(b[0], 0.99, 2),
+                         metadata={"tokens": ["USDC", "ETH"]}),
+        # newer gas prices, at cosine 0 from each other: chain 10's is not chain 1's update
+        "gas1": dict(content="Gas is 20 gwei", emb=b[1], metadata={"chains": [1]}, created_at=t0 - 3 * DAY_MS),
+        "gas10": dict(content="Gas is 25 gwei", emb=b[2], metadata={"chains": [10]}, created_at=t0 - 2 * DAY_MS),
+        "gas1_new": dict(content="Gas is 30 gwei", emb=b[3], metadata={"chains": [1]}, created_at=t0 - DAY_MS),
+        # the same text of two pools
+        "pool_a": dict(content="Fee tier is 0.05%", emb=b[4], metadata={"attrs": {"pool": "a"}}),
+        "pool_b": dict(content="Fee tier is 0.05%", emb=b[4], metadata={"attrs": {"pool": "b"}}),
+        # ETH+BTC, nothing, SOL: the one without tokens agrees with either, but the cluster it
+        # joins (ETH, BTC) does not take SOL
+        "eth_btc": dict(content="Limit is 5 ETH", emb=b[5], metadata={"tokens": ["ETH", "BTC"]}),
+        "none": dict(content="Limit is 5 ETH", emb=b[5]),
+        "sol": dict(content="Limit is 5 ETH", emb=b[5], metadata={"tokens": ["SOL"]}),
+    }
+    with srv.client(key=key) as c:
+        ids = {}
+        for label, sp in specs.items():
+            sp = dict(sp)
+            ids[label] = c.call("memory.store", type="fact", importance=0.5, embedding=vec_bin(sp.pop("emb")),
+                                **sp)["id"]
+        r = c.call("memory.consolidate")
+        got = {m["id"]: m for m in c.call("memory.get", ids=list(ids.values()))["memories"]}
+        m = {label: got[i] for label, i in ids.items()}
+        assert {m["usdc"]["merged_into"], m["usdc_eth"]["merged_into"]} == {None, ids["usdc"]} or \
+            {m["usdc"]["merged_into"], m["usdc_eth"]["merged_into"]} == {None, ids["usdc_eth"]}
+        assert m["dai"]["archived_at"] is None
+        assert m["gas1"]["superseded_by"] == ids["gas1_new"]
+        assert m["gas10"]["archived_at"] is None and m["gas1_new"]["archived_at"] is None
+        assert m["pool_a"]["archived_at"] is None and m["pool_b"]["archived_at"] is None
+        assert m["none"]["merged_into"] == ids["eth_btc"] or m["eth_btc"]["merged_into"] == ids["none"]
+        assert m["sol"]["archived_at"] is None
+        assert (r["merged"], r["superseded"]) == (2, 1)
+        d = c.call("memory.history", id=ids["gas1"])["versions"][0]["detail"]
+        assert d == {"superseded_by": ids["gas1_new"], "rule": "values",
+                     "why": "the same text but for values: 20 gwei -> 30 gwei"}
 
 
 def test_runs_are_deterministic(srv):
@@ -187,7 +257,7 @@ def test_scheduled_by_tier(srv):
     for key in (std, free):
         with srv.client(key=key) as c:
             c.call("memory.store", content="a", type="fact", importance=0.5, embedding=vec_bin(near(b[0], 0.99, 1)))
-            c.call("memory.store", content="b", type="fact", importance=0.6, embedding=vec_bin(near(b[0], 0.99, 2)))
+            c.call("memory.store", content="A.", type="fact", importance=0.6, embedding=vec_bin(near(b[0], 0.99, 2)))
     with srv.client(key=std) as c:
         # wall clock: the scheduler checks every second and a tenant is first due one cadence
         # after its creation, so two checks pass without a run
@@ -213,22 +283,23 @@ def test_run_racing_with_stores_loses_nothing(srv):
     with srv.client(key=key) as c:
         items = []
         for i in range(6000):
-            v = unit(centers[i % 300] + 0.05 * rng.standard_normal(64))  # clusters of 20 near-duplicates
-            items.append({"content": f"seed {i}", "type": "fact", "importance": 0.5, "embedding": vec_bin(v)})
+            v = unit(centers[i % 300] + 0.05 * rng.standard_normal(64))  # clusters of 20 duplicates
+            items.append({"content": f"seed cluster {i % 300}", "type": "fact", "importance": 0.5,
+                          "embedding": vec_bin(v)})
         for k in range(0, len(items), 1000):
             c.call("memory.store_batch", memories=items[k:k + 1000])
     stored = []
     stop, started = threading.Event(), threading.Event()
 
     def writer():
-        # near-duplicates of the seed clusters, as facts: what the run merges and
-        # supersedes, but stored after its plan was made, so it must leave them alone
+        # duplicates of the seed clusters (the same text, near vectors): what the run merges,
+        # but stored after its plan was made, so it must leave them alone
         with srv.client(key=key) as w:
             i = 0
             while not stop.is_set() or i < 50:
                 v = unit(centers[i % 300] + 0.05 * rng.standard_normal(64))
-                stored.append(w.call("memory.store", content=f"live {i}", type="fact", importance=0.5,
-                                     embedding=vec_bin(v))["id"])
+                stored.append(w.call("memory.store", content=f"seed cluster {i % 300}", type="fact",
+                                     importance=0.5, embedding=vec_bin(v))["id"])
                 started.set()
                 i += 1
 

@@ -219,7 +219,7 @@ def test_consolidation_and_expiry_keep_the_count_exact(srv):
     with srv.client(key=key) as c:
         for i in range(3):
             c.call("memory.store", content="The vault on Base pays 2.3% APY", type="fact",
-                   importance=0.5, metadata={"tokens": [f"T{i}"]})
+                   importance=0.5, metadata={"tokens": ["T"]})
         c.call("memory.store", content="gone soon", type="fact", importance=0.5, ttl_seconds=1)
         run = c.call("memory.consolidate")
         assert run["merged"] >= 2, run  # three identical facts: one survivor

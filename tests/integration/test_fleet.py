@@ -198,7 +198,7 @@ def test_consolidation_results_reach_every_process(fleet):
         dups.append(unit(0.99 * base + np.sqrt(1 - 0.99 ** 2) * unit(r)))
     conns = [p.client(key=key) for p in procs]
     try:
-        dup_ids = [conns[0].call("memory.store", content=f"fee tier A #{i}", type="fact",
+        dup_ids = [conns[0].call("memory.store", content="fee tier A", type="fact",
                                  importance=0.3 + 0.2 * i, embedding=vec_bin(v))["id"]
                    for i, v in enumerate(dups)]
         other = [store(conns[0], q[:, k], f"far {k}") for k in range(1, 5)]

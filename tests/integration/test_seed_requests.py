@@ -240,8 +240,8 @@ def test_memories_archived_by_consolidation_do_not_count(srv):
     tid, key = srv.create_tenant(tier="premium", embedding={"dim": DIM})
     base = unit(7)
     with srv.client(key=key) as c:
-        # three phrasings of one fact (merged into one) and nine distinct memories: the limit
-        dup = [c.call("memory.store", content=f"fee tier A ({i})", type="fact", importance=0.5 + i / 10,
+        # one fact stored three times (merged into one) and nine distinct memories: the limit
+        dup = [c.call("memory.store", content="fee tier A", type="fact", importance=0.5 + i / 10,
                       embedding=vec_bin(base + 0.01 * unit(50 + i)))["id"] for i in range(3)]
         for i in range(PREMIUM_LIMIT - 3):
             c.call("memory.store", content=f"distinct {i}", type="episode", importance=0.5,

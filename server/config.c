@@ -112,6 +112,12 @@ static const config_def defs[] = {
      "longest a request waits for a database connection before 'unavailable'"},
     {"db_query_timeout_ms", T_INT, OFF(db_query_timeout_ms), "10000", 100, 3600000, 0,
      "longest a database statement may run before 'unavailable'"},
+    {"write_lock_probe_ms", T_INT, OFF(write_lock_probe_ms), "50", 1, 60000, 0,
+     "how long a tenant's write waits for its tenant's row lock in a connection other tenants "
+     "share before it moves to the worker's own lane (another transaction holds the lock)"},
+    {"write_lock_wait_ms", T_INT, OFF(write_lock_wait_ms), "2000", 10, 600000, 0,
+     "how long a write waits on the lane for a lock another transaction holds before it fails "
+     "with 'unavailable' (its tenant's queued writes with it)"},
     {"db_backoff_max_ms", T_INT, OFF(db_backoff_max_ms), "2000", 100, 600000, 0,
      "longest pause between reconnection attempts"},
     {"bg_threads", T_INT, OFF(bg_threads), "2", 1, 64, 0,

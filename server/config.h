@@ -51,6 +51,8 @@ typedef struct config {
     int db_queue_timeout_ms;
     int db_query_timeout_ms;
     int db_backoff_max_ms;
+    int write_lock_probe_ms;
+    int write_lock_wait_ms;
     int bg_threads;
     int maintenance_interval_s;
     int access_flush_ms;

@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <event2/buffer.h>
 
@@ -27,6 +28,7 @@ typedef struct db_slot {
     atomic_uint connections, ready;
     atomic_size_t queued, inflight;
     atomic_uint_fast64_t reconnects, failures;
+    atomic_uint_fast64_t oldest_wait_ms, queue_timeouts, last_timeout_ms;
 } db_slot;
 
 static const char *const *method_names;
@@ -35,6 +37,9 @@ static method_stats *stats; /* nmethods + 1: the last is for unknown methods */
 static atomic_long open_conns;
 static atomic_uint_fast64_t refused, malformed, slow_closed, apply_failures;
 static atomic_uint_fast64_t answers_deferred, answers_refused, budget_waits;
+static atomic_uint_fast64_t write_locks[METRICS_LOCK__COUNT];
+static atomic_uint_fast64_t stuck_ms;
+static atomic_int_fast64_t stuck_tenant;
 static atomic_uint_fast64_t tls_handshake_failures, tls_reloads_ok, tls_reloads_failed;
 static atomic_uint_fast64_t config_reloads_ok, config_reloads_failed;
 static atomic_uint_fast64_t gc_batches, gc_requests, qa_reservations;
@@ -101,6 +106,28 @@ void metrics_answer_deferred(void)
 void metrics_answer_refused(void)
 {
     atomic_fetch_add_explicit(&answers_refused, 1, memory_order_relaxed);
+}
+
+void metrics_write_lock(metrics_lock_outcome o)
+{
+    if ((unsigned)o < METRICS_LOCK__COUNT)
+        atomic_fetch_add_explicit(&write_locks[o], 1, memory_order_relaxed);
+}
+
+void metrics_write_lock_stuck(int64_t tenant)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    atomic_store_explicit(&stuck_tenant, tenant, memory_order_relaxed);
+    atomic_store_explicit(&stuck_ms,
+                          (uint_fast64_t)ts.tv_sec * 1000u + (uint_fast64_t)ts.tv_nsec / 1000000u,
+                          memory_order_relaxed);
+}
+
+uint64_t metrics_write_lock_stuck_since(int64_t *tenant)
+{
+    *tenant = atomic_load_explicit(&stuck_tenant, memory_order_relaxed);
+    return atomic_load_explicit(&stuck_ms, memory_order_relaxed);
 }
 
 void metrics_budget_wait(void)
@@ -188,6 +215,36 @@ void metrics_db_publish(unsigned worker, unsigned connections, unsigned ready, s
     atomic_store_explicit(&s->inflight, inflight, memory_order_relaxed);
     atomic_store_explicit(&s->reconnects, reconnects, memory_order_relaxed);
     atomic_store_explicit(&s->failures, failures, memory_order_relaxed);
+}
+
+void metrics_db_wait_publish(unsigned worker, uint64_t oldest_wait_ms, uint64_t queue_timeouts)
+{
+    if (worker >= MAX_WORKERS)
+        return;
+    db_slot *s = &db_slots[worker];
+    atomic_store_explicit(&s->oldest_wait_ms, oldest_wait_ms, memory_order_relaxed);
+    if (atomic_exchange_explicit(&s->queue_timeouts, queue_timeouts, memory_order_relaxed) <
+        queue_timeouts) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        atomic_store_explicit(&s->last_timeout_ms,
+                              (uint_fast64_t)ts.tv_sec * 1000u +
+                                  (uint_fast64_t)ts.tv_nsec / 1000000u,
+                              memory_order_relaxed);
+    }
+}
+
+void metrics_db_wait(uint64_t *oldest_wait_ms, uint64_t *last_timeout_ms)
+{
+    *oldest_wait_ms = *last_timeout_ms = 0;
+    for (unsigned i = 0; i < MAX_WORKERS; i++) {
+        uint64_t w = atomic_load_explicit(&db_slots[i].oldest_wait_ms, memory_order_relaxed);
+        uint64_t t = atomic_load_explicit(&db_slots[i].last_timeout_ms, memory_order_relaxed);
+        if (w > *oldest_wait_ms)
+            *oldest_wait_ms = w;
+        if (t > *last_timeout_ms)
+            *last_timeout_ms = t;
+    }
 }
 
 unsigned metrics_db_ready(void)
@@ -299,6 +356,19 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
                         (unsigned long long)atomic_load(&budget_waits),
                         (unsigned long long)atomic_load(&answers_deferred),
                         (unsigned long long)atomic_load(&answers_refused));
+    evbuffer_add_printf(
+        out,
+        "# HELP engram_write_lock_waits_total Writes that met their tenant's row lock held by "
+        "another transaction: moved off the shared connection after write_lock_probe_ms "
+        "(probe_timeout), then on the worker's lane got the lock (lane_ok) or waited "
+        "write_lock_wait_ms in vain (lane_timeout, refused 'unavailable').\n"
+        "# TYPE engram_write_lock_waits_total counter\n"
+        "engram_write_lock_waits_total{outcome=\"probe_timeout\"} %llu\n"
+        "engram_write_lock_waits_total{outcome=\"lane_ok\"} %llu\n"
+        "engram_write_lock_waits_total{outcome=\"lane_timeout\"} %llu\n",
+        (unsigned long long)atomic_load(&write_locks[METRICS_LOCK_PROBE_TIMEOUT]),
+        (unsigned long long)atomic_load(&write_locks[METRICS_LOCK_LANE_OK]),
+        (unsigned long long)atomic_load(&write_locks[METRICS_LOCK_LANE_TIMEOUT]));
     evbuffer_add_printf(out,
                         "# HELP engram_tls_handshake_failures_total TLS handshakes on the RPC "
                         "port that did not complete: refused (protocol version, certificate), "

@@ -38,6 +38,22 @@ void metrics_slow_closed(void);
  * for budget, metrics_answer_deferred an answer that did not fit and whose request runs
  * again, metrics_answer_refused one over max_result_bytes. */
 void metrics_budget_wait(void);
+
+/* Writes that met a lock another transaction holds (req.c): a probe that timed out (the
+ * write moved to the lane), a lane write that got its lock, one that waited
+ * write_lock_wait_ms in vain. metrics_write_lock_stuck remembers the tenant and time of the
+ * last of those, for /readyz (metrics_write_lock_stuck_since). */
+typedef enum {
+    METRICS_LOCK_PROBE_TIMEOUT,
+    METRICS_LOCK_LANE_OK,
+    METRICS_LOCK_LANE_TIMEOUT,
+    METRICS_LOCK__COUNT
+} metrics_lock_outcome;
+void metrics_write_lock(metrics_lock_outcome o);
+void metrics_write_lock_stuck(int64_t tenant);
+/* metrics_write_lock_stuck_since returns the monotonic ms of the last write that waited in
+ * vain (0: none) and its tenant in *tenant. */
+uint64_t metrics_write_lock_stuck_since(int64_t *tenant);
 void metrics_answer_deferred(void);
 void metrics_answer_refused(void);
 /* metrics_tls_handshake_failed counts a TLS handshake on the RPC port that did not complete
@@ -66,6 +82,13 @@ void metrics_index_apply_failed(void);
 /* Database pool state, summed over workers. Each worker publishes its own slot. */
 void metrics_db_publish(unsigned worker, unsigned connections, unsigned ready, size_t queued,
                         size_t inflight, uint64_t reconnects, uint64_t failures);
+
+/* metrics_db_wait_publish records how long the oldest job waiting for a connection of
+ * worker's pools (main and lane) has waited and how many failed for waiting
+ * db_queue_timeout_ms; metrics_db_wait reads the longest wait over all workers and the
+ * monotonic ms of the last such failure (0: none), for /readyz. */
+void metrics_db_wait_publish(unsigned worker, uint64_t oldest_wait_ms, uint64_t queue_timeouts);
+void metrics_db_wait(uint64_t *oldest_wait_ms, uint64_t *last_timeout_ms);
 
 /* metrics_db_read_publish records worker's standby pool (pg_read_dsn): connections configured
  * and ready. */

@@ -37,6 +37,9 @@ typedef struct db_job {
     char *blob;      /* owns copies of parameter values (db_query_copy) */
     char rls[24];    /* the RLS query's one value: the tenant id as text */
     const char *rls_val[1];
+    char lockwait[24]; /* the lock_timeout query's one value: milliseconds as text */
+    const char *lockwait_val[1];
+    int hidden; /* set-up queries first in q (RLS, lock_timeout): not the caller's */
     uint64_t queued_ms;
     uint64_t sent_ms;
     /* result collection */
@@ -101,6 +104,7 @@ struct db_pool {
     bool stalled;
     uint64_t last_rx_ms;
     uint64_t stalls;
+    uint64_t queue_timeouts; /* jobs failed waiting queue_timeout_ms for a connection */
 };
 
 /* Backend process ids of every pool connection of this process (0: free slot), so that a
@@ -286,11 +290,9 @@ static void job_complete(db_job *j, db_status st)
     if (st == DB_OK) {
         r.res = j->res;
         r.nres = j->nq;
-        /* the RLS set-up query, when present, is hidden from the caller */
-        if (j->nq > 0 && j->q[0].kind == Q_EXEC_PREPARED && strcmp(j->q[0].stmt, "__rls") == 0) {
-            r.res = j->res + 1;
-            r.nres = j->nq - 1;
-        }
+        /* the set-up queries (RLS, lock_timeout), when present, are hidden from the caller */
+        r.res = j->res + j->hidden;
+        r.nres = j->nq - j->hidden;
     } else {
         snprintf(msg, sizeof(msg), "%s", j->errmsg ? j->errmsg : "database unavailable");
         size_t n = strlen(msg);
@@ -524,7 +526,7 @@ static void conn_begin_setup(db_conn *c)
         conn_fail(c, "cannot enter pipeline mode");
         return;
     }
-    db_job *j = job_alloc(4 + (int)p->cfg.nstmts);
+    db_job *j = job_alloc(5 + (int)p->cfg.nstmts);
     if (!j) {
         conn_fail(c, "out of memory");
         return;
@@ -538,6 +540,10 @@ static void conn_begin_setup(db_conn *c)
     j->q[j->nq++] = (db_job_query){.kind = Q_PREPARE,
                                    .stmt = "__rls",
                                    .sql = "SELECT set_config('engram.tenant_id', $1, true)",
+                                   .nparams = 1};
+    j->q[j->nq++] = (db_job_query){.kind = Q_PREPARE,
+                                   .stmt = "__lockwait",
+                                   .sql = "SELECT set_config('lock_timeout', $1, true)",
                                    .nparams = 1};
     for (size_t i = 0; i < p->cfg.nstmts; i++) {
         const db_stmt_def *s = &p->cfg.stmts[i];
@@ -773,6 +779,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         if (p->stalled || elapsed(now, j->queued_ms, p->cfg.queue_timeout_ms)) {
             *pp = j->next;
             p->nqueued--;
+            if (!p->stalled)
+                p->queue_timeouts++;
             job_defer_fail(p, j,
                            p->stalled ? "database not responding"
                                       : "database unavailable: no connection");
@@ -946,28 +954,41 @@ int db_query_copy(const db_query *qs, int nq, db_query *out, char **blob)
     return 0;
 }
 
-/* Builds the job for nq caller queries (plus the RLS query when rls_tenant >= 0), copying
- * every parameter into one allocation owned by the job. Returns NULL when out of memory. */
-static db_job *job_build(int64_t rls_tenant, const db_query *qs, int nq)
+/* Builds the job for nq caller queries (after the RLS query when o->rls_tenant >= 0 and the
+ * lock_timeout query when o->lock_timeout_ms > 0), copying every parameter into one
+ * allocation owned by the job. Returns NULL when out of memory. */
+static db_job *job_build(const db_opts *o, const db_query *qs, int nq)
 {
     static const int text_fmt[1] = {0};
-    int base = rls_tenant >= 0 ? 1 : 0;
+    int base = (o->rls_tenant >= 0 ? 1 : 0) + (o->lock_timeout_ms > 0 ? 1 : 0);
     db_job *j = job_alloc(base + nq);
     db_query copy[DB_MAX_QUERIES];
     if (!j || db_query_copy(qs, nq, copy, &j->blob) < 0) {
         free(j);
         return NULL;
     }
-    if (base) {
-        snprintf(j->rls, sizeof(j->rls), "%lld", (long long)rls_tenant);
+    int k = 0;
+    if (o->rls_tenant >= 0) {
+        snprintf(j->rls, sizeof(j->rls), "%lld", (long long)o->rls_tenant);
         j->rls_val[0] = j->rls;
-        j->q[0] = (db_job_query){.kind = Q_EXEC_PREPARED,
-                                 .stmt = "__rls",
-                                 .nparams = 1,
-                                 .values = j->rls_val,
-                                 .lengths = text_fmt,
-                                 .formats = text_fmt};
+        j->q[k++] = (db_job_query){.kind = Q_EXEC_PREPARED,
+                                   .stmt = "__rls",
+                                   .nparams = 1,
+                                   .values = j->rls_val,
+                                   .lengths = text_fmt,
+                                   .formats = text_fmt};
     }
+    if (o->lock_timeout_ms > 0) {
+        snprintf(j->lockwait, sizeof(j->lockwait), "%u", o->lock_timeout_ms);
+        j->lockwait_val[0] = j->lockwait;
+        j->q[k++] = (db_job_query){.kind = Q_EXEC_PREPARED,
+                                   .stmt = "__lockwait",
+                                   .nparams = 1,
+                                   .values = j->lockwait_val,
+                                   .lengths = text_fmt,
+                                   .formats = text_fmt};
+    }
+    j->hidden = base;
     for (int i = 0; i < nq; i++)
         j->q[base + i] = (db_job_query){.kind = Q_EXEC_PREPARED,
                                         .stmt = copy[i].stmt->name,
@@ -981,6 +1002,12 @@ static db_job *job_build(int64_t rls_tenant, const db_query *qs, int nq)
 }
 
 int db_submit(db_pool *p, int64_t rls_tenant, const db_query *qs, int nq, db_cb cb, void *arg)
+{
+    db_opts o = {.rls_tenant = rls_tenant};
+    return db_submit_opts(p, &o, qs, nq, cb, arg);
+}
+
+int db_submit_opts(db_pool *p, const db_opts *o, const db_query *qs, int nq, db_cb cb, void *arg)
 {
     if (!p || !qs || nq < 1 || nq > DB_MAX_QUERIES || p->destroying)
         return -EINVAL;
@@ -996,7 +1023,7 @@ int db_submit(db_pool *p, int64_t rls_tenant, const db_query *qs, int nq, db_cb 
     }
     if (p->nqueued >= p->cfg.max_queue)
         return -EAGAIN;
-    db_job *j = job_build(rls_tenant, qs, nq);
+    db_job *j = job_build(o, qs, nq);
     if (!j)
         return -ENOMEM;
     j->cb = cb;
@@ -1030,6 +1057,11 @@ void db_pool_get_stats(db_pool *p, db_pool_stats *st)
     st->failures = p->failures;
     st->stalled = p->stalled;
     st->stalls = p->stalls;
+    st->queue_timeouts = p->queue_timeouts;
+    if (p->qhead) {
+        uint64_t now = now_ms();
+        st->oldest_wait_ms = now > p->qhead->queued_ms ? now - p->qhead->queued_ms : 0;
+    }
 }
 
 bool db_pool_idle(db_pool *p)

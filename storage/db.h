@@ -133,16 +133,28 @@ int db_query_copy(const db_query *qs, int nq, db_query *out, char **blob);
  * wait queue is full (cb does not run then). */
 int db_submit(db_pool *p, int64_t rls_tenant, const db_query *qs, int nq, db_cb cb, void *arg);
 
+/* Options of db_submit_opts. */
+typedef struct db_opts {
+    int64_t rls_tenant;       /* >= 0: set engram.tenant_id to it first (as db_submit) */
+    unsigned lock_timeout_ms; /* > 0: the transaction's lock_timeout: a statement that waits
+                               * longer for a lock fails with SQLSTATE 55P03 */
+} db_opts;
+
+/* db_submit_opts is db_submit with options. */
+int db_submit_opts(db_pool *p, const db_opts *o, const db_query *qs, int nq, db_cb cb, void *arg);
+
 /* State for health checks and metrics. */
 typedef struct db_pool_stats {
-    unsigned connections; /* configured */
-    unsigned ready;       /* connected and prepared */
-    size_t queued;        /* jobs waiting for a connection */
-    size_t inflight;      /* jobs sent and not yet answered */
-    uint64_t reconnects;  /* connections re-established after a loss */
-    uint64_t failures;    /* jobs failed with DB_UNAVAILABLE */
-    bool stalled;         /* the database stopped answering (see db_config.stall_ms) */
-    uint64_t stalls;      /* times it did */
+    unsigned connections;    /* configured */
+    unsigned ready;          /* connected and prepared */
+    size_t queued;           /* jobs waiting for a connection */
+    size_t inflight;         /* jobs sent and not yet answered */
+    uint64_t reconnects;     /* connections re-established after a loss */
+    uint64_t failures;       /* jobs failed with DB_UNAVAILABLE */
+    bool stalled;            /* the database stopped answering (see db_config.stall_ms) */
+    uint64_t stalls;         /* times it did */
+    uint64_t oldest_wait_ms; /* how long the oldest queued job has waited (0: none) */
+    uint64_t queue_timeouts; /* jobs failed for waiting queue_timeout_ms for a connection */
 } db_pool_stats;
 
 /* db_pool_get_stats fills st; call from the pool's thread. */

@@ -4,6 +4,7 @@
 
 #include <event2/event.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,6 +20,14 @@
 /* The worker's one group lives in its store-group map under this key. */
 #define GROUP_KEY 0
 
+/* Large requests' jobs in flight in the whole process, at most LARGE_SLOTS: each writes
+ * megabytes of WAL, which every other commit then waits to flush behind it, so they go one
+ * at a time (tenants in turns); a worker whose large request finds the slot taken looks
+ * again every LARGE_RETRY_MS. */
+#define LARGE_SLOTS 1
+#define LARGE_RETRY_MS 2
+static atomic_int large_slots;
+
 /* Announcements wait this long for more, so one NOTIFY carries the changes of several jobs:
  * each NOTIFY wakes every listening backend and process, and sent after every job it cost
  * a one-client store 0.09 ms of its 0.55 (bench/README.md). */
@@ -30,8 +39,15 @@ typedef struct gc_group {
     worker *w;       /* the worker it belongs to */
     req **q;         /* waiting, in arrival order */
     size_t nq, cq;   /* waiting, room */
-    size_t inflight; /* jobs sent and not yet answered */
-    idmap *busy;     /* tenant -> its requests in those jobs */
+    size_t inflight; /* group jobs sent and not yet answered */
+    req **large;     /* requests of more than GC_LARGE_ITEMS items, waiting, in order */
+    size_t nlarge, clarge;
+    bool large_busy;           /* a large request's job is in flight */
+    int64_t large_last;        /* the tenant of the last large job (tenants take turns) */
+    struct event *large_timer; /* armed: a large request waits for the process's slot */
+    bool large_armed;
+    size_t lane; /* requests sent alone to their tenant's lane, not yet answered */
+    idmap *busy; /* tenant -> its requests in those jobs */
     /* change announcements (ops->seq_col): tenant -> the last change number committed and
      * not yet announced; one NOTIFY statement in flight at a time (noting), and what
      * commits meanwhile goes in the next one */
@@ -45,6 +61,7 @@ typedef struct gc_job {
     gc_group *g;
     bool alone; /* a retry of one request: its failure is its own */
     bool solo;  /* one request through ops->solo_stmt */
+    bool large; /* one request of more than GC_LARGE_ITEMS items, outside the group */
     size_t n;
     req *m[]; /* the members, in the statement's order */
 } gc_job;
@@ -59,7 +76,10 @@ static void group_free(gc_group *g)
     idmap_destroy(g->notes);
     if (g->note_timer)
         event_free(g->note_timer);
+    if (g->large_timer)
+        event_free(g->large_timer);
     free(g->q);
+    free(g->large);
     free(g);
 }
 
@@ -106,8 +126,9 @@ static bool tenant_busy(const gc_group *g, req *r)
     return idmap_get(g->busy, (uint64_t)req_auth(r)->tenant_id, &v) && v > 0;
 }
 
-/* Sends the n requests m as one job of g; on failure to submit, fails them. */
-static void job_send(gc_group *g, req *const *m, size_t n, bool alone)
+/* Sends the n requests m as one job of g (large: one request of more than GC_LARGE_ITEMS
+ * items, outside the group's slot); on failure to submit, fails them. */
+static void job_send(gc_group *g, req *const *m, size_t n, bool alone, bool large)
 {
     gc_job *j = malloc(sizeof(*j) + n * sizeof(req *));
     if (!j) {
@@ -117,16 +138,19 @@ static void job_send(gc_group *g, req *const *m, size_t n, bool alone)
     }
     j->g = g;
     j->alone = alone;
-    j->solo =
-        n == 1 && !alone && g->ops->solo_stmt >= 0 && g->ops->items(m[0]) <= g->ops->solo_max_items;
+    j->large = large;
+    j->solo = n == 1 && !alone && !large && g->ops->solo_stmt >= 0 &&
+              g->ops->items(m[0]) <= g->ops->solo_max_items;
     j->n = n;
     memcpy(j->m, m, n * sizeof(req *));
     db_query q;
-    gc_params p;
+    gc_params p = {.wait = false}; /* a tenant held elsewhere is refused, never waited for */
     int rc = g->ops->build(j->m, n, &q, &p);
     int64_t rls = -1;
     if (rc == 0 && j->solo) {
-        q.stmt = sql_def((sql_stmt)g->ops->solo_stmt);
+        const db_stmt_def *st = sql_def((sql_stmt)g->ops->solo_stmt);
+        q.stmt = st;
+        q.nvalues = (size_t)st->nparams; /* the group statement's first parameters */
         rls = req_auth(j->m[0])->tenant_id;
     }
     if (rc == 0)
@@ -139,7 +163,27 @@ static void job_send(gc_group *g, req *const *m, size_t n, bool alone)
     }
     metrics_group_commit(n);
     mark_busy(g, j->m, n, 1);
-    g->inflight++;
+    if (large)
+        g->large_busy = true; /* the process's slot was taken by large_next */
+    else
+        g->inflight++;
+}
+
+/* A request alone on its tenant's lane (req_submit_lane): its tenant's row was held by
+ * another transaction when its group ran. The statement waits for it (gc_params.wait),
+ * within the lane's lock_timeout. */
+static void lane_done(req *r, const db_result *res);
+
+static void lane_send(gc_group *g, req *r)
+{
+    db_query q;
+    gc_params p = {.wait = true};
+    if (g->ops->build(&r, 1, &q, &p) < 0) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    g->lane++; /* keeps g until lane_done */
+    req_submit_lane(r, -1, &q, 1, lane_done);
 }
 
 typedef struct note_lit {
@@ -228,15 +272,55 @@ static void note_change(gc_group *g, int64_t t, int64_t seq)
         log_warn("change notification of tenant %lld not sent: out of memory", (long long)t);
 }
 
+static gc_group *group_of(worker *w)
+{
+    uint64_t v;
+    idmap *groups = worker_store_groups(w);
+    return groups && idmap_get(groups, GROUP_KEY, &v) ? (gc_group *)(uintptr_t)v : NULL;
+}
+
+static void lane_done(req *r, const db_result *res)
+{
+    gc_group *g = group_of(req_worker(r)); /* kept while g->lane > 0 */
+    const gc_ops *ops = g->ops;
+    g->lane--;
+    if (res->status == DB_OK && refusal_row(res->res[0], 0)) {
+        const PGresult *pr = res->res[0];
+        int nf = PQnfields(pr);
+        db_result one = {
+            .status = DB_ERROR,
+            .sqlstate = PQgetvalue(pr, 0, nf - 3),
+            .message = PQgetvalue(pr, 0, nf - 2),
+            .detail = PQgetisnull(pr, 0, nf - 1) ? NULL : PQgetvalue(pr, 0, nf - 1),
+        };
+        ops->fail(r, &one);
+    } else if (res->status == DB_OK) {
+        const PGresult *pr = res->res[0];
+        int n = (int)ops->items(r);
+        if (ops->seq_col >= 0 && n > 0 && n <= PQntuples(pr))
+            note_change(g, req_auth(r)->tenant_id, memrow_i64(pr, n - 1, ops->seq_col, -1));
+        ops->finish(r, pr, 0);
+        notes_arm(g);
+    } else {
+        ops->fail(r, res);
+    }
+    group_next(g);
+}
+
 static void job_done(void *arg, const db_result *res)
 {
     gc_job *j = arg;
     gc_group *g = j->g;
     const gc_ops *ops = g->ops;
-    g->inflight--;
+    if (j->large) {
+        g->large_busy = false;
+        atomic_fetch_sub(&large_slots, 1);
+    } else {
+        g->inflight--;
+    }
     mark_busy(g, j->m, j->n, -1); /* before any request ends */
     if (j->solo && res->status == DB_OK && PQntuples(res->res[0]) == 0) {
-        job_send(g, j->m, 1, true); /* refused: the group statement says why */
+        job_send(g, j->m, 1, true, false); /* refused: the group statement says why */
         free(j);
         group_next(g);
         return;
@@ -245,6 +329,15 @@ static void job_done(void *arg, const db_result *res)
         const PGresult *pr = res->res[0];
         int off = 0;
         for (size_t i = 0; i < j->n; i++) {
+            if (refusal_row(pr, off) &&
+                strcmp(PQgetvalue(pr, off, PQnfields(pr) - 3), "EG503") == 0) {
+                /* its tenant's row is held by another transaction: alone, on the lane, and
+                 * its next stores go there directly for a while */
+                off++;
+                req_tenant_mark_blocked(j->m[i]);
+                lane_send(g, j->m[i]);
+                continue;
+            }
             if (refusal_row(pr, off)) {
                 int nf = PQnfields(pr);
                 db_result one = {
@@ -271,7 +364,7 @@ static void job_done(void *arg, const db_result *res)
     } else {
         /* retried alone: each gets its own outcome */
         for (size_t i = 0; i < j->n; i++)
-            job_send(g, &j->m[i], 1, true);
+            job_send(g, &j->m[i], 1, true, false);
     }
     free(j);
     group_next(g);
@@ -310,12 +403,104 @@ static int sort_by_tenant(req **m, size_t n)
     return 0;
 }
 
+/* Sends the next large request (one at a time): the oldest of a tenant other than the last
+ * large job's, when there is one, so tenants take turns. */
+static void large_due(evutil_socket_t fd, short what, void *arg)
+{
+    gc_group *g = arg;
+    g->large_armed = false;
+    group_next(g);
+}
+
+static void large_next(gc_group *g)
+{
+    if (g->large_busy || g->nlarge == 0)
+        return;
+    int taken = atomic_load(&large_slots);
+    do {
+        if (taken >= LARGE_SLOTS) {
+            struct timeval tv = {0, LARGE_RETRY_MS * 1000};
+            if (!g->large_armed && g->large_timer && event_add(g->large_timer, &tv) == 0)
+                g->large_armed = true;
+            return;
+        }
+    } while (!atomic_compare_exchange_weak(&large_slots, &taken, taken + 1));
+    size_t pick = 0;
+    for (size_t i = 0; i < g->nlarge; i++) {
+        if (req_auth(g->large[i])->tenant_id != g->large_last && !tenant_busy(g, g->large[i])) {
+            pick = i;
+            break;
+        }
+    }
+    req *r = g->large[pick];
+    memmove(g->large + pick, g->large + pick + 1, (g->nlarge - pick - 1) * sizeof(req *));
+    g->nlarge--;
+    g->large_last = req_auth(r)->tenant_id;
+    job_send(g, &r, 1, false, true);
+    if (!g->large_busy) /* it could not be sent (and was failed): the slot goes back */
+        atomic_fetch_sub(&large_slots, 1);
+}
+
+/* Picks up to max_items items of the waiting requests into m (n of them) for one group job,
+ * in turns: first at most an even share of items per waiting tenant (its requests in their
+ * order), then, while there is room, the rest in arrival order. Requests of a tenant that a
+ * job in flight holds stay. Returns the count picked; g->q keeps the others, in order. */
+static size_t pick_group(gc_group *g, req **m)
+{
+    size_t max = g->ops->max_items, tenants = 0;
+    idmap *taken = idmap_create(16); /* tenant -> items taken so far */
+    idmap *seen = idmap_create(16);
+    if (!taken || !seen) {
+        idmap_destroy(taken);
+        idmap_destroy(seen);
+        return 0;
+    }
+    for (size_t i = 0; i < g->nq; i++) {
+        uint64_t t = (uint64_t)req_auth(g->q[i])->tenant_id, v;
+        if (!idmap_get(seen, t, &v) && idmap_put(seen, t, 1) == 0)
+            tenants++;
+    }
+    size_t share = tenants > 1 ? max / tenants : max;
+    if (share == 0)
+        share = 1;
+    bool *in = calloc(g->nq + 1, sizeof(*in));
+    size_t n = 0, items = 0;
+    for (int pass = 0; in && pass < 2; pass++) {
+        for (size_t i = 0; i < g->nq && items < max; i++) {
+            req *r = g->q[i];
+            if (in[i] || tenant_busy(g, r))
+                continue;
+            uint64_t t = (uint64_t)req_auth(r)->tenant_id, had = 0;
+            size_t k = g->ops->items(r);
+            if (n > 0 && items + k > max)
+                continue;
+            idmap_get(taken, t, &had);
+            if (pass == 0 && had > 0 && had + k > share)
+                continue; /* its turn is over for now: the next pass */
+            idmap_put(taken, t, had + k);
+            in[i] = true;
+            m[n++] = r;
+            items += k;
+        }
+    }
+    size_t keep = 0;
+    for (size_t i = 0; i < g->nq; i++)
+        if (!in || !in[i])
+            g->q[keep++] = g->q[i];
+    g->nq = keep;
+    free(in);
+    idmap_destroy(taken);
+    idmap_destroy(seen);
+    return n;
+}
+
 /* Sends waiting requests of g while a slot is free, or leaves g when nothing is left. A
  * second job in flight takes only tenants the first does not hold: a tenant's transactions
  * would wait for each other's row lock anyway, and its requests make a bigger group for the
- * next job instead. */
+ * next job instead. Large requests go one at a time beside the group (large_next). */
 static void group_next(gc_group *g)
 {
+    large_next(g);
     while (g->nq > 0 && g->inflight < GC_MAX_INFLIGHT) {
         req **m = malloc(g->nq * sizeof(req *));
         if (!m) {
@@ -324,22 +509,7 @@ static void group_next(gc_group *g)
             g->nq--;
             continue;
         }
-        size_t n = 0, items = 0, keep = 0, i = 0;
-        for (; i < g->nq; i++) {
-            req *r = g->q[i];
-            size_t k = g->ops->items(r);
-            if (n > 0 && items + k > g->ops->max_items)
-                break;
-            if (tenant_busy(g, r)) {
-                g->q[keep++] = r;
-                continue;
-            }
-            m[n++] = r;
-            items += k;
-        }
-        for (; i < g->nq; i++)
-            g->q[keep++] = g->q[i];
-        g->nq = keep;
+        size_t n = pick_group(g, m);
         if (n == 0) {
             free(m);
             break;
@@ -348,12 +518,28 @@ static void group_next(gc_group *g)
             for (size_t x = 0; x < n; x++)
                 req_fail(m[x], RPC_INTERNAL, "out of memory");
         } else {
-            job_send(g, m, n, false);
+            job_send(g, m, n, false, false);
         }
         free(m);
     }
-    if (g->nq == 0 && g->inflight == 0 && !g->noting && !g->note_armed)
+    if (g->nq == 0 && g->inflight == 0 && g->nlarge == 0 && !g->large_busy && g->lane == 0 &&
+        !g->noting && !g->note_armed && !g->large_armed)
         group_free(g);
+}
+
+/* Adds r to the list *list (n entries, room *cap). Returns 0 or -ENOMEM. */
+static int list_add(req ***list, size_t *n, size_t *cap, req *r)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 16;
+        req **l = realloc(*list, c * sizeof(*l));
+        if (!l)
+            return -ENOMEM;
+        *list = l;
+        *cap = c;
+    }
+    (*list)[(*n)++] = r;
+    return 0;
 }
 
 void gc_submit(req *r, const gc_ops *ops)
@@ -370,7 +556,8 @@ void gc_submit(req *r, const gc_ops *ops)
         g->busy = idmap_create(16);
         g->notes = idmap_create(16);
         g->note_timer = evtimer_new(worker_base(g->w), notes_due, g);
-        if (!g->busy || !g->notes || !g->note_timer ||
+        g->large_timer = evtimer_new(worker_base(g->w), large_due, g);
+        if (!g->busy || !g->notes || !g->note_timer || !g->large_timer ||
             idmap_put(groups, GROUP_KEY, (uint64_t)(uintptr_t)g) < 0) {
             g->map = NULL; /* not in it */
             group_free(g);
@@ -381,20 +568,17 @@ void gc_submit(req *r, const gc_ops *ops)
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
-    if (g->nq == g->cq) {
-        size_t cap = g->cq ? g->cq * 2 : 16;
-        req **nq = realloc(g->q, cap * sizeof(*nq));
-        if (!nq) {
-            req_fail(r, RPC_INTERNAL, "out of memory");
-            if (g->nq == 0 && g->inflight == 0)
-                group_next(g); /* leaves */
-            return;
-        }
-        g->q = nq;
-        g->cq = cap;
+    if (req_tenant_blocked(r)) {
+        /* its tenant's row was held elsewhere lately: no group waits for it */
+        lane_send(g, r);
+        group_next(g);
+        return;
     }
-    g->q[g->nq++] = r;
-    group_next(g);
+    int rc = ops->items(r) > GC_LARGE_ITEMS ? list_add(&g->large, &g->nlarge, &g->clarge, r)
+                                            : list_add(&g->q, &g->nq, &g->cq, r);
+    if (rc < 0)
+        req_fail(r, RPC_INTERNAL, "out of memory");
+    group_next(g); /* leaves g when nothing is left */
 }
 
 void gc_worker_fini(idmap *groups)
@@ -403,9 +587,10 @@ void gc_worker_fini(idmap *groups)
     if (!groups || !idmap_get(groups, GROUP_KEY, &v))
         return;
     gc_group *g = (gc_group *)(uintptr_t)v;
-    if (g->nq || g->inflight || g->noting) {
+    if (g->nq || g->inflight || g->noting || g->nlarge || g->large_busy || g->lane) {
         /* cannot happen once the pools are destroyed; kept, not freed under its users */
-        log_warn("store group left with %zu waiting, %zu jobs in flight", g->nq, g->inflight);
+        log_warn("store group left with %zu waiting, %zu jobs in flight", g->nq + g->nlarge,
+                 g->inflight + g->large_busy + g->lane);
         return;
     }
     if (idmap_count(g->notes))

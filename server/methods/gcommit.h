@@ -30,6 +30,12 @@
  * statement of its own (ops->solo_stmt), which either does the write or answers nothing, and
  * then the request goes again alone through the group statement.
  *
+ * Isolation: a group never waits for a tenant's row that another transaction holds (the
+ * statement refuses that tenant's requests with EG503 and they go again alone on the
+ * worker's lane, req_submit_lane, waiting at most write_lock_wait_ms); a request of more
+ * than GC_LARGE_ITEMS items goes alone (see above); and a group takes each waiting tenant's
+ * requests in turn, so one tenant cannot fill every group while others wait.
+ *
  * The kind of write is described by a gc_ops table; memory.store and memory.store_batch
  * without an idempotency key are the users (m_memory.c). A worker keeps one group
  * (worker_store_groups), so one kind of write per worker goes through it. Worker thread
@@ -52,12 +58,21 @@
  * 7,457/s in groups of 4.0 with one (bench/README.md, "Writes over a mix of tenants"). */
 #define GC_MAX_INFLIGHT 1
 
-/* Room for one statement's parameters, owned by the caller of ops->build. */
+/* Room for one statement's parameters, owned by the caller of ops->build, and how the
+ * statement must treat a tenant whose row another transaction holds: wait false, wait for
+ * it at most write_lock_probe_ms, then refuse its requests (sqlstate EG503) so the others
+ * commit; wait true (a request alone on the worker's lane, with a lock_timeout), wait. */
 typedef struct gc_params {
     const char *vals[DB_MAX_PARAMS];
     int lens[DB_MAX_PARAMS];
     int fmts[DB_MAX_PARAMS];
+    bool wait;
 } gc_params;
+
+/* A request of more items than this never rides in a shared group: it goes as a job of its
+ * own, one at a time per worker, tenants in turn, so a tenant's large batches cannot hold
+ * back other tenants' small stores (each waits at most for one group). */
+#define GC_LARGE_ITEMS 64
 
 typedef struct gc_ops {
     size_t max_items; /* the most items one combined statement may carry */

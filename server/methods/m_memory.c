@@ -335,8 +335,8 @@ static void store_done(req *r, const db_result *res)
  * (engram_memory_store_group, no tenant set: see gcommit.h), the requests of any tenants,
  * sorted by tenant. Every item has its vector. Parameter text lives in m[0]'s arena.
  * Returns 0 or -ENOMEM. */
-static int store_query(req *const *m, size_t nm, bool group, db_query *q, const char **vals,
-                       int *lens, int *fmts)
+static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query *q,
+                       const char **vals, int *lens, int *fmts)
 {
     server *s = req_server(m[0]);
     const store_state *st0 = req_state(m[0]);
@@ -391,14 +391,23 @@ static int store_query(req *const *m, size_t nm, bool group, db_query *q, const 
     memset(fmts, 0, 19 * sizeof(*fmts));
     if (group) {
         /* the database picks the limit of each tenant's tier as it is when the rows go in */
-        const char *v[18] = {lits[13], lits[14], lits[15], s->memory_limits, lits[0],  lits[1],
+        /* a tenant whose row another transaction holds: waited for at most
+         * write_lock_probe_ms, then refused (EG503) and sent alone to its lane, which waits
+         * (NULL: the lane's lock_timeout bounds it) */
+        char *probe = wait ? NULL : req_alloc(m[0], 16);
+        if (!wait && !probe)
+            return -ENOMEM;
+        if (probe)
+            snprintf(probe, 16, "%d", s->cfg.write_lock_probe_ms);
+        const char *v[19] = {lits[13], lits[14], lits[15], s->memory_limits, lits[0],  lits[1],
                              lits[2],  lits[3],  lits[4],  lits[5],          lits[6],  emb,
-                             lits[7],  lits[8],  lits[9],  lits[10],         lits[11], lits[12]};
+                             lits[7],  lits[8],  lits[9],  lits[10],         lits[11], lits[12],
+                             probe};
         memcpy(vals, v, sizeof(v));
         lens[11] = (int)vbytes;
         fmts[11] = 1;
         *q = (db_query){.stmt = sql_def(SQL_MEMORY_STORE_GROUP),
-                        .nvalues = 18, /* v[18] */
+                        .nvalues = 19, /* v[19] */
                         .values = vals,
                         .lengths = lens,
                         .formats = fmts};
@@ -434,7 +443,7 @@ static size_t store_items(req *r)
 
 static int store_build(req *const *m, size_t nm, db_query *q, gc_params *p)
 {
-    return store_query(m, nm, true, q, p->vals, p->lens, p->fmts);
+    return store_query(m, nm, true, p->wait, q, p->vals, p->lens, p->fmts);
 }
 
 static const gc_ops store_ops = {
@@ -467,7 +476,7 @@ static void store_submit(req *r, rpc_code code, const char *message)
     }
     gc_params p;
     db_query q;
-    if (store_query(&r, 1, false, &q, p.vals, p.lens, p.fmts) < 0) {
+    if (store_query(&r, 1, false, false, &q, p.vals, p.lens, p.fmts) < 0) {
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }

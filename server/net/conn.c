@@ -401,6 +401,7 @@ bool conn_admit(conn *c, struct req *r, size_t midx, size_t bytes, size_t own)
         c->park_head = r;
     c->park_tail = r;
     metrics_budget_wait();
+    check_backpressure(c); /* reads nothing more until it runs */
     return false;
 }
 
@@ -870,7 +871,7 @@ void conn_tick(conn *c, uint64_t now)
     }
     /* when the budget frees up, connections paused by it read again, starting with the
      * messages that waited in their buffer */
-    if (c->paused && !climits_over(c->srv->limits_cl)) {
+    if ((c->paused || c->park_head || c->budget_wait) && !climits_over(c->srv->limits_cl)) {
         budget_changed(c);
         check_backpressure(c);
         if (!c->paused)

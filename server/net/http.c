@@ -51,9 +51,17 @@ static int on_healthz(server *s, struct evbuffer *b)
     return ok ? 200 : 503;
 }
 
+/* How long a write's vain wait for a lock keeps /readyz degraded, and a job that waited
+ * db_queue_timeout_ms for a connection keeps it unavailable. */
+#define READY_WINDOW_MS 60000
+#define SATURATED_WINDOW_MS 10000
+
 /* GET /readyz: may this process take traffic? Start-up finished, not draining, the indexes
- * loaded and the database reachable (every worker holds a ready connection). 503 names the
- * first reason. */
+ * loaded, the database reachable (every worker holds a ready connection) and not saturated
+ * (no request waited db_queue_timeout_ms for a connection in the last 10 s): else 503,
+ * naming the first reason. "degraded" (200) names a tenant whose writes waited
+ * write_lock_wait_ms in vain for a lock another transaction holds in the last minute: the
+ * process serves everyone else. */
 static int on_readyz(server *s, struct evbuffer *b)
 {
     bool started = atomic_load(&s->ready);
@@ -66,11 +74,34 @@ static int on_readyz(server *s, struct evbuffer *b)
                          : !db      ? "database unreachable"
                          : !indexes ? "indexes loading"
                                     : NULL;
-    evbuffer_add_printf(b, "{\"status\":\"%s\",", reason ? "unavailable" : "ready");
+    /* writes that queue beyond their timeout: the pool is saturated (503); one tenant's
+     * writes that waited in vain for a lock held elsewhere: degraded (200, the others are
+     * served) */
+    uint64_t now = server_mono_ns() / 1000000u, oldest = 0, last_timeout = 0;
+    metrics_db_wait(&oldest, &last_timeout);
+    uint64_t qt = (uint64_t)s->cfg.db_queue_timeout_ms;
+    bool saturated = oldest >= qt || (last_timeout && now - last_timeout < SATURATED_WINDOW_MS);
+    if (!reason && saturated)
+        reason = "database requests queue beyond db_queue_timeout_ms";
+    int64_t stuck_tenant = 0;
+    uint64_t stuck = metrics_write_lock_stuck_since(&stuck_tenant);
+    bool degraded = !reason && stuck && now - stuck < READY_WINDOW_MS;
+    evbuffer_add_printf(b, "{\"status\":\"%s\",",
+                        reason     ? "unavailable"
+                        : degraded ? "degraded"
+                                   : "ready");
     if (reason)
         evbuffer_add_printf(b, "\"reason\":\"%s\",", reason);
-    evbuffer_add_printf(b, "\"database\":\"%s\",\"db_connections_ready\":%u,\"indexes\":\"%s\"}\n",
-                        db ? "up" : "down", ready, indexes ? "loaded" : "loading");
+    if (degraded)
+        evbuffer_add_printf(b,
+                            "\"reason\":\"writes of tenant %lld waited write_lock_wait_ms for a "
+                            "lock another transaction holds, %llu s ago\",",
+                            (long long)stuck_tenant, (unsigned long long)((now - stuck) / 1000));
+    evbuffer_add_printf(b,
+                        "\"database\":\"%s\",\"db_connections_ready\":%u,\"db_oldest_wait_ms\":"
+                        "%llu,\"indexes\":\"%s\"}\n",
+                        db ? "up" : "down", ready, (unsigned long long)oldest,
+                        indexes ? "loaded" : "loading");
     return reason ? 503 : 200;
 }
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "idmap.h"
 #include "log.h"
 #include "memrow.h"
 #include "methods.h"
@@ -472,6 +473,10 @@ void req_fail_db(req *r, const db_result *res)
             return;
         }
     }
+    if (res->sqlstate && strcmp(res->sqlstate, "55P03") == 0) {
+        req_fail(r, RPC_UNAVAILABLE, "%s", res->message ? res->message : "lock not available");
+        return;
+    }
     /* serialization failures and deadlocks are transient: the client may retry */
     if (res->sqlstate &&
         (strcmp(res->sqlstate, "40001") == 0 || strcmp(res->sqlstate, "40P01") == 0 ||
@@ -499,9 +504,302 @@ static void on_job(void *arg, const db_result *res)
     cb(r, res);
 }
 
+/* ---- writes: lock waits off the shared pipelines --------------------------------------- *
+ *
+ * A write of a tenant whose row another transaction holds would wait for it in a pipelined
+ * connection that other tenants' statements share, and stall them all. So a write first
+ * runs with a short lock_timeout (write_lock_probe_ms) in the worker's pool; when that
+ * passes (SQLSTATE 55P03) it runs again on the worker's lane (worker_lane_db: one
+ * connection, one job at a time) with write_lock_wait_ms, and the tenant's next writes go
+ * there directly until one succeeds or that time has passed. One job of a tenant is on the
+ * lane at a time; its others wait in order behind it, and when it fails for the lock they
+ * fail with it (they would wait for the same lock): `unavailable`, naming the wait. */
+
+#define LANE_MAX_WAITING 256 /* a tenant's writes waiting for the lane before refusing */
+
+typedef struct lane_job {
+    struct lane_job *next;
+    req *r;
+    int64_t tenant, rls;
+    void (*cb)(req *r, const db_result *res);
+    int nq;
+    db_query qs[DB_MAX_QUERIES];
+    char *blob; /* the copied values of qs */
+} lane_job;
+
+typedef struct lane_tenant {
+    lane_job *head, *tail; /* waiting for the lane, oldest first */
+    size_t waiting;
+    bool running;           /* one of its jobs is on the lane */
+    uint64_t blocked_until; /* monotonic ms: its writes go to the lane until then */
+} lane_tenant;
+
+static uint64_t now_mono_ms(void)
+{
+    return server_mono_ns() / 1000000u;
+}
+
+static void lane_job_free(lane_job *j)
+{
+    if (j) {
+        free(j->blob);
+        free(j);
+    }
+}
+
+/* A copy of the job (qs copied) for r, or NULL when out of memory. */
+static lane_job *lane_job_new(req *r, int64_t rls, const db_query *qs, int nq,
+                              void (*cb)(req *r, const db_result *res))
+{
+    lane_job *j = calloc(1, sizeof(*j));
+    if (!j || db_query_copy(qs, nq, j->qs, &j->blob) < 0) {
+        free(j);
+        return NULL;
+    }
+    j->r = r;
+    j->tenant = r->auth.tenant_id;
+    j->rls = rls;
+    j->cb = cb;
+    j->nq = nq;
+    return j;
+}
+
+/* The lane state of tenant t on r's worker (created when create), or NULL. */
+static lane_tenant *lane_of(worker *w, int64_t t, bool create)
+{
+    idmap *m = worker_lanes(w);
+    uint64_t v;
+    if (!m)
+        return NULL;
+    if (idmap_get(m, (uint64_t)t, &v))
+        return (lane_tenant *)(uintptr_t)v;
+    if (!create)
+        return NULL;
+    lane_tenant *lt = calloc(1, sizeof(*lt));
+    if (lt && idmap_put(m, (uint64_t)t, (uint64_t)(uintptr_t)lt) < 0) {
+        free(lt);
+        lt = NULL;
+    }
+    return lt;
+}
+
+/* Forgets t's lane state when nothing waits and its block is over. */
+static void lane_tidy(worker *w, int64_t t, lane_tenant *lt)
+{
+    if (!lt->head && !lt->running && now_mono_ms() >= lt->blocked_until) {
+        idmap_del(worker_lanes(w), (uint64_t)t);
+        free(lt);
+    }
+}
+
+static void lane_pump(worker *w, int64_t t, lane_tenant *lt);
+
+/* Ends job j with res through its callback (which ends the request), freeing j. */
+static void lane_finish(lane_job *j, const db_result *res)
+{
+    void (*cb)(req *, const db_result *) = j->cb;
+    req *r = j->r;
+    lane_job_free(j);
+    cb(r, res);
+}
+
+/* Ends job j as failed for want of the database: unavailable with message. */
+static void lane_unavailable(lane_job *j, const char *message)
+{
+    db_result res = {.status = DB_UNAVAILABLE, .message = message};
+    lane_finish(j, &res);
+}
+
+static void lane_done(void *arg, const db_result *res)
+{
+    lane_job *j = arg;
+    worker *w = j->r->w;
+    int64_t t = j->tenant;
+    lane_tenant *lt = lane_of(w, t, false);
+    server *srv = j->r->srv;
+    bool lock_timeout =
+        res->status == DB_ERROR && res->sqlstate && strcmp(res->sqlstate, "55P03") == 0;
+    if (lt)
+        lt->running = false;
+    if (lock_timeout) {
+        metrics_write_lock(METRICS_LOCK_LANE_TIMEOUT);
+        metrics_write_lock_stuck(t);
+        log_info("tenant %lld: a write waited %d ms for a lock another transaction holds; "
+                 "refused with the writes queued behind it",
+                 (long long)t, srv->cfg.write_lock_wait_ms);
+        if (lt)
+            lt->blocked_until = now_mono_ms() + (uint64_t)srv->cfg.write_lock_wait_ms;
+        /* the ones queued behind it would wait for the same lock */
+        lane_job *rest = lt ? lt->head : NULL;
+        if (lt) {
+            lt->head = lt->tail = NULL;
+            lt->waiting = 0;
+        }
+        char msg[200];
+        snprintf(msg, sizeof(msg),
+                 "this tenant's data is locked by another transaction: the write waited %d ms "
+                 "(write_lock_wait_ms) and changed nothing; retry later",
+                 srv->cfg.write_lock_wait_ms);
+        db_result locked = {.status = DB_ERROR, .sqlstate = "55P03", .message = msg};
+        lane_job *all = j;
+        j->next = rest;
+        while (all) {
+            lane_job *next = all->next;
+            lane_finish(all, &locked);
+            all = next;
+        }
+    } else {
+        if (res->status == DB_OK) {
+            metrics_write_lock(METRICS_LOCK_LANE_OK);
+            if (lt)
+                lt->blocked_until = 0;
+        }
+        lane_finish(j, res);
+    }
+    lt = lane_of(w, t, false); /* a callback may have queued more */
+    if (lt) {
+        lane_pump(w, t, lt);
+        lane_tidy(w, t, lt);
+    }
+}
+
+/* Sends t's oldest waiting job to the lane unless one is running. */
+static void lane_pump(worker *w, int64_t t, lane_tenant *lt)
+{
+    while (!lt->running && lt->head) {
+        lane_job *j = lt->head;
+        lt->head = j->next;
+        if (!lt->head)
+            lt->tail = NULL;
+        lt->waiting--;
+        j->next = NULL;
+        const config *cfg = &j->r->srv->cfg;
+        db_opts o = {.rls_tenant = j->rls, .lock_timeout_ms = (unsigned)cfg->write_lock_wait_ms};
+        lt->running = true;
+        int rc = db_submit_opts(worker_lane_db(w), &o, j->qs, j->nq, lane_done, j);
+        if (rc < 0) {
+            lt->running = false;
+            lane_unavailable(j, rc == -EAGAIN   ? "database queue full, retry later"
+                                : rc == -ENOMEM ? "out of memory"
+                                                : "database unavailable (shutting down)");
+        }
+    }
+}
+
+/* Queues j on its tenant's lane (taking it); fails its request when that cannot be. */
+static void lane_enqueue(lane_job *j)
+{
+    worker *w = j->r->w;
+    lane_tenant *lt = lane_of(w, j->tenant, true);
+    if (!lt) {
+        lane_unavailable(j, "out of memory");
+        return;
+    }
+    if (lt->waiting >= LANE_MAX_WAITING) {
+        lane_unavailable(j, "too many writes of this tenant wait for a lock another "
+                            "transaction holds; retry later");
+        return;
+    }
+    if (lt->tail)
+        lt->tail->next = j;
+    else
+        lt->head = j;
+    lt->tail = j;
+    lt->waiting++;
+    lane_pump(w, j->tenant, lt);
+}
+
+void req_submit_lane(req *r, int64_t rls_tenant, const db_query *qs, int nq,
+                     void (*cb)(req *r, const db_result *res))
+{
+    lane_job *j = lane_job_new(r, rls_tenant, qs, nq, cb);
+    if (!j) {
+        db_result res = {.status = DB_UNAVAILABLE, .message = "out of memory"};
+        cb(r, &res);
+        return;
+    }
+    lane_enqueue(j);
+}
+
+void req_tenant_mark_blocked(req *r)
+{
+    lane_tenant *lt = lane_of(r->w, r->auth.tenant_id, true);
+    if (lt)
+        lt->blocked_until = now_mono_ms() + (uint64_t)r->srv->cfg.write_lock_wait_ms;
+    metrics_write_lock(METRICS_LOCK_PROBE_TIMEOUT);
+}
+
+bool req_tenant_blocked(req *r)
+{
+    lane_tenant *lt = lane_of(r->w, r->auth.tenant_id, false);
+    return lt && (lt->head || lt->running || now_mono_ms() < lt->blocked_until);
+}
+
+static void probe_done(void *arg, const db_result *res)
+{
+    lane_job *j = arg;
+    if (res->status == DB_ERROR && res->sqlstate && strcmp(res->sqlstate, "55P03") == 0) {
+        /* the tenant's lock is held elsewhere: wait for it on the lane, and send its next
+         * writes there directly for a while */
+        metrics_write_lock(METRICS_LOCK_PROBE_TIMEOUT);
+        lane_tenant *lt = lane_of(j->r->w, j->tenant, true);
+        if (lt)
+            lt->blocked_until = now_mono_ms() + (uint64_t)j->r->srv->cfg.write_lock_wait_ms;
+        lane_enqueue(j);
+        return;
+    }
+    lane_finish(j, res);
+}
+
+/* A tenant's write: see above. */
+static void write_submit(req *r, int64_t rls_tenant, const db_query *qs, int nq,
+                         void (*cb)(req *r, const db_result *res))
+{
+    lane_job *j = lane_job_new(r, rls_tenant, qs, nq, cb);
+    if (!j) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    if (req_tenant_blocked(r)) {
+        lane_enqueue(j);
+        return;
+    }
+    db_opts o = {.rls_tenant = rls_tenant,
+                 .lock_timeout_ms = (unsigned)r->srv->cfg.write_lock_probe_ms};
+    int rc = db_submit_opts(req_db(r), &o, j->qs, j->nq, probe_done, j);
+    if (rc < 0) {
+        lane_job_free(j);
+        if (rc == -EAGAIN)
+            req_fail(r, RPC_UNAVAILABLE, "database queue full, retry later");
+        else if (rc == -ENOMEM)
+            req_fail(r, RPC_INTERNAL, "out of memory");
+        else
+            req_fail(r, RPC_UNAVAILABLE, "database unavailable (shutting down)");
+    }
+}
+
+static int lane_free_one(uint64_t key, uint64_t value, void *ctx)
+{
+    free((lane_tenant *)(uintptr_t)value);
+    return 0;
+}
+
+void req_lanes_fini(idmap *lanes)
+{
+    if (!lanes)
+        return;
+    /* the pools are destroyed: every job ended; what is left is blocked tenants' marks */
+    idmap_foreach(lanes, lane_free_one, NULL);
+    idmap_clear(lanes);
+}
+
 void req_submit(req *r, int64_t rls_tenant, const db_query *qs, int nq,
                 void (*cb)(req *r, const db_result *res))
 {
+    if (rls_tenant >= 0 && r->m && (r->m->flags & M_WRITE)) {
+        write_submit(r, rls_tenant, qs, nq, cb);
+        return;
+    }
     submit_ctx *sc = malloc(sizeof(*sc));
     if (!sc) {
         req_fail(r, RPC_INTERNAL, "out of memory");

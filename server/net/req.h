@@ -116,6 +116,32 @@ void req_admit_query(req *r, void (*next)(req *r));
 void req_submit(req *r, int64_t rls_tenant, const db_query *qs, int nq,
                 void (*cb)(req *r, const db_result *res));
 
+/* A write (a method flagged M_WRITE) with rls_tenant >= 0 goes through req_submit with a
+ * short lock_timeout (write_lock_probe_ms) and, when its tenant's row is held by another
+ * transaction, again on the worker's lane with write_lock_wait_ms (req.c): no write waits
+ * for a lock in a pipeline other tenants share, and one tenant's stuck lock costs the others
+ * at most one probe. A write that waited write_lock_wait_ms fails with unavailable.
+ *
+ * req_submit_lane sends a job to the lane of r's tenant directly (one job of a tenant at a
+ * time, in order): for writes known to meet a held lock (a store group's refusal). cb always
+ * runs (once, later), with the job's result; a write that waited write_lock_wait_ms in vain
+ * reports DB_ERROR with SQLSTATE 55P03 and a message for the client (req_fail_db answers it
+ * unavailable), and so do its tenant's writes queued behind it. */
+void req_submit_lane(req *r, int64_t rls_tenant, const db_query *qs, int nq,
+                     void (*cb)(req *r, const db_result *res));
+
+/* req_tenant_blocked tells whether r's tenant's writes go to the lane now (its lock was held
+ * elsewhere lately, or one of its writes is there); req_tenant_mark_blocked says its lock
+ * was found held (a store group's probe timed out): its writes go to the lane until one
+ * succeeds there or write_lock_wait_ms has passed. */
+bool req_tenant_blocked(req *r);
+void req_tenant_mark_blocked(req *r);
+
+/* req_lanes_fini frees what a worker's lane map holds (worker_lanes), once its pools are
+ * destroyed. */
+struct idmap;
+void req_lanes_fini(struct idmap *lanes);
+
 /* req_submit_read runs a read-only job of the request's tenant (row-level security bound to
  * it), on a hot standby when pg_read_dsn is set and the standby is consistent with this
  * process, else on the primary; cb(r, res) sees the results of qs only, as with req_submit.

@@ -37,6 +37,8 @@ struct worker {
     struct event_base *base;
     db_pool *db;
     db_pool *rdb;       /* hot standbys (pg_read_dsn), NULL when none: see req_submit_read */
+    db_pool *ldb;       /* the lane: two connections, one job each at a time, for writes
+                         * that wait for a tenant's lock (worker_lane_db) */
     pthread_mutex_t mu; /* guards the mailbox */
     wmsg *mhead, *mtail;
     struct event *ev_mail;
@@ -48,6 +50,7 @@ struct worker {
     uint64_t drain_deadline_ms;
     access_log *access;
     idmap *store_groups; /* see worker_store_groups */
+    idmap *lanes;        /* see worker_lanes */
     qadmit *qadmit;      /* see worker_qadmit */
     /* when the last access-count write began (the worker's creation until then);
      * flushed_once false until the first, which goes at the first tick with counts, as for
@@ -236,6 +239,11 @@ idmap *worker_store_groups(worker *w)
     return w->store_groups;
 }
 
+idmap *worker_lanes(worker *w)
+{
+    return w->lanes;
+}
+
 qadmit *worker_qadmit(worker *w)
 {
     return w->qadmit;
@@ -276,6 +284,13 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
      * /healthz and /readyz report it down within the pool's stall time */
     metrics_db_publish(w->idx, st.connections, st.stalled ? 0 : st.ready, st.queued, st.inflight,
                        st.reconnects, st.failures);
+    {
+        db_pool_stats ls;
+        db_pool_get_stats(w->ldb, &ls);
+        metrics_db_wait_publish(
+            w->idx, st.oldest_wait_ms > ls.oldest_wait_ms ? st.oldest_wait_ms : ls.oldest_wait_ms,
+            st.queue_timeouts + ls.queue_timeouts);
+    }
     if (w->rdb) {
         db_pool_get_stats(w->rdb, &st);
         metrics_db_read_publish(w->idx, st.connections, st.stalled ? 0 : st.ready);
@@ -287,7 +302,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
                 flushed = false;
         /* the store group leaves once its stores ended and its changes were announced */
         bool db_done = !w->flushing && access_log_count(w->access) == 0 && db_pool_idle(w->db) &&
-                       (!w->rdb || db_pool_idle(w->rdb)) && idmap_count(w->store_groups) == 0;
+                       db_pool_idle(w->ldb) && (!w->rdb || db_pool_idle(w->rdb)) &&
+                       idmap_count(w->store_groups) == 0;
         if ((w->inflight == 0 && flushed && db_done) || now >= w->drain_deadline_ms) {
             if (w->inflight)
                 log_warn("worker %u: shutdown timeout with %u requests in flight", w->idx,
@@ -308,9 +324,11 @@ worker *worker_create(server *s, unsigned idx)
     w->last_flush_ms = mono_ms();
     w->access = access_log_create();
     w->store_groups = idmap_create(16);
-    if (!w->access || !w->store_groups) {
+    w->lanes = idmap_create(16);
+    if (!w->access || !w->store_groups || !w->lanes) {
         access_log_destroy(w->access);
         idmap_destroy(w->store_groups);
+        idmap_destroy(w->lanes);
         pthread_mutex_destroy(&w->mu);
         free(w);
         return NULL;
@@ -346,6 +364,14 @@ worker *worker_create(server *s, unsigned idx)
     w->db = db_pool_create(w->base, &dc);
     if (!w->db)
         goto fail;
+    /* the lane: what may wait (a tenant's lock held elsewhere, a large batch) waits here, not
+     * in a pipeline other tenants' statements share */
+    dc.connections = 2; /* a second tenant's wait never queues behind the first's */
+    dc.max_inflight = 1;
+    w->ldb = db_pool_create(w->base, &dc);
+    if (!w->ldb)
+        goto fail;
+    dc.max_inflight = 128;
     if (cfg->pg_read_dsn[0]) {
         /* the same statements and role: a standby runs the read-only ones */
         dc.dsn = cfg->pg_read_dsn;
@@ -367,6 +393,7 @@ worker *worker_create(server *s, unsigned idx)
     return w;
 fail:
     db_pool_destroy(w->rdb);
+    db_pool_destroy(w->ldb);
     db_pool_destroy(w->db);
     qadmit_destroy(w->qadmit);
     if (w->ev_mail)
@@ -378,6 +405,7 @@ fail:
     pthread_mutex_destroy(&w->mu);
     access_log_destroy(w->access);
     idmap_destroy(w->store_groups); /* empty: every store ended before the drain finished */
+    idmap_destroy(w->lanes);
     free(w);
     return NULL;
 }
@@ -437,6 +465,8 @@ void worker_destroy(worker *w)
     }
     db_pool_destroy(w->rdb);
     w->rdb = NULL;
+    db_pool_destroy(w->ldb);
+    w->ldb = NULL;
     db_pool_destroy(w->db); /* its failed reservations reach w->qadmit: destroyed after it */
     w->db = NULL;
     on_mail(-1, 0, w);
@@ -449,6 +479,8 @@ void worker_destroy(worker *w)
     pthread_mutex_destroy(&w->mu);
     access_log_destroy(w->access);
     idmap_destroy(w->store_groups);
+    req_lanes_fini(w->lanes); /* tenants marked blocked; their jobs ended with the pools */
+    idmap_destroy(w->lanes);
     free(w);
 }
 
@@ -539,6 +571,11 @@ struct event_base *worker_base(worker *w)
 db_pool *worker_db(worker *w)
 {
     return w->db;
+}
+
+db_pool *worker_lane_db(worker *w)
+{
+    return w->ldb;
 }
 
 db_pool *worker_read_db(worker *w)

@@ -54,6 +54,12 @@ void worker_accept(server *s, int fd, const struct sockaddr *addr, unsigned *nex
 /* Accessors, valid on the worker's thread. */
 struct event_base *worker_base(worker *w);
 db_pool *worker_db(worker *w);
+/* worker_lane_db returns the worker's lane: a pool of two connections that run one job each
+ * at a time, for writes that wait for a tenant's row lock (held by a transaction
+ * elsewhere), so that no wait sits in a pipeline other tenants share, and a second tenant's
+ * wait does not queue behind the first's. */
+db_pool *worker_lane_db(worker *w);
+
 /* worker_read_db returns the pool of hot standbys (pg_read_dsn), or NULL when none is set. */
 db_pool *worker_read_db(worker *w);
 server *worker_server(worker *w);
@@ -70,6 +76,10 @@ void worker_req_finished(worker *w);
 /* worker_store_groups returns the map that holds the worker's store group while stores are
  * waiting or in flight (see gcommit.h), or NULL; worker thread only. */
 struct idmap *worker_store_groups(worker *w);
+
+/* worker_lanes returns the map of the tenants whose writes wait for their lock on the
+ * worker's lane (req.c); worker thread only. */
+struct idmap *worker_lanes(worker *w);
 
 /* worker_qadmit returns the worker's query admission (qadmit.h); worker thread only. */
 struct qadmit *worker_qadmit(worker *w);

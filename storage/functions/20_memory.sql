@@ -382,12 +382,23 @@ ALTER FUNCTION engram_memory_store_batch(bigint, bigint[], text, bytea, integer,
 -- passes as p_tenants[s] the tenant its connection authenticated as (conn_auth), the very
 -- value it would otherwise have set as engram.tenant_id for that store: the trust placed in
 -- the server is unchanged, and every other statement still runs under row-level security.
+--
+-- A tenant whose row another transaction holds is waited for at most p_probe_ms (another
+-- group holds it for milliseconds; a long transaction of the tenant's own, or an operator's
+-- SELECT ... FOR UPDATE, for as long as it likes): then its segments are refused with
+-- EG503 ('tenant busy'), so the other tenants of the group commit, and the server sends the
+-- refused requests again alone with p_probe_ms NULL (wait), on a connection of their own
+-- with a lock_timeout (server/methods/gcommit.c, write_lock_wait_ms).
+DROP FUNCTION IF EXISTS engram_memory_store_group(bigint[], integer[], integer[], bigint[],
+    bigint[], bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[],
+    bigint[], bigint[], bigint[], bigint[], boolean[]);
 CREATE OR REPLACE FUNCTION engram_memory_store_group(
         p_tenants bigint[], p_counts integer[], p_dims integer[], p_limits bigint[],
         p_agent bigint[], p_clade bigint[], p_scope text[], p_type text[], p_content text[],
         p_importance double precision[], p_metadata text[], p_embeddings bytea,
         p_created_ms bigint[], p_updated_ms bigint[], p_accessed_ms bigint[],
-        p_access_count bigint[], p_expires_ms bigint[], p_pinned boolean[])
+        p_access_count bigint[], p_expires_ms bigint[], p_pinned boolean[],
+        p_probe_ms integer DEFAULT NULL)
     RETURNS TABLE (idx integer, replay boolean, r_created_ms bigint, m_id bigint, m_seq bigint,
                    m_agent_id bigint, m_clade_id bigint, m_scope text, m_type text,
                    m_importance double precision, m_created_ms bigint, m_accessed_ms bigint,
@@ -425,6 +436,8 @@ DECLARE
     v_bytes bigint;
     v_bmax bigint;
     v_btook bigint;
+    v_busy boolean;
+    v_lt text := current_setting('lock_timeout');
 BEGIN
     IF cardinality(p_counts) <> ns OR cardinality(p_dims) <> ns OR ns = 0 THEN
         RAISE EXCEPTION 'segments do not match' USING ERRCODE = 'EG400';
@@ -466,17 +479,22 @@ BEGIN
             v_total := v_total + p_counts[r];
             v_tb := v_tb + v_sb[r];
         END LOOP;
-        -- the common case, every segment fits: one UPDATE takes the lock and the numbers
+        -- the common case, every segment fits: one UPDATE takes the lock and the numbers (a
+        -- row another transaction holds is skipped here when p_probe_ms is set: see above)
         UPDATE tenants t SET change_seq = t.change_seq + v_total,
                              memory_count = t.memory_count + v_total,
                              memory_bytes = t.memory_bytes + v_tb,
                              memory_id_last = t.memory_id_last + v_total
          WHERE t.id = p_tenants[s]
+           AND (p_probe_ms IS NULL OR t.id IN (SELECT x.id FROM tenants x
+                                               WHERE x.id = p_tenants[s]
+                                               FOR UPDATE SKIP LOCKED))
            AND (engram_tier_limit(p_limits, t.tier) IS NULL
                 OR t.memory_count + v_total <= engram_tier_limit(p_limits, t.tier))
            AND (engram_tier_byte_limit(p_limits, t.tier) IS NULL
                 OR t.memory_bytes + v_tb <= engram_tier_byte_limit(p_limits, t.tier))
         RETURNING t.change_seq - v_total, t.memory_id_last - v_total INTO v_last, v_idl;
+        v_busy := false;
         IF FOUND THEN
             FOR q IN s .. r LOOP
                 v_seq0[q] := v_last;
@@ -485,7 +503,34 @@ BEGIN
                 v_idl := v_idl + p_counts[q];
             END LOOP;
         ELSE
+            -- held by another transaction? wait for it at most p_probe_ms (a subtransaction,
+            -- entered only then; its lock_timeout goes with it)
+            v_busy := p_probe_ms IS NOT NULL
+                      AND NOT EXISTS (SELECT 1 FROM tenants x WHERE x.id = p_tenants[s]
+                                      FOR UPDATE SKIP LOCKED)
+                      AND EXISTS (SELECT 1 FROM tenants x WHERE x.id = p_tenants[s]);
+            IF v_busy AND p_probe_ms > 0 THEN
+                BEGIN
+                    PERFORM set_config('lock_timeout', p_probe_ms || 'ms', true);
+                    PERFORM 1 FROM tenants x WHERE x.id = p_tenants[s] FOR UPDATE;
+                    PERFORM set_config('lock_timeout', v_lt, true);
+                    v_busy := false;
+                EXCEPTION WHEN lock_not_available THEN
+                    v_busy := true;
+                END;
+            END IF;
+        END IF;
+        IF v_busy THEN
+            -- another transaction holds the tenant's row: its requests go again alone
+            FOR q IN s .. r LOOP
+                v_state[q] := 'EG503';
+                v_msg[q] := 'tenant busy';
+                v_key[q] := q; -- after nothing of the tenant: the segments' own order
+            END LOOP;
+            v_total := 0;
+        ELSIF v_seq0[s] IS NULL THEN
             -- some segment does not fit (or the tenant is gone): one at a time, in order
+            -- (the row is ours: the UPDATE's SKIP LOCKED or the wait above took it)
             SELECT t.change_seq, t.memory_id_last, t.memory_count,
                    engram_tier_limit(p_limits, t.tier), t.memory_bytes,
                    engram_tier_byte_limit(p_limits, t.tier)
@@ -588,7 +633,7 @@ BEGIN
 END $$;
 ALTER FUNCTION engram_memory_store_group(bigint[], integer[], integer[], bigint[], bigint[],
     bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[], bigint[],
-    bigint[], bigint[], bigint[], boolean[])
+    bigint[], bigint[], bigint[], boolean[], integer)
     SET plan_cache_mode = force_generic_plan;
 
 -- engram_memory_touch adds a batch of access counts (the server's, about once a second per

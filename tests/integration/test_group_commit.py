@@ -143,9 +143,9 @@ def test_stores_of_many_tenants_share_transactions_and_keep_their_own_answers():
 def test_waiting_stores_of_several_tenants_go_in_one_transaction():
     """While a worker's job is in flight, the stores that arrive wait, and then go to
     PostgreSQL together in one transaction, whatever their tenants. Made deterministic by
-    holding the first tenant's row locked: the job of its store is the worker's one place in
-    flight (it waits for the lock), the stores of four other tenants queue, and all ten go in
-    one transaction once the lock is released."""
+    holding the change log locked: the job of the first tenant's store is the worker's one
+    place in flight (it waits for the lock), the stores of four other tenants queue, and all
+    ten go in one transaction once the lock is released."""
     dsn = new_database("groupw")
     srv = Server(dsn, workers=1).start()
     blocker = None
@@ -161,8 +161,11 @@ def test_waiting_stores_of_several_tenants_go_in_one_transaction():
             c.call("ping")
         blocker = subprocess.Popen([os.path.join(PG_BINDIR, "psql"), dsn, "-X", "-q"],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        blocker.stdin.write("BEGIN;\nSELECT 1 FROM tenants WHERE id = %d FOR UPDATE;\n"
-                            "\\echo locked\n" % tenants[0][0])
+        # the change log locked (a tenant's row held elsewhere would no longer hold the group
+        # up: its stores would go alone to the worker's lane, tests/reliability/
+        # test_write_isolation.py)
+        blocker.stdin.write("BEGIN;\nLOCK TABLE memory_changes IN SHARE MODE;\n"
+                            "\\echo locked\n")
         blocker.stdin.flush()
         while blocker.stdout.readline().strip() != "locked":
             pass

@@ -152,6 +152,7 @@ class _Conn:
         self.sock = sock
         self.pending: dict[int, _Request] = {}
         self.dead = False
+        self.error: ClientError | None = None  # why the connection died
         self.answered = False  # an answer came: TLS errors from now on are a lost connection
         self.send_lock = threading.Lock()
         self.packer = _wire.packer()
@@ -161,11 +162,14 @@ class _Conn:
     def send(self, req: _Request) -> None:
         """Registers req and writes it. Raises ConnectionLost when it could not be written
         whole (then the server cannot have executed it) unless the reader thread already
-        handed req back to the core (then it returns: req is being retried or failed);
-        packing errors propagate."""
+        handed req back to the core (then it returns: req is being retried or failed), and
+        TLSError when the connection died of one before req was written; packing errors
+        propagate."""
         core = self.core
         with core.lock:
             if self.dead:
+                if isinstance(self.error, TLSError):  # read before the request was written
+                    raise TLSError(str(self.error))
                 raise ConnectionLost("connection closed")
             req.msgid = core.ids.take(self.pending)
             self.pending[req.msgid] = req
@@ -175,6 +179,15 @@ class _Conn:
                 data = _wire.pack_request(self.packer, req.msgid, req.method, req.params)
                 self.sock.sendall(data)
         except OSError as e:
+            if (isinstance(self.sock, _TLSSocket) and not self.answered
+                    and self.reader is not threading.current_thread()):
+                # TLS 1.3: a server refusing our certificate sends an alert and closes, and
+                # a write racing it fails first. The reader reads the alert and fails this
+                # connection with TLSError, handing req back with it: wait for that.
+                self.reader.join(timeout=0.5)
+                with core.lock:
+                    if self.dead and self.pending.get(req.msgid) is not req:
+                        return
             with core.lock:
                 mine = self.pending.pop(req.msgid, None) is req
             self.fail(ConnectionLost(f"send failed: {e}"))
@@ -241,6 +254,7 @@ class _Conn:
             if self.dead:
                 return
             self.dead = True
+            self.error = exc
             pending = list(self.pending.values())
             self.pending.clear()
             if core.conn is self:

@@ -397,6 +397,12 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
 """
 
 
+def ts_result(method):
+    """The TypeScript result type of a method: the named ones take the client's id type."""
+    r = rtype(method, "ts")
+    return r if r in ("string", "MethodInfo[]", DEFAULT_RESULT[1]) else f"{r}<I>"
+
+
 def ts_type_names():
     names = {"CallOptions", "Id", "EmbeddingInput"}
     for _, ts in list(NARROW.values()) + list(RESULTS.values()):
@@ -437,20 +443,20 @@ def gen_ts(methods):
         dotted = ".".join(path)
         doc = f"`{dotted}.*` methods." if path else "The root of the method tree."
         lines.append(f"/** {doc} */")
-        lines.append(f"export class {cls} {{")
+        lines.append(f"export class {cls}<I extends Id = number> {{")
         for k, c in child_classes:
-            lines.append(f"  readonly {camel(k)}: {c};")
+            lines.append(f"  readonly {camel(k)}: {c}<I>;")
         lines.append("  /** @internal */")
         lines.append("  protected readonly _caller: Caller;")
         lines.append("  constructor(caller: Caller) {")
         lines.append("    this._caller = caller;")
         for k, c in child_classes:
-            lines.append(f"    this.{camel(k)} = new {c}(caller);")
+            lines.append(f"    this.{camel(k)} = new {c}<I>(caller);")
         lines.append("  }")
         for key, m in sorted(node.items()):
             if "name" not in m:
                 continue
-            r = rtype(m["name"], "ts")
+            r = ts_result(m["name"])
             lines.append(f"  /** {DOCS[m['name']]} (`{m['name']}`) */")
             if m["params"]:
                 iname = pascal(m["name"].split(".")) + "Params"

@@ -167,7 +167,8 @@ export interface SearchHit<I extends Id = number> extends Memory<I> {
 
 export interface StoreResult<I extends Id = number> { id: I; created_at: number; replayed: boolean }
 export interface StoreBatchResult<I extends Id = number> { ids: I[]; created_at: number[]; replayed: boolean }
-export interface MemoriesResult<I extends Id = number> { memories: Memory<I>[] }
+/** `missing`: the ids asked for that are not there (from servers that send it). */
+export interface MemoriesResult<I extends Id = number> { memories: Memory<I>[]; missing?: I[] }
 export interface ListResult<I extends Id = number> { memories: Memory<I>[]; next_cursor: string | null }
 export interface SearchResult<I extends Id = number> { results: SearchHit<I>[] }
 export interface SearchResultItem { source: string; title: string; content: string }

@@ -154,7 +154,7 @@ export function prepareParams(
 const ID_FIELDS = new Set(["superseded_by", "merged_into", "superseded", "supersedes", "resumed_from"]);
 /** Result fields holding a list of identifiers besides `ids` and `*_ids`. */
 const ID_LIST_FIELDS = new Set([
-  "deleted", "archived", "restored", "unknown", "notes_added", "notes_removed", "children_missing",
+  "deleted", "archived", "restored", "unknown", "missing", "notes_added", "notes_removed", "children_missing",
 ]);
 /** Maps of the caller's own values, left as they came (a user's `attrs.user_id` is theirs). */
 const OPAQUE_FIELDS = new Set(["metadata", "config", "config_override", "data", "attrs", "simulation"]);

@@ -130,6 +130,7 @@ test("ids are numbers; { bigint: true } gives every id as an exact bigint", asyn
     assert.equal(typeof session_id, "bigint");
     assert.equal((await b.session.get({ session_id })).agent_id, big);
     assert.equal(typeof (await b.memory.stats()).archived, "number"); // a count, not ids
+    assert.deepEqual((await b.memory.get({ ids: [999_999_999n] })).missing, [999_999_999n]);
   } finally {
     b.close();
   }

@@ -117,6 +117,22 @@ def test_the_servers_field_wins_over_the_message():
     assert err.field is None
 
 
+def test_field_from_the_message_of_a_server_that_sends_none():
+    cases = {
+        "parameter 'top_k' must be between 1 and 1000": "top_k",
+        "unknown parameter 'colour'": "colour",
+        "missing required parameter 'content'": "content",
+        "memories[3]: parameter 'importance' must be between 0 and 1": "memories[3].importance",
+        "unknown field 'metadata.colour' (metadata holds tokens, ...)": "metadata.colour",
+        "'memories[2]' must be a map": "memories[2]",
+        "parameters 'type' and 'memory_type' name the same parameter and differ": "type",
+    }
+    for message, field in cases.items():
+        err = error_from_wire({"code": "invalid_argument", "message": message})
+        assert isinstance(err, InvalidArgument) and err.data == {}
+        assert err.field == field, message
+
+
 # ---- a refused connection raises at once ------------------------------------------------
 
 

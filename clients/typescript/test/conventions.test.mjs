@@ -42,6 +42,21 @@ test("InvalidArgumentError names the parameter", async () => {
   // the server's own field, when it sends one, wins over the message
   assert.equal(errorFromWire({ code: "invalid_argument", message: "parameter 'a' is bad", field: "b" }).field, "b");
   assert.equal(errorFromWire({ code: "invalid_argument", message: "no name" }).field, undefined);
+  // a server that sends no field: the name its message quotes
+  for (const [message, field] of [
+    ["parameter 'top_k' must be between 1 and 1000", "top_k"],
+    ["unknown parameter 'colour'", "colour"],
+    ["missing required parameter 'content'", "content"],
+    ["memories[3]: parameter 'importance' must be between 0 and 1", "memories[3].importance"],
+    ["unknown field 'metadata.colour' (metadata holds tokens, ...)", "metadata.colour"],
+    ["'memories[2]' must be a map", "memories[2]"],
+    ["parameters 'type' and 'memory_type' name the same parameter and differ", "type"],
+  ]) {
+    const e = errorFromWire({ code: "invalid_argument", message });
+    assert.ok(e instanceof InvalidArgumentError);
+    assert.deepEqual(e.data, {});
+    assert.equal(e.field, field, message);
+  }
 });
 
 test("a refused connection rejects within a second (0.1: about 19 s)", async () => {

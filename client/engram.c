@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "client.h"
@@ -31,6 +32,8 @@ enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2 };
 #define DEFAULT_HOST "127.0.0.1"
 #define DEFAULT_PORT 7420
 #define DEFAULT_TIMEOUT_MS 30000
+#define DEFAULT_CONNECT_TIMEOUT_MS 1000 /* an engramd that is down answers at once or never */
+#define URL_HOST_MAX 256
 #define JSON_DEPTH 64                        /* nesting accepted from and printed to JSON */
 #define CONTENT_COLS 100                     /* characters of content per search line */
 #define KEY_MAX 4096                         /* bytes read from a key file */
@@ -54,9 +57,11 @@ typedef struct command command;
 
 typedef struct ctx {
     /* global options */
+    const char *url; /* --url URL */
     const char *host;
     const char *port_s;
     const char *timeout_s;
+    const char *connect_timeout_s;
     const char *key_opt;
     const char *key_file_opt;
     const char *tls_ca;   /* --tls-ca FILE */
@@ -1123,9 +1128,9 @@ static const command commands[] = {
 /* ---- usage ------------------------------------------------------------------------------ */
 
 static const char usage_line[] =
-    "usage: engram [--host H] [--port P] [--key KEY | --key-file PATH] "
+    "usage: engram [--url URL | --host H --port P] [--key KEY | --key-file PATH] "
     "[--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] "
-    "[--json] [--timeout-ms N] COMMAND ...";
+    "[--json] [--timeout-ms N] [--connect-timeout-ms N] COMMAND ...";
 
 static void print_help(FILE *f)
 {
@@ -1144,11 +1149,16 @@ static void print_help(FILE *f)
         "\nA CONTENT, QUERY or JSON-PARAMS of - is read from standard input; an ID may be\n"
         "written #12. Put -- before arguments that start with a dash.\n"
         "\noptions (anywhere on the line):\n"
-        "  --host H         server host (ENGRAM_HOST; default " DEFAULT_HOST ")\n"
-        "  --port P         server port (ENGRAM_PORT; default 7420)\n"
+        "  --url URL        the server: engram://HOST[:PORT] (tcp:// too), or\n"
+        "                   engrams://HOST[:PORT] for TLS (tls:// too); PORT defaults to 7420\n"
+        "                   (ENGRAM_URL, read when neither --url nor --host/--port is given)\n"
+        "  --host H         server host (ENGRAM_HOST when ENGRAM_URL is unset; default\n"
+        "                   " DEFAULT_HOST ")\n"
+        "  --port P         server port (ENGRAM_PORT when ENGRAM_URL is unset; default 7420)\n"
         "  --key KEY        API key (ENGRAM_API_KEY); other local users can see it in ps,\n"
         "                   so prefer --key-file\n"
-        "  --key-file PATH  read the API key from the first line of PATH (ENGRAM_KEY_FILE)\n"
+        "  --key-file PATH  read the API key from the first line of PATH\n"
+        "                   (ENGRAM_API_KEY_FILE, or ENGRAM_KEY_FILE, its older name)\n"
         "  --tls            connect over TLS 1.3 (ENGRAM_TLS=1); the server's certificate\n"
         "                   must name the host and chain to the system's CAs or --tls-ca\n"
         "  --tls-ca FILE    PEM CA certificates to verify the server with (ENGRAM_TLS_CA);\n"
@@ -1157,8 +1167,13 @@ static void print_help(FILE *f)
         "                   --tls; an admin needs one when the server sets\n"
         "                   tls_admin_require_client_cert\n"
         "  --tls-key FILE   its PEM private key (ENGRAM_TLS_KEY; default: in --tls-cert)\n"
+        "                   (ENGRAM_TLS_SERVERNAME: the name the server's certificate must\n"
+        "                   carry, when not the host)\n"
         "  --json           print the result as exactly one line of JSON on stdout\n"
-        "  --timeout-ms N   connect and per-call timeout (default 30000; 0: none)\n"
+        "  --timeout-ms N   per-call timeout (default 30000; 0: none)\n"
+        "  --connect-timeout-ms N\n"
+        "                   connecting (and the TLS handshake) at most (default 1000; 0: the\n"
+        "                   per-call timeout); a refused connection fails at once\n"
         "  -h, --help       print this help\n"
         "\nexit status: 0 success, 1 error (\"engram: CODE: MESSAGE\" on stderr), 2 usage error\n",
         f);
@@ -1260,7 +1275,9 @@ static int parse_line(ctx *x, int argc, char **argv, const char **words, int *nw
         } else {
             return usage_error(x, "option --%.*s needs a value", (int)nl, name);
         }
-        if (name_is(name, nl, "host"))
+        if (name_is(name, nl, "url"))
+            x->url = val;
+        else if (name_is(name, nl, "host"))
             x->host = val;
         else if (name_is(name, nl, "port"))
             x->port_s = val;
@@ -1270,6 +1287,8 @@ static int parse_line(ctx *x, int argc, char **argv, const char **words, int *nw
             x->key_file_opt = val;
         else if (name_is(name, nl, "timeout-ms"))
             x->timeout_s = val;
+        else if (name_is(name, nl, "connect-timeout-ms"))
+            x->connect_timeout_s = val;
         else if (name_is(name, nl, "tls-ca"))
             x->tls_ca = val;
         else if (name_is(name, nl, "tls-cert"))
@@ -1343,8 +1362,8 @@ static int read_key_file(ctx *x, const char *path)
     return 0;
 }
 
-/* Settles the key: --key, --key-file, ENGRAM_API_KEY, ENGRAM_KEY_FILE in that order. Sets
- * *key to it or NULL. */
+/* Settles the key: --key, --key-file, ENGRAM_API_KEY, ENGRAM_API_KEY_FILE, ENGRAM_KEY_FILE
+ * (ENGRAM_API_KEY_FILE's older name) in that order. Sets *key to it or NULL. */
 static int resolve_key(ctx *x, const char **key)
 {
     *key = NULL;
@@ -1359,7 +1378,9 @@ static int resolve_key(ctx *x, const char **key)
         *key = env("ENGRAM_API_KEY");
         if (*key)
             return 0;
-        path = env("ENGRAM_KEY_FILE");
+        path = env("ENGRAM_API_KEY_FILE");
+        if (path == NULL)
+            path = env("ENGRAM_KEY_FILE");
     }
     if (path == NULL)
         return 0;
@@ -1369,11 +1390,117 @@ static int resolve_key(ctx *x, const char **key)
     return rc;
 }
 
+/* Parses an Engram URL the way every Engram tool does: engram://HOST[:PORT] or
+ * tcp://HOST[:PORT] (plain), engrams://HOST[:PORT] or tls://HOST[:PORT] (TLS); HOST:PORT
+ * alone is engram://; [v6] brackets an IPv6 address; PORT defaults to DEFAULT_PORT. what
+ * names the URL's source in messages. Fills host (NUL-terminated, hostlen bytes at most),
+ * *port and *tls and returns true, or writes why (never the URL, which could hold a secret)
+ * and returns false. */
+static bool parse_url(const char *url, const char *what, char *host, size_t hostlen, uint64_t *port,
+                      bool *tls, char *why, size_t whylen)
+{
+    const char *sep = strstr(url, "://"), *auth = url;
+    *tls = false;
+    *port = DEFAULT_PORT;
+    if (sep) {
+        size_t n = (size_t)(sep - url);
+        static const struct {
+            const char *name;
+            bool tls;
+        } schemes[] = {{"engram", false}, {"tcp", false}, {"engrams", true}, {"tls", true}};
+        bool known = false;
+        for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]) && !known; i++) {
+            if (n == strlen(schemes[i].name) && strncasecmp(url, schemes[i].name, n) == 0) {
+                known = true;
+                *tls = schemes[i].tls;
+            }
+        }
+        if (!known && ((n == 4 && strncasecmp(url, "http", 4) == 0) ||
+                       (n == 5 && strncasecmp(url, "https", 5) == 0))) {
+            snprintf(why, whylen,
+                     "%s: %.*s:// names engramd's HTTP/JSON port; the engram CLI speaks "
+                     "MessagePack-RPC: use engram://HOST:7420 (engrams:// for TLS)",
+                     what, (int)n, url);
+            return false;
+        }
+        if (!known) {
+            snprintf(why, whylen,
+                     "%s: unknown scheme '%.*s'; use engram://, engrams://, tcp:// or tls://", what,
+                     n > 16 ? 16 : (int)n, url);
+            return false;
+        }
+        auth = sep + 3;
+    }
+    size_t alen = strcspn(auth, "/?#");
+    if (auth[alen] != '\0' && strcmp(auth + alen, "/") != 0) {
+        snprintf(why, whylen, "%s: an Engram URL is scheme://HOST:PORT, without a path or query",
+                 what);
+        return false;
+    }
+    if (memchr(auth, '@', alen)) {
+        snprintf(why, whylen,
+                 "%s: a URL may not carry credentials; give the key with --key-file or "
+                 "ENGRAM_API_KEY(_FILE)",
+                 what);
+        return false;
+    }
+    const char *h = auth, *end = auth + alen, *colon;
+    size_t hlen;
+    if (*h == '[') {
+        const char *rb = memchr(h, ']', alen);
+        if (rb == NULL) {
+            snprintf(why, whylen, "%s: no ']' after the IPv6 address", what);
+            return false;
+        }
+        h++;
+        hlen = (size_t)(rb - h);
+        colon = rb + 1 < end ? rb + 1 : NULL;
+        if (colon && *colon != ':') {
+            snprintf(why, whylen, "%s: not HOST:PORT after the IPv6 address", what);
+            return false;
+        }
+    } else {
+        colon = memchr(h, ':', alen);
+        hlen = colon ? (size_t)(colon - h) : alen;
+        if (colon && memchr(colon + 1, ':', (size_t)(end - colon - 1))) {
+            snprintf(why, whylen, "%s: an IPv6 address goes in brackets: engram://[::1]:7420",
+                     what);
+            return false;
+        }
+    }
+    if (hlen == 0 || hlen >= hostlen) {
+        snprintf(why, whylen, "%s: %s", what, hlen == 0 ? "no host" : "the host is too long");
+        return false;
+    }
+    memcpy(host, h, hlen);
+    host[hlen] = '\0';
+    if (colon) {
+        char digits[8];
+        size_t plen = (size_t)(end - colon - 1);
+        uint64_t p = 0;
+        if (plen == 0 || plen >= sizeof(digits)) {
+            snprintf(why, whylen, "%s: the port must be 1 to 65535", what);
+            return false;
+        }
+        memcpy(digits, colon + 1, plen);
+        digits[plen] = '\0';
+        if (!parse_u64(digits, &p) || p == 0 || p > 65535) {
+            snprintf(why, whylen, "%s: the port must be 1 to 65535", what);
+            return false;
+        }
+        *port = p;
+    }
+    return true;
+}
+
 static int run(ctx *x, int argc, char **argv)
 {
     const char **words = calloc((size_t)argc + 1, sizeof(*words));
     const char *host, *key;
+    char url_host[URL_HOST_MAX];
+    bool url_tls = false;
     uint64_t port = DEFAULT_PORT, timeout = DEFAULT_TIMEOUT_MS;
+    uint64_t connect_timeout = DEFAULT_CONNECT_TIMEOUT_MS;
     client_error e;
     char err[512];
     int nwords, rc;
@@ -1403,21 +1530,40 @@ static int run(ctx *x, int argc, char **argv)
     if (rc >= 0)
         return rc;
 
-    /* connection settings */
-    host = x->host ? x->host : env("ENGRAM_HOST") ? env("ENGRAM_HOST") : DEFAULT_HOST;
-    const char *port_s = x->port_s ? x->port_s : env("ENGRAM_PORT");
-    if (port_s && (!parse_u64(port_s, &port) || port == 0 || port > 65535))
-        return usage_error(x, "the port must be 1 to 65535, not '%s'", port_s);
+    /* connection settings: --url, or --host and --port; else ENGRAM_URL; else ENGRAM_HOST
+     * and ENGRAM_PORT (the names before ENGRAM_URL); else the defaults */
+    if (x->url && (x->host || x->port_s))
+        return usage_error(x, "give --url or --host/--port, not both");
+    const char *url = x->url ? x->url : (x->host || x->port_s) ? NULL : env("ENGRAM_URL");
+    if (url) {
+        char why[256];
+        if (!parse_url(url, x->url ? "--url" : "ENGRAM_URL", url_host, sizeof(url_host), &port,
+                       &url_tls, why, sizeof(why)))
+            return usage_error(x, "%s", why);
+        host = url_host;
+    } else {
+        host = x->host ? x->host : env("ENGRAM_HOST") ? env("ENGRAM_HOST") : DEFAULT_HOST;
+        const char *port_s = x->port_s ? x->port_s : env("ENGRAM_PORT");
+        if (port_s && (!parse_u64(port_s, &port) || port == 0 || port > 65535))
+            return usage_error(x, "the port must be 1 to 65535, not '%s'", port_s);
+    }
     if (x->timeout_s && (!parse_u64(x->timeout_s, &timeout) || timeout > INT_MAX))
         return usage_error(x, "--timeout-ms must be 0 to %d, not '%s'", INT_MAX, x->timeout_s);
+    if (x->connect_timeout_s &&
+        (!parse_u64(x->connect_timeout_s, &connect_timeout) || connect_timeout > INT_MAX))
+        return usage_error(x, "--connect-timeout-ms must be 0 to %d, not '%s'", INT_MAX,
+                           x->connect_timeout_s);
+    if (connect_timeout == 0 || (timeout > 0 && timeout < connect_timeout))
+        connect_timeout = timeout; /* the call's own deadline bounds connecting too */
     /* TLS: flags win over the environment; any file asked for means TLS */
     client_tls tls = {
         .ca_file = x->tls_ca ? x->tls_ca : env("ENGRAM_TLS_CA"),
         .cert_file = x->tls_cert ? x->tls_cert : env("ENGRAM_TLS_CERT"),
         .key_file = x->tls_key ? x->tls_key : env("ENGRAM_TLS_KEY"),
+        .server_name = env("ENGRAM_TLS_SERVERNAME"),
     };
     const char *tls_env = env("ENGRAM_TLS");
-    bool use_tls = x->tls || (tls_env && strcmp(tls_env, "0") != 0) || tls.ca_file ||
+    bool use_tls = x->tls || url_tls || (tls_env && strcmp(tls_env, "0") != 0) || tls.ca_file ||
                    tls.cert_file || tls.key_file;
     if (tls.key_file && !tls.cert_file)
         return usage_error(x, "--tls-key needs --tls-cert");
@@ -1430,7 +1576,7 @@ static int run(ctx *x, int argc, char **argv)
     if (x->cmd->auth == AUTH_REQUIRED && key == NULL)
         return error_out("unauthenticated",
                          "%s needs an API key: use --key-file, --key, "
-                         "ENGRAM_KEY_FILE or ENGRAM_API_KEY",
+                         "ENGRAM_API_KEY_FILE or ENGRAM_API_KEY",
                          x->cmd->name);
 
     /* the arguments, checked before connecting */
@@ -1450,14 +1596,17 @@ static int run(ctx *x, int argc, char **argv)
     if (!msgpack_zone_init(&x->zone, 8192))
         return error_out("out_of_memory", "out of memory");
     x->zone_ok = true;
-    rc = client_connect_tls(host, (uint16_t)port, (int)timeout, use_tls ? &tls : NULL, &x->conn,
-                            err, sizeof(err));
+    rc = client_connect_tls(host, (uint16_t)port, (int)connect_timeout, use_tls ? &tls : NULL,
+                            &x->conn, err, sizeof(err));
+    if (rc == CLIENT_E_TIMEOUT)
+        return error_out("timeout", "%s (in %" PRIu64 " ms; --connect-timeout-ms)", err,
+                         connect_timeout);
     if (rc != 0)
-        return error_out(rc == CLIENT_E_TIMEOUT ? "timeout"
-                         : rc == -ENOMEM        ? "out_of_memory"
-                         : rc == CLIENT_E_TLS   ? "tls_failed"
-                                                : "connect_failed",
+        return error_out(rc == -ENOMEM        ? "out_of_memory"
+                         : rc == CLIENT_E_TLS ? "tls_failed"
+                                              : "connect_failed",
                          "%s", err);
+    client_set_timeout(x->conn, (int)timeout);
     if (key) {
         rc = client_auth(x->conn, key, &e);
         if (rc != 0)

@@ -211,37 +211,78 @@ clients/methods.json (the server's `methods` answer): do not edit by hand.
 
 Three flavours share one shape: ``Sync*`` classes return results, ``Async*`` classes return
 coroutines, ``Future*`` classes return ``concurrent.futures.Future`` (pipelining from one
-thread). Each method's parameters are the server's, in the server's order; required ones
-may be passed by position, the others by keyword. ``None`` means "not sent".
+thread). The identifiers of what a call acts on may be given by position (a session
+method's ``session_id`` first, the ``ids`` or ``id`` of memory methods); every other
+parameter is keyword-only. ``None`` means "not sent". Calls in the old style (every
+required parameter by position) still work, with a DeprecationWarning.
 """
 from __future__ import annotations
 
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
+from ._compat import legacy_positional
+
 if TYPE_CHECKING:
 __IMPORTS__
 '''
 
 
-# Optional parameters that Python still takes by position, right after the required ones:
-# they were required once, and existing calls pass them so (memory.delete(ids)).
-PY_POSITIONAL = {("memory.delete", "ids")}
+# Argument style (Python): the identifiers of what a call acts on may be given by position,
+# everything else is keyword-only, required or not:
+#   - a session method's session first (`session_id`; `parent_id` of session.spawn,
+#     `checkpoint_id` of session.resume), then the object inside it that the method is named
+#     after (`work_item_id` of session.work_item.update);
+#   - `ids` / `id` of the memory methods that act on given memories;
+#   - `key_id` of admin.key.revoke.
+# session.summarize and session.tombstone take session_id first too, though the server may
+# infer it (None: not sent). Calls in the old style (every required parameter by position,
+# in the server's order) still work through _compat.legacy_positional, with a
+# DeprecationWarning.
+PY_TARGETS = {
+    "memory.get": ("ids",), "memory.archive": ("ids",), "memory.restore": ("ids",),
+    "memory.delete": ("ids",), "memory.history": ("id",), "memory.update": ("id",),
+    "admin.key.revoke": ("key_id",),
+    "session.spawn": ("parent_id",), "session.resume": ("checkpoint_id",),
+    "session.work_item.update": ("session_id", "work_item_id"),
+}
+# What the old style took by position beyond the required parameters.
+PY_LEGACY_EXTRA = {"memory.delete": ("ids",)}
+
+
+def py_positional(m):
+    """The parameter names of method m that may be given by position, in order."""
+    names = {p["name"] for p in m["params"]}
+    if m["name"] in PY_TARGETS:
+        pos = PY_TARGETS[m["name"]]
+    elif m["name"].startswith("session.") and "session_id" in names:
+        pos = ("session_id",)
+    else:
+        pos = ()
+    assert all(n in names for n in pos), m["name"]
+    return list(pos)
+
+
+def py_legacy(m):
+    """The positional parameters of the old style: the required ones in the server's order."""
+    return [p["name"] for p in m["params"] if p["required"]] + list(PY_LEGACY_EXTRA.get(m["name"], ()))
 
 
 def py_method(m, flavour, name):
-    req = [p for p in m["params"] if p["required"]]
-    pos = [p for p in m["params"] if not p["required"] and (m["name"], p["name"]) in PY_POSITIONAL]
-    opt = [p for p in m["params"] if not p["required"] and p not in pos]
+    byname = {p["name"]: p for p in m["params"]}
+    pos = [byname[n] for n in py_positional(m)]
+    kw_req = [p for p in m["params"] if p["required"] and p not in pos]
+    kw_opt = [p for p in m["params"] if not p["required"] and p not in pos]
     args = ["self"]
-    for p in req:
-        args.append(f"{p['name']}: {ptype(m['name'], p, 'py')}")
     for p in pos:
-        args.append(f"{p['name']}: {ptype(m['name'], p, 'py')} | None = None")
-    if opt:
+        default = "" if p["required"] else " | None = None"
+        args.append(f"{p['name']}: {ptype(m['name'], p, 'py')}{default}")
+    if kw_req or kw_opt:
         args.append("*")
-        for p in opt:
-            args.append(f"{p['name']}: {ptype(m['name'], p, 'py')} | None = None")
+    for p in kw_req:
+        args.append(f"{p['name']}: {ptype(m['name'], p, 'py')}")
+    for p in kw_opt:
+        args.append(f"{p['name']}: {ptype(m['name'], p, 'py')} | None = None")
     r = rtype(m["name"], "py")
     ret = {"sync": r, "async": r, "future": f"Future[{r}]"}[flavour]
     kw = "async def" if flavour == "async" else "def"
@@ -251,6 +292,10 @@ def py_method(m, flavour, name):
     params = ", ".join(f'"{p["name"]}": {p["name"]}' for p in m["params"])
     sig = ", ".join(args)
     lines = []
+    legacy = py_legacy(m)
+    if legacy != [p["name"] for p in pos][:len(legacy)] or len(legacy) > len(pos):
+        names = "".join(f'"{n}", ' for n in legacy)
+        lines.append(f'    @legacy_positional("{m["name"]}", ({names}))')
     head = f"    {kw} {name}({sig}) -> {ret}:"
     if len(head) > 100:
         lines.append(f"    {kw} {name}(")
@@ -352,6 +397,12 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
 """
 
 
+def ts_result(method):
+    """The TypeScript result type of a method: the named ones take the client's id type."""
+    r = rtype(method, "ts")
+    return r if r in ("string", "MethodInfo[]", DEFAULT_RESULT[1]) else f"{r}<I>"
+
+
 def ts_type_names():
     names = {"CallOptions", "Id", "EmbeddingInput"}
     for _, ts in list(NARROW.values()) + list(RESULTS.values()):
@@ -392,20 +443,20 @@ def gen_ts(methods):
         dotted = ".".join(path)
         doc = f"`{dotted}.*` methods." if path else "The root of the method tree."
         lines.append(f"/** {doc} */")
-        lines.append(f"export class {cls} {{")
+        lines.append(f"export class {cls}<I extends Id = number> {{")
         for k, c in child_classes:
-            lines.append(f"  readonly {camel(k)}: {c};")
+            lines.append(f"  readonly {camel(k)}: {c}<I>;")
         lines.append("  /** @internal */")
         lines.append("  protected readonly _caller: Caller;")
         lines.append("  constructor(caller: Caller) {")
         lines.append("    this._caller = caller;")
         for k, c in child_classes:
-            lines.append(f"    this.{camel(k)} = new {c}(caller);")
+            lines.append(f"    this.{camel(k)} = new {c}<I>(caller);")
         lines.append("  }")
         for key, m in sorted(node.items()):
             if "name" not in m:
                 continue
-            r = rtype(m["name"], "ts")
+            r = ts_result(m["name"])
             lines.append(f"  /** {DOCS[m['name']]} (`{m['name']}`) */")
             if m["params"]:
                 iname = pascal(m["name"].split(".")) + "Params"

@@ -1,10 +1,12 @@
 """The engram CLI against the real server: every command, --json, errors, export/import."""
 import json
 import os
+import socket
 import subprocess
 import tempfile
+import time
 
-from harness import CLI, structured_vectors, vec_bin
+from harness import CLI, free_port, structured_vectors, vec_bin
 
 
 def cli(server, *args, key=None, stdin=None, check=True):
@@ -155,3 +157,97 @@ def test_admin_commands(server):
     cli(server, "admin", "tenant", "delete", "cli-admin-2", key=adm)
     r = cli(server, "admin", "tenant", "get", str(tid), key=adm, check=False)
     assert r.returncode == 1 and "not_found" in r.stderr
+
+
+# ---- the environment every Engram tool reads, and a server that is not there -----------------
+
+
+def cli_env(args, env, timeout=60):
+    """Runs the CLI with exactly env (plus PATH), no --port: where to connect comes from env."""
+    assert CLI and os.access(CLI, os.X_OK), "ENGRAM_CLI must name the engram binary"
+    e = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env}
+    return subprocess.run([CLI] + list(args), capture_output=True, text=True, env=e,
+                          timeout=timeout)
+
+
+def test_engram_url_and_api_key_file(server, tenant):
+    key = tenant[1]
+    with tempfile.TemporaryDirectory() as d:
+        kf = os.path.join(d, "tenant.key")
+        with open(kf, "w") as f:
+            f.write(key + "\n")
+        url = f"engram://127.0.0.1:{server.port}"
+        r = cli_env(["--json", "call", "tenant.usage", "{}"],
+                    {"ENGRAM_URL": url, "ENGRAM_API_KEY_FILE": kf})
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["tenant_id"] == tenant[0]
+        # the old name of the key file still works; ENGRAM_API_KEY_FILE wins over it
+        r = cli_env(["store", "kept via the old name"], {"ENGRAM_URL": url, "ENGRAM_KEY_FILE": kf})
+        assert r.returncode == 0, r.stderr
+        r = cli_env(["search", "old name"], {"ENGRAM_URL": url, "ENGRAM_API_KEY_FILE": kf,
+                                             "ENGRAM_KEY_FILE": "/nonexistent"})
+        assert r.returncode == 0, r.stderr
+        # ENGRAM_URL wins over ENGRAM_HOST/ENGRAM_PORT, which still work without it
+        dead = str(free_port())
+        r = cli_env(["ping"], {"ENGRAM_URL": url, "ENGRAM_PORT": dead})
+        assert r.returncode == 0 and r.stdout.strip() == "pong", r.stderr
+        r = cli_env(["ping"], {"ENGRAM_HOST": "127.0.0.1", "ENGRAM_PORT": str(server.port)})
+        assert r.returncode == 0 and r.stdout.strip() == "pong", r.stderr
+        # flags win over the environment
+        r = cli_env(["--url", f"tcp://127.0.0.1:{server.port}", "ping"],
+                    {"ENGRAM_URL": f"engram://127.0.0.1:{dead}"})
+        assert r.returncode == 0, r.stderr
+        r = cli_env(["--port", str(server.port), "ping"], {"ENGRAM_URL": f"engram://127.0.0.1:{dead}"})
+        assert r.returncode == 0, r.stderr
+        r = cli_env(["--url", f"[::1]:{dead}", "--host", "x", "ping"], {})
+        assert r.returncode == 2 and "not both" in r.stderr
+        # URLs it cannot use are usage errors naming where they came from, never echoed
+        r = cli_env(["ping"], {"ENGRAM_URL": f"http://127.0.0.1:{server.port}"})
+        assert r.returncode == 2 and "ENGRAM_URL: http:// names engramd's HTTP/JSON port" in r.stderr
+        r = cli_env(["ping"], {"ENGRAM_URL": "engram://user:hunter2@127.0.0.1:7420"})
+        assert r.returncode == 2 and "credentials" in r.stderr and "hunter2" not in r.stderr
+        r = cli_env(["--url", "gopher://x", "ping"], {})
+        assert r.returncode == 2 and "--url: unknown scheme 'gopher'" in r.stderr
+        assert key not in r.stdout + r.stderr
+
+
+def blackhole():
+    """A listener that never accepts, its queue full: connects to it get no answer."""
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(0)
+    fill = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(ls.getsockname())
+        except BlockingIOError:
+            pass
+        fill.append(s)
+    time.sleep(0.1)
+    return ls, fill
+
+
+def test_connect_gives_up_after_a_second():
+    """Refused: at once (as before). Unanswered: after --connect-timeout-ms, 1 s by default
+    (before: the whole --timeout-ms, 30 s)."""
+    t = time.monotonic()
+    r = cli_env(["--url", f"engram://127.0.0.1:{free_port()}", "ping"], {})
+    took = time.monotonic() - t
+    print(f"engram CLI, refused port: failed after {took:.2f} s")
+    assert r.returncode == 1 and "connect_failed" in r.stderr and took < 3
+    ls, fill = blackhole()
+    try:
+        t = time.monotonic()
+        r = cli_env(["--port", str(ls.getsockname()[1]), "ping"], {})
+        took = time.monotonic() - t
+        print(f"engram CLI, unanswered connect: failed after {took:.2f} s")
+        assert r.returncode == 1 and "timeout" in r.stderr and "--connect-timeout-ms" in r.stderr
+        assert took < 3
+        r = cli_env(["--port", str(ls.getsockname()[1]), "--connect-timeout-ms", "200", "ping"], {})
+        assert r.returncode == 1 and "in 200 ms" in r.stderr
+    finally:
+        for s in fill:
+            s.close()
+        ls.close()

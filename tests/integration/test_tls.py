@@ -287,6 +287,9 @@ def test_cli_over_tls(srv, pki):
     assert cli(srv, "ping", env={"ENGRAM_TLS_CA": ca}).stdout.strip() == "pong"
     r = cli(srv, "--tls-ca", pki["other_ca"], "ping", check=False)
     assert r.returncode == 1 and "tls_failed" in r.stderr and "certificate" in r.stderr
+    r = cli(srv, "--tls-ca", ca, "ping", env={"ENGRAM_TLS_SERVERNAME": "engram.invalid"},
+            check=False)  # the name the certificate must carry: not the certificate's
+    assert r.returncode == 1 and "tls_failed" in r.stderr
     r = cli(srv, "--tls-ca", os.path.join(os.path.dirname(ca), "missing.pem"), "ping", check=False)
     assert r.returncode == 1 and "tls_failed" in r.stderr and "missing.pem" in r.stderr
     # plain text against the TLS port: refused, never answered
@@ -300,6 +303,12 @@ def test_cli_over_tls(srv, pki):
     cli(srv, "--tls-ca", ca, "store", "rotated the signer key on Tuesday", key_file=keyf)
     r = cli(srv, "--tls-ca", ca, "--json", "search", "signer key", key_file=keyf)
     assert "rotated the signer key" in r.stdout
+    # engrams:// in ENGRAM_URL means TLS (the CA from ENGRAM_TLS_CA), as for every client
+    r = subprocess.run([CLI, "--json", "search", "signer key"], capture_output=True, text=True,
+                       timeout=60, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                        "ENGRAM_URL": f"engrams://127.0.0.1:{srv.port}",
+                                        "ENGRAM_TLS_CA": ca, "ENGRAM_API_KEY_FILE": keyf})
+    assert r.returncode == 0 and "rotated the signer key" in r.stdout, r.stderr
     # the admin: with the operator's certificate, and refused without it
     r = cli(srv, "--tls-ca", ca, "--tls-cert", pki["client"], "--tls-key", pki["client_key"],
             "--json", "admin", "tenant", "list", key_file=srv.admin_key_file)

@@ -10,7 +10,7 @@ import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
 
-import { createEngramMcpServer, type EngramMcpConfig } from "./server.js";
+import { createEngramMcpServer, describeEngramd, engramClient, type EngramMcpConfig } from "./server.js";
 import type { ToolContext } from "./tools.js";
 
 /** How the HTTP server runs; see parseHttpArgs in main.ts for the flags and variables. */
@@ -206,12 +206,7 @@ export async function startHttpServer(cfg: EngramMcpConfig, opts: HttpOptions, l
     pending++;
     let client: Client | undefined;
     try {
-      client = new Client({
-        host: cfg.host,
-        port: cfg.port,
-        timeoutMs: cfg.timeoutMs,
-        ...(cfg.tls ? { tls: true, ...cfg.tls } : {}),
-      });
+      client = engramClient(cfg, undefined);
       let who;
       try {
         who = await client.auth({ api_key: key }); // the client re-authenticates with it after a reconnect
@@ -224,7 +219,7 @@ export async function startHttpServer(cfg: EngramMcpConfig, opts: HttpOptions, l
           const ms = Number(e.data.retry_after_ms ?? 1000);
           jsonRpcError(res, 429, -32000, "Too many requests", { "Retry-After": String(Math.max(1, Math.ceil(ms / 1000))) });
         } else {
-          log(`initialize: cannot authenticate against engramd ${cfg.host}:${cfg.port}: ${e instanceof Error ? e.message : String(e)}`);
+          log(`initialize: cannot authenticate against ${describeEngramd(cfg)}: ${e instanceof Error ? e.message : String(e)}`);
           jsonRpcError(res, 503, -32000, "Engram is unavailable; try again later", { "Retry-After": "5" });
         }
         return;

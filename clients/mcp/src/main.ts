@@ -7,17 +7,18 @@
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 
 import { isLoopbackHost, normalizeOrigin, startHttpServer, type HttpOptions } from "./http.js";
-import { configFromEnv, createContext, createEngramMcpServer, VERSION } from "./server.js";
+import { configFromEnv, createContext, createEngramMcpServer, describeEngramd, VERSION } from "./server.js";
 
 const log = (msg: string) => process.stderr.write(`engram-mcp: ${msg}\n`);
 
 const USAGE =
   "usage: engram-mcp [--http PORT [--host HOST] [--allow-origin ORIGIN]... [--max-sessions N]\n" +
   "                  [--idle-timeout SECONDS] [--http-env-key]]\n" +
-  "env: ENGRAM_HOST ENGRAM_PORT ENGRAM_API_KEY|ENGRAM_API_KEY_FILE ENGRAM_AGENT_ID\n" +
+  "env: ENGRAM_URL ENGRAM_API_KEY|ENGRAM_API_KEY_FILE ENGRAM_AGENT_ID\n" +
   "     ENGRAM_SESSION_ID ENGRAM_MODEL ENGRAM_TIMEOUT_MS\n" +
   "     ENGRAM_TLS ENGRAM_TLS_CA ENGRAM_TLS_CERT ENGRAM_TLS_KEY ENGRAM_TLS_SERVERNAME\n" +
-  "     ENGRAM_MCP_ALLOWED_ORIGINS ENGRAM_MCP_MAX_SESSIONS ENGRAM_MCP_IDLE_TIMEOUT_S (with --http)\n";
+  "     ENGRAM_MCP_ALLOWED_ORIGINS ENGRAM_MCP_MAX_SESSIONS ENGRAM_MCP_IDLE_TIMEOUT_S (with --http)\n" +
+  "     ENGRAM_HOST ENGRAM_PORT (before ENGRAM_URL; used when it is unset)\n";
 
 function usage(why?: string): never {
   if (why) log(why);
@@ -69,7 +70,7 @@ async function main(argv: string[]): Promise<void> {
   const cfg = configFromEnv();
   // A bug must not take the server down with it: report it and carry on.
   process.on("unhandledRejection", (e) => log(`unhandled rejection: ${String(e)}`));
-  const engramd = `engramd ${cfg.host}:${cfg.port}${cfg.tls ? " over TLS" : ""}`;
+  const engramd = describeEngramd(cfg);
 
   if (httpOpts === undefined) {
     if (!cfg.apiKey) log("warning: no ENGRAM_API_KEY or ENGRAM_API_KEY_FILE; tenant tools will fail");

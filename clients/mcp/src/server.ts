@@ -2,7 +2,7 @@
 // that every failure becomes an MCP tool error (isError) with the server's message.
 import { readFileSync } from "node:fs";
 
-import { Client, EngramError, type Id } from "@engram/client";
+import { Client, EngramError, parseEngramUrl, type Id } from "@engram/client";
 // The low-level Server lets each tool declare a hand-written JSON Schema; the high-level
 // McpServer would need zod schemas for the same thing.
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
@@ -13,7 +13,7 @@ import { ArgumentError, TOOLS, type ToolContext } from "./tools.js";
 export { TOOLS } from "./tools.js";
 export type { Tool, ToolContext } from "./tools.js";
 
-export const VERSION = "0.1.0";
+export const VERSION = "0.2.0";
 
 /** TLS to engramd: PEM contents, read from the files the ENGRAM_TLS_* variables name. */
 export interface EngramTlsConfig {
@@ -29,6 +29,8 @@ export interface EngramTlsConfig {
 
 /** Settings, normally read from the environment by configFromEnv. */
 export interface EngramMcpConfig {
+  /** engramd's HTTP/JSON URL when ENGRAM_URL is http(s)://: then host, port and tls are unused. */
+  httpUrl?: string | undefined;
   host: string;
   port: number;
   /** undefined: plain TCP (meant for loopback). */
@@ -82,25 +84,65 @@ function tlsFromEnv(env: NodeJS.ProcessEnv): EngramTlsConfig | undefined {
   return tls;
 }
 
+/** The first line of ENGRAM_API_KEY_FILE; errors name the variable, never the key. */
+function readKeyFile(path: string): string {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (e) {
+    throw new Error(`ENGRAM_API_KEY_FILE: cannot read ${path}: ${(e as Error).message}`);
+  }
+  const key = text.split(/\r?\n/, 1)[0]!.trim();
+  if (!key) throw new Error(`ENGRAM_API_KEY_FILE: ${path} holds no key on its first line`);
+  return key;
+}
+
 /**
- * ENGRAM_HOST (127.0.0.1), ENGRAM_PORT (7420), ENGRAM_API_KEY or ENGRAM_API_KEY_FILE,
- * ENGRAM_AGENT_ID (the default agent id), ENGRAM_SESSION_ID (a session to continue),
- * ENGRAM_MODEL (recorded on new sessions, default "mcp"), ENGRAM_TIMEOUT_MS (15000), and
- * TLS: ENGRAM_TLS, ENGRAM_TLS_CA, ENGRAM_TLS_CERT, ENGRAM_TLS_KEY, ENGRAM_TLS_SERVERNAME.
+ * The variables every Engram tool reads: ENGRAM_URL (`engram://host:port`,
+ * `engrams://host:port` for TLS, or `http(s)://host:port` for the HTTP/JSON port; default
+ * engram://127.0.0.1:7420), ENGRAM_API_KEY or ENGRAM_API_KEY_FILE, and TLS: ENGRAM_TLS,
+ * ENGRAM_TLS_CA, ENGRAM_TLS_CERT, ENGRAM_TLS_KEY, ENGRAM_TLS_SERVERNAME. ENGRAM_HOST and
+ * ENGRAM_PORT, this server's names before ENGRAM_URL, still work when ENGRAM_URL is unset.
+ * This server's own: ENGRAM_AGENT_ID (the default agent id), ENGRAM_SESSION_ID (a session
+ * to continue), ENGRAM_MODEL (recorded on new sessions, default "mcp"), ENGRAM_TIMEOUT_MS
+ * (15000). Throws, naming the variable, for a value that is wrong or a file that cannot be
+ * read.
  */
 export function configFromEnv(env: NodeJS.ProcessEnv = process.env): EngramMcpConfig {
-  let apiKey = env.ENGRAM_API_KEY || undefined;
-  if (!apiKey && env.ENGRAM_API_KEY_FILE) {
-    apiKey = readFileSync(env.ENGRAM_API_KEY_FILE, "utf8").trim();
-  }
-  const port = Number(env.ENGRAM_PORT ?? 7420);
-  if (!Number.isInteger(port) || port < 1 || port > 65535) throw new Error("ENGRAM_PORT must be a port number");
+  let apiKey = env.ENGRAM_API_KEY?.trim() || undefined;
+  if (!apiKey && env.ENGRAM_API_KEY_FILE) apiKey = readKeyFile(env.ENGRAM_API_KEY_FILE);
   const timeoutMs = Number(env.ENGRAM_TIMEOUT_MS ?? 15000);
   if (!(timeoutMs > 0)) throw new Error("ENGRAM_TIMEOUT_MS must be a positive number");
+  let tls = tlsFromEnv(env);
+  let host = env.ENGRAM_HOST || "127.0.0.1";
+  let port = Number(env.ENGRAM_PORT || 7420);
+  let httpUrl: string | undefined;
+  if (env.ENGRAM_URL) {
+    let ep;
+    try {
+      ep = parseEngramUrl(env.ENGRAM_URL, "ENGRAM_URL");
+    } catch (e) {
+      throw new Error((e as Error).message);
+    }
+    if (ep.transport === "http") {
+      if (tls !== undefined) {
+        throw new Error("ENGRAM_URL: the ENGRAM_TLS* variables do not apply to http(s) URLs (Node's fetch trusts its " +
+          "bundled CAs; add yours with NODE_EXTRA_CA_CERTS)");
+      }
+      httpUrl = ep.url;
+    } else {
+      host = ep.host;
+      port = ep.port;
+      if (ep.tls) tls ??= {};
+    }
+  } else if (!Number.isInteger(port) || port < 1 || port > 65535) {
+    throw new Error("ENGRAM_PORT must be a port number");
+  }
   return {
-    host: env.ENGRAM_HOST || "127.0.0.1",
+    httpUrl,
+    host,
     port,
-    tls: tlsFromEnv(env),
+    tls,
     apiKey,
     agentId: parseId("ENGRAM_AGENT_ID", env.ENGRAM_AGENT_ID),
     sessionId: parseId("ENGRAM_SESSION_ID", env.ENGRAM_SESSION_ID),
@@ -109,16 +151,24 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): EngramMcpCo
   };
 }
 
+/** Where cfg points, for logs (never with a key). */
+export function describeEngramd(cfg: EngramMcpConfig): string {
+  if (cfg.httpUrl !== undefined) return `engramd ${cfg.httpUrl}`;
+  return `engramd ${cfg.host}:${cfg.port}${cfg.tls ? " over TLS" : ""}`;
+}
+
+/** A client for cfg's engramd acting with apiKey (none: it authenticates later). It reads
+ * no environment of its own: cfg already did. */
+export function engramClient(cfg: EngramMcpConfig, apiKey: string | undefined): Client {
+  const common = { apiKey, timeoutMs: cfg.timeoutMs, env: {} };
+  if (cfg.httpUrl !== undefined) return new Client({ ...common, url: cfg.httpUrl });
+  return new Client({ ...common, host: cfg.host, port: cfg.port, ...(cfg.tls ? { tls: true, ...cfg.tls } : {}) });
+}
+
 /** The shared state of one MCP server process: the Engram connection and the session. */
 export function createContext(cfg: EngramMcpConfig): ToolContext {
   return {
-    client: new Client({
-      host: cfg.host,
-      port: cfg.port,
-      apiKey: cfg.apiKey,
-      timeoutMs: cfg.timeoutMs,
-      ...(cfg.tls ? { tls: true, ...cfg.tls } : {}),
-    }),
+    client: engramClient(cfg, cfg.apiKey),
     agentId: cfg.agentId,
     model: cfg.model,
     sessionId: cfg.sessionId,

@@ -1,5 +1,5 @@
 // The README's MCP host configuration works as written, with the test's paths: the
-// repository for /path/to/engram, the test server's port and a key file of its own.
+// repository for /path/to/engram, the test server's port in ENGRAM_URL and a key file of its own.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync, writeFileSync, mkdtempSync, rmSync } from "node:fs";
@@ -26,7 +26,8 @@ test("the host configuration snippet starts a working server", async () => {
   const tmp = mkdtempSync(join(tmpdir(), "engram-mcp-readme-"));
   writeFileSync(join(tmp, "demo.key"), api_key + "\n", { mode: 0o600 });
   const env = Object.fromEntries(Object.entries(cfg.env).map(([k, v]) => [k, v.replace("/path/to/engram", REPO)]));
-  env.ENGRAM_PORT = process.env.ENGRAM_TEST_PORT;
+  assert.equal(env.ENGRAM_URL, "engram://127.0.0.1:7420");
+  env.ENGRAM_URL = `engram://127.0.0.1:${process.env.ENGRAM_TEST_PORT}`;
   env.ENGRAM_API_KEY_FILE = join(tmp, "demo.key");
   const transport = new StdioClientTransport({
     command: process.execPath, // "node", as the snippet says, without relying on PATH

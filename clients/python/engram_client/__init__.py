@@ -1,8 +1,9 @@
 """engram_client: Python client for Engram, the memory server for agents.
 
     from engram_client import Client
-    with Client("127.0.0.1", 7420, api_key=KEY) as c:
-        c.memory.store("The user prefers metric units", type="preference", importance=0.8)
+    with Client("127.0.0.1", 7420, api_key=KEY) as c:   # or Client(): ENGRAM_URL, ENGRAM_API_KEY
+        c.memory.store(content="The user prefers metric units", type="preference",
+                       importance=0.8)
         print(c.memory.search(query="units", top_k=3)["results"])
 
 ``AsyncClient`` has the same methods as coroutines. Errors are subclasses of
@@ -17,7 +18,7 @@ from .errors import (AlreadyExists, ClientClosed, ClientError, Conflict, Connect
                      QuotaExceeded, RateLimited, ResultTooLarge, TLSError, Unauthenticated,
                      Unavailable, UnknownMethod)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Client", "AsyncClient", "Pipeline", "RetryPolicy", "NO_RETRY",

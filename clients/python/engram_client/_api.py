@@ -3,13 +3,17 @@ clients/methods.json (the server's `methods` answer): do not edit by hand.
 
 Three flavours share one shape: ``Sync*`` classes return results, ``Async*`` classes return
 coroutines, ``Future*`` classes return ``concurrent.futures.Future`` (pipelining from one
-thread). Each method's parameters are the server's, in the server's order; required ones
-may be passed by position, the others by keyword. ``None`` means "not sent".
+thread). The identifiers of what a call acts on may be given by position (a session
+method's ``session_id`` first, the ``ids`` or ``id`` of memory methods); every other
+parameter is keyword-only. ``None`` means "not sent". Calls in the old style (every
+required parameter by position) still work, with a DeprecationWarning.
 """
 from __future__ import annotations
 
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
+
+from ._compat import legacy_positional
 
 if TYPE_CHECKING:
     from .types import (
@@ -153,10 +157,11 @@ class SyncAdminKey:
     def __init__(self, r: Any) -> None:
         self._r = r
 
+    @legacy_positional("admin.key.create", ("name", ))
     def create(
         self,
-        name: str,
         *,
+        name: str,
         tenant_id: int | None = None,
         tenant: str | None = None,
     ) -> dict[str, Any]:
@@ -187,11 +192,12 @@ class SyncAdminTenant:
     def __init__(self, r: Any) -> None:
         self._r = r
 
+    @legacy_positional("admin.tenant.create", ("name", "tier", ))
     def create(
         self,
+        *,
         name: str,
         tier: Tier,
-        *,
         embedding: EmbeddingConfig | None = None,
         index_engine: str | None = None,
     ) -> TenantCreateResult:
@@ -424,7 +430,8 @@ class SyncMemory:
             "include_embedding": include_embedding,
         }))
 
-    def provenance(self, response: str, injected: Sequence[int]) -> dict[str, Any]:
+    @legacy_positional("memory.provenance", ("response", "injected", ))
+    def provenance(self, *, response: str, injected: Sequence[int]) -> dict[str, Any]:
         """Estimates which injected memories a response used (sentence embeddings) and records it. (``memory.provenance``)"""
         return cast("dict[str, Any]", self._r._call("memory.provenance", {
             "response": response,
@@ -485,12 +492,13 @@ class SyncMemory:
         """Counts the tenant's memories by type and scope. (``memory.stats``)"""
         return cast("StatsResult", self._r._call("memory.stats", {}))
 
+    @legacy_positional("memory.store", ("content", "type", "importance", ))
     def store(
         self,
+        *,
         content: str,
         type: MemoryType,
         importance: float,
-        *,
         metadata: Metadata | None = None,
         embedding: Embedding | None = None,
         agent_id: int | None = None,
@@ -525,10 +533,11 @@ class SyncMemory:
             "idempotency_key": idempotency_key,
         }))
 
+    @legacy_positional("memory.store_batch", ("memories", ))
     def store_batch(
         self,
-        memories: Sequence[MemoryInput],
         *,
+        memories: Sequence[MemoryInput],
         idempotency_key: str | None = None,
     ) -> StoreBatchResult:
         """Stores up to 1000 memories in one transaction: all or none. (``memory.store_batch``)"""
@@ -572,14 +581,15 @@ class SyncSessionNote:
     def __init__(self, r: Any) -> None:
         self._r = r
 
+    @legacy_positional("session.note.add", ("session_id", "category", "key", "value", "scope", ))
     def add(
         self,
         session_id: int,
+        *,
         category: NoteCategory,
         key: str,
         value: str,
         scope: NoteScope,
-        *,
         work_item_id: int | None = None,
         agent_id: int | None = None,
     ) -> NoteAddResult:
@@ -609,11 +619,12 @@ class SyncSessionScratchpad:
             "session_id": session_id,
         }))
 
+    @legacy_positional("session.scratchpad.update", ("session_id", "content", ))
     def update(
         self,
         session_id: int,
-        content: str,
         *,
+        content: str,
         expected_version: int | None = None,
         token_count: int | None = None,
     ) -> Scratchpad:
@@ -650,11 +661,12 @@ class SyncSessionWorkItem:
     def __init__(self, r: Any) -> None:
         self._r = r
 
+    @legacy_positional("session.work_item.add", ("session_id", "title", ))
     def add(
         self,
         session_id: int,
-        title: str,
         *,
+        title: str,
         description: str | None = None,
         status: str | None = None,
         owner_agent_id: int | None = None,
@@ -725,12 +737,13 @@ class SyncSession:
         self.task = SyncSessionTask(r)
         self.work_item = SyncSessionWorkItem(r)
 
+    @legacy_positional("session.append", ("session_id", "role", "content", ))
     def append(
         self,
         session_id: int,
+        *,
         role: Role,
         content: str,
-        *,
         parent_id: int | None = None,
         tokens: int | None = None,
         cost_usdc: float | None = None,
@@ -763,11 +776,12 @@ class SyncSession:
             "limit": limit,
         }))
 
+    @legacy_positional("session.checkpoint", ("session_id", "label", ))
     def checkpoint(
         self,
         session_id: int,
-        label: str,
         *,
+        label: str,
         metadata: Mapping[str, Any] | None = None,
     ) -> CheckpointResult:
         """Captures a session's full state to resume from later. (``session.checkpoint``)"""
@@ -787,7 +801,8 @@ class SyncSession:
         """Lists a session's sub-agents in spawn order. (``session.children``)"""
         return cast("dict[str, Any]", self._r._call("session.children", {"session_id": session_id}))
 
-    def complete(self, session_id: int, output: str) -> dict[str, Any]:
+    @legacy_positional("session.complete", ("session_id", "output", ))
+    def complete(self, session_id: int, *, output: str) -> dict[str, Any]:
         """Records a sub-agent's output and marks it completed. (``session.complete``)"""
         return cast("dict[str, Any]", self._r._call("session.complete", {
             "session_id": session_id,
@@ -808,7 +823,8 @@ class SyncSession:
             "agent_id": agent_id,
         }))
 
-    def create(self, agent_id: int, config: SessionConfig) -> SessionCreateResult:
+    @legacy_positional("session.create", ("agent_id", "config", ))
+    def create(self, *, agent_id: int, config: SessionConfig) -> SessionCreateResult:
         """Creates a session for an agent. (``session.create``)"""
         return cast("SessionCreateResult", self._r._call("session.create", {
             "agent_id": agent_id,
@@ -833,11 +849,12 @@ class SyncSession:
         """Returns a session with its costs, counters and constraints. (``session.get``)"""
         return cast("dict[str, Any]", self._r._call("session.get", {"session_id": session_id}))
 
+    @legacy_positional("session.handoff", ("session_id", "mode", ))
     def handoff(
         self,
         session_id: int,
-        mode: HandoffMode,
         *,
+        mode: HandoffMode,
         agent_id: int | None = None,
     ) -> dict[str, Any]:
         """Returns the package another agent, a human or a recovering process needs. (``session.handoff``)"""
@@ -915,12 +932,13 @@ class SyncSession:
             "branch_type": branch_type,
         }))
 
+    @legacy_positional("session.spawn", ("parent_id", "task", "return_format", ))
     def spawn(
         self,
         parent_id: int,
+        *,
         task: str,
         return_format: ReturnFormat,
-        *,
         model: str | None = None,
         context: str | None = None,
         max_tokens: int | None = None,
@@ -937,13 +955,14 @@ class SyncSession:
             "agent_id": agent_id,
         }))
 
+    @legacy_positional("session.summarize", ("summary", "through_entry_id", "messages_compacted", ))
     def summarize(
         self,
+        session_id: int | None = None,
+        *,
         summary: str,
         through_entry_id: int,
         messages_compacted: int,
-        *,
-        session_id: int | None = None,
     ) -> dict[str, Any]:
         """Records a compaction summary standing in for the entries it covers. (``session.summarize``)"""
         return cast("dict[str, Any]", self._r._call("session.summarize", {
@@ -953,7 +972,8 @@ class SyncSession:
             "messages_compacted": messages_compacted,
         }))
 
-    def tombstone(self, entry_id: int, *, session_id: int | None = None) -> dict[str, Any]:
+    @legacy_positional("session.tombstone", ("entry_id", ))
+    def tombstone(self, session_id: int | None = None, *, entry_id: int) -> dict[str, Any]:
         """Hides a transcript entry from the transcript from now on. (``session.tombstone``)"""
         return cast("dict[str, Any]", self._r._call("session.tombstone", {
             "entry_id": entry_id,
@@ -986,7 +1006,8 @@ class SyncRoot:
         self.session = SyncSession(r)
         self.tenant = SyncTenant(r)
 
-    def auth(self, api_key: str) -> AuthResult:
+    @legacy_positional("auth", ("api_key", ))
+    def auth(self, *, api_key: str) -> AuthResult:
         """Authenticates the connection with a tenant key or the admin key. (``auth``)"""
         return cast("AuthResult", self._r._call("auth", {"api_key": api_key}))
 
@@ -1007,10 +1028,11 @@ class AsyncAdminKey:
     def __init__(self, r: Any) -> None:
         self._r = r
 
+    @legacy_positional("admin.key.create", ("name", ))
     async def create(
         self,
-        name: str,
         *,
+        name: str,
         tenant_id: int | None = None,
         tenant: str | None = None,
     ) -> dict[str, Any]:
@@ -1046,11 +1068,12 @@ class AsyncAdminTenant:
     def __init__(self, r: Any) -> None:
         self._r = r
 
+    @legacy_positional("admin.tenant.create", ("name", "tier", ))
     async def create(
         self,
+        *,
         name: str,
         tier: Tier,
-        *,
         embedding: EmbeddingConfig | None = None,
         index_engine: str | None = None,
     ) -> TenantCreateResult:
@@ -1288,7 +1311,8 @@ class AsyncMemory:
             "include_embedding": include_embedding,
         }))
 
-    async def provenance(self, response: str, injected: Sequence[int]) -> dict[str, Any]:
+    @legacy_positional("memory.provenance", ("response", "injected", ))
+    async def provenance(self, *, response: str, injected: Sequence[int]) -> dict[str, Any]:
         """Estimates which injected memories a response used (sentence embeddings) and records it. (``memory.provenance``)"""
         return cast("dict[str, Any]", await self._r._acall("memory.provenance", {
             "response": response,
@@ -1349,12 +1373,13 @@ class AsyncMemory:
         """Counts the tenant's memories by type and scope. (``memory.stats``)"""
         return cast("StatsResult", await self._r._acall("memory.stats", {}))
 
+    @legacy_positional("memory.store", ("content", "type", "importance", ))
     async def store(
         self,
+        *,
         content: str,
         type: MemoryType,
         importance: float,
-        *,
         metadata: Metadata | None = None,
         embedding: Embedding | None = None,
         agent_id: int | None = None,
@@ -1389,10 +1414,11 @@ class AsyncMemory:
             "idempotency_key": idempotency_key,
         }))
 
+    @legacy_positional("memory.store_batch", ("memories", ))
     async def store_batch(
         self,
-        memories: Sequence[MemoryInput],
         *,
+        memories: Sequence[MemoryInput],
         idempotency_key: str | None = None,
     ) -> StoreBatchResult:
         """Stores up to 1000 memories in one transaction: all or none. (``memory.store_batch``)"""
@@ -1436,14 +1462,15 @@ class AsyncSessionNote:
     def __init__(self, r: Any) -> None:
         self._r = r
 
+    @legacy_positional("session.note.add", ("session_id", "category", "key", "value", "scope", ))
     async def add(
         self,
         session_id: int,
+        *,
         category: NoteCategory,
         key: str,
         value: str,
         scope: NoteScope,
-        *,
         work_item_id: int | None = None,
         agent_id: int | None = None,
     ) -> NoteAddResult:
@@ -1473,11 +1500,12 @@ class AsyncSessionScratchpad:
             "session_id": session_id,
         }))
 
+    @legacy_positional("session.scratchpad.update", ("session_id", "content", ))
     async def update(
         self,
         session_id: int,
-        content: str,
         *,
+        content: str,
         expected_version: int | None = None,
         token_count: int | None = None,
     ) -> Scratchpad:
@@ -1514,11 +1542,12 @@ class AsyncSessionWorkItem:
     def __init__(self, r: Any) -> None:
         self._r = r
 
+    @legacy_positional("session.work_item.add", ("session_id", "title", ))
     async def add(
         self,
         session_id: int,
-        title: str,
         *,
+        title: str,
         description: str | None = None,
         status: str | None = None,
         owner_agent_id: int | None = None,
@@ -1589,12 +1618,13 @@ class AsyncSession:
         self.task = AsyncSessionTask(r)
         self.work_item = AsyncSessionWorkItem(r)
 
+    @legacy_positional("session.append", ("session_id", "role", "content", ))
     async def append(
         self,
         session_id: int,
+        *,
         role: Role,
         content: str,
-        *,
         parent_id: int | None = None,
         tokens: int | None = None,
         cost_usdc: float | None = None,
@@ -1627,11 +1657,12 @@ class AsyncSession:
             "limit": limit,
         }))
 
+    @legacy_positional("session.checkpoint", ("session_id", "label", ))
     async def checkpoint(
         self,
         session_id: int,
-        label: str,
         *,
+        label: str,
         metadata: Mapping[str, Any] | None = None,
     ) -> CheckpointResult:
         """Captures a session's full state to resume from later. (``session.checkpoint``)"""
@@ -1653,7 +1684,8 @@ class AsyncSession:
             "session_id": session_id,
         }))
 
-    async def complete(self, session_id: int, output: str) -> dict[str, Any]:
+    @legacy_positional("session.complete", ("session_id", "output", ))
+    async def complete(self, session_id: int, *, output: str) -> dict[str, Any]:
         """Records a sub-agent's output and marks it completed. (``session.complete``)"""
         return cast("dict[str, Any]", await self._r._acall("session.complete", {
             "session_id": session_id,
@@ -1674,7 +1706,8 @@ class AsyncSession:
             "agent_id": agent_id,
         }))
 
-    async def create(self, agent_id: int, config: SessionConfig) -> SessionCreateResult:
+    @legacy_positional("session.create", ("agent_id", "config", ))
+    async def create(self, *, agent_id: int, config: SessionConfig) -> SessionCreateResult:
         """Creates a session for an agent. (``session.create``)"""
         return cast("SessionCreateResult", await self._r._acall("session.create", {
             "agent_id": agent_id,
@@ -1701,11 +1734,12 @@ class AsyncSession:
             "session_id": session_id,
         }))
 
+    @legacy_positional("session.handoff", ("session_id", "mode", ))
     async def handoff(
         self,
         session_id: int,
-        mode: HandoffMode,
         *,
+        mode: HandoffMode,
         agent_id: int | None = None,
     ) -> dict[str, Any]:
         """Returns the package another agent, a human or a recovering process needs. (``session.handoff``)"""
@@ -1783,12 +1817,13 @@ class AsyncSession:
             "branch_type": branch_type,
         }))
 
+    @legacy_positional("session.spawn", ("parent_id", "task", "return_format", ))
     async def spawn(
         self,
         parent_id: int,
+        *,
         task: str,
         return_format: ReturnFormat,
-        *,
         model: str | None = None,
         context: str | None = None,
         max_tokens: int | None = None,
@@ -1805,13 +1840,14 @@ class AsyncSession:
             "agent_id": agent_id,
         }))
 
+    @legacy_positional("session.summarize", ("summary", "through_entry_id", "messages_compacted", ))
     async def summarize(
         self,
+        session_id: int | None = None,
+        *,
         summary: str,
         through_entry_id: int,
         messages_compacted: int,
-        *,
-        session_id: int | None = None,
     ) -> dict[str, Any]:
         """Records a compaction summary standing in for the entries it covers. (``session.summarize``)"""
         return cast("dict[str, Any]", await self._r._acall("session.summarize", {
@@ -1821,7 +1857,8 @@ class AsyncSession:
             "messages_compacted": messages_compacted,
         }))
 
-    async def tombstone(self, entry_id: int, *, session_id: int | None = None) -> dict[str, Any]:
+    @legacy_positional("session.tombstone", ("entry_id", ))
+    async def tombstone(self, session_id: int | None = None, *, entry_id: int) -> dict[str, Any]:
         """Hides a transcript entry from the transcript from now on. (``session.tombstone``)"""
         return cast("dict[str, Any]", await self._r._acall("session.tombstone", {
             "entry_id": entry_id,
@@ -1854,7 +1891,8 @@ class AsyncRoot:
         self.session = AsyncSession(r)
         self.tenant = AsyncTenant(r)
 
-    async def auth(self, api_key: str) -> AuthResult:
+    @legacy_positional("auth", ("api_key", ))
+    async def auth(self, *, api_key: str) -> AuthResult:
         """Authenticates the connection with a tenant key or the admin key. (``auth``)"""
         return cast("AuthResult", await self._r._acall("auth", {"api_key": api_key}))
 
@@ -1875,10 +1913,11 @@ class FutureAdminKey:
     def __init__(self, r: Any) -> None:
         self._r = r
 
+    @legacy_positional("admin.key.create", ("name", ))
     def create(
         self,
-        name: str,
         *,
+        name: str,
         tenant_id: int | None = None,
         tenant: str | None = None,
     ) -> Future[dict[str, Any]]:
@@ -1916,11 +1955,12 @@ class FutureAdminTenant:
     def __init__(self, r: Any) -> None:
         self._r = r
 
+    @legacy_positional("admin.tenant.create", ("name", "tier", ))
     def create(
         self,
+        *,
         name: str,
         tier: Tier,
-        *,
         embedding: EmbeddingConfig | None = None,
         index_engine: str | None = None,
     ) -> Future[TenantCreateResult]:
@@ -2173,7 +2213,8 @@ class FutureMemory:
             "include_embedding": include_embedding,
         }))
 
-    def provenance(self, response: str, injected: Sequence[int]) -> Future[dict[str, Any]]:
+    @legacy_positional("memory.provenance", ("response", "injected", ))
+    def provenance(self, *, response: str, injected: Sequence[int]) -> Future[dict[str, Any]]:
         """Estimates which injected memories a response used (sentence embeddings) and records it. (``memory.provenance``)"""
         return cast("Future[dict[str, Any]]", self._r._submit("memory.provenance", {
             "response": response,
@@ -2234,12 +2275,13 @@ class FutureMemory:
         """Counts the tenant's memories by type and scope. (``memory.stats``)"""
         return cast("Future[StatsResult]", self._r._submit("memory.stats", {}))
 
+    @legacy_positional("memory.store", ("content", "type", "importance", ))
     def store(
         self,
+        *,
         content: str,
         type: MemoryType,
         importance: float,
-        *,
         metadata: Metadata | None = None,
         embedding: Embedding | None = None,
         agent_id: int | None = None,
@@ -2274,10 +2316,11 @@ class FutureMemory:
             "idempotency_key": idempotency_key,
         }))
 
+    @legacy_positional("memory.store_batch", ("memories", ))
     def store_batch(
         self,
-        memories: Sequence[MemoryInput],
         *,
+        memories: Sequence[MemoryInput],
         idempotency_key: str | None = None,
     ) -> Future[StoreBatchResult]:
         """Stores up to 1000 memories in one transaction: all or none. (``memory.store_batch``)"""
@@ -2321,14 +2364,15 @@ class FutureSessionNote:
     def __init__(self, r: Any) -> None:
         self._r = r
 
+    @legacy_positional("session.note.add", ("session_id", "category", "key", "value", "scope", ))
     def add(
         self,
         session_id: int,
+        *,
         category: NoteCategory,
         key: str,
         value: str,
         scope: NoteScope,
-        *,
         work_item_id: int | None = None,
         agent_id: int | None = None,
     ) -> Future[NoteAddResult]:
@@ -2358,11 +2402,12 @@ class FutureSessionScratchpad:
             "session_id": session_id,
         }))
 
+    @legacy_positional("session.scratchpad.update", ("session_id", "content", ))
     def update(
         self,
         session_id: int,
-        content: str,
         *,
+        content: str,
         expected_version: int | None = None,
         token_count: int | None = None,
     ) -> Future[Scratchpad]:
@@ -2404,11 +2449,12 @@ class FutureSessionWorkItem:
     def __init__(self, r: Any) -> None:
         self._r = r
 
+    @legacy_positional("session.work_item.add", ("session_id", "title", ))
     def add(
         self,
         session_id: int,
-        title: str,
         *,
+        title: str,
         description: str | None = None,
         status: str | None = None,
         owner_agent_id: int | None = None,
@@ -2479,12 +2525,13 @@ class FutureSession:
         self.task = FutureSessionTask(r)
         self.work_item = FutureSessionWorkItem(r)
 
+    @legacy_positional("session.append", ("session_id", "role", "content", ))
     def append(
         self,
         session_id: int,
+        *,
         role: Role,
         content: str,
-        *,
         parent_id: int | None = None,
         tokens: int | None = None,
         cost_usdc: float | None = None,
@@ -2517,11 +2564,12 @@ class FutureSession:
             "limit": limit,
         }))
 
+    @legacy_positional("session.checkpoint", ("session_id", "label", ))
     def checkpoint(
         self,
         session_id: int,
-        label: str,
         *,
+        label: str,
         metadata: Mapping[str, Any] | None = None,
     ) -> Future[CheckpointResult]:
         """Captures a session's full state to resume from later. (``session.checkpoint``)"""
@@ -2543,7 +2591,8 @@ class FutureSession:
             "session_id": session_id,
         }))
 
-    def complete(self, session_id: int, output: str) -> Future[dict[str, Any]]:
+    @legacy_positional("session.complete", ("session_id", "output", ))
+    def complete(self, session_id: int, *, output: str) -> Future[dict[str, Any]]:
         """Records a sub-agent's output and marks it completed. (``session.complete``)"""
         return cast("Future[dict[str, Any]]", self._r._submit("session.complete", {
             "session_id": session_id,
@@ -2564,7 +2613,8 @@ class FutureSession:
             "agent_id": agent_id,
         }))
 
-    def create(self, agent_id: int, config: SessionConfig) -> Future[SessionCreateResult]:
+    @legacy_positional("session.create", ("agent_id", "config", ))
+    def create(self, *, agent_id: int, config: SessionConfig) -> Future[SessionCreateResult]:
         """Creates a session for an agent. (``session.create``)"""
         return cast("Future[SessionCreateResult]", self._r._submit("session.create", {
             "agent_id": agent_id,
@@ -2591,11 +2641,12 @@ class FutureSession:
             "session_id": session_id,
         }))
 
+    @legacy_positional("session.handoff", ("session_id", "mode", ))
     def handoff(
         self,
         session_id: int,
-        mode: HandoffMode,
         *,
+        mode: HandoffMode,
         agent_id: int | None = None,
     ) -> Future[dict[str, Any]]:
         """Returns the package another agent, a human or a recovering process needs. (``session.handoff``)"""
@@ -2673,12 +2724,13 @@ class FutureSession:
             "branch_type": branch_type,
         }))
 
+    @legacy_positional("session.spawn", ("parent_id", "task", "return_format", ))
     def spawn(
         self,
         parent_id: int,
+        *,
         task: str,
         return_format: ReturnFormat,
-        *,
         model: str | None = None,
         context: str | None = None,
         max_tokens: int | None = None,
@@ -2695,13 +2747,14 @@ class FutureSession:
             "agent_id": agent_id,
         }))
 
+    @legacy_positional("session.summarize", ("summary", "through_entry_id", "messages_compacted", ))
     def summarize(
         self,
+        session_id: int | None = None,
+        *,
         summary: str,
         through_entry_id: int,
         messages_compacted: int,
-        *,
-        session_id: int | None = None,
     ) -> Future[dict[str, Any]]:
         """Records a compaction summary standing in for the entries it covers. (``session.summarize``)"""
         return cast("Future[dict[str, Any]]", self._r._submit("session.summarize", {
@@ -2711,7 +2764,8 @@ class FutureSession:
             "messages_compacted": messages_compacted,
         }))
 
-    def tombstone(self, entry_id: int, *, session_id: int | None = None) -> Future[dict[str, Any]]:
+    @legacy_positional("session.tombstone", ("entry_id", ))
+    def tombstone(self, session_id: int | None = None, *, entry_id: int) -> Future[dict[str, Any]]:
         """Hides a transcript entry from the transcript from now on. (``session.tombstone``)"""
         return cast("Future[dict[str, Any]]", self._r._submit("session.tombstone", {
             "entry_id": entry_id,
@@ -2744,7 +2798,8 @@ class FutureRoot:
         self.session = FutureSession(r)
         self.tenant = FutureTenant(r)
 
-    def auth(self, api_key: str) -> Future[AuthResult]:
+    @legacy_positional("auth", ("api_key", ))
+    def auth(self, *, api_key: str) -> Future[AuthResult]:
         """Authenticates the connection with a tenant key or the admin key. (``auth``)"""
         return cast("Future[AuthResult]", self._r._submit("auth", {"api_key": api_key}))
 

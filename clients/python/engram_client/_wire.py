@@ -79,6 +79,25 @@ def retry_delay(policy: RetryPolicy, method: str, exc: BaseException, attempt: i
     return None
 
 
+def retry_connect(policy: RetryPolicy, reconnect: bool, attempt: int,
+                  exc: BaseException) -> bool:
+    """True when connection attempt number ``attempt`` (1-based), which failed with
+    ``exc``, is to be followed by another. A refused or reset connection is tried again at
+    most ``policy.max_retries`` times, after the policy's backoff (by default 4 more tries
+    within about 0.75 s); an attempt that timed out is not (it already waited
+    connect_timeout), nor is anything with reconnect off."""
+    if not reconnect or attempt > policy.max_retries:
+        return False
+    return not isinstance(exc, TimeoutError)
+
+
+def connect_failure(host: str, port: int, exc: BaseException, connect_timeout: float) -> str:
+    """The message of a connection that could not be made."""
+    if isinstance(exc, TimeoutError):
+        return f"cannot connect to {host}:{port}: no answer within {connect_timeout:g} s"
+    return f"cannot connect to {host}:{port}: {exc}"
+
+
 def new_idempotency_key() -> str:
     return "py-" + uuid.uuid4().hex
 

@@ -7,7 +7,7 @@ import socket
 import ssl
 from typing import Any, Mapping
 
-from . import _tls, _wire
+from . import _config, _tls, _wire
 from ._api import AsyncRoot
 from ._wire import RetryPolicy
 from .errors import (ClientClosed, ClientError, ConnectionLost, EngramError, EngramTimeout,
@@ -117,18 +117,21 @@ class AsyncClient(AsyncRoot):
     in the blocking client.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 7420, *,
-                 api_key: str | None = None, timeout: float = 30.0,
-                 connect_timeout: float = 5.0, retry: RetryPolicy | None = None,
+    def __init__(self, host: str | None = None, port: int | None = None, *,
+                 url: str | None = None, api_key: str | None = None, timeout: float = 30.0,
+                 connect_timeout: float = 1.0, retry: RetryPolicy | None = None,
                  reconnect: bool = True, numpy_embeddings: bool | None = None,
                  tls: bool | ssl.SSLContext | None = None, tls_ca_file: str | None = None,
                  tls_cert_file: str | None = None, tls_key_file: str | None = None,
                  tls_server_hostname: str | None = None) -> None:
-        self._tls = _tls.make_context(tls, tls_ca_file, tls_cert_file, tls_key_file)
-        self._server_hostname = tls_server_hostname or host
-        self._host = host
-        self._port = port
-        self._api_key = api_key
+        cfg = _config.resolve(host, port, url, api_key, tls, tls_ca_file, tls_cert_file,
+                              tls_key_file, tls_server_hostname)
+        self._tls = _tls.make_context(cfg.tls, cfg.tls_ca_file, cfg.tls_cert_file,
+                                      cfg.tls_key_file)
+        self._server_hostname = cfg.tls_server_hostname or cfg.host
+        self._host = cfg.host
+        self._port = cfg.port
+        self._api_key = cfg.api_key
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._retry = retry or RetryPolicy()
@@ -210,8 +213,9 @@ class AsyncClient(AsyncRoot):
                         raise _tls.tls_error(e, self._host, self._port) from e
                     if self._closed:
                         raise ClientClosed("client is closed") from e
-                    if not self._reconnect or attempt > max(self._retry.max_retries, 1) * 4:
-                        raise _ConnectFailed(f"cannot connect to {self._host}:{self._port}: {e}")
+                    if not _wire.retry_connect(self._retry, self._reconnect, attempt, e):
+                        raise _ConnectFailed(_wire.connect_failure(
+                            self._host, self._port, e, self._connect_timeout)) from None
                     await asyncio.sleep(min(self._retry.backoff(attempt), max(0.0, remaining)))
                     continue
                 sock = w.get_extra_info("socket")
@@ -222,8 +226,13 @@ class AsyncClient(AsyncRoot):
                     try:
                         _, fut = conn.send("auth", {"api_key": self._api_key})
                         await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
-                    except ConnectionLost:
+                    except ConnectionLost as e:
                         conn.fail(ConnectionLost("connection lost during auth"))
+                        if not _wire.retry_connect(self._retry, self._reconnect, attempt, e):
+                            raise _ConnectFailed(f"cannot connect to {self._host}:{self._port}: "
+                                                 "the connection was lost during auth") from None
+                        await asyncio.sleep(min(self._retry.backoff(attempt),
+                                                max(0.0, deadline - loop.time())))
                         continue
                     except asyncio.TimeoutError:
                         conn.fail(ConnectionLost("auth timed out"))

@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Mapping
 
-from . import _tls, _wire
+from . import _config, _tls, _wire
 from ._api import FutureRoot, SyncRoot
 from ._wire import RetryPolicy
 from .errors import (ClientClosed, ClientError, ConnectionLost, EngramError, EngramTimeout,
@@ -152,6 +152,7 @@ class _Conn:
         self.sock = sock
         self.pending: dict[int, _Request] = {}
         self.dead = False
+        self.error: ClientError | None = None  # why the connection died
         self.answered = False  # an answer came: TLS errors from now on are a lost connection
         self.send_lock = threading.Lock()
         self.packer = _wire.packer()
@@ -161,11 +162,14 @@ class _Conn:
     def send(self, req: _Request) -> None:
         """Registers req and writes it. Raises ConnectionLost when it could not be written
         whole (then the server cannot have executed it) unless the reader thread already
-        handed req back to the core (then it returns: req is being retried or failed);
-        packing errors propagate."""
+        handed req back to the core (then it returns: req is being retried or failed), and
+        TLSError when the connection died of one before req was written; packing errors
+        propagate."""
         core = self.core
         with core.lock:
             if self.dead:
+                if isinstance(self.error, TLSError):  # read before the request was written
+                    raise TLSError(str(self.error))
                 raise ConnectionLost("connection closed")
             req.msgid = core.ids.take(self.pending)
             self.pending[req.msgid] = req
@@ -175,6 +179,15 @@ class _Conn:
                 data = _wire.pack_request(self.packer, req.msgid, req.method, req.params)
                 self.sock.sendall(data)
         except OSError as e:
+            if (isinstance(self.sock, _TLSSocket) and not self.answered
+                    and self.reader is not threading.current_thread()):
+                # TLS 1.3: a server refusing our certificate sends an alert and closes, and
+                # a write racing it fails first. The reader reads the alert and fails this
+                # connection with TLSError, handing req back with it: wait for that.
+                self.reader.join(timeout=0.5)
+                with core.lock:
+                    if self.dead and self.pending.get(req.msgid) is not req:
+                        return
             with core.lock:
                 mine = self.pending.pop(req.msgid, None) is req
             self.fail(ConnectionLost(f"send failed: {e}"))
@@ -241,6 +254,7 @@ class _Conn:
             if self.dead:
                 return
             self.dead = True
+            self.error = exc
             pending = list(self.pending.values())
             self.pending.clear()
             if core.conn is self:
@@ -301,8 +315,9 @@ class _Core:
                 except OSError as e:
                     if self.closed:
                         raise ClientClosed("client is closed") from e
-                    if not self.reconnect or attempt > max(retry.max_retries, 1) * 4:
-                        raise ConnectionLost(f"cannot connect to {self.host}:{self.port}: {e}")
+                    if not _wire.retry_connect(retry, self.reconnect, attempt, e):
+                        raise ConnectionLost(_wire.connect_failure(self.host, self.port, e,
+                                                                   self.connect_timeout)) from None
                     time.sleep(min(retry.backoff(attempt), max(0.0, remaining)))
                     continue
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -316,8 +331,13 @@ class _Core:
                 try:
                     if self.api_key is not None:
                         self._authenticate(conn, deadline)
-                except ConnectionLost:
+                except ConnectionLost as e:
                     conn.fail(ConnectionLost("connection lost during auth"))
+                    if not _wire.retry_connect(retry, self.reconnect, attempt, e):
+                        raise ConnectionLost(f"cannot connect to {self.host}:{self.port}: "
+                                             "the connection was lost during auth") from None
+                    time.sleep(min(retry.backoff(attempt),
+                                   max(0.0, deadline - time.monotonic())))
                     continue
                 except BaseException:
                     conn.fail(ConnectionLost("auth failed"))
@@ -431,7 +451,13 @@ class Client(SyncRoot):
 
     ``Client(host, port, api_key=...)`` connects on first use (or :meth:`connect`) and
     authenticates with ``api_key``; after a lost connection the next call reconnects with
-    backoff and authenticates again. Every server method is a typed method:
+    backoff and authenticates again. ``url="engram://host:port"`` (``engrams://`` for TLS)
+    may stand for host and port. Left out, the address comes from ``ENGRAM_URL`` (with the
+    ``ENGRAM_TLS*`` variables) and the key from ``ENGRAM_API_KEY`` or the file
+    ``ENGRAM_API_KEY_FILE``; without them, 127.0.0.1:7420 and no key. ``connect_timeout``
+    bounds each connection attempt; a refused one is tried again at most
+    ``retry.max_retries`` times after a short backoff, so an unreachable server raises
+    :class:`ConnectionLost` within about a second. Every server method is a typed method:
     ``client.memory.store(...)``, ``client.session.checkpoint(...)``,
     ``client.admin.tenant.create(...)``. Results are dicts as in docs/protocol.md; errors
     raise :class:`engram_client.errors.EngramError` subclasses.
@@ -453,16 +479,18 @@ class Client(SyncRoot):
     :class:`engram_client.errors.TLSError`, which is never retried.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 7420, *,
-                 api_key: str | None = None, timeout: float = 30.0,
-                 connect_timeout: float = 5.0, retry: RetryPolicy | None = None,
+    def __init__(self, host: str | None = None, port: int | None = None, *,
+                 url: str | None = None, api_key: str | None = None, timeout: float = 30.0,
+                 connect_timeout: float = 1.0, retry: RetryPolicy | None = None,
                  reconnect: bool = True, numpy_embeddings: bool | None = None,
                  tls: bool | ssl.SSLContext | None = None, tls_ca_file: str | None = None,
                  tls_cert_file: str | None = None, tls_key_file: str | None = None,
                  tls_server_hostname: str | None = None) -> None:
-        ctx = _tls.make_context(tls, tls_ca_file, tls_cert_file, tls_key_file)
-        self._core = _Core(host, port, api_key, connect_timeout, reconnect, numpy_embeddings,
-                           ctx, tls_server_hostname)
+        cfg = _config.resolve(host, port, url, api_key, tls, tls_ca_file, tls_cert_file,
+                              tls_key_file, tls_server_hostname)
+        ctx = _tls.make_context(cfg.tls, cfg.tls_ca_file, cfg.tls_cert_file, cfg.tls_key_file)
+        self._core = _Core(cfg.host, cfg.port, cfg.api_key, connect_timeout, reconnect,
+                           numpy_embeddings, ctx, cfg.tls_server_hostname)
         self._timeout = timeout
         self._retry = retry or RetryPolicy()
         self._init_api(self)
@@ -530,7 +558,7 @@ class Pipeline(FutureRoot):
     """The client's methods returning ``concurrent.futures.Future``: each call is sent at
     once and the answers are matched as they come, in any order.
 
-        f1 = client.pipeline.memory.store("a", "fact", 0.5)
+        f1 = client.pipeline.memory.store(content="a", type="fact", importance=0.5)
         f2 = client.pipeline.memory.search(query="a")
         print(f1.result()["id"], f2.result()["results"])
     """

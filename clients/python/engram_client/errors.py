@@ -7,6 +7,7 @@ docs/protocol.md, "Errors"). Fields that some codes add (``limit``, ``usage``,
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 __all__ = [
@@ -14,7 +15,7 @@ __all__ = [
     "PermissionDenied", "NotFound", "AlreadyExists", "Conflict", "QuotaExceeded",
     "RateLimited", "CostLimitExceeded", "Unavailable", "InternalError",
     "ClientError", "ConnectionLost", "TLSError", "EngramTimeout", "ClientClosed",
-    "error_from_wire",
+    "error_from_wire", "field_from_message", "ResultTooLarge",
     "ERROR_CLASSES",
 ]
 
@@ -36,8 +37,43 @@ class EngramError(Exception):
 
 
 class InvalidArgument(EngramError):
-    """A parameter is missing, of the wrong type, out of range or unknown."""
+    """A parameter is missing, of the wrong type, out of range or unknown. ``field`` names
+    it: the server's ``field`` when it sends one, else the parameter its message quotes
+    (``parameter 'top_k' must be ...``, ``unknown parameter 'x'``, ``missing required
+    parameter 'x'``; a path such as ``memories[3].importance`` inside a batch), else None."""
     code = "invalid_argument"
+
+    @property
+    def field(self) -> str | None:
+        v = self.data.get("field")
+        if isinstance(v, str) and v:
+            return v
+        return field_from_message(self.message)
+
+
+# The first quoted name in a message: after "parameter", "parameters" or "field"
+# ("unknown parameter 'x'", "missing required parameter 'x'", "parameters 'type' and
+# 'memory_type' ...", "unknown field 'metadata.x'"), or a quoted name that opens it
+# ("'memories[3]' must be a map"). A batch item's errors open with its path
+# ("memories[3]: parameter 'importance' ..."), which is put in front of the name.
+_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\])?(?:\.\w+(?:\[\d+\])?)*): ")
+_QUOTED = re.compile(r"(?:\b(?:parameters?|field)\s+|^)'([^']+)'")
+
+
+def field_from_message(message: str) -> str | None:
+    """The parameter an invalid_argument message names (``memories[3].importance`` for a
+    batch item's), or None."""
+    prefix = ""
+    m = _PREFIX.match(message)
+    if m:
+        prefix, message = m.group(1), message[m.end():]
+    q = _QUOTED.search(message)
+    if q is None:
+        return None
+    name = q.group(1)
+    if prefix and name != prefix and not name.startswith((prefix + ".", prefix + "[")):
+        name = f"{prefix}.{name}"
+    return name
 
 
 class MalformedRequest(EngramError):

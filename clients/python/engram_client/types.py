@@ -158,7 +158,11 @@ class StoreBatchResult(TypedDict):
     replayed: bool
 
 
-class MemoriesResult(TypedDict):
+class _Missing(TypedDict, total=False):
+    missing: list[int]  # the ids asked for that are not there (from servers that send it)
+
+
+class MemoriesResult(_Missing):
     memories: list[Memory]
 
 

@@ -40,7 +40,7 @@ class Server:
         name = "py-" + "".join(random.choices(string.ascii_lowercase, k=12))
         emb = {"provider": "builtin", "dim": dim} if dim else None
         with self.admin() as a:
-            r = a.admin.tenant.create(name, tier, embedding=emb)
+            r = a.admin.tenant.create(name=name, tier=tier, embedding=emb)
         return r["api_key"]
 
     def client(self, key, **kw):

@@ -59,18 +59,37 @@ def test_generated_code_is_current():
     assert r.returncode == 0, r.stderr
 
 
+# The argument style (README, "Methods"): the identifiers of what a call acts on may be
+# given by position, everything else is keyword-only.
+TARGETS = {
+    "memory.get": ["ids"], "memory.archive": ["ids"], "memory.restore": ["ids"],
+    "memory.delete": ["ids"], "memory.history": ["id"], "memory.update": ["id"],
+    "admin.key.revoke": ["key_id"], "session.spawn": ["parent_id"],
+    "session.resume": ["checkpoint_id"],
+    "session.work_item.update": ["session_id", "work_item_id"],
+}
+
+
+def positional(m):
+    if m["name"] in TARGETS:
+        return TARGETS[m["name"]]
+    has_session = any(p["name"] == "session_id" for p in m["params"])
+    return ["session_id"] if m["name"].startswith("session.") and has_session else []
+
+
 def check_client_surface(root, live):
     names = {m["name"] for m in live}
     assert public_methods(root) == names
     for m in live:
         fn = resolve(root, m["name"])
         assert fn is not None, f"client lacks {m['name']}"
-        sig = inspect.signature(fn)
-        params = list(sig.parameters.values())
-        assert [p.name for p in params] == \
-            [p["name"] for p in m["params"] if p["required"]] + \
-            [p["name"] for p in m["params"] if not p["required"]], m["name"]
+        params = list(inspect.signature(fn).parameters.values())
+        assert sorted(p.name for p in params) == sorted(p["name"] for p in m["params"]), \
+            m["name"]
+        pos = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+        assert pos == positional(m), m["name"]
         for p in params:
+            assert p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY), (m["name"], p.name)
             spec = next(x for x in m["params"] if x["name"] == p.name)
             assert (p.default is inspect.Parameter.empty) == spec["required"], \
                 (m["name"], p.name)

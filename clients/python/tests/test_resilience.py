@@ -19,7 +19,8 @@ def vec(i):
 
 
 def test_pipeline_futures_match_answers(client):
-    futs = [client.pipeline.memory.store(f"pipelined {i}", "fact", 0.5, embedding=vec(i))
+    futs = [client.pipeline.memory.store(content=f"pipelined {i}", type="fact", importance=0.5,
+                                         embedding=vec(i))
             for i in range(200)]
     ids = [f.result(timeout=30)["id"] for f in futs]
     assert len(set(ids)) == 200
@@ -37,7 +38,8 @@ def test_threads_share_one_connection(client):
     def work(t):
         try:
             for i in range(20):
-                r = client.memory.store(f"t{t}-{i}", "fact", 0.5, embedding=vec(t * 20 + i))
+                r = client.memory.store(content=f"t{t}-{i}", type="fact", importance=0.5,
+                                        embedding=vec(t * 20 + i))
                 assert client.memory.get([r["id"]])["memories"][0]["content"] == f"t{t}-{i}"
         except Exception as e:  # noqa: BLE001
             errors.append(e)
@@ -67,7 +69,7 @@ def test_lost_reply_to_store_is_retried_without_storing_twice(server, key, proxy
     with Client("127.0.0.1", proxy.port, api_key=key) as c:
         c.connect()
         proxy.drop_next_reply = True
-        r = c.memory.store("stored once", "fact", 0.5, embedding=V)
+        r = c.memory.store(content="stored once", type="fact", importance=0.5, embedding=V)
         assert r["replayed"] is True  # the retry carried the first try's idempotency key
     with server.client(key) as c:
         assert c.memory.stats()["total"] == 1
@@ -75,12 +77,12 @@ def test_lost_reply_to_store_is_retried_without_storing_twice(server, key, proxy
 
 def test_lost_reply_to_unrepeatable_write_is_reported(server, key, proxy):
     with server.client(key) as direct:
-        sid = direct.session.create(1, {"model": "m"})["session_id"]
+        sid = direct.session.create(agent_id=1, config={"model": "m"})["session_id"]
     with Client("127.0.0.1", proxy.port, api_key=key) as c:
         c.connect()
         proxy.drop_next_reply = True
         with pytest.raises(ConnectionLost) as e:
-            c.session.append(sid, "user", "maybe")
+            c.session.append(sid, role="user", content="maybe")
         assert e.value.maybe_committed is True
         # the client is usable again afterwards
         assert len(c.session.messages(sid)["messages"]) == 1
@@ -121,9 +123,9 @@ def test_quota_exceeded_carries_limit_and_usage(server):
     key = server.tenant(tier="standard", dim=8)  # 3 memories (clients/run-tests)
     with server.client(key) as c:
         for i in range(3):
-            c.memory.store(f"m{i}", "fact", 0.5, embedding=vec(i))
+            c.memory.store(content=f"m{i}", type="fact", importance=0.5, embedding=vec(i))
         with pytest.raises(QuotaExceeded) as e:
-            c.memory.store("one too many", "fact", 0.5, embedding=V)
+            c.memory.store(content="one too many", type="fact", importance=0.5, embedding=V)
         assert (e.value.limit, e.value.usage, e.value.requested) == (3, 3, 1)
 
 
@@ -132,14 +134,14 @@ def test_async_reconnect_lost_reply_and_timeout(server, key, proxy):
         async with AsyncClient("127.0.0.1", proxy.port, api_key=key, timeout=5) as c:
             await c.connect()
             proxy.drop_next_reply = True
-            r = await c.memory.store("async once", "fact", 0.5, embedding=V)
+            r = await c.memory.store(content="async once", type="fact", importance=0.5, embedding=V)
             assert r["replayed"] is True
             proxy.cut()
             assert (await c.memory.stats())["total"] == 1
-            sid = (await c.session.create(1, {"model": "m"}))["session_id"]
+            sid = (await c.session.create(agent_id=1, config={"model": "m"}))["session_id"]
             proxy.drop_next_reply = True
             with pytest.raises(ConnectionLost) as e:
-                await c.session.append(sid, "user", "maybe")
+                await c.session.append(sid, role="user", content="maybe")
             assert e.value.maybe_committed
             proxy.blackhole = True
             with pytest.raises(EngramTimeout):

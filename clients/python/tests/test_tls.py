@@ -36,7 +36,8 @@ def test_tenant_stores_and_searches_over_tls(server, tls_server):
     key = server.tenant(dim=8)
     with Client(t.host, t.port, api_key=key, tls_ca_file=t.ca) as c:
         assert "tls=True" in repr(c) and key not in repr(c)
-        r = c.memory.store("The user prefers metric units", "preference", 0.8, embedding=V)
+        r = c.memory.store(content="The user prefers metric units", type="preference",
+                           importance=0.8, embedding=V)
         hits = c.memory.search(embedding=V, top_k=3)["results"]
         assert [h["id"] for h in hits] == [r["id"]]
         assert hits[0]["content"] == "The user prefers metric units"
@@ -82,7 +83,7 @@ def test_admin_needs_a_client_certificate(server, tls_server):
     t = tls_server
     with Client(t.host, t.port, api_key=t.admin_key, tls_ca_file=t.ca,
                 tls_cert_file=t.client_cert, tls_key_file=t.client_key) as a:
-        key = a.admin.tenant.create(tenant_name(), "premium")["api_key"]
+        key = a.admin.tenant.create(name=tenant_name(), tier="premium")["api_key"]
         assert a.admin.tenant.list(limit=1)["tenants"]
     with server.client(key) as c:  # made over TLS, usable anywhere
         assert c.tenant.usage()["tier"] == "premium"
@@ -129,7 +130,7 @@ def test_reconnect_does_a_new_handshake(server, tls_server):
     p = Proxy(t.host, t.port)  # TCP only: the TLS session runs through it end to end
     try:
         with Client("127.0.0.1", p.port, api_key=key, tls_ca_file=t.ca) as c:
-            c.memory.store("before the cut", "fact", 0.5, embedding=V)
+            c.memory.store(content="before the cut", type="fact", importance=0.5, embedding=V)
             p.cut()
             assert c.memory.stats()["total"] == 1  # reconnected, handshake, auth again
             assert p.accepted == 2
@@ -144,12 +145,14 @@ def test_large_and_pipelined_requests_share_the_session(server, tls_server):
     with Client(t.host, t.port, api_key=key, tls_ca_file=t.ca) as c:
         # a 4 MB request: far more than a socket buffer, so writes wait while answers
         # to the pipelined requests below are read on the same session
-        futs = [c.pipeline.memory.store(f"pipelined {i}", "fact", 0.5, embedding=vec(i))
+        futs = [c.pipeline.memory.store(content=f"pipelined {i}", type="fact", importance=0.5,
+                                        embedding=vec(i))
                 for i in range(100)]
-        big = c.pipeline.memory.store_batch([
+        big = c.pipeline.memory.store_batch(memories=[
             {"content": f"{i} " + "x" * 60000, "type": "fact", "importance": 0.5,
              "embedding": vec(i)} for i in range(64)])
-        futs += [c.pipeline.memory.store(f"pipelined {i}", "fact", 0.5, embedding=vec(i))
+        futs += [c.pipeline.memory.store(content=f"pipelined {i}", type="fact", importance=0.5,
+                                         embedding=vec(i))
                  for i in range(100, 200)]
         assert len(big.result(timeout=60)["ids"]) == 64
         ids = [f.result(timeout=60)["id"] for f in futs]
@@ -159,7 +162,8 @@ def test_large_and_pipelined_requests_share_the_session(server, tls_server):
         def work(n):
             try:
                 for i in range(20):
-                    r = c.memory.store(f"t{n}-{i}", "fact", 0.5, embedding=vec(i))
+                    r = c.memory.store(content=f"t{n}-{i}", type="fact", importance=0.5,
+                                       embedding=vec(i))
                     assert c.memory.get([r["id"]])["memories"][0]["content"] == f"t{n}-{i}"
             except Exception as e:  # noqa: BLE001
                 errors.append(e)
@@ -182,14 +186,16 @@ def test_asyncio_client_over_tls(server, tls_server):
     async def main():
         async with AsyncClient(t.host, t.port, api_key=key, tls_ca_file=t.ca) as c:
             assert "tls=True" in repr(c)
-            r = await c.memory.store("async over TLS", "fact", 0.5, embedding=V)
+            r = await c.memory.store(content="async over TLS", type="fact", importance=0.5,
+                                     embedding=V)
             hits = (await c.memory.search(embedding=V, top_k=1))["results"]
             assert [h["id"] for h in hits] == [r["id"]]
-            stored = await asyncio.gather(*(c.memory.store(f"a{i}", "fact", 0.5,
+            stored = await asyncio.gather(*(c.memory.store(content=f"a{i}", type="fact",
+                                                           importance=0.5,
                                                            embedding=vec(i))
                                             for i in range(100)))
             assert len({s["id"] for s in stored}) == 100
-            big = await c.memory.store_batch([
+            big = await c.memory.store_batch(memories=[
                 {"content": f"{i} " + "y" * 60000, "type": "fact", "importance": 0.5,
                  "embedding": vec(i)} for i in range(64)])
             assert len(big["ids"]) == 64
@@ -209,7 +215,7 @@ def test_asyncio_client_over_tls(server, tls_server):
         async with AsyncClient(t.host, t.port, api_key=t.admin_key, tls_ca_file=t.ca,
                                tls_cert_file=t.client_cert,
                                tls_key_file=t.client_key) as a:
-            created = await a.admin.tenant.create(tenant_name(), "standard")
+            created = await a.admin.tenant.create(name=tenant_name(), tier="standard")
             assert created["api_key"]
         async with AsyncClient(t.host, t.port, api_key=t.admin_key, tls_ca_file=t.ca) as a:
             with pytest.raises(Unauthenticated, match="client certificate"):

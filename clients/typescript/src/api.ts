@@ -525,7 +525,7 @@ export interface SessionWorkItemUpdateParams {
 }
 
 /** `admin.key.*` methods. */
-export class ApiAdminKey {
+export class ApiAdminKey<I extends Id = number> {
   /** @internal */
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
@@ -546,15 +546,15 @@ export class ApiAdminKey {
 }
 
 /** `admin.tenant.*` methods. */
-export class ApiAdminTenant {
+export class ApiAdminTenant<I extends Id = number> {
   /** @internal */
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
     this._caller = caller;
   }
   /** Creates a tenant with its first API key (shown only in this answer). (`admin.tenant.create`) */
-  create(params: AdminTenantCreateParams, options?: CallOptions): Promise<TenantCreateResult> {
-    return this._caller.call("admin.tenant.create", params as unknown as Record<string, unknown>, options) as Promise<TenantCreateResult>;
+  create(params: AdminTenantCreateParams, options?: CallOptions): Promise<TenantCreateResult<I>> {
+    return this._caller.call("admin.tenant.create", params as unknown as Record<string, unknown>, options) as Promise<TenantCreateResult<I>>;
   }
   /** Deletes a tenant and everything it owns. (`admin.tenant.delete`) */
   delete(params: AdminTenantDeleteParams = {}, options?: CallOptions): Promise<Record<string, unknown>> {
@@ -575,20 +575,20 @@ export class ApiAdminTenant {
 }
 
 /** `admin.*` methods. */
-export class ApiAdmin {
-  readonly key: ApiAdminKey;
-  readonly tenant: ApiAdminTenant;
+export class ApiAdmin<I extends Id = number> {
+  readonly key: ApiAdminKey<I>;
+  readonly tenant: ApiAdminTenant<I>;
   /** @internal */
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
     this._caller = caller;
-    this.key = new ApiAdminKey(caller);
-    this.tenant = new ApiAdminTenant(caller);
+    this.key = new ApiAdminKey<I>(caller);
+    this.tenant = new ApiAdminTenant<I>(caller);
   }
 }
 
 /** `memory.consolidation.*` methods. */
-export class ApiMemoryConsolidation {
+export class ApiMemoryConsolidation<I extends Id = number> {
   /** @internal */
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
@@ -601,108 +601,108 @@ export class ApiMemoryConsolidation {
 }
 
 /** `memory.*` methods. */
-export class ApiMemory {
-  readonly consolidation: ApiMemoryConsolidation;
+export class ApiMemory<I extends Id = number> {
+  readonly consolidation: ApiMemoryConsolidation<I>;
   /** @internal */
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
     this._caller = caller;
-    this.consolidation = new ApiMemoryConsolidation(caller);
+    this.consolidation = new ApiMemoryConsolidation<I>(caller);
   }
   /** Archives live memories: kept, but skipped by searches. (`memory.archive`) */
-  archive(params: MemoryArchiveParams, options?: CallOptions): Promise<ArchiveResult> {
-    return this._caller.call("memory.archive", params as unknown as Record<string, unknown>, options) as Promise<ArchiveResult>;
+  archive(params: MemoryArchiveParams, options?: CallOptions): Promise<ArchiveResult<I>> {
+    return this._caller.call("memory.archive", params as unknown as Record<string, unknown>, options) as Promise<ArchiveResult<I>>;
   }
   /** Runs a consolidation of the tenant now (premium tier). (`memory.consolidate`) */
   consolidate(options?: CallOptions): Promise<Record<string, unknown>> {
     return this._caller.call("memory.consolidate", {}, options) as Promise<Record<string, unknown>>;
   }
   /** Searches and renders the results as an <agent_memory> block or search-result items within a token budget. (`memory.context`) */
-  context(params: MemoryContextParams = {}, options?: CallOptions): Promise<ContextResult> {
-    return this._caller.call("memory.context", params as unknown as Record<string, unknown>, options) as Promise<ContextResult>;
+  context(params: MemoryContextParams = {}, options?: CallOptions): Promise<ContextResult<I>> {
+    return this._caller.call("memory.context", params as unknown as Record<string, unknown>, options) as Promise<ContextResult<I>>;
   }
   /** Deletes memories with their history: by ids, or all that pass a filter (with a dry-run count). (`memory.delete`) */
-  delete(params: MemoryDeleteParams = {}, options?: CallOptions): Promise<DeleteResult> {
-    return this._caller.call("memory.delete", params as unknown as Record<string, unknown>, options) as Promise<DeleteResult>;
+  delete(params: MemoryDeleteParams = {}, options?: CallOptions): Promise<DeleteResult<I>> {
+    return this._caller.call("memory.delete", params as unknown as Record<string, unknown>, options) as Promise<DeleteResult<I>>;
   }
   /** Records which injected memories an answer cited (provenance feedback). (`memory.feedback`) */
   feedback(params: MemoryFeedbackParams = {}, options?: CallOptions): Promise<Record<string, unknown>> {
     return this._caller.call("memory.feedback", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
   }
   /** Returns memories by id, in the order asked. (`memory.get`) */
-  get(params: MemoryGetParams, options?: CallOptions): Promise<MemoriesResult> {
-    return this._caller.call("memory.get", params as unknown as Record<string, unknown>, options) as Promise<MemoriesResult>;
+  get(params: MemoryGetParams, options?: CallOptions): Promise<MemoriesResult<I>> {
+    return this._caller.call("memory.get", params as unknown as Record<string, unknown>, options) as Promise<MemoriesResult<I>>;
   }
   /** Returns every version of a memory, oldest first. (`memory.history`) */
-  history(params: MemoryHistoryParams, options?: CallOptions): Promise<HistoryResult> {
-    return this._caller.call("memory.history", params as unknown as Record<string, unknown>, options) as Promise<HistoryResult>;
+  history(params: MemoryHistoryParams, options?: CallOptions): Promise<HistoryResult<I>> {
+    return this._caller.call("memory.history", params as unknown as Record<string, unknown>, options) as Promise<HistoryResult<I>>;
   }
   /** Lists memories that pass a filter, one keyset page at a time. (`memory.list`) */
-  list(params: MemoryListParams = {}, options?: CallOptions): Promise<ListResult> {
-    return this._caller.call("memory.list", params as unknown as Record<string, unknown>, options) as Promise<ListResult>;
+  list(params: MemoryListParams = {}, options?: CallOptions): Promise<ListResult<I>> {
+    return this._caller.call("memory.list", params as unknown as Record<string, unknown>, options) as Promise<ListResult<I>>;
   }
   /** Estimates which injected memories a response used (sentence embeddings) and records it. (`memory.provenance`) */
   provenance(params: MemoryProvenanceParams, options?: CallOptions): Promise<Record<string, unknown>> {
     return this._caller.call("memory.provenance", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
   }
   /** Brings archived memories back. (`memory.restore`) */
-  restore(params: MemoryRestoreParams, options?: CallOptions): Promise<RestoreResult> {
-    return this._caller.call("memory.restore", params as unknown as Record<string, unknown>, options) as Promise<RestoreResult>;
+  restore(params: MemoryRestoreParams, options?: CallOptions): Promise<RestoreResult<I>> {
+    return this._caller.call("memory.restore", params as unknown as Record<string, unknown>, options) as Promise<RestoreResult<I>>;
   }
   /** Searches memories by vector, text or both, ranked by similarity and importance. (`memory.search`) */
-  search(params: MemorySearchParams = {}, options?: CallOptions): Promise<SearchResult> {
-    return this._caller.call("memory.search", params as unknown as Record<string, unknown>, options) as Promise<SearchResult>;
+  search(params: MemorySearchParams = {}, options?: CallOptions): Promise<SearchResult<I>> {
+    return this._caller.call("memory.search", params as unknown as Record<string, unknown>, options) as Promise<SearchResult<I>>;
   }
   /** Counts the tenant's memories by type and scope. (`memory.stats`) */
-  stats(options?: CallOptions): Promise<StatsResult> {
-    return this._caller.call("memory.stats", {}, options) as Promise<StatsResult>;
+  stats(options?: CallOptions): Promise<StatsResult<I>> {
+    return this._caller.call("memory.stats", {}, options) as Promise<StatsResult<I>>;
   }
   /** Stores one memory; acknowledged after the commit. (`memory.store`) */
-  store(params: MemoryStoreParams, options?: CallOptions): Promise<StoreResult> {
-    return this._caller.call("memory.store", params as unknown as Record<string, unknown>, options) as Promise<StoreResult>;
+  store(params: MemoryStoreParams, options?: CallOptions): Promise<StoreResult<I>> {
+    return this._caller.call("memory.store", params as unknown as Record<string, unknown>, options) as Promise<StoreResult<I>>;
   }
   /** Stores up to 1000 memories in one transaction: all or none. (`memory.store_batch`) */
-  storeBatch(params: MemoryStoreBatchParams, options?: CallOptions): Promise<StoreBatchResult> {
-    return this._caller.call("memory.store_batch", params as unknown as Record<string, unknown>, options) as Promise<StoreBatchResult>;
+  storeBatch(params: MemoryStoreBatchParams, options?: CallOptions): Promise<StoreBatchResult<I>> {
+    return this._caller.call("memory.store_batch", params as unknown as Record<string, unknown>, options) as Promise<StoreBatchResult<I>>;
   }
   /** Changes a memory; the previous state is kept as a version. (`memory.update`) */
-  update(params: MemoryUpdateParams, options?: CallOptions): Promise<UpdateResult> {
-    return this._caller.call("memory.update", params as unknown as Record<string, unknown>, options) as Promise<UpdateResult>;
+  update(params: MemoryUpdateParams, options?: CallOptions): Promise<UpdateResult<I>> {
+    return this._caller.call("memory.update", params as unknown as Record<string, unknown>, options) as Promise<UpdateResult<I>>;
   }
 }
 
 /** `session.note.*` methods. */
-export class ApiSessionNote {
+export class ApiSessionNote<I extends Id = number> {
   /** @internal */
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
     this._caller = caller;
   }
   /** Adds a structured note; a live note with the same key is superseded. (`session.note.add`) */
-  add(params: SessionNoteAddParams, options?: CallOptions): Promise<NoteAddResult> {
-    return this._caller.call("session.note.add", params as unknown as Record<string, unknown>, options) as Promise<NoteAddResult>;
+  add(params: SessionNoteAddParams, options?: CallOptions): Promise<NoteAddResult<I>> {
+    return this._caller.call("session.note.add", params as unknown as Record<string, unknown>, options) as Promise<NoteAddResult<I>>;
   }
 }
 
 /** `session.scratchpad.*` methods. */
-export class ApiSessionScratchpad {
+export class ApiSessionScratchpad<I extends Id = number> {
   /** @internal */
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
     this._caller = caller;
   }
   /** Returns a session's scratchpad document. (`session.scratchpad.get`) */
-  get(params: SessionScratchpadGetParams, options?: CallOptions): Promise<Scratchpad> {
-    return this._caller.call("session.scratchpad.get", params as unknown as Record<string, unknown>, options) as Promise<Scratchpad>;
+  get(params: SessionScratchpadGetParams, options?: CallOptions): Promise<Scratchpad<I>> {
+    return this._caller.call("session.scratchpad.get", params as unknown as Record<string, unknown>, options) as Promise<Scratchpad<I>>;
   }
   /** Replaces a session's scratchpad (optionally only at an expected version). (`session.scratchpad.update`) */
-  update(params: SessionScratchpadUpdateParams, options?: CallOptions): Promise<Scratchpad> {
-    return this._caller.call("session.scratchpad.update", params as unknown as Record<string, unknown>, options) as Promise<Scratchpad>;
+  update(params: SessionScratchpadUpdateParams, options?: CallOptions): Promise<Scratchpad<I>> {
+    return this._caller.call("session.scratchpad.update", params as unknown as Record<string, unknown>, options) as Promise<Scratchpad<I>>;
   }
 }
 
 /** `session.task.*` methods. */
-export class ApiSessionTask {
+export class ApiSessionTask<I extends Id = number> {
   /** @internal */
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
@@ -715,7 +715,7 @@ export class ApiSessionTask {
 }
 
 /** `session.work_item.*` methods. */
-export class ApiSessionWorkItem {
+export class ApiSessionWorkItem<I extends Id = number> {
   /** @internal */
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
@@ -736,31 +736,31 @@ export class ApiSessionWorkItem {
 }
 
 /** `session.*` methods. */
-export class ApiSession {
-  readonly note: ApiSessionNote;
-  readonly scratchpad: ApiSessionScratchpad;
-  readonly task: ApiSessionTask;
-  readonly workItem: ApiSessionWorkItem;
+export class ApiSession<I extends Id = number> {
+  readonly note: ApiSessionNote<I>;
+  readonly scratchpad: ApiSessionScratchpad<I>;
+  readonly task: ApiSessionTask<I>;
+  readonly workItem: ApiSessionWorkItem<I>;
   /** @internal */
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
     this._caller = caller;
-    this.note = new ApiSessionNote(caller);
-    this.scratchpad = new ApiSessionScratchpad(caller);
-    this.task = new ApiSessionTask(caller);
-    this.workItem = new ApiSessionWorkItem(caller);
+    this.note = new ApiSessionNote<I>(caller);
+    this.scratchpad = new ApiSessionScratchpad<I>(caller);
+    this.task = new ApiSessionTask<I>(caller);
+    this.workItem = new ApiSessionWorkItem<I>(caller);
   }
   /** Appends one message to a session's transcript. (`session.append`) */
-  append(params: SessionAppendParams, options?: CallOptions): Promise<AppendResult> {
-    return this._caller.call("session.append", params as unknown as Record<string, unknown>, options) as Promise<AppendResult>;
+  append(params: SessionAppendParams, options?: CallOptions): Promise<AppendResult<I>> {
+    return this._caller.call("session.append", params as unknown as Record<string, unknown>, options) as Promise<AppendResult<I>>;
   }
   /** Returns one page of a session's append-only audit log, in seq order. (`session.audit`) */
   audit(params: SessionAuditParams, options?: CallOptions): Promise<Record<string, unknown>> {
     return this._caller.call("session.audit", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
   }
   /** Captures a session's full state to resume from later. (`session.checkpoint`) */
-  checkpoint(params: SessionCheckpointParams, options?: CallOptions): Promise<CheckpointResult> {
-    return this._caller.call("session.checkpoint", params as unknown as Record<string, unknown>, options) as Promise<CheckpointResult>;
+  checkpoint(params: SessionCheckpointParams, options?: CallOptions): Promise<CheckpointResult<I>> {
+    return this._caller.call("session.checkpoint", params as unknown as Record<string, unknown>, options) as Promise<CheckpointResult<I>>;
   }
   /** Lists a session's unexpired checkpoints, oldest first. (`session.checkpoints`) */
   checkpoints(params: SessionCheckpointsParams, options?: CallOptions): Promise<Record<string, unknown>> {
@@ -779,8 +779,8 @@ export class ApiSession {
     return this._caller.call("session.context", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
   }
   /** Creates a session for an agent. (`session.create`) */
-  create(params: SessionCreateParams, options?: CallOptions): Promise<SessionCreateResult> {
-    return this._caller.call("session.create", params as unknown as Record<string, unknown>, options) as Promise<SessionCreateResult>;
+  create(params: SessionCreateParams, options?: CallOptions): Promise<SessionCreateResult<I>> {
+    return this._caller.call("session.create", params as unknown as Record<string, unknown>, options) as Promise<SessionCreateResult<I>>;
   }
   /** Deletes a session, its sub-agents and everything they own (branches only with cascade). (`session.delete`) */
   delete(params: SessionDeleteParams, options?: CallOptions): Promise<Record<string, unknown>> {
@@ -803,16 +803,16 @@ export class ApiSession {
     return this._caller.call("session.list", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
   }
   /** Returns one page of a session's history as a model should be given it. (`session.messages`) */
-  messages(params: SessionMessagesParams, options?: CallOptions): Promise<MessagesResult> {
-    return this._caller.call("session.messages", params as unknown as Record<string, unknown>, options) as Promise<MessagesResult>;
+  messages(params: SessionMessagesParams, options?: CallOptions): Promise<MessagesResult<I>> {
+    return this._caller.call("session.messages", params as unknown as Record<string, unknown>, options) as Promise<MessagesResult<I>>;
   }
   /** Returns a session's live notes in creation order. (`session.notes`) */
-  notes(params: SessionNotesParams, options?: CallOptions): Promise<NotesResult> {
-    return this._caller.call("session.notes", params as unknown as Record<string, unknown>, options) as Promise<NotesResult>;
+  notes(params: SessionNotesParams, options?: CallOptions): Promise<NotesResult<I>> {
+    return this._caller.call("session.notes", params as unknown as Record<string, unknown>, options) as Promise<NotesResult<I>>;
   }
   /** Creates a new session from a checkpoint. (`session.resume`) */
-  resume(params: SessionResumeParams, options?: CallOptions): Promise<ResumeResult> {
-    return this._caller.call("session.resume", params as unknown as Record<string, unknown>, options) as Promise<ResumeResult>;
+  resume(params: SessionResumeParams, options?: CallOptions): Promise<ResumeResult<I>> {
+    return this._caller.call("session.resume", params as unknown as Record<string, unknown>, options) as Promise<ResumeResult<I>>;
   }
   /** Creates a sub-agent session under a parent. (`session.spawn`) */
   spawn(params: SessionSpawnParams, options?: CallOptions): Promise<Record<string, unknown>> {
@@ -829,7 +829,7 @@ export class ApiSession {
 }
 
 /** `tenant.*` methods. */
-export class ApiTenant {
+export class ApiTenant<I extends Id = number> {
   /** @internal */
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
@@ -842,23 +842,23 @@ export class ApiTenant {
 }
 
 /** The root of the method tree. */
-export class ApiRoot {
-  readonly admin: ApiAdmin;
-  readonly memory: ApiMemory;
-  readonly session: ApiSession;
-  readonly tenant: ApiTenant;
+export class ApiRoot<I extends Id = number> {
+  readonly admin: ApiAdmin<I>;
+  readonly memory: ApiMemory<I>;
+  readonly session: ApiSession<I>;
+  readonly tenant: ApiTenant<I>;
   /** @internal */
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
     this._caller = caller;
-    this.admin = new ApiAdmin(caller);
-    this.memory = new ApiMemory(caller);
-    this.session = new ApiSession(caller);
-    this.tenant = new ApiTenant(caller);
+    this.admin = new ApiAdmin<I>(caller);
+    this.memory = new ApiMemory<I>(caller);
+    this.session = new ApiSession<I>(caller);
+    this.tenant = new ApiTenant<I>(caller);
   }
   /** Authenticates the connection with a tenant key or the admin key. (`auth`) */
-  auth(params: AuthParams, options?: CallOptions): Promise<AuthResult> {
-    return this._caller.call("auth", params as unknown as Record<string, unknown>, options) as Promise<AuthResult>;
+  auth(params: AuthParams, options?: CallOptions): Promise<AuthResult<I>> {
+    return this._caller.call("auth", params as unknown as Record<string, unknown>, options) as Promise<AuthResult<I>>;
   }
   /** Lists every method of the server with its flags and parameters. (`methods`) */
   methods(options?: CallOptions): Promise<MethodInfo[]> {

@@ -1,43 +1,75 @@
-// The Engram client: one TCP (or TLS) connection carrying any number of requests in
-// flight (answers matched by msgid, in any order), reconnect with backoff and
-// re-authentication, retries that never apply a write twice, typed errors.
+// The Engram client for Node: MessagePack-RPC on one TCP (or TLS) connection carrying any
+// number of requests in flight (answers matched by msgid, in any order), reconnect with
+// backoff and re-authentication, retries that never apply a write twice, typed errors; or,
+// for an http(s):// URL, the fetch transport of ./http.ts behind the same methods. Reads
+// ENGRAM_URL, ENGRAM_API_KEY(_FILE) and ENGRAM_TLS_* for what the options leave open.
 import { randomUUID } from "node:crypto";
+import { readFileSync } from "node:fs";
 import * as net from "node:net";
-import { endianness } from "node:os";
 import * as tls from "node:tls";
 
 import { Decoder, Encoder } from "@msgpack/msgpack";
 
-import { ApiRoot, type Caller, METHODS } from "./api.js";
+import { ApiRoot, type Caller } from "./api.js";
 import {
   ClientClosedError,
   ClientError,
   ConnectionLostError,
   EngramError,
   errorFromWire,
-  RateLimitedError,
   TimeoutError,
   TLSError,
-  UnavailableError,
 } from "./errors.js";
-import type { CallOptions, RetryPolicy } from "./types.js";
+import { HttpCore } from "./http.js";
+import type { CallOptions, Id, RetryPolicy } from "./types.js";
+import {
+  backoff,
+  DEFAULT_RETRY,
+  envVar,
+  lostMessage,
+  normalize,
+  parseEngramUrl,
+  prepareParams,
+  processEnv,
+  retryDelay,
+  sleep,
+  withTimeout,
+} from "./wire.js";
 
 /** How a client reaches and talks to engramd. */
 export interface ClientOptions {
+  /**
+   * Where engramd is: `engram://host:port` (MessagePack-RPC over TCP; `tcp://` too),
+   * `engrams://host:port` (over TLS 1.3; `tls://` too), or `http(s)://host:port` (HTTP/JSON
+   * through fetch). Instead of `host` and `port`; without either, `ENGRAM_URL`, else
+   * 127.0.0.1:7420.
+   */
+  url?: string;
   /** Default "127.0.0.1". */
   host?: string;
   /** Default 7420. */
   port?: number;
-  /** A tenant key (`egk_...`) or the admin key; sent with `auth` on every (re)connect. */
+  /** A tenant key (`egk_...`) or the admin key; sent with `auth` on every (re)connect.
+   * Default: `ENGRAM_API_KEY`, else the first line of the file `ENGRAM_API_KEY_FILE`. */
   apiKey?: string;
   /** Each call's deadline in ms, retries and reconnects included (default 30000). */
   timeoutMs?: number;
-  /** One connection attempt's limit in ms (default 5000). */
+  /**
+   * One connection attempt's limit in ms (default 1000). A refused or reset attempt is
+   * repeated at most `retry.maxRetries` times after the policy's backoff; one that timed
+   * out is not, so an unreachable engramd rejects within about a second.
+   */
   connectTimeoutMs?: number;
   /** When calls are repeated (see RetryPolicy). */
   retry?: Partial<RetryPolicy>;
   /** Reconnect after a lost connection (default true). */
   reconnect?: boolean;
+  /**
+   * Identifiers in results as `bigint` (exact to 64 bits) instead of `number`. Ids the
+   * server makes fit a number; an agent id past 2^53 does not, and in number mode a result
+   * carrying one rejects with a RangeError rather than a wrong id.
+   */
+  bigint?: boolean;
   /**
    * TLS 1.3 to an engramd serving it. `true` verifies the server's certificate against `ca`
    * (Node's bundled CAs without it) and checks that it names `host` (or `servername`).
@@ -56,6 +88,93 @@ export interface ClientOptions {
   key?: string | Buffer | Array<string | Buffer>;
   /** The name the server's certificate must carry, when not `host`. */
   servername?: string;
+  /** For http(s) URLs: the fetch to use (default globalThis.fetch). */
+  fetch?: typeof fetch;
+  /** Where ENGRAM_* variables are read from (default process.env; `{}` reads none). */
+  env?: Record<string, string | undefined>;
+}
+
+/** The first line of a key file; errors name the variable or option, never the key. */
+function readKeyFile(path: string, what: string): string {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (e) {
+    throw new Error(`${what}: cannot read ${path}: ${(e as Error).message}`);
+  }
+  const first = text.split(/\r?\n/, 1)[0]!.trim();
+  if (!first) throw new Error(`${what}: ${path} holds no key on its first line`);
+  return first;
+}
+
+function readPem(path: string, what: string): string {
+  try {
+    return readFileSync(path, "utf8");
+  } catch (e) {
+    throw new Error(`${what}: cannot read ${path}: ${(e as Error).message}`);
+  }
+}
+
+/** What the options say after the environment filled the gaps. */
+interface Resolved {
+  http?: string;
+  host: string;
+  port: number;
+  apiKey: string | undefined;
+  tls: tls.ConnectionOptions | undefined;
+}
+
+/**
+ * The client's settings: explicit options win; `ENGRAM_URL` gives the address when neither
+ * `url` nor `host`/`port` is given (with the `ENGRAM_TLS*` variables, when no TLS option is
+ * given); `ENGRAM_API_KEY`, else `ENGRAM_API_KEY_FILE`, the key when `apiKey` is not given.
+ * Throws TypeError for contradictory options or a bad URL, Error for an unreadable file.
+ */
+function resolve(o: ClientOptions): Resolved {
+  const env = o.env ?? processEnv();
+  if (o.url !== undefined && (o.host !== undefined || o.port !== undefined)) {
+    throw new TypeError("give url or host/port, not both");
+  }
+  let url = o.url;
+  const fromEnv = url === undefined && o.host === undefined && o.port === undefined && envVar(env, "ENGRAM_URL") !== undefined;
+  if (fromEnv) url = envVar(env, "ENGRAM_URL");
+  let apiKey = o.apiKey;
+  if (apiKey === undefined) {
+    apiKey = envVar(env, "ENGRAM_API_KEY")?.trim();
+    const file = envVar(env, "ENGRAM_API_KEY_FILE");
+    if (apiKey === undefined && file !== undefined) apiKey = readKeyFile(file, "ENGRAM_API_KEY_FILE");
+  }
+  const t: ClientOptions = { tls: o.tls, ca: o.ca, cert: o.cert, key: o.key, servername: o.servername };
+  const tlsGiven = o.tls !== undefined || o.ca !== undefined || o.cert !== undefined || o.key !== undefined;
+  if (fromEnv && !tlsGiven) {
+    const ca = envVar(env, "ENGRAM_TLS_CA");
+    const cert = envVar(env, "ENGRAM_TLS_CERT");
+    const key = envVar(env, "ENGRAM_TLS_KEY");
+    if (ca !== undefined) t.ca = readPem(ca, "ENGRAM_TLS_CA");
+    if (cert !== undefined) t.cert = readPem(cert, "ENGRAM_TLS_CERT");
+    if (key !== undefined) t.key = readPem(key, "ENGRAM_TLS_KEY");
+    t.servername ??= envVar(env, "ENGRAM_TLS_SERVERNAME");
+    const flag = envVar(env, "ENGRAM_TLS");
+    if (flag !== undefined && flag !== "0") t.tls = true;
+  }
+  if (url !== undefined) {
+    const ep = parseEngramUrl(url, fromEnv ? "ENGRAM_URL" : "url");
+    if (ep.transport === "http") {
+      if (t.tls !== undefined || t.ca !== undefined || t.cert !== undefined || t.key !== undefined) {
+        throw new TypeError(
+          `${fromEnv ? "ENGRAM_URL" : "url"}: TLS options do not apply to http(s) URLs: fetch trusts the runtime's CAs ` +
+            "(Node: add yours with NODE_EXTRA_CA_CERTS, or pass a fetch with its own dispatcher)",
+        );
+      }
+      return { http: ep.url, host: "", port: 0, apiKey, tls: undefined };
+    }
+    if (ep.tls) {
+      if (t.tls === false) throw new TypeError("an engrams:// or tls:// URL needs TLS, but tls: false was given");
+      t.tls ??= true;
+    }
+    return { host: ep.host, port: ep.port, apiKey, tls: tlsOptions(t) };
+  }
+  return { host: o.host ?? "127.0.0.1", port: o.port ?? 7420, apiKey, tls: tlsOptions(t) };
 }
 
 /** The node:tls options for a client's settings, or undefined for plain TCP. */
@@ -107,115 +226,7 @@ function tlsError(e: unknown, host: string, port: number, s?: tls.TLSSocket): TL
   return new TLSError(`TLS with ${host}:${port} failed: ${msg}`);
 }
 
-export const DEFAULT_RETRY: RetryPolicy = {
-  maxRetries: 4,
-  honorRateLimits: true,
-  maxRateLimitWaitMs: 10_000,
-  backoffBaseMs: 50,
-  backoffMaxMs: 2_000,
-};
-
 const MAX_MSGID = 0xffffffff;
-const LITTLE_ENDIAN = endianness() === "LE";
-
-const WRITE_METHODS = new Set(
-  Object.entries(METHODS).filter(([, m]) => m.flags.includes("write")).map(([n]) => n),
-);
-const IDEMPOTENT_METHODS = new Set(
-  [...WRITE_METHODS].filter((n) => METHODS[n]!.params.includes("idempotency_key")),
-);
-
-/** True when sending `method` twice cannot apply it twice. */
-export function safeToRepeat(method: string): boolean {
-  return !WRITE_METHODS.has(method) || IDEMPOTENT_METHODS.has(method);
-}
-
-function backoff(p: RetryPolicy, attempt: number): number {
-  const d = Math.min(p.backoffMaxMs, p.backoffBaseMs * 2 ** Math.max(0, attempt - 1));
-  return d / 2 + (Math.random() * d) / 2;
-}
-
-/** Ms to wait before repeating a call that failed with `err` on try `attempt`, or null. */
-function retryDelay(p: RetryPolicy, method: string, err: unknown, attempt: number, sent: boolean): number | null {
-  if (attempt > p.maxRetries) return null;
-  if (err instanceof RateLimitedError) {
-    if (!p.honorRateLimits || err.retryAfterMs > p.maxRateLimitWaitMs) return null;
-    return Math.max(err.retryAfterMs, 1);
-  }
-  if (err instanceof UnavailableError || err instanceof ConnectionLostError) {
-    if (sent && !safeToRepeat(method)) return null;
-    return backoff(p, attempt);
-  }
-  return null;
-}
-
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-
-// ---- embeddings --------------------------------------------------------------------------
-
-/** A vector as bytes of little-endian float32; a Float32Array is viewed, not copied. */
-export function embeddingBytes(v: unknown): Uint8Array {
-  if (v instanceof Uint8Array) return v;
-  if (v instanceof Float32Array && LITTLE_ENDIAN) {
-    return new Uint8Array(v.buffer, v.byteOffset, v.byteLength);
-  }
-  if (Array.isArray(v) || ArrayBuffer.isView(v)) {
-    const f = Float32Array.from(v as ArrayLike<number>);
-    const dv = new DataView(f.buffer);
-    if (!LITTLE_ENDIAN) for (let i = 0; i < f.length; i++) dv.setFloat32(i * 4, f[i]!, true);
-    return new Uint8Array(f.buffer);
-  }
-  throw new TypeError("an embedding must be a Float32Array, a number[] or a Uint8Array");
-}
-
-function decodeEmbedding(b: Uint8Array): Float32Array {
-  const out = new Float32Array(b.byteLength >>> 2);
-  const dv = new DataView(b.buffer, b.byteOffset, b.byteLength);
-  for (let i = 0; i < out.length; i++) out[i] = dv.getFloat32(i * 4, true);
-  return out;
-}
-
-function isPlainObject(v: unknown): v is Record<string, unknown> {
-  return v !== null && typeof v === "object" && !ArrayBuffer.isView(v) && !Array.isArray(v);
-}
-
-/** Drops absent parameters, converts embeddings, adds idempotency keys. */
-function prepareParams(method: string, params: Record<string, unknown>): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(params)) if (v !== undefined && v !== null) out[k] = v;
-  if (out.embedding !== undefined && !isPlainObject(out.embedding)) {
-    out.embedding = embeddingBytes(out.embedding);
-  }
-  if (method === "memory.store_batch" && Array.isArray(out.memories)) {
-    out.memories = out.memories.map((m: unknown) => {
-      if (isPlainObject(m) && m.embedding != null && !isPlainObject(m.embedding)) {
-        return { ...m, embedding: embeddingBytes(m.embedding) };
-      }
-      return m;
-    });
-  }
-  if (IDEMPOTENT_METHODS.has(method) && out.idempotency_key === undefined) {
-    out.idempotency_key = "ts-" + randomUUID();
-  }
-  return out;
-}
-
-/** bigint -> number where exact; `embedding` bins -> Float32Array. In place. */
-function normalize(v: unknown, key?: string): unknown {
-  if (typeof v === "bigint") {
-    return v >= BigInt(Number.MIN_SAFE_INTEGER) && v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v;
-  }
-  if (v instanceof Uint8Array) return key === "embedding" ? decodeEmbedding(v) : v;
-  if (Array.isArray(v)) {
-    for (let i = 0; i < v.length; i++) v[i] = normalize(v[i]);
-    return v;
-  }
-  if (v !== null && typeof v === "object") {
-    const o = v as Record<string, unknown>;
-    for (const k of Object.keys(o)) o[k] = normalize(o[k], k);
-  }
-  return v;
-}
 
 // ---- one connection ------------------------------------------------------------------------
 
@@ -227,10 +238,13 @@ interface Pending {
 
 class NotSentError extends ConnectionLostError {}
 class ConnectFailedError extends ConnectionLostError {}
+class ConnectTimeoutError extends Error {}
 
 class Conn {
   readonly pending = new Map<number, Pending>();
   dead = false;
+  /** Why the connection died. */
+  private error: ClientError | undefined;
   /** An answer came: TLS errors from now on are a lost connection, not a refusal. */
   private answered = false;
   private readonly encoder = new Encoder({ useBigInt64: true, ignoreUndefined: true });
@@ -242,9 +256,13 @@ class Conn {
     void this.readLoop();
   }
 
-  /** Writes a request; the promise settles with its answer. Throws NotSentError. */
+  /** Writes a request; the promise settles with its answer. Throws NotSentError, or the
+   * TLSError the connection died of (a refusal read before this request was written). */
   send(method: string, params: Record<string, unknown>): { msgid: number; done: Promise<unknown> } {
-    if (this.dead || this.socket.destroyed) throw new NotSentError("connection closed");
+    if (this.dead || this.socket.destroyed) {
+      if (this.error instanceof TLSError) throw new TLSError(this.error.message);
+      throw new NotSentError("connection closed");
+    }
     const msgid = this.core.takeId(this.pending);
     const bytes = this.encoder.encode([0, msgid, method, Object.keys(params).length ? [params] : []]);
     const done = new Promise<unknown>((resolve, reject) => {
@@ -256,6 +274,7 @@ class Conn {
   }
 
   private async readLoop(): Promise<void> {
+    const bigint = this.core.bigint;
     try {
       for await (const msg of new Decoder({ useBigInt64: true }).decodeStream(this.socket)) {
         if (!Array.isArray(msg) || msg.length !== 4 || msg[0] !== 1) continue;
@@ -264,8 +283,12 @@ class Conn {
         const p = this.pending.get(msgid);
         if (!p) continue;
         this.pending.delete(msgid);
-        if (msg[2] === null || msg[2] === undefined) p.resolve(normalize(msg[3]));
-        else p.reject(errorFromWire(normalize(msg[2]), p.method));
+        try {
+          if (msg[2] === null || msg[2] === undefined) p.resolve(normalize(msg[3], bigint, p.method));
+          else p.reject(errorFromWire(normalize(msg[2], bigint, p.method), p.method));
+        } catch (e) {
+          p.reject(e); // an id a number cannot hold (RangeError)
+        }
       }
       this.fail(new ConnectionLostError("connection closed by the server"));
     } catch (e) {
@@ -282,6 +305,7 @@ class Conn {
   fail(err: ClientError): void {
     if (this.dead) return;
     this.dead = true;
+    this.error = err;
     this.core.dropped(this);
     this.socket.destroy();
     const all = [...this.pending.values()];
@@ -292,7 +316,14 @@ class Conn {
 
 // ---- the request path -----------------------------------------------------------------------
 
-class Core implements Caller {
+/** What Client calls: the TCP transport here, or HttpCore (./http.ts). */
+export interface Transport extends Caller {
+  connect(): Promise<unknown>;
+  close(): void;
+  describe(): string;
+}
+
+class Core implements Transport {
   conn: Conn | undefined;
   private connecting: Promise<Conn> | undefined;
   private nextId = 1 + Math.floor(Math.random() * (1 << 20));
@@ -304,17 +335,23 @@ class Core implements Caller {
   readonly connectTimeoutMs: number;
   readonly retry: RetryPolicy;
   readonly reconnect: boolean;
+  readonly bigint: boolean;
   readonly tls: tls.ConnectionOptions | undefined;
 
-  constructor(o: ClientOptions) {
-    this.tls = tlsOptions(o);
-    this.host = o.host ?? "127.0.0.1";
-    this.port = o.port ?? 7420;
-    this.apiKey = o.apiKey;
+  constructor(o: ClientOptions, r: Resolved) {
+    this.tls = r.tls;
+    this.host = r.host;
+    this.port = r.port;
+    this.apiKey = r.apiKey;
     this.timeoutMs = o.timeoutMs ?? 30_000;
-    this.connectTimeoutMs = o.connectTimeoutMs ?? 5_000;
+    this.connectTimeoutMs = o.connectTimeoutMs ?? 1_000;
     this.retry = { ...DEFAULT_RETRY, ...o.retry };
     this.reconnect = o.reconnect ?? true;
+    this.bigint = o.bigint ?? false;
+  }
+
+  describe(): string {
+    return `${this.host}:${this.port}${this.tls ? ", tls" : ""}`;
   }
 
   takeId(inUse: Map<number, Pending>): number {
@@ -329,16 +366,21 @@ class Core implements Caller {
     if (this.conn === c) this.conn = undefined;
   }
 
+  connect(): Promise<Conn> {
+    return this.connection(Date.now() + this.timeoutMs, this.retry);
+  }
+
   connection(deadline: number, retry: RetryPolicy): Promise<Conn> {
     if (this.closed) return Promise.reject(new ClientClosedError("client is closed"));
     if (this.conn && !this.conn.dead) return Promise.resolve(this.conn);
-    this.connecting ??= this.connect(deadline, retry).finally(() => {
+    this.connecting ??= this.open(deadline, retry).finally(() => {
       this.connecting = undefined;
     });
     return this.connecting;
   }
 
-  /** A connected socket (TLS: handshake done). Rejects with TLSError when retrying cannot help. */
+  /** A connected socket (TLS: handshake done). Rejects with TLSError when retrying cannot
+   * help, ConnectTimeoutError after timeoutMs. */
   private openSocket(timeoutMs: number): Promise<net.Socket> {
     return new Promise((resolve, reject) => {
       const secure = this.tls !== undefined;
@@ -347,7 +389,7 @@ class Core implements Caller {
         : net.connect({ host: this.host, port: this.port });
       const timer = setTimeout(() => {
         s.destroy();
-        reject(new Error("connect timed out"));
+        reject(new ConnectTimeoutError(`no answer within ${timeoutMs / 1000} s`));
       }, timeoutMs);
       s.once(secure ? "secureConnect" : "connect", () => {
         clearTimeout(timer);
@@ -365,18 +407,25 @@ class Core implements Caller {
     });
   }
 
-  private async connect(deadline: number, retry: RetryPolicy): Promise<Conn> {
+  /**
+   * Connects and authenticates. A refused, reset or closed attempt is repeated at most
+   * `retry.maxRetries` times after the policy's backoff; one that got no answer within
+   * connectTimeoutMs is not (it already waited). Rejects with ConnectFailedError.
+   */
+  private async open(deadline: number, retry: RetryPolicy): Promise<Conn> {
+    const where = `${this.host}:${this.port}`;
     for (let attempt = 1; ; attempt++) {
       const remaining = deadline - Date.now();
-      if (remaining <= 0) throw new TimeoutError(`could not connect to ${this.host}:${this.port} in time`);
+      if (remaining <= 0) throw new TimeoutError(`could not connect to ${where} in time`);
+      const again = this.reconnect && attempt <= retry.maxRetries;
       let socket: net.Socket;
       try {
         socket = await this.openSocket(Math.min(this.connectTimeoutMs, remaining));
       } catch (e) {
         if (e instanceof TLSError) throw e;
         if (this.closed) throw new ClientClosedError("client is closed");
-        if (!this.reconnect || attempt > Math.max(retry.maxRetries, 1) * 4) {
-          throw new ConnectFailedError(`cannot connect to ${this.host}:${this.port}: ${(e as Error).message}`);
+        if (!again || e instanceof ConnectTimeoutError) {
+          throw new ConnectFailedError(`cannot connect to ${where}: ${(e as Error).message}`);
         }
         await sleep(Math.min(backoff(retry, attempt), Math.max(0, remaining)));
         continue;
@@ -385,11 +434,13 @@ class Core implements Caller {
       if (this.apiKey !== undefined) {
         try {
           const { done } = conn.send("auth", { api_key: this.apiKey });
-          await withTimeout(done, deadline - Date.now(), "auth");
+          await withTimeout(done, deadline - Date.now(), () => new TimeoutError("auth: no answer in time"));
         } catch (e) {
           conn.fail(new ConnectionLostError("auth failed"));
-          if (e instanceof ConnectionLostError) continue;
-          throw e;
+          if (!(e instanceof ConnectionLostError)) throw e;
+          if (!again) throw new ConnectFailedError(`cannot connect to ${where}: the connection was lost during auth`);
+          await sleep(Math.min(backoff(retry, attempt), Math.max(0, deadline - Date.now())));
+          continue;
         }
       }
       if (this.closed) {
@@ -402,7 +453,7 @@ class Core implements Caller {
   }
 
   async call(method: string, params: Record<string, unknown>, options?: CallOptions): Promise<unknown> {
-    const p = prepareParams(method, params);
+    const p = prepareParams(method, params, "ts-", randomUUID);
     const retry = options?.retry ? { ...this.retry, ...options.retry } : this.retry;
     const deadline = Date.now() + (options?.timeoutMs ?? this.timeoutMs);
     for (let attempt = 1; ; attempt++) {
@@ -419,7 +470,7 @@ class Core implements Caller {
           throw e;
         }
         try {
-          const result = await withTimeout(done, deadline - Date.now(), method);
+          const result = await withTimeout(done, deadline - Date.now(), () => new TimeoutError(`${method}: no answer in time`));
           if (method === "auth") this.apiKey = p.api_key as string;
           return result;
         } catch (e) {
@@ -436,13 +487,7 @@ class Core implements Caller {
         delay = retryDelay(retry, method, err, attempt, sent);
       }
       if (delay === null || Date.now() + delay >= deadline) {
-        if (err instanceof ConnectionLostError) {
-          const maybe = sent && !safeToRepeat(method);
-          throw new ConnectionLostError(
-            `${err.message} during ${method}` + (maybe ? "; the write may or may not have been applied" : ""),
-            maybe,
-          );
-        }
+        if (err instanceof ConnectionLostError) throw lostMessage(err, method, sent);
         throw err;
       }
       await sleep(delay);
@@ -457,44 +502,36 @@ class Core implements Caller {
   }
 }
 
-function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  if (ms <= 0) return Promise.reject(new TimeoutError(`${what}: no answer in time`));
-  return new Promise<T>((resolve, reject) => {
-    const t = setTimeout(() => reject(new TimeoutError(`${what}: no answer in time`)), ms);
-    p.then(
-      (v) => {
-        clearTimeout(t);
-        resolve(v);
-      },
-      (e) => {
-        clearTimeout(t);
-        reject(e);
-      },
-    );
-  });
-}
-
 /**
- * An Engram client. Every server method is a typed method returning a promise:
+ * An Engram client for Node. Every server method is a typed method returning a promise:
  * `client.memory.store({...})`, `client.session.checkpoint({...})`,
  * `client.admin.tenant.create({...})`. Concurrent calls share one connection (pipelined).
  * Connects on first use; after a lost connection the next call reconnects with backoff
  * and authenticates again. `memory.store` and `memory.store_batch` carry a generated
- * idempotency key, so a retry never stores twice.
+ * idempotency key, so a retry never stores twice. With an `http(s)://` URL the same
+ * methods go through fetch (see HttpClient). Identifiers in results are numbers, or
+ * bigints with `{ bigint: true }` (then the client is a `Client<bigint>`).
  */
-export class Client extends ApiRoot {
+class EngramClient<I extends Id = number> extends ApiRoot<I> {
   /** @internal */
-  private readonly core: Core;
+  private readonly core: Transport;
 
   constructor(options: ClientOptions = {}) {
-    const core = new Core(options);
+    const r = resolve(options);
+    const core = r.http !== undefined
+      ? new HttpCore({
+        url: r.http, apiKey: r.apiKey, timeoutMs: options.timeoutMs, retry: options.retry,
+        bigint: options.bigint, fetch: options.fetch, newUuid: randomUUID,
+      })
+      : new Core(options, r);
     super(core);
     this.core = core;
   }
 
-  /** Connects (and authenticates) now instead of on the first call. */
+  /** Connects (and authenticates) now instead of on the first call; over HTTP, checks the
+   * key with one request. */
   async connect(): Promise<this> {
-    await this.core.connection(Date.now() + this.core.timeoutMs, this.core.retry);
+    await this.core.connect();
     return this;
   }
 
@@ -510,6 +547,18 @@ export class Client extends ApiRoot {
 
   /** Never shows the key. */
   toString(): string {
-    return `Client(${this.core.host}:${this.core.port}${this.core.tls ? ", tls" : ""})`;
+    return `Client(${this.core.describe()})`;
   }
 }
+
+/** The constructor of Client: `new Client({ bigint: true })` is a `Client<bigint>`. */
+export interface ClientConstructor {
+  new (options: ClientOptions & { bigint: true }): Client<bigint>;
+  new (options?: ClientOptions & { bigint?: false }): Client<number>;
+  new (options?: ClientOptions): Client<Id>;
+  readonly prototype: Client<Id>;
+}
+
+/** An Engram client for Node (see the constructor). */
+export type Client<I extends Id = number> = EngramClient<I>;
+export const Client = EngramClient as ClientConstructor;

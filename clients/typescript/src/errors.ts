@@ -25,7 +25,41 @@ function num(v: unknown): number | undefined {
   return typeof v === "number" ? v : typeof v === "bigint" ? Number(v) : undefined;
 }
 
-export class InvalidArgumentError extends EngramError {}
+/**
+ * A parameter is missing, of the wrong type, out of range or unknown. `field` names it: the
+ * server's `field` when it sends one, else the parameter its message quotes (`parameter
+ * 'top_k' must be ...`, `unknown parameter 'x'`, `missing required parameter 'x'`; a path
+ * such as `memories[3].importance` inside a batch), else undefined.
+ */
+export class InvalidArgumentError extends EngramError {
+  get field(): string | undefined {
+    const f = this.data.field;
+    return typeof f === "string" && f !== "" ? f : fieldFromMessage(this.serverMessage);
+  }
+}
+
+// A batch item's errors open with its path ("memories[3]: parameter 'importance' ...").
+const PREFIX = /^([A-Za-z_]\w*(?:\[\d+\])?(?:\.\w+(?:\[\d+\])?)*): /;
+// The first quoted name after "parameter", "parameters" or "field", or opening the message.
+const QUOTED = /(?:\b(?:parameters?|field)\s+|^)'([^']+)'/;
+
+/** The parameter an invalid_argument message names (`memories[3].importance` for a batch
+ * item's), or undefined. */
+export function fieldFromMessage(message: string): string | undefined {
+  let prefix = "";
+  const m = PREFIX.exec(message);
+  if (m) {
+    prefix = m[1]!;
+    message = message.slice(m[0].length);
+  }
+  const q = QUOTED.exec(message);
+  if (!q) return undefined;
+  let name = q[1]!;
+  if (prefix && name !== prefix && !name.startsWith(prefix + ".") && !name.startsWith(prefix + "[")) {
+    name = `${prefix}.${name}`;
+  }
+  return name;
+}
 export class MalformedRequestError extends EngramError {}
 export class UnknownMethodError extends EngramError {}
 export class UnauthenticatedError extends EngramError {}

@@ -2,7 +2,11 @@
 // specification). Results are plain objects as they come off the wire. Times are
 // integers: milliseconds since the Unix epoch (UTC).
 
-/** An identifier: a number, or a bigint for values past Number.MAX_SAFE_INTEGER. */
+/**
+ * An identifier as a parameter: a number, or a bigint (agent ids are unsigned 64-bit).
+ * Results carry identifiers as `number`, or as `bigint` from a client made with
+ * `{ bigint: true }`: result types take that type as their parameter `I`.
+ */
 export type Id = number | bigint;
 
 /**
@@ -122,17 +126,17 @@ export interface MethodInfo {
   params: { name: string; type: string; required: boolean }[];
 }
 
-export interface AuthResult {
-  tenant_id?: Id;
+export interface AuthResult<I extends Id = number> {
+  tenant_id?: I;
   tier?: Tier;
   name?: string;
   admin?: boolean;
 }
 
-export interface Memory {
-  id: Id;
-  agent_id: Id;
-  clade_id: Id;
+export interface Memory<I extends Id = number> {
+  id: I;
+  agent_id: I;
+  clade_id: I;
   scope: Scope;
   type: MemoryType;
   content: string;
@@ -145,8 +149,8 @@ export interface Memory {
   expires_at: number | null;
   archived_at: number | null;
   archived_reason: string | null;
-  superseded_by: Id | null;
-  merged_into: Id | null;
+  superseded_by: I | null;
+  merged_into: I | null;
   pinned: boolean;
   version: number;
   cited_count: number;
@@ -155,27 +159,28 @@ export interface Memory {
   embedding?: Float32Array;
 }
 
-export interface SearchHit extends Memory {
+export interface SearchHit<I extends Id = number> extends Memory<I> {
   similarity: number | null;
   composite: number;
   score: number;
 }
 
-export interface StoreResult { id: Id; created_at: number; replayed: boolean }
-export interface StoreBatchResult { ids: Id[]; created_at: number[]; replayed: boolean }
-export interface MemoriesResult { memories: Memory[] }
-export interface ListResult { memories: Memory[]; next_cursor: string | null }
-export interface SearchResult { results: SearchHit[] }
+export interface StoreResult<I extends Id = number> { id: I; created_at: number; replayed: boolean }
+export interface StoreBatchResult<I extends Id = number> { ids: I[]; created_at: number[]; replayed: boolean }
+/** `missing`: the ids asked for that are not there (from servers that send it). */
+export interface MemoriesResult<I extends Id = number> { memories: Memory<I>[]; missing?: I[] }
+export interface ListResult<I extends Id = number> { memories: Memory<I>[]; next_cursor: string | null }
+export interface SearchResult<I extends Id = number> { results: SearchHit<I>[] }
 export interface SearchResultItem { source: string; title: string; content: string }
 /** `text` with format "xml" (the default), `items` with format "search_results". */
-export interface ContextResult { text?: string; items?: SearchResultItem[]; ids: Id[]; tokens_used: number }
-export interface UpdateResult { id: Id; version: number; updated_at: number }
+export interface ContextResult<I extends Id = number> { text?: string; items?: SearchResultItem[]; ids: I[]; tokens_used: number }
+export interface UpdateResult<I extends Id = number> { id: I; version: number; updated_at: number }
 /** `memory.delete`: `deleted` (the ids) by `ids`; `count` and `dry_run` by `filter`. */
-export interface DeleteResult { deleted?: Id[]; count?: number; dry_run?: boolean }
-export interface ArchiveResult { archived: Id[] }
-export interface RestoreResult { restored: Id[] }
-export interface HistoryResult { id: Id; versions: Record<string, unknown>[] }
-export interface StatsResult {
+export interface DeleteResult<I extends Id = number> { deleted?: I[]; count?: number; dry_run?: boolean }
+export interface ArchiveResult<I extends Id = number> { archived: I[] }
+export interface RestoreResult<I extends Id = number> { restored: I[] }
+export interface HistoryResult<I extends Id = number> { id: I; versions: Record<string, unknown>[] }
+export interface StatsResult<I extends Id = number> {
   total: number;
   archived: number;
   by_type: Record<string, number>;
@@ -184,69 +189,69 @@ export interface StatsResult {
   newest_at: number | null;
   storage_bytes: number;
 }
-export interface TenantCreateResult { tenant_id: Id; api_key: string; key_id: Id }
-export interface SessionCreateResult { session_id: Id; created_at: number; config: SessionConfig }
-export interface AppendResult { entry_id: Id; seq: number; total_cost_usdc: number }
-export interface Scratchpad {
-  session_id: Id;
+export interface TenantCreateResult<I extends Id = number> { tenant_id: I; api_key: string; key_id: I }
+export interface SessionCreateResult<I extends Id = number> { session_id: I; created_at: number; config: SessionConfig }
+export interface AppendResult<I extends Id = number> { entry_id: I; seq: number; total_cost_usdc: number }
+export interface Scratchpad<I extends Id = number> {
+  session_id: I;
   content: string;
   version: number;
   last_updated_at: number | null;
   token_count: number;
 }
-export interface NoteAddResult { note_id: Id; superseded: Id | null; created_at: number }
-export interface Note {
-  note_id: Id;
+export interface NoteAddResult<I extends Id = number> { note_id: I; superseded: I | null; created_at: number }
+export interface Note<I extends Id = number> {
+  note_id: I;
   category: NoteCategory;
   key: string;
   value: string;
   scope: NoteScope;
-  work_item_id: Id | string | null;
-  agent_id: Id;
+  work_item_id: I | string | null;
+  agent_id: I;
   created_at: number;
-  supersedes: Id | null;
+  supersedes: I | null;
 }
-export interface NotesResult { session_id: Id; notes: Note[] }
-export interface CheckpointResult {
-  checkpoint_id: Id;
-  session_id: Id;
+export interface NotesResult<I extends Id = number> { session_id: I; notes: Note<I>[] }
+export interface CheckpointResult<I extends Id = number> {
+  checkpoint_id: I;
+  session_id: I;
   position: number;
   created_at: number;
   expires_at: number;
-  delta: { scratchpad: boolean; notes_added: Id[]; notes_removed: Id[]; entries: number };
+  delta: { scratchpad: boolean; notes_added: I[]; notes_removed: I[]; entries: number };
 }
-export interface Entry {
-  entry_id: Id;
+export interface Entry<I extends Id = number> {
+  entry_id: I;
   seq: number;
   type: "message" | "summary" | "event";
   role: Role | null;
   content: string;
-  parent_id: Id | null;
+  parent_id: I | null;
   tokens: number | null;
   cost_usdc: number | null;
-  agent_id: Id;
+  agent_id: I;
   created_at: number;
-  through_entry_id: Id | null;
+  through_entry_id: I | null;
   messages_compacted: number | null;
   event?: string;
   data?: Record<string, unknown>;
 }
-export interface MessagesResult {
-  session_id: Id;
+export interface MessagesResult<I extends Id = number> {
+  session_id: I;
   position: number;
   as_of: number;
   compaction_count: number;
-  messages: Entry[];
+  messages: Entry<I>[];
   next_cursor: string | null;
 }
-export interface ResumeResult {
-  session_id: Id;
-  checkpoint_id: Id;
-  resumed_from: Id;
+export interface ResumeResult<I extends Id = number> {
+  session_id: I;
+  checkpoint_id: I;
+  resumed_from: I;
   branch_type: BranchType;
   simulation: unknown;
   restored: Record<string, unknown>;
-  agents: { agent_id: Id; tail: Entry[] }[];
+  agents: { agent_id: I; tail: Entry<I>[] }[];
   children: Record<string, unknown>[];
-  children_missing: Id[];
+  children_missing: I[];
 }

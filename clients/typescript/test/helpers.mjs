@@ -5,8 +5,9 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import * as net from "node:net";
 import { randomBytes } from "node:crypto";
+import { spawn } from "node:child_process";
 
-import { Client } from "../dist/index.js";
+import { Client } from "@engram/client";
 
 const port = process.env.ENGRAM_TEST_PORT;
 const keyFile = process.env.ENGRAM_TEST_ADMIN_KEY_FILE;
@@ -15,7 +16,52 @@ if (!port || !keyFile) {
 }
 export const HOST = process.env.ENGRAM_TEST_HOST ?? "127.0.0.1";
 export const PORT = Number(port);
-const adminKey = readFileSync(keyFile, "utf8").trim();
+export const adminKey = readFileSync(keyFile, "utf8").trim();
+
+/** The HTTP/JSON port of the same engramd (ENGRAM_TEST_HTTP_PORT). */
+export function httpUrl() {
+  const p = process.env.ENGRAM_TEST_HTTP_PORT;
+  if (!p) throw new Error("ENGRAM_TEST_HTTP_PORT must name the engramd's HTTP port: run clients/run-tests");
+  return `http://${HOST}:${p}`;
+}
+
+/** A loopback port nothing listens on. */
+export async function closedPort() {
+  const s = net.createServer();
+  await new Promise((r) => s.listen(0, "127.0.0.1", r));
+  const port = s.address().port;
+  await new Promise((r) => s.close(r));
+  return port;
+}
+
+const BLACKHOLE = `
+import socket, sys, time
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(0)
+fill = []
+for _ in range(4):
+    s = socket.socket(); s.setblocking(False)
+    try: s.connect(ls.getsockname())
+    except BlockingIOError: pass
+    fill.append(s)
+time.sleep(0.1)
+print(ls.getsockname()[1], flush=True)
+sys.stdin.read()
+`;
+
+/**
+ * A loopback port whose listener never accepts and whose queue is full, so that a connect
+ * gets no answer at all (Node accepts whatever it listens for, so a Python child holds it).
+ * close() releases it.
+ */
+export async function blackhole() {
+  const py = process.env.ENGRAM_PYTHON ?? "/usr/bin/python3";
+  const child = spawn(py, ["-c", BLACKHOLE], { stdio: ["pipe", "pipe", "inherit"] });
+  const port = await new Promise((resolve, reject) => {
+    child.once("error", reject);
+    child.stdout.once("data", (d) => resolve(Number(String(d).trim())));
+  });
+  return { port, close: () => child.kill() };
+}
 
 /**
  * The engramd serving TLS 1.3 on the same database: its port, the admin key and the PKI's

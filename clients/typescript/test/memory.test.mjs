@@ -5,12 +5,14 @@ import assert from "node:assert/strict";
 import {
   Client, ConflictError, EngramError, InvalidArgumentError, NotFoundError,
   PermissionDeniedError, UnauthenticatedError, embeddingBytes,
-} from "../dist/index.js";
+} from "@engram/client";
 import { HOST, PORT, newTenant, vec } from "./helpers.mjs";
 
 let c;
+let key;
 before(async () => {
-  c = new Client({ host: HOST, port: PORT, apiKey: await newTenant() });
+  key = await newTenant();
+  c = new Client({ host: HOST, port: PORT, apiKey: key });
 });
 after(() => c.close());
 
@@ -109,13 +111,27 @@ test("sessions: notes, scratchpad, checkpoint, resume, handoff", async () => {
   assert.equal((await c.session.end({ session_id })).state, "ended");
 });
 
-test("64-bit agent ids round-trip as bigint; smaller ids are numbers", async () => {
+test("ids are numbers; { bigint: true } gives every id as an exact bigint", async () => {
   const big = 2n ** 64n - 1n;
   const r = await c.memory.store({ content: "u64 agent", type: "fact", importance: 0.5, embedding: vec(3), agent_id: big });
   assert.equal(typeof r.id, "number");
-  const [m] = (await c.memory.get({ ids: [r.id] })).memories;
-  assert.equal(m.agent_id, big);
-  assert.equal(typeof m.created_at, "number");
-  const { session_id } = await c.session.create({ agent_id: big, config: { model: "m" } });
-  assert.equal((await c.session.get({ session_id })).agent_id, big);
+  // a number cannot hold this agent id: rejected rather than rounded
+  await assert.rejects(c.memory.get({ ids: [r.id] }),
+    (e) => e instanceof RangeError && /agent_id .* \{ bigint: true \}/.test(e.message));
+  const b = new Client({ host: HOST, port: PORT, apiKey: key, bigint: true });
+  try {
+    const [m] = (await b.memory.get({ ids: [BigInt(r.id)] })).memories;
+    assert.equal(m.agent_id, big);
+    assert.equal(m.id, BigInt(r.id));
+    assert.equal(typeof m.clade_id, "bigint");
+    assert.equal(typeof m.created_at, "number");
+    assert.equal(typeof m.version, "number");
+    const { session_id } = await b.session.create({ agent_id: big, config: { model: "m" } });
+    assert.equal(typeof session_id, "bigint");
+    assert.equal((await b.session.get({ session_id })).agent_id, big);
+    assert.equal(typeof (await b.memory.stats()).archived, "number"); // a count, not ids
+    assert.deepEqual((await b.memory.get({ ids: [999_999_999n] })).missing, [999_999_999n]);
+  } finally {
+    b.close();
+  }
 });

@@ -3,7 +3,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { Client, METHODS, METHOD_PATHS } from "../dist/index.js";
+import { Client, METHODS, METHOD_PATHS } from "@engram/client";
 import { HOST, PORT } from "./helpers.mjs";
 
 async function liveMethods() {

@@ -2,7 +2,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { Client, ConnectionLostError, QuotaExceededError, RateLimitedError, TimeoutError } from "../dist/index.js";
+import { Client, ConnectionLostError, QuotaExceededError, RateLimitedError, TimeoutError } from "@engram/client";
 import { HOST, PORT, Proxy, newTenant, vec } from "./helpers.mjs";
 
 test("pipelined calls on one connection get their own answers", async () => {

@@ -7,7 +7,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 
-import { Client, TLSError, UnauthenticatedError } from "../dist/index.js";
+import { Client, TLSError, UnauthenticatedError } from "@engram/client";
 import { HOST, PORT, Proxy, newTenant, tlsServer, vec } from "./helpers.mjs";
 
 const t = tlsServer();

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <event2/dns.h>
+#include <event2/event.h>
 #include <event2/http.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>
@@ -312,9 +313,11 @@ int llm_provider_create(const llm_config *cfg, llm_provider **out, char *err, si
     p->price_in = cfg->price_in_per_mtok;
     p->price_out = cfg->price_out_per_mtok;
     unsigned long long d = cfg->deadline_ms;
-    if (d == 0)
+    unsigned wait = cfg->backoff_max_ms > cfg->retry_after_max_ms ? cfg->backoff_max_ms
+                                                                  : cfg->retry_after_max_ms;
+    if (d == 0) /* room for every attempt and the longest pause allowed between them */
         d = (unsigned long long)cfg->timeout_ms * (cfg->max_retries + 1) +
-            (unsigned long long)cfg->backoff_max_ms * cfg->max_retries;
+            (unsigned long long)wait * cfg->max_retries;
     p->deadline_ms = d > 86400000ull ? 86400000u : (unsigned)d;
     *out = p;
     return 0;
@@ -341,6 +344,9 @@ void llm_provider_destroy(llm_provider *p)
     llm_base *b = p->bases;
     while (b) {
         llm_base *next = b->next;
+        llm_base_reap(b);
+        if (b->reap)
+            event_free(b->reap);
         if (b->dns)
             evdns_base_free(b->dns, 1);
         free(b);

@@ -104,8 +104,9 @@ typedef struct llm_config {
 } llm_config;
 
 /* llm_config_init sets every field of cfg to its default (kind 0 and NULL strings for the
- * fields without one). When deadline_ms stays 0 the provider derives it:
- * timeout_ms * (max_retries + 1) + backoff_max_ms * max_retries. */
+ * fields without one). When deadline_ms stays 0 the provider derives it: timeout_ms *
+ * (max_retries + 1) + max(backoff_max_ms, retry_after_max_ms) * max_retries, room for every
+ * attempt with the longest pauses allowed (300 s with the defaults). */
 void llm_config_init(llm_config *cfg);
 
 /* llm_kind_parse reads "anthropic" or "openai" into *out. Returns 0 or -EINVAL. */

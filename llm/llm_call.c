@@ -13,9 +13,9 @@
  *
  * libevent 2.1 details relied on: a request's callback may run inside
  * evhttp_make_request (a connection refused at once), which in_make catches; a cancelled
- * request's callback never runs (its error callback does, with REQUEST_CANCEL); a
- * connection marked free_on_completion is freed by libevent when its request ends or
- * fails, before a failed request's callback runs.
+ * request's callback never runs (its error callback does, with REQUEST_CANCEL); an
+ * outgoing connection is only reset, never freed, by libevent when its request ends, so
+ * the attempt hands it to its base's graves (llm_int.h) and the reap event frees it.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -51,8 +51,10 @@ struct llm_callst {
     int state;
     struct event *timer;
     struct event *wake;
-    struct evhttp_request *hr; /* the attempt in flight */
-    SSL *ssl;                  /* its TLS object, while hr is in flight */
+    struct evhttp_request *hr;       /* the attempt in flight */
+    struct evhttp_connection *evcon; /* its connection */
+    SSL *ssl;                        /* its TLS object */
+    llm_grave *grave;                /* where evcon goes when the attempt ends */
     char *body;
     size_t body_len;
     const llm_schema *schema;
@@ -60,6 +62,7 @@ struct llm_callst {
     llm_done_fn done;
     void *arg;
     uint64_t t0_ns, deadline_ns;
+    uint64_t due_ns; /* when the timer is meant to fire */
     unsigned deadline_ms;
     int http_err; /* the evhttp_request_error of the attempt, -1 none */
     long tls_err; /* the X509 verify error of the attempt, 0 none */
@@ -83,9 +86,14 @@ static uint64_t rand_next(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+/* Arms the call's timer ms from now. libevent counts a timeout from the time it cached when
+ * the loop last woke, which may be well before now inside a callback: without refreshing
+ * it a pause could end before the Retry-After it honours. */
 static void arm(call *c, uint64_t ms)
 {
     struct timeval tv = {.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+    event_base_update_cache_time(c->b->base);
+    c->due_ns = now_ns() + ms * 1000000u;
     evtimer_add(c->timer, &tv);
 }
 
@@ -176,6 +184,23 @@ static llm_base *base_find(llm_provider *p, struct event_base *eb, bool make)
     return b;
 }
 
+void llm_base_reap(llm_base *b)
+{
+    llm_grave *g = b->graves;
+    b->graves = NULL;
+    while (g) {
+        llm_grave *next = g->next;
+        evhttp_connection_free(g->evcon);
+        free(g);
+        g = next;
+    }
+}
+
+static void on_reap(evutil_socket_t fd, short what, void *arg)
+{
+    llm_base_reap(arg);
+}
+
 static struct evdns_base *base_dns(llm_provider *p, llm_base *b)
 {
     if (p->numeric_host)
@@ -217,6 +242,7 @@ static void finish(call *c, int status, const char *fmt, ...)
         c->bnext->bprev = c->bprev;
     event_free(c->timer);
     event_free(c->wake);
+    free(c->grave);
     r->latency_ms = (now_ns() - c->t0_ns) / 1000000u;
     r->cost_usd = ((double)r->tokens_in * p->price_in + (double)r->tokens_out * p->price_out) / 1e6;
     atomic_fetch_add(&p->st_calls, 1);
@@ -237,6 +263,25 @@ static void finish(call *c, int status, const char *fmt, ...)
  */
 
 static void attempt_start(call *c);
+
+/* The attempt's request is over (answered, failed or cancelled): its connection goes to
+ * the graves, to be freed from the reap event, outside libevent's callbacks. */
+static void attempt_end(call *c)
+{
+    if (c->ssl)
+        SSL_set_ex_data(c->ssl, llm_ssl_call_index(), NULL);
+    c->ssl = NULL;
+    c->hr = NULL;
+    if (c->evcon) {
+        llm_grave *g = c->grave;
+        g->evcon = c->evcon;
+        g->next = c->b->graves;
+        c->b->graves = g;
+        c->grave = NULL;
+        c->evcon = NULL;
+        event_active(c->b->reap, EV_READ, 0);
+    }
+}
 
 /* A failed attempt: retry after a pause when allowed and there is time, else finish. */
 static void failed(call *c, int status, bool retryable, long long retry_after_ms, const char *why)
@@ -375,8 +420,7 @@ static void on_answer(struct evhttp_request *hr, void *arg)
         c->early = true;
         return;
     }
-    c->hr = NULL;
-    c->ssl = NULL;
+    attempt_end(c);
     evtimer_del(c->timer);
     slot_drop(c);
     outcome(c, hr);
@@ -461,7 +505,9 @@ static void attempt_start(call *c)
     c->early = false;
     uint64_t end = now_ns() + (uint64_t)p->timeout_ms * 1000000u;
     arm(c, ms_until(end < c->deadline_ns ? end : c->deadline_ns));
-    struct evhttp_connection *evcon = connect_new(c);
+    if (!c->grave)
+        c->grave = malloc(sizeof(*c->grave));
+    struct evhttp_connection *evcon = c->grave ? connect_new(c) : NULL;
     struct evhttp_request *hr = evcon ? evhttp_request_new(on_answer, c) : NULL;
     if (!hr) {
         if (evcon)
@@ -496,14 +542,14 @@ static void attempt_start(call *c)
         finish(c, LLM_E_INTERNAL, "out of memory starting a request");
         return;
     }
+    c->evcon = evcon;
     c->in_make = true;
     int rc = evhttp_make_request(evcon, hr, EVHTTP_REQ_POST, p->path);
     c->in_make = false;
     if (rc != 0 || c->early) {
         /* the request failed inside make_request (libevent freed it, or it was never
-         * queued); the connection, not yet marked free_on_completion, is ours to free */
-        evhttp_connection_free(evcon);
-        c->ssl = NULL;
+         * queued) */
+        attempt_end(c);
         evtimer_del(c->timer);
         slot_drop(c);
         char why[LLM_REASON_MAX];
@@ -511,7 +557,6 @@ static void attempt_start(call *c)
         failed(c, LLM_E_TRANSPORT, true, -1, why);
         return;
     }
-    evhttp_connection_free_on_completion(evcon);
     c->hr = hr;
 }
 
@@ -534,14 +579,18 @@ static void abort_attempt(call *c)
         SSL_set_ex_data(c->ssl, llm_ssl_call_index(), NULL);
     struct evhttp_request *hr = c->hr;
     c->hr = NULL;
-    c->ssl = NULL;
-    evhttp_cancel_request(hr); /* frees hr and, being marked so, its connection */
+    evhttp_cancel_request(hr); /* frees hr and resets the connection */
+    attempt_end(c);
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     call *c = arg;
     llm_provider *p = c->p;
+    if (now_ns() < c->due_ns) { /* early (the loop's clock): never end a wait before its time */
+        arm(c, ms_until(c->due_ns));
+        return;
+    }
     switch (c->state) {
     case C_WAIT:
         slot_drop(c);
@@ -612,7 +661,9 @@ int llm_call(llm_provider *p, struct event_base *base, const llm_request *req, l
     }
     c->timer = evtimer_new(base, on_timer, c);
     c->wake = event_new(base, -1, 0, on_wake, c);
-    if (!c->timer || !c->wake)
+    if (!c->b->reap)
+        c->b->reap = event_new(base, -1, 0, on_reap, c->b);
+    if (!c->timer || !c->wake || !c->b->reap)
         goto fail;
     c->bnext = c->b->calls;
     if (c->bnext)
@@ -646,6 +697,9 @@ void llm_detach(llm_provider *p, struct event_base *base)
         finish(c, LLM_E_CANCELLED, "cancelled: the event loop is closing (%u attempt%s)",
                c->res.attempts, c->res.attempts == 1 ? "" : "s");
     }
+    llm_base_reap(b);
+    if (b->reap)
+        event_free(b->reap);
     if (b->dns)
         evdns_base_free(b->dns, 1);
     pthread_mutex_lock(&p->mu);

@@ -33,9 +33,20 @@ typedef struct llm_wire {
 
 /* ---- the provider (llm.c) ----------------------------------------------------------------- */
 
-/* What a provider keeps for one event base: its resolver and its unfinished calls. The
- * list of bases is under the provider's mutex; the fields below next are touched only on
- * the base's thread. */
+/* A connection whose attempt has ended, waiting to be freed. */
+typedef struct llm_grave {
+    struct evhttp_connection *evcon;
+    struct llm_grave *next;
+} llm_grave;
+
+/* What a provider keeps for one event base: its resolver, its unfinished calls and the
+ * connections of ended attempts. The list of bases is under the provider's mutex; the
+ * fields below next are touched only on the base's thread.
+ *
+ * Connections are freed by the provider, from an event of its own (reap), never by libevent
+ * (free_on_completion) and never inside libevent's callbacks: libevent 2.1 does not free
+ * an auto-freed connection whose connect failed, and it still uses a connection after the
+ * callback of a request that succeeded. */
 typedef struct llm_base {
     struct event_base *base;
     struct llm_base *next;
@@ -43,7 +54,13 @@ typedef struct llm_base {
     bool dns_tried;
     bool closing;             /* llm_detach is running: no new calls */
     struct llm_callst *calls; /* unfinished calls (doubly linked) */
+    struct event *reap;       /* frees graves; made with the first call */
+    llm_grave *graves;
 } llm_base;
+
+/* llm_base_reap frees the connections of b's ended attempts (on b's thread, or when its
+ * loop no longer runs). */
+void llm_base_reap(llm_base *b);
 
 struct llm_provider {
     llm_wire wire;
@@ -90,8 +107,9 @@ typedef struct llm_jdoc {
     msgpack_object root;
 } llm_jdoc;
 
-/* llm_jdoc_parse parses len bytes of JSON text into d (zeroed). Returns 0, -ENOMEM, or
- * LLM_SCHEMA_E_SYNTAX with err (also for nesting past max_depth). */
+/* llm_jdoc_parse parses len bytes of JSON text into d (zeroed). Nesting is limited to
+ * max_depth containers, and never more than 32 (what msgpack-c's unpacker holds). Returns
+ * 0, -ENOMEM, or LLM_SCHEMA_E_SYNTAX with err (also for nesting too deep). */
 int llm_jdoc_parse(llm_jdoc *d, const char *text, size_t len, unsigned max_depth, char *err,
                    size_t errlen);
 

@@ -15,8 +15,11 @@
 #include "llm_int.h"
 #include "rpc.h"
 
-#define SCHEMA_MAX_DEPTH 32 /* nesting of the schema's JSON (and so of validation) */
-#define VALUE_MAX_DEPTH 64  /* nesting of a value checked by llm_schema_validate_json */
+/* msgpack-c's unpacker holds at most 32 nested containers (MSGPACK_EMBED_STACK_SIZE): no
+ * JSON text deeper than that is parsed. A schema level takes two (the schema and its
+ * properties), so schemas nest 16 properties deep. */
+#define JSON_MAX_DEPTH 32
+#define SCHEMA_MAX_DEPTH 32 /* schema levels (check_schema's recursion) */
 #define PATH_MAX_LEN 200
 
 struct llm_schema {
@@ -55,6 +58,8 @@ int llm_jdoc_parse(llm_jdoc *d, const char *text, size_t len, unsigned max_depth
     msgpack_packer pk;
     msgpack_packer_init(&pk, &d->mp, ubuf_sink_write);
     char jerr[128] = "";
+    if (max_depth > JSON_MAX_DEPTH)
+        max_depth = JSON_MAX_DEPTH;
     int rc = json_to_msgpack(text, len, max_depth, &pk, jerr, sizeof(jerr));
     if (rc == -ENOMEM || d->mp.failed)
         return -ENOMEM;
@@ -78,7 +83,7 @@ int llm_jdoc_from_object(llm_jdoc *d, const msgpack_object *o)
 int llm_json_text(const msgpack_object *o, char **out, size_t *len)
 {
     json_buf b = {0};
-    int rc = json_from_msgpack(o, 0, VALUE_MAX_DEPTH + 8, &b);
+    int rc = json_from_msgpack(o, 0, JSON_MAX_DEPTH, &b);
     if (rc == 0 && !b.data) /* every value prints as something; never expected */
         rc = -ENOMEM;
     if (rc != 0) {
@@ -275,7 +280,7 @@ int llm_schema_create(const char *json, size_t len, llm_schema **out, char *err,
     if (!s)
         return -ENOMEM;
     char jerr[160];
-    int rc = llm_jdoc_parse(&s->doc, json, len, SCHEMA_MAX_DEPTH * 2 + 2, jerr, sizeof(jerr));
+    int rc = llm_jdoc_parse(&s->doc, json, len, JSON_MAX_DEPTH, jerr, sizeof(jerr));
     if (rc == LLM_SCHEMA_E_SYNTAX && err)
         snprintf(err, errlen, "the schema is not JSON: %s", jerr);
     if (rc)
@@ -599,7 +604,7 @@ int llm_schema_validate_json(const char *schema_json, size_t schema_len, const c
     int rc = llm_schema_create(schema_json, schema_len, &s, err, errlen);
     if (rc)
         return rc;
-    rc = llm_jdoc_parse(&v, value_json, value_len, VALUE_MAX_DEPTH, jerr, sizeof(jerr));
+    rc = llm_jdoc_parse(&v, value_json, value_len, JSON_MAX_DEPTH, jerr, sizeof(jerr));
     if (rc == LLM_SCHEMA_E_SYNTAX && err)
         snprintf(err, errlen, "the value is not JSON: %s", jerr);
     if (rc == 0)

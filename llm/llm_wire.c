@@ -26,7 +26,9 @@
 #include "llm_int.h"
 #include "rpc.h"
 
-#define ANSWER_MAX_DEPTH 64 /* the answer's envelope plus the structured value in it */
+/* The answer's envelope plus the structured value in it (Anthropic's tool input sits four
+ * levels down: a value may nest 28 deep there); llm_jdoc_parse caps it at 32 anyway. */
+#define ANSWER_MAX_DEPTH 32
 
 /* ---- request bodies --------------------------------------------------------------------- */
 
@@ -437,8 +439,8 @@ static long long http_date(const char *s)
     static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
     char wday[4], mon[4], zone[4];
     int d, y, hh, mm, ss, used = 0;
-    if (sscanf(s, "%3s %d %3s %d %d:%d:%d %3s%n", wday, &d, mon, &y, &hh, &mm, &ss, zone, &used) !=
-            8 ||
+    if (sscanf(s, "%3[A-Za-z], %2d %3s %4d %2d:%2d:%2d %3s%n", wday, &d, mon, &y, &hh, &mm, &ss,
+               zone, &used) != 8 ||
         strcmp(zone, "GMT") != 0 || s[used] != '\0')
         return -1;
     const char *m = strstr(months, mon);
@@ -474,7 +476,7 @@ long long llm_wire_retry_after(const char *value, long long now_unix)
     }
     if (buf[3] != ',')
         return -1;
-    long long t = http_date(buf + 4);
+    long long t = http_date(buf);
     if (t < 0)
         return -1;
     return t <= now_unix ? 0 : (t - now_unix) * 1000;

@@ -68,6 +68,7 @@ import ssl
 import sys
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ANTHROPIC_ERRORS = {400: "invalid_request_error", 401: "authentication_error",
@@ -88,9 +89,10 @@ class State:
         self.rules = []
         self.hits = {}
         self.calls = []
-        self.inflight = 0
+        self.inflight = 0  # requests of the current epoch being answered
         self.max_inflight = 0
-        self.seq = 0
+        self.epoch = 0  # a reset starts a new one: requests still running from before
+        self.seq = 0    # (a slow answer its client gave up on) no longer count
 
     def load(self, rules):
         for i, r in enumerate(rules):
@@ -109,7 +111,9 @@ class State:
         with self.lock:
             self.calls = []
             self.hits = {}
+            self.inflight = 0
             self.max_inflight = 0
+            self.epoch += 1
 
 
 def prompt_text(api, body):
@@ -276,19 +280,20 @@ def make_handler(st):
 
         def do_POST(self):
             raw = self.read_body()
-            if self.path == "/_script":
+            path = urllib.parse.urlsplit(self.path).path
+            if path == "/_script":
                 try:
                     st.load(json.loads(raw)["rules"])
                 except (ValueError, KeyError, TypeError, re.error) as e:
                     self.send_json(400, {"error": str(e)})
                     return
                 self.send_json(200, {"ok": True})
-            elif self.path == "/_reset":
+            elif path == "/_reset":
                 st.reset()
                 self.send_json(200, {"ok": True})
-            elif self.path == "/v1/messages" and not self.server.control_only:
+            elif path == "/v1/messages" and not self.server.control_only:
                 self.model_call("anthropic", raw)
-            elif self.path in ("/v1/chat/completions", "/chat/completions") \
+            elif path in ("/v1/chat/completions", "/chat/completions") \
                     and not self.server.control_only:
                 self.model_call("openai", raw)
             else:
@@ -302,6 +307,7 @@ def make_handler(st):
             with st.lock:
                 st.seq += 1
                 seq = st.seq
+                epoch = st.epoch
                 st.inflight += 1
                 st.max_inflight = max(st.max_inflight, st.inflight)
                 rec = {"seq": seq, "api": api, "path": self.path, "t": t, "t_end": None,
@@ -315,7 +321,8 @@ def make_handler(st):
                 if not done[0]:
                     done[0] = True
                     with st.lock:
-                        st.inflight -= 1
+                        if st.epoch == epoch:
+                            st.inflight -= 1
                         rec["t_end"] = time.monotonic()
 
             try:

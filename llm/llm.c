@@ -182,8 +182,10 @@ static int parse_url(llm_provider *p, const llm_config *cfg, char *err, size_t e
     }
     int port = evhttp_uri_get_port(u);
     p->port = port > 0 ? port : p->https ? 443 : 80;
-    unsigned char addr[16];
-    p->numeric_host = inet_pton(AF_INET, host, addr) == 1 || inet_pton(AF_INET6, host, addr) == 1;
+    /* libevent keeps an IPv6 literal's brackets: the Host header wants them, connecting and
+     * the certificate check do not */
+    size_t hlen = strlen(host);
+    bool v6 = host[0] == '[' && hlen > 2 && host[hlen - 1] == ']';
     const char *path = evhttp_uri_get_path(u);
     const char *query = evhttp_uri_get_query(u);
     const char *suffix = p->wire.kind == LLM_ANTHROPIC ? "/v1/messages" : "/chat/completions";
@@ -194,21 +196,23 @@ static int parse_url(llm_provider *p, const llm_config *cfg, char *err, size_t e
     bool has = plen >= slen && memcmp(path + plen - slen, suffix, slen) == 0;
     size_t n = plen + slen + (query ? strlen(query) + 1 : 0) + 1;
     p->path = malloc(n);
-    size_t hn = strlen(host) + 16;
+    size_t hn = hlen + 16;
     p->host_header = malloc(hn);
-    p->host = strdup(host);
+    p->host = v6 ? strndup(host + 1, hlen - 2) : strdup(host);
     if (!p->path || !p->host_header || !p->host) {
         snprintf(err, errlen, "out of memory");
         rc = -ENOMEM;
         goto out;
     }
+    unsigned char addr[16];
+    p->numeric_host =
+        inet_pton(AF_INET, p->host, addr) == 1 || inet_pton(AF_INET6, p->host, addr) == 1;
     snprintf(p->path, n, "%.*s%s%s%s", (int)plen, path ? path : "", has ? "" : suffix,
              query ? "?" : "", query ? query : "");
-    bool v6 = strchr(host, ':') != NULL;
     if (port > 0 && port != (p->https ? 443 : 80))
-        snprintf(p->host_header, hn, v6 ? "[%s]:%d" : "%s:%d", host, port);
+        snprintf(p->host_header, hn, "%s:%d", host, port);
     else
-        snprintf(p->host_header, hn, v6 ? "[%s]" : "%s", host);
+        snprintf(p->host_header, hn, "%s", host);
     rc = 0;
 out:
     if (u)

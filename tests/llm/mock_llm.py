@@ -44,7 +44,8 @@ requests only (then the rule answers normally: "fail twice, then succeed"):
     {"echo_key": true}                  a 400 whose message quotes the API key it got (to
                                         check that a client never repeats it)
 
-Control endpoints (no key needed; on the API port and on the plain control port):
+Control endpoints (no key needed; on the API port and on the control port, which is
+plain HTTP on 127.0.0.1 whatever --host and TLS say):
     POST /_script {"rules": [...]}      replace the rules (counters restart)
     GET  /_calls                        {"calls": [...], "max_inflight": n}: per request its
                                         api, path, rule, fault, t (monotonic seconds at
@@ -53,7 +54,7 @@ Control endpoints (no key needed; on the API port and on the plain control port)
                                         key), body (parsed) and error (why the mock refused it)
     POST /_reset                        forget calls and counters (rules stay)
 
-Usage: mock_llm.py [--port 0] [--rules FILE] [--tls-cert PEM --tls-key PEM]
+Usage: mock_llm.py [--host 127.0.0.1|::1] [--port 0] [--rules FILE] [--tls-cert PEM --tls-key PEM]
 The API key expected is $MOCK_LLM_KEY (default "sk-mock-key"). The first line printed is
 "PORT <api port> CONTROL <control port>"; the server runs until stdin closes or SIGTERM.
 """
@@ -531,6 +532,8 @@ class Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, addr, handler, tls=None, control_only=False):
+        if ":" in addr[0]:
+            self.address_family = socket.AF_INET6
         super().__init__(addr, handler)
         self.tls = tls
         self.control_only = control_only
@@ -571,7 +574,7 @@ def main():
         tls.load_cert_chain(a.tls_cert, a.tls_key)
     handler = make_handler(st)
     api = Server((a.host, a.port), handler, tls=tls)
-    ctl = Server((a.host, 0), handler, control_only=True)
+    ctl = Server(("127.0.0.1", 0), handler, control_only=True)  # always IPv4 and plain
     for s in (api, ctl):
         threading.Thread(target=s.serve_forever, daemon=True).start()
     print(f"PORT {api.server_address[1]} CONTROL {ctl.server_address[1]}", flush=True)

@@ -47,7 +47,8 @@ typedef struct mock {
     int port, control;
 } mock;
 
-static int mock_start(mock *m, const char *cert, const char *key)
+/* Starts the server on host (NULL: 127.0.0.1), over HTTPS when cert is given. */
+static int mock_start(mock *m, const char *host, const char *cert, const char *key)
 {
     int in[2], out[2];
     if (pipe(in) != 0 || pipe(out) != 0)
@@ -64,11 +65,12 @@ static int mock_start(mock *m, const char *cert, const char *key)
         close(out[1]);
         setenv("MOCK_LLM_KEY", KEY, 1);
         setenv("PYTHONDONTWRITEBYTECODE", "1", 1);
+        const char *h = host ? host : "127.0.0.1";
         if (cert)
-            execl(python, python, mock_script, "--port", "0", "--tls-cert", cert, "--tls-key", key,
-                  (char *)NULL);
+            execl(python, python, mock_script, "--host", h, "--port", "0", "--tls-cert", cert,
+                  "--tls-key", key, (char *)NULL);
         else
-            execl(python, python, mock_script, "--port", "0", (char *)NULL);
+            execl(python, python, mock_script, "--host", h, "--port", "0", (char *)NULL);
         _exit(127);
     }
     close(in[0]);
@@ -909,7 +911,7 @@ static void test_tls(const char *dir)
     snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
     snprintf(other, sizeof(other), "%s/other_ca.pem", dir);
     mock tm;
-    if (mock_start(&tm, cert, key) != 0) {
+    if (mock_start(&tm, NULL, cert, key) != 0) {
         CHECK_MSG(0, "the HTTPS mock did not start");
         return;
     }
@@ -992,6 +994,47 @@ static void test_tls(const char *dir)
                         "name was skipped\n");
     }
     mock_stop(&tm);
+}
+
+/* An IPv6 literal in the URL: brackets in the Host header, none for connecting. Where the
+ * machine has no ::1, says so and skips. */
+static void test_ipv6(void)
+{
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    bool have = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    if (fd >= 0)
+        close(fd);
+    mock m6;
+    if (!have || mock_start(&m6, "::1", NULL, NULL) != 0) {
+        fprintf(stderr, "note: no IPv6 loopback here; the IPv6 test was skipped\n");
+        return;
+    }
+    mock_script_rules(&m6, RULES);
+    char url[80];
+    snprintf(url, sizeof(url), "http://[::1]:%d/v1/", m6.port);
+    llm_config cfg;
+    llm_config_init(&cfg);
+    cfg.kind = LLM_OPENAI;
+    cfg.base_url = url;
+    cfg.model = MODEL;
+    cfg.api_key = KEY;
+    llm_provider *p = NULL;
+    char err[200];
+    CHECK_MSG(llm_provider_create(&cfg, &p, err, sizeof(err)) == 0, "%s", err);
+    llm_kind kind = LLM_OPENAI;
+    llm_result r = call1(p, "PLAIN-HELLO", NULL);
+    EXPECT(r, LLM_OK);
+    llm_result_fini(&r);
+    llm_jdoc d;
+    mock_calls(&m6, &d);
+    char host[40];
+    snprintf(host, sizeof(host), "[::1]:%d", m6.port);
+    CHECK(str_at(&d.root, "calls.0.headers.host", host));
+    CHECK(str_at(&d.root, "calls.0.path", "/v1/chat/completions"));
+    llm_jdoc_fini(&d);
+    llm_provider_destroy(p);
+    mock_stop(&m6);
 }
 
 /* ---- configuration ------------------------------------------------------------------------- */
@@ -1143,7 +1186,7 @@ int main(void)
         return 1;
     }
     char dir[] = "/tmp/test_llm.XXXXXX";
-    if (!mkdtemp(dir) || mock_start(&M, NULL, NULL) != 0) {
+    if (!mkdtemp(dir) || mock_start(&M, NULL, NULL, NULL) != 0) {
         fprintf(stderr, "cannot start %s with %s\n", mock_script, python);
         return 1;
     }
@@ -1151,6 +1194,7 @@ int main(void)
 
     test_config();
     test_key_file(dir);
+    test_ipv6();
     for (llm_kind kind = LLM_ANTHROPIC; kind <= LLM_OPENAI; kind++) {
         fprintf(stderr, "-- %s\n", kname(kind));
         test_plain(kind);

@@ -67,7 +67,7 @@ const char *llm_status_name(int status)
     return status >= 0 && status < LLM_STATUS_COUNT ? names[status] : "unknown";
 }
 
-/* ---- the credentials file ----------------------------------------------------------------- */
+/* ---- the credentials file ---------------------------------------------------------------- */
 
 static char *trim(char *s)
 {
@@ -137,8 +137,7 @@ int llm_config_key_from_file(const char *path, char *key, size_t keylen, char *e
     return rc;
 }
 
-/* ---- providers --------------------------------------------------------------------------------
- */
+/* ---- providers --------------------------------------------------------------------------- */
 
 static pthread_once_t ssl_index_once = PTHREAD_ONCE_INIT;
 static int ssl_index = -1;
@@ -387,8 +386,7 @@ void llm_provider_stats(llm_provider *p, llm_stats *out)
     pthread_mutex_unlock(&p->mu);
 }
 
-/* ---- results ----------------------------------------------------------------------------------
- */
+/* ---- results ----------------------------------------------------------------------------- */
 
 void llm_result_move(llm_result *dst, llm_result *src)
 {

@@ -205,8 +205,9 @@ typedef void (*llm_done_fn)(llm_result *res, void *arg);
  * base's loop must not be running yet). It waits for a slot under the provider's
  * concurrency cap, sends the request, retries as the header comment says, and calls
  * done(res, arg) once. Returns 0 (done will run), or -EINVAL (no message, a message or
- * the system prompt not UTF-8, a schema whose root is not an object, a bad schema_name)
- * or -ENOMEM, and then done never runs. */
+ * the system prompt not UTF-8, a schema whose root is not an object, a bad schema_name),
+ * -ECANCELED (llm_detach is ending base's calls: from a done callback it runs) or
+ * -ENOMEM, and then done never runs. */
 int llm_call(llm_provider *p, struct event_base *base, const llm_request *req, llm_done_fn done,
              void *arg);
 

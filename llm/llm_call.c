@@ -103,7 +103,7 @@ static uint64_t ms_until(uint64_t t_ns)
     return t_ns > n ? (t_ns - n + 999999) / 1000000 : 0;
 }
 
-/* ---- slots ---------------------------------------------------------------------------------- */
+/* ---- slots ------------------------------------------------------------------------------- */
 
 /* Takes a slot (true) or queues c for one (false; its wake event fires when it has one). */
 static bool slot_take(call *c)
@@ -166,8 +166,7 @@ static void slot_drop(call *c)
     pthread_mutex_unlock(&p->mu);
 }
 
-/* ---- bases ------------------------------------------------------------------------------------
- */
+/* ---- bases ------------------------------------------------------------------------------- */
 
 static llm_base *base_find(llm_provider *p, struct event_base *eb, bool make)
 {
@@ -215,7 +214,7 @@ static struct evdns_base *base_dns(llm_provider *p, llm_base *b)
     return b->dns;
 }
 
-/* ---- finishing ---------------------------------------------------------------------------- */
+/* ---- finishing --------------------------------------------------------------------------- */
 
 static void finish(call *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -259,8 +258,7 @@ static void finish(call *c, int status, const char *fmt, ...)
     free(c);
 }
 
-/* ---- attempts ---------------------------------------------------------------------------------
- */
+/* ---- attempts ---------------------------------------------------------------------------- */
 
 static void attempt_start(call *c);
 
@@ -560,8 +558,7 @@ static void attempt_start(call *c)
     c->hr = hr;
 }
 
-/* ---- events -----------------------------------------------------------------------------------
- */
+/* ---- events ------------------------------------------------------------------------------ */
 
 static void on_wake(evutil_socket_t fd, short what, void *arg)
 {
@@ -620,8 +617,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-/* ---- the API ----------------------------------------------------------------------------------
- */
+/* ---- the API ----------------------------------------------------------------------------- */
 
 int llm_call(llm_provider *p, struct event_base *base, const llm_request *req, llm_done_fn done,
              void *arg)

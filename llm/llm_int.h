@@ -31,7 +31,7 @@ typedef struct llm_wire {
     const char *openai_max_tokens_field;
 } llm_wire;
 
-/* ---- the provider (llm.c) ----------------------------------------------------------------- */
+/* ---- the provider (llm.c) ---------------------------------------------------------------- */
 
 /* A connection whose attempt has ended, waiting to be freed. */
 typedef struct llm_grave {
@@ -96,7 +96,7 @@ struct llm_provider {
  * to the call (for the verify callback); made once per process. */
 int llm_ssl_call_index(void);
 
-/* ---- JSON documents (llm_schema.c) ----------------------------------------------------- */
+/* ---- JSON documents (llm_schema.c) ------------------------------------------------------- */
 
 /* A parsed JSON text: its MessagePack bytes and the object tree over them. Zero it before
  * use; free with llm_jdoc_fini. */
@@ -124,7 +124,7 @@ void llm_jdoc_fini(llm_jdoc *d);
  * *len). Returns 0, -ENOMEM, or JSON_E_* of json_from_msgpack. */
 int llm_json_text(const msgpack_object *o, char **out, size_t *len);
 
-/* ---- the protocols (llm_wire.c) -------------------------------------------------------- */
+/* ---- the protocols (llm_wire.c) ---------------------------------------------------------- */
 
 /* llm_wire_body builds the JSON request body of req for w into out (zeroed). Returns 0,
  * -ENOMEM, or -EINVAL with err (text that is not UTF-8, a bad schema name). */

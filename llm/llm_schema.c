@@ -28,7 +28,7 @@ struct llm_schema {
     size_t json_len;
 };
 
-/* ---- JSON documents -------------------------------------------------------------------- */
+/* ---- JSON documents ---------------------------------------------------------------------- */
 
 void llm_jdoc_fini(llm_jdoc *d)
 {
@@ -95,7 +95,7 @@ int llm_json_text(const msgpack_object *o, char **out, size_t *len)
     return 0;
 }
 
-/* ---- checking a schema ------------------------------------------------------------------ */
+/* ---- checking a schema ------------------------------------------------------------------- */
 
 static const char *const TYPES[] = {"object",  "array",   "string", "number",
                                     "integer", "boolean", "null"};
@@ -322,7 +322,7 @@ int llm_schema_root_is_object(const llm_schema *s)
     return rpc_str_eq(rpc_map_get(&s->doc.root, "type"), "object");
 }
 
-/* ---- validating ---------------------------------------------------------------------------- */
+/* ---- validating -------------------------------------------------------------------------- */
 
 static const char *type_of(const msgpack_object *v)
 {

@@ -18,6 +18,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +31,7 @@
  * levels down: a value may nest 28 deep there); llm_jdoc_parse caps it at 32 anyway. */
 #define ANSWER_MAX_DEPTH 32
 
-/* ---- request bodies --------------------------------------------------------------------- */
+/* ---- request bodies ---------------------------------------------------------------------- */
 
 /* Appends s (n bytes) as a JSON string; -EINVAL when it is not UTF-8. */
 static int put_str(ubuf *b, const char *s, size_t n)
@@ -165,7 +166,7 @@ int llm_wire_body(const llm_wire *w, const llm_request *req, ubuf *out, char *er
     return rc;
 }
 
-/* ---- answers ------------------------------------------------------------------------------ */
+/* ---- answers ----------------------------------------------------------------------------- */
 
 static void copy_str(char *dst, size_t cap, const msgpack_object *o)
 {
@@ -200,10 +201,17 @@ static int set_text(llm_result *res, const char *p, size_t n)
     return 0;
 }
 
-static void fail(llm_result *res, int status, const char *fmt, const char *arg)
+static void fail(llm_result *res, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Sets res's failure status and reason. */
+static void fail(llm_result *res, int status, const char *fmt, ...)
 {
     res->status = status;
-    snprintf(res->reason, sizeof(res->reason), fmt, arg ? arg : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(res->reason, sizeof(res->reason), fmt, ap);
+    va_end(ap);
 }
 
 /* Validates the structured value v: sets text to its JSON and, when it passes, value to
@@ -221,7 +229,7 @@ static int take_value(llm_result *res, const msgpack_object *v, const llm_schema
     if (rc) {
         rc = rc == -ENOMEM ? -ENOMEM : 0;
         if (!rc)
-            fail(res, LLM_E_MALFORMED, "the structured answer has no JSON form%s", NULL);
+            fail(res, LLM_E_MALFORMED, "the structured answer has no JSON form");
         goto out;
     }
     if (llm_schema_validate(schema, &d.root, why, sizeof(why)) != 0) {
@@ -267,7 +275,7 @@ static int anthropic_answer(const msgpack_object *root, const llm_schema *schema
     copy_str(res->stop_reason, sizeof(res->stop_reason), stop);
     const msgpack_object *content = rpc_map_get(root, "content");
     if (!content || content->type != MSGPACK_OBJECT_ARRAY) {
-        fail(res, LLM_E_MALFORMED, "the answer has no content list%s", NULL);
+        fail(res, LLM_E_MALFORMED, "the answer has no content list");
         return 0;
     }
     ubuf text = {0};
@@ -292,7 +300,7 @@ static int anthropic_answer(const msgpack_object *root, const llm_schema *schema
     if (rc)
         return rc;
     if (rpc_str_eq(stop, "refusal")) {
-        fail(res, LLM_E_REFUSED, "the model refused (stop_reason refusal)%s", NULL);
+        fail(res, LLM_E_REFUSED, "the model refused (stop_reason refusal)");
         return 0;
     }
     if (rpc_str_eq(stop, "max_tokens") || rpc_str_eq(stop, "model_context_window_exceeded")) {
@@ -318,7 +326,7 @@ static int openai_answer(const msgpack_object *root, const llm_schema *schema, l
     res->tokens_out = get_count(usage, "completion_tokens");
     const msgpack_object *choices = rpc_map_get(root, "choices");
     if (!choices || choices->type != MSGPACK_OBJECT_ARRAY || choices->via.array.size == 0) {
-        fail(res, LLM_E_MALFORMED, "the answer has no choices%s", NULL);
+        fail(res, LLM_E_MALFORMED, "the answer has no choices");
         return 0;
     }
     const msgpack_object *choice = &choices->via.array.ptr[0];
@@ -330,7 +338,7 @@ static int openai_answer(const msgpack_object *root, const llm_schema *schema, l
     if (refusal && refusal->type == MSGPACK_OBJECT_STR) {
         int rc = set_text(res, refusal->via.str.ptr, refusal->via.str.size);
         if (!rc)
-            fail(res, LLM_E_REFUSED, "the model refused (message.refusal)%s", NULL);
+            fail(res, LLM_E_REFUSED, "the model refused (message.refusal)");
         return rc;
     }
     if (content && content->type == MSGPACK_OBJECT_STR) {
@@ -339,7 +347,7 @@ static int openai_answer(const msgpack_object *root, const llm_schema *schema, l
             return rc;
     }
     if (rpc_str_eq(finish, "content_filter")) {
-        fail(res, LLM_E_REFUSED, "the answer was filtered (finish_reason content_filter)%s", NULL);
+        fail(res, LLM_E_REFUSED, "the answer was filtered (finish_reason content_filter)");
         return 0;
     }
     if (rpc_str_eq(finish, "length")) {
@@ -348,7 +356,7 @@ static int openai_answer(const msgpack_object *root, const llm_schema *schema, l
         return 0;
     }
     if (!res->text) {
-        fail(res, LLM_E_MALFORMED, "the answer's message has no content%s", NULL);
+        fail(res, LLM_E_MALFORMED, "the answer's message has no content");
         return 0;
     }
     if (!schema) {
@@ -385,7 +393,7 @@ int llm_wire_answer(llm_kind kind, const char *body, size_t len, const llm_schem
     if (rc)
         goto out;
     if (d.root.type != MSGPACK_OBJECT_MAP) {
-        fail(res, LLM_E_MALFORMED, "the answer is not a JSON object%s", NULL);
+        fail(res, LLM_E_MALFORMED, "the answer is not a JSON object");
         goto out;
     }
     copy_str(res->model, sizeof(res->model), rpc_map_get(&d.root, "model"));
@@ -420,7 +428,7 @@ void llm_wire_error_parse(const char *body, size_t len, llm_wire_error *e)
     llm_jdoc_fini(&d);
 }
 
-/* ---- Retry-After --------------------------------------------------------------------------- */
+/* ---- Retry-After ------------------------------------------------------------------------- */
 
 /* Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm). */
 static long long days_from_civil(long long y, unsigned m, unsigned d)
@@ -482,7 +490,7 @@ long long llm_wire_retry_after(const char *value, long long now_unix)
     return t <= now_unix ? 0 : (t - now_unix) * 1000;
 }
 
-/* ---- redaction ------------------------------------------------------------------------------ */
+/* ---- redaction --------------------------------------------------------------------------- */
 
 static bool keyish(char c)
 {

@@ -214,7 +214,7 @@ static unsigned n_calls(const llm_jdoc *d)
     return c && c->type == MSGPACK_OBJECT_ARRAY ? c->via.array.size : 0;
 }
 
-/* ---- the rules ------------------------------------------------------------------------------ */
+/* ---- the rules --------------------------------------------------------------------------- */
 
 static const char *RULES =
     "["
@@ -271,7 +271,7 @@ static const char *SCHEMA_TEXT =
 static llm_schema *SCHEMA;
 static mock M;
 
-/* ---- helpers -------------------------------------------------------------------------------- */
+/* ---- helpers ----------------------------------------------------------------------------- */
 
 static const char *kname(llm_kind k)
 {
@@ -346,7 +346,7 @@ static int64_t mono_ms(void)
     CHECK_MSG((r).status == (st), "%s: status %s, want %s (%s)", kname(kind),                      \
               llm_status_name((r).status), llm_status_name(st), (r).reason)
 
-/* ---- scenarios ------------------------------------------------------------------------------ */
+/* ---- scenarios --------------------------------------------------------------------------- */
 
 static void test_plain(llm_kind kind)
 {
@@ -710,8 +710,7 @@ static void test_keys(llm_kind kind)
     llm_provider_destroy(p);
 }
 
-/* ---- concurrency ------------------------------------------------------------------------------
- */
+/* ---- concurrency ------------------------------------------------------------------------- */
 
 /* Results of async calls. Filled on the calls' threads (no CHECK there: check.h's counters
  * are not thread-safe); checked by the main thread. */
@@ -901,7 +900,7 @@ static void test_sync_thread(llm_kind kind)
     llm_provider_destroy(p);
 }
 
-/* ---- TLS ------------------------------------------------------------------------------------- */
+/* ---- TLS --------------------------------------------------------------------------------- */
 
 static void test_tls(const char *dir)
 {
@@ -1037,7 +1036,7 @@ static void test_ipv6(void)
     mock_stop(&m6);
 }
 
-/* ---- configuration ------------------------------------------------------------------------- */
+/* ---- configuration ----------------------------------------------------------------------- */
 
 static int write_file(const char *path, const char *text)
 {

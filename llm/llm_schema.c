@@ -373,9 +373,34 @@ static bool has_type(const msgpack_object *v, const msgpack_object *name)
     return rpc_str_eq(name, type_of(v));
 }
 
-/* JSON equality: numbers by value (1 equals 1.0), objects whatever the key order. */
-static bool equal(const msgpack_object *a, const msgpack_object *b)
+/* A validation's state: the path of the value checked, where the message goes (err NULL:
+ * nowhere, inside anyOf), and a budget of comparison steps. The answers checked come from a
+ * provider and run on event loops: duplicate keys, uniqueItems and equality are quadratic,
+ * so a 4 MiB answer of one flat object could otherwise hold a loop for minutes. */
+typedef struct vctx {
+    char path[PATH_MAX_LEN + 8];
+    char *err;
+    size_t errlen;
+    uint64_t budget;
+} vctx;
+
+#define VALIDATE_BUDGET (4u << 20) /* steps; a few milliseconds; models' answers need far less */
+
+/* Takes one step of the budget; false once it is spent. */
+static bool spend(vctx *x)
 {
+    if (x->budget == 0)
+        return false;
+    x->budget--;
+    return true;
+}
+
+/* JSON equality: numbers by value (1 equals 1.0), objects whatever the key order. False
+ * also once the budget is spent (the caller then reports that). */
+static bool equal(const msgpack_object *a, const msgpack_object *b, vctx *x)
+{
+    if (!spend(x))
+        return false;
     if (is_number(a) && is_number(b))
         return num(a) == num(b);
     if (a->type != b->type)
@@ -392,7 +417,7 @@ static bool equal(const msgpack_object *a, const msgpack_object *b)
         if (a->via.array.size != b->via.array.size)
             return false;
         for (uint32_t i = 0; i < a->via.array.size; i++)
-            if (!equal(&a->via.array.ptr[i], &b->via.array.ptr[i]))
+            if (!equal(&a->via.array.ptr[i], &b->via.array.ptr[i], x))
                 return false;
         return true;
     case MSGPACK_OBJECT_MAP:
@@ -401,9 +426,9 @@ static bool equal(const msgpack_object *a, const msgpack_object *b)
         for (uint32_t i = 0; i < a->via.map.size; i++) {
             const msgpack_object_kv *kv = &a->via.map.ptr[i];
             bool found = false;
-            for (uint32_t j = 0; j < b->via.map.size && !found; j++)
-                if (equal(&kv->key, &b->via.map.ptr[j].key))
-                    found = equal(&kv->val, &b->via.map.ptr[j].val);
+            for (uint32_t j = 0; j < b->via.map.size && !found && x->budget; j++)
+                if (equal(&kv->key, &b->via.map.ptr[j].key, x))
+                    found = equal(&kv->val, &b->via.map.ptr[j].val, x);
             if (!found)
                 return false;
         }
@@ -422,24 +447,29 @@ static size_t utf8_chars(const char *p, size_t n)
     return c;
 }
 
-static int invalid(char *err, size_t errlen, const char *path, const char *fmt, ...)
+static int invalid(vctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int invalid(vctx *x, const char *fmt, ...)
 {
-    if (err) {
+    if (x->err) {
         char what[160];
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(what, sizeof(what), fmt, ap);
         va_end(ap);
-        snprintf(err, errlen, "%s: %s", path, what);
+        snprintf(x->err, x->errlen, "%s: %s", x->path, what);
     }
     return LLM_SCHEMA_E_INVALID;
 }
 
-static int validate(const msgpack_object *s, const msgpack_object *v, char *path, char *err,
-                    size_t errlen);
+static int too_large(vctx *x)
+{
+    return invalid(x, "the answer is too large to check");
+}
 
-static int validate_object(const msgpack_object *s, const msgpack_object *v, char *path, char *err,
-                           size_t errlen)
+static int validate(const msgpack_object *s, const msgpack_object *v, vctx *x);
+
+static int validate_object(const msgpack_object *s, const msgpack_object *v, vctx *x)
 {
     const msgpack_object *props = rpc_map_get(s, "properties");
     const msgpack_object *extra = rpc_map_get(s, "additionalProperties");
@@ -447,25 +477,30 @@ static int validate_object(const msgpack_object *s, const msgpack_object *v, cha
     for (uint32_t i = 0; i < v->via.map.size; i++) {
         const msgpack_object_kv *kv = &v->via.map.ptr[i];
         if (kv->key.type != MSGPACK_OBJECT_STR)
-            return invalid(err, errlen, path, "a key is not a string");
-        for (uint32_t j = 0; j < i; j++)
-            if (equal(&kv->key, &v->via.map.ptr[j].key)) {
-                size_t old = path_push_key(path, kv->key.via.str.ptr, kv->key.via.str.size);
-                int rc = invalid(err, errlen, path, "the key appears twice");
-                path_pop(path, old);
+            return invalid(x, "a key is not a string");
+        for (uint32_t j = 0; j < i; j++) {
+            if (!spend(x))
+                return too_large(x);
+            if (equal(&kv->key, &v->via.map.ptr[j].key, x)) {
+                size_t old = path_push_key(x->path, kv->key.via.str.ptr, kv->key.via.str.size);
+                int rc = invalid(x, "the key appears twice");
+                path_pop(x->path, old);
                 return rc;
             }
+        }
     }
     if (req)
         for (uint32_t i = 0; i < req->via.array.size; i++) {
             const msgpack_object *name = &req->via.array.ptr[i];
             bool found = false;
             for (uint32_t j = 0; j < v->via.map.size && !found; j++)
-                found = equal(name, &v->via.map.ptr[j].key);
+                found = equal(name, &v->via.map.ptr[j].key, x);
+            if (!x->budget)
+                return too_large(x);
             if (!found) {
-                size_t old = path_push_key(path, name->via.str.ptr, name->via.str.size);
-                int rc = invalid(err, errlen, path, "required but missing");
-                path_pop(path, old);
+                size_t old = path_push_key(x->path, name->via.str.ptr, name->via.str.size);
+                int rc = invalid(x, "required but missing");
+                path_pop(x->path, old);
                 return rc;
             }
         }
@@ -474,57 +509,61 @@ static int validate_object(const msgpack_object *s, const msgpack_object *v, cha
         const msgpack_object *sub = NULL;
         if (props)
             for (uint32_t j = 0; j < props->via.map.size && !sub; j++)
-                if (equal(&kv->key, &props->via.map.ptr[j].key))
+                if (equal(&kv->key, &props->via.map.ptr[j].key, x))
                     sub = &props->via.map.ptr[j].val;
+        if (!x->budget)
+            return too_large(x);
         if (!sub)
             sub = extra;
         if (!sub)
             continue;
-        size_t old = path_push_key(path, kv->key.via.str.ptr, kv->key.via.str.size);
+        size_t old = path_push_key(x->path, kv->key.via.str.ptr, kv->key.via.str.size);
         int rc;
         if (sub == extra && extra->type == MSGPACK_OBJECT_BOOLEAN && !extra->via.boolean)
-            rc = invalid(err, errlen, path, "not an allowed property");
+            rc = invalid(x, "not an allowed property");
         else
-            rc = validate(sub, &kv->val, path, err, errlen);
-        path_pop(path, old);
+            rc = validate(sub, &kv->val, x);
+        path_pop(x->path, old);
         if (rc)
             return rc;
     }
     return 0;
 }
 
-static int validate_array(const msgpack_object *s, const msgpack_object *v, char *path, char *err,
-                          size_t errlen)
+static int validate_array(const msgpack_object *s, const msgpack_object *v, vctx *x)
 {
     const msgpack_object *k;
     uint32_t n = v->via.array.size;
     if ((k = rpc_map_get(s, "minItems")) && (long double)n < num(k))
-        return invalid(err, errlen, path, "%u items, fewer than minItems %.0Lf", n, num(k));
+        return invalid(x, "%u items, fewer than minItems %.0Lf", n, num(k));
     if ((k = rpc_map_get(s, "maxItems")) && (long double)n > num(k))
-        return invalid(err, errlen, path, "%u items, more than maxItems %.0Lf", n, num(k));
-    if ((k = rpc_map_get(s, "uniqueItems")) && k->via.boolean)
-        for (uint32_t i = 1; i < n; i++)
-            for (uint32_t j = 0; j < i; j++)
-                if (equal(&v->via.array.ptr[i], &v->via.array.ptr[j]))
-                    return invalid(err, errlen, path, "items %u and %u are equal (uniqueItems)", j,
-                                   i);
+        return invalid(x, "%u items, more than maxItems %.0Lf", n, num(k));
     const msgpack_object *items = rpc_map_get(s, "items");
     if (items)
         for (uint32_t i = 0; i < n; i++) {
-            size_t old = path_push(path, "[%u]", i);
-            int rc = validate(items, &v->via.array.ptr[i], path, err, errlen);
-            path_pop(path, old);
+            size_t old = path_push(x->path, "[%u]", i);
+            int rc = validate(items, &v->via.array.ptr[i], x);
+            path_pop(x->path, old);
             if (rc)
                 return rc;
         }
+    if ((k = rpc_map_get(s, "uniqueItems")) && k->via.boolean)
+        for (uint32_t i = 1; i < n; i++)
+            for (uint32_t j = 0; j < i; j++) {
+                if (!spend(x))
+                    return too_large(x);
+                if (equal(&v->via.array.ptr[i], &v->via.array.ptr[j], x))
+                    return invalid(x, "items %u and %u are equal (uniqueItems)", j, i);
+            }
     return 0;
 }
 
-static int validate(const msgpack_object *s, const msgpack_object *v, char *path, char *err,
-                    size_t errlen)
+static int validate(const msgpack_object *s, const msgpack_object *v, vctx *x)
 {
+    if (!spend(x))
+        return too_large(x);
     if (s->type == MSGPACK_OBJECT_BOOLEAN)
-        return s->via.boolean ? 0 : invalid(err, errlen, path, "no value is allowed here");
+        return s->via.boolean ? 0 : invalid(x, "no value is allowed here");
     const msgpack_object *k = rpc_map_get(s, "type");
     if (k) {
         bool ok = false;
@@ -536,54 +575,56 @@ static int validate(const msgpack_object *s, const msgpack_object *v, char *path
         }
         if (!ok) {
             if (k->type == MSGPACK_OBJECT_STR)
-                return invalid(err, errlen, path, "expected %.*s, got %s", (int)k->via.str.size,
-                               k->via.str.ptr, type_of(v));
-            return invalid(err, errlen, path, "%s is none of the types allowed", type_of(v));
+                return invalid(x, "expected %.*s, got %s", (int)k->via.str.size, k->via.str.ptr,
+                               type_of(v));
+            return invalid(x, "%s is none of the types allowed", type_of(v));
         }
     }
-    if ((k = rpc_map_get(s, "const")) && !equal(k, v))
-        return invalid(err, errlen, path, "not the constant required");
+    if ((k = rpc_map_get(s, "const")) && !equal(k, v, x))
+        return x->budget ? invalid(x, "not the constant required") : too_large(x);
     if ((k = rpc_map_get(s, "enum"))) {
         bool ok = false;
         for (uint32_t i = 0; i < k->via.array.size && !ok; i++)
-            ok = equal(&k->via.array.ptr[i], v);
+            ok = equal(&k->via.array.ptr[i], v, x);
         if (!ok)
-            return invalid(err, errlen, path, "not one of the enum's %u values", k->via.array.size);
+            return x->budget ? invalid(x, "not one of the enum's %u values", k->via.array.size)
+                             : too_large(x);
     }
     if ((k = rpc_map_get(s, "anyOf"))) {
         bool ok = false;
-        for (uint32_t i = 0; i < k->via.array.size && !ok; i++)
-            ok = validate(&k->via.array.ptr[i], v, path, NULL, 0) == 0;
+        char *err = x->err;
+        x->err = NULL; /* the alternatives' own messages are not the answer's */
+        for (uint32_t i = 0; i < k->via.array.size && !ok && x->budget; i++)
+            ok = validate(&k->via.array.ptr[i], v, x) == 0;
+        x->err = err;
         if (!ok)
-            return invalid(err, errlen, path, "matches none of the anyOf schemas");
+            return x->budget ? invalid(x, "matches none of the anyOf schemas") : too_large(x);
     }
     if (is_number(v)) {
-        long double x = num(v);
-        if ((k = rpc_map_get(s, "minimum")) && x < num(k))
-            return invalid(err, errlen, path, "less than minimum %Lg", num(k));
-        if ((k = rpc_map_get(s, "maximum")) && x > num(k))
-            return invalid(err, errlen, path, "more than maximum %Lg", num(k));
-        if ((k = rpc_map_get(s, "exclusiveMinimum")) && x <= num(k))
-            return invalid(err, errlen, path, "not more than exclusiveMinimum %Lg", num(k));
-        if ((k = rpc_map_get(s, "exclusiveMaximum")) && x >= num(k))
-            return invalid(err, errlen, path, "not less than exclusiveMaximum %Lg", num(k));
+        long double n = num(v);
+        if ((k = rpc_map_get(s, "minimum")) && n < num(k))
+            return invalid(x, "less than minimum %Lg", num(k));
+        if ((k = rpc_map_get(s, "maximum")) && n > num(k))
+            return invalid(x, "more than maximum %Lg", num(k));
+        if ((k = rpc_map_get(s, "exclusiveMinimum")) && n <= num(k))
+            return invalid(x, "not more than exclusiveMinimum %Lg", num(k));
+        if ((k = rpc_map_get(s, "exclusiveMaximum")) && n >= num(k))
+            return invalid(x, "not less than exclusiveMaximum %Lg", num(k));
         return 0;
     }
     switch (v->type) {
     case MSGPACK_OBJECT_STR: {
         size_t n = utf8_chars(v->via.str.ptr, v->via.str.size);
         if ((k = rpc_map_get(s, "minLength")) && (long double)n < num(k))
-            return invalid(err, errlen, path, "%zu characters, fewer than minLength %.0Lf", n,
-                           num(k));
+            return invalid(x, "%zu characters, fewer than minLength %.0Lf", n, num(k));
         if ((k = rpc_map_get(s, "maxLength")) && (long double)n > num(k))
-            return invalid(err, errlen, path, "%zu characters, more than maxLength %.0Lf", n,
-                           num(k));
+            return invalid(x, "%zu characters, more than maxLength %.0Lf", n, num(k));
         return 0;
     }
     case MSGPACK_OBJECT_MAP:
-        return validate_object(s, v, path, err, errlen);
+        return validate_object(s, v, x);
     case MSGPACK_OBJECT_ARRAY:
-        return validate_array(s, v, path, err, errlen);
+        return validate_array(s, v, x);
     default:
         return 0;
     }
@@ -591,8 +632,8 @@ static int validate(const msgpack_object *s, const msgpack_object *v, char *path
 
 int llm_schema_validate(const llm_schema *s, const msgpack_object *value, char *err, size_t errlen)
 {
-    char path[PATH_MAX_LEN + 8] = "$";
-    return validate(&s->doc.root, value, path, err, errlen);
+    vctx x = {.path = "$", .err = err, .errlen = errlen, .budget = VALIDATE_BUDGET};
+    return validate(&s->doc.root, value, &x);
 }
 
 int llm_schema_validate_json(const char *schema_json, size_t schema_len, const char *value_json,

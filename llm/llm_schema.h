@@ -12,6 +12,9 @@
  * examples, $schema, $id, $comment, deprecated, readOnly, writeOnly) are accepted and
  * ignored. Any other keyword ($ref, pattern, format, oneOf...) makes llm_schema_create
  * fail: a schema is never half checked. An object with a key twice never validates.
+ * Validation has a budget of about four million comparison steps (milliseconds): a value
+ * that needs more (a flat object of thousands of keys, uniqueItems over thousands of items)
+ * is invalid, "too large to check", rather than holding an event loop.
  *
  * Messages name the place with a path ("$.facts[2].id") and the rule broken; they quote
  * no value, so they can go into run records.

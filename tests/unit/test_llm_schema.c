@@ -3,6 +3,8 @@
  * and values that fail, with the path the message names.
  */
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -226,6 +228,33 @@ static void test_json_errors(void)
     CHECK(strlen(err) < sizeof(err) - 1);
 }
 
+/* Quadratic checks on big answers stop at the work budget instead of running for minutes. */
+static void test_budget(void)
+{
+    size_t cap = 20000 * 16 + 16;
+    char *big = malloc(cap);
+    size_t n = 0;
+    n += (size_t)snprintf(big + n, cap - n, "{");
+    for (int i = 0; i < 20000; i++)
+        n += (size_t)snprintf(big + n, cap - n, "%s\"k%d\":1", i ? "," : "", i);
+    snprintf(big + n, cap - n, "}");
+    BAD("{\"type\":\"object\"}", big, "too large to check");
+    n = 0;
+    n += (size_t)snprintf(big + n, cap - n, "[");
+    for (int i = 0; i < 5000; i++)
+        n += (size_t)snprintf(big + n, cap - n, "%s%d", i ? "," : "", i);
+    snprintf(big + n, cap - n, "]");
+    BAD("{\"uniqueItems\":true}", big, "too large to check");
+    OK("{\"items\":{\"type\":\"integer\"}}", big); /* linear checks are not limited so */
+    n = 0;
+    n += (size_t)snprintf(big + n, cap - n, "[");
+    for (int i = 0; i < 1000; i++)
+        n += (size_t)snprintf(big + n, cap - n, "%s%d", i ? "," : "", i);
+    snprintf(big + n, cap - n, "]");
+    OK("{\"uniqueItems\":true}", big);
+    free(big);
+}
+
 int main(void)
 {
     test_create();
@@ -233,5 +262,6 @@ int main(void)
     test_objects();
     test_values();
     test_json_errors();
+    test_budget();
     CHECK_RETURN();
 }

@@ -231,6 +231,11 @@ static void finish(call *c, int status, const char *fmt, ...)
         vsnprintf(r->reason, sizeof(r->reason), fmt, ap);
         va_end(ap);
     }
+    /* the last guard: whatever a provider put where (an error's type, code, message), no
+     * reason leaves with a piece of the key */
+    if (llm_wire_has_key(r->reason, p->key))
+        snprintf(r->reason, sizeof(r->reason), "%s (the reason quoted the API key: withheld)",
+                 llm_status_name(status));
     evtimer_del(c->timer);
     slot_drop(c);
     if (c->bprev)

@@ -162,4 +162,8 @@ long long llm_wire_retry_after(const char *value, long long now_unix);
  * or any 8 bytes of it still appear, the whole message becomes "[withheld]". */
 void llm_wire_redact(const char *msg, const char *key, char *out, size_t outlen);
 
+/* llm_wire_has_key tells whether s holds key or any 8 consecutive bytes of it (all of it
+ * when shorter). False when either is NULL or key is empty. */
+bool llm_wire_has_key(const char *s, const char *key);
+
 #endif

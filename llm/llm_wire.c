@@ -528,6 +528,18 @@ static bool contains(const char *hay, const char *needle, size_t n)
     return false;
 }
 
+bool llm_wire_has_key(const char *s, const char *key)
+{
+    if (!s || !key || !*key)
+        return false;
+    size_t kn = strlen(key);
+    size_t win = kn < 8 ? kn : 8;
+    for (size_t i = 0; i + win <= kn; i++)
+        if (contains(s, key + i, win))
+            return true;
+    return false;
+}
+
 void llm_wire_redact(const char *msg, const char *key, char *out, size_t outlen)
 {
     if (outlen == 0)
@@ -554,13 +566,6 @@ void llm_wire_redact(const char *msg, const char *key, char *out, size_t outlen)
             out[o++] = (unsigned char)put[i] < 0x20 || put[i] == 0x7f ? ' ' : put[i];
         out[o] = '\0';
     }
-    if (!key || !*key)
-        return;
-    size_t kn = strlen(key);
-    size_t win = kn < 8 ? kn : 8;
-    for (size_t i = 0; i + win <= kn; i++)
-        if (contains(out, key + i, win)) {
-            snprintf(out, outlen, "[withheld]");
-            return;
-        }
+    if (llm_wire_has_key(out, key))
+        snprintf(out, outlen, "[withheld]");
 }

@@ -42,7 +42,8 @@ requests only (then the rule answers normally: "fail twice, then succeed"):
     {"refusal": true}                   Anthropic stop_reason "refusal"; OpenAI
                                         message.refusal
     {"echo_key": true}                  a 400 whose message quotes the API key it got (to
-                                        check that a client never repeats it)
+                                        check that a client never repeats it); "type": in
+                                        the error's type too
 
 Control endpoints (no key needed; on the API port and on the control port, which is
 plain HTTP on 127.0.0.1 whatever --host and TLS say):
@@ -424,8 +425,10 @@ def make_handler(st):
                     pass
                 return
             if fault.get("echo_key"):
+                # in the message, and (a provider could) in the error's type
                 self.error(api, 400, f"The key {presented} cannot use model {body['model']}",
-                           leave)
+                           leave, etype=f"key_{presented}" if fault["echo_key"] == "type"
+                           else None)
                 return
             if "status" in fault:
                 status = int(fault["status"])

@@ -259,6 +259,8 @@ static const char *RULES =
     " \"fault\":{\"partial\":true}},"
     "{\"name\":\"echokey\",\"match\":\"ECHO-KEY\",\"reply\":{\"text\":\"x\"},"
     " \"fault\":{\"echo_key\":true}},"
+    "{\"name\":\"echotype\",\"match\":\"KEY-IN-TYPE\",\"reply\":{\"text\":\"x\"},"
+    " \"fault\":{\"echo_key\":\"type\"}},"
     "{\"name\":\"conc\",\"match\":\"CONCURRENT\",\"reply\":{\"echo\":true},\"delay_ms\":150},"
     "{\"name\":\"held\",\"match\":\"HOLD-SLOT\",\"reply\":{\"text\":\"held\"},\"delay_ms\":800},"
     "{\"name\":\"long\",\"match\":\"VERY-LONG\",\"reply\":{\"text\":\"x\"},\"delay_ms\":5000}"
@@ -687,6 +689,10 @@ static void test_keys(llm_kind kind)
     EXPECT(r, LLM_E_HTTP);
     CHECK_STR_CONTAINS(r.reason, "HTTP 400");
     CHECK_MSG(strstr(r.reason, "[redacted]") || strstr(r.reason, "[withheld]"), "%s", r.reason);
+    llm_result_fini(&r);
+    r = call1(p, "KEY-IN-TYPE", NULL); /* the key where no message redaction looks */
+    EXPECT(r, LLM_E_HTTP);
+    CHECK_STR_CONTAINS(r.reason, "withheld");
     llm_result_fini(&r);
     llm_provider_destroy(p);
 

@@ -327,6 +327,10 @@ static void test_redact(void)
     CHECK(strlen(small) < sizeof(small) && strcmp(small, "a long") == 0);
     llm_wire_redact(NULL, NULL, out, sizeof(out));
     CHECK(out[0] == '\0');
+    CHECK(llm_wire_has_key("x 6789abcd y", key));
+    CHECK(!llm_wire_has_key("x 6789abc y", key));
+    CHECK(llm_wire_has_key("short ab!", "ab!") && !llm_wire_has_key("a", ""));
+    CHECK(!llm_wire_has_key(NULL, key) && !llm_wire_has_key("x", NULL));
 }
 
 int main(void)

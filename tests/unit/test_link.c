@@ -2,7 +2,7 @@
  *
  * meson builds this file once per library (test_link_util, test_link_proto,
  * test_link_storage, test_link_index, test_link_vfaiss, test_link_dedupe, test_link_client,
- * test_link_server), each time with link_whole: every object of that one
+ * test_link_llm, test_link_server), each time with link_whole: every object of that one
  * library is linked in with only the library's declared dependencies. A symbol the library
  * uses but some other target defines (engramd's main.c, a tool) fails the build of the test,
  * which is the check. The test then uses one function of the library so that running it
@@ -30,6 +30,8 @@
 #include "dedupe.h"
 #elif defined(LINK_CLIENT)
 #include "client.h"
+#elif defined(LINK_LLM)
+#include "llm.h"
 #endif
 
 int main(void)
@@ -72,6 +74,9 @@ int main(void)
     char err[256];
     CHECK(client_connect("127.0.0.1", 1, 2000, &c, err, sizeof(err)) != 0 && c == NULL);
     client_close(c);
+#elif defined(LINK_LLM)
+    llm_kind k;
+    CHECK(llm_kind_parse("anthropic", &k) == 0 && k == LLM_ANTHROPIC);
 #endif
     CHECK_RETURN();
 }

@@ -69,6 +69,12 @@ static const config_def defs[] = {
      "until then it may call only ping, auth and methods, with 64 KiB of unsent answers"},
     {"max_connections_per_address", T_INT, OFF(max_connections_per_address), "1000", 0, 1000000, 0,
      "open connections from one IP address before more from it are refused (0: no limit)"},
+    {"admin_reserved_connections", T_INT, OFF(admin_reserved_connections), "8", 0, 10000, 0,
+     "RPC connections accepted past max_connections on which only the admin key may "
+     "authenticate (a tenant's auth there is refused and the connection closed)"},
+    {"http_max_connections", T_INT, OFF(http_max_connections), "1024", 1, 1000000, 0,
+     "open connections on the HTTP port (counted apart from max_connections); 16 more are "
+     "kept for /livez, /readyz, /healthz and /metrics, so probes answer when it is full"},
     {"max_output_total_bytes", T_LONG, OFF(max_output_total_bytes), "268435456", 0, 1099511627776.0,
      0,
      "unsent answers, answers being packed and incoming messages across all connections, "
@@ -79,6 +85,9 @@ static const config_def defs[] = {
     {"min_send_rate", T_INT, OFF(min_send_rate), "1024", 0, 1073741824, 0,
      "bytes per second a client must keep up while sending a message, once it has been at it "
      "for 5 s; slower senders are closed (0: no floor)"},
+    {"decode_threads", T_INT, OFF(decode_threads), "1", 0, 64, 0,
+     "threads that decode messages of 256 KiB or 65,536 values and more, off the workers' event "
+     "loops, so other clients of a worker never wait for one (0: the workers decode them)"},
     {"shutdown_timeout_ms", T_INT, OFF(shutdown_timeout_ms), "10000", 0, 600000, 0,
      "on SIGTERM, how long in-flight requests may take to finish"},
     {"tls_cert_file", T_STR, OFF(tls_cert_file), "", 0, 0, F_REREAD,
@@ -324,6 +333,13 @@ static const config_def defs[] = {
      "active top-level sessions a standard tenant may have at once (0: unlimited)"},
     {"premium_max_live_sessions", T_LONG, OFF(tier_max_live_sessions[2]), "1000", 0, 1e12, F_RELOAD,
      "active top-level sessions a premium tenant may have at once (0: unlimited)"},
+    {"free_max_connections", T_LONG, OFF(tier_max_connections[0]), "16", 0, 1e9, F_RELOAD,
+     "connections a free tenant may hold open to one engramd, RPC and HTTP (0: unlimited); "
+     "an auth past it is refused with quota_exceeded"},
+    {"standard_max_connections", T_LONG, OFF(tier_max_connections[1]), "256", 0, 1e9, F_RELOAD,
+     "connections a standard tenant may hold open to one engramd (0: unlimited)"},
+    {"premium_max_connections", T_LONG, OFF(tier_max_connections[2]), "2048", 0, 1e9, F_RELOAD,
+     "connections a premium tenant may hold open to one engramd (0: unlimited)"},
     {"free_session_retention_days", T_INT, OFF(tier_session_retention_days[0]), "30", 0, 36500,
      F_RELOAD, "days after its last activity a free tenant's session is purged (0: kept forever)"},
     {"standard_session_retention_days", T_INT, OFF(tier_session_retention_days[1]), "30", 0, 36500,

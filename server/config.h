@@ -34,9 +34,12 @@ typedef struct config {
     int idle_timeout_s;
     int auth_timeout_s;
     int max_connections_per_address;
+    int admin_reserved_connections;
+    int http_max_connections;
     long max_output_total_bytes;
     int min_send_rate;
     int shutdown_timeout_ms;
+    int decode_threads;
     /* TLS (see tls.h); off unless tls_cert_file is set */
     char *tls_cert_file;
     char *tls_key_file;
@@ -124,6 +127,7 @@ typedef struct config {
     long tier_max_session_entries[3];
     long tier_max_session_bytes[3];
     long tier_max_live_sessions[3];
+    long tier_max_connections[3];
     int tier_session_retention_days[3];
 } config;
 

@@ -37,6 +37,7 @@
 #include "tenancy.h"
 #include "rowcache.h"
 #include "tenants.h"
+#include "offload.h"
 #include "plimits.h"
 #include "tls.h"
 #include "worker.h"
@@ -529,7 +530,10 @@ int main(int argc, char **argv)
         /* descriptors the connections must leave: each worker's and the background threads'
          * database connections, snapshot files, listeners, logs, and a margin */
         long reserve =
-            128 + (long)(s->nworkers + (unsigned)s->cfg.bg_threads + 4) * (long)s->cfg.pg_pool_size;
+            128 +
+            (long)(s->nworkers + (unsigned)s->cfg.bg_threads + 4) * (long)s->cfg.pg_pool_size +
+            2L * s->nworkers /* the lanes */ + s->cfg.admin_reserved_connections +
+            s->cfg.http_max_connections + HTTP_PROBE_RESERVE;
         char msg[300];
         long lim = climits_fit_descriptors(&s->cfg, reserve, msg, sizeof(msg));
         if (msg[0])
@@ -539,6 +543,11 @@ int main(int argc, char **argv)
     s->limits_cl = climits_create(&s->cfg);
     if (!s->limits_cl)
         goto out;
+    if (s->cfg.decode_threads > 0 &&
+        !(s->offload = offload_create((unsigned)s->cfg.decode_threads))) {
+        log_error("cannot start the decode threads");
+        goto out;
+    }
     s->workers = calloc(s->nworkers, sizeof(*s->workers));
     if (!s->workers)
         goto out;
@@ -620,6 +629,9 @@ out:
             worker_drain(s->workers[i]);
     for (unsigned i = 0; s->workers && i < s->nworkers; i++)
         worker_join(s->workers[i]);
+    /* what the decode threads finish goes to the workers' mail, which worker_destroy reads */
+    offload_destroy(s->offload);
+    s->offload = NULL;
     bg_stop(s->bg);
     s->bg = NULL;
     if (s->tenants && rc == 0)

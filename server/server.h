@@ -24,6 +24,7 @@ struct tenancy;
 struct rowcache;
 struct climits;
 struct tls_ctx;
+struct offload;
 
 typedef struct server {
     config cfg;
@@ -48,9 +49,11 @@ typedef struct server {
     uint8_t admin_hash[32];    /* keyed hash of the admin key */
     atomic_bool ready;         /* start-up finished: listening, indexes loadable */
     atomic_bool draining;      /* shutdown has begun */
-    atomic_int nconns;         /* open client connections (counted at accept) */
+    atomic_int nconns;         /* open RPC connections (counted at accept) */
+    atomic_int nhttp;          /* open HTTP connections (counted at accept) */
     struct climits *limits_cl; /* per-address and buffered-byte limits */
     struct tls_ctx *tls;       /* the RPC and HTTP ports' TLS context; NULL: plain TCP */
+    struct offload *offload;   /* threads for decoding large messages (offload.h); NULL: none */
 } server;
 
 /* server_now_ms returns the wall-clock time in milliseconds since the Unix epoch. */

@@ -22,12 +22,13 @@
 struct tenancy {
     server *srv;
     pthread_mutex_t mu;
-    idmap *key_refs;   /* key row id -> connections using it */
-    idmap *key_tenant; /* key row id -> tenant id, while in use */
-    idmap *revoked;    /* key row ids revoked while in use */
-    idmap *deleted;    /* tenant ids deleted */
-    idmap *tiers;      /* tenant id -> tier + 1 */
-    idmap *bucket_at;  /* tenant id -> index in buckets */
+    idmap *key_refs;     /* key row id -> connections using it */
+    idmap *key_tenant;   /* key row id -> tenant id, while in use */
+    idmap *tenant_conns; /* tenant id -> connections authenticated as it */
+    idmap *revoked;      /* key row ids revoked while in use */
+    idmap *deleted;      /* tenant ids deleted */
+    idmap *tiers;        /* tenant id -> tier + 1 */
+    idmap *bucket_at;    /* tenant id -> index in buckets */
     tenancy_bucket *buckets;
     size_t nbuckets, cbuckets;
     idmap *queries; /* tenant id -> queries counted, not yet written */
@@ -42,13 +43,14 @@ tenancy *tenancy_create(server *s)
     pthread_mutex_init(&t->mu, NULL);
     t->key_refs = idmap_create(64);
     t->key_tenant = idmap_create(64);
+    t->tenant_conns = idmap_create(64);
     t->revoked = idmap_create(16);
     t->deleted = idmap_create(16);
     t->tiers = idmap_create(64);
     t->bucket_at = idmap_create(64);
     t->queries = idmap_create(64);
-    if (!t->key_refs || !t->key_tenant || !t->revoked || !t->deleted || !t->tiers ||
-        !t->bucket_at || !t->queries) {
+    if (!t->key_refs || !t->key_tenant || !t->tenant_conns || !t->revoked || !t->deleted ||
+        !t->tiers || !t->bucket_at || !t->queries) {
         tenancy_destroy(t);
         return NULL;
     }
@@ -61,6 +63,7 @@ void tenancy_destroy(tenancy *t)
         return;
     idmap_destroy(t->key_refs);
     idmap_destroy(t->key_tenant);
+    idmap_destroy(t->tenant_conns);
     idmap_destroy(t->revoked);
     idmap_destroy(t->deleted);
     idmap_destroy(t->tiers);
@@ -71,16 +74,39 @@ void tenancy_destroy(tenancy *t)
     free(t);
 }
 
-void tenancy_key_in_use(tenancy *t, int64_t key_id, int64_t tenant_id, int tier)
+/* Counts one more connection of key_id (tenant_id, tier). Lock held. */
+static void key_in_use(tenancy *t, int64_t key_id, int64_t tenant_id, int tier)
 {
-    pthread_mutex_lock(&t->mu);
     uint64_t n = 0;
     idmap_get(t->key_refs, (uint64_t)key_id, &n);
     idmap_put(t->key_refs, (uint64_t)key_id, n + 1);
     idmap_put(t->key_tenant, (uint64_t)key_id, (uint64_t)tenant_id);
+    n = 0;
+    idmap_get(t->tenant_conns, (uint64_t)tenant_id, &n);
+    idmap_put(t->tenant_conns, (uint64_t)tenant_id, n + 1);
     /* a fresh authentication read the tier from the database: it is current */
     idmap_put(t->tiers, (uint64_t)tenant_id, (uint64_t)tier + 1);
+}
+
+void tenancy_key_in_use(tenancy *t, int64_t key_id, int64_t tenant_id, int tier)
+{
+    pthread_mutex_lock(&t->mu);
+    key_in_use(t, key_id, tenant_id, tier);
     pthread_mutex_unlock(&t->mu);
+}
+
+bool tenancy_key_claim(tenancy *t, int64_t key_id, int64_t tenant_id, int tier, int64_t cap,
+                       int64_t *in_use)
+{
+    pthread_mutex_lock(&t->mu);
+    uint64_t n = 0;
+    idmap_get(t->tenant_conns, (uint64_t)tenant_id, &n);
+    *in_use = (int64_t)n;
+    bool ok = cap <= 0 || (int64_t)n < cap;
+    if (ok)
+        key_in_use(t, key_id, tenant_id, tier);
+    pthread_mutex_unlock(&t->mu);
+    return ok;
 }
 
 void tenancy_key_released(tenancy *t, int64_t key_id)
@@ -88,6 +114,14 @@ void tenancy_key_released(tenancy *t, int64_t key_id)
     pthread_mutex_lock(&t->mu);
     uint64_t n = 0;
     if (idmap_get(t->key_refs, (uint64_t)key_id, &n)) {
+        uint64_t tid = 0, c = 0;
+        if (idmap_get(t->key_tenant, (uint64_t)key_id, &tid) &&
+            idmap_get(t->tenant_conns, tid, &c)) {
+            if (c <= 1)
+                idmap_del(t->tenant_conns, tid);
+            else
+                idmap_put(t->tenant_conns, tid, c - 1);
+        }
         if (n <= 1) {
             idmap_del(t->key_refs, (uint64_t)key_id);
             idmap_del(t->key_tenant, (uint64_t)key_id);

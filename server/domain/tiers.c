@@ -33,6 +33,7 @@ void tiers_from_config(const config *cfg, tier_limits out[TIER_COUNT])
             .max_session_entries = cfg->tier_max_session_entries[i],
             .max_session_bytes = cfg->tier_max_session_bytes[i],
             .max_live_sessions = cfg->tier_max_live_sessions[i],
+            .max_connections = cfg->tier_max_connections[i],
             .session_retention_days = cfg->tier_session_retention_days[i],
         };
     }

@@ -26,6 +26,7 @@ typedef struct tier_limits {
     int64_t max_session_entries;
     int64_t max_session_bytes;
     int64_t max_live_sessions;  /* active top-level sessions; 0: unlimited */
+    int64_t max_connections;    /* a tenant's connections to one process; 0: unlimited */
     int session_retention_days; /* after the last activity; 0: forever */
 } tier_limits;
 

@@ -65,6 +65,7 @@ struct conn {
     bool processing;    /* process_input is on the stack (it must not nest) */
     bool resuming;      /* resume_parked is on the stack (it must not nest) */
     bool held;          /* an identity change (auth) is in flight: dispatch nothing after it */
+    unsigned decoding;  /* messages being decoded off the loop: dispatch nothing after them */
     struct ssl_st *ssl; /* the TLS session (the bufferevent owns it); NULL: plain TCP */
     bool tls_up;        /* the handshake has completed */
     bool tls_broken;    /* the session failed: no close_notify may be sent */
@@ -175,7 +176,7 @@ void conn_close(conn *c)
     c->bev = NULL;
     worker_conn_removed(c->w, c);
     metrics_connections(-1);
-    atomic_fetch_sub(&c->srv->nconns, 1);
+    atomic_fetch_sub(c->hx ? &c->srv->nhttp : &c->srv->nconns, 1);
     conn_unref(c);
 }
 
@@ -229,11 +230,14 @@ const conn_auth *conn_get_auth(conn *c)
 void conn_set_auth(conn *c, const conn_auth *a)
 {
     tenancy *tn = c->srv->tenancy;
+    bool reserved = c->auth.reserved;
     if (c->auth.authenticated && !c->auth.admin)
         tenancy_key_released(tn, c->auth.key_id);
     c->auth = *a;
-    if (a->authenticated && !a->admin)
+    c->auth.reserved = reserved;
+    if (a->authenticated && !a->admin && !a->claimed)
         tenancy_key_in_use(tn, a->key_id, a->tenant_id, a->tier);
+    c->auth.claimed = false;
 }
 
 void conn_hold(conn *c)
@@ -249,6 +253,17 @@ void conn_release(conn *c)
     /* messages that arrived behind the barrier wait in c->in; dispatch them now, unless
      * the barrier ended inside process_input's own loop, which simply continues */
     if (c->open)
+        process_input(c);
+}
+
+void conn_hold_decode(conn *c)
+{
+    c->decoding++;
+}
+
+void conn_release_decode(conn *c)
+{
+    if (c->decoding && --c->decoding == 0 && c->open)
         process_input(c);
 }
 
@@ -551,8 +566,8 @@ static void process_input(conn *c)
     c->processing = true;
     conn_ref(c);
     resume_parked(c);
-    while (c->open && !c->closing && !c->read_stopped && !c->held && !c->budget_wait &&
-           !c->park_head) {
+    while (c->open && !c->closing && !c->read_stopped && !c->held && !c->decoding &&
+           !c->budget_wait && !c->park_head) {
         unsigned max_in =
             c->auth.authenticated ? (unsigned)c->srv->cfg.max_inflight_per_conn : PREAUTH_INFLIGHT;
         if (c->inflight >= max_in) {
@@ -884,7 +899,7 @@ void conn_tick(conn *c, uint64_t now)
     }
 }
 
-conn *conn_create(worker *w, int fd, uint64_t addr_key, bool http)
+conn *conn_create(worker *w, int fd, uint64_t addr_key, bool http, bool reserved)
 {
     conn *c = calloc(1, sizeof(*c));
     if (!c) {
@@ -894,6 +909,7 @@ conn *conn_create(worker *w, int fd, uint64_t addr_key, bool http)
     c->w = w;
     c->srv = worker_server(w);
     c->addr_key = addr_key;
+    c->auth.reserved = reserved;
     c->refs = 1; /* the open socket's reference */
     c->scan = rpc_scanner_create(&c->srv->limits);
     int one = 1;

@@ -437,6 +437,17 @@ static int dispatch(hapi *h, const uint8_t *msg, size_t len)
     return d < 0 ? HAPI_CLOSE : HAPI_AGAIN;
 }
 
+/* Whether path is one of the health and metrics endpoints (served on the probes' reserved
+ * connections too). */
+static bool probe_path(const char *path, size_t n)
+{
+    static const char *const probes[] = {"/livez", "/readyz", "/healthz", "/metrics"};
+    for (size_t i = 0; i < sizeof(probes) / sizeof(probes[0]); i++)
+        if (strlen(probes[i]) == n && memcmp(probes[i], path, n) == 0)
+            return true;
+    return false;
+}
+
 /* POST /v1/rpc/{name} with its JSON body. */
 static int rpc_call(hapi *h, const http1_request *rq, const char *name, size_t name_len,
                     const uint8_t *body, size_t body_len)
@@ -702,6 +713,14 @@ int hapi_step(hapi *h, const uint8_t *in, size_t len, size_t *consumed)
     h->continue_sent = false;
     const uint8_t *body = in + rq.head_len;
     size_t plen = strlen(PREFIX);
+    if (conn_get_auth(h->c)->reserved && !probe_path(rq.path, rq.path_len)) {
+        /* accepted past http_max_connections: the probes' slots serve nothing else */
+        h->keep_alive = false;
+        extra x = {.retry_after = 1};
+        local_error(h, 503, RPC_UNAVAILABLE, &x,
+                    "the HTTP port's connections are all in use (http_max_connections); retry");
+        return HAPI_CLOSE;
+    }
     if (rq.path_len > plen && memcmp(rq.path, PREFIX, plen) == 0) {
         if (rq.method != HTTP1_POST) {
             extra x = {.retry_after = -1, .allow = "POST"};

@@ -12,6 +12,7 @@
 #include "methods.h"
 #include "qadmit.h"
 #include "metrics.h"
+#include "offload.h"
 #include "sql.h"
 #include "tenancy.h"
 #include "tenants.h"
@@ -50,7 +51,7 @@ struct req {
     uint64_t t0_ns;
     conn_auth auth; /* who the connection was when the request arrived */
     uint8_t *msg;
-    size_t msg_len;
+    size_t msg_len, msg_values;
     msgpack_zone zone;
     const msgpack_object *args[METHOD_MAX_PARAMS];
     outbuf out;
@@ -63,6 +64,7 @@ struct req {
     bool oom;      /* ... because memory ran out */
     size_t need;
     bool again;        /* running again after its answer did not fit (req_is_again) */
+    bool close_after;  /* close the connection once the answer is out (req_close_after) */
     size_t park_bytes; /* parked (conn_admit): the answer room it waits for */
     bool in_load;      /* counted in its method's load on the connection (conn_answer_done) */
     req *park_next;
@@ -110,8 +112,11 @@ bool req_tls_client_cert(req *r)
 void req_set_auth(req *r, const conn_auth *a)
 {
     r->auth = *a;
+    r->auth.claimed = false;
     if (conn_alive(r->c))
         conn_set_auth(r->c, a);
+    else if (a->authenticated && !a->admin && a->claimed)
+        tenancy_key_released(r->srv->tenancy, a->key_id); /* it went meanwhile */
 }
 
 void *req_state(req *r)
@@ -258,6 +263,8 @@ static void req_end(req *r, rpc_code code)
     }
     if (!r->notify && r->out.size)
         conn_write(r->c, r->out.data, r->out.size);
+    if (r->close_after)
+        conn_close_after_flush(r->c);
     free(r->out.data);
     r->out = (outbuf){0};
     conn_uncharge(r->c, r->charged);
@@ -394,6 +401,11 @@ void req_done(req *r)
         return;
     }
     req_end(r, RPC_OK);
+}
+
+void req_close_after(req *r)
+{
+    r->close_after = true;
 }
 
 bool req_is_again(req *r)
@@ -980,6 +992,7 @@ static req *req_new(conn *c, const uint8_t *msg, size_t len, size_t values, size
     r->charged = charged;
     r->msg = copy;
     r->msg_len = len;
+    r->msg_values = values;
     msgpack_packer_init(&r->pk, r, out_write);
     msgpack_zone_init(&r->zone, 2048);
     conn_ref(c);
@@ -999,37 +1012,64 @@ int req_dispatch(conn *c, const uint8_t *msg, size_t len, size_t values, size_t 
     return dispatch(r);
 }
 
-/* Decodes, checks and runs r (see req_dispatch). */
-static int dispatch(req *r)
+/* Messages at least this large, or of this many values, are decoded and bound off the
+ * worker's loop (offload.h): a million-value message took tens of milliseconds, and every
+ * other client of the worker waited that long. */
+#define DECODE_OFF_BYTES (256 * 1024)
+#define DECODE_OFF_VALUES 65536
+
+/* What decoding and binding a message found (decode_step), for the worker (dispatch_rest). */
+typedef struct decoded {
+    int rc; /* rpc_decode_request's */
+    bool msgid_known;
+    rpc_request rq;
+    const method_def *m; /* NULL: unknown method */
+    size_t idx;
+    int bind_rc;
+    char err[256]; /* the decoder's or the binder's message */
+} decoded;
+
+/* Decodes r's message, finds its method and binds its parameters into r->args: pure work on
+ * r's own memory (message, zone), so it may run on any thread while the worker leaves r
+ * alone. */
+static void decode_step(req *r, decoded *d)
+{
+    memset(d, 0, sizeof(*d));
+    d->rc = rpc_decode_request(r->msg, r->msg_len, &r->zone, &d->rq, &d->msgid_known, d->err,
+                               sizeof(d->err));
+    if (d->rc != 0)
+        return;
+    d->m = methods_find(d->rq.method, d->rq.method_len, &d->idx);
+    if (d->m)
+        d->bind_rc = rpc_bind_params(d->rq.params, d->m->params, d->m->nparams, r->args, d->err,
+                                     sizeof(d->err));
+}
+
+/* Checks and runs r once decode_step has filled d (see req_dispatch); on the worker. */
+static int dispatch_rest(req *r, decoded *d)
 {
     conn *c = r->c;
-    const uint8_t *msg = r->msg;
-    size_t len = r->msg_len;
-
-    rpc_request rq;
-    bool msgid_known = false;
-    char err[256];
-    if (rpc_decode_request(msg, len, &r->zone, &rq, &msgid_known, err, sizeof(err)) != 0) {
-        if (msgid_known) {
-            r->msgid = rq.msgid;
-            req_fail(r, RPC_MALFORMED_REQUEST, "%s", err);
+    if (d->rc != 0) {
+        if (d->msgid_known) {
+            r->msgid = d->rq.msgid;
+            req_fail(r, RPC_MALFORMED_REQUEST, "%s", d->err);
         } else {
             r->notify = true; /* nothing can be answered */
             req_end(r, RPC_MALFORMED_REQUEST);
         }
         return -EBADMSG;
     }
+    rpc_request rq = d->rq;
     r->msgid = rq.msgid;
     r->notify = rq.kind == RPC_KIND_NOTIFY;
-    size_t idx;
-    const method_def *m = methods_find(rq.method, rq.method_len, &idx);
+    const method_def *m = d->m;
     if (!m) {
         req_fail(r, RPC_UNKNOWN_METHOD, "unknown method '%.*s'",
                  (int)(rq.method_len > 64 ? 64 : rq.method_len), rq.method);
         return 0;
     }
     r->m = m;
-    r->midx = idx;
+    r->midx = d->idx;
     r->force = (m->flags & (M_WRITE | M_AUTH)) != 0;
     if (m->flags & M_AUTH) {
         r->barrier = true;
@@ -1060,20 +1100,67 @@ static int dispatch(req *r)
         r->auth.tier = tenancy_tier(tn, r->auth.tenant_id, r->auth.tier);
         uint64_t retry_ms = 0;
         if (!tenancy_rate_take(tn, r->auth.tenant_id, r->auth.tier, &retry_ms)) {
-            rpc_detail d[1] = {{"retry_after_ms", RPC_D_UINT, {.u = retry_ms}}};
-            req_fail_details(r, RPC_RATE_LIMITED, d, 1,
+            rpc_detail dd[1] = {{"retry_after_ms", RPC_D_UINT, {.u = retry_ms}}};
+            req_fail_details(r, RPC_RATE_LIMITED, dd, 1,
                              "request rate of the %s tier exceeded; retry in %llu ms",
                              tier_name(r->auth.tier), (unsigned long long)retry_ms);
             return 0;
         }
     }
-    if (rpc_bind_params(rq.params, m->params, m->nparams, r->args, err, sizeof(err)) != 0) {
+    if (d->bind_rc != 0) {
         if (m->flags & M_AUTH) /* one answer whatever is wrong with a key: it reveals nothing */
             req_fail(r, RPC_UNAUTHENTICATED, "invalid API key");
         else
-            req_fail(r, RPC_INVALID_ARGUMENT, "%s", err);
+            req_fail(r, RPC_INVALID_ARGUMENT, "%s", d->err);
         return 0;
     }
     admit_and_run(r, 0);
     return 0;
+}
+
+/* A large message's decode, off the loop: the request and where it stands. */
+typedef struct offdecode {
+    req *r;
+    decoded d;
+} offdecode;
+
+static void off_work(void *arg)
+{
+    offdecode *o = arg;
+    decode_step(o->r, &o->d);
+}
+
+static void off_done(void *arg)
+{
+    offdecode *o = arg;
+    req *r = o->r;
+    conn *c = r->c;
+    conn_ref(c);
+    if (dispatch_rest(r, &o->d) < 0)
+        conn_close_after_flush(c); /* malformed: as conn.c does for a message it dispatched */
+    free(o);
+    /* the connection held its later messages while this one was decoded (an auth among
+     * them must run as the identity before it); it goes on, unless an auth holds it now */
+    conn_release_decode(c);
+    conn_unref(c);
+}
+
+/* Decodes, checks and runs r (see req_dispatch). */
+static int dispatch(req *r)
+{
+    offload *off = r->srv->offload;
+    if (off && (r->msg_len >= DECODE_OFF_BYTES || r->msg_values >= DECODE_OFF_VALUES)) {
+        offdecode *o = malloc(sizeof(*o));
+        if (o) {
+            o->r = r;
+            conn_hold_decode(r->c);
+            if (offload_run(off, r->w, off_work, off_done, o) == 0)
+                return 0;
+            conn_release_decode(r->c);
+            free(o);
+        }
+    }
+    decoded d;
+    decode_step(r, &d);
+    return dispatch_rest(r, &d);
 }

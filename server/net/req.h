@@ -43,6 +43,10 @@ size_t req_method_index(req *r);
 void req_resume(req *r);
 void req_abandon(req *r);
 
+/* req_close_after makes r's connection close once r's answer is sent (call before ending
+ * r). */
+void req_close_after(req *r);
+
 /* req_is_again tells whether r runs a second time (its first answer did not fit what was
  * left of the budgets, and it waited): handlers that count something per request
  * (accesses) count it once. */

@@ -507,25 +507,30 @@ typedef struct adopt_msg {
     worker *w;
     int fd;
     uint64_t addr_key;
-    bool http;
+    bool http, reserved;
 } adopt_msg;
+
+/* Gives back the place of an accepted socket that never became a connection. */
+static void unaccept(server *s, bool http, uint64_t addr_key)
+{
+    atomic_fetch_sub(http ? &s->nhttp : &s->nconns, 1);
+    climits_addr_release(s->limits_cl, addr_key);
+}
 
 static void do_adopt(void *arg)
 {
     adopt_msg *a = arg;
     if (a->w->draining) {
         close(a->fd);
-        atomic_fetch_sub(&a->w->srv->nconns, 1);
-        climits_addr_release(a->w->srv->limits_cl, a->addr_key);
-    } else if (!conn_create(a->w, a->fd, a->addr_key, a->http)) {
+        unaccept(a->w->srv, a->http, a->addr_key);
+    } else if (!conn_create(a->w, a->fd, a->addr_key, a->http, a->reserved)) {
         log_warn("worker %u: cannot set up a connection (out of memory)", a->w->idx);
-        atomic_fetch_sub(&a->w->srv->nconns, 1);
-        climits_addr_release(a->w->srv->limits_cl, a->addr_key);
+        unaccept(a->w->srv, a->http, a->addr_key);
     }
     free(a);
 }
 
-int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http)
+int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http, bool reserved)
 {
     adopt_msg *a = malloc(sizeof(*a));
     if (!a)
@@ -534,6 +539,7 @@ int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http)
     a->fd = fd;
     a->addr_key = addr_key;
     a->http = http;
+    a->reserved = reserved;
     int rc = worker_post(w, do_adopt, a);
     if (rc < 0)
         free(a);
@@ -543,22 +549,26 @@ int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http)
 void worker_accept(server *s, int fd, const struct sockaddr *addr, unsigned *next, bool http)
 {
     uint64_t key;
-    if (atomic_load(&s->nconns) >= s->cfg.max_connections) {
+    atomic_int *count = http ? &s->nhttp : &s->nconns;
+    int limit = http ? s->cfg.http_max_connections : s->cfg.max_connections;
+    int reserve = http ? HTTP_PROBE_RESERVE : s->cfg.admin_reserved_connections;
+    int n = atomic_fetch_add(count, 1);
+    if (n >= limit + reserve) {
+        atomic_fetch_sub(count, 1);
         metrics_conn_refused();
         close(fd);
         return;
     }
     if (!climits_addr_take(s->limits_cl, addr, &key)) {
         /* one address holding its share: the others' slots stay free */
+        atomic_fetch_sub(count, 1);
         metrics_conn_refused();
         close(fd);
         return;
     }
-    atomic_fetch_add(&s->nconns, 1);
     worker *w = s->workers[(*next)++ % s->nworkers];
-    if (worker_adopt(w, fd, key, http) < 0) {
-        atomic_fetch_sub(&s->nconns, 1);
-        climits_addr_release(s->limits_cl, key);
+    if (worker_adopt(w, fd, key, http, n >= limit) < 0) {
+        unaccept(s, http, key);
         close(fd);
     }
 }

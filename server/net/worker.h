@@ -42,13 +42,20 @@ int worker_post(worker *w, void (*fn)(void *arg), void *arg);
 
 /* worker_adopt hands a freshly accepted socket to w (any thread); w owns fd from now on, and
  * the connection releases addr_key (climits_addr_take) when it closes. http: a connection of
- * the HTTP port (conn_create). */
-int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http);
+ * the HTTP port; reserved: accepted past its port's limit, into the slots kept for the
+ * admin (RPC) or the probes (HTTP) (conn_create). */
+int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http, bool reserved);
 
-/* worker_accept admits a socket accepted on the RPC port (http false) or the HTTP port
- * under the limits both share (max_connections, max_connections_per_address), refusing it
- * (closed, counted) when over them, and hands it to the next worker, round robin (*next).
- * Takes ownership of fd. Main thread (the listeners' loop). */
+/* Connections the HTTP port accepts past http_max_connections, for the health and metrics
+ * endpoints only. */
+#define HTTP_PROBE_RESERVE 16
+
+/* worker_accept admits a socket accepted on the RPC port (http false) under max_connections
+ * (then admin_reserved_connections more, reserved for the admin key) or the HTTP port under
+ * http_max_connections (then HTTP_PROBE_RESERVE more, for the health and metrics endpoints),
+ * and max_connections_per_address on both, refusing it (closed, counted) past them, and
+ * hands it to the next worker, round robin (*next). Takes ownership of fd. Main thread (the
+ * listeners' loop). */
 void worker_accept(server *s, int fd, const struct sockaddr *addr, unsigned *next, bool http);
 
 /* Accessors, valid on the worker's thread. */

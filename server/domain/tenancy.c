@@ -1,5 +1,6 @@
 /* server/domain/tenancy.c: revocations, tiers, request rates and query counts (see tenancy.h). */
 #include "tenancy.h"
+#include "index_engine.h"
 
 #include <errno.h>
 #include <math.h>

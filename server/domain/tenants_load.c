@@ -1,6 +1,7 @@
 /* server/domain/tenants_load.c: loading a tenant's index from its snapshot or from PostgreSQL, and
  * the preload at start (see tenants.h, tenants_int.h). */
 #include "tenants.h"
+#include "index_engine.h"
 
 #include <dirent.h>
 #include <malloc.h>
@@ -38,7 +39,7 @@ static void post_waiter(void *arg)
     free(wt);
 }
 
-/* Hands every waiter its result on its own worker. Call without t->mu. */
+/* Hands every waiter its result on its own thread. Call without t->mu. */
 void tn_release_waiters(waiter *list, int status, const char *err)
 {
     while (list) {
@@ -46,7 +47,7 @@ void tn_release_waiters(waiter *list, int status, const char *err)
         list->status = status;
         if (err)
             snprintf(list->err, sizeof(list->err), "%s", err);
-        if (worker_post(list->w, post_waiter, list) < 0) {
+        if (list->where.post(list->where.target, post_waiter, list) < 0) {
             /* cannot reach the worker: out of memory; the request is lost */
             log_error("cannot deliver an index load result (out of memory)");
             free(list);

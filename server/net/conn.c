@@ -19,10 +19,10 @@
 
 #include "climits.h"
 #include "hapi.h"
+#include "hooks.h"
 #include "log.h"
 #include "metrics.h"
 #include "req.h"
-#include "tenancy.h"
 #include "tls.h"
 
 /* Bytes libevent may buffer from the socket before it stops reading; we drain from there
@@ -149,6 +149,13 @@ void conn_unref(conn *c)
         conn_free(c);
 }
 
+/* Gives back a tenant key's place among its connections (hooks.key_released). */
+static void key_released(server *s, int64_t key_id)
+{
+    if (s->hooks && s->hooks->key_released)
+        s->hooks->key_released(s, key_id);
+}
+
 bool conn_alive(conn *c)
 {
     return c->open && !c->closing;
@@ -160,7 +167,7 @@ void conn_close(conn *c)
         return;
     c->open = false;
     if (c->auth.authenticated && !c->auth.admin)
-        tenancy_key_released(c->srv->tenancy, c->auth.key_id);
+        key_released(c->srv, c->auth.key_id);
     c->auth.authenticated = false;
     climits_addr_release(c->srv->limits_cl, c->addr_key);
     /* the unsent output goes with the socket */
@@ -229,14 +236,14 @@ const conn_auth *conn_get_auth(conn *c)
 
 void conn_set_auth(conn *c, const conn_auth *a)
 {
-    tenancy *tn = c->srv->tenancy;
+    const net_hooks *h = c->srv->hooks;
     bool reserved = c->auth.reserved;
     if (c->auth.authenticated && !c->auth.admin)
-        tenancy_key_released(tn, c->auth.key_id);
+        key_released(c->srv, c->auth.key_id);
     c->auth = *a;
     c->auth.reserved = reserved;
-    if (a->authenticated && !a->admin && !a->claimed)
-        tenancy_key_in_use(tn, a->key_id, a->tenant_id, a->tier);
+    if (a->authenticated && !a->admin && !a->claimed && h && h->key_in_use)
+        h->key_in_use(c->srv, a->key_id, a->tenant_id, a->tier);
     c->auth.claimed = false;
 }
 

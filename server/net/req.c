@@ -6,19 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hooks.h"
 #include "idmap.h"
 #include "log.h"
 #include "memrow.h"
-#include "methods.h"
-#include "qadmit.h"
 #include "metrics.h"
 #include "offload.h"
 #include "sql.h"
-#include "tenancy.h"
-#include "tenants.h"
 #include "worker.h"
 
-#define ARENA_FIRST 4096
 #define OUT_FIRST 4096
 
 /* An answer as it is packed: its capacity is what the connection's budgets granted. */
@@ -32,12 +28,6 @@ typedef struct cleanup {
     void (*fn)(void *arg);
     void *arg;
 } cleanup;
-
-typedef struct arena_chunk {
-    struct arena_chunk *next;
-    size_t used, cap;
-    max_align_t data[];
-} arena_chunk;
 
 struct req {
     conn *c;
@@ -69,8 +59,8 @@ struct req {
     bool in_load;      /* counted in its method's load on the connection (conn_answer_done) */
     req *park_next;
     void *state;
-    void (*admitted)(req *r); /* where req_admit_query continues */
-    arena_chunk *chunks;
+    void (*next)(req *r); /* where req_continue continues */
+    arena mem;            /* the handler's allocations (req_alloc) */
     cleanup *cleanups;
 };
 
@@ -115,8 +105,8 @@ void req_set_auth(req *r, const conn_auth *a)
     r->auth.claimed = false;
     if (conn_alive(r->c))
         conn_set_auth(r->c, a);
-    else if (a->authenticated && !a->admin && a->claimed)
-        tenancy_key_released(r->srv->tenancy, a->key_id); /* it went meanwhile */
+    else if (a->authenticated && !a->admin && a->claimed && r->srv->hooks->key_released)
+        r->srv->hooks->key_released(r->srv, a->key_id); /* it went meanwhile */
 }
 
 void *req_state(req *r)
@@ -131,21 +121,12 @@ void req_set_state(req *r, void *st)
 
 void *req_alloc(req *r, size_t n)
 {
-    n = (n + sizeof(max_align_t) - 1) & ~(sizeof(max_align_t) - 1);
-    arena_chunk *ch = r->chunks;
-    if (!ch || ch->cap - ch->used < n) {
-        size_t cap = n > ARENA_FIRST ? n : ARENA_FIRST;
-        ch = malloc(sizeof(*ch) + cap);
-        if (!ch)
-            return NULL;
-        ch->cap = cap;
-        ch->used = 0;
-        ch->next = r->chunks;
-        r->chunks = ch;
-    }
-    void *p = (char *)ch->data + ch->used;
-    ch->used += n;
-    return p;
+    return arena_alloc(&r->mem, n);
+}
+
+arena *req_arena(req *r)
+{
+    return &r->mem;
 }
 
 char *req_strdup(req *r, const msgpack_object *o)
@@ -176,12 +157,7 @@ static void req_free(req *r)
 {
     for (cleanup *c = r->cleanups; c; c = c->next)
         c->fn(c->arg);
-    arena_chunk *ch = r->chunks;
-    while (ch) {
-        arena_chunk *next = ch->next;
-        free(ch);
-        ch = next;
-    }
+    arena_reset(&r->mem);
     free(r->out.data);
     msgpack_zone_destroy(&r->zone);
     free(r->msg);
@@ -299,15 +275,9 @@ static void reset_run(req *r)
     for (cleanup *c = r->cleanups; c; c = c->next)
         c->fn(c->arg);
     r->cleanups = NULL;
-    arena_chunk *ch = r->chunks;
-    while (ch) {
-        arena_chunk *next = ch->next;
-        free(ch);
-        ch = next;
-    }
-    r->chunks = NULL;
+    arena_reset(&r->mem);
     r->state = NULL;
-    r->admitted = NULL;
+    r->next = NULL;
     free(r->out.data);
     r->out = (outbuf){0};
     conn_uncharge(r->c, r->answer_room);
@@ -318,7 +288,7 @@ static void reset_run(req *r)
 /* Reserves room for r's answer and runs its handler, now or once the room is there. */
 static void admit_and_run(req *r, size_t need)
 {
-    size_t room = conn_answer_reserve(r->c, r->midx, methods_count, need);
+    size_t room = conn_answer_reserve(r->c, r->midx, r->srv->hooks->nmethods, need);
     if (r->force) {
         conn_admit_force(r->c, r->midx, room); /* a write or an auth never waits */
     } else if (!conn_admit(r->c, r, r->midx, room, r->charged)) {
@@ -917,7 +887,8 @@ void req_submit_read(req *r, const db_query *qs, int nq, void (*cb)(req *r, cons
     }
     rc->r = r;
     rc->cb = cb;
-    rc->floor = tenants_read_floor(r->srv->tenants, r->auth.tenant_id);
+    rc->floor =
+        r->srv->hooks->read_floor ? r->srv->hooks->read_floor(r->srv, r->auth.tenant_id) : 0;
     char tid[24];
     snprintf(tid, sizeof(tid), "%lld", (long long)r->auth.tenant_id);
     const char *fv[] = {tid};
@@ -934,40 +905,16 @@ void req_submit_read(req *r, const db_query *qs, int nq, void (*cb)(req *r, cons
     }
 }
 
-static void on_admit(req *r, const qa_verdict *v)
+void req_set_next(req *r, void (*next)(req *r))
 {
-    if (v->err) {
-        req_fail_db(r, v->err);
-        return;
-    }
-    if (v->admitted) {
-        r->admitted(r);
-        return;
-    }
-    rpc_detail d[3] = {{"limit", RPC_D_INT, {.i = v->limit}},
-                       {"usage", RPC_D_INT, {.i = v->used}},
-                       {"resets_at", RPC_D_INT, {.i = v->resets_ms}}};
-    req_fail_details(r, RPC_QUOTA_EXCEEDED, d, 3,
-                     "daily query limit of the %s tier reached (%lld of %lld); it resets at "
-                     "00:00 UTC",
-                     tier_name(r->auth.tier), (long long)v->used, (long long)v->limit);
+    r->next = next;
 }
 
-void req_admit_query(req *r, void (*next)(req *r))
+void req_continue(req *r)
 {
-    const tier_limits *tl = &r->srv->tiers[r->auth.tier];
-    if (r->again) {
-        next(r); /* admitted and counted the first time */
-        return;
-    }
-    if (tl->queries_per_day <= 0) {
-        tenancy_count_query(r->srv->tenancy, r->auth.tenant_id);
-        next(r);
-        return;
-    }
-    r->admitted = next;
-    /* from this worker's block of the day's quota: no round trip in the common case */
-    qadmit_admit(worker_qadmit(r->w), r, r->srv->query_limits, on_admit);
+    void (*next)(req * r) = r->next;
+    r->next = NULL;
+    next(r);
 }
 
 /* A new request of c for a copy of the message msg (len bytes, `values` values), charged
@@ -1039,7 +986,8 @@ static void decode_step(req *r, decoded *d)
                                sizeof(d->err));
     if (d->rc != 0)
         return;
-    d->m = methods_find(d->rq.method, d->rq.method_len, &d->idx);
+    const net_hooks *h = r->srv->hooks;
+    d->m = hooks_method_find(h->methods, h->nmethods, d->rq.method, d->rq.method_len, &d->idx);
     if (d->m)
         d->bind_rc = rpc_bind_params(d->rq.params, d->m->params, d->m->nparams, r->args, d->err,
                                      sizeof(d->err));
@@ -1088,18 +1036,19 @@ static int dispatch_rest(req *r, decoded *d)
                  "%s needs a tenant connection; the admin key has no tenant", m->name);
         return 0;
     }
-    if (!(m->flags & M_PUBLIC) && r->auth.authenticated && !r->auth.admin) {
-        tenancy *tn = r->srv->tenancy;
+    const net_hooks *h = r->srv->hooks;
+    if (!(m->flags & M_PUBLIC) && r->auth.authenticated && !r->auth.admin && h->tenant_admit) {
+        uint64_t retry_ms = 0;
+        hook_admit ha =
+            h->tenant_admit(r->srv, r->auth.key_id, r->auth.tenant_id, &r->auth.tier, &retry_ms);
         /* a key revoked (or a tenant deleted) after this connection authenticated */
-        if (!tenancy_key_ok(tn, r->auth.key_id, r->auth.tenant_id)) {
+        if (ha == HOOK_ADMIT_REVOKED) {
             conn_auth none = {0};
             req_set_auth(r, &none);
             req_fail(r, RPC_UNAUTHENTICATED, "the API key was revoked or its tenant deleted");
             return 0;
         }
-        r->auth.tier = tenancy_tier(tn, r->auth.tenant_id, r->auth.tier);
-        uint64_t retry_ms = 0;
-        if (!tenancy_rate_take(tn, r->auth.tenant_id, r->auth.tier, &retry_ms)) {
+        if (ha == HOOK_ADMIT_RATE_LIMITED) {
             rpc_detail dd[1] = {{"retry_after_ms", RPC_D_UINT, {.u = retry_ms}}};
             req_fail_details(r, RPC_RATE_LIMITED, dd, 1,
                              "request rate of the %s tier exceeded; retry in %llu ms",

@@ -40,6 +40,10 @@ void worker_destroy(worker *w);
  * (fn does not run then). */
 int worker_post(worker *w, void (*fn)(void *arg), void *arg);
 
+/* worker_poster returns w as a thread others post work to (server.h), for modules that know
+ * no worker. */
+server_poster worker_poster(worker *w);
+
 /* worker_adopt hands a freshly accepted socket to w (any thread); w owns fd from now on, and
  * the connection releases addr_key (climits_addr_take) when it closes. http: a connection of
  * the HTTP port; reserved: accepted past its port's limit, into the slots kept for the
@@ -80,19 +84,14 @@ void worker_conn_removed(worker *w, conn *c);
 void worker_req_started(worker *w);
 void worker_req_finished(worker *w);
 
-/* worker_store_groups returns the map that holds the worker's store group while stores are
- * waiting or in flight (see gcommit.h), or NULL; worker thread only. */
-struct idmap *worker_store_groups(worker *w);
-
 /* worker_lanes returns the map of the tenants whose writes wait for their lock on the
  * worker's lane (req.c); worker thread only. */
 struct idmap *worker_lanes(worker *w);
 
-/* worker_qadmit returns the worker's query admission (qadmit.h); worker thread only. */
-struct qadmit *worker_qadmit(worker *w);
-
-/* worker_access returns the worker's access count log (access.h); worker thread only. */
-struct access_log *worker_access(worker *w);
+/* worker_app / worker_set_app keep what the hooks keep per worker (hooks.h, worker_init);
+ * worker thread only once the worker runs. */
+void *worker_app(worker *w);
+void worker_set_app(worker *w, void *app);
 
 /* worker_draining tells whether the worker has begun shutting down. */
 bool worker_draining(worker *w);

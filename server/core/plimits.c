@@ -1,4 +1,4 @@
-/* server/plimits.c: the settings behind the method tables' limits (see plimits.h). */
+/* server/core/plimits.c: the settings behind the method tables' limits (see plimits.h). */
 #include "plimits.h"
 
 #include "rpc.h"

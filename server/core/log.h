@@ -1,4 +1,4 @@
-/* server/log.h: the one logging function: leveled, thread-safe, file:line on every line.
+/* server/core/log.h: the one logging function: leveled, thread-safe, file:line on every line.
  *
  * The level is checked before anything is formatted. Lines go to stderr (one write(2) per
  * line, so lines from threads never interleave). Never pass secrets, embeddings or memory

@@ -1,4 +1,4 @@
-/* server/domain/tiers.h: the three tiers and their limits.
+/* server/core/tiers.h: the three tiers and their limits.
  *
  * Every limit is a setting (free_max_memories, standard_queries_per_day, ...; see
  * config.c), so operators can change them; the defaults are the seed's table.

@@ -1,4 +1,4 @@
-/* server/net/qadmit.c: query admission from reserved blocks of the daily quota (see
+/* server/domain/qadmit.c: query admission from reserved blocks of the daily quota (see
  * qadmit.h). */
 #include "qadmit.h"
 
@@ -19,7 +19,7 @@
 #define FORGET_MS (10 * QA_IDLE_MS)
 
 typedef struct waiter {
-    req *r;
+    void *arg;
     qa_cb cb;
 } waiter;
 
@@ -76,7 +76,7 @@ static int free_block(uint64_t key, uint64_t value, void *ctx)
     db_result gone = {.status = DB_UNAVAILABLE, .message = "shutting down"};
     qa_verdict v = {.err = &gone};
     for (size_t i = 0; i < b->nw; i++)
-        b->w[i].cb(b->w[i].r, &v);
+        b->w[i].cb(b->w[i].arg, &v);
     free(b->w);
     free(b);
     return 0;
@@ -110,7 +110,7 @@ static void fail_waiters(qa_block *b, const db_result *res)
     b->retry_ms = 0;
     qa_verdict v = {.err = res};
     for (size_t i = 0; i < n; i++)
-        w[i].cb(w[i].r, &v);
+        w[i].cb(w[i].arg, &v);
     free(w);
 }
 
@@ -207,26 +207,25 @@ static void on_reserved(void *arg, const db_result *res)
         b->wait_since_ms = 0;
     qa_verdict yes = {.admitted = true};
     for (size_t i = 0; i < admit; i++)
-        w[i].cb(w[i].r, &yes);
+        w[i].cb(w[i].arg, &yes);
     /* no quota left anywhere: every one of the day's queries was used (ours included) */
     qa_verdict no = {.admitted = false, .used = used + granted, .limit = lim, .resets_ms = resets};
     for (size_t i = n - refuse; i < n; i++)
-        w[i].cb(w[i].r, &no);
+        w[i].cb(w[i].arg, &no);
     free(w);
 }
 
-void qadmit_admit(qadmit *q, req *r, const char *limits, qa_cb cb)
+void qadmit_admit(qadmit *q, int64_t tenant, const char *limits, qa_cb cb, void *arg)
 {
     uint64_t v;
     qa_block *b = NULL;
-    const conn_auth *a = req_auth(r);
-    if (idmap_get(q->blocks, (uint64_t)a->tenant_id, &v)) {
+    if (idmap_get(q->blocks, (uint64_t)tenant, &v)) {
         b = (qa_block *)(uintptr_t)v;
     } else if ((b = calloc(1, sizeof(*b))) != NULL) {
         b->q = q;
-        b->tenant = a->tenant_id;
+        b->tenant = tenant;
         b->want = WANT_MIN;
-        if (idmap_put(q->blocks, (uint64_t)a->tenant_id, (uint64_t)(uintptr_t)b) < 0) {
+        if (idmap_put(q->blocks, (uint64_t)tenant, (uint64_t)(uintptr_t)b) < 0) {
             free(b);
             b = NULL;
         }
@@ -234,7 +233,7 @@ void qadmit_admit(qadmit *q, req *r, const char *limits, qa_cb cb)
     if (!b) {
         db_result oom = {.status = DB_UNAVAILABLE, .message = "out of memory"};
         qa_verdict no = {.err = &oom};
-        cb(r, &no);
+        cb(arg, &no);
         return;
     }
     snprintf(b->limits, sizeof(b->limits), "%s", limits);
@@ -249,7 +248,7 @@ void qadmit_admit(qadmit *q, req *r, const char *limits, qa_cb cb)
         b->avail--;
         b->used++;
         qa_verdict yes = {.admitted = true};
-        cb(r, &yes);
+        cb(arg, &yes);
         return;
     }
     if (b->nw == b->cw) {
@@ -258,13 +257,13 @@ void qadmit_admit(qadmit *q, req *r, const char *limits, qa_cb cb)
         if (!nw) {
             db_result oom = {.status = DB_UNAVAILABLE, .message = "out of memory"};
             qa_verdict no = {.err = &oom};
-            cb(r, &no);
+            cb(arg, &no);
             return;
         }
         b->w = nw;
         b->cw = cap;
     }
-    b->w[b->nw++] = (waiter){r, cb};
+    b->w[b->nw++] = (waiter){arg, cb};
     if (b->nw == 1)
         b->wait_since_ms = now;
     if (!b->busy && !b->retry_ms)

@@ -1,8 +1,8 @@
-/* server/plimits.h: the byte limits of the method tables that operators set.
+/* server/core/plimits.h: the byte limits of the method tables that operators set.
  *
  * A parameter names one with RPC_P_LIMIT(PLIM_x) in its flags (proto/rpc.h): the binder
  * checks it before the handler runs, the OpenAPI document shows its value, and the error
- * names the parameter and the limit. Each is a setting (server/config.c).
+ * names the parameter and the limit. Each is a setting (server/core/config.c).
  */
 #ifndef ENGRAM_SERVER_PLIMITS_H
 #define ENGRAM_SERVER_PLIMITS_H

@@ -1,4 +1,4 @@
-/* server/domain/score.h: the composite importance of a memory and the search ranking.
+/* server/core/score.h: the composite importance of a memory and the search ranking.
  *
  * base      = w_recency * exp(-age_days / recency_days)
  *           + w_access  * min(access_count / access_saturation, 1)

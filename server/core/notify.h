@@ -1,4 +1,4 @@
-/* server/notify.h: telling the service manager what engramd is doing (sd_notify).
+/* server/core/notify.h: telling the service manager what engramd is doing (sd_notify).
  *
  * Under systemd with Type=notify, NOTIFY_SOCKET names a datagram socket: engramd sends
  * READY=1 once it serves with its indexes loaded, RELOADING=1 then READY=1 around a SIGHUP

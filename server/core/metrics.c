@@ -1,4 +1,4 @@
-/* server/metrics.c: counters, histograms and the Prometheus exposition (see metrics.h). */
+/* server/core/metrics.c: counters, histograms and the Prometheus exposition (see metrics.h). */
 #include "metrics.h"
 
 #include <errno.h>
@@ -255,8 +255,8 @@ unsigned metrics_db_ready(void)
     return n;
 }
 
-void metrics_render(struct evbuffer *out, const char *const *gauge_names, const double *gauges,
-                    size_t ngauges)
+/* Requests by method and code, errors, and their latency histograms. */
+static void render_requests(struct evbuffer *out)
 {
     evbuffer_add_printf(out,
                         "# HELP engram_requests_total Requests (MessagePack-RPC and HTTP/JSON, "
@@ -318,6 +318,11 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
         evbuffer_add_printf(out, "engram_request_duration_seconds_count{method=\"%s\"} %llu\n",
                             name, (unsigned long long)cum);
     }
+}
+
+/* Connections, budgets, write lock waits, TLS and reloads. */
+static void render_connections(struct evbuffer *out)
+{
     evbuffer_add_printf(out,
                         "# HELP engram_connections Open client connections (RPC and HTTP).\n"
                         "# TYPE engram_connections gauge\nengram_connections %ld\n"
@@ -392,6 +397,11 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
                         "engram_config_reloads_total{result=\"failed\"} %llu\n",
                         (unsigned long long)atomic_load(&config_reloads_ok),
                         (unsigned long long)atomic_load(&config_reloads_failed));
+}
+
+/* Group commit, query admission and consolidation. */
+static void render_writes(struct evbuffer *out)
+{
     evbuffer_add_printf(out,
                         "# HELP engram_group_commit_batches_total Transactions that committed "
                         "a group of writes of any tenants (memory.store and the like).\n"
@@ -430,6 +440,11 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
     for (int i = 0; i < 4; i++)
         evbuffer_add_printf(out, "engram_consolidation_memories_total{action=\"%s\"} %llu\n",
                             actions[i], (unsigned long long)atomic_load(&cons_actions[i]));
+}
+
+/* The workers' database pools and the standby reads. */
+static void render_db(struct evbuffer *out)
+{
     unsigned conns = 0, ready = 0;
     size_t queued = 0, inflight = 0;
     uint64_t reconnects = 0, failures = 0;
@@ -483,6 +498,11 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
         (unsigned long long)atomic_load(&db_reads[1]),
         (unsigned long long)atomic_load(&db_read_fallbacks[METRICS_FALLBACK_BEHIND]),
         (unsigned long long)atomic_load(&db_read_fallbacks[METRICS_FALLBACK_UNAVAILABLE]));
+}
+
+/* Index apply failures and rows that did not parse. */
+static void render_rows(struct evbuffer *out)
+{
     evbuffer_add_printf(out,
                         "# HELP engram_index_apply_failures_total Changes an index could not "
                         "take (out of memory), read again from the change log.\n"
@@ -496,7 +516,22 @@ void metrics_render(struct evbuffer *out, const char *const *gauge_names, const 
         evbuffer_add_printf(out, "engram_rows_unparsable_total{table=\"%s\"} %llu\n",
                             rowerr_table_name((rowerr_table)t),
                             (unsigned long long)rowerr_count((rowerr_table)t));
-    for (size_t i = 0; i < ngauges; i++)
-        evbuffer_add_printf(out, "# TYPE %s gauge\n%s %.17g\n", gauge_names[i], gauge_names[i],
-                            gauges[i]);
+}
+
+void metrics_render(struct evbuffer *out, const char *const *gauge_names, const double *gauges,
+                    size_t ngauges)
+{
+    render_requests(out);
+    render_connections(out);
+    render_writes(out);
+    render_db(out);
+    render_rows(out);
+    metrics_render_gauges(out, gauge_names, gauges, ngauges);
+}
+
+void metrics_render_gauges(struct evbuffer *out, const char *const *names, const double *vals,
+                           size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        evbuffer_add_printf(out, "# TYPE %s gauge\n%s %.17g\n", names[i], names[i], vals[i]);
 }

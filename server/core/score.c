@@ -1,4 +1,4 @@
-/* server/domain/score.c: composite importance (see score.h). */
+/* server/core/score.c: composite importance (see score.h). */
 #include "score.h"
 
 #include <math.h>

@@ -1,4 +1,4 @@
-/* server/notify.c: sd_notify messages to the service manager (see notify.h). */
+/* server/core/notify.c: sd_notify messages to the service manager (see notify.h). */
 #include "notify.h"
 
 #include <stdio.h>

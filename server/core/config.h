@@ -1,4 +1,4 @@
-/* server/config.h: every setting of engramd, in one table.
+/* server/core/config.h: every setting of engramd, in one table.
  *
  * A setting named `rpc_port` is read, in increasing precedence, from its default, from the
  * config file (`rpc_port = 7420`, INI syntax, path from --config or ENGRAM_CONFIG), from
@@ -145,10 +145,6 @@ enum { CONFIG_SECRET = 1, CONFIG_RELOAD = 2, CONFIG_REREAD = 4 };
  * config_free. */
 int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *exit_now);
 
-/* index_engine_parse returns the VINDEX_ENGINE_* named by the n bytes at s ("native",
- * "faiss"), or -1. index_engine_name returns the name of an engine. */
-int index_engine_parse(const char *s, size_t n);
-const char *index_engine_name(int engine);
 
 /* config_free releases the strings of cfg. */
 void config_free(config *cfg);

@@ -1,4 +1,4 @@
-/* server/domain/tiers.c: tier names and limits (see tiers.h). */
+/* server/core/tiers.c: tier names and limits (see tiers.h). */
 #include "tiers.h"
 
 #include <string.h>

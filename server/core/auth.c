@@ -1,4 +1,4 @@
-/* server/domain/auth.c: API keys, the server secret and the admin key (see auth.h). */
+/* server/core/auth.c: API keys, the server secret and the admin key (see auth.h). */
 #include "auth.h"
 
 #include <errno.h>

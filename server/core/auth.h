@@ -1,4 +1,4 @@
-/* server/domain/auth.h: API keys: generation, keyed hashing, the server secret and the admin key.
+/* server/core/auth.h: API keys: generation, keyed hashing, the server secret and the admin key.
  *
  * A tenant key looks like `egk_<key id>_<secret>`: the key id (60 random bits, base32) is
  * stored in clear for lookup; the whole key is stored only as HMAC-SHA-256 under the

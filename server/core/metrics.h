@@ -1,4 +1,4 @@
-/* server/metrics.h: process-wide counters and histograms, rendered for Prometheus.
+/* server/core/metrics.h: process-wide counters and histograms, rendered for Prometheus.
  *
  * Every recording function is lock-free (relaxed atomics) and may be called from any
  * thread. Methods are identified by their index in the method table.
@@ -109,6 +109,10 @@ void metrics_db_read_fallback(metrics_read_fallback reason);
  * gauges the caller passes (name/value pairs; names must be valid metric names). */
 void metrics_render(struct evbuffer *out, const char *const *gauge_names, const double *gauges,
                     size_t ngauges);
+
+/* metrics_render_gauges appends n gauges (names[i], vals[i]) to out. */
+void metrics_render_gauges(struct evbuffer *out, const char *const *names, const double *vals,
+                           size_t n);
 
 /* metrics_db_ready returns the number of ready database connections over all workers. */
 unsigned metrics_db_ready(void);

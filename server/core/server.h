@@ -1,4 +1,4 @@
-/* server/server.h: the process-wide context every server module shares.
+/* server/core/server.h: the process-wide context every server module shares.
  *
  * One `server` exists per engramd process. It is filled in by main before any thread
  * starts and is read-only afterwards, except for the fields marked atomic. cfg keeps the
@@ -25,6 +25,7 @@ struct rowcache;
 struct climits;
 struct tls_ctx;
 struct offload;
+struct net_hooks;
 
 typedef struct server {
     config cfg;
@@ -46,15 +47,24 @@ typedef struct server {
     struct rowcache *rows; /* memory rows for search results */
     uint8_t secret[32];    /* keys the API-key hashes */
     bool have_admin;
-    uint8_t admin_hash[32];    /* keyed hash of the admin key */
-    atomic_bool ready;         /* start-up finished: listening, indexes loadable */
-    atomic_bool draining;      /* shutdown has begun */
-    atomic_int nconns;         /* open RPC connections (counted at accept) */
-    atomic_int nhttp;          /* open HTTP connections (counted at accept) */
-    struct climits *limits_cl; /* per-address and buffered-byte limits */
-    struct tls_ctx *tls;       /* the RPC and HTTP ports' TLS context; NULL: plain TCP */
-    struct offload *offload;   /* threads for decoding large messages (offload.h); NULL: none */
+    uint8_t admin_hash[32];        /* keyed hash of the admin key */
+    atomic_bool ready;             /* start-up finished: listening, indexes loadable */
+    atomic_bool draining;          /* shutdown has begun */
+    atomic_int nconns;             /* open RPC connections (counted at accept) */
+    atomic_int nhttp;              /* open HTTP connections (counted at accept) */
+    struct climits *limits_cl;     /* per-address and buffered-byte limits */
+    struct tls_ctx *tls;           /* the RPC and HTTP ports' TLS context; NULL: plain TCP */
+    struct offload *offload;       /* threads for decoding large messages (offload.h); NULL: none */
+    const struct net_hooks *hooks; /* the methods and what the network layer asks of the rest
+                                    * (net/hooks.h); set by main before any worker starts */
 } server;
+
+/* A thread that runs work posted to it (a worker): post(target, fn, arg) runs fn(arg) on
+ * that thread soon and returns 0, or -ENOMEM (fn does not run then). Safe from any thread. */
+typedef struct server_poster {
+    int (*post)(void *target, void (*fn)(void *arg), void *arg);
+    void *target;
+} server_poster;
 
 /* server_now_ms returns the wall-clock time in milliseconds since the Unix epoch. */
 int64_t server_now_ms(void);

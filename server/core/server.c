@@ -1,4 +1,4 @@
-/* server/server.c: the process-wide helpers server.h declares (clocks), kept in the server
+/* server/core/server.c: the process-wide helpers server.h declares (clocks), kept in the server
  * library so that every module, and every unit test of one, links without main.c. */
 #include "server.h"
 

@@ -1,4 +1,4 @@
-/* server/log.c: leveled logging to stderr (see log.h). */
+/* server/core/log.c: leveled logging to stderr (see log.h). */
 #include "log.h"
 
 #include <stdarg.h>

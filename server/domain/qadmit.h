@@ -1,4 +1,4 @@
-/* server/net/qadmit.h: admission of queries against a tier's daily limit, from blocks of the
+/* server/domain/qadmit.h: admission of queries against a tier's daily limit, from blocks of the
  * day's quota reserved in PostgreSQL by each worker.
  *
  * A worker reserves a block of a tenant's queries for today (engram_query_reserve, under
@@ -23,7 +23,6 @@
 #include <stdint.h>
 
 #include "db.h"
-#include "req.h"
 
 #define QA_LEASE_MS 10000
 #define QA_IDLE_MS 1000
@@ -39,7 +38,7 @@ typedef struct qa_verdict {
     int64_t used, limit, resets_ms;
 } qa_verdict;
 
-typedef void (*qa_cb)(req *r, const qa_verdict *v);
+typedef void (*qa_cb)(void *arg, const qa_verdict *v);
 
 /* qadmit_create makes the admission state of one worker whose pool is db; holder names the
  * worker uniquely among every process sharing the database (copied). NULL when out of
@@ -49,9 +48,9 @@ qadmit *qadmit_create(db_pool *db, const char *holder);
 /* qadmit_destroy frees q; requests still waiting fail unavailable. NULL is a no-op. */
 void qadmit_destroy(qadmit *q);
 
-/* qadmit_admit decides on one query of r's tenant against the limits literal ("{free,
- * standard,premium}", copied); cb(r, verdict) runs once, maybe before this returns. */
-void qadmit_admit(qadmit *q, req *r, const char *limits, qa_cb cb);
+/* qadmit_admit decides on one query of tenant against the limits literal ("{free,
+ * standard,premium}", copied); cb(arg, verdict) runs once, maybe before this returns. */
+void qadmit_admit(qadmit *q, int64_t tenant, const char *limits, qa_cb cb, void *arg);
 
 /* qadmit_tick returns idle and old blocks and re-asks for waiting requests; call every
  * 100 ms or so. With draining, every block is returned and none is asked for. */

@@ -1,7 +1,7 @@
 """PostgreSQL stopped and restarted under a running engramd: clear errors, then recovery."""
 import time
 
-from harness import free_port, metric, psql, wait_for
+from harness import free_port, metric, psql, wait_for, wait_value
 from rpc import RpcError
 
 
@@ -46,8 +46,11 @@ def test_database_outage_and_recovery(pg, engramd):
             assert err["code"] == "unavailable", (method, err)
             assert elapsed < 10, f"{method} took {elapsed:.1f} s"
         assert c.call("ping") == "pong"  # the server itself is alive
-        status, body = srv.http_get("/healthz")
-        assert status == 503 and '"database":"down"' in body
+        # the workers publish their pools' state on their tick (every 100 ms): /healthz says
+        # the database is down from then on, not necessarily as the first request fails
+        wait_value(lambda: srv.http_get("/healthz"),
+                   lambda r: r[0] == 503 and '"database":"down"' in r[1],
+                   "/healthz 503 with the database down", timeout=10)
 
         pg.start()
         b = store_when_back(c, "after the outage")

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "db.h"
 #include "memrow.h"
+#include "pgsync.h"
 #include "rowerr.h"
 #include "sql.h"
 
@@ -125,7 +125,7 @@ static int read_seq(PGconn *c, int64_t tenant, uint64_t *seq, char *err, size_t 
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
     PGresult *r =
-        db_exec_blocking(c, "SELECT change_seq FROM tenants WHERE id = $1", 1, vals, err, errlen);
+        pgsync_exec(c, "SELECT change_seq FROM tenants WHERE id = $1", 1, vals, err, errlen);
     if (!r)
         return -EIO;
     if (PQntuples(r) != 1) {
@@ -222,13 +222,13 @@ static int in_snapshot(PGconn *c, int64_t tenant, uint64_t *seq, const char *sql
                        char *err, size_t errlen)
 {
     /* row-level security: the connection sees this tenant's rows only */
-    if (db_tenant_begin(c, tenant, DB_TX_SNAPSHOT, err, errlen) < 0)
+    if (pgsync_tenant_begin(c, tenant, PGSYNC_TX_SNAPSHOT, err, errlen) < 0)
         return -EIO;
     int rc = read_seq(c, tenant, seq, err, errlen);
     if (rc == 0)
         rc = stream(c, sql, nparams, vals, each, lc, err, errlen);
     /* read-only: nothing to keep, and a failed COMMIT loses nothing already read */
-    db_tx_end(c, false, NULL, 0);
+    pgsync_tx_end(c, false, NULL, 0);
     return rc;
 }
 
@@ -354,18 +354,18 @@ int loader_rows(PGconn *c, int64_t tenant, uint64_t before, size_t limit,
                 char *err, size_t errlen)
 {
     *n = 0;
-    if (db_tenant_begin(c, tenant, DB_TX_READ, err, errlen) < 0)
+    if (pgsync_tenant_begin(c, tenant, PGSYNC_TX_READ, err, errlen) < 0)
         return -EIO;
     char t[24], b[24], l[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     snprintf(b, sizeof(b), "%llu", (unsigned long long)(before ? before : (uint64_t)INT64_MAX));
     snprintf(l, sizeof(l), "%zu", limit);
     const char *vals[] = {t, b, l};
-    PGresult *r = db_exec_blocking(c,
-                                   "SELECT " SQL_MEMROW_COLS " FROM memories m WHERE m.tenant_id = "
-                                   "$1 AND m.id < $2 AND m.archived_at IS NULL AND (m.expires_at "
-                                   "IS NULL OR m.expires_at > now()) ORDER BY m.id DESC LIMIT $3",
-                                   3, vals, err, errlen);
+    PGresult *r = pgsync_exec(c,
+                              "SELECT " SQL_MEMROW_COLS " FROM memories m WHERE m.tenant_id = "
+                              "$1 AND m.id < $2 AND m.archived_at IS NULL AND (m.expires_at "
+                              "IS NULL OR m.expires_at > now()) ORDER BY m.id DESC LIMIT $3",
+                              3, vals, err, errlen);
     int rc = r ? 0 : -EIO;
     for (int i = 0; r && i < PQntuples(r) && rc == 0; i++) {
         memrow m;
@@ -379,7 +379,7 @@ int loader_rows(PGconn *c, int64_t tenant, uint64_t before, size_t limit,
         rc = fn(&m, ctx);
     }
     PQclear(r);
-    db_tx_end(c, false, NULL, 0); /* read-only */
+    pgsync_tx_end(c, false, NULL, 0); /* read-only */
     return rc;
 }
 
@@ -387,15 +387,15 @@ int loader_index_engine(PGconn *c, int64_t tenant, char *out, size_t outlen, cha
                         size_t errlen)
 {
     /* the tenants table is under row-level security: read it as the tenant */
-    if (db_tenant_begin(c, tenant, DB_TX_READ, err, errlen) < 0)
+    if (pgsync_tenant_begin(c, tenant, PGSYNC_TX_READ, err, errlen) < 0)
         return -EIO;
     char t[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
     int rc = -1;
     PGresult *r =
-        db_exec_blocking(c, "SELECT COALESCE(t.index_engine, '') FROM tenants t WHERE t.id = $1", 1,
-                         vals, err, errlen);
+        pgsync_exec(c, "SELECT COALESCE(t.index_engine, '') FROM tenants t WHERE t.id = $1", 1,
+                    vals, err, errlen);
     if (r && PQntuples(r) != 1) {
         snprintf(err, errlen, "tenant %lld not found", (long long)tenant);
     } else if (r && (size_t)PQgetlength(r, 0, 0) >= outlen) {
@@ -405,7 +405,7 @@ int loader_index_engine(PGconn *c, int64_t tenant, char *out, size_t outlen, cha
         rc = 0;
     }
     PQclear(r);
-    db_tx_end(c, false, NULL, 0); /* read-only */
+    pgsync_tx_end(c, false, NULL, 0); /* read-only */
     return rc;
 }
 
@@ -413,11 +413,10 @@ int loader_instance(PGconn *c, char *out, size_t outlen, char *err, size_t errle
 {
     /* the database's oid too: a dump restored into another database (which carries the
      * engram_instance row along) gets other snapshots */
-    PGresult *r =
-        db_exec_blocking(c,
-                         "SELECT i.id || '-' || d.oid FROM engram_instance i, pg_database d"
-                         " WHERE d.datname = current_database()",
-                         0, NULL, err, errlen);
+    PGresult *r = pgsync_exec(c,
+                              "SELECT i.id || '-' || d.oid FROM engram_instance i, pg_database d"
+                              " WHERE d.datname = current_database()",
+                              0, NULL, err, errlen);
     if (!r)
         return -EIO;
     int rc = -1;

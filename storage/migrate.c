@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "db.h"
+#include "pgsync.h"
 
 /* An arbitrary constant naming the advisory lock that serializes migrations. */
 #define MIGRATE_LOCK_KEY "7420001"
@@ -47,8 +47,8 @@ static int apply_functions(PGconn *c, char *err, size_t errlen)
     for (int i = 0; i < migrate_nfunction_files; i++) {
         const migrate_functions *f = &migrate_function_files[i];
         const char *nv[] = {f->name};
-        PGresult *r = db_exec_blocking(c, "SELECT checksum FROM schema_functions WHERE name = $1",
-                                       1, nv, err, errlen);
+        PGresult *r = pgsync_exec(c, "SELECT checksum FROM schema_functions WHERE name = $1", 1, nv,
+                                  err, errlen);
         if (!r)
             return -EIO;
         bool same = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), f->checksum) == 0;
@@ -66,11 +66,11 @@ static int apply_functions(PGconn *c, char *err, size_t errlen)
             return -EIO;
         }
         const char *vals[] = {f->name, f->checksum};
-        r = db_exec_blocking(c,
-                             "INSERT INTO schema_functions (name, checksum) VALUES ($1, $2) "
-                             "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, "
-                             "applied_at = now()",
-                             2, vals, err, errlen);
+        r = pgsync_exec(c,
+                        "INSERT INTO schema_functions (name, checksum) VALUES ($1, $2) "
+                        "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, "
+                        "applied_at = now()",
+                        2, vals, err, errlen);
         if (!r) {
             exec_simple(c, "ROLLBACK", msg, sizeof(msg));
             return -EIO;
@@ -103,12 +103,11 @@ int migrate_run(PGconn *c, int *applied, char *err, size_t errlen)
                     " applied_at timestamptz NOT NULL DEFAULT now())",
                     err, errlen) < 0)
         goto out;
-    PGresult *r =
-        db_exec_blocking(c,
-                         "SELECT COALESCE(max(version), 0), "
-                         "COALESCE((SELECT name FROM schema_migrations WHERE version = 1),"
-                         " 'baseline') FROM schema_migrations",
-                         0, NULL, err, errlen);
+    PGresult *r = pgsync_exec(c,
+                              "SELECT COALESCE(max(version), 0), "
+                              "COALESCE((SELECT name FROM schema_migrations WHERE version = 1),"
+                              " 'baseline') FROM schema_migrations",
+                              0, NULL, err, errlen);
     if (!r)
         goto out;
     current = atoi(PQgetvalue(r, 0, 0));
@@ -144,8 +143,8 @@ int migrate_run(PGconn *c, int *applied, char *err, size_t errlen)
         char ver[16];
         snprintf(ver, sizeof(ver), "%d", s->version);
         const char *vals[] = {ver, s->name};
-        r = db_exec_blocking(c, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", 2,
-                             vals, err, errlen);
+        r = pgsync_exec(c, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", 2, vals,
+                        err, errlen);
         if (!r) {
             exec_simple(c, "ROLLBACK", msg, sizeof(msg));
             goto out;

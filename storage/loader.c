@@ -2,6 +2,7 @@
 #include "loader.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,8 +146,9 @@ static int read_seq(PGconn *c, int64_t tenant, uint64_t *seq, char *err, size_t 
     return 0;
 }
 
-/* Runs sql (one bigint or two bigint parameters) in single-row mode, calling each(r) per
- * row. Returns 0, the callback's non-zero value, or -EIO with err. */
+/* Runs sql (text parameters, binary results) in single-row mode, calling each(r) per row
+ * until it returns non-zero. Every result is read to the end either way, so the connection
+ * is ready for the next statement. Returns 0, each's non-zero value, or -EIO with err. */
 static int stream(PGconn *c, const char *sql, int nparams, const char *const *vals,
                   int (*each)(const PGresult *r, void *ctx), void *ctx, char *err, size_t errlen)
 {
@@ -154,16 +156,25 @@ static int stream(PGconn *c, const char *sql, int nparams, const char *const *va
         set_err(err, errlen, "query", PQerrorMessage(c));
         return -EIO;
     }
-    PQsetSingleRowMode(c);
     int rc = 0;
+    if (!PQsetSingleRowMode(c)) {
+        /* the whole result would arrive as one: memory no longer bounded */
+        set_err(err, errlen, "query", "single-row mode refused");
+        rc = -EIO;
+    }
     PGresult *r;
     while ((r = PQgetResult(c)) != NULL) {
         ExecStatusType st = PQresultStatus(r);
-        if (st == PGRES_SINGLE_TUPLE && rc == 0) {
+        if (rc != 0) {
+            /* stopped: drain */
+        } else if (st == PGRES_SINGLE_TUPLE) {
             rc = each(r, ctx);
-        } else if (st == PGRES_FATAL_ERROR && rc == 0) {
-            set_err(err, errlen, "query", PQresultErrorMessage(r));
-            rc = -1;
+        } else if (st != PGRES_TUPLES_OK) {
+            /* an error (the connection lost midway, a statement timeout), or a result a
+             * query in single-row mode never gives */
+            set_err(err, errlen, "query",
+                    st == PGRES_FATAL_ERROR ? PQresultErrorMessage(r) : PQresStatus(st));
+            rc = -EIO;
         }
         PQclear(r);
     }
@@ -181,6 +192,18 @@ typedef struct load_ctx {
     size_t errlen;
 } load_ctx;
 
+/* Allocates lc's scratch vector of lc->dim floats. Returns 0 or -ENOMEM with err. */
+static int alloc_vec(load_ctx *lc)
+{
+    size_t bytes = lc->dim ? lc->dim * sizeof(float) : 1;
+    lc->vec = lc->dim <= SIZE_MAX / sizeof(float) ? malloc(bytes) : NULL;
+    if (!lc->vec) {
+        snprintf(lc->err, lc->errlen, "out of memory");
+        return -ENOMEM;
+    }
+    return 0;
+}
+
 static int each_row(const PGresult *r, void *arg)
 {
     load_ctx *lc = arg;
@@ -188,7 +211,7 @@ static int each_row(const PGresult *r, void *arg)
     if (parse_row(r, 0, lc->dim, lc->vec, &row) < 0) {
         snprintf(lc->err, lc->errlen, "memory %lld has a malformed row or embedding",
                  (long long)col_i64(r, 0, 0, ROWERR_MEMORIES, NULL));
-        return -EIO;
+        return -EBADMSG;
     }
     return lc->fn(&row, lc->ctx);
 }
@@ -203,7 +226,7 @@ static int each_change(const PGresult *r, void *arg)
         if (PQgetisnull(r, 0, 0) || PQgetisnull(r, 0, 1))
             rowerr_report(ROWERR_MEMORY_CHANGES, "seq, memory_id", "NULL");
         snprintf(lc->err, lc->errlen, "a change log entry is malformed");
-        return -EIO;
+        return -EBADMSG;
     }
     if (PQgetisnull(r, 0, 2))
         return lc->cfn(seq, id, NULL, lc->ctx);
@@ -211,7 +234,7 @@ static int each_change(const PGresult *r, void *arg)
     if (parse_row(r, 2, lc->dim, lc->vec, &row) < 0) {
         snprintf(lc->err, lc->errlen, "memory %llu has a malformed row or embedding",
                  (unsigned long long)id);
-        return -EIO;
+        return -EBADMSG;
     }
     return lc->cfn(seq, id, &row, lc->ctx);
 }
@@ -236,11 +259,8 @@ int loader_tenant(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
                   int (*fn)(const loader_row *row, void *ctx), void *ctx, char *err, size_t errlen)
 {
     load_ctx lc = {.dim = dim, .fn = fn, .ctx = ctx, .err = err, .errlen = errlen};
-    lc.vec = malloc(dim * sizeof(float));
-    if (!lc.vec) {
-        snprintf(err, errlen, "out of memory");
-        return -EIO;
-    }
+    if (alloc_vec(&lc) < 0)
+        return -ENOMEM;
     char t[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
@@ -259,7 +279,7 @@ static int each_live(const PGresult *r, void *arg)
     if (parse_row(r, 0, lc->dim, lc->vec, &row) < 0) {
         snprintf(lc->err, lc->errlen, "memory %lld has a malformed row or embedding",
                  (long long)col_i64(r, 0, 0, ROWERR_MEMORIES, NULL));
-        return -EIO;
+        return -EBADMSG;
     }
     row.attrs_key = PQgetisnull(r, 0, LOADER_NCOLS) ? NULL : PQgetvalue(r, 0, LOADER_NCOLS);
     row.content = PQgetvalue(r, 0, LOADER_NCOLS + 1);
@@ -273,11 +293,8 @@ int loader_live(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
                 int (*fn)(const loader_row *row, void *ctx), void *ctx, char *err, size_t errlen)
 {
     load_ctx lc = {.dim = dim, .fn = fn, .ctx = ctx, .err = err, .errlen = errlen};
-    lc.vec = malloc(dim * sizeof(float));
-    if (!lc.vec) {
-        snprintf(err, errlen, "out of memory");
-        return -EIO;
-    }
+    if (alloc_vec(&lc) < 0)
+        return -ENOMEM;
     char t[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
@@ -296,11 +313,8 @@ int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64
                    void *ctx, char *err, size_t errlen)
 {
     load_ctx lc = {.dim = dim, .cfn = fn, .ctx = ctx, .err = err, .errlen = errlen};
-    lc.vec = malloc(dim * sizeof(float));
-    if (!lc.vec) {
-        snprintf(err, errlen, "out of memory");
-        return -EIO;
-    }
+    if (alloc_vec(&lc) < 0)
+        return -ENOMEM;
     char t[24], a[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     snprintf(a, sizeof(a), "%llu", (unsigned long long)after);
@@ -392,14 +406,17 @@ int loader_index_engine(PGconn *c, int64_t tenant, char *out, size_t outlen, cha
     char t[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
-    int rc = -1;
+    int rc = -EIO;
     PGresult *r =
         pgsync_exec(c, "SELECT COALESCE(t.index_engine, '') FROM tenants t WHERE t.id = $1", 1,
                     vals, err, errlen);
     if (r && PQntuples(r) != 1) {
         snprintf(err, errlen, "tenant %lld not found", (long long)tenant);
+        rc = -ENOENT;
     } else if (r && (size_t)PQgetlength(r, 0, 0) >= outlen) {
+        rowerr_report(ROWERR_TENANTS, "index_engine", "longer than any engine name");
         snprintf(err, errlen, "tenant %lld: unexpected index_engine", (long long)tenant);
+        rc = -EBADMSG;
     } else if (r) {
         snprintf(out, outlen, "%s", PQgetvalue(r, 0, 0));
         rc = 0;
@@ -419,12 +436,12 @@ int loader_instance(PGconn *c, char *out, size_t outlen, char *err, size_t errle
                               0, NULL, err, errlen);
     if (!r)
         return -EIO;
-    int rc = -1;
+    int rc = 0;
     if (PQntuples(r) != 1 || PQgetlength(r, 0, 0) == 0 || (size_t)PQgetlength(r, 0, 0) >= outlen) {
         snprintf(err, errlen, "engram_instance must hold one id");
+        rc = -EBADMSG;
     } else {
         snprintf(out, outlen, "%s", PQgetvalue(r, 0, 0));
-        rc = 0;
     }
     PQclear(r);
     return rc;

@@ -6,8 +6,9 @@
  * A PGconn is used by one thread at a time; the functions keep no state of their own, so
  * any thread may call them on a connection it holds.
  *
- * Errors: a NULL result or a negative errno, with libpq's message (one line, no trailing
- * newline) in err. err may be NULL only where a function says so.
+ * Errors: a NULL result or a negative errno, with libpq's message in err, without its
+ * trailing newline (it may hold several lines: a statement's LINE and caret, a connection
+ * attempt per host). err may be NULL only where a function says so.
  */
 #ifndef ENGRAM_STORAGE_PGSYNC_H
 #define ENGRAM_STORAGE_PGSYNC_H

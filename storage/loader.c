@@ -239,7 +239,9 @@ static int each_change(const PGresult *r, void *arg)
     return lc->cfn(seq, id, &row, lc->ctx);
 }
 
-/* Runs body inside a read-only repeatable-read transaction. */
+/* Reads the tenant's change number and streams sql through each, both in one read-only
+ * repeatable-read transaction bound to the tenant. Returns as stream, or -ENOENT / -EBADMSG
+ * from read_seq, -EIO when the transaction does not start. */
 static int in_snapshot(PGconn *c, int64_t tenant, uint64_t *seq, const char *sql, int nparams,
                        const char *const *vals, int (*each)(const PGresult *, void *), load_ctx *lc,
                        char *err, size_t errlen)

@@ -119,6 +119,14 @@ static void set_err(char *err, size_t errlen, const char *what, const char *msg)
         err[--n] = '\0';
 }
 
+/* After a callback failed with rc < 0: err keeps what the callback wrote there, or else
+ * gets the errno's text, so that a negative return always comes with a reason. */
+static void callback_err(int rc, char *err, size_t errlen)
+{
+    if (rc < 0 && errlen && !err[0] && strerror_r(-rc, err, errlen) != 0)
+        snprintf(err, errlen, "stopped by the caller (%d)", rc);
+}
+
 /* Reads the tenant's change number inside the current transaction. */
 static int read_seq(PGconn *c, int64_t tenant, uint64_t *seq, char *err, size_t errlen)
 {
@@ -162,6 +170,8 @@ static int stream(PGconn *c, const char *sql, int nparams, const char *const *va
         set_err(err, errlen, "query", "single-row mode refused");
         rc = -EIO;
     }
+    if (errlen)
+        err[0] = '\0'; /* set below by whoever fails, or by callback_err */
     PGresult *r;
     while ((r = PQgetResult(c)) != NULL) {
         ExecStatusType st = PQresultStatus(r);
@@ -169,6 +179,7 @@ static int stream(PGconn *c, const char *sql, int nparams, const char *const *va
             /* stopped: drain */
         } else if (st == PGRES_SINGLE_TUPLE) {
             rc = each(r, ctx);
+            callback_err(rc, err, errlen);
         } else if (st != PGRES_TUPLES_OK) {
             /* an error (the connection lost midway, a statement timeout), or a result a
              * query in single-row mode never gives */
@@ -383,6 +394,8 @@ int loader_rows(PGconn *c, int64_t tenant, uint64_t before, size_t limit,
                               "IS NULL OR m.expires_at > now()) ORDER BY m.id DESC LIMIT $3",
                               3, vals, err, errlen);
     int rc = r ? 0 : -EIO;
+    if (r && errlen)
+        err[0] = '\0'; /* for callback_err */
     for (int i = 0; r && i < PQntuples(r) && rc == 0; i++) {
         memrow m;
         if (memrow_parse(r, i, 0, &m) != 0) {
@@ -393,6 +406,7 @@ int loader_rows(PGconn *c, int64_t tenant, uint64_t before, size_t limit,
         *last = m.id;
         (*n)++;
         rc = fn(&m, ctx);
+        callback_err(rc, err, errlen);
     }
     PQclear(r);
     pgsync_tx_end(c, false, NULL, 0); /* read-only */

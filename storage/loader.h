@@ -13,7 +13,9 @@
  * The streaming calls take a callback fn that returns 0 to continue or non-zero to stop:
  * that value is returned unchanged, so a positive value is a stop of the caller's own and a
  * negative one an error of the caller's (its -ENOMEM reaches the caller as -ENOMEM). err is
- * then whatever fn left in it. The rest of the result is read and dropped after a stop.
+ * cleared before the first call of fn: on a negative value it holds what fn wrote there, or
+ * else the errno's text (strerror), so a negative return always comes with a reason. The
+ * rest of the result is read and dropped after a stop.
  */
 #ifndef ENGRAM_STORAGE_LOADER_H
 #define ENGRAM_STORAGE_LOADER_H

@@ -299,6 +299,8 @@ static void test_bad_row(void)
     CHECK(loader_tenant(app, 2, DIM, &seq, take, &ok, err, sizeof(err)) == 0 && ok.n == 1);
 }
 
+static int warm(const memrow *row, void *arg);
+
 static void test_stop(void)
 {
     char err[300] = "";
@@ -307,10 +309,19 @@ static void test_stop(void)
     seen s = {.stop_at = 2, .stop_rc = 7};
     CHECK(loader_tenant(app, 1, DIM, &seq, take, &s, err, sizeof(err)) == 7);
     CHECK(s.n == 2);
-    /* a negative one (the caller's out of memory) too, unchanged */
+    /* a negative one (the caller's out of memory) too, unchanged, and with a reason in err
+     * although the callback wrote none there */
     seen m = {.stop_at = 1, .stop_rc = -ENOMEM};
+    snprintf(err, sizeof(err), "stale");
     CHECK(loader_live(app, 1, DIM, &seq, take, &m, err, sizeof(err)) == -ENOMEM);
     CHECK(m.n == 1);
+    CHECK_STR_CONTAINS(err, strerror(ENOMEM));
+    seen w = {.stop_at = 1, .stop_rc = -EPIPE};
+    uint64_t last = 0;
+    size_t n = 0;
+    snprintf(err, sizeof(err), "stale");
+    CHECK(loader_rows(app, 1, 0, 10, warm, &w, &last, &n, err, sizeof(err)) == -EPIPE);
+    CHECK_STR_CONTAINS(err, strerror(EPIPE));
     seen c = {.stop_at = 3, .stop_rc = 1};
     CHECK(loader_changes(app, 1, DIM, 0, &seq, take_change, &c, err, sizeof(err)) == 1);
     CHECK(c.n == 3);

@@ -212,26 +212,27 @@ static int take_row(const loader_row *row, void *arg)
     }
     cmem *m = &l->m[l->n];
     memset(m, 0, sizeof(*m));
-    m->id = (int64_t)row->id;
-    m->seq = (int64_t)row->seq;
-    m->type = row->type;
-    m->scope = row->scope;
-    m->owner = row->scope == SCOPE_AGENT   ? row->agent_id
-               : row->scope == SCOPE_CLADE ? row->clade_id
-                                           : 0;
-    m->importance = row->importance;
-    m->access = row->access_count;
-    m->created_ms = row->created_ms;
-    m->cited = row->cited_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->cited_count;
-    m->injected = row->injected_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->injected_count;
-    m->pinned = row->pinned;
+    m->id = (int64_t)row->meta.id;
+    m->seq = (int64_t)row->meta.seq;
+    m->type = row->meta.type;
+    m->scope = row->meta.scope;
+    m->owner = row->meta.scope == SCOPE_AGENT   ? row->meta.agent_id
+               : row->meta.scope == SCOPE_CLADE ? row->meta.clade_id
+                                                : 0;
+    m->importance = row->meta.importance;
+    m->access = row->meta.access_count;
+    m->created_ms = row->meta.created_ms;
+    m->cited = row->meta.cited_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->meta.cited_count;
+    m->injected =
+        row->meta.injected_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->meta.injected_count;
+    m->pinned = row->meta.pinned;
     m->attrs_key = row->attrs_key ? strdup(row->attrs_key) : NULL;
     if ((row->attrs_key && !m->attrs_key) ||
         textrule_sign(row->content, row->content_len, &m->sig) < 0) {
         free(m->attrs_key); /* not counted in l->n: run_fini would not free it */
         return -ENOMEM;
     }
-    meta_read(&m->meta, row->tag_json, row->tag_json_len, row->attrs_json);
+    meta_read(&m->meta, row->meta.tags, row->meta.tags_len, row->attrs_json);
     m->parent = (uint32_t)l->n;
     float *v = l->vecs + l->n * l->dim;
     double norm = 0;

@@ -226,10 +226,10 @@ static void store_finish(req *r, const PGresult *pr, int off)
             m.tags = tags;
             m.ntags = ntags;
         }
-        tenant_apply_upsert(t, mm.seq, mm.id, st->items[k].vec, &m);
+        tenants_apply_upsert(t, mm.seq, mm.id, st->items[k].vec, &m);
         free((void *)m.tags);
     }
-    tenant_put(t);
+    tenants_put(t);
     msgpack_packer *pk = req_result(r);
     if (!st->batch) {
         msgpack_pack_map(pk, 3);

@@ -1175,7 +1175,9 @@ static int import_flush(ctx *x, import_batch *b, size_t *stored, size_t *present
         /* Another import of the same batch from the same state stored it (it is counted as
          * present), or this state came back: the tenant's memories were deleted down to the
          * very set an earlier import started from, and what it stored is gone. Then the
-         * batch goes again under a key of its own. */
+         * batch goes again under a key of its own. (Some gone and some there would take a
+         * concurrent import and a delete of part of what it stored in between; the batch
+         * then goes again whole.) */
         bool there;
         if ((rc = replay_still_there(x, ids, &there)) != 0)
             return rc;

@@ -115,6 +115,17 @@ class Formation:
         """{node name: reported state} where the monitor assigned that same state."""
         return {n: rep for n, _, rep, goal in self.state() if rep == goal}
 
+    def events(self, n=60):
+        """The monitor's last n events (time, node, reported, assigned, why), for failure
+        messages: what the formation did, failovers the test did not ask for included."""
+        out = subprocess.run([os.path.join(PG_BINDIR, "psql"), self.ports["HA_MONITOR_URI"],
+                              "-tAq", "-F", " | ", "-c",
+                              "SELECT * FROM (SELECT eventid, eventtime::time(1), nodename, "
+                              "reportedstate, goalstate, description FROM pgautofailover.event "
+                              f"ORDER BY eventid DESC LIMIT {int(n)}) e ORDER BY eventid"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout
+
     def state(self):
         out = subprocess.run([os.path.join(PG_BINDIR, "psql"), self.ports["HA_MONITOR_URI"],
                               "-tAq", "-F", " ", "-c",

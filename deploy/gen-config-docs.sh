@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # deploy/gen-config-docs.sh [ENGRAMD]: regenerates docs/configuration.md and
 # deploy/engramd.conf from the settings table of an engramd binary (default: the first of
-# build/, build-test/ that exists). Run it after changing server/config.c;
+# build/, build-test/ that exists). Run it after changing server/core/config.c;
 # tests/integration/test_config_reference.py fails while either file differs from what the
 # binary generates.
 set -euo pipefail

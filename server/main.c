@@ -18,11 +18,13 @@
 #include <event2/listener.h>
 #include <event2/thread.h>
 
+#include "app.h"
 #include "auth.h"
 #include "bg.h"
 #include "climits.h"
 #include "consolidate.h"
 #include "db.h"
+#include "pgsync.h"
 #include "embedder.h"
 #include "handlers.h"
 #include "http.h"
@@ -37,6 +39,7 @@
 #include "tenancy.h"
 #include "rowcache.h"
 #include "tenants.h"
+#include "offload.h"
 #include "plimits.h"
 #include "tls.h"
 #include "worker.h"
@@ -56,7 +59,7 @@ typedef struct tier_snap {
     char query_limits[80];
 } tier_snap;
 
-typedef struct app {
+typedef struct proc {
     server srv;
     struct event_base *base;
     struct evconnlistener *listener;
@@ -73,20 +76,21 @@ typedef struct app {
     bool have_live;
     tier_snap *snaps; /* the newest first */
     char hostport[300];
-} app;
+    const char **names; /* the methods' names, for the metrics (method_names) */
+} proc;
 
 /* ---- accepting ------------------------------------------------------------------------- */
 
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *addr, int len,
                       void *arg)
 {
-    app *a = arg;
+    proc *a = arg;
     worker_accept(&a->srv, fd, addr, &a->next_worker, false);
 }
 
 static void on_relisten(evutil_socket_t fd, short what, void *arg)
 {
-    app *a = arg;
+    proc *a = arg;
     if (a->listener && !atomic_load(&a->srv.draining))
         evconnlistener_enable(a->listener);
 }
@@ -94,7 +98,7 @@ static void on_relisten(evutil_socket_t fd, short what, void *arg)
 /* On EMFILE/ENFILE the listener would spin on the pending connection: pause it briefly. */
 static void on_accept_error(struct evconnlistener *l, void *arg)
 {
-    app *a = arg;
+    proc *a = arg;
     int err = EVUTIL_SOCKET_ERROR();
     log_warn("accept failed: %s; pausing the listener for 100 ms", strerror(err));
     evconnlistener_disable(l);
@@ -106,7 +110,7 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
-    app *a = arg;
+    proc *a = arg;
     if (atomic_exchange(&a->srv.draining, true)) {
         log_warn("second signal: exiting without waiting");
         _exit(1);
@@ -123,7 +127,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 }
 
 /* Publishes the tier limits of cfg (s->tiers and the SQL literals). Returns 0 or -ENOMEM. */
-static int publish_tiers(app *a, const config *cfg)
+static int publish_tiers(proc *a, const config *cfg)
 {
     tier_snap *t = calloc(1, sizeof(*t));
     if (!t)
@@ -178,7 +182,7 @@ static void on_reload_diff(const char *name, unsigned flags, const char *old_val
  * consolidation intervals, the tier limits. Settings that need a restart are compared with
  * the running values and each change is logged as a warning. A configuration with an error
  * changes nothing. Main thread only. */
-static void reload_config(app *a, reload_count *n)
+static void reload_config(proc *a, reload_count *n)
 {
     server *s = &a->srv;
     config ncfg;
@@ -227,7 +231,7 @@ static void reload_config(app *a, reload_count *n)
 
 /* SIGHUP re-reads the TLS certificate, key and CA files. New connections get the new
  * context, open ones keep theirs; a reload that fails keeps the current files in use. */
-static void reload_tls(app *a)
+static void reload_tls(proc *a)
 {
     char err[512], warn[512];
     if (!a->srv.tls)
@@ -247,7 +251,7 @@ static void reload_tls(app *a)
  * READY=1 for the service manager (before the first READY=1, only a status). */
 static void on_sighup(evutil_socket_t sig, short what, void *arg)
 {
-    app *a = arg;
+    proc *a = arg;
     if (a->ready_sent)
         notify_reloading();
     log_info("received SIGHUP: reloading the configuration%s",
@@ -269,7 +273,7 @@ static void on_sighup(evutil_socket_t sig, short what, void *arg)
  * tells the service manager it is ready (READY=1) and stops. */
 static void on_ready_check(evutil_socket_t fd, short what, void *arg)
 {
-    app *a = arg;
+    proc *a = arg;
     if (!tenants_preloaded(a->srv.tenants))
         return;
     event_del(a->ev_ready);
@@ -302,7 +306,7 @@ static PGconn *connect_with_wait(const config *cfg)
     uint64_t start = server_mono_ns();
     unsigned delay = 100;
     for (;;) {
-        PGconn *c = db_connect_blocking(cfg->pg_dsn, NULL, 5000, err, sizeof(err));
+        PGconn *c = pgsync_connect(cfg->pg_dsn, NULL, 5000, err, sizeof(err));
         if (c)
             return c;
         if (server_mono_ns() - start > (uint64_t)STARTUP_DB_WAIT_MS * 1000000u) {
@@ -347,11 +351,11 @@ static int create_tenant_cmd(server *s, PGconn *c, const char *name, const char 
     /* the functions admin.tenant.create and admin.key.create call: a new tenant with its
      * first key, or, when the name exists, a new key of that tenant */
     const char *tv[] = {name, tier, "builtin", "", dim, "bootstrap", key_id, hex, NULL};
-    PGresult *r = DB_EXEC(c, sql_def(SQL_TENANT_CREATE), tv, err, sizeof(err));
+    PGresult *r = PGSYNC_EXEC(c, sql_def(SQL_TENANT_CREATE), tv, err, sizeof(err));
     if (!r) {
         char e2[512];
         const char *kv[] = {NULL, name, "bootstrap", key_id, hex};
-        r = DB_EXEC(c, sql_def(SQL_ADMIN_KEY_CREATE), kv, e2, sizeof(e2));
+        r = PGSYNC_EXEC(c, sql_def(SQL_ADMIN_KEY_CREATE), kv, e2, sizeof(e2));
         if (!r) {
             log_error("cannot create tenant '%s': %s", name, err);
             return -EIO;
@@ -384,28 +388,38 @@ static const char **method_names(void)
     return names;
 }
 
-int main(int argc, char **argv)
+/* ---- start-up and shutdown -------------------------------------------------------------- */
+
+typedef enum { CMD_SERVE, CMD_MIGRATE, CMD_CREATE_TENANT } command;
+
+/* The command line's command (serve, migrate, create-tenant NAME TIER KEY_FILE), taken off
+ * argv so that the settings that follow parse alike. Returns 0, or 2 after printing usage. */
+static int parse_command(int *argc, char ***argv, command *cmd, const char *ct[3])
 {
-    enum { CMD_SERVE, CMD_MIGRATE, CMD_CREATE_TENANT } cmd = CMD_SERVE;
-    const char *ct_name = NULL, *ct_tier = NULL, *ct_file = NULL;
     int shift = 0;
-    if (argc > 1 && strcmp(argv[1], "migrate") == 0) {
-        cmd = CMD_MIGRATE;
+    *cmd = CMD_SERVE;
+    if (*argc > 1 && strcmp((*argv)[1], "migrate") == 0) {
+        *cmd = CMD_MIGRATE;
         shift = 1;
-    } else if (argc > 1 && strcmp(argv[1], "create-tenant") == 0) {
-        if (argc < 5) {
+    } else if (*argc > 1 && strcmp((*argv)[1], "create-tenant") == 0) {
+        if (*argc < 5) {
             fprintf(stderr, "usage: engramd create-tenant NAME TIER KEY_FILE [SETTINGS...]\n");
             return 2;
         }
-        cmd = CMD_CREATE_TENANT;
-        ct_name = argv[2];
-        ct_tier = argv[3];
-        ct_file = argv[4];
+        *cmd = CMD_CREATE_TENANT;
+        for (int i = 0; i < 3; i++)
+            ct[i] = (*argv)[2 + i];
         shift = 4;
     }
-    argv[shift] = argv[0];
-    argc -= shift;
-    argv += shift;
+    (*argv)[shift] = (*argv)[0];
+    *argc -= shift;
+    *argv += shift;
+    return 0;
+}
+
+/* The process-wide settings of the libraries engramd uses. */
+static void setup_process(const config *cfg)
+{
     /* A request's buffers can be megabytes (a store_batch of 1,000 memories of 768
      * dimensions: its vectors, their copy for the statement, the statement's parameters):
      * glibc would hand freed blocks that large back to the kernel and fault the pages in
@@ -414,19 +428,7 @@ int main(int argc, char **argv)
      * 64 MiB of free memory at a heap's top is kept. */
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
-
-    static app a;
-    server *s = &a.srv;
-    a.argc = argc;
-    a.argv = argv;
-    bool exit_now = false;
-    if (config_load(&s->cfg, argc, argv, stdout, stderr, &exit_now) < 0)
-        return 2;
-    if (exit_now) {
-        config_free(&s->cfg);
-        return 0;
-    }
-    log_set_level((log_level)log_parse_level(s->cfg.log_level));
+    log_set_level((log_level)log_parse_level(cfg->log_level));
     signal(SIGPIPE, SIG_IGN);
     /* SIGHUP reloads the configuration and the TLS files once serving; until then it must not
      * end the process */
@@ -436,17 +438,18 @@ int main(int argc, char **argv)
     log_route_storage();
     /* one BLAS thread per query; queries run in parallel across workers */
     openblas_set_num_threads(1);
+}
 
-    int rc = 1;
-    const char **names = NULL;
-    PGconn *pg = NULL;
+/* The server secret, the admin key and (serving) the TLS context. Returns 0 or -1 (logged). */
+static int load_keys(server *s, command cmd)
+{
     char err[512];
     if (auth_init() < 0) {
         log_error("libsodium failed to initialize");
-        goto out;
+        return -1;
     }
     if (ensure_dir(s->cfg.data_dir) < 0)
-        goto out;
+        return -1;
     char secret_path[1024];
     if (s->cfg.secret_file[0])
         snprintf(secret_path, sizeof(secret_path), "%s", s->cfg.secret_file);
@@ -454,53 +457,70 @@ int main(int argc, char **argv)
         snprintf(secret_path, sizeof(secret_path), "%s/secret.key", s->cfg.data_dir);
     if (auth_load_secret(s, secret_path, err, sizeof(err)) < 0) {
         log_error("server secret: %s", err);
-        goto out;
+        return -1;
     }
     if (s->cfg.admin_key_file[0] &&
         auth_load_admin(s, s->cfg.admin_key_file, err, sizeof(err)) < 0) {
         log_error("admin key: %s", err);
-        goto out;
+        return -1;
     }
     if (cmd == CMD_SERVE) {
         /* before anything slow: a bad certificate or key stops engramd at once */
         char warn[512];
         if (tls_create(&s->cfg, &s->tls, err, sizeof(err), warn, sizeof(warn)) < 0) {
             log_error("TLS: %s", err);
-            goto out;
+            return -1;
         }
         if (warn[0])
             log_warn("TLS: %s", warn);
     }
-    pg = connect_with_wait(&s->cfg);
+    return 0;
+}
+
+/* Brings the schema up to date and runs the commands that need nothing more. Returns 0 to go
+ * on serving, 1 when the command finished (*rc its exit status), -1 on failure (logged). */
+static int prepare_database(server *s, command cmd, const char *const ct[3], int *rc)
+{
+    char err[512];
+    PGconn *pg = connect_with_wait(&s->cfg);
     if (!pg)
-        goto out;
-    int applied = 0;
+        return -1;
+    int applied = 0, ret = 0;
     if (migrate_run(pg, &applied, err, sizeof(err)) < 0) {
         log_error("schema migration failed: %s", err);
-        goto out;
+        ret = -1;
+        goto done;
     }
     if (applied)
         log_info("applied %d schema migration(s); schema version %d", applied, migrate_latest());
     if (cmd == CMD_MIGRATE) {
-        rc = 0;
-        goto out;
+        *rc = 0;
+        ret = 1;
+    } else if (cmd == CMD_CREATE_TENANT) {
+        *rc = create_tenant_cmd(s, pg, ct[0], ct[1], ct[2]) == 0 ? 0 : 1;
+        ret = 1;
     }
-    if (cmd == CMD_CREATE_TENANT) {
-        rc = create_tenant_cmd(s, pg, ct_name, ct_tier, ct_file) == 0 ? 0 : 1;
-        goto out;
-    }
+done:
     PQfinish(pg);
-    pg = NULL;
+    return ret;
+}
 
+/* The method table, the settings every layer reads, and the domain's services (indexes,
+ * background threads, tenancy, row cache, maintenance, consolidation). Returns 0 or -1. */
+static int start_domain(proc *a)
+{
+    server *s = &a->srv;
+    char err[512];
     plimits_apply(&s->cfg);
     if (methods_check() < 0 || sql_init() < 0)
-        goto out;
-    names = method_names();
-    if (!names || metrics_init(names, methods_count) < 0)
-        goto out;
+        return -1;
+    s->hooks = app_hooks();
+    a->names = method_names();
+    if (!a->names || metrics_init(a->names, methods_count) < 0)
+        return -1;
     if (embedder_init(&s->cfg, err, sizeof(err)) < 0) {
         log_error("%s", err);
-        goto out;
+        return -1;
     }
     rpc_limits_default(&s->limits);
     s->limits.max_message = (size_t)s->cfg.max_message_bytes;
@@ -511,137 +531,153 @@ int main(int argc, char **argv)
                               .recency_days = s->cfg.score_recency_days,
                               .access_saturation = s->cfg.score_access_saturation,
                               .w_usefulness = s->cfg.score_w_usefulness};
-    if (publish_tiers(&a, &s->cfg) < 0)
-        goto out;
+    if (publish_tiers(a, &s->cfg) < 0)
+        return -1;
     s->tenants = tenants_create(s);
     s->bg = bg_create(s, (unsigned)s->cfg.bg_threads);
-    a.base = event_base_new();
     s->tenancy = tenancy_create(s);
     s->rows = rc_create((size_t)s->cfg.row_cache_mb << 20);
-    if (!s->rows || !s->tenants || !s->bg || !s->tenancy || !a.base ||
-        tenants_start(s->tenants) < 0 || maint_start(s) < 0 || tenancy_start(s->tenancy) < 0 ||
-        consolidate_start(s) < 0)
-        goto out;
+    if (!s->rows || !s->tenants || !s->bg || !s->tenancy || tenants_start(s->tenants) < 0 ||
+        maint_start(s) < 0 || tenancy_start(s->tenancy) < 0 || consolidate_start(s) < 0)
+        return -1;
+    return 0;
+}
 
+/* The connection limits, the decode threads and the workers. Returns 0 or -1 (logged). */
+static int start_workers(server *s)
+{
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     s->nworkers = s->cfg.workers > 0 ? (unsigned)s->cfg.workers : (unsigned)(ncpu > 0 ? ncpu : 1);
-    {
-        /* descriptors the connections must leave: each worker's and the background threads'
-         * database connections, snapshot files, listeners, logs, and a margin */
-        long reserve =
-            128 + (long)(s->nworkers + (unsigned)s->cfg.bg_threads + 4) * (long)s->cfg.pg_pool_size;
-        char msg[300];
-        long lim = climits_fit_descriptors(&s->cfg, reserve, msg, sizeof(msg));
-        if (msg[0])
-            log_info("%s", msg);
-        log_debug("descriptor limit %ld, max_connections %d", lim, s->cfg.max_connections);
-    }
+    /* descriptors the connections must leave: each worker's and the background threads'
+     * database connections, snapshot files, listeners, logs, and a margin */
+    long reserve =
+        128 + (long)(s->nworkers + (unsigned)s->cfg.bg_threads + 4) * (long)s->cfg.pg_pool_size +
+        2L * s->nworkers /* the lanes */ + s->cfg.admin_reserved_connections +
+        s->cfg.http_max_connections + HTTP_PROBE_RESERVE;
+    char msg[300];
+    long lim = climits_fit_descriptors(&s->cfg, reserve, msg, sizeof(msg));
+    if (msg[0])
+        log_info("%s", msg);
+    log_debug("descriptor limit %ld, max_connections %d", lim, s->cfg.max_connections);
     s->limits_cl = climits_create(&s->cfg);
     if (!s->limits_cl)
-        goto out;
+        return -1;
+    if (s->cfg.decode_threads > 0 &&
+        !(s->offload = offload_create((unsigned)s->cfg.decode_threads))) {
+        log_error("cannot start the decode threads");
+        return -1;
+    }
     s->workers = calloc(s->nworkers, sizeof(*s->workers));
     if (!s->workers)
-        goto out;
+        return -1;
     for (unsigned i = 0; i < s->nworkers; i++) {
         s->workers[i] = worker_create(s, i);
         if (!s->workers[i] || worker_start(s->workers[i]) < 0) {
             log_error("cannot start worker %u", i);
-            goto out;
+            return -1;
         }
     }
+    return 0;
+}
 
+/* The RPC listener, the HTTP port and the signals, on the main loop. Returns 0 or -1. */
+static int start_listening(proc *a)
+{
+    server *s = &a->srv;
+    char err[512];
     struct sockaddr_storage ss;
     int sslen = sizeof(ss);
-    char *hostport = a.hostport;
-    snprintf(hostport, sizeof(a.hostport), strchr(s->cfg.listen_host, ':') ? "[%s]:%d" : "%s:%d",
+    char *hostport = a->hostport;
+    snprintf(hostport, sizeof(a->hostport), strchr(s->cfg.listen_host, ':') ? "[%s]:%d" : "%s:%d",
              s->cfg.listen_host, s->cfg.rpc_port);
     if (evutil_parse_sockaddr_port(hostport, (struct sockaddr *)&ss, &sslen) < 0) {
         log_error("listen_host '%s' is not an IP address", s->cfg.listen_host);
-        goto out;
+        return -1;
     }
-    a.ev_relisten = evtimer_new(a.base, on_relisten, &a);
-    a.listener =
-        evconnlistener_new_bind(a.base, on_accept, &a, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE,
+    a->ev_relisten = evtimer_new(a->base, on_relisten, a);
+    a->listener =
+        evconnlistener_new_bind(a->base, on_accept, a, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE,
                                 1024, (struct sockaddr *)&ss, sslen);
-    if (!a.listener || !a.ev_relisten) {
+    if (!a->listener || !a->ev_relisten) {
         log_error("cannot listen on %s: %s", hostport, strerror(errno));
-        goto out;
+        return -1;
     }
-    evconnlistener_set_error_cb(a.listener, on_accept_error);
+    evconnlistener_set_error_cb(a->listener, on_accept_error);
     if (s->cfg.http_port > 0) {
-        a.http = http_start(s, a.base, s->cfg.listen_host, s->cfg.http_port, err, sizeof(err));
-        if (!a.http) {
+        a->http = http_start(s, a->base, s->cfg.listen_host, s->cfg.http_port, err, sizeof(err));
+        if (!a->http) {
             log_error("%s", err);
-            goto out;
+            return -1;
         }
     }
-    a.ev_sigint = evsignal_new(a.base, SIGINT, on_signal, &a);
-    a.ev_sigterm = evsignal_new(a.base, SIGTERM, on_signal, &a);
-    a.ev_sighup = evsignal_new(a.base, SIGHUP, on_sighup, &a);
-    event_add(a.ev_sigint, NULL);
-    event_add(a.ev_sigterm, NULL);
-    event_add(a.ev_sighup, NULL);
+    a->ev_sigint = evsignal_new(a->base, SIGINT, on_signal, a);
+    a->ev_sigterm = evsignal_new(a->base, SIGTERM, on_signal, a);
+    a->ev_sighup = evsignal_new(a->base, SIGHUP, on_sighup, a);
+    event_add(a->ev_sigint, NULL);
+    event_add(a->ev_sigterm, NULL);
+    event_add(a->ev_sighup, NULL);
     if (!s->tls && !loopback_host(s->cfg.listen_host))
         log_warn("listen_host %s is not a loopback address and TLS is off: API keys and "
                  "memories cross the network in clear text (set tls_cert_file and "
                  "tls_key_file)",
                  s->cfg.listen_host);
-    atomic_store(&s->ready, true);
-    log_info("engramd ready: rpc %s, http %s:%d%s, %u workers, schema %d", hostport,
-             s->cfg.listen_host, s->cfg.http_port, s->tls ? " (TLS 1.3 only)" : " (plain TCP)",
-             s->nworkers, migrate_latest());
-    /* READY=1 once the indexes are loaded too (on_ready_check); WATCHDOG=1 pings from this
-     * loop, which also runs the signals and the listener */
+    return 0;
+}
+
+/* READY=1 once the indexes are loaded too (on_ready_check); WATCHDOG=1 pings from the main
+ * loop, which also runs the signals and the listener. Returns 0 or -1. */
+static int start_notify(proc *a)
+{
     struct timeval poll_tv = {.tv_sec = 0, .tv_usec = 100000};
-    a.ev_ready = event_new(a.base, -1, EV_PERSIST, on_ready_check, &a);
-    if (!a.ev_ready || event_add(a.ev_ready, &poll_tv) < 0)
-        goto out;
-    on_ready_check(-1, 0, &a);
+    a->ev_ready = event_new(a->base, -1, EV_PERSIST, on_ready_check, a);
+    if (!a->ev_ready || event_add(a->ev_ready, &poll_tv) < 0)
+        return -1;
+    on_ready_check(-1, 0, a);
     uint64_t wd_usec = notify_watchdog_usec();
     if (wd_usec) {
         struct timeval wd_tv = {.tv_sec = (time_t)(wd_usec / 2 / 1000000u),
                                 .tv_usec = (suseconds_t)(wd_usec / 2 % 1000000u)};
-        a.ev_watchdog = event_new(a.base, -1, EV_PERSIST, on_watchdog, &a);
-        if (!a.ev_watchdog || event_add(a.ev_watchdog, &wd_tv) < 0)
-            goto out;
+        a->ev_watchdog = event_new(a->base, -1, EV_PERSIST, on_watchdog, a);
+        if (!a->ev_watchdog || event_add(a->ev_watchdog, &wd_tv) < 0)
+            return -1;
         notify_watchdog();
         log_info("watchdog: pinging the service manager every %llu ms",
                  (unsigned long long)(wd_usec / 2000u));
     }
-    event_base_dispatch(a.base);
-    rc = 0;
+    return 0;
+}
 
-out:
-    if (a.listener)
-        evconnlistener_free(a.listener);
-    a.listener = NULL;
+/* Stops everything started, in order: the listener, the workers (drained), the decode and
+ * background threads, the indexes' snapshots (after a clean run: saved), then frees. */
+static void shutdown_all(proc *a, bool clean)
+{
+    server *s = &a->srv;
+    if (a->listener)
+        evconnlistener_free(a->listener);
+    a->listener = NULL;
     for (unsigned i = 0; s->workers && i < s->nworkers; i++)
         if (s->workers[i])
             worker_drain(s->workers[i]);
     for (unsigned i = 0; s->workers && i < s->nworkers; i++)
         worker_join(s->workers[i]);
+    /* what the decode threads finish goes to the workers' mail, which worker_destroy reads */
+    offload_destroy(s->offload);
+    s->offload = NULL;
     bg_stop(s->bg);
     s->bg = NULL;
-    if (s->tenants && rc == 0)
+    if (s->tenants && clean)
         tenants_save_all(s->tenants);
     for (unsigned i = 0; s->workers && i < s->nworkers; i++)
         worker_destroy(s->workers[i]);
     free(s->workers);
-    http_stop(a.http);
-    if (a.ev_sigint)
-        event_free(a.ev_sigint);
-    if (a.ev_sigterm)
-        event_free(a.ev_sigterm);
-    if (a.ev_sighup)
-        event_free(a.ev_sighup);
-    if (a.ev_relisten)
-        event_free(a.ev_relisten);
-    if (a.ev_ready)
-        event_free(a.ev_ready);
-    if (a.ev_watchdog)
-        event_free(a.ev_watchdog);
-    if (a.base)
-        event_base_free(a.base);
+    http_stop(a->http);
+    struct event *evs[] = {a->ev_sigint,   a->ev_sigterm, a->ev_sighup,
+                           a->ev_relisten, a->ev_ready,   a->ev_watchdog};
+    for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
+        if (evs[i])
+            event_free(evs[i]);
+    if (a->base)
+        event_base_free(a->base);
     tenants_destroy(s->tenants);
     tenancy_destroy(s->tenancy);
     tls_destroy(s->tls); /* after the workers and the HTTP port: no session is made after */
@@ -649,8 +685,46 @@ out:
     metrics_fini();
     sql_fini();
     embedder_fini();
-    free(names);
-    PQfinish(pg);
+    free(a->names);
+}
+
+int main(int argc, char **argv)
+{
+    command cmd;
+    const char *ct[3] = {NULL, NULL, NULL};
+    if (parse_command(&argc, &argv, &cmd, ct) != 0)
+        return 2;
+    static proc a;
+    server *s = &a.srv;
+    a.argc = argc;
+    a.argv = argv;
+    bool exit_now = false;
+    if (config_load(&s->cfg, argc, argv, stdout, stderr, &exit_now) < 0)
+        return 2;
+    if (exit_now) {
+        config_free(&s->cfg);
+        return 0;
+    }
+    setup_process(&s->cfg);
+    int rc = 1;
+    if (load_keys(s, cmd) < 0)
+        goto out;
+    int prep = prepare_database(s, cmd, ct, &rc);
+    if (prep != 0)
+        goto out;
+    a.base = event_base_new();
+    if (!a.base || start_domain(&a) < 0 || start_workers(s) < 0 || start_listening(&a) < 0)
+        goto out;
+    atomic_store(&s->ready, true);
+    log_info("engramd ready: rpc %s, http %s:%d%s, %u workers, schema %d", a.hostport,
+             s->cfg.listen_host, s->cfg.http_port, s->tls ? " (TLS 1.3 only)" : " (plain TCP)",
+             s->nworkers, migrate_latest());
+    if (start_notify(&a) < 0)
+        goto out;
+    event_base_dispatch(a.base);
+    rc = 0;
+out:
+    shutdown_all(&a, rc == 0 && cmd == CMD_SERVE);
     if (rc == 0 && cmd == CMD_SERVE)
         log_info("engramd stopped");
     config_free(&s->cfg);

@@ -10,8 +10,11 @@
 #ifndef ENGRAM_SERVER_ACCESS_H
 #define ENGRAM_SERVER_ACCESS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "db.h"
 
 typedef struct access_log access_log;
 
@@ -40,5 +43,20 @@ size_t access_log_count(const access_log *l);
 /* access_log_take moves every pending entry into a malloc'd array (*out, *n; the caller
  * frees it) and empties the log. Returns 0 or -ENOMEM (the log is unchanged then). */
 int access_log_take(access_log *l, access_entry **out, size_t *n);
+
+/* An access writer sends a log's counts to PostgreSQL (SQL_MEMORY_TOUCH), one statement at a
+ * time: the first at the first tick with counts, then at most once every flush_ms, and at
+ * every tick while draining. A statement that fails gives its counts back to the log (unless
+ * the backlog has grown past a million memories: then they are dropped, and logged).
+ *
+ * access_writer_create makes the writer of l (not owned) on pool db (not owned), whose
+ * messages name worker idx; NULL when out of memory. access_writer_tick sends what is due;
+ * access_writer_idle tells whether nothing is pending or in flight. Destroy after the pool
+ * (its callbacks reach the writer). Worker thread only. */
+typedef struct access_writer access_writer;
+access_writer *access_writer_create(access_log *l, db_pool *db, unsigned idx);
+void access_writer_tick(access_writer *aw, uint64_t now_ms, unsigned flush_ms, bool draining);
+bool access_writer_idle(const access_writer *aw);
+void access_writer_destroy(access_writer *aw);
 
 #endif

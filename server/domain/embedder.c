@@ -28,7 +28,6 @@
 #include "embed.h"
 #include "json.h"
 #include "log.h"
-#include "worker.h"
 
 #define MAX_WORKERS 256
 #define CONNS_PER_WORKER 4
@@ -42,6 +41,7 @@ typedef struct provider {
     bool https;
     char *auth; /* "Bearer <key>" or NULL */
     SSL_CTX *ssl;
+    const config *cfg; /* the settings embedder_init got (openai_*); lives until exit */
 } provider;
 
 static provider openai;
@@ -56,6 +56,7 @@ static wconns *per_worker[MAX_WORKERS];
 
 int embedder_init(const config *cfg, char *err, size_t errlen)
 {
+    openai.cfg = cfg;
     if (!cfg->openai_url[0])
         return 0;
     struct evhttp_uri *u = evhttp_uri_parse(cfg->openai_url);
@@ -143,9 +144,8 @@ void embedder_worker_fini(unsigned idx)
 }
 
 /* A connection of this worker to the provider; created on first use. */
-static struct evhttp_connection *conn_for(worker *w, const config *cfg)
+static struct evhttp_connection *conn_for(struct event_base *base, unsigned idx, const config *cfg)
 {
-    unsigned idx = worker_index(w);
     if (idx >= MAX_WORKERS)
         return NULL;
     if (!per_worker[idx] && !(per_worker[idx] = calloc(1, sizeof(wconns))))
@@ -154,7 +154,6 @@ static struct evhttp_connection *conn_for(worker *w, const config *cfg)
     unsigned slot = wc->next++ % CONNS_PER_WORKER;
     if (wc->c[slot])
         return wc->c[slot];
-    struct event_base *base = worker_base(w);
     struct evhttp_connection *c = NULL;
     if (openai.https) {
         SSL *ssl = SSL_new(openai.ssl);
@@ -186,7 +185,10 @@ static struct evhttp_connection *conn_for(worker *w, const config *cfg)
 /* ---- one embedding job: all of a request's texts, batch by batch ------------------------ */
 
 typedef struct emb_job {
-    req *r;
+    struct event_base *base;
+    unsigned slot;
+    embedder_done done;
+    void *arg;
     const char **texts; /* copies of the caller's arrays (which may be on its stack) */
     size_t *lens;
     float **outs;
@@ -195,7 +197,6 @@ typedef struct emb_job {
     int attempt;
     uint32_t dim;
     struct event *retry;
-    void (*done)(req *r, rpc_code code, const char *message);
     char err[256];
 } emb_job;
 
@@ -203,14 +204,14 @@ static void job_send(emb_job *j);
 
 static void job_finish(emb_job *j, rpc_code code, const char *msg)
 {
-    void (*done)(req *, rpc_code, const char *) = j->done;
-    req *r = j->r;
+    embedder_done done = j->done;
+    void *arg = j->arg;
     char buf[400];
     snprintf(buf, sizeof(buf), "%s", msg ? msg : "");
     if (j->retry)
         event_free(j->retry);
     free(j);
-    done(r, code, code == RPC_OK ? NULL : buf);
+    done(arg, code, code == RPC_OK ? NULL : buf);
 }
 
 static void on_retry(evutil_socket_t fd, short what, void *arg)
@@ -221,7 +222,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
 /* A batch failed: pause and retry, or give up. */
 static void job_failed(emb_job *j, const char *why)
 {
-    const config *cfg = &req_server(j->r)->cfg;
+    const config *cfg = openai.cfg;
     snprintf(j->err, sizeof(j->err), "%s", why);
     if (j->attempt >= cfg->openai_retries) {
         char msg[340];
@@ -233,7 +234,7 @@ static void job_failed(emb_job *j, const char *why)
     }
     j->attempt++;
     if (!j->retry)
-        j->retry = evtimer_new(worker_base(req_worker(j->r)), on_retry, j);
+        j->retry = evtimer_new(j->base, on_retry, j);
     if (!j->retry) {
         job_finish(j, RPC_INTERNAL, "out of memory");
         return;
@@ -343,10 +344,10 @@ static void on_answer(struct evhttp_request *hr, void *arg)
 /* Sends the next batch (or resends the current one). */
 static void job_send(emb_job *j)
 {
-    const config *cfg = &req_server(j->r)->cfg;
+    const config *cfg = openai.cfg;
     size_t left = j->n - j->start;
     j->count = left < (size_t)cfg->openai_batch ? left : (size_t)cfg->openai_batch;
-    struct evhttp_connection *c = conn_for(req_worker(j->r), cfg);
+    struct evhttp_connection *c = conn_for(j->base, j->slot, cfg);
     struct evhttp_request *hr = c ? evhttp_request_new(on_answer, j) : NULL;
     if (!hr) {
         job_finish(j, RPC_INTERNAL, "out of memory");
@@ -384,42 +385,41 @@ static void job_send(emb_job *j)
         job_failed(j, "cannot send the request");
 }
 
-void embedder_run(req *r, const char *const *texts, const size_t *lens, float *const *outs,
-                  const char *const *whats, size_t n,
-                  void (*done)(req *r, rpc_code code, const char *message))
+void embedder_run(const embedder_ctx *ctx, const char *const *texts, const size_t *lens,
+                  float *const *outs, const char *const *whats, size_t n, embedder_done done,
+                  void *arg)
 {
-    const conn_auth *a = req_auth(r);
     char msg[256];
     if (n == 0) {
-        done(r, RPC_OK, NULL);
+        done(arg, RPC_OK, NULL);
         return;
     }
-    if (strcmp(a->provider, "builtin") == 0) {
+    if (strcmp(ctx->provider, "builtin") == 0) {
         for (size_t i = 0; i < n; i++) {
-            int rc = embed_text(texts[i], lens[i], a->dim, outs[i]);
+            int rc = embed_text(texts[i], lens[i], ctx->dim, outs[i]);
             if (rc == EMBED_E_EMPTY) {
                 snprintf(msg, sizeof(msg), "parameter '%s' has no text to embed", whats[i]);
-                done(r, RPC_INVALID_ARGUMENT, msg);
+                done(arg, RPC_INVALID_ARGUMENT, msg);
                 return;
             }
             if (rc != 0) {
                 snprintf(msg, sizeof(msg), "the built-in embedder failed (%d)", rc);
-                done(r, RPC_INTERNAL, msg);
+                done(arg, RPC_INTERNAL, msg);
                 return;
             }
         }
-        done(r, RPC_OK, NULL);
+        done(arg, RPC_OK, NULL);
         return;
     }
-    if (strcmp(a->provider, "openai") != 0 || !openai.configured) {
+    if (strcmp(ctx->provider, "openai") != 0 || !openai.configured) {
         snprintf(msg, sizeof(msg), "embedding provider '%s' is not configured on this server",
-                 a->provider);
-        done(r, RPC_UNAVAILABLE, msg);
+                 ctx->provider);
+        done(arg, RPC_UNAVAILABLE, msg);
         return;
     }
     emb_job *j = calloc(1, sizeof(*j) + n * (sizeof(char *) + sizeof(size_t) + sizeof(float *)));
     if (!j) {
-        done(r, RPC_INTERNAL, "out of memory");
+        done(arg, RPC_INTERNAL, "out of memory");
         return;
     }
     j->texts = (const char **)(void *)(j + 1);
@@ -428,9 +428,11 @@ void embedder_run(req *r, const char *const *texts, const size_t *lens, float *c
     memcpy(j->texts, texts, n * sizeof(*texts));
     memcpy(j->lens, lens, n * sizeof(*lens));
     memcpy(j->outs, outs, n * sizeof(*outs));
-    j->r = r;
+    j->base = ctx->base;
+    j->slot = ctx->slot;
+    j->arg = arg;
     j->n = n;
-    j->dim = a->dim;
+    j->dim = ctx->dim;
     j->done = done;
     job_send(j);
 }

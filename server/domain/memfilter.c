@@ -262,24 +262,20 @@ static int pg_array_elem(ubuf *b, const char *s, size_t n)
 }
 
 /* Copies b's text into the arena and frees b; NULL when out of memory. */
-static char *arena_take(req *r, ubuf *b)
+static char *arena_take(arena *a, ubuf *b)
 {
-    char *s = req_alloc(r, b->len + 1);
-    if (s) {
-        memcpy(s, b->data ? b->data : "", b->len);
-        s[b->len] = '\0';
-    }
+    char *s = arena_strndup(a, b->data ? (const char *)b->data : "", b->len);
     ubuf_fini(b);
     return s;
 }
 
 /* Builds the jsonb[] literal of one containment document {"<field>": [elem]} per element
  * of arr, and the element hashes into *hashes. */
-static int tag_list(req *r, const msgpack_object *arr, const char *field, char prefix, char **sql,
+static int tag_list(arena *a, const msgpack_object *arr, const char *field, char prefix, char **sql,
                     uint64_t **hashes, uint32_t *n)
 {
     uint32_t count = arr->via.array.size;
-    uint64_t *h = req_alloc(r, count * sizeof(*h));
+    uint64_t *h = arena_alloc(a, count * sizeof(*h));
     ubuf lit = {0};
     if (!h || ubuf_putc(&lit, '{') < 0)
         goto oom;
@@ -306,7 +302,7 @@ static int tag_list(req *r, const msgpack_object *arr, const char *field, char p
         goto oom;
     *n = sort_unique(h, count);
     *hashes = h;
-    *sql = arena_take(r, &lit);
+    *sql = arena_take(a, &lit);
     return *sql ? 0 : -ENOMEM;
 oom:
     ubuf_fini(&lit);
@@ -314,7 +310,7 @@ oom:
 }
 
 /* A text[] literal of the strings in arr. */
-static char *str_array_literal(req *r, const msgpack_object *arr)
+static char *str_array_literal(arena *a, const msgpack_object *arr)
 {
     ubuf b = {0};
     if (ubuf_putc(&b, '{') < 0)
@@ -326,30 +322,23 @@ static char *str_array_literal(req *r, const msgpack_object *arr)
     }
     if (ubuf_putc(&b, '}') < 0)
         goto oom;
-    return arena_take(r, &b);
+    return arena_take(a, &b);
 oom:
     ubuf_fini(&b);
     return NULL;
 }
 
-int mf_parse(req *r, size_t base, mem_filter *f)
+int mf_parse_args(arena *a, const score_params *sp, int64_t now_ms,
+                  const msgpack_object *const *args, const char *what, mem_filter *f, char *err,
+                  size_t errlen)
 {
-    const msgpack_object *args[MF__COUNT];
-    for (size_t i = 0; i < MF__COUNT; i++)
-        args[i] = req_arg(r, base + i);
-    return mf_parse_args(r, args, "", f);
-}
-
-int mf_parse_args(req *r, const msgpack_object *const *args, const char *what, mem_filter *f)
-{
-    server *s = req_server(r);
     memset(f, 0, sizeof(*f));
     f->type_mask = (1u << MEM_TYPE_COUNT) - 1;
     f->scope_mask = (1u << SCOPE_COUNT) - 1;
     f->created_after = INT64_MIN;
     f->created_before = INT64_MAX;
-    f->now_ms = server_now_ms();
-    f->sp = &s->score;
+    f->now_ms = now_ms;
+    f->sp = sp;
     const msgpack_object *o;
     if ((o = args[MF_TYPE_FILTER])) {
         f->type_mask = 0;
@@ -357,7 +346,7 @@ int mf_parse_args(req *r, const msgpack_object *const *args, const char *what, m
             const msgpack_object *e = &o->via.array.ptr[i];
             int t = memrow_type_parse(e->via.str.ptr, e->via.str.size);
             if (t < 0) {
-                req_fail(r, RPC_INVALID_ARGUMENT,
+                snprintf(err, errlen,
                          "parameter '%stype_filter' may hold only fact, preference, episode, "
                          "strategy_outcome and constraint",
                          what);
@@ -365,7 +354,7 @@ int mf_parse_args(req *r, const msgpack_object *const *args, const char *what, m
             }
             f->type_mask |= (uint8_t)(1u << t);
         }
-        if (!(f->sql_types = str_array_literal(r, o)))
+        if (!(f->sql_types = str_array_literal(a, o)))
             goto oom;
     }
     if ((o = args[MF_SCOPES])) {
@@ -374,13 +363,13 @@ int mf_parse_args(req *r, const msgpack_object *const *args, const char *what, m
             const msgpack_object *e = &o->via.array.ptr[i];
             int sc = memrow_scope_parse(e->via.str.ptr, e->via.str.size);
             if (sc < 0) {
-                req_fail(r, RPC_INVALID_ARGUMENT,
-                         "parameter '%sscopes' may hold only agent, clade and tenant", what);
+                snprintf(err, errlen, "parameter '%sscopes' may hold only agent, clade and tenant",
+                         what);
                 return -EINVAL;
             }
             f->scope_mask |= (uint8_t)(1u << sc);
         }
-        if (!(f->sql_scopes = str_array_literal(r, o)))
+        if (!(f->sql_scopes = str_array_literal(a, o)))
             goto oom;
     }
     if ((o = args[MF_MIN_IMPORTANCE])) {
@@ -392,13 +381,13 @@ int mf_parse_args(req *r, const msgpack_object *const *args, const char *what, m
         f->min_composite = rpc_get_num(o, 0);
     }
     if ((o = args[MF_TOKENS]) &&
-        tag_list(r, o, "tokens", 't', &f->sql_tokens, &f->tokens, &f->ntokens) < 0)
+        tag_list(a, o, "tokens", 't', &f->sql_tokens, &f->tokens, &f->ntokens) < 0)
         goto oom;
     if ((o = args[MF_CHAINS]) &&
-        tag_list(r, o, "chains", 'c', &f->sql_chains, &f->chains, &f->nchains) < 0)
+        tag_list(a, o, "chains", 'c', &f->sql_chains, &f->chains, &f->nchains) < 0)
         goto oom;
     if ((o = args[MF_PROTOCOLS]) &&
-        tag_list(r, o, "protocols", 'p', &f->sql_protocols, &f->protocols, &f->nprotocols) < 0)
+        tag_list(a, o, "protocols", 'p', &f->sql_protocols, &f->protocols, &f->nprotocols) < 0)
         goto oom;
     if ((o = args[MF_STRATEGY_ID])) {
         json_buf doc = {0};
@@ -409,7 +398,7 @@ int mf_parse_args(req *r, const msgpack_object *const *args, const char *what, m
             json_buf_fini(&doc);
             goto oom;
         }
-        if (!(f->sql_strategy = arena_take(r, &doc)))
+        if (!(f->sql_strategy = arena_take(a, &doc)))
             goto oom;
     }
     if ((o = args[MF_ATTRS])) {
@@ -423,13 +412,13 @@ int mf_parse_args(req *r, const msgpack_object *const *args, const char *what, m
             json_buf_fini(&doc);
             if (rc == -ENOMEM)
                 goto oom;
-            req_fail(r, RPC_INVALID_ARGUMENT,
+            snprintf(err, errlen,
                      "parameter '%sattrs' must hold only JSON values (strings, numbers, booleans, "
                      "nil, arrays, maps with string keys), at most 16 levels deep",
                      what);
             return -EINVAL;
         }
-        if (!(f->attrs_json = arena_take(r, &doc)))
+        if (!(f->attrs_json = arena_take(a, &doc)))
             goto oom;
     }
     if ((o = args[MF_CREATED_AFTER]))
@@ -442,7 +431,7 @@ int mf_parse_args(req *r, const msgpack_object *const *args, const char *what, m
     }
     if ((o = args[MF_CLADE_ID])) {
         if (!f->has_agent) {
-            req_fail(r, RPC_INVALID_ARGUMENT,
+            snprintf(err, errlen,
                      "parameter '%sclade_id' names the clade of '%sagent_id', which is missing",
                      what, what);
             return -EINVAL;
@@ -453,8 +442,8 @@ int mf_parse_args(req *r, const msgpack_object *const *args, const char *what, m
     f->include_archived = rpc_get_bool(args[MF_INCLUDE_ARCHIVED], false);
     return 0;
 oom:
-    req_fail(r, RPC_INTERNAL, "out of memory");
-    return -EINVAL;
+    snprintf(err, errlen, "out of memory");
+    return -ENOMEM;
 }
 
 /* ---- evaluation ----------------------------------------------------------------------- */
@@ -539,9 +528,9 @@ bool mf_lifecycle_only(const mem_filter *f)
            !f->has_strategy && !f->has_min_importance && !f->has_min_composite && !f->attrs_json;
 }
 
-int mf_sql_params(req *r, const mem_filter *f, const char **vals)
+int mf_sql_params(arena *a, const mem_filter *f, const char **vals)
 {
-    char *buf = req_alloc(r, 7 * 32 + 192);
+    char *buf = arena_alloc(a, 7 * 32 + 192);
     if (!buf)
         return -ENOMEM;
     char *agent = buf, *clade = buf + 32, *after = buf + 64, *before = buf + 96, *minc = buf + 128,

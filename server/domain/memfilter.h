@@ -16,8 +16,8 @@
 
 #include <msgpack.h>
 
+#include "arena.h"
 #include "idmap.h"
-#include "req.h"
 #include "plimits.h"
 #include "rpc.h"
 #include "score.h"
@@ -86,15 +86,13 @@ typedef struct mem_filter {
     const score_params *sp;
 } mem_filter;
 
-/* mf_parse reads the MF__COUNT filter arguments of r starting at parameter index base
- * into f (allocations in r's arena). Returns 0, or -EINVAL after failing the request with
- * invalid_argument (or internal when out of memory): r is gone then. */
-int mf_parse(req *r, size_t base, mem_filter *f);
-
-/* mf_parse_args is mf_parse for filter arguments bound elsewhere (args[0..MF__COUNT), for
- * example from a map parameter with rpc_bind_params); what prefixes parameter names in
- * messages ("" or "filter."). Same results. */
-int mf_parse_args(req *r, const msgpack_object *const *args, const char *what, mem_filter *f);
+/* mf_parse_args reads the MF__COUNT filter arguments args[0..MF__COUNT) (bound with the
+ * schema MF_PARAMS; NULL where absent) into f, allocating in a; the filter evaluates
+ * with sp (kept) at now_ms. what prefixes parameter names in messages ("" or "filter.").
+ * Returns 0, -EINVAL with the reason in err (an invalid argument) or -ENOMEM. */
+int mf_parse_args(arena *a, const score_params *sp, int64_t now_ms,
+                  const msgpack_object *const *args, const char *what, mem_filter *f, char *err,
+                  size_t errlen);
 
 /* mf_keep tells whether a memory passes f (everything but attrs, which needs
  * f->attr_ids: when set, the memory's id must be in it). Thread-safe. */
@@ -106,8 +104,8 @@ bool mf_keep(const mem_filter *f, uint64_t id, const mem_meta *m);
 bool mf_lifecycle_only(const mem_filter *f);
 
 /* mf_sql_params fills vals[0..SQL_FILTER_NPARAMS) with the text parameters $2..$17 of the
- * SQL filter (NULL entries are SQL NULL), allocating in r's arena. Returns 0 or -ENOMEM. */
-int mf_sql_params(req *r, const mem_filter *f, const char **vals);
+ * SQL filter (NULL entries are SQL NULL), allocating in a. Returns 0 or -ENOMEM. */
+int mf_sql_params(arena *a, const mem_filter *f, const char **vals);
 
 /* mf_tag_hash returns the hash of one tag string ("t:ETH"). */
 uint64_t mf_tag_hash(const char *s, size_t n);

@@ -1,5 +1,6 @@
 /* server/domain/tenancy.c: revocations, tiers, request rates and query counts (see tenancy.h). */
 #include "tenancy.h"
+#include "index_engine.h"
 
 #include <errno.h>
 #include <math.h>
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "db.h"
+#include "pgsync.h"
 #include "idmap.h"
 #include "log.h"
 #include "memrow.h"
@@ -22,12 +24,13 @@
 struct tenancy {
     server *srv;
     pthread_mutex_t mu;
-    idmap *key_refs;   /* key row id -> connections using it */
-    idmap *key_tenant; /* key row id -> tenant id, while in use */
-    idmap *revoked;    /* key row ids revoked while in use */
-    idmap *deleted;    /* tenant ids deleted */
-    idmap *tiers;      /* tenant id -> tier + 1 */
-    idmap *bucket_at;  /* tenant id -> index in buckets */
+    idmap *key_refs;     /* key row id -> connections using it */
+    idmap *key_tenant;   /* key row id -> tenant id, while in use */
+    idmap *tenant_conns; /* tenant id -> connections authenticated as it */
+    idmap *revoked;      /* key row ids revoked while in use */
+    idmap *deleted;      /* tenant ids deleted */
+    idmap *tiers;        /* tenant id -> tier + 1 */
+    idmap *bucket_at;    /* tenant id -> index in buckets */
     tenancy_bucket *buckets;
     size_t nbuckets, cbuckets;
     idmap *queries; /* tenant id -> queries counted, not yet written */
@@ -42,13 +45,14 @@ tenancy *tenancy_create(server *s)
     pthread_mutex_init(&t->mu, NULL);
     t->key_refs = idmap_create(64);
     t->key_tenant = idmap_create(64);
+    t->tenant_conns = idmap_create(64);
     t->revoked = idmap_create(16);
     t->deleted = idmap_create(16);
     t->tiers = idmap_create(64);
     t->bucket_at = idmap_create(64);
     t->queries = idmap_create(64);
-    if (!t->key_refs || !t->key_tenant || !t->revoked || !t->deleted || !t->tiers ||
-        !t->bucket_at || !t->queries) {
+    if (!t->key_refs || !t->key_tenant || !t->tenant_conns || !t->revoked || !t->deleted ||
+        !t->tiers || !t->bucket_at || !t->queries) {
         tenancy_destroy(t);
         return NULL;
     }
@@ -61,6 +65,7 @@ void tenancy_destroy(tenancy *t)
         return;
     idmap_destroy(t->key_refs);
     idmap_destroy(t->key_tenant);
+    idmap_destroy(t->tenant_conns);
     idmap_destroy(t->revoked);
     idmap_destroy(t->deleted);
     idmap_destroy(t->tiers);
@@ -71,16 +76,39 @@ void tenancy_destroy(tenancy *t)
     free(t);
 }
 
-void tenancy_key_in_use(tenancy *t, int64_t key_id, int64_t tenant_id, int tier)
+/* Counts one more connection of key_id (tenant_id, tier). Lock held. */
+static void key_in_use(tenancy *t, int64_t key_id, int64_t tenant_id, int tier)
 {
-    pthread_mutex_lock(&t->mu);
     uint64_t n = 0;
     idmap_get(t->key_refs, (uint64_t)key_id, &n);
     idmap_put(t->key_refs, (uint64_t)key_id, n + 1);
     idmap_put(t->key_tenant, (uint64_t)key_id, (uint64_t)tenant_id);
+    n = 0;
+    idmap_get(t->tenant_conns, (uint64_t)tenant_id, &n);
+    idmap_put(t->tenant_conns, (uint64_t)tenant_id, n + 1);
     /* a fresh authentication read the tier from the database: it is current */
     idmap_put(t->tiers, (uint64_t)tenant_id, (uint64_t)tier + 1);
+}
+
+void tenancy_key_in_use(tenancy *t, int64_t key_id, int64_t tenant_id, int tier)
+{
+    pthread_mutex_lock(&t->mu);
+    key_in_use(t, key_id, tenant_id, tier);
     pthread_mutex_unlock(&t->mu);
+}
+
+bool tenancy_key_claim(tenancy *t, int64_t key_id, int64_t tenant_id, int tier, int64_t cap,
+                       int64_t *in_use)
+{
+    pthread_mutex_lock(&t->mu);
+    uint64_t n = 0;
+    idmap_get(t->tenant_conns, (uint64_t)tenant_id, &n);
+    *in_use = (int64_t)n;
+    bool ok = cap <= 0 || (int64_t)n < cap;
+    if (ok)
+        key_in_use(t, key_id, tenant_id, tier);
+    pthread_mutex_unlock(&t->mu);
+    return ok;
 }
 
 void tenancy_key_released(tenancy *t, int64_t key_id)
@@ -88,6 +116,14 @@ void tenancy_key_released(tenancy *t, int64_t key_id)
     pthread_mutex_lock(&t->mu);
     uint64_t n = 0;
     if (idmap_get(t->key_refs, (uint64_t)key_id, &n)) {
+        uint64_t tid = 0, c = 0;
+        if (idmap_get(t->key_tenant, (uint64_t)key_id, &tid) &&
+            idmap_get(t->tenant_conns, tid, &c)) {
+            if (c <= 1)
+                idmap_del(t->tenant_conns, tid);
+            else
+                idmap_put(t->tenant_conns, tid, c - 1);
+        }
         if (n <= 1) {
             idmap_del(t->key_refs, (uint64_t)key_id);
             idmap_del(t->key_tenant, (uint64_t)key_id);
@@ -276,7 +312,7 @@ static void check_keys(bg_ctx *ctx, void *arg)
     if (!pg || !klit || !tlit)
         goto out;
     const char *v1[] = {klit};
-    PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_KEYS_VALID), v1, err, sizeof(err));
+    PGresult *r = PGSYNC_EXEC(pg, sqlb_def(SQLB_KEYS_VALID), v1, err, sizeof(err));
     if (r) {
         idmap *valid = idmap_create((size_t)PQntuples(r) + 1);
         for (int i = 0; valid && i < PQntuples(r); i++)
@@ -293,7 +329,7 @@ static void check_keys(bg_ctx *ctx, void *arg)
         PQclear(r);
     }
     const char *v2[] = {tlit};
-    r = DB_EXEC(pg, sqlb_def(SQLB_TENANT_TIERS), v2, err, sizeof(err));
+    r = PGSYNC_EXEC(pg, sqlb_def(SQLB_TENANT_TIERS), v2, err, sizeof(err));
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             const char *tier = PQgetvalue(r, i, 1);
@@ -331,7 +367,7 @@ static void flush_queries(bg_ctx *ctx, void *arg)
     PGresult *r = NULL;
     if (pg && tl && cl) {
         const char *v[] = {tl, cl};
-        r = DB_EXEC(pg, sqlb_def(SQLB_QUERY_COUNT), v, err, sizeof(err));
+        r = PGSYNC_EXEC(pg, sqlb_def(SQLB_QUERY_COUNT), v, err, sizeof(err));
     }
     if (!r) {
         /* keep them for the next attempt */

@@ -33,6 +33,13 @@ int tenancy_start(tenancy *t);
 /* tenancy_key_in_use / tenancy_key_released keep the count of connections using a key
  * (auth, connection close), so the periodic check knows which keys to verify. */
 void tenancy_key_in_use(tenancy *t, int64_t key_id, int64_t tenant_id, int tier);
+
+/* tenancy_key_claim is tenancy_key_in_use when the tenant has fewer than cap connections in
+ * this process (cap <= 0: no limit), in one step (two workers cannot both take the last
+ * place). Returns true when counted (release with tenancy_key_released), false when at the
+ * cap; *in_use is the tenant's connections before. */
+bool tenancy_key_claim(tenancy *t, int64_t key_id, int64_t tenant_id, int tier, int64_t cap,
+                       int64_t *in_use);
 void tenancy_key_released(tenancy *t, int64_t key_id);
 
 /* tenancy_key_ok tells whether a key (and its tenant) may still make requests. */

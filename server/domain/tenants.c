@@ -1,6 +1,7 @@
 /* server/domain/tenants.c: tenants' vector indexes: the registry, housekeeping (snapshots,
  * maintenance, recall checks) and eviction (see tenants.h, tenants_int.h). */
 #include "tenants.h"
+#include "index_engine.h"
 
 #include <dirent.h>
 #include <malloc.h>
@@ -543,8 +544,8 @@ bool tenants_preloaded(tenants *ts)
     return atomic_load(&ts->preloaded);
 }
 
-int tenant_when_ready(tenant *t, worker *w, void (*cb)(void *arg, int status, const char *err),
-                      void *arg)
+int tenant_when_ready(tenant *t, server_poster where,
+                      void (*cb)(void *arg, int status, const char *err), void *arg)
 {
     pthread_mutex_lock(&t->mu);
     if (t->state == T_READY) {
@@ -556,7 +557,7 @@ int tenant_when_ready(tenant *t, worker *w, void (*cb)(void *arg, int status, co
         pthread_mutex_unlock(&t->mu);
         return -ENOMEM;
     }
-    wt->w = w;
+    wt->where = where;
     wt->cb = cb;
     wt->arg = arg;
     wt->next = t->waiters;

@@ -32,7 +32,6 @@
 #include "memrow.h"
 #include "server.h"
 #include "vindex.h"
-#include "worker.h"
 
 /* What the index keeps per memory, next to its vector (vindex metadata). The tags array
  * belongs to the index entry: the registry copies it in and frees it when the entry is
@@ -92,12 +91,12 @@ void tenants_destroy(tenants *ts);
 tenant *tenants_get(tenants *ts, int64_t id, uint32_t dim);
 void tenant_put(tenant *t);
 
-/* tenant_when_ready calls cb(arg, 0, NULL) on w's thread once the index is loaded, or
+/* tenant_when_ready calls cb(arg, 0, NULL) on where's thread once the index is loaded, or
  * cb(arg, -1, reason) when loading failed. When it is already loaded, returns 1 without
  * calling cb (the caller continues at once); otherwise returns 0 and cb runs later. The
  * reference on t must be held until cb has run. Returns -ENOMEM on failure. */
-int tenant_when_ready(tenant *t, worker *w, void (*cb)(void *arg, int status, const char *err),
-                      void *arg);
+int tenant_when_ready(tenant *t, server_poster where,
+                      void (*cb)(void *arg, int status, const char *err), void *arg);
 
 /* tenant_index returns the loaded index (valid while the reference is held and the
  * tenant is loaded). */

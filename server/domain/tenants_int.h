@@ -23,7 +23,7 @@ enum { T_UNLOADED, T_LOADING, T_READY };
 
 typedef struct waiter {
     struct waiter *next;
-    worker *w;
+    server_poster where; /* the thread cb runs on */
     void (*cb)(void *arg, int status, const char *err);
     void *arg;
     int status;
@@ -182,7 +182,7 @@ void tn_mark_applied(tenant *t, uint64_t seq);
 bool tn_seq_applied(tenant *t, uint64_t seq);
 
 /* tenants_load.c */
-/* Hands every waiter its result on its own worker. Call without t->mu. */
+/* Hands every waiter its result on its own thread. Call without t->mu. */
 void tn_release_waiters(waiter *list, int status, const char *err);
 /* Background job: loads the index of tenant arg (a reference the job releases). */
 void tn_load_job(bg_ctx *ctx, void *arg);

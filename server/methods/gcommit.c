@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app.h"
 #include "idmap.h"
 #include "log.h"
 #include "memrow.h"
@@ -275,7 +276,7 @@ static void note_change(gc_group *g, int64_t t, int64_t seq)
 static gc_group *group_of(worker *w)
 {
     uint64_t v;
-    idmap *groups = worker_store_groups(w);
+    idmap *groups = app_store_groups(w);
     return groups && idmap_get(groups, GROUP_KEY, &v) ? (gc_group *)(uintptr_t)v : NULL;
 }
 
@@ -544,7 +545,7 @@ static int list_add(req ***list, size_t *n, size_t *cap, req *r)
 
 void gc_submit(req *r, const gc_ops *ops)
 {
-    idmap *groups = worker_store_groups(req_worker(r));
+    idmap *groups = app_store_groups(req_worker(r));
     uint64_t v;
     gc_group *g = NULL;
     if (groups && idmap_get(groups, GROUP_KEY, &v)) {

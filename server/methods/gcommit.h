@@ -37,8 +37,8 @@
  * requests in turn, so one tenant cannot fill every group while others wait.
  *
  * The kind of write is described by a gc_ops table; memory.store and memory.store_batch
- * without an idempotency key are the users (m_memory.c). A worker keeps one group
- * (worker_store_groups), so one kind of write per worker goes through it. Worker thread
+ * without an idempotency key are the users (m_store.c). A worker keeps one group
+ * (app_store_groups), so one kind of write per worker goes through it. Worker thread
  * only.
  */
 #ifndef ENGRAM_SERVER_GCOMMIT_H

@@ -22,14 +22,18 @@ HANDLER(ping);
 HANDLER(auth);
 HANDLER(methods);
 
-/* m_memory.c */
+/* m_store.c */
 HANDLER(memory_store);
 HANDLER(memory_store_batch);
+
+/* m_memory.c */
 HANDLER(memory_get);
 HANDLER(memory_delete);
 HANDLER(memory_update);
 HANDLER(memory_archive);
 HANDLER(memory_restore);
+
+/* m_memlist.c */
 HANDLER(memory_history);
 HANDLER(memory_list);
 HANDLER(memory_stats);

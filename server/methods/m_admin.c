@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "auth.h"
+#include "index_engine.h"
 #include "embed.h"
 #include "embedder.h"
 #include "handlers.h"

@@ -20,7 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "embedder.h"
+#include "app.h"
+#include "reqembed.h"
 #include "handlers.h"
 #include "idmap.h"
 #include "log.h"
@@ -394,7 +395,7 @@ static void provenance_embedded(req *r, rpc_code code, const char *message)
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
-    int rc = tenant_when_ready(st->t, req_worker(r), provenance_index_ready, r);
+    int rc = tenant_when_ready(st->t, worker_poster(req_worker(r)), provenance_index_ready, r);
     if (rc == 1)
         provenance_score(r);
     else if (rc < 0)
@@ -411,7 +412,7 @@ static void provenance_admitted(req *r)
     }
     for (size_t k = 0; k < st->nsent; k++)
         whats[k] = "response sentence";
-    embedder_run(r, st->sent, st->sent_len, st->outs, whats, st->nsent, provenance_embedded);
+    re_embed(r, st->sent, st->sent_len, st->outs, whats, st->nsent, provenance_embedded);
 }
 
 void h_memory_provenance(req *r)
@@ -453,5 +454,5 @@ void h_memory_provenance(req *r)
     for (size_t k = 0; k < n; k++)
         st->outs[k] = st->vecs + k * dim;
     /* valid: embedding the response counts against the daily query limit, as a search */
-    req_admit_query(r, provenance_admitted);
+    app_admit_query(r, provenance_admitted);
 }

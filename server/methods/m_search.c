@@ -10,12 +10,8 @@
  * vector and text rankings, score = sum over both lists of 1 / (60 + rank), where rank
  * starts at 1 and a memory missing from a list contributes nothing for it.
  *
- * memory.context packs the results that fit the token budget, in rank order, as the
- * <agent_memory> block (format "xml") or as search-result items (format "search_results":
- * {source "engram://<tenant id>/<type>/<id>", title "[TYPE] memory <id>", content}, each
- * counted as (bytes of source + title + content) / 4 tokens). Which memories fit is decided
- * in rank order; order "stable" then lists them by their last change, oldest first (ties by
- * id), so a block repeated across calls keeps a long unchanged prefix for prompt caches.
+ * memory.context packs the results that fit the token budget as the <agent_memory> block
+ * or as search-result items: ctxblock.h renders them.
  */
 #include <errno.h>
 #include <math.h>
@@ -24,10 +20,13 @@
 #include <string.h>
 
 #include "access.h"
-#include "embedder.h"
+#include "app.h"
+#include "ctxblock.h"
+#include "reqembed.h"
 #include "handlers.h"
 #include "log.h"
 #include "memfilter.h"
+#include "reqfilter.h"
 #include "mempack.h"
 #include "plimits.h"
 #include "rowcache.h"
@@ -38,7 +37,6 @@
 
 #define RRF_K 60.0
 #define HYBRID_MIN_CANDIDATES 50
-#define CONTEXT_TAG_TOKENS 4 /* the seed's allowance for <agent_memory></agent_memory> */
 
 enum { MODE_VECTOR, MODE_TEXT, MODE_HYBRID };
 
@@ -148,159 +146,25 @@ static void count_access(req *r, search_state *st, const uint64_t *ids, size_t n
     if (req_is_again(r))
         return; /* counted when it ran the first time (its answer waited for budget) */
     tenant_touch(st->t, ids, n, st->f.now_ms);
-    access_log_add(worker_access(req_worker(r)), req_auth(r)->tenant_id, ids, n, st->f.now_ms);
-}
-
-/* Appends s escaped for XML text and attributes. Returns 0 or -ENOMEM. */
-static int xml_escape(ubuf *b, const char *s, size_t n)
-{
-    int rc = 0;
-    size_t start = 0;
-    for (size_t i = 0; i < n; i++) {
-        const char *rep = NULL;
-        switch (s[i]) {
-        case '&':
-            rep = "&amp;";
-            break;
-        case '<':
-            rep = "&lt;";
-            break;
-        case '>':
-            rep = "&gt;";
-            break;
-        case '"':
-            rep = "&quot;";
-            break;
-        case '\'':
-            rep = "&apos;";
-            break;
-        default:
-            continue;
-        }
-        rc |= ubuf_append(b, s + start, i - start);
-        rc |= ubuf_append(b, rep, strlen(rep));
-        start = i + 1;
-    }
-    rc |= ubuf_append(b, s + start, n - start);
-    return rc < 0 ? -ENOMEM : 0;
-}
-
-/* The seed's age display: minutes under an hour, hours under a day, days under a week,
- * weeks under 30 days, months (30 days) under a year (365 days), then years. */
-static void age_display(int64_t age_ms, char *out, size_t n)
-{
-    int64_t min = age_ms > 0 ? age_ms / 60000 : 0;
-    int64_t h = min / 60, d = h / 24;
-    if (min < 60)
-        snprintf(out, n, "%lldm", (long long)min);
-    else if (h < 24)
-        snprintf(out, n, "%lldh", (long long)h);
-    else if (d < 7)
-        snprintf(out, n, "%lldd", (long long)d);
-    else if (d < 30)
-        snprintf(out, n, "%lldw", (long long)(d / 7));
-    else if (d < 365)
-        snprintf(out, n, "%lldmo", (long long)(d / 30));
-    else
-        snprintf(out, n, "%lldy", (long long)(d / 365));
-}
-
-/* One entry of a context block: its text (xml) or its source and title (search_results). */
-typedef struct ctx_entry {
-    size_t idx; /* into st->rows */
-    int64_t updated_ms;
-    uint64_t id;
-    ubuf text;
-    char source[96], title[64];
-} ctx_entry;
-
-static int cmp_stable(const void *a, const void *b)
-{
-    const ctx_entry *x = a, *y = b;
-    if (x->updated_ms != y->updated_ms)
-        return x->updated_ms < y->updated_ms ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
-/* Fills e for row m and returns its tokens (bytes / 4); -ENOMEM. */
-static int64_t ctx_entry_make(const search_state *st, int64_t tenant_id, const memrow *m,
-                              ctx_entry *e)
-{
-    e->id = m->id;
-    e->updated_ms = m->updated_ms;
-    if (st->search_results) {
-        char type[32];
-        const char *tn = memrow_type_name(m->type);
-        size_t k = 0;
-        for (; tn[k] && k < sizeof(type) - 1; k++)
-            type[k] = tn[k] >= 'a' && tn[k] <= 'z' ? (char)(tn[k] - 'a' + 'A') : tn[k];
-        type[k] = '\0';
-        int sl = snprintf(e->source, sizeof(e->source), "engram://%lld/%s/%llu",
-                          (long long)tenant_id, tn, (unsigned long long)m->id);
-        int tl = snprintf(e->title, sizeof(e->title), "[%s] memory %llu", type,
-                          (unsigned long long)m->id);
-        return (int64_t)(((size_t)sl + (size_t)tl + m->content_len) / 4);
-    }
-    char head[160], age[24];
-    age_display(st->f.now_ms - m->created_ms, age, sizeof(age));
-    int hl =
-        snprintf(head, sizeof(head), "  <memory type=\"%s\" importance=\"%.2f\" age=\"%s\">\n    ",
-                 memrow_type_name(m->type), m->importance, age);
-    int rc = ubuf_append(&e->text, head, (size_t)hl);
-    rc |= xml_escape(&e->text, m->content, m->content_len);
-    rc |= ubuf_append(&e->text, "\n  </memory>\n", 13);
-    if (rc < 0)
-        return -ENOMEM;
-    return (int64_t)(e->text.len / 4);
+    access_log_add(app_access(req_worker(r)), req_auth(r)->tenant_id, ids, n, st->f.now_ms);
 }
 
 static void pack_context(req *r, search_state *st)
 {
-    int64_t tenant_id = req_auth(r)->tenant_id;
-    uint64_t used = st->search_results ? 0 : CONTEXT_TAG_TOKENS;
-    ctx_entry *ents = req_alloc(r, (st->nres + 1) * sizeof(*ents));
+    ctxb_opts o = {.search_results = st->search_results,
+                   .stable = st->stable,
+                   .budget = st->budget,
+                   .now_ms = st->f.now_ms,
+                   .tenant_id = req_auth(r)->tenant_id};
+    ctxb_block b;
     uint64_t *ids = req_alloc(r, (st->nres + 1) * sizeof(*ids));
-    size_t n = 0;
-    bool oom = !ents || !ids;
-    /* which entries fit: in rank order, up to the first that does not */
-    for (size_t i = 0; !oom && i < st->nres; i++) {
-        if (!st->have[i])
-            continue; /* gone since the search */
-        ctx_entry *e = &ents[n];
-        memset(e, 0, sizeof(*e));
-        e->idx = i;
-        int64_t tokens = ctx_entry_make(st, tenant_id, &st->rows[i], e);
-        if (tokens < 0) {
-            ubuf_fini(&e->text);
-            oom = true;
-            break;
-        }
-        if (used + (uint64_t)tokens > st->budget) {
-            ubuf_fini(&e->text);
-            break;
-        }
-        used += (uint64_t)tokens;
-        n++;
-    }
-    if (!oom && st->stable)
-        qsort(ents, n, sizeof(*ents), cmp_stable);
-    ubuf xml = {0};
-    if (!oom && !st->search_results) {
-        int rc = ubuf_append(&xml, "<agent_memory>\n", 15);
-        for (size_t k = 0; k < n; k++)
-            rc |= ubuf_append(&xml, ents[k].text.data, ents[k].text.len);
-        rc |= ubuf_append(&xml, "</agent_memory>", 15);
-        oom = rc < 0;
-    }
-    for (size_t k = 0; ents && k < n; k++)
-        ubuf_fini(&ents[k].text);
-    if (oom) {
-        ubuf_fini(&xml);
+    if (!ids || ctxb_build(st->rows, st->have, st->nres, &o, &b) < 0) {
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
+    size_t n = b.n;
     for (size_t k = 0; k < n; k++)
-        ids[k] = ents[k].id;
+        ids[k] = b.items[k].id;
     if (n)
         count_access(r, st, ids, n);
     msgpack_packer *pk = req_result(r);
@@ -309,23 +173,23 @@ static void pack_context(req *r, search_state *st)
         rpc_pack_cstr(pk, "items");
         msgpack_pack_array(pk, (uint32_t)n);
         for (size_t k = 0; k < n; k++) {
-            const memrow *m = &st->rows[ents[k].idx];
+            const memrow *m = &st->rows[b.items[k].idx];
             msgpack_pack_map(pk, 3);
-            rpc_pack_kv_str(pk, "source", ents[k].source);
-            rpc_pack_kv_str(pk, "title", ents[k].title);
+            rpc_pack_kv_str(pk, "source", b.items[k].source);
+            rpc_pack_kv_str(pk, "title", b.items[k].title);
             rpc_pack_cstr(pk, "content");
             rpc_pack_strn(pk, m->content, m->content_len);
         }
     } else {
         rpc_pack_cstr(pk, "text");
-        rpc_pack_strn(pk, xml.data, xml.len);
+        rpc_pack_strn(pk, (const char *)b.text.data, b.text.len);
     }
     rpc_pack_cstr(pk, "ids");
     msgpack_pack_array(pk, (uint32_t)n);
     for (size_t k = 0; k < n; k++)
         msgpack_pack_uint64(pk, ids[k]);
-    rpc_pack_kv_uint(pk, "tokens_used", used);
-    ubuf_fini(&xml);
+    rpc_pack_kv_uint(pk, "tokens_used", b.tokens_used);
+    ctxb_fini(&b);
     req_done(r);
 }
 
@@ -362,7 +226,7 @@ static void search_finish(req *r, search_state *st)
     req_done(r);
 }
 
-static void *arena(void *ctx, size_t n)
+static void *req_arena_alloc(void *ctx, size_t n)
 {
     return req_alloc(ctx, n);
 }
@@ -573,8 +437,8 @@ static void search_run(req *r)
     int64_t tid_owner = req_auth(r)->tenant_id;
     size_t nmiss = 0;
     for (size_t i = 0; i < st->nres; i++) {
-        st->have[i] =
-            rc_get(rc, tid_owner, st->res[i].id, st->res[i].meta.seq, &st->rows[i], arena, r);
+        st->have[i] = rc_get(rc, tid_owner, st->res[i].id, st->res[i].meta.seq, &st->rows[i],
+                             req_arena_alloc, r);
         if (!st->have[i])
             ids[nmiss++] = st->res[i].id;
     }
@@ -615,7 +479,7 @@ static void search_index(req *r)
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
-    int rc = tenant_when_ready(st->t, req_worker(r), index_ready, r);
+    int rc = tenant_when_ready(st->t, worker_poster(req_worker(r)), index_ready, r);
     if (rc == 1)
         search_run(r);
     else if (rc < 0)
@@ -651,7 +515,7 @@ static void search_text(req *r)
     const char *vals[1 + SQL_FILTER_NPARAMS + 2];
     char *limit = req_alloc(r, 16);
     vals[0] = mp_tenant_param(r);
-    if (!limit || !vals[0] || mf_sql_params(r, &st->f, vals + 1) < 0) {
+    if (!limit || !vals[0] || mf_sql_params(req_arena(r), &st->f, vals + 1) < 0) {
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
@@ -727,7 +591,7 @@ static void search_admitted(req *r)
     size_t lens[1] = {strlen(st->query)};
     float *outs[1] = {st->qvec};
     const char *whats[1] = {"query"};
-    embedder_run(r, texts, lens, outs, whats, 1, search_start);
+    re_embed(r, texts, lens, outs, whats, 1, search_start);
 }
 
 /* Reads memory.context's format and order. Returns 0, or -EINVAL after failing r. */
@@ -761,7 +625,7 @@ static void search_begin(req *r, bool context)
     }
     memset(st, 0, sizeof(*st));
     req_set_state(r, st);
-    if (mf_parse(r, 0, &st->f) < 0)
+    if (rf_parse(r, 0, &st->f) < 0)
         return;
     st->context = context;
     const msgpack_object *query = req_arg(r, P_SE_QUERY);
@@ -826,7 +690,7 @@ static void search_begin(req *r, bool context)
         st->have_vec = true;
     }
     /* the arguments are valid: now the call counts against the daily query limit */
-    req_admit_query(r, search_admitted);
+    app_admit_query(r, search_admitted);
 }
 
 void h_memory_search(req *r)

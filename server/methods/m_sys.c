@@ -8,6 +8,7 @@
 #include "memrow.h"
 #include "methods.h"
 #include "sql.h"
+#include "tenancy.h"
 #include "tiers.h"
 
 /* ---- ping ---------------------------------------------------------------------------- */
@@ -38,6 +39,7 @@ static void touch_done(void *arg, const db_result *res)
 
 static void auth_done(req *r, const db_result *res)
 {
+    server *s = req_server(r);
     auth_state *st = req_state(r);
     if (res->status != DB_OK) {
         req_fail_db(r, res);
@@ -77,6 +79,33 @@ static void auth_done(req *r, const db_result *res)
     }
     a.dim = (uint32_t)dim;
     snprintf(a.provider, sizeof(a.provider), "%s", PQgetvalue(pr, 0, 6));
+    if (req_auth(r)->reserved) {
+        /* the slots past max_connections are the admin's */
+        req_close_after(r);
+        req_fail(r, RPC_UNAVAILABLE,
+                 "connection slots are full (max_connections); this one is kept for the admin "
+                 "key, retry later");
+        return;
+    }
+    /* the tier's connections per tenant, in this process: a tenant re-authenticating as
+     * itself on this connection keeps its place */
+    const tier_limits *tl = &s->tiers[a.tier];
+    const conn_auth *was = req_auth(r);
+    bool same = was->authenticated && !was->admin && was->tenant_id == a.tenant_id;
+    int64_t in_use = 0;
+    if (!tenancy_key_claim(s->tenancy, a.key_id, a.tenant_id, a.tier,
+                           same ? 0 : tl->max_connections, &in_use)) {
+        rpc_detail d[4] = {{"limit", RPC_D_INT, {.i = tl->max_connections}},
+                           {"usage", RPC_D_INT, {.i = in_use}},
+                           {"requested", RPC_D_INT, {.i = 1}},
+                           {"quota", RPC_D_STR, {.s = "connections"}}};
+        req_fail_details(r, RPC_QUOTA_EXCEEDED, d, 4,
+                         "the tenant has %lld connections open to this server, the most its %s "
+                         "tier allows (%s_max_connections)",
+                         (long long)in_use, tier_name(a.tier), tier_name(a.tier));
+        return;
+    }
+    a.claimed = true;
     req_set_auth(r, &a);
     /* last_used_at: written after the answer, nothing waits for it */
     char *kid = req_alloc(r, 24);

@@ -3,7 +3,10 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <sodium.h>
 
 #define METADATA_MAX_DEPTH 20
 
@@ -177,4 +180,40 @@ const char *mp_tenant_param(req *r)
     if (s)
         snprintf(s, 24, "%lld", (long long)req_auth(r)->tenant_id);
     return s;
+}
+
+void mp_pack_rows(msgpack_packer *pk, const PGresult *pr, int col, int emb_col, uint64_t *ids,
+                  size_t *nids)
+{
+    int n = PQntuples(pr);
+    size_t found = 0;
+    msgpack_pack_array(pk, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+        memrow m;
+        if (memrow_parse(pr, i, col, &m) != 0) {
+            msgpack_pack_nil(pk);
+            continue;
+        }
+        mp_pack_memory(pk, &m, NULL, emb_col >= 0 ? 1 : 0);
+        if (ids)
+            ids[found++] = m.id;
+        if (emb_col < 0)
+            continue;
+        /* base64 from PostgreSQL, back to bytes: a bin of little-endian float32 */
+        const char *b64 = PQgetvalue(pr, i, emb_col);
+        size_t blen = (size_t)PQgetlength(pr, i, emb_col);
+        unsigned char *bin = malloc(blen ? blen : 1);
+        size_t got = 0;
+        rpc_pack_cstr(pk, "embedding");
+        if (bin && sodium_base642bin(bin, blen, b64, blen, "\n", &got, NULL,
+                                     sodium_base64_VARIANT_ORIGINAL) == 0) {
+            msgpack_pack_bin(pk, got);
+            msgpack_pack_bin_body(pk, bin, got);
+        } else {
+            msgpack_pack_nil(pk);
+        }
+        free(bin);
+    }
+    if (nids)
+        *nids = found;
 }

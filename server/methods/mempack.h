@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <libpq-fe.h>
 #include <msgpack.h>
 
 #include "json.h"
@@ -24,6 +25,14 @@ typedef struct mp_fresh {
 /* mp_pack_memory packs row as a map of its 21 fields plus nextra more that the caller packs
  * next (key, value pairs). fresh may be NULL. */
 void mp_pack_memory(msgpack_packer *pk, const memrow *row, const mp_fresh *fresh, uint32_t nextra);
+
+/* mp_pack_rows packs the memory rows of pr (memrow columns from col) as an array of memory
+ * maps, nil for a row that does not parse. emb_col >= 0: each map gains "embedding", the
+ * column's base64 text as a bin of little-endian float32 (nil when it does not decode).
+ * ids, when not NULL, receives the ids of the rows packed (room for every row) and *nids
+ * their count. */
+void mp_pack_rows(msgpack_packer *pk, const PGresult *pr, int col, int emb_col, uint64_t *ids,
+                  size_t *nids);
 
 /* mp_pack_json packs JSON text as the MessagePack value it denotes (nil if it is not). */
 void mp_pack_json(msgpack_packer *pk, const char *json, size_t n);

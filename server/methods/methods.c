@@ -92,22 +92,5 @@ int methods_check(void)
 
 const method_def *methods_find(const char *name, size_t n, size_t *idx)
 {
-    size_t lo = 0, hi = methods_count;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        const char *m = table[mid].name;
-        size_t mlen = strlen(m);
-        int c = memcmp(m, name, mlen < n ? mlen : n);
-        if (c == 0)
-            c = mlen < n ? -1 : mlen > n ? 1 : 0;
-        if (c == 0) {
-            *idx = mid;
-            return &table[mid];
-        }
-        if (c < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return NULL;
+    return hooks_method_find(table, methods_count, name, n, idx);
 }

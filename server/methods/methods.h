@@ -9,29 +9,7 @@
 
 #include <stddef.h>
 
-#include "req.h"
-#include "rpc.h"
-
-enum {
-    M_PUBLIC = 1 << 0, /* callable before auth */
-    M_ADMIN = 1 << 1,  /* admin connections only */
-    M_TENANT = 1 << 2, /* tenant connections only */
-    M_QUERY = 1 << 3,  /* counts toward the tier's daily query quota */
-    M_WRITE = 1 << 4,  /* changes tenant data */
-    M_AUTH = 1 << 5,   /* sets the connection's identity: later requests wait for its answer,
-                          and any failure leaves the connection unauthenticated */
-};
-
-#define METHOD_MAX_PARAMS 32
-
-typedef struct method_def {
-    const char *name;
-    void (*fn)(req *r);
-    const rpc_param *params;
-    size_t nparams;
-    unsigned flags;
-    const size_t *count; /* where nparams comes from (the handler file's np_<name>) */
-} method_def;
+#include "hooks.h"
 
 extern const method_def *const methods_table;
 extern const size_t methods_count;

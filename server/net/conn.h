@@ -25,13 +25,19 @@ typedef struct conn_auth {
     int tier; /* tier_id */
     uint32_t dim;
     char provider[16];
+    bool claimed;  /* the key's place is counted already (tenancy_key_claim): conn_set_auth
+                    * does not count it again */
+    bool reserved; /* accepted into the slots kept for the admin (admin_reserved_connections):
+                    * only the admin key may authenticate on it */
 } conn_auth;
 
 /* conn_create wraps fd (taking ownership) on worker w; the connection releases addr_key (see
  * climits_addr_take) when it closes. http: the connection speaks HTTP/1.1 (the HTTP port,
- * hapi.h) instead of MessagePack-RPC. Returns NULL (fd closed, key not released) on
- * failure. */
-conn *conn_create(worker *w, int fd, uint64_t addr_key, bool http);
+ * hapi.h) instead of MessagePack-RPC. reserved: accepted past its port's connection limit,
+ * into the slots kept for the admin (only the admin key may authenticate on it) or for the
+ * probes (it serves the health and metrics endpoints only). Returns NULL (fd closed, key
+ * not released) on failure. */
+conn *conn_create(worker *w, int fd, uint64_t addr_key, bool http, bool reserved);
 
 /* conn_ref / conn_unref manage the references requests hold. */
 void conn_ref(conn *c);
@@ -125,6 +131,12 @@ void conn_set_auth(conn *c, const conn_auth *a);
  * the pipelining. conn_release dispatches the messages that waited. Worker thread only. */
 void conn_hold(conn *c);
 void conn_release(conn *c);
+
+/* conn_hold_decode makes c dispatch no further message while one is decoded off the loop
+ * (req.c), so that messages keep their order around an identity change; conn_release_decode
+ * ends that and dispatches what waited. Worker thread only. */
+void conn_hold_decode(conn *c);
+void conn_release_decode(conn *c);
 
 /* conn_tls_client_cert tells whether c is a TLS connection whose client presented a
  * certificate that tls_ca_file verified (see tls_admin_require_client_cert). */

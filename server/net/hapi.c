@@ -19,7 +19,7 @@
 #include "http1.h"
 #include "json.h"
 #include "log.h"
-#include "methods.h"
+#include "hooks.h"
 #include "metrics.h"
 #include "req.h"
 
@@ -311,7 +311,8 @@ static void respond_result(hapi *h, msgpack_object *result, msgpack_zone *zone)
         respond(h, 200, "application/json", jb.data, jb.len, NULL);
     } else {
         log_error("%s: the result has no JSON form (%d)",
-                  h->midx < methods_count ? methods_table[h->midx].name : "?", rc);
+                  h->midx < h->srv->hooks->nmethods ? h->srv->hooks->methods[h->midx].name : "?",
+                  rc);
         local_error(h, 500, RPC_INTERNAL, NULL, "the result has no JSON form");
     }
     json_buf_fini(&jb);
@@ -437,31 +438,40 @@ static int dispatch(hapi *h, const uint8_t *msg, size_t len)
     return d < 0 ? HAPI_CLOSE : HAPI_AGAIN;
 }
 
-/* POST /v1/rpc/{name} with its JSON body. */
-static int rpc_call(hapi *h, const http1_request *rq, const char *name, size_t name_len,
-                    const uint8_t *body, size_t body_len)
+/* Whether path is one of the health and metrics endpoints (served on the probes' reserved
+ * connections too). */
+static bool probe_path(const char *path, size_t n)
 {
-    size_t idx = SIZE_MAX;
-    const method_def *m = methods_find(name, name_len, &idx);
-    h->midx = m ? idx : SIZE_MAX;
+    static const char *const probes[] = {"/livez", "/readyz", "/healthz", "/metrics"};
+    for (size_t i = 0; i < sizeof(probes) / sizeof(probes[0]); i++)
+        if (strlen(probes[i]) == n && memcmp(probes[i], path, n) == 0)
+            return true;
+    return false;
+}
+
+/* The checks of a call before its body is read: the embeddings query parameter, a method
+ * served over HTTP, the bearer key (*key, *key_len; none: 0) where one is needed. Returns 0,
+ * or -1 after answering the error. */
+static int call_checks(hapi *h, const http1_request *rq, const method_def *m, const char **key,
+                       size_t *key_len)
+{
     const char *ev = NULL;
     long evn = http1_query_get(rq->query, rq->query_len, "embeddings", &ev);
     h->emb_array = evn == 5 && memcmp(ev, "array", 5) == 0;
     if (evn >= 0 && !h->emb_array && !(evn == 6 && memcmp(ev, "base64", 6) == 0)) {
         local_error(h, 400, RPC_INVALID_ARGUMENT, NULL,
                     "query parameter 'embeddings' must be 'array' or 'base64'");
-        return HAPI_AGAIN;
+        return -1;
     }
     if (m && (m->flags & M_AUTH)) {
         local_error(h, 404, RPC_UNKNOWN_METHOD, NULL,
                     "%s is not served over HTTP: send 'Authorization: Bearer <api key>' with "
                     "each request",
                     m->name);
-        return HAPI_AGAIN;
+        return -1;
     }
-    /* the bearer key */
-    const char *key = NULL;
-    size_t key_len = 0;
+    *key = NULL;
+    *key_len = 0;
     if (rq->authorization) {
         const char *a = rq->authorization;
         size_t n = rq->authorization_len;
@@ -469,118 +479,136 @@ static int rpc_call(hapi *h, const http1_request *rq, const char *name, size_t n
             extra x = {.retry_after = -1, .bearer = true};
             local_error(h, 401, RPC_UNAUTHENTICATED, &x,
                         "Authorization must be 'Bearer <api key>'");
-            return HAPI_AGAIN;
+            return -1;
         }
-        key = a + 7;
-        key_len = n - 7;
-        while (key_len && (*key == ' ' || *key == '\t'))
-            key++, key_len--;
+        *key = a + 7;
+        *key_len = n - 7;
+        while (*key_len && (**key == ' ' || **key == '\t'))
+            (*key)++, (*key_len)--;
     }
-    if (m && !(m->flags & M_PUBLIC) && !key_len) {
+    if (m && !(m->flags & M_PUBLIC) && !*key_len) {
         extra x = {.retry_after = -1, .bearer = true};
         local_error(h, 401, RPC_UNAUTHENTICATED, &x,
                     "not authenticated: send 'Authorization: Bearer <api key>'");
-        return HAPI_AGAIN;
+        return -1;
     }
+    return 0;
+}
 
-    /* the body: a JSON object of named parameters, as MessagePack under the RPC limits */
+/* Reads the body (a JSON object of named parameters, or nothing) as MessagePack under the
+ * RPC limits into *top (in zone; nil when there is no body; params holds its bytes).
+ * Returns 0, or -1 after answering the error. */
+static int read_body(hapi *h, const uint8_t *body, size_t body_len, msgpack_sbuffer *params,
+                     msgpack_zone *zone, msgpack_object *top)
+{
+    char err[300];
+    *top = (msgpack_object){.type = MSGPACK_OBJECT_NIL};
     size_t i = 0;
     while (i < body_len &&
            (body[i] == ' ' || body[i] == '\t' || body[i] == '\r' || body[i] == '\n'))
         i++;
-    bool no_args = i == body_len;
-    msgpack_sbuffer params, msg;
-    msgpack_packer pk;
-    msgpack_sbuffer_init(&params);
-    msgpack_sbuffer_init(&msg);
-    msgpack_zone zone;
-    msgpack_zone_init(&zone, 2048);
-    int ret = HAPI_AGAIN;
-    char err[300];
+    if (i == body_len)
+        return 0;
     unsigned depth = h->srv->limits.max_depth > 2 ? h->srv->limits.max_depth - 2 : 1;
-    if (!no_args) {
-        msgpack_packer_init(&pk, &params, msgpack_sbuffer_write);
-        int rc = json_to_msgpack((const char *)body, body_len, depth, &pk, err, sizeof(err));
-        if (rc == -ENOMEM) {
-            local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
-            goto out;
-        }
-        if (rc != 0) {
-            local_error(h, 400, RPC_MALFORMED_REQUEST, NULL, "the body is not JSON: %s", err);
-            goto out;
-        }
-        size_t mlen;
-        rpc_scanner_reset(h->scan);
-        rc = rpc_scanner_scan(h->scan, (const uint8_t *)params.data, params.size, &mlen, err,
-                              sizeof(err));
-        rpc_scanner_reset(h->scan);
-        if (rc == RPC_E_TOO_LARGE) {
-            local_error(h, 413, RPC_INVALID_ARGUMENT, NULL, "the request is too large: %s", err);
-            goto out;
-        }
-        if (rc != 0) {
-            local_error(h, 400, RPC_MALFORMED_REQUEST, NULL, "%s", err);
-            goto out;
-        }
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, params, msgpack_sbuffer_write);
+    int rc = json_to_msgpack((const char *)body, body_len, depth, &pk, err, sizeof(err));
+    if (rc == -ENOMEM) {
+        local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
+        return -1;
     }
-    msgpack_object top = {.type = MSGPACK_OBJECT_NIL};
-    if (!no_args) {
-        size_t off = 0;
-        if (msgpack_unpack((const char *)params.data, params.size, &off, &zone, &top) !=
-            MSGPACK_UNPACK_SUCCESS) {
-            local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
-            goto out;
-        }
-        if (top.type != MSGPACK_OBJECT_MAP) {
-            local_error(h, 400, RPC_MALFORMED_REQUEST, NULL,
-                        "the body must be a JSON object of named parameters");
-            goto out;
-        }
+    if (rc != 0) {
+        local_error(h, 400, RPC_MALFORMED_REQUEST, NULL, "the body is not JSON: %s", err);
+        return -1;
     }
-    msgpack_packer_init(&pk, &msg, msgpack_sbuffer_write);
+    size_t mlen;
+    rpc_scanner_reset(h->scan);
+    rc = rpc_scanner_scan(h->scan, (const uint8_t *)params->data, params->size, &mlen, err,
+                          sizeof(err));
+    rpc_scanner_reset(h->scan);
+    if (rc == RPC_E_TOO_LARGE) {
+        local_error(h, 413, RPC_INVALID_ARGUMENT, NULL, "the request is too large: %s", err);
+        return -1;
+    }
+    if (rc != 0) {
+        local_error(h, 400, RPC_MALFORMED_REQUEST, NULL, "%s", err);
+        return -1;
+    }
+    size_t off = 0;
+    if (msgpack_unpack((const char *)params->data, params->size, &off, zone, top) !=
+        MSGPACK_UNPACK_SUCCESS) {
+        local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
+        return -1;
+    }
+    if (top->type != MSGPACK_OBJECT_MAP) {
+        local_error(h, 400, RPC_MALFORMED_REQUEST, NULL,
+                    "the body must be a JSON object of named parameters");
+        return -1;
+    }
+    return 0;
+}
+
+/* Packs the call of method name (m: its entry, or NULL when unknown) with the named
+ * parameters top (a map, or nil for none) into msg, each converted to its type (pack_param).
+ * Returns 0, or -1 after answering the error. */
+static int pack_call(hapi *h, const method_def *m, const char *name, size_t name_len,
+                     const msgpack_object *top, msgpack_sbuffer *msg)
+{
+    char err[300];
+    bool no_args = top->type != MSGPACK_OBJECT_MAP;
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, msg, msgpack_sbuffer_write);
     msgpack_pack_array(&pk, 4);
     msgpack_pack_uint8(&pk, RPC_KIND_REQUEST);
     msgpack_pack_uint32(&pk, MSGID_CALL);
     rpc_pack_strn(&pk, name, name_len);
     msgpack_pack_array(&pk, no_args ? 0 : 1);
     if (!no_args) {
-        msgpack_pack_map(&pk, top.via.map.size);
-        for (uint32_t k = 0; k < top.via.map.size; k++) {
-            const msgpack_object_kv *kv = &top.via.map.ptr[k];
+        msgpack_pack_map(&pk, top->via.map.size);
+        for (uint32_t k = 0; k < top->via.map.size; k++) {
+            const msgpack_object_kv *kv = &top->via.map.ptr[k];
             msgpack_pack_object(&pk, kv->key);
             int rc = pack_param(&pk, param_named(m, &kv->key), &kv->val, false, err, sizeof(err));
             if (rc == -ENOMEM) {
                 local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
-                goto out;
+                return -1;
             }
             if (rc != 0) {
                 local_error(h, 400, RPC_INVALID_ARGUMENT, NULL, "%s", err);
-                goto out;
+                return -1;
             }
         }
     }
-    if (msg.size > h->srv->limits.max_message) {
+    if (msg->size > h->srv->limits.max_message) {
         local_error(h, 413, RPC_INVALID_ARGUMENT, NULL,
-                    "the request is too large: %zu bytes as MessagePack, over %zu", msg.size,
+                    "the request is too large: %zu bytes as MessagePack, over %zu", msg->size,
                     h->srv->limits.max_message);
-        goto out;
+        return -1;
     }
+    return 0;
+}
 
-    /* authentication: the connection keeps the identity of the last key that passed */
+/* Sends the call msg: first an auth with key when the connection is not authenticated as
+ * that key already (the connection keeps the identity of the last key that passed; the call
+ * waits in h->call for the auth's answer). Returns dispatch's result. */
+static int send_call(hapi *h, const char *key, size_t key_len, msgpack_sbuffer *msg)
+{
     if (key_len) {
         uint8_t hash[32];
         auth_hash(h->srv, key, key_len, hash);
         if (!(h->have_key && auth_equal(hash, h->key_hash) && conn_get_auth(h->c)->authenticated)) {
-            h->call = malloc(msg.size);
+            h->call = malloc(msg->size);
             if (!h->call) {
                 local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
-                goto out;
+                return HAPI_AGAIN;
             }
-            memcpy(h->call, msg.data, msg.size);
-            h->call_len = msg.size;
+            memcpy(h->call, msg->data, msg->size);
+            h->call_len = msg->size;
             memcpy(h->pending_hash, hash, sizeof(hash));
             h->have_key = false;
-            msgpack_sbuffer_clear(&msg);
+            msgpack_sbuffer_clear(msg);
+            msgpack_packer pk;
+            msgpack_packer_init(&pk, msg, msgpack_sbuffer_write);
             msgpack_pack_array(&pk, 4);
             msgpack_pack_uint8(&pk, RPC_KIND_REQUEST);
             msgpack_pack_uint32(&pk, MSGID_AUTH);
@@ -590,14 +618,37 @@ static int rpc_call(hapi *h, const http1_request *rq, const char *name, size_t n
             rpc_pack_cstr(&pk, "api_key");
             rpc_pack_strn(&pk, key, key_len);
             h->stage = STAGE_AUTH;
-            ret = dispatch(h, (const uint8_t *)msg.data, msg.size);
-            sodium_memzero(msg.data, msg.size); /* it held the key */
-            goto out;
+            int ret = dispatch(h, (const uint8_t *)msg->data, msg->size);
+            sodium_memzero(msg->data, msg->size); /* it held the key */
+            return ret;
         }
     }
     h->stage = STAGE_CALL;
-    ret = dispatch(h, (const uint8_t *)msg.data, msg.size);
-out:
+    return dispatch(h, (const uint8_t *)msg->data, msg->size);
+}
+
+/* POST /v1/rpc/{name} with its JSON body. */
+static int rpc_call(hapi *h, const http1_request *rq, const char *name, size_t name_len,
+                    const uint8_t *body, size_t body_len)
+{
+    size_t idx = SIZE_MAX;
+    const net_hooks *hk = h->srv->hooks;
+    const method_def *m = hooks_method_find(hk->methods, hk->nmethods, name, name_len, &idx);
+    h->midx = m ? idx : SIZE_MAX;
+    const char *key;
+    size_t key_len;
+    if (call_checks(h, rq, m, &key, &key_len) < 0)
+        return HAPI_AGAIN;
+    msgpack_sbuffer params, msg;
+    msgpack_sbuffer_init(&params);
+    msgpack_sbuffer_init(&msg);
+    msgpack_zone zone;
+    msgpack_zone_init(&zone, 2048);
+    msgpack_object top;
+    int ret = HAPI_AGAIN;
+    if (read_body(h, body, body_len, &params, &zone, &top) == 0 &&
+        pack_call(h, m, name, name_len, &top, &msg) == 0)
+        ret = send_call(h, key, key_len, &msg);
     msgpack_zone_destroy(&zone);
     msgpack_sbuffer_destroy(&params);
     msgpack_sbuffer_destroy(&msg);
@@ -627,6 +678,115 @@ static void serve_console(hapi *h, const http1_request *rq, const console_file *
     respond(h, fresh ? 304 : 200, f->ctype, f->data, f->len, &x);
 }
 
+/* Parses a request's head from in (len bytes) into *rq and its body's length. Returns
+ * HAPI_AGAIN when it is good, HAPI_MORE when incomplete, HAPI_CLOSE after answering a bad
+ * one (the connection closes after it). */
+static int read_head(hapi *h, const uint8_t *in, size_t len, http1_request *rq, uint64_t *body_len)
+{
+    char err[256];
+    h->midx = SIZE_MAX;
+    h->head_only = false;
+    int rc = http1_parse_head(in, len, HEAD_MAX, rq, err, sizeof(err));
+    if (rc == HTTP1_E_INCOMPLETE)
+        return HAPI_MORE;
+    if (rc != 0) {
+        h->keep_alive = false;
+        local_error(h,
+                    rc == HTTP1_E_TOO_LARGE ? 431
+                    : rc == HTTP1_E_VERSION ? 505
+                                            : 400,
+                    RPC_MALFORMED_REQUEST, NULL, "%s", err);
+        return HAPI_CLOSE;
+    }
+    h->keep_alive = rq->keep_alive;
+    h->head_only = rq->method == HTTP1_HEAD;
+    if (rq->transfer_encoding) {
+        h->keep_alive = false;
+        local_error(h, 411, RPC_MALFORMED_REQUEST, NULL,
+                    "Transfer-Encoding is not supported: send the body with Content-Length");
+        return HAPI_CLOSE;
+    }
+    *body_len = rq->has_length ? rq->content_length : 0;
+    if (*body_len > h->srv->limits.max_message) {
+        h->keep_alive = false;
+        local_error(h, 413, RPC_INVALID_ARGUMENT, NULL,
+                    "the body of %llu bytes is over the limit of %zu (max_message_bytes)",
+                    (unsigned long long)*body_len, h->srv->limits.max_message);
+        return HAPI_CLOSE;
+    }
+    return HAPI_AGAIN;
+}
+
+/* The GET endpoints (http.c: health, metrics, OpenAPI), or 404. */
+static int serve_get(hapi *h, const http1_request *rq)
+{
+    struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        h->keep_alive = false;
+        local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
+        return HAPI_CLOSE;
+    }
+    const char *ctype = "application/json";
+    int status = http_get(h->srv, rq->path, rq->path_len, b, &ctype);
+    if (status && rq->method != HTTP1_GET && rq->method != HTTP1_HEAD) {
+        extra x = {.retry_after = -1, .allow = "GET, HEAD"};
+        local_error(h, 405, RPC_INVALID_ARGUMENT, &x, "use GET for %.*s", (int)rq->path_len,
+                    rq->path);
+    } else if (status) {
+        size_t n = evbuffer_get_length(b);
+        const unsigned char *p = n ? evbuffer_pullup(b, -1) : (const unsigned char *)"";
+        if (!p)
+            local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
+        else
+            respond(h, status, ctype, p, n, NULL);
+    } else {
+        local_error(h, 404, RPC_NOT_FOUND, NULL,
+                    "no such path: POST /v1/rpc/{method}, GET /v1/openapi.json, /healthz, "
+                    "/readyz, /livez, /metrics or /console");
+    }
+    evbuffer_free(b);
+    return HAPI_AGAIN;
+}
+
+/* Routes one whole request (its body of body_len bytes at body): the RPC calls, the
+ * console, the GET endpoints (http.c). Returns a HAPI_* step result. */
+static int route(hapi *h, const http1_request *rq, const uint8_t *body, size_t body_len)
+{
+    size_t plen = strlen(PREFIX);
+    if (conn_get_auth(h->c)->reserved && !probe_path(rq->path, rq->path_len)) {
+        /* accepted past http_max_connections: the probes' slots serve nothing else */
+        h->keep_alive = false;
+        extra x = {.retry_after = 1};
+        local_error(h, 503, RPC_UNAVAILABLE, &x,
+                    "the HTTP port's connections are all in use (http_max_connections); retry");
+        return HAPI_CLOSE;
+    }
+    if (rq->path_len > plen && memcmp(rq->path, PREFIX, plen) == 0) {
+        if (rq->method != HTTP1_POST) {
+            extra x = {.retry_after = -1, .allow = "POST"};
+            local_error(h, 405, RPC_INVALID_ARGUMENT, &x, "use POST for %.*s",
+                        (int)(rq->path_len > 100 ? 100 : rq->path_len), rq->path);
+            return HAPI_AGAIN;
+        }
+        const char *name = rq->path + plen;
+        size_t n = rq->path_len - plen;
+        bool ok = n <= 255;
+        for (size_t k = 0; ok && k < n; k++)
+            ok = name[k] > 0x20 && name[k] < 0x7f;
+        if (!ok) {
+            local_error(h, 404, RPC_UNKNOWN_METHOD, NULL, "unknown method");
+            return HAPI_AGAIN;
+        }
+        return rpc_call(h, rq, name, n, body, body_len);
+    }
+    const console_file *cf;
+    if (console_find(rq->path, rq->path_len, &cf)) {
+        serve_console(h, rq, cf);
+        return HAPI_AGAIN;
+    }
+    return serve_get(h, rq);
+}
+
 int hapi_step(hapi *h, const uint8_t *in, size_t len, size_t *consumed)
 {
     *consumed = 0;
@@ -653,39 +813,12 @@ int hapi_step(hapi *h, const uint8_t *in, size_t len, size_t *consumed)
     if (len < HEAD_MAX && http1_find_end(in, len, &h->head_scanned) == 0)
         return HAPI_MORE;
     http1_request rq;
-    char err[256];
-    h->midx = SIZE_MAX;
-    h->head_only = false;
-    int rc = http1_parse_head(in, len, HEAD_MAX, &rq, err, sizeof(err));
-    if (rc == HTTP1_E_INCOMPLETE)
-        return HAPI_MORE;
-    if (rc != 0) {
-        *consumed = len;
-        h->keep_alive = false;
-        local_error(h,
-                    rc == HTTP1_E_TOO_LARGE ? 431
-                    : rc == HTTP1_E_VERSION ? 505
-                                            : 400,
-                    RPC_MALFORMED_REQUEST, NULL, "%s", err);
-        return HAPI_CLOSE;
-    }
-    h->keep_alive = rq.keep_alive;
-    h->head_only = rq.method == HTTP1_HEAD;
-    if (rq.transfer_encoding) {
-        *consumed = len;
-        h->keep_alive = false;
-        local_error(h, 411, RPC_MALFORMED_REQUEST, NULL,
-                    "Transfer-Encoding is not supported: send the body with Content-Length");
-        return HAPI_CLOSE;
-    }
-    uint64_t body_len = rq.has_length ? rq.content_length : 0;
-    if (body_len > h->srv->limits.max_message) {
-        *consumed = len;
-        h->keep_alive = false;
-        local_error(h, 413, RPC_INVALID_ARGUMENT, NULL,
-                    "the body of %llu bytes is over the limit of %zu (max_message_bytes)",
-                    (unsigned long long)body_len, h->srv->limits.max_message);
-        return HAPI_CLOSE;
+    uint64_t body_len;
+    int rc = read_head(h, in, len, &rq, &body_len);
+    if (rc != HAPI_AGAIN) {
+        if (rc == HAPI_CLOSE)
+            *consumed = len;
+        return rc;
     }
     if (len - rq.head_len < body_len) {
         if (rq.expect_100 && !h->continue_sent) {
@@ -700,56 +833,5 @@ int hapi_step(hapi *h, const uint8_t *in, size_t len, size_t *consumed)
     *consumed = rq.head_len + (size_t)body_len;
     h->head_scanned = 0;
     h->continue_sent = false;
-    const uint8_t *body = in + rq.head_len;
-    size_t plen = strlen(PREFIX);
-    if (rq.path_len > plen && memcmp(rq.path, PREFIX, plen) == 0) {
-        if (rq.method != HTTP1_POST) {
-            extra x = {.retry_after = -1, .allow = "POST"};
-            local_error(h, 405, RPC_INVALID_ARGUMENT, &x, "use POST for %.*s",
-                        (int)(rq.path_len > 100 ? 100 : rq.path_len), rq.path);
-            return HAPI_AGAIN;
-        }
-        const char *name = rq.path + plen;
-        size_t n = rq.path_len - plen;
-        bool ok = n <= 255;
-        for (size_t k = 0; ok && k < n; k++)
-            ok = name[k] > 0x20 && name[k] < 0x7f;
-        if (!ok) {
-            local_error(h, 404, RPC_UNKNOWN_METHOD, NULL, "unknown method");
-            return HAPI_AGAIN;
-        }
-        return rpc_call(h, &rq, name, n, body, (size_t)body_len);
-    }
-    const console_file *cf;
-    int cs = console_find(rq.path, rq.path_len, &cf);
-    if (cs) {
-        serve_console(h, &rq, cf);
-        return HAPI_AGAIN;
-    }
-    struct evbuffer *b = evbuffer_new();
-    if (!b) {
-        h->keep_alive = false;
-        local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
-        return HAPI_CLOSE;
-    }
-    const char *ctype = "application/json";
-    int status = http_get(h->srv, rq.path, rq.path_len, b, &ctype);
-    if (status && rq.method != HTTP1_GET && rq.method != HTTP1_HEAD) {
-        extra x = {.retry_after = -1, .allow = "GET, HEAD"};
-        local_error(h, 405, RPC_INVALID_ARGUMENT, &x, "use GET for %.*s", (int)rq.path_len,
-                    rq.path);
-    } else if (status) {
-        size_t n = evbuffer_get_length(b);
-        const unsigned char *p = n ? evbuffer_pullup(b, -1) : (const unsigned char *)"";
-        if (!p)
-            local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
-        else
-            respond(h, status, ctype, p, n, NULL);
-    } else {
-        local_error(h, 404, RPC_NOT_FOUND, NULL,
-                    "no such path: POST /v1/rpc/{method}, GET /v1/openapi.json, /healthz, "
-                    "/readyz, /livez, /metrics or /console");
-    }
-    evbuffer_free(b);
-    return HAPI_AGAIN;
+    return route(h, &rq, in + rq.head_len, (size_t)body_len);
 }

@@ -12,13 +12,10 @@
 #include <event2/listener.h>
 #include <event2/util.h>
 
-#include "bg.h"
 #include "climits.h"
+#include "hooks.h"
 #include "log.h"
 #include "metrics.h"
-#include "openapi.h"
-#include "rowcache.h"
-#include "tenants.h"
 #include "tls.h"
 #include "worker.h"
 
@@ -38,8 +35,10 @@ static int on_healthz(server *s, struct evbuffer *b)
     bool draining = atomic_load(&s->draining);
     unsigned ready = metrics_db_ready();
     bool db = ready >= s->nworkers;
-    bool listener = s->bg && bg_listener_ok(s->bg);
-    bool indexes = s->tenants && tenants_preloaded(s->tenants);
+    hook_health hh = {0};
+    if (s->hooks && s->hooks->health)
+        s->hooks->health(s, &hh);
+    bool listener = hh.listener, indexes = hh.indexes;
     bool ok = started && !draining && db && listener && indexes;
     evbuffer_add_printf(b,
                         "{\"status\":\"%s\",\"started\":%s,\"draining\":%s,\"database\":\"%s\","
@@ -68,7 +67,10 @@ static int on_readyz(server *s, struct evbuffer *b)
     bool draining = atomic_load(&s->draining);
     unsigned ready = metrics_db_ready();
     bool db = ready >= s->nworkers;
-    bool indexes = s->tenants && tenants_preloaded(s->tenants);
+    hook_health hh = {0};
+    if (s->hooks && s->hooks->health)
+        s->hooks->health(s, &hh);
+    bool indexes = hh.indexes;
     const char *reason = !started   ? "starting up"
                          : draining ? "shutting down"
                          : !db      ? "database unreachable"
@@ -116,11 +118,6 @@ static int on_livez(server *s, struct evbuffer *b)
 
 static int on_metrics(server *s, struct evbuffer *b)
 {
-    tenants_metrics tm = {0};
-    if (s->tenants)
-        tenants_stats(s->tenants, &tm);
-    uint64_t rc_entries, rc_bytes, rc_hits, rc_misses;
-    rc_stats(s->rows, &rc_entries, &rc_bytes, &rc_hits, &rc_misses);
     /* resident memory from /proc/self/statm (second field, in pages) */
     double rss = 0;
     FILE *f = fopen("/proc/self/statm", "r");
@@ -130,14 +127,9 @@ static int on_metrics(server *s, struct evbuffer *b)
             rss = (double)res * (double)sysconf(_SC_PAGESIZE);
         fclose(f);
     }
-    const char *names[] = {
-        "engram_indexes_loaded",     "engram_index_vectors",       "engram_index_bytes",
-        "engram_index_budget_bytes", "engram_index_tenants_known", "engram_indexes_flat",
-        "engram_indexes_sq8",        "engram_indexes_ann",         "engram_process_resident_bytes"};
-    double vals[] = {(double)tm.loaded,     (double)tm.vectors,    (double)tm.bytes,
-                     (double)tm.budget,     (double)tm.known,      (double)tm.by_kind[0],
-                     (double)tm.by_kind[1], (double)tm.by_kind[2], rss};
-    metrics_render(b, names, vals, sizeof(vals) / sizeof(vals[0]));
+    const char *names[] = {"engram_process_resident_bytes"};
+    double vals[] = {rss};
+    metrics_render(b, names, vals, 1);
     if (s->tls)
         evbuffer_add_printf(b,
                             "# HELP engram_tls_certificate_expiry_timestamp_seconds When the "
@@ -145,43 +137,6 @@ static int on_metrics(server *s, struct evbuffer *b)
                             "# TYPE engram_tls_certificate_expiry_timestamp_seconds gauge\n"
                             "engram_tls_certificate_expiry_timestamp_seconds %lld\n",
                             (long long)tls_not_after(s->tls));
-    evbuffer_add_printf(
-        b,
-        "# HELP engram_index_loads_total Index loads by source: a snapshot plus the changes "
-        "after it, or every memory in the database.\n"
-        "# TYPE engram_index_loads_total counter\n"
-        "engram_index_loads_total{source=\"snapshot\"} %llu\n"
-        "engram_index_loads_total{source=\"database\"} %llu\n"
-        "# HELP engram_index_snapshots_rejected_total Snapshots found unusable (corrupt, "
-        "stale or older than the change log) and rebuilt from the database.\n"
-        "# TYPE engram_index_snapshots_rejected_total counter\n"
-        "engram_index_snapshots_rejected_total %llu\n"
-        "# HELP engram_index_snapshots_written_total Index snapshots written.\n"
-        "# TYPE engram_index_snapshots_written_total counter\n"
-        "engram_index_snapshots_written_total %llu\n"
-        "# HELP engram_index_evictions_total Indexes unloaded to stay within the memory "
-        "budget.\n# TYPE engram_index_evictions_total counter\n"
-        "engram_index_evictions_total %llu\n"
-        "# HELP engram_index_rebuilds_total Background index rebuilds (deleted vectors "
-        "dropped, structure changed).\n# TYPE engram_index_rebuilds_total counter\n"
-        "engram_index_rebuilds_total %llu\n"
-        "# HELP engram_row_cache_entries Memory rows cached for search results.\n"
-        "# TYPE engram_row_cache_entries gauge\nengram_row_cache_entries %llu\n"
-        "# HELP engram_row_cache_bytes Bytes of cached memory rows.\n"
-        "# TYPE engram_row_cache_bytes gauge\nengram_row_cache_bytes %llu\n"
-        "# HELP engram_row_cache_lookups_total Row cache lookups by result.\n"
-        "# TYPE engram_row_cache_lookups_total counter\n"
-        "engram_row_cache_lookups_total{result=\"hit\"} %llu\n"
-        "engram_row_cache_lookups_total{result=\"miss\"} %llu\n"
-        "# HELP engram_row_cache_prewarmed_rows_total Rows read into the row cache after index "
-        "loads (row_cache_prewarm_percent).\n"
-        "# TYPE engram_row_cache_prewarmed_rows_total counter\n"
-        "engram_row_cache_prewarmed_rows_total %llu\n",
-        (unsigned long long)tm.snapshot_loads, (unsigned long long)tm.database_loads,
-        (unsigned long long)tm.snapshots_rejected, (unsigned long long)tm.snapshots_written,
-        (unsigned long long)tm.evictions, (unsigned long long)tm.rebuilds,
-        (unsigned long long)rc_entries, (unsigned long long)rc_bytes, (unsigned long long)rc_hits,
-        (unsigned long long)rc_misses, (unsigned long long)tm.rows_warmed);
     evbuffer_add_printf(b,
                         "# HELP engram_client_buffered_bytes Bytes held for clients across all "
                         "connections: unsent answers, answers being packed, requests in "
@@ -190,61 +145,16 @@ static int on_metrics(server *s, struct evbuffer *b)
                         "# TYPE engram_client_buffered_bytes gauge\n"
                         "engram_client_buffered_bytes %zu\n",
                         s->limits_cl ? climits_buffered_total(s->limits_cl) : 0);
-    evbuffer_add_printf(
-        b, "# HELP engram_index_recall_estimate Recall@10 of searches as the recall monitor "
-           "measures it, over the loaded indexes of a kind (exact kinds are 1): the lowest and "
-           "the mean.\n# TYPE engram_index_recall_estimate gauge\n"
-           "engram_index_recall_estimate{kind=\"flat\",stat=\"min\"} 1\n"
-           "engram_index_recall_estimate{kind=\"sq8\",stat=\"min\"} 1\n");
-    if (tm.recall_measured)
-        evbuffer_add_printf(b,
-                            "engram_index_recall_estimate{kind=\"ann\",stat=\"min\"} %.4f\n"
-                            "engram_index_recall_estimate{kind=\"ann\",stat=\"mean\"} %.4f\n",
-                            tm.recall_min, tm.recall_sum / (double)tm.recall_measured);
-    evbuffer_add_printf(
-        b,
-        "# HELP engram_index_recall_measured Approximate indexes with a recall estimate.\n"
-        "# TYPE engram_index_recall_measured gauge\nengram_index_recall_measured %llu\n"
-        "# HELP engram_index_exact_fallbacks Approximate indexes searching exactly because no "
-        "candidate depth reached the recall target.\n"
-        "# TYPE engram_index_exact_fallbacks gauge\nengram_index_exact_fallbacks %llu\n"
-        "# HELP engram_index_recall_probes_total Probe queries the recall monitor ran.\n"
-        "# TYPE engram_index_recall_probes_total counter\nengram_index_recall_probes_total %llu\n"
-        "# HELP engram_index_recall_probe_seconds_total Time the recall monitor spent.\n"
-        "# TYPE engram_index_recall_probe_seconds_total counter\n"
-        "engram_index_recall_probe_seconds_total %.6f\n",
-        (unsigned long long)tm.recall_measured, (unsigned long long)tm.exact_fallbacks,
-        (unsigned long long)tm.recall_probes, (double)tm.recall_probe_ns / 1e9);
-    static const char *const sources[2] = {"snapshot", "database"};
-    evbuffer_add_printf(b, "# HELP engram_index_load_duration_seconds Time from a tenant's first "
-                           "use (or the start-up preload) to its index being ready, by source.\n"
-                           "# TYPE engram_index_load_duration_seconds histogram\n");
-    for (int src = 0; src < 2; src++) {
-        uint64_t cum = 0;
-        for (size_t i = 0; i < TENANTS_LOAD_BUCKETS; i++) {
-            cum += tm.load_hist[src][i];
-            if (i < TENANTS_LOAD_BUCKETS - 1)
-                evbuffer_add_printf(
-                    b, "engram_index_load_duration_seconds_bucket{source=\"%s\",le=\"%g\"} %llu\n",
-                    sources[src], tenants_load_bounds_s[i], (unsigned long long)cum);
-            else
-                evbuffer_add_printf(
-                    b,
-                    "engram_index_load_duration_seconds_bucket{source=\"%s\",le=\"+Inf\"} %llu\n",
-                    sources[src], (unsigned long long)cum);
-        }
-        evbuffer_add_printf(b,
-                            "engram_index_load_duration_seconds_sum{source=\"%s\"} %.6f\n"
-                            "engram_index_load_duration_seconds_count{source=\"%s\"} %llu\n",
-                            sources[src], (double)tm.load_us[src] / 1e6, sources[src],
-                            (unsigned long long)cum);
-    }
+    if (s->hooks && s->hooks->metrics)
+        s->hooks->metrics(s, b);
     return 200;
 }
 
 static int on_openapi(server *s, struct evbuffer *b)
 {
-    return openapi_render(s, b) == 0 ? 200 : 500;
+    if (!s->hooks || !s->hooks->openapi)
+        return 404;
+    return s->hooks->openapi(s, b) == 0 ? 200 : 500;
 }
 
 /* The GET endpoints, by exact path. */

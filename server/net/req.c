@@ -6,18 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hooks.h"
 #include "idmap.h"
 #include "log.h"
 #include "memrow.h"
-#include "methods.h"
-#include "qadmit.h"
 #include "metrics.h"
+#include "offload.h"
 #include "sql.h"
-#include "tenancy.h"
-#include "tenants.h"
 #include "worker.h"
 
-#define ARENA_FIRST 4096
 #define OUT_FIRST 4096
 
 /* An answer as it is packed: its capacity is what the connection's budgets granted. */
@@ -32,12 +29,6 @@ typedef struct cleanup {
     void *arg;
 } cleanup;
 
-typedef struct arena_chunk {
-    struct arena_chunk *next;
-    size_t used, cap;
-    max_align_t data[];
-} arena_chunk;
-
 struct req {
     conn *c;
     worker *w;
@@ -50,7 +41,7 @@ struct req {
     uint64_t t0_ns;
     conn_auth auth; /* who the connection was when the request arrived */
     uint8_t *msg;
-    size_t msg_len;
+    size_t msg_len, msg_values;
     msgpack_zone zone;
     const msgpack_object *args[METHOD_MAX_PARAMS];
     outbuf out;
@@ -63,12 +54,13 @@ struct req {
     bool oom;      /* ... because memory ran out */
     size_t need;
     bool again;        /* running again after its answer did not fit (req_is_again) */
+    bool close_after;  /* close the connection once the answer is out (req_close_after) */
     size_t park_bytes; /* parked (conn_admit): the answer room it waits for */
     bool in_load;      /* counted in its method's load on the connection (conn_answer_done) */
     req *park_next;
     void *state;
-    void (*admitted)(req *r); /* where req_admit_query continues */
-    arena_chunk *chunks;
+    void (*next)(req *r); /* where req_continue continues */
+    arena mem;            /* the handler's allocations (req_alloc) */
     cleanup *cleanups;
 };
 
@@ -110,8 +102,11 @@ bool req_tls_client_cert(req *r)
 void req_set_auth(req *r, const conn_auth *a)
 {
     r->auth = *a;
+    r->auth.claimed = false;
     if (conn_alive(r->c))
         conn_set_auth(r->c, a);
+    else if (a->authenticated && !a->admin && a->claimed && r->srv->hooks->key_released)
+        r->srv->hooks->key_released(r->srv, a->key_id); /* it went meanwhile */
 }
 
 void *req_state(req *r)
@@ -126,21 +121,12 @@ void req_set_state(req *r, void *st)
 
 void *req_alloc(req *r, size_t n)
 {
-    n = (n + sizeof(max_align_t) - 1) & ~(sizeof(max_align_t) - 1);
-    arena_chunk *ch = r->chunks;
-    if (!ch || ch->cap - ch->used < n) {
-        size_t cap = n > ARENA_FIRST ? n : ARENA_FIRST;
-        ch = malloc(sizeof(*ch) + cap);
-        if (!ch)
-            return NULL;
-        ch->cap = cap;
-        ch->used = 0;
-        ch->next = r->chunks;
-        r->chunks = ch;
-    }
-    void *p = (char *)ch->data + ch->used;
-    ch->used += n;
-    return p;
+    return arena_alloc(&r->mem, n);
+}
+
+arena *req_arena(req *r)
+{
+    return &r->mem;
 }
 
 char *req_strdup(req *r, const msgpack_object *o)
@@ -171,12 +157,7 @@ static void req_free(req *r)
 {
     for (cleanup *c = r->cleanups; c; c = c->next)
         c->fn(c->arg);
-    arena_chunk *ch = r->chunks;
-    while (ch) {
-        arena_chunk *next = ch->next;
-        free(ch);
-        ch = next;
-    }
+    arena_reset(&r->mem);
     free(r->out.data);
     msgpack_zone_destroy(&r->zone);
     free(r->msg);
@@ -258,6 +239,8 @@ static void req_end(req *r, rpc_code code)
     }
     if (!r->notify && r->out.size)
         conn_write(r->c, r->out.data, r->out.size);
+    if (r->close_after)
+        conn_close_after_flush(r->c);
     free(r->out.data);
     r->out = (outbuf){0};
     conn_uncharge(r->c, r->charged);
@@ -292,15 +275,9 @@ static void reset_run(req *r)
     for (cleanup *c = r->cleanups; c; c = c->next)
         c->fn(c->arg);
     r->cleanups = NULL;
-    arena_chunk *ch = r->chunks;
-    while (ch) {
-        arena_chunk *next = ch->next;
-        free(ch);
-        ch = next;
-    }
-    r->chunks = NULL;
+    arena_reset(&r->mem);
     r->state = NULL;
-    r->admitted = NULL;
+    r->next = NULL;
     free(r->out.data);
     r->out = (outbuf){0};
     conn_uncharge(r->c, r->answer_room);
@@ -311,7 +288,7 @@ static void reset_run(req *r)
 /* Reserves room for r's answer and runs its handler, now or once the room is there. */
 static void admit_and_run(req *r, size_t need)
 {
-    size_t room = conn_answer_reserve(r->c, r->midx, methods_count, need);
+    size_t room = conn_answer_reserve(r->c, r->midx, r->srv->hooks->nmethods, need);
     if (r->force) {
         conn_admit_force(r->c, r->midx, room); /* a write or an auth never waits */
     } else if (!conn_admit(r->c, r, r->midx, room, r->charged)) {
@@ -394,6 +371,11 @@ void req_done(req *r)
         return;
     }
     req_end(r, RPC_OK);
+}
+
+void req_close_after(req *r)
+{
+    r->close_after = true;
 }
 
 bool req_is_again(req *r)
@@ -905,7 +887,8 @@ void req_submit_read(req *r, const db_query *qs, int nq, void (*cb)(req *r, cons
     }
     rc->r = r;
     rc->cb = cb;
-    rc->floor = tenants_read_floor(r->srv->tenants, r->auth.tenant_id);
+    rc->floor =
+        r->srv->hooks->read_floor ? r->srv->hooks->read_floor(r->srv, r->auth.tenant_id) : 0;
     char tid[24];
     snprintf(tid, sizeof(tid), "%lld", (long long)r->auth.tenant_id);
     const char *fv[] = {tid};
@@ -922,40 +905,16 @@ void req_submit_read(req *r, const db_query *qs, int nq, void (*cb)(req *r, cons
     }
 }
 
-static void on_admit(req *r, const qa_verdict *v)
+void req_set_next(req *r, void (*next)(req *r))
 {
-    if (v->err) {
-        req_fail_db(r, v->err);
-        return;
-    }
-    if (v->admitted) {
-        r->admitted(r);
-        return;
-    }
-    rpc_detail d[3] = {{"limit", RPC_D_INT, {.i = v->limit}},
-                       {"usage", RPC_D_INT, {.i = v->used}},
-                       {"resets_at", RPC_D_INT, {.i = v->resets_ms}}};
-    req_fail_details(r, RPC_QUOTA_EXCEEDED, d, 3,
-                     "daily query limit of the %s tier reached (%lld of %lld); it resets at "
-                     "00:00 UTC",
-                     tier_name(r->auth.tier), (long long)v->used, (long long)v->limit);
+    r->next = next;
 }
 
-void req_admit_query(req *r, void (*next)(req *r))
+void req_continue(req *r)
 {
-    const tier_limits *tl = &r->srv->tiers[r->auth.tier];
-    if (r->again) {
-        next(r); /* admitted and counted the first time */
-        return;
-    }
-    if (tl->queries_per_day <= 0) {
-        tenancy_count_query(r->srv->tenancy, r->auth.tenant_id);
-        next(r);
-        return;
-    }
-    r->admitted = next;
-    /* from this worker's block of the day's quota: no round trip in the common case */
-    qadmit_admit(worker_qadmit(r->w), r, r->srv->query_limits, on_admit);
+    void (*next)(req * r) = r->next;
+    r->next = NULL;
+    next(r);
 }
 
 /* A new request of c for a copy of the message msg (len bytes, `values` values), charged
@@ -980,6 +939,7 @@ static req *req_new(conn *c, const uint8_t *msg, size_t len, size_t values, size
     r->charged = charged;
     r->msg = copy;
     r->msg_len = len;
+    r->msg_values = values;
     msgpack_packer_init(&r->pk, r, out_write);
     msgpack_zone_init(&r->zone, 2048);
     conn_ref(c);
@@ -999,37 +959,65 @@ int req_dispatch(conn *c, const uint8_t *msg, size_t len, size_t values, size_t 
     return dispatch(r);
 }
 
-/* Decodes, checks and runs r (see req_dispatch). */
-static int dispatch(req *r)
+/* Messages at least this large, or of this many values, are decoded and bound off the
+ * worker's loop (offload.h): a million-value message took tens of milliseconds, and every
+ * other client of the worker waited that long. */
+#define DECODE_OFF_BYTES (256 * 1024)
+#define DECODE_OFF_VALUES 65536
+
+/* What decoding and binding a message found (decode_step), for the worker (dispatch_rest). */
+typedef struct decoded {
+    int rc; /* rpc_decode_request's */
+    bool msgid_known;
+    rpc_request rq;
+    const method_def *m; /* NULL: unknown method */
+    size_t idx;
+    int bind_rc;
+    char err[256]; /* the decoder's or the binder's message */
+} decoded;
+
+/* Decodes r's message, finds its method and binds its parameters into r->args: pure work on
+ * r's own memory (message, zone), so it may run on any thread while the worker leaves r
+ * alone. */
+static void decode_step(req *r, decoded *d)
+{
+    memset(d, 0, sizeof(*d));
+    d->rc = rpc_decode_request(r->msg, r->msg_len, &r->zone, &d->rq, &d->msgid_known, d->err,
+                               sizeof(d->err));
+    if (d->rc != 0)
+        return;
+    const net_hooks *h = r->srv->hooks;
+    d->m = hooks_method_find(h->methods, h->nmethods, d->rq.method, d->rq.method_len, &d->idx);
+    if (d->m)
+        d->bind_rc = rpc_bind_params(d->rq.params, d->m->params, d->m->nparams, r->args, d->err,
+                                     sizeof(d->err));
+}
+
+/* Checks and runs r once decode_step has filled d (see req_dispatch); on the worker. */
+static int dispatch_rest(req *r, decoded *d)
 {
     conn *c = r->c;
-    const uint8_t *msg = r->msg;
-    size_t len = r->msg_len;
-
-    rpc_request rq;
-    bool msgid_known = false;
-    char err[256];
-    if (rpc_decode_request(msg, len, &r->zone, &rq, &msgid_known, err, sizeof(err)) != 0) {
-        if (msgid_known) {
-            r->msgid = rq.msgid;
-            req_fail(r, RPC_MALFORMED_REQUEST, "%s", err);
+    if (d->rc != 0) {
+        if (d->msgid_known) {
+            r->msgid = d->rq.msgid;
+            req_fail(r, RPC_MALFORMED_REQUEST, "%s", d->err);
         } else {
             r->notify = true; /* nothing can be answered */
             req_end(r, RPC_MALFORMED_REQUEST);
         }
         return -EBADMSG;
     }
+    rpc_request rq = d->rq;
     r->msgid = rq.msgid;
     r->notify = rq.kind == RPC_KIND_NOTIFY;
-    size_t idx;
-    const method_def *m = methods_find(rq.method, rq.method_len, &idx);
+    const method_def *m = d->m;
     if (!m) {
         req_fail(r, RPC_UNKNOWN_METHOD, "unknown method '%.*s'",
                  (int)(rq.method_len > 64 ? 64 : rq.method_len), rq.method);
         return 0;
     }
     r->m = m;
-    r->midx = idx;
+    r->midx = d->idx;
     r->force = (m->flags & (M_WRITE | M_AUTH)) != 0;
     if (m->flags & M_AUTH) {
         r->barrier = true;
@@ -1048,32 +1036,80 @@ static int dispatch(req *r)
                  "%s needs a tenant connection; the admin key has no tenant", m->name);
         return 0;
     }
-    if (!(m->flags & M_PUBLIC) && r->auth.authenticated && !r->auth.admin) {
-        tenancy *tn = r->srv->tenancy;
+    const net_hooks *h = r->srv->hooks;
+    if (!(m->flags & M_PUBLIC) && r->auth.authenticated && !r->auth.admin && h->tenant_admit) {
+        uint64_t retry_ms = 0;
+        hook_admit ha =
+            h->tenant_admit(r->srv, r->auth.key_id, r->auth.tenant_id, &r->auth.tier, &retry_ms);
         /* a key revoked (or a tenant deleted) after this connection authenticated */
-        if (!tenancy_key_ok(tn, r->auth.key_id, r->auth.tenant_id)) {
+        if (ha == HOOK_ADMIT_REVOKED) {
             conn_auth none = {0};
             req_set_auth(r, &none);
             req_fail(r, RPC_UNAUTHENTICATED, "the API key was revoked or its tenant deleted");
             return 0;
         }
-        r->auth.tier = tenancy_tier(tn, r->auth.tenant_id, r->auth.tier);
-        uint64_t retry_ms = 0;
-        if (!tenancy_rate_take(tn, r->auth.tenant_id, r->auth.tier, &retry_ms)) {
-            rpc_detail d[1] = {{"retry_after_ms", RPC_D_UINT, {.u = retry_ms}}};
-            req_fail_details(r, RPC_RATE_LIMITED, d, 1,
+        if (ha == HOOK_ADMIT_RATE_LIMITED) {
+            rpc_detail dd[1] = {{"retry_after_ms", RPC_D_UINT, {.u = retry_ms}}};
+            req_fail_details(r, RPC_RATE_LIMITED, dd, 1,
                              "request rate of the %s tier exceeded; retry in %llu ms",
                              tier_name(r->auth.tier), (unsigned long long)retry_ms);
             return 0;
         }
     }
-    if (rpc_bind_params(rq.params, m->params, m->nparams, r->args, err, sizeof(err)) != 0) {
+    if (d->bind_rc != 0) {
         if (m->flags & M_AUTH) /* one answer whatever is wrong with a key: it reveals nothing */
             req_fail(r, RPC_UNAUTHENTICATED, "invalid API key");
         else
-            req_fail(r, RPC_INVALID_ARGUMENT, "%s", err);
+            req_fail(r, RPC_INVALID_ARGUMENT, "%s", d->err);
         return 0;
     }
     admit_and_run(r, 0);
     return 0;
+}
+
+/* A large message's decode, off the loop: the request and where it stands. */
+typedef struct offdecode {
+    req *r;
+    decoded d;
+} offdecode;
+
+static void off_work(void *arg)
+{
+    offdecode *o = arg;
+    decode_step(o->r, &o->d);
+}
+
+static void off_done(void *arg)
+{
+    offdecode *o = arg;
+    req *r = o->r;
+    conn *c = r->c;
+    conn_ref(c);
+    if (dispatch_rest(r, &o->d) < 0)
+        conn_close_after_flush(c); /* malformed: as conn.c does for a message it dispatched */
+    free(o);
+    /* the connection held its later messages while this one was decoded (an auth among
+     * them must run as the identity before it); it goes on, unless an auth holds it now */
+    conn_release_decode(c);
+    conn_unref(c);
+}
+
+/* Decodes, checks and runs r (see req_dispatch). */
+static int dispatch(req *r)
+{
+    offload *off = r->srv->offload;
+    if (off && (r->msg_len >= DECODE_OFF_BYTES || r->msg_values >= DECODE_OFF_VALUES)) {
+        offdecode *o = malloc(sizeof(*o));
+        if (o) {
+            o->r = r;
+            conn_hold_decode(r->c);
+            if (offload_run(off, r->w, off_work, off_done, o) == 0)
+                return 0;
+            conn_release_decode(r->c);
+            free(o);
+        }
+    }
+    decoded d;
+    decode_step(r, &d);
+    return dispatch_rest(r, &d);
 }

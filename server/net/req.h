@@ -15,6 +15,7 @@
 
 #include <msgpack.h>
 
+#include "arena.h"
 #include "conn.h"
 #include "db.h"
 #include "rpc.h"
@@ -43,6 +44,10 @@ size_t req_method_index(req *r);
 void req_resume(req *r);
 void req_abandon(req *r);
 
+/* req_close_after makes r's connection close once r's answer is sent (call before ending
+ * r). */
+void req_close_after(req *r);
+
 /* req_is_again tells whether r runs a second time (its first answer did not fit what was
  * left of the budgets, and it waited): handlers that count something per request
  * (accesses) count it once. */
@@ -68,6 +73,9 @@ void req_set_auth(req *r, const conn_auth *a);
 /* req_alloc returns n bytes that live as long as the request, or NULL when out of memory
  * (the caller fails the request with RPC_INTERNAL or RPC_INVALID_ARGUMENT). */
 void *req_alloc(req *r, size_t n);
+
+/* req_arena returns the arena req_alloc allocates from, for modules that take an arena. */
+arena *req_arena(req *r);
 
 /* req_on_free registers fn(arg) to run when the request ends (after its response is
  * written), last registered first: for references and buffers a handler holds across
@@ -104,11 +112,10 @@ void req_fail_details(req *r, rpc_code code, const rpc_detail *d, size_t nd, con
  * internal (logged, not shown to the client). */
 void req_fail_db(req *r, const db_result *res);
 
-/* req_admit_query admits one query (a method flagged M_QUERY) against the daily limit of
- * the tenant's tier, then continues with next(r); over the limit it fails the request with
- * quota_exceeded (limit, usage, resets_at). Tiers without a limit are counted in batches
- * and go straight on. Call after validating the arguments, so bad calls cost nothing. */
-void req_admit_query(req *r, void (*next)(req *r));
+/* req_set_next keeps one continuation of the handler across an asynchronous step that
+ * knows only the request (an admission); req_continue runs it (once). */
+void req_set_next(req *r, void (*next)(req *r));
+void req_continue(req *r);
 
 /* req_submit runs a database job for the request; cb(r, res) runs later on this thread.
  * When the job cannot even be queued the request fails with unavailable and cb never

@@ -12,15 +12,13 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
-#include "access.h"
-#include "idmap.h"
 #include "climits.h"
 #include "conn.h"
-#include "embedder.h"
-#include "gcommit.h"
+#include "hooks.h"
+#include "idmap.h"
 #include "log.h"
 #include "metrics.h"
-#include "qadmit.h"
+#include "req.h"
 #include "sql.h"
 
 typedef struct wmsg {
@@ -48,21 +46,10 @@ struct worker {
     unsigned inflight;
     bool draining;
     uint64_t drain_deadline_ms;
-    access_log *access;
-    idmap *store_groups; /* see worker_store_groups */
-    idmap *lanes;        /* see worker_lanes */
-    qadmit *qadmit;      /* see worker_qadmit */
-    /* when the last access-count write began (the worker's creation until then);
-     * flushed_once false until the first, which goes at the first tick with counts, as for
-     * a worker that wrote none for access_flush_ms. (last_flush_ms 0 for "never" held the
-     * first write back on machines up for less than access_flush_ms: CLOCK_MONOTONIC starts
-     * near 0 at boot.) */
-    uint64_t last_flush_ms;
-    bool flushed_once;
-    bool flushing;
+    idmap *lanes; /* see worker_lanes */
+    void *app;    /* what the hooks keep per worker (worker_app) */
+    bool app_up;  /* hooks.worker_init ran: worker_fini runs */
 };
-
-#define ACCESS_MAX_PENDING 1000000
 
 static uint64_t mono_ms(void)
 {
@@ -111,147 +98,19 @@ static void on_mail(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-typedef struct flush_ctx {
-    worker *w;
-    access_entry *e;
-    size_t n;
-} flush_ctx;
-
-static void on_flushed(void *arg, const db_result *res)
-{
-    flush_ctx *fc = arg;
-    worker *w = fc->w;
-    w->flushing = false;
-    if (res->status != DB_OK) {
-        /* keep them for the next attempt, unless the backlog has grown absurd */
-        if (access_log_count(w->access) + fc->n < ACCESS_MAX_PENDING &&
-            access_log_merge(w->access, fc->e, fc->n) == 0)
-            log_debug("worker %u: access counts not written yet: %s", w->idx,
-                      res->message ? res->message : "?");
-        else
-            log_warn("worker %u: dropped %zu access counts: %s", w->idx, fc->n,
-                     res->message ? res->message : "?");
-    }
-    free(fc->e);
-    free(fc);
-}
-
-/* PostgreSQL's binary form of a one-dimensional bigint[] without NULLs (array_send): a header
- * of ndim, flags, element type, length and lower bound, then each element as a length and
- * its eight bytes, all in network order. */
-#define INT8_ARRAY_OID 20u
-#define BIN_ARRAY_HEAD 20u
-#define BIN_ARRAY_ELEM 12u
-
-static void put_be32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-}
-
-/* Writes the n values got(e[i]) as a binary bigint[] into a malloc'd buffer (*len its size;
- * the caller frees it), or returns NULL when out of memory. Binary, not a text literal: a
- * worker writes thousands of entries a second, and formatting and parsing them as decimal
- * held its event loop for milliseconds. */
-static char *bin_array(size_t n, int64_t (*get)(const access_entry *e), const access_entry *e,
-                       int *len)
-{
-    size_t bytes = BIN_ARRAY_HEAD + n * BIN_ARRAY_ELEM;
-    if (n > INT32_MAX / BIN_ARRAY_ELEM - 1)
-        return NULL;
-    unsigned char *b = malloc(bytes);
-    if (!b)
-        return NULL;
-    put_be32(b, 1);     /* ndim */
-    put_be32(b + 4, 0); /* no NULLs */
-    put_be32(b + 8, INT8_ARRAY_OID);
-    put_be32(b + 12, (uint32_t)n);
-    put_be32(b + 16, 1); /* lower bound */
-    unsigned char *p = b + BIN_ARRAY_HEAD;
-    for (size_t i = 0; i < n; i++, p += BIN_ARRAY_ELEM) {
-        uint64_t v = (uint64_t)get(&e[i]);
-        put_be32(p, 8);
-        put_be32(p + 4, (uint32_t)(v >> 32));
-        put_be32(p + 8, (uint32_t)v);
-    }
-    *len = (int)bytes;
-    return (char *)b;
-}
-
-static int64_t get_tenant(const access_entry *e)
-{
-    return e->tenant;
-}
-static int64_t get_id(const access_entry *e)
-{
-    return (int64_t)e->id;
-}
-static int64_t get_count(const access_entry *e)
-{
-    return (int64_t)e->count;
-}
-static int64_t get_ms(const access_entry *e)
-{
-    return e->last_ms;
-}
-
-/* Writes the pending access counts in one statement. */
-static void flush_access(worker *w)
-{
-    if (w->flushing || access_log_count(w->access) == 0)
-        return;
-    flush_ctx *fc = calloc(1, sizeof(*fc));
-    if (!fc || access_log_take(w->access, &fc->e, &fc->n) < 0) {
-        free(fc);
-        return;
-    }
-    fc->w = w;
-    int lens[4] = {0}, fmts[4] = {1, 1, 1, 1};
-    char *vals[4] = {
-        bin_array(fc->n, get_tenant, fc->e, &lens[0]), bin_array(fc->n, get_id, fc->e, &lens[1]),
-        bin_array(fc->n, get_count, fc->e, &lens[2]), bin_array(fc->n, get_ms, fc->e, &lens[3])};
-    int rc = -ENOMEM;
-    if (vals[0] && vals[1] && vals[2] && vals[3]) {
-        db_query q = {.stmt = sql_def(SQL_MEMORY_TOUCH),
-                      .nvalues = 4,
-                      .values = (const char *const *)vals,
-                      .lengths = lens,
-                      .formats = fmts};
-        rc = db_submit(w->db, -1, &q, 1, on_flushed, fc);
-    }
-    for (int i = 0; i < 4; i++)
-        free(vals[i]);
-    if (rc < 0) {
-        access_log_merge(w->access, fc->e, fc->n);
-        free(fc->e);
-        free(fc);
-        return;
-    }
-    w->flushing = true;
-    w->flushed_once = true;
-    w->last_flush_ms = mono_ms();
-}
-
-idmap *worker_store_groups(worker *w)
-{
-    return w->store_groups;
-}
-
 idmap *worker_lanes(worker *w)
 {
     return w->lanes;
 }
 
-qadmit *worker_qadmit(worker *w)
+void *worker_app(worker *w)
 {
-    return w->qadmit;
+    return w->app;
 }
 
-access_log *worker_access(worker *w)
+void worker_set_app(worker *w, void *app)
 {
-    return w->access;
+    w->app = app;
 }
 
 static void finish_drain(worker *w)
@@ -273,12 +132,10 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         next = conn_next(c);
         conn_tick(c, now);
     }
-    if (!w->flushed_once || now - w->last_flush_ms >= (uint64_t)w->srv->cfg.access_flush_ms ||
-        w->draining)
-        flush_access(w);
+    const net_hooks *h = w->srv->hooks;
+    if (h && h->worker_tick && w->app_up)
+        h->worker_tick(w, now, w->draining);
     db_pool_stats st;
-    if (w->qadmit)
-        qadmit_tick(w->qadmit, w->draining);
     db_pool_get_stats(w->db, &st);
     /* a stalled database (connected, answering nothing) counts as no ready connection, so
      * /healthz and /readyz report it down within the pool's stall time */
@@ -300,10 +157,10 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         for (conn *c = w->conns; c; c = conn_next(c))
             if (conn_output_pending(c))
                 flushed = false;
-        /* the store group leaves once its stores ended and its changes were announced */
-        bool db_done = !w->flushing && access_log_count(w->access) == 0 && db_pool_idle(w->db) &&
-                       db_pool_idle(w->ldb) && (!w->rdb || db_pool_idle(w->rdb)) &&
-                       idmap_count(w->store_groups) == 0;
+        /* the hooks' work (writes of counts, store groups) ends before the pools go */
+        bool db_done = db_pool_idle(w->db) && db_pool_idle(w->ldb) &&
+                       (!w->rdb || db_pool_idle(w->rdb)) &&
+                       (!h || !h->worker_idle || !w->app_up || h->worker_idle(w));
         if ((w->inflight == 0 && flushed && db_done) || now >= w->drain_deadline_ms) {
             if (w->inflight)
                 log_warn("worker %u: shutdown timeout with %u requests in flight", w->idx,
@@ -321,14 +178,8 @@ worker *worker_create(server *s, unsigned idx)
     w->srv = s;
     w->idx = idx;
     pthread_mutex_init(&w->mu, NULL);
-    w->last_flush_ms = mono_ms();
-    w->access = access_log_create();
-    w->store_groups = idmap_create(16);
     w->lanes = idmap_create(16);
-    if (!w->access || !w->store_groups || !w->lanes) {
-        access_log_destroy(w->access);
-        idmap_destroy(w->store_groups);
-        idmap_destroy(w->lanes);
+    if (!w->lanes) {
         pthread_mutex_destroy(&w->mu);
         free(w);
         return NULL;
@@ -381,21 +232,18 @@ worker *worker_create(server *s, unsigned idx)
         if (!w->rdb)
             goto fail;
     }
-    /* the holder of query blocks: this worker of this process, unique among the processes
-     * sharing the database (host, pid and start time) */
-    char host[64] = "", holder[160];
-    gethostname(host, sizeof(host) - 1);
-    snprintf(holder, sizeof(holder), "%s/%ld/%llu/%u", host, (long)getpid(),
-             (unsigned long long)server_mono_ns(), idx);
-    w->qadmit = qadmit_create(w->db, holder);
-    if (!w->qadmit)
-        goto fail;
+    if (s->hooks && s->hooks->worker_init) {
+        w->app_up = true; /* worker_fini runs whatever worker_init did */
+        if (s->hooks->worker_init(w) < 0)
+            goto fail;
+    }
     return w;
 fail:
     db_pool_destroy(w->rdb);
     db_pool_destroy(w->ldb);
     db_pool_destroy(w->db);
-    qadmit_destroy(w->qadmit);
+    if (w->app_up && s->hooks->worker_fini)
+        s->hooks->worker_fini(w);
     if (w->ev_mail)
         event_free(w->ev_mail);
     if (w->ev_tick)
@@ -403,8 +251,6 @@ fail:
     if (w->base)
         event_base_free(w->base);
     pthread_mutex_destroy(&w->mu);
-    access_log_destroy(w->access);
-    idmap_destroy(w->store_groups); /* empty: every store ended before the drain finished */
     idmap_destroy(w->lanes);
     free(w);
     return NULL;
@@ -467,21 +313,28 @@ void worker_destroy(worker *w)
     w->rdb = NULL;
     db_pool_destroy(w->ldb);
     w->ldb = NULL;
-    db_pool_destroy(w->db); /* its failed reservations reach w->qadmit: destroyed after it */
+    db_pool_destroy(w->db); /* its callbacks reach the hooks' state: freed after it */
     w->db = NULL;
     on_mail(-1, 0, w);
-    qadmit_destroy(w->qadmit);
-    gc_worker_fini(w->store_groups); /* a drain that timed out can leave announcements */
-    embedder_worker_fini(w->idx);
+    if (w->app_up && w->srv->hooks->worker_fini)
+        w->srv->hooks->worker_fini(w);
     event_free(w->ev_mail);
     event_free(w->ev_tick);
     event_base_free(w->base);
     pthread_mutex_destroy(&w->mu);
-    access_log_destroy(w->access);
-    idmap_destroy(w->store_groups);
     req_lanes_fini(w->lanes); /* tenants marked blocked; their jobs ended with the pools */
     idmap_destroy(w->lanes);
     free(w);
+}
+
+static int post_to(void *target, void (*fn)(void *arg), void *arg)
+{
+    return worker_post(target, fn, arg);
+}
+
+server_poster worker_poster(worker *w)
+{
+    return (server_poster){.post = post_to, .target = w};
 }
 
 int worker_post(worker *w, void (*fn)(void *arg), void *arg)
@@ -507,25 +360,30 @@ typedef struct adopt_msg {
     worker *w;
     int fd;
     uint64_t addr_key;
-    bool http;
+    bool http, reserved;
 } adopt_msg;
+
+/* Gives back the place of an accepted socket that never became a connection. */
+static void unaccept(server *s, bool http, uint64_t addr_key)
+{
+    atomic_fetch_sub(http ? &s->nhttp : &s->nconns, 1);
+    climits_addr_release(s->limits_cl, addr_key);
+}
 
 static void do_adopt(void *arg)
 {
     adopt_msg *a = arg;
     if (a->w->draining) {
         close(a->fd);
-        atomic_fetch_sub(&a->w->srv->nconns, 1);
-        climits_addr_release(a->w->srv->limits_cl, a->addr_key);
-    } else if (!conn_create(a->w, a->fd, a->addr_key, a->http)) {
+        unaccept(a->w->srv, a->http, a->addr_key);
+    } else if (!conn_create(a->w, a->fd, a->addr_key, a->http, a->reserved)) {
         log_warn("worker %u: cannot set up a connection (out of memory)", a->w->idx);
-        atomic_fetch_sub(&a->w->srv->nconns, 1);
-        climits_addr_release(a->w->srv->limits_cl, a->addr_key);
+        unaccept(a->w->srv, a->http, a->addr_key);
     }
     free(a);
 }
 
-int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http)
+int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http, bool reserved)
 {
     adopt_msg *a = malloc(sizeof(*a));
     if (!a)
@@ -534,6 +392,7 @@ int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http)
     a->fd = fd;
     a->addr_key = addr_key;
     a->http = http;
+    a->reserved = reserved;
     int rc = worker_post(w, do_adopt, a);
     if (rc < 0)
         free(a);
@@ -543,22 +402,26 @@ int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http)
 void worker_accept(server *s, int fd, const struct sockaddr *addr, unsigned *next, bool http)
 {
     uint64_t key;
-    if (atomic_load(&s->nconns) >= s->cfg.max_connections) {
+    atomic_int *count = http ? &s->nhttp : &s->nconns;
+    int limit = http ? s->cfg.http_max_connections : s->cfg.max_connections;
+    int reserve = http ? HTTP_PROBE_RESERVE : s->cfg.admin_reserved_connections;
+    int n = atomic_fetch_add(count, 1);
+    if (n >= limit + reserve) {
+        atomic_fetch_sub(count, 1);
         metrics_conn_refused();
         close(fd);
         return;
     }
     if (!climits_addr_take(s->limits_cl, addr, &key)) {
         /* one address holding its share: the others' slots stay free */
+        atomic_fetch_sub(count, 1);
         metrics_conn_refused();
         close(fd);
         return;
     }
-    atomic_fetch_add(&s->nconns, 1);
     worker *w = s->workers[(*next)++ % s->nworkers];
-    if (worker_adopt(w, fd, key, http) < 0) {
-        atomic_fetch_sub(&s->nconns, 1);
-        climits_addr_release(s->limits_cl, key);
+    if (worker_adopt(w, fd, key, http, n >= limit) < 0) {
+        unaccept(s, http, key);
         close(fd);
     }
 }

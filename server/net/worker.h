@@ -40,15 +40,26 @@ void worker_destroy(worker *w);
  * (fn does not run then). */
 int worker_post(worker *w, void (*fn)(void *arg), void *arg);
 
+/* worker_poster returns w as a thread others post work to (server.h), for modules that know
+ * no worker. */
+server_poster worker_poster(worker *w);
+
 /* worker_adopt hands a freshly accepted socket to w (any thread); w owns fd from now on, and
  * the connection releases addr_key (climits_addr_take) when it closes. http: a connection of
- * the HTTP port (conn_create). */
-int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http);
+ * the HTTP port; reserved: accepted past its port's limit, into the slots kept for the
+ * admin (RPC) or the probes (HTTP) (conn_create). */
+int worker_adopt(worker *w, int fd, uint64_t addr_key, bool http, bool reserved);
 
-/* worker_accept admits a socket accepted on the RPC port (http false) or the HTTP port
- * under the limits both share (max_connections, max_connections_per_address), refusing it
- * (closed, counted) when over them, and hands it to the next worker, round robin (*next).
- * Takes ownership of fd. Main thread (the listeners' loop). */
+/* Connections the HTTP port accepts past http_max_connections, for the health and metrics
+ * endpoints only. */
+#define HTTP_PROBE_RESERVE 16
+
+/* worker_accept admits a socket accepted on the RPC port (http false) under max_connections
+ * (then admin_reserved_connections more, reserved for the admin key) or the HTTP port under
+ * http_max_connections (then HTTP_PROBE_RESERVE more, for the health and metrics endpoints),
+ * and max_connections_per_address on both, refusing it (closed, counted) past them, and
+ * hands it to the next worker, round robin (*next). Takes ownership of fd. Main thread (the
+ * listeners' loop). */
 void worker_accept(server *s, int fd, const struct sockaddr *addr, unsigned *next, bool http);
 
 /* Accessors, valid on the worker's thread. */
@@ -73,19 +84,14 @@ void worker_conn_removed(worker *w, conn *c);
 void worker_req_started(worker *w);
 void worker_req_finished(worker *w);
 
-/* worker_store_groups returns the map that holds the worker's store group while stores are
- * waiting or in flight (see gcommit.h), or NULL; worker thread only. */
-struct idmap *worker_store_groups(worker *w);
-
 /* worker_lanes returns the map of the tenants whose writes wait for their lock on the
  * worker's lane (req.c); worker thread only. */
 struct idmap *worker_lanes(worker *w);
 
-/* worker_qadmit returns the worker's query admission (qadmit.h); worker thread only. */
-struct qadmit *worker_qadmit(worker *w);
-
-/* worker_access returns the worker's access count log (access.h); worker thread only. */
-struct access_log *worker_access(worker *w);
+/* worker_app / worker_set_app keep what the hooks keep per worker (hooks.h, worker_init);
+ * worker thread only once the worker runs. */
+void *worker_app(worker *w);
+void worker_set_app(worker *w, void *app);
 
 /* worker_draining tells whether the worker has begun shutting down. */
 bool worker_draining(worker *w);

@@ -1,4 +1,4 @@
-"""Query admission from blocks of the day's quota reserved per worker (server/net/qadmit.h).
+"""Query admission from blocks of the day's quota reserved per worker (server/domain/qadmit.h).
 
 Two engramd processes share one database. N searches from both, on many connections at
 once, against a daily limit L admit exactly L: never more (the blocks are granted under the

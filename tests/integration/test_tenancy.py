@@ -12,7 +12,9 @@ from harness import PG_BINDIR, RpcError, Server, new_database, psql, wait_for
 
 LIMITS = ["--free-max-memories", "20", "--free-queries-per-day", "30",
           "--standard-rate-per-s", "5", "--standard-rate-burst", "5",
-          "--free-rate-per-s", "1000", "--free-rate-burst", "1000"]
+          "--free-rate-per-s", "1000", "--free-rate-burst", "1000",
+          # 64 writers of a free tenant at once (its tier's default is 16 connections)
+          "--free-max-connections", "128"]
 
 
 def counts(memories):

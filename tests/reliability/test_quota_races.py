@@ -15,6 +15,7 @@ from harness import RpcError, psql, running_pair
 MAX_MEMORIES, QUERIES_PER_DAY, MAX_BYTES = 40, 25, 30000
 LIMITS = ["--free-max-memories", str(MAX_MEMORIES), "--free-queries-per-day",
           str(QUERIES_PER_DAY), "--free-rate-per-s", "100000", "--free-rate-burst", "100000",
+          "--free-max-connections", "0",  # 64 racing connections of one free tenant
           # the byte quota races on standard tenants, whose memory count is not the limit
           "--standard-max-memory-bytes", str(MAX_BYTES), "--standard-max-memories", "0",
           "--standard-rate-per-s", "100000", "--standard-rate-burst", "100000"]

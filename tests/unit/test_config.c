@@ -14,6 +14,7 @@
 
 #include "check.h"
 #include "config.h"
+#include "index_engine.h"
 
 extern char **environ;
 

@@ -2,18 +2,27 @@
  *
  * meson builds this file once per library (test_link_util, test_link_proto,
  * test_link_storage, test_link_index, test_link_vfaiss, test_link_dedupe, test_link_client,
- * test_link_llm, test_link_server), each time with link_whole: every object of that one
+ * test_link_llm and the server's test_link_core, test_link_domain, test_link_net,
+ * test_link_methods), each time with link_whole: every object of that one
  * library is linked in with only the library's declared dependencies. A symbol the library
  * uses but some other target defines (engramd's main.c, a tool) fails the build of the test,
- * which is the check. The test then uses one function of the library so that running it
+ * which is the check: for the server's libraries, a call that runs against their layering
+ * (domain or net calling methods, domain calling net, core calling any of them) fails it. The
+ * test then uses one function of the library so that running it
  * says something too.
  */
 #include <stdint.h>
 
 #include "check.h"
 
-#if defined(LINK_SERVER)
+#if defined(LINK_CORE)
 #include "server.h"
+#elif defined(LINK_DOMAIN)
+#include "access.h"
+#elif defined(LINK_NET)
+#include "hooks.h"
+#elif defined(LINK_METHODS)
+#include "methods.h"
 #elif defined(LINK_STORAGE)
 #include "memrow.h"
 #elif defined(LINK_INDEX)
@@ -36,11 +45,25 @@
 
 int main(void)
 {
-#if defined(LINK_SERVER)
+#if defined(LINK_CORE)
     /* the clocks server.h declares live in the library (they were in main.c) */
     uint64_t a = server_mono_ns(), b = server_mono_ns();
     CHECK(b >= a);
     CHECK(server_now_ms() > INT64_C(1577836800000)); /* after 2020-01-01 */
+#elif defined(LINK_DOMAIN)
+    access_log *l = access_log_create();
+    uint64_t id = 5;
+    CHECK(l && access_log_add(l, 1, &id, 1, 1000) == 0 && access_log_count(l) == 1);
+    access_log_destroy(l);
+#elif defined(LINK_NET)
+    const method_def t[2] = {{.name = "a.b"}, {.name = "c"}};
+    size_t idx = 9;
+    CHECK(hooks_method_find(t, 2, "c", 1, &idx) == &t[1] && idx == 1);
+    CHECK(hooks_method_find(t, 2, "a", 1, &idx) == NULL);
+#elif defined(LINK_METHODS)
+    CHECK(methods_check() == 0);
+    size_t idx = 0;
+    CHECK(methods_find("ping", 4, &idx) != NULL);
 #elif defined(LINK_STORAGE)
     CHECK(memrow_type_parse("fact", 4) == MEM_FACT);
 #elif defined(LINK_INDEX)

@@ -3,8 +3,8 @@
  * metadata in both its forms.
  *
  * Arguments go through the real binder (rpc_bind_params with MF_PARAMS), as a request's do.
- * The request itself is a fake, local to this test: mf_parse needs only its arena, its bound
- * arguments, its server (score weights) and req_fail.
+ * mf_parse_args takes an arena, the bound arguments, the score weights and an error buffer:
+ * no request.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -18,54 +18,20 @@
 #include "memfilter.h"
 #include "sql.h"
 
-/* ---- a fake request ------------------------------------------------------------------- */
+/* ---- what a caller hands mf_parse_args ------------------------------------------------ */
 
-struct req {
-    server *srv;
+/* One parse: the arena, the bound arguments and the error it reports. */
+typedef struct fx {
+    arena mem;
     const msgpack_object *args[MF__COUNT];
-    void **allocs;
-    size_t nallocs;
     bool failed;
     rpc_code code;
     char msg[512];
-};
+} fx;
 
-server *req_server(req *r)
+static void fx_release(fx *r)
 {
-    return r->srv;
-}
-
-const msgpack_object *req_arg(req *r, size_t i)
-{
-    return i < MF__COUNT ? r->args[i] : NULL;
-}
-
-void *req_alloc(req *r, size_t n)
-{
-    void **a = realloc(r->allocs, (r->nallocs + 1) * sizeof(*a));
-    if (!a)
-        return NULL;
-    r->allocs = a;
-    return (r->allocs[r->nallocs++] = malloc(n ? n : 1));
-}
-
-void req_fail(req *r, rpc_code code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(r->msg, sizeof(r->msg), fmt, ap);
-    va_end(ap);
-    r->failed = true;
-    r->code = code;
-}
-
-static void req_release(req *r)
-{
-    for (size_t i = 0; i < r->nallocs; i++)
-        free(r->allocs[i]);
-    free(r->allocs);
-    r->allocs = NULL;
-    r->nallocs = 0;
+    arena_reset(&r->mem);
 }
 
 static server srv = {.score = {.w_recency = 0.3,
@@ -106,21 +72,22 @@ static void doc_free(doc *d)
 
 static const rpc_param schema[MF__COUNT] = {MF_PARAMS};
 
-/* Binds params (a msgpack map) and parses the filter; returns mf_parse's result, or -2 when
+/* Binds params (a msgpack map) and parses the filter; returns mf_parse_args's result, or -2 when
  * the binder already refused the arguments (msg then holds its message). */
-static int parse_obj(req *r, const msgpack_object *params, mem_filter *f)
+static int parse_obj(fx *r, const msgpack_object *params, mem_filter *f)
 {
     memset(r, 0, sizeof(*r));
-    r->srv = &srv;
     if (rpc_bind_params(params, schema, MF__COUNT, r->args, r->msg, sizeof(r->msg)) != 0)
         return -2;
-    int rc = mf_parse(r, 0, f);
-    if (rc == 0)
-        f->now_ms = NOW; /* evaluate at a fixed time */
+    int rc = mf_parse_args(&r->mem, &srv.score, NOW, r->args, "", f, r->msg, sizeof(r->msg));
+    if (rc < 0) {
+        r->failed = true;
+        r->code = rc == -EINVAL ? RPC_INVALID_ARGUMENT : RPC_INTERNAL;
+    }
     return rc;
 }
 
-static int parse(req *r, doc *d, const char *json, mem_filter *f)
+static int parse(fx *r, doc *d, const char *json, mem_filter *f)
 {
     return parse_obj(r, doc_parse(d, json), f);
 }
@@ -151,7 +118,7 @@ static mem_meta base_meta(void)
 
 static void test_defaults(void)
 {
-    req r;
+    fx r;
     doc d;
     mem_filter f;
     CHECK(parse(&r, &d, "{}", &f) == 0);
@@ -163,7 +130,7 @@ static void test_defaults(void)
     CHECK(f.ntokens == 0 && f.nchains == 0 && f.nprotocols == 0 && f.attrs_json == NULL);
     CHECK(f.sp == &srv.score);
     /* nil is the same as absent */
-    req r2;
+    fx r2;
     doc d2;
     mem_filter f2;
     CHECK(parse(&r2, &d2, "{\"type_filter\":null,\"agent_id\":null,\"include_archived\":null}",
@@ -179,15 +146,15 @@ static void test_defaults(void)
             m.clade_id = 6;
             CHECK(mf_keep(&f, m.id, &m));
         }
-    req_release(&r);
-    req_release(&r2);
+    fx_release(&r);
+    fx_release(&r2);
     doc_free(&d);
     doc_free(&d2);
 }
 
 static void test_types(void)
 {
-    req r;
+    fx r;
     doc d;
     mem_filter f;
     CHECK(parse(&r, &d, "{\"type_filter\":[\"fact\",\"constraint\"]}", &f) == 0);
@@ -201,29 +168,29 @@ static void test_types(void)
     CHECK(!mf_keep(&f, 1, &m));
     m.type = MEM_EPISODE;
     CHECK(!mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 
     /* an unknown type is the caller's error, named in the message */
     CHECK(parse(&r, &d, "{\"type_filter\":[\"fact\",\"facts\"]}", &f) == -EINVAL);
     CHECK(r.failed && r.code == RPC_INVALID_ARGUMENT);
     CHECK_STR_CONTAINS(r.msg, "type_filter");
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     /* names are case-sensitive, as stored */
     CHECK(parse(&r, &d, "{\"type_filter\":[\"Fact\"]}", &f) == -EINVAL);
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
-    /* the binder bounds the list: 1..5 names, so [] never reaches mf_parse */
+    /* the binder bounds the list: 1..5 names, so [] never reaches mf_parse_args */
     CHECK(parse(&r, &d, "{\"type_filter\":[]}", &f) == -2);
     CHECK_STR_CONTAINS(r.msg, "type_filter");
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 }
 
 static void test_scopes_and_agents(void)
 {
-    req r;
+    fx r;
     doc d;
     mem_filter f;
     /* scopes alone: by the memory's scope, whoever it belongs to */
@@ -236,13 +203,13 @@ static void test_scopes_and_agents(void)
     CHECK(mf_keep(&f, 1, &m));
     m.scope = SCOPE_CLADE;
     CHECK(!mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 
     CHECK(parse(&r, &d, "{\"scopes\":[\"global\"]}", &f) == -EINVAL);
     CHECK(r.code == RPC_INVALID_ARGUMENT);
     CHECK_STR_CONTAINS(r.msg, "scopes");
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 
     /* an agent sees its own agent memories, its clade's when the clade is named, and the
@@ -263,7 +230,7 @@ static void test_scopes_and_agents(void)
     m.scope = SCOPE_TENANT;
     m.agent_id = 12345;
     CHECK(mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 
     /* an agent without a clade sees no clade memories, even of a matching clade id 0 */
@@ -272,7 +239,7 @@ static void test_scopes_and_agents(void)
     m.scope = SCOPE_CLADE;
     m.clade_id = 0;
     CHECK(!mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 
     /* agent and scopes together: the agent's view, narrowed to the scopes named */
@@ -286,20 +253,20 @@ static void test_scopes_and_agents(void)
     CHECK(mf_keep(&f, 1, &m));
     m.scope = SCOPE_TENANT;
     CHECK(!mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 
     /* a clade without its agent is refused */
     CHECK(parse(&r, &d, "{\"clade_id\":3}", &f) == -EINVAL);
     CHECK(r.code == RPC_INVALID_ARGUMENT);
     CHECK_STR_CONTAINS(r.msg, "clade_id");
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 }
 
 static void test_time_and_lifecycle(void)
 {
-    req r;
+    fx r;
     doc d;
     mem_filter f;
     char json[160];
@@ -320,13 +287,13 @@ static void test_time_and_lifecycle(void)
     CHECK(!mf_keep(&f, 1, &m));
     /* the SQL side gets the same bounds as text */
     const char *vals[SQL_FILTER_NPARAMS];
-    CHECK(mf_sql_params(&r, &f, vals) == 0);
+    CHECK(mf_sql_params(&r.mem, &f, vals) == 0);
     char want[32];
     snprintf(want, sizeof(want), "%lld", (long long)a);
     CHECK(vals[5] && strcmp(vals[5], want) == 0);
     snprintf(want, sizeof(want), "%lld", (long long)b);
     CHECK(vals[6] && strcmp(vals[6], want) == 0);
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 
     /* an empty window keeps nothing */
@@ -337,7 +304,7 @@ static void test_time_and_lifecycle(void)
     CHECK(!mf_keep(&f, 1, &m));
     m.created_ms = a + 1;
     CHECK(!mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 
     /* expired memories never pass; expiring exactly now counts as expired */
@@ -351,19 +318,19 @@ static void test_time_and_lifecycle(void)
     m.archived_ms = NOW - 1;
     CHECK(!mf_keep(&f, 1, &m));
     const char *vals2[SQL_FILTER_NPARAMS];
-    CHECK(mf_sql_params(&r, &f, vals2) == 0 && strcmp(vals2[1], "false") == 0);
-    req_release(&r);
+    CHECK(mf_sql_params(&r.mem, &f, vals2) == 0 && strcmp(vals2[1], "false") == 0);
+    fx_release(&r);
     doc_free(&d);
     CHECK(parse(&r, &d, "{\"include_archived\":true}", &f) == 0);
     CHECK(mf_keep(&f, 1, &m));
-    CHECK(mf_sql_params(&r, &f, vals2) == 0 && strcmp(vals2[1], "true") == 0);
-    req_release(&r);
+    CHECK(mf_sql_params(&r.mem, &f, vals2) == 0 && strcmp(vals2[1], "true") == 0);
+    fx_release(&r);
     doc_free(&d);
 }
 
 static void test_tags(void)
 {
-    req r;
+    fx r;
     doc d;
     mem_filter f;
     uint64_t *tags = NULL;
@@ -378,65 +345,65 @@ static void test_tags(void)
     CHECK(parse(&r, &d, "{\"tokens\":[\"SOL\",\"BTC\"]}", &f) == 0);
     CHECK(f.ntokens == 2);
     CHECK(mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     CHECK(parse(&r, &d, "{\"tokens\":[\"SOL\"]}", &f) == 0);
     CHECK(!mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     /* tokens match exactly (no case folding) */
     CHECK(parse(&r, &d, "{\"tokens\":[\"eth\"]}", &f) == 0);
     CHECK(!mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     /* a name is a tag of its own field only: "aave" is a protocol, not a token */
     CHECK(parse(&r, &d, "{\"tokens\":[\"aave\"]}", &f) == 0);
     CHECK(!mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     /* chains are numbers */
     CHECK(parse(&r, &d, "{\"chains\":[137]}", &f) == 0);
     CHECK(mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     CHECK(parse(&r, &d, "{\"chains\":[10]}", &f) == 0);
     CHECK(!mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     CHECK(parse(&r, &d, "{\"chains\":[\"137\"]}", &f) == -2); /* the binder wants integers */
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     /* different fields must all match (any-of within each) */
     CHECK(parse(&r, &d, "{\"tokens\":[\"ETH\"],\"protocols\":[\"aave\",\"uni\"],\"chains\":[1]}",
                 &f) == 0);
     CHECK(mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     CHECK(parse(&r, &d, "{\"tokens\":[\"ETH\"],\"protocols\":[\"uni\"]}", &f) == 0);
     CHECK(!mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     /* strategy: exactly that one */
     CHECK(parse(&r, &d, "{\"strategy_id\":\"s-1\"}", &f) == 0);
     CHECK(f.has_strategy && mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     CHECK(parse(&r, &d, "{\"strategy_id\":\"s-10\"}", &f) == 0);
     CHECK(!mf_keep(&f, 1, &m));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     /* a memory without tags passes no tag filter */
     mem_meta bare = base_meta();
     CHECK(parse(&r, &d, "{\"tokens\":[\"ETH\"]}", &f) == 0);
     CHECK(!mf_keep(&f, 1, &bare));
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     free(tags);
 }
 
 static void test_tag_sql(void)
 {
-    req r;
+    fx r;
     doc d;
     mem_filter f;
     /* one containment document per element, as a jsonb[] literal: each element quoted, its
@@ -449,15 +416,15 @@ static void test_tag_sql(void)
     CHECK(f.sql_chains && strcmp(f.sql_chains, "{\"{\\\"chains\\\":[5]}\"}") == 0);
     CHECK(f.sql_protocols == NULL);
     /* duplicates collapse in the hash set */
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     CHECK(parse(&r, &d, "{\"tokens\":[\"A\",\"A\",\"B\"]}", &f) == 0);
     CHECK(f.ntokens == 2);
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     CHECK(parse(&r, &d, "{\"strategy_id\":\"s\\\"1\"}", &f) == 0);
     CHECK(f.sql_strategy && strcmp(f.sql_strategy, "{\"strategy_id\":\"s\\\"1\"}") == 0);
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 }
 
@@ -503,7 +470,7 @@ static void test_tag_forms_agree(void)
  * MemorySearchRequest) */
 static void test_min_importance(void)
 {
-    req r;
+    fx r;
     doc d;
     mem_filter f;
     CHECK(parse(&r, &d, "{\"min_importance\":0.5}", &f) == 0);
@@ -517,18 +484,18 @@ static void test_min_importance(void)
     m.access_count = 100; /* a high composite does not help */
     CHECK(!mf_keep(&f, 1, &m));
     const char *vals[SQL_FILTER_NPARAMS];
-    CHECK(mf_sql_params(&r, &f, vals) == 0);
+    CHECK(mf_sql_params(&r.mem, &f, vals) == 0);
     CHECK(vals[15] && strtod(vals[15], NULL) == 0.5 && vals[12] == NULL);
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     CHECK(parse(&r, &d, "{\"min_importance\":1.5}", &f) == -2); /* 0..1 */
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 }
 
 static void test_min_composite(void)
 {
-    req r;
+    fx r;
     doc d;
     mem_filter f;
     CHECK(parse(&r, &d, "{\"min_composite\":0.5}", &f) == 0);
@@ -547,18 +514,18 @@ static void test_min_composite(void)
     m.created_ms = NOW - 60 * DAY_MS;
     CHECK(!mf_keep(&f, 1, &m));
     const char *vals[SQL_FILTER_NPARAMS];
-    CHECK(mf_sql_params(&r, &f, vals) == 0);
+    CHECK(mf_sql_params(&r.mem, &f, vals) == 0);
     CHECK(vals[12] && strtod(vals[12], NULL) == 0.5 && vals[15] == NULL);
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     CHECK(parse(&r, &d, "{\"min_composite\":1.5}", &f) == -2); /* 0..1 */
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 }
 
 static void test_attrs(void)
 {
-    req r;
+    fx r;
     doc d;
     mem_filter f;
     CHECK(parse(&r, &d, "{\"attrs\":{\"desk\":\"rates\",\"n\":[1,2]}}", &f) == 0);
@@ -574,10 +541,10 @@ static void test_attrs(void)
     m.id = 2;
     CHECK(!mf_keep(&f, 2, &m));
     idmap_destroy(ids);
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 
-    /* 16 levels of maps are allowed; 17 are refused by mf_parse itself */
+    /* 16 levels of maps are allowed; 17 are refused by mf_parse_args itself */
     char deep[256] = "{\"attrs\":";
     for (int i = 0; i < 16; i++)
         strcat(deep, "{\"a\":");
@@ -586,7 +553,7 @@ static void test_attrs(void)
         strcat(deep, "}");
     strcat(deep, "}");
     CHECK(parse(&r, &d, deep, &f) == 0);
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     char deeper[256] = "{\"attrs\":";
     for (int i = 0; i < 17; i++)
@@ -598,7 +565,7 @@ static void test_attrs(void)
     CHECK(parse(&r, &d, deeper, &f) == -EINVAL);
     CHECK(r.code == RPC_INVALID_ARGUMENT);
     CHECK_STR_CONTAINS(r.msg, "attrs");
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 
     /* a binary value has no JSON form */
@@ -618,20 +585,20 @@ static void test_attrs(void)
     int rc = parse_obj(&r, &u.data, &f);
     CHECK_MSG(rc < 0, "rc %d", rc);
     CHECK_STR_CONTAINS(r.msg, "attrs");
-    req_release(&r);
+    fx_release(&r);
     msgpack_unpacked_destroy(&u);
     msgpack_sbuffer_destroy(&sb);
 }
 
 static void test_sql_params(void)
 {
-    req r;
+    fx r;
     doc d;
     mem_filter f;
     /* nothing set: only the always-present parameters are non-NULL */
     CHECK(parse(&r, &d, "{}", &f) == 0);
     const char *vals[SQL_FILTER_NPARAMS];
-    CHECK(mf_sql_params(&r, &f, vals) == 0);
+    CHECK(mf_sql_params(&r.mem, &f, vals) == 0);
     CHECK(vals[0] == NULL && vals[2] == NULL && vals[3] == NULL && vals[4] == NULL);
     CHECK(vals[5] == NULL && vals[6] == NULL && vals[7] == NULL && vals[8] == NULL);
     CHECK(vals[9] == NULL && vals[10] == NULL && vals[11] == NULL && vals[12] == NULL);
@@ -642,14 +609,14 @@ static void test_sql_params(void)
      * usefulness weight engram_composite_u takes */
     CHECK(strcmp(vals[14],
                  "{0.29999999999999999,0.29999999999999999,0.40000000000000002,30,10,0}") == 0);
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
     /* agent ids are unsigned 64-bit identities, passed as the bigint of the same bits */
     CHECK(parse(&r, &d, "{\"agent_id\":18446744073709551615,\"clade_id\":42}", &f) == 0);
-    CHECK(mf_sql_params(&r, &f, vals) == 0);
+    CHECK(mf_sql_params(&r.mem, &f, vals) == 0);
     CHECK(vals[2] && strcmp(vals[2], "-1") == 0);
     CHECK(vals[3] && strcmp(vals[3], "42") == 0);
-    req_release(&r);
+    fx_release(&r);
     doc_free(&d);
 }
 

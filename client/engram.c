@@ -1730,21 +1730,16 @@ static bool parse_url(const char *url, const char *what, char *host, size_t host
     return true;
 }
 
-static int run(ctx *x, int argc, char **argv)
+/* Reads the command line: the words, help, the command and its options. Returns -1 to go
+ * on, or an exit status. */
+static int read_command(ctx *x, int argc, char **argv)
 {
     const char **words = calloc((size_t)argc + 1, sizeof(*words));
-    const char *host, *key;
-    char url_host[URL_HOST_MAX];
-    bool url_tls = false;
-    uint64_t port = DEFAULT_PORT, timeout = DEFAULT_TIMEOUT_MS;
-    uint64_t connect_timeout = DEFAULT_CONNECT_TIMEOUT_MS;
-    client_error e;
-    char err[512];
     int nwords, rc;
 
     if (words == NULL)
         return error_out("out_of_memory", "out of memory");
-    x->words = words;
+    x->words = words; /* freed by main */
     rc = parse_line(x, argc, argv, words, &nwords);
     if (rc >= 0)
         return rc;
@@ -1763,60 +1758,85 @@ static int run(ctx *x, int argc, char **argv)
     }
     x->pos = words + used;
     x->npos = nwords - used;
-    rc = check_command(x);
-    if (rc >= 0)
-        return rc;
+    return check_command(x);
+}
 
-    /* connection settings: --url, or --host and --port; else ENGRAM_URL; else ENGRAM_HOST
-     * and ENGRAM_PORT (the names before ENGRAM_URL); else the defaults */
+/* Where and how to connect. host points into url_host or at a flag, the environment or
+ * DEFAULT_HOST; tls's strings likewise. */
+typedef struct conn_plan {
+    char url_host[URL_HOST_MAX];
+    const char *host;
+    uint64_t port, timeout, connect_timeout;
+    client_tls tls;
+    bool use_tls;
+} conn_plan;
+
+/* Settles the connection from the flags and the environment: --url, or --host and --port;
+ * else ENGRAM_URL; else ENGRAM_HOST and ENGRAM_PORT (the names before ENGRAM_URL); else the
+ * defaults; the timeouts; TLS. Returns -1 to go on, or EXIT_USAGE. */
+static int settle_connection(ctx *x, conn_plan *p)
+{
+    bool url_tls = false;
+
+    p->port = DEFAULT_PORT;
+    p->timeout = DEFAULT_TIMEOUT_MS;
+    p->connect_timeout = DEFAULT_CONNECT_TIMEOUT_MS;
     if (x->url && (x->host || x->port_s))
         return usage_error(x, "give --url or --host/--port, not both");
     const char *url = x->url ? x->url : (x->host || x->port_s) ? NULL : env("ENGRAM_URL");
     if (url) {
         char why[256];
-        if (!parse_url(url, x->url ? "--url" : "ENGRAM_URL", url_host, sizeof(url_host), &port,
-                       &url_tls, why, sizeof(why)))
+        if (!parse_url(url, x->url ? "--url" : "ENGRAM_URL", p->url_host, sizeof(p->url_host),
+                       &p->port, &url_tls, why, sizeof(why)))
             return usage_error(x, "%s", why);
-        host = url_host;
+        p->host = p->url_host;
     } else {
-        host = x->host ? x->host : env("ENGRAM_HOST") ? env("ENGRAM_HOST") : DEFAULT_HOST;
+        p->host = x->host ? x->host : env("ENGRAM_HOST") ? env("ENGRAM_HOST") : DEFAULT_HOST;
         const char *port_s = x->port_s ? x->port_s : env("ENGRAM_PORT");
-        if (port_s && (!parse_u64(port_s, &port) || port == 0 || port > 65535))
+        if (port_s && (!parse_u64(port_s, &p->port) || p->port == 0 || p->port > 65535))
             return usage_error(x, "the port must be 1 to 65535, not '%s'", port_s);
     }
-    if (x->timeout_s && (!parse_u64(x->timeout_s, &timeout) || timeout > INT_MAX))
+    if (x->timeout_s && (!parse_u64(x->timeout_s, &p->timeout) || p->timeout > INT_MAX))
         return usage_error(x, "--timeout-ms must be 0 to %d, not '%s'", INT_MAX, x->timeout_s);
     if (x->connect_timeout_s &&
-        (!parse_u64(x->connect_timeout_s, &connect_timeout) || connect_timeout > INT_MAX))
+        (!parse_u64(x->connect_timeout_s, &p->connect_timeout) || p->connect_timeout > INT_MAX))
         return usage_error(x, "--connect-timeout-ms must be 0 to %d, not '%s'", INT_MAX,
                            x->connect_timeout_s);
-    if (connect_timeout == 0 || (timeout > 0 && timeout < connect_timeout))
-        connect_timeout = timeout; /* the call's own deadline bounds connecting too */
+    if (p->connect_timeout == 0 || (p->timeout > 0 && p->timeout < p->connect_timeout))
+        p->connect_timeout = p->timeout; /* the call's own deadline bounds connecting too */
     /* TLS: flags win over the environment; any file asked for means TLS */
-    client_tls tls = {
+    p->tls = (client_tls){
         .ca_file = x->tls_ca ? x->tls_ca : env("ENGRAM_TLS_CA"),
         .cert_file = x->tls_cert ? x->tls_cert : env("ENGRAM_TLS_CERT"),
         .key_file = x->tls_key ? x->tls_key : env("ENGRAM_TLS_KEY"),
         .server_name = env("ENGRAM_TLS_SERVERNAME"),
     };
     const char *tls_env = env("ENGRAM_TLS");
-    bool use_tls = x->tls || url_tls || (tls_env && strcmp(tls_env, "0") != 0) || tls.ca_file ||
-                   tls.cert_file || tls.key_file;
-    if (tls.key_file && !tls.cert_file)
+    p->use_tls = x->tls || url_tls || (tls_env && strcmp(tls_env, "0") != 0) || p->tls.ca_file ||
+                 p->tls.cert_file || p->tls.key_file;
+    if (p->tls.key_file && !p->tls.cert_file)
         return usage_error(x, "--tls-key needs --tls-cert");
-    key = NULL;
-    if (x->cmd->auth != AUTH_NONE) { /* ping works whatever the key settings say */
-        rc = resolve_key(x, &key);
+    return -1;
+}
+
+/* Settles the API key the command needs (none for ping, whatever the key settings say) and
+ * packs its arguments, both before connecting. Sets *key to the key or NULL. Returns -1 to
+ * go on, or an exit status. */
+static int prepare_call(ctx *x, const char **key)
+{
+    int rc;
+
+    *key = NULL;
+    if (x->cmd->auth != AUTH_NONE) {
+        rc = resolve_key(x, key);
         if (rc != 0)
             return rc;
     }
-    if (x->cmd->auth == AUTH_REQUIRED && key == NULL)
+    if (x->cmd->auth == AUTH_REQUIRED && *key == NULL)
         return error_out("unauthenticated",
                          "%s needs an API key: use --key-file, --key, "
                          "ENGRAM_API_KEY_FILE or ENGRAM_API_KEY",
                          x->cmd->name);
-
-    /* the arguments, checked before connecting */
     x->method = x->cmd->method;
     x->has_args = x->cmd->prepare != NULL;
     if (x->cmd->prepare) {
@@ -1828,22 +1848,31 @@ static int run(ctx *x, int argc, char **argv)
         if (x->args.failed)
             return error_out("out_of_memory", "out of memory packing the request");
     }
-
-    /* the call */
     if (!msgpack_zone_init(&x->zone, 8192))
         return error_out("out_of_memory", "out of memory");
     x->zone_ok = true;
-    rc = client_connect_tls(host, (uint16_t)port, (int)connect_timeout, use_tls ? &tls : NULL,
-                            &x->conn, err, sizeof(err));
+    return -1;
+}
+
+/* Connects as p says, authenticates with key (when not NULL) and runs the command: its
+ * exec, or the call and its output. Returns the exit status. */
+static int call_command(ctx *x, const conn_plan *p, const char *key)
+{
+    client_error e;
+    char err[512];
+    int rc;
+
+    rc = client_connect_tls(p->host, (uint16_t)p->port, (int)p->connect_timeout,
+                            p->use_tls ? &p->tls : NULL, &x->conn, err, sizeof(err));
     if (rc == CLIENT_E_TIMEOUT)
         return error_out("timeout", "%s (in %" PRIu64 " ms; --connect-timeout-ms)", err,
-                         connect_timeout);
+                         p->connect_timeout);
     if (rc != 0)
         return error_out(rc == -ENOMEM        ? "out_of_memory"
                          : rc == CLIENT_E_TLS ? "tls_failed"
                                               : "connect_failed",
                          "%s", err);
-    client_set_timeout(x->conn, (int)timeout);
+    client_set_timeout(x->conn, (int)p->timeout);
     if (key) {
         rc = client_auth(x->conn, key, &e);
         if (rc != 0)
@@ -1859,6 +1888,26 @@ static int run(ctx *x, int argc, char **argv)
     if (x->json)
         return print_json(res, false);
     return x->cmd->show ? x->cmd->show(x, res) : print_json(res, true);
+}
+
+/* The command line's command, checked whole (options, arguments, connection settings, key)
+ * before connecting, then run. Returns the exit status. */
+static int run(ctx *x, int argc, char **argv)
+{
+    conn_plan plan;
+    const char *key;
+    int rc;
+
+    rc = read_command(x, argc, argv);
+    if (rc >= 0)
+        return rc;
+    rc = settle_connection(x, &plan);
+    if (rc >= 0)
+        return rc;
+    rc = prepare_call(x, &key);
+    if (rc >= 0)
+        return rc;
+    return call_command(x, &plan, key);
 }
 
 int main(int argc, char **argv)

@@ -19,7 +19,7 @@ import os
 import time
 
 from failover_run import QUERY_TIMEOUT_MS, QUEUE_TIMEOUT_MS, Formation, Load, run
-from harness import SANITIZER_MARKS, PgCluster, Server, psql, wait_for
+from harness import SANITIZER_MARKS, psql, wait_for
 from rpc import Client, RpcError
 
 BIN = os.environ.get("ENGRAM_BIN", "")
@@ -217,7 +217,7 @@ def test_rejoin_and_fail_back(capsys):
         f.stop()
 
 
-def test_index_ahead_of_a_database_that_lost_changes():
+def test_index_ahead_of_a_database_that_lost_changes(pg, engramd):
     """A failover to a standby that lacked the last commits (asynchronous replication, a
     forced promotion) leaves the database behind an engramd's index: change and memory
     numbers the index has applied are handed out again for other memories. Simulated here by
@@ -227,52 +227,42 @@ def test_index_ahead_of_a_database_that_lost_changes():
     database has, so the new memory that reused the lost one's numbers is found by its own
     content and the lost one is gone (without the check the index would keep the lost
     memory's vector under the reused id, taking the new change for one it had applied)."""
-    pg = PgCluster()
-    pg.start()
-    srv = None
-    try:
-        dsn = pg.create_db("engram_lost_tail")
-        srv = Server(dsn, extra=["--db-backoff-max-ms", "500"])
-        srv.start()
-        tid, key = srv.create_tenant()
-        with srv.client(key=key) as c:
-            kept = c.call("memory.store", content="the harbor lantern is copper", type="fact",
-                          importance=0.5)
-            lost = c.call("memory.store", content="quartz falcons nest in the glacier",
-                          type="fact", importance=0.5)
-            assert c.call("memory.search", query="quartz falcons nest in the glacier",
-                          top_k=1)["results"][0]["id"] == lost["id"]
-        psql(dsn, f"""
-            DELETE FROM memory_changes WHERE tenant_id = {tid}
-                AND seq = (SELECT change_seq FROM tenants WHERE id = {tid});
-            DELETE FROM memories WHERE tenant_id = {tid} AND id = {lost['id']};
-            UPDATE tenants SET change_seq = change_seq - 1, memory_count = memory_count - 1,
-                memory_id_last = memory_id_last - 1 WHERE id = {tid}""")
-        psql(dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                  "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        assert wait_for(lambda: "behind the index's" in srv.log_text(), timeout=30,
-                        interval=0.2), srv.log_text()[-3000:]
-        with srv.client(key=key) as c:
-            def store():
-                try:
-                    return c.call("memory.store", content="velvet thistles on the summit",
-                                  type="fact", importance=0.5)
-                except RpcError as e:
-                    assert e.code == "unavailable", e
-                    return None
-            new = wait_for(store, timeout=30, interval=0.2)
-            assert new and new["id"] == lost["id"], (new, lost)  # the number came back
-            hits = c.call("memory.search", query="velvet thistles on the summit",
-                          top_k=3)["results"]
-            assert hits[0]["id"] == new["id"] and \
-                hits[0]["content"] == "velvet thistles on the summit", hits
-            hits = c.call("memory.search", query="quartz falcons nest in the glacier",
-                          top_k=3)["results"]
-            assert "quartz falcons nest in the glacier" not in [h["content"] for h in hits]
-            got = c.call("memory.get", ids=[kept["id"]])["memories"]
-            assert got[0]["content"] == "the harbor lantern is copper"
-        srv.stop()
-    finally:
-        if srv:
-            srv.cleanup()
-        pg.cleanup()
+    dsn = pg.create_db("engram_lost_tail")
+    srv = engramd(dsn, extra=["--db-backoff-max-ms", "500"])
+    tid, key = srv.create_tenant()
+    with srv.client(key=key) as c:
+        kept = c.call("memory.store", content="the harbor lantern is copper", type="fact",
+                      importance=0.5)
+        lost = c.call("memory.store", content="quartz falcons nest in the glacier",
+                      type="fact", importance=0.5)
+        assert c.call("memory.search", query="quartz falcons nest in the glacier",
+                      top_k=1)["results"][0]["id"] == lost["id"]
+    psql(dsn, f"""
+        DELETE FROM memory_changes WHERE tenant_id = {tid}
+            AND seq = (SELECT change_seq FROM tenants WHERE id = {tid});
+        DELETE FROM memories WHERE tenant_id = {tid} AND id = {lost['id']};
+        UPDATE tenants SET change_seq = change_seq - 1, memory_count = memory_count - 1,
+            memory_id_last = memory_id_last - 1 WHERE id = {tid}""")
+    psql(dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+              "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    assert wait_for(lambda: "behind the index's" in srv.log_text(), timeout=30,
+                    interval=0.2), srv.log_text()[-3000:]
+    with srv.client(key=key) as c:
+        def store():
+            try:
+                return c.call("memory.store", content="velvet thistles on the summit",
+                              type="fact", importance=0.5)
+            except RpcError as e:
+                assert e.code == "unavailable", e
+                return None
+        new = wait_for(store, timeout=30, interval=0.2)
+        assert new and new["id"] == lost["id"], (new, lost)  # the number came back
+        hits = c.call("memory.search", query="velvet thistles on the summit",
+                      top_k=3)["results"]
+        assert hits[0]["id"] == new["id"] and \
+            hits[0]["content"] == "velvet thistles on the summit", hits
+        hits = c.call("memory.search", query="quartz falcons nest in the glacier",
+                      top_k=3)["results"]
+        assert "quartz falcons nest in the glacier" not in [h["content"] for h in hits]
+        got = c.call("memory.get", ids=[kept["id"]])["memories"]
+        assert got[0]["content"] == "the harbor lantern is copper"

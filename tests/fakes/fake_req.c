@@ -15,6 +15,7 @@
 #include "json.h"
 #include "methods.h"
 #include "pgres.h"
+#include "pgsync.h"
 #include "plimits.h"
 #include "bg.h"
 #include "rowcache.h"
@@ -237,8 +238,12 @@ bool db_pool_idle(db_pool *p)
     return njobs == 0;
 }
 
-PGconn *db_connect_blocking(const char *dsn, const char *role, unsigned timeout_ms, char *err,
-                            size_t errlen)
+/* storage/pgsync.h: the blocking calls of the background threads and the loaders, all
+ * defined here so that pgsync.o (a real connection) is never linked: every one fails as a
+ * server without its database would. */
+
+PGconn *pgsync_connect(const char *dsn, const char *role, unsigned timeout_ms, char *err,
+                       size_t errlen)
 {
     (void)dsn;
     (void)role;
@@ -247,8 +252,19 @@ PGconn *db_connect_blocking(const char *dsn, const char *role, unsigned timeout_
     return NULL;
 }
 
-PGresult *db_exec_stmt(PGconn *c, const db_stmt_def *s, const char *const *values, size_t nvalues,
-                       char *err, size_t errlen)
+PGresult *pgsync_exec(PGconn *c, const char *sql, int nparams, const char *const *values, char *err,
+                      size_t errlen)
+{
+    (void)c;
+    (void)sql;
+    (void)nparams;
+    (void)values;
+    snprintf(err, errlen, "no database in this test");
+    return NULL;
+}
+
+PGresult *pgsync_exec_stmt(PGconn *c, const db_stmt_def *s, const char *const *values,
+                           size_t nvalues, char *err, size_t errlen)
 {
     (void)c;
     (void)s;
@@ -258,7 +274,15 @@ PGresult *db_exec_stmt(PGconn *c, const db_stmt_def *s, const char *const *value
     return NULL;
 }
 
-int db_tenant_begin(PGconn *c, int64_t tenant_id, db_tx_mode mode, char *err, size_t errlen)
+int pgsync_script(PGconn *c, const char *sql, char *err, size_t errlen)
+{
+    (void)c;
+    (void)sql;
+    snprintf(err, errlen, "no database in this test");
+    return -EIO;
+}
+
+int pgsync_tenant_begin(PGconn *c, int64_t tenant_id, pgsync_tx_mode mode, char *err, size_t errlen)
 {
     (void)c;
     (void)tenant_id;
@@ -267,23 +291,13 @@ int db_tenant_begin(PGconn *c, int64_t tenant_id, db_tx_mode mode, char *err, si
     return -EIO;
 }
 
-int db_tx_end(PGconn *c, bool commit, char *err, size_t errlen)
+int pgsync_tx_end(PGconn *c, bool commit, char *err, size_t errlen)
 {
     (void)c;
     (void)commit;
-    snprintf(err, errlen, "no database in this test");
+    if (err && errlen)
+        snprintf(err, errlen, "no database in this test");
     return -EIO;
-}
-
-PGresult *db_exec_blocking(PGconn *c, const char *sql, int nparams, const char *const *values,
-                           char *err, size_t errlen)
-{
-    (void)c;
-    (void)sql;
-    (void)nparams;
-    (void)values;
-    snprintf(err, errlen, "no database in this test");
-    return NULL;
 }
 
 bool db_is_own_backend(int pid)

@@ -5,9 +5,10 @@
  * A test links the methods library's objects with this file instead of engram_net: it
  * defines what the handlers call of net/req.h (the request's arguments, arena, state,
  * answer, errors and database submits) and of net/worker.h (the worker's accessors and
- * mailbox), and every function of storage/db.h (so the archive's db.o, which would bring a
- * real pool, is never pulled in). methods/app.c stays the real one: fr_env_init runs its
- * worker_init on the fake worker, so query admission, access logs and store groups are the
+ * mailbox), and every function of storage/db.h and storage/pgsync.h (so the archive's db.o
+ * and pgsync.o, which would bring a real pool and real connections, are never pulled in;
+ * the blocking calls fail as without a database). methods/app.c stays the real one: fr_env_init
+ * runs its worker_init on the fake worker, so query admission, access logs and store groups are the
  * server's own.
  *
  * A request is made from a method name and its arguments as JSON (fr_call): the arguments

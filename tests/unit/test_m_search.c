@@ -27,6 +27,9 @@
 #define NOW_MS INT64_C(1700000000000)
 
 static fr_env env;
+/* the rows' times: created (and last changed) 3 hours before this, memory 1 first, then a
+ * second apart (fixed, so that rows cached at different moments agree) */
+static int64_t base_ms;
 
 /* The tenant's memories: in the index and, when asked, as rows. */
 typedef struct mem {
@@ -75,7 +78,7 @@ static void answer_rows(fr_job *j)
     for (int i = 0; i < n; i++) {
         const mem *m = mem_of(ids[i]);
         fr_memrow_cells(bufs[i], cells + i * 22, ids[i], m->type, "tenant", m->content, 0.5, "{}",
-                        server_now_ms() - 3 * 3600 * 1000 - (int64_t)ids[i], m->seq);
+                        base_ms - 3 * 3600 * 1000 - 10000 + 1000 * (int64_t)ids[i], m->seq);
     }
     fr_answer1(j, pgres_make(22, memrow_names, n, cells));
 }
@@ -465,17 +468,27 @@ static void test_context(void)
     fr_free(r);
 
     /* search results: source and title per item, in a stable order (oldest change first:
-     * 3 was stored last here, so it comes after 1) */
+     * 1 changed before 3, though 3 ranks first) */
     r = fr_call(&env, "memory.context",
                 "{\"embedding\": [0.8, 0.6, 0, 0, 0, 0, 0, 0], "
                 "\"top_k\": 2, \"similarity_weight\": 1, \"format\": "
                 "\"search_results\", \"order\": \"stable\"}");
     finish_rows(r);
     CHECK(r->done && fr_len(fr_get(r, "items")) == 2);
+    CHECK(fr_is_str(fr_path(r, "items.0.source"), "engram://7/fact/1"));
+    CHECK(fr_is_str(fr_path(r, "items.0.title"), "[FACT] memory 1"));
+    CHECK(fr_is_str(fr_path(r, "items.0.content"), mems[0].content));
+    CHECK(fr_is_str(fr_path(r, "items.1.source"), "engram://7/fact/3"));
+    CHECK(fr_is_str(fr_path(r, "items.1.title"), "[FACT] memory 3"));
+    fr_free(r);
+    /* in rank order: 3 first */
+    r = fr_call(&env, "memory.context",
+                "{\"embedding\": [0.8, 0.6, 0, 0, 0, 0, 0, 0], "
+                "\"top_k\": 2, \"similarity_weight\": 1, \"format\": "
+                "\"search_results\"}");
+    finish_rows(r);
     CHECK(fr_is_str(fr_path(r, "items.0.source"), "engram://7/fact/3"));
-    CHECK(fr_is_str(fr_path(r, "items.0.title"), "[FACT] memory 3"));
     CHECK(fr_is_str(fr_path(r, "items.1.source"), "engram://7/fact/1"));
-    CHECK(fr_is_str(fr_path(r, "items.1.content"), mems[0].content));
     CHECK(fr_get(r, "text") == NULL);
     fr_free(r);
 }
@@ -680,6 +693,7 @@ int main(void)
         return 1;
     }
     env.tiers[TIER_STANDARD].queries_per_day = 0;
+    base_ms = server_now_ms();
     load_index();
     test_arguments();
     test_admission();

@@ -130,13 +130,22 @@ static int on_metrics(server *s, struct evbuffer *b)
             rss = (double)res * (double)sysconf(_SC_PAGESIZE);
         fclose(f);
     }
-    const char *names[] = {
-        "engram_indexes_loaded",     "engram_index_vectors",       "engram_index_bytes",
-        "engram_index_budget_bytes", "engram_index_tenants_known", "engram_indexes_flat",
-        "engram_indexes_sq8",        "engram_indexes_ann",         "engram_process_resident_bytes"};
-    double vals[] = {(double)tm.loaded,     (double)tm.vectors,    (double)tm.bytes,
-                     (double)tm.budget,     (double)tm.known,      (double)tm.by_kind[0],
-                     (double)tm.by_kind[1], (double)tm.by_kind[2], rss};
+    const char *names[] = {"engram_indexes_loaded",
+                           "engram_index_vectors",
+                           "engram_index_bytes",
+                           "engram_index_budget_bytes",
+                           "engram_index_tenants_known",
+                           "engram_indexes_flat",
+                           "engram_indexes_sq8",
+                           "engram_indexes_ann",
+                           "engram_process_resident_bytes",
+                           "engram_index_rows_mapped_bytes",
+                           "engram_index_rows_resident_bytes",
+                           "engram_index_page_ins"};
+    double vals[] = {(double)tm.loaded,      (double)tm.vectors,       (double)tm.bytes,
+                     (double)tm.budget,      (double)tm.known,         (double)tm.by_kind[0],
+                     (double)tm.by_kind[1],  (double)tm.by_kind[2],    rss,
+                     (double)tm.rows_mapped, (double)tm.rows_resident, (double)tm.page_ins};
     metrics_render(b, names, vals, sizeof(vals) / sizeof(vals[0]));
     if (s->tls)
         evbuffer_add_printf(b,

@@ -76,25 +76,45 @@ static bool list_has(const uint8_t *v, size_t n, const char *token)
     return false;
 }
 
-int http1_parse_head(const uint8_t *buf, size_t len, size_t max_head, http1_request *out, char *err,
-                     size_t errlen)
+/* The request target tg (tn bytes) into out's path and query: origin form, absolute form
+ * (http://host/path: servers must accept it; the authority is ignored) or "*". */
+static int parse_target(const uint8_t *tg, size_t tn, http1_request *out, char *err, size_t errlen)
 {
-    memset(out, 0, sizeof(*out));
-    size_t scanned = 0;
-    size_t end = http1_find_end(buf, len, &scanned);
-    if (end == 0)
-        return len >= max_head
-                   ? fail(err, errlen, HTTP1_E_TOO_LARGE, "request head passes %zu bytes", max_head)
-                   : HTTP1_E_INCOMPLETE;
-    if (end > max_head)
-        return fail(err, errlen, HTTP1_E_TOO_LARGE, "request head passes %zu bytes", max_head);
-    out->head_len = end;
+    for (const char *scheme = "http://"; scheme; scheme = scheme[4] == ':' ? "https://" : NULL) {
+        size_t sn = strlen(scheme);
+        if (tn > sn && name_is(tg, sn, scheme)) {
+            size_t k = sn;
+            while (k < tn && tg[k] != '/' && tg[k] != '?')
+                k++;
+            tg += k;
+            tn -= k;
+            if (tn == 0 || tg[0] != '/') { /* http://host or http://host?q: the root */
+                static const uint8_t root[] = "/";
+                if (tn != 0)
+                    return fail(err, errlen, HTTP1_E_MALFORMED, "malformed request target");
+                tg = root;
+                tn = 1;
+            }
+            break;
+        }
+    }
+    if (!(tn == 1 && tg[0] == '*') && tg[0] != '/')
+        return fail(err, errlen, HTTP1_E_MALFORMED, "malformed request target");
+    const uint8_t *q = memchr(tg, '?', tn);
+    out->path = (const char *)tg;
+    out->path_len = q ? (size_t)(q - tg) : tn;
+    if (q) {
+        out->query = (const char *)q + 1;
+        out->query_len = tn - out->path_len - 1;
+    }
+    return 0;
+}
 
-    /* the request line */
-    size_t p = 0, eol = 0;
-    while (buf[eol] != '\n')
-        eol++;
-    size_t le = eol > 0 && buf[eol - 1] == '\r' ? eol - 1 : eol;
+/* The request line buf[0..le) ("METHOD target HTTP/1.x") into out. */
+static int parse_request_line(const uint8_t *buf, size_t le, http1_request *out, char *err,
+                              size_t errlen)
+{
+    size_t p = 0;
     while (p < le && tchar(buf[p]))
         p++;
     if (p == 0 || p >= le || buf[p] != ' ')
@@ -123,45 +143,64 @@ int http1_parse_head(const uint8_t *buf, size_t len, size_t max_head, http1_requ
     if (v[5] != '1')
         return fail(err, errlen, HTTP1_E_VERSION, "unsupported HTTP version");
     out->minor = v[7] == '0' ? 0 : 1;
-    /* absolute form (http://host/path): servers must accept it; the authority is ignored */
-    const uint8_t *tg = buf + t;
-    size_t tn = tend - t;
-    for (const char *scheme = "http://"; scheme; scheme = scheme[4] == ':' ? "https://" : NULL) {
-        size_t sn = strlen(scheme);
-        if (tn > sn && name_is(tg, sn, scheme)) {
-            size_t k = sn;
-            while (k < tn && tg[k] != '/' && tg[k] != '?')
-                k++;
-            tg += k;
-            tn -= k;
-            if (tn == 0 || tg[0] != '/') { /* http://host or http://host?q: the root */
-                static const uint8_t root[] = "/";
-                if (tn != 0)
-                    return fail(err, errlen, HTTP1_E_MALFORMED, "malformed request target");
-                tg = root;
-                tn = 1;
-            }
-            break;
-        }
-    }
-    if (!(tn == 1 && tg[0] == '*') && tg[0] != '/')
-        return fail(err, errlen, HTTP1_E_MALFORMED, "malformed request target");
-    const uint8_t *q = memchr(tg, '?', tn);
-    out->path = (const char *)tg;
-    out->path_len = q ? (size_t)(q - tg) : tn;
-    if (q) {
-        out->query = (const char *)q + 1;
-        out->query_len = tn - out->path_len - 1;
-    }
+    return parse_target(buf + t, tend - t, out, err, errlen);
+}
 
-    /* the header fields */
-    bool close = false, keep = false, host = false;
+/* What the header fields said about the connection. */
+typedef struct fields_seen {
+    bool close, keep, host;
+} fields_seen;
+
+/* One header field (name: val) into out and *seen. */
+static int parse_field(const uint8_t *name, size_t name_len, const uint8_t *val, size_t val_len,
+                       http1_request *out, fields_seen *seen, char *err, size_t errlen)
+{
+    if (name_is(name, name_len, "content-length")) {
+        uint64_t cl = 0;
+        if (val_len == 0 || val_len > 19)
+            return fail(err, errlen, HTTP1_E_MALFORMED, "malformed Content-Length");
+        for (size_t k = 0; k < val_len; k++) {
+            if (val[k] < '0' || val[k] > '9')
+                return fail(err, errlen, HTTP1_E_MALFORMED, "malformed Content-Length");
+            cl = cl * 10 + (uint64_t)(val[k] - '0');
+        }
+        if (out->has_length && out->content_length != cl)
+            return fail(err, errlen, HTTP1_E_MALFORMED, "conflicting Content-Length");
+        out->has_length = true;
+        out->content_length = cl;
+    } else if (name_is(name, name_len, "transfer-encoding")) {
+        out->transfer_encoding = true;
+    } else if (name_is(name, name_len, "connection")) {
+        seen->close = seen->close || list_has(val, val_len, "close");
+        seen->keep = seen->keep || list_has(val, val_len, "keep-alive");
+    } else if (name_is(name, name_len, "expect")) {
+        out->expect_100 = list_has(val, val_len, "100-continue");
+    } else if (name_is(name, name_len, "authorization")) {
+        if (out->authorization)
+            return fail(err, errlen, HTTP1_E_MALFORMED, "more than one Authorization");
+        out->authorization = (const char *)val;
+        out->authorization_len = val_len;
+    } else if (name_is(name, name_len, "if-none-match")) {
+        out->if_none_match = (const char *)val; /* the last one given */
+        out->if_none_match_len = val_len;
+    } else if (name_is(name, name_len, "host")) {
+        if (seen->host)
+            return fail(err, errlen, HTTP1_E_MALFORMED, "more than one Host");
+        seen->host = true;
+    }
+    return 0;
+}
+
+/* The header field lines of buf from p up to the empty line before end. */
+static int parse_fields(const uint8_t *buf, size_t p, size_t end, http1_request *out,
+                        fields_seen *seen, char *err, size_t errlen)
+{
     unsigned nheaders = 0;
-    for (p = eol + 1; p < end;) {
-        eol = p;
+    while (p < end) {
+        size_t eol = p;
         while (buf[eol] != '\n')
             eol++;
-        le = eol > p && buf[eol - 1] == '\r' ? eol - 1 : eol;
+        size_t le = eol > p && buf[eol - 1] == '\r' ? eol - 1 : eol;
         size_t next = eol + 1;
         if (le == p)
             break; /* the empty line */
@@ -175,8 +214,6 @@ int http1_parse_head(const uint8_t *buf, size_t len, size_t max_head, http1_requ
             n++;
         if (n == p || n >= le || buf[n] != ':')
             return fail(err, errlen, HTTP1_E_MALFORMED, "malformed header field");
-        const uint8_t *name = buf + p;
-        size_t name_len = n - p;
         size_t vs = n + 1, ve = le;
         while (vs < ve && (buf[vs] == ' ' || buf[vs] == '\t'))
             vs++;
@@ -185,46 +222,40 @@ int http1_parse_head(const uint8_t *buf, size_t len, size_t max_head, http1_requ
         for (size_t k = vs; k < ve; k++)
             if ((buf[k] < 0x20 && buf[k] != '\t') || buf[k] == 0x7f)
                 return fail(err, errlen, HTTP1_E_MALFORMED, "control character in a header");
-        const uint8_t *val = buf + vs;
-        size_t val_len = ve - vs;
-        if (name_is(name, name_len, "content-length")) {
-            uint64_t cl = 0;
-            if (val_len == 0 || val_len > 19)
-                return fail(err, errlen, HTTP1_E_MALFORMED, "malformed Content-Length");
-            for (size_t k = 0; k < val_len; k++) {
-                if (val[k] < '0' || val[k] > '9')
-                    return fail(err, errlen, HTTP1_E_MALFORMED, "malformed Content-Length");
-                cl = cl * 10 + (uint64_t)(val[k] - '0');
-            }
-            if (out->has_length && out->content_length != cl)
-                return fail(err, errlen, HTTP1_E_MALFORMED, "conflicting Content-Length");
-            out->has_length = true;
-            out->content_length = cl;
-        } else if (name_is(name, name_len, "transfer-encoding")) {
-            out->transfer_encoding = true;
-        } else if (name_is(name, name_len, "connection")) {
-            close = close || list_has(val, val_len, "close");
-            keep = keep || list_has(val, val_len, "keep-alive");
-        } else if (name_is(name, name_len, "expect")) {
-            out->expect_100 = list_has(val, val_len, "100-continue");
-        } else if (name_is(name, name_len, "authorization")) {
-            if (out->authorization)
-                return fail(err, errlen, HTTP1_E_MALFORMED, "more than one Authorization");
-            out->authorization = (const char *)val;
-            out->authorization_len = val_len;
-        } else if (name_is(name, name_len, "if-none-match")) {
-            out->if_none_match = (const char *)val; /* the last one given */
-            out->if_none_match_len = val_len;
-        } else if (name_is(name, name_len, "host")) {
-            if (host)
-                return fail(err, errlen, HTTP1_E_MALFORMED, "more than one Host");
-            host = true;
-        }
+        int rc = parse_field(buf + p, n - p, buf + vs, ve - vs, out, seen, err, errlen);
+        if (rc != 0)
+            return rc;
         p = next;
     }
-    if (out->minor == 1 && !host)
+    return 0;
+}
+
+int http1_parse_head(const uint8_t *buf, size_t len, size_t max_head, http1_request *out, char *err,
+                     size_t errlen)
+{
+    memset(out, 0, sizeof(*out));
+    size_t scanned = 0;
+    size_t end = http1_find_end(buf, len, &scanned);
+    if (end == 0)
+        return len >= max_head
+                   ? fail(err, errlen, HTTP1_E_TOO_LARGE, "request head passes %zu bytes", max_head)
+                   : HTTP1_E_INCOMPLETE;
+    if (end > max_head)
+        return fail(err, errlen, HTTP1_E_TOO_LARGE, "request head passes %zu bytes", max_head);
+    out->head_len = end;
+    size_t eol = 0;
+    while (buf[eol] != '\n')
+        eol++;
+    size_t le = eol > 0 && buf[eol - 1] == '\r' ? eol - 1 : eol;
+    int rc = parse_request_line(buf, le, out, err, errlen);
+    fields_seen seen = {0};
+    if (rc == 0)
+        rc = parse_fields(buf, eol + 1, end, out, &seen, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (out->minor == 1 && !seen.host)
         return fail(err, errlen, HTTP1_E_MALFORMED, "missing Host header");
-    out->keep_alive = out->minor == 1 ? !close : keep && !close;
+    out->keep_alive = out->minor == 1 ? !seen.close : seen.keep && !seen.close;
     return 0;
 }
 

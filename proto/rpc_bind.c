@@ -277,13 +277,166 @@ static int check_vector(const msgpack_object *o, unsigned flags, double min, dou
     return 0;
 }
 
+/* The checks of one schema type below return 0, RPC_E_INVALID with err, or WRONG_TYPE when
+ * o is not of that type at all (rpc_check_value words that error). */
+#define WRONG_TYPE (-1)
+
+static int check_int(const msgpack_object *o, bool ranged, double min, double max, const char *what,
+                     char *err, size_t errlen)
+{
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        if (o->via.u64 > INT64_MAX) {
+            rpc_set_err(err, errlen, "parameter '%s' must be an integer that fits 64 bits", what);
+            return RPC_E_INVALID;
+        }
+    } else if (o->type != MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        return WRONG_TYPE;
+    }
+    if (ranged && !i64_in_range(o->via.i64, min, max))
+        return range_err(what, "must be", min, max, "", err, errlen);
+    return 0;
+}
+
+static int check_num(const msgpack_object *o, bool ranged, double min, double max, const char *what,
+                     char *err, size_t errlen)
+{
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        if (ranged && !u64_in_range(o->via.u64, min, max))
+            return range_err(what, "must be", min, max, "", err, errlen);
+        return 0;
+    }
+    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        if (ranged && !i64_in_range(o->via.i64, min, max))
+            return range_err(what, "must be", min, max, "", err, errlen);
+        return 0;
+    }
+    if (o->type != MSGPACK_OBJECT_FLOAT32 && o->type != MSGPACK_OBJECT_FLOAT64)
+        return WRONG_TYPE;
+    double d = o->via.f64;
+    if (!isfinite(d)) {
+        rpc_set_err(err, errlen, "parameter '%s' must be a finite number", what);
+        return RPC_E_INVALID;
+    }
+    if (ranged && !(d >= min && d <= max))
+        return range_err(what, "must be", min, max, "", err, errlen);
+    return 0;
+}
+
+static int check_str(const msgpack_object *o, bool ranged, double min, double max, const char *what,
+                     char *err, size_t errlen)
+{
+    if (o->type != MSGPACK_OBJECT_STR)
+        return WRONG_TYPE;
+    const char *bad = str_problem(o->via.str.ptr, o->via.str.size);
+    if (bad != NULL) {
+        rpc_set_err(err, errlen, "parameter '%s' %s", what, bad);
+        return RPC_E_INVALID;
+    }
+    if (ranged && !count_in_range(o->via.str.size, min, max))
+        return range_err(what, "must be", min, max, " bytes long", err, errlen);
+    return 0;
+}
+
+static int check_map(const msgpack_object *o, bool ranged, double min, double max, const char *what,
+                     char *err, size_t errlen)
+{
+    if (o->type != MSGPACK_OBJECT_MAP)
+        return WRONG_TYPE;
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+        if (o->via.map.ptr[i].key.type != MSGPACK_OBJECT_STR) {
+            rpc_set_err(err, errlen, "parameter '%s' must be a map with string keys, not %s keys",
+                        what, rpc_obj_type_name(&o->via.map.ptr[i].key));
+            return RPC_E_INVALID;
+        }
+    }
+    if (ranged && !count_in_range(o->via.map.size, min, max))
+        return range_err(what, "must have", min, max, " entries", err, errlen);
+    return deep_check(o, 0, what, err, errlen);
+}
+
+/* RPC_T_STR_ARRAY and RPC_T_UINT_ARRAY. */
+static int check_list(const msgpack_object *o, rpc_type type, bool ranged, double min, double max,
+                      const char *what, char *err, size_t errlen)
+{
+    if (o->type != MSGPACK_OBJECT_ARRAY)
+        return WRONG_TYPE;
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        const msgpack_object *e = &o->via.array.ptr[i];
+        if (type == RPC_T_UINT_ARRAY) {
+            if (e->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+                rpc_set_err(err, errlen, "parameter '%s' must be %s: element %u is %s", what,
+                            type_desc(type), i,
+                            e->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ? "negative"
+                                                                       : rpc_obj_type_name(e));
+                return RPC_E_INVALID;
+            }
+            continue;
+        }
+        if (e->type != MSGPACK_OBJECT_STR) {
+            rpc_set_err(err, errlen, "parameter '%s' must be %s: element %u is %s", what,
+                        type_desc(type), i, rpc_obj_type_name(e));
+            return RPC_E_INVALID;
+        }
+        const char *bad = str_problem(e->via.str.ptr, e->via.str.size);
+        if (bad != NULL) {
+            rpc_set_err(err, errlen, "parameter '%s[%u]' %s", what, i, bad);
+            return RPC_E_INVALID;
+        }
+    }
+    if (ranged && !count_in_range(o->via.array.size, min, max))
+        return range_err(what, "must have", min, max, " elements", err, errlen);
+    return 0;
+}
+
+/* The check of o against type, or WRONG_TYPE. */
+static int check_typed(const msgpack_object *o, rpc_type type, unsigned flags, double min,
+                       double max, const char *what, char *err, size_t errlen)
+{
+    const bool ranged = (flags & RPC_P_RANGE) != 0;
+    switch (type) {
+    case RPC_T_ANY:
+        return deep_check(o, 0, what, err, errlen);
+    case RPC_T_BOOL:
+        return o->type == MSGPACK_OBJECT_BOOLEAN ? 0 : WRONG_TYPE;
+    case RPC_T_UINT:
+        if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+            return WRONG_TYPE;
+        if (ranged && !u64_in_range(o->via.u64, min, max))
+            return range_err(what, "must be", min, max, "", err, errlen);
+        return 0;
+    case RPC_T_INT:
+        return check_int(o, ranged, min, max, what, err, errlen);
+    case RPC_T_NUM:
+        return check_num(o, ranged, min, max, what, err, errlen);
+    case RPC_T_STR:
+        return check_str(o, ranged, min, max, what, err, errlen);
+    case RPC_T_BIN:
+        if (o->type != MSGPACK_OBJECT_BIN)
+            return WRONG_TYPE;
+        if (ranged && !count_in_range(o->via.bin.size, min, max))
+            return range_err(what, "must be", min, max, " bytes long", err, errlen);
+        return 0;
+    case RPC_T_ARRAY:
+        if (o->type != MSGPACK_OBJECT_ARRAY)
+            return WRONG_TYPE;
+        if (ranged && !count_in_range(o->via.array.size, min, max))
+            return range_err(what, "must have", min, max, " elements", err, errlen);
+        return deep_check(o, 0, what, err, errlen);
+    case RPC_T_MAP:
+        return check_map(o, ranged, min, max, what, err, errlen);
+    case RPC_T_VECTOR:
+        return check_vector(o, flags, min, max, what, err, errlen);
+    case RPC_T_STR_ARRAY:
+    case RPC_T_UINT_ARRAY:
+        return check_list(o, type, ranged, min, max, what, err, errlen);
+    }
+    rpc_set_err(err, errlen, "parameter '%s' has an unknown schema type %d", what, (int)type);
+    return RPC_E_INVALID;
+}
+
 int rpc_check_value(const msgpack_object *o, rpc_type type, unsigned flags, double min, double max,
                     const char *what, char *err, size_t errlen)
 {
-    const bool ranged = (flags & RPC_P_RANGE) != 0;
-    const char *bad;
-    double d;
-
     if (what == NULL)
         what = "?";
     if (o == NULL) {
@@ -292,128 +445,9 @@ int rpc_check_value(const msgpack_object *o, rpc_type type, unsigned flags, doub
     }
     if (o->type == MSGPACK_OBJECT_NIL && (flags & RPC_P_NULLABLE))
         return 0;
-
-    switch (type) {
-    case RPC_T_ANY:
-        return deep_check(o, 0, what, err, errlen);
-    case RPC_T_BOOL:
-        if (o->type != MSGPACK_OBJECT_BOOLEAN)
-            goto wrong_type;
-        return 0;
-    case RPC_T_UINT:
-        if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-            goto wrong_type;
-        if (ranged && !u64_in_range(o->via.u64, min, max))
-            return range_err(what, "must be", min, max, "", err, errlen);
-        return 0;
-    case RPC_T_INT:
-        if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
-            if (o->via.u64 > INT64_MAX) {
-                rpc_set_err(err, errlen, "parameter '%s' must be an integer that fits 64 bits",
-                            what);
-                return RPC_E_INVALID;
-            }
-        } else if (o->type != MSGPACK_OBJECT_NEGATIVE_INTEGER) {
-            goto wrong_type;
-        }
-        if (ranged && !i64_in_range(o->via.i64, min, max))
-            return range_err(what, "must be", min, max, "", err, errlen);
-        return 0;
-    case RPC_T_NUM:
-        if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
-            if (ranged && !u64_in_range(o->via.u64, min, max))
-                return range_err(what, "must be", min, max, "", err, errlen);
-            return 0;
-        }
-        if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
-            if (ranged && !i64_in_range(o->via.i64, min, max))
-                return range_err(what, "must be", min, max, "", err, errlen);
-            return 0;
-        }
-        if (o->type != MSGPACK_OBJECT_FLOAT32 && o->type != MSGPACK_OBJECT_FLOAT64)
-            goto wrong_type;
-        d = o->via.f64;
-        if (!isfinite(d)) {
-            rpc_set_err(err, errlen, "parameter '%s' must be a finite number", what);
-            return RPC_E_INVALID;
-        }
-        if (ranged && !(d >= min && d <= max))
-            return range_err(what, "must be", min, max, "", err, errlen);
-        return 0;
-    case RPC_T_STR:
-        if (o->type != MSGPACK_OBJECT_STR)
-            goto wrong_type;
-        bad = str_problem(o->via.str.ptr, o->via.str.size);
-        if (bad != NULL) {
-            rpc_set_err(err, errlen, "parameter '%s' %s", what, bad);
-            return RPC_E_INVALID;
-        }
-        if (ranged && !count_in_range(o->via.str.size, min, max))
-            return range_err(what, "must be", min, max, " bytes long", err, errlen);
-        return 0;
-    case RPC_T_BIN:
-        if (o->type != MSGPACK_OBJECT_BIN)
-            goto wrong_type;
-        if (ranged && !count_in_range(o->via.bin.size, min, max))
-            return range_err(what, "must be", min, max, " bytes long", err, errlen);
-        return 0;
-    case RPC_T_ARRAY:
-        if (o->type != MSGPACK_OBJECT_ARRAY)
-            goto wrong_type;
-        if (ranged && !count_in_range(o->via.array.size, min, max))
-            return range_err(what, "must have", min, max, " elements", err, errlen);
-        return deep_check(o, 0, what, err, errlen);
-    case RPC_T_MAP:
-        if (o->type != MSGPACK_OBJECT_MAP)
-            goto wrong_type;
-        for (uint32_t i = 0; i < o->via.map.size; i++) {
-            if (o->via.map.ptr[i].key.type != MSGPACK_OBJECT_STR) {
-                rpc_set_err(err, errlen,
-                            "parameter '%s' must be a map with string keys, not %s keys", what,
-                            rpc_obj_type_name(&o->via.map.ptr[i].key));
-                return RPC_E_INVALID;
-            }
-        }
-        if (ranged && !count_in_range(o->via.map.size, min, max))
-            return range_err(what, "must have", min, max, " entries", err, errlen);
-        return deep_check(o, 0, what, err, errlen);
-    case RPC_T_VECTOR:
-        return check_vector(o, flags, min, max, what, err, errlen);
-    case RPC_T_STR_ARRAY:
-    case RPC_T_UINT_ARRAY:
-        if (o->type != MSGPACK_OBJECT_ARRAY)
-            goto wrong_type;
-        for (uint32_t i = 0; i < o->via.array.size; i++) {
-            const msgpack_object *e = &o->via.array.ptr[i];
-            if (type == RPC_T_UINT_ARRAY) {
-                if (e->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
-                    rpc_set_err(err, errlen, "parameter '%s' must be %s: element %u is %s", what,
-                                type_desc(type), i,
-                                e->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ? "negative"
-                                                                           : rpc_obj_type_name(e));
-                    return RPC_E_INVALID;
-                }
-                continue;
-            }
-            if (e->type != MSGPACK_OBJECT_STR) {
-                rpc_set_err(err, errlen, "parameter '%s' must be %s: element %u is %s", what,
-                            type_desc(type), i, rpc_obj_type_name(e));
-                return RPC_E_INVALID;
-            }
-            bad = str_problem(e->via.str.ptr, e->via.str.size);
-            if (bad != NULL) {
-                rpc_set_err(err, errlen, "parameter '%s[%u]' %s", what, i, bad);
-                return RPC_E_INVALID;
-            }
-        }
-        if (ranged && !count_in_range(o->via.array.size, min, max))
-            return range_err(what, "must have", min, max, " elements", err, errlen);
-        return 0;
-    }
-    rpc_set_err(err, errlen, "parameter '%s' has an unknown schema type %d", what, (int)type);
-    return RPC_E_INVALID;
-
-wrong_type:
+    int rc = check_typed(o, type, flags, min, max, what, err, errlen);
+    if (rc != WRONG_TYPE)
+        return rc;
     rpc_set_err(err, errlen, "parameter '%s' must be %s, not %s", what, type_desc(type),
                 rpc_obj_type_name(o));
     return RPC_E_INVALID;

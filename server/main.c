@@ -24,6 +24,7 @@
 #include "climits.h"
 #include "consolidate.h"
 #include "db.h"
+#include "pgsync.h"
 #include "embedder.h"
 #include "handlers.h"
 #include "http.h"
@@ -305,7 +306,7 @@ static PGconn *connect_with_wait(const config *cfg)
     uint64_t start = server_mono_ns();
     unsigned delay = 100;
     for (;;) {
-        PGconn *c = db_connect_blocking(cfg->pg_dsn, NULL, 5000, err, sizeof(err));
+        PGconn *c = pgsync_connect(cfg->pg_dsn, NULL, 5000, err, sizeof(err));
         if (c)
             return c;
         if (server_mono_ns() - start > (uint64_t)STARTUP_DB_WAIT_MS * 1000000u) {
@@ -350,11 +351,11 @@ static int create_tenant_cmd(server *s, PGconn *c, const char *name, const char 
     /* the functions admin.tenant.create and admin.key.create call: a new tenant with its
      * first key, or, when the name exists, a new key of that tenant */
     const char *tv[] = {name, tier, "builtin", "", dim, "bootstrap", key_id, hex, NULL};
-    PGresult *r = DB_EXEC(c, sql_def(SQL_TENANT_CREATE), tv, err, sizeof(err));
+    PGresult *r = PGSYNC_EXEC(c, sql_def(SQL_TENANT_CREATE), tv, err, sizeof(err));
     if (!r) {
         char e2[512];
         const char *kv[] = {NULL, name, "bootstrap", key_id, hex};
-        r = DB_EXEC(c, sql_def(SQL_ADMIN_KEY_CREATE), kv, e2, sizeof(e2));
+        r = PGSYNC_EXEC(c, sql_def(SQL_ADMIN_KEY_CREATE), kv, e2, sizeof(e2));
         if (!r) {
             log_error("cannot create tenant '%s': %s", name, err);
             return -EIO;

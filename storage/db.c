@@ -11,6 +11,8 @@
 
 #include <event2/event.h>
 
+#include "pgparams.h"
+
 /* Kinds of statement a job can hold: internal set-up work uses the raw and prepare kinds. */
 enum { Q_EXEC_PREPARED, Q_EXEC_RAW, Q_PREPARE };
 
@@ -54,17 +56,6 @@ typedef struct db_job {
 
 enum { C_DOWN, C_CONNECTING, C_SETUP, C_READY };
 
-/* Connection parameters: the configured DSN parsed, with what failover needs added where the
- * DSN does not say otherwise (see conn_params_init). keys/vals end with NULL and point into
- * opts or the defaults' own strings. */
-typedef struct conn_params {
-    PQconninfoOption *opts;
-    const char **keys;
-    const char **vals;
-    char tcp_user_timeout[16];
-    char connect_timeout[16];
-} conn_params;
-
 typedef struct db_conn {
     db_pool *pool;
     PGconn *pg;
@@ -86,7 +77,7 @@ struct db_pool {
     struct event_base *base;
     db_config cfg;
     char *dsn;
-    conn_params params;   /* dsn with the failover defaults added (see conn_params_init) */
+    pgparams params;      /* dsn with the failover defaults added (pgparams.h) */
     char *role;           /* "SET ROLE ..." or NULL */
     char timeout_sql[64]; /* "SET statement_timeout = ..." */
     db_conn *conns;
@@ -150,86 +141,6 @@ static uint64_t now_ms(void)
 static bool elapsed(uint64_t now, uint64_t t, uint64_t span)
 {
     return now >= t && now - t >= span;
-}
-
-/* conn_params_init parses dsn (a key=value string or a URI, one host or several) and adds, for
- * each of these the DSN leaves unset:
- *   keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3: an idle
- *     connection to a host that vanished (power loss, a network partition: no RST ever
- *     arrives) is found dead in about 11 s instead of the kernel's two hours;
- *   tcp_user_timeout=timeout_ms (at least 1000): data, and on Linux a connection attempt's
- *     SYN, unacknowledged that long closes the socket, so a dead first host of a multi-host
- *     DSN costs one timeout before libpq tries the next;
- *   connect_timeout=timeout_ms in seconds (at least 2): the same bound per host for the
- *     blocking connections (libpq applies it per host; the pool bounds each host's attempt
- *     itself, see on_tick).
- * They only apply to TCP; a Unix socket path ignores them. Returns 0, or -EINVAL when dsn does
- * not parse (err says why), -ENOMEM. */
-static int conn_params_init(conn_params *cp, const char *dsn, unsigned timeout_ms, char *err,
-                            size_t errlen)
-{
-    memset(cp, 0, sizeof(*cp));
-    char *perr = NULL;
-    cp->opts = PQconninfoParse(dsn, &perr);
-    if (!cp->opts) {
-        snprintf(err, errlen, "%s", perr ? perr : "out of memory");
-        size_t n = strlen(err);
-        while (n > 0 && err[n - 1] == '\n')
-            err[--n] = '\0';
-        int rc = perr ? -EINVAL : -ENOMEM;
-        PQfreemem(perr);
-        return rc;
-    }
-    snprintf(cp->tcp_user_timeout, sizeof(cp->tcp_user_timeout), "%u",
-             timeout_ms < 1000 ? 1000 : timeout_ms);
-    snprintf(cp->connect_timeout, sizeof(cp->connect_timeout), "%u",
-             timeout_ms / 1000 < 2 ? 2 : timeout_ms / 1000);
-    const struct {
-        const char *key, *val;
-    } defaults[] = {
-        {"keepalives", "1"},
-        {"keepalives_idle", "5"},
-        {"keepalives_interval", "2"},
-        {"keepalives_count", "3"},
-        {"tcp_user_timeout", cp->tcp_user_timeout},
-        {"connect_timeout", cp->connect_timeout},
-    };
-    size_t n = 0;
-    for (PQconninfoOption *o = cp->opts; o->keyword; o++)
-        n++;
-    cp->keys = calloc(n + 1, sizeof(*cp->keys));
-    cp->vals = calloc(n + 1, sizeof(*cp->vals));
-    if (!cp->keys || !cp->vals) {
-        snprintf(err, errlen, "out of memory");
-        goto fail;
-    }
-    size_t k = 0;
-    for (PQconninfoOption *o = cp->opts; o->keyword; o++) {
-        const char *v = o->val;
-        for (size_t d = 0; !v && d < sizeof(defaults) / sizeof(defaults[0]); d++)
-            if (strcmp(o->keyword, defaults[d].key) == 0)
-                v = defaults[d].val;
-        if (!v)
-            continue;
-        cp->keys[k] = o->keyword;
-        cp->vals[k] = v;
-        k++;
-    }
-    return 0;
-fail:
-    free(cp->keys);
-    free(cp->vals);
-    PQconninfoFree(cp->opts);
-    memset(cp, 0, sizeof(*cp));
-    return -ENOMEM;
-}
-
-static void conn_params_fini(conn_params *cp)
-{
-    free(cp->keys);
-    free(cp->vals);
-    PQconninfoFree(cp->opts);
-    memset(cp, 0, sizeof(*cp));
 }
 
 static void emit(db_pool *p, int level, const char *fmt, ...)
@@ -834,7 +745,7 @@ db_pool *db_pool_create(struct event_base *base, const db_config *cfg)
     if (!p->dsn)
         goto fail;
     char perr[256];
-    int prc = conn_params_init(&p->params, cfg->dsn, p->cfg.queue_timeout_ms, perr, sizeof(perr));
+    int prc = pgparams_init(&p->params, cfg->dsn, p->cfg.queue_timeout_ms, perr, sizeof(perr));
     if (prc == -ENOMEM)
         goto fail;
     /* a DSN that does not parse is tried as it is: the connection attempts report why */
@@ -903,7 +814,7 @@ void db_pool_destroy(db_pool *p)
         event_free(p->ev_tick);
     free(p->conns);
     free(p->role);
-    conn_params_fini(&p->params);
+    pgparams_fini(&p->params);
     free(p->dsn);
     free(p);
 }
@@ -1026,114 +937,4 @@ bool db_pool_idle(db_pool *p)
         if (p->conns[i].state == C_READY && p->conns[i].ninflight)
             return false;
     return true;
-}
-
-PGconn *db_connect_blocking(const char *dsn, const char *role, unsigned timeout_ms, char *err,
-                            size_t errlen)
-{
-    conn_params cp;
-    int prc = conn_params_init(&cp, dsn, timeout_ms, err, errlen);
-    if (prc < 0)
-        return NULL;
-    PGconn *c = PQconnectdbParams(cp.keys, cp.vals, 0);
-    conn_params_fini(&cp);
-    if (!c || PQstatus(c) != CONNECTION_OK) {
-        snprintf(err, errlen, "%s", c ? PQerrorMessage(c) : "out of memory");
-        size_t n = strlen(err);
-        while (n > 0 && err[n - 1] == '\n')
-            err[--n] = '\0';
-        PQfinish(c);
-        return NULL;
-    }
-    PGresult *r = db_exec_blocking(c, "SET client_min_messages = warning", 0, NULL, err, errlen);
-    if (!r)
-        goto fail;
-    PQclear(r);
-    if (role) {
-        char *id = PQescapeIdentifier(c, role, strlen(role));
-        if (!id) {
-            snprintf(err, errlen, "bad role name");
-            goto fail;
-        }
-        char sql[300];
-        snprintf(sql, sizeof(sql), "SET ROLE %s", id);
-        PQfreemem(id);
-        r = db_exec_blocking(c, sql, 0, NULL, err, errlen);
-        if (!r)
-            goto fail;
-        PQclear(r);
-    }
-    return c;
-fail:
-    PQfinish(c);
-    return NULL;
-}
-
-PGresult *db_exec_stmt(PGconn *c, const db_stmt_def *s, const char *const *values, size_t nvalues,
-                       char *err, size_t errlen)
-{
-    if (!s || s->nparams < 0 || nvalues != (size_t)s->nparams) {
-        snprintf(err, errlen, "statement %s takes %d parameters, %zu passed", s ? s->name : "?",
-                 s ? s->nparams : 0, nvalues);
-        return NULL;
-    }
-    return db_exec_blocking(c, s->sql, s->nparams, values, err, errlen);
-}
-
-int db_tenant_begin(PGconn *c, int64_t tenant, db_tx_mode mode, char *err, size_t errlen)
-{
-    static const char *const begin[] = {
-        [DB_TX_WRITE] = "BEGIN",
-        [DB_TX_READ] = "BEGIN READ ONLY",
-        [DB_TX_SNAPSHOT] = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
-    };
-    PGresult *r = db_exec_blocking(c, begin[mode], 0, NULL, err, errlen);
-    if (!r)
-        return -EIO;
-    PQclear(r);
-    char t[24];
-    snprintf(t, sizeof(t), "%lld", (long long)tenant);
-    const char *tv[] = {t};
-    r = db_exec_blocking(c, "SELECT set_config('engram.tenant_id', $1, true)", 1, tv, err, errlen);
-    if (!r) {
-        db_tx_end(c, false, NULL, 0);
-        return -EIO;
-    }
-    PQclear(r);
-    return 0;
-}
-
-int db_tx_end(PGconn *c, bool commit, char *err, size_t errlen)
-{
-    char e2[256];
-    PGresult *r = db_exec_blocking(c, commit ? "COMMIT" : "ROLLBACK", 0, NULL,
-                                   err && errlen ? err : e2, err && errlen ? errlen : sizeof(e2));
-    if (!r && commit) {
-        PQclear(db_exec_blocking(c, "ROLLBACK", 0, NULL, e2, sizeof(e2)));
-        return -EIO;
-    }
-    /* COMMIT of a transaction that failed answers ROLLBACK, not an error */
-    bool rolled_back = r && commit && strcmp(PQcmdStatus(r), "ROLLBACK") == 0;
-    PQclear(r);
-    if (rolled_back) {
-        if (err && errlen)
-            snprintf(err, errlen, "the transaction failed and was rolled back");
-        return -EIO;
-    }
-    return 0;
-}
-
-PGresult *db_exec_blocking(PGconn *c, const char *sql, int nparams, const char *const *values,
-                           char *err, size_t errlen)
-{
-    PGresult *r = PQexecParams(c, sql, nparams, NULL, values, NULL, NULL, 0);
-    ExecStatusType st = PQresultStatus(r);
-    if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)
-        return r;
-    snprintf(err, errlen, "%s", r ? PQresultErrorMessage(r) : PQerrorMessage(c));
-    size_t n = strlen(err);
-    while (n > 0 && err[n - 1] == '\n')
-        err[--n] = '\0';
-    PQclear(r);
-    return NULL;
 }

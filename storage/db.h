@@ -164,47 +164,6 @@ void db_pool_get_stats(db_pool *p, db_pool_stats *st);
 /* db_pool_idle tells whether no job is queued or in flight (for graceful shutdown). */
 bool db_pool_idle(db_pool *p);
 
-/* ---- blocking helpers, for start-up and background threads only ----------------------- */
-
-/* db_connect_blocking opens a connection with dsn, waiting at most timeout_ms, sets
- * client_min_messages to warning and, when role is not NULL, SET ROLE role. Returns the
- * connection or NULL with the reason in err. The caller owns the connection (PQfinish). */
-PGconn *db_connect_blocking(const char *dsn, const char *role, unsigned timeout_ms, char *err,
-                            size_t errlen);
-
-/* db_exec_stmt runs statement s (unprepared) with the nvalues text parameters of values,
- * which must be s->nparams (-EINVAL otherwise, a bug). Returns the result (caller frees with
- * PQclear) or NULL with the error in err. */
-PGresult *db_exec_stmt(PGconn *c, const db_stmt_def *s, const char *const *values, size_t nvalues,
-                       char *err, size_t errlen);
-
-/* DB_EXEC(c, s, v, err, errlen) is db_exec_stmt with the array v's own length. */
-#define DB_EXEC(c, s, v, err, errlen) db_exec_stmt((c), (s), (v), DB_ARRAY_LEN(v), (err), (errlen))
-
-/* The transaction of background work on one tenant's rows. */
-typedef enum db_tx_mode {
-    DB_TX_WRITE,    /* read committed, read-write */
-    DB_TX_READ,     /* read committed, read-only */
-    DB_TX_SNAPSHOT, /* repeatable read, read-only: one consistent view */
-} db_tx_mode;
-
-/* db_tenant_begin starts a transaction of the given mode on c and binds row-level security to
- * tenant (engram.tenant_id, for this transaction only). Returns 0, or -EIO with the reason in
- * err (nothing is left open then). */
-int db_tenant_begin(PGconn *c, int64_t tenant, db_tx_mode mode, char *err, size_t errlen);
-
-/* db_tx_end commits (commit true) or rolls back the transaction c has open. Returns 0, or -EIO
- * with the reason in err when the commit failed (the transaction is rolled back then). A
- * rollback's own failure is not reported: the connection is then unusable anyway, and the
- * caller learns it from its next statement or PQstatus. */
-int db_tx_end(PGconn *c, bool commit, char *err, size_t errlen);
-
-/* db_exec_blocking runs sql with text parameters and checks for PGRES_COMMAND_OK or
- * PGRES_TUPLES_OK. Returns the result (caller frees with PQclear) or NULL with the error in
- * err. */
-PGresult *db_exec_blocking(PGconn *c, const char *sql, int nparams, const char *const *values,
-                           char *err, size_t errlen);
-
 /* db_is_own_backend tells whether pid is the backend of one of this process's pool
  * connections (a change notification it sent describes a write this process applied
  * itself). Any thread. */

@@ -2,12 +2,13 @@
 #include "loader.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "db.h"
 #include "memrow.h"
+#include "pgsync.h"
 #include "rowerr.h"
 #include "sql.h"
 
@@ -118,6 +119,14 @@ static void set_err(char *err, size_t errlen, const char *what, const char *msg)
         err[--n] = '\0';
 }
 
+/* After a callback failed with rc < 0: err keeps what the callback wrote there, or else
+ * gets the errno's text, so that a negative return always comes with a reason. */
+static void callback_err(int rc, char *err, size_t errlen)
+{
+    if (rc < 0 && errlen && !err[0] && strerror_r(-rc, err, errlen) != 0)
+        snprintf(err, errlen, "stopped by the caller (%d)", rc);
+}
+
 /* Reads the tenant's change number inside the current transaction. */
 static int read_seq(PGconn *c, int64_t tenant, uint64_t *seq, char *err, size_t errlen)
 {
@@ -125,7 +134,7 @@ static int read_seq(PGconn *c, int64_t tenant, uint64_t *seq, char *err, size_t 
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
     PGresult *r =
-        db_exec_blocking(c, "SELECT change_seq FROM tenants WHERE id = $1", 1, vals, err, errlen);
+        pgsync_exec(c, "SELECT change_seq FROM tenants WHERE id = $1", 1, vals, err, errlen);
     if (!r)
         return -EIO;
     if (PQntuples(r) != 1) {
@@ -145,8 +154,9 @@ static int read_seq(PGconn *c, int64_t tenant, uint64_t *seq, char *err, size_t 
     return 0;
 }
 
-/* Runs sql (one bigint or two bigint parameters) in single-row mode, calling each(r) per
- * row. Returns 0, the callback's non-zero value, or -EIO with err. */
+/* Runs sql (text parameters, binary results) in single-row mode, calling each(r) per row
+ * until it returns non-zero. Every result is read to the end either way, so the connection
+ * is ready for the next statement. Returns 0, each's non-zero value, or -EIO with err. */
 static int stream(PGconn *c, const char *sql, int nparams, const char *const *vals,
                   int (*each)(const PGresult *r, void *ctx), void *ctx, char *err, size_t errlen)
 {
@@ -154,16 +164,28 @@ static int stream(PGconn *c, const char *sql, int nparams, const char *const *va
         set_err(err, errlen, "query", PQerrorMessage(c));
         return -EIO;
     }
-    PQsetSingleRowMode(c);
     int rc = 0;
+    if (!PQsetSingleRowMode(c)) {
+        /* the whole result would arrive as one: memory no longer bounded */
+        set_err(err, errlen, "query", "single-row mode refused");
+        rc = -EIO;
+    }
+    if (errlen)
+        err[0] = '\0'; /* set below by whoever fails, or by callback_err */
     PGresult *r;
     while ((r = PQgetResult(c)) != NULL) {
         ExecStatusType st = PQresultStatus(r);
-        if (st == PGRES_SINGLE_TUPLE && rc == 0) {
+        if (rc != 0) {
+            /* stopped: drain */
+        } else if (st == PGRES_SINGLE_TUPLE) {
             rc = each(r, ctx);
-        } else if (st == PGRES_FATAL_ERROR && rc == 0) {
-            set_err(err, errlen, "query", PQresultErrorMessage(r));
-            rc = -1;
+            callback_err(rc, err, errlen);
+        } else if (st != PGRES_TUPLES_OK) {
+            /* an error (the connection lost midway, a statement timeout), or a result a
+             * query in single-row mode never gives */
+            set_err(err, errlen, "query",
+                    st == PGRES_FATAL_ERROR ? PQresultErrorMessage(r) : PQresStatus(st));
+            rc = -EIO;
         }
         PQclear(r);
     }
@@ -181,6 +203,18 @@ typedef struct load_ctx {
     size_t errlen;
 } load_ctx;
 
+/* Allocates lc's scratch vector of lc->dim floats. Returns 0 or -ENOMEM with err. */
+static int alloc_vec(load_ctx *lc)
+{
+    size_t bytes = lc->dim ? lc->dim * sizeof(float) : 1;
+    lc->vec = lc->dim <= SIZE_MAX / sizeof(float) ? malloc(bytes) : NULL;
+    if (!lc->vec) {
+        snprintf(lc->err, lc->errlen, "out of memory");
+        return -ENOMEM;
+    }
+    return 0;
+}
+
 static int each_row(const PGresult *r, void *arg)
 {
     load_ctx *lc = arg;
@@ -188,7 +222,7 @@ static int each_row(const PGresult *r, void *arg)
     if (parse_row(r, 0, lc->dim, lc->vec, &row) < 0) {
         snprintf(lc->err, lc->errlen, "memory %lld has a malformed row or embedding",
                  (long long)col_i64(r, 0, 0, ROWERR_MEMORIES, NULL));
-        return -EIO;
+        return -EBADMSG;
     }
     return lc->fn(&row, lc->ctx);
 }
@@ -203,7 +237,7 @@ static int each_change(const PGresult *r, void *arg)
         if (PQgetisnull(r, 0, 0) || PQgetisnull(r, 0, 1))
             rowerr_report(ROWERR_MEMORY_CHANGES, "seq, memory_id", "NULL");
         snprintf(lc->err, lc->errlen, "a change log entry is malformed");
-        return -EIO;
+        return -EBADMSG;
     }
     if (PQgetisnull(r, 0, 2))
         return lc->cfn(seq, id, NULL, lc->ctx);
@@ -211,24 +245,26 @@ static int each_change(const PGresult *r, void *arg)
     if (parse_row(r, 2, lc->dim, lc->vec, &row) < 0) {
         snprintf(lc->err, lc->errlen, "memory %llu has a malformed row or embedding",
                  (unsigned long long)id);
-        return -EIO;
+        return -EBADMSG;
     }
     return lc->cfn(seq, id, &row, lc->ctx);
 }
 
-/* Runs body inside a read-only repeatable-read transaction. */
+/* Reads the tenant's change number and streams sql through each, both in one read-only
+ * repeatable-read transaction bound to the tenant. Returns as stream, or -ENOENT / -EBADMSG
+ * from read_seq, -EIO when the transaction does not start. */
 static int in_snapshot(PGconn *c, int64_t tenant, uint64_t *seq, const char *sql, int nparams,
                        const char *const *vals, int (*each)(const PGresult *, void *), load_ctx *lc,
                        char *err, size_t errlen)
 {
     /* row-level security: the connection sees this tenant's rows only */
-    if (db_tenant_begin(c, tenant, DB_TX_SNAPSHOT, err, errlen) < 0)
+    if (pgsync_tenant_begin(c, tenant, PGSYNC_TX_SNAPSHOT, err, errlen) < 0)
         return -EIO;
     int rc = read_seq(c, tenant, seq, err, errlen);
     if (rc == 0)
         rc = stream(c, sql, nparams, vals, each, lc, err, errlen);
     /* read-only: nothing to keep, and a failed COMMIT loses nothing already read */
-    db_tx_end(c, false, NULL, 0);
+    pgsync_tx_end(c, false, NULL, 0);
     return rc;
 }
 
@@ -236,11 +272,8 @@ int loader_tenant(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
                   int (*fn)(const loader_row *row, void *ctx), void *ctx, char *err, size_t errlen)
 {
     load_ctx lc = {.dim = dim, .fn = fn, .ctx = ctx, .err = err, .errlen = errlen};
-    lc.vec = malloc(dim * sizeof(float));
-    if (!lc.vec) {
-        snprintf(err, errlen, "out of memory");
-        return -EIO;
-    }
+    if (alloc_vec(&lc) < 0)
+        return -ENOMEM;
     char t[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
@@ -259,7 +292,7 @@ static int each_live(const PGresult *r, void *arg)
     if (parse_row(r, 0, lc->dim, lc->vec, &row) < 0) {
         snprintf(lc->err, lc->errlen, "memory %lld has a malformed row or embedding",
                  (long long)col_i64(r, 0, 0, ROWERR_MEMORIES, NULL));
-        return -EIO;
+        return -EBADMSG;
     }
     row.attrs_key = PQgetisnull(r, 0, LOADER_NCOLS) ? NULL : PQgetvalue(r, 0, LOADER_NCOLS);
     row.content = PQgetvalue(r, 0, LOADER_NCOLS + 1);
@@ -273,11 +306,8 @@ int loader_live(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
                 int (*fn)(const loader_row *row, void *ctx), void *ctx, char *err, size_t errlen)
 {
     load_ctx lc = {.dim = dim, .fn = fn, .ctx = ctx, .err = err, .errlen = errlen};
-    lc.vec = malloc(dim * sizeof(float));
-    if (!lc.vec) {
-        snprintf(err, errlen, "out of memory");
-        return -EIO;
-    }
+    if (alloc_vec(&lc) < 0)
+        return -ENOMEM;
     char t[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
@@ -296,11 +326,8 @@ int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64
                    void *ctx, char *err, size_t errlen)
 {
     load_ctx lc = {.dim = dim, .cfn = fn, .ctx = ctx, .err = err, .errlen = errlen};
-    lc.vec = malloc(dim * sizeof(float));
-    if (!lc.vec) {
-        snprintf(err, errlen, "out of memory");
-        return -EIO;
-    }
+    if (alloc_vec(&lc) < 0)
+        return -ENOMEM;
     char t[24], a[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     snprintf(a, sizeof(a), "%llu", (unsigned long long)after);
@@ -354,19 +381,21 @@ int loader_rows(PGconn *c, int64_t tenant, uint64_t before, size_t limit,
                 char *err, size_t errlen)
 {
     *n = 0;
-    if (db_tenant_begin(c, tenant, DB_TX_READ, err, errlen) < 0)
+    if (pgsync_tenant_begin(c, tenant, PGSYNC_TX_READ, err, errlen) < 0)
         return -EIO;
     char t[24], b[24], l[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     snprintf(b, sizeof(b), "%llu", (unsigned long long)(before ? before : (uint64_t)INT64_MAX));
     snprintf(l, sizeof(l), "%zu", limit);
     const char *vals[] = {t, b, l};
-    PGresult *r = db_exec_blocking(c,
-                                   "SELECT " SQL_MEMROW_COLS " FROM memories m WHERE m.tenant_id = "
-                                   "$1 AND m.id < $2 AND m.archived_at IS NULL AND (m.expires_at "
-                                   "IS NULL OR m.expires_at > now()) ORDER BY m.id DESC LIMIT $3",
-                                   3, vals, err, errlen);
+    PGresult *r = pgsync_exec(c,
+                              "SELECT " SQL_MEMROW_COLS " FROM memories m WHERE m.tenant_id = "
+                              "$1 AND m.id < $2 AND m.archived_at IS NULL AND (m.expires_at "
+                              "IS NULL OR m.expires_at > now()) ORDER BY m.id DESC LIMIT $3",
+                              3, vals, err, errlen);
     int rc = r ? 0 : -EIO;
+    if (r && errlen)
+        err[0] = '\0'; /* for callback_err */
     for (int i = 0; r && i < PQntuples(r) && rc == 0; i++) {
         memrow m;
         if (memrow_parse(r, i, 0, &m) != 0) {
@@ -377,9 +406,10 @@ int loader_rows(PGconn *c, int64_t tenant, uint64_t before, size_t limit,
         *last = m.id;
         (*n)++;
         rc = fn(&m, ctx);
+        callback_err(rc, err, errlen);
     }
     PQclear(r);
-    db_tx_end(c, false, NULL, 0); /* read-only */
+    pgsync_tx_end(c, false, NULL, 0); /* read-only */
     return rc;
 }
 
@@ -387,25 +417,28 @@ int loader_index_engine(PGconn *c, int64_t tenant, char *out, size_t outlen, cha
                         size_t errlen)
 {
     /* the tenants table is under row-level security: read it as the tenant */
-    if (db_tenant_begin(c, tenant, DB_TX_READ, err, errlen) < 0)
+    if (pgsync_tenant_begin(c, tenant, PGSYNC_TX_READ, err, errlen) < 0)
         return -EIO;
     char t[24];
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     const char *vals[] = {t};
-    int rc = -1;
+    int rc = -EIO;
     PGresult *r =
-        db_exec_blocking(c, "SELECT COALESCE(t.index_engine, '') FROM tenants t WHERE t.id = $1", 1,
-                         vals, err, errlen);
+        pgsync_exec(c, "SELECT COALESCE(t.index_engine, '') FROM tenants t WHERE t.id = $1", 1,
+                    vals, err, errlen);
     if (r && PQntuples(r) != 1) {
         snprintf(err, errlen, "tenant %lld not found", (long long)tenant);
+        rc = -ENOENT;
     } else if (r && (size_t)PQgetlength(r, 0, 0) >= outlen) {
+        rowerr_report(ROWERR_TENANTS, "index_engine", "longer than any engine name");
         snprintf(err, errlen, "tenant %lld: unexpected index_engine", (long long)tenant);
+        rc = -EBADMSG;
     } else if (r) {
         snprintf(out, outlen, "%s", PQgetvalue(r, 0, 0));
         rc = 0;
     }
     PQclear(r);
-    db_tx_end(c, false, NULL, 0); /* read-only */
+    pgsync_tx_end(c, false, NULL, 0); /* read-only */
     return rc;
 }
 
@@ -413,19 +446,18 @@ int loader_instance(PGconn *c, char *out, size_t outlen, char *err, size_t errle
 {
     /* the database's oid too: a dump restored into another database (which carries the
      * engram_instance row along) gets other snapshots */
-    PGresult *r =
-        db_exec_blocking(c,
-                         "SELECT i.id || '-' || d.oid FROM engram_instance i, pg_database d"
-                         " WHERE d.datname = current_database()",
-                         0, NULL, err, errlen);
+    PGresult *r = pgsync_exec(c,
+                              "SELECT i.id || '-' || d.oid FROM engram_instance i, pg_database d"
+                              " WHERE d.datname = current_database()",
+                              0, NULL, err, errlen);
     if (!r)
         return -EIO;
-    int rc = -1;
+    int rc = 0;
     if (PQntuples(r) != 1 || PQgetlength(r, 0, 0) == 0 || (size_t)PQgetlength(r, 0, 0) >= outlen) {
         snprintf(err, errlen, "engram_instance must hold one id");
+        rc = -EBADMSG;
     } else {
         snprintf(out, outlen, "%s", PQgetvalue(r, 0, 0));
-        rc = 0;
     }
     PQclear(r);
     return rc;

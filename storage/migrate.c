@@ -2,167 +2,194 @@
 #include "migrate.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "db.h"
+#include "pgsync.h"
 
 /* An arbitrary constant naming the advisory lock that serializes migrations. */
 #define MIGRATE_LOCK_KEY "7420001"
-
-int migrate_latest(void)
-{
-    return migrate_nsteps > 0 ? migrate_steps[migrate_nsteps - 1].version : 0;
-}
-
-static int exec_simple(PGconn *c, const char *sql, char *err, size_t errlen)
-{
-    PGresult *r = PQexec(c, sql);
-    ExecStatusType st = PQresultStatus(r);
-    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-        snprintf(err, errlen, "%s", r ? PQresultErrorMessage(r) : PQerrorMessage(c));
-        size_t n = strlen(err);
-        while (n > 0 && err[n - 1] == '\n')
-            err[--n] = '\0';
-        PQclear(r);
-        return -EIO;
-    }
-    PQclear(r);
-    return 0;
-}
 
 /* The privileges of every function, after any function file ran: engram_app only. */
 #define FUNCTION_GRANTS                                                                            \
     "REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA public FROM PUBLIC; "                               \
     "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO engram_app"
 
-/* Runs each function file whose checksum differs from the recorded one, in one transaction
- * per file. Returns how many ran, or -1 with the reason in err. */
-static int apply_functions(PGconn *c, char *err, size_t errlen)
+int migrate_latest(void)
 {
-    int n = 0;
+    return migrate_nsteps > 0 ? migrate_steps[migrate_nsteps - 1].version : 0;
+}
+
+static int plan_latest(const migrate_plan *plan)
+{
+    return plan->nsteps > 0 ? plan->steps[plan->nsteps - 1].version : 0;
+}
+
+/* Runs the nscripts scripts (each one or more statements), then the nparams-parameter
+ * statement record, in one transaction. On failure everything is rolled back and err says
+ * "<what> failed: <reason>". Returns 0 or -EIO. */
+static int apply_in_tx(PGconn *c, const char *what, const char *const *scripts, int nscripts,
+                       const char *record, int nparams, const char *const *vals, char *err,
+                       size_t errlen)
+{
     char msg[512];
-    for (int i = 0; i < migrate_nfunction_files; i++) {
-        const migrate_functions *f = &migrate_function_files[i];
+    if (pgsync_script(c, "BEGIN", err, errlen) < 0)
+        return -EIO;
+    for (int i = 0; i < nscripts; i++)
+        if (pgsync_script(c, scripts[i], msg, sizeof(msg)) < 0)
+            goto fail;
+    PGresult *r = pgsync_exec(c, record, nparams, vals, msg, sizeof(msg));
+    if (!r)
+        goto fail;
+    PQclear(r);
+    if (pgsync_tx_end(c, true, msg, sizeof(msg)) < 0) {
+        snprintf(err, errlen, "%s failed to commit: %s", what, msg);
+        return -EIO;
+    }
+    return 0;
+fail:
+    snprintf(err, errlen, "%s failed: %s", what, msg);
+    pgsync_tx_end(c, false, NULL, 0);
+    return -EIO;
+}
+
+/* Runs each function file of plan whose checksum differs from the recorded one, in one
+ * transaction per file, and sets *ran to how many ran. Returns 0, or -EIO with the reason in
+ * err (*ran counts those that committed before). */
+static int apply_functions(PGconn *c, const migrate_plan *plan, int *ran, char *err, size_t errlen)
+{
+    *ran = 0;
+    for (int i = 0; i < plan->nfunctions; i++) {
+        const migrate_functions *f = &plan->functions[i];
         const char *nv[] = {f->name};
-        PGresult *r = db_exec_blocking(c, "SELECT checksum FROM schema_functions WHERE name = $1",
-                                       1, nv, err, errlen);
+        PGresult *r = pgsync_exec(c, "SELECT checksum FROM schema_functions WHERE name = $1", 1, nv,
+                                  err, errlen);
         if (!r)
             return -EIO;
         bool same = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), f->checksum) == 0;
         PQclear(r);
         if (same)
             continue;
-        if (exec_simple(c, "BEGIN", err, errlen) < 0)
-            return -EIO;
-        /* bodies are checked when called: files may refer to each other in any order */
-        if (exec_simple(c, "SET LOCAL check_function_bodies = off", msg, sizeof(msg)) < 0 ||
-            exec_simple(c, f->sql, msg, sizeof(msg)) < 0 ||
-            exec_simple(c, FUNCTION_GRANTS, msg, sizeof(msg)) < 0) {
-            snprintf(err, errlen, "functions %s failed: %s", f->name, msg);
-            exec_simple(c, "ROLLBACK", msg, sizeof(msg));
-            return -EIO;
-        }
+        char what[160];
+        snprintf(what, sizeof(what), "functions %s", f->name);
+        /* bodies are checked when called: files may refer to each other in any order; the
+         * grants follow whatever the file defined */
+        const char *const scripts[] = {"SET LOCAL check_function_bodies = off", f->sql,
+                                       FUNCTION_GRANTS};
         const char *vals[] = {f->name, f->checksum};
-        r = db_exec_blocking(c,
-                             "INSERT INTO schema_functions (name, checksum) VALUES ($1, $2) "
-                             "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, "
-                             "applied_at = now()",
-                             2, vals, err, errlen);
-        if (!r) {
-            exec_simple(c, "ROLLBACK", msg, sizeof(msg));
+        if (apply_in_tx(c, what, scripts, 3,
+                        "INSERT INTO schema_functions (name, checksum) VALUES ($1, $2) "
+                        "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, "
+                        "applied_at = now()",
+                        2, vals, err, errlen) < 0)
             return -EIO;
-        }
-        PQclear(r);
-        if (exec_simple(c, "COMMIT", err, errlen) < 0)
-            return -EIO;
-        n++;
+        (*ran)++;
     }
-    return n;
+    return 0;
 }
 
-int migrate_run(PGconn *c, int *applied, char *err, size_t errlen)
+/* Creates the bookkeeping tables when missing and reads the database's schema version into
+ * *current. Returns 0, -EIO, or -EPROTONOSUPPORT when the database was created before the
+ * baseline; err says why. */
+static int read_version(PGconn *c, int *current, char *err, size_t errlen)
 {
-    int n = 0, current = 0, rc = -EIO;
-    char msg[512];
-    if (applied)
-        *applied = 0;
-    if (exec_simple(c, "SELECT pg_advisory_lock(" MIGRATE_LOCK_KEY ")", err, errlen) < 0)
+    if (pgsync_script(c,
+                      "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                      " version integer PRIMARY KEY, name text NOT NULL,"
+                      " applied_at timestamptz NOT NULL DEFAULT now());"
+                      "CREATE TABLE IF NOT EXISTS schema_functions ("
+                      " name text PRIMARY KEY, checksum text NOT NULL,"
+                      " applied_at timestamptz NOT NULL DEFAULT now())",
+                      err, errlen) < 0)
         return -EIO;
-    if (exec_simple(c,
-                    "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                    " version integer PRIMARY KEY, name text NOT NULL,"
-                    " applied_at timestamptz NOT NULL DEFAULT now())",
-                    err, errlen) < 0)
-        goto out;
-    if (exec_simple(c,
-                    "CREATE TABLE IF NOT EXISTS schema_functions ("
-                    " name text PRIMARY KEY, checksum text NOT NULL,"
-                    " applied_at timestamptz NOT NULL DEFAULT now())",
-                    err, errlen) < 0)
-        goto out;
-    PGresult *r =
-        db_exec_blocking(c,
-                         "SELECT COALESCE(max(version), 0), "
-                         "COALESCE((SELECT name FROM schema_migrations WHERE version = 1),"
-                         " 'baseline') FROM schema_migrations",
-                         0, NULL, err, errlen);
+    PGresult *r = pgsync_exec(c,
+                              "SELECT COALESCE(max(version), 0), "
+                              "COALESCE((SELECT name FROM schema_migrations WHERE version = 1),"
+                              " 'baseline') FROM schema_migrations",
+                              0, NULL, err, errlen);
     if (!r)
-        goto out;
-    current = atoi(PQgetvalue(r, 0, 0));
-    bool pre_baseline = strcmp(PQgetvalue(r, 0, 1), "baseline") != 0;
+        return -EIO;
+    char *end = NULL;
+    long v = PQntuples(r) == 1 ? strtol(PQgetvalue(r, 0, 0), &end, 10) : -1;
+    bool ok = end && end != PQgetvalue(r, 0, 0) && *end == '\0' && v >= 0 && v <= INT_MAX;
+    bool pre_baseline = ok && strcmp(PQgetvalue(r, 0, 1), "baseline") != 0;
     PQclear(r);
+    if (!ok) {
+        snprintf(err, errlen, "schema_migrations holds no readable version");
+        return -EIO;
+    }
     if (pre_baseline) {
         snprintf(err, errlen,
                  "this database was created with the schema numbering that preceded the "
                  "baseline (its migration 1 is not 'baseline'); nothing was released with it: "
                  "create a new database");
-        rc = -EPROTONOSUPPORT;
-        goto out;
+        return -EPROTONOSUPPORT;
     }
-    if (current > migrate_latest()) {
+    *current = (int)v;
+    return 0;
+}
+
+/* Applies the migrations of plan newer than the database's version, then its function
+ * files; the caller holds the advisory lock. Returns as migrate_run_plan, with the count in
+ * *n. */
+static int run_locked(PGconn *c, const migrate_plan *plan, int *n, char *err, size_t errlen)
+{
+    int current = 0;
+    int rc = read_version(c, &current, err, errlen);
+    if (rc < 0)
+        return rc;
+    if (current > plan_latest(plan)) {
         snprintf(err, errlen,
                  "database schema version %d is newer than this engramd knows (%d): upgrade "
                  "engramd",
-                 current, migrate_latest());
-        rc = -EPROTONOSUPPORT;
-        goto out;
+                 current, plan_latest(plan));
+        return -EPROTONOSUPPORT;
     }
-    for (int i = 0; i < migrate_nsteps; i++) {
-        const migrate_step *s = &migrate_steps[i];
+    for (int i = 0; i < plan->nsteps; i++) {
+        const migrate_step *s = &plan->steps[i];
         if (s->version <= current)
             continue;
-        if (exec_simple(c, "BEGIN", err, errlen) < 0)
-            goto out;
-        if (exec_simple(c, s->sql, msg, sizeof(msg)) < 0) {
-            snprintf(err, errlen, "migration %04d_%s failed: %s", s->version, s->name, msg);
-            exec_simple(c, "ROLLBACK", msg, sizeof(msg));
-            goto out;
-        }
-        char ver[16];
+        char what[160], ver[16];
+        snprintf(what, sizeof(what), "migration %04d_%s", s->version, s->name);
         snprintf(ver, sizeof(ver), "%d", s->version);
         const char *vals[] = {ver, s->name};
-        r = db_exec_blocking(c, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", 2,
-                             vals, err, errlen);
-        if (!r) {
-            exec_simple(c, "ROLLBACK", msg, sizeof(msg));
-            goto out;
-        }
-        PQclear(r);
-        if (exec_simple(c, "COMMIT", err, errlen) < 0)
-            goto out;
-        n++;
+        if (apply_in_tx(c, what, &s->sql, 1,
+                        "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", 2, vals,
+                        err, errlen) < 0)
+            return -EIO;
+        (*n)++;
     }
-    int nf = apply_functions(c, err, errlen);
-    if (nf < 0)
-        goto out;
-    n += nf;
-    rc = 0;
-out:
-    exec_simple(c, "SELECT pg_advisory_unlock(" MIGRATE_LOCK_KEY ")", msg, sizeof(msg));
+    int nf = 0;
+    rc = apply_functions(c, plan, &nf, err, errlen);
+    *n += nf;
+    return rc;
+}
+
+int migrate_run_plan(PGconn *c, const migrate_plan *plan, int *applied, char *err, size_t errlen)
+{
+    int n = 0;
+    char msg[512];
+    if (applied)
+        *applied = 0;
+    if (pgsync_script(c, "SELECT pg_advisory_lock(" MIGRATE_LOCK_KEY ")", err, errlen) < 0)
+        return -EIO;
+    int rc = run_locked(c, plan, &n, err, errlen);
+    pgsync_script(c, "SELECT pg_advisory_unlock(" MIGRATE_LOCK_KEY ")", msg, sizeof(msg));
     if (applied)
         *applied = n;
     return rc;
+}
+
+int migrate_run(PGconn *c, int *applied, char *err, size_t errlen)
+{
+    const migrate_plan plan = {
+        .steps = migrate_steps,
+        .nsteps = migrate_nsteps,
+        .functions = migrate_function_files,
+        .nfunctions = migrate_nfunction_files,
+    };
+    return migrate_run_plan(c, &plan, applied, err, errlen);
 }

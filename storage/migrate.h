@@ -36,14 +36,30 @@ extern const migrate_functions migrate_function_files[];
 extern const int migrate_nfunction_files;
 
 /* migrate_run applies every migration newer than the database's version, then every
- * function file whose checksum changed, blocking on c. Sets *applied (may be NULL) to how
- * many migrations and function files ran. Returns 0; -EIO when a statement failed (the
- * failing step is rolled back; earlier ones stay applied); -EPROTONOSUPPORT when the
- * database is newer than this binary knows, or was created before the baseline
- * (pre-release numbering). The reason is in err either way. */
+ * function file whose checksum changed, blocking on c (a connection whose user owns the
+ * schema: not engram_app). Sets *applied (may be NULL) to how many migrations and function
+ * files ran, also when it fails. Returns 0; -EIO when a statement failed or the connection
+ * broke (the failing migration or function file is rolled back, so the recorded version and
+ * checksums stay those of the last step that committed; earlier steps stay applied);
+ * -EPROTONOSUPPORT when the database is newer than this binary knows, or was created before
+ * the baseline (pre-release numbering), and nothing ran. The reason is in err either way.
+ * The advisory lock is released before it returns. */
 int migrate_run(PGconn *c, int *applied, char *err, size_t errlen);
 
 /* migrate_latest returns the newest version this binary carries. */
 int migrate_latest(void);
+
+/* A schema to apply: numbered migrations (versions ascending, 1..N) and function files
+ * (names ascending). migrate_run applies the embedded one. */
+typedef struct migrate_plan {
+    const migrate_step *steps;
+    int nsteps;
+    const migrate_functions *functions;
+    int nfunctions;
+} migrate_plan;
+
+/* migrate_run_plan is migrate_run with plan in place of the embedded schema, for tests of
+ * the upgrade path (a later or a failing migration, a changed function file). */
+int migrate_run_plan(PGconn *c, const migrate_plan *plan, int *applied, char *err, size_t errlen);
 
 #endif

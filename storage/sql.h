@@ -60,7 +60,7 @@ typedef enum sql_stmt {
 
 extern const db_stmt_def sql_stmts[SQL__COUNT];
 
-/* sql_def returns statement s of the table (db_query.stmt, db_exec_stmt). */
+/* sql_def returns statement s of the table (db_query.stmt, pgsync_exec_stmt). */
 static inline const db_stmt_def *sql_def(sql_stmt s)
 {
     return &sql_stmts[s];

@@ -1,8 +1,8 @@
 /* storage/sql_bg.h: the statements of background work (consolidation, maintenance, quota
  * accounting, change notifications, start-up).
  *
- * They run on the background threads' own connections with db_exec_stmt (DB_EXEC), not on
- * the pool, so they are not prepared. The parameter counts here are checked against the
+ * They run on the background threads' own connections with pgsync_exec_stmt (PGSYNC_EXEC),
+ * not on the pool, so they are not prepared. The parameter counts here are checked against the
  * values every caller passes.
  */
 #ifndef ENGRAM_STORAGE_SQL_BG_H

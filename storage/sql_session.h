@@ -46,7 +46,7 @@ typedef enum sqls_stmt {
 /* The table, for sql.c to gather into the one statement array. */
 extern const db_stmt_def sql_session_stmts[SQLS__COUNT];
 
-/* sqls_def returns statement s of the table (db_query.stmt, db_exec_stmt). */
+/* sqls_def returns statement s of the table (db_query.stmt, pgsync_exec_stmt). */
 static inline const db_stmt_def *sqls_def(sqls_stmt s)
 {
     return &sql_session_stmts[s];

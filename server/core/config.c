@@ -531,21 +531,16 @@ static void print_help(FILE *out)
                  "Settings marked reload take effect on SIGHUP; the others need a restart.\n");
 }
 
-int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *exit_now)
+/* What the command line asks before any setting is read: help, the reference, a check, the
+ * config file (*path). Returns 1 when the process should exit now (help or reference
+ * printed), 0 to go on, -EINVAL on a bad flag. */
+static int scan_flags(int argc, char **argv, FILE *out, FILE *err, const char **path,
+                      bool *check_only)
 {
-    memset(cfg, 0, sizeof(*cfg));
-    *exit_now = false;
-    bool check_only = false;
-    for (size_t i = 0; i < NDEFS; i++)
-        if (set_value(cfg, &defs[i], defs[i].def, "default", err) < 0)
-            return -EINVAL;
-    /* the config file first: flags and the environment override it */
-    const char *path = getenv("ENGRAM_CONFIG");
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             print_help(out);
-            *exit_now = true;
-            return 0;
+            return 1;
         }
         if (strncmp(argv[i], "--print-config", 14) == 0) {
             const char *f = argv[i] + 14;
@@ -555,30 +550,39 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
             }
             config_print_reference(
                 strcmp(f, "=markdown") == 0 ? CONFIG_REF_MARKDOWN : CONFIG_REF_INI, out);
-            *exit_now = true;
-            return 0;
+            return 1;
         }
         if (strcmp(argv[i], "--check-config") == 0)
-            check_only = true;
+            *check_only = true;
         if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
-            path = argv[i + 1];
+            *path = argv[i + 1];
         else if (strncmp(argv[i], "--config=", 9) == 0)
-            path = argv[i] + 9;
+            *path = argv[i] + 9;
     }
-    if (path && *path) {
-        ini_ctx c = {.cfg = cfg, .err = err, .path = path};
-        int r = ini_parse(path, on_ini, &c);
-        if (r < 0) {
-            fprintf(err, "engramd: cannot read config file %s: %s\n", path, strerror(errno));
-            return -EINVAL;
-        }
-        if (c.failed)
-            return -EINVAL;
-        if (r > 0) {
-            fprintf(err, "engramd: %s:%d: syntax error\n", path, r);
-            return -EINVAL;
-        }
+    return 0;
+}
+
+/* The settings of the INI file at path. Returns 0 or -EINVAL (reported on err). */
+static int load_file(config *cfg, const char *path, FILE *err)
+{
+    ini_ctx c = {.cfg = cfg, .err = err, .path = path};
+    int r = ini_parse(path, on_ini, &c);
+    if (r < 0) {
+        fprintf(err, "engramd: cannot read config file %s: %s\n", path, strerror(errno));
+        return -EINVAL;
     }
+    if (c.failed)
+        return -EINVAL;
+    if (r > 0) {
+        fprintf(err, "engramd: %s:%d: syntax error\n", path, r);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* The settings of the environment (ENGRAM_<NAME>). Returns 0 or -EINVAL. */
+static int load_env(config *cfg, FILE *err)
+{
     for (size_t i = 0; i < NDEFS; i++) {
         char env[64];
         env_name(&defs[i], env, sizeof(env));
@@ -586,6 +590,12 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
         if (v && set_value(cfg, &defs[i], v, env, err) < 0)
             return -EINVAL;
     }
+    return 0;
+}
+
+/* The settings of the command line (--name=value or --name value). Returns 0 or -EINVAL. */
+static int load_flags(config *cfg, int argc, char **argv, FILE *err)
+{
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--config") == 0) {
@@ -627,7 +637,12 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
         if (set_value(cfg, d, val, src, err) < 0)
             return -EINVAL;
     }
-    /* cross-field checks */
+    return 0;
+}
+
+/* The checks that span settings. Returns 0 or -EINVAL (reported on err). */
+static int check_settings(const config *cfg, FILE *err)
+{
     if (!cfg->pg_dsn[0]) {
         fprintf(err, "engramd: pg_dsn is required (--pg-dsn or ENGRAM_PG_DSN); deploy/run "
                      "provides an embedded PostgreSQL\n");
@@ -686,6 +701,27 @@ int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *
         fprintf(err, "engramd: http_port and rpc_port must differ (both %d)\n", cfg->rpc_port);
         return -EINVAL;
     }
+    return 0;
+}
+
+int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *exit_now)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    *exit_now = false;
+    bool check_only = false;
+    for (size_t i = 0; i < NDEFS; i++)
+        if (set_value(cfg, &defs[i], defs[i].def, "default", err) < 0)
+            return -EINVAL;
+    /* the config file first: flags and the environment override it */
+    const char *path = getenv("ENGRAM_CONFIG");
+    int rc = scan_flags(argc, argv, out, err, &path, &check_only);
+    if (rc != 0) {
+        *exit_now = rc > 0;
+        return rc > 0 ? 0 : rc;
+    }
+    if ((path && *path && load_file(cfg, path, err) < 0) || load_env(cfg, err) < 0 ||
+        load_flags(cfg, argc, argv, err) < 0 || check_settings(cfg, err) < 0)
+        return -EINVAL;
     if (check_only) {
         config_print(cfg, out);
         *exit_now = true;

@@ -145,7 +145,6 @@ enum { CONFIG_SECRET = 1, CONFIG_RELOAD = 2, CONFIG_REREAD = 4 };
  * config_free. */
 int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *exit_now);
 
-
 /* config_free releases the strings of cfg. */
 void config_free(config *cfg);
 

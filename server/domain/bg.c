@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "db.h"
+#include "pgsync.h"
 #include "log.h"
 #include "sql_bg.h"
 #include "tenancy.h"
@@ -83,8 +84,8 @@ PGconn *bg_conn(bg_ctx *ctx, char *err, size_t errlen)
     }
     if (!ctx->pg) {
         const config *cfg = &ctx->b->srv->cfg;
-        ctx->pg = db_connect_blocking(cfg->pg_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
-                                      (unsigned)cfg->db_queue_timeout_ms, err, errlen);
+        ctx->pg = pgsync_connect(cfg->pg_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
+                                 (unsigned)cfg->db_queue_timeout_ms, err, errlen);
         /* index loads and catch-ups read one tenant's rows in order: a parallel plan only
          * costs the database cores the workers need */
         PGresult *r = ctx->pg ? PQexec(ctx->pg, "SET max_parallel_workers_per_gather = 0") : NULL;
@@ -106,8 +107,8 @@ PGconn *bg_read_conn(bg_ctx *ctx)
     }
     if (!ctx->rpg && mono_ms() >= ctx->rpg_retry_ms) {
         char err[256];
-        ctx->rpg = db_connect_blocking(cfg->pg_read_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
-                                       (unsigned)cfg->db_queue_timeout_ms, err, sizeof(err));
+        ctx->rpg = pgsync_connect(cfg->pg_read_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
+                                  (unsigned)cfg->db_queue_timeout_ms, err, sizeof(err));
         if (!ctx->rpg) {
             /* loads go to the primary meanwhile; do not make each one wait for a dead host */
             ctx->rpg_retry_ms = mono_ms() + (uint64_t)cfg->db_backoff_max_ms;
@@ -307,7 +308,7 @@ static bool check_change_seqs(bg *b, PGconn *c)
     free(ids);
     const char *vals[1] = {lit};
     char err[256];
-    PGresult *r = DB_EXEC(c, sqlb_def(SQLB_CHANGE_SEQS), vals, err, sizeof(err));
+    PGresult *r = PGSYNC_EXEC(c, sqlb_def(SQLB_CHANGE_SEQS), vals, err, sizeof(err));
     free(lit);
     if (!r) {
         log_warn("change check failed: %s", err);
@@ -341,13 +342,14 @@ static void *listener_thread(void *arg)
     bool first = true;
     while (!stopping(b)) {
         char err[256];
-        PGconn *c = db_connect_blocking(cfg->pg_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
-                                        (unsigned)cfg->db_queue_timeout_ms, err, sizeof(err));
+        PGconn *c = pgsync_connect(cfg->pg_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
+                                   (unsigned)cfg->db_queue_timeout_ms, err, sizeof(err));
         PGresult *r =
-            c ? db_exec_stmt(c, sqlb_def(SQLB_LISTEN_CHANGES), NULL, 0, err, sizeof(err)) : NULL;
+            c ? pgsync_exec_stmt(c, sqlb_def(SQLB_LISTEN_CHANGES), NULL, 0, err, sizeof(err))
+              : NULL;
         if (r) {
             PQclear(r);
-            r = db_exec_stmt(c, sqlb_def(SQLB_LISTEN_ADMIN), NULL, 0, err, sizeof(err));
+            r = pgsync_exec_stmt(c, sqlb_def(SQLB_LISTEN_ADMIN), NULL, 0, err, sizeof(err));
         }
         if (!r) {
             PQfinish(c);

@@ -24,7 +24,7 @@
  *       the run (rescored counts it); under consolidate_prune_threshold and older than
  *       consolidate_prune_grace_days it is archived, except constraints and pinned
  *       memories. The composite is not stored: every read computes it live;
- *  4. applies the plan in steps of CONSOLIDATE_STEP decisions, each one transaction
+ *  4. applies the plan in steps of about 200 memories changed, each one transaction
  *     (engram_consolidate_apply; writes to the tenant wait at most one step), each decision
  *     guarded by the memory's change number as planned and recorded in the history of every
  *     memory it changes with its rule and reason; then records the run with its counts by

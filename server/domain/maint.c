@@ -7,6 +7,7 @@
 
 #include "bg.h"
 #include "db.h"
+#include "pgsync.h"
 #include "log.h"
 #include "memrow.h"
 #include "sql_bg.h"
@@ -29,7 +30,7 @@ static int purge_sessions(bg_ctx *ctx, PGconn *pg, server *s)
     long long total = 0;
     for (int i = 0; i < SESSION_ROUNDS; i++) {
         const char *vals[] = {days, SESSION_BATCH};
-        PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_SESSION_RETENTION), vals, err, sizeof(err));
+        PGresult *r = PGSYNC_EXEC(pg, sqlb_def(SQLB_SESSION_RETENTION), vals, err, sizeof(err));
         if (!r) {
             log_warn("purging sessions past their retention failed: %s", err);
             if (PQstatus(pg) != CONNECTION_OK)
@@ -56,7 +57,7 @@ static void purge_expired(bg_ctx *ctx, void *arg)
         return;
     }
     const char *vals[] = {PURGE_BATCH, IDEMPOTENCY_TTL_S};
-    PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_PURGE_EXPIRED), vals, err, sizeof(err));
+    PGresult *r = PGSYNC_EXEC(pg, sqlb_def(SQLB_PURGE_EXPIRED), vals, err, sizeof(err));
     if (!r) {
         log_warn("purging expired memories failed: %s", err);
         if (PQstatus(pg) != CONNECTION_OK)
@@ -67,7 +68,7 @@ static void purge_expired(bg_ctx *ctx, void *arg)
     PQclear(r);
     if (n > 0)
         log_info("purged %lld expired memories", n);
-    r = db_exec_stmt(pg, sqlb_def(SQLB_SESSION_PURGE), NULL, 0, err, sizeof(err));
+    r = pgsync_exec_stmt(pg, sqlb_def(SQLB_SESSION_PURGE), NULL, 0, err, sizeof(err));
     if (!r) {
         log_warn("purging expired checkpoints failed: %s", err);
         if (PQstatus(pg) != CONNECTION_OK)
@@ -88,7 +89,7 @@ static void purge_expired(bg_ctx *ctx, void *arg)
     long long folded = 0;
     for (int i = 0; i < 100; i++) {
         const char *fv[] = {PURGE_BATCH, idle};
-        r = DB_EXEC(pg, sqlb_def(SQLB_ACCESS_FOLD), fv, err, sizeof(err));
+        r = PGSYNC_EXEC(pg, sqlb_def(SQLB_ACCESS_FOLD), fv, err, sizeof(err));
         if (!r) {
             log_warn("folding access counts failed: %s", err);
             if (PQstatus(pg) != CONNECTION_OK) {
@@ -109,7 +110,7 @@ static void purge_expired(bg_ctx *ctx, void *arg)
     char hours[32];
     snprintf(hours, sizeof(hours), "%d", srv->cfg.change_log_retention_hours);
     const char *pv[] = {hours, PURGE_BATCH};
-    r = DB_EXEC(pg, sqlb_def(SQLB_PRUNE_CHANGES), pv, err, sizeof(err));
+    r = PGSYNC_EXEC(pg, sqlb_def(SQLB_PRUNE_CHANGES), pv, err, sizeof(err));
     if (!r) {
         log_warn("pruning the change log failed: %s", err);
         if (PQstatus(pg) != CONNECTION_OK)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "db.h"
+#include "pgsync.h"
 #include "idmap.h"
 #include "log.h"
 #include "memrow.h"
@@ -311,7 +312,7 @@ static void check_keys(bg_ctx *ctx, void *arg)
     if (!pg || !klit || !tlit)
         goto out;
     const char *v1[] = {klit};
-    PGresult *r = DB_EXEC(pg, sqlb_def(SQLB_KEYS_VALID), v1, err, sizeof(err));
+    PGresult *r = PGSYNC_EXEC(pg, sqlb_def(SQLB_KEYS_VALID), v1, err, sizeof(err));
     if (r) {
         idmap *valid = idmap_create((size_t)PQntuples(r) + 1);
         for (int i = 0; valid && i < PQntuples(r); i++)
@@ -328,7 +329,7 @@ static void check_keys(bg_ctx *ctx, void *arg)
         PQclear(r);
     }
     const char *v2[] = {tlit};
-    r = DB_EXEC(pg, sqlb_def(SQLB_TENANT_TIERS), v2, err, sizeof(err));
+    r = PGSYNC_EXEC(pg, sqlb_def(SQLB_TENANT_TIERS), v2, err, sizeof(err));
     if (r) {
         for (int i = 0; i < PQntuples(r); i++) {
             const char *tier = PQgetvalue(r, i, 1);
@@ -366,7 +367,7 @@ static void flush_queries(bg_ctx *ctx, void *arg)
     PGresult *r = NULL;
     if (pg && tl && cl) {
         const char *v[] = {tl, cl};
-        r = DB_EXEC(pg, sqlb_def(SQLB_QUERY_COUNT), v, err, sizeof(err));
+        r = PGSYNC_EXEC(pg, sqlb_def(SQLB_QUERY_COUNT), v, err, sizeof(err));
     }
     if (!r) {
         /* keep them for the next attempt */

@@ -24,6 +24,7 @@
 #include "log.h"
 #include "memfilter.h"
 #include "metrics.h"
+#include "pgsync.h"
 #include "rowcache.h"
 #include "sql_bg.h"
 #include "vfaiss.h"
@@ -105,9 +106,10 @@ static int load_from_db(PGconn *pg, tenant *t, size_t *rows, char *err, size_t e
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
     }
-    if (loader_tenant(pg, t->id, t->dim, &seq, load_row, &lc, err, errlen) != 0) {
+    int rc = loader_tenant(pg, t->id, t->dim, &seq, load_row, &lc, err, errlen);
+    if (rc != 0) { /* -ENOMEM (load_row's or the loader's), -EBADMSG, -ENOENT or -EIO */
         index_free(lc.vi);
-        return -EIO;
+        return rc < 0 ? rc : -EIO;
     }
     pthread_mutex_lock(&t->mu);
     t->vi = lc.vi;
@@ -342,7 +344,7 @@ static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *chang
         if (rp.oom)
             snprintf(err, errlen, "out of memory");
         uninstall(t);
-        return -ENOMEM;
+        return rp.oom ? -ENOMEM : rc < 0 ? rc : -EIO;
     }
     if (rp.gap || now_seq < upto || rp.next != now_seq + 1) {
         uninstall(t);
@@ -403,7 +405,7 @@ static int load_from_standby(bg_ctx *ctx, PGconn *pg, tenant *t, size_t *rows, s
         if (rp.oom)
             snprintf(err, errlen, "out of memory");
         uninstall(t);
-        return rp.oom ? -ENOMEM : -EIO;
+        return rp.oom ? -ENOMEM : rc < 0 ? rc : -EIO;
     }
     if (rp.gap || now_seq < upto || rp.next != now_seq + 1) {
         uninstall(t);
@@ -417,13 +419,15 @@ static int load_from_standby(bg_ctx *ctx, PGconn *pg, tenant *t, size_t *rows, s
 }
 
 /* Sets t->engine, the engine the load creates the index with, from the tenant's choice in
- * PostgreSQL or else the index_engine setting (t is LOADING). Returns 0 or -EIO with err. */
+ * PostgreSQL or else the index_engine setting (t is LOADING). Returns 0 or the loader's
+ * negative errno with err. */
 static int read_engine(PGconn *pg, tenant *t, char *err, size_t errlen)
 {
     const config *c = &t->ts->srv->cfg;
     char name[16];
-    if (loader_index_engine(pg, t->id, name, sizeof(name), err, errlen) < 0)
-        return -EIO;
+    int rc = loader_index_engine(pg, t->id, name, sizeof(name), err, errlen);
+    if (rc < 0)
+        return rc; /* -ENOENT, -EBADMSG or -EIO */
     int e = index_engine_parse(name, strlen(name));
     if (e < 0)
         e = index_engine_parse(c->index_engine, strlen(c->index_engine));
@@ -746,7 +750,7 @@ void tn_preload_job(bg_ctx *ctx, void *arg)
         char err[256];
         PGconn *pg = bg_conn(ctx, err, sizeof(err));
         PGresult *r =
-            pg ? db_exec_stmt(pg, sqlb_def(SQLB_TENANT_DIMS), NULL, 0, err, sizeof(err)) : NULL;
+            pg ? pgsync_exec_stmt(pg, sqlb_def(SQLB_TENANT_DIMS), NULL, 0, err, sizeof(err)) : NULL;
         if (!r) {
             log_warn("index preload: %s; retrying", err);
             if (pg && PQstatus(pg) != CONNECTION_OK)

@@ -427,24 +427,25 @@ static size_t scan_digit_word(scan *sc, size_t start)
     return i;
 }
 
-/* Scans a value from s[start]: an optional sign or currency symbol of pre bytes, then a
- * number, date or time at s[i]. Returns the index after it. */
-static size_t scan_value(scan *sc, size_t start, size_t i, const char *cur, bool neg, bool hash)
+/* A number as scan_value reads it: its digits (no group commas), its unit. */
+typedef struct numval {
+    char num[32];
+    size_t nn;
+    bool grouped, frac;
+    char unit[12];
+    size_t un;
+    bool ord; /* 1st, 2nd, 3rd, 4th */
+} numval;
+
+/* Reads digits, thousands groups and a fraction from s[i] into v. Returns the index after
+ * them, or 0 when they are too long to be an amount (an identifier). */
+static size_t read_number(const scan *sc, size_t i, numval *v)
 {
     const unsigned char *s = sc->s;
-    size_t len = sc->len;
-    if (!cur && !neg && !hash) {
-        size_t end = scan_date(sc, start, i);
-        if (end)
-            return end;
-    }
-    /* the number: digits, thousands groups, a fraction */
-    char num[32];
-    size_t nn = 0, j = i, intdigits = 0;
-    bool grouped = false;
+    size_t len = sc->len, j = i, intdigits = 0;
     while (j < len && is_digit(s[j])) {
-        if (nn < sizeof(num) - 1)
-            num[nn++] = (char)s[j];
+        if (v->nn < sizeof(v->num) - 1)
+            v->num[v->nn++] = (char)s[j];
         j++;
         intdigits++;
     }
@@ -452,88 +453,103 @@ static size_t scan_value(scan *sc, size_t start, size_t i, const char *cur, bool
     while (intdigits >= 1 && intdigits <= 3 && j + 3 < len && s[j] == ',' && is_digit(s[j + 1]) &&
            is_digit(s[j + 2]) && is_digit(s[j + 3]) && (j + 4 >= len || !is_digit(s[j + 4]))) {
         for (int d = 1; d <= 3; d++)
-            if (nn < sizeof(num) - 1)
-                num[nn++] = (char)s[j + d];
+            if (v->nn < sizeof(v->num) - 1)
+                v->num[v->nn++] = (char)s[j + d];
         j += 4;
-        grouped = true;
+        v->grouped = true;
     }
-    bool frac = false;
     if (j + 1 < len && s[j] == '.' && is_digit(s[j + 1])) {
-        frac = true;
-        if (nn < sizeof(num) - 1)
-            num[nn++] = '.';
+        v->frac = true;
+        if (v->nn < sizeof(v->num) - 1)
+            v->num[v->nn++] = '.';
         j++;
         while (j < len && is_digit(s[j])) {
-            if (nn < sizeof(num) - 1)
-                num[nn++] = (char)s[j];
+            if (v->nn < sizeof(v->num) - 1)
+                v->num[v->nn++] = (char)s[j];
             j++;
         }
     }
-    if (nn >= sizeof(num) - 1)
-        return scan_digit_word(sc, i); /* too long to be an amount: an identifier */
-    num[nn] = '\0';
-    /* the unit: %, or letters (and the degree sign) right after the number */
-    char unit[12] = "";
-    size_t un = 0, k = j, n;
-    bool ord = false;
+    if (v->nn >= sizeof(v->num) - 1)
+        return 0;
+    v->num[v->nn] = '\0';
+    return j;
+}
+
+/* Reads the unit right after the number at s[j] into v: %, or letters (and the degree sign);
+ * a plural's apostrophe (1990s's, 7's) goes with it. Returns the index after it, or 0 when
+ * the number is part of a word (3d4f, 0x1f). */
+static size_t read_unit(const scan *sc, size_t j, numval *v)
+{
+    const unsigned char *s = sc->s;
+    size_t len = sc->len, k = j, n, an;
     while (k < len && s[k] == ' ' && k + 1 < len && s[k + 1] == '%')
         k++;
     if (k < len && s[k] == '%') {
-        unit[un++] = '%';
-        j = k + 1;
-    } else {
-        k = j;
-        while (k < len && (is_alpha(s[k]) || (s[k] >= 0x80 && special(s, len, k, &n) == SP_DEG))) {
-            size_t step = is_alpha(s[k]) ? 1 : n;
-            if (un + step >= sizeof(unit) - 1)
-                return scan_digit_word(sc, i);
-            for (size_t q = 0; q < step; q++)
-                unit[un++] = (char)lower(s[k + q]);
-            k += step;
-        }
-        unit[un] = '\0';
-        size_t an;
-        if (un > 0 && k < len && word_byte(s, len, k))
-            return scan_digit_word(sc, i); /* 3d4f, 0x1f: a word */
-        if (un > 0 && k < len && is_apos(s, len, k, &an) && k + an < len &&
-            lower(s[k + an]) == 's' && ends_value(s, len, k + an + 1))
-            k += an + 1; /* 1990s's */
-        ord = un == 2 && !frac && !grouped &&
-              (!strcmp(unit, "st") || !strcmp(unit, "nd") || !strcmp(unit, "rd") ||
-               !strcmp(unit, "th"));
-        j = k;
+        v->unit[v->un++] = '%';
+        v->unit[v->un] = '\0';
+        return k + 1;
     }
-    if (un == 0 && j < len) {
-        size_t an;
+    k = j;
+    while (k < len && (is_alpha(s[k]) || (s[k] >= 0x80 && special(s, len, k, &n) == SP_DEG))) {
+        size_t step = is_alpha(s[k]) ? 1 : n;
+        if (v->un + step >= sizeof(v->unit) - 1)
+            return 0;
+        for (size_t q = 0; q < step; q++)
+            v->unit[v->un++] = (char)lower(s[k + q]);
+        k += step;
+    }
+    v->unit[v->un] = '\0';
+    if (v->un > 0 && k < len && word_byte(s, len, k))
+        return 0;
+    if (v->un > 0 && k < len && is_apos(s, len, k, &an) && k + an < len &&
+        lower(s[k + an]) == 's' && ends_value(s, len, k + an + 1))
+        k += an + 1; /* 1990s's */
+    v->ord = v->un == 2 && !v->frac && !v->grouped &&
+             (!strcmp(v->unit, "st") || !strcmp(v->unit, "nd") || !strcmp(v->unit, "rd") ||
+              !strcmp(v->unit, "th"));
+    j = k;
+    if (v->un == 0 && j < len) {
         if (is_apos(s, len, j, &an) && j + an < len && lower(s[j + an]) == 's' &&
             ends_value(s, len, j + an + 1))
             j += an + 1; /* 7's */
         else if (word_byte(s, len, j))
-            return scan_digit_word(sc, i);
+            return 0;
     }
-    unit[un] = '\0';
-    /* am/pm: 8am, 8 pm */
+    return j;
+}
+
+/* An hour with am/pm (8am, 8 pm) ending at *j: pushes a time token and returns true. */
+static bool push_ampm(scan *sc, size_t start, size_t *j, const numval *v)
+{
     size_t e2;
     int ap = 0;
-    if (!cur && !neg && !hash && !frac && !grouped &&
-        ((un == 2 && (!strcmp(unit, "am") || !strcmp(unit, "pm"))) ||
-         (un == 0 && (ap = ampm(s, len, j, &e2)) != 0))) {
-        long long h = atoll(num);
-        if (ap == 0)
-            ap = unit[0] == 'a' ? 1 : 2;
-        else
-            j = e2;
-        if (h >= 1 && h <= 12) {
-            tok *t = push(sc, K_TIME, start, j - start);
-            snprintf(t->canon, sizeof(t->canon), "%02lld:00", (h % 12) + (ap == 2 ? 12 : 0));
-            return j;
-        }
-    }
-    /* canonical number: no leading zeros, no trailing fractional zeros */
-    char *p = num;
+    if (!((v->un == 2 && (!strcmp(v->unit, "am") || !strcmp(v->unit, "pm"))) ||
+          (v->un == 0 && (ap = ampm(sc->s, sc->len, *j, &e2)) != 0)))
+        return false;
+    long long h = atoll(v->num);
+    if (h < 1 || h > 12)
+        return false;
+    if (ap == 0)
+        ap = v->unit[0] == 'a' ? 1 : 2;
+    else
+        *j = e2;
+    tok *t = push(sc, K_TIME, start, *j - start);
+    snprintf(t->canon, sizeof(t->canon), "%02lld:00", (h % 12) + (ap == 2 ? 12 : 0));
+    return true;
+}
+
+/* Pushes the number v (s[start..j), its digits from s[i]) as a number or id token, with its
+ * canonical form: no leading zeros, no trailing fractional zeros. Returns the index after
+ * it. */
+static size_t push_number(scan *sc, size_t start, size_t i, size_t j, numval *v, const char *cur,
+                          bool neg, bool hash)
+{
+    const unsigned char *s = sc->s;
+    size_t len = sc->len;
+    char *p = v->num;
     while (p[0] == '0' && is_digit((unsigned char)p[1]))
         p++;
-    if (frac) {
+    if (v->frac) {
         size_t m = strlen(p);
         while (m > 0 && p[m - 1] == '0')
             p[--m] = '\0';
@@ -543,22 +559,44 @@ static size_t scan_value(scan *sc, size_t start, size_t i, const char *cur, bool
     bool zero = strcmp(p, "0") == 0;
     tok *t = push(sc, hash ? K_ID : K_NUM, start, j - start);
     char full[12];
-    snprintf(full, sizeof(full), "%s%s", cur ? cur : "", ord ? "" : unit);
+    snprintf(full, sizeof(full), "%s%s", cur ? cur : "", v->ord ? "" : v->unit);
     snprintf(t->unit, sizeof(t->unit), "%s", full);
     int w = snprintf(t->canon, sizeof(t->canon), "%s%s%s%s%s", hash ? "#" : "", cur ? cur : "",
-                     neg && !zero ? "-" : "", p, ord ? "" : unit);
+                     neg && !zero ? "-" : "", p, v->ord ? "" : v->unit);
     if (w < 0 || (size_t)w >= sizeof(t->canon)) {
         sc->n--;
         return scan_digit_word(sc, i);
     }
-    t->attached = cur != NULL || (un > 0 && !ord);
-    t->compound = un == 0 && j + 1 < len && s[j] == '-' && is_alpha(s[j + 1]);
+    t->attached = cur != NULL || (v->un > 0 && !v->ord);
+    t->compound = v->un == 0 && j + 1 < len && s[j] == '-' && is_alpha(s[j + 1]);
     t->slash = start > 0 && s[start - 1] == '/' && sc->n >= 2 && sc->t[sc->n - 2].kind == K_NUM &&
                sc->t[sc->n - 2].soff + sc->t[sc->n - 2].slen == start - 1;
-    t->ordinal = ord;
-    t->isint = !frac && !grouped && (un == 0 || ord) && !cur && !neg && !hash && strlen(p) <= 9;
+    t->ordinal = v->ord;
+    t->isint = !v->frac && !v->grouped && (v->un == 0 || v->ord) && !cur && !neg && !hash &&
+               strlen(p) <= 9;
     t->ival = t->isint ? atoll(p) : 0;
     return j;
+}
+
+/* Scans a value from s[start]: an optional sign or currency symbol of pre bytes, then a
+ * number, date or time at s[i]. Returns the index after it. */
+static size_t scan_value(scan *sc, size_t start, size_t i, const char *cur, bool neg, bool hash)
+{
+    bool plain = !cur && !neg && !hash;
+    if (plain) {
+        size_t end = scan_date(sc, start, i);
+        if (end)
+            return end;
+    }
+    numval v = {0};
+    size_t j = read_number(sc, i, &v);
+    if (j)
+        j = read_unit(sc, j, &v);
+    if (!j)
+        return scan_digit_word(sc, i);
+    if (plain && !v.frac && !v.grouped && push_ampm(sc, start, &j, &v))
+        return j;
+    return push_number(sc, start, i, j, &v, cur, neg, hash);
 }
 
 /* Splits the text into tokens (sc->t, sc->n). */

@@ -563,6 +563,123 @@ static long pull_input(conn *c, size_t consumed)
     return got;
 }
 
+/* What one step of process_input says: go on, or stop until something changes. */
+enum { STEP_GO, STEP_STOP };
+
+/* Reads more input after the consumed *off bytes (dropped). STEP_GO when bytes came,
+ * STEP_STOP when none are there yet (the message deadline starts) or the read failed (the
+ * connection is closed; what names the unit in the log). */
+static int refill(conn *c, size_t *off, const char *what)
+{
+    long got = pull_input(c, *off);
+    *off = 0;
+    if (got < 0) {
+        log_warn("connection: cannot read a %s (%s); closing", what, strerror((int)-got));
+        conn_close(c);
+        return STEP_STOP;
+    }
+    if (got == 0) {
+        if (c->in_len > 0 && c->msg_started_ms == 0)
+            c->msg_started_ms = mono_ms();
+        return STEP_STOP;
+    }
+    return STEP_GO;
+}
+
+/* One step of an HTTP connection: hapi reads what it can of c->in from *off. */
+static int step_http(conn *c, size_t *off)
+{
+    size_t used = 0;
+    int st = hapi_step(c->hx, c->in + *off, c->in_len - *off, &used);
+    *off += used;
+    if (used)
+        c->msg_started_ms = 0;
+    if (st == HAPI_AGAIN)
+        return STEP_GO;
+    if (st == HAPI_BUSY)
+        return STEP_STOP;
+    if (st == HAPI_CLOSE) {
+        conn_close_after_flush(c);
+        return STEP_STOP;
+    }
+    return refill(c, off, "request");
+}
+
+/* A malformed or hostile message at *off (err says why): tells the client when a msgid is
+ * readable, then closes. */
+static int refuse_malformed(conn *c, size_t off, const char *err)
+{
+    uint32_t msgid;
+    if (rpc_peek_msgid(c->in + off, c->in_len - off, &msgid)) {
+        msgpack_sbuffer sb;
+        msgpack_packer pk;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        rpc_pack_error(&pk, msgid, RPC_MALFORMED_REQUEST, err, NULL, 0);
+        conn_write(c, sb.data, sb.size);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    log_debug("connection: closing after a malformed message: %s", err);
+    metrics_malformed();
+    conn_close_after_flush(c);
+    return STEP_STOP;
+}
+
+/* Dispatches the framed message of mlen bytes and `values` values at *off once its cost is
+ * charged; else it waits at the front of c->in until answers are read or requests end. */
+static int dispatch_framed(conn *c, size_t *off, size_t mlen, size_t values)
+{
+    size_t cost = input_cost(mlen, values);
+    if (!try_charge(c, cost, 0)) {
+        if (*off) {
+            memmove(c->in, c->in + *off, c->in_len - *off);
+            c->in_len -= *off;
+            *off = 0;
+        }
+        c->ready_len = mlen;
+        c->ready_values = values;
+        c->budget_wait = true;
+        metrics_budget_wait();
+        check_backpressure(c);
+        return STEP_STOP;
+    }
+    c->ready_len = 0;
+    c->inflight++;
+    c->last_active_ms = mono_ms();
+    c->msg_started_ms = 0;
+    int d = req_dispatch(c, c->in + *off, mlen, values, cost);
+    *off += mlen;
+    if (d < 0) {
+        metrics_malformed();
+        conn_close_after_flush(c);
+        return STEP_STOP;
+    }
+    return STEP_GO;
+}
+
+/* One step of an RPC connection: frames the next message of c->in from *off (or the one
+ * that waited for budget) and dispatches it, or reads more. */
+static int step_rpc(conn *c, size_t *off)
+{
+    size_t mlen = 0, values = 0;
+    char err[256];
+    int rc = RPC_E_INCOMPLETE;
+    if (*off == 0 && c->ready_len) {
+        /* framed before, and waiting for budget since */
+        mlen = c->ready_len;
+        values = c->ready_values;
+        rc = 0;
+    } else if (*off < c->in_len) {
+        rc = rpc_scanner_scan(c->scan, c->in + *off, c->in_len - *off, &mlen, err, sizeof(err));
+        values = rpc_scanner_last_objects(c->scan);
+    }
+    if (rc == 0)
+        return dispatch_framed(c, off, mlen, values);
+    if (rc == RPC_E_INCOMPLETE)
+        return refill(c, off, "message");
+    return refuse_malformed(c, *off, err);
+}
+
 /* Finds and dispatches every complete message, pulling input as needed, until input runs
  * out, the connection pauses, or it is closed. */
 static void process_input(conn *c)
@@ -585,105 +702,8 @@ static void process_input(conn *c)
          * small requests with large answers would pass any budget many times over */
         if (c->paused)
             break;
-        if (c->hx) {
-            size_t used = 0;
-            int st = hapi_step(c->hx, c->in + off, c->in_len - off, &used);
-            off += used;
-            if (used)
-                c->msg_started_ms = 0;
-            if (st == HAPI_AGAIN)
-                continue;
-            if (st == HAPI_BUSY)
-                break;
-            if (st == HAPI_CLOSE) {
-                conn_close_after_flush(c);
-                break;
-            }
-            long got = pull_input(c, off);
-            off = 0;
-            if (got < 0) {
-                log_warn("connection: cannot read a request (%s); closing", strerror((int)-got));
-                conn_close(c);
-                break;
-            }
-            if (got == 0) {
-                if (c->in_len > 0 && c->msg_started_ms == 0)
-                    c->msg_started_ms = mono_ms();
-                break;
-            }
-            continue;
-        }
-        size_t mlen = 0, values = 0;
-        char err[256];
-        int rc = RPC_E_INCOMPLETE;
-        if (off == 0 && c->ready_len) {
-            /* framed before, and waiting for budget since */
-            mlen = c->ready_len;
-            values = c->ready_values;
-            rc = 0;
-        } else if (off < c->in_len) {
-            rc = rpc_scanner_scan(c->scan, c->in + off, c->in_len - off, &mlen, err, sizeof(err));
-            values = rpc_scanner_last_objects(c->scan);
-        }
-        if (rc == 0) {
-            size_t cost = input_cost(mlen, values);
-            if (!try_charge(c, cost, 0)) {
-                /* it waits at the front of c->in until answers are read or requests end */
-                if (off) {
-                    memmove(c->in, c->in + off, c->in_len - off);
-                    c->in_len -= off;
-                    off = 0;
-                }
-                c->ready_len = mlen;
-                c->ready_values = values;
-                c->budget_wait = true;
-                metrics_budget_wait();
-                check_backpressure(c);
-                break;
-            }
-            c->ready_len = 0;
-            c->inflight++;
-            c->last_active_ms = mono_ms();
-            c->msg_started_ms = 0;
-            int d = req_dispatch(c, c->in + off, mlen, values, cost);
-            off += mlen;
-            if (d < 0) {
-                metrics_malformed();
-                conn_close_after_flush(c);
-                break;
-            }
-            continue;
-        }
-        if (rc == RPC_E_INCOMPLETE) {
-            long got = pull_input(c, off);
-            off = 0;
-            if (got < 0) {
-                log_warn("connection: cannot read a message (%s); closing", strerror((int)-got));
-                conn_close(c);
-                break;
-            }
-            if (got == 0) {
-                if (c->in_len > 0 && c->msg_started_ms == 0)
-                    c->msg_started_ms = mono_ms();
-                break;
-            }
-            continue;
-        }
-        /* malformed or hostile: tell the client when a msgid is readable, then close */
-        uint32_t msgid;
-        if (rpc_peek_msgid(c->in + off, c->in_len - off, &msgid)) {
-            msgpack_sbuffer sb;
-            msgpack_packer pk;
-            msgpack_sbuffer_init(&sb);
-            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-            rpc_pack_error(&pk, msgid, RPC_MALFORMED_REQUEST, err, NULL, 0);
-            conn_write(c, sb.data, sb.size);
-            msgpack_sbuffer_destroy(&sb);
-        }
-        log_debug("connection: closing after a malformed message: %s", err);
-        metrics_malformed();
-        conn_close_after_flush(c);
-        break;
+        if ((c->hx ? step_http(c, &off) : step_rpc(c, &off)) == STEP_STOP)
+            break;
     }
     if (c->open && off) {
         memmove(c->in, c->in + off, c->in_len - off);

@@ -678,6 +678,115 @@ static void serve_console(hapi *h, const http1_request *rq, const console_file *
     respond(h, fresh ? 304 : 200, f->ctype, f->data, f->len, &x);
 }
 
+/* Parses a request's head from in (len bytes) into *rq and its body's length. Returns
+ * HAPI_AGAIN when it is good, HAPI_MORE when incomplete, HAPI_CLOSE after answering a bad
+ * one (the connection closes after it). */
+static int read_head(hapi *h, const uint8_t *in, size_t len, http1_request *rq, uint64_t *body_len)
+{
+    char err[256];
+    h->midx = SIZE_MAX;
+    h->head_only = false;
+    int rc = http1_parse_head(in, len, HEAD_MAX, rq, err, sizeof(err));
+    if (rc == HTTP1_E_INCOMPLETE)
+        return HAPI_MORE;
+    if (rc != 0) {
+        h->keep_alive = false;
+        local_error(h,
+                    rc == HTTP1_E_TOO_LARGE ? 431
+                    : rc == HTTP1_E_VERSION ? 505
+                                            : 400,
+                    RPC_MALFORMED_REQUEST, NULL, "%s", err);
+        return HAPI_CLOSE;
+    }
+    h->keep_alive = rq->keep_alive;
+    h->head_only = rq->method == HTTP1_HEAD;
+    if (rq->transfer_encoding) {
+        h->keep_alive = false;
+        local_error(h, 411, RPC_MALFORMED_REQUEST, NULL,
+                    "Transfer-Encoding is not supported: send the body with Content-Length");
+        return HAPI_CLOSE;
+    }
+    *body_len = rq->has_length ? rq->content_length : 0;
+    if (*body_len > h->srv->limits.max_message) {
+        h->keep_alive = false;
+        local_error(h, 413, RPC_INVALID_ARGUMENT, NULL,
+                    "the body of %llu bytes is over the limit of %zu (max_message_bytes)",
+                    (unsigned long long)*body_len, h->srv->limits.max_message);
+        return HAPI_CLOSE;
+    }
+    return HAPI_AGAIN;
+}
+
+/* The GET endpoints (http.c: health, metrics, OpenAPI), or 404. */
+static int serve_get(hapi *h, const http1_request *rq)
+{
+    struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        h->keep_alive = false;
+        local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
+        return HAPI_CLOSE;
+    }
+    const char *ctype = "application/json";
+    int status = http_get(h->srv, rq->path, rq->path_len, b, &ctype);
+    if (status && rq->method != HTTP1_GET && rq->method != HTTP1_HEAD) {
+        extra x = {.retry_after = -1, .allow = "GET, HEAD"};
+        local_error(h, 405, RPC_INVALID_ARGUMENT, &x, "use GET for %.*s", (int)rq->path_len,
+                    rq->path);
+    } else if (status) {
+        size_t n = evbuffer_get_length(b);
+        const unsigned char *p = n ? evbuffer_pullup(b, -1) : (const unsigned char *)"";
+        if (!p)
+            local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
+        else
+            respond(h, status, ctype, p, n, NULL);
+    } else {
+        local_error(h, 404, RPC_NOT_FOUND, NULL,
+                    "no such path: POST /v1/rpc/{method}, GET /v1/openapi.json, /healthz, "
+                    "/readyz, /livez, /metrics or /console");
+    }
+    evbuffer_free(b);
+    return HAPI_AGAIN;
+}
+
+/* Routes one whole request (its body of body_len bytes at body): the RPC calls, the
+ * console, the GET endpoints (http.c). Returns a HAPI_* step result. */
+static int route(hapi *h, const http1_request *rq, const uint8_t *body, size_t body_len)
+{
+    size_t plen = strlen(PREFIX);
+    if (conn_get_auth(h->c)->reserved && !probe_path(rq->path, rq->path_len)) {
+        /* accepted past http_max_connections: the probes' slots serve nothing else */
+        h->keep_alive = false;
+        extra x = {.retry_after = 1};
+        local_error(h, 503, RPC_UNAVAILABLE, &x,
+                    "the HTTP port's connections are all in use (http_max_connections); retry");
+        return HAPI_CLOSE;
+    }
+    if (rq->path_len > plen && memcmp(rq->path, PREFIX, plen) == 0) {
+        if (rq->method != HTTP1_POST) {
+            extra x = {.retry_after = -1, .allow = "POST"};
+            local_error(h, 405, RPC_INVALID_ARGUMENT, &x, "use POST for %.*s",
+                        (int)(rq->path_len > 100 ? 100 : rq->path_len), rq->path);
+            return HAPI_AGAIN;
+        }
+        const char *name = rq->path + plen;
+        size_t n = rq->path_len - plen;
+        bool ok = n <= 255;
+        for (size_t k = 0; ok && k < n; k++)
+            ok = name[k] > 0x20 && name[k] < 0x7f;
+        if (!ok) {
+            local_error(h, 404, RPC_UNKNOWN_METHOD, NULL, "unknown method");
+            return HAPI_AGAIN;
+        }
+        return rpc_call(h, rq, name, n, body, body_len);
+    }
+    const console_file *cf;
+    if (console_find(rq->path, rq->path_len, &cf)) {
+        serve_console(h, rq, cf);
+        return HAPI_AGAIN;
+    }
+    return serve_get(h, rq);
+}
+
 int hapi_step(hapi *h, const uint8_t *in, size_t len, size_t *consumed)
 {
     *consumed = 0;
@@ -704,39 +813,12 @@ int hapi_step(hapi *h, const uint8_t *in, size_t len, size_t *consumed)
     if (len < HEAD_MAX && http1_find_end(in, len, &h->head_scanned) == 0)
         return HAPI_MORE;
     http1_request rq;
-    char err[256];
-    h->midx = SIZE_MAX;
-    h->head_only = false;
-    int rc = http1_parse_head(in, len, HEAD_MAX, &rq, err, sizeof(err));
-    if (rc == HTTP1_E_INCOMPLETE)
-        return HAPI_MORE;
-    if (rc != 0) {
-        *consumed = len;
-        h->keep_alive = false;
-        local_error(h,
-                    rc == HTTP1_E_TOO_LARGE ? 431
-                    : rc == HTTP1_E_VERSION ? 505
-                                            : 400,
-                    RPC_MALFORMED_REQUEST, NULL, "%s", err);
-        return HAPI_CLOSE;
-    }
-    h->keep_alive = rq.keep_alive;
-    h->head_only = rq.method == HTTP1_HEAD;
-    if (rq.transfer_encoding) {
-        *consumed = len;
-        h->keep_alive = false;
-        local_error(h, 411, RPC_MALFORMED_REQUEST, NULL,
-                    "Transfer-Encoding is not supported: send the body with Content-Length");
-        return HAPI_CLOSE;
-    }
-    uint64_t body_len = rq.has_length ? rq.content_length : 0;
-    if (body_len > h->srv->limits.max_message) {
-        *consumed = len;
-        h->keep_alive = false;
-        local_error(h, 413, RPC_INVALID_ARGUMENT, NULL,
-                    "the body of %llu bytes is over the limit of %zu (max_message_bytes)",
-                    (unsigned long long)body_len, h->srv->limits.max_message);
-        return HAPI_CLOSE;
+    uint64_t body_len;
+    int rc = read_head(h, in, len, &rq, &body_len);
+    if (rc != HAPI_AGAIN) {
+        if (rc == HAPI_CLOSE)
+            *consumed = len;
+        return rc;
     }
     if (len - rq.head_len < body_len) {
         if (rq.expect_100 && !h->continue_sent) {
@@ -751,64 +833,5 @@ int hapi_step(hapi *h, const uint8_t *in, size_t len, size_t *consumed)
     *consumed = rq.head_len + (size_t)body_len;
     h->head_scanned = 0;
     h->continue_sent = false;
-    const uint8_t *body = in + rq.head_len;
-    size_t plen = strlen(PREFIX);
-    if (conn_get_auth(h->c)->reserved && !probe_path(rq.path, rq.path_len)) {
-        /* accepted past http_max_connections: the probes' slots serve nothing else */
-        h->keep_alive = false;
-        extra x = {.retry_after = 1};
-        local_error(h, 503, RPC_UNAVAILABLE, &x,
-                    "the HTTP port's connections are all in use (http_max_connections); retry");
-        return HAPI_CLOSE;
-    }
-    if (rq.path_len > plen && memcmp(rq.path, PREFIX, plen) == 0) {
-        if (rq.method != HTTP1_POST) {
-            extra x = {.retry_after = -1, .allow = "POST"};
-            local_error(h, 405, RPC_INVALID_ARGUMENT, &x, "use POST for %.*s",
-                        (int)(rq.path_len > 100 ? 100 : rq.path_len), rq.path);
-            return HAPI_AGAIN;
-        }
-        const char *name = rq.path + plen;
-        size_t n = rq.path_len - plen;
-        bool ok = n <= 255;
-        for (size_t k = 0; ok && k < n; k++)
-            ok = name[k] > 0x20 && name[k] < 0x7f;
-        if (!ok) {
-            local_error(h, 404, RPC_UNKNOWN_METHOD, NULL, "unknown method");
-            return HAPI_AGAIN;
-        }
-        return rpc_call(h, &rq, name, n, body, (size_t)body_len);
-    }
-    const console_file *cf;
-    int cs = console_find(rq.path, rq.path_len, &cf);
-    if (cs) {
-        serve_console(h, &rq, cf);
-        return HAPI_AGAIN;
-    }
-    struct evbuffer *b = evbuffer_new();
-    if (!b) {
-        h->keep_alive = false;
-        local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
-        return HAPI_CLOSE;
-    }
-    const char *ctype = "application/json";
-    int status = http_get(h->srv, rq.path, rq.path_len, b, &ctype);
-    if (status && rq.method != HTTP1_GET && rq.method != HTTP1_HEAD) {
-        extra x = {.retry_after = -1, .allow = "GET, HEAD"};
-        local_error(h, 405, RPC_INVALID_ARGUMENT, &x, "use GET for %.*s", (int)rq.path_len,
-                    rq.path);
-    } else if (status) {
-        size_t n = evbuffer_get_length(b);
-        const unsigned char *p = n ? evbuffer_pullup(b, -1) : (const unsigned char *)"";
-        if (!p)
-            local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
-        else
-            respond(h, status, ctype, p, n, NULL);
-    } else {
-        local_error(h, 404, RPC_NOT_FOUND, NULL,
-                    "no such path: POST /v1/rpc/{method}, GET /v1/openapi.json, /healthz, "
-                    "/readyz, /livez, /metrics or /console");
-    }
-    evbuffer_free(b);
-    return HAPI_AGAIN;
+    return route(h, &rq, in + rq.head_len, (size_t)body_len);
 }

@@ -2,7 +2,6 @@
 #include "fake_db.h"
 
 #include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -206,44 +205,6 @@ bool db_pool_idle(db_pool *p)
 bool db_is_own_backend(int pid)
 {
     return false;
-}
-
-/* ---- the blocking helpers: a database that cannot be reached -------------------------- */
-
-static const char no_db[] = "no database: the fake pool (tests/fakes/fake_db.c)";
-
-PGconn *db_connect_blocking(const char *dsn, const char *role, unsigned timeout_ms, char *err,
-                            size_t errlen)
-{
-    snprintf(err, errlen, "%s", no_db);
-    return NULL;
-}
-
-PGresult *db_exec_stmt(PGconn *c, const db_stmt_def *s, const char *const *values, size_t nvalues,
-                       char *err, size_t errlen)
-{
-    snprintf(err, errlen, "%s", no_db);
-    return NULL;
-}
-
-PGresult *db_exec_blocking(PGconn *c, const char *sql, int nparams, const char *const *values,
-                           char *err, size_t errlen)
-{
-    snprintf(err, errlen, "%s", no_db);
-    return NULL;
-}
-
-int db_tenant_begin(PGconn *c, int64_t tenant, db_tx_mode mode, char *err, size_t errlen)
-{
-    snprintf(err, errlen, "%s", no_db);
-    return -EIO;
-}
-
-int db_tx_end(PGconn *c, bool commit, char *err, size_t errlen)
-{
-    if (commit && err && errlen)
-        snprintf(err, errlen, "%s", no_db);
-    return commit ? -EIO : 0;
 }
 
 /* ---- the test's controls --------------------------------------------------------------- */

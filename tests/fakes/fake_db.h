@@ -5,8 +5,8 @@
  * fake_db.c defines every function of db.h except db_query_copy (storage/db_query.c, the
  * real one), so a program that compiles it in (tests/meson.build: fakes_db_dep, its sources
  * go into each program, ahead of the archives) links no storage/db.c: a worker's pools are
- * fakes, whatever its DSN. The blocking helpers fail as a database that cannot be reached
- * does (db_connect_blocking returns NULL).
+ * fakes, whatever its DSN. The blocking calls (storage/pgsync.h) are not faked: nothing on a
+ * worker's loop may use them.
  *
  * A job is answered as the real pool answers: its callback runs exactly once, later, on the
  * pool's event loop, never inside db_submit; jobs of one pool are answered in the order

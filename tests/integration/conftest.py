@@ -1,2 +1,2 @@
 """The integration suite's fixtures (see fixtures.py)."""
-from fixtures import client, server, tenant  # noqa: F401
+from fixtures import client, engramd, pg, pytest_runtest_makereport, server, tenant  # noqa: F401

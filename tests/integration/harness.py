@@ -17,6 +17,7 @@ import signal
 import socket
 import string
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -49,15 +50,47 @@ def psql(dsn, sql):
     return out.stdout.strip()
 
 
-def wait_for(pred, timeout=20.0, interval=0.05):
-    """Polls pred until it returns something true (returned) or timeout seconds pass
-    (returns the last false value)."""
+def wait_for(pred, timeout=20.0, interval=0.05, what=None):
+    """Polls pred until it returns something true, at most timeout seconds; returns that
+    value. Without what, a timeout returns the last false value (for the caller to assert
+    on); with what (a description: "the failed-reload counter at 2"), a timeout fails the
+    test with a message naming it and the last value seen.
+
+    Use it for everything the server writes after (or while) it answers: a counter, a log
+    line, a row, a file. Waiting must still be able to fail: poll until the expected value
+    appears, not until anything does."""
     deadline = time.time() + timeout
     while True:
         v = pred()
         if v or time.time() >= deadline:
-            return v
+            break
         time.sleep(interval)
+    if not v and what is not None:
+        raise AssertionError(f"waited {timeout:g} s for {what}; last seen: {_short(v)}")
+    return v
+
+
+def wait_value(get, ok, what, timeout=20.0, interval=0.05):
+    """Polls get() until ok(value) holds, at most timeout seconds; returns the value. A
+    timeout fails the test naming what it waited for and the last value get() returned."""
+    box = []
+
+    def check():
+        box[:] = [get()]
+        return ok(box[0])
+
+    deadline = time.time() + timeout
+    while not check():
+        if time.time() >= deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what}; last seen: "
+                                 f"{_short(box[0])}")
+        time.sleep(interval)
+    return box[0]
+
+
+def _short(v, limit=2000):
+    text = repr(v)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 def with_dbname(dsn, name):
@@ -151,10 +184,51 @@ class Server:
         except OSError:
             return ""
 
+    def log_tail(self, lines=60):
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
     def check_log_clean(self):
         text = self.log_text()
         for mark in SANITIZER_MARKS:
             assert mark not in text, f"sanitizer report in engramd log:\n{text[-6000:]}"
+
+    def finish(self, failed=False, keep_as=None):
+        """Ends this server's part in a test, whatever happened in it: stops it if it runs
+        (SIGTERM: a sanitizer build writes its reports at exit), checks that it exited
+        cleanly (0) and that its log holds no sanitizer report, and removes its files.
+        failed says the test failed already: then nothing is raised here (the test's own
+        failure is the one to read) but what went wrong is printed, and the log is kept
+        (at keep_as, or in keep_dir()) with its path printed. Raises AssertionError when the
+        test passed but the server did not stop cleanly (its log is kept then too)."""
+        problems = []
+        try:
+            try:
+                if self.proc is not None:
+                    self.stop(timeout=30 if failed else 60)
+                else:
+                    self.check_log_clean()  # it may have been killed, or stopped earlier
+            except AssertionError as e:
+                problems.append(str(e))
+            if failed or problems:
+                kept = self.keep_log(keep_as)
+                for p in problems:
+                    print(f"engramd on port {self.port}: {p}", file=sys.stderr)
+                print(f"engramd on port {self.port}: log kept at {kept}", file=sys.stderr)
+        finally:
+            self.cleanup()
+        if problems and not failed:
+            raise AssertionError("\n".join(problems))
+
+    def keep_log(self, path=None):
+        """Copies the log out of the directory cleanup() removes; returns the copy's path."""
+        if path is None:
+            path = os.path.join(keep_dir(), f"engramd-{os.getpid()}-{self.port}.log")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            shutil.copyfile(self.log_path, path)
+        except OSError as e:
+            return f"(not kept: {e})"
+        return path
 
     def stop(self, timeout=60, expect_code=0):
         if not self.proc:
@@ -185,6 +259,8 @@ class Server:
 
     def cleanup(self):
         self.kill()
+        if getattr(self, "logf", None) is not None and not self.logf.closed:
+            self.logf.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     # -- clients -------------------------------------------------------------------------
@@ -263,23 +339,41 @@ class PgCluster:
 
     def freeze(self):
         """SIGSTOP every process of the cluster: sockets stay open, nothing answers."""
+        self.frozen = True
         for pid in self.pids():
             os.kill(pid, signal.SIGSTOP)
 
     def thaw(self):
         for pid in self.pids():
             os.kill(pid, signal.SIGCONT)
+        self.frozen = False
 
     def create_db(self, name):
         psql(self.dsn, f"CREATE DATABASE {name}")
         return with_dbname(self.dsn, name)
 
     def cleanup(self):
+        """Stops the cluster (thawed first if a test froze it) and removes its files."""
+        if getattr(self, "frozen", False):
+            try:
+                self.thaw()
+            except (OSError, ValueError):
+                pass
         try:
             self.stop()
         except subprocess.CalledProcessError:
             pass
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def keep_log(self):
+        """Copies PostgreSQL's log out of the cluster's directory; returns the copy's path."""
+        path = os.path.join(keep_dir(), f"pg-{os.getpid()}-{os.path.basename(self.dir)}.log")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            shutil.copyfile(os.path.join(self.dir, "pg.log"), path)
+        except OSError as e:
+            return f"(not kept: {e})"
+        return path
 
 
 class PgStandby(PgCluster):
@@ -327,27 +421,80 @@ class PgStandby(PgCluster):
 def server_pair(dsn, extra=()):
     """Two engramd processes on one database, sharing the secret and the admin key (as the
     processes of one deployment do); returns them started. Stop and clean up both."""
-    a = Server(dsn, extra=list(extra)).start()
+    a = Server(dsn, extra=list(extra))
     b = Server(dsn, extra=list(extra) + ["--secret-file", a.data_dir + "/secret.key",
                                          "--admin-key-file", a.admin_key_file])
     b.admin_key_file = a.admin_key_file
-    b.start()
+    try:
+        a.start()
+        b.start()
+    except BaseException:
+        a.finish(failed=True)
+        b.finish(failed=True)
+        raise
     return a, b
 
 
 @contextlib.contextmanager
 def running_pair(prefix, extra=()):
     """A server_pair on a new database (named from prefix), yielded as (a, b, dsn); both
-    are stopped (a test's end fails if one does not stop cleanly) and cleaned up after."""
+    are ended after the block by Server.finish (a test's end fails if one does not stop
+    cleanly; their logs are kept when the block raised)."""
     dsn = new_database(prefix)
     a, b = server_pair(dsn, extra)
     try:
         yield a, b, dsn
-        a.stop()
-        b.stop()
+    except BaseException:
+        a.finish(failed=True)
+        b.finish(failed=True)
+        raise
+    problems = []
+    for s in (a, b):
+        try:
+            s.finish()
+        except AssertionError as e:
+            problems.append(str(e))
+    assert not problems, "\n".join(problems)
+
+
+def keep_dir():
+    """Where the logs of a failed test's servers are kept: ENGRAM_TEST_KEEP_DIR, else
+    engram-test-logs in the temporary directory."""
+    return os.environ.get("ENGRAM_TEST_KEEP_DIR") or os.path.join(tempfile.gettempdir(),
+                                                                  "engram-test-logs")
+
+
+@contextlib.contextmanager
+def engramd_server(dsn, start=True, **kw):
+    """An engramd (Server's arguments) on dsn, started unless start=False, for the block:
+    the block may stop, start, restart or kill it. Leaving the block always ends it
+    (Server.finish): stopped, its clean exit and its log checked, its files removed; when
+    the block raised, its log is kept and the block's exception is the one that counts."""
+    srv = Server(dsn, **kw)
+    try:
+        if start:
+            srv.start()
+        yield srv
+    except BaseException:
+        srv.finish(failed=True)
+        raise
+    srv.finish()
+
+
+@contextlib.contextmanager
+def pg_cluster():
+    """A private PostgreSQL cluster (PgCluster), started, for the block; stopped (thawed
+    first when frozen) and removed after it, whatever happened; its log is kept when the
+    block raised."""
+    pg = PgCluster()
+    try:
+        pg.start()
+        yield pg
+    except BaseException:
+        print(f"PostgreSQL log kept at {pg.keep_log()}", file=sys.stderr)
+        raise
     finally:
-        a.cleanup()
-        b.cleanup()
+        pg.cleanup()
 
 
 def metric(srv, name, labels=None, default=None):
@@ -363,6 +510,37 @@ def metric(srv, name, labels=None, default=None):
             found = True
     assert found or default is not None, f"{want} missing from /metrics"
     return total if found else default
+
+
+def wait_metric(srv, name, ok, what, labels=None, default=None, timeout=20.0):
+    """Polls the sample name{labels} of srv's /metrics (see metric) until ok(value); returns
+    the value. A timeout fails naming what was expected and the last value."""
+    want = name + ("{" + labels + "}" if labels else "")
+    return wait_value(lambda: metric(srv, name, labels, default), ok, f"{want} {what}",
+                      timeout=timeout)
+
+
+def wait_log(srv, pattern, since=0, timeout=20.0):
+    """Polls srv's log, from character since on, until pattern (a substring, or a compiled
+    regular expression) is in it; returns that text. engramd writes each line whole, but
+    often after the answer or the counter a test saw. A timeout fails naming the pattern,
+    with the log's last lines."""
+    regex = hasattr(pattern, "search")
+
+    def found():
+        text = srv.log_text()[since:]
+        return text if (pattern.search(text) if regex else pattern in text) else None
+
+    deadline = time.time() + timeout
+    while True:
+        text = found()
+        if text is not None:
+            return text
+        if time.time() >= deadline:
+            shown = pattern.pattern if regex else pattern
+            raise AssertionError(f"waited {timeout:g} s for {shown!r} in the engramd log; its "
+                                 f"last lines:\n{srv.log_tail()}")
+        time.sleep(0.05)
 
 
 def server_fleet(dsn, n, extra=()):
@@ -498,5 +676,6 @@ def vec_bin(v):
 
 
 __all__ = ["Server", "PgCluster", "Client", "RpcError", "new_database", "psql",
-           "structured_vectors", "vec_bin", "free_port", "CLI", "wait_for", "PG_BINDIR",
+           "structured_vectors", "vec_bin", "free_port", "CLI", "wait_for", "wait_value",
+           "wait_metric", "wait_log", "engramd_server", "pg_cluster", "PG_BINDIR",
            "Bystander", "server_pair"]

@@ -308,7 +308,8 @@ def test_run_racing_with_stores_loses_nothing(srv):
     try:
         assert started.wait(30)
         before = len(stored)
-        with srv.client(key=key) as c:
+        # a run over 6,000 memories takes seconds, and minutes under ThreadSanitizer (build-tsan)
+        with srv.client(key=key, timeout=600) as c:
             r = c.call("memory.consolidate")
         during = len(stored) - before
     finally:

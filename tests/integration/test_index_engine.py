@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from harness import (BIN, RpcError, Server, new_database, require_env, structured_vectors, vec_bin,
-                     wait_for)
+                     wait_for, wait_log, wait_metric)
 from harness import metric as harness_metric
 
 DIM = 128
@@ -265,8 +265,9 @@ def test_switching_engine_rebuilds_with_the_new_one(env):
         # when it held the index at that moment
         assert wait_for(lambda: index_stats(srv, faiss.key)["loaded"] is False, timeout=30)
         assert index_stats(srv, faiss.key)["engine"] == "native"
-        assert f"tenant {faiss.tid}: index dropped: its engine changed from faiss to native" \
-            in srv.log_text()
+        # the index leaves the map, then the line is written
+        wait_log(srv, f"tenant {faiss.tid}: index dropped: its engine changed from faiss to "
+                      "native")
         # and the other server drops its own when the notification arrives
         assert wait_for(lambda: index_stats(other, faiss.key)["loaded"] is False, timeout=30)
         with other.client(key=faiss.key) as c:
@@ -317,7 +318,9 @@ def test_eviction_brings_each_engine_back_from_its_snapshot(env):
         # an evicted index still reports the engine it will load with
         assert index_stats(small, faiss.key) == {"engine": "faiss", "loaded": False, "kind": None,
                                                  "vectors": None}
-        assert metric(small, "engram_index_evictions_total") >= 3
+        # an eviction is counted just after the index leaves the map ("loaded" False above)
+        wait_metric(small, "engram_index_evictions_total", lambda v: v >= 3, "at least 3",
+                    default=0.0)
         assert metric(small, "engram_index_loads_total", 'source="snapshot"') >= 3
         assert metric(small, "engram_index_snapshots_rejected_total") == 0
         small.stop()

@@ -9,7 +9,7 @@ logs one warning naming the tenant, and its searches equal a brute force.
 
 import numpy as np
 
-from harness import Server, new_database, vec_bin, wait_for
+from harness import Server, new_database, vec_bin, wait_for, wait_log, wait_value
 
 DIM = 96
 N = 3000
@@ -90,19 +90,24 @@ def test_recall_is_measured_and_kept():
             vecs = iid_vectors(N, 3)
             ids = store(c, vecs)
             c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1)
-            assert wait_for(lambda: c.call("memory.stats")["index"].get("exact_fallback"), timeout=60,
-                            interval=0.2), c.call("memory.stats")["index"]
-            idx = c.call("memory.stats")["index"]
-            assert idx["kind"] == "ann" and idx["recall_estimate"] == 1.0
+            # the monitor sets the fallback before it publishes the estimate that goes with it
+            idx = wait_value(lambda: c.call("memory.stats")["index"],
+                             lambda i: i.get("exact_fallback") and i.get("recall_estimate") == 1.0,
+                             "exact_fallback with recall_estimate 1.0", timeout=60, interval=0.2)
+            assert idx["kind"] == "ann"
             assert recall(c, ids, vecs, iid_vectors(30, 4)) == 1.0
-        log = srv.log_text()
+        # logged once the measurement that set the fallback is over
+        log = wait_log(srv, "searching exactly")
         warned = [l for l in log.splitlines() if "searching exactly" in l]
         assert len(warned) == 1 and f"tenant {tid_i}:" in warned[0], warned
         assert f"tenant {tid_r}:" not in "\n".join(warned)
         mins = metric_lines(srv, 'engram_index_recall_estimate{kind="ann",stat="min"}')
         assert len(mins) == 1 and 0.99 <= float(mins[0].split()[-1]) <= 1.0
         assert float(metric_lines(srv, "engram_index_exact_fallbacks ")[0].split()[-1]) == 1
-        assert float(metric_lines(srv, "engram_index_recall_probes_total ")[0].split()[-1]) >= 40
+        # probes are counted when their measurement ends
+        wait_value(lambda: float(metric_lines(srv, "engram_index_recall_probes_total ")[0]
+                                 .split()[-1]), lambda v: v >= 40,
+                   "engram_index_recall_probes_total at 40 or more", timeout=30)
     finally:
         try:
             srv.stop()

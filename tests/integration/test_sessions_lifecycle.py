@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from harness import Server, new_database, psql, server_pair, wait_for
+from harness import Server, new_database, psql, server_pair, wait_for, wait_log, wait_value
 
 
 def new_session(c, agent_id=1, **config):
@@ -189,14 +189,16 @@ def test_retention_purges_inactive_sessions_in_the_background(retention_server):
         age(srv, tid, [fresh, branch, busy_kid], 1)
 
         gone = [old, old_kid, src2, branch2]
-        wait_for(lambda: rows(srv, "sessions", tid, gone, column="id") == 0, timeout=30)
+        wait_value(lambda: rows(srv, "sessions", tid, gone, column="id"), lambda n: n == 0,
+                   "the purge of the four old sessions (rows left)", timeout=30)
         for s in gone:
             assert c.call_err("session.get", session_id=s)["code"] == "not_found"
         for s in (fresh, src, branch, busy, busy_kid):
             c.call("session.get", session_id=s)
         std.call("session.get", session_id=forever)
         assert texts(c, branch) == ["src"]
-        assert "purged" in srv.log_text() and "retention" in srv.log_text()
+        # the purge commits, then logs what it did
+        wait_log(srv, re.compile(r"purged \d+ sessions past their tier's retention"))
 
 
 def test_retention_purge_is_batched(retention_server):
@@ -212,7 +214,8 @@ def test_retention_purge_is_batched(retention_server):
     age(srv, tid, ids, 10)
     n = int(psql(srv.dsn, "SELECT engram_session_purge_retention('{2,0,0}', 3)"))
     assert n <= 3
-    wait_for(lambda: rows(srv, "sessions", tid, ids, column="id") == 0, timeout=30)
+    wait_value(lambda: rows(srv, "sessions", tid, ids, column="id"), lambda n: n == 0,
+               "the purge of all seven sessions (rows left)", timeout=30)
 
 
 # ---- the live-session cap -----------------------------------------------------------------------
@@ -295,7 +298,7 @@ def test_pages_never_skip_or_repeat_under_concurrent_appends(server, tenant, cli
     t = threading.Thread(target=writer)
     t.start()
     try:
-        wait_for(lambda: len(appended) >= 3)
+        wait_for(lambda: len(appended) >= 3, what="three appends by the concurrent writer")
         items, as_of = all_pages(client, sid, limit=40)
     finally:
         stop.set()

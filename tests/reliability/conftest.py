@@ -4,4 +4,5 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 
-from fixtures import client, server, tenant  # noqa: E402,F401
+from fixtures import (client, engramd, pg, pytest_runtest_makereport, server,  # noqa: E402,F401
+                      tenant)

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from harness import PgCluster, Server, psql, vec_bin, wait_for
+from harness import psql, vec_bin, wait_for
 from rpc import Client, RpcError
 
 WRITERS = 16
@@ -62,18 +62,13 @@ def wait_writes_resume(writers, since, limit):
     return time.time() - since
 
 
-def test_postgres_killed_and_frozen_under_writers():
-    pg = PgCluster()
-    pg.start()
-    srv = None
-    frozen = False
+def test_postgres_killed_and_frozen_under_writers(pg, engramd):
+    dsn = pg.create_db("engram_pgcrash")
+    srv = engramd(dsn, extra=["--db-backoff-max-ms", "500"])
+    tid, key = srv.create_tenant(embedding={"provider": "builtin", "dim": DIM})
+    stop = threading.Event()
+    writers = [Writer(srv, key, w, stop) for w in range(WRITERS)]
     try:
-        dsn = pg.create_db("engram_pgcrash")
-        srv = Server(dsn, extra=["--db-backoff-max-ms", "500"])
-        srv.start()
-        tid, key = srv.create_tenant(embedding={"provider": "builtin", "dim": DIM})
-        stop = threading.Event()
-        writers = [Writer(srv, key, w, stop) for w in range(WRITERS)]
         for t in writers:
             t.start()
         time.sleep(2)  # wall clock: the writers run before the crash
@@ -99,45 +94,38 @@ def test_postgres_killed_and_frozen_under_writers():
         kill_window = time.time() - t_kill
 
         time.sleep(2)  # wall clock: the writers run again before the stall
-        # SIGSTOP of the whole cluster for 6 s
+        # SIGSTOP of the whole cluster for 6 s (thawed by the fixture should the test fail)
         pg.freeze()
-        frozen = True
         time.sleep(6)  # wall clock: the stall's length
         pg.thaw()
-        frozen = False
         t_thaw = time.time()
         stop_recovery = wait_writes_resume(writers, t_thaw, 60)
         time.sleep(1)  # wall clock: the writers run after the stall
+    finally:
+        # the writers end before the server and the cluster do, however the test ends
         stop.set()
         for t in writers:
             t.join(60)
 
-        acked = [mid for w in writers for mid in w.acked.values()]
-        errors = {}
-        for w in writers:
-            for code, n in w.errors.items():
-                errors[code] = errors.get(code, 0) + n
-        longest = max(w.longest for w in writers)
-        with srv.client(key=key) as c:
-            present = set()
-            for k in range(0, len(acked), 1000):
-                present |= {m["id"] for m in c.call("memory.get", ids=acked[k:k + 1000])["memories"]}
-        lost = len(set(acked) - present)
-        dup = psql(dsn, "SELECT count(*) FROM (SELECT content FROM memories WHERE tenant_id = "
-                        f"{tid} GROUP BY content HAVING count(*) > 1) d").strip()
-        print(f"postgres kill -9 and SIGSTOP under {WRITERS} writers: {len(acked)} acknowledged, "
-              f"lost {lost}, stored twice {dup}; errors {errors}; longest request "
-              f"{longest:.2f} s; writes resumed {kill_recovery:.2f} s after the restart "
-              f"(window {kill_window:.2f} s) and {stop_recovery:.2f} s after the thaw")
-        assert lost == 0 and int(dup) == 0
-        assert set(errors) <= {"unavailable", "connection"}, errors
-        assert errors.get("unavailable", 0) > 0  # clients were told, not left hanging
-        # no request hung for the whole freeze: the heartbeat failed them within seconds
-        assert longest < 6, longest
-        srv.stop()
-    finally:
-        if frozen:
-            pg.thaw()
-        if srv:
-            srv.cleanup()
-        pg.cleanup()
+    acked = [mid for w in writers for mid in w.acked.values()]
+    errors = {}
+    for w in writers:
+        for code, n in w.errors.items():
+            errors[code] = errors.get(code, 0) + n
+    longest = max(w.longest for w in writers)
+    with srv.client(key=key) as c:
+        present = set()
+        for k in range(0, len(acked), 1000):
+            present |= {m["id"] for m in c.call("memory.get", ids=acked[k:k + 1000])["memories"]}
+    lost = len(set(acked) - present)
+    dup = psql(dsn, "SELECT count(*) FROM (SELECT content FROM memories WHERE tenant_id = "
+                    f"{tid} GROUP BY content HAVING count(*) > 1) d").strip()
+    print(f"postgres kill -9 and SIGSTOP under {WRITERS} writers: {len(acked)} acknowledged, "
+          f"lost {lost}, stored twice {dup}; errors {errors}; longest request "
+          f"{longest:.2f} s; writes resumed {kill_recovery:.2f} s after the restart "
+          f"(window {kill_window:.2f} s) and {stop_recovery:.2f} s after the thaw")
+    assert lost == 0 and int(dup) == 0
+    assert set(errors) <= {"unavailable", "connection"}, errors
+    assert errors.get("unavailable", 0) > 0  # clients were told, not left hanging
+    # no request hung for the whole freeze: the heartbeat failed them within seconds
+    assert longest < 6, longest

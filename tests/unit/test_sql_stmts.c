@@ -1,5 +1,5 @@
 /* tests/unit/test_sql_stmts.c: the statement tables of storage/ (sql.c, sql_session.c,
- * sql_work.c, sql_bg.c) and the parameter-count checks of db.c.
+ * sql_work.c, sql_bg.c) and the parameter-count checks of db.c and pgsync.c.
  *
  * Every statement has a unique name, and its declared parameter count is exactly the
  * highest $N its text uses, with every $1..$N used: a count typed wrong in a table would
@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "db.h"
+#include "pgsync.h"
 #include "sql.h"
 #include "sql_bg.h"
 #include "sql_session.h"
@@ -108,11 +109,11 @@ static void test_counts_checked(void)
     /* blocking execution: refused before the connection is touched (NULL here) */
     char err[200] = "";
     const char *one[] = {"1"};
-    PGresult *r = db_exec_stmt(NULL, sql_def(SQL_MEMORY_GET), one, 1, err, sizeof(err));
+    PGresult *r = pgsync_exec_stmt(NULL, sql_def(SQL_MEMORY_GET), one, 1, err, sizeof(err));
     CHECK(r == NULL);
     CHECK_STR_CONTAINS(err, "memory_get takes 2 parameters, 1 passed");
     const char *fold[] = {"1", "0"};
-    r = DB_EXEC(NULL, sqlb_def(SQLB_ACCESS_FOLD), fold, err, sizeof(err));
+    r = PGSYNC_EXEC(NULL, sqlb_def(SQLB_ACCESS_FOLD), fold, err, sizeof(err));
     CHECK(r == NULL); /* the count matched: it failed only for want of a connection */
     CHECK_MSG(strstr(err, "takes") == NULL, "%s", err);
 

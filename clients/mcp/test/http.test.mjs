@@ -102,6 +102,22 @@ async function connect(url, key, headers = {}) {
   return { client, transport, sid: transport.sessionId };
 }
 
+/**
+ * Waits until srv's log matches re (not global), at most limitMs: engram-mcp writes its
+ * lines on its own time, and this process reads them from a pipe that may lag the HTTP
+ * answer it has just had. Fails naming what it waited for, with the log's end.
+ */
+async function logged(srv, re, what, limitMs = 10_000) {
+  const t0 = Date.now();
+  while (!re.test(srv.stderr())) {
+    if (Date.now() - t0 > limitMs) {
+      assert.fail(`waited ${limitMs} ms for ${what} (${re}) in engram-mcp's log; it ends:\n` +
+        srv.stderr().slice(-2000));
+    }
+    await sleep(50);
+  }
+}
+
 const text = (r) => r.content.map((c) => c.text).join("\n");
 const call = async (c, name, args) => {
   const r = await c.client.callTool({ name, arguments: args });
@@ -222,7 +238,7 @@ test("engramd unreachable at initialize: 503, and no session", async () => {
   assert.equal(r.status, 503);
   assert.ok(Number(r.headers.get("retry-after")) > 0);
   assert.equal(r.headers.get("mcp-session-id"), null);
-  assert.match(srv.stderr(), /cannot authenticate against engramd/);
+  await logged(srv, /cannot authenticate against engramd/, "the failed authentication");
 });
 
 test("a session is bound to the key that created it", async () => {
@@ -344,7 +360,8 @@ test("DELETE ends a session; unknown sessions get 404, requests without one 400"
   r = await raw(srv.url, { method: "GET", sid, key: keyA, headers: { Accept: "text/event-stream" } });
   assert.equal(r.status, 404);
   await a.client.close();
-  assert.match(srv.stderr(), new RegExp(`session ${sid.slice(0, 8)} closed \\(deleted by the client\\)`));
+  await logged(srv, new RegExp(`session ${sid.slice(0, 8)} closed \\(deleted by the client\\)`),
+    "the deleted session's close");
 
   r = await raw(srv.url, { sid: randomUUID(), key: keyA, body: LIST });
   assert.equal(r.status, 404);
@@ -359,6 +376,7 @@ test("DELETE ends a session; unknown sessions get 404, requests without one 400"
   r = await raw(srv.url, { key: keyA, body: INIT, headers: { Accept: "application/json" } });
   assert.equal(r.status, 406);
   assert.equal(r.headers.get("mcp-session-id"), null);
+  await logged(srv, / opened /, "the session's opening");
   assert.equal(srv.stderr().match(/ opened /g).length, 1);
 });
 
@@ -377,7 +395,7 @@ test("sessions are capped, and closed after the idle timeout once their client i
   const t0 = Date.now();
   const closed = new RegExp(`session ${sid1.slice(0, 8)} closed \\(idle\\)`);
   // expected 1 to 1.5 s from now, bounded for a loaded machine (a request would be activity)
-  while (!closed.test(srv.stderr()) && Date.now() - t0 < 15_000) await sleep(100);
+  await logged(srv, closed, "the idle session's close", 15_000);
   assert.ok(Date.now() - t0 >= 900, "closed before its idle timeout");
   r = await raw(srv.url, { sid: sid1, key: keyA, body: LIST });
   assert.equal(r.status, 404);

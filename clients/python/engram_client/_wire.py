@@ -1,5 +1,5 @@
 """Wire details shared by the blocking and the asyncio client: packing requests, reading
-responses, embeddings, and the retry policy. No I/O happens here."""
+responses (ResponseReader), embeddings, and the retry policy. No I/O happens here."""
 from __future__ import annotations
 
 import random
@@ -7,7 +7,7 @@ import sys
 import uuid
 from array import array
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import msgpack
 
@@ -170,10 +170,6 @@ def packer() -> msgpack.Packer:
     return msgpack.Packer(use_bin_type=True, default=_pack_default, autoreset=True)
 
 
-def unpacker() -> msgpack.Unpacker:
-    return msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=MAX_MESSAGE)
-
-
 def pack_request(pk: msgpack.Packer, msgid: int, method: str, params: Mapping[str, Any]) -> bytes:
     data: bytes = pk.pack([0, msgid, method, [params] if params else []])
     return data
@@ -225,6 +221,57 @@ def parse_response(msg: Any) -> tuple[int, Any, Any] | None:
     if isinstance(msg, (list, tuple)) and len(msg) == 4 and msg[0] == 1:
         return msg[1], msg[2], msg[3]
     return None
+
+
+class ResponseReader:
+    """Turns the bytes a connection receives into the responses they carry, with no I/O:
+    both clients feed it whatever each read returned (part of a message, or several) and
+    get back the responses completed so far.
+
+    ``feed(data)`` returns an iterator of ``(msgid, error, result)`` for every response
+    that ``data`` completed, in arrival order; an incomplete message is kept for the next
+    feed. Valid messages that are not responses (notifications) are skipped. The reader
+    holds at most ``max_message`` bytes (MAX_MESSAGE by default), and no string, binary,
+    array or map in a message may be longer. A stream that breaks these limits or is not
+    MessagePack raises ConnectionLost, from feed or while iterating (after the responses
+    before the fault were yielded); the stream cannot be resynchronised, so the caller
+    drops the connection, and every later feed raises the same error."""
+
+    def __init__(self, max_message: int = MAX_MESSAGE) -> None:
+        self._max = max_message
+        self._up = msgpack.Unpacker(raw=False, strict_map_key=False,
+                                    max_buffer_size=max_message)
+        self._error: str | None = None
+
+    def feed(self, data: bytes) -> Iterator[tuple[int, Any, Any]]:
+        """Adds data (bytes-like, may be empty); returns the iterator described above.
+        Raises ConnectionLost at once when the bytes held would exceed max_message."""
+        if self._error is not None:
+            raise ConnectionLost(self._error)
+        try:
+            self._up.feed(data)
+        except msgpack.BufferFull:
+            raise self._fail(f"the server sent a message over {self._max} bytes") from None
+        return self._responses()
+
+    def _responses(self) -> Iterator[tuple[int, Any, Any]]:
+        while True:
+            if self._error is not None:
+                raise ConnectionLost(self._error)
+            try:
+                msg = next(self._up)
+            except StopIteration:
+                return
+            except Exception as e:  # noqa: BLE001 - msgpack raises several kinds for bad bytes
+                raise self._fail(f"the server sent a malformed message: "
+                                 f"{type(e).__name__}: {e}".rstrip(": ")) from None
+            r = parse_response(msg)
+            if r is not None:
+                yield r
+
+    def _fail(self, why: str) -> ConnectionLost:
+        self._error = why
+        return ConnectionLost(why)
 
 
 __all__ = ["RetryPolicy", "NO_RETRY", "EngramError"]

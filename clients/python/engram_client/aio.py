@@ -55,19 +55,14 @@ class _AConn:
         return msgid, fut
 
     async def _read_loop(self) -> None:
-        up = _wire.unpacker()
+        responses = _wire.ResponseReader()
         try:
             while True:
                 data = await self.reader.read(1 << 18)
                 if not data:
                     raise ConnectionLost("connection closed by the server")
-                up.feed(data)
-                for msg in up:
-                    r = _wire.parse_response(msg)
-                    if r is None:
-                        continue
+                for msgid, err, result in responses.feed(data):
                     self.answered = True
-                    msgid, err, result = r
                     entry = self.pending.pop(msgid, None)
                     if entry is None or entry[1].done():
                         continue

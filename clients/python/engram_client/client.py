@@ -214,7 +214,7 @@ class _Conn:
             self.core.resolve(r, exc=EngramTimeout(f"{r.method}: no answer in time"))
 
     def _read_loop(self) -> None:
-        up = _wire.unpacker()
+        responses = _wire.ResponseReader()
         try:
             while True:
                 if not self.sock.wait_readable(0.25):
@@ -225,13 +225,8 @@ class _Conn:
                     continue
                 if not data:
                     raise ConnectionLost("connection closed by the server")
-                up.feed(data)
-                for msg in up:
-                    r = _wire.parse_response(msg)
-                    if r is None:
-                        continue
+                for msgid, err, result in responses.feed(data):
                     self.answered = True
-                    msgid, err, result = r
                     with self.core.lock:
                         req = self.pending.pop(msgid, None)
                     if req is not None:

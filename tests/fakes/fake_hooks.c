@@ -42,7 +42,8 @@ static void h_admin_only(req *r)
     req_done(r);
 }
 
-static const rpc_param p_auth[] = {{"key", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, 64}};
+/* the parameter the real auth takes (methods/m_sys.c), which the HTTP port sends */
+static const rpc_param p_auth[] = {{"api_key", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, 64}};
 static const size_t np_auth = 1;
 
 /* Sets r's identity from key ("admin", "tenant:N"); false when key names none. */
@@ -82,6 +83,7 @@ static void auth_db_done(req *r, const db_result *res)
 static void h_auth(req *r)
 {
     st.calls++;
+    st.auths++;
     char *key = req_strdup(r, req_arg(r, 0));
     if (!key) {
         req_fail(r, RPC_INTERNAL, "out of memory");

@@ -4,7 +4,7 @@
  *
  * The methods, sorted by name:
  *   admin.only  M_ADMIN           answers "admin"
- *   auth        M_PUBLIC|M_AUTH   {key}: "admin" makes the connection the admin; "tenant:N"
+ *   auth        M_PUBLIC|M_AUTH   {api_key}: "admin" makes the connection the admin; "tenant:N"
  *                                 tenant N (key id N * 10, tier standard); "db:tenant:N" the
  *                                 same once a database job answers (DB_OK; else its error);
  *                                 anything else fails unauthenticated
@@ -36,6 +36,7 @@ typedef struct fake_hooks_state {
     unsigned admits;  /* tenant_admit calls */
     unsigned calls;   /* handler runs of every method (a request run again counts again) */
     unsigned echoes;  /* echo runs, notifications included */
+    unsigned auths;   /* auth runs (the HTTP port runs one per new bearer key) */
     hook_admit admit; /* tenant_admit's answer (HOOK_ADMIT_OK by default) */
     uint64_t retry_ms;
     int admit_tier; /* >= 0: tenant_admit sets the request's tier to it */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -432,4 +433,110 @@ size_t rig_map(char *buf, size_t cap, const char *spec, ...)
     }
     va_end(ap);
     return b.len;
+}
+
+/* ---- reading HTTP answers -------------------------------------------------------------- */
+
+void rig_http_init(rig_http *h)
+{
+    memset(h, 0, sizeof(*h));
+}
+
+void rig_http_fini(rig_http *h)
+{
+    free(h->buf);
+    memset(h, 0, sizeof(*h));
+}
+
+/* Reads what fd holds into h. */
+static void http_fill(rig_http *h, int fd)
+{
+    for (;;) {
+        if (h->cap - h->len < 65536) {
+            size_t cap = h->cap ? h->cap * 2 : 131072;
+            char *n = realloc(h->buf, cap);
+            if (!n)
+                return;
+            h->buf = n;
+            h->cap = cap;
+        }
+        ssize_t n = read(fd, h->buf + h->len, h->cap - h->len);
+        if (n > 0) {
+            h->len += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+            h->eof = true;
+        return;
+    }
+}
+
+bool rig_http_header(const rig_http_got *g, const char *name, char *val, size_t n)
+{
+    size_t nl = strlen(name);
+    for (const char *line = strstr(g->head, "\r\n"); line; line = strstr(line + 2, "\r\n")) {
+        const char *k = line + 2;
+        if (strncasecmp(k, name, nl) != 0 || k[nl] != ':')
+            continue;
+        const char *v = k + nl + 1;
+        while (*v == ' ')
+            v++;
+        const char *end = strstr(v, "\r\n");
+        size_t len = end ? (size_t)(end - v) : strlen(v);
+        if (len >= n)
+            len = n - 1;
+        memcpy(val, v, len);
+        val[len] = '\0';
+        return true;
+    }
+    return false;
+}
+
+int rig_http_next(rig_http *h, int fd, bool head_only, rig_http_got *g)
+{
+    memset(g, 0, sizeof(*g));
+    http_fill(h, fd);
+    size_t head_len = 0;
+    for (size_t i = 0; i + 4 <= h->len && !head_len; i++)
+        if (memcmp(h->buf + i, "\r\n\r\n", 4) == 0)
+            head_len = i + 4;
+    if (!head_len)
+        return 0;
+    if (head_len < 12 || memcmp(h->buf, "HTTP/1.1 ", 9) != 0)
+        return -1;
+    size_t keep = head_len - 2 < sizeof(g->head) - 1 ? head_len - 2 : sizeof(g->head) - 1;
+    memcpy(g->head, h->buf, keep);
+    g->head[keep] = '\0';
+    g->status = atoi(g->head + 9);
+    char cl[32];
+    bool bodiless = head_only || g->status < 200 || g->status == 204 || g->status == 304;
+    if (!bodiless && rig_http_header(g, "Content-Length", cl, sizeof(cl)))
+        g->body_len = strtoull(cl, NULL, 10);
+    if (h->len - head_len < g->body_len)
+        return 0;
+    size_t bl = g->body_len < sizeof(g->body) - 1 ? g->body_len : sizeof(g->body) - 1;
+    memcpy(g->body, h->buf + head_len, bl);
+    g->body[bl] = '\0';
+    size_t used = head_len + g->body_len;
+    memmove(h->buf, h->buf + used, h->len - used);
+    h->len -= used;
+    return 1;
+}
+
+int net_rig_http_collect(net_rig *r, int fd, rig_http *h, bool head_only, rig_http_got *g,
+                         size_t max)
+{
+    net_rig_pump(r, NULL, NULL);
+    size_t n = 0;
+    while (n < max) {
+        int rc = rig_http_next(h, fd, head_only, &g[n]);
+        if (rc < 0)
+            return -1;
+        if (rc == 0)
+            break;
+        n++;
+    }
+    return (int)n;
 }

@@ -115,4 +115,38 @@ size_t rig_pack_request(char *buf, size_t cap, bool notify, uint32_t msgid, cons
  * (pointer and length). Returns its length in buf. */
 size_t rig_map(char *buf, size_t cap, const char *spec, ...);
 
+/* ---- the HTTP port ---------------------------------------------------------------------- */
+
+/* One HTTP answer a client read. */
+typedef struct rig_http_got {
+    int status;
+    char head[2048];  /* the status line and the headers, NUL-terminated (cut to fit) */
+    char body[32768]; /* the body, NUL-terminated (cut to fit) */
+    size_t body_len;  /* its Content-Length (0 for 1xx, 304, and a HEAD's answer) */
+} rig_http_got;
+
+/* A client's reader of HTTP answers. */
+typedef struct rig_http {
+    char *buf;
+    size_t len, cap;
+    bool eof; /* the server closed the connection */
+} rig_http;
+
+void rig_http_init(rig_http *h);
+void rig_http_fini(rig_http *h);
+
+/* rig_http_next reads what fd holds and parses the next whole answer into *g (head_only:
+ * the answer of a HEAD request, which has no body whatever its Content-Length). Returns 1,
+ * 0 when no whole answer is there, -1 when what arrived is not an HTTP/1.1 answer. */
+int rig_http_next(rig_http *h, int fd, bool head_only, rig_http_got *g);
+
+/* net_rig_http_collect pumps the loop, then parses up to max whole answers fd holds.
+ * Returns how many, or -1. */
+int net_rig_http_collect(net_rig *r, int fd, rig_http *h, bool head_only, rig_http_got *g,
+                         size_t max);
+
+/* rig_http_header copies the value of header name (case-insensitive) of g into val (n
+ * bytes) and returns true, or returns false when g has none. */
+bool rig_http_header(const rig_http_got *g, const char *name, char *val, size_t n);
+
 #endif

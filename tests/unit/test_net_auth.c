@@ -23,7 +23,7 @@ static void call(int fd, uint32_t id, const char *method, const char *params, si
 static void auth(int fd, uint32_t id, const char *key)
 {
     char p[128];
-    size_t pl = rig_map(p, sizeof(p), "key:s", key);
+    size_t pl = rig_map(p, sizeof(p), "api_key:s", key);
     call(fd, id, "auth", p, pl);
 }
 

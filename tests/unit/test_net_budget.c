@@ -39,7 +39,7 @@ static int tenant(rig_reader *rd)
 {
     int fd = net_rig_connect(rig, false, false, NULL);
     char p[64];
-    size_t pl = rig_map(p, sizeof(p), "key:s", "tenant:1");
+    size_t pl = rig_map(p, sizeof(p), "api_key:s", "tenant:1");
     call(fd, 1000, "auth", p, pl);
     rig_got g;
     CHECK(net_rig_collect(rig, fd, rd, &g, 1) == 1 && !g.error);

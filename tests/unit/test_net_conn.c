@@ -196,7 +196,7 @@ static int tenant_conn(void)
 {
     int fd = net_rig_connect(rig, false, false, NULL);
     char p[64];
-    size_t pl = rig_map(p, sizeof(p), "key:s", "tenant:1");
+    size_t pl = rig_map(p, sizeof(p), "api_key:s", "tenant:1");
     call(fd, 999, "auth", p, pl);
     rig_reader rd;
     rig_reader_init(&rd);

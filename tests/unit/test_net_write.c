@@ -56,7 +56,7 @@ static int tenant(rig_reader *rd, int64_t t)
     int fd = net_rig_connect(rig, false, false, NULL);
     char p[64], key[32], buf[128];
     snprintf(key, sizeof(key), "tenant:%lld", (long long)t);
-    size_t pl = rig_map(p, sizeof(p), "key:s", key);
+    size_t pl = rig_map(p, sizeof(p), "api_key:s", key);
     size_t n = rig_pack_request(buf, sizeof(buf), false, 999, "auth", p, pl);
     CHECK(net_rig_send(rig, fd, buf, n) == 0);
     rig_got g;

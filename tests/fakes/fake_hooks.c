@@ -101,7 +101,7 @@ static void h_auth(req *r)
 }
 
 static const rpc_param p_big[] = {
-    {"bytes", RPC_T_UINT, RPC_P_REQUIRED | RPC_P_RANGE, 0, 64 << 20},
+    {"bytes", RPC_T_UINT, RPC_P_REQUIRED | RPC_P_RANGE, 0, 1 << 20},
     {"fill", RPC_T_UINT, RPC_P_RANGE, 0, 255},
 };
 static const size_t np_big = 2;

@@ -3,6 +3,7 @@
 #include "net_rig.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,8 @@ struct net_rig {
 net_rig *net_rig_create(const net_hooks *hooks, const char *const *settings,
                         int (*setup)(server *s, void *arg), void *arg)
 {
+    /* as main does: a client that went makes a write fail, not end the process */
+    signal(SIGPIPE, SIG_IGN);
     net_rig *r = calloc(1, sizeof(*r));
     if (!r)
         return NULL;

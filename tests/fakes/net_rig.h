@@ -28,7 +28,7 @@ typedef struct net_rig net_rig;
  * server's limits, tiers, metrics and statements as main does, hands the network layer
  * hooks and creates worker 0 (hooks->worker_init runs). setup, when not NULL, runs before
  * the worker is created, with the server, for what a program's hooks need of it. Returns
- * NULL after printing why. */
+ * NULL after printing why. Ignores SIGPIPE, as engramd does. */
 net_rig *net_rig_create(const net_hooks *hooks, const char *const *settings,
                         int (*setup)(server *s, void *arg), void *arg);
 

@@ -3,8 +3,8 @@
 
 Each seed is an input of fuzz/server.c: 4 header bytes (the port, who the connection is
 first, the reserved slot, whether the client reads, tenant_admit's answer, whether the
-database holds its answers; the size of the pieces the bytes are sent in; the database's
-answers), then the client's bytes: MessagePack-RPC requests of the test method table
+database holds its answers; the size of the pieces the bytes are sent in and whether a
+second client sends them too; the database's answers), then the client's bytes: MessagePack-RPC requests of the test method table
 (tests/fakes/fake_hooks.h) or HTTP/1.1 requests of the JSON API and the GET endpoints.
 Rerun after changing it and commit the files; the fuzzer itself never writes there.
 (A small MessagePack encoder of its own: python3-msgpack is not a build dependency.)
@@ -63,11 +63,12 @@ HTTP, TENANT, ADMIN, DBTENANT, RESERVED, READS, RATE, REVOKED, HOLD = (
 OK, ERR, DOWN, LOCK = 0, 1, 2, 3
 
 
-def header(flags, piece=0, answers=()):
+def header(flags, piece=0, answers=(), twin=False):
     script = 0
     for i, a in enumerate(answers[:8]):
         script |= a << (2 * i)
-    return bytes([flags, piece, script & 0xFF, script >> 8])
+    assert piece < 128
+    return bytes([flags, piece | (0x80 if twin else 0), script & 0xFF, script >> 8])
 
 
 def post(method, body="", headers=""):
@@ -139,6 +140,14 @@ SEEDS = {
     "http_10": header(HTTP | READS) + b"GET /livez HTTP/1.0\r\n\r\n",
     "http_reserved": header(HTTP | RESERVED | READS) + get("/livez") + post("echo", "{}"),
     "http_unread": header(HTTP) + b"".join(post("big", '{"bytes": 30000}') for _ in range(4)),
+    # two clients of one tenant: its writes share the lane
+    "twin_rpc_writes": header(TENANT | READS, 5, (LOCK, OK, LOCK, LOCK, OK, ERR, OK, OK), True)
+    + b"".join(req(i, "store", {"n": i}) for i in range(1, 5)) + req(5, "later", {"tag": 5}),
+    "twin_http_writes": header(HTTP | READS, 9, (LOCK, LOCK, OK, OK), True)
+    + post("store", '{"n": 1}', "Authorization: Bearer tenant:5\r\n")
+    + post("store", '{"n": 2}', "Authorization: Bearer tenant:5\r\n"),
+    "twin_unread": header(TENANT, 0, (), True)
+    + b"".join(req(i, "big", {"bytes": 40000}) for i in range(1, 5)),
 }
 
 

@@ -22,8 +22,13 @@
  *                    server's output budgets fill up)
  *        bits 5-6    tenant_admit answers ok, ok, rate limited, or revoked
  *        bit 7       the database answers nothing until the client's bytes are all sent
- *   h[1]             the client's bytes are sent in pieces of h[1] bytes (0: at once), with
- *                    the worker's loop run, and one slow request answered, between pieces
+ *   h[1] bits 0-6    the client's bytes are sent in pieces of that many bytes (0: at once),
+ *                    with the worker's loop run, and one slow request answered, between
+ *                    pieces
+ *        bit 7       a second client on the same worker, the same port and first
+ *                    authenticated the same, sends the same bytes, its pieces taking turns
+ *                    with the first's (the worker's state they share: a tenant's write lane,
+ *                    its key's count, the process-wide output budget)
  *   h[2], h[3]       the database's answers, two bits per job in turn: ok, an error with a
  *                    SQLSTATE the server maps, unavailable, or a lock timeout (55P03)
  *
@@ -126,12 +131,30 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
+/* A client of the input: its end of the socketpair, and whether the server still reads. */
+typedef struct client {
+    int fd;
+    bool open;
+} client;
+
+/* Sends n bytes of the input on cl; false once the server closed the connection or reads no
+ * more. */
+static bool send_piece(client *cl, const uint8_t *data, size_t n)
+{
+    if (!cl->open)
+        return false;
+    if (net_rig_send(rig, cl->fd, data, n) < 0)
+        cl->open = false;
+    return cl->open;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 4)
         return 0;
     uint8_t flags = data[0];
-    size_t piece = data[1] ? data[1] : size;
+    size_t piece = data[1] & 0x7f ? data[1] & 0x7f : size;
+    bool twin = data[1] & 0x80;
     db_script = (uint16_t)(data[2] | data[3] << 8);
     db_jobs = 0;
     data += 4;
@@ -145,35 +168,48 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     st->retry_ms = 1500;
     fake_db_hold(hold);
 
-    int fd = net_rig_connect(rig, http, flags & 8, NULL);
-    REQUIRE(fd >= 0);
-    if (!http && who)
-        authenticate(fd, who);
-    bool open = true;
-    for (size_t off = 0; off < size && open;) {
+    client cl[2];
+    size_t ncl = twin ? 2 : 1;
+    for (size_t i = 0; i < ncl; i++) {
+        cl[i].fd = net_rig_connect(rig, http, flags & 8, NULL);
+        cl[i].open = true;
+        REQUIRE(cl[i].fd >= 0);
+        if (!http && who)
+            authenticate(cl[i].fd, who);
+    }
+    for (size_t off = 0; off < size;) {
         size_t n = size - off < piece ? size - off : piece;
-        if (net_rig_send(rig, fd, data + off, n) < 0)
-            break; /* the server closed the connection, or reads no more */
+        bool any = false;
+        for (size_t i = 0; i < ncl; i++) {
+            if (!send_piece(&cl[i], data + off, n))
+                continue; /* the server closed the connection, or reads no more */
+            any = true;
+            net_rig_pump(rig, NULL, NULL);
+        }
+        if (!any)
+            break;
         off += n;
-        net_rig_pump(rig, NULL, NULL);
         fake_hooks_release(1, (off & 1) != 0);
-        if (reads)
-            open = drain(fd);
+        for (size_t i = 0; reads && i < ncl; i++)
+            if (cl[i].open && !drain(cl[i].fd))
+                cl[i].open = false;
     }
     /* the rest of the input's life: the database answers, every slow request is answered,
-     * the client reads everything, then goes */
+     * the clients read everything, then go */
     fake_db_hold(false);
     for (int round = 0; round < 8 && (fake_hooks_waiting() || fake_db_waiting()); round++) {
         fake_hooks_release(SIZE_MAX, false);
         net_rig_pump(rig, NULL, NULL);
-        drain(fd);
+        for (size_t i = 0; i < ncl; i++)
+            drain(cl[i].fd);
     }
-    net_rig_close(rig, fd);
+    for (size_t i = 0; i < ncl; i++)
+        net_rig_close(rig, cl[i].fd);
     net_rig_pump(rig, NULL, NULL);
     fake_hooks_release(SIZE_MAX, false);
     net_rig_pump(rig, NULL, NULL);
 
-    /* nothing of the connection may be left: no request waiting, no job, no key counted */
+    /* nothing of the connections may be left: no request waiting, no job, no key counted */
     REQUIRE(fake_hooks_waiting() == 0);
     REQUIRE(fake_db_waiting() == 0);
     REQUIRE(st->keys_in_use == 0);

@@ -315,9 +315,12 @@ static int add_run(terms *ts, const char *w, size_t a, size_t b, size_t off)
     return add_ascii_word(ts, w + a, b - a, off, T_WORD);
 }
 
-/* Adds a word token (text, n bytes; ASCII already lower-cased): non-ASCII letters
- * lower-cased, split at separators, each CJK character a term of its own. */
-static int add_word(terms *ts, const char *text, size_t n, size_t off)
+/* Adds a word token (text, n bytes; ASCII already lower-cased; srclen bytes of the source
+ * at off): non-ASCII letters lower-cased, split at separators, each CJK character a term of
+ * its own. A part's offset is off plus its place in the word, which is its place in the
+ * source unless an apostrophe or a contraction came before it in the word (near enough:
+ * it only says which sentence a quote starts in). */
+static int add_word(terms *ts, const char *text, size_t n, size_t off, size_t srclen)
 {
     if (n > ts->bufcap) {
         char *b = realloc(ts->buf, n);
@@ -342,14 +345,14 @@ static int add_word(terms *ts, const char *text, size_t n, size_t off)
                 encode2(w + i, lc);
         }
         if (k > 1 && (is_cjk(cp) || is_sep(cp))) {
-            rc = add_run(ts, (char *)w, run, i, off);
+            rc = add_run(ts, (char *)w, run, i, off + (run < srclen ? run : srclen - 1));
             if (rc == 0 && is_cjk(cp))
-                rc = add_term(ts, (char *)w + i, k, T_WORD, off);
+                rc = add_term(ts, (char *)w + i, k, T_WORD, off + (i < srclen ? i : srclen - 1));
             run = i + k;
         }
         i += k;
     }
-    return rc ? rc : add_run(ts, (char *)w, run, n, off);
+    return rc ? rc : add_run(ts, (char *)w, run, n, off + (run < srclen ? run : srclen - 1));
 }
 
 /* The code a currency symbol stands for, or NULL. */
@@ -462,7 +465,7 @@ static int on_token(void *arg, const textrule_token *t)
         return rc;
     switch (t->kind) {
     case TEXTRULE_TOK_WORD:
-        return add_word(ts, t->text, t->len, t->off);
+        return add_word(ts, t->text, t->len, t->off, t->srclen ? t->srclen : 1);
     case TEXTRULE_TOK_NUM:
     case TEXTRULE_TOK_ID:
         read_number(ts, t);

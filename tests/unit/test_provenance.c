@@ -27,6 +27,9 @@
 #define COS_THRESHOLD 0.8
 #define OVERLAP_THRESHOLD 0.5
 #define DIM 384
+/* precision and recall of the overlap alone and of the server's rule on the labelled set */
+#define PRECISION_FLOOR 0.98
+#define RECALL_FLOOR 0.80
 
 static prov_overlap score(const char *response, const char *memory)
 {
@@ -175,6 +178,10 @@ static void test_non_ascii(void)
           "\xd0\x9f\xd0\xbe\xd0\xbb\xd1\x8c\xd0\xb7\xd0\xbe\xd0\xb2\xd0\xb0\xd1\x82\xd0\xb5\xd0\xbb"
           "\xd1\x8c \xd0\xb6\xd0\xb8\xd0\xb2\xd1\x91\xd1\x82 \xd0\xb2 \xd0\x9a\xd0\xb0\xd0\xb7\xd0"
           "\xb0\xd0\xbd\xd0\xb8"); /* ПОЛЬЗОВАТЕЛЬ ЖИВЁТ В КАЗАНИ / Пользователь живёт в Казани */
+    /* where a quote starts, in bytes, after CJK text in the same token */
+    prov_overlap q = score("\xe4\xbd\xa0\xe5\xa5\xbd\xe3\x80\x82Uniswap v3 fee tiers are 0.05%.",
+                           "Uniswap v3 fee tiers are 0.05%");
+    CHECK(q.score == 1.0 && q.at == 9);
     /* invalid UTF-8 is read, not refused */
     prov_overlap o = score("abc \xff\xfe def", "\xff\xfe def");
     CHECK(o.total > 0);
@@ -389,6 +396,12 @@ static void test_labelled_set(void)
         fprintf(stderr, "  %-8s precision %.3f (%d/%d) recall %.3f (%d/%d)\n", names[w],
                 ratio(res[w].tp, res[w].tp + res[w].fp), res[w].tp, res[w].tp + res[w].fp,
                 ratio(res[w].tp, res[w].tp + res[w].fn), res[w].tp, res[w].tp + res[w].fn);
+    }
+    /* the floors: what the set measured when it was written (bench/README.md) */
+    for (int w = 0; w < 3; w += 2) {
+        CHECK_MSG(ratio(res[w].tp, res[w].tp + res[w].fp) >= PRECISION_FLOOR, "%s precision",
+                  names[w]);
+        CHECK_MSG(ratio(res[w].tp, res[w].tp + res[w].fn) >= RECALL_FLOOR, "%s recall", names[w]);
     }
     pr ho = measure(&ho_both, ho_total, truth);
     fprintf(stderr, "  held out, either: precision %.3f (%d/%d) recall %.3f (%d/%d)\n",

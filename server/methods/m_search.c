@@ -11,8 +11,8 @@
  * starts at 1 and a memory missing from a list contributes nothing for it.
  *
  * min_similarity drops every candidate whose cosine similarity is below it before the cut
- * to top_k: in the vector ranking its score is -infinity (so the index ranks it after every
- * memory that passes), and every mode drops it after ranking.
+ * to top_k: in the vector ranking its score is below every passing one (so the index ranks
+ * it after every memory that passes), and every mode drops it after ranking.
  *
  * memory.context packs the results that fit the token budget as the <agent_memory> block
  * or as search-result items: ctxblock.h renders them. memory.prompt (m_prompt.c) runs the
@@ -126,8 +126,12 @@ static double score_cb(float sim, const void *meta, void *ctx)
 {
     const search_state *st = ctx;
     const mem_meta *m = meta;
+    /* Below min_similarity: a score under every passing one (those are >= 0), still ordered
+     * by similarity so the index's search stops as a similarity search would (at -infinity
+     * they would all tie and keep entering its top k); dropped after the search. Still
+     * monotone in the similarity and within the bound score_slope * sim + score_bound. */
     if (st->has_min && (double)sim < st->min_sim)
-        return -INFINITY; /* ranks below every memory that passes: dropped after the search */
+        return (double)sim - 10.0;
     double c = score_composite(st->f.sp, m->created_ms, mem_meta_access_count(m), m->cited,
                                m->injected, m->importance, st->f.now_ms);
     return score_blend(st->w, sim, c);

@@ -164,3 +164,37 @@ def test_over_http(server, corpus):
         p = doc["paths"][f"/v1/rpc/{m}"]["post"]["requestBody"]["content"]["application/json"][
             "schema"]["properties"]["min_similarity"]
         assert p["minimum"] == 0 and p["maximum"] == 1, p
+
+
+@pytest.mark.parametrize("engine", ["native", "faiss"])
+def test_approximate_tier(engramd, engine):
+    """A tenant in the approximate tier (index_ann_min 512): the threshold holds with a
+    blended score and with similarity alone, on either engine."""
+    from harness import new_database, wait_for
+    srv = engramd(new_database("relann"), extra=["--index-ann-min", "512"])
+    with srv.admin() as a:
+        key = a.call("admin.tenant.create", name=f"rel-{engine}", tier="premium",
+                     embedding={"dim": 64}, index_engine=engine)["api_key"]
+    rng = np.random.default_rng(5)
+    q = unit(rng.standard_normal(64))
+    with srv.client(key=key) as c:
+        near = []
+        for i in range(6):
+            v = unit(q + 0.3 * unit(rng.standard_normal(64)))
+            near.append(c.call("memory.store", content=f"near {i}", embedding=vec_bin(v),
+                               type="fact", importance=0.0)["id"])
+        for b in range(2):
+            batch = [{"content": f"far {b}-{i}", "type": "fact", "importance": 1.0,
+                      "embedding": vec_bin(unit(rng.standard_normal(64)))} for i in range(500)]
+            c.call("memory.store_batch", memories=batch)
+        c.call("memory.search", embedding=vec_bin(q), top_k=1)  # loads the index
+        wait_for(lambda: c.call("memory.stats")["index"]["kind"] == "ann",
+                 what="the approximate tier")
+        for w in (0.2, 1.0):
+            got = c.call("memory.search", embedding=vec_bin(q), top_k=10, similarity_weight=w,
+                         min_similarity=THRESHOLD)["results"]
+            assert sorted(r["id"] for r in got) == sorted(near), (w, got)
+            assert all(r["similarity"] >= THRESHOLD for r in got)
+            got = c.call("memory.search", embedding=vec_bin(q), top_k=3, similarity_weight=w,
+                         min_similarity=THRESHOLD)["results"]
+            assert len(got) == 3 and set(r["id"] for r in got) <= set(near)

@@ -43,6 +43,7 @@ DOCS = {
     "memory.get": "Returns memories by id, in the order asked.",
     "memory.history": "Returns every version of a memory, oldest first.",
     "memory.list": "Lists memories that pass a filter, one keyset page at a time.",
+    "memory.prompt": "Assembles a turn's prompt within one token budget: the <agent_memory> block for the query, the session's <working_memory> and its transcript tail with the summary.",
     "memory.provenance": "Estimates which injected memories a response used (word overlap or sentence embeddings) and records it.",
     "memory.restore": "Brings archived memories back.",
     "memory.search": "Searches memories by vector, text or both, ranked by similarity and importance.",
@@ -99,7 +100,7 @@ BASE = {
 
 # Narrower parameter types: (method or "*", param) -> (Python, TypeScript). Each narrowing
 # must be one the server enforces (docs/protocol.md).
-FILTER_METHODS = ("memory.search", "memory.context", "memory.list")
+FILTER_METHODS = ("memory.search", "memory.context", "memory.list", "memory.prompt")
 NARROW = {
     ("*", "type_filter"): ("Sequence[MemoryType]", "MemoryType[]"),
     ("*", "scopes"): ("Sequence[Scope]", "Scope[]"),
@@ -114,6 +115,7 @@ NARROW = {
     ("memory.store_batch", "memories"): ("Sequence[MemoryInput]", "MemoryInput[]"),
     ("memory.search", "mode"): ("SearchMode", "SearchMode"),
     ("memory.context", "mode"): ("SearchMode", "SearchMode"),
+    ("memory.prompt", "mode"): ("SearchMode", "SearchMode"),
     ("memory.list", "order_by"): ("ListOrderBy", "ListOrderBy"),
     ("memory.delete", "filter"): ("MemoryFilter", "MemoryFilter"),
     ("memory.list", "order"): ("ListOrder", "ListOrder"),
@@ -142,6 +144,7 @@ RESULTS = {
     "memory.list": ("ListResult", "ListResult"),
     "memory.search": ("SearchResult", "SearchResult"),
     "memory.context": ("ContextResult", "ContextResult"),
+    "memory.prompt": ("PromptResult", "PromptResult"),
     "memory.update": ("UpdateResult", "UpdateResult"),
     "memory.delete": ("DeleteResult", "DeleteResult"),
     "memory.archive": ("ArchiveResult", "ArchiveResult"),
@@ -242,7 +245,7 @@ __IMPORTS__
 PY_TARGETS = {
     "memory.get": ("ids",), "memory.archive": ("ids",), "memory.restore": ("ids",),
     "memory.delete": ("ids",), "memory.history": ("id",), "memory.update": ("id",),
-    "admin.key.revoke": ("key_id",),
+    "admin.key.revoke": ("key_id",), "memory.prompt": ("session_id",),
     "session.spawn": ("parent_id",), "session.resume": ("checkpoint_id",),
     "session.work_item.update": ("session_id", "work_item_id"),
 }

@@ -59,4 +59,6 @@ const db_stmt_def sql_session_stmts[SQLS__COUNT] = {
     [SQLS_CHILDREN] = {"session_children", FN("children", "$1::bigint, $2::bigint"), 2},
     [SQLS_HANDOFF] = {"session_handoff",
                       FN("handoff", "$1::bigint, $2::bigint, $3::text, $4::bigint"), 4},
+    [SQLS_PROMPT] = {"session_prompt",
+                     FN("prompt", "$1::bigint, $2::bigint, $3::bigint, $4::bigint, $5::bigint"), 5},
 };

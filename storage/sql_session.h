@@ -1,8 +1,9 @@
 /* storage/sql_session.h: the prepared statements of the sessions capability.
  *
- * Each statement calls one PL/pgSQL function of functions/30_sessions.sql and returns
- * one row with one text column: the result as a JSON document (server/methods/m_session.c turns it
- * into MessagePack). The first argument is always the authenticated tenant.
+ * Each statement calls one PL/pgSQL function of functions/30_sessions.sql (SQLS_PROMPT:
+ * 36_prompt.sql) and returns one row with one text column: the result as a JSON document
+ * (server/methods/m_session.c turns it into MessagePack). The first argument is always the
+ * authenticated tenant.
  */
 #ifndef ENGRAM_STORAGE_SQL_SESSION_H
 #define ENGRAM_STORAGE_SQL_SESSION_H
@@ -40,6 +41,9 @@ typedef enum sqls_stmt {
     SQLS_COMPLETE, /* (tenant, session, output) -> {session_id, state, completed_at} */
     SQLS_CHILDREN, /* (tenant, session) -> {children} */
     SQLS_HANDOFF,  /* (tenant, session, mode, agent) -> package */
+    SQLS_PROMPT,   /* (tenant, session, working memory cap bytes, transcript share bytes, agent)
+                      -> {session_id, working_memory, transcript, summary, messages}
+                      (functions/36_prompt.sql) */
     SQLS__COUNT
 } sqls_stmt;
 

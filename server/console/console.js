@@ -300,12 +300,17 @@
       h('option', { value: m }, m)));
     const topk = h('input', { type: 'number', class: 'num', id: 'search-topk', value: '10',
                               min: '1', max: '1000' });
+    // min_similarity: empty sends none; the server leaves out what is below it
+    const minSim = h('input', { type: 'number', class: 'num', id: 'search-min-similarity',
+                                min: '0', max: '1', step: '0.05', placeholder: 'none' });
     const results = h('div', { id: 'search-results' });
     const doSearch = async () => {
       if (!q.value.trim()) { clear(results); return; }
       try {
-        const r = await call('memory.search', Object.assign(filterParams(), {
-          query: q.value, mode: mode.value, top_k: Number(topk.value) || 10 }));
+        const p = Object.assign(filterParams(), {
+          query: q.value, mode: mode.value, top_k: Number(topk.value) || 10 });
+        if (minSim.value.trim() !== '') p.min_similarity = Number(minSim.value);
+        const r = await call('memory.search', p);
         if (seq !== renderSeq) return;
         showError(null);
         clear(results);
@@ -353,7 +358,7 @@
       h('h1', null, 'Memories'),
       h('div', { class: 'card' },
         h('div', { class: 'row' }, field('Search', q), field('Mode', mode), field('Top k', topk),
-          sbtn),
+          field('Min similarity', minSim), sbtn),
         h('div', { class: 'row' },
           field('Type', sel('type', [['', 'any']].concat(TYPES.map((t) => [t, t])), 'f-type')),
           field('Agent', bind(h('input', { type: 'number', class: 'num', id: 'f-agent',

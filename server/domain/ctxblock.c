@@ -109,6 +109,8 @@ int ctxb_build(const memrow *rows, const bool *have, size_t nrows, const ctxb_op
                ctxb_block *out)
 {
     memset(out, 0, sizeof(*out));
+    bool exact = o->max_bytes && !o->search_results;
+    size_t bytes = 31; /* exact: "<agent_memory>\n", "</agent_memory>\n" */
     out->tokens_used = o->search_results ? 0 : CTXB_TAG_TOKENS;
     out->items = calloc(nrows + 1, sizeof(*out->items));
     if (!out->items)
@@ -122,11 +124,13 @@ int ctxb_build(const memrow *rows, const bool *have, size_t nrows, const ctxb_op
         int64_t tokens = item_make(o, &rows[i], e);
         if (tokens < 0)
             goto oom;
-        if (out->tokens_used + (uint64_t)tokens > o->budget) {
+        if (exact ? bytes + e->text.len > o->max_bytes
+                  : out->tokens_used + (uint64_t)tokens > o->budget) {
             ubuf_fini(&e->text);
             break;
         }
         out->tokens_used += (uint64_t)tokens;
+        bytes += e->text.len;
         out->n++;
     }
     if (o->stable)
@@ -135,9 +139,11 @@ int ctxb_build(const memrow *rows, const bool *have, size_t nrows, const ctxb_op
         int rc = ubuf_append(&out->text, "<agent_memory>\n", 15);
         for (size_t k = 0; k < out->n; k++)
             rc |= ubuf_append(&out->text, out->items[k].text.data, out->items[k].text.len);
-        rc |= ubuf_append(&out->text, "</agent_memory>", 15);
+        rc |= ubuf_append(&out->text, "</agent_memory>\n", exact ? 16 : 15);
         if (rc < 0)
             goto oom;
+        if (exact)
+            out->tokens_used = out->text.len / 4;
     }
     return 0;
 oom:

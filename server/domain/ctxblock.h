@@ -26,8 +26,12 @@ typedef struct ctxb_opts {
     bool search_results; /* format search_results, else xml */
     bool stable;         /* order stable, else rank order */
     uint64_t budget;     /* tokens */
-    int64_t now_ms;      /* for the ages */
-    int64_t tenant_id;   /* for the sources */
+    /* max_bytes (xml format): when not 0, entries are chosen while the whole block with a
+     * newline after its closing tag fits max_bytes, that newline is part of text, and
+     * tokens_used is text's bytes / 4 (memory.prompt's count); budget is ignored then */
+    uint64_t max_bytes;
+    int64_t now_ms;    /* for the ages */
+    int64_t tenant_id; /* for the sources */
 } ctxb_opts;
 
 /* One chosen memory. */

@@ -42,6 +42,9 @@ HANDLER(memory_stats);
 HANDLER(memory_search);
 HANDLER(memory_context);
 
+/* m_prompt.c */
+HANDLER(memory_prompt);
+
 /* m_feedback.c */
 HANDLER(memory_feedback);
 HANDLER(memory_provenance);

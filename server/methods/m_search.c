@@ -10,8 +10,13 @@
  * vector and text rankings, score = sum over both lists of 1 / (60 + rank), where rank
  * starts at 1 and a memory missing from a list contributes nothing for it.
  *
+ * min_similarity drops every candidate whose cosine similarity is below it before the cut
+ * to top_k: in the vector ranking its score is below every passing one (so the index ranks
+ * it after every memory that passes), and every mode drops it after ranking.
+ *
  * memory.context packs the results that fit the token budget as the <agent_memory> block
- * or as search-result items: ctxblock.h renders them.
+ * or as search-result items: ctxblock.h renders them. memory.prompt (m_prompt.c) runs the
+ * same pipeline through msearch.h and gets the block back.
  */
 #include <errno.h>
 #include <math.h>
@@ -31,6 +36,7 @@
 #include "plimits.h"
 #include "rowcache.h"
 #include "memrow.h"
+#include "msearch.h"
 #include "sql.h"
 #include "tenants.h"
 #include "ubuf.h"
@@ -40,26 +46,8 @@
 
 enum { MODE_VECTOR, MODE_TEXT, MODE_HYBRID };
 
-/* Parameters after the shared filter ones. */
-enum {
-    P_SE_QUERY = MF__COUNT,
-    P_SE_EMBEDDING,
-    P_SE_TOP_K,
-    P_SE_MODE,
-    P_SE_SIMILARITY_WEIGHT,
-    P_SE_BUDGET_TOKENS, /* memory.context only */
-    P_SE_FORMAT,
-    P_SE_ORDER,
-};
-
-#define SEARCH_PARAMS                                                                              \
-    MF_PARAMS, {"query", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_QUERY), 1, 0}, \
-        {"embedding", RPC_T_VECTOR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 4096},                        \
-        {"top_k", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_TOP_K), 1, 0},       \
-        {"mode", RPC_T_STR, RPC_P_NULLABLE, 0, 0},                                                 \
-    {                                                                                              \
-        "similarity_weight", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1                         \
-    }
+/* memory.context's parameters after the search ones. */
+enum { P_CX_BUDGET_TOKENS = P_SE__END, P_CX_FORMAT, P_CX_ORDER };
 
 PARAMS(memory_search, SEARCH_PARAMS);
 PARAMS(memory_context, SEARCH_PARAMS,
@@ -76,7 +64,10 @@ typedef struct result {
 } result;
 
 typedef struct search_state {
-    bool context;
+    bool context;         /* memory.context, or a block for search_block's caller */
+    search_block_fn done; /* search_block: where the block goes */
+    void *done_ctx;
+    uint64_t max_bytes;  /* search_block: the block's byte cap */
     bool search_results; /* memory.context format "search_results" */
     bool stable;         /* memory.context order "stable" */
     int mode;
@@ -84,6 +75,8 @@ typedef struct search_state {
     size_t k;
     size_t ncand; /* candidates per ranking (hybrid needs more than k) */
     double w;
+    bool has_min;   /* min_similarity given: results below min_sim are dropped */
+    double min_sim; /* compared with the cosine similarity, not the score */
     uint64_t budget;
     const char *query;
     float *qvec;   /* NULL in text mode without a query vector */
@@ -133,6 +126,12 @@ static double score_cb(float sim, const void *meta, void *ctx)
 {
     const search_state *st = ctx;
     const mem_meta *m = meta;
+    /* Below min_similarity: a score under every passing one (those are >= 0), still ordered
+     * by similarity so the index's search stops as a similarity search would (at -infinity
+     * they would all tie and keep entering its top k); dropped after the search. Still
+     * monotone in the similarity and within the bound score_slope * sim + score_bound. */
+    if (st->has_min && (double)sim < st->min_sim)
+        return (double)sim - 10.0;
     double c = score_composite(st->f.sp, m->created_ms, mem_meta_access_count(m), m->cited,
                                m->injected, m->importance, st->f.now_ms);
     return score_blend(st->w, sim, c);
@@ -154,6 +153,7 @@ static void pack_context(req *r, search_state *st)
     ctxb_opts o = {.search_results = st->search_results,
                    .stable = st->stable,
                    .budget = st->budget,
+                   .max_bytes = st->max_bytes,
                    .now_ms = st->f.now_ms,
                    .tenant_id = req_auth(r)->tenant_id};
     ctxb_block b;
@@ -167,6 +167,11 @@ static void pack_context(req *r, search_state *st)
         ids[k] = b.items[k].id;
     if (n)
         count_access(r, st, ids, n);
+    if (st->done) {
+        st->done(r, st->done_ctx, &b);
+        ctxb_fini(&b);
+        return;
+    }
     msgpack_packer *pk = req_result(r);
     msgpack_pack_map(pk, 3);
     if (st->search_results) {
@@ -335,8 +340,21 @@ static int fuse(req *r, search_state *st, const vindex_hit *hits, size_t nhits)
     idmap_destroy(pos);
     qsort(all, n, sizeof(*all), cmp_result);
     st->res = all;
-    st->nres = n < st->k ? n : st->k;
+    st->nres = n; /* search_run cuts to top_k */
     return 0;
+}
+
+/* Drops the results whose similarity is below min_similarity (or unknown: a text match the
+ * index does not hold yet), keeping the order of the rest. */
+static void drop_below(search_state *st)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < st->nres; i++) {
+        const result *x = &st->res[i];
+        if (x->has_sim && (double)x->similarity >= st->min_sim)
+            st->res[n++] = *x;
+    }
+    st->nres = n;
 }
 
 /* The index is loaded: rank, count the accesses, fetch the rows. */
@@ -413,12 +431,21 @@ static void search_run(req *r)
             st->res[i].id = st->text_ids[i];
             st->res[i].score = st->text_rank[i];
         }
-        st->nres = st->ntext < st->k ? st->ntext : st->k;
+        st->nres = st->ntext;
     } else if (fuse(r, st, hits, nhits) < 0) {
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
-    describe(st, vi);
+    /* min_similarity applies to every candidate before the cut to top_k, so the answer
+     * holds the best of those that pass */
+    if (st->has_min) {
+        describe(st, vi);
+        drop_below(st);
+    }
+    if (st->nres > st->k)
+        st->nres = st->k;
+    if (!st->has_min)
+        describe(st, vi);
     uint64_t *ids = req_alloc(r, (st->nres + 1) * sizeof(*ids));
     st->rows = req_alloc(r, (st->nres + 1) * sizeof(*st->rows));
     st->have = req_alloc(r, st->nres + 1);
@@ -597,8 +624,8 @@ static void search_admitted(req *r)
 /* Reads memory.context's format and order. Returns 0, or -EINVAL after failing r. */
 static int context_shape(req *r, search_state *st)
 {
-    const msgpack_object *format = req_arg(r, P_SE_FORMAT);
-    const msgpack_object *order = req_arg(r, P_SE_ORDER);
+    const msgpack_object *format = req_arg(r, P_CX_FORMAT);
+    const msgpack_object *order = req_arg(r, P_CX_ORDER);
     if (format && rpc_str_eq(format, "search_results"))
         st->search_results = true;
     else if (format && !rpc_str_eq(format, "xml")) {
@@ -614,19 +641,21 @@ static int context_shape(req *r, search_state *st)
     return 0;
 }
 
-static void search_begin(req *r, bool context)
+/* Reads and checks the arguments into a new search state (r's). Returns 0, or -EINVAL
+ * after failing r. */
+static int search_parse(req *r, bool context)
 {
     server *s = req_server(r);
     const conn_auth *a = req_auth(r);
     search_state *st = req_alloc(r, sizeof(*st));
     if (!st) {
         req_fail(r, RPC_INTERNAL, "out of memory");
-        return;
+        return -EINVAL;
     }
     memset(st, 0, sizeof(*st));
     req_set_state(r, st);
     if (rf_parse(r, 0, &st->f) < 0)
-        return;
+        return -EINVAL;
     st->context = context;
     const msgpack_object *query = req_arg(r, P_SE_QUERY);
     const msgpack_object *embedding = req_arg(r, P_SE_EMBEDDING);
@@ -639,67 +668,102 @@ static void search_begin(req *r, bool context)
             st->mode = MODE_HYBRID;
         else if (!rpc_str_eq(mode, "vector")) {
             req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'mode' must be vector, text or hybrid");
-            return;
+            return -EINVAL;
         }
     }
     if (st->mode != MODE_VECTOR && !query) {
         /* the parameter first: the error's data.field is the first quoted name */
         req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'query' is required in mode %s",
                  st->mode == MODE_TEXT ? "text" : "hybrid");
-        return;
+        return -EINVAL;
     }
     if (!query && !embedding) {
         req_fail(r, RPC_INVALID_ARGUMENT, "%s needs 'query' or 'embedding'", req_method(r));
-        return;
+        return -EINVAL;
     }
     uint64_t k = rpc_get_uint(req_arg(r, P_SE_TOP_K), 10); /* at most max_top_k (the binder) */
     if (k > (uint64_t)s->cfg.max_top_k)
         k = (uint64_t)s->cfg.max_top_k; /* the default of 10 over a smaller max_top_k */
     st->k = (size_t)k;
     st->ncand = st->k;
-    if (st->mode == MODE_HYBRID) {
+    const msgpack_object *min_sim = req_arg(r, P_SE_MIN_SIMILARITY);
+    st->has_min = min_sim != NULL;
+    st->min_sim = rpc_get_num(min_sim, 0.0);
+    /* hybrid, and text with a threshold (matches below it leave room for more) */
+    if (st->mode == MODE_HYBRID || (st->mode == MODE_TEXT && st->has_min)) {
         st->ncand = st->k * 3 > HYBRID_MIN_CANDIDATES ? st->k * 3 : HYBRID_MIN_CANDIDATES;
         if (st->ncand > (size_t)s->cfg.max_top_k * 3)
             st->ncand = (size_t)s->cfg.max_top_k * 3;
     }
     st->w = rpc_get_num(req_arg(r, P_SE_SIMILARITY_WEIGHT), s->cfg.similarity_weight);
-    st->budget = context ? rpc_get_uint(req_arg(r, P_SE_BUDGET_TOKENS), 3000) : 0;
+    st->budget = context ? rpc_get_uint(req_arg(r, P_CX_BUDGET_TOKENS), 3000) : 0;
     if (context && context_shape(r, st) < 0)
-        return;
+        return -EINVAL;
     if (query && !(st->query = req_strdup(r, query))) {
         req_fail(r, RPC_INTERNAL, "out of memory");
-        return;
+        return -EINVAL;
     }
     st->qvec = req_alloc(r, a->dim * sizeof(float));
     if (!st->qvec) {
         req_fail(r, RPC_INTERNAL, "out of memory");
-        return;
+        return -EINVAL;
     }
     char err[300];
     if (embedding) {
         if (rpc_get_vector(embedding, "embedding", st->qvec, a->dim, err, sizeof(err)) != 0) {
             req_fail(r, RPC_INVALID_ARGUMENT, "%s (this tenant's dimension is %u)", err, a->dim);
-            return;
+            return -EINVAL;
         }
         double norm = 0;
         for (size_t i = 0; i < a->dim; i++)
             norm += (double)st->qvec[i] * st->qvec[i];
         if (norm == 0.0) {
             req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'embedding' is a zero vector");
-            return;
+            return -EINVAL;
         }
         st->have_vec = true;
     }
-    /* the arguments are valid: now the call counts against the daily query limit */
-    app_admit_query(r, search_admitted);
+    return 0;
 }
 
 void h_memory_search(req *r)
 {
-    search_begin(r, false);
+    /* once the arguments are valid the call counts against the daily query limit */
+    if (search_parse(r, false) == 0)
+        app_admit_query(r, search_admitted);
 }
 
 void h_memory_context(req *r)
 {
-    search_begin(r, true);
+    if (search_parse(r, true) == 0)
+        app_admit_query(r, search_admitted);
+}
+
+int search_block(req *r, search_block_fn done, void *ctx)
+{
+    if (search_parse(r, false) < 0)
+        return -EINVAL;
+    search_state *st = req_state(r);
+    st->context = true;
+    st->done = done;
+    st->done_ctx = ctx;
+    st->max_bytes = 1;
+    return 0;
+}
+
+void *search_block_ctx(req *r)
+{
+    search_state *st = req_state(r);
+    return st->done_ctx;
+}
+
+void search_block_cap(req *r, uint64_t max_bytes)
+{
+    search_state *st = req_state(r);
+    st->max_bytes = max_bytes ? max_bytes : 1;
+}
+
+void search_go(req *r)
+{
+    app_admit_query(r, search_admitted);
 }

@@ -33,6 +33,7 @@ static method_def table[] = {
     M("memory.get", memory_get, M_TENANT),
     M("memory.history", memory_history, M_TENANT),
     M("memory.list", memory_list, M_TENANT),
+    M("memory.prompt", memory_prompt, M_TENANT | M_QUERY),
     M("memory.provenance", memory_provenance, M_TENANT | M_QUERY | M_WRITE),
     M("memory.restore", memory_restore, M_TENANT | M_WRITE),
     M("memory.search", memory_search, M_TENANT | M_QUERY),

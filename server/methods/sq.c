@@ -221,14 +221,19 @@ static void json_done(req *r, const db_result *res)
     req_done(r);
 }
 
-void sq_submit(sq *q, const db_stmt_def *def)
+void sq_submit_cb(sq *q, const db_stmt_def *def, void (*cb)(req *r, const db_result *res))
 {
     if (q->oom) {
         req_fail(q->r, RPC_INTERNAL, "out of memory");
         return;
     }
     db_query dq = {.stmt = def, .nvalues = q->n, .values = q->v};
-    req_submit(q->r, req_auth(q->r)->tenant_id, &dq, 1, json_done);
+    req_submit(q->r, req_auth(q->r)->tenant_id, &dq, 1, cb);
+}
+
+void sq_submit(sq *q, const db_stmt_def *def)
+{
+    sq_submit_cb(q, def, json_done);
 }
 
 static bool one_of(const msgpack_object *o, const char *const *words)

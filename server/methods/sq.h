@@ -76,6 +76,11 @@ void sq_words(sq *q, const msgpack_object *o);
  * parameters ran out of memory). */
 void sq_submit(sq *q, const db_stmt_def *def);
 
+/* sq_submit_cb runs statement def with q's parameters for the authenticated tenant and
+ * hands its result to cb(r, res) (on the request's worker thread), which ends the request;
+ * when building the parameters ran out of memory it fails the request at once instead. */
+void sq_submit_cb(sq *q, const db_stmt_def *def, void (*cb)(req *r, const db_result *res));
+
 /* sq_check_word returns true when the string o (NULL: absent) is one of the NULL-terminated
  * words; otherwise it fails the request with invalid_argument naming the parameter and the
  * list and returns false. sq_check_words does the same for every string of the array o

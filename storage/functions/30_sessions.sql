@@ -1504,45 +1504,35 @@ CREATE OR REPLACE FUNCTION engram_session_xml(p text) RETURNS text
     SELECT replace(replace(replace(p, '&', '&amp;'), '<', '&lt;'), '>', '&gt;')
 $$;
 
--- engram_session_context: what a gateway injects for the session, within p_budget tokens
--- (a token is 4 bytes of text, as memory.context counts):
---   for a session resumed from a checkpoint, the seed's resumed-session context: each
---   agent's conversation tail as of the checkpoint (p_agent: that agent's only), at most
---   config.transcript_replay_depth items each;
---   then the <working_memory> block: the scratchpad, then the live notes.
--- Under the budget, what is kept first: the scratchpad (cut at the end if it alone does not
--- fit), then notes in the order carry_forward, blockers, current_task, decisions, the rest
--- (newest first within each), then the tails' items newest first. Notes are shown in
--- creation order and tail items in transcript order whatever was dropped.
-CREATE OR REPLACE FUNCTION engram_session_context(p_tenant bigint, p_session bigint,
-                                                  p_budget bigint, p_agent bigint)
+-- engram_session_wm: the <working_memory> block of session s within p_cap bytes (a token
+-- is 4 bytes of text, as memory.context counts), for session.context and memory.prompt:
+-- the scratchpad, then the live notes, then (p_work_items) the open work items of the
+-- session (a sub-agent's: its parent's) by title. Under the cap, what is kept first: the
+-- scratchpad (cut at the end, marked [truncated], if it alone does not fit), then notes in
+-- the order carry_forward, blockers, current_task, decisions, the rest (newest first within
+-- each), then work items in id order; a note or work item that does not fit is left out and
+-- the next one tried. Notes are shown in creation order whatever was dropped. Returns
+-- {text, pad_cut, note_ids, notes_total, work_item_ids, work_items_total}; text is the whole
+-- block, at most p_cap bytes when p_cap holds its frame.
+CREATE OR REPLACE FUNCTION engram_session_wm(p_tenant bigint, s sessions, p_cap bigint,
+                                             p_work_items boolean)
     RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    s sessions := engram_session_get_row(p_tenant, p_session);
     c_open constant text := E'<working_memory>\n';
     c_close constant text := '</working_memory>';
-    c_head constant text := E'## Session Context (Resumed)\nThis session was paused and has now resumed. Below is a summary of recent activity you were involved in before the pause.\n';
+    c_items constant text := E'<work_items>\n</work_items>\n';
     v_bytes bigint;
-    v_cap bigint := p_budget * 4;
     v_pad text := '';
     v_pad_cut boolean := false;
-    v_notes jsonb := '[]';
     v_keep bigint[] := '{}';
     v_notes_total bigint;
-    v_resumed boolean := s.origin_checkpoint_id IS NOT NULL;
-    v_depth bigint := COALESCE((s.config ->> 'transcript_replay_depth')::bigint, 50);
-    v_agents jsonb := '[]';
-    v_tail_items jsonb := '[]';
+    v_items bigint[] := '{}';
+    v_items_text text := '';
+    v_items_total bigint := 0;
+    v_add bigint;
     v_text text;
-    v_line text;
-    v_section text := '';
-    v_agent_info jsonb := '[]';
     n record;
-    a record;
-    it record;
-    v_lines text[];
-    v_kept integer;
-    v_all integer;
+    w record;
     v_lo integer;
     v_hi integer;
     v_mid integer;
@@ -1551,13 +1541,13 @@ BEGIN
     -- the scratchpad
     IF s.scratchpad <> '' THEN
         v_pad := engram_session_xml(s.scratchpad) || E'\n';
-        IF v_bytes + octet_length(v_pad) > v_cap THEN
+        IF v_bytes + octet_length(v_pad) > p_cap THEN
             -- the longest prefix (in characters) that fits, found by bisection
             v_lo := 0;
             v_hi := length(v_pad);
             WHILE v_lo < v_hi LOOP
                 v_mid := (v_lo + v_hi + 1) / 2;
-                IF octet_length(left(v_pad, v_mid)) <= v_cap - v_bytes - 13 THEN
+                IF octet_length(left(v_pad, v_mid)) <= p_cap - v_bytes - 13 THEN
                     v_lo := v_mid;
                 ELSE
                     v_hi := v_mid - 1;
@@ -1581,7 +1571,7 @@ BEGIN
                            WHEN x.category = 'blocker' THEN 1
                            WHEN x.scope = 'current_task' THEN 2
                            WHEN x.category = 'decision' THEN 3 ELSE 4 END, x.id DESC LOOP
-        IF v_bytes + octet_length(n.line) + 17 <= v_cap THEN
+        IF v_bytes + octet_length(n.line) + 17 <= p_cap THEN
             v_keep := v_keep || n.id;
             v_bytes := v_bytes + octet_length(n.line);
         END IF;
@@ -1589,6 +1579,82 @@ BEGIN
     IF cardinality(v_keep) > 0 THEN
         v_bytes := v_bytes + octet_length(E'<notes>\n</notes>\n');
     END IF;
+    -- the open work items
+    IF p_work_items THEN
+        FOR w IN SELECT x.id, format(E'<work_item id="%s" status="%s" owner_agent_id="%s">%s</work_item>\n',
+                                     x.id, x.status, engram_session_u64(x.owner_agent_id),
+                                     engram_session_xml(x.title)) AS line
+                 FROM session_work_items x
+                 WHERE x.tenant_id = p_tenant AND x.session_id = COALESCE(s.parent_id, s.id)
+                   AND x.status IN ('open', 'in_progress', 'blocked')
+                 ORDER BY x.id LOOP
+            v_items_total := v_items_total + 1;
+            -- the first one brings the <work_items> element
+            v_add := octet_length(w.line);
+            IF cardinality(v_items) = 0 THEN
+                v_add := v_add + octet_length(c_items);
+            END IF;
+            IF v_bytes + v_add <= p_cap THEN
+                v_bytes := v_bytes + v_add;
+                v_items := v_items || w.id;
+                v_items_text := v_items_text || w.line;
+            END IF;
+        END LOOP;
+    END IF;
+    v_text := c_open || v_pad;
+    IF cardinality(v_keep) > 0 THEN
+        v_text := v_text || E'<notes>\n' || (
+            SELECT string_agg(format(E'<note id="%s" category="%s" scope="%s" key="%s">%s</note>\n',
+                                     x.id, x.category, x.scope,
+                                     replace(engram_session_xml(x.key), '"', '&quot;'),
+                                     engram_session_xml(x.value)), '' ORDER BY x.id)
+            FROM session_notes x WHERE x.tenant_id = p_tenant AND x.id = ANY (v_keep))
+            || E'</notes>\n';
+    END IF;
+    IF cardinality(v_items) > 0 THEN
+        v_text := v_text || E'<work_items>\n' || v_items_text || E'</work_items>\n';
+    END IF;
+    v_text := v_text || c_close;
+    RETURN jsonb_build_object(
+        'text', v_text, 'pad_cut', v_pad_cut,
+        'note_ids', (SELECT COALESCE(jsonb_agg(x ORDER BY x), '[]') FROM unnest(v_keep) x),
+        'notes_total', v_notes_total,
+        'work_item_ids', to_jsonb(v_items), 'work_items_total', v_items_total);
+END $$;
+
+-- engram_session_context: what a gateway injects for the session, within p_budget tokens
+-- (a token is 4 bytes of text, as memory.context counts):
+--   for a session resumed from a checkpoint, the seed's resumed-session context: each
+--   agent's conversation tail as of the checkpoint (p_agent: that agent's only), at most
+--   config.transcript_replay_depth items each;
+--   then the <working_memory> block: the scratchpad, then the live notes
+--   (engram_session_wm, without work items).
+-- Under the budget, what is kept first: the working memory as engram_session_wm keeps it,
+-- then the tails' items newest first. Tail items are shown in transcript order whatever
+-- was dropped.
+CREATE OR REPLACE FUNCTION engram_session_context(p_tenant bigint, p_session bigint,
+                                                  p_budget bigint, p_agent bigint)
+    RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    s sessions := engram_session_get_row(p_tenant, p_session);
+    c_head constant text := E'## Session Context (Resumed)\nThis session was paused and has now resumed. Below is a summary of recent activity you were involved in before the pause.\n';
+    v_bytes bigint;
+    v_cap bigint := p_budget * 4;
+    v_wm jsonb;
+    v_resumed boolean := s.origin_checkpoint_id IS NOT NULL;
+    v_depth bigint := COALESCE((s.config ->> 'transcript_replay_depth')::bigint, 50);
+    v_text text;
+    v_line text;
+    v_section text := '';
+    v_agent_info jsonb := '[]';
+    a record;
+    it record;
+    v_lines text[];
+    v_kept integer;
+    v_all integer;
+BEGIN
+    v_wm := engram_session_wm(p_tenant, s, v_cap, false);
+    v_bytes := octet_length(v_wm ->> 'text');
     -- the resumed-session context
     IF v_resumed THEN
         v_bytes := v_bytes + octet_length(c_head) + 1;
@@ -1631,27 +1697,17 @@ BEGIN
     IF v_resumed THEN
         v_text := c_head || v_section || E'\n';
     END IF;
-    v_text := v_text || c_open || v_pad;
-    IF cardinality(v_keep) > 0 THEN
-        v_text := v_text || E'<notes>\n' || (
-            SELECT string_agg(format(E'<note id="%s" category="%s" scope="%s" key="%s">%s</note>\n',
-                                     x.id, x.category, x.scope,
-                                     replace(engram_session_xml(x.key), '"', '&quot;'),
-                                     engram_session_xml(x.value)), '' ORDER BY x.id)
-            FROM session_notes x WHERE x.tenant_id = p_tenant AND x.id = ANY (v_keep))
-            || E'</notes>\n';
-    END IF;
-    v_text := v_text || c_close;
+    v_text := v_text || (v_wm ->> 'text');
     RETURN jsonb_build_object(
         'session_id', s.id, 'text', v_text, 'tokens_used', octet_length(v_text) / 4,
         'budget_tokens', p_budget,
         'scratchpad', jsonb_build_object('version', s.scratchpad_version,
                                          'included', s.scratchpad <> '',
-                                         'truncated', v_pad_cut),
-        'notes', jsonb_build_object('included', cardinality(v_keep),
-                                    'omitted', v_notes_total - cardinality(v_keep),
-                                    'note_ids', (SELECT COALESCE(jsonb_agg(x ORDER BY x), '[]')
-                                                 FROM unnest(v_keep) x)),
+                                         'truncated', (v_wm ->> 'pad_cut')::boolean),
+        'notes', jsonb_build_object('included', jsonb_array_length(v_wm -> 'note_ids'),
+                                    'omitted', (v_wm ->> 'notes_total')::bigint
+                                               - jsonb_array_length(v_wm -> 'note_ids'),
+                                    'note_ids', v_wm -> 'note_ids'),
         'resumed', CASE WHEN v_resumed THEN jsonb_build_object(
                             'checkpoint_id', s.origin_checkpoint_id,
                             'resumed_from', s.origin_session_id, 'position', s.base_seq,

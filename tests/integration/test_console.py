@@ -276,6 +276,24 @@ def test_console_in_browser(server, world, shots):
         assert 0 < sim <= 1.0001 and 0 <= comp <= 1, first
         # the default blend: similarity_weight 0.7 (rounded as shown: 3 and 4 decimals)
         assert abs(score - (0.7 * sim + 0.3 * comp)) < 0.002, first
+        # a minimum similarity above every match leaves nothing; one below the best keeps it
+        sims = b.js("[...document.querySelectorAll('#search-results tbody tr')].map(r => "
+                    f"Number(r.children[{heads.index('similarity')}].textContent))")
+        b.type("#search-min-similarity", "0.999")
+        b.click("#search-submit")
+        b.wait("document.querySelector('#search-results h2').textContent === "
+               "'Search: 0 results'", what="no result above min_similarity 0.999")
+        t = round(max(sims) - 0.002, 3)  # shown with 3 decimals: the best one passes
+        b.type("#search-min-similarity", f"{t:.3f}")
+        b.click("#search-submit")
+        b.wait("document.querySelectorAll('#search-results tbody tr').length > 0",
+               what="the results at or above min_similarity")
+        kept = b.js("[...document.querySelectorAll('#search-results tbody tr')].map(r => "
+                    f"Number(r.children[{heads.index('similarity')}].textContent))")
+        assert 1 <= len(kept) <= len(sims) and all(x >= t - 0.0005 for x in kept), (t, kept)
+        assert len(kept) == sum(1 for x in sims if x >= t + 0.0005) or \
+            len(kept) <= sum(1 for x in sims if x >= t - 0.0005), (t, sims, kept)
+        b.js("document.getElementById('search-min-similarity').value = ''")
         shot(b, shots, "memories.png")
 
         # -- a memory's record and history ---------------------------------------------------

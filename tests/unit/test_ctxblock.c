@@ -171,11 +171,57 @@ static void test_search_results(void)
     ctxb_fini(&b);
 }
 
+/* The bytes of one xml entry of a fact of importance 0.50, a minute old, with content n
+ * bytes long (no escapes). */
+static size_t entry_bytes(size_t n)
+{
+    return strlen("  <memory type=\"fact\" importance=\"0.50\" age=\"1m\">\n    ") + n +
+           strlen("\n  </memory>\n");
+}
+
+/* memory.prompt's count (max_bytes): entries while the whole block with its closing
+ * newline fits the cap, tokens_used its bytes / 4; the token budget is ignored. */
+static void test_byte_cap(void)
+{
+    const char *c = "0123456789012345678901234567890123456789"; /* 40 bytes */
+    memrow rows[3] = {row(1, MEM_FACT, c, 0.5, NOW - MIN, NOW - 3),
+                      row(2, MEM_FACT, c, 0.5, NOW - MIN, NOW - 2),
+                      row(3, MEM_FACT, c, 0.5, NOW - MIN, NOW - 1)};
+    bool have[3] = {true, true, true};
+    size_t e = entry_bytes(40), frame = strlen("<agent_memory>\n</agent_memory>\n");
+    /* exactly two entries fit, the third would pass by one byte */
+    ctxb_opts o = {.max_bytes = frame + 3 * e - 1, .now_ms = NOW, .budget = 1};
+    ctxb_block b;
+    CHECK(ctxb_build(rows, have, 3, &o, &b) == 0);
+    CHECK(b.n == 2 && b.items[0].id == 1 && b.items[1].id == 2);
+    CHECK(b.text.len == frame + 2 * e);
+    CHECK(b.tokens_used == b.text.len / 4);
+    CHECK(b.text.len > 0 && b.text.data[b.text.len - 1] == '\n');
+    CHECK(memcmp(b.text.data, "<agent_memory>\n", 15) == 0);
+    ctxb_fini(&b);
+    /* at the exact size all three fit */
+    o.max_bytes = frame + 3 * e;
+    CHECK(ctxb_build(rows, have, 3, &o, &b) == 0);
+    CHECK(b.n == 3 && b.text.len == o.max_bytes && b.tokens_used == o.max_bytes / 4);
+    ctxb_fini(&b);
+    /* a gone row is skipped; too small a cap for any entry chooses none */
+    have[0] = false;
+    o.max_bytes = frame + e;
+    CHECK(ctxb_build(rows, have, 3, &o, &b) == 0);
+    CHECK(b.n == 1 && b.items[0].id == 2);
+    ctxb_fini(&b);
+    o.max_bytes = frame + e - 1;
+    CHECK(ctxb_build(rows, have, 3, &o, &b) == 0);
+    CHECK(b.n == 0 && b.text.len == frame);
+    ctxb_fini(&b);
+}
+
 int main(void)
 {
     test_escape();
     test_age();
     test_xml();
     test_search_results();
+    test_byte_cap();
     CHECK_RETURN();
 }

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         NoteCategory,
         NoteScope,
         NotesResult,
+        PromptResult,
         RestoreResult,
         ResumeResult,
         ReturnFormat,
@@ -105,15 +106,16 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "memory.archive": ("ids", "reason", ),
     "memory.consolidate": (),
     "memory.consolidation.runs": ("limit", "cursor", ),
-    "memory.context": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens", "format", "order", ),
+    "memory.context": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "budget_tokens", "format", "order", ),
     "memory.delete": ("ids", "filter", "dry_run", "all", ),
     "memory.feedback": ("cited", "injected", ),
     "memory.get": ("ids", ),
     "memory.history": ("id", ),
     "memory.list": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding", ),
+    "memory.prompt": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "session_id", "budget_tokens", ),
     "memory.provenance": ("response", "injected", ),
     "memory.restore": ("ids", ),
-    "memory.search": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", ),
+    "memory.search": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", ),
     "memory.stats": (),
     "memory.store": ("content", "type", "importance", "metadata", "embedding", "agent_id", "clade_id", "scope", "created_at", "expires_at", "ttl_seconds", "pinned", "updated_at", "last_accessed_at", "access_count", "idempotency_key", ),
     "memory.store_batch": ("memories", "idempotency_key", ),
@@ -318,6 +320,7 @@ class SyncMemory:
         top_k: int | None = None,
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
+        min_similarity: float | None = None,
         budget_tokens: int | None = None,
         format: str | None = None,
         order: str | None = None,
@@ -343,6 +346,7 @@ class SyncMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
+            "min_similarity": min_similarity,
             "budget_tokens": budget_tokens,
             "format": format,
             "order": order,
@@ -430,6 +434,58 @@ class SyncMemory:
             "include_embedding": include_embedding,
         }))
 
+    def prompt(
+        self,
+        session_id: int,
+        *,
+        type_filter: Sequence[MemoryType] | None = None,
+        min_importance: float | None = None,
+        min_composite: float | None = None,
+        tokens: Sequence[str] | None = None,
+        chains: Sequence[int] | None = None,
+        protocols: Sequence[str] | None = None,
+        strategy_id: str | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        created_after: int | None = None,
+        created_before: int | None = None,
+        scopes: Sequence[Scope] | None = None,
+        agent_id: int | None = None,
+        clade_id: int | None = None,
+        include_archived: bool | None = None,
+        query: str | None = None,
+        embedding: Embedding | None = None,
+        top_k: int | None = None,
+        mode: SearchMode | None = None,
+        similarity_weight: float | None = None,
+        min_similarity: float | None = None,
+        budget_tokens: int | None = None,
+    ) -> PromptResult:
+        """Assembles a turn's prompt within one token budget: the <agent_memory> block for the query, the session's <working_memory> and its transcript tail with the summary. (``memory.prompt``)"""
+        return cast("PromptResult", self._r._call("memory.prompt", {
+            "type_filter": type_filter,
+            "min_importance": min_importance,
+            "min_composite": min_composite,
+            "tokens": tokens,
+            "chains": chains,
+            "protocols": protocols,
+            "strategy_id": strategy_id,
+            "attrs": attrs,
+            "created_after": created_after,
+            "created_before": created_before,
+            "scopes": scopes,
+            "agent_id": agent_id,
+            "clade_id": clade_id,
+            "include_archived": include_archived,
+            "query": query,
+            "embedding": embedding,
+            "top_k": top_k,
+            "mode": mode,
+            "similarity_weight": similarity_weight,
+            "min_similarity": min_similarity,
+            "session_id": session_id,
+            "budget_tokens": budget_tokens,
+        }))
+
     @legacy_positional("memory.provenance", ("response", "injected", ))
     def provenance(self, *, response: str, injected: Sequence[int]) -> dict[str, Any]:
         """Estimates which injected memories a response used (word overlap or sentence embeddings) and records it. (``memory.provenance``)"""
@@ -464,6 +520,7 @@ class SyncMemory:
         top_k: int | None = None,
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
+        min_similarity: float | None = None,
     ) -> SearchResult:
         """Searches memories by vector, text or both, ranked by similarity and importance. (``memory.search``)"""
         return cast("SearchResult", self._r._call("memory.search", {
@@ -486,6 +543,7 @@ class SyncMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
+            "min_similarity": min_similarity,
         }))
 
     def stats(self) -> StatsResult:
@@ -1199,6 +1257,7 @@ class AsyncMemory:
         top_k: int | None = None,
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
+        min_similarity: float | None = None,
         budget_tokens: int | None = None,
         format: str | None = None,
         order: str | None = None,
@@ -1224,6 +1283,7 @@ class AsyncMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
+            "min_similarity": min_similarity,
             "budget_tokens": budget_tokens,
             "format": format,
             "order": order,
@@ -1311,6 +1371,58 @@ class AsyncMemory:
             "include_embedding": include_embedding,
         }))
 
+    async def prompt(
+        self,
+        session_id: int,
+        *,
+        type_filter: Sequence[MemoryType] | None = None,
+        min_importance: float | None = None,
+        min_composite: float | None = None,
+        tokens: Sequence[str] | None = None,
+        chains: Sequence[int] | None = None,
+        protocols: Sequence[str] | None = None,
+        strategy_id: str | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        created_after: int | None = None,
+        created_before: int | None = None,
+        scopes: Sequence[Scope] | None = None,
+        agent_id: int | None = None,
+        clade_id: int | None = None,
+        include_archived: bool | None = None,
+        query: str | None = None,
+        embedding: Embedding | None = None,
+        top_k: int | None = None,
+        mode: SearchMode | None = None,
+        similarity_weight: float | None = None,
+        min_similarity: float | None = None,
+        budget_tokens: int | None = None,
+    ) -> PromptResult:
+        """Assembles a turn's prompt within one token budget: the <agent_memory> block for the query, the session's <working_memory> and its transcript tail with the summary. (``memory.prompt``)"""
+        return cast("PromptResult", await self._r._acall("memory.prompt", {
+            "type_filter": type_filter,
+            "min_importance": min_importance,
+            "min_composite": min_composite,
+            "tokens": tokens,
+            "chains": chains,
+            "protocols": protocols,
+            "strategy_id": strategy_id,
+            "attrs": attrs,
+            "created_after": created_after,
+            "created_before": created_before,
+            "scopes": scopes,
+            "agent_id": agent_id,
+            "clade_id": clade_id,
+            "include_archived": include_archived,
+            "query": query,
+            "embedding": embedding,
+            "top_k": top_k,
+            "mode": mode,
+            "similarity_weight": similarity_weight,
+            "min_similarity": min_similarity,
+            "session_id": session_id,
+            "budget_tokens": budget_tokens,
+        }))
+
     @legacy_positional("memory.provenance", ("response", "injected", ))
     async def provenance(self, *, response: str, injected: Sequence[int]) -> dict[str, Any]:
         """Estimates which injected memories a response used (word overlap or sentence embeddings) and records it. (``memory.provenance``)"""
@@ -1345,6 +1457,7 @@ class AsyncMemory:
         top_k: int | None = None,
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
+        min_similarity: float | None = None,
     ) -> SearchResult:
         """Searches memories by vector, text or both, ranked by similarity and importance. (``memory.search``)"""
         return cast("SearchResult", await self._r._acall("memory.search", {
@@ -1367,6 +1480,7 @@ class AsyncMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
+            "min_similarity": min_similarity,
         }))
 
     async def stats(self) -> StatsResult:
@@ -2101,6 +2215,7 @@ class FutureMemory:
         top_k: int | None = None,
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
+        min_similarity: float | None = None,
         budget_tokens: int | None = None,
         format: str | None = None,
         order: str | None = None,
@@ -2126,6 +2241,7 @@ class FutureMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
+            "min_similarity": min_similarity,
             "budget_tokens": budget_tokens,
             "format": format,
             "order": order,
@@ -2213,6 +2329,58 @@ class FutureMemory:
             "include_embedding": include_embedding,
         }))
 
+    def prompt(
+        self,
+        session_id: int,
+        *,
+        type_filter: Sequence[MemoryType] | None = None,
+        min_importance: float | None = None,
+        min_composite: float | None = None,
+        tokens: Sequence[str] | None = None,
+        chains: Sequence[int] | None = None,
+        protocols: Sequence[str] | None = None,
+        strategy_id: str | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        created_after: int | None = None,
+        created_before: int | None = None,
+        scopes: Sequence[Scope] | None = None,
+        agent_id: int | None = None,
+        clade_id: int | None = None,
+        include_archived: bool | None = None,
+        query: str | None = None,
+        embedding: Embedding | None = None,
+        top_k: int | None = None,
+        mode: SearchMode | None = None,
+        similarity_weight: float | None = None,
+        min_similarity: float | None = None,
+        budget_tokens: int | None = None,
+    ) -> Future[PromptResult]:
+        """Assembles a turn's prompt within one token budget: the <agent_memory> block for the query, the session's <working_memory> and its transcript tail with the summary. (``memory.prompt``)"""
+        return cast("Future[PromptResult]", self._r._submit("memory.prompt", {
+            "type_filter": type_filter,
+            "min_importance": min_importance,
+            "min_composite": min_composite,
+            "tokens": tokens,
+            "chains": chains,
+            "protocols": protocols,
+            "strategy_id": strategy_id,
+            "attrs": attrs,
+            "created_after": created_after,
+            "created_before": created_before,
+            "scopes": scopes,
+            "agent_id": agent_id,
+            "clade_id": clade_id,
+            "include_archived": include_archived,
+            "query": query,
+            "embedding": embedding,
+            "top_k": top_k,
+            "mode": mode,
+            "similarity_weight": similarity_weight,
+            "min_similarity": min_similarity,
+            "session_id": session_id,
+            "budget_tokens": budget_tokens,
+        }))
+
     @legacy_positional("memory.provenance", ("response", "injected", ))
     def provenance(self, *, response: str, injected: Sequence[int]) -> Future[dict[str, Any]]:
         """Estimates which injected memories a response used (word overlap or sentence embeddings) and records it. (``memory.provenance``)"""
@@ -2247,6 +2415,7 @@ class FutureMemory:
         top_k: int | None = None,
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
+        min_similarity: float | None = None,
     ) -> Future[SearchResult]:
         """Searches memories by vector, text or both, ranked by similarity and importance. (``memory.search``)"""
         return cast("Future[SearchResult]", self._r._submit("memory.search", {
@@ -2269,6 +2438,7 @@ class FutureMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
+            "min_similarity": min_similarity,
         }))
 
     def stats(self) -> Future[StatsResult]:

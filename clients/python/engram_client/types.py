@@ -188,6 +188,83 @@ class ContextResult(TypedDict, total=False):
     tokens_used: int
 
 
+class PromptMessage(TypedDict):
+    role: str  # "system" (the blocks), then the transcript's roles as stored
+    content: str
+
+
+class PromptAgentMemory(TypedDict):
+    text: str  # the <agent_memory> block and a newline, or "" (no memory found)
+    tokens_used: int
+    budget_tokens: int  # its share plus what the other parts left
+    ids: list[int]  # the memories in the block, in rank order
+
+
+class PromptScratchpad(TypedDict):
+    version: int
+    included: bool
+    truncated: bool
+
+
+class PromptNotes(TypedDict):
+    included: int
+    omitted: int
+    note_ids: list[int]
+
+
+class PromptWorkItems(TypedDict):
+    included: int
+    omitted: int
+    work_item_ids: list[int]
+
+
+class PromptWorkingMemory(TypedDict):
+    text: str  # the <working_memory> block and a newline, or "" (nothing in it)
+    tokens_used: int
+    budget_tokens: int
+    scratchpad: PromptScratchpad
+    notes: PromptNotes
+    work_items: PromptWorkItems
+
+
+class PromptSummary(TypedDict):
+    entry_id: int
+    through_entry_id: int
+    included: bool
+    truncated: bool
+
+
+class PromptTranscriptMessages(TypedDict):
+    included: int
+    entry_ids: list[int]
+    more: bool  # older messages after the summary were left out
+
+
+class PromptTranscript(TypedDict):
+    text: str  # <transcript> with the <summary> and the newest messages, or ""
+    tokens_used: int
+    budget_tokens: int
+    summary: PromptSummary | None
+    messages: PromptTranscriptMessages
+
+
+class PromptParts(TypedDict):
+    agent_memory: PromptAgentMemory
+    working_memory: PromptWorkingMemory
+    transcript: PromptTranscript
+
+
+class PromptResult(TypedDict):
+    """``memory.prompt``: ``text`` is the three parts' texts concatenated; ``messages`` the
+    same as chat messages (the turn's own message is not repeated)."""
+    session_id: int
+    budget_tokens: int
+    tokens_used: int
+    text: str
+    messages: list[PromptMessage]
+    parts: PromptParts
+
+
 class UpdateResult(TypedDict):
     id: int
     version: int

@@ -146,3 +146,38 @@ def test_admin_namespace(server):
         a.admin.key.revoke(k["key_id"])
         assert a.admin.tenant.update(name=name, tier="premium")["tier"] == "premium"
         assert a.admin.tenant.delete(tenant_id=r["tenant_id"])["deleted"] is True
+
+
+def test_min_similarity_and_prompt(server):
+    """min_similarity on search and context (the server leaves out the memories below it
+    before top_k), and memory.prompt: the three parts within one budget."""
+    key = server.tenant(dim=8)
+    near = [1.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    far = [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    with server.client(key) as c:
+        n = c.memory.store(content="the near one", type="fact", importance=0.1,
+                           embedding=near)["id"]
+        c.memory.store(content="the far one", type="fact", importance=1.0, embedding=far)
+        q = [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        assert len(c.memory.search(embedding=q, top_k=5)["results"]) == 2
+        hits = c.memory.search(embedding=q, top_k=5, min_similarity=0.5)["results"]
+        assert [h["id"] for h in hits] == [n] and hits[0]["similarity"] >= 0.5
+        assert c.memory.context(embedding=q, min_similarity=0.5)["ids"] == [n]
+        with pytest.raises(InvalidArgument) as e:
+            c.memory.search(embedding=q, min_similarity=1.5)
+        assert e.value.field == "min_similarity"
+        sid = c.session.create(agent_id=1, config={"model": "m"})["session_id"]
+        c.session.append(sid, role="user", content="hello")
+        c.session.scratchpad.update(sid, content="plan: test the prompt")
+        p = c.memory.prompt(sid, embedding=q, min_similarity=0.5, budget_tokens=1000)
+        parts = p["parts"]
+        assert parts["agent_memory"]["ids"] == [n]
+        assert "plan: test the prompt" in parts["working_memory"]["text"]
+        assert parts["transcript"]["messages"]["included"] == 1
+        assert p["text"] == (parts["agent_memory"]["text"] + parts["working_memory"]["text"]
+                             + parts["transcript"]["text"])
+        assert p["messages"][0]["role"] == "system"
+        assert p["messages"][1:] == [{"role": "user", "content": "hello"}]
+        assert p["tokens_used"] <= 1000 and len(p["text"].encode()) <= 4000
+        with pytest.raises(NotFound):
+            c.memory.prompt(sid + 1000, query="x")

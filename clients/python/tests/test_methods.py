@@ -67,6 +67,7 @@ TARGETS = {
     "admin.key.revoke": ["key_id"], "session.spawn": ["parent_id"],
     "session.resume": ["checkpoint_id"],
     "session.work_item.update": ["session_id", "work_item_id"],
+    "memory.prompt": ["session_id"],
 }
 
 

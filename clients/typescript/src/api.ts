@@ -28,6 +28,7 @@ import type {
   NoteCategory,
   NoteScope,
   NotesResult,
+  PromptResult,
   RestoreResult,
   ResumeResult,
   ReturnFormat,
@@ -65,15 +66,16 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "memory.archive": { params: ["ids", "reason"], required: ["ids"], flags: ["tenant", "write"] },
   "memory.consolidate": { params: [], required: [], flags: ["tenant", "write"] },
   "memory.consolidation.runs": { params: ["limit", "cursor"], required: [], flags: ["tenant"] },
-  "memory.context": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens", "format", "order"], required: [], flags: ["tenant", "query"] },
+  "memory.context": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "budget_tokens", "format", "order"], required: [], flags: ["tenant", "query"] },
   "memory.delete": { params: ["ids", "filter", "dry_run", "all"], required: [], flags: ["tenant", "write"] },
   "memory.feedback": { params: ["cited", "injected"], required: [], flags: ["tenant", "write"] },
   "memory.get": { params: ["ids"], required: ["ids"], flags: ["tenant"] },
   "memory.history": { params: ["id"], required: ["id"], flags: ["tenant"] },
   "memory.list": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding"], required: [], flags: ["tenant"] },
+  "memory.prompt": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "session_id", "budget_tokens"], required: ["session_id"], flags: ["tenant", "query"] },
   "memory.provenance": { params: ["response", "injected"], required: ["response", "injected"], flags: ["tenant", "query", "write"] },
   "memory.restore": { params: ["ids"], required: ["ids"], flags: ["tenant", "write"] },
-  "memory.search": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight"], required: [], flags: ["tenant", "query"] },
+  "memory.search": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity"], required: [], flags: ["tenant", "query"] },
   "memory.stats": { params: [], required: [], flags: ["tenant"] },
   "memory.store": { params: ["content", "type", "importance", "metadata", "embedding", "agent_id", "clade_id", "scope", "created_at", "expires_at", "ttl_seconds", "pinned", "updated_at", "last_accessed_at", "access_count", "idempotency_key"], required: ["content", "type", "importance"], flags: ["tenant", "write"] },
   "memory.store_batch": { params: ["memories", "idempotency_key"], required: ["memories"], flags: ["tenant", "write"] },
@@ -200,6 +202,7 @@ export interface MemoryContextParams {
   top_k?: Id;
   mode?: SearchMode;
   similarity_weight?: number;
+  min_similarity?: number;
   budget_tokens?: Id;
   format?: string;
   order?: string;
@@ -252,6 +255,32 @@ export interface MemoryListParams {
   include_embedding?: boolean;
 }
 
+/** Parameters of `memory.prompt`. */
+export interface MemoryPromptParams {
+  type_filter?: MemoryType[];
+  min_importance?: number;
+  min_composite?: number;
+  tokens?: string[];
+  chains?: Id[];
+  protocols?: string[];
+  strategy_id?: string;
+  attrs?: Record<string, unknown>;
+  created_after?: number;
+  created_before?: number;
+  scopes?: Scope[];
+  agent_id?: Id;
+  clade_id?: Id;
+  include_archived?: boolean;
+  query?: string;
+  embedding?: EmbeddingInput;
+  top_k?: Id;
+  mode?: SearchMode;
+  similarity_weight?: number;
+  min_similarity?: number;
+  session_id: Id;
+  budget_tokens?: Id;
+}
+
 /** Parameters of `memory.provenance`. */
 export interface MemoryProvenanceParams {
   response: string;
@@ -284,6 +313,7 @@ export interface MemorySearchParams {
   top_k?: Id;
   mode?: SearchMode;
   similarity_weight?: number;
+  min_similarity?: number;
 }
 
 /** Parameters of `memory.store`. */
@@ -641,6 +671,10 @@ export class ApiMemory<I extends Id = number> {
   list(params: MemoryListParams = {}, options?: CallOptions): Promise<ListResult<I>> {
     return this._caller.call("memory.list", params as unknown as Record<string, unknown>, options) as Promise<ListResult<I>>;
   }
+  /** Assembles a turn's prompt within one token budget: the <agent_memory> block for the query, the session's <working_memory> and its transcript tail with the summary. (`memory.prompt`) */
+  prompt(params: MemoryPromptParams, options?: CallOptions): Promise<PromptResult<I>> {
+    return this._caller.call("memory.prompt", params as unknown as Record<string, unknown>, options) as Promise<PromptResult<I>>;
+  }
   /** Estimates which injected memories a response used (word overlap or sentence embeddings) and records it. (`memory.provenance`) */
   provenance(params: MemoryProvenanceParams, options?: CallOptions): Promise<Record<string, unknown>> {
     return this._caller.call("memory.provenance", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
@@ -890,6 +924,7 @@ export const METHOD_PATHS: Readonly<Record<string, readonly string[]>> = {
   "memory.get": ["memory", "get"],
   "memory.history": ["memory", "history"],
   "memory.list": ["memory", "list"],
+  "memory.prompt": ["memory", "prompt"],
   "memory.provenance": ["memory", "provenance"],
   "memory.restore": ["memory", "restore"],
   "memory.search": ["memory", "search"],

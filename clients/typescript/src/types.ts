@@ -174,6 +174,36 @@ export interface SearchResult<I extends Id = number> { results: SearchHit<I>[] }
 export interface SearchResultItem { source: string; title: string; content: string }
 /** `text` with format "xml" (the default), `items` with format "search_results". */
 export interface ContextResult<I extends Id = number> { text?: string; items?: SearchResultItem[]; ids: I[]; tokens_used: number }
+/** `memory.prompt`: `text` is the three parts' texts concatenated; `messages` the same as
+ * chat messages (a system message with the blocks and the summary, then the transcript's
+ * messages as stored; the turn's own message is not repeated). */
+export interface PromptResult<I extends Id = number> {
+  session_id: I;
+  budget_tokens: number;
+  tokens_used: number;
+  text: string;
+  messages: { role: string; content: string }[];
+  parts: {
+    /** The <agent_memory> block and a newline, or "" (no memory found). */
+    agent_memory: { text: string; tokens_used: number; budget_tokens: number; ids: I[] };
+    working_memory: {
+      text: string;
+      tokens_used: number;
+      budget_tokens: number;
+      scratchpad: { version: number; included: boolean; truncated: boolean };
+      notes: { included: number; omitted: number; note_ids: I[] };
+      work_items: { included: number; omitted: number; work_item_ids: I[] };
+    };
+    transcript: {
+      text: string;
+      tokens_used: number;
+      budget_tokens: number;
+      summary: { entry_id: I; through_entry_id: I; included: boolean; truncated: boolean } | null;
+      /** `more`: older messages after the summary were left out. */
+      messages: { included: number; entry_ids: I[]; more: boolean };
+    };
+  };
+}
 export interface UpdateResult<I extends Id = number> { id: I; version: number; updated_at: number }
 /** `memory.delete`: `deleted` (the ids) by `ids`; `count` and `dry_run` by `filter`. */
 export interface DeleteResult<I extends Id = number> { deleted?: I[]; count?: number; dry_run?: boolean }

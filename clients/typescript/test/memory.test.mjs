@@ -135,3 +135,34 @@ test("ids are numbers; { bigint: true } gives every id as an exact bigint", asyn
     b.close();
   }
 });
+
+test("min_similarity and memory.prompt", async () => {
+  const k = new Client({ host: HOST, port: PORT, apiKey: await newTenant() });
+  try {
+    const near = await k.memory.store({
+      content: "the near one", type: "fact", importance: 0.1,
+      embedding: [1, 0.1, 0, 0, 0, 0, 0, 0],
+    });
+    await k.memory.store({ content: "the far one", type: "fact", importance: 1, embedding: [0, 0, 1, 0, 0, 0, 0, 0] });
+    const q = [1, 0, 0, 0, 0, 0, 0, 0];
+    assert.equal((await k.memory.search({ embedding: q, top_k: 5 })).results.length, 2);
+    const hits = (await k.memory.search({ embedding: q, top_k: 5, min_similarity: 0.5 })).results;
+    assert.deepEqual(hits.map((h) => h.id), [near.id]);
+    assert.deepEqual((await k.memory.context({ embedding: q, min_similarity: 0.5 })).ids, [near.id]);
+    await assert.rejects(k.memory.search({ embedding: q, min_similarity: 2 }),
+      (e) => e instanceof InvalidArgumentError && e.field === "min_similarity");
+    const { session_id: sid } = await k.session.create({ agent_id: 1, config: { model: "m" } });
+    await k.session.append({ session_id: sid, role: "user", content: "hello" });
+    await k.session.scratchpad.update({ session_id: sid, content: "plan: test the prompt" });
+    const p = await k.memory.prompt({ session_id: sid, embedding: q, min_similarity: 0.5, budget_tokens: 1000 });
+    assert.deepEqual(p.parts.agent_memory.ids, [near.id]);
+    assert.ok(p.parts.working_memory.text.includes("plan: test the prompt"));
+    assert.equal(p.text, p.parts.agent_memory.text + p.parts.working_memory.text + p.parts.transcript.text);
+    assert.equal(p.messages[0].role, "system");
+    assert.deepEqual(p.messages.slice(1), [{ role: "user", content: "hello" }]);
+    assert.ok(p.tokens_used <= 1000);
+    await assert.rejects(k.memory.prompt({ session_id: sid + 1000, query: "x" }), NotFoundError);
+  } finally {
+    k.close();
+  }
+});

@@ -30,6 +30,12 @@ typedef enum sqlb_stmt {
     SQLB_TENANT_TIERS,       /* (tenants[]) -> tenant, tier */
     SQLB_QUERY_COUNT,        /* (tenants[], counts[]) count queries admitted without a check */
     SQLB_TENANT_DIMS,        /* () -> tenant, embedding dimension */
+    SQLB_MODEL_STATE,        /* (tenant) -> tier, chat_model, model tokens used today */
+    SQLB_MODEL_USAGE_ADD,    /* (tenant, calls, tokens in, out, cost) -> tokens today */
+    SQLB_CONSOLIDATE_TEXTS,  /* (tenant, ids[]) -> id, content of the live ones, in id order */
+    SQLB_CONSOLIDATE_MODEL_APPLY, /* (tenant, own ids[], kinds[], keep[], keep seq[], other[],
+                                   * other seq[], texts[], reasons[], model) -> merged,
+                                   * superseded, flagged, rewritten, skipped, changed ids[] */
     SQLB__COUNT
 } sqlb_stmt;
 

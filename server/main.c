@@ -668,7 +668,7 @@ static void shutdown_all(proc *a, bool clean)
     /* what the decode threads finish goes to the workers' mail, which worker_destroy reads */
     offload_destroy(s->offload);
     s->offload = NULL;
-    bg_stop(s->bg);
+    bg_destroy(s->bg);
     s->bg = NULL;
     if (s->tenants && clean)
         tenants_save_all(s->tenants);

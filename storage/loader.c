@@ -68,32 +68,35 @@ static int parse_row(const PGresult *r, int off, size_t dim, float *vec, loader_
     const rowerr_table m = ROWERR_MEMORIES;
     bool ok = true;
     memset(row, 0, sizeof(*row));
-    row->id = (uint64_t)col_i64(r, off + 0, 0, m, &ok);
-    row->agent_id = (uint64_t)col_i64(r, off + 1, 0, m, &ok);
-    row->clade_id = (uint64_t)col_i64(r, off + 2, 0, m, &ok);
-    row->scope = memrow_scope_parse(PQgetvalue(r, 0, off + 3), (size_t)PQgetlength(r, 0, off + 3));
-    if (row->scope < 0)
+    row->meta.present = true;
+    row->meta.id = (uint64_t)col_i64(r, off + 0, 0, m, &ok);
+    row->meta.agent_id = (uint64_t)col_i64(r, off + 1, 0, m, &ok);
+    row->meta.clade_id = (uint64_t)col_i64(r, off + 2, 0, m, &ok);
+    row->meta.scope =
+        memrow_scope_parse(PQgetvalue(r, 0, off + 3), (size_t)PQgetlength(r, 0, off + 3));
+    if (row->meta.scope < 0)
         bad_col(r, off + 3, "not a memory scope", &ok);
-    row->type = memrow_type_parse(PQgetvalue(r, 0, off + 4), (size_t)PQgetlength(r, 0, off + 4));
-    if (row->type < 0)
+    row->meta.type =
+        memrow_type_parse(PQgetvalue(r, 0, off + 4), (size_t)PQgetlength(r, 0, off + 4));
+    if (row->meta.type < 0)
         bad_col(r, off + 4, "not a memory type", &ok);
     if (PQgetlength(r, 0, off + 5) == 8) {
         uint64_t bits = be64(PQgetvalue(r, 0, off + 5));
-        memcpy(&row->importance, &bits, sizeof(bits));
+        memcpy(&row->meta.importance, &bits, sizeof(bits));
     } else {
         bad_col(r, off + 5, "not an 8-byte float", &ok);
     }
-    row->created_ms = col_i64(r, off + 6, 0, m, &ok);
-    row->last_accessed_ms = col_i64(r, off + 7, MEMROW_NO_TIME, m, &ok);
-    row->access_count = col_i64(r, off + 8, 0, m, &ok);
-    row->expires_ms = col_i64(r, off + 9, MEMROW_NO_TIME, m, &ok);
-    row->archived_ms = col_i64(r, off + 10, MEMROW_NO_TIME, m, &ok);
-    row->seq = (uint64_t)col_i64(r, off + 11, 0, m, &ok);
+    row->meta.created_ms = col_i64(r, off + 6, 0, m, &ok);
+    row->meta.accessed_ms = col_i64(r, off + 7, MEMROW_NO_TIME, m, &ok);
+    row->meta.access_count = col_i64(r, off + 8, 0, m, &ok);
+    row->meta.expires_ms = col_i64(r, off + 9, MEMROW_NO_TIME, m, &ok);
+    row->meta.archived_ms = col_i64(r, off + 10, MEMROW_NO_TIME, m, &ok);
+    row->meta.seq = (uint64_t)col_i64(r, off + 11, 0, m, &ok);
     if (PQgetlength(r, 0, off + 12) != 1)
         bad_col(r, off + 12, "not a boolean", &ok);
-    row->pinned = PQgetlength(r, 0, off + 12) == 1 && PQgetvalue(r, 0, off + 12)[0] != 0;
-    row->tag_json = PQgetvalue(r, 0, off + 13);
-    row->tag_json_len = (size_t)PQgetlength(r, 0, off + 13);
+    row->meta.pinned = PQgetlength(r, 0, off + 12) == 1 && PQgetvalue(r, 0, off + 12)[0] != 0;
+    row->meta.tags = PQgetvalue(r, 0, off + 13);
+    row->meta.tags_len = (size_t)PQgetlength(r, 0, off + 13);
     if ((size_t)PQgetlength(r, 0, off + 14) != dim * sizeof(float)) {
         bad_col(r, off + 14, "embedding of another dimension than the tenant's", &ok);
         return -EBADMSG;
@@ -102,8 +105,8 @@ static int parse_row(const PGresult *r, int off, size_t dim, float *vec, loader_
         return -EBADMSG;
     /* embeddings are little-endian float32, as is every host we build for */
     memcpy(vec, PQgetvalue(r, 0, off + 14), dim * sizeof(float));
-    row->cited_count = col_i64(r, off + 15, 0, m, &ok);
-    row->injected_count = col_i64(r, off + 16, 0, m, &ok);
+    row->meta.cited_count = col_i64(r, off + 15, 0, m, &ok);
+    row->meta.injected_count = col_i64(r, off + 16, 0, m, &ok);
     if (!ok)
         return -EBADMSG;
     row->vec = vec;

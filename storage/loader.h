@@ -30,25 +30,7 @@
 
 /* What an index needs of one memory. */
 typedef struct loader_row {
-    uint64_t id;
-    uint64_t agent_id;
-    uint64_t clade_id;
-    int scope; /* mem_scope */
-    int type;  /* mem_type */
-    double importance;
-    int64_t created_ms;
-    int64_t last_accessed_ms; /* MEMROW_NO_TIME when never */
-    int64_t access_count;
-    int64_t expires_ms;  /* MEMROW_NO_TIME when never */
-    int64_t archived_ms; /* MEMROW_NO_TIME when live */
-    uint64_t seq;        /* the change that last wrote the row */
-    bool pinned;
-    int64_t cited_count; /* provenance feedback: times cited and times injected */
-    int64_t injected_count;
-    /* the typed metadata fields as the JSON array [tokens, chains, protocols, strategy_id]
-     * (null where absent), for the caller to turn into tags */
-    const char *tag_json;
-    size_t tag_json_len;
+    memrow_meta meta;      /* present always true; accessed_ms is the last access */
     const char *attrs_key; /* metadata.attrs.key as text, or NULL (loader_live only) */
     /* loader_live only: the content (content_len bytes, not NUL-terminated) and
      * metadata.attrs as JSON text (NULL when absent), for consolidation's text rules */

@@ -81,8 +81,14 @@ typedef struct memrow_meta {
     int64_t expires_ms;  /* MEMROW_NO_TIME when never */
     int64_t archived_ms; /* MEMROW_NO_TIME when live */
     bool pinned;
-    const char *tags; /* points into the result; "" when none */
+    /* the typed metadata fields as the JSON array [tokens, chains, protocols, strategy_id]
+     * (null where absent); points into the result, "" when none */
+    const char *tags;
     size_t tags_len;
+    /* provenance feedback: times cited and injected (the loader reads them; the change
+     * functions' meta columns do not: 0) */
+    int64_t cited_count;
+    int64_t injected_count;
 } memrow_meta;
 
 #define MEMROW_META_NCOLS 14

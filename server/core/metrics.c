@@ -36,7 +36,7 @@ static size_t nmethods;
 static method_stats *stats; /* nmethods + 1: the last is for unknown methods */
 static atomic_long open_conns;
 static atomic_uint_fast64_t refused, malformed, slow_closed, apply_failures;
-static atomic_uint_fast64_t answers_deferred, answers_refused, budget_waits;
+static atomic_uint_fast64_t answers_deferred, answers_refused, budget_waits, offloop_decodes;
 static atomic_uint_fast64_t write_locks[METRICS_LOCK__COUNT];
 static atomic_uint_fast64_t stuck_ms;
 static atomic_int_fast64_t stuck_tenant;
@@ -133,6 +133,11 @@ uint64_t metrics_write_lock_stuck_since(int64_t *tenant)
 void metrics_budget_wait(void)
 {
     atomic_fetch_add_explicit(&budget_waits, 1, memory_order_relaxed);
+}
+
+void metrics_decoded_off_loop(void)
+{
+    atomic_fetch_add_explicit(&offloop_decodes, 1, memory_order_relaxed);
 }
 
 void metrics_tls_handshake_failed(void)
@@ -342,6 +347,13 @@ static void render_connections(struct evbuffer *out)
                         (long)atomic_load(&open_conns), (unsigned long long)atomic_load(&refused),
                         (unsigned long long)atomic_load(&slow_closed),
                         (unsigned long long)atomic_load(&malformed));
+    evbuffer_add_printf(out,
+                        "# HELP engram_messages_decoded_off_loop_total Large messages "
+                        "(256 KiB or 65,536 values and over) decoded and checked on the decode "
+                        "threads (decode_threads), not on a worker's event loop.\n"
+                        "# TYPE engram_messages_decoded_off_loop_total counter\n"
+                        "engram_messages_decoded_off_loop_total %llu\n",
+                        (unsigned long long)atomic_load(&offloop_decodes));
     evbuffer_add_printf(out,
                         "# HELP engram_output_budget_waits_total Times a connection stopped "
                         "dispatching because its next request did not fit max_output_bytes or "

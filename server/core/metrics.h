@@ -39,6 +39,9 @@ void metrics_slow_closed(void);
  * again, metrics_answer_refused one over max_result_bytes. */
 void metrics_budget_wait(void);
 
+/* metrics_decoded_off_loop counts a message decoded on the decode threads (offload.h). */
+void metrics_decoded_off_loop(void);
+
 /* Writes that met a lock another transaction holds (req.c): a probe that timed out (the
  * write moved to the lane), a lane write that got its lock, one that waited
  * write_lock_wait_ms in vain. metrics_write_lock_stuck remembers the tenant and time of the

@@ -436,11 +436,11 @@ bg *bg_create(server *s, unsigned nthreads)
     b->ticker_started = true;
     return b;
 fail:
-    bg_stop(b);
+    bg_destroy(b);
     return NULL;
 }
 
-void bg_stop(bg *b)
+void bg_destroy(bg *b)
 {
     if (!b)
         return;

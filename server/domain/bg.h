@@ -21,9 +21,9 @@ typedef struct bg_ctx bg_ctx;
  * failure. */
 bg *bg_create(server *s, unsigned nthreads);
 
-/* bg_stop stops accepting jobs, runs every queued job with bg_cancelled true, joins the
+/* bg_destroy stops accepting jobs, runs every queued job with bg_cancelled true, joins the
  * threads and frees bg. NULL is a no-op. */
-void bg_stop(bg *b);
+void bg_destroy(bg *b);
 
 /* bg_submit queues fn(ctx, arg) for a job thread. Returns 0, or -ENOMEM / -ESHUTDOWN (fn
  * does not run then). */
@@ -50,7 +50,7 @@ int bg_cancelled(bg_ctx *ctx);
 int bg_listener_ok(bg *b);
 
 /* bg_every runs fn(ctx, arg) on a job thread every interval_ms (first run after one
- * interval), until bg_stop. Call before any other thread uses b. Returns 0 or -ENOMEM. */
+ * interval), until bg_destroy. Call before any other thread uses b. Returns 0 or -ENOMEM. */
 int bg_every(bg *b, unsigned interval_ms, void (*fn)(bg_ctx *ctx, void *arg), void *arg);
 
 /* bg_every_set changes the interval of the periodic task registered as fn(arg) (SIGHUP

@@ -165,26 +165,27 @@ static int take_row(const loader_row *row, void *arg)
     }
     cmem *m = &l->m[l->n];
     memset(m, 0, sizeof(*m));
-    m->id = (int64_t)row->id;
-    m->seq = (int64_t)row->seq;
-    m->type = row->type;
-    m->scope = row->scope;
-    m->owner = row->scope == SCOPE_AGENT   ? row->agent_id
-               : row->scope == SCOPE_CLADE ? row->clade_id
-                                           : 0;
-    m->importance = row->importance;
-    m->access = row->access_count;
-    m->created_ms = row->created_ms;
-    m->cited = row->cited_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->cited_count;
-    m->injected = row->injected_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->injected_count;
-    m->pinned = row->pinned;
+    m->id = (int64_t)row->meta.id;
+    m->seq = (int64_t)row->meta.seq;
+    m->type = row->meta.type;
+    m->scope = row->meta.scope;
+    m->owner = row->meta.scope == SCOPE_AGENT   ? row->meta.agent_id
+               : row->meta.scope == SCOPE_CLADE ? row->meta.clade_id
+                                                : 0;
+    m->importance = row->meta.importance;
+    m->access = row->meta.access_count;
+    m->created_ms = row->meta.created_ms;
+    m->cited = row->meta.cited_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->meta.cited_count;
+    m->injected =
+        row->meta.injected_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->meta.injected_count;
+    m->pinned = row->meta.pinned;
     m->attrs_key = row->attrs_key ? strdup(row->attrs_key) : NULL;
     if ((row->attrs_key && !m->attrs_key) ||
         textrule_sign(row->content, row->content_len, &m->sig) < 0) {
         free(m->attrs_key); /* not counted in l->n: run_fini would not free it */
         return -ENOMEM;
     }
-    meta_read(&m->meta, row->tag_json, row->tag_json_len, row->attrs_json);
+    meta_read(&m->meta, row->meta.tags, row->meta.tags_len, row->attrs_json);
     m->parent = (uint32_t)l->n;
     float *v = l->vecs + l->n * l->dim;
     double norm = 0;
@@ -884,6 +885,54 @@ static int step_record(run *r)
         return -EIO;
     }
     return 0;
+}
+
+int consolidate_plan(server *s, const loader_row *rows, size_t n, uint32_t dim, int64_t now_ms,
+                     consolidate_fate *fates, consolidate_counts *counts, char *err, size_t errlen)
+{
+    consolidate_result out = {0};
+    run r = {.s = s, .cfg = &s->cfg, .started = now_ms, .l = {.dim = dim}, .out = &out};
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = take_row(&rows[i], &r.l);
+    if (rc < 0) {
+        set_err(&out, "%s", "out of memory");
+        goto done;
+    }
+    rc = step_pairs(&r);
+    if (rc == 0)
+        rc = step_plan(&r);
+    if (rc < 0)
+        goto done;
+    static const char *const rules[] = {NULL, "same_text", NULL, "prune"};
+    for (size_t i = 0; i < n; i++) {
+        const cmem *m = &r.l.m[i];
+        consolidate_fate *f = &fates[i];
+        memset(f, 0, sizeof(*f));
+        f->id = m->id;
+        f->fate = m->fate == 1   ? CONSOLIDATE_MERGED
+                  : m->fate == 2 ? CONSOLIDATE_SUPERSEDED
+                  : m->fate == 3 ? CONSOLIDATE_PRUNED
+                                 : CONSOLIDATE_LIVE;
+        f->rule = m->fate == 2 ? (m->rule == RULE_KEY ? "attrs_key" : "values") : rules[m->fate];
+        f->into = m->fate == 1 || m->fate == 2 ? r.l.m[m->into].id : 0;
+        f->importance = r.imp[i];
+        f->access = r.acc[i];
+        if (m->fate == 2)
+            supersede_why(m, &r.l.m[m->into], f->why, sizeof(f->why));
+    }
+    if (counts)
+        *counts = (consolidate_counts){.same_text = r.rules.same_text,
+                                       .attrs_key = r.rules.attrs_key,
+                                       .values = r.rules.values,
+                                       .near_kept = r.rules.near_kept,
+                                       .similar_kept = r.rules.similar_kept,
+                                       .rescored = out.rescored};
+done:
+    if (rc < 0 && err && errlen)
+        snprintf(err, errlen, "%s", out.error);
+    run_fini(&r);
+    return rc < 0 ? (rc == -ENOMEM ? -ENOMEM : -EIO) : 0;
 }
 
 static void run_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, const char *trigger,

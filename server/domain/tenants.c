@@ -169,70 +169,15 @@ out:
     return t;
 }
 
-void tenant_put(tenant *t)
+void tenants_put(tenant *t)
 {
     if (t && atomic_fetch_sub(&t->refs, 1) == 1)
         tenant_free(t);
 }
 
-vindex *tenant_index(tenant *t)
+vindex *tenants_vindex(tenant *t)
 {
     return t->vi;
-}
-
-int mem_meta_from_row(mem_meta *m, const loader_row *row)
-{
-    memset(m, 0, sizeof(*m));
-    m->id = row->id;
-    m->agent_id = row->agent_id;
-    m->clade_id = row->clade_id;
-    m->seq = row->seq;
-    m->created_ms = row->created_ms;
-    m->last_access_ms = row->last_accessed_ms == MEMROW_NO_TIME ? 0 : row->last_accessed_ms;
-    m->expires_ms = row->expires_ms == MEMROW_NO_TIME ? INT64_MAX : row->expires_ms;
-    m->archived_ms = row->archived_ms == MEMROW_NO_TIME ? 0 : row->archived_ms;
-    m->importance = (float)row->importance;
-    m->access_count = row->access_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->access_count;
-    m->cited = row->cited_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->cited_count;
-    m->injected = row->injected_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->injected_count;
-    m->type = (uint8_t)row->type;
-    m->scope = (uint8_t)row->scope;
-    m->pinned = row->pinned;
-    uint64_t *tags;
-    int rc = mf_tags_from_json(row->tag_json, row->tag_json_len, &tags, &m->ntags);
-    if (rc < 0)
-        return rc;
-    m->tags = tags;
-    return 0;
-}
-
-int mem_meta_from_db(mem_meta *m, const memrow_meta *row)
-{
-    memset(m, 0, sizeof(*m));
-    m->id = row->id;
-    m->agent_id = row->agent_id;
-    m->clade_id = row->clade_id;
-    m->seq = row->seq;
-    m->created_ms = row->created_ms;
-    m->last_access_ms = row->accessed_ms == MEMROW_NO_TIME ? 0 : row->accessed_ms;
-    m->expires_ms = row->expires_ms == MEMROW_NO_TIME ? INT64_MAX : row->expires_ms;
-    m->archived_ms = row->archived_ms == MEMROW_NO_TIME ? 0 : row->archived_ms;
-    m->importance = (float)row->importance;
-    m->access_count = row->access_count > UINT32_MAX ? UINT32_MAX : (uint32_t)row->access_count;
-    m->type = (uint8_t)row->type;
-    m->scope = (uint8_t)row->scope;
-    m->pinned = row->pinned;
-    /* tags: the typed metadata fields as a JSON array, derived here by the one rule (see
-     * memfilter.h); none (NULL) from a store, whose tags come from the request */
-    uint64_t *tags = NULL;
-    m->ntags = 0;
-    if (row->tags_len > 0) {
-        int rc = mf_tags_from_json(row->tags, row->tags_len, &tags, &m->ntags);
-        if (rc < 0)
-            return rc;
-    }
-    m->tags = tags;
-    return 0;
 }
 
 /* Returns a copy of m whose tags are a fresh allocation (for the index to own). */
@@ -283,7 +228,7 @@ static int hk_collect(uint64_t key, uint64_t value, void *arg)
 static void hk_release(hk_list *l)
 {
     for (size_t i = 0; i < l->n; i++)
-        tenant_put(l->v[i].t);
+        tenants_put(l->v[i].t);
     free(l->v);
 }
 
@@ -383,7 +328,7 @@ static bool try_evict(tenants *ts, tenant *t)
     }
     pthread_mutex_unlock(&ts->mu);
     if (ok)
-        tenant_put(t);
+        tenants_put(t);
     return ok;
 }
 
@@ -544,8 +489,8 @@ bool tenants_preloaded(tenants *ts)
     return atomic_load(&ts->preloaded);
 }
 
-int tenant_when_ready(tenant *t, server_poster where,
-                      void (*cb)(void *arg, int status, const char *err), void *arg)
+int tenants_when_ready(tenant *t, server_poster where,
+                       void (*cb)(void *arg, int status, const char *err), void *arg)
 {
     pthread_mutex_lock(&t->mu);
     if (t->state == T_READY) {
@@ -575,7 +520,7 @@ int tenant_when_ready(tenant *t, server_poster where,
             t->state = T_UNLOADED;
             pthread_mutex_unlock(&t->mu);
             tn_release_waiters(ws, -1, "index unavailable: server shutting down");
-            tenant_put(t);
+            tenants_put(t);
         }
     }
     return 0;
@@ -608,7 +553,7 @@ void tenants_engine_changed(tenants *ts, int64_t id, int engine)
     pthread_mutex_unlock(&t->mu);
     if (stale)
         drop_stale(ts, t);
-    tenant_put(t);
+    tenants_put(t);
 }
 
 bool tenants_index_info(tenants *ts, int64_t id, tenants_index *out)
@@ -632,7 +577,7 @@ bool tenants_index_info(tenants *ts, int64_t id, tenants_index *out)
         out->rows_warmed = atomic_load(&t->rows_warmed);
     }
     pthread_mutex_unlock(&t->mu);
-    tenant_put(t);
+    tenants_put(t);
     return ready;
 }
 
@@ -654,7 +599,7 @@ void tenants_forget(tenants *ts, int64_t id)
     char path[PATH_MAX];
     if (tn_snap_path(ts, id, path, sizeof(path)))
         unlink(path);
-    tenant_put(t);
+    tenants_put(t);
 }
 
 static int stats_one(uint64_t key, uint64_t value, void *arg)
@@ -726,12 +671,12 @@ static void touch_one(void *meta, void *arg)
         vindex_meta_word_store((uint64_t *)(void *)&m->last_access_ms, (uint64_t)tc->now_ms);
 }
 
-void tenant_nonlive_seen(tenant *t, int64_t now_ms)
+void tenants_nonlive_seen(tenant *t, int64_t now_ms)
 {
     atomic_store_explicit(&t->nonlive_ms, now_ms, memory_order_relaxed);
 }
 
-bool tenant_nonlive_recent(tenant *t, int64_t now_ms)
+bool tenants_nonlive_recent(tenant *t, int64_t now_ms)
 {
     int64_t seen = atomic_load_explicit(&t->nonlive_ms, memory_order_relaxed);
     return seen != 0 && now_ms - seen < TENANT_NONLIVE_MS;
@@ -742,7 +687,7 @@ bool tenant_nonlive_recent(tenant *t, int64_t now_ms)
  * (refresh_access, tenants_load.c). Otherwise every searched tenant's whole snapshot,
  * hundreds of megabytes at 50,000 x 768, was written again each index_snapshot_interval_s
  * for its access counts alone. */
-void tenant_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms)
+void tenants_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms)
 {
     touch_ctx tc = {.now_ms = now_ms};
     pthread_mutex_lock(&t->mu);

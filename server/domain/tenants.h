@@ -29,54 +29,9 @@
 
 #include "bg.h"
 #include "loader.h"
-#include "memrow.h"
+#include "memmeta.h"
 #include "server.h"
 #include "vindex.h"
-
-/* What the index keeps per memory, next to its vector (vindex metadata). The tags array
- * belongs to the index entry: the registry copies it in and frees it when the entry is
- * replaced or removed; readers may use it only under the index's lock (filter callbacks). */
-typedef struct mem_meta {
-    uint64_t id; /* the memory's own id (filters need it) */
-    uint64_t agent_id;
-    uint64_t clade_id;
-    uint64_t seq; /* the change that last wrote this memory */
-    int64_t created_ms;
-    /* The access counters: the index's atomic range (vindex_opts.meta_atomic_off). Every
-     * search bumps them with vindex_touch_meta while other searches read them, so a
-     * pointer into the index reads them with mem_meta_access_count / _last_access. */
-    int64_t last_access_ms; /* 0: never accessed */
-    uint64_t access_count;  /* at most UINT32_MAX */
-    int64_t expires_ms;     /* INT64_MAX: never expires */
-    int64_t archived_ms;    /* 0: live */
-    const uint64_t *tags;   /* sorted tag hashes (see memfilter.h), NULL when none */
-    uint32_t ntags;
-    float importance;
-    /* provenance feedback (memory.feedback): times injected and cited; both only grow, so
-     * the index keeps the higher of what it has and what a change brings */
-    uint32_t cited;
-    uint32_t injected;
-    uint8_t type;  /* mem_type */
-    uint8_t scope; /* mem_scope */
-    uint8_t pinned;
-} mem_meta;
-
-/* the atomic range is the two counters, adjacent */
-_Static_assert(offsetof(mem_meta, access_count) == offsetof(mem_meta, last_access_ms) + 8,
-               "mem_meta's access counters must be adjacent 8-byte words");
-#define MEM_META_ATOMIC_OFF offsetof(mem_meta, last_access_ms)
-#define MEM_META_ATOMIC_LEN 16
-
-static inline uint32_t mem_meta_access_count(const mem_meta *m)
-{
-    uint64_t v = vindex_meta_word(&m->access_count);
-    return v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
-}
-
-static inline int64_t mem_meta_last_access(const mem_meta *m)
-{
-    return (int64_t)vindex_meta_word((const uint64_t *)(const void *)&m->last_access_ms);
-}
 
 typedef struct tenants tenants;
 typedef struct tenant tenant;
@@ -86,41 +41,42 @@ tenants *tenants_create(server *s);
 void tenants_destroy(tenants *ts);
 
 /* tenants_get returns the tenant's entry (created on first call, not yet loaded) with a
- * reference the caller drops with tenant_put. dim is the tenant's embedding dimension.
+ * reference the caller drops with tenants_put. dim is the tenant's embedding dimension.
  * Returns NULL when out of memory. Any thread. */
 tenant *tenants_get(tenants *ts, int64_t id, uint32_t dim);
-void tenant_put(tenant *t);
+void tenants_put(tenant *t);
 
-/* tenant_when_ready calls cb(arg, 0, NULL) on where's thread once the index is loaded, or
+/* tenants_when_ready calls cb(arg, 0, NULL) on where's thread once the index is loaded, or
  * cb(arg, -1, reason) when loading failed. When it is already loaded, returns 1 without
  * calling cb (the caller continues at once); otherwise returns 0 and cb runs later. The
  * reference on t must be held until cb has run. Returns -ENOMEM on failure. */
-int tenant_when_ready(tenant *t, server_poster where,
-                      void (*cb)(void *arg, int status, const char *err), void *arg);
+int tenants_when_ready(tenant *t, server_poster where,
+                       void (*cb)(void *arg, int status, const char *err), void *arg);
 
-/* tenant_index returns the loaded index (valid while the reference is held and the
+/* tenants_vindex returns the loaded index (valid while the reference is held and the
  * tenant is loaded). */
-vindex *tenant_index(tenant *t);
+vindex *tenants_vindex(tenant *t);
 
-/* tenant_apply_upsert applies change seq: memory id now has vector vec (NULL: unchanged)
- * and metadata m. tenant_apply_delete applies change seq: id was deleted. Both are no-ops
+/* tenants_apply_upsert applies change seq: memory id now has vector vec (NULL: unchanged)
+ * and metadata m. tenants_apply_delete applies change seq: id was deleted. Both are no-ops
  * for changes already applied and safe from any thread. */
-void tenant_apply_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const mem_meta *m);
-void tenant_apply_delete(tenant *t, uint64_t seq, uint64_t id);
+void tenants_apply_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec,
+                          const mem_meta *m);
+void tenants_apply_delete(tenant *t, uint64_t seq, uint64_t id);
 
 /* tenants_notify_change tells the registry that change seq of tenant id was committed
  * somewhere (listener thread); if the index is loaded and lacks it, a catch-up from the
  * change log is scheduled. */
 void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq);
 
-/* tenant_read_floor returns the highest change number of t this process knows was
+/* tenants_floor_of returns the highest change number of t this process knows was
  * committed: what its index holds, what this process wrote and what other processes
  * announced (change notifications), whether or not the index is loaded. A read that is
  * combined with the index, or that must show this process's own writes, may run on a hot
  * standby only if the standby's copy of the tenant has replayed at least this change (see
  * req_submit_read). tenants_read_floor is the same for tenant id, 0 when the registry does
  * not hold it (this process has seen nothing of it). Any thread. */
-uint64_t tenant_read_floor(tenant *t);
+uint64_t tenants_floor_of(tenant *t);
 uint64_t tenants_read_floor(tenants *ts, int64_t id);
 
 /* tenants_loaded_ids returns in *ids (malloc'd, the caller frees it; NULL when *n is 0) the
@@ -188,26 +144,17 @@ typedef struct tenants_index {
  * process; false (and *out zeroed) when it is not. Never loads it. Any thread. */
 bool tenants_index_info(tenants *ts, int64_t id, tenants_index *out);
 
-/* mem_meta_from_row fills m from a loader row; m->tags is malloc'd (the caller frees it
- * unless handed to the index). Returns 0, -ENOMEM or -EINVAL (the row's tag JSON is not
- * what the loader selects). */
-int mem_meta_from_row(mem_meta *m, const loader_row *row);
-
-/* mem_meta_from_db fills m from the meta columns a change function returned; tags as in
- * mem_meta_from_row. Returns 0 or -ENOMEM. */
-int mem_meta_from_db(mem_meta *m, const memrow_meta *row);
-
-/* tenant_touch counts one access to each of the n memories at now_ms in the index (the
+/* tenants_touch counts one access to each of the n memories at now_ms in the index (the
  * database is updated in batches elsewhere). */
-void tenant_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms);
+void tenants_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms);
 
 /* A search whose filter only excludes archived and expired memories may skip the index's
- * filter when the tenant's best matches are live (see m_search.c). tenant_nonlive_seen
- * notes at now_ms that one of them was not; tenant_nonlive_recent tells whether that was
+ * filter when the tenant's best matches are live (see m_search.c). tenants_nonlive_seen
+ * notes at now_ms that one of them was not; tenants_nonlive_recent tells whether that was
  * noted within the last TENANT_NONLIVE_MS. Thread-safe. */
 #define TENANT_NONLIVE_MS 10000
-void tenant_nonlive_seen(tenant *t, int64_t now_ms);
-bool tenant_nonlive_recent(tenant *t, int64_t now_ms);
+void tenants_nonlive_seen(tenant *t, int64_t now_ms);
+bool tenants_nonlive_recent(tenant *t, int64_t now_ms);
 
 /* Buckets of the load-duration histogram: upper bounds in seconds, then +Inf. */
 #define TENANTS_LOAD_BUCKETS 12

@@ -146,6 +146,7 @@ int tn_do_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const m
         return -ENOMEM;
     }
     own.id = id;
+    own.seq = seq; /* the version is the change's, whatever the caller's copy says */
     /* reads (access counts) are not changes: keep the higher count the index already has */
     if (present && cur.access_count > own.access_count) {
         own.access_count = cur.access_count;
@@ -263,12 +264,12 @@ static void apply(tenant *t, uint64_t seq, uint64_t id, bool del, const float *v
     pthread_mutex_unlock(&t->mu);
 }
 
-void tenant_apply_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const mem_meta *m)
+void tenants_apply_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const mem_meta *m)
 {
     apply(t, seq, id, false, vec, m);
 }
 
-void tenant_apply_delete(tenant *t, uint64_t seq, uint64_t id)
+void tenants_apply_delete(tenant *t, uint64_t seq, uint64_t id)
 {
     apply(t, seq, id, true, NULL, NULL);
 }
@@ -295,17 +296,17 @@ static int catch_up_change(uint64_t seq, uint64_t id, const loader_row *row, voi
 {
     tenant *t = arg;
     if (!row) {
-        tenant_apply_delete(t, seq, id);
+        tenants_apply_delete(t, seq, id);
         return 0;
     }
     mem_meta m;
-    int mrc = mem_meta_from_row(&m, row);
+    int mrc = mem_meta_from_db(&m, &row->meta);
     if (mrc < 0)
         return mrc;
-    /* the row is the memory's current state, written by change row->seq >= seq */
+    /* the row is the memory's current state, written by change row->meta.seq >= seq */
     pthread_mutex_lock(&t->mu);
     if (t->state == T_READY && !tn_seq_applied(t, seq)) {
-        int rc = tn_do_upsert(t, row->seq, id, row->vec, &m);
+        int rc = tn_do_upsert(t, row->meta.seq, id, row->vec, &m);
         if (rc == 0) {
             tn_mark_applied(t, seq);
             t->dirty = true;
@@ -369,7 +370,7 @@ static void catch_up_job(bg_ctx *ctx, void *arg)
         after = t->applied;
         pthread_mutex_unlock(&t->mu);
     }
-    tenant_put(t);
+    tenants_put(t);
 }
 
 /* Queues one catch-up for t unless one is queued already. Call with t->mu held. */
@@ -396,10 +397,10 @@ void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq)
     if (t->state == T_READY && !tn_seq_applied(t, seq))
         tn_schedule_catch_up(t);
     pthread_mutex_unlock(&t->mu);
-    tenant_put(t);
+    tenants_put(t);
 }
 
-uint64_t tenant_read_floor(tenant *t)
+uint64_t tenants_floor_of(tenant *t)
 {
     pthread_mutex_lock(&t->mu);
     uint64_t f = t->known;
@@ -416,8 +417,8 @@ uint64_t tenants_read_floor(tenants *ts, int64_t id)
     tenant *t = tn_lookup(ts, id);
     if (!t)
         return 0;
-    uint64_t f = tenant_read_floor(t);
-    tenant_put(t);
+    uint64_t f = tenants_floor_of(t);
+    tenants_put(t);
     return f;
 }
 

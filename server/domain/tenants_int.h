@@ -75,7 +75,7 @@ struct tenant {
     bool saving;                     /* a snapshot is being written */
     bool dead;                       /* the tenant was deleted: write no snapshot */
     atomic_uint_least64_t used_ns;   /* last use, for eviction */
-    atomic_int_least64_t nonlive_ms; /* see tenant_nonlive_seen; 0: never */
+    atomic_int_least64_t nonlive_ms; /* see tenants_nonlive_seen; 0: never */
     bool recall_warned;              /* housekeeping only: a low recall was logged */
     /* warming the row cache after the last load (enum tenants_rows_warm; tenants_load.c) */
     atomic_int rows_warm;
@@ -157,7 +157,7 @@ int tn_free_tags(uint64_t id, const float *vec, const void *meta, void *ctx);
 /* metadata for a memory we have no vector for yet: re-read from the log */
 void tn_schedule_catch_up(tenant *t);
 
-/* tn_lookup returns tenant id with a reference taken (tenant_put it), or NULL when the
+/* tn_lookup returns tenant id with a reference taken (tenants_put it), or NULL when the
  * registry does not hold it. */
 tenant *tn_lookup(tenants *ts, int64_t id);
 /* The options of t's index: the server's, with t's dimension and engine (set by the load

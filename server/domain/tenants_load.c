@@ -75,21 +75,21 @@ static int load_row(const loader_row *row, void *arg)
 {
     load_ctx *lc = arg;
     mem_meta m;
-    int mrc = mem_meta_from_row(&m, row);
+    int mrc = mem_meta_from_db(&m, &row->meta);
     if (mrc < 0) {
         if (mrc == -EINVAL)
             log_error("tenant %lld: memory %llu: unreadable metadata fields", (long long)lc->t->id,
-                      (unsigned long long)row->id);
+                      (unsigned long long)row->meta.id);
         return mrc;
     }
-    int rc = vindex_add(lc->vi, row->id, row->vec, &m); /* the index owns m.tags now */
+    int rc = vindex_add(lc->vi, row->meta.id, row->vec, &m); /* the index owns m.tags now */
     if (rc != 0)
         free((void *)m.tags);
     if (rc == -ENOMEM)
         return -ENOMEM;
     if (rc != 0)
         log_warn("tenant %lld: memory %llu not indexed (%d)", (long long)lc->t->id,
-                 (unsigned long long)row->id, rc);
+                 (unsigned long long)row->meta.id, rc);
     lc->rows++;
     return 0;
 }
@@ -143,14 +143,14 @@ static int replay_change(uint64_t seq, uint64_t id, const loader_row *row, void 
     rp->next++;
     rp->changes++;
     mem_meta m;
-    if (row && mem_meta_from_row(&m, row) < 0) {
+    if (row && mem_meta_from_db(&m, &row->meta) < 0) {
         rp->oom = true;
         return 1;
     }
     pthread_mutex_lock(&t->mu);
     int rc = 0;
     if (!tn_seq_applied(t, seq)) {
-        rc = row ? tn_do_upsert(t, row->seq, id, row->vec, &m) : tn_do_delete(t, seq, id);
+        rc = row ? tn_do_upsert(t, row->meta.seq, id, row->vec, &m) : tn_do_delete(t, seq, id);
         if (rc == 0)
             tn_mark_applied(t, seq);
     }
@@ -213,7 +213,7 @@ static void access_fix_one(void *meta, void *arg)
     uint64_t i;
     if (!idmap_get(af->at, m->id, &i))
         return;
-    /* capped at 32 bits, as every other path into the index does (mem_meta_from_row) */
+    /* capped at 32 bits, as every other path into the index does (mem_meta_from_db) */
     uint32_t c = af->counts[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)af->counts[i];
     if (c > m->access_count)
         m->access_count = c;
@@ -484,7 +484,7 @@ static int warm_row(const memrow *m, void *arg)
 /* Drops w and its reference to the tenant. */
 static void warm_free(warm_job *w)
 {
-    tenant_put(w->t);
+    tenants_put(w->t);
     free(w);
 }
 
@@ -673,7 +673,7 @@ void tn_load_job(bg_ctx *ctx, void *arg)
 {
     tenant *t = arg;
     load_now(ctx, t);
-    tenant_put(t);
+    tenants_put(t);
 }
 
 static void preload_one_job(bg_ctx *ctx, void *arg)
@@ -681,7 +681,7 @@ static void preload_one_job(bg_ctx *ctx, void *arg)
     tenant *t = arg;
     tenants *ts = t->ts;
     load_now(ctx, t);
-    tenant_put(t);
+    tenants_put(t);
     if (atomic_fetch_sub(&ts->preload_left, 1) == 1) {
         atomic_store(&ts->preloaded, true);
         log_info("index preload finished");
@@ -811,7 +811,7 @@ void tn_preload_job(bg_ctx *ctx, void *arg)
                 pthread_mutex_unlock(&t->mu);
                 tn_release_waiters(ws, -1, "index unavailable: server shutting down");
             }
-            tenant_put(t);
+            tenants_put(t);
             atomic_fetch_sub(&ts->preload_left, 1);
         }
         free(files);

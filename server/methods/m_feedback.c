@@ -66,7 +66,7 @@ static void free_state(void *arg)
     fb_state *st = arg;
     idmap_destroy(st->pos);
     st->pos = NULL;
-    tenant_put(st->t);
+    tenants_put(st->t);
     st->t = NULL;
 }
 
@@ -196,10 +196,10 @@ static void feedback_done(req *r, const db_result *res)
         int64_t c = memrow_i64(pr, i, 1, 0), inj = memrow_i64(pr, i, 2, 0);
         m.cited = c > UINT32_MAX ? UINT32_MAX : c < 0 ? 0 : (uint32_t)c;
         m.injected = inj > UINT32_MAX ? UINT32_MAX : inj < 0 ? 0 : (uint32_t)inj;
-        tenant_apply_upsert(t, mm.seq, mm.id, NULL, &m);
+        tenants_apply_upsert(t, mm.seq, mm.id, NULL, &m);
         free((void *)m.tags);
     }
-    tenant_put(t);
+    tenants_put(t);
     feedback_reply(r, st);
 }
 
@@ -318,7 +318,7 @@ static size_t split_sentences(const char *s, size_t n, const char **sent, size_t
 static void provenance_score(req *r)
 {
     fb_state *st = req_state(r);
-    vindex *vi = tenant_index(st->t);
+    vindex *vi = tenants_vindex(st->t);
     size_t dim = req_auth(r)->dim;
     double thr = req_server(r)->cfg.provenance_threshold;
     float *v = req_alloc(r, dim * sizeof(float));
@@ -395,7 +395,7 @@ static void provenance_embedded(req *r, rpc_code code, const char *message)
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
-    int rc = tenant_when_ready(st->t, worker_poster(req_worker(r)), provenance_index_ready, r);
+    int rc = tenants_when_ready(st->t, worker_poster(req_worker(r)), provenance_index_ready, r);
     if (rc == 1)
         provenance_score(r);
     else if (rc < 0)

@@ -92,9 +92,9 @@ static int apply_deletes(req *r, const PGresult *pr)
     tenant *t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
     int n = PQntuples(pr);
     for (int i = 0; t && i < n; i++)
-        tenant_apply_delete(t, (uint64_t)memrow_i64(pr, i, 1, 0),
-                            (uint64_t)memrow_i64(pr, i, 0, 0));
-    tenant_put(t);
+        tenants_apply_delete(t, (uint64_t)memrow_i64(pr, i, 1, 0),
+                             (uint64_t)memrow_i64(pr, i, 0, 0));
+    tenants_put(t);
     return n;
 }
 

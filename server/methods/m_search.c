@@ -101,7 +101,7 @@ typedef struct search_state {
 static void release_tenant(void *arg)
 {
     search_state *st = arg;
-    tenant_put(st->t);
+    tenants_put(st->t);
     st->t = NULL;
 }
 
@@ -145,7 +145,7 @@ static void count_access(req *r, search_state *st, const uint64_t *ids, size_t n
 {
     if (req_is_again(r))
         return; /* counted when it ran the first time (its answer waited for budget) */
-    tenant_touch(st->t, ids, n, st->f.now_ms);
+    tenants_touch(st->t, ids, n, st->f.now_ms);
     access_log_add(app_access(req_worker(r)), req_auth(r)->tenant_id, ids, n, st->f.now_ms);
 }
 
@@ -343,7 +343,7 @@ static int fuse(req *r, search_state *st, const vindex_hit *hits, size_t nhits)
 static void search_run(req *r)
 {
     search_state *st = req_state(r);
-    vindex *vi = tenant_index(st->t);
+    vindex *vi = tenants_vindex(st->t);
     vindex_hit *hits = NULL;
     size_t nhits = 0;
     if (st->mode != MODE_TEXT) {
@@ -372,12 +372,12 @@ static void search_run(req *r)
          * sample of 128 to size the filter, took 6 to 8% of a search's CPU): most tenants'
          * best matches are all live. When one is not, the search runs again with the
          * filter, and the tenant's searches filter up front for TENANT_NONLIVE_MS. */
-        bool after = mf_lifecycle_only(&st->f) && !tenant_nonlive_recent(st->t, st->f.now_ms);
+        bool after = mf_lifecycle_only(&st->f) && !tenants_nonlive_recent(st->t, st->f.now_ms);
         if (after)
             q.keep = NULL;
         int rc = vindex_search(vi, &q, hits, &nhits);
         if (rc == 0 && after && !hits_kept(st, vi, hits, nhits)) {
-            tenant_nonlive_seen(st->t, st->f.now_ms);
+            tenants_nonlive_seen(st->t, st->f.now_ms);
             q.keep = keep_cb;
             nhits = 0;
             rc = vindex_search(vi, &q, hits, &nhits);
@@ -474,12 +474,12 @@ static void search_index(req *r)
     const conn_auth *a = req_auth(r);
     st->t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
     if (!st->t || req_on_free(r, release_tenant, st) < 0) {
-        tenant_put(st->t);
+        tenants_put(st->t);
         st->t = NULL;
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
-    int rc = tenant_when_ready(st->t, worker_poster(req_worker(r)), index_ready, r);
+    int rc = tenants_when_ready(st->t, worker_poster(req_worker(r)), index_ready, r);
     if (rc == 1)
         search_run(r);
     else if (rc < 0)
@@ -643,7 +643,8 @@ static void search_begin(req *r, bool context)
         }
     }
     if (st->mode != MODE_VECTOR && !query) {
-        req_fail(r, RPC_INVALID_ARGUMENT, "mode '%s' needs parameter 'query'",
+        /* the parameter first: the error's data.field is the first quoted name */
+        req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'query' is required in mode %s",
                  st->mode == MODE_TEXT ? "text" : "hybrid");
         return;
     }

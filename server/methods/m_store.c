@@ -123,11 +123,12 @@ static rpc_code parse_item(req *r, const msgpack_object *const *a, const char *w
         }
     }
     if (it->scope == SCOPE_AGENT && !a[P_IT_AGENT_ID]) {
-        snprintf(err, errlen, "scope 'agent' needs parameter '%sagent_id'", what);
+        /* the parameter first: the error's data.field is the first quoted name */
+        snprintf(err, errlen, "parameter '%sagent_id' is required with scope 'agent'", what);
         return RPC_INVALID_ARGUMENT;
     }
     if (it->scope == SCOPE_CLADE && !a[P_IT_CLADE_ID]) {
-        snprintf(err, errlen, "scope 'clade' needs parameter '%sclade_id'", what);
+        snprintf(err, errlen, "parameter '%sclade_id' is required with scope 'clade'", what);
         return RPC_INVALID_ARGUMENT;
     }
     it->created_ms = a[P_IT_CREATED_AT] ? rpc_get_int(a[P_IT_CREATED_AT], 0) : INT64_MIN;
@@ -226,10 +227,10 @@ static void store_finish(req *r, const PGresult *pr, int off)
             m.tags = tags;
             m.ntags = ntags;
         }
-        tenant_apply_upsert(t, mm.seq, mm.id, st->items[k].vec, &m);
+        tenants_apply_upsert(t, mm.seq, mm.id, st->items[k].vec, &m);
         free((void *)m.tags);
     }
-    tenant_put(t);
+    tenants_put(t);
     msgpack_packer *pk = req_result(r);
     if (!st->batch) {
         msgpack_pack_map(pk, 3);

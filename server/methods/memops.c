@@ -85,10 +85,10 @@ void mo_apply_meta_rows(req *r, const PGresult *pr, int col, const float *vec)
         mem_meta m;
         if (memrow_meta_parse(pr, i, col, &mm) != 0 || !mm.present || mem_meta_from_db(&m, &mm) < 0)
             continue;
-        tenant_apply_upsert(t, mm.seq, mm.id, vec, &m);
+        tenants_apply_upsert(t, mm.seq, mm.id, vec, &m);
         free((void *)m.tags);
     }
-    tenant_put(t);
+    tenants_put(t);
 }
 
 void mo_submit_ids(req *r, size_t param, sql_stmt stmt, bool read,

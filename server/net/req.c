@@ -1103,8 +1103,10 @@ static int dispatch(req *r)
         if (o) {
             o->r = r;
             conn_hold_decode(r->c);
-            if (offload_run(off, r->w, off_work, off_done, o) == 0)
+            if (offload_run(off, r->w, off_work, off_done, o) == 0) {
+                metrics_decoded_off_loop();
                 return 0;
+            }
             conn_release_decode(r->c);
             free(o);
         }

@@ -14,7 +14,7 @@ import time
 import msgpack
 import pytest
 
-from harness import RpcError, Server, new_database, psql
+from harness import RpcError, Server, metric, new_database, psql
 
 LIMITS = {
     "max-content-bytes": 4000,
@@ -138,6 +138,7 @@ def test_hostile_metadata_is_refused_at_once_and_stalls_no_one(srv):
                          {"attrs": {f"k{i}": i for i in range(1 << 20)}})]
     lat = []
     stop = threading.Event()
+    offloaded = metric(srv, "engram_messages_decoded_off_loop_total")
 
     def ping():
         with srv.client(key=key) as c:
@@ -168,9 +169,10 @@ def test_hostile_metadata_is_refused_at_once_and_stalls_no_one(srv):
     assert lat
     print(f"pings meanwhile: {len(lat)}, p99 {sorted(lat)[int(len(lat) * .99)] * 1000:.1f} ms, "
           f"max {max(lat) * 1000:.1f} ms")
-    # decoded off the workers' loops (decode_threads): with the workers decoding them, the
-    # slowest ping took 191 to 278 ms on the sanitizer build, 14 to 16 ms without
-    assert max(lat) < 0.1, max(lat)
+    # Both were decoded on the decode threads, not on a worker's loop (with the workers
+    # decoding them the slowest ping took 191 to 278 ms on the sanitizer build; off the
+    # loop 14 to 16 ms: bench/fairness.py prints these figures, a test does not time them).
+    assert metric(srv, "engram_messages_decoded_off_loop_total") == offloaded + 2
     with srv.client(key=key) as c:
         assert c.call("tenant.usage")["memories"]["stored"] == 0
 

@@ -149,10 +149,12 @@ def test_a_held_tenant_row_stalls_no_other_tenant():
               f"unavailable, slowest refusal {slowest_refusal * 1000:.0f} ms; its search "
               f"{read_s * 1000:.1f} ms; lock waits {waits}")
         assert not loud_err, loud_err[:3]
-        # under 50 ms, or within twice the quiet p99 where this build and machine are slower
-        # than that when nothing is held (a sanitizer build under the suite's load)
-        assert p(loud_lat, .99) < max(50, 2 * p(quiet_lat, .99)), (p(quiet_lat, .99),
-                                                                    p(loud_lat, .99))
+        # No other tenant's store waited for the held one: each took less than one lock wait
+        # (before the fix they waited for the lock itself, 8 s here). Their latencies are
+        # figures (bench/fairness.sh), not assertions.
+        assert all(w.lat for w in loud), "a writer of another tenant stored nothing"
+        assert max(loud_lat) < WAIT_MS / 1000, max(loud_lat)
+        assert waits["probe_timeout"] >= 1, waits
         assert held and all(code == "unavailable" for _, _, code, _ in held), held[:3]
         assert all("locked by another transaction" in m for _, _, _, m in held), held[:1]
         # each refused within the configured wait (one wait per write, slack for scheduling)
@@ -178,12 +180,16 @@ def test_large_batches_of_one_tenant_do_not_hold_up_another():
         stop = threading.Event()
         batches = [0]
 
+        batch_s = []
+
         def batcher(i):
             with Client(srv.port, key=big, timeout=120) as c:
                 while not stop.is_set():
+                    t0 = time.perf_counter()
                     c.call("memory.store_batch", memories=[
                         {"content": f"{i}-{k} {body}", "type": "fact", "importance": 0.5}
                         for k in range(1000)])
+                    batch_s.append(time.perf_counter() - t0)
                     batches[0] += 1
 
         threads = [threading.Thread(target=batcher, args=(i,), daemon=True) for i in range(6)]
@@ -203,12 +209,12 @@ def test_large_batches_of_one_tenant_do_not_hold_up_another():
               f"{max(quiet_lat) * 1000:.1f} -> {max(loud_lat) * 1000:.1f} ms "
               f"({len(loud_lat)} stores)")
         assert not loud.errors, loud.errors[:3]
-        assert batches[0] >= 6
-        # the bystander's typical store is untouched (within 2x; 5 ms of slack for a shared CI
-        # machine running the sanitizer build), and
-        # it never waits behind a queue of batches: at most about one batch's commit
-        assert p(loud_lat, .5) < 2 * p(quiet_lat, .5) + 5, (p(quiet_lat, .5), p(loud_lat, .5))
-        assert max(loud_lat) < 2.5, max(loud_lat)
+        assert batches[0] >= 6 and loud_lat
+        # The bystander never waits behind the batches: a large request is a job of its own,
+        # one at a time per worker, so its slowest store took less than one batch took
+        # (behind a queue of six it waited for several). Its p50/p99 are figures
+        # (bench/fairness.sh), not assertions.
+        assert max(loud_lat) < sorted(batch_s)[len(batch_s) // 2], (max(loud_lat), batch_s)
     finally:
         srv.stop()
         srv.cleanup()

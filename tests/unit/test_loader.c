@@ -119,11 +119,12 @@ static int take(const loader_row *row, void *arg)
 {
     seen *s = arg;
     if (s->n < 16) {
-        s->ids[s->n] = row->id;
+        s->ids[s->n] = row->meta.id;
         s->rows[s->n] = *row;
         if (row->dim == DIM && row->vec)
             memcpy(s->vecs[s->n], row->vec, sizeof(s->vecs[0]));
-        snprintf(s->tags[s->n], sizeof(s->tags[0]), "%.*s", (int)row->tag_json_len, row->tag_json);
+        snprintf(s->tags[s->n], sizeof(s->tags[0]), "%.*s", (int)row->meta.tags_len,
+                 row->meta.tags);
         snprintf(s->keys[s->n], sizeof(s->keys[0]), "%s", row->attrs_key ? row->attrs_key : "-");
         snprintf(s->content[s->n], sizeof(s->content[0]), "%.*s", (int)row->content_len,
                  row->content ? row->content : "");
@@ -139,8 +140,8 @@ static int take_change(uint64_t seq, uint64_t id, const loader_row *row, void *a
         s->seqs[s->n] = seq;
         s->null_row[s->n] = row == NULL;
     }
-    /* ids[] records row->id: a row of another memory than the change's fails the checks */
-    return take(row ? row : &(loader_row){.id = id}, arg);
+    /* ids[] records row->meta.id: a row of another memory than the change's fails the checks */
+    return take(row ? row : &(loader_row){.meta = {.id = id}}, arg);
 }
 
 static int find(const seen *s, uint64_t id)
@@ -164,15 +165,15 @@ static void test_tenant(void)
     CHECK(i >= 0);
     if (i >= 0) {
         const loader_row *r = &s.rows[i];
-        CHECK(r->agent_id == 11 && r->clade_id == 21);
-        CHECK(r->scope == SCOPE_AGENT && r->type == MEM_FACT);
-        CHECK(r->importance == 0.5);
-        CHECK(r->created_ms == 1000);
-        CHECK(r->last_accessed_ms == MEMROW_NO_TIME);
-        CHECK(r->access_count == 2);
-        CHECK(r->expires_ms == MEMROW_NO_TIME && r->archived_ms == MEMROW_NO_TIME);
-        CHECK(r->seq == 1 && !r->pinned);
-        CHECK(r->cited_count == 4 && r->injected_count == 5);
+        CHECK(r->meta.agent_id == 11 && r->meta.clade_id == 21);
+        CHECK(r->meta.scope == SCOPE_AGENT && r->meta.type == MEM_FACT);
+        CHECK(r->meta.importance == 0.5);
+        CHECK(r->meta.created_ms == 1000);
+        CHECK(r->meta.accessed_ms == MEMROW_NO_TIME);
+        CHECK(r->meta.access_count == 2);
+        CHECK(r->meta.expires_ms == MEMROW_NO_TIME && r->meta.archived_ms == MEMROW_NO_TIME);
+        CHECK(r->meta.seq == 1 && !r->meta.pinned);
+        CHECK(r->meta.cited_count == 4 && r->meta.injected_count == 5);
         CHECK(r->dim == DIM);
         CHECK(s.vecs[i][0] == 1 && s.vecs[i][1] == 2 && s.vecs[i][2] == 3);
         CHECK_STR_CONTAINS(s.tags[i], "[\"ETH\"]");
@@ -183,15 +184,15 @@ static void test_tenant(void)
     CHECK(i >= 0);
     if (i >= 0) {
         const loader_row *r = &s.rows[i];
-        CHECK(r->scope == SCOPE_CLADE && r->type == MEM_PREFERENCE);
-        CHECK(r->importance == 0.25 && r->pinned);
-        CHECK(r->access_count == 4);        /* 1 folded + 3 pending */
-        CHECK(r->last_accessed_ms == 6000); /* the later of the two */
-        CHECK(r->archived_ms == 7000);
+        CHECK(r->meta.scope == SCOPE_CLADE && r->meta.type == MEM_PREFERENCE);
+        CHECK(r->meta.importance == 0.25 && r->meta.pinned);
+        CHECK(r->meta.access_count == 4);   /* 1 folded + 3 pending */
+        CHECK(r->meta.accessed_ms == 6000); /* the later of the two */
+        CHECK(r->meta.archived_ms == 7000);
         CHECK(s.vecs[i][0] == 4 && s.vecs[i][2] == 6);
     }
     i = find(&s, 3);
-    CHECK(i >= 0 && s.rows[i].expires_ms == 1000 && s.rows[i].scope == SCOPE_TENANT);
+    CHECK(i >= 0 && s.rows[i].meta.expires_ms == 1000 && s.rows[i].meta.scope == SCOPE_TENANT);
     /* tenant 2's memory 1 (all 100s) never shows through tenant 1 */
     for (int k = 0; k < s.n && k < 16; k++)
         CHECK(s.vecs[k][0] != 100);
@@ -245,7 +246,7 @@ static void test_changes(void)
         CHECK(s.ids[i] == ids[i]);
         CHECK(s.null_row[i] == gone[i]);
     }
-    CHECK(s.rows[1].access_count == 4 && s.vecs[1][1] == 5); /* memory 2 as it is now */
+    CHECK(s.rows[1].meta.access_count == 4 && s.vecs[1][1] == 5); /* memory 2 as it is now */
 
     /* caught up: nothing after 6 */
     seen none = {0};
@@ -336,8 +337,8 @@ static int count_access(uint64_t id, int64_t count, int64_t last_ms, void *arg)
     seen *s = arg;
     if (s->n < 16) {
         s->ids[s->n] = id;
-        s->rows[s->n].access_count = count;
-        s->rows[s->n].last_accessed_ms = last_ms;
+        s->rows[s->n].meta.access_count = count;
+        s->rows[s->n].meta.accessed_ms = last_ms;
     }
     s->n++;
     return s->n == s->stop_at ? s->stop_rc : 0;
@@ -361,7 +362,7 @@ static void test_accessed_and_rows(void)
     seen a = {0};
     CHECK(loader_accessed(app, 1, 5000, count_access, &a, err, sizeof(err)) == 0);
     CHECK(a.n == 1 && a.ids[0] == 2);
-    CHECK(a.rows[0].access_count == 4 && a.rows[0].last_accessed_ms == 6000);
+    CHECK(a.rows[0].meta.access_count == 4 && a.rows[0].meta.accessed_ms == 6000);
     CHECK(loader_accessed(app, 42, 0, count_access, &a, err, sizeof(err)) == -ENOENT);
 
     /* live rows newest first, a page at a time */

@@ -156,8 +156,7 @@ static const config_def defs[] = {
      "visibility that no text rule relates are shown to the model together (a candidate group)"},
     {"consolidate_model_group_max", T_INT, OFF(consolidate_model_group_max), "8", 2, 64, 0,
      "most memories in one candidate group (one model call)"},
-    {"consolidate_model_max_groups", T_INT, OFF(consolidate_model_max_groups), "200", 0, 1000000,
-     0,
+    {"consolidate_model_max_groups", T_INT, OFF(consolidate_model_max_groups), "200", 0, 1000000, 0,
      "most candidate groups a run sends to the model, most similar first (0: consolidation "
      "never calls the model)"},
     {"maintenance_interval_s", T_INT, OFF(maintenance_interval_s), "30", 1, 86400, F_RELOAD,
@@ -347,10 +346,10 @@ static const config_def defs[] = {
      F_RELOAD,
      "chat model tokens (in and out) a free tenant's consolidations may use per UTC day; a "
      "tenant over it consolidates without the model until the day ends (0: unlimited)"},
-    {"standard_model_tokens_per_day", T_LONG, OFF(tier_model_tokens_per_day[1]), "200000", 0,
-     1e15, F_RELOAD, "chat model tokens a standard tenant may use per UTC day (0: unlimited)"},
-    {"premium_model_tokens_per_day", T_LONG, OFF(tier_model_tokens_per_day[2]), "2000000", 0,
-     1e15, F_RELOAD, "chat model tokens a premium tenant may use per UTC day (0: unlimited)"},
+    {"standard_model_tokens_per_day", T_LONG, OFF(tier_model_tokens_per_day[1]), "200000", 0, 1e15,
+     F_RELOAD, "chat model tokens a standard tenant may use per UTC day (0: unlimited)"},
+    {"premium_model_tokens_per_day", T_LONG, OFF(tier_model_tokens_per_day[2]), "2000000", 0, 1e15,
+     F_RELOAD, "chat model tokens a premium tenant may use per UTC day (0: unlimited)"},
     {"free_checkpoint_ttl_s", T_INT, OFF(tier_checkpoint_ttl_s[0]), "86400", 60, 31536000, F_RELOAD,
      "lifetime of a free tenant's session checkpoints"},
     {"standard_checkpoint_ttl_s", T_INT, OFF(tier_checkpoint_ttl_s[1]), "86400", 60, 31536000,
@@ -698,8 +697,9 @@ static int check_llm(const config *cfg, FILE *err)
 {
     const char *p = cfg->llm_provider;
     if (p[0] && strcmp(p, "anthropic") != 0 && strcmp(p, "openai") != 0) {
-        fprintf(err, "engramd: invalid value for llm_provider: '%s' (anthropic, openai, or empty "
-                     "for none)\n",
+        fprintf(err,
+                "engramd: invalid value for llm_provider: '%s' (anthropic, openai, or empty "
+                "for none)\n",
                 p);
         return -EINVAL;
     }

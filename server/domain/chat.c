@@ -84,9 +84,9 @@ int chat_init(const config *cfg, char *err, size_t errlen)
     /* the key is never logged: only whether there is one and where it came from */
     log_info("chat model provider %s: %s, model %s, API key %s", cfg->llm_provider,
              cfg->llm_url[0] ? cfg->llm_url : default_url(chat_kind), cfg->llm_model,
-             !chat_key[0]                  ? "none"
+             !chat_key[0]               ? "none"
              : cfg->llm_api_key_file[0] ? "from llm_api_key_file"
-                                            : "from llm_api_key");
+                                        : "from llm_api_key");
     return 0;
 }
 

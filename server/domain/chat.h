@@ -24,8 +24,8 @@
 
 /* Why consolidation ran without the model (chat_count_fallback, /metrics). */
 typedef enum chat_fallback {
-    CHAT_FB_CAP = 0,      /* the tenant's daily token cap was reached */
-    CHAT_FB_UNAVAILABLE,  /* the provider failed (timeout, transport, 429, 5xx) */
+    CHAT_FB_CAP = 0,     /* the tenant's daily token cap was reached */
+    CHAT_FB_UNAVAILABLE, /* the provider failed (timeout, transport, 429, 5xx) */
     CHAT_FB_COUNT
 } chat_fallback;
 

@@ -27,7 +27,6 @@
 /* Advisory lock keys: one per tenant, in a range of their own. */
 #define LOCK_BASE (1LL << 60)
 
-
 /* The next element of a JSON array's text at *p (before end): its bytes in *e, *en, with
  * surrounding spaces trimmed; *p moves past it and its comma. Returns false at the end. */
 static bool json_elem(const char **p, const char *end, const char **e, size_t *en)
@@ -207,7 +206,6 @@ static uint32_t find(cmem *m, uint32_t i)
     return i;
 }
 
-
 /* The memories that share a type and a visibility are compared with each other only:
  * sorted by that, then by id. qsort has no context argument; runs are planned one at a
  * time (plan_mu). */
@@ -231,7 +229,6 @@ static bool same_group(const cmem *a, const cmem *b)
     return a->type == b->type && a->scope == b->scope && a->owner == b->owner;
 }
 
-
 /* Records a failed run (its changes were rolled back) in a transaction of its own. */
 static void record_failure(PGconn *pg, int64_t tenant, const char *trigger, int64_t started,
                            const char *error)
@@ -250,8 +247,6 @@ static void record_failure(PGconn *pg, int64_t tenant, const char *trigger, int6
     if (pgsync_tx_end(pg, ok, err, sizeof(err)) < 0 || !ok)
         log_warn("recording a failed consolidation: %s", err);
 }
-
-
 
 static void run_fini(run *r)
 {
@@ -853,8 +848,8 @@ static int step_record(run *r)
         "\"near_pairs_kept\": %d, \"similar_pairs_kept\": %d}",
         cfg->consolidate_dedupe_threshold, cfg->consolidate_supersede_threshold,
         cfg->consolidate_prune_threshold, cfg->consolidate_prune_grace_days, r->l.n,
-        (unsigned long long)r->seq, r->model.status ? nmodel : "null", rk->same_text,
-        rk->attrs_key, rk->values, rk->near_kept, rk->similar_kept);
+        (unsigned long long)r->seq, r->model.status ? nmodel : "null", rk->same_text, rk->attrs_key,
+        rk->values, rk->near_kept, rk->similar_kept);
     if (w < 0 || consolidate_model_record(r, &settings) < 0 || ubuf_putc(&settings, '}') < 0) {
         ubuf_fini(&settings);
         set_err(out, "%s", "out of memory");

@@ -191,8 +191,8 @@ typedef struct model_run {
     char reason[300];
     int64_t cap, tokens_today;
     int groups, judged, rejected, unasked, calls;
-    int by_relation[MDEC__COUNT];  /* decisions the model made, valid groups only */
-    int applied[5];                /* merged, superseded, flagged, rewritten, skipped */
+    int by_relation[MDEC__COUNT]; /* decisions the model made, valid groups only */
+    int applied[5];               /* merged, superseded, flagged, rewritten, skipped */
     uint64_t tokens_in, tokens_out;
     double cost_usd;
     ubuf errors; /* JSON objects, comma-separated: the groups whose answer changed nothing */
@@ -243,7 +243,6 @@ typedef struct run {
     model_run model; /* the chat model's part (consolidate_model.c) */
     consolidate_result *out;
 } run;
-
 
 /* consolidate_model_pair offers a candidate pair to the model's part (called by step_pairs
  * for pairs at the floor that no rule relates). Returns 0 or -ENOMEM. */

@@ -340,8 +340,8 @@ static int read_texts(run *r, const group *g, size_t ng, texts *out, char *err, 
         return -ENOMEM;
     }
     rc = pgsync_tenant_begin(r->pg, r->tenant, PGSYNC_TX_READ, err, errlen);
-    PGresult *res = rc == 0 ? PGSYNC_EXEC(r->pg, sqlb_def(SQLB_CONSOLIDATE_TEXTS), v, err, errlen)
-                            : NULL;
+    PGresult *res =
+        rc == 0 ? PGSYNC_EXEC(r->pg, sqlb_def(SQLB_CONSOLIDATE_TEXTS), v, err, errlen) : NULL;
     ubuf_fini(&ids.b);
     if (rc == 0) {
         rc = pgsync_tx_end(r->pg, res != NULL, err, errlen);
@@ -484,7 +484,8 @@ static int ask(run *r, llm_provider *p, group *g, size_t ng, const texts *t)
     size_t window = (size_t)r->cfg->llm_max_concurrency, next = 0;
     bool stop = false;
     while (next < ng && !stop) {
-        if (mr->cap > 0 && mr->tokens_today + (int64_t)(mr->tokens_in + mr->tokens_out) >= mr->cap) {
+        if (mr->cap > 0 &&
+            mr->tokens_today + (int64_t)(mr->tokens_in + mr->tokens_out) >= mr->cap) {
             snprintf(mr->reason, sizeof(mr->reason),
                      "the tier's daily model token cap (%lld) was reached during the run; %zu "
                      "groups were not asked",
@@ -658,8 +659,8 @@ static int plan_one(run *r, const group *g, const answer *d, const texts *t)
 {
     model_run *mr = &r->model;
     cmem *m = r->l.m;
-    const char *reason = d->reason && d->reason->type == MSGPACK_OBJECT_STR ? d->reason->via.str.ptr
-                                                                             : "";
+    const char *reason =
+        d->reason && d->reason->type == MSGPACK_OBJECT_STR ? d->reason->via.str.ptr : "";
     size_t rlen = d->reason && d->reason->type == MSGPACK_OBJECT_STR ? d->reason->via.str.size : 0;
     mr->by_relation[d->kind]++;
     if (d->kind == MDEC_DISTINCT) {
@@ -675,8 +676,8 @@ static int plan_one(run *r, const group *g, const answer *d, const texts *t)
     const char *note = NULL;
     if (m[keep].fate != 0 || m[other].fate != 0)
         note = "not applied: an earlier decision of the run archived one of the two";
-    else if (d->kind == MDEC_NEWER && m[keep].type != MEM_FACT &&
-             m[keep].type != MEM_PREFERENCE && m[keep].type != MEM_CONSTRAINT)
+    else if (d->kind == MDEC_NEWER && m[keep].type != MEM_FACT && m[keep].type != MEM_PREFERENCE &&
+             m[keep].type != MEM_CONSTRAINT)
         note = "not applied: episodes and strategy outcomes are events, never superseded";
     if (note) {
         add_log(mr, m, d, keep, false, note, reason, rlen);
@@ -686,8 +687,7 @@ static int plan_one(run *r, const group *g, const answer *d, const texts *t)
     char *text = NULL;
     const msgpack_object *tx = d->text;
     if (d->kind != MDEC_CONTRADICTION && tx && tx->type == MSGPACK_OBJECT_STR &&
-        tx->via.str.size > 0 && tx->via.str.size <= (size_t)r->cfg->max_content_bytes &&
-        !g->cut) {
+        tx->via.str.size > 0 && tx->via.str.size <= (size_t)r->cfg->max_content_bytes && !g->cut) {
         const char *cur = text_of(t, m[keep].id);
         if (!cur || strlen(cur) != tx->via.str.size ||
             memcmp(cur, tx->via.str.ptr, tx->via.str.size) != 0) {
@@ -789,8 +789,9 @@ static int model_state(run *r, char *err, size_t errlen)
     mr->tokens_today = memrow_i64(res, 0, 2, 0);
     mr->cap = r->s->tiers[ti < 0 ? 0 : ti].model_tokens_per_day;
     snprintf(mr->model, sizeof(mr->model), "%s", cm ? cm : chat_default_model());
+    bool none = cm && strcmp(cm, "none") == 0;
     PQclear(res);
-    if (cm && strcmp(cm, "none") == 0) {
+    if (none) {
         mr->status = "off";
         snprintf(mr->reason, sizeof(mr->reason), "the tenant's chat_model is none");
     } else if (mr->cap > 0 && mr->tokens_today >= mr->cap) {
@@ -929,8 +930,8 @@ int consolidate_model_apply(run *r)
         for (int k = 0; k < A__COUNT; k++)
             vals[2 + k] = lit_end(&S[k]);
         vals[2 + A__COUNT] = mr->model;
-        int rc = ok ? pgsync_tenant_begin(r->pg, r->tenant, PGSYNC_TX_WRITE, err, sizeof(err))
-                    : -ENOMEM;
+        int rc =
+            ok ? pgsync_tenant_begin(r->pg, r->tenant, PGSYNC_TX_WRITE, err, sizeof(err)) : -ENOMEM;
         PGresult *res = rc == 0 ? PGSYNC_EXEC(r->pg, sqlb_def(SQLB_CONSOLIDATE_MODEL_APPLY), vals,
                                               err, sizeof(err))
                                 : NULL;
@@ -987,8 +988,8 @@ int consolidate_model_record(const run *r, ubuf *b)
                               "\"unasked\": %d, \"calls\": %d, \"tokens_in\": %llu, "
                               "\"tokens_out\": %llu, \"cost_usd\": %.17g, \"tokens_today\": %lld, "
                               "\"cap\": ",
-                              (double)mr->floor, mr->groups, mr->judged, mr->rejected,
-                              mr->unasked, mr->calls, (unsigned long long)mr->tokens_in,
+                              (double)mr->floor, mr->groups, mr->judged, mr->rejected, mr->unasked,
+                              mr->calls, (unsigned long long)mr->tokens_in,
                               (unsigned long long)mr->tokens_out, mr->cost_usd,
                               (long long)mr->tokens_today);
     if (rc >= 0 && mr->cap > 0)
@@ -1002,9 +1003,9 @@ int consolidate_model_record(const run *r, ubuf *b)
                               "\"superseded\": %d, \"flagged\": %d, \"rewritten\": %d, "
                               "\"skipped\": %d}, \"errors\": [",
                               mr->by_relation[MDEC_SAME], mr->by_relation[MDEC_NEWER],
-                              mr->by_relation[MDEC_DISTINCT],
-                              mr->by_relation[MDEC_CONTRADICTION], mr->applied[0],
-                              mr->applied[1], mr->applied[2], mr->applied[3], mr->applied[4]);
+                              mr->by_relation[MDEC_DISTINCT], mr->by_relation[MDEC_CONTRADICTION],
+                              mr->applied[0], mr->applied[1], mr->applied[2], mr->applied[3],
+                              mr->applied[4]);
     if (rc >= 0 && mr->errors.len)
         rc = ubuf_append(b, mr->errors.data, mr->errors.len);
     rc = rc < 0 ? rc : ubuf_puts(b, "], \"log\": [");

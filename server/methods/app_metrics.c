@@ -93,8 +93,8 @@ void app_metrics(server *s, struct evbuffer *b)
     evbuffer_add_printf(b, "# HELP engram_model_calls_total Chat model calls (consolidation) by "
                            "result.\n# TYPE engram_model_calls_total counter\n");
     for (int k = 0; k < LLM_STATUS_COUNT; k++)
-        evbuffer_add_printf(b, "engram_model_calls_total{result=\"%s\"} %llu\n",
-                            llm_status_name(k), (unsigned long long)cs.llm.by_status[k]);
+        evbuffer_add_printf(b, "engram_model_calls_total{result=\"%s\"} %llu\n", llm_status_name(k),
+                            (unsigned long long)cs.llm.by_status[k]);
     evbuffer_add_printf(
         b,
         "# HELP engram_model_requests_total HTTP requests to the chat model, retries included.\n"

@@ -284,8 +284,7 @@ enum { P_TU_TENANT_ID, P_TU_NAME, P_TU_NEW_NAME, P_TU_TIER, P_TU_INDEX_ENGINE, P
 PARAMS(admin_tenant_update, {"tenant_id", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},
        {"name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},
        {"new_name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},
-       {"tier", RPC_T_STR, RPC_P_NULLABLE, 0, 0},
-       {"index_engine", RPC_T_STR, RPC_P_NULLABLE, 0, 0},
+       {"tier", RPC_T_STR, RPC_P_NULLABLE, 0, 0}, {"index_engine", RPC_T_STR, RPC_P_NULLABLE, 0, 0},
        {"chat_model", RPC_T_STR, RPC_P_NULLABLE, 0, 0});
 
 /* The chat_model parameter of update: NULL when absent; "default" (the server's model),
@@ -594,10 +593,7 @@ static void usage_done(req *r, const db_result *res)
     rpc_pack_cstr(pk, "model");
     msgpack_pack_map(pk, 8);
     const char *cm = PQgetisnull(pr, 0, 12) ? NULL : PQgetvalue(pr, 0, 12);
-    rpc_pack_kv_str(pk, "chat_model",
-                    cm                 ? cm
-                    : chat_available() ? chat_default_model()
-                                       : "none");
+    rpc_pack_kv_str(pk, "chat_model", cm ? cm : chat_available() ? chat_default_model() : "none");
     rpc_pack_kv_int(pk, "calls_today", memrow_i64(pr, 0, 8, 0));
     rpc_pack_kv_int(pk, "tokens_in_today", memrow_i64(pr, 0, 9, 0));
     rpc_pack_kv_int(pk, "tokens_out_today", memrow_i64(pr, 0, 10, 0));

@@ -210,8 +210,8 @@ def test_decisions_applied_with_reasons(srv, mock):
         assert u["tokens_in_today"] == m["tokens_in"] and u["tokens_out_today"] == m["tokens_out"]
         assert u["calls_today"] == 4 and u["chat_model"] == "mock-haiku"
         assert u["tokens_limit"] == 2000000
-    assert metric(srv, "engram_model_tokens_total", {"direction": "in"}) >= m["tokens_in"]
-    assert metric(srv, "engram_model_calls_total", {"result": "ok"}) >= 4
+    assert metric(srv, "engram_model_tokens_total", 'direction="in"') >= m["tokens_in"]
+    assert metric(srv, "engram_model_calls_total", 'result="ok"') >= 4
 
 
 FAULTS = {
@@ -391,7 +391,7 @@ def test_daily_cap_falls_back_to_no_model(dsn, mock):
             assert m["status"] == "cap_reached" and m["calls"] == 0 and m["cap"] == 50
             u = c.call("tenant.usage")["model"]
             assert u["tokens_today"] == 460 and u["tokens_limit"] == 50
-        assert metric(s, "engram_consolidation_model_fallbacks_total", {"reason": "cap"}) >= 1
+        assert metric(s, "engram_consolidation_model_fallbacks_total", 'reason="cap"') >= 1
     finally:
         s.finish()
 

@@ -42,6 +42,15 @@ const db_stmt_def sql_bg_stmts[SQLB__COUNT] = {
                                 "SELECT id, content FROM memories WHERE tenant_id = $1 "
                                 "AND id = ANY ($2::bigint[]) AND archived_at IS NULL ORDER BY id",
                                 2},
+    [SQLB_JUDGED_GET] = {"judged_get",
+                         "SELECT a, b, ha, hb FROM consolidation_judged WHERE tenant_id = $1", 1},
+    [SQLB_JUDGED_PUT] = {"judged_put",
+                         "INSERT INTO consolidation_judged AS j (tenant_id, a, b, ha, hb) "
+                         "SELECT $1, x.a, x.b, x.ha, x.hb FROM unnest($2::bigint[], "
+                         "$3::bigint[], $4::bigint[], $5::bigint[]) AS x (a, b, ha, hb) "
+                         "ON CONFLICT (tenant_id, a, b) DO UPDATE SET ha = EXCLUDED.ha, "
+                         "hb = EXCLUDED.hb, judged_at = now()",
+                         5},
     [SQLB_CONSOLIDATE_MODEL_APPLY] = {"consolidate_model_apply",
                                       "SELECT merged, superseded, flagged, rewritten, skipped, "
                                       "changed::text FROM engram_consolidate_model_apply($1, "

@@ -33,6 +33,8 @@ typedef enum sqlb_stmt {
     SQLB_MODEL_STATE,             /* (tenant) -> tier, chat_model, model tokens used today */
     SQLB_MODEL_USAGE_ADD,         /* (tenant, calls, tokens in, out, cost) -> tokens today */
     SQLB_CONSOLIDATE_TEXTS,       /* (tenant, ids[]) -> id, content of the live ones, in id order */
+    SQLB_JUDGED_GET,              /* (tenant) -> a, b, ha, hb: pairs a model judged, text hashes */
+    SQLB_JUDGED_PUT,              /* (tenant, a[], b[], ha[], hb[]) remember judged pairs */
     SQLB_CONSOLIDATE_MODEL_APPLY, /* (tenant, own ids[], kinds[], keep[], keep seq[], other[],
                                    * other seq[], texts[], reasons[], model) -> merged,
                                    * superseded, flagged, rewritten, skipped, changed ids[] */

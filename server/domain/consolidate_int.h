@@ -191,6 +191,8 @@ typedef struct model_run {
     char reason[300];
     int64_t cap, tokens_today;
     int groups, judged, rejected, unasked, calls;
+    int remembered;               /* candidate pairs skipped: judged before, both texts unchanged */
+    int newly_judged;             /* pairs remembered by this run */
     int by_relation[MDEC__COUNT]; /* decisions the model made, valid groups only */
     int applied[5];               /* merged, superseded, flagged, rewritten, skipped */
     uint64_t tokens_in, tokens_out;

@@ -37,6 +37,8 @@
 #include "prompts.h"
 #include "sql_bg.h"
 #include "tiers.h"
+#include "idmap.h"
+#include "xxh64.h"
 
 #define LOG_MAX 100          /* decisions listed in the run record */
 #define ERRORS_MAX 20        /* failed groups listed in the run record */
@@ -114,6 +116,7 @@ typedef struct group {
     float best; /* the highest cosine that joined it */
     bool cut;   /* a member's text was cut for the prompt: no rewritten text is taken */
     bool asked, finished;
+    bool judged; /* its answer was taken: its pairs are remembered */
     llm_result res;
 } group;
 
@@ -134,9 +137,75 @@ static uint32_t uf_find(uint32_t *parent, uint32_t i)
     return i;
 }
 
+/* ---- pairs judged before ------------------------------------------------------------------- */
+
+/* The memo's key of the pair (a, b) of memory ids (a < b), and its value: the two texts'
+ * normalized hashes (textrule.h). */
+static uint64_t memo_key(int64_t a, int64_t b)
+{
+    int64_t k[2] = {a, b};
+    return xxh64(k, sizeof(k), 0x6a756467) & ~(1ULL << 63);
+}
+
+static uint64_t text_hash(const cmem *m)
+{
+    return m->sig.text[0] & ~(1ULL << 63); /* stored as a bigint */
+}
+
+static uint64_t memo_value(uint64_t ha, uint64_t hb)
+{
+    uint64_t k[2] = {ha, hb};
+    return xxh64(k, sizeof(k), 0x68617368);
+}
+
+/* Reads the pairs judged before into a map (memo_key -> memo_value). Returns it, or NULL
+ * with err (-EIO / -ENOMEM in *rc). */
+static idmap *memo_read(run *r, int *rc, char *err, size_t errlen)
+{
+    const char *v[] = {r->tid};
+    *rc = pgsync_tenant_begin(r->pg, r->tenant, PGSYNC_TX_READ, err, errlen);
+    PGresult *res = *rc == 0 ? PGSYNC_EXEC(r->pg, sqlb_def(SQLB_JUDGED_GET), v, err, errlen) : NULL;
+    if (*rc == 0) {
+        *rc = pgsync_tx_end(r->pg, res != NULL, err, errlen);
+        if (*rc == 0 && !res)
+            *rc = -EIO;
+    }
+    if (*rc < 0) {
+        PQclear(res);
+        *rc = -EIO;
+        return NULL;
+    }
+    int n = PQntuples(res);
+    idmap *m = idmap_create((size_t)n + 16);
+    for (int i = 0; m && i < n; i++) {
+        uint64_t k = memo_key(memrow_i64(res, i, 0, 0), memrow_i64(res, i, 1, 0));
+        uint64_t val =
+            memo_value((uint64_t)memrow_i64(res, i, 2, 0), (uint64_t)memrow_i64(res, i, 3, 0));
+        if (idmap_put(m, k, val) < 0) {
+            idmap_destroy(m);
+            m = NULL;
+        }
+    }
+    PQclear(res);
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        *rc = -ENOMEM;
+    }
+    return m;
+}
+
+/* True when the pair was judged before and neither text changed since. */
+static bool memo_has(const idmap *memo, const cmem *x, const cmem *y)
+{
+    const cmem *a = x->id < y->id ? x : y, *b = x->id < y->id ? y : x;
+    uint64_t v;
+    return memo && idmap_get(memo, memo_key(a->id, b->id), &v) &&
+           v == memo_value(text_hash(a), text_hash(b));
+}
+
 /* Forms the groups from the pairs among memories no rule changes. Returns the number made
  * (in *groups, most similar first) or -ENOMEM. */
-static long make_groups(run *r, group **groups)
+static long make_groups(run *r, const idmap *memo, group **groups)
 {
     size_t n = r->l.n, cap = (size_t)r->cfg->consolidate_model_group_max;
     const cmem *m = r->l.m;
@@ -165,6 +234,10 @@ static long make_groups(run *r, group **groups)
         uint32_t a = mr->pairs[p].a, b = mr->pairs[p].b;
         if (busy[a] || busy[b])
             continue;
+        if (memo_has(memo, &m[a], &m[b])) {
+            mr->remembered++;
+            continue;
+        }
         uint32_t ra = uf_find(parent, a), rb = uf_find(parent, b);
         if (ra == rb || size[ra] + size[rb] > cap)
             continue; /* a full group: this pair waits for a later run */
@@ -754,6 +827,7 @@ static int take_answer(run *r, group *g, const texts *t)
         add_error(mr, r->l.m, g, "invalid", why);
     } else {
         mr->judged++;
+        g->judged = true;
         for (uint32_t i = 0; i < ds->via.array.size && rc == 0; i++)
             rc = plan_one(r, g, &ans[i], t);
     }
@@ -805,8 +879,39 @@ static int model_state(run *r, char *err, size_t errlen)
     return 0;
 }
 
-/* Counts the run's model calls against the tenant's day. Returns 0 or -EIO (err). */
-static int count_usage(run *r, char *err, size_t errlen)
+/* The literals of the pairs to remember: every candidate pair of a group whose answer was
+ * taken, both memories still live after its decisions (a pair the model named distinct,
+ * contradicting, or did not name). Returns 0 or -ENOMEM. */
+static int remember(run *r, const group *g, size_t ng, lit L[4])
+{
+    model_run *mr = &r->model;
+    const cmem *m = r->l.m;
+    uint32_t *gid = malloc((r->l.n + 1) * sizeof(*gid));
+    if (!gid)
+        return -ENOMEM;
+    for (size_t i = 0; i < r->l.n; i++)
+        gid[i] = UINT32_MAX;
+    for (size_t k = 0; k < ng; k++)
+        for (size_t i = 0; g[k].judged && i < g[k].n; i++)
+            gid[g[k].idx[i]] = (uint32_t)k;
+    int rc = 0;
+    for (size_t p = 0; p < mr->npairs && rc == 0; p++) {
+        uint32_t a = mr->pairs[p].a, b = mr->pairs[p].b;
+        if (gid[a] == UINT32_MAX || gid[a] != gid[b] || m[a].fate != 0 || m[b].fate != 0)
+            continue;
+        const cmem *x = m[a].id < m[b].id ? &m[a] : &m[b], *y = x == &m[a] ? &m[b] : &m[a];
+        if (lit_i64(&L[0], x->id) < 0 || lit_i64(&L[1], y->id) < 0 ||
+            lit_i64(&L[2], (int64_t)text_hash(x)) < 0 || lit_i64(&L[3], (int64_t)text_hash(y)) < 0)
+            rc = -ENOMEM;
+        mr->newly_judged++;
+    }
+    free(gid);
+    return rc;
+}
+
+/* Counts the run's model calls against the tenant's day and remembers the pairs judged, in
+ * one transaction. Returns 0, -ENOMEM or -EIO (err). */
+static int record_calls(run *r, const group *g, size_t ng, char *err, size_t errlen)
 {
     model_run *mr = &r->model;
     char ncalls[16], tin[24], tout[24], cost[40];
@@ -815,14 +920,33 @@ static int count_usage(run *r, char *err, size_t errlen)
     snprintf(tout, sizeof(tout), "%llu", (unsigned long long)mr->tokens_out);
     snprintf(cost, sizeof(cost), "%.17g", mr->cost_usd);
     const char *v[] = {r->tid, ncalls, tin, tout, cost};
-    int rc = pgsync_tenant_begin(r->pg, r->tenant, PGSYNC_TX_WRITE, err, errlen);
-    if (rc < 0)
-        return -EIO;
+    lit L[4];
+    memset(L, 0, sizeof(L));
+    int rc = remember(r, g, ng, L);
+    if (rc < 0) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    rc = pgsync_tenant_begin(r->pg, r->tenant, PGSYNC_TX_WRITE, err, errlen);
+    if (rc < 0) {
+        rc = -EIO;
+        goto out;
+    }
     PGresult *res = PGSYNC_EXEC(r->pg, sqlb_def(SQLB_MODEL_USAGE_ADD), v, err, errlen);
     bool ok = res != NULL;
     PQclear(res);
+    if (ok && L[0].n > 0) {
+        const char *jv[] = {r->tid, lit_end(&L[0]), lit_end(&L[1]), lit_end(&L[2]), lit_end(&L[3])};
+        res = PGSYNC_EXEC(r->pg, sqlb_def(SQLB_JUDGED_PUT), jv, err, errlen);
+        ok = res != NULL;
+        PQclear(res);
+    }
     rc = pgsync_tx_end(r->pg, ok, err, errlen);
-    return rc < 0 || !ok ? -EIO : 0;
+    rc = rc < 0 || !ok ? -EIO : 0;
+out:
+    for (int k = 0; k < 4; k++)
+        ubuf_fini(&L[k].b);
+    return rc;
 }
 
 int consolidate_model_plan(run *r, bg_ctx *ctx)
@@ -848,8 +972,15 @@ int consolidate_model_plan(run *r, bg_ctx *ctx)
         snprintf(mr->reason, sizeof(mr->reason), "the answer schema: %s", schema_err);
         return 0;
     }
+    int rc = 0;
+    idmap *memo = memo_read(r, &rc, err, sizeof(err));
+    if (!memo) {
+        set_err(r->out, "reading the pairs judged before: %s", err);
+        return rc;
+    }
     group *g = NULL;
-    long ng = make_groups(r, &g);
+    long ng = make_groups(r, memo, &g);
+    idmap_destroy(memo);
     if (ng < 0) {
         set_err(r->out, "%s", "out of memory");
         return -ENOMEM;
@@ -861,7 +992,6 @@ int consolidate_model_plan(run *r, bg_ctx *ctx)
     }
     mr->groups = (int)asked;
     texts t = {0};
-    int rc = 0;
     llm_provider *p = NULL;
     if (asked == 0) {
         mr->status = "no_candidates";
@@ -879,6 +1009,8 @@ int consolidate_model_plan(run *r, bg_ctx *ctx)
                 if (text_of(&t, r->l.m[g[k].idx[i]].id))
                     g[k].idx[w++] = g[k].idx[i];
             g[k].n = w;
+            if (w < 2)
+                mr->groups--;
         }
         rc = ask(r, p, g, asked, &t);
         for (size_t k = 0; k < asked && rc == 0; k++)
@@ -886,10 +1018,8 @@ int consolidate_model_plan(run *r, bg_ctx *ctx)
                 rc = take_answer(r, &g[k], &t);
         if (rc < 0)
             set_err(r->out, "%s", "out of memory");
-        else if (mr->calls > 0 && count_usage(r, err, sizeof(err)) < 0) {
+        else if (mr->calls > 0 && (rc = record_calls(r, g, asked, err, sizeof(err))) < 0)
             set_err(r->out, "counting the model's tokens: %s", err);
-            rc = -EIO;
-        }
         mr->status = mr->judged == mr->groups ? "used" : mr->judged > 0 ? "partial" : "failed";
         if (mr->judged == 0)
             chat_count_fallback(CHAT_FB_UNAVAILABLE);
@@ -985,13 +1115,14 @@ int consolidate_model_record(const run *r, ubuf *b)
     rc = rc < 0 ? rc
                 : ubuf_printf(b,
                               ", \"floor\": %g, \"groups\": %d, \"judged\": %d, \"rejected\": %d, "
-                              "\"unasked\": %d, \"calls\": %d, \"tokens_in\": %llu, "
+                              "\"unasked\": %d, \"remembered\": %d, \"newly_judged\": %d, "
+                              "\"calls\": %d, \"tokens_in\": %llu, "
                               "\"tokens_out\": %llu, \"cost_usd\": %.17g, \"tokens_today\": %lld, "
                               "\"cap\": ",
                               (double)mr->floor, mr->groups, mr->judged, mr->rejected, mr->unasked,
-                              mr->calls, (unsigned long long)mr->tokens_in,
-                              (unsigned long long)mr->tokens_out, mr->cost_usd,
-                              (long long)mr->tokens_today);
+                              mr->remembered, mr->newly_judged, mr->calls,
+                              (unsigned long long)mr->tokens_in, (unsigned long long)mr->tokens_out,
+                              mr->cost_usd, (long long)mr->tokens_today);
     if (rc >= 0 && mr->cap > 0)
         rc = ubuf_printf(b, "%lld", (long long)mr->cap);
     else if (rc >= 0)

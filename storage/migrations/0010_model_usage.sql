@@ -14,3 +14,20 @@ ALTER TABLE tenant_usage
     ADD COLUMN model_cost_usd   double precision NOT NULL DEFAULT 0;
 ALTER TABLE tenants
     ADD COLUMN chat_model text CHECK (chat_model IS NULL OR length(chat_model) BETWEEN 1 AND 128);
+
+-- The pairs a chat model has judged and left as they were (distinct, contradicting, or not
+-- named in a group it judged), with a hash of each memory's normalized text then: a later
+-- run does not ask about the pair again until one of the two texts changes, so a daily run
+-- pays for what is new, not for the whole store again.
+CREATE TABLE consolidation_judged (
+    tenant_id  bigint NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
+    a          bigint NOT NULL,   -- the lower memory id
+    b          bigint NOT NULL,
+    ha         bigint NOT NULL,   -- the texts' hashes when judged
+    hb         bigint NOT NULL,
+    judged_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, a, b)
+);
+ALTER TABLE consolidation_judged ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_rows ON consolidation_judged USING (tenant_id = engram_current_tenant());
+GRANT SELECT, INSERT, UPDATE, DELETE ON consolidation_judged TO engram_app;

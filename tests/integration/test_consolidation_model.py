@@ -210,6 +210,19 @@ def test_decisions_applied_with_reasons(srv, mock):
         assert u["tokens_in_today"] == m["tokens_in"] and u["tokens_out_today"] == m["tokens_out"]
         assert u["calls_today"] == 4 and u["chat_model"] == "mock-haiku"
         assert u["tokens_limit"] == 2000000
+        # a second run asks nothing again: the pairs kept are remembered with their texts
+        mock.reset()
+        r2 = c.call("memory.consolidate")
+        assert r2["model"]["status"] == "no_candidates" and mock.calls() == []
+        m2 = last_run(c)["settings"]["model"]
+        assert m2["remembered"] == 2 and m2["calls"] == 0
+        assert m["newly_judged"] == 2
+        # until one of the two texts changes
+        c.call("memory.update", id=vault[1], content="Morpho DAI vault on Base has 2.4% base APY",
+               embedding=vec_bin(near(basis(1, 8)[2], 0.95, 12)))  # its vector, as stored
+        r3 = c.call("memory.consolidate")
+        assert r3["model"]["calls"] == 1 and len(mock.calls()) == 1
+        assert "Morpho DAI vault on Base has 2.4%" in json.dumps(mock.calls()[0]["body"])
     assert metric(srv, "engram_model_tokens_total", 'direction="in"') >= m["tokens_in"]
     assert metric(srv, "engram_model_calls_total", 'result="ok"') >= 4
 

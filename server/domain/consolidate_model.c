@@ -556,7 +556,7 @@ static int ask(run *r, llm_provider *p, group *g, size_t ng, const texts *t)
     event_add(tick, &tv);
     size_t window = (size_t)r->cfg->llm_max_concurrency, next = 0;
     bool stop = false;
-    while (next < ng && !stop) {
+    while (next < ng && !stop && !bg_cancelled(r->ctx)) {
         if (mr->cap > 0 &&
             mr->tokens_today + (int64_t)(mr->tokens_in + mr->tokens_out) >= mr->cap) {
             snprintf(mr->reason, sizeof(mr->reason),

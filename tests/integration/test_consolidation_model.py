@@ -450,3 +450,37 @@ def test_restart_mid_run_is_safe(dsn, mock):
             assert r["merged"] == 1 and r["model"]["status"] == "used"
     finally:
         s.finish()
+
+
+def test_shutdown_ends_model_calls(dsn, mock):
+    """SIGTERM while the model is answering (slowly: 120 s) stops engramd cleanly within the
+    harness's stop timeout (60 s): the run's calls are cancelled, nothing of the model's is
+    applied."""
+    s = model_server(dsn, mock, "openai", timeout_ms=200000, retries=0)
+    try:
+        tid, key = s.create_tenant(tier="premium", embedding={"dim": DIM})
+        with s.client(key=key) as c:
+            dark = store_pairs(c, ["dark"])["dark"]
+            before = snapshot(c, list(dark))
+        mock.reset()
+        mock.script([{"match": "dark colour theme", "delay_ms": 120000, "reply": reply(
+            decision(dark[0], dark[1], "same", reason="slow"))}])
+        results = []
+
+        def consolidate():
+            try:
+                with s.client(key=key, timeout=150) as c2:
+                    results.append(c2.call("memory.consolidate"))
+            except Exception as e:
+                results.append(e)
+
+        t = threading.Thread(target=consolidate)
+        t.start()
+        wait_for(lambda: len(mock.calls()) >= 1, what="the model being asked")
+        s.stop(timeout=60)
+        t.join(timeout=60)
+        s.start()
+        with s.client(key=key) as c:
+            assert snapshot(c, list(dark)) == before
+    finally:
+        s.finish()

@@ -18,13 +18,21 @@ void app_metrics(server *s, struct evbuffer *b)
         tenants_stats(s->tenants, &tm);
     uint64_t rc_entries, rc_bytes, rc_hits, rc_misses;
     rc_stats(s->rows, &rc_entries, &rc_bytes, &rc_hits, &rc_misses);
-    const char *names[] = {"engram_indexes_loaded",      "engram_index_vectors",
-                           "engram_index_bytes",         "engram_index_budget_bytes",
-                           "engram_index_tenants_known", "engram_indexes_flat",
-                           "engram_indexes_sq8",         "engram_indexes_ann"};
-    double vals[] = {(double)tm.loaded,     (double)tm.vectors,   (double)tm.bytes,
-                     (double)tm.budget,     (double)tm.known,     (double)tm.by_kind[0],
-                     (double)tm.by_kind[1], (double)tm.by_kind[2]};
+    const char *names[] = {"engram_indexes_loaded",
+                           "engram_index_vectors",
+                           "engram_index_bytes",
+                           "engram_index_budget_bytes",
+                           "engram_index_tenants_known",
+                           "engram_indexes_flat",
+                           "engram_indexes_sq8",
+                           "engram_indexes_ann",
+                           "engram_index_rows_mapped_bytes",
+                           "engram_index_rows_resident_bytes",
+                           "engram_index_page_ins"};
+    double vals[] = {(double)tm.loaded,        (double)tm.vectors,    (double)tm.bytes,
+                     (double)tm.budget,        (double)tm.known,      (double)tm.by_kind[0],
+                     (double)tm.by_kind[1],    (double)tm.by_kind[2], (double)tm.rows_mapped,
+                     (double)tm.rows_resident, (double)tm.page_ins};
     metrics_render_gauges(b, names, vals, sizeof(vals) / sizeof(vals[0]));
     evbuffer_add_printf(
         b,

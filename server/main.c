@@ -21,6 +21,7 @@
 #include "app.h"
 #include "auth.h"
 #include "bg.h"
+#include "chat.h"
 #include "climits.h"
 #include "consolidate.h"
 #include "db.h"
@@ -522,6 +523,10 @@ static int start_domain(proc *a)
         log_error("%s", err);
         return -1;
     }
+    if (chat_init(&s->cfg, err, sizeof(err)) < 0) {
+        log_error("%s", err);
+        return -1;
+    }
     rpc_limits_default(&s->limits);
     s->limits.max_message = (size_t)s->cfg.max_message_bytes;
     s->limits.max_depth = (unsigned)s->cfg.max_depth;
@@ -685,6 +690,7 @@ static void shutdown_all(proc *a, bool clean)
     metrics_fini();
     sql_fini();
     embedder_fini();
+    chat_fini(); /* after bg_stop: no consolidation calls a model any more */
     free(a->names);
 }
 

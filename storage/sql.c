@@ -228,8 +228,8 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
     [SQL_ADMIN_TENANT_UPDATE] = {"admin_tenant_update",
                                  "SELECT engram_tenant_engine(j, $6)::text, (j ->> "
                                  "'tenant_id')::bigint FROM engram_admin_tenant_update($1, $2, "
-                                 "$3, $4, $5) j",
-                                 6},
+                                 "$3, $4, $5, $7) j",
+                                 7},
     [SQL_ADMIN_TENANT_DELETE] = {"admin_tenant_delete", "SELECT engram_admin_tenant_delete($1, $2)",
                                  2},
     [SQL_ADMIN_KEY_CREATE] = {"admin_key_create",

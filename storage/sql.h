@@ -45,10 +45,12 @@ typedef enum sql_stmt {
     SQL_QUERY_RESERVE,        /* (tenant, limits[3], holder, used, want, lease ms) -> granted,
                                * used, limit, resets_ms, others */
     SQL_SYNC_OFF,             /* () this transaction commits without waiting for the disk */
-    SQL_TENANT_USAGE, /* (tenant) -> tier, memories, queries today, bytes, resets_ms, archived */
-    SQL_ADMIN_TENANT_GET,    /* (id, name, default engine) -> json */
-    SQL_ADMIN_TENANT_LIST,   /* (after id, limit, default engine) -> json array */
-    SQL_ADMIN_TENANT_UPDATE, /* (id, name, new name, tier, engine, default engine) -> json, id */
+    SQL_TENANT_USAGE,      /* (tenant) -> tier, memories, queries today, bytes, resets_ms, archived,
+                            * sessions, memory bytes, model calls, tokens in, out, cost, chat_model */
+    SQL_ADMIN_TENANT_GET,  /* (id, name, default engine) -> json */
+    SQL_ADMIN_TENANT_LIST, /* (after id, limit, default engine) -> json array */
+    SQL_ADMIN_TENANT_UPDATE, /* (id, name, new name, tier, engine, default engine, chat model)
+                              * -> json, id */
     SQL_ADMIN_TENANT_DELETE, /* (id, name) -> tenant id */
     SQL_ADMIN_KEY_CREATE,    /* (id, name, key name, key id, key hash hex) -> tenant, key row, ms */
     SQL_ADMIN_KEY_LIST,      /* (id, name) -> json array */

@@ -35,4 +35,26 @@ const db_stmt_def sql_bg_stmts[SQLB__COUNT] = {
     [SQLB_QUERY_COUNT] = {"query_count", "SELECT engram_query_count($1::bigint[], $2::bigint[])",
                           2},
     [SQLB_TENANT_DIMS] = {"tenant_dims", "SELECT * FROM engram_tenant_dims()", 0},
+    [SQLB_MODEL_STATE] = {"model_state", "SELECT * FROM engram_model_state($1)", 1},
+    [SQLB_MODEL_USAGE_ADD] = {"model_usage_add",
+                              "SELECT engram_model_usage_add($1, $2, $3, $4, $5)", 5},
+    [SQLB_CONSOLIDATE_TEXTS] = {"consolidate_texts",
+                                "SELECT id, content FROM memories WHERE tenant_id = $1 "
+                                "AND id = ANY ($2::bigint[]) AND archived_at IS NULL ORDER BY id",
+                                2},
+    [SQLB_JUDGED_GET] = {"judged_get",
+                         "SELECT a, b, ha, hb FROM consolidation_judged WHERE tenant_id = $1", 1},
+    [SQLB_JUDGED_PUT] = {"judged_put",
+                         "INSERT INTO consolidation_judged AS j (tenant_id, a, b, ha, hb) "
+                         "SELECT $1, x.a, x.b, x.ha, x.hb FROM unnest($2::bigint[], "
+                         "$3::bigint[], $4::bigint[], $5::bigint[]) AS x (a, b, ha, hb) "
+                         "ON CONFLICT (tenant_id, a, b) DO UPDATE SET ha = EXCLUDED.ha, "
+                         "hb = EXCLUDED.hb, judged_at = now()",
+                         5},
+    [SQLB_CONSOLIDATE_MODEL_APPLY] = {"consolidate_model_apply",
+                                      "SELECT merged, superseded, flagged, rewritten, skipped, "
+                                      "changed::text FROM engram_consolidate_model_apply($1, "
+                                      "$2::bigint[], $3::text[], $4::bigint[], $5::bigint[], "
+                                      "$6::bigint[], $7::bigint[], $8::text[], $9::text[], $10)",
+                                      10},
 };

@@ -11,25 +11,33 @@
 #include "db.h"
 
 typedef enum sqlb_stmt {
-    SQLB_LISTEN_CHANGES,     /* () follow engram_changes ("tenant:seq") */
-    SQLB_LISTEN_ADMIN,       /* () follow engram_admin (tenant, key and engine changes) */
-    SQLB_CHANGE_SEQS,        /* (tenant ids[]) -> id, change_seq */
-    SQLB_TRY_LOCK,           /* (key) -> locked: a session-level advisory lock */
-    SQLB_UNLOCK,             /* (key) -> released */
-    SQLB_CONSOLIDATE_APPLY,  /* (tenant, own ids[], survivor ids[], ..., reasons) -> merged,
-                              * superseded, archived, skipped (50_consolidation.sql) */
-    SQLB_CONSOLIDATE_FINISH, /* (tenant, trigger, started ms, counts, settings) -> run id */
-    SQLB_CONSOLIDATE_FAILED, /* (tenant, trigger, started ms, error) -> run id */
-    SQLB_CONSOLIDATION_DUE,  /* (cadence hours[3]) -> tenant, dim of tenants due */
-    SQLB_PURGE_EXPIRED,      /* (limit, batch) -> memories deleted */
-    SQLB_SESSION_PURGE,      /* () -> checkpoints removed */
-    SQLB_SESSION_RETENTION,  /* (days[3], batch) -> sessions deleted past retention */
-    SQLB_ACCESS_FOLD,        /* (limit) -> access counts folded into their rows */
-    SQLB_PRUNE_CHANGES,      /* (hours, limit) -> change records pruned */
-    SQLB_KEYS_VALID,         /* (key rows[]) -> the rows still valid */
-    SQLB_TENANT_TIERS,       /* (tenants[]) -> tenant, tier */
-    SQLB_QUERY_COUNT,        /* (tenants[], counts[]) count queries admitted without a check */
-    SQLB_TENANT_DIMS,        /* () -> tenant, embedding dimension */
+    SQLB_LISTEN_CHANGES,          /* () follow engram_changes ("tenant:seq") */
+    SQLB_LISTEN_ADMIN,            /* () follow engram_admin (tenant, key and engine changes) */
+    SQLB_CHANGE_SEQS,             /* (tenant ids[]) -> id, change_seq */
+    SQLB_TRY_LOCK,                /* (key) -> locked: a session-level advisory lock */
+    SQLB_UNLOCK,                  /* (key) -> released */
+    SQLB_CONSOLIDATE_APPLY,       /* (tenant, own ids[], survivor ids[], ..., reasons) -> merged,
+                                   * superseded, archived, skipped (50_consolidation.sql) */
+    SQLB_CONSOLIDATE_FINISH,      /* (tenant, trigger, started ms, counts, settings) -> run id */
+    SQLB_CONSOLIDATE_FAILED,      /* (tenant, trigger, started ms, error) -> run id */
+    SQLB_CONSOLIDATION_DUE,       /* (cadence hours[3]) -> tenant, dim of tenants due */
+    SQLB_PURGE_EXPIRED,           /* (limit, batch) -> memories deleted */
+    SQLB_SESSION_PURGE,           /* () -> checkpoints removed */
+    SQLB_SESSION_RETENTION,       /* (days[3], batch) -> sessions deleted past retention */
+    SQLB_ACCESS_FOLD,             /* (limit) -> access counts folded into their rows */
+    SQLB_PRUNE_CHANGES,           /* (hours, limit) -> change records pruned */
+    SQLB_KEYS_VALID,              /* (key rows[]) -> the rows still valid */
+    SQLB_TENANT_TIERS,            /* (tenants[]) -> tenant, tier */
+    SQLB_QUERY_COUNT,             /* (tenants[], counts[]) count queries admitted without a check */
+    SQLB_TENANT_DIMS,             /* () -> tenant, embedding dimension */
+    SQLB_MODEL_STATE,             /* (tenant) -> tier, chat_model, model tokens used today */
+    SQLB_MODEL_USAGE_ADD,         /* (tenant, calls, tokens in, out, cost) -> tokens today */
+    SQLB_CONSOLIDATE_TEXTS,       /* (tenant, ids[]) -> id, content of the live ones, in id order */
+    SQLB_JUDGED_GET,              /* (tenant) -> a, b, ha, hb: pairs a model judged, text hashes */
+    SQLB_JUDGED_PUT,              /* (tenant, a[], b[], ha[], hb[]) remember judged pairs */
+    SQLB_CONSOLIDATE_MODEL_APPLY, /* (tenant, own ids[], kinds[], keep[], keep seq[], other[],
+                                   * other seq[], texts[], reasons[], model) -> merged,
+                                   * superseded, flagged, rewritten, skipped, changed ids[] */
     SQLB__COUNT
 } sqlb_stmt;
 

@@ -151,6 +151,14 @@ static const config_def defs[] = {
      "threads for a consolidation's similarity search"},
     {"consolidate_exact_max", T_INT, OFF(consolidate_exact_max), "8192", 2, 10000000, 0,
      "largest group of memories compared exactly (all pairs); larger ones in k-means cells"},
+    {"consolidate_model_floor", T_DOUBLE, OFF(consolidate_model_floor), "0.8", 0, 1, 0,
+     "with a chat model (llm_provider): cosine similarity from which two memories of a type and "
+     "visibility that no text rule relates are shown to the model together (a candidate group)"},
+    {"consolidate_model_group_max", T_INT, OFF(consolidate_model_group_max), "8", 2, 64, 0,
+     "most memories in one candidate group (one model call)"},
+    {"consolidate_model_max_groups", T_INT, OFF(consolidate_model_max_groups), "200", 0, 1000000, 0,
+     "most candidate groups a run sends to the model, most similar first (0: consolidation "
+     "never calls the model)"},
     {"maintenance_interval_s", T_INT, OFF(maintenance_interval_s), "30", 1, 86400, F_RELOAD,
      "seconds between purges of expired memories and old idempotency keys"},
     {"access_flush_ms", T_INT, OFF(access_flush_ms), "5000", 100, 600000, 0,
@@ -237,6 +245,40 @@ static const config_def defs[] = {
      "retries of a failed request to the openai provider"},
     {"openai_batch", T_INT, OFF(openai_batch), "128", 1, 2048, 0,
      "texts per request to the openai provider"},
+    {"llm_provider", T_STR, OFF(llm_provider), "", 0, 0, 0,
+     "chat model provider for consolidation: anthropic (the Messages API) or openai (chat "
+     "completions: OpenAI, vLLM, Ollama, llama.cpp's server); empty: no model, consolidation "
+     "uses its text rules only"},
+    {"llm_url", T_STR, OFF(llm_url), "", 0, 0, 0,
+     "base URL of the chat model API as the SDKs take it (https://api.anthropic.com, "
+     "https://api.openai.com/v1, http://127.0.0.1:11434/v1); empty: the provider's public API"},
+    {"llm_model", T_STR, OFF(llm_model), "claude-haiku-4-5", 0, 0, 0,
+     "model name sent to the provider (a tenant may name another: admin.tenant.update "
+     "chat_model)"},
+    {"llm_api_key", T_STR, OFF(llm_api_key), "", 0, 0, F_SECRET,
+     "API key of the chat model provider (Anthropic's x-api-key, OpenAI's Bearer token); "
+     "never logged; prefer llm_api_key_file; empty: none (a local server)"},
+    {"llm_api_key_file", T_STR, OFF(llm_api_key_file), "", 0, 0, 0,
+     "file holding the API key: its first line that is neither empty nor a # comment ("
+     "NAME=value gives value); read at start; keep it mode 600"},
+    {"llm_ca_file", T_STR, OFF(llm_ca_file), "", 0, 0, 0,
+     "PEM CA certificates that verify the provider's https certificate; empty: the system's"},
+    {"llm_timeout_ms", T_INT, OFF(llm_timeout_ms), "60000", 100, 600000, 0,
+     "one request to the chat model, connect to last byte"},
+    {"llm_retries", T_INT, OFF(llm_retries), "2", 0, 10, 0,
+     "retries of a model request that got no answer, a 408, 409, 429 or 5xx (with backoff, "
+     "honouring Retry-After)"},
+    {"llm_retry_after_max_ms", T_INT, OFF(llm_retry_after_max_ms), "60000", 0, 3600000, 0,
+     "longest Retry-After waited for; a longer one ends the call as rate limited"},
+    {"llm_max_concurrency", T_INT, OFF(llm_max_concurrency), "4", 1, 1024, 0,
+     "model requests in flight in this process (per model name)"},
+    {"llm_max_output_tokens", T_INT, OFF(llm_max_output_tokens), "2048", 16, 1000000, 0,
+     "output token limit of one model call"},
+    {"llm_price_in_per_mtok", T_DOUBLE, OFF(llm_price_in_per_mtok), "1", 0, 1e6, 0,
+     "USD per million input tokens, for the cost in tenant.usage, run records and /metrics "
+     "(default: Claude Haiku 4.5's list price)"},
+    {"llm_price_out_per_mtok", T_DOUBLE, OFF(llm_price_out_per_mtok), "5", 0, 1e6, 0,
+     "USD per million output tokens"},
     {"max_content_bytes", T_LONG, OFF(max_content_bytes), "65536", 1, 16777216, 0,
      "largest memory content accepted"},
     {"max_metadata_bytes", T_LONG, OFF(max_metadata_bytes), "16384", 256, 16777216, 0,
@@ -303,6 +345,14 @@ static const config_def defs[] = {
      F_RELOAD, "hours between scheduled consolidations of a standard tenant (0: never)"},
     {"premium_consolidation_hours", T_INT, OFF(tier_consolidation_hours[2]), "24", 0, 8760,
      F_RELOAD, "hours between scheduled consolidations of a premium tenant (0: never)"},
+    {"free_model_tokens_per_day", T_LONG, OFF(tier_model_tokens_per_day[0]), "20000", 0, 1e15,
+     F_RELOAD,
+     "chat model tokens (in and out) a free tenant's consolidations may use per UTC day; a "
+     "tenant over it consolidates without the model until the day ends (0: unlimited)"},
+    {"standard_model_tokens_per_day", T_LONG, OFF(tier_model_tokens_per_day[1]), "200000", 0, 1e15,
+     F_RELOAD, "chat model tokens a standard tenant may use per UTC day (0: unlimited)"},
+    {"premium_model_tokens_per_day", T_LONG, OFF(tier_model_tokens_per_day[2]), "2000000", 0, 1e15,
+     F_RELOAD, "chat model tokens a premium tenant may use per UTC day (0: unlimited)"},
     {"free_checkpoint_ttl_s", T_INT, OFF(tier_checkpoint_ttl_s[0]), "86400", 60, 31536000, F_RELOAD,
      "lifetime of a free tenant's session checkpoints"},
     {"standard_checkpoint_ttl_s", T_INT, OFF(tier_checkpoint_ttl_s[1]), "86400", 60, 31536000,
@@ -369,6 +419,7 @@ static const struct {
     {"data_dir", "Data directory and indexes"},
     {"admin_key_file", "Keys and logging"},
     {"embed_dim", "Embeddings"},
+    {"llm_provider", "Chat model (consolidation)"},
     {"max_content_bytes", "Memories and ranking"},
     {"free_max_memories", "Tiers (free, standard, premium)"},
 };
@@ -643,6 +694,34 @@ static int load_flags(config *cfg, int argc, char **argv, FILE *err)
     return 0;
 }
 
+/* The chat model's settings: a known provider, a model name, one source of the key. Returns 0
+ * or -EINVAL (reported on err). */
+static int check_llm(const config *cfg, FILE *err)
+{
+    const char *p = cfg->llm_provider;
+    if (p[0] && strcmp(p, "anthropic") != 0 && strcmp(p, "openai") != 0) {
+        fprintf(err,
+                "engramd: invalid value for llm_provider: '%s' (anthropic, openai, or empty "
+                "for none)\n",
+                p);
+        return -EINVAL;
+    }
+    if (p[0] && !cfg->llm_model[0]) {
+        fprintf(err, "engramd: llm_model is required when llm_provider is set\n");
+        return -EINVAL;
+    }
+    if (cfg->llm_api_key[0] && cfg->llm_api_key_file[0]) {
+        fprintf(err, "engramd: set llm_api_key or llm_api_key_file, not both\n");
+        return -EINVAL;
+    }
+    if (cfg->llm_url[0] && strncmp(cfg->llm_url, "http://", 7) != 0 &&
+        strncmp(cfg->llm_url, "https://", 8) != 0) {
+        fprintf(err, "engramd: llm_url must start with http:// or https://\n");
+        return -EINVAL;
+    }
+    return 0;
+}
+
 /* The checks that span settings. Returns 0 or -EINVAL (reported on err). */
 static int check_settings(const config *cfg, FILE *err)
 {
@@ -704,7 +783,7 @@ static int check_settings(const config *cfg, FILE *err)
         fprintf(err, "engramd: http_port and rpc_port must differ (both %d)\n", cfg->rpc_port);
         return -EINVAL;
     }
-    return 0;
+    return check_llm(cfg, err);
 }
 
 int config_load(config *cfg, int argc, char **argv, FILE *out, FILE *err, bool *exit_now)

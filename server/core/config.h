@@ -84,6 +84,9 @@ typedef struct config {
     double consolidate_prune_grace_days;
     int consolidate_threads;
     int consolidate_exact_max;
+    double consolidate_model_floor;
+    int consolidate_model_group_max;
+    int consolidate_model_max_groups;
     /* files */
     char *data_dir;
     char *admin_key_file;
@@ -98,6 +101,20 @@ typedef struct config {
     int openai_timeout_ms;
     int openai_retries;
     int openai_batch;
+    /* the chat model (llm/llm.h), for consolidation */
+    char *llm_provider; /* "", "anthropic" or "openai" */
+    char *llm_url;
+    char *llm_model;
+    char *llm_api_key;
+    char *llm_api_key_file;
+    char *llm_ca_file;
+    int llm_timeout_ms;
+    int llm_retries;
+    int llm_retry_after_max_ms;
+    int llm_max_concurrency;
+    int llm_max_output_tokens;
+    double llm_price_in_per_mtok;
+    double llm_price_out_per_mtok;
     long max_content_bytes;
     long max_metadata_bytes;
     int max_metadata_entries;
@@ -122,6 +139,7 @@ typedef struct config {
     long tier_max_memory_bytes[3];
     long tier_queries_per_day[3];
     int tier_consolidation_hours[3];
+    long tier_model_tokens_per_day[3];
     int tier_checkpoint_ttl_s[3];
     double tier_rate_per_s[3];
     double tier_rate_burst[3];

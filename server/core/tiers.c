@@ -27,6 +27,7 @@ void tiers_from_config(const config *cfg, tier_limits out[TIER_COUNT])
             .queries_per_day = cfg->tier_queries_per_day[i],
             .consolidation_hours = cfg->tier_consolidation_hours[i],
             .consolidation_on_demand = i == TIER_PREMIUM,
+            .model_tokens_per_day = cfg->tier_model_tokens_per_day[i],
             .checkpoint_ttl_s = cfg->tier_checkpoint_ttl_s[i],
             .rate_per_s = cfg->tier_rate_per_s[i],
             .rate_burst = cfg->tier_rate_burst[i],

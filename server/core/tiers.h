@@ -20,6 +20,7 @@ typedef struct tier_limits {
     int64_t queries_per_day;      /* 0: unlimited */
     int consolidation_hours;      /* scheduled cadence; 0: never */
     bool consolidation_on_demand; /* may call memory.consolidate */
+    int64_t model_tokens_per_day; /* chat model tokens in and out per UTC day; 0: unlimited */
     int checkpoint_ttl_s;
     double rate_per_s; /* 0: unlimited */
     double rate_burst;

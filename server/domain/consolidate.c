@@ -1,5 +1,7 @@
 /* server/domain/consolidate.c: consolidation runs and their scheduler (see consolidate.h). */
 #include "consolidate.h"
+#include "consolidate_int.h"
+#include "chat.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -24,56 +26,6 @@
 
 /* Advisory lock keys: one per tenant, in a range of their own. */
 #define LOCK_BASE (1LL << 60)
-/* Memories changed per transaction (a merge counts its survivor and every member; a group is
- * never split): the tenant's writes wait at most one step, which must stay well under
- * write_lock_wait_ms (2 s) even on a loaded machine. 200 decisions of merge groups of 20
- * changed 4,000 memories in one transaction, and stores racing a run under ThreadSanitizer
- * waited past write_lock_wait_ms and were refused. */
-#define CONSOLIDATE_STEP 200
-
-/* Elements of a metadata list (tokens, chains, protocols) kept for the merge guard. */
-#define META_LIST 8
-
-/* The metadata a text rule must not contradict: attrs and strategy_id (hashes, 0 when
- * absent) and the first elements of tokens, chains and protocols (hashes). */
-typedef struct cmeta {
-    uint64_t attrs, strategy;
-    uint32_t list[3][META_LIST];
-    uint8_t nlist[3];
-} cmeta;
-
-/* Why a memory is superseded. */
-enum { RULE_NONE, RULE_KEY, RULE_VALUES };
-
-/* What the plan needs of one live memory. */
-typedef struct cmem {
-    int64_t id;
-    int64_t seq;
-    int type, scope;
-    uint64_t owner; /* agent id (agent scope), clade id (clade scope), 0 (tenant scope) */
-    double importance;
-    int64_t access;
-    int64_t created_ms;
-    uint32_t cited, injected; /* its own provenance feedback (prune's usefulness term) */
-    bool pinned;
-    char *attrs_key;
-    textrule_sig sig; /* its text, for the text rules (textrule.h) */
-    cmeta meta;
-    /* the plan */
-    uint32_t parent;     /* union-find */
-    int fate;            /* 0 live, 1 merged away, 2 superseded, 3 pruned */
-    uint32_t into;       /* merged into / superseded by (an index) */
-    int rule;            /* superseded: RULE_KEY or RULE_VALUES */
-    const char *why_key; /* superseded by RULE_KEY: the attrs.key (a member's, not owned) */
-    uint32_t late;       /* survivor: its newest member (the cluster's age for supersessions) */
-    float cos;           /* merged away: cosine similarity to its survivor */
-} cmem;
-
-typedef struct loaded {
-    cmem *m;
-    float *vecs;
-    size_t n, cap, dim;
-} loaded;
 
 /* The next element of a JSON array's text at *p (before end): its bytes in *e, *en, with
  * surrounding spaces trimmed; *p moves past it and its comma. Returns false at the end. */
@@ -254,26 +206,6 @@ static uint32_t find(cmem *m, uint32_t i)
     return i;
 }
 
-/* True when a should survive over b: higher importance, more accessed, newer, lower id. */
-static bool better(const cmem *a, const cmem *b)
-{
-    if (a->importance != b->importance)
-        return a->importance > b->importance;
-    if (a->access != b->access)
-        return a->access > b->access;
-    if (a->created_ms != b->created_ms)
-        return a->created_ms > b->created_ms;
-    return a->id < b->id;
-}
-
-/* True when a is newer than b (supersedes it). */
-static bool newer(const cmem *a, const cmem *b)
-{
-    if (a->created_ms != b->created_ms)
-        return a->created_ms > b->created_ms;
-    return a->id > b->id;
-}
-
 /* The memories that share a type and a visibility are compared with each other only:
  * sorted by that, then by id. qsort has no context argument; runs are planned one at a
  * time (plan_mu). */
@@ -297,63 +229,6 @@ static bool same_group(const cmem *a, const cmem *b)
     return a->type == b->type && a->scope == b->scope && a->owner == b->owner;
 }
 
-/* A growing text literal of a PostgreSQL array. */
-typedef struct lit {
-    ubuf b;
-    size_t n;
-} lit;
-
-static int lit_i64(lit *l, int64_t v)
-{
-    char num[32];
-    int k = snprintf(num, sizeof(num), "%s%lld", l->n++ ? "," : "{", (long long)v);
-    return ubuf_append(&l->b, num, (size_t)k);
-}
-
-static int lit_f64(lit *l, double v)
-{
-    char num[40];
-    int k = snprintf(num, sizeof(num), "%s%.17g", l->n++ ? "," : "{", v);
-    return ubuf_append(&l->b, num, (size_t)k);
-}
-
-/* An element that is itself a quoted bigint[] literal ("{1,2}"). */
-static int lit_arr(lit *l, const int64_t *v, size_t n)
-{
-    if (ubuf_append(&l->b, l->n++ ? ",\"{" : "{\"{", 3) < 0)
-        return -ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-        char num[24];
-        int k = snprintf(num, sizeof(num), "%s%lld", i ? "," : "", (long long)v[i]);
-        if (ubuf_append(&l->b, num, (size_t)k) < 0)
-            return -ENOMEM;
-    }
-    return ubuf_append(&l->b, "}\"", 2);
-}
-
-/* An element that is a quoted string: '"' and '\\' escaped, as PostgreSQL's array input
- * reads them. */
-static int lit_str(lit *l, const char *v)
-{
-    if (ubuf_append(&l->b, l->n++ ? ",\"" : "{\"", 2) < 0)
-        return -ENOMEM;
-    for (; *v; v++) {
-        if ((*v == '"' || *v == '\\') && ubuf_putc(&l->b, '\\') < 0)
-            return -ENOMEM;
-        if (ubuf_putc(&l->b, *v) < 0)
-            return -ENOMEM;
-    }
-    return ubuf_putc(&l->b, '"');
-}
-
-static const char *lit_end(lit *l)
-{
-    if (l->n == 0)
-        ubuf_append(&l->b, "{", 1);
-    ubuf_append(&l->b, "}", 1);
-    return l->b.data;
-}
-
 /* Records a failed run (its changes were rolled back) in a transaction of its own. */
 static void record_failure(PGconn *pg, int64_t tenant, const char *trigger, int64_t started,
                            const char *error)
@@ -373,53 +248,6 @@ static void record_failure(PGconn *pg, int64_t tenant, const char *trigger, int6
         log_warn("recording a failed consolidation: %s", err);
 }
 
-static void set_err(consolidate_result *out, const char *fmt, const char *a)
-{
-    out->status = -1;
-    snprintf(out->error, sizeof(out->error), fmt, a);
-}
-
-/* A supersession candidate: an older memory, a newer one of its group about the same
- * thing, and the rule that says so. */
-typedef struct cand {
-    uint32_t a, b;
-    int rule;
-} cand;
-
-/* What a run planned by rule, for its record (settings.rules). */
-typedef struct rule_counts {
-    int same_text;    /* memories merged into a survivor of the same text */
-    int attrs_key;    /* superseded: a newer memory with the same attrs.key */
-    int values;       /* superseded: a newer text that differs only in quantities */
-    int near_kept;    /* pairs at the dedupe threshold left alone: other texts */
-    int similar_kept; /* fact and preference pairs at the supersede threshold left alone */
-} rule_counts;
-
-/* One run's state, from the read to the record. Every array is owned here and freed by
- * run_fini. Each step below returns 0, or a negative errno (-ENOMEM, -EIO otherwise) with
- * out->error set. */
-typedef struct run {
-    server *s;
-    const config *cfg;
-    PGconn *pg;
-    int64_t tenant;
-    const char *trigger;
-    char tid[24];
-    int64_t started; /* wall clock, ms: the "now" of every decision */
-    uint64_t seq;    /* the tenant's change number the read saw */
-    loaded l;        /* the live memories and their vectors */
-    cand *cands;     /* supersession candidates */
-    size_t ncand, ccand;
-    double *imp;      /* survivors' merged importance (a pruned memory: its composite) */
-    int64_t *acc;     /* survivors' merged access counts */
-    int64_t *members; /* each survivor's merged members, by a counting sort ... */
-    int64_t *mseqs;   /* ... with their change numbers ... */
-    float *mcos;      /* ... and their cosine similarity to the survivor */
-    size_t *first;    /* first[i] ends survivor i's run of members */
-    rule_counts rules;
-    consolidate_result *out;
-} run;
-
 static void run_fini(run *r)
 {
     for (size_t k = 0; k < r->l.n; k++)
@@ -433,6 +261,7 @@ static void run_fini(run *r)
     free(r->mseqs);
     free(r->mcos);
     free(r->first);
+    consolidate_model_fini(r);
 }
 
 static int add_cand(run *r, uint32_t a, uint32_t b, int rule)
@@ -647,6 +476,8 @@ static int step_pairs(run *r)
         }
         /* what a cosine alone would have archived: counted */
         float thr = updatable && tsup < tdup ? tsup : tdup;
+        if (r->model.wanted && r->model.floor < thr)
+            thr = r->model.floor;
         for (size_t k = 0; k < gn; k++)
             memcpy(gv + k * dim, r->l.vecs + (size_t)order[g0 + k] * dim, dim * sizeof(float));
         size_t np = 0;
@@ -663,8 +494,14 @@ static int step_pairs(run *r)
                 continue;
             if (pairs[p].sim >= tdup)
                 r->rules.near_kept++;
-            else
+            else if (updatable && pairs[p].sim >= tsup)
                 r->rules.similar_kept++;
+            if (r->model.wanted && pairs[p].sim >= r->model.floor &&
+                consolidate_model_pair(r, order[g0 + pairs[p].i], order[g0 + pairs[p].j],
+                                       pairs[p].sim) < 0) {
+                set_err(r->out, "%s", "out of memory");
+                goto out;
+            }
         }
         free(pairs);
         pairs = NULL;
@@ -980,31 +817,51 @@ static int step_apply(run *r)
     return r->out->status < 0 ? -EIO : 0;
 }
 
+/* Step 3b, model: the chat model's judgment of the candidate groups (consolidate_model.c). */
+static int step_model(run *r)
+{
+    return consolidate_model_plan(r, r->ctx);
+}
+
+/* Step 4b: the model's decisions, in steps of their own after the rules'. */
+static int step_model_apply(run *r)
+{
+    return consolidate_model_apply(r);
+}
+
 /* Step 5, record: the run with its counts and settings (engram_consolidate_finish). */
 static int step_record(run *r)
 {
     const config *cfg = r->cfg;
     consolidate_result *out = r->out;
-    char err[300], started_s[24], settings[800], counts[5][16];
+    char err[300], started_s[24], counts[5][16], nmodel[16];
     const rule_counts *rk = &r->rules;
+    ubuf settings = {0};
     snprintf(started_s, sizeof(started_s), "%lld", (long long)r->started);
-    snprintf(settings, sizeof(settings),
-             "{\"dedupe_threshold\": %g, \"supersede_threshold\": %g, \"prune_threshold\": %g, "
-             "\"prune_grace_days\": %g, \"memories\": %zu, \"snapshot_seq\": %llu, "
-             "\"rules\": {\"model\": null, \"merged_same_text\": %d, "
-             "\"superseded_attrs_key\": %d, \"superseded_values\": %d, "
-             "\"near_pairs_kept\": %d, \"similar_pairs_kept\": %d}}",
-             cfg->consolidate_dedupe_threshold, cfg->consolidate_supersede_threshold,
-             cfg->consolidate_prune_threshold, cfg->consolidate_prune_grace_days, r->l.n,
-             (unsigned long long)r->seq, rk->same_text, rk->attrs_key, rk->values, rk->near_kept,
-             rk->similar_kept);
+    snprintf(nmodel, sizeof(nmodel), "%zu", r->model.ndec);
+    int w = ubuf_printf(
+        &settings,
+        "{\"dedupe_threshold\": %g, \"supersede_threshold\": %g, \"prune_threshold\": %g, "
+        "\"prune_grace_days\": %g, \"memories\": %zu, \"snapshot_seq\": %llu, "
+        "\"rules\": {\"model\": %s, \"merged_same_text\": %d, "
+        "\"superseded_attrs_key\": %d, \"superseded_values\": %d, "
+        "\"near_pairs_kept\": %d, \"similar_pairs_kept\": %d}",
+        cfg->consolidate_dedupe_threshold, cfg->consolidate_supersede_threshold,
+        cfg->consolidate_prune_threshold, cfg->consolidate_prune_grace_days, r->l.n,
+        (unsigned long long)r->seq, r->model.status ? nmodel : "null", rk->same_text, rk->attrs_key,
+        rk->values, rk->near_kept, rk->similar_kept);
+    if (w < 0 || consolidate_model_record(r, &settings) < 0 || ubuf_putc(&settings, '}') < 0) {
+        ubuf_fini(&settings);
+        set_err(out, "%s", "out of memory");
+        return -ENOMEM;
+    }
     snprintf(counts[0], 16, "%d", out->merged);
     snprintf(counts[1], 16, "%d", out->superseded);
     snprintf(counts[2], 16, "%d", out->rescored);
     snprintf(counts[3], 16, "%d", out->archived);
     snprintf(counts[4], 16, "%d", out->skipped);
-    const char *fv[9] = {r->tid,    r->trigger, started_s, counts[0], counts[1],
-                         counts[2], counts[3],  counts[4], settings};
+    const char *fv[9] = {r->tid,    r->trigger, started_s, counts[0],    counts[1],
+                         counts[2], counts[3],  counts[4], settings.data};
     int rc = pgsync_tenant_begin(r->pg, r->tenant, PGSYNC_TX_WRITE, err, sizeof(err));
     if (rc == 0) {
         PGresult *res = PGSYNC_EXEC(r->pg, sqlb_def(SQLB_CONSOLIDATE_FINISH), fv, err, sizeof(err));
@@ -1017,6 +874,7 @@ static int step_record(run *r)
         if (rc == 0)
             out->run_id = run_id;
     }
+    ubuf_fini(&settings);
     if (rc < 0) {
         set_err(out, "recording the run: %s", err);
         return -EIO;
@@ -1091,12 +949,15 @@ static void run_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, con
 {
     memset(out, 0, sizeof(*out));
     run r = {.s = s,
+             .ctx = ctx,
              .cfg = &s->cfg,
              .tenant = tenant,
              .trigger = trigger,
              .l = {.dim = dim},
              .out = out};
     r.started = server_now_ms();
+    r.model.wanted = chat_available() && s->cfg.consolidate_model_max_groups > 0;
+    r.model.floor = (float)s->cfg.consolidate_model_floor;
     uint64_t t0 = server_mono_ns();
     char err[300], key[32];
     snprintf(r.tid, sizeof(r.tid), "%lld", (long long)tenant);
@@ -1122,22 +983,31 @@ static void run_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, con
         snprintf(out->error, sizeof(out->error), "a consolidation of this tenant is running");
         return;
     }
-    /* the steps, each timed: read, pairs, plan, apply, record */
-    int (*const steps[])(run *) = {step_read, step_pairs, step_plan, step_apply, step_record};
-    uint64_t t[6] = {t0};
+    /* the steps, each timed: read, pairs, plan, model, apply, model apply, record */
+    int (*const steps[])(run *) = {step_read,  step_pairs,       step_plan,  step_model,
+                                   step_apply, step_model_apply, step_record};
+    enum { NSTEPS = sizeof(steps) / sizeof(steps[0]) };
+    uint64_t t[NSTEPS + 1] = {t0};
     size_t done = 0;
-    while (done < 5 && steps[done](&r) == 0) {
+    while (done < NSTEPS && steps[done](&r) == 0) {
         t[done + 1] = server_mono_ns();
         done++;
     }
-    if (done == 5) {
+    if (done == NSTEPS) {
         out->status = 0;
         log_info("tenant %lld consolidation: read %zu memories %.0f ms, similar pairs %.0f ms, "
-                 "plan %.0f ms, apply %.0f ms, record %.0f ms",
+                 "plan %.0f ms, model %.0f ms, apply %.0f ms, record %.0f ms",
                  (long long)tenant, r.l.n, (double)(t[1] - t[0]) / 1e6, (double)(t[2] - t[1]) / 1e6,
                  (double)(t[3] - t[2]) / 1e6, (double)(t[4] - t[3]) / 1e6,
-                 (double)(t[5] - t[4]) / 1e6);
+                 (double)(t[6] - t[4]) / 1e6, (double)(t[7] - t[6]) / 1e6);
     }
+    /* what the model did, also when the run failed afterwards (its tokens were spent) */
+    out->model_status = r.model.status;
+    snprintf(out->model_reason, sizeof(out->model_reason), "%s", r.model.reason);
+    out->model_calls = r.model.calls;
+    out->tokens_in = r.model.tokens_in;
+    out->tokens_out = r.model.tokens_out;
+    out->cost_usd = r.model.cost_usd;
     res = PGSYNC_EXEC(r.pg, sqlb_def(SQLB_UNLOCK), kv, err, sizeof(err));
     PQclear(res);
     if (out->status < 0 && PQstatus(r.pg) == CONNECTION_OK)

@@ -24,6 +24,13 @@
  *       the run (rescored counts it); under consolidate_prune_threshold and older than
  *       consolidate_prune_grace_days it is archived, except constraints and pinned
  *       memories. The composite is not stored: every read computes it live;
+ *  3b. with a chat model (chat.h, llm_provider): the pairs at consolidate_model_floor that no
+ *     rule relates, among memories the plan leaves alone, form candidate groups (at most
+ *     consolidate_model_group_max memories each, the most similar first, at most
+ *     consolidate_model_max_groups per run); the model judges each group through a
+ *     structured answer (same, newer, distinct, contradiction: consolidate_model.c), under
+ *     the tier's daily token cap. An answer that fails (no answer, not JSON, not the schema,
+ *     an id outside its group) changes nothing and is recorded with its reason;
  *  4. applies the plan in steps of about 200 memories changed, each one transaction
  *     (engram_consolidate_apply; writes to the tenant wait at most one step), each decision
  *     guarded by the memory's change number as planned and recorded in the history of every
@@ -44,8 +51,17 @@ typedef struct consolidate_result {
     int status; /* 0 completed, 1 busy (another run holds the tenant), -1 failed */
     int64_t run_id;
     int merged, superseded, rescored, archived, skipped;
+    int flagged; /* contradictions the model flagged (both memories kept) */
     int64_t duration_ms;
     char error[512];
+    /* the chat model's part: model_status NULL when no provider is configured, else
+     * "used", "partial", "failed", "cap_reached", "off" or "no_candidates" (see
+     * docs/protocol.md), with why in model_reason */
+    const char *model_status;
+    char model_reason[300];
+    int model_calls;
+    uint64_t tokens_in, tokens_out;
+    double cost_usd;
 } consolidate_result;
 
 /* consolidate_tenant runs one consolidation of tenant (dim: its embedding dimension) on a

@@ -5,6 +5,8 @@
 
 #include <event2/buffer.h>
 
+#include "chat.h"
+#include "llm.h"
 #include "metrics.h"
 #include "rowcache.h"
 #include "tenants.h"
@@ -94,6 +96,36 @@ void app_metrics(server *s, struct evbuffer *b)
         "engram_index_recall_probe_seconds_total %.6f\n",
         (unsigned long long)tm.recall_measured, (unsigned long long)tm.exact_fallbacks,
         (unsigned long long)tm.recall_probes, (double)tm.recall_probe_ns / 1e9);
+    chat_stats cs;
+    chat_stats_get(&cs);
+    evbuffer_add_printf(b, "# HELP engram_model_calls_total Chat model calls (consolidation) by "
+                           "result.\n# TYPE engram_model_calls_total counter\n");
+    for (int k = 0; k < LLM_STATUS_COUNT; k++)
+        evbuffer_add_printf(b, "engram_model_calls_total{result=\"%s\"} %llu\n", llm_status_name(k),
+                            (unsigned long long)cs.llm.by_status[k]);
+    evbuffer_add_printf(
+        b,
+        "# HELP engram_model_requests_total HTTP requests to the chat model, retries included.\n"
+        "# TYPE engram_model_requests_total counter\nengram_model_requests_total %llu\n"
+        "# HELP engram_model_tokens_total Chat model tokens as the provider counted them (per "
+        "tenant: tenant.usage).\n# TYPE engram_model_tokens_total counter\n"
+        "engram_model_tokens_total{direction=\"in\"} %llu\n"
+        "engram_model_tokens_total{direction=\"out\"} %llu\n"
+        "# HELP engram_model_cost_usd_total Chat model cost at llm_price_*_per_mtok.\n"
+        "# TYPE engram_model_cost_usd_total counter\nengram_model_cost_usd_total %.6f\n"
+        "# HELP engram_model_in_flight Chat model requests holding a slot, and waiting for one.\n"
+        "# TYPE engram_model_in_flight gauge\nengram_model_in_flight{state=\"running\"} %llu\n"
+        "engram_model_in_flight{state=\"waiting\"} %llu\n"
+        "# HELP engram_consolidation_model_fallbacks_total Consolidation runs (or their later "
+        "groups) done without the model: the tenant's daily token cap, or the provider "
+        "failing.\n# TYPE engram_consolidation_model_fallbacks_total counter\n"
+        "engram_consolidation_model_fallbacks_total{reason=\"cap\"} %llu\n"
+        "engram_consolidation_model_fallbacks_total{reason=\"unavailable\"} %llu\n",
+        (unsigned long long)cs.llm.attempts, (unsigned long long)cs.llm.tokens_in,
+        (unsigned long long)cs.llm.tokens_out, cs.llm.cost_usd,
+        (unsigned long long)cs.llm.in_flight, (unsigned long long)cs.llm.waiting,
+        (unsigned long long)cs.fallbacks[CHAT_FB_CAP],
+        (unsigned long long)cs.fallbacks[CHAT_FB_UNAVAILABLE]);
     static const char *const sources[2] = {"snapshot", "database"};
     evbuffer_add_printf(b, "# HELP engram_index_load_duration_seconds Time from a tenant's first "
                            "use (or the start-up preload) to its index being ready, by source.\n"

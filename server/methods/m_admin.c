@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "auth.h"
+#include "chat.h"
 #include "index_engine.h"
 #include "embed.h"
 #include "embedder.h"
@@ -279,12 +280,41 @@ void h_admin_tenant_list(req *r)
     req_submit(r, -1, &q, 1, tenants_listed);
 }
 
-enum { P_TU_TENANT_ID, P_TU_NAME, P_TU_NEW_NAME, P_TU_TIER, P_TU_INDEX_ENGINE };
+enum { P_TU_TENANT_ID, P_TU_NAME, P_TU_NEW_NAME, P_TU_TIER, P_TU_INDEX_ENGINE, P_TU_CHAT_MODEL };
 PARAMS(admin_tenant_update, {"tenant_id", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},
        {"name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},
        {"new_name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},
-       {"tier", RPC_T_STR, RPC_P_NULLABLE, 0, 0},
-       {"index_engine", RPC_T_STR, RPC_P_NULLABLE, 0, 0});
+       {"tier", RPC_T_STR, RPC_P_NULLABLE, 0, 0}, {"index_engine", RPC_T_STR, RPC_P_NULLABLE, 0, 0},
+       {"chat_model", RPC_T_STR, RPC_P_NULLABLE, 0, 0});
+
+/* The chat_model parameter of update: NULL when absent; "default" (the server's model),
+ * "none" (no model for the tenant) or a model name, which needs a provider configured here.
+ * Sets *out to the SQL value and returns 0, or fails the request and returns -1. */
+static int chat_model_arg(req *r, const msgpack_object *o, const char **out)
+{
+    *out = NULL;
+    if (!o)
+        return 0;
+    bool keyword = rpc_str_eq(o, "default") || rpc_str_eq(o, "none");
+    if (!keyword && !chat_model_name_ok(o->via.str.ptr, o->via.str.size)) {
+        req_fail(r, RPC_INVALID_ARGUMENT,
+                 "parameter 'chat_model' must be default, none or a model name (1 to %d "
+                 "letters, digits and . _ - : / @ +)",
+                 CHAT_MODEL_MAX);
+        return -EINVAL;
+    }
+    if (!keyword && !chat_available()) {
+        req_fail(r, RPC_INVALID_ARGUMENT,
+                 "parameter 'chat_model': no chat model provider is configured on this server "
+                 "(llm_provider)");
+        return -EINVAL;
+    }
+    if (!(*out = req_strdup(r, o))) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return -EINVAL;
+    }
+    return 0;
+}
 
 typedef struct tu_state {
     const char *tier;   /* the new tier, or NULL */
@@ -310,16 +340,19 @@ static void tenant_updated(req *r, const db_result *res)
 
 void h_admin_tenant_update(req *r)
 {
-    const char *vals[6];
+    const char *vals[7];
     if (tenant_ref(r, P_TU_TENANT_ID, P_TU_NAME, vals) < 0)
         return;
     const msgpack_object *tier = req_arg(r, P_TU_TIER), *nn = req_arg(r, P_TU_NEW_NAME);
     const msgpack_object *engine = req_arg(r, P_TU_INDEX_ENGINE);
-    if (!tier && !nn && !engine) {
+    const msgpack_object *chat = req_arg(r, P_TU_CHAT_MODEL);
+    if (!tier && !nn && !engine && !chat) {
         req_fail(r, RPC_INVALID_ARGUMENT,
-                 "admin.tenant.update needs 'tier', 'new_name' or 'index_engine'");
+                 "admin.tenant.update needs 'tier', 'new_name', 'index_engine' or 'chat_model'");
         return;
     }
+    if (chat_model_arg(r, chat, &vals[6]) < 0)
+        return;
     if (tier && tier_parse(tier->via.str.ptr, tier->via.str.size) < 0) {
         req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'tier' must be free, standard or premium");
         return;
@@ -515,7 +548,7 @@ static void usage_done(req *r, const db_result *res)
     int tier = tier_parse(tiername, strlen(tiername));
     const tier_limits *tl = &req_server(r)->tiers[tier < 0 ? 0 : tier];
     msgpack_packer *pk = req_result(r);
-    msgpack_pack_map(pk, 7);
+    msgpack_pack_map(pk, 8);
     rpc_pack_kv_int(pk, "tenant_id", req_auth(r)->tenant_id);
     rpc_pack_kv_str(pk, "tier", tiername);
     rpc_pack_cstr(pk, "memories");
@@ -556,6 +589,21 @@ static void usage_done(req *r, const db_result *res)
     msgpack_pack_map(pk, 2);
     rpc_pack_kv_num(pk, "per_second", tl->rate_per_s);
     rpc_pack_kv_num(pk, "burst", tl->rate_burst);
+    /* the chat model's calls of the UTC day (consolidation), against the tier's cap */
+    rpc_pack_cstr(pk, "model");
+    msgpack_pack_map(pk, 8);
+    const char *cm = PQgetisnull(pr, 0, 12) ? NULL : PQgetvalue(pr, 0, 12);
+    rpc_pack_kv_str(pk, "chat_model", cm ? cm : chat_available() ? chat_default_model() : "none");
+    rpc_pack_kv_int(pk, "calls_today", memrow_i64(pr, 0, 8, 0));
+    rpc_pack_kv_int(pk, "tokens_in_today", memrow_i64(pr, 0, 9, 0));
+    rpc_pack_kv_int(pk, "tokens_out_today", memrow_i64(pr, 0, 10, 0));
+    rpc_pack_kv_int(pk, "tokens_today", memrow_i64(pr, 0, 9, 0) + memrow_i64(pr, 0, 10, 0));
+    rpc_pack_kv_num(pk, "cost_usd_today", strtod(PQgetvalue(pr, 0, 11), NULL));
+    if (tl->model_tokens_per_day)
+        rpc_pack_kv_int(pk, "tokens_limit", tl->model_tokens_per_day);
+    else
+        rpc_pack_kv_nil(pk, "tokens_limit");
+    rpc_pack_kv_int(pk, "resets_at", memrow_i64(pr, 0, 4, 0));
     req_done(r);
 }
 

@@ -35,7 +35,7 @@ static void run_reply(void *arg)
         req_fail(r, RPC_UNAVAILABLE, "consolidation failed: %s", res->error);
     } else {
         msgpack_packer *pk = req_result(r);
-        msgpack_pack_map(pk, 8);
+        msgpack_pack_map(pk, 10);
         rpc_pack_kv_int(pk, "run_id", res->run_id);
         rpc_pack_kv_str(pk, "status", "completed");
         rpc_pack_kv_int(pk, "merged", res->merged);
@@ -43,7 +43,21 @@ static void run_reply(void *arg)
         rpc_pack_kv_int(pk, "rescored", res->rescored);
         rpc_pack_kv_int(pk, "archived", res->archived);
         rpc_pack_kv_int(pk, "skipped", res->skipped);
+        rpc_pack_kv_int(pk, "flagged", res->flagged);
         rpc_pack_kv_int(pk, "duration_ms", res->duration_ms);
+        /* the chat model's part (the run record's settings.model has the details) */
+        rpc_pack_cstr(pk, "model");
+        if (!res->model_status) {
+            msgpack_pack_nil(pk);
+        } else {
+            msgpack_pack_map(pk, 6);
+            rpc_pack_kv_str(pk, "status", res->model_status);
+            rpc_pack_kv_str(pk, "reason", res->model_reason[0] ? res->model_reason : NULL);
+            rpc_pack_kv_int(pk, "calls", res->model_calls);
+            rpc_pack_kv_int(pk, "tokens_in", (int64_t)res->tokens_in);
+            rpc_pack_kv_int(pk, "tokens_out", (int64_t)res->tokens_out);
+            rpc_pack_kv_num(pk, "cost_usd", res->cost_usd);
+        }
         req_done(r);
     }
     free(j);

@@ -125,15 +125,18 @@ $$;
 -- engram_tenant_usage: what tenant.usage reports (run with the tenant set). memories: the
 -- live ones, which count against the tier's limit (tenants.memory_count); archived: the
 -- archived ones (kept, restorable, not counted against it); memory_bytes: the text of all of
--- them and their kept versions, which counts against the tier's byte limit.
+-- them and their kept versions, which counts against the tier's byte limit; model_*: the
+-- chat model's calls, tokens and cost of the UTC day (the tier's daily token cap counts
+-- tokens in and out); chat_model: the tenant's override of the server's model (NULL: none).
 DROP FUNCTION IF EXISTS engram_tenant_usage(bigint);
 CREATE OR REPLACE FUNCTION engram_tenant_usage(p_tenant bigint)
     RETURNS TABLE (tier text, memories bigint, queries_today bigint, storage_bytes bigint,
-                   resets_ms bigint, archived bigint, sessions_live bigint, memory_bytes bigint)
+                   resets_ms bigint, archived bigint, sessions_live bigint, memory_bytes bigint,
+                   model_calls bigint, model_tokens_in bigint, model_tokens_out bigint,
+                   model_cost_usd double precision, chat_model text)
     LANGUAGE sql STABLE AS $$
     SELECT t.tier, t.memory_count,
-           COALESCE((SELECT u.queries FROM tenant_usage u WHERE u.tenant_id = t.id
-                     AND u.day = (now() AT TIME ZONE 'UTC')::date), 0),
+           COALESCE(u.queries, 0),
            COALESCE((SELECT sum(pg_column_size(m.*)) FROM memories m WHERE m.tenant_id = t.id), 0)
            + COALESCE((SELECT sum(pg_column_size(e.*)) FROM session_entries e
                        WHERE e.tenant_id = t.id), 0),
@@ -141,8 +144,42 @@ CREATE OR REPLACE FUNCTION engram_tenant_usage(p_tenant bigint)
            (SELECT count(*) FROM memories m WHERE m.tenant_id = t.id AND m.archived_at IS NOT NULL),
            (SELECT count(*) FROM sessions s
             WHERE s.tenant_id = t.id AND s.state = 'active' AND s.parent_id IS NULL),
-           t.memory_bytes
+           t.memory_bytes,
+           COALESCE(u.model_calls, 0), COALESCE(u.model_tokens_in, 0),
+           COALESCE(u.model_tokens_out, 0), COALESCE(u.model_cost_usd, 0), t.chat_model
+    FROM tenants t
+    LEFT JOIN tenant_usage u ON u.tenant_id = t.id AND u.day = (now() AT TIME ZONE 'UTC')::date
+    WHERE t.id = p_tenant
+$$;
+
+-- engram_model_state: what a consolidation run needs before it calls the model (run with
+-- the tenant set): the tenant's tier, its chat_model override and the tokens its model calls
+-- used today (UTC), in and out.
+CREATE OR REPLACE FUNCTION engram_model_state(p_tenant bigint)
+    RETURNS TABLE (tier text, chat_model text, tokens_today bigint)
+    LANGUAGE sql STABLE AS $$
+    SELECT t.tier, t.chat_model,
+           COALESCE((SELECT u.model_tokens_in + u.model_tokens_out FROM tenant_usage u
+                     WHERE u.tenant_id = t.id AND u.day = (now() AT TIME ZONE 'UTC')::date), 0)
     FROM tenants t WHERE t.id = p_tenant
+$$;
+
+-- engram_model_usage_add: counts model calls against the tenant's day (UTC): calls, tokens
+-- in and out, cost in USD, as the provider reported them. Returns the day's tokens after.
+CREATE OR REPLACE FUNCTION engram_model_usage_add(p_tenant bigint, p_calls bigint,
+                                                  p_in bigint, p_out bigint,
+                                                  p_cost double precision)
+    RETURNS bigint
+    LANGUAGE sql AS $$
+    INSERT INTO tenant_usage AS u (tenant_id, day, queries, model_calls, model_tokens_in,
+                                   model_tokens_out, model_cost_usd)
+        VALUES (p_tenant, (now() AT TIME ZONE 'UTC')::date, 0, p_calls, p_in, p_out, p_cost)
+        ON CONFLICT (tenant_id, day) DO UPDATE SET
+            model_calls = u.model_calls + p_calls,
+            model_tokens_in = u.model_tokens_in + p_in,
+            model_tokens_out = u.model_tokens_out + p_out,
+            model_cost_usd = u.model_cost_usd + p_cost
+        RETURNING u.model_tokens_in + u.model_tokens_out
 $$;
 
 -- Authentication: the key row for a public key id (revoked keys are not found).
@@ -190,6 +227,7 @@ CREATE OR REPLACE FUNCTION engram_tenant_json(t tenants) RETURNS jsonb
         'embedding', jsonb_build_object('provider', t.embed_provider, 'model', t.embed_model,
                                         'dim', t.embed_dim),
         'index_engine', t.index_engine,
+        'chat_model', t.chat_model,
         'memories', t.memory_count, 'created_at', engram_ms(t.created_at),
         'updated_at', engram_ms(t.updated_at),
         'keys', (SELECT count(*) FROM api_keys k WHERE k.tenant_id = t.id AND k.revoked_at IS NULL))
@@ -311,8 +349,13 @@ END $$;
 -- follows the server's setting again), 'native' or 'faiss' sets it. Every update naming an
 -- engine is announced, changed or not: a server that holds the index with another engine
 -- drops it, one that already uses that engine does nothing.
+DROP FUNCTION IF EXISTS engram_admin_tenant_update(bigint, text, text, text, text);
+-- p_chat_model: NULL leaves it, 'default' clears the tenant's override (the server's model),
+-- 'none' keeps the tenant off the model, another value names the model (the server checks
+-- it: admin.tenant.update).
 CREATE OR REPLACE FUNCTION engram_admin_tenant_update(p_id bigint, p_name text, p_new_name text,
-                                           p_tier text, p_engine text) RETURNS jsonb
+                                           p_tier text, p_engine text, p_chat_model text)
+    RETURNS jsonb
     LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     t tenants := engram_admin_find(p_id, p_name);
@@ -321,6 +364,9 @@ BEGIN
                        index_engine = CASE WHEN p_engine IS NULL THEN index_engine
                                            WHEN p_engine = 'default' THEN NULL
                                            ELSE p_engine END,
+                       chat_model = CASE WHEN p_chat_model IS NULL THEN chat_model
+                                         WHEN p_chat_model = 'default' THEN NULL
+                                         ELSE p_chat_model END,
                        updated_at = date_trunc('milliseconds', now())
     WHERE id = t.id RETURNING * INTO t;
     PERFORM pg_notify('engram_admin', 'tier:' || t.id || ':' || t.tier);

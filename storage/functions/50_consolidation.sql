@@ -275,3 +275,169 @@ CREATE OR REPLACE FUNCTION engram_consolidation_due(p_hours integer[])
                             AND r.finished_at > now() - interval '15 minutes')))
     ORDER BY t.id
 $$;
+
+-- engram_consolidate_model_apply: applies one step of the decisions a chat model made on a
+-- run's candidate groups (issue 32), atomically. Arrays, parallel:
+--   p_kind[k]   'same' (p_other merges into p_keep; p_text, when not NULL, becomes the
+--               survivor's text: the model's merged text), 'newer' (p_other is superseded by
+--               p_keep, the memory with the newer information; p_text, when not NULL, is
+--               p_keep's text with relative dates made absolute) or 'contradiction' (both
+--               stay; each is flagged with the other in metadata.contradicts);
+--   p_keep_seq, p_other_seq guard them (the seq each had when the run read it);
+--   p_why[k]    the model's reason. p_model names the model for the history.
+-- A rewritten text keeps the memory's embedding: the text means what the vector was
+-- computed from (a merge of two texts the model judged the same, a date made absolute).
+-- Every decision goes into the history (memory_versions.detail: rule model_<kind>, why,
+-- model) of each memory it changes. p_own lists memories this run changed in earlier steps.
+-- Returns the step's counts and the ids it changed that stay live (for p_own of the next).
+CREATE OR REPLACE FUNCTION engram_consolidate_model_apply(
+        p_tenant bigint, p_own bigint[], p_kind text[], p_keep bigint[], p_keep_seq bigint[],
+        p_other bigint[], p_other_seq bigint[], p_text text[], p_why text[], p_model text)
+    RETURNS TABLE (merged integer, superseded integer, flagged integer, rewritten integer,
+                   skipped integer, changed bigint[])
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_n integer := COALESCE(cardinality(p_kind), 0);
+    v_total bigint := 2 * COALESCE(cardinality(p_kind), 0);
+    v_first bigint;
+    v_seq bigint;
+    v_own bigint[] := COALESCE(p_own, '{}');
+    v_changed bigint[] := '{}';
+    k integer;
+    a memories;
+    b memories;
+    x memories;
+    y memories;
+    v_merged integer := 0;
+    v_superseded integer := 0;
+    v_flagged integer := 0;
+    v_rewritten integer := 0;
+    v_skipped integer := 0;
+    v_now timestamptz := date_trunc('milliseconds', now());
+    v_bytes bigint := 0;
+    v_nb integer;
+    v_detail jsonb;
+    v_pass integer;
+BEGIN
+    v_first := engram_next_seq(p_tenant, v_total) - v_total + 1;
+    v_seq := v_first - 1;
+    FOR k IN 1 .. v_n LOOP
+        -- both rows locked in id order, then checked: live and as the run read them
+        PERFORM 1 FROM memories WHERE tenant_id = p_tenant AND id IN (p_keep[k], p_other[k])
+            ORDER BY id FOR UPDATE;
+        SELECT * INTO a FROM memories WHERE tenant_id = p_tenant AND id = p_keep[k]
+            AND archived_at IS NULL AND (seq = p_keep_seq[k] OR id = ANY (v_own));
+        IF FOUND THEN
+            SELECT * INTO b FROM memories WHERE tenant_id = p_tenant AND id = p_other[k]
+                AND archived_at IS NULL AND (seq = p_other_seq[k] OR id = ANY (v_own));
+        END IF;
+        IF NOT FOUND OR p_keep[k] = p_other[k]
+           OR p_kind[k] NOT IN ('same', 'newer', 'contradiction') THEN
+            v_skipped := v_skipped + 1;
+            CONTINUE;
+        END IF;
+        v_detail := jsonb_build_object('rule', 'model_' || p_kind[k], 'why', p_why[k],
+                                       'model', p_model);
+        IF p_kind[k] = 'same' THEN
+            v_bytes := v_bytes + engram_keep_version(a, 'merge', v_detail
+                || jsonb_build_object('merged', jsonb_build_array(b.id),
+                                      'text', CASE WHEN p_text[k] IS NULL THEN 'survivor'
+                                                   ELSE 'merged' END));
+            v_seq := v_seq + 1;
+            UPDATE memories m SET
+                importance = greatest(m.importance, b.importance),
+                access_count = m.access_count + b.access_count,
+                metadata = engram_metadata_union(m.metadata, b.metadata),
+                content = COALESCE(p_text[k], m.content),
+                content_tsv = CASE WHEN p_text[k] IS NULL THEN m.content_tsv
+                                   ELSE to_tsvector('english', p_text[k]) END,
+                updated_at = v_now, version = m.version + 1, seq = v_seq
+            WHERE m.tenant_id = p_tenant AND m.id = a.id
+            RETURNING m.bytes INTO v_nb;
+            v_bytes := v_bytes + v_nb - a.bytes;
+            INSERT INTO memory_changes VALUES (p_tenant, v_seq, a.id, 'u');
+            v_bytes := v_bytes + engram_keep_version(b, 'archive', v_detail
+                || jsonb_build_object('reason', 'merged', 'into', a.id));
+            v_seq := v_seq + 1;
+            UPDATE memories SET archived_at = v_now, archived_reason = 'merged',
+                                merged_into = a.id, updated_at = v_now,
+                                version = version + 1, seq = v_seq
+            WHERE tenant_id = p_tenant AND id = b.id;
+            INSERT INTO memory_changes VALUES (p_tenant, v_seq, b.id, 'u');
+            v_merged := v_merged + 1;
+            IF p_text[k] IS NOT NULL THEN
+                v_rewritten := v_rewritten + 1;
+            END IF;
+            v_changed := v_changed || a.id;
+        ELSIF p_kind[k] = 'newer' THEN
+            v_bytes := v_bytes + engram_keep_version(b, 'supersede', v_detail
+                || jsonb_build_object('superseded_by', a.id));
+            v_seq := v_seq + 1;
+            UPDATE memories SET archived_at = v_now, archived_reason = 'superseded',
+                                superseded_by = a.id, updated_at = v_now,
+                                version = version + 1, seq = v_seq
+            WHERE tenant_id = p_tenant AND id = b.id;
+            INSERT INTO memory_changes VALUES (p_tenant, v_seq, b.id, 'u');
+            v_superseded := v_superseded + 1;
+            IF p_text[k] IS NOT NULL AND p_text[k] <> a.content THEN
+                v_bytes := v_bytes + engram_keep_version(a, 'update', v_detail
+                    || jsonb_build_object('rewrite', 'relative dates made absolute',
+                                          'superseded', b.id));
+                v_seq := v_seq + 1;
+                UPDATE memories m SET content = p_text[k],
+                                      content_tsv = to_tsvector('english', p_text[k]),
+                                      updated_at = v_now, version = m.version + 1, seq = v_seq
+                WHERE m.tenant_id = p_tenant AND m.id = a.id
+                RETURNING m.bytes INTO v_nb;
+                v_bytes := v_bytes + v_nb - a.bytes;
+                INSERT INTO memory_changes VALUES (p_tenant, v_seq, a.id, 'u');
+                v_rewritten := v_rewritten + 1;
+                v_changed := v_changed || a.id;
+            END IF;
+        ELSE
+            -- a contradiction: both stay, each flagged with the other
+            FOR v_pass IN 1 .. 2 LOOP
+                IF v_pass = 1 THEN
+                    x := a;
+                    y := b;
+                ELSE
+                    x := b;
+                    y := a;
+                END IF;
+                v_bytes := v_bytes + engram_keep_version(x, 'flag', v_detail
+                    || jsonb_build_object('contradicts', y.id));
+                v_seq := v_seq + 1;
+                UPDATE memories m SET
+                    metadata = jsonb_set(m.metadata, '{contradicts}',
+                        (SELECT COALESCE(jsonb_agg(DISTINCT e ORDER BY e), '[]')
+                         FROM jsonb_array_elements(
+                             CASE WHEN jsonb_typeof(m.metadata -> 'contradicts') = 'array'
+                                  THEN m.metadata -> 'contradicts' ELSE '[]' END
+                             || to_jsonb(y.id)) AS e)),
+                    updated_at = v_now, version = m.version + 1, seq = v_seq
+                WHERE m.tenant_id = p_tenant AND m.id = x.id
+                RETURNING m.bytes INTO v_nb;
+                v_bytes := v_bytes + v_nb - x.bytes;
+                INSERT INTO memory_changes VALUES (p_tenant, v_seq, x.id, 'u');
+            END LOOP;
+            v_flagged := v_flagged + 1;
+            v_changed := v_changed || a.id || b.id;
+        END IF;
+        v_own := v_own || v_changed;
+    END LOOP;
+    UPDATE tenants SET change_seq = change_seq - (v_first + v_total - 1 - v_seq),
+                       memory_count = memory_count - (v_merged + v_superseded),
+                       memory_bytes = memory_bytes + v_bytes
+    WHERE id = p_tenant;
+    IF v_seq >= v_first THEN
+        PERFORM pg_notify('engram_changes', p_tenant || ':' || v_seq);
+    END IF;
+    merged := v_merged;
+    superseded := v_superseded;
+    flagged := v_flagged;
+    rewritten := v_rewritten;
+    skipped := v_skipped;
+    changed := v_changed;
+    RETURN NEXT;
+END $$;

@@ -193,17 +193,29 @@ static void test_tenant_update(void)
     expect_invalid("admin.tenant.update", "{\"tenant_id\": 4, \"index_engine\": \"x\"}",
                    "index_engine");
     expect_invalid("admin.tenant.update", "{\"tier\": \"free\"}", NULL);
+    /* a chat model: a name of the allowed characters, and a provider configured here */
+    expect_invalid("admin.tenant.update", "{\"tenant_id\": 4, \"chat_model\": \"a b\"}",
+                   "chat_model");
+    expect_invalid("admin.tenant.update", "{\"tenant_id\": 4, \"chat_model\": \"haiku\"}",
+                   "chat_model");
+    req *rn = call("admin.tenant.update", "{\"tenant_id\": 4, \"chat_model\": \"none\"}");
+    fr_job *jn = fr_take();
+    CHECK(jn && val_is(jn, 6, "none") && val_is(jn, 3, NULL));
+    fr_answer1(jn, fr_rows("t|id", 1, "{\"tenant_id\": 4, \"chat_model\": \"none\"}|4"));
+    CHECK(rn->done && fr_is_str(fr_get(rn, "chat_model"), "none"));
+    fr_free(rn);
 
     CHECK(tenancy_tier(env.srv.tenancy, 4, -1) == -1);
     req *r = call("admin.tenant.update",
                   "{\"tenant_id\": 4, \"tier\": \"premium\", \"new_name\": \"beta\", "
                   "\"index_engine\": \"default\"}");
     fr_job *j = fr_take();
-    CHECK(j && strcmp(j->q[0].name, "admin_tenant_update") == 0 && j->q[0].nvalues == 6);
-    /* id, name, new name, tier, engine ("default" clears the tenant's), the server's */
+    CHECK(j && strcmp(j->q[0].name, "admin_tenant_update") == 0 && j->q[0].nvalues == 7);
+    /* id, name, new name, tier, engine ("default" clears the tenant's), the server's, the
+     * chat model (none given) */
     CHECK(j && val_is(j, 0, "4") && val_is(j, 1, NULL) && val_is(j, 2, "beta"));
     CHECK(j && val_is(j, 3, "premium") && val_is(j, 4, "default") &&
-          val_is(j, 5, env.srv.cfg.index_engine));
+          val_is(j, 5, env.srv.cfg.index_engine) && val_is(j, 6, NULL));
     fr_answer1(j, fr_rows("t|id", 1, "{\"tenant_id\": 4, \"tier\": \"premium\"}|4"));
     CHECK(r->done && fr_is_str(fr_get(r, "tier"), "premium"));
     /* this process knows the new tier at once */
@@ -323,9 +335,13 @@ static void test_usage(void)
     CHECK(j && strcmp(j->q[0].name, "tenant_usage") == 0);
     /* the tenant's own, under its row-level security */
     CHECK(j && j->rls == 7 && val_is(j, 0, "7"));
-    /* tier, stored, today, storage bytes, resets at, archived, live sessions, bytes */
-    fr_answer1(j, fr_rows("tier|stored|today|storage|resets|archived|live|bytes", 1,
-                          "standard|120|33|4096|1700086400000|5|2|777"));
+    tl->model_tokens_per_day = 200000;
+    /* tier, stored, today, storage bytes, resets at, archived, live sessions, bytes, model
+     * calls, tokens in, tokens out, cost, chat model (NULL: the server's) */
+    fr_answer1(j,
+               fr_rows("tier|stored|today|storage|resets|archived|live|bytes|calls|tin|tout|"
+                       "cost|chat",
+                       1, "standard|120|33|4096|1700086400000|5|2|777|3|900|100|0.0014|haiku-x"));
     CHECK(r->done);
     CHECK(fr_is_int(fr_get(r, "tenant_id"), 7) && fr_is_str(fr_get(r, "tier"), "standard"));
     CHECK(fr_is_int(fr_path(r, "memories.stored"), 120));
@@ -341,11 +357,21 @@ static void test_usage(void)
     CHECK(fr_is_int(fr_path(r, "sessions.retention_days"), 30));
     CHECK(fr_is_int(fr_get(r, "storage_bytes"), 4096));
     CHECK(fr_num(fr_path(r, "rate.per_second")) == 20 && fr_num(fr_path(r, "rate.burst")) == 40);
+    /* the chat model's day, against the tier's cap */
+    CHECK(fr_is_str(fr_path(r, "model.chat_model"), "haiku-x"));
+    CHECK(fr_is_int(fr_path(r, "model.calls_today"), 3));
+    CHECK(fr_is_int(fr_path(r, "model.tokens_in_today"), 900));
+    CHECK(fr_is_int(fr_path(r, "model.tokens_out_today"), 100));
+    CHECK(fr_is_int(fr_path(r, "model.tokens_today"), 1000));
+    CHECK(fr_num(fr_path(r, "model.cost_usd_today")) == 0.0014);
+    CHECK(fr_is_int(fr_path(r, "model.tokens_limit"), 200000));
     fr_free(r);
     *tl = saved;
 
     r = fr_call(&env, "tenant.usage", NULL);
-    fr_answer1(fr_take(), fr_rows("tier|stored|today|storage|resets|archived|live|bytes", 0));
+    fr_answer1(fr_take(), fr_rows("tier|stored|today|storage|resets|archived|live|bytes|calls|tin|"
+                                  "tout|cost|chat",
+                                  0));
     CHECK(r->code == RPC_NOT_FOUND);
     fr_free(r);
     r = fr_call(&env, "tenant.usage", NULL);

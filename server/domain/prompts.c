@@ -1,0 +1,48 @@
+/* server/domain/prompts.c: the embedded prompt templates (see prompts.h). */
+#include "prompts.h"
+
+#include <errno.h>
+#include <string.h>
+
+const char *prompts_get(const char *name, size_t *len)
+{
+    for (int i = 0; i < prompt_nfiles; i++)
+        if (strcmp(prompt_files[i].name, name) == 0) {
+            if (len)
+                *len = prompt_files[i].len;
+            return prompt_files[i].text;
+        }
+    return NULL;
+}
+
+int prompts_render(const char *name, const char *const *keys, const char *const *vals, size_t n,
+                   ubuf *out)
+{
+    size_t len;
+    const char *t = prompts_get(name, &len), *end = t ? t + len : NULL;
+    if (!t)
+        return -ENOENT;
+    while (t < end) {
+        const char *open = strstr(t, "{{");
+        if (!open) {
+            if (ubuf_append(out, t, (size_t)(end - t)) < 0)
+                return -ENOMEM;
+            break;
+        }
+        const char *close = strstr(open + 2, "}}");
+        if (!close)
+            return -ENOENT;
+        if (ubuf_append(out, t, (size_t)(open - t)) < 0)
+            return -ENOMEM;
+        size_t kl = (size_t)(close - open - 2);
+        size_t k = 0;
+        while (k < n && (strlen(keys[k]) != kl || memcmp(keys[k], open + 2, kl) != 0))
+            k++;
+        if (k == n)
+            return -ENOENT;
+        if (ubuf_append(out, vals[k], strlen(vals[k])) < 0)
+            return -ENOMEM;
+        t = close + 2;
+    }
+    return 0;
+}

@@ -101,7 +101,7 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "admin.tenant.delete": ("tenant_id", "name", ),
     "admin.tenant.get": ("tenant_id", "name", ),
     "admin.tenant.list": ("cursor", "limit", ),
-    "admin.tenant.update": ("tenant_id", "name", "new_name", "tier", "index_engine", ),
+    "admin.tenant.update": ("tenant_id", "name", "new_name", "tier", "index_engine", "chat_model", ),
     "auth": ("api_key", ),
     "memory.archive": ("ids", "reason", ),
     "memory.consolidate": (),
@@ -240,6 +240,7 @@ class SyncAdminTenant:
         new_name: str | None = None,
         tier: Tier | None = None,
         index_engine: str | None = None,
+        chat_model: str | None = None,
     ) -> dict[str, Any]:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
         return cast("dict[str, Any]", self._r._call("admin.tenant.update", {
@@ -248,6 +249,7 @@ class SyncAdminTenant:
             "new_name": new_name,
             "tier": tier,
             "index_engine": index_engine,
+            "chat_model": chat_model,
         }))
 
 
@@ -1177,6 +1179,7 @@ class AsyncAdminTenant:
         new_name: str | None = None,
         tier: Tier | None = None,
         index_engine: str | None = None,
+        chat_model: str | None = None,
     ) -> dict[str, Any]:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
         return cast("dict[str, Any]", await self._r._acall("admin.tenant.update", {
@@ -1185,6 +1188,7 @@ class AsyncAdminTenant:
             "new_name": new_name,
             "tier": tier,
             "index_engine": index_engine,
+            "chat_model": chat_model,
         }))
 
 
@@ -2130,6 +2134,7 @@ class FutureAdminTenant:
         new_name: str | None = None,
         tier: Tier | None = None,
         index_engine: str | None = None,
+        chat_model: str | None = None,
     ) -> Future[dict[str, Any]]:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
         return cast("Future[dict[str, Any]]", self._r._submit("admin.tenant.update", {
@@ -2138,6 +2143,7 @@ class FutureAdminTenant:
             "new_name": new_name,
             "tier": tier,
             "index_engine": index_engine,
+            "chat_model": chat_model,
         }))
 
 

@@ -61,7 +61,7 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "admin.tenant.delete": { params: ["tenant_id", "name"], required: [], flags: ["admin"] },
   "admin.tenant.get": { params: ["tenant_id", "name"], required: [], flags: ["admin"] },
   "admin.tenant.list": { params: ["cursor", "limit"], required: [], flags: ["admin"] },
-  "admin.tenant.update": { params: ["tenant_id", "name", "new_name", "tier", "index_engine"], required: [], flags: ["admin"] },
+  "admin.tenant.update": { params: ["tenant_id", "name", "new_name", "tier", "index_engine", "chat_model"], required: [], flags: ["admin"] },
   "auth": { params: ["api_key"], required: ["api_key"], flags: ["public", "auth"] },
   "memory.archive": { params: ["ids", "reason"], required: ["ids"], flags: ["tenant", "write"] },
   "memory.consolidate": { params: [], required: [], flags: ["tenant", "write"] },
@@ -162,6 +162,7 @@ export interface AdminTenantUpdateParams {
   new_name?: string;
   tier?: Tier;
   index_engine?: string;
+  chat_model?: string;
 }
 
 /** Parameters of `auth`. */

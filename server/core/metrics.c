@@ -9,6 +9,8 @@
 
 #include <event2/buffer.h>
 
+#include "buildinfo.h"
+#include "procstat.h"
 #include "rowerr.h"
 
 /* Latency bucket upper bounds in microseconds; the last bucket is +Inf. */
@@ -484,6 +486,20 @@ static void render_db(struct evbuffer *out)
         "# TYPE engram_db_unavailable_total counter\nengram_db_unavailable_total %llu\n",
         conns, ready, queued, inflight, (unsigned long long)reconnects,
         (unsigned long long)failures);
+    uint64_t oldest = 0, timeouts = 0, last_timeout = 0;
+    metrics_db_wait(&oldest, &last_timeout);
+    for (unsigned i = 0; i < MAX_WORKERS; i++)
+        timeouts += atomic_load_explicit(&db_slots[i].queue_timeouts, memory_order_relaxed);
+    evbuffer_add_printf(
+        out,
+        "# HELP engram_db_pool_oldest_wait_seconds How long the oldest database job still "
+        "waiting for a connection has waited (the longest over the workers).\n"
+        "# TYPE engram_db_pool_oldest_wait_seconds gauge\n"
+        "engram_db_pool_oldest_wait_seconds %.3f\n"
+        "# HELP engram_db_queue_timeouts_total Database jobs failed for waiting "
+        "db_queue_timeout_ms for a connection (the pool is saturated).\n"
+        "# TYPE engram_db_queue_timeouts_total counter\nengram_db_queue_timeouts_total %llu\n",
+        (double)oldest / 1e3, (unsigned long long)timeouts);
     unsigned rconns = 0, rready = 0;
     for (unsigned i = 0; i < MAX_WORKERS; i++) {
         rconns += atomic_load_explicit(&rdb_connections[i], memory_order_relaxed);
@@ -530,20 +546,71 @@ static void render_rows(struct evbuffer *out)
                             (unsigned long long)rowerr_count((rowerr_table)t));
 }
 
-void metrics_render(struct evbuffer *out, const char *const *gauge_names, const double *gauges,
-                    size_t ngauges)
+/* The process_* metrics of the Prometheus client libraries, from /proc/self (procstat.h),
+ * and engram_process_resident_bytes (the same resident size, under the name the dashboard
+ * and the benchmarks have read since before process_*). */
+static void render_process(struct evbuffer *out)
 {
+    procstat p;
+    if (procstat_read(&p) == 0) {
+        evbuffer_add_printf(
+            out,
+            "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+            "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.2f\n"
+            "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+            "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %llu\n"
+            "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+            "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes %llu\n"
+            "# HELP process_start_time_seconds Start time of the process since unix epoch in "
+            "seconds.\n"
+            "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %.2f\n"
+            "# HELP engram_process_resident_bytes Resident memory size in bytes (the same as "
+            "process_resident_memory_bytes).\n"
+            "# TYPE engram_process_resident_bytes gauge\nengram_process_resident_bytes %llu\n",
+            p.cpu_seconds, (unsigned long long)p.resident_bytes,
+            (unsigned long long)p.virtual_bytes, p.start_time,
+            (unsigned long long)p.resident_bytes);
+    }
+    if (p.open_fds >= 0)
+        evbuffer_add_printf(out,
+                            "# HELP process_open_fds Number of open file descriptors.\n"
+                            "# TYPE process_open_fds gauge\nprocess_open_fds %ld\n",
+                            p.open_fds);
+    if (p.max_fds >= 0)
+        evbuffer_add_printf(out,
+                            "# HELP process_max_fds Maximum number of open file descriptors.\n"
+                            "# TYPE process_max_fds gauge\nprocess_max_fds %ld\n",
+                            p.max_fds);
+}
+
+/* engram_build_info: 1, with the version and (when built from a git checkout) the commit. */
+static void render_build(struct evbuffer *out)
+{
+    evbuffer_add_printf(out,
+                        "# HELP engram_build_info The version engramd was built from (and the "
+                        "git commit, when built from a checkout); the value is always 1.\n"
+                        "# TYPE engram_build_info gauge\nengram_build_info{version=\"%s\"",
+                        buildinfo_version);
+    if (buildinfo_commit[0])
+        evbuffer_add_printf(out, ",commit=\"%s\"", buildinfo_commit);
+    evbuffer_add_printf(out, "} 1\n");
+}
+
+void metrics_render(struct evbuffer *out, const metrics_gauge *gauges, size_t n)
+{
+    render_process(out);
+    render_build(out);
     render_requests(out);
     render_connections(out);
     render_writes(out);
     render_db(out);
     render_rows(out);
-    metrics_render_gauges(out, gauge_names, gauges, ngauges);
+    metrics_render_gauges(out, gauges, n);
 }
 
-void metrics_render_gauges(struct evbuffer *out, const char *const *names, const double *vals,
-                           size_t n)
+void metrics_render_gauges(struct evbuffer *out, const metrics_gauge *g, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        evbuffer_add_printf(out, "# TYPE %s gauge\n%s %.17g\n", names[i], names[i], vals[i]);
+        evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", g[i].name, g[i].help,
+                            g[i].name, g[i].name, g[i].value);
 }

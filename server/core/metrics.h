@@ -108,14 +108,21 @@ typedef enum metrics_read_fallback {
 void metrics_db_read(metrics_read_target target);
 void metrics_db_read_fallback(metrics_read_fallback reason);
 
-/* metrics_render appends the Prometheus text exposition of everything to out, plus the
- * gauges the caller passes (name/value pairs; names must be valid metric names). */
-void metrics_render(struct evbuffer *out, const char *const *gauge_names, const double *gauges,
-                    size_t ngauges);
+/* A gauge a caller of metrics_render adds: a valid metric name, its HELP text (one line, no
+ * backslash) and its value. */
+typedef struct metrics_gauge {
+    const char *name, *help;
+    double value;
+} metrics_gauge;
 
-/* metrics_render_gauges appends n gauges (names[i], vals[i]) to out. */
-void metrics_render_gauges(struct evbuffer *out, const char *const *names, const double *vals,
-                           size_t n);
+/* metrics_render appends the Prometheus text exposition (version 0.0.4) of everything to
+ * out: the process (process_*: CPU, memory, descriptors, start time, as the Prometheus
+ * client libraries define them), engram_build_info, this module's counters, plus the n
+ * gauges the caller passes. Every metric has its HELP and TYPE lines. */
+void metrics_render(struct evbuffer *out, const metrics_gauge *gauges, size_t n);
+
+/* metrics_render_gauges appends n gauges to out, each with its HELP and TYPE lines. */
+void metrics_render_gauges(struct evbuffer *out, const metrics_gauge *gauges, size_t n);
 
 /* metrics_db_ready returns the number of ready database connections over all workers. */
 unsigned metrics_db_ready(void);

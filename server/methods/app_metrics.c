@@ -16,14 +16,27 @@ void app_metrics(server *s, struct evbuffer *b)
         tenants_stats(s->tenants, &tm);
     uint64_t rc_entries, rc_bytes, rc_hits, rc_misses;
     rc_stats(s->rows, &rc_entries, &rc_bytes, &rc_hits, &rc_misses);
-    const char *names[] = {"engram_indexes_loaded",      "engram_index_vectors",
-                           "engram_index_bytes",         "engram_index_budget_bytes",
-                           "engram_index_tenants_known", "engram_indexes_flat",
-                           "engram_indexes_sq8",         "engram_indexes_ann"};
-    double vals[] = {(double)tm.loaded,     (double)tm.vectors,   (double)tm.bytes,
-                     (double)tm.budget,     (double)tm.known,     (double)tm.by_kind[0],
-                     (double)tm.by_kind[1], (double)tm.by_kind[2]};
-    metrics_render_gauges(b, names, vals, sizeof(vals) / sizeof(vals[0]));
+    const metrics_gauge g[] = {
+        {"engram_indexes_loaded", "Tenant indexes loaded in memory.", (double)tm.loaded},
+        {"engram_index_vectors", "Vectors in the loaded indexes.", (double)tm.vectors},
+        {"engram_index_bytes", "Memory the loaded indexes hold, in bytes.", (double)tm.bytes},
+        {"engram_index_budget_bytes",
+         "The indexes' memory budget in bytes (index_memory_mb): past it the least recently "
+         "used are unloaded.",
+         (double)tm.budget},
+        {"engram_index_tenants_known", "Tenants the index registry holds (loaded or not).",
+         (double)tm.known},
+        {"engram_indexes_flat", "Loaded indexes searched exactly over full vectors.",
+         (double)tm.by_kind[0]},
+        {"engram_indexes_sq8", "Loaded indexes searched over 8-bit codes with an exact re-rank.",
+         (double)tm.by_kind[1]},
+        {"engram_indexes_ann", "Loaded approximate (graph) indexes.", (double)tm.by_kind[2]},
+        {"engram_index_recall_target",
+         "The recall@10 the recall monitor keeps approximate indexes at "
+         "(index_recall_target).",
+         s->cfg.index_recall_target},
+    };
+    metrics_render_gauges(b, g, sizeof(g) / sizeof(g[0]));
     evbuffer_add_printf(
         b,
         "# HELP engram_index_loads_total Index loads by source: a snapshot plus the changes "

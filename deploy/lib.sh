@@ -29,7 +29,7 @@ ENGRAM_HA_PACKAGES=(postgresql-15-auto-failover pg-auto-failover-cli haproxy)
 # (tests/integration/test_console.py), deploy/ha for the failover test
 # (tests/integration/test_failover.py) and HAProxy in front of the fleet of engramd
 # (tests/integration/test_fleet.py; haproxy is one of the HA packages), promtool (Debian's
-# prometheus package; its service is not started) and PyYAML for the monitoring test
+# prometheus package: only its promtool is used) and PyYAML for the monitoring test
 # (tests/integration/test_monitoring.py: /metrics and deploy/prometheus). deploy/test passes
 # them to install_deps.
 ENGRAM_TEST_PACKAGES=(chromium prometheus python3-yaml "${ENGRAM_HA_PACKAGES[@]}")

@@ -218,6 +218,7 @@ static void reload_config(proc *a, reload_count *n)
         return;
     }
     log_set_level((log_level)log_parse_level(ncfg.log_level));
+    log_set_format((log_format)log_parse_format(ncfg.log_format));
     if (ncfg.maintenance_interval_s != cur->maintenance_interval_s)
         maint_set_interval(s, ncfg.maintenance_interval_s);
     if (ncfg.consolidate_check_interval_s != cur->consolidate_check_interval_s)
@@ -429,6 +430,7 @@ static void setup_process(const config *cfg)
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
     log_set_level((log_level)log_parse_level(cfg->log_level));
+    log_set_format((log_format)log_parse_format(cfg->log_format));
     signal(SIGPIPE, SIG_IGN);
     /* SIGHUP reloads the configuration and the TLS files once serving; until then it must not
      * end the process */

@@ -220,6 +220,9 @@ static const config_def defs[] = {
      "file holding the secret that keys API-key hashes (default: <data_dir>/secret.key, "
      "created when missing)"},
     {"log_level", T_STR, OFF(log_level), "info", 0, 0, F_RELOAD, "debug, info, warn or error"},
+    {"log_format", T_STR, OFF(log_format), "text", 0, 0, F_RELOAD,
+     "form of the log lines on stderr: text (time, level, file:line, message) or json (one "
+     "object per line: time, level, file, line, message)"},
     {"embed_dim", T_INT, OFF(embed_dim), "384", 8, 4096, 0,
      "dimension of the built-in embedder for new tenants"},
     {"openai_url", T_STR, OFF(openai_url), "", 0, 0, 0,
@@ -651,6 +654,11 @@ static int check_settings(const config *cfg, FILE *err)
     if (log_parse_level(cfg->log_level) < 0) {
         fprintf(err, "engramd: invalid value for log_level: '%s' (debug, info, warn, error)\n",
                 cfg->log_level);
+        return -EINVAL;
+    }
+    if (log_parse_format(cfg->log_format) < 0) {
+        fprintf(err, "engramd: invalid value for log_format: '%s' (text or json)\n",
+                cfg->log_format);
         return -EINVAL;
     }
     double wsum = cfg->score_w_recency + cfg->score_w_access + cfg->score_w_explicit;

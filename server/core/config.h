@@ -89,6 +89,7 @@ typedef struct config {
     char *admin_key_file;
     char *secret_file;
     char *log_level;
+    char *log_format; /* "text" or "json" (log.h) */
     /* memories */
     int embed_dim;
     char *openai_url;

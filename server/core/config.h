@@ -36,6 +36,7 @@ typedef struct config {
     int max_connections_per_address;
     int admin_reserved_connections;
     int http_max_connections;
+    char *cors_allowed_origins; /* "" when none (http1_origin_listed's list) */
     long max_output_total_bytes;
     int min_send_rate;
     int shutdown_timeout_ms;

@@ -22,6 +22,9 @@
  *   --avx2      use the AVX2 kernels even where the CPU has AVX-512 VPOPCNTDQ
  *   --quick     search latency and recall only: no throughput, snapshot or embed_text runs
  *   --check-truth  check the ground truth against a plain double scan (20 queries)
+ *   --memory    at sizes of 5,000 and more, the resident bytes with the float rows mapped
+ *               from a snapshot: saved, pages dropped, after cold and warm search passes,
+ *               and loaded (its time, its first query and its first pass cold)
  * Data and queries come from bench/dataset.c: queries follow the data's distribution but are
  * not stored vectors. Recall@10 is against the exact answer over the same filter and score:
  * candidates from an sgemm pass (float) within a margin that covers float rounding, ranked
@@ -469,11 +472,100 @@ static void snapshots(vindex *vi, size_t n, const char *dir)
     unlink(path);
 }
 
+/* mode 0 searches once over the queries: p50, p99 and recall into the caller's variables */
+static void one_pass(vindex *vi, const truth_set *gt, double *p50, double *p99, double *rec)
+{
+    double *t = malloc((size_t)NQ * sizeof(double));
+    vindex_hit hits[K];
+    *rec = 0;
+    for (int q = 0; q < NQ; q++) {
+        vindex_query qq = {.vec = Q + (size_t)q * DIM, .k = K};
+        size_t nh;
+        double a = now_us();
+        if (vindex_search(vi, &qq, hits, &nh))
+            exit(1);
+        t[q] = now_us() - a;
+        *rec += recall_of(hits, nh, gt, q);
+    }
+    *rec /= NQ;
+    *p50 = pct(t, NQ, 0.5);
+    *p99 = pct(t, NQ, 0.99);
+    free(t);
+}
+
+static void rows_line(vindex *vi, size_t n, const char *what)
+{
+    vindex_stats st;
+    size_t b = vindex_resident(vi);
+    vindex_get_stats(vi, &st);
+    printf("  memory   n=%-6zu %-30s resident %7.1f MB (%.2f B per dim and vector): heap "
+           "%.1f MB, rows mapped %.1f MB, in RAM %.1f MB; page-ins %llu\n",
+           n, what, b / 1e6, (double)b / ((double)n * DIM), st.heap_bytes / 1e6,
+           st.rows_mapped / 1e6, st.rows_resident / 1e6, (unsigned long long)st.page_ins);
+}
+
+/* rows_memory: the resident bytes of an index whose float rows are mapped from its snapshot
+ * (issue 34): after the save, after dropping the mapped pages, after cold and warm passes of
+ * searches, and for a load (mapped) with its time and its first, cold pass. */
+static void rows_memory(vindex **vip, size_t n, const truth_set *gt, const char *dir)
+{
+    vindex *vi = *vip;
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/index-micro-rows-%d.snap", dir, (int)getpid());
+    rows_line(vi, n, "built, rows on the heap");
+    if (vindex_save(vi, path, 7)) {
+        printf("  memory   n=%-6zu save failed\n", n);
+        unlink(path);
+        return;
+    }
+    rows_line(vi, n, "saved: rows mapped");
+    vindex_trim(vi);
+    rows_line(vi, n, "mapped pages dropped");
+    double p50, p99, rec;
+    one_pass(vi, gt, &p50, &p99, &rec);
+    rows_line(vi, n, "after a cold pass");
+    printf("  memory   n=%-6zu cold pass (rows read from the file) p50 %7.1f us  p99 %7.1f us  "
+           "recall@10 %.4f\n",
+           n, p50, p99, rec);
+    one_pass(vi, gt, &p50, &p99, &rec);
+    printf("  memory   n=%-6zu warm pass                            p50 %7.1f us  p99 %7.1f us  "
+           "recall@10 %.4f\n",
+           n, p50, p99, rec);
+    rows_line(vi, n, "after a warm pass");
+    /* the index goes before the load: pages two mappings share stay in RAM when one drops
+     * them */
+    vindex_destroy(vi);
+    *vip = NULL;
+    vindex *lv = NULL;
+    uint64_t seq = 0;
+    double a = now_us();
+    int rc = vindex_load(path, &(vindex_opts){.dim = DIM, .meta_size = sizeof(meta)}, &lv, &seq);
+    double tl = now_us() - a;
+    if (rc == 0) {
+        printf("  memory   n=%-6zu load (mapped, page cache warm) %.1f ms\n", n, tl / 1e3);
+        rows_line(lv, n, "loaded");
+        vindex_trim(lv);
+        vindex_hit hits[K];
+        vindex_query qq = {.vec = Q, .k = K};
+        size_t nh;
+        a = now_us();
+        vindex_search(lv, &qq, hits, &nh);
+        printf("  memory   n=%-6zu loaded, pages dropped: first query %.1f us\n", n, now_us() - a);
+        one_pass(lv, gt, &p50, &p99, &rec);
+        printf("  memory   n=%-6zu loaded, cold pass                    p50 %7.1f us  p99 %7.1f "
+               "us  recall@10 %.4f\n",
+               n, p50, p99, rec);
+        rows_line(lv, n, "loaded, after a cold pass");
+        vindex_destroy(lv);
+    }
+    unlink(path);
+}
+
 int main(int argc, char **argv)
 {
     size_t sizes[8] = {100, 5000, 50000}, nsizes = 3;
     int threads[8] = {1, 2, 8}, nthreads = 3;
-    bool compare = false, with_hnsw = false, quick = false, check = false;
+    bool compare = false, with_hnsw = false, quick = false, check = false, rows_mem = false;
     int engine = VINDEX_ENGINE_NATIVE;
     bool size_max[8] = {false};
     const char *dir = "/tmp", *dsname = "gaussian", *text_dir = NULL;
@@ -492,6 +584,8 @@ int main(int argc, char **argv)
             nthreads = 0;
             for (char *p = strtok(argv[++i], ","); p && nthreads < 8; p = strtok(NULL, ","))
                 threads[nthreads++] = atoi(p);
+        } else if (!strcmp(argv[i], "--memory")) {
+            rows_mem = true;
         } else if (!strcmp(argv[i], "-d") && i + 1 < argc) {
             dir = argv[++i];
         } else if (!strcmp(argv[i], "--dataset") && i + 1 < argc) {
@@ -623,6 +717,8 @@ int main(int argc, char **argv)
         }
         if (n >= 5000 && !quick)
             snapshots(vi, n, dir);
+        if (n >= 5000 && rows_mem)
+            rows_memory(&vi, n, &gt[0], dir); /* destroys vi */
         vindex_destroy(vi);
 
         if (compare) {

@@ -23,9 +23,11 @@
 
 #include "client.h"
 #include "hash.h"
+#include "idmap.h"
 #include "json.h"
 #include "rpc.h"
 #include "ubuf.h"
+#include "xxh64.h"
 
 enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2 };
 
@@ -865,10 +867,161 @@ static long b64decode(const char *s, size_t n, unsigned char *out)
     return (long)o;
 }
 
+/* ---- import: what the tenant holds already ----------------------------------------------
+ *
+ * An import stores only the memories the tenant does not hold yet, so it can be repeated,
+ * with or without embeddings, from the same file or from another export of the same memories
+ * cut into other batches. A memory is the same as another when its content, type, agent,
+ * clade, scope and creation time are: what an export keeps and nothing an import or a later
+ * change alters (importance, metadata, access counts and the embedding may differ). Before
+ * storing, the import lists the tenant's memories once (memory.list, archived ones included,
+ * without embeddings) and counts each identity; a line whose identity is counted uses up one
+ * count and is reported as already present, so a file holding two equal memories where the
+ * tenant holds one stores one. A line without created_at matches on the rest (the server
+ * would give it the time of the import). Identities are compared as 64-bit hashes: two
+ * different memories share one with a probability of about n^2 / 2^65 (3e-8 for a million). */
+
+#define FP_SEED 0x656e6772616d3031ULL /* "engram01" */
+
+static void fp_str(xxh64_state *h, char tag, const msgpack_object *o)
+{
+    uint64_t n = o && o->type == MSGPACK_OBJECT_STR ? o->via.str.size : 0;
+    xxh64_update(h, &tag, 1);
+    xxh64_update(h, &n, sizeof(n));
+    if (n)
+        xxh64_update(h, o->via.str.ptr, (size_t)n);
+}
+
+static uint64_t fp_uint(const msgpack_object *o)
+{
+    return o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? o->via.u64 : 0;
+}
+
+/* The identity hashes of a memory map m (a listed memory or a line of an export): *full with
+ * its created_at, *loose without. Returns whether m has a created_at. */
+static bool import_identity(const msgpack_object *m, uint64_t *full, uint64_t *loose)
+{
+    xxh64_state h;
+    const msgpack_object *type = rpc_map_get(m, "type");
+    if (!type || type->type != MSGPACK_OBJECT_STR)
+        type = rpc_map_get(m, "memory_type");
+    uint64_t agent = fp_uint(rpc_map_get(m, "agent_id"));
+    uint64_t clade = fp_uint(rpc_map_get(m, "clade_id"));
+    const msgpack_object *scope = rpc_map_get(m, "scope");
+    msgpack_object dflt = {.type = MSGPACK_OBJECT_STR};
+    if (!scope || scope->type != MSGPACK_OBJECT_STR) { /* the server's default (memory.store) */
+        dflt.via.str.ptr = agent ? "agent" : "tenant";
+        dflt.via.str.size = (uint32_t)strlen(dflt.via.str.ptr);
+        scope = &dflt;
+    }
+    xxh64_init(&h, FP_SEED);
+    fp_str(&h, 'c', rpc_map_get(m, "content"));
+    fp_str(&h, 't', type);
+    fp_str(&h, 's', scope);
+    xxh64_update(&h, &agent, sizeof(agent));
+    xxh64_update(&h, &clade, sizeof(clade));
+    *loose = xxh64_digest(&h);
+    const msgpack_object *at = rpc_map_get(m, "created_at");
+    bool has_at = at && (at->type == MSGPACK_OBJECT_POSITIVE_INTEGER ||
+                         at->type == MSGPACK_OBJECT_NEGATIVE_INTEGER);
+    int64_t t = has_at ? at->via.i64 : 0;
+    xxh64_update(&h, "a", 1);
+    xxh64_update(&h, &t, sizeof(t));
+    *full = xxh64_digest(&h);
+    if (*loose == UINT64_MAX) /* idmap's reserved key */
+        *loose = 0;
+    if (*full == UINT64_MAX)
+        *full = 0;
+    return has_at;
+}
+
+typedef struct import_seen {
+    idmap *full;    /* identity with created_at -> how many of the tenant's memories have it */
+    idmap *loose;   /* identity without created_at -> how many */
+    uint64_t state; /* an order-free hash of the ids listed: the tenant's state at the lookup */
+    size_t count;   /* memories listed */
+} import_seen;
+
+static int count_up(idmap *m, uint64_t k)
+{
+    uint64_t n = 0;
+    idmap_get(m, k, &n);
+    return idmap_put(m, k, n + 1);
+}
+
+/* Uses up one count of k; returns whether there was one. */
+static bool count_down(idmap *m, uint64_t k)
+{
+    uint64_t n = 0;
+    if (!idmap_get(m, k, &n) || n == 0)
+        return false;
+    idmap_put(m, k, n - 1); /* replacing a value never fails */
+    return true;
+}
+
+static int pack_seen_page(msgpack_packer *pk, void *ud)
+{
+    const char *cursor = ud;
+    msgpack_pack_map(pk, cursor ? 3 : 2);
+    rpc_pack_kv_bool(pk, "include_archived", true);
+    rpc_pack_kv_uint(pk, "limit", 1000);
+    if (cursor)
+        rpc_pack_kv_str(pk, "cursor", cursor);
+    return 0;
+}
+
+/* Lists the tenant's memories into seen (initialised by the caller). Returns 0 or an exit
+ * code (the error printed). */
+static int import_lookup(ctx *x, import_seen *seen)
+{
+    char *cursor = NULL;
+    int rc = EXIT_OK;
+    for (;;) {
+        client_error e;
+        const msgpack_object *res;
+        msgpack_zone_clear(&x->zone);
+        client_args args = {.pack = pack_seen_page, .ud = cursor};
+        if (client_call(x->conn, "memory.list", &args, &x->zone, &res, &e) != 0) {
+            rc = client_fail(x, &e);
+            break;
+        }
+        const msgpack_object *mems = rpc_map_get(res, "memories");
+        for (uint32_t i = 0; mems && mems->type == MSGPACK_OBJECT_ARRAY && i < mems->via.array.size;
+             i++) {
+            const msgpack_object *m = &mems->via.array.ptr[i];
+            uint64_t full, loose;
+            if (m->type != MSGPACK_OBJECT_MAP)
+                continue; /* a row the server could not read (nil) */
+            import_identity(m, &full, &loose);
+            if (count_up(seen->full, full) != 0 || count_up(seen->loose, loose) != 0) {
+                rc = error_out("out_of_memory", "out of memory listing the tenant's memories");
+                goto out;
+            }
+            seen->state += hash_mix64(fp_uint(rpc_map_get(m, "id")) ^ HASH_GOLDEN64);
+            seen->count++;
+        }
+        const msgpack_object *next = rpc_map_get(res, "next_cursor");
+        free(cursor);
+        cursor = NULL;
+        if (!next || next->type != MSGPACK_OBJECT_STR)
+            break;
+        cursor = strndup(next->via.str.ptr, next->via.str.size);
+        if (!cursor) {
+            rc = error_out("out_of_memory", "out of memory");
+            break;
+        }
+    }
+out:
+    free(cursor);
+    seen->state = hash_mix64(seen->state ^ hash_mix64(seen->count));
+    return rc;
+}
+
 typedef struct import_batch {
     obuf items; /* the packed memory maps, back to back */
     uint32_t n;
-    uint64_t hash; /* of the lines: the batch's idempotency key, so a rerun stores nothing twice */
+    uint64_t state; /* import_seen.state, part of every batch's idempotency key */
+    uint64_t again; /* non-zero: the batch is sent again under a new key (see import_flush) */
     uint32_t narchived;
     uint32_t archived[IMPORT_BATCH]; /* items exported as archived: archived again once stored */
     char *reasons[IMPORT_BATCH];
@@ -944,8 +1097,15 @@ typedef struct batch_pack {
 static int pack_import_batch(msgpack_packer *pk, void *ud)
 {
     const import_batch *b = ud;
-    char key[40];
-    snprintf(key, sizeof(key), "import-%016llx-%u", (unsigned long long)b->hash, b->n);
+    /* the key names the batch's exact items and the tenant's state when the import looked:
+     * a batch sent again (two imports of one file at once) is answered from the first, while
+     * the same memories imported after they were deleted are stored again */
+    char key[96];
+    int n = snprintf(key, sizeof(key), "import-%016llx-%016llx-%u",
+                     (unsigned long long)xxh64(b->items.b.data, b->items.b.len, FP_SEED),
+                     (unsigned long long)b->state, b->n);
+    if (b->again)
+        snprintf(key + n, sizeof(key) - (size_t)n, "-%llx", (unsigned long long)b->again);
     msgpack_pack_map(pk, 2);
     rpc_pack_cstr(pk, "memories");
     msgpack_pack_array(pk, b->n);
@@ -971,8 +1131,34 @@ static int pack_archive(msgpack_packer *pk, void *ud)
     return 0;
 }
 
-/* Sends one batch; returns 0 or an exit code. */
-static int import_flush(ctx *x, import_batch *b, size_t *stored)
+static int pack_get_ids(msgpack_packer *pk, void *ud)
+{
+    const msgpack_object *ids = ud;
+    msgpack_pack_map(pk, 1);
+    rpc_pack_cstr(pk, "ids");
+    return msgpack_pack_object(pk, *ids) == 0 ? 0 : -ENOMEM;
+}
+
+/* A batch the server answered as a replay: whether every memory of that earlier answer is
+ * still there (*out), by memory.get. Returns 0 or an exit code. */
+static int replay_still_there(ctx *x, const msgpack_object *ids, bool *out)
+{
+    client_error e;
+    const msgpack_object *res;
+    client_args args = {.pack = pack_get_ids, .ud = (void *)ids};
+    *out = false;
+    if (!ids || ids->type != MSGPACK_OBJECT_ARRAY || ids->via.array.size == 0)
+        return 0;
+    if (client_call(x->conn, "memory.get", &args, &x->zone, &res, &e) != 0)
+        return client_fail(x, &e);
+    const msgpack_object *missing = rpc_map_get(res, "missing");
+    *out = !missing || missing->type != MSGPACK_OBJECT_ARRAY || missing->via.array.size == 0;
+    return 0;
+}
+
+/* Sends one batch, adding its memories to *stored, or to *present when the server answers
+ * it as a replay of a batch an identical import stored meanwhile. Returns 0 or an exit code. */
+static int import_flush(ctx *x, import_batch *b, size_t *stored, size_t *present)
 {
     if (b->n == 0)
         return 0;
@@ -984,7 +1170,29 @@ static int import_flush(ctx *x, import_batch *b, size_t *stored)
     if (rc != 0)
         return client_fail(x, &e);
     const msgpack_object *ids = rpc_map_get(res, "ids");
-    for (uint32_t k = 0; k < b->narchived; k++) {
+    bool replayed = rpc_get_bool(rpc_map_get(res, "replayed"), false);
+    if (replayed) {
+        /* Another import of the same batch from the same state stored it (it is counted as
+         * present), or this state came back: the tenant's memories were deleted down to the
+         * very set an earlier import started from, and what it stored is gone. Then the
+         * batch goes again under a key of its own. (Some gone and some there would take a
+         * concurrent import and a delete of part of what it stored in between; the batch
+         * then goes again whole.) */
+        bool there;
+        if ((rc = replay_still_there(x, ids, &there)) != 0)
+            return rc;
+        if (!there) {
+            b->again = (uint64_t)time(NULL) * 1000003u + (uint64_t)clock();
+            msgpack_zone_clear(&x->zone);
+            rc = client_call(x->conn, "memory.store_batch", &args, &x->zone, &res, &e);
+            b->again = 0;
+            if (rc != 0)
+                return client_fail(x, &e);
+            ids = rpc_map_get(res, "ids");
+            replayed = false;
+        }
+    }
+    for (uint32_t k = 0; !replayed && k < b->narchived; k++) {
         uint32_t i = b->archived[k];
         if (!ids || ids->type != MSGPACK_OBJECT_ARRAY || i >= ids->via.array.size)
             break;
@@ -1000,14 +1208,15 @@ static int import_flush(ctx *x, import_batch *b, size_t *stored)
         b->reasons[k] = NULL;
     }
     b->narchived = 0;
-    *stored += b->n;
+    *(replayed ? present : stored) += b->n;
     ubuf_truncate(&b->items.b, 0);
     b->n = 0;
-    b->hash = HASH_FNV1A_OFFSET;
     return 0;
 }
 
-/* engram import: reads JSON Lines, stores them in batches of IMPORT_BATCH. */
+/* engram import: reads JSON Lines, stores the memories the tenant does not hold yet (see
+ * import_identity) in batches of IMPORT_BATCH, and reports how many were new and how many
+ * were there already. */
 static int exec_import(ctx *x)
 {
     const char *path = x->npos ? x->pos[0] : NULL;
@@ -1018,19 +1227,25 @@ static int exec_import(ctx *x)
     FILE *in = path && strcmp(path, "-") != 0 ? fopen(path, "r") : stdin;
     if (!in)
         return error_out("io_error", "cannot read %s: %s", path, strerror(errno));
-    import_batch b = {.hash = HASH_FNV1A_OFFSET};
+    import_seen seen = {.full = idmap_create(1024), .loose = idmap_create(1024)};
+    import_batch b = {0};
     char *line = NULL;
-    size_t cap = 0, lineno = 0, stored = 0, skipped = 0;
+    size_t cap = 0, lineno = 0, stored = 0, present = 0, expired = 0;
     ssize_t len;
     int rc = EXIT_OK;
+    if (!seen.full || !seen.loose) {
+        rc = error_out("out_of_memory", "out of memory");
+        goto out;
+    }
+    if ((rc = import_lookup(x, &seen)) != EXIT_OK)
+        goto out;
+    b.state = seen.state;
     while ((len = getline(&line, &cap, in)) > 0) {
         lineno++;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             line[--len] = '\0';
         if (len == 0)
             continue;
-        for (ssize_t i = 0; i < len; i++)
-            b.hash = hash_fnv1a_byte(b.hash, (unsigned char)line[i]);
         obuf mp = {0};
         msgpack_packer pk;
         msgpack_packer_init(&pk, &mp, ubuf_sink_write);
@@ -1049,6 +1264,16 @@ static int exec_import(ctx *x)
             rc = EXIT_ERR;
             break;
         }
+        uint64_t full, loose;
+        bool found = import_identity(&m, &full, &loose) ? count_down(seen.full, full)
+                                                        : count_down(seen.loose, loose);
+        if (found) {
+            count_down(seen.loose, loose); /* keeps the looser count in step */
+            present++;
+            msgpack_zone_destroy(&z);
+            ubuf_fini(&mp.b);
+            continue;
+        }
         int ir = import_item(&b, &m, keep, lineno);
         msgpack_zone_destroy(&z);
         ubuf_fini(&mp.b);
@@ -1057,21 +1282,31 @@ static int exec_import(ctx *x)
             break;
         }
         if (ir > 0)
-            skipped++;
-        if (b.n == IMPORT_BATCH && (rc = import_flush(x, &b, &stored)) != 0)
+            expired++;
+        if (b.n == IMPORT_BATCH && (rc = import_flush(x, &b, &stored, &present)) != 0)
             break;
     }
     if (rc == EXIT_OK)
-        rc = import_flush(x, &b, &stored);
+        rc = import_flush(x, &b, &stored, &present);
+out:
     free(line);
     ubuf_fini(&b.items.b);
     for (uint32_t k = 0; k < b.narchived; k++)
         free(b.reasons[k]);
+    idmap_destroy(seen.full);
+    idmap_destroy(seen.loose);
     if (in != stdin)
         fclose(in);
-    if (rc == EXIT_OK)
-        fprintf(stderr, "imported %zu memories%s\n", stored,
-                skipped ? " (expired ones skipped)" : "");
+    if (rc != EXIT_OK)
+        return rc;
+    if (x->json)
+        printf("{\"imported\":%zu,\"already_present\":%zu,\"expired\":%zu}\n", stored, present,
+               expired);
+    fprintf(stderr, "imported %zu new memor%s, %zu already present", stored,
+            stored == 1 ? "y" : "ies", present);
+    if (expired)
+        fprintf(stderr, ", %zu expired since the export (skipped)", expired);
+    fputc('\n', stderr);
     return rc;
 }
 
@@ -1119,7 +1354,9 @@ static const command commands[] = {
      AUTH_REQUIRED, NULL, NULL, NULL, exec_export},
     {"import", "[FILE] [--embeddings keep|drop]",
      "store the memories of an export (standard input without FILE), keeping timestamps,\n"
-     "importance and access counts; drop re-embeds the content on this server",
+     "importance and access counts; drop re-embeds the content on this server. Memories the\n"
+     "tenant holds already (same content, type, agent, clade, scope and creation time) are\n"
+     "counted and skipped, so an import can be repeated",
      0, 1, import_opts, AUTH_REQUIRED, NULL, NULL, NULL, exec_import},
 };
 
@@ -1493,21 +1730,16 @@ static bool parse_url(const char *url, const char *what, char *host, size_t host
     return true;
 }
 
-static int run(ctx *x, int argc, char **argv)
+/* Reads the command line: the words, help, the command and its options. Returns -1 to go
+ * on, or an exit status. */
+static int read_command(ctx *x, int argc, char **argv)
 {
     const char **words = calloc((size_t)argc + 1, sizeof(*words));
-    const char *host, *key;
-    char url_host[URL_HOST_MAX];
-    bool url_tls = false;
-    uint64_t port = DEFAULT_PORT, timeout = DEFAULT_TIMEOUT_MS;
-    uint64_t connect_timeout = DEFAULT_CONNECT_TIMEOUT_MS;
-    client_error e;
-    char err[512];
     int nwords, rc;
 
     if (words == NULL)
         return error_out("out_of_memory", "out of memory");
-    x->words = words;
+    x->words = words; /* freed by main */
     rc = parse_line(x, argc, argv, words, &nwords);
     if (rc >= 0)
         return rc;
@@ -1526,60 +1758,85 @@ static int run(ctx *x, int argc, char **argv)
     }
     x->pos = words + used;
     x->npos = nwords - used;
-    rc = check_command(x);
-    if (rc >= 0)
-        return rc;
+    return check_command(x);
+}
 
-    /* connection settings: --url, or --host and --port; else ENGRAM_URL; else ENGRAM_HOST
-     * and ENGRAM_PORT (the names before ENGRAM_URL); else the defaults */
+/* Where and how to connect. host points into url_host or at a flag, the environment or
+ * DEFAULT_HOST; tls's strings likewise. */
+typedef struct conn_plan {
+    char url_host[URL_HOST_MAX];
+    const char *host;
+    uint64_t port, timeout, connect_timeout;
+    client_tls tls;
+    bool use_tls;
+} conn_plan;
+
+/* Settles the connection from the flags and the environment: --url, or --host and --port;
+ * else ENGRAM_URL; else ENGRAM_HOST and ENGRAM_PORT (the names before ENGRAM_URL); else the
+ * defaults; the timeouts; TLS. Returns -1 to go on, or EXIT_USAGE. */
+static int settle_connection(ctx *x, conn_plan *p)
+{
+    bool url_tls = false;
+
+    p->port = DEFAULT_PORT;
+    p->timeout = DEFAULT_TIMEOUT_MS;
+    p->connect_timeout = DEFAULT_CONNECT_TIMEOUT_MS;
     if (x->url && (x->host || x->port_s))
         return usage_error(x, "give --url or --host/--port, not both");
     const char *url = x->url ? x->url : (x->host || x->port_s) ? NULL : env("ENGRAM_URL");
     if (url) {
         char why[256];
-        if (!parse_url(url, x->url ? "--url" : "ENGRAM_URL", url_host, sizeof(url_host), &port,
-                       &url_tls, why, sizeof(why)))
+        if (!parse_url(url, x->url ? "--url" : "ENGRAM_URL", p->url_host, sizeof(p->url_host),
+                       &p->port, &url_tls, why, sizeof(why)))
             return usage_error(x, "%s", why);
-        host = url_host;
+        p->host = p->url_host;
     } else {
-        host = x->host ? x->host : env("ENGRAM_HOST") ? env("ENGRAM_HOST") : DEFAULT_HOST;
+        p->host = x->host ? x->host : env("ENGRAM_HOST") ? env("ENGRAM_HOST") : DEFAULT_HOST;
         const char *port_s = x->port_s ? x->port_s : env("ENGRAM_PORT");
-        if (port_s && (!parse_u64(port_s, &port) || port == 0 || port > 65535))
+        if (port_s && (!parse_u64(port_s, &p->port) || p->port == 0 || p->port > 65535))
             return usage_error(x, "the port must be 1 to 65535, not '%s'", port_s);
     }
-    if (x->timeout_s && (!parse_u64(x->timeout_s, &timeout) || timeout > INT_MAX))
+    if (x->timeout_s && (!parse_u64(x->timeout_s, &p->timeout) || p->timeout > INT_MAX))
         return usage_error(x, "--timeout-ms must be 0 to %d, not '%s'", INT_MAX, x->timeout_s);
     if (x->connect_timeout_s &&
-        (!parse_u64(x->connect_timeout_s, &connect_timeout) || connect_timeout > INT_MAX))
+        (!parse_u64(x->connect_timeout_s, &p->connect_timeout) || p->connect_timeout > INT_MAX))
         return usage_error(x, "--connect-timeout-ms must be 0 to %d, not '%s'", INT_MAX,
                            x->connect_timeout_s);
-    if (connect_timeout == 0 || (timeout > 0 && timeout < connect_timeout))
-        connect_timeout = timeout; /* the call's own deadline bounds connecting too */
+    if (p->connect_timeout == 0 || (p->timeout > 0 && p->timeout < p->connect_timeout))
+        p->connect_timeout = p->timeout; /* the call's own deadline bounds connecting too */
     /* TLS: flags win over the environment; any file asked for means TLS */
-    client_tls tls = {
+    p->tls = (client_tls){
         .ca_file = x->tls_ca ? x->tls_ca : env("ENGRAM_TLS_CA"),
         .cert_file = x->tls_cert ? x->tls_cert : env("ENGRAM_TLS_CERT"),
         .key_file = x->tls_key ? x->tls_key : env("ENGRAM_TLS_KEY"),
         .server_name = env("ENGRAM_TLS_SERVERNAME"),
     };
     const char *tls_env = env("ENGRAM_TLS");
-    bool use_tls = x->tls || url_tls || (tls_env && strcmp(tls_env, "0") != 0) || tls.ca_file ||
-                   tls.cert_file || tls.key_file;
-    if (tls.key_file && !tls.cert_file)
+    p->use_tls = x->tls || url_tls || (tls_env && strcmp(tls_env, "0") != 0) || p->tls.ca_file ||
+                 p->tls.cert_file || p->tls.key_file;
+    if (p->tls.key_file && !p->tls.cert_file)
         return usage_error(x, "--tls-key needs --tls-cert");
-    key = NULL;
-    if (x->cmd->auth != AUTH_NONE) { /* ping works whatever the key settings say */
-        rc = resolve_key(x, &key);
+    return -1;
+}
+
+/* Settles the API key the command needs (none for ping, whatever the key settings say) and
+ * packs its arguments, both before connecting. Sets *key to the key or NULL. Returns -1 to
+ * go on, or an exit status. */
+static int prepare_call(ctx *x, const char **key)
+{
+    int rc;
+
+    *key = NULL;
+    if (x->cmd->auth != AUTH_NONE) {
+        rc = resolve_key(x, key);
         if (rc != 0)
             return rc;
     }
-    if (x->cmd->auth == AUTH_REQUIRED && key == NULL)
+    if (x->cmd->auth == AUTH_REQUIRED && *key == NULL)
         return error_out("unauthenticated",
                          "%s needs an API key: use --key-file, --key, "
                          "ENGRAM_API_KEY_FILE or ENGRAM_API_KEY",
                          x->cmd->name);
-
-    /* the arguments, checked before connecting */
     x->method = x->cmd->method;
     x->has_args = x->cmd->prepare != NULL;
     if (x->cmd->prepare) {
@@ -1591,22 +1848,31 @@ static int run(ctx *x, int argc, char **argv)
         if (x->args.failed)
             return error_out("out_of_memory", "out of memory packing the request");
     }
-
-    /* the call */
     if (!msgpack_zone_init(&x->zone, 8192))
         return error_out("out_of_memory", "out of memory");
     x->zone_ok = true;
-    rc = client_connect_tls(host, (uint16_t)port, (int)connect_timeout, use_tls ? &tls : NULL,
-                            &x->conn, err, sizeof(err));
+    return -1;
+}
+
+/* Connects as p says, authenticates with key (when not NULL) and runs the command: its
+ * exec, or the call and its output. Returns the exit status. */
+static int call_command(ctx *x, const conn_plan *p, const char *key)
+{
+    client_error e;
+    char err[512];
+    int rc;
+
+    rc = client_connect_tls(p->host, (uint16_t)p->port, (int)p->connect_timeout,
+                            p->use_tls ? &p->tls : NULL, &x->conn, err, sizeof(err));
     if (rc == CLIENT_E_TIMEOUT)
         return error_out("timeout", "%s (in %" PRIu64 " ms; --connect-timeout-ms)", err,
-                         connect_timeout);
+                         p->connect_timeout);
     if (rc != 0)
         return error_out(rc == -ENOMEM        ? "out_of_memory"
                          : rc == CLIENT_E_TLS ? "tls_failed"
                                               : "connect_failed",
                          "%s", err);
-    client_set_timeout(x->conn, (int)timeout);
+    client_set_timeout(x->conn, (int)p->timeout);
     if (key) {
         rc = client_auth(x->conn, key, &e);
         if (rc != 0)
@@ -1622,6 +1888,26 @@ static int run(ctx *x, int argc, char **argv)
     if (x->json)
         return print_json(res, false);
     return x->cmd->show ? x->cmd->show(x, res) : print_json(res, true);
+}
+
+/* The command line's command, checked whole (options, arguments, connection settings, key)
+ * before connecting, then run. Returns the exit status. */
+static int run(ctx *x, int argc, char **argv)
+{
+    conn_plan plan;
+    const char *key;
+    int rc;
+
+    rc = read_command(x, argc, argv);
+    if (rc >= 0)
+        return rc;
+    rc = settle_connection(x, &plan);
+    if (rc >= 0)
+        return rc;
+    rc = prepare_call(x, &key);
+    if (rc >= 0)
+        return rc;
+    return call_command(x, &plan, key);
 }
 
 int main(int argc, char **argv)

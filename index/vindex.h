@@ -42,10 +42,25 @@
  * writers. No function of the index uses OpenMP or BLAS threads: one query runs on its
  * caller's thread, and queries parallelize across callers.
  *
- * Implementation: vindex.c (storage and writes, rebuilds, maintenance), vindex_search.c
- * (searches, the recall monitor), vindex_snap.c (snapshots), sharing the private
- * vindex_int.h. The library (engram_index) links no FAISS: the FAISS engine reaches it
- * through vindex_opts.faiss_engine (see the engine interface below).
+ * Memory. From the SQ8 kind on, a search reads a float row only to re-rank a candidate that
+ * the int8 bound could not rule out (about a dozen a query at 50,000 x 768); everything it
+ * touches on every query (int8 and sign codes, metadata, ids) stays on the heap. Once the
+ * index has been saved (or loaded), its float rows are read from that snapshot, mapped,
+ * instead of the heap: the kernel keeps the pages that searches use and may drop the rest;
+ * rows added since sit on the heap until the next save. vindex_bytes counts what is
+ * resident: the heap and the mapped pages in RAM at the last vindex_resident;
+ * vindex_trim drops the mapped pages (the next searches read them back: page-ins, counted
+ * in vindex_stats). A FLAT index keeps its rows on the heap: its search reads all of them.
+ *
+ * Recall at build time. The ANN kind's depth is measured (vindex_calibrate) before codes
+ * answer: a rebuild measures its new codes before it swaps them in, vindex_settle finishes a
+ * bulk build (a rebuild when due, then a measurement), a snapshot carries its index's
+ * measurement, and codes not measured yet (the add that crossed ann_min, until the monitor
+ * measures them) are scanned exactly rather than searched at a guessed depth.
+ *
+ * Implementation: one file per job behind the private vindex_int.h, which lists them. The
+ * library (engram_index) links no FAISS: the FAISS engine reaches it through
+ * vindex_opts.faiss_engine (see the engine interface below).
  */
 #ifndef ENGRAM_INDEX_VINDEX_H
 #define ENGRAM_INDEX_VINDEX_H
@@ -93,10 +108,10 @@ typedef struct vindex_opts {
     size_t quant_min;
     size_t ann_min;
     /* ANN search: it gathers and bounds with the int8 codes the depth vindex_calibrate
-     * measured (scaled with k / 10), at least ann_candidates (default 256) and 16 k; before
-     * a measurement, an eighth of the live vectors, at most ann_max_candidates (default
-     * 16384): its budget. A calibration that needs more than ann_max_candidates (or half
-     * the live vectors) switches the index to exact scans. */
+     * measured (scaled with k / 10), at least ann_candidates (default 256) and 16 k: its
+     * budget; codes not measured yet are scanned exactly. A calibration that needs more
+     * than ann_max_candidates (default 16384; or half the live vectors) switches the index
+     * to exact scans. */
     size_t ann_candidates;
     size_t ann_max_candidates;
     /* Compaction is due when tombstones reach compact_percent (default 25) percent of the
@@ -119,6 +134,12 @@ typedef struct vindex_opts {
      * vindex_maintenance on the ANN kind returns VINDEX_E_FAISS, vindex_engine_error says
      * why), and vindex_load skips a snapshot's FAISS section. */
     const struct vindex_engine_ops *faiss_engine;
+    /* heap_rows: keep every float row on the heap even where a snapshot could map them (the
+     * layout before issue 34; benchmarks compare the two). */
+    bool heap_rows;
+    /* The recall a rebuild's own measurement aims for (vindex_maintenance; default 0.99;
+     * vindex_maintenance_scored and vindex_settle take theirs). */
+    double recall_target;
 } vindex_opts;
 
 enum vindex_engine {
@@ -171,13 +192,25 @@ void vindex_destroy(vindex *vi);
 size_t vindex_dim(const vindex *vi);
 size_t vindex_count(vindex *vi);
 
-/* vindex_bytes returns the memory the index holds for a memory budget: every array at its
- * allocated capacity (float rows, codes, ids, metadata, tombstones; the last chunk of
- * rows is counted whole), the id map and the handle; not allocator overhead. While
+/* vindex_bytes returns the memory the index holds for a memory budget, resident bytes: every
+ * heap array at its allocated capacity (codes, ids, metadata, tombstones, float rows on the
+ * heap; the last chunk counted whole), the id map, the calibration and the handle, plus the
+ * mapped float rows in RAM at the last vindex_resident; not allocator overhead. While
  * vindex_maintenance rebuilds, the new copy (up to the size of the live data) is extra and
  * not counted; a search of an ANN index allocates about 7 bytes per stored vector of
  * scratch for its duration. */
 size_t vindex_bytes(vindex *vi);
+
+/* vindex_resident measures which pages of the mapped float rows are in RAM now (mincore:
+ * about 20 us per 100 MiB mapped) and returns vindex_bytes with that measurement. Shared
+ * lock. Any thread; meant for the caller's periodic accounting. */
+size_t vindex_resident(vindex *vi);
+
+/* vindex_trim asks the kernel to drop the mapped float rows from RAM (MADV_PAGEOUT; the
+ * pages are clean: nothing is written) and returns the resident bytes measured after it.
+ * Searches go on and read the rows they need back from the file (page-ins). Pages another
+ * process maps too stay. Shared lock. */
+size_t vindex_trim(vindex *vi);
 
 typedef struct vindex_stats {
     size_t count;          /* live vectors */
@@ -191,6 +224,11 @@ typedef struct vindex_stats {
                             * to recompute, or the FAISS engine's index to (re)build */
     int engine;            /* the engine ANN searches use now: VINDEX_ENGINE_FAISS once its
                             * index is built, else VINDEX_ENGINE_NATIVE */
+    size_t heap_bytes;     /* of bytes: what the heap holds */
+    size_t rows_heap;      /* of heap_bytes: float rows a save would map (0 below SQ8) */
+    size_t rows_mapped;    /* bytes of float rows mapped from the last snapshot */
+    size_t rows_resident;  /* of them in RAM at the last vindex_resident (in bytes) */
+    uint64_t page_ins;     /* major page faults of searches reading mapped rows */
 } vindex_stats;
 
 /* vindex_get_stats fills *st with one consistent snapshot of the counters above (shared
@@ -330,7 +368,8 @@ typedef struct vindex_query {
  * A query with a score function searches past the measured depth while candidates keep
  * entering its top k (native), or four times as deep (FAISS). An ANN index answers exactly
  * (scanning the int8 codes) when k is large against it (live at most twice the budget),
- * and while its recall monitor finds no depth that reaches the target. The reported similarity of a
+ * until its codes are measured, and while its recall monitor finds no depth that reaches
+ * the target. The reported similarity of a
  * vector depends only on it and the query (not on where it is stored or on the CPU), so two copies
  * of one vector tie exactly and are ordered by id.
  *
@@ -373,9 +412,9 @@ typedef struct vindex_recall {
  * about 1-4 ms at 50,000 x 768), then, once 200 positions are known, sets the depth to the
  * one whose recall on them reaches target + (1 - target) / 2, plus a quarter; when that
  * exceeds ann_max_candidates or half the live vectors, searches scan exactly until a later
- * calibration finds a depth again. New codes (a kind change, a rebuild) discard the samples.
- * Fills *out (may be NULL). Returns 0 or -ENOMEM. Holds the shared lock per probe only;
- * meant for a background thread. */
+ * calibration finds a depth again. New codes (a kind change, a rebuild) discard the samples
+ * (a rebuild brings its own, measured before the swap). Fills *out (may be NULL). Returns 0
+ * or -ENOMEM. Holds the shared lock per probe only; meant for a background thread. */
 int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *out);
 
 /* vindex_calibrate_scored is vindex_calibrate that also measures, with the same probes, a
@@ -388,27 +427,48 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
 int vindex_calibrate_scored(vindex *vi, size_t probes, double target, const vindex_query *shape,
                             vindex_recall *out);
 
+/* vindex_maintenance_scored is vindex_maintenance whose rebuild measures its new codes for
+ * target with shape (a blended ranking, as vindex_calibrate_scored; NULL: similarity only)
+ * before they answer. */
+int vindex_maintenance_scored(vindex *vi, double target, const vindex_query *shape);
+
+/* vindex_settle finishes a bulk build (an index filled by many adds, before its first
+ * search): it rebuilds when due (the sign codes' centre of the first ann_min vectors is stale
+ * after many more; tombstones; a kind change) and, on the ANN kind, measures codes not yet
+ * measured (vindex_calibrate_scored with CAL_BUILD_PROBES probes), in the caller's time, so
+ * that searches start at the measured depth. No FAISS build. Returns 1 when it rebuilt or
+ * measured, 0 when nothing was due, -ENOMEM. Any thread; blocks maintenance meanwhile. */
+int vindex_settle(vindex *vi, double target, const vindex_query *shape);
+
 /* vindex_get_recall fills *out with what the last completed calibration found (no probe
  * runs; it never waits for a calibration in progress). */
 void vindex_get_recall(vindex *vi, vindex_recall *out);
 
 /* ---- snapshots ----
  *
- * File format (version 3), little-endian, fields at fixed offsets:
+ * File format (version 4), little-endian, fields at fixed offsets:
  *   0  magic "ENGVIDX\0"         8 bytes
- *   8  u32 format version (3)    12 u32 header size (88)
+ *   8  u32 format version (4)    12 u32 header size (128)
  *   16 u64 dim                   24 u64 meta_size
- *   32 u64 count (live vectors)  40 u64 seq (the caller's change number)
- *   48 u32 kind (which code sections follow)   52 u32 byte-order mark 0x01020304
+ *   32 u64 slots (stored: live and tombstoned)   40 u64 seq (the caller's change number)
+ *   48 u32 kind (which code sections follow)     52 u32 byte-order mark 0x01020304
  *   56 u64 checksum: XXH64 (seed 0) of the whole file with these 8 bytes zero
  *   64 u64 sq8 code stride       72 u64 sign-code words per vector
- *   80 u64 length of the caller's extra bytes
- * then, in order: ids (count u64), metadata (count * meta_size bytes), rows (count * dim
- * f32), if kind >= SQ8: scales (count f32), error norms (count f32), codes (count * stride
- * int8), if kind == ANN: sign codes (count * words u64), the centre they are taken around
- * (dim f32) and the live count it was computed from (u64), then the extra bytes. The file
- * is exactly that long. Version 2 files (no centre; raw sign codes) are read, and their
- * sign codes computed anew.
+ *   80 u64 length of the caller's extra bytes     88 u64 live vectors
+ *   96 u64 offset of the rows    104 u64 length of the rows (bytes)
+ *   112 u64 length of the calibration section     120 u64 length of the FAISS section
+ * then, in order: ids (slots u64), tombstones ((slots + 63) / 64 u64, bit s of word s / 64),
+ * metadata (slots * meta_size bytes), if kind >= SQ8: scales (slots f32), error norms
+ * (slots f32), codes (slots * stride int8), if kind == ANN: sign codes (slots * words u64),
+ * the centre they are taken around (dim f32) and the live count it was computed from (u64);
+ * the calibration (the recall monitor's samples of these codes and the depth they set; see
+ * vindex_cal.c), the FAISS engine's section (u64 bytes, u64 labels, the bytes, u32 slot per
+ * label, u64 where the tail starts; zeros without an engine index), zeros up to the rows'
+ * offset, the float rows (slots * dim f32 in slot order; when kind >= SQ8 the offset is a
+ * multiple of 4096 and the rows are padded with zeros to whole chunks, so that a load can map
+ * them), then the extra bytes. The file is exactly that long. Every slot is stored, so a
+ * mapped row and its codes keep their slot; files of earlier versions are refused
+ * (VINDEX_E_MISMATCH): the caller rebuilds from its own data once.
  */
 
 /* vindex_save writes the live vectors, metadata and codes to path atomically: a temporary
@@ -417,8 +477,10 @@ void vindex_get_recall(vindex *vi, vindex_recall *out);
  * to the index before the call (changes applied concurrently with the call may or may not
  * be in the snapshot, so replaying changes after seq on load must be idempotent, as
  * upserts and deletes by seq are). Neither searches nor writers wait for the file I/O
- * (writers wait for one copy of the metadata). Returns 0 or -errno (the previous file at
- * path, if any, is untouched on error). */
+ * (writers wait for one copy of the metadata). From the SQ8 kind on (and unless heap_rows),
+ * the index then reads its float rows from the new file, mapped, and frees their heap
+ * copies (a short exclusive lock). Returns 0 or -errno (the previous file at path, if any,
+ * is untouched on error). */
 int vindex_save(vindex *vi, const char *path, uint64_t seq);
 
 /* vindex_save_extra is vindex_save that also stores extra_len bytes of the caller's (under
@@ -429,11 +491,14 @@ int vindex_save_extra(vindex *vi, const char *path, uint64_t seq, const void *ex
 
 /* vindex_load reads a snapshot written by vindex_save into a new index created with opts
  * (dim and meta_size must match the file) and stores it in *out and its seq in *seq.
- * Verifies the magic, version, sizes, length and checksum before trusting anything.
- * Returns 0, VINDEX_E_NOT_FOUND (no file), VINDEX_E_CORRUPT (short, truncated, corrupt or
- * not a snapshot), VINDEX_E_MISMATCH (another dim or meta_size), -ENOMEM, -EINVAL (invalid
- * opts) or another -errno from reading. The codes in the file are used when the kind opts
- * call for matches or is below it; missing ones are computed. */
+ * Verifies the magic, version, sizes, length and checksum (the rows included, read
+ * through their mapping) before trusting anything. Returns 0, VINDEX_E_NOT_FOUND (no file),
+ * VINDEX_E_CORRUPT (short, truncated, corrupt or not a snapshot), VINDEX_E_MISMATCH (another
+ * dim, meta_size or format version), -ENOMEM, -EINVAL (invalid opts) or another -errno from
+ * reading. The codes in the file are used when the kind opts call for matches or is below
+ * it; missing ones are computed (and measured again). From the SQ8 kind on the float rows
+ * stay in the file, mapped (see Memory); the file may be replaced or removed meanwhile (the
+ * mapping keeps its data), but must not be written to or truncated in place. */
 int vindex_load(const char *path, const vindex_opts *opts, vindex **out, uint64_t *seq);
 
 /* vindex_load_extra is vindex_load that also returns the extra bytes saved with the

@@ -1024,6 +1024,54 @@ static int step_record(run *r)
     return 0;
 }
 
+int consolidate_plan(server *s, const loader_row *rows, size_t n, uint32_t dim, int64_t now_ms,
+                     consolidate_fate *fates, consolidate_counts *counts, char *err, size_t errlen)
+{
+    consolidate_result out = {0};
+    run r = {.s = s, .cfg = &s->cfg, .started = now_ms, .l = {.dim = dim}, .out = &out};
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = take_row(&rows[i], &r.l);
+    if (rc < 0) {
+        set_err(&out, "%s", "out of memory");
+        goto done;
+    }
+    rc = step_pairs(&r);
+    if (rc == 0)
+        rc = step_plan(&r);
+    if (rc < 0)
+        goto done;
+    static const char *const rules[] = {NULL, "same_text", NULL, "prune"};
+    for (size_t i = 0; i < n; i++) {
+        const cmem *m = &r.l.m[i];
+        consolidate_fate *f = &fates[i];
+        memset(f, 0, sizeof(*f));
+        f->id = m->id;
+        f->fate = m->fate == 1   ? CONSOLIDATE_MERGED
+                  : m->fate == 2 ? CONSOLIDATE_SUPERSEDED
+                  : m->fate == 3 ? CONSOLIDATE_PRUNED
+                                 : CONSOLIDATE_LIVE;
+        f->rule = m->fate == 2 ? (m->rule == RULE_KEY ? "attrs_key" : "values") : rules[m->fate];
+        f->into = m->fate == 1 || m->fate == 2 ? r.l.m[m->into].id : 0;
+        f->importance = r.imp[i];
+        f->access = r.acc[i];
+        if (m->fate == 2)
+            supersede_why(m, &r.l.m[m->into], f->why, sizeof(f->why));
+    }
+    if (counts)
+        *counts = (consolidate_counts){.same_text = r.rules.same_text,
+                                       .attrs_key = r.rules.attrs_key,
+                                       .values = r.rules.values,
+                                       .near_kept = r.rules.near_kept,
+                                       .similar_kept = r.rules.similar_kept,
+                                       .rescored = out.rescored};
+done:
+    if (rc < 0 && err && errlen)
+        snprintf(err, errlen, "%s", out.error);
+    run_fini(&r);
+    return rc < 0 ? (rc == -ENOMEM ? -ENOMEM : -EIO) : 0;
+}
+
 static void run_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, const char *trigger,
                        consolidate_result *out);
 

@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "bg.h"
+#include "loader.h"
 #include "server.h"
 
 typedef struct consolidate_result {
@@ -51,6 +52,34 @@ typedef struct consolidate_result {
  * background thread's connection; trigger is "schedule" or "on_demand". Fills out. */
 void consolidate_tenant(bg_ctx *ctx, server *s, int64_t tenant, uint32_t dim, const char *trigger,
                         consolidate_result *out);
+
+/* What consolidate_plan decided for one memory. */
+enum { CONSOLIDATE_LIVE, CONSOLIDATE_MERGED, CONSOLIDATE_SUPERSEDED, CONSOLIDATE_PRUNED };
+
+typedef struct consolidate_fate {
+    int64_t id;
+    int fate;          /* CONSOLIDATE_* */
+    int64_t into;      /* merged into / superseded by: that memory's id; 0 otherwise */
+    const char *rule;  /* "same_text", "attrs_key", "values", "prune"; NULL when live */
+    double importance; /* live: with what it absorbed (the highest); pruned: its composite */
+    int64_t access;    /* live: its access count with those it absorbed */
+    char why[400];     /* superseded: the reason recorded in its history; else "" */
+} consolidate_fate;
+
+/* What a plan counted by rule (the run's record, settings.rules), and the memories
+ * ranked. */
+typedef struct consolidate_counts {
+    int same_text, attrs_key, values, near_kept, similar_kept, rescored;
+} consolidate_counts;
+
+/* consolidate_plan makes the plan of a run (steps 2 and 3 above) over the n live memories
+ * rows (as loader_live gives them, vec holding dim floats each) as of now_ms, with s's
+ * consolidate_* settings and ranking parameters, without a database: fates[i] (the caller's
+ * array of n) is rows[i]'s fate; *counts (may be NULL) what the run would record. The plan
+ * depends only on the rows, not their order. Returns 0, -ENOMEM, or -EIO with the reason in
+ * err (the similarity search failed). Any thread. */
+int consolidate_plan(server *s, const loader_row *rows, size_t n, uint32_t dim, int64_t now_ms,
+                     consolidate_fate *fates, consolidate_counts *counts, char *err, size_t errlen);
 
 /* consolidate_start registers the scheduler (every consolidate_check_interval_s, tenants
  * whose tier cadence has elapsed). Returns 0 or -ENOMEM. */

@@ -414,8 +414,10 @@ static void housekeeping(bg_ctx *ctx, void *arg)
         }
         if (due)
             tn_save_snapshot(t);
-        l.v[i].bytes = st.bytes;
-        total += st.bytes;
+        /* resident bytes: the heap and the float rows mapped from the snapshot that are in RAM
+         * now (vindex_resident measures them; the file's length is not memory) */
+        l.v[i].bytes = vindex_resident(t->vi);
+        total += l.v[i].bytes;
     }
     /* the recall monitor, starting at a different tenant each round so that a small budget
      * reaches every index in turn */
@@ -614,6 +616,9 @@ static int stats_one(uint64_t key, uint64_t value, void *arg)
         m->loaded++;
         m->vectors += st.count;
         m->bytes += st.bytes;
+        m->rows_mapped += st.rows_mapped;
+        m->rows_resident += st.rows_resident;
+        m->page_ins += st.page_ins;
         m->by_kind[st.kind < 3 ? st.kind : 2]++;
         if (st.kind == VINDEX_KIND_ANN) {
             vindex_recall r;

@@ -161,10 +161,13 @@ bool tenants_nonlive_recent(tenant *t, int64_t now_ms);
 extern const double tenants_load_bounds_s[TENANTS_LOAD_BUCKETS - 1];
 
 typedef struct tenants_metrics {
-    uint64_t known;      /* tenants the registry holds (loaded, loading or not yet) */
-    uint64_t loaded;     /* indexes loaded */
-    uint64_t vectors;    /* vectors in them */
-    uint64_t bytes;      /* memory they hold (vindex_bytes) */
+    uint64_t known;   /* tenants the registry holds (loaded, loading or not yet) */
+    uint64_t loaded;  /* indexes loaded */
+    uint64_t vectors; /* vectors in them */
+    uint64_t bytes;   /* memory they hold (vindex_bytes: resident as last measured) */
+    /* float rows mapped from snapshots, of them in RAM at the last measurement, and the
+     * page-ins of searches reading them, over the loaded indexes */
+    uint64_t rows_mapped, rows_resident, page_ins;
     uint64_t budget;     /* the memory budget in bytes */
     uint64_t by_kind[3]; /* loaded indexes by structure (flat, sq8, ann) */
     uint64_t snapshot_loads, snapshots_rejected, database_loads, snapshots_written, evictions,

@@ -146,6 +146,7 @@ int tn_do_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const m
         return -ENOMEM;
     }
     own.id = id;
+    own.seq = seq; /* the version is the change's, whatever the caller's copy says */
     /* reads (access counts) are not changes: keep the higher count the index already has */
     if (present && cur.access_count > own.access_count) {
         own.access_count = cur.access_count;

@@ -19,7 +19,10 @@ void app_metrics(server *s, struct evbuffer *b)
     const metrics_gauge g[] = {
         {"engram_indexes_loaded", "Tenant indexes loaded in memory.", (double)tm.loaded},
         {"engram_index_vectors", "Vectors in the loaded indexes.", (double)tm.vectors},
-        {"engram_index_bytes", "Memory the loaded indexes hold, in bytes.", (double)tm.bytes},
+        {"engram_index_bytes",
+         "Memory the loaded indexes hold, in bytes: their heap plus the float rows mapped from "
+         "their snapshots that were in RAM when last measured.",
+         (double)tm.bytes},
         {"engram_index_budget_bytes",
          "The indexes' memory budget in bytes (index_memory_mb): past it the least recently "
          "used are unloaded.",
@@ -31,6 +34,16 @@ void app_metrics(server *s, struct evbuffer *b)
         {"engram_indexes_sq8", "Loaded indexes searched over 8-bit codes with an exact re-rank.",
          (double)tm.by_kind[1]},
         {"engram_indexes_ann", "Loaded approximate (graph) indexes.", (double)tm.by_kind[2]},
+        {"engram_index_rows_mapped_bytes",
+         "Bytes of float rows the loaded indexes map from their snapshot files.",
+         (double)tm.rows_mapped},
+        {"engram_index_rows_resident_bytes",
+         "Bytes of those mapped rows in RAM when the housekeeping last measured them.",
+         (double)tm.rows_resident},
+        {"engram_index_page_ins",
+         "Page-ins of searches reading mapped rows, over the loaded indexes (falls when an "
+         "index is unloaded).",
+         (double)tm.page_ins},
         {"engram_index_recall_target",
          "The recall@10 the recall monitor keeps approximate indexes at "
          "(index_recall_target).",

@@ -643,7 +643,8 @@ static void search_begin(req *r, bool context)
         }
     }
     if (st->mode != MODE_VECTOR && !query) {
-        req_fail(r, RPC_INVALID_ARGUMENT, "mode '%s' needs parameter 'query'",
+        /* the parameter first: the error's data.field is the first quoted name */
+        req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'query' is required in mode %s",
                  st->mode == MODE_TEXT ? "text" : "hybrid");
         return;
     }

@@ -123,11 +123,12 @@ static rpc_code parse_item(req *r, const msgpack_object *const *a, const char *w
         }
     }
     if (it->scope == SCOPE_AGENT && !a[P_IT_AGENT_ID]) {
-        snprintf(err, errlen, "scope 'agent' needs parameter '%sagent_id'", what);
+        /* the parameter first: the error's data.field is the first quoted name */
+        snprintf(err, errlen, "parameter '%sagent_id' is required with scope 'agent'", what);
         return RPC_INVALID_ARGUMENT;
     }
     if (it->scope == SCOPE_CLADE && !a[P_IT_CLADE_ID]) {
-        snprintf(err, errlen, "scope 'clade' needs parameter '%sclade_id'", what);
+        snprintf(err, errlen, "parameter '%sclade_id' is required with scope 'clade'", what);
         return RPC_INVALID_ARGUMENT;
     }
     it->created_ms = a[P_IT_CREATED_AT] ? rpc_get_int(a[P_IT_CREATED_AT], 0) : INT64_MIN;

@@ -6,7 +6,9 @@ engramd on the multi-host DSN, HAProxy in front), runs writer threads through HA
 store memories with idempotency keys and retry each one on 'unavailable' or a lost
 connection until it is acknowledged, kills the primary (deploy/ha/kill-primary: SIGKILL to
 its keeper and postmaster), lets pg_auto_failover promote the secondary, and collects what
-the checks need. stop() stops and removes the formation.
+the checks need. stop() stops and removes the formation. Formation and Load (the writers)
+also serve longer scripts: a rejoin of the lost node and a switchover back
+(test_failover.py).
 
 Run directly (python3 failover_run.py ENGRAMD [RUNS]) it prints one line per failover.
 """
@@ -93,6 +95,36 @@ class Formation:
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, f"deploy/ha/kill-primary failed:\n{out.stderr}"
         return int(out.stdout.strip())
+
+    def script(self, name, *args, timeout=600):
+        """Runs deploy/ha/NAME ARGS on this formation; asserts it succeeded; returns
+        (stdout, seconds taken)."""
+        t = time.time()
+        out = subprocess.run([os.path.join(HA, name), *args], env=self.env,
+                             capture_output=True, text=True, timeout=timeout)
+        took = time.time() - t
+        assert out.returncode == 0, \
+            f"deploy/ha/{name} {' '.join(args)} failed after {took:.0f} s:\n{out.stderr[-4000:]}"
+        return out.stdout, took
+
+    def node_of(self, port):
+        """The node name (node1, node2) of a PostgreSQL port."""
+        return "node%d" % (self.ports["HA_NODE_PORTS"].split().index(str(port)) + 1)
+
+    def roles(self):
+        """{node name: reported state} where the monitor assigned that same state."""
+        return {n: rep for n, _, rep, goal in self.state() if rep == goal}
+
+    def events(self, n=60):
+        """The monitor's last n events (time, node, reported, assigned, why), for failure
+        messages: what the formation did, failovers the test did not ask for included."""
+        out = subprocess.run([os.path.join(PG_BINDIR, "psql"), self.ports["HA_MONITOR_URI"],
+                              "-tAq", "-F", " | ", "-c",
+                              "SELECT * FROM (SELECT eventid, eventtime::time(1), nodename, "
+                              "reportedstate, goalstate, description FROM pgautofailover.event "
+                              f"ORDER BY eventid DESC LIMIT {int(n)}) e ORDER BY eventid"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout
 
     def state(self):
         out = subprocess.run([os.path.join(PG_BINDIR, "psql"), self.ports["HA_MONITOR_URI"],
@@ -189,6 +221,44 @@ class Writer(threading.Thread):
                 self.acked.append((idem, r["id"], content, bool(r.get("replayed"))))
                 break
             i += 1
+
+
+class Load:
+    """Writer threads storing through HAProxy (see Writer) from start() to stop()."""
+
+    def __init__(self, formation, api_key, writers=4, prefix="w"):
+        self.stop_ev = threading.Event()
+        self.ws = [Writer(int(formation.ports["HA_RPC_PORT"]), api_key, f"{prefix}{w}",
+                          self.stop_ev) for w in range(writers)]
+
+    def start(self):
+        for w in self.ws:
+            w.start()
+        return self
+
+    def stop(self):
+        self.stop_ev.set()
+        for w in self.ws:
+            w.join(timeout=60)
+        for w in self.ws:
+            if w.client:
+                w.client.close()
+
+    def acked(self):
+        return [a for w in self.ws for a in w.acked]
+
+    def attempts(self):
+        return [a for w in self.ws for a in w.attempts]
+
+    def unexpected(self):
+        return [u for w in self.ws for u in w.unexpected]
+
+    def stuck(self):
+        return [w.wid for w in self.ws if w.is_alive()]
+
+    def acked_since(self, t):
+        """How many writes that started at or after t were acknowledged."""
+        return sum(1 for w in self.ws for s, _, o in list(w.attempts) if o == "ok" and s >= t)
 
 
 WORDS = ("harbor lantern copper meadow quartz falcon ember glacier orchard velvet cobalt "

@@ -95,9 +95,10 @@ def test_export_import_round_trip(server):
         lines = open(path).read().splitlines()
         assert len(lines) == 30 and all(json.loads(x)["embedding"] for x in lines)
         r = cli(server, "import", path, key=kb)
-        assert "imported 30 memories" in r.stderr
-        # running it again stores nothing twice (each batch carries an idempotency key)
-        cli(server, "import", path, key=kb)
+        assert "imported 30 new memories, 0 already present" in r.stderr
+        # running it again stores nothing twice
+        r = cli(server, "import", path, key=kb)
+        assert "imported 0 new memories, 30 already present" in r.stderr
     with server.client(key=kb) as b:
         got = b.call("memory.list", limit=100, include_archived=True, include_embedding=True)["memories"]
         assert len(got) == 30
@@ -112,6 +113,103 @@ def test_export_import_round_trip(server):
         # and the imported vectors are searchable
         res = b.call("memory.search", embedding=vec_bin(vecs[8]), top_k=1, similarity_weight=1.0)["results"]
         assert res[0]["content"].startswith("memory 8 ")
+
+
+def export_lines(server, key, d):
+    path = os.path.join(d, "export.jsonl")
+    cli(server, "export", "--out", path, key=key)
+    return path, open(path).read().splitlines()
+
+
+def write_lines(d, name, lines):
+    path = os.path.join(d, name)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def test_import_is_idempotent_per_content(server):
+    """The README's lines in order: import, then import --embeddings drop of the same file,
+    then the same memories in other batches, reordered, with new ones among them. Each run
+    stores only what the tenant lacks and says how many were new and how many were there."""
+    _, ka = server.create_tenant()
+    _, kb = server.create_tenant()
+    with server.client(key=ka) as a:
+        a.call("memory.store_batch", memories=[
+            {"content": f"lesson {i}: keep slippage under {i} bps", "type": "strategy_outcome",
+             "importance": 0.5, "agent_id": i % 3 + 1, "scope": "agent",
+             "created_at": 1700000000000 + i} for i in range(12)])
+        # the same content twice, as different memories (another agent, another time)
+        a.call("memory.store", content="gas spikes at the top of the hour", type="fact",
+               importance=0.4, created_at=1700000100000)
+        a.call("memory.store", content="gas spikes at the top of the hour", type="fact",
+               importance=0.4, created_at=1700000200000)
+        a.call("memory.store", content="gas spikes at the top of the hour", type="fact",
+               importance=0.4, agent_id=9, created_at=1700000100000)
+        old = a.call("memory.store", content="the bridge is paused", type="fact", importance=0.3)
+        a.call("memory.archive", ids=[old["id"]], reason="unpaused")
+    with tempfile.TemporaryDirectory() as d:
+        path, lines = export_lines(server, ka, d)
+        assert len(lines) == 16
+        r = cli(server, "import", path, key=kb)
+        assert r.stderr.strip() == "imported 16 new memories, 0 already present"
+        # without embeddings (it failed with an idempotency conflict) and with them again
+        r = cli(server, "import", path, "--embeddings", "drop", key=kb)
+        assert r.stderr.strip() == "imported 0 new memories, 16 already present"
+        r = cli(server, "--json", "import", path, key=kb)
+        assert json.loads(r.stdout) == {"imported": 0, "already_present": 16, "expired": 0}
+        # other batches: reordered, a part of it, and two new memories among them (one
+        # written by hand without created_at)
+        new = [json.dumps({"content": "oracle lag doubled during the crash", "type": "episode",
+                           "importance": 0.6, "created_at": 1700000300000}),
+               json.dumps({"content": "never bridge on Fridays", "type": "constraint",
+                           "importance": 0.9})]
+        mixed = write_lines(d, "mixed.jsonl", lines[10:] + new[:1] + lines[:10][::-1] + new[1:])
+        r = cli(server, "import", mixed, "--embeddings", "drop", key=kb)
+        assert r.stderr.strip() == "imported 2 new memories, 16 already present"
+        r = cli(server, "import", mixed, key=kb)
+        assert r.stderr.strip() == "imported 0 new memories, 18 already present"
+        r = cli(server, "import", write_lines(d, "part.jsonl", lines[3:5]), key=kb)
+        assert r.stderr.strip() == "imported 0 new memories, 2 already present"
+    with server.client(key=kb) as b:
+        got = b.call("memory.list", limit=100, include_archived=True)["memories"]
+    assert len(got) == 18
+    assert sum(1 for m in got if m["content"] == "gas spikes at the top of the hour") == 3
+    assert [m["archived_reason"] for m in got if m["content"] == "the bridge is paused"] == \
+        ["unpaused"]
+
+
+def test_import_counts_copies_and_follows_changes(server):
+    """Equal lines are counted: a file holding a memory twice stores it twice, once. A
+    memory changed since (importance, tags) is still the same memory; one deleted since is
+    stored again."""
+    _, kb = server.create_tenant()
+    line = json.dumps({"content": "the vault pays weekly", "type": "fact", "importance": 0.5,
+                       "created_at": 1700000000000, "metadata": {"tokens": ["USDC"]}})
+    other = json.dumps({"content": "rebalance after 5% drift", "type": "strategy_outcome",
+                        "importance": 0.7, "created_at": 1700000000001})
+    with tempfile.TemporaryDirectory() as d:
+        two = write_lines(d, "two.jsonl", [line, other, line])
+        r = cli(server, "import", two, key=kb)
+        assert r.stderr.strip() == "imported 3 new memories, 0 already present"
+        r = cli(server, "import", two, key=kb)
+        assert r.stderr.strip() == "imported 0 new memories, 3 already present"
+        r = cli(server, "import", write_lines(d, "three.jsonl", [line, line, line]), key=kb)
+        assert r.stderr.strip() == "imported 1 new memory, 2 already present"
+        with server.client(key=kb) as b:
+            mems = b.call("memory.list", limit=100)["memories"]
+            vault = [m["id"] for m in mems if m["content"] == "the vault pays weekly"]
+            drift = [m["id"] for m in mems if m["content"] != "the vault pays weekly"]
+            assert len(vault) == 3 and len(drift) == 1
+            b.call("memory.update", id=drift[0], importance=0.1, metadata={"tokens": ["ETH"]})
+            b.call("memory.delete", ids=vault[:1])
+        r = cli(server, "import", two, key=kb)
+        assert r.stderr.strip() == "imported 0 new memories, 3 already present"
+        r = cli(server, "import", write_lines(d, "three.jsonl", [line, line, line, other]),
+                key=kb)
+        assert r.stderr.strip() == "imported 1 new memory, 3 already present"
+    with server.client(key=kb) as b:
+        assert b.call("memory.stats")["total"] == 4
 
 
 def test_import_can_reembed_into_another_dimension(server):

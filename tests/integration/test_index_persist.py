@@ -110,6 +110,9 @@ def test_restart_loads_the_snapshot_and_replays_later_changes(engramd):
     check_load_histogram(srv, "snapshot", 1)
     check_load_histogram(srv, "database", 0)
     assert metric(srv, "engram_index_snapshots_rejected_total") == 0
+    # 700 memories: the SQ8 kind, whose float rows are read from the snapshot, mapped
+    assert metric(srv, "engram_index_rows_mapped_bytes") >= 670 * DIM * 4
+    assert metric(srv, "engram_index_page_ins") >= 0
     m = re.search(r"loaded from its snapshot, (\d+) memories, (\d+) changes replayed",
                   srv.log_text())
     assert m, srv.log_text()[-3000:]
@@ -126,11 +129,11 @@ def test_damaged_snapshot_is_rebuilt_from_the_database(engramd):
     srv.stop()
     (path,) = snapshot_files(srv, tid)
     with open(path, "r+b") as f:
-        # one bit of one stored id (the ids follow the 88-byte header): an index that
+        # one bit of one stored id (the ids follow the 128-byte header): an index that
         # trusted the file would return an id the database does not have
-        f.seek(88 + 8 * 5 + 1)
+        f.seek(128 + 8 * 5 + 1)
         b = f.read(1)
-        f.seek(88 + 8 * 5 + 1)
+        f.seek(128 + 8 * 5 + 1)
         f.write(bytes([b[0] ^ 0x10]))
     srv.start()
     with srv.client(key=key) as c:
@@ -148,6 +151,18 @@ def test_damaged_snapshot_is_rebuilt_from_the_database(engramd):
     with srv.client(key=key) as c:
         assert index_ids(c, 1000) == db_ids(dsn, tid)
     assert metric(srv, "engram_index_loads_total", 'source="snapshot"') == 1
+    srv.stop()
+    # a snapshot of an earlier format (the version field of a format 3 file, as every
+    # release before issue 34 wrote): refused as another format, never read; rebuilt
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write((3).to_bytes(4, "little"))
+    srv.start()
+    with srv.client(key=key) as c:
+        assert index_ids(c, 1000) == db_ids(dsn, tid)
+    assert metric(srv, "engram_index_snapshots_rejected_total") == 1
+    assert metric(srv, "engram_index_loads_total", 'source="database"') == 1
+    assert "not used: written for another dimension or format" in srv.log_text()
 
 
 def test_snapshot_older_than_the_change_log_is_rebuilt(engramd):

@@ -10,7 +10,7 @@ import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
 
-import { createEngramMcpServer, describeEngramd, engramClient, type EngramMcpConfig } from "./server.js";
+import { createContext, createEngramMcpServer, describeEngramd, engramClient, type EngramMcpConfig } from "./server.js";
 import type { ToolContext } from "./tools.js";
 
 /** How the HTTP server runs; see parseHttpArgs in main.ts for the flags and variables. */
@@ -159,7 +159,7 @@ export async function startHttpServer(cfg: EngramMcpConfig, opts: HttpOptions, l
     if (s.closed) return;
     s.closed = true;
     if (s.id !== undefined) sessions.delete(s.id);
-    s.ctx.client.close();
+    s.ctx.link.close();
     void s.server.close().catch(() => {});
     if (s.id !== undefined) log(`session ${short(s.id)} closed (${s.closeReason || reason}); ${sessions.size} live`);
   }
@@ -229,7 +229,10 @@ export async function startHttpServer(cfg: EngramMcpConfig, opts: HttpOptions, l
         jsonRpcError(res, 403, -32000, "Forbidden: the admin key has no tenant data; use a tenant API key");
         return;
       }
-      const ctx: ToolContext = { client, agentId: cfg.agentId, model: cfg.model, sessionId: undefined };
+      // the session's client, authenticated above; when engramd is lost, the link replaces it
+      // with one that authenticates with the same key on every connect
+      const ctx: ToolContext = createContext({ ...cfg, sessionId: undefined }, key,
+        (msg) => log(`session ${short(s?.id)}: ${msg}`), client);
       let s!: Session; // the callbacks run once it is set
       const transport = new StreamableHTTPServerTransport({
         sessionIdGenerator: () => randomUUID(),

@@ -15,7 +15,7 @@ const USAGE =
   "usage: engram-mcp [--http PORT [--host HOST] [--allow-origin ORIGIN]... [--max-sessions N]\n" +
   "                  [--idle-timeout SECONDS] [--http-env-key]]\n" +
   "env: ENGRAM_URL ENGRAM_API_KEY|ENGRAM_API_KEY_FILE ENGRAM_AGENT_ID\n" +
-  "     ENGRAM_SESSION_ID ENGRAM_MODEL ENGRAM_TIMEOUT_MS\n" +
+  "     ENGRAM_SESSION_ID ENGRAM_MODEL ENGRAM_TIMEOUT_MS ENGRAM_MCP_MATCH_LEVELS\n" +
   "     ENGRAM_TLS ENGRAM_TLS_CA ENGRAM_TLS_CERT ENGRAM_TLS_KEY ENGRAM_TLS_SERVERNAME\n" +
   "     ENGRAM_MCP_ALLOWED_ORIGINS ENGRAM_MCP_MAX_SESSIONS ENGRAM_MCP_IDLE_TIMEOUT_S (with --http)\n" +
   "     ENGRAM_HOST ENGRAM_PORT (before ENGRAM_URL; used when it is unset)\n";
@@ -74,9 +74,9 @@ async function main(argv: string[]): Promise<void> {
 
   if (httpOpts === undefined) {
     if (!cfg.apiKey) log("warning: no ENGRAM_API_KEY or ENGRAM_API_KEY_FILE; tenant tools will fail");
-    const ctx = createContext(cfg);
+    const ctx = createContext(cfg, cfg.apiKey, log);
     const shutdown = () => {
-      ctx.client.close();
+      ctx.link.close();
       process.exit(0);
     };
     process.on("SIGINT", shutdown);

@@ -1,16 +1,26 @@
 // The Engram MCP server: configuration from the environment, the tool handlers wrapped so
-// that every failure becomes an MCP tool error (isError) with the server's message.
+// that every failure becomes an MCP tool error (isError) with the server's message, the
+// resources (resources.ts) and the prompts (prompts.ts).
 import { readFileSync } from "node:fs";
 
 import { Client, EngramError, parseEngramUrl, type Id } from "@engram/client";
 // The low-level Server lets each tool declare a hand-written JSON Schema; the high-level
 // McpServer would need zod schemas for the same thing.
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
-import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+import {
+  CallToolRequestSchema, GetPromptRequestSchema, ListPromptsRequestSchema, ListResourcesRequestSchema,
+  ListResourceTemplatesRequestSchema, ListToolsRequestSchema, ReadResourceRequestSchema,
+} from "@modelcontextprotocol/sdk/types.js";
 
-import { ArgumentError, TOOLS, type ToolContext } from "./tools.js";
+import { EngramLink, UnreachableError } from "./link.js";
+import { getPrompt, PROMPTS } from "./prompts.js";
+import { parseLevels, type MatchLevels } from "./render.js";
+import { listResources, readResource, RESOURCE_TEMPLATES } from "./resources.js";
+import { ArgumentError, checkArguments, toolContext, TOOLS, type ToolContext } from "./tools.js";
 
 export { TOOLS } from "./tools.js";
+export { PROMPTS } from "./prompts.js";
+export { RESOURCE_TEMPLATES } from "./resources.js";
 export type { Tool, ToolContext } from "./tools.js";
 
 export const VERSION = "0.2.0";
@@ -40,6 +50,8 @@ export interface EngramMcpConfig {
   sessionId: Id | undefined;
   model: string;
   timeoutMs: number;
+  /** Where recall's similarities read strong, good and weak (ENGRAM_MCP_MATCH_LEVELS). */
+  levels: MatchLevels;
 }
 
 function parseId(name: string, v: string | undefined): Id | undefined {
@@ -105,8 +117,9 @@ function readKeyFile(path: string): string {
  * ENGRAM_PORT, this server's names before ENGRAM_URL, still work when ENGRAM_URL is unset.
  * This server's own: ENGRAM_AGENT_ID (the default agent id), ENGRAM_SESSION_ID (a session
  * to continue), ENGRAM_MODEL (recorded on new sessions, default "mcp"), ENGRAM_TIMEOUT_MS
- * (15000). Throws, naming the variable, for a value that is wrong or a file that cannot be
- * read.
+ * (15000), ENGRAM_MCP_MATCH_LEVELS (recall's strong, good and weak similarities, default
+ * 0.6,0.4,0.2). Throws, naming the variable, for a value that is wrong or a file that cannot
+ * be read.
  */
 export function configFromEnv(env: NodeJS.ProcessEnv = process.env): EngramMcpConfig {
   let apiKey = env.ENGRAM_API_KEY?.trim() || undefined;
@@ -148,6 +161,7 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): EngramMcpCo
     sessionId: parseId("ENGRAM_SESSION_ID", env.ENGRAM_SESSION_ID),
     model: env.ENGRAM_MODEL || "mcp",
     timeoutMs,
+    levels: parseLevels(env.ENGRAM_MCP_MATCH_LEVELS),
   };
 }
 
@@ -165,29 +179,32 @@ export function engramClient(cfg: EngramMcpConfig, apiKey: string | undefined): 
   return new Client({ ...common, host: cfg.host, port: cfg.port, ...(cfg.tls ? { tls: true, ...cfg.tls } : {}) });
 }
 
-/** The shared state of one MCP server process: the Engram connection and the session. */
-export function createContext(cfg: EngramMcpConfig): ToolContext {
-  return {
-    client: engramClient(cfg, cfg.apiKey),
-    agentId: cfg.agentId,
-    model: cfg.model,
-    sessionId: cfg.sessionId,
-  };
+/**
+ * The state of one MCP session (over stdio: of the process): the Engram connection behind a
+ * reachability check, the agent and the current session. The client acts with apiKey
+ * (default cfg.apiKey); log takes one line and never a key.
+ */
+export function createContext(cfg: EngramMcpConfig, apiKey: string | undefined = cfg.apiKey,
+  log: (msg: string) => void = () => {}, client?: Client): ToolContext {
+  const link = new EngramLink(client ?? engramClient(cfg, apiKey), () => engramClient(cfg, apiKey), describeEngramd(cfg), log);
+  return toolContext(link, { agentId: cfg.agentId, model: cfg.model, sessionId: cfg.sessionId, levels: cfg.levels });
 }
 
 function describe(e: unknown): string {
   if (e instanceof EngramError) return `Engram error ${e.code}: ${e.serverMessage}`;
   if (e instanceof ArgumentError) return `Invalid arguments: ${e.message}`;
+  if (e instanceof UnreachableError) return e.message;
   if (e instanceof Error) return `Engram unreachable or failed: ${e.message}`;
   return `Unexpected failure: ${String(e)}`;
 }
 
-/** An MCP Server with the Engram tools, acting through ctx. Connect it to a transport. */
+/** An MCP Server with the Engram tools, resources and prompts, acting through ctx. Connect
+ * it to a transport. */
 export function createEngramMcpServer(ctx: ToolContext): Server {
   const server = new Server(
     { name: "engram", title: "Engram memory", version: VERSION },
     {
-      capabilities: { tools: {} },
+      capabilities: { tools: {}, resources: {}, prompts: {} },
       instructions:
         "Engram is your long-term memory and your working memory for this session. Recall (or memory_context) " +
         "before answering questions that may depend on what you learned earlier; remember durable facts, " +
@@ -209,12 +226,22 @@ export function createEngramMcpServer(ctx: ToolContext): Server {
     if (!tool) {
       return { content: [{ type: "text" as const, text: `Unknown tool '${req.params.name}'.` }], isError: true };
     }
+    // Bad arguments are tool errors (isError), not JSON-RPC errors: the model reads them and
+    // can correct the call (MCP 2025-11-25, SEP-1303).
     try {
-      const text = await tool.run((req.params.arguments ?? {}) as Record<string, unknown>, ctx);
+      const args = (req.params.arguments ?? {}) as Record<string, unknown>;
+      checkArguments(tool, args);
+      const text = await ctx.link.run(() => tool.run(args, ctx), { write: tool.annotations?.readOnlyHint !== true });
       return { content: [{ type: "text" as const, text }] };
     } catch (e) {
       return { content: [{ type: "text" as const, text: describe(e) }], isError: true };
     }
   });
+  server.setRequestHandler(ListResourcesRequestSchema, async (req) => listResources(ctx, req.params?.cursor));
+  server.setRequestHandler(ListResourceTemplatesRequestSchema, async () => ({ resourceTemplates: RESOURCE_TEMPLATES }));
+  server.setRequestHandler(ReadResourceRequestSchema, async (req) => readResource(ctx, req.params.uri));
+  server.setRequestHandler(ListPromptsRequestSchema, async () => ({ prompts: PROMPTS }));
+  server.setRequestHandler(GetPromptRequestSchema, async (req) =>
+    getPrompt(ctx, req.params.name, (req.params.arguments ?? {}) as Record<string, string>));
   return server;
 }

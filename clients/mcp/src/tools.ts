@@ -1,17 +1,36 @@
-// The MCP tools: Engram's long-term memory (remember, recall, memory_context, forget,
-// update_memory) and a session's working memory (scratchpad, notes, checkpoints, resume,
-// handoff), each with a JSON Schema and a description written for a model.
+// The MCP tools: Engram's long-term memory (remember, recall, memory_context, memory_list,
+// memory_get, forget, update_memory) and a session's working memory (scratchpad, notes,
+// session_append, checkpoints, resume, handoff), each with a JSON Schema and a description
+// written for a model. Results are short plain text (render.ts).
 import type { Client, Id, MemoryType, NoteCategory, NoteScope } from "@engram/client";
+
+import type { EngramLink } from "./link.js";
+import {
+  contextText, DEFAULT_LEVELS, handoffText, iso, memoryLine, memoryText, noteLine, relevance, type MatchLevels,
+} from "./render.js";
 
 /** What the tools share: the Engram client, the agent identity, the current session. */
 export interface ToolContext {
-  client: Client;
+  /** The client calls go through (the link's current one). */
+  readonly client: Client;
+  /** engramd behind a reachability check: every tool call runs through link.run. */
+  link: EngramLink;
   /** The agent memories and sessions belong to (ENGRAM_AGENT_ID), if configured. */
   agentId: Id | undefined;
   /** The model name recorded on sessions this server creates. */
   model: string;
   /** The session the session tools act on when no session_id is given. */
   sessionId: Id | undefined;
+  /** Where a similarity reads strong, good or weak (ENGRAM_MCP_MATCH_LEVELS). */
+  levels: MatchLevels;
+}
+
+/** A ToolContext over link, its client always the link's current one. */
+export function toolContext(link: EngramLink, o: { agentId: Id | undefined; model: string; sessionId: Id | undefined;
+  levels?: MatchLevels }): ToolContext {
+  const ctx = { link, agentId: o.agentId, model: o.model, sessionId: o.sessionId, levels: o.levels ?? DEFAULT_LEVELS };
+  Object.defineProperty(ctx, "client", { get: () => link.client, enumerable: true });
+  return ctx as ToolContext;
 }
 
 export interface Tool {
@@ -25,6 +44,20 @@ export interface Tool {
 
 /** A tool argument the model got wrong: reported as a tool error, with the reason. */
 export class ArgumentError extends Error {}
+
+/**
+ * Refuses arguments the tool does not declare (its schema says additionalProperties: false;
+ * the SDK does not check schemas on the server side), naming them and what the tool takes,
+ * so that a model that guessed `limit` learns it is `top_k` instead of having it ignored.
+ */
+export function checkArguments(tool: Tool, args: Record<string, unknown>): void {
+  const known = Object.keys(tool.inputSchema.properties);
+  const unknown = Object.keys(args).filter((k) => !known.includes(k));
+  if (unknown.length === 0) return;
+  const names = unknown.map((k) => `'${k}'`).join(", ");
+  throw new ArgumentError(`unknown argument${unknown.length > 1 ? "s" : ""} ${names}: ${tool.name} takes ` +
+    (known.length ? known.join(", ") : "no arguments"));
+}
 
 const MEMORY_TYPES = ["fact", "preference", "episode", "strategy_outcome", "constraint"];
 const NOTE_CATEGORIES = ["decision", "discovery", "blocker", "context", "handoff"];
@@ -97,11 +130,17 @@ function oneOf<T extends string>(a: Record<string, unknown>, k: string, allowed:
 const json = (v: unknown) =>
   JSON.stringify(v, (_, x) => (typeof x === "bigint" ? x.toString() : x), 2);
 
+function idList(a: Record<string, unknown>, k: string, max: number): number[] {
+  const ids = ints(a, k);
+  if (ids.length > max) throw new ArgumentError(`argument '${k}' holds at most ${max} ids`);
+  return ids;
+}
+
 /** The session.create in flight for a context, so that concurrent first calls share it. */
 const creating = new WeakMap<ToolContext, Promise<Id>>();
 
 /** The session a session tool acts on: the argument, else the current one (created now). */
-async function session(a: Record<string, unknown>, ctx: ToolContext): Promise<Id> {
+export async function session(a: Record<string, unknown>, ctx: ToolContext): Promise<Id> {
   const given = int(a, "session_id");
   if (given !== undefined) return given;
   if (ctx.sessionId !== undefined) return ctx.sessionId;
@@ -187,17 +226,24 @@ export const TOOLS: Tool[] = [
     title: "Recall",
     description:
       "Search long-term memory for what is relevant to a question or task, before answering from assumptions. " +
-      "Returns the best matches with their ids (for update_memory or forget), types, importance and relevance score.",
+      "Returns the best matches with their ids (for memory_get, update_memory or forget), types, importance, and " +
+      "how closely each matches: its similarity to the query (cosine, up to 1) and a plain reading of it (strong, " +
+      "good or weak match, little relation). Treat weak matches and below as probably unrelated.",
     inputSchema: {
       type: "object",
       properties: {
         query: { type: "string", minLength: 1, description: "What you want to know, in natural language." },
-        top_k: { type: "integer", minimum: 1, maximum: 50, default: 5, description: "How many memories to return." },
+        top_k: { type: "integer", minimum: 1, maximum: 50, default: 5, description: "How many memories to return at most." },
+        min_similarity: {
+          type: "number", minimum: 0, maximum: 1,
+          description: "Leave out memories whose similarity to the query is below this (e.g. 0.4 for good matches only).",
+        },
         types: { type: "array", items: { type: "string", enum: MEMORY_TYPES }, description: "Only these kinds of memory." },
         tags: { type: "array", items: { type: "string" }, description: "Only memories sharing at least one of these tags." },
         mode: {
-          type: "string", enum: ["hybrid", "vector", "text"], default: "hybrid",
-          description: "'hybrid' (meaning and keywords), 'vector' (meaning only) or 'text' (keywords: words, \"phrases\", OR, -word).",
+          type: "string", enum: ["vector", "hybrid", "text"], default: "vector",
+          description: "'vector' (by meaning, the default), 'hybrid' (meaning and keywords, fused by rank) or 'text' " +
+            "(keywords only: words, \"phrases\", OR, -word).",
         },
       },
       required: ["query"],
@@ -205,18 +251,46 @@ export const TOOLS: Tool[] = [
     },
     annotations: { readOnlyHint: true, openWorldHint: false },
     async run(a, ctx) {
+      const topK = int(a, "top_k") ?? 5;
+      const minSim = num(a, "min_similarity");
+      if (minSim !== undefined && (minSim < 0 || minSim > 1)) throw new ArgumentError("argument 'min_similarity' must be 0 to 1");
+      const mode = oneOf<string>(a, "mode", ["vector", "hybrid", "text"], "vector")! as "vector" | "hybrid" | "text";
+      // engramd does not take min_similarity on memory.search yet: until it does, the filter is
+      // applied here to the cosine it returns. Results are ranked by a blend of similarity and
+      // composite importance, so a memory above the threshold may rank below top_k others that
+      // are not: ask for more than top_k and cut after filtering.
+      const ask = minSim === undefined ? topK : Math.min(Math.max(topK * 4, topK + 20), 200);
       const r = await ctx.client.memory.search({
         query: str(a, "query", true),
-        top_k: int(a, "top_k") ?? 5,
+        top_k: ask,
         type_filter: strs(a, "types") as MemoryType[] | undefined,
         tokens: strs(a, "tags"),
-        mode: oneOf(a, "mode", ["hybrid", "vector", "text"], "hybrid"),
+        mode,
         agent_id: ctx.agentId,
       });
-      if (r.results.length === 0) return "No matching memories.";
-      return r.results
-        .map((h) => `[id ${h.id}] (${h.type}, importance ${h.importance.toFixed(2)}, score ${h.score.toFixed(3)}) ${h.content}`)
-        .join("\n");
+      let hits = r.results as unknown as Record<string, unknown>[];
+      const total = hits.length;
+      if (minSim !== undefined) hits = hits.filter((h) => typeof h.similarity === "number" && h.similarity >= minSim);
+      const left = total - hits.length;
+      hits = hits.slice(0, topK);
+      if (hits.length === 0) {
+        return left > 0
+          ? `No memories with similarity ${minSim!.toFixed(2)} or more (${left} weaker left out).`
+          : "No matching memories.";
+      }
+      const lv = ctx.levels;
+      const lines = hits.map((h) => {
+        const sim = typeof h.similarity === "number" ? h.similarity : undefined;
+        const match = sim === undefined
+          ? `keyword match, text rank ${Number(h.score).toFixed(3)}`
+          : `${relevance(sim, lv)}: similarity ${sim.toFixed(2)}` +
+            (mode === "text" ? `, text rank ${Number(h.score).toFixed(3)}` : "");
+        return `[id ${h.id}] (${h.type}, importance ${Number(h.importance).toFixed(2)}, ${match}) ${h.content}`;
+      });
+      const head = `Best first. Similarity is the cosine between query and memory: strong match from ` +
+        `${lv.strong.toFixed(2)}, good from ${lv.good.toFixed(2)}, weak from ${lv.weak.toFixed(2)}, below that little relation.` +
+        (left > 0 ? ` ${left} below ${minSim!.toFixed(2)} left out.` : "");
+      return [head, ...lines].join("\n");
     },
   },
   {
@@ -247,7 +321,74 @@ export const TOOLS: Tool[] = [
         top_k: 50,
         agent_id: ctx.agentId,
       });
-      return r.text ?? "";
+      return contextText(r.text ?? "");
+    },
+  },
+  {
+    name: "memory_list",
+    title: "List memories",
+    description:
+      "List stored memories, newest first (or by importance), one line each with its id: to review what is " +
+      "remembered, find duplicates or stale entries, or page through a topic by tag or type. Use recall to search " +
+      "by meaning, memory_get for full records.",
+    inputSchema: {
+      type: "object",
+      properties: {
+        types: { type: "array", items: { type: "string", enum: MEMORY_TYPES }, description: "Only these kinds of memory." },
+        tags: { type: "array", items: { type: "string" }, description: "Only memories sharing at least one of these tags." },
+        order_by: {
+          type: "string", enum: ["created_at", "importance", "composite"], default: "created_at",
+          description: "'created_at' (newest first), 'importance' (the author's, highest first) or 'composite' " +
+            "(importance blended with recency and use).",
+        },
+        limit: { type: "integer", minimum: 1, maximum: 100, default: 20, description: "How many memories per page." },
+        cursor: { type: "string", minLength: 1, description: "The cursor a previous page ended with, to read on." },
+        include_archived: { type: "boolean", default: false, description: "Also archived memories." },
+      },
+      additionalProperties: false,
+    },
+    annotations: { readOnlyHint: true, openWorldHint: false },
+    async run(a, ctx) {
+      const r = await ctx.client.memory.list({
+        type_filter: strs(a, "types") as MemoryType[] | undefined,
+        tokens: strs(a, "tags"),
+        order_by: oneOf(a, "order_by", ["created_at", "importance", "composite"], "created_at") as
+          "created_at" | "importance" | "composite",
+        limit: int(a, "limit") ?? 20,
+        cursor: str(a, "cursor"),
+        include_archived: bool(a, "include_archived"),
+        agent_id: ctx.agentId,
+      });
+      const mems = (r.memories as unknown as (Record<string, unknown> | null)[]).filter((m) => m !== null);
+      if (mems.length === 0) return a.cursor ? "No more memories." : "No memories stored.";
+      const lines = mems.map((m) => memoryLine(m!));
+      if (r.next_cursor) lines.push(`More: call memory_list again with cursor "${r.next_cursor}".`);
+      return lines.join("\n");
+    },
+  },
+  {
+    name: "memory_get",
+    title: "Get memories",
+    description:
+      "Read memories in full by id (ids come from recall, memory_list or remember): content, type, importance, " +
+      "tags, scope, when it was created, changed and last read, and whether it is archived or was replaced.",
+    inputSchema: {
+      type: "object",
+      properties: {
+        ids: { type: "array", items: { type: "integer", minimum: 0 }, minItems: 1, maxItems: 100, description: "The memory ids." },
+      },
+      required: ["ids"],
+      additionalProperties: false,
+    },
+    annotations: { readOnlyHint: true, openWorldHint: false },
+    async run(a, ctx) {
+      const ids = idList(a, "ids", 100);
+      const r = await ctx.client.memory.get({ ids });
+      const parts = (r.memories as unknown as (Record<string, unknown> | null)[])
+        .filter((m) => m !== null).map((m) => memoryText(m!));
+      const missing = (r.missing ?? []) as unknown[];
+      if (missing.length) parts.push(`Not found: ${missing.join(", ")}.`);
+      return parts.join("\n\n---\n\n");
     },
   },
   {
@@ -401,7 +542,36 @@ export const TOOLS: Tool[] = [
         scopes: strs(a, "scopes") as NoteScope[] | undefined,
       });
       if (r.notes.length === 0) return "No notes.";
-      return r.notes.map((n) => `[${n.category}/${n.scope}] ${n.key}: ${n.value}`).join("\n");
+      return r.notes.map((n) => noteLine(n as unknown as Record<string, unknown>)).join("\n");
+    },
+  },
+  {
+    name: "session_append",
+    title: "Append to transcript",
+    description:
+      "Append a message to the session's transcript, the record of the conversation that checkpoints, resume and " +
+      "handoff carry: a user request, your answer, a tool's result or a system instruction worth keeping. Returns " +
+      "the entry id and its position.",
+    inputSchema: {
+      type: "object",
+      properties: {
+        role: { type: "string", enum: ["user", "assistant", "tool", "system"], description: "Who said it." },
+        content: { type: "string", maxLength: 65536, description: "The message." },
+        tokens: { type: "integer", minimum: 0, description: "Its length in the model's tokens, if known." },
+        session_id: SESSION_ID,
+      },
+      required: ["role", "content"],
+      additionalProperties: false,
+    },
+    annotations: { readOnlyHint: false, destructiveHint: false, idempotentHint: false, openWorldHint: false },
+    async run(a, ctx) {
+      const role = oneOf<"user" | "assistant" | "tool" | "system">(a, "role", ["user", "assistant", "tool", "system"]);
+      if (!role) throw new ArgumentError("missing required argument 'role'");
+      const sid = await session(a, ctx);
+      const r = await ctx.client.session.append({
+        session_id: sid, role, content: str(a, "content", true), tokens: int(a, "tokens"),
+      });
+      return `Appended entry ${r.entry_id} to session ${sid} at position ${r.seq}.`;
     },
   },
   {
@@ -422,7 +592,7 @@ export const TOOLS: Tool[] = [
     annotations: { readOnlyHint: false, destructiveHint: false, idempotentHint: false, openWorldHint: false },
     async run(a, ctx) {
       const r = await ctx.client.session.checkpoint({ session_id: await session(a, ctx), label: str(a, "label", true) });
-      return `Checkpoint ${r.checkpoint_id} saved for session ${r.session_id} (expires at ${new Date(Number(r.expires_at)).toISOString()}).`;
+      return `Checkpoint ${r.checkpoint_id} saved for session ${r.session_id} (expires at ${iso(r.expires_at)}).`;
     },
   },
   {
@@ -448,7 +618,7 @@ export const TOOLS: Tool[] = [
       return [
         `Resumed checkpoint ${r.checkpoint_id} as session ${r.session_id} (now current).`,
         `Scratchpad (version ${pad.version}):\n${pad.content || "(empty)"}`,
-        `Notes:\n${notes.notes.map((n) => `[${n.category}/${n.scope}] ${n.key}: ${n.value}`).join("\n") || "(none)"}`,
+        `Notes:\n${notes.notes.map((n) => noteLine(n as unknown as Record<string, unknown>)).join("\n") || "(none)"}`,
       ].join("\n\n");
     },
   },
@@ -457,23 +627,28 @@ export const TOOLS: Tool[] = [
     title: "Handoff package",
     description:
       "Get what someone needs to pick the session up: summary, carry-forward notes, open blockers, decisions, " +
-      "work items, scratchpad and recent events. Mode 'continue' (the same agent later), 'takeover' (another " +
-      "agent), 'review' (a human) or 'recovery' (after a crash: everything).",
+      "work items, scratchpad and recent events, as short text sections. Mode 'continue' (the same agent later), " +
+      "'takeover' (another agent), 'review' (a human) or 'recovery' (after a crash: everything).",
     inputSchema: {
       type: "object",
       properties: {
         mode: { type: "string", enum: ["continue", "takeover", "review", "recovery"], default: "continue" },
+        format: {
+          type: "string", enum: ["text", "json"], default: "text",
+          description: "'text' (short sections, ISO times) or 'json' (Engram's whole package, for programs).",
+        },
         session_id: SESSION_ID,
       },
       additionalProperties: false,
     },
     annotations: { readOnlyHint: true, openWorldHint: false },
     async run(a, ctx) {
+      const format = oneOf<string>(a, "format", ["text", "json"], "text");
       const r = await ctx.client.session.handoff({
         session_id: await session(a, ctx),
         mode: oneOf(a, "mode", ["continue", "takeover", "review", "recovery"], "continue")!,
       });
-      return json(r);
+      return format === "json" ? json(r) : handoffText(r as unknown as Record<string, unknown>);
     },
   },
 ];

@@ -21,8 +21,8 @@ const KEY_FILE = process.env.ENGRAM_TEST_ADMIN_KEY_FILE;
 if (!PORT || !KEY_FILE) throw new Error("ENGRAM_TEST_PORT and ENGRAM_TEST_ADMIN_KEY_FILE must name a running engramd: run clients/run-tests");
 const HOST = process.env.ENGRAM_TEST_HOST ?? "127.0.0.1";
 
-const TOOL_NAMES = ["checkpoint", "forget", "handoff", "memory_context", "note_add", "notes", "recall",
-  "remember", "resume", "scratchpad_read", "scratchpad_update", "update_memory"];
+const TOOL_NAMES = ["checkpoint", "forget", "handoff", "memory_context", "memory_get", "memory_list", "note_add",
+  "notes", "recall", "remember", "resume", "scratchpad_read", "scratchpad_update", "session_append", "update_memory"];
 
 let tmp;
 let keyFile;
@@ -128,7 +128,7 @@ test("stdio: session working memory tools", async () => {
     r = await call(c, "scratchpad_read", {}); // the resumed session is current
     assert.doesNotMatch(text(r), new RegExp(`session ${sid},`));
     assert.match(text(r), /write tests/);
-    r = await call(c, "handoff", { mode: "continue", session_id: sid });
+    r = await call(c, "handoff", { mode: "continue", session_id: sid, format: "json" });
     const h = JSON.parse(text(r));
     assert.equal(h.scratchpad.content, "changed after the checkpoint");
     assert.deepEqual(h.blockers.map((n) => n.key), ["ci"]);

@@ -296,7 +296,7 @@ test("Origin: 403 before anything else off the allow-list; loopback origins work
     r = await raw(srv.url, { method: "OPTIONS", origin: evil });
     assert.equal(r.status, 403);
     assert.deepEqual(await memoriesOf(keyA, "Quokka"), []);
-    assert.equal((await a.client.listTools()).tools.length, 12); // not deleted
+    assert.equal((await a.client.listTools()).tools.length, 15); // not deleted
 
     // loopback origins, on any port
     for (const o of [`http://localhost:${srv.port}`, "http://127.0.0.1:5173", "http://[::1]:8080", "http://LOCALHOST"]) {
@@ -399,9 +399,9 @@ test("sessions are capped, and closed after the idle timeout once their client i
   assert.ok(Date.now() - t0 >= 900, "closed before its idle timeout");
   r = await raw(srv.url, { sid: sid1, key: keyA, body: LIST });
   assert.equal(r.status, 404);
-  assert.equal((await c2.client.listTools()).tools.length, 12);
+  assert.equal((await c2.client.listTools()).tools.length, 15);
   const c3 = await connect(srv.url, keyA); // the slot c1 held
-  assert.equal((await c3.client.listTools()).tools.length, 12);
+  assert.equal((await c3.client.listTools()).tools.length, 15);
   await c3.client.close();
   await c2.client.close();
 });

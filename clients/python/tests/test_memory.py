@@ -44,7 +44,8 @@ def test_store_get_update_history_delete(client):
     assert [v["content"] for v in h["versions"]] == ["Alice prefers tea over coffee",
                                                      "Alice prefers green tea"]
     assert client.memory.delete([mid])["deleted"] == [mid]
-    assert client.memory.get([mid])["memories"] == []
+    gone = client.memory.get([mid])
+    assert gone["memories"] == [] and gone["missing"] == [mid]  # which ids were not there
     with pytest.raises(NotFound):
         client.memory.history(mid)
 

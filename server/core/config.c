@@ -228,6 +228,9 @@ static const config_def defs[] = {
     {"log_format", T_STR, OFF(log_format), "text", 0, 0, F_RELOAD,
      "form of the log lines on stderr: text (time, level, file:line, message) or json (one "
      "object per line: time, level, file, line, message)"},
+    {"metrics_history_step_s", T_INT, OFF(metrics_history_step_s), "10", 1, 60, 0,
+     "seconds between two samples of the last hour's figures the web console charts "
+     "(GET /metrics/history: requests, errors, latency, index memory)"},
     {"embed_dim", T_INT, OFF(embed_dim), "384", 8, 4096, 0,
      "dimension of the built-in embedder for new tenants"},
     {"openai_url", T_STR, OFF(openai_url), "", 0, 0, 0,

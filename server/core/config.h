@@ -91,6 +91,7 @@ typedef struct config {
     char *secret_file;
     char *log_level;
     char *log_format; /* "text" or "json" (log.h) */
+    int metrics_history_step_s;
     /* memories */
     int embed_dim;
     char *openai_url;

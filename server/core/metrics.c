@@ -2,6 +2,7 @@
 #include "metrics.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,19 @@ static db_slot db_slots[MAX_WORKERS];
 static atomic_uint_fast64_t db_reads[2], db_read_fallbacks[METRICS_FALLBACK__COUNT];
 static atomic_uint rdb_connections[MAX_WORKERS], rdb_ready[MAX_WORKERS];
 
+/* One sample of the history (metrics_history_sample). */
+typedef struct hist_sample {
+    int64_t t_ms;
+    uint64_t requests, errors, dur_count, dur_sum_us;
+    uint64_t buckets[NBUCKETS]; /* cumulative, summed over methods */
+    double index_bytes, index_budget, index_vectors, resident;
+} hist_sample;
+
+static pthread_mutex_t hist_mu = PTHREAD_MUTEX_INITIALIZER;
+static hist_sample *hist; /* a ring of hist_cap, hist_n used, the next at hist_next */
+static size_t hist_cap, hist_n, hist_next;
+static unsigned hist_step_s;
+
 int metrics_init(const char *const *names, size_t n)
 {
     stats = calloc(n + 1, sizeof(*stats));
@@ -68,6 +82,96 @@ void metrics_fini(void)
     free(stats);
     stats = NULL;
     nmethods = 0;
+    pthread_mutex_lock(&hist_mu);
+    free(hist);
+    hist = NULL;
+    hist_cap = hist_n = hist_next = 0;
+    pthread_mutex_unlock(&hist_mu);
+}
+
+int metrics_history_init(unsigned step_s)
+{
+    size_t cap = 3600 / (step_s ? step_s : 1) + 1; /* an hour, both ends included */
+    hist_sample *h = calloc(cap, sizeof(*h));
+    if (!h)
+        return -ENOMEM;
+    pthread_mutex_lock(&hist_mu);
+    free(hist);
+    hist = h;
+    hist_cap = cap;
+    hist_n = hist_next = 0;
+    hist_step_s = step_s;
+    pthread_mutex_unlock(&hist_mu);
+    return 0;
+}
+
+void metrics_history_sample(int64_t now_ms, double index_bytes, double index_budget_bytes,
+                            double index_vectors)
+{
+    hist_sample x = {.t_ms = now_ms,
+                     .index_bytes = index_bytes,
+                     .index_budget = index_budget_bytes,
+                     .index_vectors = index_vectors};
+    for (size_t i = 0; stats && i <= nmethods; i++) {
+        for (int c = 0; c < RPC_CODE_COUNT; c++) {
+            uint64_t v = atomic_load_explicit(&stats[i].by_code[c], memory_order_relaxed);
+            x.requests += v;
+            if (c != RPC_OK)
+                x.errors += v;
+        }
+        uint64_t cum = 0;
+        for (size_t b = 0; b < NBUCKETS; b++) {
+            cum += atomic_load_explicit(&stats[i].buckets[b], memory_order_relaxed);
+            x.buckets[b] += cum;
+        }
+        x.dur_count += cum;
+        x.dur_sum_us += atomic_load_explicit(&stats[i].sum_us, memory_order_relaxed);
+    }
+    procstat p;
+    if (procstat_read(&p) == 0)
+        x.resident = (double)p.resident_bytes;
+    pthread_mutex_lock(&hist_mu);
+    if (hist) {
+        hist[hist_next] = x;
+        hist_next = (hist_next + 1) % hist_cap;
+        if (hist_n < hist_cap)
+            hist_n++;
+    }
+    pthread_mutex_unlock(&hist_mu);
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void metrics_history_render(struct evbuffer *out)
+{
+    pthread_mutex_lock(&hist_mu);
+    evbuffer_add_printf(out, "{\"now\":%lld,\"step_s\":%u,\"le\":[", (long long)wall_ms(),
+                        hist_step_s);
+    for (size_t b = 0; b + 1 < NBUCKETS; b++)
+        evbuffer_add_printf(out, "%g,", (double)bucket_us[b] / 1e6);
+    evbuffer_add_printf(out, "\"+Inf\"],\"samples\":[");
+    for (size_t k = 0; k < hist_n; k++) {
+        const hist_sample *x = &hist[(hist_next + hist_cap - hist_n + k) % hist_cap];
+        evbuffer_add_printf(out,
+                            "%s{\"t\":%lld,\"requests\":%llu,\"errors\":%llu,"
+                            "\"duration_count\":%llu,\"duration_sum\":%.6f,\"buckets\":[",
+                            k ? "," : "", (long long)x->t_ms, (unsigned long long)x->requests,
+                            (unsigned long long)x->errors, (unsigned long long)x->dur_count,
+                            (double)x->dur_sum_us / 1e6);
+        for (size_t b = 0; b < NBUCKETS; b++)
+            evbuffer_add_printf(out, "%s%llu", b ? "," : "", (unsigned long long)x->buckets[b]);
+        evbuffer_add_printf(out,
+                            "],\"index_bytes\":%.0f,\"index_budget_bytes\":%.0f,"
+                            "\"index_vectors\":%.0f,\"resident_bytes\":%.0f}",
+                            x->index_bytes, x->index_budget, x->index_vectors, x->resident);
+    }
+    evbuffer_add_printf(out, "]}\n");
+    pthread_mutex_unlock(&hist_mu);
 }
 
 void metrics_request(size_t method, rpc_code code, uint64_t latency_us)

@@ -47,6 +47,7 @@ enum {
     P_SE_TOP_K,
     P_SE_MODE,
     P_SE_SIMILARITY_WEIGHT,
+    P_SE_COUNT_ACCESS,
     P_SE_BUDGET_TOKENS, /* memory.context only */
     P_SE_FORMAT,
     P_SE_ORDER,
@@ -57,8 +58,9 @@ enum {
         {"embedding", RPC_T_VECTOR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 4096},                        \
         {"top_k", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_TOP_K), 1, 0},       \
         {"mode", RPC_T_STR, RPC_P_NULLABLE, 0, 0},                                                 \
+        {"similarity_weight", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1},                      \
     {                                                                                              \
-        "similarity_weight", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1                         \
+        "count_access", RPC_T_BOOL, RPC_P_NULLABLE, 0, 0                                           \
     }
 
 PARAMS(memory_search, SEARCH_PARAMS);
@@ -77,6 +79,7 @@ typedef struct result {
 
 typedef struct search_state {
     bool context;
+    bool count;          /* the results count as accesses (count_access, default true) */
     bool search_results; /* memory.context format "search_results" */
     bool stable;         /* memory.context order "stable" */
     int mode;
@@ -143,8 +146,9 @@ static double score_cb(float sim, const void *meta, void *ctx)
 /* Counts one access to each of the n memories: the index now, PostgreSQL in a batch. */
 static void count_access(req *r, search_state *st, const uint64_t *ids, size_t n)
 {
-    if (req_is_again(r))
-        return; /* counted when it ran the first time (its answer waited for budget) */
+    if (req_is_again(r) || !st->count)
+        return; /* counted when it ran the first time (its answer waited for budget), or
+                 * a look that must not change the ranking (count_access false) */
     tenants_touch(st->t, ids, n, st->f.now_ms);
     access_log_add(app_access(req_worker(r)), req_auth(r)->tenant_id, ids, n, st->f.now_ms);
 }
@@ -663,6 +667,7 @@ static void search_begin(req *r, bool context)
             st->ncand = (size_t)s->cfg.max_top_k * 3;
     }
     st->w = rpc_get_num(req_arg(r, P_SE_SIMILARITY_WEIGHT), s->cfg.similarity_weight);
+    st->count = rpc_get_bool(req_arg(r, P_SE_COUNT_ACCESS), true);
     st->budget = context ? rpc_get_uint(req_arg(r, P_SE_BUDGET_TOKENS), 3000) : 0;
     if (context && context_shape(r, st) < 0)
         return;

@@ -771,7 +771,7 @@ static int serve_get(hapi *h, const http1_request *rq)
     } else {
         local_error(h, 404, RPC_NOT_FOUND, NULL,
                     "no such path: POST /v1/rpc/{method}, GET /v1/openapi.json, /healthz, "
-                    "/readyz, /livez, /metrics or /console");
+                    "/readyz, /livez, /metrics, /metrics/history or /console");
     }
     evbuffer_free(b);
     return HAPI_AGAIN;

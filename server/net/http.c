@@ -188,6 +188,14 @@ static int on_metrics(server *s, struct evbuffer *b)
     return 200;
 }
 
+/* GET /metrics/history: the last hour of the figures the web console charts. */
+static int on_history(server *s, struct evbuffer *b)
+{
+    (void)s;
+    metrics_history_render(b);
+    return 200;
+}
+
 static int on_openapi(server *s, struct evbuffer *b)
 {
     if (!s->hooks || !s->hooks->openapi)
@@ -204,6 +212,7 @@ static const struct {
     {"/healthz", on_healthz, "application/json"},
     {"/livez", on_livez, "application/json"},
     {"/metrics", on_metrics, "text/plain; version=0.0.4"},
+    {"/metrics/history", on_history, "application/json"},
     {"/readyz", on_readyz, "application/json"},
     {"/v1/openapi.json", on_openapi, "application/json"},
 };

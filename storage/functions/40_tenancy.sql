@@ -125,11 +125,13 @@ $$;
 -- engram_tenant_usage: what tenant.usage reports (run with the tenant set). memories: the
 -- live ones, which count against the tier's limit (tenants.memory_count); archived: the
 -- archived ones (kept, restorable, not counted against it); memory_bytes: the text of all of
--- them and their kept versions, which counts against the tier's byte limit.
+-- them and their kept versions, which counts against the tier's byte limit; name: the
+-- tenant's name.
 DROP FUNCTION IF EXISTS engram_tenant_usage(bigint);
 CREATE OR REPLACE FUNCTION engram_tenant_usage(p_tenant bigint)
     RETURNS TABLE (tier text, memories bigint, queries_today bigint, storage_bytes bigint,
-                   resets_ms bigint, archived bigint, sessions_live bigint, memory_bytes bigint)
+                   resets_ms bigint, archived bigint, sessions_live bigint, memory_bytes bigint,
+                   name text)
     LANGUAGE sql STABLE AS $$
     SELECT t.tier, t.memory_count,
            COALESCE((SELECT u.queries FROM tenant_usage u WHERE u.tenant_id = t.id
@@ -141,7 +143,7 @@ CREATE OR REPLACE FUNCTION engram_tenant_usage(p_tenant bigint)
            (SELECT count(*) FROM memories m WHERE m.tenant_id = t.id AND m.archived_at IS NOT NULL),
            (SELECT count(*) FROM sessions s
             WHERE s.tenant_id = t.id AND s.state = 'active' AND s.parent_id IS NULL),
-           t.memory_bytes
+           t.memory_bytes, t.name
     FROM tenants t WHERE t.id = p_tenant
 $$;
 

@@ -372,3 +372,45 @@ def test_alert_expressions_fire_where_they_should():
         r = subprocess.run([promtool(), "test", "rules", path], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ---- GET /metrics/history ------------------------------------------------------------------
+
+def test_history_keeps_samples_of_the_counters():
+    """/metrics/history: samples every metrics_history_step_s, oldest first, whose totals
+    follow /metrics (requests, errors, the latency histogram summed over methods)."""
+    srv = Server(new_database("hist"), extra=["--metrics-history-step-s", "1"])
+    failed = True
+    try:
+        srv.start()
+        _, key = srv.create_tenant()
+        with srv.client(key=key) as c:
+            for _ in range(5):
+                c.call("memory.search", query="history", top_k=1)
+            assert c.call_err("memory.search", query="x", top_k=0)["code"] == "invalid_argument"
+        s = samples(srv.http_get("/metrics")[1])
+        requests = sum(v for k, v in s.items() if k.startswith("engram_requests_total{"))
+        errors = sum(v for k, v in s.items() if k.startswith("engram_errors_total{"))
+
+        def history():
+            status, body = srv.http_get("/metrics/history")
+            assert status == 200
+            return json.loads(body)
+
+        # a sample taken after the requests above holds them all
+        h = wait_for(lambda: (lambda h: h if h["samples"][-1]["requests"] >= requests else None)(
+            history()), what="a sample with the requests made")
+        assert h["step_s"] == 1
+        assert h["le"][-1] == "+Inf" and len(h["le"]) == len(
+            [k for k in s if k.startswith('engram_request_duration_seconds_bucket{method="auth"')])
+        ts = [x["t"] for x in h["samples"]]
+        assert ts == sorted(ts) and len(set(ts)) == len(ts)
+        last = h["samples"][-1]
+        assert last["errors"] >= errors >= 1
+        assert last["buckets"][-1] == last["duration_count"] >= requests
+        assert all(a <= b for a, b in zip(last["buckets"], last["buckets"][1:]))
+        assert last["resident_bytes"] > 0 and last["index_budget_bytes"] > 0
+        assert abs(h["now"] - time.time() * 1000) < 60000
+        failed = False
+    finally:
+        srv.finish(failed=failed)

@@ -323,11 +323,12 @@ static void test_usage(void)
     CHECK(j && strcmp(j->q[0].name, "tenant_usage") == 0);
     /* the tenant's own, under its row-level security */
     CHECK(j && j->rls == 7 && val_is(j, 0, "7"));
-    /* tier, stored, today, storage bytes, resets at, archived, live sessions, bytes */
-    fr_answer1(j, fr_rows("tier|stored|today|storage|resets|archived|live|bytes", 1,
-                          "standard|120|33|4096|1700086400000|5|2|777"));
+    /* tier, stored, today, storage bytes, resets at, archived, live sessions, bytes, name */
+    fr_answer1(j, fr_rows("tier|stored|today|storage|resets|archived|live|bytes|name", 1,
+                          "standard|120|33|4096|1700086400000|5|2|777|acme"));
     CHECK(r->done);
     CHECK(fr_is_int(fr_get(r, "tenant_id"), 7) && fr_is_str(fr_get(r, "tier"), "standard"));
+    CHECK(fr_is_str(fr_get(r, "name"), "acme"));
     CHECK(fr_is_int(fr_path(r, "memories.stored"), 120));
     CHECK(fr_is_int(fr_path(r, "memories.archived"), 5));
     CHECK(fr_is_int(fr_path(r, "memories.limit"), 5000));
@@ -345,7 +346,7 @@ static void test_usage(void)
     *tl = saved;
 
     r = fr_call(&env, "tenant.usage", NULL);
-    fr_answer1(fr_take(), fr_rows("tier|stored|today|storage|resets|archived|live|bytes", 0));
+    fr_answer1(fr_take(), fr_rows("tier|stored|today|storage|resets|archived|live|bytes|name", 0));
     CHECK(r->code == RPC_NOT_FOUND);
     fr_free(r);
     r = fr_call(&env, "tenant.usage", NULL);

@@ -105,7 +105,7 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "memory.archive": ("ids", "reason", ),
     "memory.consolidate": (),
     "memory.consolidation.runs": ("limit", "cursor", ),
-    "memory.context": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens", "format", "order", ),
+    "memory.context": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "count_access", "budget_tokens", "format", "order", ),
     "memory.delete": ("ids", "filter", "dry_run", "all", ),
     "memory.feedback": ("cited", "injected", ),
     "memory.get": ("ids", ),
@@ -113,7 +113,7 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "memory.list": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding", ),
     "memory.provenance": ("response", "injected", ),
     "memory.restore": ("ids", ),
-    "memory.search": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", ),
+    "memory.search": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "count_access", ),
     "memory.stats": (),
     "memory.store": ("content", "type", "importance", "metadata", "embedding", "agent_id", "clade_id", "scope", "created_at", "expires_at", "ttl_seconds", "pinned", "updated_at", "last_accessed_at", "access_count", "idempotency_key", ),
     "memory.store_batch": ("memories", "idempotency_key", ),
@@ -318,6 +318,7 @@ class SyncMemory:
         top_k: int | None = None,
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
+        count_access: bool | None = None,
         budget_tokens: int | None = None,
         format: str | None = None,
         order: str | None = None,
@@ -343,6 +344,7 @@ class SyncMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
+            "count_access": count_access,
             "budget_tokens": budget_tokens,
             "format": format,
             "order": order,
@@ -464,6 +466,7 @@ class SyncMemory:
         top_k: int | None = None,
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
+        count_access: bool | None = None,
     ) -> SearchResult:
         """Searches memories by vector, text or both, ranked by similarity and importance. (``memory.search``)"""
         return cast("SearchResult", self._r._call("memory.search", {
@@ -486,6 +489,7 @@ class SyncMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
+            "count_access": count_access,
         }))
 
     def stats(self) -> StatsResult:
@@ -1199,6 +1203,7 @@ class AsyncMemory:
         top_k: int | None = None,
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
+        count_access: bool | None = None,
         budget_tokens: int | None = None,
         format: str | None = None,
         order: str | None = None,
@@ -1224,6 +1229,7 @@ class AsyncMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
+            "count_access": count_access,
             "budget_tokens": budget_tokens,
             "format": format,
             "order": order,
@@ -1345,6 +1351,7 @@ class AsyncMemory:
         top_k: int | None = None,
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
+        count_access: bool | None = None,
     ) -> SearchResult:
         """Searches memories by vector, text or both, ranked by similarity and importance. (``memory.search``)"""
         return cast("SearchResult", await self._r._acall("memory.search", {
@@ -1367,6 +1374,7 @@ class AsyncMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
+            "count_access": count_access,
         }))
 
     async def stats(self) -> StatsResult:
@@ -2101,6 +2109,7 @@ class FutureMemory:
         top_k: int | None = None,
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
+        count_access: bool | None = None,
         budget_tokens: int | None = None,
         format: str | None = None,
         order: str | None = None,
@@ -2126,6 +2135,7 @@ class FutureMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
+            "count_access": count_access,
             "budget_tokens": budget_tokens,
             "format": format,
             "order": order,
@@ -2247,6 +2257,7 @@ class FutureMemory:
         top_k: int | None = None,
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
+        count_access: bool | None = None,
     ) -> Future[SearchResult]:
         """Searches memories by vector, text or both, ranked by similarity and importance. (``memory.search``)"""
         return cast("Future[SearchResult]", self._r._submit("memory.search", {
@@ -2269,6 +2280,7 @@ class FutureMemory:
             "top_k": top_k,
             "mode": mode,
             "similarity_weight": similarity_weight,
+            "count_access": count_access,
         }))
 
     def stats(self) -> Future[StatsResult]:

@@ -65,7 +65,7 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "memory.archive": { params: ["ids", "reason"], required: ["ids"], flags: ["tenant", "write"] },
   "memory.consolidate": { params: [], required: [], flags: ["tenant", "write"] },
   "memory.consolidation.runs": { params: ["limit", "cursor"], required: [], flags: ["tenant"] },
-  "memory.context": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "budget_tokens", "format", "order"], required: [], flags: ["tenant", "query"] },
+  "memory.context": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "count_access", "budget_tokens", "format", "order"], required: [], flags: ["tenant", "query"] },
   "memory.delete": { params: ["ids", "filter", "dry_run", "all"], required: [], flags: ["tenant", "write"] },
   "memory.feedback": { params: ["cited", "injected"], required: [], flags: ["tenant", "write"] },
   "memory.get": { params: ["ids"], required: ["ids"], flags: ["tenant"] },
@@ -73,7 +73,7 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "memory.list": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding"], required: [], flags: ["tenant"] },
   "memory.provenance": { params: ["response", "injected"], required: ["response", "injected"], flags: ["tenant", "query", "write"] },
   "memory.restore": { params: ["ids"], required: ["ids"], flags: ["tenant", "write"] },
-  "memory.search": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight"], required: [], flags: ["tenant", "query"] },
+  "memory.search": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "count_access"], required: [], flags: ["tenant", "query"] },
   "memory.stats": { params: [], required: [], flags: ["tenant"] },
   "memory.store": { params: ["content", "type", "importance", "metadata", "embedding", "agent_id", "clade_id", "scope", "created_at", "expires_at", "ttl_seconds", "pinned", "updated_at", "last_accessed_at", "access_count", "idempotency_key"], required: ["content", "type", "importance"], flags: ["tenant", "write"] },
   "memory.store_batch": { params: ["memories", "idempotency_key"], required: ["memories"], flags: ["tenant", "write"] },
@@ -200,6 +200,7 @@ export interface MemoryContextParams {
   top_k?: Id;
   mode?: SearchMode;
   similarity_weight?: number;
+  count_access?: boolean;
   budget_tokens?: Id;
   format?: string;
   order?: string;
@@ -284,6 +285,7 @@ export interface MemorySearchParams {
   top_k?: Id;
   mode?: SearchMode;
   similarity_weight?: number;
+  count_access?: boolean;
 }
 
 /** Parameters of `memory.store`. */

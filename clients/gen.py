@@ -43,7 +43,7 @@ DOCS = {
     "memory.get": "Returns memories by id, in the order asked.",
     "memory.history": "Returns every version of a memory, oldest first.",
     "memory.list": "Lists memories that pass a filter, one keyset page at a time.",
-    "memory.provenance": "Estimates which injected memories a response used (sentence embeddings) and records it.",
+    "memory.provenance": "Estimates which injected memories a response used (word overlap or sentence embeddings) and records it.",
     "memory.restore": "Brings archived memories back.",
     "memory.search": "Searches memories by vector, text or both, ranked by similarity and importance.",
     "memory.stats": "Counts the tenant's memories by type and scope.",

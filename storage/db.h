@@ -123,7 +123,8 @@ void db_pool_destroy(db_pool *p);
 
 /* db_query_copy copies the nq queries qs into out (the same statements), with their values,
  * lengths and formats in one new allocation returned in *blob, which the caller frees: the
- * copies live as long as it. Returns 0 or -ENOMEM. */
+ * copies live as long as it. Returns 0 or -ENOMEM. (storage/db_query.c: a program that
+ * replaces the pool, as tests/fakes/fake_db.c does, keeps this one.) */
 int db_query_copy(const db_query *qs, int nq, db_query *out, char **blob);
 
 /* db_submit queues a job of nq queries (1..DB_MAX_QUERIES) that run in one transaction. When

@@ -282,6 +282,9 @@ static const config_def defs[] = {
      "(injected + 2); 0 keeps the seed's formula"},
     {"provenance_threshold", T_DOUBLE, OFF(provenance_threshold), "0.8", 0, 1, 0,
      "cosine similarity above which memory.provenance counts a memory as cited by a sentence"},
+    {"provenance_overlap_threshold", T_DOUBLE, OFF(provenance_overlap_threshold), "0.5", 0.05, 1, 0,
+     "share of a memory's wording (its distinct terms and pairs of consecutive terms) the "
+     "response must contain for memory.provenance to count the memory as cited"},
     {"score_recency_days", T_DOUBLE, OFF(score_recency_days), "30", 0.001, 36500, 0,
      "recency decays as exp(-age_days / score_recency_days)"},
     {"score_access_saturation", T_DOUBLE, OFF(score_access_saturation), "10", 1, 1e9, 0,

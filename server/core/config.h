@@ -117,6 +117,7 @@ typedef struct config {
     double score_w_explicit;
     double score_w_usefulness;
     double provenance_threshold;
+    double provenance_overlap_threshold;
     double score_recency_days;
     double score_access_saturation;
     /* tiers, indexed free / standard / premium (see tiers.h) */

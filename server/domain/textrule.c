@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "wordlist.h"
 #include "xxh64.h"
 
 enum { K_WORD, K_NUM, K_DATE, K_TIME, K_ID, K_EQ };
@@ -143,32 +144,18 @@ static const int month_no[] = {4, 4, 8, 8, 12, 12, 2,  2,  1, 1, 7, 7,
 static const char *const weekdays[] = {"friday",   "monday",  "saturday", "sunday",
                                        "thursday", "tuesday", "wednesday"};
 
-#define LIST(a) a, sizeof(a) / sizeof(a[0])
-
-static int cmp_word(const void *k, const void *e)
-{
-    return strcmp((const char *)k, *(const char *const *)e);
-}
-
-/* The index of word w (NUL-terminated) in list, or -1. */
-static int find_in(const char *w, const char *const *list, size_t n)
-{
-    const char *const *hit = bsearch(w, list, n, sizeof(*list), cmp_word);
-    return hit ? (int)(hit - list) : -1;
-}
-
 int textrule_selfcheck(void)
 {
     const struct {
         const char *const *l;
         size_t n;
-    } lists[] = {{LIST(copulas)},  {LIST(date_verbs)}, {LIST(date_preps)}, {LIST(num_intro)},
-                 {LIST(id_words)}, {LIST(unit_words)}, {LIST(currencies)}, {LIST(fillers)},
-                 {LIST(months)},   {LIST(weekdays)}};
+    } lists[] = {{WORDLIST(copulas)},    {WORDLIST(date_verbs)}, {WORDLIST(date_preps)},
+                 {WORDLIST(num_intro)},  {WORDLIST(id_words)},   {WORDLIST(unit_words)},
+                 {WORDLIST(currencies)}, {WORDLIST(fillers)},    {WORDLIST(months)},
+                 {WORDLIST(weekdays)}};
     for (size_t k = 0; k < sizeof(lists) / sizeof(lists[0]); k++)
-        for (size_t i = 1; i < lists[k].n; i++)
-            if (strcmp(lists[k].l[i - 1], lists[k].l[i]) >= 0)
-                return (int)k + 1;
+        if (!wordlist_sorted(lists[k].l, lists[k].n))
+            return (int)k + 1;
     if (sizeof(month_no) / sizeof(month_no[0]) != sizeof(months) / sizeof(months[0]))
         return 9;
     if (sizeof(contraction_head) / sizeof(contraction_head[0]) !=
@@ -308,7 +295,7 @@ static size_t scan_word(scan *sc, size_t i)
     if (t->wlen < sizeof(b)) {
         memcpy(b, sc->w + t->woff, t->wlen);
         b[t->wlen] = '\0';
-        c = find_in(b, LIST(contractions));
+        c = wordlist_find(b, WORDLIST(contractions));
     }
     if (c >= 0) {
         size_t hl = strlen(contraction_head[c]);
@@ -666,7 +653,7 @@ static void join_dates(scan *sc)
         tok *t = &sc->t[i];
         tok *nx = i + 1 < sc->n ? &sc->t[i + 1] : NULL;
         tok *nx2 = i + 2 < sc->n ? &sc->t[i + 2] : NULL;
-        int m = find_in(word_of(sc, t, b0, sizeof(b0)), LIST(months));
+        int m = wordlist_find(word_of(sc, t, b0, sizeof(b0)), WORDLIST(months));
         bool day_next = nx && nx->kind == K_NUM && nx->isint && nx->ival >= 1 && nx->ival <= 31;
         bool year_next = nx && nx->kind == K_NUM && nx->isint && !nx->ordinal && nx->ival >= 1000 &&
                          nx->ival <= 2999;
@@ -695,7 +682,7 @@ static void join_dates(scan *sc)
         }
         /* 5 March [2024], 5th March */
         if (t->kind == K_NUM && t->isint && t->ival >= 1 && t->ival <= 31 && nx &&
-            (m = find_in(word_of(sc, nx, b1, sizeof(b1)), LIST(months))) >= 0 &&
+            (m = wordlist_find(word_of(sc, nx, b1, sizeof(b1)), WORDLIST(months))) >= 0 &&
             strcmp(b1, "may") != 0) {
             tok d = *t;
             d.kind = K_DATE;
@@ -714,7 +701,7 @@ static void join_dates(scan *sc)
             sc->t[out++] = d;
             continue;
         }
-        if (find_in(word_of(sc, t, b0, sizeof(b0)), LIST(weekdays)) >= 0) {
+        if (wordlist_find(word_of(sc, t, b0, sizeof(b0)), WORDLIST(weekdays)) >= 0) {
             tok d = *t;
             d.kind = K_DATE;
             snprintf(d.canon, sizeof(d.canon), "%s", b0);
@@ -723,7 +710,7 @@ static void join_dates(scan *sc)
         }
         /* a unit word joins its number: "120 GB" is "120GB", "5 percent" is "5%" */
         if (t->kind == K_NUM && !t->attached && !t->ordinal && !t->compound &&
-            find_in(word_of(sc, nx, b1, sizeof(b1)), LIST(unit_words)) >= 0) {
+            wordlist_find(word_of(sc, nx, b1, sizeof(b1)), WORDLIST(unit_words)) >= 0) {
             tok d = *t;
             const char *u = !strcmp(b1, "percent") || !strcmp(b1, "pct") ? "%" : b1;
             size_t cl = strlen(d.canon);
@@ -749,7 +736,7 @@ static void join_dates(scan *sc)
     for (size_t i = 0; i < sc->n; i++) {
         tok *t = &sc->t[i];
         const char *w = word_of(sc, t, b0, sizeof(b0));
-        if (find_in(w, LIST(fillers)) >= 0 || (!strcmp(w, "a") && (!t->cap || t->first)))
+        if (wordlist_find(w, WORDLIST(fillers)) >= 0 || (!strcmp(w, "a") && (!t->cap || t->first)))
             continue;
         sc->t[out++] = *t;
     }
@@ -761,11 +748,11 @@ static void join_dates(scan *sc)
 static bool is_event(const char *w, const char *prev)
 {
     size_t n = strlen(w);
-    if (find_in(w, LIST(past_events)) >= 0)
+    if (wordlist_find(w, WORDLIST(past_events)) >= 0)
         return true;
     if (n < 4 || strcmp(w + n - 2, "ed") != 0 || w[n - 3] == 'e' || !strcmp(w, "hundred"))
         return false;
-    return find_in(prev, LIST(copulas)) < 0 && strcmp(prev, "has") != 0 &&
+    return wordlist_find(prev, WORDLIST(copulas)) < 0 && strcmp(prev, "has") != 0 &&
            strcmp(prev, "have") != 0 && strcmp(prev, "had") != 0;
 }
 
@@ -784,7 +771,7 @@ static void classify(scan *sc)
              * user's preferred length is 30 minutes") */
             char w[24];
             const char *word = word_of(sc, t, w, sizeof(w));
-            if (find_in(word, LIST(copulas)) >= 0)
+            if (wordlist_find(word, WORDLIST(copulas)) >= 0)
                 event = false;
             else
                 event = event || is_event(word, prev);
@@ -795,25 +782,26 @@ static void classify(scan *sc)
         if (t->kind == K_ID) {
             t->quantity = false;
         } else if (t->kind == K_NUM) {
-            if (find_in(prev, LIST(id_words)) >= 0 || t->compound || event)
+            if (wordlist_find(prev, WORDLIST(id_words)) >= 0 || t->compound || event)
                 t->quantity = false;
             else if (t->slash && pv && pv->kind == K_NUM)
                 t->quantity = pv->quantity;
             else
-                t->quantity = (pv && pv->kind == K_EQ) || find_in(prev, LIST(copulas)) >= 0 ||
-                              find_in(prev, LIST(num_intro)) >= 0 ||
-                              find_in(prev, LIST(currencies)) >= 0;
+                t->quantity = (pv && pv->kind == K_EQ) ||
+                              wordlist_find(prev, WORDLIST(copulas)) >= 0 ||
+                              wordlist_find(prev, WORDLIST(num_intro)) >= 0 ||
+                              wordlist_find(prev, WORDLIST(currencies)) >= 0;
         } else {
             /* dates and times */
             const char *prev2 = word_of(sc, pv2, b2, sizeof(b2));
-            bool states = pv && (pv->kind == K_EQ || find_in(prev, LIST(copulas)) >= 0 ||
-                                 find_in(prev, LIST(date_verbs)) >= 0);
-            bool via = pv && find_in(prev, LIST(date_preps)) >= 0 && pv2 &&
-                       (pv2->kind == K_EQ || find_in(prev2, LIST(copulas)) >= 0 ||
-                        find_in(prev2, LIST(date_verbs)) >= 0);
+            bool states = pv && (pv->kind == K_EQ || wordlist_find(prev, WORDLIST(copulas)) >= 0 ||
+                                 wordlist_find(prev, WORDLIST(date_verbs)) >= 0);
+            bool via = pv && wordlist_find(prev, WORDLIST(date_preps)) >= 0 && pv2 &&
+                       (pv2->kind == K_EQ || wordlist_find(prev2, WORDLIST(copulas)) >= 0 ||
+                        wordlist_find(prev2, WORDLIST(date_verbs)) >= 0);
             /* "on March 5 at 10:00", "March 5 10:00": as the date before it */
             const tok *chain = pv && (pv->kind == K_DATE || pv->kind == K_TIME) ? pv
-                               : pv && pv2 && find_in(prev, LIST(date_preps)) >= 0 &&
+                               : pv && pv2 && wordlist_find(prev, WORDLIST(date_preps)) >= 0 &&
                                        (pv2->kind == K_DATE || pv2->kind == K_TIME)
                                    ? pv2
                                    : NULL;
@@ -1039,4 +1027,39 @@ int textrule_render(const char *text, size_t len, char *out, size_t outlen)
     free(sc.t);
     free(sc.w);
     return 0;
+}
+
+int textrule_tokens(const char *text, size_t len, int (*fn)(void *arg, const textrule_token *t),
+                    void *arg)
+{
+    scan sc;
+    if (analyze(text, len, &sc) < 0)
+        return -ENOMEM;
+    static const int kinds[] = {[K_WORD] = TEXTRULE_TOK_WORD,
+                                [K_NUM] = TEXTRULE_TOK_NUM,
+                                [K_DATE] = TEXTRULE_TOK_DATE,
+                                [K_TIME] = TEXTRULE_TOK_TIME,
+                                [K_ID] = TEXTRULE_TOK_ID};
+    int rc = 0;
+    for (size_t i = 0; i < sc.n && rc == 0; i++) {
+        const tok *t = &sc.t[i];
+        if (t->kind == K_EQ)
+            continue;
+        textrule_token x = {.kind = kinds[t->kind],
+                            .quantity = t->quantity,
+                            .off = t->soff,
+                            .srclen = t->slen,
+                            .unit = t->kind == K_WORD ? "" : t->unit};
+        if (t->kind == K_WORD) {
+            x.text = sc.w + t->woff;
+            x.len = t->wlen;
+        } else {
+            x.text = t->canon;
+            x.len = strlen(t->canon);
+        }
+        rc = fn(arg, &x);
+    }
+    free(sc.t);
+    free(sc.w);
+    return rc;
 }

@@ -93,6 +93,29 @@ int textrule_compare(const char *older, size_t olen, const char *newer, size_t n
  * For tests and debugging. */
 int textrule_render(const char *text, size_t len, char *out, size_t outlen);
 
+/* Kinds of textrule_token. */
+enum { TEXTRULE_TOK_WORD, TEXTRULE_TOK_NUM, TEXTRULE_TOK_DATE, TEXTRULE_TOK_TIME, TEXTRULE_TOK_ID };
+
+/* One token of a text as the rules read it (textrule_tokens): a word lower-cased (negative
+ * contractions written out, a possessive 's dropped), or a value in its canonical form
+ * ("1850", "$1850", "2.3%", "10eth", "2024-06-01", "03-05", "monday", "10:30", "#7") with
+ * its unit part ("$", "%", "eth"; "" for none). The filler words (a, an, the, now,
+ * currently, still) are not tokens. */
+typedef struct textrule_token {
+    int kind;         /* TEXTRULE_TOK_* */
+    bool quantity;    /* a value the rules take for a quantity (see above), not an identifier */
+    const char *text; /* len bytes, not NUL-terminated */
+    size_t len;
+    const char *unit;   /* NUL-terminated */
+    size_t off, srclen; /* where the token is in the text */
+} textrule_token;
+
+/* textrule_tokens calls fn(arg, token) for each token of text (len bytes) in order; the
+ * token's strings live until fn returns. Stops when fn returns non-zero and returns that
+ * value; otherwise returns 0, or -ENOMEM (scratch proportional to len). */
+int textrule_tokens(const char *text, size_t len, int (*fn)(void *arg, const textrule_token *t),
+                    void *arg);
+
 /* textrule_selfcheck returns 0 when the rules' word lists are sorted and free of
  * duplicates (they are searched by bisection), or the 1-based number of the first list that
  * is not. */

@@ -2,10 +2,12 @@
  *
  * A gateway that injected memories into a prompt tells the server which of them the model's
  * answer cited (memory.feedback, from citations) or lets the server estimate it
- * (memory.provenance: a memory counts as cited when some sentence of the response has an
- * embedding cosine above provenance_threshold with it, the seed's fallback for backends
- * without citations). Either way each memory's injected_count grows by one and, when cited,
- * its cited_count too (storage/functions/25_feedback.sql); the composite importance may use
+ * (memory.provenance, the seed's fallback for backends without citations: a memory counts as
+ * cited when the response contains at least provenance_overlap_threshold of its wording, or
+ * when some sentence of the response has an embedding cosine above provenance_threshold with
+ * it, unless the response puts another number where the memory has one; the text side is
+ * server/domain/provenance.h). Either way each memory's injected_count grows by one and, when
+ * cited, its cited_count too (storage/functions/25_feedback.sql); the composite importance may use
  * them (score.h, setting score_w_usefulness).
  *
  * Rules shared by both: ids are the tenant's own; an id that names no memory of the tenant
@@ -27,6 +29,8 @@
 #include "log.h"
 #include "mempack.h"
 #include "memrow.h"
+#include "provenance.h"
+#include "rowcache.h"
 #include "sql.h"
 #include "tenants.h"
 
@@ -39,10 +43,15 @@
 typedef struct fb_item {
     uint64_t id;
     bool cited;
-    bool known;       /* PostgreSQL recorded it */
-    bool has_sim;     /* provenance: the index had its vector */
-    float similarity; /* provenance: the best cosine over the sentences */
-    int sentence;     /* provenance: that sentence's index, -1 when none */
+    bool known;        /* PostgreSQL recorded it */
+    bool has_sim;      /* provenance: the index had its vector */
+    float similarity;  /* provenance: the best cosine over the sentences */
+    int sentence;      /* provenance: the sentence of the evidence, -1 when none */
+    bool has_overlap;  /* provenance: its text was read */
+    bool conflict;     /* provenance: the response has another number in place of one of its */
+    float overlap;     /* provenance: the share of its wording the response contains */
+    const char *match; /* provenance: "overlap", "cosine" or "both" when cited, else NULL */
+    uint64_t seq;      /* provenance: the change the index knows it at (for the row cache) */
     int64_t cited_count, injected_count;
 } fb_item;
 
@@ -53,12 +62,15 @@ typedef struct fb_state {
     bool provenance;
     /* provenance */
     const char *response;
+    size_t rlen;
     const char **sent;
     size_t *sent_len;
     size_t nsent;
     float *vecs; /* nsent * dim */
     float **outs;
     tenant *t;
+    prov_text *text; /* the response, read for the overlap */
+    bool *record;    /* per item: the index knows it (recorded, scored) */
 } fb_state;
 
 static void free_state(void *arg)
@@ -66,6 +78,8 @@ static void free_state(void *arg)
     fb_state *st = arg;
     idmap_destroy(st->pos);
     st->pos = NULL;
+    prov_text_destroy(st->text);
+    st->text = NULL;
     tenants_put(st->t);
     st->t = NULL;
 }
@@ -142,21 +156,29 @@ static void feedback_reply(req *r, const fb_state *st)
         const fb_item *it = &st->items[i];
         if (!it->known)
             continue;
-        msgpack_pack_map(pk, st->provenance ? 7 : 4);
+        msgpack_pack_map(pk, st->provenance ? 10 : 4);
         rpc_pack_kv_uint(pk, "id", it->id);
         rpc_pack_kv_bool(pk, "cited", it->cited);
         rpc_pack_kv_int(pk, "cited_count", it->cited_count);
         rpc_pack_kv_int(pk, "injected_count", it->injected_count);
         if (!st->provenance)
             continue;
-        if (it->has_sim) {
+        rpc_pack_kv_str(pk, "match", it->match);
+        if (it->has_sim)
             rpc_pack_kv_num(pk, "similarity", it->similarity);
+        else
+            rpc_pack_kv_nil(pk, "similarity");
+        if (it->has_overlap)
+            rpc_pack_kv_num(pk, "overlap", it->overlap);
+        else
+            rpc_pack_kv_nil(pk, "overlap");
+        rpc_pack_kv_bool(pk, "conflict", it->conflict);
+        if (it->sentence >= 0) {
             rpc_pack_kv_int(pk, "sentence", it->sentence);
             /* the sentence itself, so a gateway can show what matched */
             rpc_pack_cstr(pk, "matched_text");
             rpc_pack_strn(pk, st->sent[it->sentence], st->sent_len[it->sentence]);
         } else {
-            rpc_pack_kv_nil(pk, "similarity");
             rpc_pack_kv_nil(pk, "sentence");
             rpc_pack_kv_nil(pk, "matched_text");
         }
@@ -264,67 +286,145 @@ PARAMS(memory_provenance,
        {"response", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, PROVENANCE_MAX_BYTES},
        {"injected", RPC_T_UINT_ARRAY, RPC_P_REQUIRED | RPC_P_RANGE, 1, PROVENANCE_MAX_IDS});
 
-static bool is_space(char c)
+/* The sentence of st's response that holds byte offset at (the last one starting at or
+ * before it). */
+static int sentence_at(const fb_state *st, size_t at)
 {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+    int k = 0;
+    while ((size_t)k + 1 < st->nsent && (size_t)(st->sent[k + 1] - st->response) <= at)
+        k++;
+    return k;
 }
 
-/* Splits s (n bytes) into sentences: a sentence ends at '.', '!' or '?' followed by
- * whitespace or the end, at a line break, and at the ideographic full stop and the
- * full-width '!' and '?' (U+3002, U+FF01, U+FF1F). Each is trimmed of whitespace; empty
- * ones are dropped. Fills up to max pointers into s and returns how many there are (may
- * exceed max: the caller refuses the call then). */
-static size_t split_sentences(const char *s, size_t n, const char **sent, size_t *len, size_t max)
+/* Scores item it's text (len bytes) against the response and decides whether it is cited:
+ * the overlap or the cosine reaches its threshold, and no number of it is contradicted. */
+static int decide(req *r, fb_state *st, fb_item *it, const char *text, size_t len)
 {
-    size_t count = 0, start = 0;
-    for (size_t i = 0; i <= n; i++) {
-        size_t end = 0; /* one past the sentence's last byte, 0: no break here */
-        size_t next = i + 1;
-        if (i == n) {
-            end = n;
-        } else if (s[i] == '\n') {
-            end = i;
-        } else if ((s[i] == '.' || s[i] == '!' || s[i] == '?') &&
-                   (i + 1 == n || is_space(s[i + 1]))) {
-            end = i + 1;
-        } else if (i + 2 < n && (unsigned char)s[i] == 0xE3 && (unsigned char)s[i + 1] == 0x80 &&
-                   (unsigned char)s[i + 2] == 0x82) {
-            end = next = i + 3;
-        } else if (i + 2 < n && (unsigned char)s[i] == 0xEF && (unsigned char)s[i + 1] == 0xBC &&
-                   ((unsigned char)s[i + 2] == 0x81 || (unsigned char)s[i + 2] == 0x9F)) {
-            end = next = i + 3;
-        } else {
+    const config *cfg = &req_server(r)->cfg;
+    prov_overlap o = {0};
+    if (text) {
+        if (prov_overlap_score(st->text, text, len, &o) < 0)
+            return -ENOMEM;
+        it->has_overlap = true;
+        it->overlap = (float)o.score;
+        it->conflict = o.conflict;
+    }
+    bool by_ov = it->has_overlap && o.total > 0 && o.score >= cfg->provenance_overlap_threshold;
+    bool by_cos = it->has_sim && it->similarity > cfg->provenance_threshold;
+    it->cited = (by_ov || by_cos) && !it->conflict;
+    it->match = !it->cited ? NULL : by_ov && by_cos ? "both" : by_ov ? "overlap" : "cosine";
+    if (by_ov && o.at != SIZE_MAX)
+        it->sentence = sentence_at(st, o.at); /* where the quote is, else the best cosine's */
+    return 0;
+}
+
+/* Every item the index knows has its text scored (or is gone): record the outcome. */
+static void provenance_finish(req *r, fb_state *st)
+{
+    bool any = false;
+    for (size_t i = 0; i < st->n; i++) {
+        fb_item *it = &st->items[i];
+        if (st->record[i] && !it->has_overlap && decide(r, st, it, NULL, 0) < 0) {
+            req_fail(r, RPC_INTERNAL, "out of memory");
+            return;
+        }
+        any |= st->record[i];
+    }
+    if (!any) {
+        feedback_reply(r, st); /* nothing the index knows: nothing to record */
+        return;
+    }
+    feedback_submit(r, st, st->record);
+}
+
+/* The texts the row cache did not have (a memory deleted meanwhile has none: its cosine
+ * alone decides, and the feedback reports it unknown). The rows go into the cache too. */
+static void provenance_rows(req *r, const db_result *res)
+{
+    fb_state *st = req_state(r);
+    if (res->status != DB_OK) {
+        req_fail_db(r, res);
+        return;
+    }
+    const PGresult *pr = res->res[0];
+    rowcache *rc = req_server(r)->rows;
+    int64_t tid = req_auth(r)->tenant_id;
+    for (int row = 0; row < PQntuples(pr); row++) {
+        memrow m;
+        uint64_t p;
+        if (memrow_parse(pr, row, 0, &m) != 0) {
+            req_fail(r, RPC_INTERNAL, "malformed memory row");
+            return;
+        }
+        rc_put(rc, tid, &m);
+        if (!idmap_get(st->pos, m.id, &p) || !st->record[p] || st->items[p].has_overlap)
+            continue;
+        /* m.content points into pr, which lives until this callback returns */
+        if (decide(r, st, &st->items[p], m.content, m.content_len) < 0) {
+            req_fail(r, RPC_INTERNAL, "out of memory");
+            return;
+        }
+    }
+    provenance_finish(r, st);
+}
+
+static void *req_arena_alloc(void *ctx, size_t n)
+{
+    return req_alloc(ctx, n);
+}
+
+/* The cosines are known: score the texts, from the row cache at the version the index knows
+ * or from PostgreSQL. */
+static void provenance_texts(req *r, fb_state *st)
+{
+    rowcache *rc = req_server(r)->rows;
+    int64_t tid = req_auth(r)->tenant_id;
+    uint64_t *miss = req_alloc(r, (st->n + 1) * sizeof(*miss));
+    if (!miss || prov_text_create(st->response, st->rlen, &st->text) < 0) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    size_t nmiss = 0;
+    for (size_t i = 0; i < st->n; i++) {
+        fb_item *it = &st->items[i];
+        memrow m;
+        if (!st->record[i])
+            continue;
+        if (!rc_get(rc, tid, it->id, it->seq, &m, req_arena_alloc, r)) {
+            miss[nmiss++] = it->id;
             continue;
         }
-        size_t a = start, b = end;
-        while (a < b && is_space(s[a]))
-            a++;
-        while (b > a && is_space(s[b - 1]))
-            b--;
-        if (b > a) {
-            if (count < max) {
-                sent[count] = s + a;
-                len[count] = b - a;
-            }
-            count++;
+        if (decide(r, st, it, m.content, m.content_len) < 0) {
+            req_fail(r, RPC_INTERNAL, "out of memory");
+            return;
         }
-        start = next;
-        i = next - 1;
     }
-    return count;
+    if (nmiss == 0) {
+        provenance_finish(r, st);
+        return;
+    }
+    char *arr = mp_ids_literal(r, miss, nmiss);
+    const char *tid_param = mp_tenant_param(r);
+    if (!arr || !tid_param) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    const char *vals[] = {tid_param, arr};
+    db_query q = {.stmt = sql_def(SQL_MEMORY_GET), DB_VALUES(vals)};
+    req_submit_read(r, &q, 1, provenance_rows);
 }
 
-/* The index is loaded: score every injected memory against the sentences, then record. */
+/* The index is loaded: the best cosine of every injected memory over the sentences, then
+ * the texts. */
 static void provenance_score(req *r)
 {
     fb_state *st = req_state(r);
     vindex *vi = tenants_vindex(st->t);
     size_t dim = req_auth(r)->dim;
-    double thr = req_server(r)->cfg.provenance_threshold;
     float *v = req_alloc(r, dim * sizeof(float));
     double *snorm = req_alloc(r, (st->nsent + 1) * sizeof(double));
-    bool *record = req_alloc(r, st->n + 1);
-    if (!v || !snorm || !record) {
+    st->record = req_alloc(r, st->n + 1);
+    if (!v || !snorm || !st->record) {
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
@@ -336,9 +436,11 @@ static void provenance_score(req *r)
     }
     for (size_t i = 0; i < st->n; i++) {
         fb_item *it = &st->items[i];
-        record[i] = false;
-        if (vindex_get_vector(vi, it->id, v) != 0)
+        mem_meta meta;
+        st->record[i] = false;
+        if (vindex_get_vector(vi, it->id, v) != 0 || vindex_get_meta(vi, it->id, &meta) != 0)
             continue; /* not in the index: reported unknown, not recorded */
+        it->seq = meta.seq;
         double vn = 0;
         for (size_t d = 0; d < dim; d++)
             vn += (double)v[d] * v[d];
@@ -358,17 +460,9 @@ static void provenance_score(req *r)
         }
         it->has_sim = it->sentence >= 0;
         it->similarity = it->has_sim ? (float)best : 0.0f;
-        it->cited = it->has_sim && best > thr;
-        record[i] = true;
+        st->record[i] = true;
     }
-    bool any = false;
-    for (size_t i = 0; i < st->n; i++)
-        any |= record[i];
-    if (!any) {
-        feedback_reply(r, st); /* nothing the index knows: nothing to record */
-        return;
-    }
-    feedback_submit(r, st, record);
+    provenance_texts(r, st);
 }
 
 static void provenance_index_ready(void *arg, int status, const char *err)
@@ -431,9 +525,8 @@ void h_memory_provenance(req *r)
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
-    size_t rlen = response->via.str.size;
-    size_t n =
-        split_sentences(st->response, rlen, st->sent, st->sent_len, PROVENANCE_MAX_SENTENCES);
+    size_t rlen = st->rlen = response->via.str.size;
+    size_t n = prov_sentences(st->response, rlen, st->sent, st->sent_len, PROVENANCE_MAX_SENTENCES);
     if (n == 0) {
         req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'response' holds no sentence");
         return;

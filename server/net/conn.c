@@ -590,7 +590,10 @@ static int refill(conn *c, size_t *off, const char *what)
 static int step_http(conn *c, size_t *off)
 {
     size_t used = 0;
-    int st = hapi_step(c->hx, c->in + *off, c->in_len - *off, &used);
+    /* c->in is NULL until the first bytes arrive (a write or a release may come first):
+     * no offset may be added to it then */
+    const uint8_t *in = c->in ? c->in + *off : NULL;
+    int st = hapi_step(c->hx, in, c->in_len - *off, &used);
     *off += used;
     if (used)
         c->msg_started_ms = 0;

@@ -49,18 +49,32 @@ static mem mems[] = {
 };
 #define NMEMS (sizeof(mems) / sizeof(mems[0]))
 
+/* memory.provenance's memory 10, which test_provenance puts into the index itself */
+static const mem mem10 = {10, "fact", "The bridge reopens on Monday.", {0}, 30, false};
+
 static const mem *mem_of(uint64_t id)
 {
     for (size_t i = 0; i < NMEMS; i++)
         if (mems[i].id == id)
             return &mems[i];
-    return NULL;
+    return id == mem10.id ? &mem10 : NULL;
 }
 
 static const char *const memrow_names[22] = {
     "id",      "agent_id", "clade_id", "scope",       "type",    "content",  "imp",     "md",
     "created", "updated",  "acc",      "count",       "expires", "archived", "version", "seq",
     "pinned",  "reason",   "sup_by",   "merged_into", "cited",   "injected"};
+
+/* The change the tenant's index knows memory id at (PostgreSQL's rows are at it), else
+ * def. */
+static uint64_t index_seq(uint64_t id, uint64_t def)
+{
+    tenant *t = tenants_get(env.srv.tenants, 7, DIM);
+    mem_meta m = {0};
+    uint64_t seq = t && vindex_get_meta(tenants_vindex(t), id, &m) == 0 ? m.seq : def;
+    tenants_put(t);
+    return seq;
+}
 
 /* Answers a memory_get job with the rows of the ids it asks for (its "{a,b}" parameter). */
 static void answer_rows(fr_job *j)
@@ -78,7 +92,8 @@ static void answer_rows(fr_job *j)
     for (int i = 0; i < n; i++) {
         const mem *m = mem_of(ids[i]);
         fr_memrow_cells(bufs[i], cells + i * 22, ids[i], m->type, "tenant", m->content, 0.5, "{}",
-                        base_ms - 3 * 3600 * 1000 - 10000 + 1000 * (int64_t)ids[i], m->seq);
+                        base_ms - 3 * 3600 * 1000 - 10000 + 1000 * (int64_t)ids[i],
+                        index_seq(ids[i], m->seq));
     }
     fr_answer1(j, pgres_make(22, memrow_names, n, cells));
 }
@@ -621,10 +636,16 @@ static void test_provenance(void)
             best2 = k;
     bool cited2 = e[best2][1] > env.srv.cfg.provenance_threshold;
 
-    req *r = fr_call(&env, "memory.provenance",
-                     "{\"response\": \"  The bridge reopens on Monday.  Gas prices fell "
-                     "sharply!\\nwhat about tolls?\", \"injected\": [10, 2, 10, 999]}");
+    const char *call = "{\"response\": \"  The bridge reopens on Monday.  Gas prices fell "
+                       "sharply!\\nwhat about tolls?\", \"injected\": [10, 2, 10, 999]}";
+    req *r = fr_call(&env, "memory.provenance", call);
+    /* the texts the row cache lacks come from PostgreSQL first (10's at least: new) */
     fr_job *j = fr_take();
+    CHECK(r->ends == 0 && j && j->kind == FR_READ && strcmp(j->q[0].name, "memory_get") == 0);
+    CHECK(j && fr_val(j, 0, 1) && strstr(fr_val(j, 0, 1), "10") && !strstr(fr_val(j, 0, 1), "999"));
+    if (j)
+        answer_rows(j);
+    j = fr_take();
     CHECK(r->ends == 0 && j && strcmp(j->q[0].name, "memory_feedback") == 0);
     /* 999 is not in the index: not recorded; 10 matched its sentence exactly: cited */
     CHECK(j && fr_val(j, 0, 1) && strcmp(fr_val(j, 0, 1), cited2 ? "{10,2}" : "{10}") == 0);
@@ -647,6 +668,64 @@ static void test_provenance(void)
     const char *const sents[3] = {s0, s1, s2};
     CHECK(fr_is_str(fr_path(r, "memories.1.matched_text"), sents[best2]));
     CHECK(fr_len(fr_get(r, "unknown")) == 1 && fr_is_int(fr_path(r, "unknown.0"), 999));
+    /* the evidence: 10 is its first sentence word for word (overlap 1, cosine 1); 2 ("an
+     * episode about gas") shares one word of two and no pair with the response (1/3) */
+    CHECK(fr_is_str(fr_path(r, "memories.0.match"), "both"));
+    CHECK(fr_num(fr_path(r, "memories.0.overlap")) == 1.0);
+    CHECK(fr_is_bool(fr_path(r, "memories.0.conflict"), false));
+    CHECK(fabs(fr_num(fr_path(r, "memories.1.overlap")) - 1.0 / 3) < 1e-6);
+    CHECK(cited2 ? fr_is_str(fr_path(r, "memories.1.match"), "cosine")
+                 : fr_is_nil(fr_path(r, "memories.1.match")));
+    fr_free(r);
+
+    /* again: the texts come from the row cache when it holds them at the change the index
+     * knows; the feedback was a change (31, 32), so here they are read again, as are rows of
+     * that change (cached) */
+    for (int pass = 0; pass < 2; pass++) {
+        r = fr_call(&env, "memory.provenance", call);
+        j = fr_take();
+        bool read = j && j->kind == FR_READ && strcmp(j->q[0].name, "memory_get") == 0;
+        CHECK(read == (pass == 0));
+        if (read) {
+            answer_rows(j);
+            j = fr_take();
+        }
+        CHECK(r->ends == 0 && j && strcmp(j->q[0].name, "memory_feedback") == 0);
+        int64_t counts2[4] = {2, 2, cited2 ? 2 : 0, 3};
+        /* (a fake's liberty: this feedback reports the same change numbers, so the rows
+         * read above stay current for the second pass) */
+        fr_answer1(j, feedback_rows(2, ids, cited, counts2, seqs));
+        CHECK(r->done && fr_is_str(fr_path(r, "memories.0.match"), "both"));
+        CHECK(fabs(fr_num(fr_path(r, "memories.1.overlap")) - 1.0 / 3) < 1e-6);
+        fr_free(r);
+    }
+
+    /* a memory the index holds but PostgreSQL no longer has (deleted meanwhile): no text, no
+     * overlap, its cosine alone decides; a failed read fails the request */
+    t = tenants_get(env.srv.tenants, 7, DIM);
+    m.id = 11;
+    tenants_apply_upsert(t, 33, 11, v10, &m);
+    tenants_put(t);
+    r = fr_call(&env, "memory.provenance",
+                "{\"response\": \"The bridge reopens on Monday.\", \"injected\": [11]}");
+    j = fr_take();
+    CHECK(j && j->kind == FR_READ && strcmp(j->q[0].name, "memory_get") == 0);
+    fr_answer1(j, pgres_make(22, memrow_names, 0, NULL));
+    j = fr_take();
+    CHECK(j && strcmp(j->q[0].name, "memory_feedback") == 0);
+    uint64_t id11 = 11, seq11 = 34;
+    bool yes = true;
+    int64_t c11[2] = {1, 1};
+    fr_answer1(j, feedback_rows(1, &id11, &yes, c11, &seq11));
+    CHECK(r->done && fr_is_bool(fr_path(r, "memories.0.cited"), true));
+    CHECK(fr_is_str(fr_path(r, "memories.0.match"), "cosine"));
+    CHECK(fr_is_nil(fr_path(r, "memories.0.overlap")));
+    fr_free(r);
+    r = fr_call(&env, "memory.provenance", "{\"response\": \"Another text.\", \"injected\": [11]}");
+    j = fr_take();
+    CHECK(j && j->kind == FR_READ);
+    fr_answer_error(j, "57014", "canceling statement due to statement timeout", NULL);
+    CHECK(r->fail_db && r->ends == 1 && fr_jobs() == 0);
     fr_free(r);
 
     /* nothing the index knows: answered without a write, every id unknown */

@@ -434,7 +434,7 @@ class SyncMemory:
 
     @legacy_positional("memory.provenance", ("response", "injected", ))
     def provenance(self, *, response: str, injected: Sequence[int]) -> dict[str, Any]:
-        """Estimates which injected memories a response used (sentence embeddings) and records it. (``memory.provenance``)"""
+        """Estimates which injected memories a response used (word overlap or sentence embeddings) and records it. (``memory.provenance``)"""
         return cast("dict[str, Any]", self._r._call("memory.provenance", {
             "response": response,
             "injected": injected,
@@ -1319,7 +1319,7 @@ class AsyncMemory:
 
     @legacy_positional("memory.provenance", ("response", "injected", ))
     async def provenance(self, *, response: str, injected: Sequence[int]) -> dict[str, Any]:
-        """Estimates which injected memories a response used (sentence embeddings) and records it. (``memory.provenance``)"""
+        """Estimates which injected memories a response used (word overlap or sentence embeddings) and records it. (``memory.provenance``)"""
         return cast("dict[str, Any]", await self._r._acall("memory.provenance", {
             "response": response,
             "injected": injected,
@@ -2225,7 +2225,7 @@ class FutureMemory:
 
     @legacy_positional("memory.provenance", ("response", "injected", ))
     def provenance(self, *, response: str, injected: Sequence[int]) -> Future[dict[str, Any]]:
-        """Estimates which injected memories a response used (sentence embeddings) and records it. (``memory.provenance``)"""
+        """Estimates which injected memories a response used (word overlap or sentence embeddings) and records it. (``memory.provenance``)"""
         return cast("Future[dict[str, Any]]", self._r._submit("memory.provenance", {
             "response": response,
             "injected": injected,

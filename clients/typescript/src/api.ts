@@ -643,7 +643,7 @@ export class ApiMemory<I extends Id = number> {
   list(params: MemoryListParams = {}, options?: CallOptions): Promise<ListResult<I>> {
     return this._caller.call("memory.list", params as unknown as Record<string, unknown>, options) as Promise<ListResult<I>>;
   }
-  /** Estimates which injected memories a response used (sentence embeddings) and records it. (`memory.provenance`) */
+  /** Estimates which injected memories a response used (word overlap or sentence embeddings) and records it. (`memory.provenance`) */
   provenance(params: MemoryProvenanceParams, options?: CallOptions): Promise<Record<string, unknown>> {
     return this._caller.call("memory.provenance", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
   }

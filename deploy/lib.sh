@@ -28,9 +28,11 @@ ENGRAM_HA_PACKAGES=(postgresql-15-auto-failover pg-auto-failover-cli haproxy)
 # Only the tests need these: headless Chromium for the web console's browser test
 # (tests/integration/test_console.py), deploy/ha for the failover test
 # (tests/integration/test_failover.py) and HAProxy in front of the fleet of engramd
-# (tests/integration/test_fleet.py; haproxy is one of the HA packages). deploy/test passes
+# (tests/integration/test_fleet.py; haproxy is one of the HA packages), promtool (Debian's
+# prometheus package: only its promtool is used) and PyYAML for the monitoring test
+# (tests/integration/test_monitoring.py: /metrics and deploy/prometheus). deploy/test passes
 # them to install_deps.
-ENGRAM_TEST_PACKAGES=(chromium "${ENGRAM_HA_PACKAGES[@]}")
+ENGRAM_TEST_PACKAGES=(chromium prometheus python3-yaml "${ENGRAM_HA_PACKAGES[@]}")
 
 # install_deps [PACKAGE...]: installs missing Debian packages (ENGRAM_PACKAGES and those
 # named). Skips apt entirely when all are present, so a second run starts in seconds.

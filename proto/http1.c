@@ -127,6 +127,8 @@ static int parse_request_line(const uint8_t *buf, size_t le, http1_request *out,
         out->method = HTTP1_HEAD;
     else if (p == 4 && memcmp(buf, "POST", 4) == 0)
         out->method = HTTP1_POST;
+    else if (p == 7 && memcmp(buf, "OPTIONS", 7) == 0)
+        out->method = HTTP1_OPTIONS;
     size_t t = ++p;
     while (p < le && buf[p] > 0x20 && buf[p] < 0x7f)
         p++;
@@ -183,6 +185,13 @@ static int parse_field(const uint8_t *name, size_t name_len, const uint8_t *val,
     } else if (name_is(name, name_len, "if-none-match")) {
         out->if_none_match = (const char *)val; /* the last one given */
         out->if_none_match_len = val_len;
+    } else if (name_is(name, name_len, "origin")) {
+        if (out->origin)
+            return fail(err, errlen, HTTP1_E_MALFORMED, "more than one Origin");
+        out->origin = (const char *)val;
+        out->origin_len = val_len;
+    } else if (name_is(name, name_len, "access-control-request-method")) {
+        out->cors_preflight = true;
     } else if (name_is(name, name_len, "host")) {
         if (seen->host)
             return fail(err, errlen, HTTP1_E_MALFORMED, "more than one Host");
@@ -284,10 +293,16 @@ const char *http1_reason(int status)
         return "Continue";
     case 200:
         return "OK";
+    case 204:
+        return "No Content";
+    case 304:
+        return "Not Modified";
     case 400:
         return "Bad Request";
     case 401:
         return "Unauthorized";
+    case 402:
+        return "Payment Required";
     case 403:
         return "Forbidden";
     case 404:
@@ -316,4 +331,22 @@ const char *http1_reason(int status)
         return "HTTP Version Not Supported";
     }
     return "Unknown";
+}
+
+bool http1_origin_listed(const char *list, const char *origin, size_t n)
+{
+    if (n == 0)
+        return false;
+    const char *p = list;
+    while (*p) {
+        while (*p == ',' || *p == ' ' || *p == '\t')
+            p++;
+        const char *e = p;
+        while (*e && *e != ',' && *e != ' ' && *e != '\t')
+            e++;
+        if ((size_t)(e - p) == n && memcmp(p, origin, n) == 0)
+            return true;
+        p = e;
+    }
+    return false;
 }

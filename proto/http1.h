@@ -2,7 +2,8 @@
  *
  * The HTTP port's connections hand their input here; the parser does no I/O and allocates
  * nothing, so it can be fuzzed and unit-tested without a socket. It reads what the server
- * needs (method, target, version, the framing headers, Authorization, If-None-Match) and
+ * needs (method, target, version, the framing headers, Authorization, If-None-Match, the
+ * CORS request headers Origin and Access-Control-Request-Method) and
  * checks the rest only for syntax. Bodies are framed by Content-Length alone: a
  * Transfer-Encoding is reported, never decoded.
  */
@@ -29,6 +30,7 @@ typedef enum http1_method {
     HTTP1_GET,
     HTTP1_HEAD,
     HTTP1_POST,
+    HTTP1_OPTIONS,
 } http1_method;
 
 /* A parsed head. Pointers reference the buffer given to http1_parse_head. */
@@ -50,7 +52,10 @@ typedef struct http1_request {
     size_t authorization_len;
     const char *if_none_match; /* the If-None-Match value, trimmed, or NULL */
     size_t if_none_match_len;
-    size_t head_len; /* bytes of the head, CRLF CRLF included: the body starts there */
+    const char *origin; /* the Origin value, trimmed, or NULL (more than one: malformed) */
+    size_t origin_len;
+    bool cors_preflight; /* an Access-Control-Request-Method header was given */
+    size_t head_len;     /* bytes of the head, CRLF CRLF included: the body starts there */
 } http1_request;
 
 /* http1_find_end looks for the blank line that ends a head in buf[0..len), resuming at
@@ -72,6 +77,12 @@ int http1_parse_head(const uint8_t *buf, size_t len, size_t max_head, http1_requ
  * values this server reads are plain words). Returns the value's length and sets *val, or
  * -1 when the key is absent. */
 long http1_query_get(const char *query, size_t query_len, const char *key, const char **val);
+
+/* http1_origin_listed tells whether origin (n bytes, as a browser sends it in Origin) is
+ * one of the entries of list (a NUL-terminated list separated by commas and/or spaces, such
+ * as "https://a.example, http://localhost:3000"). Origins compare byte for byte, as the
+ * Fetch standard compares them; an empty origin is never listed. */
+bool http1_origin_listed(const char *list, const char *origin, size_t n);
 
 /* http1_reason returns the reason phrase of a status code ("OK", "Not Found", ...). */
 const char *http1_reason(int status);

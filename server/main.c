@@ -68,6 +68,7 @@ typedef struct proc {
     struct event *ev_sigint, *ev_sigterm, *ev_sighup;
     struct event *ev_ready;    /* polls until the indexes are loaded, then READY=1 */
     struct event *ev_watchdog; /* WATCHDOG=1 pings when the unit sets WatchdogSec */
+    struct event *ev_history;  /* a sample of the metrics' history every step */
     bool ready_sent;
     http_srv *http;
     unsigned next_worker;
@@ -219,6 +220,7 @@ static void reload_config(proc *a, reload_count *n)
         return;
     }
     log_set_level((log_level)log_parse_level(ncfg.log_level));
+    log_set_format((log_format)log_parse_format(ncfg.log_format));
     if (ncfg.maintenance_interval_s != cur->maintenance_interval_s)
         maint_set_interval(s, ncfg.maintenance_interval_s);
     if (ncfg.consolidate_check_interval_s != cur->consolidate_check_interval_s)
@@ -430,6 +432,7 @@ static void setup_process(const config *cfg)
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
     log_set_level((log_level)log_parse_level(cfg->log_level));
+    log_set_format((log_format)log_parse_format(cfg->log_format));
     signal(SIGPIPE, SIG_IGN);
     /* SIGHUP reloads the configuration and the TLS files once serving; until then it must not
      * end the process */
@@ -517,7 +520,8 @@ static int start_domain(proc *a)
         return -1;
     s->hooks = app_hooks();
     a->names = method_names();
-    if (!a->names || metrics_init(a->names, methods_count) < 0)
+    if (!a->names || metrics_init(a->names, methods_count) < 0 ||
+        metrics_history_init((unsigned)s->cfg.metrics_history_step_s) < 0)
         return -1;
     if (embedder_init(&s->cfg, err, sizeof(err)) < 0) {
         log_error("%s", err);
@@ -652,6 +656,28 @@ static int start_notify(proc *a)
     return 0;
 }
 
+/* One sample of the last hour's figures (metrics_history_sample) with the indexes' own. */
+static void on_history(evutil_socket_t fd, short what, void *arg)
+{
+    proc *a = arg;
+    tenants_metrics tm = {0};
+    if (a->srv.tenants)
+        tenants_stats(a->srv.tenants, &tm);
+    metrics_history_sample(server_now_ms(), (double)tm.bytes, (double)tm.budget,
+                           (double)tm.vectors);
+}
+
+/* Samples the metrics' history from now on, every metrics_history_step_s. Returns 0 or -1. */
+static int start_history(proc *a)
+{
+    struct timeval tv = {.tv_sec = a->srv.cfg.metrics_history_step_s, .tv_usec = 0};
+    a->ev_history = event_new(a->base, -1, EV_PERSIST, on_history, a);
+    if (!a->ev_history || event_add(a->ev_history, &tv) < 0)
+        return -1;
+    on_history(-1, 0, a);
+    return 0;
+}
+
 /* Stops everything started, in order: the listener, the workers (drained), the decode and
  * background threads, the indexes' snapshots (after a clean run: saved), then frees. */
 static void shutdown_all(proc *a, bool clean)
@@ -676,8 +702,8 @@ static void shutdown_all(proc *a, bool clean)
         worker_destroy(s->workers[i]);
     free(s->workers);
     http_stop(a->http);
-    struct event *evs[] = {a->ev_sigint,   a->ev_sigterm, a->ev_sighup,
-                           a->ev_relisten, a->ev_ready,   a->ev_watchdog};
+    struct event *evs[] = {a->ev_sigint, a->ev_sigterm,  a->ev_sighup, a->ev_relisten,
+                           a->ev_ready,  a->ev_watchdog, a->ev_history};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         if (evs[i])
             event_free(evs[i]);
@@ -725,7 +751,7 @@ int main(int argc, char **argv)
     log_info("engramd ready: rpc %s, http %s:%d%s, %u workers, schema %d", a.hostport,
              s->cfg.listen_host, s->cfg.http_port, s->tls ? " (TLS 1.3 only)" : " (plain TCP)",
              s->nworkers, migrate_latest());
-    if (start_notify(&a) < 0)
+    if (start_notify(&a) < 0 || start_history(&a) < 0)
         goto out;
     event_base_dispatch(a.base);
     rc = 0;

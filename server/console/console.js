@@ -171,7 +171,7 @@
     const asTenant = async () => {
       state = { key };
       const u = await rpc('tenant.usage', {});
-      state = { mode: 'tenant', key, tenantId: u.tenant_id, tier: u.tier };
+      state = { mode: 'tenant', key, tenantId: u.tenant_id, tenantName: u.name, tier: u.tier };
     };
     try {
       if (key.startsWith('egk_')) {
@@ -307,15 +307,18 @@
     const doSearch = async () => {
       if (!q.value.trim()) { clear(results); return; }
       try {
+        // count_access false: looking at the ranking must not change it
         const p = Object.assign(filterParams(), {
-          query: q.value, mode: mode.value, top_k: Number(topk.value) || 10 });
+          query: q.value, mode: mode.value, top_k: Number(topk.value) || 10,
+          count_access: false });
         if (minSim.value.trim() !== '') p.min_similarity = Number(minSim.value);
         const r = await call('memory.search', p);
         if (seq !== renderSeq) return;
         showError(null);
         clear(results);
         append(results, h('h2', null, `Search: ${r.results.length} results`),
-          h('p', { class: 'muted' }, 'Each hit counts as an access of the memory. score = ' +
+          h('p', { class: 'muted' }, 'Searches here count no access (count_access: false), ' +
+            'so looking does not change the ranking. score = ' +
             'w \u00b7 similarity + (1 \u2212 w) \u00b7 composite in vector mode.'),
           table(['id#', 'type', 'scope', 'agent', 'importance#', 'similarity#', 'composite#',
                  'score#', 'content', 'metadata', 'created', 'archived'],
@@ -725,7 +728,8 @@
 
   // -- operations ------------------------------------------------------------------------------
   const scrapes = []; // {t, samples}, the last two kept
-  const points = []; // derived chart points, the last 120 kept
+  const points = []; // derived chart points, the last hour kept
+  let clockSkew = 0; // the server's clock minus this browser's, from /metrics/history
 
   function usageRow(label, used, limit, extra) {
     const frac = limit ? Math.min(used / limit, 1) : 0;
@@ -741,7 +745,8 @@
     const charts = h('div', { class: 'charts', id: 'charts' });
     const tenantBox = h('div', { id: 'ops-tenant' });
     append(main, h('h1', null, 'Operations'), tenantBox,
-      h('h2', null, 'This engramd (from /metrics, every 3 s)'), charts);
+      h('h2', null, 'This engramd: the last hour as the server kept it, then /metrics every 3 s'),
+      charts);
     const draw = () => {
       clear(charts);
       const ms = (v) => `${fmtNum(v, v < 10 ? 2 : 0)} ms`;
@@ -772,15 +777,33 @@
         const res = await fetch('/metrics', { cache: 'no-store', credentials: 'omit' });
         if (!res.ok) throw new ApiError('unavailable', `/metrics answered ${res.status}`);
         const text = await res.text();
-        scrapes.push({ t: Date.now(), samples: EngramMetrics.parse(text) });
+        scrapes.push({ t: Date.now() + clockSkew, samples: EngramMetrics.parse(text) });
         while (scrapes.length > 2) scrapes.shift();
         if (scrapes.length === 2) {
           points.push(EngramMetrics.derive(scrapes[0], scrapes[1]));
-          while (points.length > 120) points.shift();
+          const last = points[points.length - 1].t;
+          while (points.length && points[0].t < last - 3600e3) points.shift();
         }
         if (seq === renderSeq) draw();
       } catch (e) { showError(e); }
     };
+    // the last hour from the server (its samples every metrics_history_step_s), so the
+    // charts do not start empty; live scrapes continue from there
+    const history = async () => {
+      try {
+        const res = await fetch('/metrics/history', { cache: 'no-store', credentials: 'omit' });
+        if (!res.ok) throw new ApiError('unavailable', `/metrics/history answered ${res.status}`);
+        const hist = await res.json();
+        clockSkew = hist.now - Date.now();
+        points.length = 0;
+        scrapes.length = 0;
+        points.push(...EngramMetrics.fromHistory(hist));
+        charts.dataset.historyPoints = String(points.length);
+      } catch (e) { showError(e); }
+    };
+    draw();
+    await history();
+    if (seq !== renderSeq) return;
     draw();
     scrape();
     poller = setInterval(scrape, 3000);
@@ -876,7 +899,7 @@
       a.classList.toggle('active', a.dataset.view === view);
     who.textContent = !logged ? '' : state.mode === 'admin'
       ? `admin${state.tenantId ? ` \u00b7 tenant ${state.tenantName} (${state.tenantId})` : ''}`
-      : `tenant ${state.tenantId} \u00b7 ${state.tier}`;
+      : `tenant ${state.tenantName || ''} (${state.tenantId}) \u00b7 ${state.tier}`;
   }
 
   async function route() {

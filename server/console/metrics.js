@@ -1,5 +1,5 @@
 /* Engram console: the Prometheus text format and small SVG line charts, no dependencies.
- * Exposes window.EngramMetrics = {parse, derive, lineChart}. */
+ * Exposes window.EngramMetrics = {parse, derive, fromHistory, lineChart}. */
 'use strict';
 (function () {
   // parse: the text exposition format (version 0.0.4) into [{name, labels, value}].
@@ -91,6 +91,26 @@
     };
   }
 
+  // fromHistory: the server's last hour (GET /metrics/history) as chart points, each one
+  // derived from two consecutive samples as derive does from two scrapes.
+  function fromHistory(hist) {
+    const snaps = hist.samples.map((x) => ({ t: x.t, samples: [
+      { name: 'engram_requests_total', labels: {}, value: x.requests },
+      { name: 'engram_errors_total', labels: {}, value: x.errors },
+      { name: 'engram_request_duration_seconds_count', labels: {}, value: x.duration_count },
+      { name: 'engram_request_duration_seconds_sum', labels: {}, value: x.duration_sum },
+      ...x.buckets.map((c, i) => ({ name: 'engram_request_duration_seconds_bucket',
+                                    labels: { le: String(hist.le[i]) }, value: c })),
+      { name: 'engram_index_bytes', labels: {}, value: x.index_bytes },
+      { name: 'engram_index_budget_bytes', labels: {}, value: x.index_budget_bytes },
+      { name: 'engram_process_resident_bytes', labels: {}, value: x.resident_bytes },
+      { name: 'engram_index_vectors', labels: {}, value: x.index_vectors },
+    ] }));
+    const out = [];
+    for (let i = 1; i < snaps.length; i++) out.push(derive(snaps[i - 1], snaps[i]));
+    return out;
+  }
+
   const SVG = 'http://www.w3.org/2000/svg';
   function el(name, attrs) {
     const e = document.createElementNS(SVG, name);
@@ -132,7 +152,8 @@
     if (points.length > 1) {
       const span = el('text', { x: W - R, y: H - 6, 'text-anchor': 'end', 'font-size': 11,
                                 fill: '#5f6b7a' });
-      span.textContent = `last ${Math.round((t1 - t0) / 1000)} s`;
+      const secs = Math.round((t1 - t0) / 1000);
+      span.textContent = secs >= 120 ? `last ${Math.round(secs / 60)} min` : `last ${secs} s`;
       svg.appendChild(span);
     }
     for (const s of series) {
@@ -149,5 +170,5 @@
     return svg;
   }
 
-  window.EngramMetrics = { parse, derive, lineChart, quantile, buckets };
+  window.EngramMetrics = { parse, derive, fromHistory, lineChart, quantile, buckets };
 })();

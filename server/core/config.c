@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,10 @@ static const config_def defs[] = {
     {"http_max_connections", T_INT, OFF(http_max_connections), "1024", 1, 1000000, 0,
      "open connections on the HTTP port (counted apart from max_connections); 16 more are "
      "kept for /livez, /readyz, /healthz and /metrics, so probes answer when it is full"},
+    {"cors_allowed_origins", T_STR, OFF(cors_allowed_origins), "", 0, 0, 0,
+     "origins (scheme://host[:port], separated by commas or spaces) whose browser pages may "
+     "call the HTTP port: their CORS preflights are answered and their Origin is echoed in "
+     "Access-Control-Allow-Origin (never '*'); empty: no CORS headers at all"},
     {"max_output_total_bytes", T_LONG, OFF(max_output_total_bytes), "268435456", 0, 1099511627776.0,
      0,
      "unsent answers, answers being packed and incoming messages across all connections, "
@@ -228,6 +233,12 @@ static const config_def defs[] = {
      "file holding the secret that keys API-key hashes (default: <data_dir>/secret.key, "
      "created when missing)"},
     {"log_level", T_STR, OFF(log_level), "info", 0, 0, F_RELOAD, "debug, info, warn or error"},
+    {"log_format", T_STR, OFF(log_format), "text", 0, 0, F_RELOAD,
+     "form of the log lines on stderr: text (time, level, file:line, message) or json (one "
+     "object per line: time, level, file, line, message)"},
+    {"metrics_history_step_s", T_INT, OFF(metrics_history_step_s), "10", 1, 60, 0,
+     "seconds between two samples of the last hour's figures the web console charts "
+     "(GET /metrics/history: requests, errors, latency, index memory)"},
     {"embed_dim", T_INT, OFF(embed_dim), "384", 8, 4096, 0,
      "dimension of the built-in embedder for new tenants"},
     {"openai_url", T_STR, OFF(openai_url), "", 0, 0, 0,
@@ -722,6 +733,37 @@ static int check_llm(const config *cfg, FILE *err)
     return 0;
 }
 
+/* Each entry of cors_allowed_origins is an origin as browsers send it: http:// or https://,
+ * a host, an optional port, nothing after (no path, no trailing slash), no wildcard.
+ * Returns 0 or -EINVAL (reported on err). */
+static int check_origins(const char *list, FILE *err)
+{
+    for (const char *p = list; *p;) {
+        while (*p == ',' || *p == ' ' || *p == '\t')
+            p++;
+        const char *e = p;
+        while (*e && *e != ',' && *e != ' ' && *e != '\t')
+            e++;
+        size_t n = (size_t)(e - p);
+        if (n == 0)
+            break;
+        size_t scheme = strncmp(p, "https://", 8) == 0 ? 8 : strncmp(p, "http://", 7) == 0 ? 7 : 0;
+        bool ok = scheme && n > scheme && n <= 255;
+        for (size_t i = scheme; ok && i < n; i++)
+            ok = isalnum((unsigned char)p[i]) || strchr(".-:[]", p[i]);
+        if (!ok) {
+            fprintf(err,
+                    "engramd: invalid value for cors_allowed_origins: '%.*s' is not an origin "
+                    "(http:// or https://, a host, an optional :port, nothing after; '*' is "
+                    "not allowed: list each origin)\n",
+                    (int)n, p);
+            return -EINVAL;
+        }
+        p = e;
+    }
+    return 0;
+}
+
 /* The checks that span settings. Returns 0 or -EINVAL (reported on err). */
 static int check_settings(const config *cfg, FILE *err)
 {
@@ -733,6 +775,13 @@ static int check_settings(const config *cfg, FILE *err)
     if (log_parse_level(cfg->log_level) < 0) {
         fprintf(err, "engramd: invalid value for log_level: '%s' (debug, info, warn, error)\n",
                 cfg->log_level);
+        return -EINVAL;
+    }
+    if (check_origins(cfg->cors_allowed_origins, err) < 0)
+        return -EINVAL;
+    if (log_parse_format(cfg->log_format) < 0) {
+        fprintf(err, "engramd: invalid value for log_format: '%s' (text or json)\n",
+                cfg->log_format);
         return -EINVAL;
     }
     double wsum = cfg->score_w_recency + cfg->score_w_access + cfg->score_w_explicit;

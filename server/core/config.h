@@ -36,6 +36,7 @@ typedef struct config {
     int max_connections_per_address;
     int admin_reserved_connections;
     int http_max_connections;
+    char *cors_allowed_origins; /* "" when none (http1_origin_listed's list) */
     long max_output_total_bytes;
     int min_send_rate;
     int shutdown_timeout_ms;
@@ -92,6 +93,8 @@ typedef struct config {
     char *admin_key_file;
     char *secret_file;
     char *log_level;
+    char *log_format; /* "text" or "json" (log.h) */
+    int metrics_history_step_s;
     /* memories */
     int embed_dim;
     char *openai_url;

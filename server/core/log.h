@@ -13,6 +13,17 @@ typedef enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_OFF }
 void log_set_level(log_level level);
 int log_parse_level(const char *s);
 
+/* The form of a line. LOG_TEXT: "2024-05-01T12:00:00.123Z info  file.c:42 message".
+ * LOG_JSON: one JSON object per line, {"time":"2024-05-01T12:00:00.123Z","level":"info",
+ * "file":"file.c","line":42,"message":"..."}: the message escaped (control characters,
+ * quotes, backslashes; bytes that are not UTF-8 become U+FFFD), so that every line parses. */
+typedef enum log_format { LOG_TEXT = 0, LOG_JSON } log_format;
+
+/* log_set_format sets the form of the lines written from now on; log_parse_format maps
+ * "text" and "json" to a format, anything else to -1. */
+void log_set_format(log_format format);
+int log_parse_format(const char *s);
+
 /* log_enabled tells whether level would be written. */
 int log_enabled(log_level level);
 

@@ -2,6 +2,7 @@
 #include "metrics.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,8 @@
 
 #include <event2/buffer.h>
 
+#include "buildinfo.h"
+#include "procstat.h"
 #include "rowerr.h"
 
 /* Latency bucket upper bounds in microseconds; the last bucket is +Inf. */
@@ -51,6 +54,19 @@ static db_slot db_slots[MAX_WORKERS];
 static atomic_uint_fast64_t db_reads[2], db_read_fallbacks[METRICS_FALLBACK__COUNT];
 static atomic_uint rdb_connections[MAX_WORKERS], rdb_ready[MAX_WORKERS];
 
+/* One sample of the history (metrics_history_sample). */
+typedef struct hist_sample {
+    int64_t t_ms;
+    uint64_t requests, errors, dur_count, dur_sum_us;
+    uint64_t buckets[NBUCKETS]; /* cumulative, summed over methods */
+    double index_bytes, index_budget, index_vectors, resident;
+} hist_sample;
+
+static pthread_mutex_t hist_mu = PTHREAD_MUTEX_INITIALIZER;
+static hist_sample *hist; /* a ring of hist_cap, hist_n used, the next at hist_next */
+static size_t hist_cap, hist_n, hist_next;
+static unsigned hist_step_s;
+
 int metrics_init(const char *const *names, size_t n)
 {
     stats = calloc(n + 1, sizeof(*stats));
@@ -66,6 +82,96 @@ void metrics_fini(void)
     free(stats);
     stats = NULL;
     nmethods = 0;
+    pthread_mutex_lock(&hist_mu);
+    free(hist);
+    hist = NULL;
+    hist_cap = hist_n = hist_next = 0;
+    pthread_mutex_unlock(&hist_mu);
+}
+
+int metrics_history_init(unsigned step_s)
+{
+    size_t cap = 3600 / (step_s ? step_s : 1) + 1; /* an hour, both ends included */
+    hist_sample *h = calloc(cap, sizeof(*h));
+    if (!h)
+        return -ENOMEM;
+    pthread_mutex_lock(&hist_mu);
+    free(hist);
+    hist = h;
+    hist_cap = cap;
+    hist_n = hist_next = 0;
+    hist_step_s = step_s;
+    pthread_mutex_unlock(&hist_mu);
+    return 0;
+}
+
+void metrics_history_sample(int64_t now_ms, double index_bytes, double index_budget_bytes,
+                            double index_vectors)
+{
+    hist_sample x = {.t_ms = now_ms,
+                     .index_bytes = index_bytes,
+                     .index_budget = index_budget_bytes,
+                     .index_vectors = index_vectors};
+    for (size_t i = 0; stats && i <= nmethods; i++) {
+        for (int c = 0; c < RPC_CODE_COUNT; c++) {
+            uint64_t v = atomic_load_explicit(&stats[i].by_code[c], memory_order_relaxed);
+            x.requests += v;
+            if (c != RPC_OK)
+                x.errors += v;
+        }
+        uint64_t cum = 0;
+        for (size_t b = 0; b < NBUCKETS; b++) {
+            cum += atomic_load_explicit(&stats[i].buckets[b], memory_order_relaxed);
+            x.buckets[b] += cum;
+        }
+        x.dur_count += cum;
+        x.dur_sum_us += atomic_load_explicit(&stats[i].sum_us, memory_order_relaxed);
+    }
+    procstat p;
+    if (procstat_read(&p) == 0)
+        x.resident = (double)p.resident_bytes;
+    pthread_mutex_lock(&hist_mu);
+    if (hist) {
+        hist[hist_next] = x;
+        hist_next = (hist_next + 1) % hist_cap;
+        if (hist_n < hist_cap)
+            hist_n++;
+    }
+    pthread_mutex_unlock(&hist_mu);
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void metrics_history_render(struct evbuffer *out)
+{
+    pthread_mutex_lock(&hist_mu);
+    evbuffer_add_printf(out, "{\"now\":%lld,\"step_s\":%u,\"le\":[", (long long)wall_ms(),
+                        hist_step_s);
+    for (size_t b = 0; b + 1 < NBUCKETS; b++)
+        evbuffer_add_printf(out, "%g,", (double)bucket_us[b] / 1e6);
+    evbuffer_add_printf(out, "\"+Inf\"],\"samples\":[");
+    for (size_t k = 0; k < hist_n; k++) {
+        const hist_sample *x = &hist[(hist_next + hist_cap - hist_n + k) % hist_cap];
+        evbuffer_add_printf(out,
+                            "%s{\"t\":%lld,\"requests\":%llu,\"errors\":%llu,"
+                            "\"duration_count\":%llu,\"duration_sum\":%.6f,\"buckets\":[",
+                            k ? "," : "", (long long)x->t_ms, (unsigned long long)x->requests,
+                            (unsigned long long)x->errors, (unsigned long long)x->dur_count,
+                            (double)x->dur_sum_us / 1e6);
+        for (size_t b = 0; b < NBUCKETS; b++)
+            evbuffer_add_printf(out, "%s%llu", b ? "," : "", (unsigned long long)x->buckets[b]);
+        evbuffer_add_printf(out,
+                            "],\"index_bytes\":%.0f,\"index_budget_bytes\":%.0f,"
+                            "\"index_vectors\":%.0f,\"resident_bytes\":%.0f}",
+                            x->index_bytes, x->index_budget, x->index_vectors, x->resident);
+    }
+    evbuffer_add_printf(out, "]}\n");
+    pthread_mutex_unlock(&hist_mu);
 }
 
 void metrics_request(size_t method, rpc_code code, uint64_t latency_us)
@@ -484,6 +590,20 @@ static void render_db(struct evbuffer *out)
         "# TYPE engram_db_unavailable_total counter\nengram_db_unavailable_total %llu\n",
         conns, ready, queued, inflight, (unsigned long long)reconnects,
         (unsigned long long)failures);
+    uint64_t oldest = 0, timeouts = 0, last_timeout = 0;
+    metrics_db_wait(&oldest, &last_timeout);
+    for (unsigned i = 0; i < MAX_WORKERS; i++)
+        timeouts += atomic_load_explicit(&db_slots[i].queue_timeouts, memory_order_relaxed);
+    evbuffer_add_printf(
+        out,
+        "# HELP engram_db_pool_oldest_wait_seconds How long the oldest database job still "
+        "waiting for a connection has waited (the longest over the workers).\n"
+        "# TYPE engram_db_pool_oldest_wait_seconds gauge\n"
+        "engram_db_pool_oldest_wait_seconds %.3f\n"
+        "# HELP engram_db_queue_timeouts_total Database jobs failed for waiting "
+        "db_queue_timeout_ms for a connection (the pool is saturated).\n"
+        "# TYPE engram_db_queue_timeouts_total counter\nengram_db_queue_timeouts_total %llu\n",
+        (double)oldest / 1e3, (unsigned long long)timeouts);
     unsigned rconns = 0, rready = 0;
     for (unsigned i = 0; i < MAX_WORKERS; i++) {
         rconns += atomic_load_explicit(&rdb_connections[i], memory_order_relaxed);
@@ -530,20 +650,71 @@ static void render_rows(struct evbuffer *out)
                             (unsigned long long)rowerr_count((rowerr_table)t));
 }
 
-void metrics_render(struct evbuffer *out, const char *const *gauge_names, const double *gauges,
-                    size_t ngauges)
+/* The process_* metrics of the Prometheus client libraries, from /proc/self (procstat.h),
+ * and engram_process_resident_bytes (the same resident size, under the name the dashboard
+ * and the benchmarks have read since before process_*). */
+static void render_process(struct evbuffer *out)
 {
+    procstat p;
+    if (procstat_read(&p) == 0) {
+        evbuffer_add_printf(
+            out,
+            "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+            "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.2f\n"
+            "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+            "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %llu\n"
+            "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+            "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes %llu\n"
+            "# HELP process_start_time_seconds Start time of the process since unix epoch in "
+            "seconds.\n"
+            "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %.2f\n"
+            "# HELP engram_process_resident_bytes Resident memory size in bytes (the same as "
+            "process_resident_memory_bytes).\n"
+            "# TYPE engram_process_resident_bytes gauge\nengram_process_resident_bytes %llu\n",
+            p.cpu_seconds, (unsigned long long)p.resident_bytes,
+            (unsigned long long)p.virtual_bytes, p.start_time,
+            (unsigned long long)p.resident_bytes);
+    }
+    if (p.open_fds >= 0)
+        evbuffer_add_printf(out,
+                            "# HELP process_open_fds Number of open file descriptors.\n"
+                            "# TYPE process_open_fds gauge\nprocess_open_fds %ld\n",
+                            p.open_fds);
+    if (p.max_fds >= 0)
+        evbuffer_add_printf(out,
+                            "# HELP process_max_fds Maximum number of open file descriptors.\n"
+                            "# TYPE process_max_fds gauge\nprocess_max_fds %ld\n",
+                            p.max_fds);
+}
+
+/* engram_build_info: 1, with the version and (when built from a git checkout) the commit. */
+static void render_build(struct evbuffer *out)
+{
+    evbuffer_add_printf(out,
+                        "# HELP engram_build_info The version engramd was built from (and the "
+                        "git commit, when built from a checkout); the value is always 1.\n"
+                        "# TYPE engram_build_info gauge\nengram_build_info{version=\"%s\"",
+                        buildinfo_version);
+    if (buildinfo_commit[0])
+        evbuffer_add_printf(out, ",commit=\"%s\"", buildinfo_commit);
+    evbuffer_add_printf(out, "} 1\n");
+}
+
+void metrics_render(struct evbuffer *out, const metrics_gauge *gauges, size_t n)
+{
+    render_process(out);
+    render_build(out);
     render_requests(out);
     render_connections(out);
     render_writes(out);
     render_db(out);
     render_rows(out);
-    metrics_render_gauges(out, gauge_names, gauges, ngauges);
+    metrics_render_gauges(out, gauges, n);
 }
 
-void metrics_render_gauges(struct evbuffer *out, const char *const *names, const double *vals,
-                           size_t n)
+void metrics_render_gauges(struct evbuffer *out, const metrics_gauge *g, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        evbuffer_add_printf(out, "# TYPE %s gauge\n%s %.17g\n", names[i], names[i], vals[i]);
+        evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", g[i].name, g[i].help,
+                            g[i].name, g[i].name, g[i].value);
 }

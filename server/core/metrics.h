@@ -18,7 +18,7 @@ struct evbuffer;
  * before any worker starts. Returns 0 or -ENOMEM. */
 int metrics_init(const char *const *names, size_t n);
 
-/* metrics_fini frees the counters. */
+/* metrics_fini frees the counters and the history. */
 void metrics_fini(void);
 
 /* metrics_request records one finished request of method (an index, or SIZE_MAX for an
@@ -108,14 +108,39 @@ typedef enum metrics_read_fallback {
 void metrics_db_read(metrics_read_target target);
 void metrics_db_read_fallback(metrics_read_fallback reason);
 
-/* metrics_render appends the Prometheus text exposition of everything to out, plus the
- * gauges the caller passes (name/value pairs; names must be valid metric names). */
-void metrics_render(struct evbuffer *out, const char *const *gauge_names, const double *gauges,
-                    size_t ngauges);
+/* A gauge a caller of metrics_render adds: a valid metric name, its HELP text (one line, no
+ * backslash) and its value. */
+typedef struct metrics_gauge {
+    const char *name, *help;
+    double value;
+} metrics_gauge;
 
-/* metrics_render_gauges appends n gauges (names[i], vals[i]) to out. */
-void metrics_render_gauges(struct evbuffer *out, const char *const *names, const double *vals,
-                           size_t n);
+/* metrics_render appends the Prometheus text exposition (version 0.0.4) of everything to
+ * out: the process (process_*: CPU, memory, descriptors, start time, as the Prometheus
+ * client libraries define them), engram_build_info, this module's counters, plus the n
+ * gauges the caller passes. Every metric has its HELP and TYPE lines. */
+void metrics_render(struct evbuffer *out, const metrics_gauge *gauges, size_t n);
+
+/* metrics_render_gauges appends n gauges to out, each with its HELP and TYPE lines. */
+void metrics_render_gauges(struct evbuffer *out, const metrics_gauge *gauges, size_t n);
+
+/* The last hour of a few figures, kept for the web console's charts (GET /metrics/history):
+ * request and error totals, the latency histogram summed over methods, the indexes' bytes
+ * against their budget, their vectors, the resident size.
+ * metrics_history_init sizes the ring for an hour at step_s seconds a sample; call it once
+ * before metrics_history_sample. Returns 0 or -ENOMEM.
+ * metrics_history_sample records one sample at now_ms (Unix ms) with the index figures the
+ * caller has (main thread, every step_s).
+ * metrics_history_render appends the ring, oldest first, as JSON: {"now" (Unix ms, when
+ * rendered), "step_s", "le" (the
+ * buckets' bounds in seconds, the last "+Inf"), "samples": [{"t" (Unix ms), "requests",
+ * "errors", "duration_count", "duration_sum" (seconds), "buckets" (cumulative counts by
+ * "le"), "index_bytes", "index_budget_bytes", "index_vectors", "resident_bytes"}]}. Any
+ * thread. */
+int metrics_history_init(unsigned step_s);
+void metrics_history_sample(int64_t now_ms, double index_bytes, double index_budget_bytes,
+                            double index_vectors);
+void metrics_history_render(struct evbuffer *out);
 
 /* metrics_db_ready returns the number of ready database connections over all workers. */
 unsigned metrics_db_ready(void);

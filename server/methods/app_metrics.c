@@ -18,22 +18,40 @@ void app_metrics(server *s, struct evbuffer *b)
         tenants_stats(s->tenants, &tm);
     uint64_t rc_entries, rc_bytes, rc_hits, rc_misses;
     rc_stats(s->rows, &rc_entries, &rc_bytes, &rc_hits, &rc_misses);
-    const char *names[] = {"engram_indexes_loaded",
-                           "engram_index_vectors",
-                           "engram_index_bytes",
-                           "engram_index_budget_bytes",
-                           "engram_index_tenants_known",
-                           "engram_indexes_flat",
-                           "engram_indexes_sq8",
-                           "engram_indexes_ann",
-                           "engram_index_rows_mapped_bytes",
-                           "engram_index_rows_resident_bytes",
-                           "engram_index_page_ins"};
-    double vals[] = {(double)tm.loaded,        (double)tm.vectors,    (double)tm.bytes,
-                     (double)tm.budget,        (double)tm.known,      (double)tm.by_kind[0],
-                     (double)tm.by_kind[1],    (double)tm.by_kind[2], (double)tm.rows_mapped,
-                     (double)tm.rows_resident, (double)tm.page_ins};
-    metrics_render_gauges(b, names, vals, sizeof(vals) / sizeof(vals[0]));
+    const metrics_gauge g[] = {
+        {"engram_indexes_loaded", "Tenant indexes loaded in memory.", (double)tm.loaded},
+        {"engram_index_vectors", "Vectors in the loaded indexes.", (double)tm.vectors},
+        {"engram_index_bytes",
+         "Memory the loaded indexes hold, in bytes: their heap plus the float rows mapped from "
+         "their snapshots that were in RAM when last measured.",
+         (double)tm.bytes},
+        {"engram_index_budget_bytes",
+         "The indexes' memory budget in bytes (index_memory_mb): past it the least recently "
+         "used are unloaded.",
+         (double)tm.budget},
+        {"engram_index_tenants_known", "Tenants the index registry holds (loaded or not).",
+         (double)tm.known},
+        {"engram_indexes_flat", "Loaded indexes searched exactly over full vectors.",
+         (double)tm.by_kind[0]},
+        {"engram_indexes_sq8", "Loaded indexes searched over 8-bit codes with an exact re-rank.",
+         (double)tm.by_kind[1]},
+        {"engram_indexes_ann", "Loaded approximate (graph) indexes.", (double)tm.by_kind[2]},
+        {"engram_index_rows_mapped_bytes",
+         "Bytes of float rows the loaded indexes map from their snapshot files.",
+         (double)tm.rows_mapped},
+        {"engram_index_rows_resident_bytes",
+         "Bytes of those mapped rows in RAM when the housekeeping last measured them.",
+         (double)tm.rows_resident},
+        {"engram_index_page_ins",
+         "Page-ins of searches reading mapped rows, over the loaded indexes (falls when an "
+         "index is unloaded).",
+         (double)tm.page_ins},
+        {"engram_index_recall_target",
+         "The recall@10 the recall monitor keeps approximate indexes at "
+         "(index_recall_target).",
+         s->cfg.index_recall_target},
+    };
+    metrics_render_gauges(b, g, sizeof(g) / sizeof(g[0]));
     evbuffer_add_printf(
         b,
         "# HELP engram_index_loads_total Index loads by source: a snapshot plus the changes "

@@ -548,8 +548,9 @@ static void usage_done(req *r, const db_result *res)
     int tier = tier_parse(tiername, strlen(tiername));
     const tier_limits *tl = &req_server(r)->tiers[tier < 0 ? 0 : tier];
     msgpack_packer *pk = req_result(r);
-    msgpack_pack_map(pk, 8);
+    msgpack_pack_map(pk, 9);
     rpc_pack_kv_int(pk, "tenant_id", req_auth(r)->tenant_id);
+    rpc_pack_kv_str(pk, "name", PQnfields(pr) > 13 ? PQgetvalue(pr, 0, 13) : "");
     rpc_pack_kv_str(pk, "tier", tiername);
     rpc_pack_cstr(pk, "memories");
     msgpack_pack_map(pk, 5);

@@ -68,6 +68,7 @@ typedef struct search_state {
     search_block_fn done; /* search_block: where the block goes */
     void *done_ctx;
     uint64_t max_bytes;  /* search_block: the block's byte cap */
+    bool count;          /* the results count as accesses (count_access, default true) */
     bool search_results; /* memory.context format "search_results" */
     bool stable;         /* memory.context order "stable" */
     int mode;
@@ -142,8 +143,9 @@ static double score_cb(float sim, const void *meta, void *ctx)
 /* Counts one access to each of the n memories: the index now, PostgreSQL in a batch. */
 static void count_access(req *r, search_state *st, const uint64_t *ids, size_t n)
 {
-    if (req_is_again(r))
-        return; /* counted when it ran the first time (its answer waited for budget) */
+    if (req_is_again(r) || !st->count)
+        return; /* counted when it ran the first time (its answer waited for budget), or
+                 * a look that must not change the ranking (count_access false) */
     tenants_touch(st->t, ids, n, st->f.now_ms);
     access_log_add(app_access(req_worker(r)), req_auth(r)->tenant_id, ids, n, st->f.now_ms);
 }
@@ -696,6 +698,7 @@ static int search_parse(req *r, bool context)
             st->ncand = (size_t)s->cfg.max_top_k * 3;
     }
     st->w = rpc_get_num(req_arg(r, P_SE_SIMILARITY_WEIGHT), s->cfg.similarity_weight);
+    st->count = rpc_get_bool(req_arg(r, P_SE_COUNT_ACCESS), true);
     st->budget = context ? rpc_get_uint(req_arg(r, P_CX_BUDGET_TOKENS), 3000) : 0;
     if (context && context_shape(r, st) < 0)
         return -EINVAL;

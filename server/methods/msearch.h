@@ -3,7 +3,7 @@
  * gets the <agent_memory> block back instead of a response.
  *
  * A method built on it declares SEARCH_PARAMS first in its parameter table (the filter
- * parameters, then P_SE_QUERY .. P_SE_MIN_SIMILARITY) and its own parameters from
+ * parameters, then P_SE_QUERY .. P_SE_COUNT_ACCESS) and its own parameters from
  * P_SE__END on.
  */
 #ifndef ENGRAM_SERVER_MSEARCH_H
@@ -24,6 +24,7 @@ enum {
     P_SE_MODE,
     P_SE_SIMILARITY_WEIGHT,
     P_SE_MIN_SIMILARITY,
+    P_SE_COUNT_ACCESS,
     P_SE__END
 };
 
@@ -33,8 +34,9 @@ enum {
         {"top_k", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_TOP_K), 1, 0},       \
         {"mode", RPC_T_STR, RPC_P_NULLABLE, 0, 0},                                                 \
         {"similarity_weight", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1},                      \
+        {"min_similarity", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1},                         \
     {                                                                                              \
-        "min_similarity", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1                            \
+        "count_access", RPC_T_BOOL, RPC_P_NULLABLE, 0, 0                                           \
     }
 
 /* search_block_fn receives the block the search chose for a caller of search_block: its

@@ -48,6 +48,10 @@ struct hapi {
     size_t call_len;
     size_t midx; /* the method's index for metrics of answers given here; SIZE_MAX: none */
     bool keep_alive, head_only, emb_array;
+    /* the request's Origin when cors_allowed_origins lists it (echoed in
+     * Access-Control-Allow-Origin), else origin_len 0 */
+    char origin[256];
+    size_t origin_len;
     /* the bearer key the connection's identity was established with (keyed hash) */
     bool have_key;
     uint8_t key_hash[32], pending_hash[32];
@@ -111,20 +115,39 @@ static bool head_add(char *buf, size_t cap, size_t *len, const char *fmt, ...)
     return true;
 }
 
+/* The CORS headers of every answer when cors_allowed_origins is set: Vary: Origin (the
+ * answer depends on it), and for a listed origin that origin, never '*', with the headers
+ * a page may read. Returns head_add's result. */
+static bool cors_headers(hapi *h, char *head, size_t cap, size_t *len)
+{
+    if (!h->srv->cfg.cors_allowed_origins[0])
+        return true;
+    if (!h->origin_len)
+        return head_add(head, cap, len, "Vary: Origin\r\n");
+    return head_add(head, cap, len,
+                    "Vary: Origin\r\nAccess-Control-Allow-Origin: %.*s\r\n"
+                    "Access-Control-Expose-Headers: Retry-After, ETag, WWW-Authenticate\r\n",
+                    (int)h->origin_len, h->origin);
+}
+
 static void respond(hapi *h, int status, const char *ctype, const void *body, size_t n,
                     const extra *x)
 {
-    char head[1536], date[64];
+    char head[2048], date[64];
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
     size_t len = 0;
-    bool ok = head_add(head, sizeof(head), &len,
-                       "HTTP/1.1 %d %s\r\nDate: %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                       "Cache-Control: %s\r\nX-Content-Type-Options: nosniff\r\n",
-                       status, http1_reason(status), date, ctype, n,
-                       x && x->cache ? x->cache : "no-store");
+    bool ok = head_add(head, sizeof(head), &len, "HTTP/1.1 %d %s\r\nDate: %s\r\n", status,
+                       http1_reason(status), date);
+    if (status != 204) /* a 204 has neither (RFC 9110 8.6) */
+        ok = ok && head_add(head, sizeof(head), &len, "Content-Type: %s\r\nContent-Length: %zu\r\n",
+                            ctype, n);
+    ok = ok && head_add(head, sizeof(head), &len,
+                        "Cache-Control: %s\r\nX-Content-Type-Options: nosniff\r\n",
+                        x && x->cache ? x->cache : "no-store");
+    ok = ok && cors_headers(h, head, sizeof(head), &len);
     if (x && x->etag)
         ok = ok && head_add(head, sizeof(head), &len, "ETag: %s\r\n", x->etag);
     if (x && x->headers)
@@ -686,6 +709,7 @@ static int read_head(hapi *h, const uint8_t *in, size_t len, http1_request *rq, 
     char err[256];
     h->midx = SIZE_MAX;
     h->head_only = false;
+    h->origin_len = 0;
     int rc = http1_parse_head(in, len, HEAD_MAX, rq, err, sizeof(err));
     if (rc == HTTP1_E_INCOMPLETE)
         return HAPI_MORE;
@@ -700,6 +724,11 @@ static int read_head(hapi *h, const uint8_t *in, size_t len, http1_request *rq, 
     }
     h->keep_alive = rq->keep_alive;
     h->head_only = rq->method == HTTP1_HEAD;
+    if (rq->origin && rq->origin_len <= sizeof(h->origin) &&
+        http1_origin_listed(h->srv->cfg.cors_allowed_origins, rq->origin, rq->origin_len)) {
+        memcpy(h->origin, rq->origin, rq->origin_len);
+        h->origin_len = rq->origin_len;
+    }
     if (rq->transfer_encoding) {
         h->keep_alive = false;
         local_error(h, 411, RPC_MALFORMED_REQUEST, NULL,
@@ -742,14 +771,33 @@ static int serve_get(hapi *h, const http1_request *rq)
     } else {
         local_error(h, 404, RPC_NOT_FOUND, NULL,
                     "no such path: POST /v1/rpc/{method}, GET /v1/openapi.json, /healthz, "
-                    "/readyz, /livez, /metrics or /console");
+                    "/readyz, /livez, /metrics, /metrics/history or /console");
     }
     evbuffer_free(b);
     return HAPI_AGAIN;
 }
 
-/* Routes one whole request (its body of body_len bytes at body): the RPC calls, the
- * console, the GET endpoints (http.c). Returns a HAPI_* step result. */
+/* OPTIONS with cors_allowed_origins set: a CORS preflight. A listed origin gets 204 with
+ * the methods and request headers the port takes (read_head set its origin for
+ * cors_headers); any other origin, or none, gets 403. */
+static void cors_preflight(hapi *h, const http1_request *rq)
+{
+    if (!h->origin_len) {
+        local_error(
+            h, 403, RPC_PERMISSION_DENIED, NULL, "origin '%.*s' is not in cors_allowed_origins",
+            (int)(rq->origin_len > 200 ? 200 : rq->origin_len), rq->origin ? rq->origin : "");
+        return;
+    }
+    extra x = {.retry_after = -1,
+               .cache = "no-store",
+               .headers = "Access-Control-Allow-Methods: GET, HEAD, POST, OPTIONS\r\n"
+                          "Access-Control-Allow-Headers: Authorization, Content-Type\r\n"
+                          "Access-Control-Max-Age: 600\r\n"};
+    respond(h, 204, "", "", 0, &x);
+}
+
+/* Routes one whole request (its body of body_len bytes at body): CORS preflights, the RPC
+ * calls, the console, the GET endpoints (http.c). Returns a HAPI_* step result. */
 static int route(hapi *h, const http1_request *rq, const uint8_t *body, size_t body_len)
 {
     size_t plen = strlen(PREFIX);
@@ -760,6 +808,10 @@ static int route(hapi *h, const http1_request *rq, const uint8_t *body, size_t b
         local_error(h, 503, RPC_UNAVAILABLE, &x,
                     "the HTTP port's connections are all in use (http_max_connections); retry");
         return HAPI_CLOSE;
+    }
+    if (rq->method == HTTP1_OPTIONS && h->srv->cfg.cors_allowed_origins[0]) {
+        cors_preflight(h, rq);
+        return HAPI_AGAIN;
     }
     if (rq->path_len > plen && memcmp(rq->path, PREFIX, plen) == 0) {
         if (rq->method != HTTP1_POST) {

@@ -2,10 +2,11 @@
 #include "http.h"
 
 #include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -55,56 +56,75 @@ static int on_healthz(server *s, struct evbuffer *b)
 #define READY_WINDOW_MS 60000
 #define SATURATED_WINDOW_MS 10000
 
-/* GET /readyz: may this process take traffic? Start-up finished, not draining, the indexes
- * loaded, the database reachable (every worker holds a ready connection) and not saturated
- * (no request waited db_queue_timeout_ms for a connection in the last 10 s): else 503,
- * naming the first reason. "degraded" (200) names a tenant whose writes waited
- * write_lock_wait_ms in vain for a lock another transaction holds in the last minute: the
- * process serves everyone else. */
-static int on_readyz(server *s, struct evbuffer *b)
+/* What /readyz reports, computed once for it and for /metrics. */
+typedef struct readiness {
+    const char *reason; /* why not ready (503), or NULL */
+    bool degraded;      /* ready, but a tenant's writes waited in vain for a lock lately */
+    bool db, indexes;
+    unsigned db_ready;
+    uint64_t oldest_wait_ms, stuck_ago_ms;
+    int64_t stuck_tenant;
+} readiness;
+
+/* May this process take traffic? Start-up finished, not draining, the indexes loaded, the
+ * database reachable (every worker holds a ready connection) and not saturated (no request
+ * waited db_queue_timeout_ms for a connection in the last 10 s): else a reason.
+ * "degraded" names a tenant whose writes waited write_lock_wait_ms in vain for a lock
+ * another transaction holds in the last minute: the process serves everyone else. */
+static void get_readiness(server *s, readiness *r)
 {
+    *r = (readiness){0};
     bool started = atomic_load(&s->ready);
     bool draining = atomic_load(&s->draining);
-    unsigned ready = metrics_db_ready();
-    bool db = ready >= s->nworkers;
+    r->db_ready = metrics_db_ready();
+    r->db = r->db_ready >= s->nworkers;
     hook_health hh = {0};
     if (s->hooks && s->hooks->health)
         s->hooks->health(s, &hh);
-    bool indexes = hh.indexes;
-    const char *reason = !started   ? "starting up"
-                         : draining ? "shutting down"
-                         : !db      ? "database unreachable"
-                         : !indexes ? "indexes loading"
-                                    : NULL;
+    r->indexes = hh.indexes;
+    r->reason = !started      ? "starting up"
+                : draining    ? "shutting down"
+                : !r->db      ? "database unreachable"
+                : !r->indexes ? "indexes loading"
+                              : NULL;
     /* writes that queue beyond their timeout: the pool is saturated (503); one tenant's
      * writes that waited in vain for a lock held elsewhere: degraded (200, the others are
      * served) */
-    uint64_t now = server_mono_ns() / 1000000u, oldest = 0, last_timeout = 0;
-    metrics_db_wait(&oldest, &last_timeout);
+    uint64_t now = server_mono_ns() / 1000000u, last_timeout = 0;
+    metrics_db_wait(&r->oldest_wait_ms, &last_timeout);
     uint64_t qt = (uint64_t)s->cfg.db_queue_timeout_ms;
-    bool saturated = oldest >= qt || (last_timeout && now - last_timeout < SATURATED_WINDOW_MS);
-    if (!reason && saturated)
-        reason = "database requests queue beyond db_queue_timeout_ms";
-    int64_t stuck_tenant = 0;
-    uint64_t stuck = metrics_write_lock_stuck_since(&stuck_tenant);
-    bool degraded = !reason && stuck && now - stuck < READY_WINDOW_MS;
+    bool saturated =
+        r->oldest_wait_ms >= qt || (last_timeout && now - last_timeout < SATURATED_WINDOW_MS);
+    if (!r->reason && saturated)
+        r->reason = "database requests queue beyond db_queue_timeout_ms";
+    uint64_t stuck = metrics_write_lock_stuck_since(&r->stuck_tenant);
+    r->degraded = !r->reason && stuck && now - stuck < READY_WINDOW_MS;
+    r->stuck_ago_ms = stuck ? now - stuck : 0;
+}
+
+/* GET /readyz: get_readiness as JSON; 503 with the first reason when not ready, 200 when
+ * ready or degraded. */
+static int on_readyz(server *s, struct evbuffer *b)
+{
+    readiness r;
+    get_readiness(s, &r);
     evbuffer_add_printf(b, "{\"status\":\"%s\",",
-                        reason     ? "unavailable"
-                        : degraded ? "degraded"
-                                   : "ready");
-    if (reason)
-        evbuffer_add_printf(b, "\"reason\":\"%s\",", reason);
-    if (degraded)
+                        r.reason     ? "unavailable"
+                        : r.degraded ? "degraded"
+                                     : "ready");
+    if (r.reason)
+        evbuffer_add_printf(b, "\"reason\":\"%s\",", r.reason);
+    if (r.degraded)
         evbuffer_add_printf(b,
                             "\"reason\":\"writes of tenant %lld waited write_lock_wait_ms for a "
                             "lock another transaction holds, %llu s ago\",",
-                            (long long)stuck_tenant, (unsigned long long)((now - stuck) / 1000));
+                            (long long)r.stuck_tenant, (unsigned long long)(r.stuck_ago_ms / 1000));
     evbuffer_add_printf(b,
                         "\"database\":\"%s\",\"db_connections_ready\":%u,\"db_oldest_wait_ms\":"
                         "%llu,\"indexes\":\"%s\"}\n",
-                        db ? "up" : "down", ready, (unsigned long long)oldest,
-                        indexes ? "loaded" : "loading");
-    return reason ? 503 : 200;
+                        r.db ? "up" : "down", r.db_ready, (unsigned long long)r.oldest_wait_ms,
+                        r.indexes ? "loaded" : "loading");
+    return r.reason ? 503 : 200;
 }
 
 /* GET /livez: the process is alive; answered by a worker's event loop, so an answer at all
@@ -116,20 +136,38 @@ static int on_livez(server *s, struct evbuffer *b)
     return 200;
 }
 
+/* GET /metrics: metrics_render, readiness as /readyz sees it, the ports' connections
+ * against their limits, the TLS certificate's expiry, the bytes buffered for clients, and
+ * the hooks' own (indexes, row cache). */
 static int on_metrics(server *s, struct evbuffer *b)
 {
-    /* resident memory from /proc/self/statm (second field, in pages) */
-    double rss = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f) {
-        unsigned long size, res;
-        if (fscanf(f, "%lu %lu", &size, &res) == 2)
-            rss = (double)res * (double)sysconf(_SC_PAGESIZE);
-        fclose(f);
-    }
-    const char *names[] = {"engram_process_resident_bytes"};
-    double vals[] = {rss};
-    metrics_render(b, names, vals, 1);
+    readiness r;
+    get_readiness(s, &r);
+    const metrics_gauge g[] = {
+        {"engram_ready",
+         "1 when /readyz answers 200 (ready, or degraded for one tenant's writes), 0 when it "
+         "answers 503.",
+         r.reason ? 0 : 1},
+        {"engram_write_lock_degraded",
+         "1 while /readyz says degraded: a tenant's writes waited write_lock_wait_ms in vain "
+         "for a lock another transaction holds, in the last minute.",
+         r.degraded ? 1 : 0},
+    };
+    metrics_render(b, g, sizeof(g) / sizeof(g[0]));
+    evbuffer_add_printf(
+        b,
+        "# HELP engram_port_connections Open connections by port (counted at accept; the "
+        "slots reserved past the limit for the admin key or the probes count too).\n"
+        "# TYPE engram_port_connections gauge\n"
+        "engram_port_connections{port=\"rpc\"} %d\nengram_port_connections{port=\"http\"} %d\n"
+        "# HELP engram_port_connections_max Connections a port accepts before refusing new "
+        "ones: max_connections (lowered to fit the descriptor limit) and "
+        "http_max_connections.\n"
+        "# TYPE engram_port_connections_max gauge\n"
+        "engram_port_connections_max{port=\"rpc\"} %d\n"
+        "engram_port_connections_max{port=\"http\"} %d\n",
+        atomic_load(&s->nconns), atomic_load(&s->nhttp), s->cfg.max_connections,
+        s->cfg.http_max_connections);
     if (s->tls)
         evbuffer_add_printf(b,
                             "# HELP engram_tls_certificate_expiry_timestamp_seconds When the "
@@ -150,6 +188,14 @@ static int on_metrics(server *s, struct evbuffer *b)
     return 200;
 }
 
+/* GET /metrics/history: the last hour of the figures the web console charts. */
+static int on_history(server *s, struct evbuffer *b)
+{
+    (void)s;
+    metrics_history_render(b);
+    return 200;
+}
+
 static int on_openapi(server *s, struct evbuffer *b)
 {
     if (!s->hooks || !s->hooks->openapi)
@@ -166,6 +212,7 @@ static const struct {
     {"/healthz", on_healthz, "application/json"},
     {"/livez", on_livez, "application/json"},
     {"/metrics", on_metrics, "text/plain; version=0.0.4"},
+    {"/metrics/history", on_history, "application/json"},
     {"/readyz", on_readyz, "application/json"},
     {"/v1/openapi.json", on_openapi, "application/json"},
 };

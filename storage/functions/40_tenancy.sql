@@ -127,13 +127,14 @@ $$;
 -- archived ones (kept, restorable, not counted against it); memory_bytes: the text of all of
 -- them and their kept versions, which counts against the tier's byte limit; model_*: the
 -- chat model's calls, tokens and cost of the UTC day (the tier's daily token cap counts
--- tokens in and out); chat_model: the tenant's override of the server's model (NULL: none).
+-- tokens in and out); chat_model: the tenant's override of the server's model (NULL: none);
+-- name: the tenant's name.
 DROP FUNCTION IF EXISTS engram_tenant_usage(bigint);
 CREATE OR REPLACE FUNCTION engram_tenant_usage(p_tenant bigint)
     RETURNS TABLE (tier text, memories bigint, queries_today bigint, storage_bytes bigint,
                    resets_ms bigint, archived bigint, sessions_live bigint, memory_bytes bigint,
                    model_calls bigint, model_tokens_in bigint, model_tokens_out bigint,
-                   model_cost_usd double precision, chat_model text)
+                   model_cost_usd double precision, chat_model text, name text)
     LANGUAGE sql STABLE AS $$
     SELECT t.tier, t.memory_count,
            COALESCE(u.queries, 0),
@@ -146,7 +147,7 @@ CREATE OR REPLACE FUNCTION engram_tenant_usage(p_tenant bigint)
             WHERE s.tenant_id = t.id AND s.state = 'active' AND s.parent_id IS NULL),
            t.memory_bytes,
            COALESCE(u.model_calls, 0), COALESCE(u.model_tokens_in, 0),
-           COALESCE(u.model_tokens_out, 0), COALESCE(u.model_cost_usd, 0), t.chat_model
+           COALESCE(u.model_tokens_out, 0), COALESCE(u.model_cost_usd, 0), t.chat_model, t.name
     FROM tenants t
     LEFT JOIN tenant_usage u ON u.tenant_id = t.id AND u.day = (now() AT TIME ZONE 'UTC')::date
     WHERE t.id = p_tenant

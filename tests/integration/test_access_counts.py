@@ -248,3 +248,27 @@ def test_reads_alone_write_no_snapshot_and_a_restart_keeps_their_counts():
         srv.stop()
     finally:
         srv.cleanup()
+
+
+def test_count_access_false_counts_nothing(server):
+    """memory.search and memory.context with count_access false count no access, in the
+    index or in PostgreSQL; the default counts one per result."""
+    tid, key = server.create_tenant()
+    vecs = structured_vectors(3, 384, seed=73)
+    with server.client(key=key) as c:
+        ids = store_facts(c, vecs, "n")
+        for _ in range(3):
+            r = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1,
+                       similarity_weight=1.0, count_access=False)["results"]
+            assert r[0]["id"] == ids[0] and r[0]["access_count"] == 0
+            ctx = c.call("memory.context", embedding=vec_bin(vecs[0]), top_k=1,
+                         similarity_weight=1.0, count_access=False)
+            assert ctx["ids"] == [ids[0]]
+        # the default: the next search sees the one before it
+        search(c, vecs[0])
+        r = c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1,
+                   similarity_weight=1.0, count_access=False)["results"]
+        assert r[0]["access_count"] == 1
+    # PostgreSQL gets the one counted access: had the six looks counted, it would never
+    # read 1
+    assert wait_for(lambda: counted(server.dsn, tid, ids[0]) == 1)

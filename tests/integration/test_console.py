@@ -21,11 +21,29 @@ import urllib.request
 import pytest
 
 from browser import Browser
+from fixtures import _failures, _keep_path
+from harness import Server, new_database, wait_for
 
 XSS_IMG = '<img src=x onerror="window.__xss = 1; document.title = \'pwned\'">'
 XSS_SCRIPT = '<script>window.__xss = 2</script><b>bold?</b>'
 MEMORY_XSS = f"Tool output quoted verbatim: {XSS_IMG} and {XSS_SCRIPT}"
 TRANSCRIPT_XSS = f"Page said {XSS_SCRIPT} {XSS_IMG}"
+
+
+@pytest.fixture(scope="module")
+def server(request):
+    """As the shared fixture's engramd (fixtures.py), sampling the last hour's figures every
+    second, so that the operations charts have a history to start from."""
+    srv = Server(new_database("m"), extra=["--metrics-history-step-s", "1"])
+    failed_before = _failures(request)
+    try:
+        srv.start()
+    except BaseException:
+        srv.finish(failed=True)
+        raise
+    yield srv
+    srv.finish(failed=_failures(request) > failed_before,
+               keep_as=_keep_path(request, srv, "module"))
 
 
 def api(server, key, method, /, **params):
@@ -223,6 +241,8 @@ def test_console_in_browser(server, world, shots):
         b.press_enter()
         b.wait("document.querySelectorAll('#memory-list tbody tr').length > 5",
                what="the memory list")
+        # the header names the tenant, not only its id
+        assert "acme-trading" in text(b, "#who") and f"({world['tenant_id']})" in text(b, "#who")
         # the key is in session storage, never in the URL
         assert key not in b.js("location.href")
         assert key in b.js("sessionStorage.getItem('engram.console')")
@@ -239,6 +259,21 @@ def test_console_in_browser(server, world, shots):
         assert b.js(f"EngramMetrics.quantile(0.99, {before}, {after})") == \
             pytest.approx(0.001 + 0.009 * (7.92 - 4) / 4)
         assert b.js(f"EngramMetrics.quantile(0.5, {before}, {before})") is None
+        # the server's history as chart points: two samples 10 s apart, 50 requests (5 of
+        # them errors) between them, all in the 1 ms bucket
+        hist = {"now": 0, "step_s": 10, "le": [0.001, "+Inf"], "samples": [
+            {"t": 0, "requests": 100, "errors": 1, "duration_count": 100, "duration_sum": 0.05,
+             "buckets": [100, 100], "index_bytes": 5, "index_budget_bytes": 9,
+             "index_vectors": 2, "resident_bytes": 7},
+            {"t": 10000, "requests": 150, "errors": 6, "duration_count": 150,
+             "duration_sum": 0.075, "buckets": [150, 150], "index_bytes": 6,
+             "index_budget_bytes": 9, "index_vectors": 3, "resident_bytes": 8}]}
+        pts = b.js(f"EngramMetrics.fromHistory({json.dumps(hist)})")
+        assert len(pts) == 1, pts
+        p = pts[0]
+        assert p["t"] == 10000 and p["qps"] == 5 and p["eps"] == 0.5
+        assert p["mean"] == pytest.approx(0.5) and 0 < p["p99"] <= 1
+        assert (p["indexBytes"], p["budgetBytes"], p["rssBytes"]) == (6, 9, 8)
 
         # -- memories: list, escaping, filter ------------------------------------------------
         row = f"#memory-list tr[data-id='{ids['xss']}'] td.content"
@@ -261,10 +296,18 @@ def test_console_in_browser(server, world, shots):
                what="archived (merged) memories with include_archived")
 
         # -- search: similarity, composite, score --------------------------------------------
+        def accesses():
+            # the index's counts, as the ranking uses them, read without counting one
+            r = api(server, key, "memory.search", query="which port does the staging database use",
+                    top_k=5, count_access=False)["results"]
+            return {m["id"]: m["access_count"] for m in r}
+        before = accesses()
         b.type("#search-query", "which port does the staging database use")
         b.click("#search-submit")
         b.wait("document.querySelectorAll('#search-results tbody tr').length > 0",
                what="search results")
+        # the console's searches count no access: debugging leaves the ranking as it was
+        assert accesses() == before
         heads = b.js("[...document.querySelectorAll('#search-results th')].map(t => t.textContent)")
         for col in ("similarity", "composite", "score"):
             assert col in heads
@@ -395,7 +438,14 @@ def test_console_in_browser(server, world, shots):
         shot(b, shots, "session-handoff.png")
 
         # -- operations ----------------------------------------------------------------------
+        # the charts start from the last hour the server kept (GET /metrics/history), not
+        # empty: with samples in it, the page derives points from them before it scrapes
+        wait_for(lambda: len(json.loads(http(server, "/metrics/history")[2])["samples"]) >= 4,
+                 what="four samples of the history")
         b.goto(f"{base}#/operations")
+        b.wait("!!document.querySelector('#charts').dataset.historyPoints",
+               what="the history loaded into the charts")
+        assert int(b.js("document.querySelector('#charts').dataset.historyPoints")) >= 3
         b.wait("!!document.querySelector('#usage')", what="the usage panel")
         usage = text(b, "#usage")
         assert "tier premium" in usage and "Memories" in usage

@@ -90,10 +90,44 @@ static void test_find_end_resumes(void)
     CHECK(end == n);
 }
 
+/* The CORS request headers, and the allow-list (cors_allowed_origins). */
+static void test_cors(void)
+{
+    http1_request rq;
+    CHECK(parse("OPTIONS /v1/rpc/ping HTTP/1.1\r\nHost: x\r\nOrigin:  https://app.example \r\n"
+                "Access-Control-Request-Method: POST\r\n\r\n",
+                &rq) == 0);
+    CHECK(rq.method == HTTP1_OPTIONS && rq.cors_preflight);
+    CHECK(rq.origin_len == 19 && memcmp(rq.origin, "https://app.example", 19) == 0);
+    CHECK(parse("GET / HTTP/1.1\r\nHost: x\r\n\r\n", &rq) == 0);
+    CHECK(rq.origin == NULL && !rq.cors_preflight);
+    CHECK(parse("GET / HTTP/1.1\r\nHost: x\r\nOrigin: a\r\nOrigin: b\r\n\r\n", &rq) ==
+          HTTP1_E_MALFORMED);
+    const char *list = "https://app.example, http://localhost:3000 ,https://b.example";
+    CHECK(http1_origin_listed(list, "https://app.example", 19));
+    CHECK(http1_origin_listed(list, "http://localhost:3000", 21));
+    CHECK(http1_origin_listed(list, "https://b.example", 17));
+    /* byte for byte: no prefix, suffix, case or port games */
+    CHECK(!http1_origin_listed(list, "https://app.exampl", 18));
+    CHECK(!http1_origin_listed(list, "https://app.example.evil", 24));
+    CHECK(!http1_origin_listed(list, "HTTPS://APP.EXAMPLE", 19));
+    CHECK(!http1_origin_listed(list, "http://localhost", 16));
+    CHECK(!http1_origin_listed(list, "null", 4));
+    CHECK(!http1_origin_listed(list, "", 0));
+    CHECK(!http1_origin_listed("", "https://app.example", 19));
+    CHECK(!http1_origin_listed(" , ", "", 0));
+    /* the statuses the port answers with have their phrases (204: preflights) */
+    const int statuses[] = {200, 204, 304, 400, 401, 402, 403, 404, 405,
+                            408, 409, 411, 413, 429, 431, 500, 503, 505};
+    for (size_t i = 0; i < sizeof(statuses) / sizeof(statuses[0]); i++)
+        CHECK_MSG(strcmp(http1_reason(statuses[i]), "Unknown") != 0, "%d", statuses[i]);
+}
+
 int main(void)
 {
     test_basic();
     test_errors();
     test_find_end_resumes();
+    test_cors();
     CHECK_RETURN();
 }

@@ -337,13 +337,14 @@ static void test_usage(void)
     CHECK(j && j->rls == 7 && val_is(j, 0, "7"));
     tl->model_tokens_per_day = 200000;
     /* tier, stored, today, storage bytes, resets at, archived, live sessions, bytes, model
-     * calls, tokens in, tokens out, cost, chat model (NULL: the server's) */
-    fr_answer1(j,
-               fr_rows("tier|stored|today|storage|resets|archived|live|bytes|calls|tin|tout|"
-                       "cost|chat",
-                       1, "standard|120|33|4096|1700086400000|5|2|777|3|900|100|0.0014|haiku-x"));
+     * calls, tokens in, tokens out, cost, chat model (NULL: the server's), name */
+    fr_answer1(
+        j, fr_rows("tier|stored|today|storage|resets|archived|live|bytes|calls|tin|tout|"
+                   "cost|chat|name",
+                   1, "standard|120|33|4096|1700086400000|5|2|777|3|900|100|0.0014|haiku-x|acme"));
     CHECK(r->done);
     CHECK(fr_is_int(fr_get(r, "tenant_id"), 7) && fr_is_str(fr_get(r, "tier"), "standard"));
+    CHECK(fr_is_str(fr_get(r, "name"), "acme"));
     CHECK(fr_is_int(fr_path(r, "memories.stored"), 120));
     CHECK(fr_is_int(fr_path(r, "memories.archived"), 5));
     CHECK(fr_is_int(fr_path(r, "memories.limit"), 5000));
@@ -370,7 +371,7 @@ static void test_usage(void)
 
     r = fr_call(&env, "tenant.usage", NULL);
     fr_answer1(fr_take(), fr_rows("tier|stored|today|storage|resets|archived|live|bytes|calls|tin|"
-                                  "tout|cost|chat",
+                                  "tout|cost|chat|name",
                                   0));
     CHECK(r->code == RPC_NOT_FOUND);
     fr_free(r);

@@ -106,16 +106,16 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "memory.archive": ("ids", "reason", ),
     "memory.consolidate": (),
     "memory.consolidation.runs": ("limit", "cursor", ),
-    "memory.context": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "budget_tokens", "format", "order", ),
+    "memory.context": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "count_access", "budget_tokens", "format", "order", ),
     "memory.delete": ("ids", "filter", "dry_run", "all", ),
     "memory.feedback": ("cited", "injected", ),
     "memory.get": ("ids", ),
     "memory.history": ("id", ),
     "memory.list": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding", ),
-    "memory.prompt": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "session_id", "budget_tokens", ),
+    "memory.prompt": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "count_access", "session_id", "budget_tokens", ),
     "memory.provenance": ("response", "injected", ),
     "memory.restore": ("ids", ),
-    "memory.search": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", ),
+    "memory.search": ("type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "count_access", ),
     "memory.stats": (),
     "memory.store": ("content", "type", "importance", "metadata", "embedding", "agent_id", "clade_id", "scope", "created_at", "expires_at", "ttl_seconds", "pinned", "updated_at", "last_accessed_at", "access_count", "idempotency_key", ),
     "memory.store_batch": ("memories", "idempotency_key", ),
@@ -323,6 +323,7 @@ class SyncMemory:
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
         min_similarity: float | None = None,
+        count_access: bool | None = None,
         budget_tokens: int | None = None,
         format: str | None = None,
         order: str | None = None,
@@ -349,6 +350,7 @@ class SyncMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "min_similarity": min_similarity,
+            "count_access": count_access,
             "budget_tokens": budget_tokens,
             "format": format,
             "order": order,
@@ -460,6 +462,7 @@ class SyncMemory:
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
         min_similarity: float | None = None,
+        count_access: bool | None = None,
         budget_tokens: int | None = None,
     ) -> PromptResult:
         """Assembles a turn's prompt within one token budget: the <agent_memory> block for the query, the session's <working_memory> and its transcript tail with the summary. (``memory.prompt``)"""
@@ -484,6 +487,7 @@ class SyncMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "min_similarity": min_similarity,
+            "count_access": count_access,
             "session_id": session_id,
             "budget_tokens": budget_tokens,
         }))
@@ -523,6 +527,7 @@ class SyncMemory:
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
         min_similarity: float | None = None,
+        count_access: bool | None = None,
     ) -> SearchResult:
         """Searches memories by vector, text or both, ranked by similarity and importance. (``memory.search``)"""
         return cast("SearchResult", self._r._call("memory.search", {
@@ -546,6 +551,7 @@ class SyncMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "min_similarity": min_similarity,
+            "count_access": count_access,
         }))
 
     def stats(self) -> StatsResult:
@@ -1262,6 +1268,7 @@ class AsyncMemory:
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
         min_similarity: float | None = None,
+        count_access: bool | None = None,
         budget_tokens: int | None = None,
         format: str | None = None,
         order: str | None = None,
@@ -1288,6 +1295,7 @@ class AsyncMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "min_similarity": min_similarity,
+            "count_access": count_access,
             "budget_tokens": budget_tokens,
             "format": format,
             "order": order,
@@ -1399,6 +1407,7 @@ class AsyncMemory:
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
         min_similarity: float | None = None,
+        count_access: bool | None = None,
         budget_tokens: int | None = None,
     ) -> PromptResult:
         """Assembles a turn's prompt within one token budget: the <agent_memory> block for the query, the session's <working_memory> and its transcript tail with the summary. (``memory.prompt``)"""
@@ -1423,6 +1432,7 @@ class AsyncMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "min_similarity": min_similarity,
+            "count_access": count_access,
             "session_id": session_id,
             "budget_tokens": budget_tokens,
         }))
@@ -1462,6 +1472,7 @@ class AsyncMemory:
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
         min_similarity: float | None = None,
+        count_access: bool | None = None,
     ) -> SearchResult:
         """Searches memories by vector, text or both, ranked by similarity and importance. (``memory.search``)"""
         return cast("SearchResult", await self._r._acall("memory.search", {
@@ -1485,6 +1496,7 @@ class AsyncMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "min_similarity": min_similarity,
+            "count_access": count_access,
         }))
 
     async def stats(self) -> StatsResult:
@@ -2222,6 +2234,7 @@ class FutureMemory:
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
         min_similarity: float | None = None,
+        count_access: bool | None = None,
         budget_tokens: int | None = None,
         format: str | None = None,
         order: str | None = None,
@@ -2248,6 +2261,7 @@ class FutureMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "min_similarity": min_similarity,
+            "count_access": count_access,
             "budget_tokens": budget_tokens,
             "format": format,
             "order": order,
@@ -2359,6 +2373,7 @@ class FutureMemory:
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
         min_similarity: float | None = None,
+        count_access: bool | None = None,
         budget_tokens: int | None = None,
     ) -> Future[PromptResult]:
         """Assembles a turn's prompt within one token budget: the <agent_memory> block for the query, the session's <working_memory> and its transcript tail with the summary. (``memory.prompt``)"""
@@ -2383,6 +2398,7 @@ class FutureMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "min_similarity": min_similarity,
+            "count_access": count_access,
             "session_id": session_id,
             "budget_tokens": budget_tokens,
         }))
@@ -2422,6 +2438,7 @@ class FutureMemory:
         mode: SearchMode | None = None,
         similarity_weight: float | None = None,
         min_similarity: float | None = None,
+        count_access: bool | None = None,
     ) -> Future[SearchResult]:
         """Searches memories by vector, text or both, ranked by similarity and importance. (``memory.search``)"""
         return cast("Future[SearchResult]", self._r._submit("memory.search", {
@@ -2445,6 +2462,7 @@ class FutureMemory:
             "mode": mode,
             "similarity_weight": similarity_weight,
             "min_similarity": min_similarity,
+            "count_access": count_access,
         }))
 
     def stats(self) -> Future[StatsResult]:

@@ -66,16 +66,16 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "memory.archive": { params: ["ids", "reason"], required: ["ids"], flags: ["tenant", "write"] },
   "memory.consolidate": { params: [], required: [], flags: ["tenant", "write"] },
   "memory.consolidation.runs": { params: ["limit", "cursor"], required: [], flags: ["tenant"] },
-  "memory.context": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "budget_tokens", "format", "order"], required: [], flags: ["tenant", "query"] },
+  "memory.context": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "count_access", "budget_tokens", "format", "order"], required: [], flags: ["tenant", "query"] },
   "memory.delete": { params: ["ids", "filter", "dry_run", "all"], required: [], flags: ["tenant", "write"] },
   "memory.feedback": { params: ["cited", "injected"], required: [], flags: ["tenant", "write"] },
   "memory.get": { params: ["ids"], required: ["ids"], flags: ["tenant"] },
   "memory.history": { params: ["id"], required: ["id"], flags: ["tenant"] },
   "memory.list": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "order_by", "order", "cursor", "limit", "include_embedding"], required: [], flags: ["tenant"] },
-  "memory.prompt": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "session_id", "budget_tokens"], required: ["session_id"], flags: ["tenant", "query"] },
+  "memory.prompt": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "count_access", "session_id", "budget_tokens"], required: ["session_id"], flags: ["tenant", "query"] },
   "memory.provenance": { params: ["response", "injected"], required: ["response", "injected"], flags: ["tenant", "query", "write"] },
   "memory.restore": { params: ["ids"], required: ["ids"], flags: ["tenant", "write"] },
-  "memory.search": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity"], required: [], flags: ["tenant", "query"] },
+  "memory.search": { params: ["type_filter", "min_importance", "min_composite", "tokens", "chains", "protocols", "strategy_id", "attrs", "created_after", "created_before", "scopes", "agent_id", "clade_id", "include_archived", "query", "embedding", "top_k", "mode", "similarity_weight", "min_similarity", "count_access"], required: [], flags: ["tenant", "query"] },
   "memory.stats": { params: [], required: [], flags: ["tenant"] },
   "memory.store": { params: ["content", "type", "importance", "metadata", "embedding", "agent_id", "clade_id", "scope", "created_at", "expires_at", "ttl_seconds", "pinned", "updated_at", "last_accessed_at", "access_count", "idempotency_key"], required: ["content", "type", "importance"], flags: ["tenant", "write"] },
   "memory.store_batch": { params: ["memories", "idempotency_key"], required: ["memories"], flags: ["tenant", "write"] },
@@ -204,6 +204,7 @@ export interface MemoryContextParams {
   mode?: SearchMode;
   similarity_weight?: number;
   min_similarity?: number;
+  count_access?: boolean;
   budget_tokens?: Id;
   format?: string;
   order?: string;
@@ -278,6 +279,7 @@ export interface MemoryPromptParams {
   mode?: SearchMode;
   similarity_weight?: number;
   min_similarity?: number;
+  count_access?: boolean;
   session_id: Id;
   budget_tokens?: Id;
 }
@@ -315,6 +317,7 @@ export interface MemorySearchParams {
   mode?: SearchMode;
   similarity_weight?: number;
   min_similarity?: number;
+  count_access?: boolean;
 }
 
 /** Parameters of `memory.store`. */

@@ -34,8 +34,9 @@ typedef struct server {
     /* The tier limits in force, tiers[TIER_COUNT], and the same limits as the bigint[]
      * literals the SQL takes ("{free,standard,premium}", 0: unlimited). A SIGHUP reload
      * (main.c) publishes a new immutable snapshot by storing these pointers; the old ones stay
-     * valid until exit. Reading the field is an atomic load (C11 atomic lvalue conversion), so
-     * `&s->tiers[t]` yields one consistent tier: take it once per use. */
+     * valid until exit. Read them with server_tiers / server_memory_limits /
+     * server_query_limits (explicit acquire loads: gcc's TSan instrumentation sees a plain
+     * read in an _Atomic lvalue conversion) and take a tier once per use. */
     const tier_limits *_Atomic tiers;
     const char *_Atomic memory_limits;
     const char *_Atomic query_limits;
@@ -71,5 +72,21 @@ int64_t server_now_ms(void);
 
 /* server_mono_ns returns a monotonic time in nanoseconds. */
 uint64_t server_mono_ns(void);
+
+/* The tier limits in force (tiers[TIER_COUNT]) and their SQL literals; see server.tiers. */
+static inline const tier_limits *server_tiers(const server *s)
+{
+    return atomic_load_explicit(&s->tiers, memory_order_acquire);
+}
+
+static inline const char *server_memory_limits(const server *s)
+{
+    return atomic_load_explicit(&s->memory_limits, memory_order_acquire);
+}
+
+static inline const char *server_query_limits(const server *s)
+{
+    return atomic_load_explicit(&s->query_limits, memory_order_acquire);
+}
 
 #endif

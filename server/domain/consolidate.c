@@ -1024,7 +1024,7 @@ static void scheduled(bg_ctx *ctx, void *arg)
 {
     server *s = arg;
     char err[256], hours[64];
-    const tier_limits *tl = s->tiers; /* one snapshot (a SIGHUP may publish another) */
+    const tier_limits *tl = server_tiers(s); /* one snapshot (a SIGHUP may publish another) */
     snprintf(hours, sizeof(hours), "{%d,%d,%d}", tl[TIER_FREE].consolidation_hours,
              tl[TIER_STANDARD].consolidation_hours, tl[TIER_PREMIUM].consolidation_hours);
     PGconn *pg = bg_conn(ctx, err, sizeof(err));

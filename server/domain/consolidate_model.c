@@ -861,7 +861,7 @@ static int model_state(run *r, char *err, size_t errlen)
     int ti = tier_parse(tier, strlen(tier));
     const char *cm = PQgetisnull(res, 0, 1) ? NULL : PQgetvalue(res, 0, 1);
     mr->tokens_today = memrow_i64(res, 0, 2, 0);
-    mr->cap = r->s->tiers[ti < 0 ? 0 : ti].model_tokens_per_day;
+    mr->cap = server_tiers(r->s)[ti < 0 ? 0 : ti].model_tokens_per_day;
     snprintf(mr->model, sizeof(mr->model), "%s", cm ? cm : chat_default_model());
     bool none = cm && strcmp(cm, "none") == 0;
     PQclear(res);

@@ -24,7 +24,7 @@
 static int purge_sessions(bg_ctx *ctx, PGconn *pg, server *s)
 {
     char err[256], days[64];
-    const tier_limits *tl = s->tiers; /* one snapshot (a SIGHUP may publish another) */
+    const tier_limits *tl = server_tiers(s); /* one snapshot (a SIGHUP may publish another) */
     snprintf(days, sizeof(days), "{%d,%d,%d}", tl[TIER_FREE].session_retention_days,
              tl[TIER_STANDARD].session_retention_days, tl[TIER_PREMIUM].session_retention_days);
     long long total = 0;

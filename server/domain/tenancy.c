@@ -218,7 +218,7 @@ bool tenancy_bucket_take(tenancy_bucket *b, double rate_per_s, double burst, uin
 
 bool tenancy_rate_take(tenancy *t, int64_t tenant_id, int tier, uint64_t *retry_ms)
 {
-    const tier_limits *lim = &t->srv->tiers[tier >= 0 && tier < TIER_COUNT ? tier : 0];
+    const tier_limits *lim = &server_tiers(t->srv)[tier >= 0 && tier < TIER_COUNT ? tier : 0];
     if (lim->rate_per_s <= 0)
         return true;
     uint64_t now = server_mono_ns();

@@ -153,7 +153,7 @@ void app_admit_query(req *r, void (*next)(req *r))
 {
     server *s = req_server(r);
     const conn_auth *a = req_auth(r);
-    const tier_limits *tl = &s->tiers[a->tier];
+    const tier_limits *tl = &server_tiers(s)[a->tier];
     if (req_is_again(r)) {
         next(r); /* admitted and counted the first time */
         return;
@@ -166,7 +166,7 @@ void app_admit_query(req *r, void (*next)(req *r))
     req_set_next(r, next);
     /* from this worker's block of the day's quota: no round trip in the common case */
     app_worker *aw = worker_app(req_worker(r));
-    qadmit_admit(aw->qadmit, a->tenant_id, s->query_limits, on_admit, r);
+    qadmit_admit(aw->qadmit, a->tenant_id, server_query_limits(s), on_admit, r);
 }
 
 const net_hooks *app_hooks(void)

@@ -546,7 +546,7 @@ static void usage_done(req *r, const db_result *res)
     }
     const char *tiername = PQgetvalue(pr, 0, 0);
     int tier = tier_parse(tiername, strlen(tiername));
-    const tier_limits *tl = &req_server(r)->tiers[tier < 0 ? 0 : tier];
+    const tier_limits *tl = &server_tiers(req_server(r))[tier < 0 ? 0 : tier];
     msgpack_packer *pk = req_result(r);
     msgpack_pack_map(pk, 9);
     rpc_pack_kv_int(pk, "tenant_id", req_auth(r)->tenant_id);

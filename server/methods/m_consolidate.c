@@ -80,7 +80,7 @@ void h_memory_consolidate(req *r)
 {
     server *s = req_server(r);
     const conn_auth *a = req_auth(r);
-    const tier_limits *tl = &s->tiers[a->tier];
+    const tier_limits *tl = &server_tiers(s)[a->tier];
     if (!tl->consolidation_on_demand) {
         req_fail(r, RPC_PERMISSION_DENIED,
                  "on-demand consolidation is for the premium tier; this tenant is on the %s tier, "

@@ -332,7 +332,7 @@ static void update_submit(req *r, rpc_code code, const char *message)
                             st->expires[0] ? st->expires : NULL,
                             st->clear_expiry ? "true" : "false",
                             pinned ? (rpc_get_bool(pinned, false) ? "true" : "false") : NULL,
-                            req_server(r)->memory_limits};
+                            server_memory_limits(req_server(r))};
     int lens[11] = {0}, fmts[11] = {0};
     lens[6] = (int)(a->dim * sizeof(float));
     fmts[6] = 1;
@@ -479,7 +479,7 @@ static void set_archived(req *r, bool archive, const char *reason)
     req_set_state(r, archive ? "archived" : "restored");
     /* a restore is checked against the tier's memory limit (archived ones do not count) */
     const char *vals[] = {tid, arr, archive ? "true" : "false", reason,
-                          req_server(r)->memory_limits};
+                          server_memory_limits(req_server(r))};
     db_query q = {.stmt = sql_def(SQL_MEMORY_ARCHIVE), DB_VALUES(vals)};
     req_submit(r, req_auth(r)->tenant_id, &q, 1, archive_done);
 }

@@ -67,7 +67,7 @@ static const tier_limits *tier_of(req *r)
     int tier = req_auth(r)->tier;
     if (tier < 0 || tier >= TIER_COUNT)
         tier = TIER_FREE;
-    return &req_server(r)->tiers[tier];
+    return &server_tiers(req_server(r))[tier];
 }
 
 /* Checks the map m against schema (n entries) as rpc_bind_params checks parameters, naming

@@ -330,10 +330,11 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
             return -ENOMEM;
         if (probe)
             snprintf(probe, 16, "%d", s->cfg.write_lock_probe_ms);
-        const char *v[19] = {lits[13], lits[14], lits[15], s->memory_limits, lits[0],  lits[1],
-                             lits[2],  lits[3],  lits[4],  lits[5],          lits[6],  emb,
-                             lits[7],  lits[8],  lits[9],  lits[10],         lits[11], lits[12],
-                             probe};
+        const char *v[19] = {lits[13], lits[14], lits[15], server_memory_limits(s),
+                             lits[0],  lits[1],  lits[2],  lits[3],
+                             lits[4],  lits[5],  lits[6],  emb,
+                             lits[7],  lits[8],  lits[9],  lits[10],
+                             lits[11], lits[12], probe};
         memcpy(vals, v, sizeof(v));
         lens[11] = (int)vbytes;
         fmts[11] = 1;
@@ -349,11 +350,16 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
     if (!tid || !dim)
         return -ENOMEM;
     snprintf(dim, 16, "%u", req_auth(m[0])->dim);
-    const char *v[19] = {tid,      s->memory_limits, st0->idem, st0->idem ? st0->fingerprint : NULL,
-                         dim,      lits[0],          lits[1],   lits[2],
-                         lits[3],  lits[4],          lits[5],   lits[6],
-                         emb,      lits[7],          lits[8],   lits[9],
-                         lits[10], lits[11],         lits[12]};
+    const char *v[19] = {tid,       server_memory_limits(s),
+                         st0->idem, st0->idem ? st0->fingerprint : NULL,
+                         dim,       lits[0],
+                         lits[1],   lits[2],
+                         lits[3],   lits[4],
+                         lits[5],   lits[6],
+                         emb,       lits[7],
+                         lits[8],   lits[9],
+                         lits[10],  lits[11],
+                         lits[12]};
     memcpy(vals, v, sizeof(v));
     lens[12] = (int)vbytes;
     fmts[12] = 1;

@@ -89,7 +89,7 @@ static void auth_done(req *r, const db_result *res)
     }
     /* the tier's connections per tenant, in this process: a tenant re-authenticating as
      * itself on this connection keeps its place */
-    const tier_limits *tl = &s->tiers[a.tier];
+    const tier_limits *tl = &server_tiers(s)[a.tier];
     const conn_auth *was = req_auth(r);
     bool same = was->authenticated && !was->admin && was->tenant_id == a.tenant_id;
     int64_t in_use = 0;

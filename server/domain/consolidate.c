@@ -372,144 +372,164 @@ static int same_text_run(run *r, const ord *o, size_t n, tclu **cl, size_t *ccap
  *    consolidate_dedupe_threshold, and for facts and preferences at
  *    consolidate_supersede_threshold) and no rule relates are counted, not acted on.
  * Time: a sort per group and the similarity search; memory: a few arrays of n. */
+/* Same-text runs of one group (idx: gn memories of one type and visibility): merge
+ * candidates. o is scratch of gn entries. Returns 0 or -ENOMEM. */
+static int pairs_same_text(run *r, const uint32_t *idx, size_t gn, ord *o, tclu **cl, size_t *ccap)
+{
+    const cmem *m = r->l.m;
+    /* runs of equal text hashes, oldest id first */
+    for (size_t k = 0; k < gn; k++) {
+        const cmem *mk = &m[idx[k]];
+        o[k] = (ord){.h0 = mk->sig.text[0], .h1 = mk->sig.text[1], .id = -mk->id, .idx = idx[k]};
+    }
+    qsort(o, gn, sizeof(*o), cmp_ord);
+    for (size_t a = 0, b; a < gn; a = b) {
+        for (b = a + 1; b < gn && o[b].h0 == o[a].h0 && o[b].h1 == o[a].h1; b++)
+            ;
+        if (b - a > 1 && same_text_run(r, o + a, b - a, cl, ccap) < 0)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+/* The same attrs.key in one group of facts or preferences: each older memory and the newest
+ * (first: where both rules relate two memories, the client's key is the reason recorded).
+ * Returns 0 or -ENOMEM. */
+static int pairs_same_key(run *r, const uint32_t *idx, size_t gn, ord *o)
+{
+    const cmem *m = r->l.m;
+    size_t no = 0;
+    for (size_t k = 0; k < gn; k++) {
+        const cmem *mk = &m[idx[k]];
+        if (mk->attrs_key)
+            o[no++] = (ord){
+                .key = mk->attrs_key, .created_ms = mk->created_ms, .id = mk->id, .idx = idx[k]};
+    }
+    qsort(o, no, sizeof(*o), cmp_ord);
+    for (size_t a = 0, b; a < no; a = b) {
+        for (b = a + 1; b < no && !strcmp(o[b].key, o[a].key); b++)
+            if (add_cand(r, o[b].idx, o[a].idx, RULE_KEY) < 0)
+                return -ENOMEM;
+    }
+    return 0;
+}
+
+/* The same text but for quantities in one group of facts or preferences: each older memory
+ * and the newest of its run that has other values and agreeing metadata (the first 64 newer
+ * ones are looked at). Returns 0 or -ENOMEM. */
+static int pairs_values(run *r, const uint32_t *idx, size_t gn, ord *o)
+{
+    const cmem *m = r->l.m;
+    size_t no = 0;
+    for (size_t k = 0; k < gn; k++) {
+        const cmem *mk = &m[idx[k]];
+        if (mk->sig.nquant > 0)
+            o[no++] = (ord){.h0 = mk->sig.subject[0],
+                            .h1 = mk->sig.subject[1],
+                            .created_ms = mk->created_ms,
+                            .id = mk->id,
+                            .idx = idx[k]};
+    }
+    qsort(o, no, sizeof(*o), cmp_ord);
+    for (size_t a = 0, b; a < no; a = b) {
+        for (b = a + 1; b < no && o[b].h0 == o[a].h0 && o[b].h1 == o[a].h1; b++)
+            ;
+        for (size_t x = a + 1; x < b; x++) {
+            const cmem *old = &m[o[x].idx];
+            for (size_t y = a; y < x && y < a + 64; y++) {
+                const cmem *nw = &m[o[y].idx];
+                if (!textrule_values(&old->sig, &nw->sig) || !meta_agree(&old->meta, &nw->meta))
+                    continue;
+                if (add_cand(r, o[x].idx, o[y].idx, RULE_VALUES) < 0)
+                    return -ENOMEM;
+                break;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Near pairs of one group by cosine: what a cosine alone would have archived is counted, and
+ * with a model the pairs above its floor become its candidates. gv is scratch of gn vectors.
+ * Returns 0, -ENOMEM, or -EIO with r->out's error set. */
+static int pairs_near(run *r, const uint32_t *idx, size_t gn, bool updatable, float *gv)
+{
+    const cmem *m = r->l.m;
+    size_t dim = r->l.dim;
+    float tdup = (float)r->cfg->consolidate_dedupe_threshold;
+    float tsup = (float)r->cfg->consolidate_supersede_threshold;
+    dedupe_opts dopts = {.exact_max = (size_t)r->cfg->consolidate_exact_max,
+                         .threads = (unsigned)r->cfg->consolidate_threads};
+    float thr = updatable && tsup < tdup ? tsup : tdup;
+    if (r->model.wanted && r->model.floor < thr)
+        thr = r->model.floor;
+    for (size_t k = 0; k < gn; k++)
+        memcpy(gv + k * dim, r->l.vecs + (size_t)idx[k] * dim, dim * sizeof(float));
+    dedupe_pair *pairs = NULL;
+    size_t np = 0;
+    char err[300];
+    if (dedupe_pairs(gv, gn, dim, thr, &dopts, &pairs, &np, err, sizeof(err)) < 0) {
+        set_err(r->out, "similarity search: %s", err);
+        return -EIO;
+    }
+    int rc = 0;
+    for (size_t p = 0; p < np && rc == 0; p++) {
+        const cmem *a = &m[idx[pairs[p].i]], *b = &m[idx[pairs[p].j]];
+        bool agree = meta_agree(&a->meta, &b->meta);
+        bool key = a->attrs_key && b->attrs_key && !strcmp(a->attrs_key, b->attrs_key);
+        if ((agree && textrule_same(&a->sig, &b->sig)) ||
+            (updatable && (key || (agree && textrule_values(&a->sig, &b->sig)))))
+            continue;
+        if (pairs[p].sim >= tdup)
+            r->rules.near_kept++;
+        else if (updatable && pairs[p].sim >= tsup)
+            r->rules.similar_kept++;
+        if (r->model.wanted && pairs[p].sim >= r->model.floor &&
+            consolidate_model_pair(r, idx[pairs[p].i], idx[pairs[p].j], pairs[p].sim) < 0)
+            rc = -ENOMEM;
+    }
+    free(pairs);
+    return rc;
+}
+
 static int step_pairs(run *r)
 {
     size_t n = r->l.n, dim = r->l.dim;
     cmem *m = r->l.m;
-    char err[300];
-    int rc = -EIO;
-    dedupe_pair *pairs = NULL;
+    int rc = -ENOMEM;
     tclu *cl = NULL;
     size_t ccap = 0;
     uint32_t *order = malloc((n + 1) * sizeof(*order));
     float *gv = malloc((n + 1) * dim * sizeof(float));
     ord *o = malloc((n + 1) * sizeof(*o));
-    if (!order || !gv || !o) {
-        set_err(r->out, "%s", "out of memory");
+    if (!order || !gv || !o)
         goto out;
-    }
     for (size_t i = 0; i < n; i++)
         order[i] = (uint32_t)i;
     pthread_mutex_lock(&plan_mu);
     sort_base = m;
     qsort(order, n, sizeof(*order), cmp_idx);
     pthread_mutex_unlock(&plan_mu);
-
-    float tdup = (float)r->cfg->consolidate_dedupe_threshold;
-    float tsup = (float)r->cfg->consolidate_supersede_threshold;
-    dedupe_opts dopts = {.exact_max = (size_t)r->cfg->consolidate_exact_max,
-                         .threads = (unsigned)r->cfg->consolidate_threads};
-    for (size_t g0 = 0; g0 < n;) {
-        size_t g1 = g0 + 1;
-        while (g1 < n && same_group(&m[order[g0]], &m[order[g1]]))
-            g1++;
+    rc = 0;
+    for (size_t g0 = 0, g1; g0 < n && rc == 0; g0 = g1) {
+        for (g1 = g0 + 1; g1 < n && same_group(&m[order[g0]], &m[order[g1]]); g1++)
+            ;
         size_t gn = g1 - g0;
         int type = m[order[g0]].type;
         bool updatable = type == MEM_FACT || type == MEM_PREFERENCE;
-        if (gn < 2) {
-            g0 = g1;
+        if (gn < 2)
             continue;
-        }
-        /* the same text: runs of equal text hashes, oldest id first */
-        for (size_t k = 0; k < gn; k++) {
-            const cmem *mk = &m[order[g0 + k]];
-            o[k] = (ord){
-                .h0 = mk->sig.text[0], .h1 = mk->sig.text[1], .id = -mk->id, .idx = order[g0 + k]};
-        }
-        qsort(o, gn, sizeof(*o), cmp_ord);
-        for (size_t a = 0, b; a < gn; a = b) {
-            for (b = a + 1; b < gn && o[b].h0 == o[a].h0 && o[b].h1 == o[a].h1; b++)
-                ;
-            if (b - a > 1 && same_text_run(r, o + a, b - a, &cl, &ccap) < 0) {
-                set_err(r->out, "%s", "out of memory");
-                goto out;
-            }
-        }
-        /* the same attrs.key: each older memory and the newest (first: where both rules
-         * relate two memories, the client's key is the reason recorded) */
-        size_t no = 0;
-        for (size_t k = 0; updatable && k < gn; k++) {
-            const cmem *mk = &m[order[g0 + k]];
-            if (mk->attrs_key)
-                o[no++] = (ord){.key = mk->attrs_key,
-                                .created_ms = mk->created_ms,
-                                .id = mk->id,
-                                .idx = order[g0 + k]};
-        }
-        qsort(o, no, sizeof(*o), cmp_ord);
-        for (size_t a = 0, b; a < no; a = b) {
-            for (b = a + 1; b < no && !strcmp(o[b].key, o[a].key); b++)
-                if (add_cand(r, o[b].idx, o[a].idx, RULE_KEY) < 0) {
-                    set_err(r->out, "%s", "out of memory");
-                    goto out;
-                }
-        }
-        /* the same text but for quantities: each older memory and the newest of its run that
-         * has other values and agreeing metadata (the first 64 newer ones are looked at) */
-        no = 0;
-        for (size_t k = 0; updatable && k < gn; k++) {
-            const cmem *mk = &m[order[g0 + k]];
-            if (mk->sig.nquant > 0)
-                o[no++] = (ord){.h0 = mk->sig.subject[0],
-                                .h1 = mk->sig.subject[1],
-                                .created_ms = mk->created_ms,
-                                .id = mk->id,
-                                .idx = order[g0 + k]};
-        }
-        qsort(o, no, sizeof(*o), cmp_ord);
-        for (size_t a = 0, b; a < no; a = b) {
-            for (b = a + 1; b < no && o[b].h0 == o[a].h0 && o[b].h1 == o[a].h1; b++)
-                ;
-            for (size_t x = a + 1; x < b; x++) {
-                const cmem *old = &m[o[x].idx];
-                for (size_t y = a; y < x && y < a + 64; y++) {
-                    const cmem *nw = &m[o[y].idx];
-                    if (!textrule_values(&old->sig, &nw->sig) || !meta_agree(&old->meta, &nw->meta))
-                        continue;
-                    if (add_cand(r, o[x].idx, o[y].idx, RULE_VALUES) < 0) {
-                        set_err(r->out, "%s", "out of memory");
-                        goto out;
-                    }
-                    break;
-                }
-            }
-        }
-        /* what a cosine alone would have archived: counted */
-        float thr = updatable && tsup < tdup ? tsup : tdup;
-        if (r->model.wanted && r->model.floor < thr)
-            thr = r->model.floor;
-        for (size_t k = 0; k < gn; k++)
-            memcpy(gv + k * dim, r->l.vecs + (size_t)order[g0 + k] * dim, dim * sizeof(float));
-        size_t np = 0;
-        if (dedupe_pairs(gv, gn, dim, thr, &dopts, &pairs, &np, err, sizeof(err)) < 0) {
-            set_err(r->out, "similarity search: %s", err);
-            goto out;
-        }
-        for (size_t p = 0; p < np; p++) {
-            const cmem *a = &m[order[g0 + pairs[p].i]], *b = &m[order[g0 + pairs[p].j]];
-            bool agree = meta_agree(&a->meta, &b->meta);
-            bool key = a->attrs_key && b->attrs_key && !strcmp(a->attrs_key, b->attrs_key);
-            if ((agree && textrule_same(&a->sig, &b->sig)) ||
-                (updatable && (key || (agree && textrule_values(&a->sig, &b->sig)))))
-                continue;
-            if (pairs[p].sim >= tdup)
-                r->rules.near_kept++;
-            else if (updatable && pairs[p].sim >= tsup)
-                r->rules.similar_kept++;
-            if (r->model.wanted && pairs[p].sim >= r->model.floor &&
-                consolidate_model_pair(r, order[g0 + pairs[p].i], order[g0 + pairs[p].j],
-                                       pairs[p].sim) < 0) {
-                set_err(r->out, "%s", "out of memory");
-                goto out;
-            }
-        }
-        free(pairs);
-        pairs = NULL;
-        g0 = g1;
+        rc = pairs_same_text(r, order + g0, gn, o, &cl, &ccap);
+        if (rc == 0 && updatable)
+            rc = pairs_same_key(r, order + g0, gn, o);
+        if (rc == 0 && updatable)
+            rc = pairs_values(r, order + g0, gn, o);
+        if (rc == 0)
+            rc = pairs_near(r, order + g0, gn, updatable, gv);
     }
-    rc = 0;
 out:
-    free(pairs);
+    if (rc == -ENOMEM)
+        set_err(r->out, "%s", "out of memory");
     free(order);
     free(gv);
     free(o);
@@ -522,22 +542,12 @@ out:
  * what is still live (the older goes, pointing at its newest related memory); prunes of low
  * composite, old enough, neither a constraint nor pinned. Then each survivor's members, in
  * id order, for the apply step. */
-static int step_plan(run *r)
+/* Merges: every cluster's survivor (best[root], scratch of n) absorbs the others, and takes
+ * their highest importance and summed accesses (r->imp, r->acc). */
+static void plan_merges(run *r, uint32_t *best)
 {
     size_t n = r->l.n;
     cmem *m = r->l.m;
-    uint32_t *best = malloc((n + 1) * sizeof(*best));
-    r->imp = calloc(n + 1, sizeof(double));
-    r->acc = calloc(n + 1, sizeof(int64_t));
-    r->members = malloc((n + 1) * sizeof(int64_t));
-    r->mseqs = malloc((n + 1) * sizeof(int64_t));
-    r->mcos = malloc((n + 1) * sizeof(float));
-    r->first = calloc(n + 2, sizeof(size_t));
-    if (!best || !r->imp || !r->acc || !r->members || !r->mseqs || !r->mcos || !r->first) {
-        free(best);
-        set_err(r->out, "%s", "out of memory");
-        return -ENOMEM;
-    }
     /* merges: every cluster's survivor absorbs the others */
     for (size_t i = 0; i < n; i++)
         best[i] = UINT32_MAX;
@@ -558,7 +568,6 @@ static int step_plan(run *r)
                 m[surv].late = (uint32_t)i;
         }
     }
-    free(best);
     /* the survivors' merged values, for the prune decision below */
     for (size_t i = 0; i < n; i++) {
         r->imp[i] = m[i].importance;
@@ -572,13 +581,18 @@ static int step_plan(run *r)
             r->imp[sv] = m[i].importance;
         r->acc[sv] += m[i].access;
     }
+}
+
+/* Supersessions between what is still live, from the candidates. Returns 0 or -ENOMEM. */
+static int plan_supersessions(run *r)
+{
+    size_t n = r->l.n;
+    cmem *m = r->l.m;
     /* what all members of each cluster agree with (meta_fold): two clusters whose summaries
      * agree have no two members that contradict each other */
     cmeta *sum = malloc((n + 1) * sizeof(*sum));
-    if (!sum) {
-        set_err(r->out, "%s", "out of memory");
+    if (!sum)
         return -ENOMEM;
-    }
     for (size_t i = 0; i < n; i++)
         sum[i] = m[i].meta;
     for (size_t i = 0; i < n; i++)
@@ -612,6 +626,14 @@ static int step_plan(run *r)
         else if (m[i].fate == 2)
             r->rules.values++;
     }
+    return 0;
+}
+
+/* Prune: what stays live, ranked by its composite with its merged values. */
+static void plan_prune(run *r)
+{
+    size_t n = r->l.n;
+    cmem *m = r->l.m;
     /* re-rank and prune: every memory still live is ranked by its composite as of the run
      * (with its merged values); those of low composite, old enough, neither a constraint
      * nor pinned, are archived. The composite is not stored: reads compute it live. */
@@ -631,6 +653,13 @@ static int step_plan(run *r)
             r->imp[i] = c; /* kept for the record */
         }
     }
+}
+
+/* Each survivor's members (r->members, r->mseqs, r->mcos from r->first). */
+static void plan_members(run *r)
+{
+    size_t n = r->l.n;
+    cmem *m = r->l.m;
     /* each survivor's members, gathered by a counting sort (in id order) */
     for (size_t j = 0; j < n; j++)
         if (m[j].fate == 1)
@@ -646,6 +675,31 @@ static int step_plan(run *r)
         r->mcos[at] = m[j].cos;
     }
     /* first[i] now ends survivor i's run of members; it starts where i - 1's ended */
+}
+
+static int step_plan(run *r)
+{
+    size_t n = r->l.n;
+    uint32_t *best = malloc((n + 1) * sizeof(*best));
+    r->imp = calloc(n + 1, sizeof(double));
+    r->acc = calloc(n + 1, sizeof(int64_t));
+    r->members = malloc((n + 1) * sizeof(int64_t));
+    r->mseqs = malloc((n + 1) * sizeof(int64_t));
+    r->mcos = malloc((n + 1) * sizeof(float));
+    r->first = calloc(n + 2, sizeof(size_t));
+    if (!best || !r->imp || !r->acc || !r->members || !r->mseqs || !r->mcos || !r->first) {
+        free(best);
+        set_err(r->out, "%s", "out of memory");
+        return -ENOMEM;
+    }
+    plan_merges(r, best);
+    free(best);
+    if (plan_supersessions(r) < 0) {
+        set_err(r->out, "%s", "out of memory");
+        return -ENOMEM;
+    }
+    plan_prune(r);
+    plan_members(r);
     return 0;
 }
 

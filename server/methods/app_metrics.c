@@ -11,47 +11,50 @@
 #include "rowcache.h"
 #include "tenants.h"
 
-void app_metrics(server *s, struct evbuffer *b)
+/* The loaded indexes' gauges. */
+static void render_index_gauges(const server *s, const tenants_metrics *tm, struct evbuffer *b)
 {
-    tenants_metrics tm = {0};
-    if (s->tenants)
-        tenants_stats(s->tenants, &tm);
-    uint64_t rc_entries, rc_bytes, rc_hits, rc_misses;
-    rc_stats(s->rows, &rc_entries, &rc_bytes, &rc_hits, &rc_misses);
     const metrics_gauge g[] = {
-        {"engram_indexes_loaded", "Tenant indexes loaded in memory.", (double)tm.loaded},
-        {"engram_index_vectors", "Vectors in the loaded indexes.", (double)tm.vectors},
+        {"engram_indexes_loaded", "Tenant indexes loaded in memory.", (double)tm->loaded},
+        {"engram_index_vectors", "Vectors in the loaded indexes.", (double)tm->vectors},
         {"engram_index_bytes",
          "Memory the loaded indexes hold, in bytes: their heap plus the float rows mapped from "
          "their snapshots that were in RAM when last measured.",
-         (double)tm.bytes},
+         (double)tm->bytes},
         {"engram_index_budget_bytes",
          "The indexes' memory budget in bytes (index_memory_mb): past it the least recently "
          "used are unloaded.",
-         (double)tm.budget},
+         (double)tm->budget},
         {"engram_index_tenants_known", "Tenants the index registry holds (loaded or not).",
-         (double)tm.known},
+         (double)tm->known},
         {"engram_indexes_flat", "Loaded indexes searched exactly over full vectors.",
-         (double)tm.by_kind[0]},
+         (double)tm->by_kind[0]},
         {"engram_indexes_sq8", "Loaded indexes searched over 8-bit codes with an exact re-rank.",
-         (double)tm.by_kind[1]},
-        {"engram_indexes_ann", "Loaded approximate (graph) indexes.", (double)tm.by_kind[2]},
+         (double)tm->by_kind[1]},
+        {"engram_indexes_ann", "Loaded approximate (graph) indexes.", (double)tm->by_kind[2]},
         {"engram_index_rows_mapped_bytes",
          "Bytes of float rows the loaded indexes map from their snapshot files.",
-         (double)tm.rows_mapped},
+         (double)tm->rows_mapped},
         {"engram_index_rows_resident_bytes",
          "Bytes of those mapped rows in RAM when the housekeeping last measured them.",
-         (double)tm.rows_resident},
+         (double)tm->rows_resident},
         {"engram_index_page_ins",
          "Page-ins of searches reading mapped rows, over the loaded indexes (falls when an "
          "index is unloaded).",
-         (double)tm.page_ins},
+         (double)tm->page_ins},
         {"engram_index_recall_target",
          "The recall@10 the recall monitor keeps approximate indexes at "
          "(index_recall_target).",
          s->cfg.index_recall_target},
     };
     metrics_render_gauges(b, g, sizeof(g) / sizeof(g[0]));
+}
+
+/* Index loads, snapshots, evictions, rebuilds and the row cache. */
+static void render_index_counters(const server *s, const tenants_metrics *tm, struct evbuffer *b)
+{
+    uint64_t rc_entries, rc_bytes, rc_hits, rc_misses;
+    rc_stats(s->rows, &rc_entries, &rc_bytes, &rc_hits, &rc_misses);
     evbuffer_add_printf(
         b,
         "# HELP engram_index_loads_total Index loads by source: a snapshot plus the changes "
@@ -84,22 +87,27 @@ void app_metrics(server *s, struct evbuffer *b)
         "loads (row_cache_prewarm_percent).\n"
         "# TYPE engram_row_cache_prewarmed_rows_total counter\n"
         "engram_row_cache_prewarmed_rows_total %llu\n",
-        (unsigned long long)tm.snapshot_loads, (unsigned long long)tm.database_loads,
-        (unsigned long long)tm.snapshots_rejected, (unsigned long long)tm.snapshots_written,
-        (unsigned long long)tm.evictions, (unsigned long long)tm.rebuilds,
+        (unsigned long long)tm->snapshot_loads, (unsigned long long)tm->database_loads,
+        (unsigned long long)tm->snapshots_rejected, (unsigned long long)tm->snapshots_written,
+        (unsigned long long)tm->evictions, (unsigned long long)tm->rebuilds,
         (unsigned long long)rc_entries, (unsigned long long)rc_bytes, (unsigned long long)rc_hits,
-        (unsigned long long)rc_misses, (unsigned long long)tm.rows_warmed);
+        (unsigned long long)rc_misses, (unsigned long long)tm->rows_warmed);
+}
+
+/* The recall monitor's estimates and work. */
+static void render_recall(const tenants_metrics *tm, struct evbuffer *b)
+{
     evbuffer_add_printf(
         b, "# HELP engram_index_recall_estimate Recall@10 of searches as the recall monitor "
            "measures it, over the loaded indexes of a kind (exact kinds are 1): the lowest and "
            "the mean.\n# TYPE engram_index_recall_estimate gauge\n"
            "engram_index_recall_estimate{kind=\"flat\",stat=\"min\"} 1\n"
            "engram_index_recall_estimate{kind=\"sq8\",stat=\"min\"} 1\n");
-    if (tm.recall_measured)
+    if (tm->recall_measured)
         evbuffer_add_printf(b,
                             "engram_index_recall_estimate{kind=\"ann\",stat=\"min\"} %.4f\n"
                             "engram_index_recall_estimate{kind=\"ann\",stat=\"mean\"} %.4f\n",
-                            tm.recall_min, tm.recall_sum / (double)tm.recall_measured);
+                            tm->recall_min, tm->recall_sum / (double)tm->recall_measured);
     evbuffer_add_printf(
         b,
         "# HELP engram_index_recall_measured Approximate indexes with a recall estimate.\n"
@@ -112,8 +120,13 @@ void app_metrics(server *s, struct evbuffer *b)
         "# HELP engram_index_recall_probe_seconds_total Time the recall monitor spent.\n"
         "# TYPE engram_index_recall_probe_seconds_total counter\n"
         "engram_index_recall_probe_seconds_total %.6f\n",
-        (unsigned long long)tm.recall_measured, (unsigned long long)tm.exact_fallbacks,
-        (unsigned long long)tm.recall_probes, (double)tm.recall_probe_ns / 1e9);
+        (unsigned long long)tm->recall_measured, (unsigned long long)tm->exact_fallbacks,
+        (unsigned long long)tm->recall_probes, (double)tm->recall_probe_ns / 1e9);
+}
+
+/* The chat model's calls, tokens and cost (process totals), and consolidation's fallbacks. */
+static void render_model(struct evbuffer *b)
+{
     chat_stats cs;
     chat_stats_get(&cs);
     evbuffer_add_printf(b, "# HELP engram_model_calls_total Chat model calls (consolidation) by "
@@ -144,6 +157,11 @@ void app_metrics(server *s, struct evbuffer *b)
         (unsigned long long)cs.llm.in_flight, (unsigned long long)cs.llm.waiting,
         (unsigned long long)cs.fallbacks[CHAT_FB_CAP],
         (unsigned long long)cs.fallbacks[CHAT_FB_UNAVAILABLE]);
+}
+
+/* How long index loads took, by source (a histogram). */
+static void render_load_histogram(const tenants_metrics *tm, struct evbuffer *b)
+{
     static const char *const sources[2] = {"snapshot", "database"};
     evbuffer_add_printf(b, "# HELP engram_index_load_duration_seconds Time from a tenant's first "
                            "use (or the start-up preload) to its index being ready, by source.\n"
@@ -151,7 +169,7 @@ void app_metrics(server *s, struct evbuffer *b)
     for (int src = 0; src < 2; src++) {
         uint64_t cum = 0;
         for (size_t i = 0; i < TENANTS_LOAD_BUCKETS; i++) {
-            cum += tm.load_hist[src][i];
+            cum += tm->load_hist[src][i];
             if (i < TENANTS_LOAD_BUCKETS - 1)
                 evbuffer_add_printf(
                     b, "engram_index_load_duration_seconds_bucket{source=\"%s\",le=\"%g\"} %llu\n",
@@ -165,7 +183,19 @@ void app_metrics(server *s, struct evbuffer *b)
         evbuffer_add_printf(b,
                             "engram_index_load_duration_seconds_sum{source=\"%s\"} %.6f\n"
                             "engram_index_load_duration_seconds_count{source=\"%s\"} %llu\n",
-                            sources[src], (double)tm.load_us[src] / 1e6, sources[src],
+                            sources[src], (double)tm->load_us[src] / 1e6, sources[src],
                             (unsigned long long)cum);
     }
+}
+
+void app_metrics(server *s, struct evbuffer *b)
+{
+    tenants_metrics tm = {0};
+    if (s->tenants)
+        tenants_stats(s->tenants, &tm);
+    render_index_gauges(s, &tm, b);
+    render_index_counters(s, &tm, b);
+    render_recall(&tm, b);
+    render_model(b);
+    render_load_histogram(&tm, b);
 }

@@ -360,59 +360,64 @@ static void drop_below(search_state *st)
 }
 
 /* The index is loaded: rank, count the accesses, fetch the rows. */
-static void search_run(req *r)
+/* Runs the vector search of st into hits (st->ncand of them, allocated here; *nhits found).
+ * Returns 0, or -1 after failing the request. */
+static int search_vectors(req *r, search_state *st, vindex *vi, vindex_hit **hitsp, size_t *nhitsp)
 {
-    search_state *st = req_state(r);
-    vindex *vi = tenants_vindex(st->t);
-    vindex_hit *hits = NULL;
     size_t nhits = 0;
-    if (st->mode != MODE_TEXT) {
-        hits = req_alloc(r, st->ncand * sizeof(*hits));
-        if (!hits) {
-            req_fail(r, RPC_INTERNAL, "out of memory");
-            return;
-        }
-        vindex_query q = {.vec = st->qvec,
-                          .k = st->ncand,
-                          .keep = keep_cb,
-                          .score = score_cb,
-                          .score_slope = st->w,
-                          .score_bound = 1.0 - st->w,
-                          .score_monotone = true,
-                          .ctx = st};
-        if (st->w >= 1.0) {
-            /* similarity alone: the index ranks by it directly, at the depth its recall
-             * monitor measured for exactly that ranking */
-            q.score = NULL;
-            q.score_slope = q.score_bound = 0.0;
-            q.score_monotone = false;
-        }
-        /* A filter that excludes only archived and expired memories is checked on the hits
-         * afterwards instead of on every candidate (reading each candidate's metadata, and a
-         * sample of 128 to size the filter, took 6 to 8% of a search's CPU): most tenants'
-         * best matches are all live. When one is not, the search runs again with the
-         * filter, and the tenant's searches filter up front for TENANT_NONLIVE_MS. */
-        bool after = mf_lifecycle_only(&st->f) && !tenants_nonlive_recent(st->t, st->f.now_ms);
-        if (after)
-            q.keep = NULL;
-        int rc = vindex_search(vi, &q, hits, &nhits);
-        if (rc == 0 && after && !hits_kept(st, vi, hits, nhits)) {
-            tenants_nonlive_seen(st->t, st->f.now_ms);
-            q.keep = keep_cb;
-            nhits = 0;
-            rc = vindex_search(vi, &q, hits, &nhits);
-        }
-        if (rc != 0) {
-            req_fail(r, rc == -ENOMEM ? RPC_INTERNAL : RPC_INVALID_ARGUMENT, "search failed (%d)",
-                     rc);
-            return;
-        }
+    vindex_hit *hits = req_alloc(r, st->ncand * sizeof(*hits));
+    if (!hits) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return -1;
     }
+    vindex_query q = {.vec = st->qvec,
+                      .k = st->ncand,
+                      .keep = keep_cb,
+                      .score = score_cb,
+                      .score_slope = st->w,
+                      .score_bound = 1.0 - st->w,
+                      .score_monotone = true,
+                      .ctx = st};
+    if (st->w >= 1.0) {
+        /* similarity alone: the index ranks by it directly, at the depth its recall
+         * monitor measured for exactly that ranking */
+        q.score = NULL;
+        q.score_slope = q.score_bound = 0.0;
+        q.score_monotone = false;
+    }
+    /* A filter that excludes only archived and expired memories is checked on the hits
+     * afterwards instead of on every candidate (reading each candidate's metadata, and a
+     * sample of 128 to size the filter, took 6 to 8% of a search's CPU): most tenants'
+     * best matches are all live. When one is not, the search runs again with the
+     * filter, and the tenant's searches filter up front for TENANT_NONLIVE_MS. */
+    bool after = mf_lifecycle_only(&st->f) && !tenants_nonlive_recent(st->t, st->f.now_ms);
+    if (after)
+        q.keep = NULL;
+    int rc = vindex_search(vi, &q, hits, &nhits);
+    if (rc == 0 && after && !hits_kept(st, vi, hits, nhits)) {
+        tenants_nonlive_seen(st->t, st->f.now_ms);
+        q.keep = keep_cb;
+        nhits = 0;
+        rc = vindex_search(vi, &q, hits, &nhits);
+    }
+    if (rc != 0) {
+        req_fail(r, rc == -ENOMEM ? RPC_INTERNAL : RPC_INVALID_ARGUMENT, "search failed (%d)", rc);
+        return -1;
+    }
+    *hitsp = hits;
+    *nhitsp = nhits;
+    return 0;
+}
+
+/* Fills st->res from the vector hits, the text matches or both (by mode). Returns 0, or -1
+ * after failing the request. */
+static int search_results(req *r, search_state *st, vindex_hit *hits, size_t nhits)
+{
     if (st->mode == MODE_VECTOR) {
         st->res = req_alloc(r, (nhits + 1) * sizeof(*st->res));
         if (!st->res) {
             req_fail(r, RPC_INTERNAL, "out of memory");
-            return;
+            return -1;
         }
         for (size_t i = 0; i < nhits; i++) {
             memset(&st->res[i], 0, sizeof(st->res[i]));
@@ -426,7 +431,7 @@ static void search_run(req *r)
         st->res = req_alloc(r, (st->ntext + 1) * sizeof(*st->res));
         if (!st->res) {
             req_fail(r, RPC_INTERNAL, "out of memory");
-            return;
+            return -1;
         }
         for (size_t i = 0; i < st->ntext; i++) {
             memset(&st->res[i], 0, sizeof(st->res[i]));
@@ -436,8 +441,21 @@ static void search_run(req *r)
         st->nres = st->ntext;
     } else if (fuse(r, st, hits, nhits) < 0) {
         req_fail(r, RPC_INTERNAL, "out of memory");
-        return;
+        return -1;
     }
+    return 0;
+}
+
+static void search_run(req *r)
+{
+    search_state *st = req_state(r);
+    vindex *vi = tenants_vindex(st->t);
+    vindex_hit *hits = NULL;
+    size_t nhits = 0;
+    if (st->mode != MODE_TEXT && search_vectors(r, st, vi, &hits, &nhits) < 0)
+        return;
+    if (search_results(r, st, hits, nhits) < 0)
+        return;
     /* min_similarity applies to every candidate before the cut to top_k, so the answer
      * holds the best of those that pass */
     if (st->has_min) {

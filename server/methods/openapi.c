@@ -9,6 +9,7 @@
 
 #include "methods.h"
 #include "plimits.h"
+#include "results.h"
 
 /* The HTTP status each error code is answered with (hapi.c uses the same table). */
 static const int statuses[] = {400, 401, 402, 403, 404, 409, 413, 429, 500, 503};
@@ -196,9 +197,11 @@ static void put_method(struct evbuffer *b, const method_def *m)
         evbuffer_add_printf(b, "]");
     }
     evbuffer_add_printf(b, "}}},\"required\":%s},", any_required ? "true" : "false");
+    const char *result = results_find(m->name);
     evbuffer_add_printf(b,
                         "\"responses\":{\"200\":{\"description\":\"the result (see "
-                        "docs/protocol.md)\",\"content\":{\"application/json\":{\"schema\":{}}}}");
+                        "docs/protocol.md)\",\"content\":{\"application/json\":{\"schema\":%s}}}",
+                        result ? result : "{}");
     for (size_t i = 0; i < sizeof(statuses) / sizeof(statuses[0]); i++)
         evbuffer_add_printf(b, ",\"%d\":{\"$ref\":\"#/components/responses/E%d\"}", statuses[i],
                             statuses[i]);
@@ -232,6 +235,8 @@ int openapi_render(const server *s, struct evbuffer *out)
         b, "},\"components\":{\"securitySchemes\":{\"bearer\":{\"type\":\"http\",\"scheme\":"
            "\"bearer\",\"description\":\"a tenant API key, or the admin key for admin.* "
            "methods\"}},\"schemas\":{"
+           "\"RetryAfter\":{\"type\":\"integer\",\"minimum\":0,\"description\":\"seconds to "
+           "wait before retrying\"},"
            "\"VectorArray\":{\"type\":\"array\",\"items\":{\"type\":\"number\"}},"
            "\"VectorBase64\":{\"type\":\"string\",\"contentEncoding\":\"base64\",\"description\":"
            "\"little-endian float32 values, 4 bytes each, base64 (RFC 4648, padded)\"},"
@@ -240,13 +245,24 @@ int openapi_render(const server *s, struct evbuffer *out)
            "\"type\":\"string\",\"enum\":[");
     for (int c = RPC_OK + 1; c < RPC_CODE_COUNT; c++)
         evbuffer_add_printf(b, "%s\"%s\"", c > RPC_OK + 1 ? "," : "", rpc_code_name((rpc_code)c));
-    evbuffer_add_printf(b, "]},\"message\":{\"type\":\"string\"}},\"additionalProperties\":true}}"
-                           "}},\"responses\":{");
-    for (size_t i = 0; i < sizeof(statuses) / sizeof(statuses[0]); i++)
-        evbuffer_add_printf(b,
-                            "%s\"E%d\":{\"description\":\"%s\",\"content\":{\"application/json\":"
-                            "{\"schema\":{\"$ref\":\"#/components/schemas/Error\"}}}}",
-                            i ? "," : "", statuses[i], status_text(statuses[i]));
+    evbuffer_add_printf(b, "]},\"message\":{\"type\":\"string\"},\"field\":{\"type\":\"string\","
+                           "\"description\":\"the parameter an invalid_argument names\"}},"
+                           "\"additionalProperties\":true}}}");
+    for (size_t i = 0; i < results_components_count; i++)
+        evbuffer_add_printf(b, ",\"%s\":%s", results_components[i].name,
+                            results_components[i].schema);
+    evbuffer_add_printf(b, "},\"responses\":{");
+    for (size_t i = 0; i < sizeof(statuses) / sizeof(statuses[0]); i++) {
+        bool retry = statuses[i] == 429 || statuses[i] == 503;
+        evbuffer_add_printf(b, "%s\"E%d\":{\"description\":\"%s\",", i ? "," : "", statuses[i],
+                            status_text(statuses[i]));
+        if (retry)
+            evbuffer_add_printf(b, "\"headers\":{\"Retry-After\":{\"description\":\"seconds "
+                                   "to wait before retrying, when the server knows\",\"schema\":"
+                                   "{\"$ref\":\"#/components/schemas/RetryAfter\"}}},");
+        evbuffer_add_printf(b, "\"content\":{\"application/json\":"
+                               "{\"schema\":{\"$ref\":\"#/components/schemas/Error\"}}}}");
+    }
     evbuffer_add_printf(b, "}}}\n");
     int rc = evbuffer_add_buffer(out, b) == 0 ? 0 : -ENOMEM;
     evbuffer_free(b);

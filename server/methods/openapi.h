@@ -4,8 +4,9 @@
  * Every method but `auth` is a path POST /v1/rpc/{method} whose request body is an object of
  * the method's parameters, with the types, required names and ranges of the table's
  * schemas; every error answer is the Error object; tenant and admin methods need the bearer
- * security scheme. Results are described as any JSON value (the table has no result
- * schemas; docs/protocol.md describes them).
+ * security scheme; 429 and 503 declare Retry-After. A 200 answer has the method's result
+ * schema from results.c (the empty schema where none is declared yet), with its shared
+ * components.
  */
 #ifndef ENGRAM_SERVER_OPENAPI_H
 #define ENGRAM_SERVER_OPENAPI_H

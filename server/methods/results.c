@@ -1,0 +1,218 @@
+/* server/methods/results.c: the result schemas of the methods (see results.h). */
+#include "results.h"
+
+#include <string.h>
+
+/* JSON Schema fragments as C string literals (concatenated at compile time) */
+#define T(t) "{\"type\":\"" t "\"}"
+#define TN(t) "{\"type\":[\"" t "\",\"null\"]}"
+#define INT T("integer")
+#define INTN TN("integer")
+#define NUM T("number")
+#define NUMN TN("number")
+#define STR T("string")
+#define STRN TN("string")
+#define BOOL T("boolean")
+#define OBJ T("object")
+#define OBJN TN("object")
+#define ARR(items) "{\"type\":\"array\",\"items\":" items "}"
+#define REF(n) "{\"$ref\":\"#/components/schemas/" n "\"}"
+#define Q(n) "\"" n "\""
+#define P(n, s) "\"" n "\":" s
+/* an object whose listed properties are all required */
+#define OBJECT(req, props) "{\"type\":\"object\",\"required\":[" req "],\"properties\":{" props "}}"
+#define CURSOR P("next_cursor", "{\"type\":[\"string\",\"integer\",\"null\"]}")
+#define ENUM(list) "{\"type\":\"string\",\"enum\":[" list "]}"
+
+#define MEMORY_TYPES                                                                               \
+    ENUM(Q("fact") "," Q("preference") "," Q("episode") "," Q("strategy_outcome") "," Q(           \
+        "constraint"))
+#define SCOPES ENUM(Q("agent") "," Q("clade") "," Q("tenant"))
+
+const result_schema results_components[] = {
+    {"Memory",
+     OBJECT(Q("id") "," Q("agent_id") "," Q("clade_id") "," Q("scope") "," Q("type") "," Q(
+                "conten"
+                "t") "," Q("importance") "," Q("metadata") "," Q("created_at") "," Q("updated_at") "," Q("pinn"
+                                                                                                         "ed") "," Q("version"),
+            P("id", INT) "," P("agent_id", INT) "," P("clade_id", INT) "," P("scope", SCOPES) "," P("type", MEMORY_TYPES) "," P("content", STR) "," P(
+                "importance",
+                NUM) "," P("metadata",
+                           OBJ) "," P("created_at",
+                                      INT) "," P("updated_at",
+                                                 INT) "," P("last_accessed_at",
+                                                            INTN) "," P("access_count",
+                                                                        INT) "," P("expires_at",
+                                                                                   INTN) "," P("arc"
+                                                                                               "hiv"
+                                                                                               "ed_"
+                                                                                               "at",
+                                                                                               INTN) "," P("archived_reason",
+                                                                                                           STRN) "," P("superseded_by",
+                                                                                                                       INTN) "," P("merged_into",
+                                                                                                                                   INTN) "," P("pinned",
+                                                                                                                                               BOOL) "," P("version",
+                                                                                                                                                           INT))},
+    {"SearchHit",
+     "{\"allOf\":[" REF("Memory") "," OBJECT(
+         Q("score"), P("score", NUM) "," P("similarity", NUM) "," P("composite", NUM)) "]}"},
+    {"SessionSummary",
+     OBJECT(Q("session_id") "," Q("state") "," Q("agent_id") "," Q("created_at"),
+            P("session_id", INT) "," P("state", STR) "," P("agent_id", INT) "," P(
+                "parent_id", INTN) "," P("created_at",
+                                         INT) "," P("updated_at",
+                                                    INT) "," P("model", STRN) "," P("entry_count",
+                                                                                    INT))},
+    {"WorkItem",
+     OBJECT(Q("work_item_id") "," Q("session_id") "," Q("title") "," Q("status") "," Q("version"),
+            P("work_item_id", INT) "," P("session_id", INT) "," P("title", STR) "," P(
+                "status", STR) "," P("version",
+                                     INT) "," P("description",
+                                                STRN) "," P("owner_agent_id",
+                                                            INTN) "," P("created_at",
+                                                                        INT) "," P("updated_at",
+                                                                                   INT))},
+    {"Tenant",
+     OBJECT(
+         Q("tenant_id") "," Q("name") "," Q("tier") "," Q("embedding") "," Q("created_at"),
+         P("tenant_id", INT) "," P("name", STR) "," P("tier", STR) "," P(
+             "embedding",
+             OBJECT(Q("provider") "," Q("dim"),
+                    P("provider", STR) "," P("dim", INT) "," P(
+                        "model", STR))) "," P("keys", INT) "," P("memories",
+                                                                 INT) "," P("created_at",
+                                                                            INT) "," P("updated_at",
+                                                                                       INT))},
+    {"Scratchpad", OBJECT(Q("session_id") "," Q("content") "," Q("version"),
+                          P("session_id", INT) "," P("content", STR) "," P("version", INT) "," P(
+                              "token_count", INT) "," P("last_updated_at", INTN))},
+};
+const size_t results_components_count = sizeof(results_components) / sizeof(results_components[0]);
+
+#define IDS_OF(key) OBJECT(Q(key), P(key, ARR(INT)))
+
+/* Sorted by name (strcmp order) for the binary search. */
+static const result_schema table[] = {
+    {"admin.key.list",
+     OBJECT(
+         Q("keys"),
+         P("keys", ARR(OBJECT(Q("key_id") "," Q("name") "," Q("prefix") "," Q("created_at"),
+                              P("key_id", INT) "," P("name", STR) "," P("prefix", STR) "," P(
+                                  "created_at", INT) "," P("revoked_at", INTN) "," P("last_used_at",
+                                                                                     INTN)))))},
+    {"admin.tenant.get", REF("Tenant")},
+    {"admin.tenant.list", OBJECT(Q("tenants"), P("tenants", ARR(REF("Tenant"))) "," CURSOR)},
+    {"memory.archive", IDS_OF("archived")},
+    {"memory.consolidation.runs", OBJECT(Q("runs"), P("runs", ARR(OBJ)) "," CURSOR)},
+    {"memory.context", OBJECT(Q("text") "," Q("ids") "," Q("tokens_used"),
+                              P("text", STR) "," P("ids", ARR(INT)) "," P("tokens_used", INT))},
+    {"memory.delete", IDS_OF("deleted")},
+    {"memory.get", OBJECT(Q("memories"), P("memories", ARR(REF("Memory"))))},
+    {"memory.history",
+     OBJECT(Q("id") "," Q("versions"),
+            P("id", INT) "," P(
+                "versions",
+                ARR(OBJECT(
+                    Q("version") "," Q("content") "," Q("type") "," Q("valid_from"),
+                    P("version", INT) "," P("content", STR) "," P("type", MEMORY_TYPES) "," P(
+                        "importance", NUM) "," P("valid_from", INT) "," P("valid_to", INTN)))))},
+    {"memory.list", OBJECT(Q("memories"), P("memories", ARR(REF("Memory"))) "," CURSOR)},
+    {"memory.restore", IDS_OF("restored")},
+    {"memory.search", OBJECT(Q("results"), P("results", ARR(REF("SearchHit"))))},
+    {"memory.stats",
+     OBJECT(
+         Q("total") "," Q("archived") "," Q("by_type") "," Q("by_scope") "," Q("storage_bytes"),
+         P("total", INT) "," P("archived", INT) "," P("by_type", OBJ) "," P("by_scope", OBJ) "," P(
+             "oldest_at", INTN) "," P("newest_at", INTN) "," P("storage_bytes", INT) "," P("index",
+                                                                                           OBJ))},
+    {"memory.store", OBJECT(Q("id") "," Q("created_at") "," Q("replayed"),
+                            P("id", INT) "," P("created_at", INT) "," P("replayed", BOOL))},
+    {"memory.store_batch",
+     OBJECT(Q("ids") "," Q("created_at") "," Q("replayed"),
+            P("ids", ARR(INT)) "," P("created_at", ARR(INT)) "," P("replayed", BOOL))},
+    {"memory.update", OBJECT(Q("id") "," Q("version") "," Q("updated_at"),
+                             P("id", INT) "," P("version", INT) "," P("updated_at", INT))},
+    {"methods",
+     ARR(OBJECT(
+         Q("name") "," Q("flags") "," Q("params"),
+         P("name", STR) "," P("flags", ARR(STR)) "," P(
+             "params", ARR(OBJECT(Q("name") "," Q("type") "," Q("required"),
+                                  P("name", STR) "," P("type", STR) "," P("required", BOOL))))))},
+    {"ping", "{\"const\":\"pong\"}"},
+    {"session.append", OBJECT(Q("seq") "," Q("entry_id") "," Q("total_cost_usdc"),
+                              P("seq", INT) "," P("entry_id", INT) "," P("total_cost_usdc", NUM))},
+    {"session.audit",
+     OBJECT(Q("records") "," Q("more"),
+            P("records", ARR(OBJECT(Q("seq") "," Q("at") "," Q("action"),
+                                    P("seq", INT) "," P("at", INT) "," P("action", STR) "," P(
+                                        "agent_id", INTN) "," P("detail", OBJ)))) "," P("more",
+                                                                                        BOOL))},
+    {"session.checkpoints", OBJECT(Q("session_id") "," Q("checkpoints"),
+                                   P("session_id", INT) "," P("checkpoints", ARR(OBJ)))},
+    {"session.children",
+     OBJECT(Q("session_id") "," Q("children"), P("session_id", INT) "," P("children", ARR(OBJ)))},
+    {"session.context",
+     OBJECT(Q("session_id") "," Q("text") "," Q("tokens_used") "," Q("budget_tokens"),
+            P("session_id", INT) "," P("text", STR) "," P("tokens_used", INT) "," P(
+                "budget_tokens", INT) "," P("notes", OBJ) "," P("scratchpad", OBJ) "," P("resumed",
+                                                                                         OBJN))},
+    {"session.create", OBJECT(Q("session_id") "," Q("created_at") "," Q("config"),
+                              P("session_id", INT) "," P("created_at", INT) "," P("config", OBJ))},
+    {"session.end", OBJECT(Q("session_id") "," Q("state") "," Q("ended_at"),
+                           P("session_id", INT) "," P("state", STR) "," P("ended_at", INT))},
+    {"session.get", "{\"allOf\":[" REF("SessionSummary") "," OBJECT(
+                        Q("config") "," Q("position") "," Q("constraints"),
+                        P("config", OBJ) "," P("position", INT) "," P("constraints", OBJ) "," P(
+                            "summary", STRN) "," P("ended_at", INTN)) "]}"},
+    {"session.list", OBJECT(Q("sessions"), P("sessions", ARR(REF("SessionSummary"))) "," CURSOR)},
+    {"session.messages",
+     OBJECT(
+         Q("session_id") "," Q("messages") "," Q("position"),
+         P("session_id", INT) "," P("position", INT) "," P("as_of", INT) "," CURSOR "," P(
+             "messages",
+             ARR(OBJECT(
+                 Q("seq") "," Q("entry_id") "," Q("role") "," Q("type") "," Q("created_at"),
+                 P("seq", INT) "," P("entry_id", INT) "," P("role", STRN) "," P("type", STR) "," P(
+                     "content", "{}") "," P("agent_id", INTN) "," P("created_at", INT)))))},
+    {"session.notes",
+     OBJECT(Q("session_id") "," Q("notes"), P("session_id", INT) "," P("notes", ARR(OBJ)))},
+    {"session.scratchpad.get", REF("Scratchpad")},
+    {"session.scratchpad.update", REF("Scratchpad")},
+    {"session.work_item.add", REF("WorkItem")},
+    {"session.work_item.list",
+     OBJECT(Q("session_id") "," Q("work_items"),
+            P("session_id", INT) "," P("work_items", ARR(REF("WorkItem"))) "," CURSOR)},
+    {"tenant.usage",
+     OBJECT(
+         Q("tenant_id") "," Q("name") "," Q("tier") "," Q("memories") "," Q("queries") "," Q(
+             "sessions"),
+         P("tenant_id", INT) "," P("name", STR) "," P("tier", STR) "," P(
+             "memories",
+             OBJECT(
+                 Q("stored") "," Q("archived") "," Q("bytes"),
+                 P("stored", INT) "," P("archived", INT) "," P("limit", INTN) "," P(
+                     "bytes",
+                     INT) "," P("bytes_limit",
+                                INTN))) "," P("queries",
+                                              OBJ) "," P("sessions",
+                                                         OBJ) "," P("storage_bytes",
+                                                                    INT) "," P("rate",
+                                                                               OBJ) "," P("model",
+                                                                                          OBJ))},
+};
+
+const char *results_find(const char *name)
+{
+    size_t lo = 0, hi = sizeof(table) / sizeof(table[0]);
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(name, table[mid].name);
+        if (c == 0)
+            return table[mid].schema;
+        if (c < 0)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return NULL;
+}

@@ -1,0 +1,111 @@
+"""Every result schema the OpenAPI document declares (server/methods/results.c) holds for
+the real answers of a live engramd: each method with a declared schema is called over
+POST /v1/rpc/{method} and its answer validated (python3-jsonschema, draft 2020-12, the
+document's components resolvable); error answers match the Error schema and carry the
+field an invalid_argument names; 429 and 503 declare Retry-After."""
+import json
+
+import jsonschema
+import pytest
+
+from test_http_api import post
+
+
+@pytest.fixture(scope="module")
+def doc(server):
+    status, body = server.http_get("/v1/openapi.json")
+    assert status == 200
+    return json.loads(body)
+
+
+def validator(doc, schema):
+    """A validator of schema whose #/components/... references resolve in doc."""
+    root = dict(schema)
+    root["components"] = doc["components"]
+    return jsonschema.Draft202012Validator(root)
+
+
+def result_schema(doc, method):
+    ok = doc["paths"][f"/v1/rpc/{method}"]["post"]["responses"]["200"]
+    return ok["content"]["application/json"]["schema"]
+
+
+def test_every_declared_result_schema_holds(server, tenant, doc):
+    tid, key = tenant
+    adm = server.admin_key()
+    seen = {}
+
+    def call(method, params=None, k=key):
+        status, _, body = post(server, method, params, k)
+        assert status == 200, (method, status, body)
+        seen.setdefault(method, []).append(body)
+        return body
+
+    call("ping", None, None)
+    call("methods", None, None)
+    mid = call("memory.store", {"content": "the cat sat on the mat", "type": "fact",
+                                "importance": 0.7, "metadata": {"attrs": {"k": "v"}}})["id"]
+    call("memory.store_batch", {"memories": [{"content": "dogs bark", "type": "preference",
+                                              "importance": 0.5}]})
+    call("memory.get", {"ids": [mid, 999999]})
+    call("memory.search", {"query": "cat", "top_k": 5})
+    call("memory.list", {"limit": 1})
+    call("memory.context", {"query": "cat"})
+    call("memory.update", {"id": mid, "content": "the cat sat on the red mat"})
+    call("memory.history", {"id": mid})
+    call("memory.stats")
+    call("memory.consolidation.runs")
+    sid = call("session.create", {"agent_id": 3, "config": {"model": "m"}})["session_id"]
+    call("session.append", {"session_id": sid, "role": "user", "content": "hello"})
+    call("session.get", {"session_id": sid})
+    call("session.list")
+    call("session.messages", {"session_id": sid})
+    call("session.context", {"session_id": sid})
+    call("session.notes", {"session_id": sid})
+    call("session.scratchpad.get", {"session_id": sid})
+    call("session.scratchpad.update", {"session_id": sid, "content": "pad"})
+    call("session.scratchpad.get", {"session_id": sid})
+    call("session.checkpoints", {"session_id": sid})
+    call("session.children", {"session_id": sid})
+    call("session.audit", {"session_id": sid})
+    call("session.work_item.add", {"session_id": sid, "title": "w"})
+    call("session.work_item.list", {"session_id": sid})
+    call("tenant.usage")
+    call("admin.tenant.get", {"tenant_id": tid}, adm)
+    call("admin.tenant.list", None, adm)
+    call("admin.key.list", {"tenant_id": tid}, adm)
+    call("memory.archive", {"ids": [mid]})
+    call("memory.restore", {"ids": [mid]})
+    call("memory.delete", {"ids": [mid]})
+    call("session.end", {"session_id": sid})
+
+    declared = {p[len("/v1/rpc/"):] for p, item in doc["paths"].items()
+                if item["post"]["responses"]["200"]["content"]["application/json"]["schema"]}
+    # every declared schema is exercised here, so none goes unchecked
+    assert declared - set(seen) == set()
+    for method, answers in seen.items():
+        v = validator(doc, result_schema(doc, method))
+        for body in answers:
+            errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+                      for e in v.iter_errors(body)]
+            assert not errors, (method, errors, body)
+    # a schema that a wrong answer fails: the check is not vacuous
+    bad = validator(doc, result_schema(doc, "memory.store"))
+    assert not bad.is_valid({"id": "1", "created_at": 1, "replayed": False})
+    assert not bad.is_valid({"created_at": 1, "replayed": False})
+
+
+def test_errors_match_the_error_schema(server, tenant, doc):
+    key = tenant[1]
+    err = validator(doc, {"$ref": "#/components/schemas/Error"})
+    status, _, body = post(server, "memory.search", {"query": "x", "top_k": 0}, key)
+    assert status == 400 and err.is_valid(body), body
+    assert body["error"]["code"] == "invalid_argument" and body["error"]["field"] == "top_k"
+    status, _, body = post(server, "session.get", {"session_id": 987654}, key)
+    assert status == 404 and err.is_valid(body), body
+    responses = doc["components"]["responses"]
+    for st in ("E429", "E503"):
+        assert "Retry-After" in responses[st]["headers"], st
+    for path, item in doc["paths"].items():
+        for st in ("400", "429", "503"):
+            assert item["post"]["responses"][st]["$ref"] == f"#/components/responses/E{st}"

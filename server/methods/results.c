@@ -93,6 +93,10 @@ const size_t results_components_count = sizeof(results_components) / sizeof(resu
 
 /* Sorted by name (strcmp order) for the binary search. */
 static const result_schema table[] = {
+    {"admin.key.create",
+     OBJECT(Q("tenant_id") "," Q("key_id") "," Q("name") "," Q("api_key") "," Q("created_at"),
+            P("tenant_id", INT) "," P("key_id", INT) "," P("name", STR) "," P("api_key", STR) "," P(
+                "created_at", INT))},
     {"admin.key.list",
      OBJECT(
          Q("keys"),
@@ -100,9 +104,25 @@ static const result_schema table[] = {
                               P("key_id", INT) "," P("name", STR) "," P("prefix", STR) "," P(
                                   "created_at", INT) "," P("revoked_at", INTN) "," P("last_used_at",
                                                                                      INTN)))))},
+    {"admin.key.revoke", OBJECT(Q("key_id") "," Q("tenant_id") "," Q("revoked"),
+                                P("key_id", INT) "," P("tenant_id", INT) "," P("revoked", BOOL))},
+    {"admin.tenant.create", OBJECT(Q("tenant_id") "," Q("api_key") "," Q("key_id"),
+                                   P("tenant_id", INT) "," P("api_key", STR) "," P("key_id", INT))},
+    {"admin.tenant.delete",
+     OBJECT(Q("tenant_id") "," Q("deleted"), P("tenant_id", INT) "," P("deleted", BOOL))},
     {"admin.tenant.get", REF("Tenant")},
     {"admin.tenant.list", OBJECT(Q("tenants"), P("tenants", ARR(REF("Tenant"))) "," CURSOR)},
+    {"admin.tenant.update", REF("Tenant")},
     {"memory.archive", IDS_OF("archived")},
+    {"memory.consolidate",
+     OBJECT(
+         Q("run_id") "," Q("status"),
+         P("run_id", INT) "," P("status", STR) "," P("merged", INT) "," P("superseded", INT) "," P(
+             "rescored", INT) "," P("archived", INT) "," P("skipped",
+                                                           INT) "," P("flagged",
+                                                                      INT) "," P("duration_ms",
+                                                                                 INT) "," P("model",
+                                                                                            STRN))},
     {"memory.consolidation.runs", OBJECT(Q("runs"), P("runs", ARR(OBJ)) "," CURSOR)},
     {"memory.context", OBJECT(Q("text") "," Q("ids") "," Q("tokens_used"),
                               P("text", STR) "," P("ids", ARR(INT)) "," P("tokens_used", INT))},
@@ -117,6 +137,24 @@ static const result_schema table[] = {
                     P("version", INT) "," P("content", STR) "," P("type", MEMORY_TYPES) "," P(
                         "importance", NUM) "," P("valid_from", INT) "," P("valid_to", INTN)))))},
     {"memory.list", OBJECT(Q("memories"), P("memories", ARR(REF("Memory"))) "," CURSOR)},
+    {"memory.prompt",
+     OBJECT(Q("session_id") "," Q("budget_tokens") "," Q("tokens_used") "," Q("text") "," Q(
+                "messages"),
+            P("session_id", INT) "," P("budget_tokens", INT) "," P("tokens_used", INT) "," P(
+                "text", STR) "," P("messages",
+                                   ARR(OBJECT(Q("role") "," Q("content"),
+                                              P("role", STR) "," P("content", STR)))) "," P("parts",
+                                                                                            OBJ))},
+    {"memory.provenance",
+     OBJECT(
+         Q("memories") "," Q("unknown"),
+         P("memories",
+           ARR(OBJECT(
+               Q("id") "," Q("cited") "," Q("match"),
+               P("id", INT) "," P("cited", BOOL) "," P("match", STR) "," P("similarity", NUM) "," P(
+                   "overlap", NUM) "," P("conflict", BOOL)))) "," P("unknown",
+                                                                    ARR(INT)) "," P("sentences",
+                                                                                    INT))},
     {"memory.restore", IDS_OF("restored")},
     {"memory.search", OBJECT(Q("results"), P("results", ARR(REF("SearchHit"))))},
     {"memory.stats",
@@ -147,6 +185,10 @@ static const result_schema table[] = {
                                     P("seq", INT) "," P("at", INT) "," P("action", STR) "," P(
                                         "agent_id", INTN) "," P("detail", OBJ)))) "," P("more",
                                                                                         BOOL))},
+    {"session.checkpoint",
+     OBJECT(Q("checkpoint_id") "," Q("session_id") "," Q("position") "," Q("created_at"),
+            P("checkpoint_id", INT) "," P("session_id", INT) "," P("position", INT) "," P(
+                "created_at", INT) "," P("expires_at", INTN) "," P("delta", OBJ))},
     {"session.checkpoints", OBJECT(Q("session_id") "," Q("checkpoints"),
                                    P("session_id", INT) "," P("checkpoints", ARR(OBJ)))},
     {"session.children",
@@ -174,14 +216,26 @@ static const result_schema table[] = {
                  Q("seq") "," Q("entry_id") "," Q("role") "," Q("type") "," Q("created_at"),
                  P("seq", INT) "," P("entry_id", INT) "," P("role", STRN) "," P("type", STR) "," P(
                      "content", "{}") "," P("agent_id", INTN) "," P("created_at", INT)))))},
+    {"session.note.add",
+     OBJECT(Q("note_id") "," Q("created_at"),
+            P("note_id", INT) "," P("created_at", INT) "," P("superseded", "{}"))},
     {"session.notes",
      OBJECT(Q("session_id") "," Q("notes"), P("session_id", INT) "," P("notes", ARR(OBJ)))},
+    {"session.resume",
+     OBJECT(Q("session_id") "," Q("resumed_from") "," Q("checkpoint_id") "," Q("agents"),
+            P("session_id", INT) "," P("resumed_from", INT) "," P("checkpoint_id", INT) "," P(
+                "branch_type",
+                STR) "," P("agents", ARR(OBJ)) "," P("children", ARR(OBJ)) "," P("restored", OBJ))},
     {"session.scratchpad.get", REF("Scratchpad")},
     {"session.scratchpad.update", REF("Scratchpad")},
+    {"session.tombstone",
+     OBJECT(Q("entry_id") "," Q("session_id") "," Q("tombstone_id"),
+            P("entry_id", INT) "," P("session_id", INT) "," P("tombstone_id", INT))},
     {"session.work_item.add", REF("WorkItem")},
     {"session.work_item.list",
      OBJECT(Q("session_id") "," Q("work_items"),
             P("session_id", INT) "," P("work_items", ARR(REF("WorkItem"))) "," CURSOR)},
+    {"session.work_item.update", REF("WorkItem")},
     {"tenant.usage",
      OBJECT(
          Q("tenant_id") "," Q("name") "," Q("tier") "," Q("memories") "," Q("queries") "," Q(

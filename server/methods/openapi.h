@@ -5,8 +5,7 @@
  * the method's parameters, with the types, required names and ranges of the table's
  * schemas; every error answer is the Error object; tenant and admin methods need the bearer
  * security scheme; 429 and 503 declare Retry-After. A 200 answer has the method's result
- * schema from results.c (the empty schema where none is declared yet), with its shared
- * components.
+ * schema from results.c, with its shared components.
  */
 #ifndef ENGRAM_SERVER_OPENAPI_H
 #define ENGRAM_SERVER_OPENAPI_H

@@ -127,6 +127,12 @@ static const result_schema table[] = {
     {"memory.context", OBJECT(Q("text") "," Q("ids") "," Q("tokens_used"),
                               P("text", STR) "," P("ids", ARR(INT)) "," P("tokens_used", INT))},
     {"memory.delete", IDS_OF("deleted")},
+    {"memory.feedback",
+     OBJECT(
+         Q("memories") "," Q("unknown"),
+         P("memories", ARR(OBJECT(Q("id") "," Q("cited_count") "," Q("injected_count"),
+                                  P("id", INT) "," P("cited", BOOL) "," P("cited_count", INT) "," P(
+                                      "injected_count", INT)))) "," P("unknown", ARR(INT)))},
     {"memory.get", OBJECT(Q("memories"), P("memories", ARR(REF("Memory"))))},
     {"memory.history",
      OBJECT(Q("id") "," Q("versions"),
@@ -193,6 +199,10 @@ static const result_schema table[] = {
                                    P("session_id", INT) "," P("checkpoints", ARR(OBJ)))},
     {"session.children",
      OBJECT(Q("session_id") "," Q("children"), P("session_id", INT) "," P("children", ARR(OBJ)))},
+    {"session.complete",
+     OBJECT(Q("session_id") "," Q("state") "," Q("parent_id") "," Q("completed_at"),
+            P("session_id", INT) "," P("state", STR) "," P("parent_id", INT) "," P("completed_at",
+                                                                                   INT))},
     {"session.context",
      OBJECT(Q("session_id") "," Q("text") "," Q("tokens_used") "," Q("budget_tokens"),
             P("session_id", INT) "," P("text", STR) "," P("tokens_used", INT) "," P(
@@ -200,12 +210,32 @@ static const result_schema table[] = {
                                                                                          OBJN))},
     {"session.create", OBJECT(Q("session_id") "," Q("created_at") "," Q("config"),
                               P("session_id", INT) "," P("created_at", INT) "," P("config", OBJ))},
+    {"session.delete",
+     OBJECT(Q("session_id") "," Q("deleted") "," Q("session_ids"),
+            P("session_id", INT) "," P("deleted", INT) "," P("session_ids", ARR(INT)))},
     {"session.end", OBJECT(Q("session_id") "," Q("state") "," Q("ended_at"),
                            P("session_id", INT) "," P("state", STR) "," P("ended_at", INT))},
     {"session.get", "{\"allOf\":[" REF("SessionSummary") "," OBJECT(
                         Q("config") "," Q("position") "," Q("constraints"),
                         P("config", OBJ) "," P("position", INT) "," P("constraints", OBJ) "," P(
                             "summary", STRN) "," P("ended_at", INTN)) "]}"},
+    {"session.handoff",
+     OBJECT(
+         Q("session_id") "," Q("mode") "," Q("state") "," Q("generated_at") "," Q("metrics"),
+         P("session_id", INT) "," P("mode", STR) "," P("state", STR) "," P("agent_id", INT) "," P("model", STRN) "," P("summary", STRN) "," P(
+             "generated_at",
+             INT) "," P("metrics",
+                        OBJ) "," P("scratchpad",
+                                   REF("Scratchpad")) "," P("decisions",
+                                                            ARR(OBJ)) "," P("blockers",
+                                                                            ARR(OBJ)) "," P("carry_"
+                                                                                            "forwar"
+                                                                                            "d",
+                                                                                            ARR(OBJ)) "," P("work_items",
+                                                                                                            ARR(REF(
+                                                                                                                "WorkItem"))) "," P("events",
+                                                                                                                                    ARR(OBJ)) "," P("audit",
+                                                                                                                                                    ARR(OBJ)))},
     {"session.list", OBJECT(Q("sessions"), P("sessions", ARR(REF("SessionSummary"))) "," CURSOR)},
     {"session.messages",
      OBJECT(
@@ -228,6 +258,13 @@ static const result_schema table[] = {
                 STR) "," P("agents", ARR(OBJ)) "," P("children", ARR(OBJ)) "," P("restored", OBJ))},
     {"session.scratchpad.get", REF("Scratchpad")},
     {"session.scratchpad.update", REF("Scratchpad")},
+    {"session.spawn", OBJECT(Q("session_id") "," Q("parent_id") "," Q("agent_id"),
+                             P("session_id", INT) "," P("parent_id", INT) "," P("agent_id", INT))},
+    {"session.summarize",
+     OBJECT(Q("session_id") "," Q("entry_id") "," Q("compaction_count"),
+            P("session_id", INT) "," P("entry_id", INT) "," P("compaction_count", INT))},
+    {"session.task.complete",
+     OBJECT(Q("session_id") "," Q("cleared"), P("session_id", INT) "," P("cleared", INT))},
     {"session.tombstone",
      OBJECT(Q("entry_id") "," Q("session_id") "," Q("tombstone_id"),
             P("entry_id", INT) "," P("session_id", INT) "," P("tombstone_id", INT))},

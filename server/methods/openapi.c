@@ -220,6 +220,8 @@ int openapi_render(const server *s, struct evbuffer *out)
            "POST /v1/rpc/{method} with a JSON object of its named parameters. Binary values are "
            "base64 strings; embeddings are also accepted as arrays of numbers and returned as "
            "arrays with ?embeddings=array.\"},"
+           "\"servers\":[{\"url\":\"/\",\"description\":\"the engramd that served this "
+           "document (its HTTP port)\"}],"
            "\"security\":[{\"bearer\":[]}],\"paths\":{");
     bool first = true;
     for (size_t i = 0; i < methods_count; i++) {

@@ -40,7 +40,8 @@ static const char *quote(const char *s, size_t n, char *out, size_t outlen)
 /* Formats a schema bound for a message: integral values exactly, others with %g. */
 static const char *fmt_bound(double d, char *buf, size_t n)
 {
-    if (d == floor(d) && fabs(d) < 9007199254740992.0)
+    /* integral bounds in full (the OpenAPI document prints them as integers too) */
+    if (d == floor(d) && fabs(d) < 1e19)
         snprintf(buf, n, "%.0f", d);
     else
         snprintf(buf, n, "%g", d);

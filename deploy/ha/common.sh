@@ -96,6 +96,17 @@ SQL
 )" = "primary secondary" ]
 }
 
+# node_back NAME SINCE: NAME is in its assigned state, its PostgreSQL running, passing the
+# monitor's health checks, and its keeper has reported after SINCE (a monitor_now).
+node_back() {
+    [ "$("$PG_BINDIR/psql" "$HA_MONITOR_URI" -tAq -v name="$1" -v since="$2" 2>/dev/null <<'SQL'
+SELECT count(*) FROM pgautofailover.node
+ WHERE nodename = :'name' AND reportedstate = goalstate AND health = 1
+   AND reportedpgisrunning AND reporttime > :'since'::timestamptz
+SQL
+)" = 1 ]
+}
+
 # wait_formation SECONDS WHAT [SINCE]: waits until formation_ready SINCE; dies after SECONDS
 # naming WHAT and showing the monitor's view of every node.
 wait_formation() {

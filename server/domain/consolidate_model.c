@@ -32,6 +32,7 @@
 
 #include "chat.h"
 #include "log.h"
+#include "mcall.h"
 #include "memrow.h"
 #include "pgsync.h"
 #include "prompts.h"
@@ -843,38 +844,22 @@ static int take_answer(run *r, group *g, const texts *t)
 static int model_state(run *r, char *err, size_t errlen)
 {
     model_run *mr = &r->model;
-    const char *v[] = {r->tid};
-    int rc = pgsync_tenant_begin(r->pg, r->tenant, PGSYNC_TX_READ, err, errlen);
-    PGresult *res = rc == 0 ? PGSYNC_EXEC(r->pg, sqlb_def(SQLB_MODEL_STATE), v, err, errlen) : NULL;
-    if (rc == 0) {
-        rc = pgsync_tx_end(r->pg, res != NULL, err, errlen);
-        if (rc == 0 && (!res || PQntuples(res) != 1)) {
-            snprintf(err, errlen, "the tenant's model state cannot be read");
-            rc = -EIO;
-        }
-    }
-    if (rc < 0) {
-        PQclear(res);
+    mcall m;
+    if (mcall_open(&m, r->s, r->pg, r->tenant, err, errlen) < 0)
         return -EIO;
-    }
-    const char *tier = PQgetvalue(res, 0, 0);
-    int ti = tier_parse(tier, strlen(tier));
-    const char *cm = PQgetisnull(res, 0, 1) ? NULL : PQgetvalue(res, 0, 1);
-    mr->tokens_today = memrow_i64(res, 0, 2, 0);
-    mr->cap = server_tiers(r->s)[ti < 0 ? 0 : ti].model_tokens_per_day;
-    snprintf(mr->model, sizeof(mr->model), "%s", cm ? cm : chat_default_model());
-    bool none = cm && strcmp(cm, "none") == 0;
-    PQclear(res);
-    if (none) {
-        mr->status = "off";
-        snprintf(mr->reason, sizeof(mr->reason), "the tenant's chat_model is none");
-    } else if (mr->cap > 0 && mr->tokens_today >= mr->cap) {
-        mr->status = "cap_reached";
-        snprintf(mr->reason, sizeof(mr->reason),
-                 "the %s tier's daily model token cap is reached (%lld of %lld tokens used "
-                 "today, UTC): consolidated without the model",
-                 tier_name(ti), (long long)mr->tokens_today, (long long)mr->cap);
-        chat_count_fallback(CHAT_FB_CAP);
+    mr->tokens_today = m.tokens_today;
+    mr->cap = m.cap;
+    snprintf(mr->model, sizeof(mr->model), "%s", m.model);
+    if (m.status) {
+        bool cap = strcmp(m.status, "cap_reached") == 0;
+        mr->status = cap ? "cap_reached" : "off";
+        size_t n = strlen(m.reason);
+        if (n >= sizeof(mr->reason))
+            n = sizeof(mr->reason) - 1;
+        memcpy(mr->reason, m.reason, n);
+        mr->reason[n] = '\0';
+        if (cap && n + 40 < sizeof(mr->reason))
+            strcat(mr->reason, ": consolidated without the model");
     }
     return 0;
 }
@@ -914,12 +899,11 @@ static int remember(run *r, const group *g, size_t ng, lit L[4])
 static int record_calls(run *r, const group *g, size_t ng, char *err, size_t errlen)
 {
     model_run *mr = &r->model;
-    char ncalls[16], tin[24], tout[24], cost[40];
-    snprintf(ncalls, sizeof(ncalls), "%d", mr->calls);
-    snprintf(tin, sizeof(tin), "%llu", (unsigned long long)mr->tokens_in);
-    snprintf(tout, sizeof(tout), "%llu", (unsigned long long)mr->tokens_out);
-    snprintf(cost, sizeof(cost), "%.17g", mr->cost_usd);
-    const char *v[] = {r->tid, ncalls, tin, tout, cost};
+    mcall m = {.tenant = r->tenant,
+               .pending_calls = mr->calls,
+               .pending_in = mr->tokens_in,
+               .pending_out = mr->tokens_out,
+               .pending_cost = mr->cost_usd};
     lit L[4];
     memset(L, 0, sizeof(L));
     int rc = remember(r, g, ng, L);
@@ -932,12 +916,10 @@ static int record_calls(run *r, const group *g, size_t ng, char *err, size_t err
         rc = -EIO;
         goto out;
     }
-    PGresult *res = PGSYNC_EXEC(r->pg, sqlb_def(SQLB_MODEL_USAGE_ADD), v, err, errlen);
-    bool ok = res != NULL;
-    PQclear(res);
+    bool ok = mcall_record(&m, r->pg, false, err, errlen) == 0;
     if (ok && L[0].n > 0) {
         const char *jv[] = {r->tid, lit_end(&L[0]), lit_end(&L[1]), lit_end(&L[2]), lit_end(&L[3])};
-        res = PGSYNC_EXEC(r->pg, sqlb_def(SQLB_JUDGED_PUT), jv, err, errlen);
+        PGresult *res = PGSYNC_EXEC(r->pg, sqlb_def(SQLB_JUDGED_PUT), jv, err, errlen);
         ok = res != NULL;
         PQclear(res);
     }

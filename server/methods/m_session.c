@@ -332,6 +332,7 @@ void h_session_append(req *r)
     sq_u64(&q, req_arg(r, P_AP_AGENT));
     sq_i64(&q, tl->max_session_entries);
     sq_i64(&q, tl->max_session_bytes);
+    sq_add(&q, req_server(r)->cfg.compact_context_windows); /* auto-compact's trigger */
     sq_run(&q, SQLS_APPEND);
 }
 

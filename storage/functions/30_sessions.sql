@@ -275,6 +275,13 @@ CREATE OR REPLACE FUNCTION engram_session_json(s sessions) RETURNS jsonb
                           - engram_ms(s.created_at)),
         'task', s.task, 'return_format', s.return_format, 'max_tokens', s.max_tokens,
         'output', s.output, 'completed_at', engram_ms(s.completed_at))
+    || jsonb_build_object(
+        'auto_compact', jsonb_build_object(
+            'enabled', COALESCE((engram_session_config(s.config) -> 'compaction' ->> 'enabled')::boolean,
+                                true) AND NOT s.compact_off,
+            'off_after_failures', s.compact_off, 'due', s.compact_due,
+            'failures', s.compact_failures, 'compactions', s.compact_runs,
+            'live_tokens', (s.compact_bytes + 3) / 4, 'last', s.compact_last))
 $$;
 
 -- engram_session_check_live: raises EG429 when the tenant already has p_max_live active
@@ -364,11 +371,16 @@ END $$;
 
 -- engram_session_append: one message. The cost is checked against the session's cap and,
 -- for a sub-agent, its parent's (which also pays it), under both locks: concurrent appends
--- can never pass a cap, and a rejected append stores nothing.
+-- can never pass a cap, and a rejected append stores nothing. An append that takes the live
+-- history past config.compaction.threshold of the window of the session's model (p_windows:
+-- the setting compact_context_windows) marks the session due for auto-compact
+-- (37_compact.sql); the compaction runs in the background, never in this transaction.
+DROP FUNCTION IF EXISTS engram_session_append(bigint, bigint, text, text, bigint, bigint, numeric,
+                                              bigint, bigint, bigint);
 CREATE OR REPLACE FUNCTION engram_session_append(p_tenant bigint, p_session bigint, p_role text,
                                       p_content text, p_parent bigint, p_tokens bigint,
                                       p_cost numeric, p_agent bigint, p_max_entries bigint,
-                                      p_max_bytes bigint)
+                                      p_max_bytes bigint, p_windows text)
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     s sessions := engram_session_lock(p_tenant, p_session);
@@ -419,6 +431,7 @@ BEGIN
                 children_cost_usdc = children_cost_usdc + v_cost, updated_at = v_now
             WHERE tenant_id = p_tenant AND id = s.parent_id;
     END IF;
+    PERFORM engram_compact_note(p_tenant, s.id, v_bytes, p_windows);
     RETURN jsonb_build_object('entry_id', v_id, 'seq', s.position + 1,
                               'total_cost_usdc', s.total_cost_usdc + v_cost);
 END $$;
@@ -460,7 +473,8 @@ BEGIN
                                  target_seq, created_at)
         VALUES (p_tenant, s.id, s.position + 1, 'tombstone', s.agent_id, p_entry, e.seq, v_now)
         RETURNING id INTO v_id;
-    UPDATE sessions SET position = position + 1, updated_at = v_now
+    -- the live history's size is counted again at the next append (auto-compact)
+    UPDATE sessions SET position = position + 1, updated_at = v_now, compact_bytes = NULL
         WHERE tenant_id = p_tenant AND id = s.id;
     RETURN jsonb_build_object('entry_id', p_entry, 'tombstone_id', v_id, 'session_id', s.id);
 END $$;
@@ -526,7 +540,8 @@ BEGIN
     UPDATE sessions
         SET position = position + 1, entry_count = entry_count + 1,
             entry_bytes = entry_bytes + octet_length(p_summary),
-            compaction_count = compaction_count + 1, updated_at = v_now
+            compaction_count = compaction_count + 1, updated_at = v_now,
+            compact_bytes = NULL  -- counted again when needed (auto-compact)
         WHERE tenant_id = p_tenant AND id = s.id;
     RETURN jsonb_build_object('entry_id', v_id, 'session_id', s.id,
                               'compaction_count', s.compaction_count + 1);

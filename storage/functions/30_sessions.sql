@@ -132,6 +132,10 @@ CREATE OR REPLACE FUNCTION engram_session_entry_json(e session_entries) RETURNS 
         'messages_compacted', e.messages_compacted)
     || CASE WHEN e.kind = 'event' THEN jsonb_build_object('event', e.event, 'data', e.data)
             ELSE '{}'::jsonb END
+    -- a tool result auto-compact cut: how long it was (its full text stays stored)
+    || CASE WHEN e.original_content IS NOT NULL
+            THEN jsonb_build_object('truncated_from_chars', char_length(e.original_content))
+            ELSE '{}'::jsonb END
 $$;
 
 -- engram_session_config: a session's configuration with the seed's auto-compaction

@@ -177,7 +177,9 @@ def test_old_tool_results_cut_oldest_first(srv, mock):
         cut = got[t1]["content"]
         assert cut.startswith(("t1 " + "x" * 3000)[:200])
         assert cut[200:] == "\n[auto-compact: 2800 of this tool result's 3000 characters cut]"
+        assert got[t1]["truncated_from_chars"] == 3000
         assert len(got[t2]["content"]) == 3000 and len(got[t3]["content"]) == 900
+        assert "truncated_from_chars" not in got[t2]
         assert u1 in got  # no summary: every message still there
         end = [m for m in got.values() if m.get("event") == "compact_end"][0]["data"]
         assert end["tool_results_truncated"] == 1 and end["messages_compacted"] == 0
@@ -331,3 +333,29 @@ def test_two_processes_compact_once(mock):
     finally:
         a.finish()
         b.finish()
+
+
+def test_shutdown_ends_the_call(mock):
+    """SIGTERM while the model is answering (held): engramd stops cleanly within the
+    harness's stop timeout, the call ended without a failure counted, nothing written, and
+    the session is still due for the next process."""
+    s = compact_server(new_database("acompact"), mock, timeout_ms=200000)
+    try:
+        tid, key = s.create_tenant(tier="premium")
+        mock.reset()
+        mock.script([{"name": "compact", "match": ASK, "hold": True,
+                      "reply": {"summarize": {"prefix": "S"}}}])
+        with s.client(key=key) as c:
+            sid = new_session(c, keep_recent=4)
+            rounds(c, sid, 11)
+            before = history(c, sid)
+            wait_for(lambda: compaction_calls(mock, sid), what="the model being asked")
+        s.stop(timeout=60)
+        assert "ended by the shutdown; it stays due" in s.log_text()
+        s.start()
+        with s.client(key=key) as c:
+            a = auto(c, sid)
+            assert a["failures"] == 0 and a["compactions"] == 0 and a["last"] is None
+            assert history(c, sid) == before
+    finally:
+        s.finish()

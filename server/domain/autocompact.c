@@ -2,8 +2,8 @@
 #include "autocompact.h"
 
 #include <errno.h>
-#include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +26,17 @@
 #define ENTRY_SHOWN_MIN 500       /* ... when many entries share the prompt */
 #define PROMPT_MAX (400u * 1024u) /* bytes of transcript in one prompt */
 #define CUT_NOTE_BYTES 64         /* about what the truncation note adds (37_compact.sql) */
+
+static _Atomic uint64_t n_done, n_failed, n_skipped, n_off, n_freed;
+
+void autocompact_stats_get(autocompact_stats *out)
+{
+    out->done = atomic_load(&n_done);
+    out->failed = atomic_load(&n_failed);
+    out->skipped = atomic_load(&n_skipped);
+    out->turned_off = atomic_load(&n_off);
+    out->tokens_freed = atomic_load(&n_freed);
+}
 
 /* ---- the answer's schema, made once -------------------------------------------------------- */
 
@@ -189,6 +200,9 @@ static void job_failed(job *j, const char *status, const char *reason, bool coun
     ok = res != NULL;
     if (pgsync_tx_end(j->pg, ok, err, sizeof(err)) < 0)
         ok = false;
+    atomic_fetch_add(counted ? &n_failed : &n_skipped, 1);
+    if (ok && counted && strstr(PQgetvalue(res, 0, 0), "\"off\": true"))
+        atomic_fetch_add(&n_off, 1);
     if (!ok)
         log_warn("auto-compact of session %lld (tenant %lld): recording '%s': %s",
                  (long long)j->session, (long long)j->tenant, status, err);
@@ -454,6 +468,8 @@ static void job_run(job *j)
             log_warn("auto-compact of session %lld (tenant %lld): %s", (long long)j->session,
                      (long long)j->tenant, j->err);
     } else {
+        atomic_fetch_add(&n_done, 1);
+        atomic_fetch_add(&n_freed, freed > 0 ? (uint64_t)freed : 0);
         log_info("session %lld (tenant %lld) auto-compacted: %zu tool results cut, %s, about "
                  "%lld tokens freed",
                  (long long)j->session, (long long)j->tenant, ncut,

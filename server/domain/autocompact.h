@@ -33,11 +33,25 @@
 #ifndef ENGRAM_SERVER_AUTOCOMPACT_H
 #define ENGRAM_SERVER_AUTOCOMPACT_H
 
+#include <stdint.h>
+
 #include "server.h"
 
 /* autocompact_start registers the periodic look for due sessions on s->bg (every
  * compact_check_interval_ms). Call once at start-up, before other threads use s->bg.
  * Returns 0 or -ENOMEM. */
 int autocompact_start(server *s);
+
+/* Counters since start, for /metrics. */
+typedef struct autocompact_stats {
+    uint64_t done;         /* compactions written */
+    uint64_t failed;       /* attempts that failed (counted against their session) */
+    uint64_t skipped;      /* attempts that could not be made (not counted) */
+    uint64_t turned_off;   /* sessions whose failures turned auto-compact off */
+    uint64_t tokens_freed; /* estimated tokens the compactions freed */
+} autocompact_stats;
+
+/* autocompact_stats_get copies the counters into *out. Any thread. */
+void autocompact_stats_get(autocompact_stats *out);
 
 #endif

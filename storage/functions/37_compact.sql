@@ -65,8 +65,13 @@ $$;
 
 -- engram_compact_note: after an append of p_added bytes to p_session (whose lock the caller
 -- holds, position already moved): counts the live history's bytes and marks the session due
--- when they pass the threshold of its model's window (p_windows: compact_context_windows),
--- unless auto-compact is disabled for it. The append never waits for the compaction.
+-- when they pass the threshold of its model's window (p_windows: compact_context_windows;
+-- NULL: the server has no chat model, nothing is marked), unless auto-compact is disabled
+-- for it, or the last attempt, less than a minute ago, could not be made for a reason an
+-- append does not change (no model, the tenant's chat_model none, its daily token cap,
+-- nothing old enough to summarize): then the next append after that minute tries again,
+-- so an agent appending fast does not have its whole transcript read at every append. The
+-- append never waits for the compaction.
 CREATE OR REPLACE FUNCTION engram_compact_note(p_tenant bigint, p_session bigint, p_added bigint,
                                                p_windows text)
     RETURNS void LANGUAGE plpgsql AS $$
@@ -83,9 +88,14 @@ BEGIN
     UPDATE sessions
         SET compact_bytes = v_bytes,
             compact_due = compact_due
-                OR (k.enabled AND NOT compact_off
+                OR (p_windows IS NOT NULL AND k.enabled AND NOT compact_off
                     AND engram_compact_tokens(v_bytes)
-                        > k.threshold * engram_model_window(s.config ->> 'model', p_windows))
+                        > k.threshold * engram_model_window(s.config ->> 'model', p_windows)
+                    AND NOT COALESCE(
+                        compact_last ->> 'status' IN ('unconfigured', 'off', 'cap_reached',
+                                                      'failed', 'nothing_to_compact')
+                        AND (compact_last ->> 'at')::bigint
+                            > engram_ms(engram_session_now()) - 60000, false))
         WHERE tenant_id = p_tenant AND id = p_session;
 END $$;
 

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from harness import Server, new_database, server_pair, wait_for
+from harness import Server, metric, new_database, server_pair, wait_for
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "llm"))
 from mockctl import MockLLM  # noqa: E402
@@ -153,6 +153,8 @@ def test_crossing_compacts_once_without_waiting(srv, mock):
         append(c, sid, "assistant", 100, "after")
         assert auto(c, sid)["due"] is False
         assert len(compaction_calls(mock, sid)) == 1
+    assert metric(srv, "engram_autocompact_total", 'result="done"') >= 1
+    assert metric(srv, "engram_autocompact_tokens_freed_total") >= end["tokens_freed"]
 
 
 def test_old_tool_results_cut_oldest_first(srv, mock):
@@ -241,6 +243,42 @@ def test_failures_in_a_row_turn_it_off(srv, mock):
         assert all(m["type"] != "summary" for m in history(c, sid))
         # config echoes what the client asked; auto_compact says it is off
         assert c.call("session.get", session_id=sid)["config"]["compaction"]["enabled"] is True
+    assert metric(srv, "engram_autocompact_sessions_off_total") >= 1
+    assert metric(srv, "engram_autocompact_total", 'result="failed"') >= 3
+
+
+def test_a_success_resets_the_failures(srv, mock):
+    """A failure, then (the next append over the threshold) a success: the count of failures
+    in a row starts again at 0."""
+    tid, key = srv.create_tenant(tier="premium")
+    mock.reset()
+    mock.script([{"name": "compact", "match": ASK, "fault": {"status": 500, "fail_n": 1},
+                  "reply": {"summarize": {"prefix": "S"}}}])
+    with srv.client(key=key) as c:
+        sid = new_session(c, keep_recent=2)
+        rounds(c, sid, 11)
+        wait_for(lambda: auto(c, sid)["failures"] == 1, timeout=30, what="the failure")
+        append(c, sid, "user", 50, "again")
+        wait_for(lambda: auto(c, sid)["compactions"] == 1, what="the compaction")
+        a = auto(c, sid)
+        assert a["failures"] == 0 and a["enabled"] is True and a["last"]["status"] == "ok"
+
+
+def test_without_a_model_nothing_is_marked(mock):
+    """No llm_provider: the live history is counted, but no append marks the session due and
+    no entry is written."""
+    s = Server(new_database("acompact"), extra=["--compact-context-windows", WINDOWS,
+                                                "--compact-check-interval-ms", "100"]).start()
+    try:
+        tid, key = s.create_tenant(tier="premium")
+        with s.client(key=key) as c:
+            sid = new_session(c, keep_recent=2)
+            rounds(c, sid, 12)
+            a = auto(c, sid)
+            assert a["due"] is False and a["live_tokens"] == 1200 and a["last"] is None
+            assert [m["type"] for m in history(c, sid)] == ["message"] * 12
+    finally:
+        s.finish()
 
 
 def test_daily_token_cap_stops_it(mock):
@@ -269,6 +307,10 @@ def test_daily_token_cap_stops_it(mock):
             assert "cap" in a["last"]["reason"] and a["enabled"] is True
             assert history(c, sid2) == before
             assert len(compaction_calls(mock, sid2)) == 0
+            # within a minute of that, appends do not mark it again (nor read it again)
+            append(c, sid2, "user", 50, "more")
+            assert auto(c, sid2)["due"] is False
+        assert metric(s, "engram_autocompact_total", 'result="skipped"') >= 1
     finally:
         s.finish()
 

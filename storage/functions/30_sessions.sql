@@ -393,6 +393,7 @@ DECLARE
     v_bytes bigint := octet_length(p_content);
     v_now timestamptz := engram_session_now();
     v_id bigint;
+    v_ac record;
 BEGIN
     PERFORM engram_session_require_active(s);
     PERFORM engram_session_check_size(s, 1, v_bytes, p_max_entries, p_max_bytes);
@@ -423,11 +424,12 @@ BEGIN
         VALUES (p_tenant, s.id, s.position + 1, 'message', p_role, p_content, p_parent,
                 p_tokens, p_cost, COALESCE(p_agent, s.agent_id), v_now)
         RETURNING id INTO v_id;
+    v_ac := engram_compact_check(s, v_bytes, p_windows);  -- 37_compact.sql
     UPDATE sessions
         SET position = position + 1, entry_count = entry_count + 1,
             entry_bytes = entry_bytes + v_bytes, total_cost_usdc = total_cost_usdc + v_cost,
             rounds = rounds + CASE WHEN p_role = 'assistant' THEN 1 ELSE 0 END,
-            updated_at = v_now
+            updated_at = v_now, compact_bytes = v_ac.bytes, compact_due = v_ac.due
         WHERE tenant_id = p_tenant AND id = s.id;
     IF s.parent_id IS NOT NULL AND v_cost <> 0 THEN
         UPDATE sessions
@@ -435,7 +437,6 @@ BEGIN
                 children_cost_usdc = children_cost_usdc + v_cost, updated_at = v_now
             WHERE tenant_id = p_tenant AND id = s.parent_id;
     END IF;
-    PERFORM engram_compact_note(p_tenant, s.id, v_bytes, p_windows);
     RETURN jsonb_build_object('entry_id', v_id, 'seq', s.position + 1,
                               'total_cost_usdc', s.total_cost_usdc + v_cost);
 END $$;

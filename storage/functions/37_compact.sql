@@ -17,21 +17,67 @@ CREATE OR REPLACE FUNCTION engram_compact_tokens(n bigint) RETURNS bigint
 -- engram_model_window: the context window in tokens of model p_model under the setting
 -- compact_context_windows ("claude=200000,gpt-4o=128000,*=200000"): the entry whose prefix
 -- is the longest prefix of the model's name (case-insensitive), else the "*" entry, else
--- 200000 (the seed's default).
+-- 200000 (the seed's default). PL/pgSQL: every append asks, and its plan stays cached.
 CREATE OR REPLACE FUNCTION engram_model_window(p_model text, p_windows text) RETURNS bigint
-    LANGUAGE sql IMMUTABLE AS $$
-    WITH w AS (
-        SELECT lower(btrim(split_part(x, '=', 1))) AS prefix,
-               btrim(split_part(x, '=', 2))::bigint AS tokens
-        FROM unnest(string_to_array(COALESCE(p_windows, ''), ',')) x
-        WHERE x LIKE '%=%'
+    LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_model text := lower(COALESCE(p_model, ''));
+    v_entry text;
+    v_prefix text;
+    v_best integer := -1;
+    v_tokens bigint := 200000;
+    v_star bigint;
+BEGIN
+    FOREACH v_entry IN ARRAY string_to_array(COALESCE(p_windows, ''), ',') LOOP
+        CONTINUE WHEN position('=' IN v_entry) = 0;
+        v_prefix := lower(btrim(split_part(v_entry, '=', 1)));
+        IF v_prefix = '*' THEN
+            v_star := btrim(split_part(v_entry, '=', 2))::bigint;
+        ELSIF starts_with(v_model, v_prefix) AND length(v_prefix) > v_best THEN
+            v_best := length(v_prefix);
+            v_tokens := btrim(split_part(v_entry, '=', 2))::bigint;
+        END IF;
+    END LOOP;
+    RETURN CASE WHEN v_best >= 0 THEN v_tokens ELSE COALESCE(v_star, 200000) END;
+END $$;
+
+-- engram_compact_marks: the summaries and tombstones of p_session's transcript as of p_upto
+-- (its own and inherited), read through session_entries_marks without the messages, with
+-- whether each is live (no tombstone hides it).
+CREATE OR REPLACE FUNCTION engram_compact_marks(p_tenant bigint, p_session bigint, p_upto bigint)
+    RETURNS TABLE (id bigint, kind text, target_id bigint, target_seq bigint, bytes bigint,
+                   live boolean)
+    LANGUAGE sql STABLE AS $$
+    WITH m AS MATERIALIZED (
+        SELECT e.id, e.kind, e.target_id, e.target_seq, octet_length(e.content) AS bytes
+        FROM engram_session_chain(p_tenant, p_session, p_upto) c
+        JOIN session_entries e ON e.tenant_id = p_tenant AND e.session_id = c.session_id
+                              AND e.seq <= c.upto
+        WHERE e.kind IN ('summary', 'tombstone')
     )
-    SELECT COALESCE(
-        (SELECT w.tokens FROM w
-         WHERE w.prefix <> '*' AND starts_with(lower(COALESCE(p_model, '')), w.prefix)
-         ORDER BY length(w.prefix) DESC LIMIT 1),
-        (SELECT w.tokens FROM w WHERE w.prefix = '*' LIMIT 1),
-        200000)
+    SELECT m.id, m.kind, m.target_id, m.target_seq, m.bytes::bigint,
+           NOT EXISTS (SELECT 1 FROM m t WHERE t.kind = 'tombstone' AND t.target_id = m.id)
+    FROM m
+$$;
+
+-- engram_compact_entries: the live messages after the newest live summary as of p_upto, in
+-- order: what auto-compact may truncate or summarize (and, summed, the rest of the history
+-- a model is given). session_id tells an inherited entry (a resumed session's) from the
+-- session's own. Reads the messages after the summary only (the primary key's range), never
+-- the whole transcript: each message is checked against the tombstones by a hash.
+CREATE OR REPLACE FUNCTION engram_compact_entries(p_tenant bigint, p_session bigint, p_upto bigint)
+    RETURNS TABLE (id bigint, seq bigint, session_id bigint, role text, content text)
+    LANGUAGE sql STABLE AS $$
+    WITH m AS MATERIALIZED (SELECT * FROM engram_compact_marks(p_tenant, p_session, p_upto)),
+    cut AS (SELECT COALESCE(max(m.target_seq) FILTER (WHERE m.kind = 'summary' AND m.live), 0)
+                   AS seq FROM m)
+    SELECT e.id, e.seq, e.session_id, e.role, e.content
+    FROM engram_session_chain(p_tenant, p_session, p_upto) c
+    JOIN session_entries e ON e.tenant_id = p_tenant AND e.session_id = c.session_id
+                          AND e.seq <= c.upto AND e.seq > (SELECT cut.seq FROM cut)
+    WHERE e.kind = 'message'
+      AND e.id NOT IN (SELECT m.target_id FROM m WHERE m.kind = 'tombstone')
+    ORDER BY e.seq
 $$;
 
 -- engram_session_live_bytes: the bytes of the history a model is given as of p_upto: the
@@ -39,15 +85,11 @@ $$;
 CREATE OR REPLACE FUNCTION engram_session_live_bytes(p_tenant bigint, p_session bigint,
                                                      p_upto bigint)
     RETURNS bigint LANGUAGE sql STABLE AS $$
-    WITH live AS MATERIALIZED (SELECT * FROM engram_session_live(p_tenant, p_session, p_upto)),
-    top AS (
-        SELECT l.target_seq, octet_length(l.content) AS bytes FROM live l
-        WHERE l.kind = 'summary' ORDER BY l.target_seq DESC LIMIT 1
-    )
-    SELECT COALESCE((SELECT top.bytes FROM top), 0)
-         + COALESCE((SELECT sum(octet_length(l.content)) FROM live l
-                     WHERE l.kind = 'message'
-                       AND l.seq > COALESCE((SELECT top.target_seq FROM top), 0)), 0)::bigint
+    SELECT COALESCE((SELECT m.bytes FROM engram_compact_marks(p_tenant, p_session, p_upto) m
+                     WHERE m.kind = 'summary' AND m.live
+                     ORDER BY m.target_seq DESC LIMIT 1), 0)
+         + COALESCE((SELECT sum(octet_length(x.content))
+                     FROM engram_compact_entries(p_tenant, p_session, p_upto) x), 0)::bigint
 $$;
 
 -- engram_compact_settings: config.compaction with the seed's defaults also where the client
@@ -63,40 +105,39 @@ CREATE OR REPLACE FUNCTION engram_compact_settings(p_cfg jsonb,
     FROM (SELECT engram_session_config(p_cfg) -> 'compaction' AS c) x
 $$;
 
--- engram_compact_note: after an append of p_added bytes to p_session (whose lock the caller
--- holds, position already moved): counts the live history's bytes and marks the session due
--- when they pass the threshold of its model's window (p_windows: compact_context_windows;
--- NULL: the server has no chat model, nothing is marked), unless auto-compact is disabled
--- for it, or the last attempt, less than a minute ago, could not be made for a reason an
--- append does not change (no model, the tenant's chat_model none, its daily token cap,
--- nothing old enough to summarize): then the next append after that minute tries again,
--- so an agent appending fast does not have its whole transcript read at every append. The
--- append never waits for the compaction.
-CREATE OR REPLACE FUNCTION engram_compact_note(p_tenant bigint, p_session bigint, p_added bigint,
-                                               p_windows text)
-    RETURNS void LANGUAGE plpgsql AS $$
+-- engram_compact_check: for an append of p_added bytes to session s (the row as locked,
+-- before the append moved it): the live history's bytes after it, and whether the session
+-- is due for auto-compact: they pass the threshold of its model's window (p_windows:
+-- compact_context_windows; NULL: the server has no chat model, nothing is marked), unless
+-- auto-compact is disabled for it, or the last attempt, less than a minute ago, could not
+-- be made for a reason an append does not change (no model, the tenant's chat_model none,
+-- its daily token cap, nothing old enough to summarize): then the next append after that
+-- minute tries again, so an agent appending fast does not have its whole transcript read
+-- at every append. The append stores both in its own update and never waits for the
+-- compaction. PL/pgSQL without SQL-function calls on the common path: it runs at every
+-- append.
+CREATE OR REPLACE FUNCTION engram_compact_check(s sessions, p_added bigint, p_windows text,
+                                                OUT bytes bigint, OUT due boolean)
+    LANGUAGE plpgsql AS $$
 DECLARE
-    s sessions;
-    k record;
-    v_bytes bigint;
+    c jsonb := s.config -> 'compaction';
 BEGIN
-    SELECT * INTO s FROM sessions WHERE tenant_id = p_tenant AND id = p_session;
-    v_bytes := CASE WHEN s.compact_bytes IS NULL
-                    THEN engram_session_live_bytes(p_tenant, p_session, s.position)
-                    ELSE s.compact_bytes + p_added END;
-    k := engram_compact_settings(s.config);
-    UPDATE sessions
-        SET compact_bytes = v_bytes,
-            compact_due = compact_due
-                OR (p_windows IS NOT NULL AND k.enabled AND NOT compact_off
-                    AND engram_compact_tokens(v_bytes)
-                        > k.threshold * engram_model_window(s.config ->> 'model', p_windows)
-                    AND NOT COALESCE(
-                        compact_last ->> 'status' IN ('unconfigured', 'off', 'cap_reached',
-                                                      'failed', 'nothing_to_compact')
-                        AND (compact_last ->> 'at')::bigint
-                            > engram_ms(engram_session_now()) - 60000, false))
-        WHERE tenant_id = p_tenant AND id = p_session;
+    bytes := CASE WHEN s.compact_bytes IS NULL
+                  THEN engram_session_live_bytes(s.tenant_id, s.id, s.position) + p_added
+                  ELSE s.compact_bytes + p_added END;
+    due := s.compact_due;
+    IF due OR p_windows IS NULL OR s.compact_off
+       OR NOT COALESCE((c ->> 'enabled')::boolean, true) THEN
+        RETURN;
+    END IF;
+    IF (bytes + 3) / 4 <= COALESCE((c ->> 'threshold')::float8, 0.9)
+                          * engram_model_window(s.config ->> 'model', p_windows) THEN
+        RETURN;
+    END IF;
+    due := NOT COALESCE(s.compact_last ->> 'status' IN ('unconfigured', 'off', 'cap_reached',
+                                                        'failed', 'nothing_to_compact')
+                        AND (s.compact_last ->> 'at')::bigint
+                            > engram_ms(engram_session_now()) - 60000, false);
 END $$;
 
 -- engram_compact_due: up to p_limit sessions of any tenant marked due, the least recently
@@ -125,19 +166,6 @@ CREATE OR REPLACE FUNCTION engram_compact_state(p_tenant bigint, p_session bigin
     CROSS JOIN LATERAL engram_compact_settings(s.config) k
     LEFT JOIN LATERAL engram_session_summary_top(p_tenant, p_session, s.position) t ON true
     WHERE s.tenant_id = p_tenant AND s.id = p_session
-$$;
-
--- engram_compact_entries: the live messages after the summary in place as of p_upto, in
--- order: what the job may truncate or summarize. session_id tells an inherited entry (a
--- resumed session's) from the session's own.
-CREATE OR REPLACE FUNCTION engram_compact_entries(p_tenant bigint, p_session bigint, p_upto bigint)
-    RETURNS TABLE (id bigint, seq bigint, session_id bigint, role text, content text)
-    LANGUAGE sql STABLE AS $$
-    WITH live AS MATERIALIZED (SELECT * FROM engram_session_live(p_tenant, p_session, p_upto))
-    SELECT l.id, l.seq, l.session_id, l.role, l.content FROM live l
-    WHERE l.kind = 'message'
-      AND l.seq > COALESCE((SELECT max(x.target_seq) FROM live x WHERE x.kind = 'summary'), 0)
-    ORDER BY l.seq
 $$;
 
 -- engram_compact_finish: writes one auto-compaction in one transaction: a compact_start

@@ -459,6 +459,19 @@ static void job_run(job *j)
         through = pick_through(j, older);
         if (!(summary = ask_summary(j, through)))
             return;
+        size_t replaced = j->summary ? strlen(j->summary) : 0, len = strlen(summary);
+        for (size_t i = 0; i <= through; i++)
+            replaced += j->e[i].bytes;
+        if (len >= replaced) {
+            char why[160];
+            snprintf(why, sizeof(why),
+                     "the summary (%zu bytes) is not shorter than what it would replace (%zu "
+                     "bytes)",
+                     len, replaced);
+            job_failed(j, "no_gain", why, true, true);
+            free(summary);
+            return;
+        }
     }
     int64_t freed = 0;
     if (write_compaction(j, summary, through, &freed) < 0) {

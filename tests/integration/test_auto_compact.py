@@ -219,6 +219,22 @@ def test_fault_changes_nothing_and_counts(srv, mock, status, fault):
         assert c.call("session.get", session_id=sid)["compaction_count"] == 0
 
 
+def test_a_summary_longer_than_the_rounds_is_refused(srv, mock):
+    """A summary no shorter than what it would replace frees nothing: refused, counted."""
+    tid, key = srv.create_tenant(tier="premium")
+    mock.reset()
+    mock.script([{"name": "compact", "match": ASK, "reply": {"json": {"summary": "y" * 5000}}}])
+    with srv.client(key=key) as c:
+        sid = new_session(c, keep_recent=4)
+        rounds(c, sid, 11)
+        before = history(c, sid)
+        wait_for(lambda: auto(c, sid)["failures"] == 1, timeout=30, what="the failure")
+        a = auto(c, sid)
+        assert a["last"]["status"] == "no_gain" and a["last"]["counted"] is True
+        assert "5000 bytes" in a["last"]["reason"] and "2400 bytes" in a["last"]["reason"]
+        assert history(c, sid) == before
+
+
 def test_failures_in_a_row_turn_it_off(srv, mock):
     """max_failures 3: each append over the threshold tries again; the third failure in a row
     turns auto-compact off for the session, and appends after that start nothing."""

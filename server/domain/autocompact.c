@@ -474,7 +474,9 @@ static void job_run(job *j)
         }
     }
     int64_t freed = 0;
+    mcall unrecorded = j->m; /* the tokens to record again if the write rolls back */
     if (write_compaction(j, summary, through, &freed) < 0) {
+        j->m = unrecorded;
         if (PQstatus(j->pg) == CONNECTION_OK)
             job_failed(j, "write_failed", j->err, true, false);
         else

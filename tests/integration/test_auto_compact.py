@@ -235,6 +235,28 @@ def test_a_summary_longer_than_the_rounds_is_refused(srv, mock):
         assert history(c, sid) == before
 
 
+def test_a_write_that_fails_changes_nothing(srv, mock):
+    """The session ends while the model is answering: the compaction cannot be written (the
+    transaction rolls back whole), the failure is recorded with the reason, and the model's
+    tokens still count in the tenant's day."""
+    tid, key = srv.create_tenant(tier="premium")
+    mock.reset()
+    mock.script([{"name": "compact", "match": ASK, "hold": True,
+                  "reply": {"summarize": {"prefix": "S"}}}])
+    with srv.client(key=key) as c:
+        sid = new_session(c, keep_recent=4)
+        rounds(c, sid, 11)
+        before = history(c, sid)
+        wait_for(lambda: compaction_calls(mock, sid), what="the model being asked")
+        c.call("session.end", session_id=sid)
+        mock.release()
+        wait_for(lambda: auto(c, sid)["failures"] == 1, what="the failure")
+        a = auto(c, sid)
+        assert a["last"]["status"] == "write_failed" and "ended" in a["last"]["reason"]
+        assert history(c, sid) == before
+        assert c.call("tenant.usage")["model"]["calls_today"] == 1
+
+
 def test_failures_in_a_row_turn_it_off(srv, mock):
     """max_failures 3: each append over the threshold tries again; the third failure in a row
     turns auto-compact off for the session, and appends after that start nothing."""

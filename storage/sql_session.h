@@ -34,8 +34,8 @@ typedef enum sqls_stmt {
     SQLS_CHECKPOINT,    /* (tenant, session, label, metadata, ttl s, max checkpoints) ->
                            {checkpoint_id, ...} */
     SQLS_CHECKPOINTS,   /* (tenant, session) -> {checkpoints} */
-    SQLS_RESUME,        /* (tenant, checkpoint, config override, branch type, max live sessions) ->
-                           {session_id, ...} */
+    SQLS_RESUME,        /* (tenant, checkpoint, config override, branch type, max live sessions,
+                           the checkpoint's session or NULL) -> {session_id, ...} */
     SQLS_SPAWN,    /* (tenant, parent, task, model, context, max tokens, return format, agent, max
                       children, max entries, max bytes) -> {session_id} */
     SQLS_COMPLETE, /* (tenant, session, output) -> {session_id, state, completed_at} */

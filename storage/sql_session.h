@@ -18,7 +18,7 @@ typedef enum sqls_stmt {
     SQLS_END,    /* (tenant, session, summary) -> {session_id, state, ended_at} */
     SQLS_DELETE, /* (tenant, session, cascade) -> {session_id, deleted, session_ids} */
     SQLS_APPEND, /* (tenant, session, role, content, parent, tokens, cost, agent, max entries, max
-                    bytes) -> {entry_id, seq, total_cost_usdc} */
+                    bytes, compact_context_windows) -> {entry_id, seq, total_cost_usdc} */
     SQLS_TOMBSTONE, /* (tenant, session or NULL, entry) -> {entry_id, tombstone_id, session_id} */
     SQLS_SUMMARIZE, /* (tenant, session or NULL, summary, through, compacted, max entries, max
                        bytes) -> {entry_id, session_id, compaction_count} */

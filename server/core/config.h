@@ -118,6 +118,9 @@ typedef struct config {
     int llm_max_output_tokens;
     double llm_price_in_per_mtok;
     double llm_price_out_per_mtok;
+    /* auto-compact (server/domain/autocompact.h) */
+    char *compact_context_windows; /* "prefix=tokens,...,*=tokens" */
+    int compact_check_interval_ms;
     long max_content_bytes;
     long max_metadata_bytes;
     int max_metadata_entries;

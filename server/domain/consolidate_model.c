@@ -310,40 +310,9 @@ static void groups_free(group *g, size_t ng)
 
 /* ---- JSON for prompts and records ------------------------------------------------------------ */
 
-/* Appends s (n bytes of UTF-8) as a JSON string, escaping '"', '\\', control characters and
- * '<', '>', '&' (so that no text can write a tag of the prompt's). Returns 0 or -ENOMEM. */
-static int json_str(ubuf *b, const char *s, size_t n)
-{
-    if (ubuf_putc(b, '"') < 0)
-        return -ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        int rc;
-        if (c == '"' || c == '\\')
-            rc = ubuf_putc(b, '\\') < 0 ? -ENOMEM : ubuf_putc(b, (char)c);
-        else if (c < 0x20 || c == '<' || c == '>' || c == '&' || c == 0x7f)
-            rc = ubuf_printf(b, "\\u%04x", c);
-        else
-            rc = ubuf_putc(b, (char)c);
-        if (rc < 0)
-            return -ENOMEM;
-    }
-    return ubuf_putc(b, '"');
-}
-
 static int json_cstr(ubuf *b, const char *s)
 {
-    return json_str(b, s, strlen(s));
-}
-
-/* The length of s cut to at most max bytes, never inside a UTF-8 sequence. */
-static size_t utf8_cut(const char *s, size_t len, size_t max)
-{
-    if (len <= max)
-        return len;
-    while (max > 0 && ((unsigned char)s[max] & 0xC0) == 0x80)
-        max--;
-    return max;
+    return prompts_json_str(b, s, strlen(s));
 }
 
 static const char *type_name(int type)
@@ -454,13 +423,13 @@ static int group_prompt(run *r, group *g, const texts *t, ubuf *out)
     for (size_t i = 0; i < g->n && rc == 0; i++) {
         const cmem *mi = &r->l.m[g->idx[i]];
         const char *text = text_of(t, mi->id);
-        size_t len = strlen(text), shown = utf8_cut(text, len, PROMPT_TEXT_MAX);
+        size_t len = strlen(text), shown = prompts_utf8_cut(text, len, PROMPT_TEXT_MAX);
         g->cut |= shown < len;
         utc(mi->created_ms, false, created, sizeof(created));
         rc = ubuf_printf(&mems, "%s{\"id\": %lld, \"created\": \"%s\", \"text\": ", i ? "\n" : "",
                          (long long)mi->id, created);
         if (rc >= 0)
-            rc = json_str(&mems, text, shown);
+            rc = prompts_json_str(&mems, text, shown);
         if (rc >= 0)
             rc = ubuf_puts(&mems, shown < len ? ", \"cut\": true}" : "}");
     }
@@ -720,7 +689,7 @@ static void add_log(model_run *mr, const cmem *m, const answer *d, uint32_t keep
     else
         ubuf_printf(b, "%lld", (long long)m[keep].id);
     ubuf_printf(b, ", \"applied\": %s, \"why\": ", applied ? "true" : "false");
-    json_str(b, reason, rlen);
+    prompts_json_str(b, reason, rlen);
     if (note) {
         ubuf_puts(b, ", \"note\": ");
         json_cstr(b, note);

@@ -33,4 +33,14 @@ const char *prompts_get(const char *name, size_t *len);
 int prompts_render(const char *name, const char *const *keys, const char *const *vals, size_t n,
                    ubuf *out);
 
+/* prompts_json_str appends s (n bytes of UTF-8) to b as a JSON string, escaping '"', '\\',
+ * control characters and also '<', '>' and '&' (as \\u00XX), so that no text put into a
+ * prompt this way can close or open a tag of the prompt's (<memories>, <transcript>): what
+ * it says stays data. Returns 0 or -ENOMEM. Any thread. */
+int prompts_json_str(ubuf *b, const char *s, size_t n);
+
+/* prompts_utf8_cut returns the length of s (len bytes) cut to at most max bytes, never
+ * inside a UTF-8 sequence. */
+size_t prompts_utf8_cut(const char *s, size_t len, size_t max);
+
 #endif

@@ -21,6 +21,7 @@
 #include "plimits.h"
 #include "json.h"
 #include "log.h"
+#include "chat.h"
 #include "sq.h"
 #include "sql_session.h"
 
@@ -334,6 +335,8 @@ void h_session_append(req *r)
     sq_u64(&q, req_arg(r, P_AP_AGENT));
     sq_i64(&q, tl->max_session_entries);
     sq_i64(&q, tl->max_session_bytes);
+    /* auto-compact's trigger (autocompact.h): none without a chat model */
+    sq_add(&q, chat_available() ? req_server(r)->cfg.compact_context_windows : NULL);
     sq_run(&q, SQLS_APPEND);
 }
 

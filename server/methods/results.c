@@ -215,10 +215,11 @@ static const result_schema table[] = {
             P("session_id", INT) "," P("deleted", INT) "," P("session_ids", ARR(INT)))},
     {"session.end", OBJECT(Q("session_id") "," Q("state") "," Q("ended_at"),
                            P("session_id", INT) "," P("state", STR) "," P("ended_at", INT))},
-    {"session.get", "{\"allOf\":[" REF("SessionSummary") "," OBJECT(
-                        Q("config") "," Q("position") "," Q("constraints"),
-                        P("config", OBJ) "," P("position", INT) "," P("constraints", OBJ) "," P(
-                            "summary", STRN) "," P("ended_at", INTN)) "]}"},
+    {"session.get",
+     "{\"allOf\":[" REF("SessionSummary") "," OBJECT(
+         Q("config") "," Q("position") "," Q("constraints"),
+         P("config", OBJ) "," P("position", INT) "," P("constraints", OBJ) "," P(
+             "summary", STRN) "," P("ended_at", INTN) "," P("auto_compact", OBJ)) "]}"},
     {"session.handoff",
      OBJECT(
          Q("session_id") "," Q("mode") "," Q("state") "," Q("generated_at") "," Q("metrics"),

@@ -132,6 +132,10 @@ CREATE OR REPLACE FUNCTION engram_session_entry_json(e session_entries) RETURNS 
         'messages_compacted', e.messages_compacted)
     || CASE WHEN e.kind = 'event' THEN jsonb_build_object('event', e.event, 'data', e.data)
             ELSE '{}'::jsonb END
+    -- a tool result auto-compact cut: how long it was (its full text stays stored)
+    || CASE WHEN e.original_content IS NOT NULL
+            THEN jsonb_build_object('truncated_from_chars', char_length(e.original_content))
+            ELSE '{}'::jsonb END
 $$;
 
 -- engram_session_config: a session's configuration with the seed's auto-compaction
@@ -295,6 +299,13 @@ CREATE OR REPLACE FUNCTION engram_session_json(s sessions) RETURNS jsonb
                           - engram_ms(s.created_at)),
         'task', s.task, 'return_format', s.return_format, 'max_tokens', s.max_tokens,
         'output', s.output, 'completed_at', engram_ms(s.completed_at))
+    || jsonb_build_object(
+        'auto_compact', jsonb_build_object(
+            'enabled', COALESCE((engram_session_config(s.config) -> 'compaction' ->> 'enabled')::boolean,
+                                true) AND NOT s.compact_off,
+            'off_after_failures', s.compact_off, 'due', s.compact_due,
+            'failures', s.compact_failures, 'compactions', s.compact_runs,
+            'live_tokens', (s.compact_bytes + 3) / 4, 'last', s.compact_last))
 $$;
 
 -- engram_session_check_live: raises EG429 when the tenant already has p_max_live active
@@ -384,11 +395,16 @@ END $$;
 
 -- engram_session_append: one message. The cost is checked against the session's cap and,
 -- for a sub-agent, its parent's (which also pays it), under both locks: concurrent appends
--- can never pass a cap, and a rejected append stores nothing.
+-- can never pass a cap, and a rejected append stores nothing. An append that takes the live
+-- history past config.compaction.threshold of the window of the session's model (p_windows:
+-- the setting compact_context_windows) marks the session due for auto-compact
+-- (37_compact.sql); the compaction runs in the background, never in this transaction.
+DROP FUNCTION IF EXISTS engram_session_append(bigint, bigint, text, text, bigint, bigint, numeric,
+                                              bigint, bigint, bigint);
 CREATE OR REPLACE FUNCTION engram_session_append(p_tenant bigint, p_session bigint, p_role text,
                                       p_content text, p_parent bigint, p_tokens bigint,
                                       p_cost numeric, p_agent bigint, p_max_entries bigint,
-                                      p_max_bytes bigint)
+                                      p_max_bytes bigint, p_windows text)
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     s sessions := engram_session_lock(p_tenant, p_session);
@@ -397,6 +413,7 @@ DECLARE
     v_bytes bigint := octet_length(p_content);
     v_now timestamptz := engram_session_now();
     v_id bigint;
+    v_ac record;
 BEGIN
     PERFORM engram_session_require_active(s);
     PERFORM engram_session_check_size(s, 1, v_bytes, p_max_entries, p_max_bytes);
@@ -427,11 +444,12 @@ BEGIN
         VALUES (p_tenant, s.id, s.position + 1, 'message', p_role, p_content, p_parent,
                 p_tokens, p_cost, COALESCE(p_agent, s.agent_id), v_now)
         RETURNING id INTO v_id;
+    v_ac := engram_compact_check(s, v_bytes, p_windows);  -- 37_compact.sql
     UPDATE sessions
         SET position = position + 1, entry_count = entry_count + 1,
             entry_bytes = entry_bytes + v_bytes, total_cost_usdc = total_cost_usdc + v_cost,
             rounds = rounds + CASE WHEN p_role = 'assistant' THEN 1 ELSE 0 END,
-            updated_at = v_now
+            updated_at = v_now, compact_bytes = v_ac.bytes, compact_due = v_ac.due
         WHERE tenant_id = p_tenant AND id = s.id;
     IF s.parent_id IS NOT NULL AND v_cost <> 0 THEN
         UPDATE sessions
@@ -480,7 +498,8 @@ BEGIN
                                  target_seq, created_at)
         VALUES (p_tenant, s.id, s.position + 1, 'tombstone', s.agent_id, p_entry, e.seq, v_now)
         RETURNING id INTO v_id;
-    UPDATE sessions SET position = position + 1, updated_at = v_now
+    -- the live history's size is counted again at the next append (auto-compact)
+    UPDATE sessions SET position = position + 1, updated_at = v_now, compact_bytes = NULL
         WHERE tenant_id = p_tenant AND id = s.id;
     RETURN jsonb_build_object('entry_id', p_entry, 'tombstone_id', v_id, 'session_id', s.id);
 END $$;
@@ -546,7 +565,8 @@ BEGIN
     UPDATE sessions
         SET position = position + 1, entry_count = entry_count + 1,
             entry_bytes = entry_bytes + octet_length(p_summary),
-            compaction_count = compaction_count + 1, updated_at = v_now
+            compaction_count = compaction_count + 1, updated_at = v_now,
+            compact_bytes = NULL  -- counted again when needed (auto-compact)
         WHERE tenant_id = p_tenant AND id = s.id;
     RETURN jsonb_build_object('entry_id', v_id, 'session_id', s.id,
                               'compaction_count', s.compaction_count + 1);

@@ -78,6 +78,7 @@ typedef struct search_state {
     double w;
     bool has_min;   /* min_similarity given: results below min_sim are dropped */
     double min_sim; /* compared with the cosine similarity, not the score */
+    size_t nbelow;  /* candidates left out below min_sim (the answer's below_min_similarity) */
     uint64_t budget;
     const char *query;
     float *qvec;   /* NULL in text mode without a query vector */
@@ -212,7 +213,9 @@ static void search_finish(req *r, search_state *st)
     for (size_t i = 0; i < st->nres; i++)
         n += st->have[i];
     msgpack_packer *pk = req_result(r);
-    msgpack_pack_map(pk, 1);
+    msgpack_pack_map(pk, st->has_min ? 2 : 1);
+    if (st->has_min)
+        rpc_pack_kv_uint(pk, "below_min_similarity", st->nbelow);
     rpc_pack_cstr(pk, "results");
     msgpack_pack_array(pk, n);
     for (size_t i = 0; i < st->nres; i++) {
@@ -356,6 +359,7 @@ static void drop_below(search_state *st)
         if (x->has_sim && (double)x->similarity >= st->min_sim)
             st->res[n++] = *x;
     }
+    st->nbelow = st->nres - n;
     st->nres = n;
 }
 

@@ -255,24 +255,20 @@ export const TOOLS: Tool[] = [
       const minSim = num(a, "min_similarity");
       if (minSim !== undefined && (minSim < 0 || minSim > 1)) throw new ArgumentError("argument 'min_similarity' must be 0 to 1");
       const mode = oneOf<string>(a, "mode", ["vector", "hybrid", "text"], "vector")! as "vector" | "hybrid" | "text";
-      // engramd does not take min_similarity on memory.search yet: until it does, the filter is
-      // applied here to the cosine it returns. Results are ranked by a blend of similarity and
-      // composite importance, so a memory above the threshold may rank below top_k others that
-      // are not: ask for more than top_k and cut after filtering.
-      const ask = minSim === undefined ? topK : Math.min(Math.max(topK * 4, topK + 20), 200);
+      // engramd applies min_similarity before it cuts the ranking to top_k (so a memory that
+      // passes is not crowded out by ones that do not) and says how many of the candidates
+      // it ranked fell below it (below_min_similarity, docs/protocol.md memory.search)
       const r = await ctx.client.memory.search({
         query: str(a, "query", true),
-        top_k: ask,
+        top_k: topK,
         type_filter: strs(a, "types") as MemoryType[] | undefined,
         tokens: strs(a, "tags"),
         mode,
+        min_similarity: minSim,
         agent_id: ctx.agentId,
       });
-      let hits = r.results as unknown as Record<string, unknown>[];
-      const total = hits.length;
-      if (minSim !== undefined) hits = hits.filter((h) => typeof h.similarity === "number" && h.similarity >= minSim);
-      const left = total - hits.length;
-      hits = hits.slice(0, topK);
+      const hits = r.results;
+      const left = r.below_min_similarity ?? 0;
       if (hits.length === 0) {
         return left > 0
           ? `No memories with similarity ${minSim!.toFixed(2)} or more (${left} weaker left out).`
@@ -280,7 +276,7 @@ export const TOOLS: Tool[] = [
       }
       const lv = ctx.levels;
       const lines = hits.map((h) => {
-        const sim = typeof h.similarity === "number" ? h.similarity : undefined;
+        const sim = h.similarity ?? undefined;
         const match = sim === undefined
           ? `keyword match, text rank ${Number(h.score).toFixed(3)}`
           : `${relevance(sim, lv)}: similarity ${sim.toFixed(2)}` +

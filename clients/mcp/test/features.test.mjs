@@ -192,6 +192,10 @@ both("recall ranks by meaning, says how strong each match is, and takes min_simi
   assert.doesNotMatch(t, /Tuesdays/);
   t = await ok(c, "recall", { query: "the user's favourite editor", min_similarity: 0.99 });
   assert.equal(t, "No memories with similarity 0.99 or more (2 weaker left out).");
+  // the count is engramd's (below_min_similarity): of the top_k candidates it ranked in
+  // vector mode, here 1 (filtering on the client, engram-mcp used to ask for 21 and say 2)
+  t = await ok(c, "recall", { query: "the user's favourite editor", min_similarity: 0.99, top_k: 1 });
+  assert.equal(t, "No memories with similarity 0.99 or more (1 weaker left out).");
   assert.match(await fails(c, "recall", { query: "x", min_similarity: 2 }), /min_similarity/);
 
   t = await ok(c, "recall", { query: "Tuesdays", mode: "text" });

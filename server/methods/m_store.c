@@ -165,6 +165,7 @@ static rpc_code parse_item(req *r, const msgpack_object *const *a, const char *w
 /* ---- memory.store and memory.store_batch ---------------------------------------------- */
 
 enum { P_ST_IDEMPOTENCY_KEY = P_IT__COUNT };
+ENUMS(memory_store, {"type", enum_memory_types}, {"scope", enum_scopes});
 PARAMS(memory_store, ITEM_PARAMS,
        {"idempotency_key", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, IDEM_KEY_MAX});
 

@@ -268,10 +268,20 @@ void h_methods(req *r)
             uint32_t na = 0;
             while (k + 1 + na < m->nparams && (m->params[k + 1 + na].flags & RPC_P_ALIAS))
                 na++;
-            msgpack_pack_map(pk, na ? 4 : 3);
+            const char *const *words = hooks_param_enum(m, k);
+            msgpack_pack_map(pk, 3 + (na ? 1 : 0) + (words ? 1 : 0));
             rpc_pack_kv_str(pk, "name", p->name);
             rpc_pack_kv_str(pk, "type", type_name(p->type));
             rpc_pack_kv_bool(pk, "required", (p->flags & RPC_P_REQUIRED) != 0);
+            if (words) { /* the strings it takes (each of its strings, for a string[]) */
+                uint32_t nw = 0;
+                while (words[nw])
+                    nw++;
+                rpc_pack_cstr(pk, "enum");
+                msgpack_pack_array(pk, nw);
+                for (uint32_t w = 0; w < nw; w++)
+                    rpc_pack_cstr(pk, words[w]);
+            }
             if (na) {
                 rpc_pack_cstr(pk, "aliases");
                 msgpack_pack_array(pk, na);

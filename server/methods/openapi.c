@@ -60,7 +60,18 @@ static void put_type(struct evbuffer *b, const char *t, bool nullable)
         evbuffer_add_printf(b, "\"type\":\"%s\"", t);
 }
 
-static void put_schema(struct evbuffer *b, const rpc_param *p)
+/* Appends ,"enum":["a","b"(,null)] for the words (NULL-terminated) a parameter takes. */
+static void put_enum(struct evbuffer *b, const char *const *words, bool nul)
+{
+    evbuffer_add_printf(b, ",\"enum\":[");
+    for (size_t i = 0; words[i]; i++)
+        evbuffer_add_printf(b, "%s\"%s\"", i ? "," : "", words[i]);
+    evbuffer_add_printf(b, "%s]", nul ? ",null" : "");
+}
+
+/* Appends the JSON Schema of p; words (NULL: any string) the strings it takes, or each of
+ * its strings takes (the method table's ENUMS). */
+static void put_schema(struct evbuffer *b, const rpc_param *p, const char *const *words)
 {
     bool nul = (p->flags & RPC_P_NULLABLE) != 0;
     bool rng = (p->flags & RPC_P_RANGE) != 0;
@@ -97,6 +108,8 @@ static void put_schema(struct evbuffer *b, const rpc_param *p)
         break;
     case RPC_T_STR:
         put_type(b, "string", nul);
+        if (words)
+            put_enum(b, words, nul);
         put_bound(b, "minLength", lo, true);
         put_bound(b, "maxLength", hi, true);
         evbuffer_add_printf(b, ",\"description\":\"length bounds count UTF-8 bytes%s%s\"",
@@ -125,7 +138,10 @@ static void put_schema(struct evbuffer *b, const rpc_param *p)
         break;
     case RPC_T_STR_ARRAY:
         put_type(b, "array", nul);
-        evbuffer_add_printf(b, ",\"items\":{\"type\":\"string\"}");
+        evbuffer_add_printf(b, ",\"items\":{\"type\":\"string\"");
+        if (words)
+            put_enum(b, words, false);
+        evbuffer_add(b, "}", 1);
         put_bound(b, "minItems", lo, true);
         put_bound(b, "maxItems", hi, true);
         break;
@@ -177,11 +193,11 @@ static void put_method(struct evbuffer *b, const method_def *m)
             q.flags = (q.flags & ~RPC_P_REQUIRED) | RPC_P_NULLABLE;
             evbuffer_add_printf(b, "{\"description\":\"another name of '%s'\",\"allOf\":[",
                                 m->params[j].name);
-            put_schema(b, &q);
+            put_schema(b, &q, hooks_param_enum(m, j));
             evbuffer_add(b, "]}", 2);
             continue;
         }
-        put_schema(b, p);
+        put_schema(b, p, hooks_param_enum(m, k));
         any_required = any_required || (p->flags & RPC_P_REQUIRED);
     }
     evbuffer_add_printf(b, "}");

@@ -182,9 +182,10 @@ static const result_schema table[] = {
      ARR(OBJECT(
          Q("name") "," Q("flags") "," Q("params"),
          P("name", STR) "," P("flags", ARR(STR)) "," P(
-             "params", ARR(OBJECT(Q("name") "," Q("type") "," Q("required"),
-                                  P("name", STR) "," P("type", STR) "," P("required", BOOL) "," P(
-                                      "aliases", ARR(STR))))) "," P("result", OBJ)))},
+             "params",
+             ARR(OBJECT(Q("name") "," Q("type") "," Q("required"),
+                        P("name", STR) "," P("type", STR) "," P("required", BOOL) "," P(
+                            "aliases", ARR(STR)) "," P("enum", ARR(STR))))) "," P("result", OBJ)))},
     {"ping", "{\"const\":\"pong\"}"},
     {"session.append", OBJECT(Q("seq") "," Q("entry_id") "," Q("total_cost_usdc"),
                               P("seq", INT) "," P("entry_id", INT) "," P("total_cost_usdc", NUM))},

@@ -179,11 +179,48 @@ def load_methods():
 
 
 def ptype(method, p, lang):
+    """A parameter's type: a narrower one (NARROW), else from the set of strings the server
+    declares for it (`enum`: a string-literal union), else from its server type."""
     i = 0 if lang == "py" else 1
     for key in ((method, p["name"]), ("*", p["name"])):
         if key in NARROW:
-            return NARROW[key][i]
+            t = NARROW[key][i]
+            if "enum" in p:
+                check_alias(method, p, t, lang)
+            return t
+    if "enum" in p:
+        lit = literal(p["enum"], lang)
+        if p["type"] == "string[]":
+            return f"Sequence[{lit}]" if lang == "py" else f"({lit})[]"
+        assert p["type"] == "string", (method, p)
+        return lit
     return BASE[p["type"]][i]
+
+
+def literal(words, lang):
+    vals = [json.dumps(w) for w in words]
+    return f"Literal[{', '.join(vals)}]" if lang == "py" else " | ".join(vals)
+
+
+TYPES_PY = os.path.join(HERE, "python", "engram_client", "types.py")
+TYPES_TS = os.path.join(HERE, "typescript", "src", "types.ts")
+
+
+def check_alias(method, p, t, lang):
+    """A named type NARROW gives an enum parameter must hold exactly the server's words (the
+    aliases are written once, in types.py and types.ts, for readable signatures)."""
+    name = re.sub(r"^Sequence\[(\w+)\]$|^(\w+)\[\]$", lambda m: m.group(1) or m.group(2), t)
+    if lang == "py":
+        with open(TYPES_PY) as f:
+            m = re.search(rf"^{name} = Literal\[(.*)\]$", f.read(), re.M)
+    else:
+        with open(TYPES_TS) as f:
+            m = re.search(rf"^export type {name} = (.*);$", f.read(), re.M)
+    words = set(re.findall(r'"([^"]*)"', m.group(1))) if m else None
+    if words != set(p["enum"]):
+        raise SystemExit(f"gen.py: {method} {p['name']}: {name} in "
+                         f"{'types.py' if lang == 'py' else 'types.ts'} is {sorted(words or [])}, "
+                         f"the server takes {p['enum']}")
 
 
 def rtype(method, lang):
@@ -403,7 +440,7 @@ required parameter by position) still work, with a DeprecationWarning.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, cast
 
 from ._compat import legacy_positional
 

@@ -11,7 +11,7 @@ required parameter by position) still work, with a DeprecationWarning.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, cast
 
 from ._compat import legacy_positional
 
@@ -235,7 +235,7 @@ class SyncAdminTenant:
         name: str,
         tier: Tier,
         embedding: EmbeddingConfig | None = None,
-        index_engine: str | None = None,
+        index_engine: Literal["native", "faiss"] | None = None,
     ) -> TenantCreateResult:
         """Creates a tenant with its first API key (shown only in this answer). (``admin.tenant.create``)"""
         return cast("TenantCreateResult", self._r._call("admin.tenant.create", {
@@ -278,7 +278,7 @@ class SyncAdminTenant:
         name: str | None = None,
         new_name: str | None = None,
         tier: Tier | None = None,
-        index_engine: str | None = None,
+        index_engine: Literal["native", "faiss", "default"] | None = None,
         chat_model: str | None = None,
     ) -> Tenant:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
@@ -369,8 +369,8 @@ class SyncMemory:
         min_similarity: float | None = None,
         count_access: bool | None = None,
         budget_tokens: int | None = None,
-        format: str | None = None,
-        order: str | None = None,
+        format: Literal["xml", "search_results"] | None = None,
+        order: Literal["rank", "stable"] | None = None,
     ) -> ContextResult:
         """Searches and renders the results as an <agent_memory> block or search-result items within a token budget. (``memory.context``)"""
         return cast("ContextResult", self._r._call("memory.context", {
@@ -783,7 +783,7 @@ class SyncSessionWorkItem:
         *,
         title: str,
         description: str | None = None,
-        status: str | None = None,
+        status: Literal["open", "in_progress", "blocked"] | None = None,
         owner_agent_id: int | None = None,
         agent_id: int | None = None,
     ) -> WorkItem:
@@ -801,7 +801,7 @@ class SyncSessionWorkItem:
         self,
         session_id: int,
         *,
-        statuses: Sequence[str] | None = None,
+        statuses: Sequence[Literal["open", "in_progress", "blocked", "done", "cancelled"]] | None = None,
         owner_agent_id: int | None = None,
         cursor: int | None = None,
         limit: int | None = None,
@@ -822,7 +822,7 @@ class SyncSessionWorkItem:
         *,
         title: str | None = None,
         description: str | None = None,
-        status: str | None = None,
+        status: Literal["open", "in_progress", "blocked", "done", "cancelled"] | None = None,
         owner_agent_id: int | None = None,
         expected_version: int | None = None,
         agent_id: int | None = None,
@@ -1194,7 +1194,7 @@ class AsyncAdminTenant:
         name: str,
         tier: Tier,
         embedding: EmbeddingConfig | None = None,
-        index_engine: str | None = None,
+        index_engine: Literal["native", "faiss"] | None = None,
     ) -> TenantCreateResult:
         """Creates a tenant with its first API key (shown only in this answer). (``admin.tenant.create``)"""
         return cast("TenantCreateResult", await self._r._acall("admin.tenant.create", {
@@ -1242,7 +1242,7 @@ class AsyncAdminTenant:
         name: str | None = None,
         new_name: str | None = None,
         tier: Tier | None = None,
-        index_engine: str | None = None,
+        index_engine: Literal["native", "faiss", "default"] | None = None,
         chat_model: str | None = None,
     ) -> Tenant:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
@@ -1333,8 +1333,8 @@ class AsyncMemory:
         min_similarity: float | None = None,
         count_access: bool | None = None,
         budget_tokens: int | None = None,
-        format: str | None = None,
-        order: str | None = None,
+        format: Literal["xml", "search_results"] | None = None,
+        order: Literal["rank", "stable"] | None = None,
     ) -> ContextResult:
         """Searches and renders the results as an <agent_memory> block or search-result items within a token budget. (``memory.context``)"""
         return cast("ContextResult", await self._r._acall("memory.context", {
@@ -1747,7 +1747,7 @@ class AsyncSessionWorkItem:
         *,
         title: str,
         description: str | None = None,
-        status: str | None = None,
+        status: Literal["open", "in_progress", "blocked"] | None = None,
         owner_agent_id: int | None = None,
         agent_id: int | None = None,
     ) -> WorkItem:
@@ -1765,7 +1765,7 @@ class AsyncSessionWorkItem:
         self,
         session_id: int,
         *,
-        statuses: Sequence[str] | None = None,
+        statuses: Sequence[Literal["open", "in_progress", "blocked", "done", "cancelled"]] | None = None,
         owner_agent_id: int | None = None,
         cursor: int | None = None,
         limit: int | None = None,
@@ -1786,7 +1786,7 @@ class AsyncSessionWorkItem:
         *,
         title: str | None = None,
         description: str | None = None,
-        status: str | None = None,
+        status: Literal["open", "in_progress", "blocked", "done", "cancelled"] | None = None,
         owner_agent_id: int | None = None,
         expected_version: int | None = None,
         agent_id: int | None = None,
@@ -2165,7 +2165,7 @@ class FutureAdminTenant:
         name: str,
         tier: Tier,
         embedding: EmbeddingConfig | None = None,
-        index_engine: str | None = None,
+        index_engine: Literal["native", "faiss"] | None = None,
     ) -> Future[TenantCreateResult]:
         """Creates a tenant with its first API key (shown only in this answer). (``admin.tenant.create``)"""
         return cast("Future[TenantCreateResult]", self._r._submit("admin.tenant.create", {
@@ -2213,7 +2213,7 @@ class FutureAdminTenant:
         name: str | None = None,
         new_name: str | None = None,
         tier: Tier | None = None,
-        index_engine: str | None = None,
+        index_engine: Literal["native", "faiss", "default"] | None = None,
         chat_model: str | None = None,
     ) -> Future[Tenant]:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
@@ -2304,8 +2304,8 @@ class FutureMemory:
         min_similarity: float | None = None,
         count_access: bool | None = None,
         budget_tokens: int | None = None,
-        format: str | None = None,
-        order: str | None = None,
+        format: Literal["xml", "search_results"] | None = None,
+        order: Literal["rank", "stable"] | None = None,
     ) -> Future[ContextResult]:
         """Searches and renders the results as an <agent_memory> block or search-result items within a token budget. (``memory.context``)"""
         return cast("Future[ContextResult]", self._r._submit("memory.context", {
@@ -2723,7 +2723,7 @@ class FutureSessionWorkItem:
         *,
         title: str,
         description: str | None = None,
-        status: str | None = None,
+        status: Literal["open", "in_progress", "blocked"] | None = None,
         owner_agent_id: int | None = None,
         agent_id: int | None = None,
     ) -> Future[WorkItem]:
@@ -2741,7 +2741,7 @@ class FutureSessionWorkItem:
         self,
         session_id: int,
         *,
-        statuses: Sequence[str] | None = None,
+        statuses: Sequence[Literal["open", "in_progress", "blocked", "done", "cancelled"]] | None = None,
         owner_agent_id: int | None = None,
         cursor: int | None = None,
         limit: int | None = None,
@@ -2762,7 +2762,7 @@ class FutureSessionWorkItem:
         *,
         title: str | None = None,
         description: str | None = None,
-        status: str | None = None,
+        status: Literal["open", "in_progress", "blocked", "done", "cancelled"] | None = None,
         owner_agent_id: int | None = None,
         expected_version: int | None = None,
         agent_id: int | None = None,

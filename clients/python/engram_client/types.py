@@ -101,6 +101,7 @@ class MethodParam(TypedDict):
     type: str
     required: bool
     aliases: NotRequired[list[str]]  # further names of it (a seed's)
+    enum: NotRequired[list[str]]  # the strings it takes (each of its strings, for string[])
 
 
 class MethodInfo(TypedDict):

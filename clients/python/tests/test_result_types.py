@@ -111,3 +111,41 @@ def test_hand_written_results_name_every_schema_field():
         assert set(props) <= keys(cls), (name, py, sorted(set(props) - keys(cls)))
         checked += 1
     assert checked >= 20
+
+
+def test_enum_parameters_take_only_their_words():
+    """A parameter the server declares a set of strings for (`enum` in its `methods` answer)
+    is typed as those words (a Literal, or a named alias gen.py checks against them), never
+    as any str; mypy refuses a word outside the set."""
+    import inspect
+
+    snap = snapshot()
+    enums = [(m, p) for m in snap.values() for p in m["params"] if "enum" in p]
+    assert len(enums) >= 30
+    for m, p in enums:
+        ann = inspect.signature(getattr(sync_ns(m["name"]), m["name"].rsplit(".", 1)[-1]))\
+            .parameters[p["name"]].annotation
+        bare = ann.removesuffix(" | None")
+        assert bare not in ("str", "Sequence[str]"), (m["name"], p["name"], ann)
+
+
+def sync_ns(name):
+    """The Sync* class holding method name."""
+    import engram_client._api as api
+    parts = name.split(".")[:-1]
+    return getattr(api, "Sync" + load_gen().pascal(parts) if parts else "SyncRoot")
+
+
+def test_mypy_refuses_a_word_outside_an_enum(tmp_path):
+    src = tmp_path / "use_enums.py"
+    src.write_text("\n".join([
+        "from engram_client import Client",
+        "def use(c: Client) -> None:",
+        "    c.memory.search(query='x', mode='vector', scopes=['agent'])",
+        "    c.memory.search(query='x', mode='fuzzy')",
+        "    c.memory.context(query='x', format='html')",
+        "    c.session.work_item.list(1, statuses=['open', 'lost'])",
+    ]) + "\n")
+    r = mypy(str(src))
+    lines = {int(l.split(":")[1]) for l in r.stdout.splitlines() if ": error:" in l}
+    assert lines == {4, 5, 6}, r.stdout

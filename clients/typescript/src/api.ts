@@ -163,7 +163,7 @@ export interface AdminTenantCreateParams {
   name: string;
   tier: Tier;
   embedding?: EmbeddingConfig;
-  index_engine?: string;
+  index_engine?: "native" | "faiss";
 }
 
 /** Parameters of `admin.tenant.delete`. */
@@ -190,7 +190,7 @@ export interface AdminTenantUpdateParams {
   name?: string;
   new_name?: string;
   tier?: Tier;
-  index_engine?: string;
+  index_engine?: "native" | "faiss" | "default";
   chat_model?: string;
 }
 
@@ -235,8 +235,8 @@ export interface MemoryContextParams {
   min_similarity?: number;
   count_access?: boolean;
   budget_tokens?: Id;
-  format?: string;
-  order?: string;
+  format?: "xml" | "search_results";
+  order?: "rank" | "stable";
 }
 
 /** Parameters of `memory.delete`. */
@@ -561,7 +561,7 @@ export interface SessionWorkItemAddParams {
   session_id: Id;
   title: string;
   description?: string;
-  status?: string;
+  status?: "open" | "in_progress" | "blocked";
   owner_agent_id?: Id;
   agent_id?: Id;
 }
@@ -569,7 +569,7 @@ export interface SessionWorkItemAddParams {
 /** Parameters of `session.work_item.list`. */
 export interface SessionWorkItemListParams {
   session_id: Id;
-  statuses?: string[];
+  statuses?: ("open" | "in_progress" | "blocked" | "done" | "cancelled")[];
   owner_agent_id?: Id;
   cursor?: Id;
   limit?: Id;
@@ -581,7 +581,7 @@ export interface SessionWorkItemUpdateParams {
   work_item_id: Id;
   title?: string;
   description?: string;
-  status?: string;
+  status?: "open" | "in_progress" | "blocked" | "done" | "cancelled";
   owner_agent_id?: Id;
   expected_version?: Id;
   agent_id?: Id;

@@ -123,8 +123,9 @@ export interface SessionConfig {
 export interface MethodInfo {
   name: string;
   flags: string[];
-  /** `aliases`: further names of the parameter (a seed's). */
-  params: { name: string; type: string; required: boolean; aliases?: string[] }[];
+  /** `aliases`: further names of the parameter (a seed's); `enum`: the strings it takes
+   * (each of its strings, for a `string[]`). */
+  params: { name: string; type: string; required: boolean; aliases?: string[]; enum?: string[] }[];
   /** The JSON Schema of the method's result, its components expanded (titled). */
   result?: Record<string, unknown>;
 }

@@ -44,14 +44,23 @@ static bool one_of(const msgpack_object *o, const char *const *words)
     return false;
 }
 
-/* Writes "parameter 'NAME[i]' must be one of a, b, c" (no index when i < 0) into err. */
-static int refuse(const char *name, long i, const char *const *words, char *err, size_t errlen)
+int hooks_enum_message(const char *what, const char *const *words, char *err, size_t errlen)
 {
-    int n = i < 0 ? snprintf(err, errlen, "parameter '%s' must be one of ", name)
-                  : snprintf(err, errlen, "parameter '%s[%ld]' must be one of ", name, i);
+    int n = snprintf(err, errlen, "parameter '%s' must be one of ", what);
     for (size_t w = 0; words[w] && n >= 0 && (size_t)n < errlen; w++)
         n += snprintf(err + n, errlen - (size_t)n, "%s%s", w ? ", " : "", words[w]);
     return RPC_E_INVALID;
+}
+
+/* The message for parameter name (its element i when i >= 0). */
+static int refuse(const char *name, long i, const char *const *words, char *err, size_t errlen)
+{
+    char what[96];
+    if (i < 0)
+        snprintf(what, sizeof(what), "%s", name);
+    else
+        snprintf(what, sizeof(what), "%s[%ld]", name, i);
+    return hooks_enum_message(what, words, err, errlen);
 }
 
 int hooks_check_enums(const method_def *m, const msgpack_object *const *args, char *err,

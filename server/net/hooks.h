@@ -113,6 +113,11 @@ const method_def *hooks_method_find(const method_def *t, size_t count, const cha
  * or NULL when it takes any string. */
 const char *const *hooks_param_enum(const method_def *m, size_t k);
 
+/* hooks_enum_message writes into err "parameter 'WHAT' must be one of a, b, c", the words
+ * (NULL-terminated) listed in order: the one message of every fixed set of strings, also for
+ * those inside a parameter (what "memories[3].type"). Returns RPC_E_INVALID. */
+int hooks_enum_message(const char *what, const char *const *words, char *err, size_t errlen);
+
 /* hooks_check_enums checks the bound arguments args (rpc_bind_params' out[] for m->params)
  * against m's enums: a string not among its parameter's words fails with "parameter 'mode'
  * must be one of vector, text, hybrid" ("parameter 'scopes[1]' ..." for an element of an

@@ -88,3 +88,18 @@ def test_the_methods_answer_lists_the_same_words(server, doc):
     listed = {(m["name"], p["name"]): p["enum"] for m in live for p in m["params"]
               if "enum" in p}
     assert listed == declared
+
+
+def test_a_batch_items_words_are_the_same_sets(server, tenant):
+    """memory.store_batch's items take memory.store's parameters: the same sets, the same
+    message, the item named in the field."""
+    for item, field, words in (
+            ({"type": "opinion"}, "memories[1].type",
+             "fact, preference, episode, strategy_outcome, constraint"),
+            ({"type": "fact", "scope": "planet"}, "memories[1].scope", "agent, clade, tenant")):
+        good = {"content": "x", "type": "fact", "importance": 0.5}
+        status, _, body = post(server, "memory.store_batch",
+                               {"memories": [good, {**good, **item}]}, tenant[1])
+        assert status == 400, body
+        assert body["error"]["field"] == field, body
+        assert body["error"]["message"] == f"parameter '{field}' must be one of {words}"

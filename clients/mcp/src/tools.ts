@@ -300,6 +300,10 @@ export const TOOLS: Tool[] = [
       properties: {
         query: { type: "string", minLength: 1, description: "The task or topic at hand." },
         budget_tokens: { type: "integer", minimum: 1, maximum: 100000, default: 1500, description: "The most tokens the block may take." },
+        min_similarity: {
+          type: "number", minimum: 0, maximum: 1,
+          description: "Leave out memories whose similarity to the query is below this, so the budget is not filled with unrelated ones (e.g. 0.4).",
+        },
         types: { type: "array", items: { type: "string", enum: MEMORY_TYPES }, description: "Only these kinds of memory." },
         tags: { type: "array", items: { type: "string" }, description: "Only memories sharing at least one of these tags." },
       },
@@ -308,6 +312,8 @@ export const TOOLS: Tool[] = [
     },
     annotations: { readOnlyHint: true, openWorldHint: false },
     async run(a, ctx) {
+      const minSim = num(a, "min_similarity");
+      if (minSim !== undefined && (minSim < 0 || minSim > 1)) throw new ArgumentError("argument 'min_similarity' must be 0 to 1");
       const r = await ctx.client.memory.context({
         query: str(a, "query", true),
         budget_tokens: int(a, "budget_tokens") ?? 1500,
@@ -315,8 +321,10 @@ export const TOOLS: Tool[] = [
         tokens: strs(a, "tags"),
         mode: "hybrid",
         top_k: 50,
+        min_similarity: minSim,
         agent_id: ctx.agentId,
       });
+      if (minSim !== undefined && r.ids.length === 0) return `No memories with similarity ${minSim.toFixed(2)} or more.`;
       return contextText(r.text ?? "");
     },
   },

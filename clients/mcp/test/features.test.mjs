@@ -236,6 +236,11 @@ both("memory_context reads without XML entity noise, and stored markup stays ine
   assert.match(t, /^<agent_memory>\n/);
   assert.match(t, /Ana's "north star" metric: uptime & &lt;b&gt;latency&lt;\/b&gt;/);
   assert.doesNotMatch(t, /&apos;|&quot;|&amp;/);
+  // min_similarity goes to engramd's memory.context: nothing unrelated fills the budget
+  assert.match(await ok(c, "memory_context", { query: "Ana's north star metric", min_similarity: 0.1 }), /north star/);
+  assert.equal(await ok(c, "memory_context", { query: "Ana's north star metric", min_similarity: 0.99 }),
+    "No memories with similarity 0.99 or more.");
+  assert.match(await fails(c, "memory_context", { query: "x", min_similarity: 2 }), /min_similarity/);
 });
 
 both("unknown arguments are refused, naming them and what the tool takes", async (c) => {

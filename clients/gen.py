@@ -22,6 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 METHODS_JSON = os.path.join(HERE, "methods.json")
 PY_OUT = os.path.join(HERE, "python", "engram_client", "_api.py")
 TS_OUT = os.path.join(HERE, "typescript", "src", "api.ts")
+PY_RESULTS_OUT = os.path.join(HERE, "python", "engram_client", "results.py")
+TS_RESULTS_OUT = os.path.join(HERE, "typescript", "src", "results.ts")
 
 # One line per method, for docstrings and TSDoc. See docs/protocol.md for the full text.
 DOCS = {
@@ -128,13 +130,15 @@ NARROW = {
     ("session.notes", "scopes"): ("Sequence[NoteScope]", "NoteScope[]"),
     ("session.notes", "categories"): ("Sequence[NoteCategory]", "NoteCategory[]"),
     ("session.list", "state"): ("SessionState", "SessionState"),
-    ("session.resume", "branch_type"): ("BranchType", "BranchType"),
     ("session.spawn", "return_format"): ("ReturnFormat", "ReturnFormat"),
     ("session.handoff", "mode"): ("HandoffMode", "HandoffMode"),
 }
 
-# Result types (defined in python/engram_client/types.py and typescript/src/types.ts);
-# methods not named here return a plain map.
+# Result types written by hand (python/engram_client/types.py, typescript/src/types.ts),
+# where they say more than the server's schema (nested shapes the schema leaves open,
+# fields of some formats only); tests check they name every field the schema has. Every
+# other method's result type is generated from its schema (the `result` of the `methods`
+# answer) into python/engram_client/results.py and typescript/src/results.ts.
 RESULTS = {
     "ping": ("str", "string"),
     "methods": ("list[MethodInfo]", "MethodInfo[]"),
@@ -163,7 +167,8 @@ RESULTS = {
     "session.messages": ("MessagesResult", "MessagesResult"),
     "session.resume": ("ResumeResult", "ResumeResult"),
 }
-DEFAULT_RESULT = ("dict[str, Any]", "Record<string, unknown>")
+# The schema's components that have a hand-written type of the same name.
+HAND_COMPONENTS = {"Memory", "SearchHit", "Scratchpad"}
 
 PY_KEYWORDS = {"from", "import", "class", "def", "global", "lambda", "pass", "return"}
 
@@ -174,15 +179,227 @@ def load_methods():
 
 
 def ptype(method, p, lang):
+    """A parameter's type: a narrower one (NARROW), else from the set of strings the server
+    declares for it (`enum`: a string-literal union), else from its server type."""
     i = 0 if lang == "py" else 1
     for key in ((method, p["name"]), ("*", p["name"])):
         if key in NARROW:
-            return NARROW[key][i]
+            t = NARROW[key][i]
+            if "enum" in p:
+                check_alias(method, p, t, lang)
+            return t
+    if "enum" in p:
+        lit = literal(p["enum"], lang)
+        if p["type"] == "string[]":
+            return f"Sequence[{lit}]" if lang == "py" else f"({lit})[]"
+        assert p["type"] == "string", (method, p)
+        return lit
     return BASE[p["type"]][i]
 
 
+def literal(words, lang):
+    vals = [json.dumps(w) for w in words]
+    return f"Literal[{', '.join(vals)}]" if lang == "py" else " | ".join(vals)
+
+
+TYPES_PY = os.path.join(HERE, "python", "engram_client", "types.py")
+TYPES_TS = os.path.join(HERE, "typescript", "src", "types.ts")
+
+
+def check_alias(method, p, t, lang):
+    """A named type NARROW gives an enum parameter must hold exactly the server's words (the
+    aliases are written once, in types.py and types.ts, for readable signatures)."""
+    name = re.sub(r"^Sequence\[(\w+)\]$|^(\w+)\[\]$", lambda m: m.group(1) or m.group(2), t)
+    if lang == "py":
+        with open(TYPES_PY) as f:
+            m = re.search(rf"^{name} = Literal\[(.*)\]$", f.read(), re.M)
+    else:
+        with open(TYPES_TS) as f:
+            m = re.search(rf"^export type {name} = (.*);$", f.read(), re.M)
+    words = set(re.findall(r'"([^"]*)"', m.group(1))) if m else None
+    if words != set(p["enum"]):
+        raise SystemExit(f"gen.py: {method} {p['name']}: {name} in "
+                         f"{'types.py' if lang == 'py' else 'types.ts'} is {sorted(words or [])}, "
+                         f"the server takes {p['enum']}")
+
+
 def rtype(method, lang):
-    return RESULTS.get(method, DEFAULT_RESULT)[0 if lang == "py" else 1]
+    if method in RESULTS:
+        return RESULTS[method][0 if lang == "py" else 1]
+    return result_type_name(method)
+
+
+def result_type_name(method):
+    """The generated result type of a method: its component's name when the schema is one."""
+    schema = METHOD_RESULTS.get(method)
+    if schema is None:
+        raise SystemExit(f"gen.py: {method} has no result schema in methods.json")
+    return schema.get("title") or pascal(method.split(".")) + "Result"
+
+
+METHOD_RESULTS = {}  # method name -> result schema (filled by main from methods.json)
+
+# ---- result types from the schemas ---------------------------------------------------------
+
+# Result fields holding identifiers (TypeScript's `I`): the rule of typescript/src/wire.ts's
+# normalize(), which turns exactly these into number or bigint.
+TS_ID_FIELDS = {"superseded_by", "merged_into", "superseded", "supersedes", "resumed_from"}
+TS_ID_LIST_FIELDS = {"deleted", "archived", "restored", "unknown", "missing", "notes_added",
+                     "notes_removed", "children_missing"}
+
+
+def is_id_field(k):
+    return k == "id" or k.endswith("_id") or k in TS_ID_FIELDS
+
+
+def is_id_list_field(k):
+    return k == "ids" or k.endswith("_ids") or k in TS_ID_LIST_FIELDS
+
+
+def singular(word):
+    if word.endswith("ies"):
+        return word[:-3] + "y"
+    if word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word + "_item"
+
+
+class ResultTypes:
+    """Named types (TypedDicts / interfaces) for result schemas, in definition order."""
+
+    def __init__(self, lang):
+        self.lang = lang
+        self.defs = {}  # name -> text, in the order needed (bases first)
+        self.used_hand = set()
+
+    def scalar(self, t, key):
+        py = self.lang == "py"
+        if t == "integer":
+            return "int" if py else ("I" if key is not None and is_id_field(key) else "number")
+        return {"number": ("float", "number"), "string": ("str", "string"),
+                "boolean": ("bool", "boolean"), "null": ("None", "null"),
+                "object": ("dict[str, Any]", "Record<string, unknown>"),
+                "array": ("list[Any]", "unknown[]")}[t][0 if py else 1]
+
+    def type_of(self, schema, name, key=None):
+        """The type expression of schema; objects with properties become named types."""
+        py = self.lang == "py"
+        if not schema:
+            return "Any" if py else "unknown"
+        if "const" in schema:
+            return f"Literal[{json.dumps(schema['const'])}]" if py else json.dumps(schema["const"])
+        if "enum" in schema:
+            vals = [json.dumps(v) for v in schema["enum"]]
+            return f"Literal[{', '.join(vals)}]" if py else " | ".join(vals)
+        if "allOf" in schema or "properties" in schema:
+            return self.named(schema, name)
+        t = schema.get("type")
+        if isinstance(t, list):
+            return " | ".join(self.type_of({**schema, "type": x}, name, key) for x in t)
+        if t == "array" and "items" in schema:
+            items = schema["items"]
+            if items.get("type") == "integer" and key is not None and is_id_list_field(key):
+                return "list[int]" if py else "I[]"
+            inner = self.type_of(items, name + "Item", None)
+            return f"list[{inner}]" if py else (f"({inner})[]" if "|" in inner else f"{inner}[]")
+        return self.scalar(t, key)
+
+    def named(self, schema, name):
+        """Defines the type of an object schema (properties, or allOf of a titled base and
+        an object) under its title or name; returns the reference to it."""
+        name = schema.get("title", name)
+        ref = name if self.lang == "py" else f"{name}<I>"
+        if name in HAND_COMPONENTS:
+            self.used_hand.add(name)
+            return ref
+        if name in self.defs:
+            return ref
+        base = None
+        props, required = schema.get("properties", {}), set(schema.get("required", []))
+        if "allOf" in schema:
+            first, rest = schema["allOf"][0], schema["allOf"][1:]
+            assert "title" in first and len(rest) == 1 and "properties" in rest[0], name
+            base = self.named(first, first["title"])  # defined first: Python needs the base
+            props, required = rest[0].get("properties", {}), set(rest[0].get("required", []))
+        self.defs[name] = None  # reserved: a recursive schema refers to itself
+        fields = []
+        for key, sub in props.items():
+            sub_name = name + pascal([singular(key)] if sub.get("type") == "array" else [key])
+            if sub.get("type") == "array" and "items" in sub:
+                items = sub["items"]
+                if items.get("type") == "integer" and is_id_list_field(key):
+                    t = "list[int]" if self.lang == "py" else "I[]"
+                else:
+                    inner = self.type_of(items, sub_name, None)
+                    t = f"list[{inner}]" if self.lang == "py" else (
+                        f"({inner})[]" if "|" in inner else f"{inner}[]")
+            else:
+                t = self.type_of(sub, sub_name, key)
+            fields.append((key, t, key in required))
+        self.defs[name] = self.render(name, base, fields)
+        return ref
+
+    def render(self, name, base, fields):
+        if self.lang == "py":
+            head = f"class {name}({base or 'TypedDict'}):"
+            lines = [head]
+            for key, t, req in fields:
+                lines.append(f"    {key}: {t if req else f'NotRequired[{t}]'}")
+            if not fields:
+                lines.append("    pass")
+            return "\n".join(lines) + "\n"
+        ext = f" extends {base}" if base else ""
+        lines = [f"export interface {name}<I extends Id = number>{ext} {{"]
+        for key, t, req in fields:
+            lines.append(f"  {key}{'' if req else '?'}: {t};")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+
+PY_RESULTS_HEADER = '''"""The result types of the Engram methods whose results have no hand-written type in
+types.py. GENERATED by clients/gen.py from the result schemas of clients/methods.json (the
+server's `methods` answer, server/methods/results.c): do not edit by hand.
+
+A field the server always sends is required; the others are ``NotRequired``. A result may
+carry further fields (the server adds fields without a new version).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+from .types import __HAND__
+
+__all__ = [
+__ALL__]
+'''
+
+TS_RESULTS_HEADER = """// The result types of the Engram methods whose results have no hand-written type in
+// types.ts. GENERATED by clients/gen.py from the result schemas of clients/methods.json (the
+// server's `methods` answer, server/methods/results.c): do not edit by hand.
+//
+// A field the server always sends is required; the others are optional. A result may carry
+// further fields (the server adds fields without a new version). `I` is the client's id
+// type (number, or bigint from a client made with { bigint: true }).
+import type { __HAND__ } from "./types.js";
+"""
+
+
+def gen_results(methods, lang):
+    rt = ResultTypes(lang)
+    for m in methods:
+        if m["name"] in RESULTS:
+            continue
+        rt.named(m["result"], result_type_name(m["name"]))
+    names = list(rt.defs)
+    if lang == "py":
+        hand = ", ".join(sorted(rt.used_hand))
+        head = PY_RESULTS_HEADER.replace("__HAND__", hand).replace(
+            "__ALL__", "".join(f'    "{n}",\n' for n in names))
+    else:
+        hand = ", ".join(sorted(rt.used_hand | {"Id"}))
+        head = TS_RESULTS_HEADER.replace("__HAND__", hand)
+    sep = "\n\n" if lang == "py" else "\n"
+    return head + sep + sep.join(rt.defs[n] for n in names), names
 
 
 def tree(methods):
@@ -223,7 +440,7 @@ required parameter by position) still work, with a DeprecationWarning.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, cast
 
 from ._compat import legacy_positional
 
@@ -358,9 +575,11 @@ def py_type_names():
     return sorted(names)
 
 
-def gen_python(methods):
+def gen_python(methods, result_names):
     t = tree(methods)
-    imports = "    from .types import (\n" + "".join(f"        {n},\n" for n in py_type_names()) \
+    imports = "    from .results import (\n" + "".join(f"        {n},\n" for n in result_names) \
+        + "    )\n"
+    imports += "    from .types import (\n" + "".join(f"        {n},\n" for n in py_type_names()) \
         + "    )\n"
     out = [PY_HEADER.replace("__IMPORTS__\n", imports)]
     writes = sorted(m["name"] for m in methods if "write" in m["flags"])
@@ -404,7 +623,7 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
 def ts_result(method):
     """The TypeScript result type of a method: the named ones take the client's id type."""
     r = rtype(method, "ts")
-    return r if r in ("string", "MethodInfo[]", DEFAULT_RESULT[1]) else f"{r}<I>"
+    return r if r in ("string", "MethodInfo[]") else f"{r}<I>"
 
 
 def ts_type_names():
@@ -415,9 +634,11 @@ def ts_type_names():
     return sorted(names)
 
 
-def gen_ts(methods):
+def gen_ts(methods, result_names):
     names = ts_type_names()
-    imports = "import type {\n" + "".join(f"  {n},\n" for n in names) + '} from "./types.js";\n'
+    imports = "import type {\n" + "".join(f"  {n},\n" for n in result_names) \
+        + '} from "./results.js";\n'
+    imports += "import type {\n" + "".join(f"  {n},\n" for n in names) + '} from "./types.js";\n'
     out = [TS_HEADER.replace("__IMPORTS__\n", imports)]
     for m in methods:
         ps = ", ".join(json.dumps(p["name"]) for p in m["params"])
@@ -502,7 +723,8 @@ def snapshot(src):
         for j, p in enumerate(m["params"]):
             comma = "," if j + 1 < len(m["params"]) else ""
             lines.append(f"    {json.dumps(p, sort_keys=True)}{comma}")
-        lines.append("  ]}" + ("," if i + 1 < len(methods) else ""))
+        lines.append("  ]" + (f', "result": {json.dumps(m["result"], sort_keys=True)}'
+                              if "result" in m else "") + "}" + ("," if i + 1 < len(methods) else ""))
     lines.append("]")
     with open(METHODS_JSON, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -545,7 +767,14 @@ def main(argv):
     if missing:
         print("gen.py: no DOCS line for " + ", ".join(missing), file=sys.stderr)
         return 1
-    outputs = {PY_OUT: gen_python(methods), TS_OUT: gen_ts(methods)}
+    METHOD_RESULTS.update({m["name"]: m.get("result") for m in methods})
+    py_results, py_names = gen_results(methods, "py")
+    ts_results, ts_names = gen_results(methods, "ts")
+    returned = {result_type_name(m["name"]) for m in methods if m["name"] not in RESULTS}
+    py_names = [n for n in py_names if n in returned]
+    ts_names = [n for n in ts_names if n in returned]
+    outputs = {PY_OUT: gen_python(methods, py_names), TS_OUT: gen_ts(methods, ts_names),
+               PY_RESULTS_OUT: py_results, TS_RESULTS_OUT: ts_results}
     if len(argv) == 2 and argv[1] == "--check":
         stale = []
         for path, text in outputs.items():

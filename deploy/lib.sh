@@ -32,7 +32,7 @@ ENGRAM_HA_PACKAGES=(postgresql-15-auto-failover pg-auto-failover-cli haproxy)
 # prometheus package: only its promtool is used) and PyYAML for the monitoring test
 # (tests/integration/test_monitoring.py: /metrics and deploy/prometheus). deploy/test passes
 # them to install_deps.
-ENGRAM_TEST_PACKAGES=(chromium prometheus python3-yaml python3-jsonschema "${ENGRAM_HA_PACKAGES[@]}")
+ENGRAM_TEST_PACKAGES=(chromium prometheus python3-yaml python3-jsonschema python3-mypy "${ENGRAM_HA_PACKAGES[@]}")
 
 # install_deps [PACKAGE...]: installs missing Debian packages (ENGRAM_PACKAGES and those
 # named). Skips apt entirely when all are present, so a second run starts in seconds.

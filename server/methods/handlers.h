@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 
+#include "hooks.h"
 #include "req.h"
 #include "rpc.h"
 #include "tiers.h"
@@ -15,7 +16,9 @@
 #define HANDLER(name)                                                                              \
     void h_##name(req *r);                                                                         \
     extern const rpc_param p_##name[];                                                             \
-    extern const size_t np_##name
+    extern const size_t np_##name;                                                                 \
+    extern const method_enum e_##name[];                                                           \
+    extern const size_t ne_##name
 
 /* m_sys.c */
 HANDLER(ping);
@@ -97,6 +100,19 @@ HANDLER(tenant_usage);
 #define PARAMS(name, ...)                                                                          \
     const rpc_param p_##name[] = {__VA_ARGS__};                                                    \
     const size_t np_##name = sizeof(p_##name) / sizeof(p_##name[0])
+
+/* ENUMS(name, {"param", words}, ...): the parameters of method name that take one of a
+ * fixed set of strings (hooks.h method_enum); methods.c lists the method with ME(). */
+#define ENUMS(name, ...)                                                                           \
+    const method_enum e_##name[] = {__VA_ARGS__};                                                  \
+    const size_t ne_##name = sizeof(e_##name) / sizeof(e_##name[0])
+
+/* Word lists several methods share (methods.c). */
+extern const char *const enum_memory_types[];  /* fact, preference, ... (memrow.h's order) */
+extern const char *const enum_scopes[];        /* agent, clade, tenant */
+extern const char *const enum_search_modes[];  /* vector, text, hybrid */
+extern const char *const enum_tiers[];         /* free, standard, premium */
+extern const char *const enum_index_engines[]; /* native, faiss */
 
 #define NO_PARAMS(name)                                                                            \
     const rpc_param p_##name[] = {{NULL, RPC_T_ANY, 0, 0, 0}};                                     \

@@ -66,27 +66,21 @@ static void json_row_done(req *r, const db_result *res)
 /* ---- admin.tenant.create ------------------------------------------------------------- */
 
 /* The index_engine parameter of create and update: NULL when absent, "native" or "faiss",
- * or (allow_default, update) "default" to clear the tenant's choice. Sets *out to the SQL
- * value (NULL: none) and returns 0, or fails the request and returns -1. */
-static int engine_arg(req *r, const msgpack_object *o, bool allow_default, const char **out)
+ * or (update) "default" to clear the tenant's choice; the dispatcher checked it against the
+ * table's words (ENUMS). Sets *out to the SQL value (NULL: none) and returns 0, or fails
+ * the request and returns -1. */
+static int engine_arg(req *r, const msgpack_object *o, const char **out)
 {
     *out = NULL;
-    if (!o)
-        return 0;
-    if (index_engine_parse(o->via.str.ptr, o->via.str.size) >= 0 ||
-        (allow_default && rpc_str_eq(o, "default"))) {
-        if (!(*out = req_strdup(r, o))) {
-            req_fail(r, RPC_INTERNAL, "out of memory");
-            return -EINVAL;
-        }
-        return 0;
+    if (o && !(*out = req_strdup(r, o))) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return -EINVAL;
     }
-    req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'index_engine' must be native or faiss%s",
-             allow_default ? " (or default)" : "");
-    return -EINVAL;
+    return 0;
 }
 
 enum { P_TC_NAME, P_TC_TIER, P_TC_EMBEDDING, P_TC_INDEX_ENGINE };
+ENUMS(admin_tenant_create, {"tier", enum_tiers}, {"index_engine", enum_index_engines});
 PARAMS(admin_tenant_create, {"name", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, 128},
        {"tier", RPC_T_STR, RPC_P_REQUIRED, 0, 0}, {"embedding", RPC_T_MAP, RPC_P_NULLABLE, 0, 0},
        {"index_engine", RPC_T_STR, RPC_P_NULLABLE, 0, 0});
@@ -116,11 +110,7 @@ static void tenant_created(req *r, const db_result *res)
 void h_admin_tenant_create(req *r)
 {
     server *s = req_server(r);
-    const msgpack_object *tier = req_arg(r, P_TC_TIER);
-    if (tier_parse(tier->via.str.ptr, tier->via.str.size) < 0) {
-        req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'tier' must be free, standard or premium");
-        return;
-    }
+    const msgpack_object *tier = req_arg(r, P_TC_TIER); /* one of enum_tiers (ENUMS) */
     const char *provider = "builtin";
     const char *model = "";
     long dim = s->cfg.embed_dim;
@@ -172,7 +162,7 @@ void h_admin_tenant_create(req *r)
         model = s->cfg.openai_model;
     }
     const char *engine;
-    if (engine_arg(r, req_arg(r, P_TC_INDEX_ENGINE), false, &engine) < 0)
+    if (engine_arg(r, req_arg(r, P_TC_INDEX_ENGINE), &engine) < 0)
         return;
     tc_state *st = req_alloc(r, sizeof(*st));
     char *name = req_strdup(r, req_arg(r, P_TC_NAME));
@@ -281,6 +271,8 @@ void h_admin_tenant_list(req *r)
 }
 
 enum { P_TU_TENANT_ID, P_TU_NAME, P_TU_NEW_NAME, P_TU_TIER, P_TU_INDEX_ENGINE, P_TU_CHAT_MODEL };
+static const char *const engines_or_default[] = {"native", "faiss", "default", NULL};
+ENUMS(admin_tenant_update, {"tier", enum_tiers}, {"index_engine", engines_or_default});
 PARAMS(admin_tenant_update, {"tenant_id", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},
        {"name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},
        {"new_name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},
@@ -353,11 +345,7 @@ void h_admin_tenant_update(req *r)
     }
     if (chat_model_arg(r, chat, &vals[6]) < 0)
         return;
-    if (tier && tier_parse(tier->via.str.ptr, tier->via.str.size) < 0) {
-        req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'tier' must be free, standard or premium");
-        return;
-    }
-    if (engine_arg(r, engine, true, &vals[4]) < 0)
+    if (engine_arg(r, engine, &vals[4]) < 0)
         return;
     vals[2] = nn ? req_strdup(r, nn) : NULL;
     vals[3] = tier ? req_strdup(r, tier) : NULL;

@@ -102,6 +102,10 @@ enum {
     P_LI_LIMIT,
     P_LI_INCLUDE_EMBEDDING,
 };
+static const char *const order_bys[] = {"created_at", "importance", "composite", NULL};
+static const char *const orders[] = {"desc", "asc", NULL};
+ENUMS(memory_list, {"type_filter", enum_memory_types}, {"scopes", enum_scopes},
+      {"order_by", order_bys}, {"order", orders});
 PARAMS(memory_list, MF_PARAMS, {"order_by", RPC_T_STR, RPC_P_NULLABLE, 0, 0},
        {"order", RPC_T_STR, RPC_P_NULLABLE, 0, 0},
        {"cursor", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 200},
@@ -154,28 +158,16 @@ void h_memory_list(req *r)
     memset(st, 0, sizeof(*st));
     st->order_by = "created_at";
     const msgpack_object *o;
+    /* order_by and order are among the table's words (ENUMS above): the dispatcher checked */
     if ((o = req_arg(r, P_LI_ORDER_BY))) {
-        if (rpc_str_eq(o, "created_at"))
-            st->order_by = "created_at";
-        else if (rpc_str_eq(o, "importance"))
+        if (rpc_str_eq(o, "importance"))
             st->order_by = "importance";
         else if (rpc_str_eq(o, "composite"))
             st->order_by = "composite";
-        else {
-            req_fail(r, RPC_INVALID_ARGUMENT,
-                     "parameter 'order_by' must be created_at, importance or composite");
-            return;
-        }
     }
     st->sign = 1;
-    if ((o = req_arg(r, P_LI_ORDER))) {
-        if (rpc_str_eq(o, "asc"))
-            st->sign = -1;
-        else if (!rpc_str_eq(o, "desc")) {
-            req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'order' must be asc or desc");
-            return;
-        }
-    }
+    if ((o = req_arg(r, P_LI_ORDER)) && rpc_str_eq(o, "asc"))
+        st->sign = -1;
     st->limit = (size_t)rpc_get_uint(req_arg(r, P_LI_LIMIT), 100);
     st->embedding = rpc_get_bool(req_arg(r, P_LI_INCLUDE_EMBEDDING), false);
     st->as_of = f.now_ms;

@@ -269,6 +269,7 @@ enum {
     P_UP_TTL_SECONDS,
     P_UP_PINNED
 };
+ENUMS(memory_update, {"type", enum_memory_types});
 PARAMS(memory_update, {"id", RPC_T_UINT, RPC_P_REQUIRED, 0, 0},
        {"content", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_CONTENT), 1, 0},
        {"importance", RPC_T_NUM, RPC_P_NULLABLE | RPC_P_RANGE, 0, 1},
@@ -366,14 +367,8 @@ void h_memory_update(req *r)
         }
     }
     if ((o = req_arg(r, P_UP_TYPE))) {
-        int t = memrow_type_parse(o->via.str.ptr, o->via.str.size);
-        if (t < 0) {
-            req_fail(r, RPC_INVALID_ARGUMENT,
-                     "parameter 'type' must be one of fact, preference, episode, "
-                     "strategy_outcome, constraint");
-            return;
-        }
-        st->type = memrow_type_name((mem_type)t);
+        /* one of enum_memory_types: the dispatcher checked it */
+        st->type = memrow_type_name((mem_type)memrow_type_parse(o->via.str.ptr, o->via.str.size));
     }
     if ((o = req_arg(r, P_UP_IMPORTANCE)))
         snprintf(st->importance, sizeof(st->importance), "%.17g", rpc_get_num(o, 0));

@@ -33,6 +33,8 @@
 #define DOC_DEPTH 8 /* of the statement's JSON answer */
 
 enum { P_PR_SESSION = P_SE__END, P_PR_BUDGET };
+ENUMS(memory_prompt, {"type_filter", enum_memory_types}, {"scopes", enum_scopes},
+      {"mode", enum_search_modes});
 PARAMS(memory_prompt, SEARCH_PARAMS, ID_PARAM("session_id"),
        {"budget_tokens", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, PROMPT_BUDGET_MIN,
         PROMPT_BUDGET_MAX});

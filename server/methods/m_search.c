@@ -49,6 +49,12 @@ enum { MODE_VECTOR, MODE_TEXT, MODE_HYBRID };
 /* memory.context's parameters after the search ones. */
 enum { P_CX_BUDGET_TOKENS = P_SE__END, P_CX_FORMAT, P_CX_ORDER };
 
+static const char *const formats[] = {"xml", "search_results", NULL};
+static const char *const orders[] = {"rank", "stable", NULL};
+ENUMS(memory_search, {"type_filter", enum_memory_types}, {"scopes", enum_scopes},
+      {"mode", enum_search_modes});
+ENUMS(memory_context, {"type_filter", enum_memory_types}, {"scopes", enum_scopes},
+      {"mode", enum_search_modes}, {"format", formats}, {"order", orders});
 PARAMS(memory_search, SEARCH_PARAMS);
 PARAMS(memory_context, SEARCH_PARAMS,
        {"budget_tokens", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, 1000000},
@@ -78,6 +84,7 @@ typedef struct search_state {
     double w;
     bool has_min;   /* min_similarity given: results below min_sim are dropped */
     double min_sim; /* compared with the cosine similarity, not the score */
+    size_t nbelow;  /* candidates left out below min_sim (the answer's below_min_similarity) */
     uint64_t budget;
     const char *query;
     float *qvec;   /* NULL in text mode without a query vector */
@@ -212,7 +219,9 @@ static void search_finish(req *r, search_state *st)
     for (size_t i = 0; i < st->nres; i++)
         n += st->have[i];
     msgpack_packer *pk = req_result(r);
-    msgpack_pack_map(pk, 1);
+    msgpack_pack_map(pk, st->has_min ? 2 : 1);
+    if (st->has_min)
+        rpc_pack_kv_uint(pk, "below_min_similarity", st->nbelow);
     rpc_pack_cstr(pk, "results");
     msgpack_pack_array(pk, n);
     for (size_t i = 0; i < st->nres; i++) {
@@ -356,6 +365,7 @@ static void drop_below(search_state *st)
         if (x->has_sim && (double)x->similarity >= st->min_sim)
             st->res[n++] = *x;
     }
+    st->nbelow = st->nres - n;
     st->nres = n;
 }
 
@@ -646,18 +656,9 @@ static int context_shape(req *r, search_state *st)
 {
     const msgpack_object *format = req_arg(r, P_CX_FORMAT);
     const msgpack_object *order = req_arg(r, P_CX_ORDER);
-    if (format && rpc_str_eq(format, "search_results"))
-        st->search_results = true;
-    else if (format && !rpc_str_eq(format, "xml")) {
-        req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'format' must be xml or search_results");
-        return -EINVAL;
-    }
-    if (order && rpc_str_eq(order, "stable"))
-        st->stable = true;
-    else if (order && !rpc_str_eq(order, "rank")) {
-        req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'order' must be rank or stable");
-        return -EINVAL;
-    }
+    /* the dispatcher checked both against the table's words (ENUMS above) */
+    st->search_results = format && rpc_str_eq(format, "search_results");
+    st->stable = order && rpc_str_eq(order, "stable");
     return 0;
 }
 
@@ -681,15 +682,11 @@ static int search_parse(req *r, bool context)
     const msgpack_object *embedding = req_arg(r, P_SE_EMBEDDING);
     const msgpack_object *mode = req_arg(r, P_SE_MODE);
     st->mode = MODE_VECTOR;
-    if (mode) {
+    if (mode) { /* one of enum_search_modes: the dispatcher checked it */
         if (rpc_str_eq(mode, "text"))
             st->mode = MODE_TEXT;
         else if (rpc_str_eq(mode, "hybrid"))
             st->mode = MODE_HYBRID;
-        else if (!rpc_str_eq(mode, "vector")) {
-            req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'mode' must be vector, text or hybrid");
-            return -EINVAL;
-        }
     }
     if (st->mode != MODE_VECTOR && !query) {
         /* the parameter first: the error's data.field is the first quoted name */

@@ -259,6 +259,7 @@ void h_session_get(req *r)
 }
 
 enum { P_LI_AGENT, P_LI_STATE, P_LI_CURSOR, P_LI_LIMIT };
+ENUMS(session_list, {"state", states});
 PARAMS(session_list, OPT_ID_PARAM("agent_id"), {"state", RPC_T_STR, RPC_P_NULLABLE, 0, 0},
        OPT_ID_PARAM("cursor"), {"limit", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 1, LIST_MAX});
 
@@ -266,8 +267,6 @@ PARAMS(session_list, OPT_ID_PARAM("agent_id"), {"state", RPC_T_STR, RPC_P_NULLAB
 void h_session_list(req *r)
 {
     const msgpack_object *state = req_arg(r, P_LI_STATE);
-    if (!sq_check_word(r, state, "state", states, "active, ended, completed"))
-        return;
     sq q;
     sq_init(&q, r);
     sq_u64(&q, req_arg(r, P_LI_AGENT));
@@ -309,6 +308,7 @@ void h_session_delete(req *r)
 /* ---- transcript ------------------------------------------------------------------------- */
 
 enum { P_AP_SESSION, P_AP_ROLE, P_AP_CONTENT, P_AP_PARENT, P_AP_TOKENS, P_AP_COST, P_AP_AGENT };
+ENUMS(session_append, {"role", roles});
 PARAMS(session_append, ID_PARAM("session_id"), {"role", RPC_T_STR, RPC_P_REQUIRED, 0, 0},
        {"content", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE | RPC_P_LIMIT(PLIM_ENTRY), 0, 0},
        OPT_ID_PARAM("parent_id"),
@@ -321,8 +321,6 @@ PARAMS(session_append, ID_PARAM("session_id"), {"role", RPC_T_STR, RPC_P_REQUIRE
 void h_session_append(req *r)
 {
     const msgpack_object *content = req_arg(r, P_AP_CONTENT);
-    if (!sq_check_word(r, req_arg(r, P_AP_ROLE), "role", roles, "system, user, assistant, tool"))
-        return;
     const tier_limits *tl = tier_of(r);
     sq q;
     sq_init(&q, r);
@@ -456,6 +454,7 @@ enum {
     P_NA_WORK_SEED, /* related_work_item_id, seed 004's name: binds to P_NA_WORK */
     P_NA_AGENT
 };
+ENUMS(session_note_add, {"category", categories}, {"scope", scopes});
 PARAMS(session_note_add, ID_PARAM("session_id"), {"category", RPC_T_STR, RPC_P_REQUIRED, 0, 0},
        {"key", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, NOTE_KEY_MAX},
        {"value", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE | RPC_P_LIMIT(PLIM_NOTE), 1, 0},
@@ -463,15 +462,9 @@ PARAMS(session_note_add, ID_PARAM("session_id"), {"category", RPC_T_STR, RPC_P_R
        {"related_work_item_id", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_ALIAS, 0, 0},
        OPT_ID_PARAM("agent_id"));
 
-static const char category_list[] = "decision, discovery, blocker, context, handoff";
-static const char scope_list[] = "current_task, session, carry_forward";
-
 /* session.note.add: a structured note; a live note with the same key is superseded. */
 void h_session_note_add(req *r)
 {
-    if (!sq_check_word(r, req_arg(r, P_NA_CATEGORY), "category", categories, category_list) ||
-        !sq_check_word(r, req_arg(r, P_NA_SCOPE), "scope", scopes, scope_list))
-        return;
     sq q;
     sq_init(&q, r);
     sq_u64(&q, req_arg(r, P_NA_SESSION));
@@ -487,6 +480,7 @@ void h_session_note_add(req *r)
 }
 
 enum { P_NO_SESSION, P_NO_SCOPES, P_NO_CATEGORIES, P_NO_SINCE, P_NO_AGENT };
+ENUMS(session_notes, {"scopes", scopes}, {"categories", categories});
 PARAMS(session_notes, ID_PARAM("session_id"),
        {"scopes", RPC_T_STR_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 3},
        {"categories", RPC_T_STR_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 5},
@@ -496,9 +490,6 @@ PARAMS(session_notes, ID_PARAM("session_id"),
 void h_session_notes(req *r)
 {
     const msgpack_object *sc = req_arg(r, P_NO_SCOPES), *ca = req_arg(r, P_NO_CATEGORIES);
-    if (!sq_check_words(r, sc, "scopes", scopes, scope_list) ||
-        !sq_check_words(r, ca, "categories", categories, category_list))
-        return;
     sq q;
     sq_init(&q, r);
     sq_u64(&q, req_arg(r, P_NO_SESSION));
@@ -562,6 +553,7 @@ void h_session_checkpoints(req *r)
 }
 
 enum { P_RE_CHECKPOINT, P_RE_OVERRIDE, P_RE_BRANCH, P_RE_SESSION };
+ENUMS(session_resume, {"branch_type", branch_types});
 PARAMS(session_resume, ID_PARAM("checkpoint_id"),
        {"config_override", RPC_T_MAP, RPC_P_NULLABLE | RPC_P_LIMIT(PLIM_MESSAGE), 0, 0},
        {"branch_type", RPC_T_STR, RPC_P_NULLABLE, 0, 0}, OPT_ID_PARAM("session_id"));
@@ -571,9 +563,6 @@ void h_session_resume(req *r)
 {
     const msgpack_object *override = req_arg(r, P_RE_OVERRIDE);
     const msgpack_object *branch = req_arg(r, P_RE_BRANCH);
-    if (!sq_check_word(r, branch, "branch_type", branch_types,
-                       "resume, sim, pre_steer (or pre-steer), dream"))
-        return;
     if (override && !check_config(r, override, "config_override", false))
         return;
     sq q;
@@ -597,6 +586,7 @@ void h_session_resume(req *r)
 /* ---- sub-agents ------------------------------------------------------------------------- */
 
 enum { P_SW_PARENT, P_SW_TASK, P_SW_MODEL, P_SW_CONTEXT, P_SW_MAX_TOKENS, P_SW_FORMAT, P_SW_AGENT };
+ENUMS(session_spawn, {"return_format", return_formats});
 PARAMS(session_spawn, ID_PARAM("parent_id"),
        {"task", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE | RPC_P_LIMIT(PLIM_ENTRY), 1, 0},
        {"model", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, MODEL_MAX},
@@ -607,9 +597,6 @@ PARAMS(session_spawn, ID_PARAM("parent_id"),
 /* session.spawn: a sub-agent session under a parent, holding only the given context. */
 void h_session_spawn(req *r)
 {
-    if (!sq_check_word(r, req_arg(r, P_SW_FORMAT), "return_format", return_formats,
-                       "summary, full"))
-        return;
     const tier_limits *tl = tier_of(r);
     sq q;
     sq_init(&q, r);
@@ -651,6 +638,7 @@ void h_session_children(req *r)
 /* ---- handoff ------------------------------------------------------------------------------ */
 
 enum { P_HO_SESSION, P_HO_MODE, P_HO_AGENT };
+ENUMS(session_handoff, {"mode", modes});
 PARAMS(session_handoff, ID_PARAM("session_id"), {"mode", RPC_T_STR, RPC_P_REQUIRED, 0, 0},
        OPT_ID_PARAM("agent_id"));
 
@@ -658,9 +646,6 @@ PARAMS(session_handoff, ID_PARAM("session_id"), {"mode", RPC_T_STR, RPC_P_REQUIR
  * when named) is recorded in the session's audit log. */
 void h_session_handoff(req *r)
 {
-    if (!sq_check_word(r, req_arg(r, P_HO_MODE), "mode", modes,
-                       "continue, takeover, review, recovery"))
-        return;
     sq q;
     sq_init(&q, r);
     sq_u64(&q, req_arg(r, P_HO_SESSION));

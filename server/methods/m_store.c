@@ -96,11 +96,10 @@ static rpc_code parse_item(req *r, const msgpack_object *const *a, const char *w
     it->content_len = a[P_IT_CONTENT]->via.str.size; /* the binder checked its length */
     const msgpack_object *t = a[P_IT_TYPE];          /* or memory_type: the binder took either */
     it->type = memrow_type_parse(t->via.str.ptr, t->via.str.size);
-    if (it->type < 0) {
-        snprintf(err, errlen,
-                 "parameter '%stype' must be one of fact, preference, episode, strategy_outcome, "
-                 "constraint",
-                 what);
+    if (it->type < 0) { /* an item of memory.store_batch (memory.store's: checked already) */
+        char name[48];
+        snprintf(name, sizeof(name), "%stype", what);
+        hooks_enum_message(name, enum_memory_types, err, errlen);
         return RPC_INVALID_ARGUMENT;
     }
     it->importance = rpc_get_num(a[P_IT_IMPORTANCE], 0);
@@ -118,7 +117,9 @@ static rpc_code parse_item(req *r, const msgpack_object *const *a, const char *w
     if (a[P_IT_SCOPE]) {
         it->scope = memrow_scope_parse(a[P_IT_SCOPE]->via.str.ptr, a[P_IT_SCOPE]->via.str.size);
         if (it->scope < 0) {
-            snprintf(err, errlen, "parameter '%sscope' must be agent, clade or tenant", what);
+            char name[48];
+            snprintf(name, sizeof(name), "%sscope", what);
+            hooks_enum_message(name, enum_scopes, err, errlen);
             return RPC_INVALID_ARGUMENT;
         }
     }
@@ -165,6 +166,7 @@ static rpc_code parse_item(req *r, const msgpack_object *const *a, const char *w
 /* ---- memory.store and memory.store_batch ---------------------------------------------- */
 
 enum { P_ST_IDEMPOTENCY_KEY = P_IT__COUNT };
+ENUMS(memory_store, {"type", enum_memory_types}, {"scope", enum_scopes});
 PARAMS(memory_store, ITEM_PARAMS,
        {"idempotency_key", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, IDEM_KEY_MAX});
 

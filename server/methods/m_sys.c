@@ -1,12 +1,15 @@
 /* server/methods/m_sys.c: ping, auth and methods. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "auth.h"
 #include "handlers.h"
+#include "json.h"
 #include "log.h"
 #include "memrow.h"
 #include "methods.h"
+#include "results.h"
 #include "sql.h"
 #include "tenancy.h"
 #include "tiers.h"
@@ -201,13 +204,45 @@ static const char *type_name(rpc_type t)
     return "any";
 }
 
+/* The result schema of method name with its components expanded (results_expand), as
+ * JSON text in *out (the caller's; empty when none is declared). Returns 0, -ENOMEM or
+ * -EINVAL (a table that does not parse: a bug the unit and integration tests catch). */
+static int result_schema_text(const char *name, ubuf *out)
+{
+    out->len = 0;
+    const char *schema = results_find(name);
+    if (!schema)
+        return 0;
+    int rc = results_expand(schema, out);
+    if (rc < 0)
+        return rc;
+    char err[96];
+    return json_to_msgpack(out->data, out->len, 16, NULL, err, sizeof(err)) == 0 ? 0 : -EINVAL;
+}
+
 void h_methods(req *r)
 {
+    /* every result schema expanded and checked before anything is packed */
+    ubuf *texts = req_alloc(r, methods_count * sizeof(*texts));
+    if (!texts) {
+        req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    memset(texts, 0, methods_count * sizeof(*texts));
+    for (size_t i = 0; i < methods_count; i++) {
+        if (result_schema_text(methods_table[i].name, &texts[i]) < 0) {
+            log_error("the result schema of %s does not expand", methods_table[i].name);
+            for (size_t j = 0; j <= i; j++)
+                ubuf_fini(&texts[j]);
+            req_fail(r, RPC_INTERNAL, "result schema table broken");
+            return;
+        }
+    }
     msgpack_packer *pk = req_result(r);
     msgpack_pack_array(pk, (uint32_t)methods_count);
     for (size_t i = 0; i < methods_count; i++) {
         const method_def *m = &methods_table[i];
-        msgpack_pack_map(pk, 3);
+        msgpack_pack_map(pk, texts[i].len ? 4 : 3);
         rpc_pack_kv_str(pk, "name", m->name);
         rpc_pack_cstr(pk, "flags");
         static const struct {
@@ -235,10 +270,20 @@ void h_methods(req *r)
             uint32_t na = 0;
             while (k + 1 + na < m->nparams && (m->params[k + 1 + na].flags & RPC_P_ALIAS))
                 na++;
-            msgpack_pack_map(pk, na ? 4 : 3);
+            const char *const *words = hooks_param_enum(m, k);
+            msgpack_pack_map(pk, 3 + (na ? 1 : 0) + (words ? 1 : 0));
             rpc_pack_kv_str(pk, "name", p->name);
             rpc_pack_kv_str(pk, "type", type_name(p->type));
             rpc_pack_kv_bool(pk, "required", (p->flags & RPC_P_REQUIRED) != 0);
+            if (words) { /* the strings it takes (each of its strings, for a string[]) */
+                uint32_t nw = 0;
+                while (words[nw])
+                    nw++;
+                rpc_pack_cstr(pk, "enum");
+                msgpack_pack_array(pk, nw);
+                for (uint32_t w = 0; w < nw; w++)
+                    rpc_pack_cstr(pk, words[w]);
+            }
             if (na) {
                 rpc_pack_cstr(pk, "aliases");
                 msgpack_pack_array(pk, na);
@@ -246,6 +291,12 @@ void h_methods(req *r)
                     rpc_pack_cstr(pk, m->params[k + a].name);
             }
         }
+        if (texts[i].len) {
+            /* checked above: cannot fail but by a packer that remembers its own failure */
+            rpc_pack_cstr(pk, "result");
+            (void)json_to_msgpack(texts[i].data, texts[i].len, 16, pk, NULL, 0);
+        }
+        ubuf_fini(&texts[i]);
     }
     req_done(r);
 }

@@ -29,13 +29,13 @@
     }
 
 static const char *const statuses[] = {"open", "in_progress", "blocked", "done", "cancelled", NULL};
-static const char status_list[] = "open, in_progress, blocked, done, cancelled";
 /* the statuses a new work item may start in */
 static const char *const new_statuses[] = {"open", "in_progress", "blocked", NULL};
 
 /* ---- session.work_item.add ------------------------------------------------------------------ */
 
 enum { P_WA_SESSION, P_WA_TITLE, P_WA_DESCRIPTION, P_WA_STATUS, P_WA_OWNER, P_WA_AGENT };
+ENUMS(session_work_item_add, {"status", new_statuses});
 PARAMS(session_work_item_add, ID_PARAM("session_id"),
        {"title", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, TITLE_MAX},
        {"description", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_WORK_ITEM), 0, 0},
@@ -45,9 +45,6 @@ PARAMS(session_work_item_add, ID_PARAM("session_id"),
 /* session.work_item.add: a new work item of the session (a sub-agent's: of its parent). */
 void h_session_work_item_add(req *r)
 {
-    if (!sq_check_word(r, req_arg(r, P_WA_STATUS), "status", new_statuses,
-                       "open, in_progress, blocked"))
-        return;
     sq q;
     sq_init(&q, r);
     sq_u64(&q, req_arg(r, P_WA_SESSION));
@@ -72,6 +69,7 @@ enum {
     P_WU_EXPECTED,
     P_WU_AGENT
 };
+ENUMS(session_work_item_update, {"status", statuses});
 PARAMS(session_work_item_update, ID_PARAM("session_id"), ID_PARAM("work_item_id"),
        {"title", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, TITLE_MAX},
        {"description", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE | RPC_P_LIMIT(PLIM_WORK_ITEM), 0, 0},
@@ -83,8 +81,6 @@ PARAMS(session_work_item_update, ID_PARAM("session_id"), ID_PARAM("work_item_id"
 void h_session_work_item_update(req *r)
 {
     const msgpack_object *status = req_arg(r, P_WU_STATUS);
-    if (!sq_check_word(r, status, "status", statuses, status_list))
-        return;
     if (!req_arg(r, P_WU_TITLE) && !req_arg(r, P_WU_DESCRIPTION) && !status &&
         !req_arg(r, P_WU_OWNER)) {
         req_fail(r, RPC_INVALID_ARGUMENT,
@@ -107,6 +103,7 @@ void h_session_work_item_update(req *r)
 /* ---- session.work_item.list ----------------------------------------------------------------- */
 
 enum { P_WL_SESSION, P_WL_STATUSES, P_WL_OWNER, P_WL_CURSOR, P_WL_LIMIT };
+ENUMS(session_work_item_list, {"statuses", statuses});
 PARAMS(session_work_item_list, ID_PARAM("session_id"),
        {"statuses", RPC_T_STR_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 5},
        OPT_ID_PARAM("owner_agent_id"), CURSOR_PARAM,
@@ -116,8 +113,6 @@ PARAMS(session_work_item_list, ID_PARAM("session_id"),
 void h_session_work_item_list(req *r)
 {
     const msgpack_object *st = req_arg(r, P_WL_STATUSES);
-    if (!sq_check_words(r, st, "statuses", statuses, status_list))
-        return;
     sq q;
     sq_init(&q, r);
     sq_u64(&q, req_arg(r, P_WL_SESSION));

@@ -62,7 +62,18 @@ static void put_type(struct evbuffer *b, const char *t, bool nullable)
         evbuffer_add_printf(b, "\"type\":\"%s\"", t);
 }
 
-static void put_schema(struct evbuffer *b, const rpc_param *p)
+/* Appends ,"enum":["a","b"(,null)] for the words (NULL-terminated) a parameter takes. */
+static void put_enum(struct evbuffer *b, const char *const *words, bool nul)
+{
+    evbuffer_add_printf(b, ",\"enum\":[");
+    for (size_t i = 0; words[i]; i++)
+        evbuffer_add_printf(b, "%s\"%s\"", i ? "," : "", words[i]);
+    evbuffer_add_printf(b, "%s]", nul ? ",null" : "");
+}
+
+/* Appends the JSON Schema of p; words (NULL: any string) the strings it takes, or each of
+ * its strings takes (the method table's ENUMS). */
+static void put_schema(struct evbuffer *b, const rpc_param *p, const char *const *words)
 {
     bool nul = (p->flags & RPC_P_NULLABLE) != 0;
     bool rng = (p->flags & RPC_P_RANGE) != 0;
@@ -99,6 +110,8 @@ static void put_schema(struct evbuffer *b, const rpc_param *p)
         break;
     case RPC_T_STR:
         put_type(b, "string", nul);
+        if (words)
+            put_enum(b, words, nul);
         put_bound(b, "minLength", lo, true);
         put_bound(b, "maxLength", hi, true);
         evbuffer_add_printf(b, ",\"description\":\"length bounds count UTF-8 bytes%s%s\"",
@@ -127,7 +140,10 @@ static void put_schema(struct evbuffer *b, const rpc_param *p)
         break;
     case RPC_T_STR_ARRAY:
         put_type(b, "array", nul);
-        evbuffer_add_printf(b, ",\"items\":{\"type\":\"string\"}");
+        evbuffer_add_printf(b, ",\"items\":{\"type\":\"string\"");
+        if (words)
+            put_enum(b, words, false);
+        evbuffer_add(b, "}", 1);
         put_bound(b, "minItems", lo, true);
         put_bound(b, "maxItems", hi, true);
         break;
@@ -204,11 +220,11 @@ static void put_body(struct evbuffer *b, const method_def *m, const char *skip)
             q.flags = (q.flags & ~RPC_P_REQUIRED) | RPC_P_NULLABLE;
             evbuffer_add_printf(b, "{\"description\":\"another name of '%s'\",\"allOf\":[",
                                 m->params[j].name);
-            put_schema(b, &q);
+            put_schema(b, &q, hooks_param_enum(m, j));
             evbuffer_add(b, "]}", 2);
             continue;
         }
-        put_schema(b, p);
+        put_schema(b, p, hooks_param_enum(m, k));
         any_required = any_required || (p->flags & RPC_P_REQUIRED);
     }
     evbuffer_add_printf(b, "}");
@@ -294,6 +310,7 @@ static void put_route(struct evbuffer *b, const rest_route *rr, const method_def
         const rpc_param *p = param_named(m, rr->query[q].param);
         if (!p)
             continue;
+        size_t k = (size_t)(p - m->params);
         evbuffer_add_printf(b,
                             "%s{\"name\":\"%s\",\"in\":\"query\",\"description\":"
                             "\"the method's parameter %s%s\",",
@@ -302,7 +319,7 @@ static void put_route(struct evbuffer *b, const rest_route *rr, const method_def
         if (p->type == RPC_T_STR_ARRAY)
             evbuffer_add_printf(b, "\"style\":\"form\",\"explode\":false,");
         evbuffer_add_printf(b, "\"schema\":");
-        put_schema(b, p);
+        put_schema(b, p, hooks_param_enum(m, k));
         evbuffer_add(b, "}", 1);
         first = false;
     }

@@ -1,6 +1,7 @@
 /* server/methods/results.c: the result schemas of the methods (see results.h). */
 #include "results.h"
 
+#include <errno.h>
 #include <string.h>
 
 /* JSON Schema fragments as C string literals (concatenated at compile time) */
@@ -162,7 +163,8 @@ static const result_schema table[] = {
                                                                     ARR(INT)) "," P("sentences",
                                                                                     INT))},
     {"memory.restore", IDS_OF("restored")},
-    {"memory.search", OBJECT(Q("results"), P("results", ARR(REF("SearchHit"))))},
+    {"memory.search",
+     OBJECT(Q("results"), P("results", ARR(REF("SearchHit"))) "," P("below_min_similarity", INT))},
     {"memory.stats",
      OBJECT(
          Q("total") "," Q("archived") "," Q("by_type") "," Q("by_scope") "," Q("storage_bytes"),
@@ -180,8 +182,10 @@ static const result_schema table[] = {
      ARR(OBJECT(
          Q("name") "," Q("flags") "," Q("params"),
          P("name", STR) "," P("flags", ARR(STR)) "," P(
-             "params", ARR(OBJECT(Q("name") "," Q("type") "," Q("required"),
-                                  P("name", STR) "," P("type", STR) "," P("required", BOOL))))))},
+             "params",
+             ARR(OBJECT(Q("name") "," Q("type") "," Q("required"),
+                        P("name", STR) "," P("type", STR) "," P("required", BOOL) "," P(
+                            "aliases", ARR(STR)) "," P("enum", ARR(STR))))) "," P("result", OBJ)))},
     {"ping", "{\"const\":\"pong\"}"},
     {"session.append", OBJECT(Q("seq") "," Q("entry_id") "," Q("total_cost_usdc"),
                               P("seq", INT) "," P("entry_id", INT) "," P("total_cost_usdc", NUM))},
@@ -307,4 +311,37 @@ const char *results_find(const char *name)
             lo = mid + 1;
     }
     return NULL;
+}
+
+#define REF_HEAD "{\"$ref\":\"#/components/schemas/"
+
+static int expand(const char *schema, ubuf *out, int depth)
+{
+    const char *at = schema;
+    for (;;) {
+        const char *ref = strstr(at, REF_HEAD);
+        int rc = ubuf_append(out, at, ref ? (size_t)(ref - at) : strlen(at));
+        if (rc < 0 || !ref)
+            return rc;
+        const char *name = ref + strlen(REF_HEAD);
+        const char *end = strchr(name, '"');
+        if (!end || strncmp(end, "\"}", 2) != 0 || depth >= 4)
+            return -EINVAL;
+        const char *comp = NULL;
+        for (size_t i = 0; i < results_components_count && !comp; i++)
+            if (strlen(results_components[i].name) == (size_t)(end - name) &&
+                strncmp(results_components[i].name, name, (size_t)(end - name)) == 0)
+                comp = results_components[i].schema;
+        if (!comp || comp[0] != '{')
+            return -EINVAL;
+        rc = ubuf_printf(out, "{\"title\":\"%.*s\",", (int)(end - name), name);
+        if (rc < 0 || (rc = expand(comp + 1, out, depth + 1)) < 0)
+            return rc;
+        at = end + 2;
+    }
+}
+
+int results_expand(const char *schema, ubuf *out)
+{
+    return expand(schema, out, 0);
 }

@@ -12,6 +12,8 @@
 
 #include <stddef.h>
 
+#include "ubuf.h"
+
 typedef struct {
     const char *name;   /* a method name, or a component name */
     const char *schema; /* a JSON Schema as JSON text */
@@ -19,6 +21,15 @@ typedef struct {
 
 /* results_find returns the schema of method `name`, or NULL when none is declared. */
 const char *results_find(const char *name);
+
+/* results_expand appends to out the schema text with every reference to a component
+ * ({"$ref":"#/components/schemas/NAME"}) replaced by that component's schema, a "title"
+ * NAME added first (so a reader without the document's components, such as the `methods`
+ * answer's clients/gen.py, still sees one named shape), references inside components
+ * expanded in turn (at most 4 deep). Returns 0, -ENOMEM, or -EINVAL for a reference to an
+ * unknown component or one nested too deep (out then holds part of the text; the caller
+ * owns out in either case). */
+int results_expand(const char *schema, ubuf *out);
 
 /* The shared component schemas. */
 extern const result_schema results_components[];

@@ -240,33 +240,3 @@ void sq_submit(sq *q, const db_stmt_def *def)
 {
     sq_submit_cb(q, def, json_done);
 }
-
-static bool one_of(const msgpack_object *o, const char *const *words)
-{
-    for (size_t i = 0; words[i]; i++)
-        if (rpc_str_eq(o, words[i]))
-            return true;
-    return false;
-}
-
-bool sq_check_word(req *r, const msgpack_object *o, const char *name, const char *const *words,
-                   const char *list)
-{
-    if (!o || one_of(o, words))
-        return true;
-    req_fail(r, RPC_INVALID_ARGUMENT, "parameter '%s' must be one of %s", name, list);
-    return false;
-}
-
-bool sq_check_words(req *r, const msgpack_object *o, const char *name, const char *const *words,
-                    const char *list)
-{
-    for (uint32_t i = 0; o && i < o->via.array.size; i++) {
-        if (!one_of(&o->via.array.ptr[i], words)) {
-            req_fail(r, RPC_INVALID_ARGUMENT, "parameter '%s[%u]' must be one of %s", name, i,
-                     list);
-            return false;
-        }
-    }
-    return true;
-}

@@ -84,13 +84,4 @@ void sq_submit(sq *q, const db_stmt_def *def);
  * when building the parameters ran out of memory it fails the request at once instead. */
 void sq_submit_cb(sq *q, const db_stmt_def *def, void (*cb)(req *r, const db_result *res));
 
-/* sq_check_word returns true when the string o (NULL: absent) is one of the NULL-terminated
- * words; otherwise it fails the request with invalid_argument naming the parameter and the
- * list and returns false. sq_check_words does the same for every string of the array o
- * (NULL: absent). */
-bool sq_check_word(req *r, const msgpack_object *o, const char *name, const char *const *words,
-                   const char *list);
-bool sq_check_words(req *r, const msgpack_object *o, const char *name, const char *const *words,
-                    const char *list);
-
 #endif

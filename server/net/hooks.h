@@ -33,6 +33,15 @@ enum {
 
 #define METHOD_MAX_PARAMS 32
 
+/* A parameter that takes one of a fixed set of strings (for an array of strings: each
+ * element). The method table declares it; the dispatcher checks it after binding
+ * (hooks_check_enums), so the "must be one of" message, the `methods` answer's `enum` and
+ * the OpenAPI document's `enum` all come from these words. */
+typedef struct method_enum {
+    const char *param;        /* a parameter of the method (not an alias) */
+    const char *const *words; /* the accepted strings, NULL-terminated */
+} method_enum;
+
 /* One method: its handler, parameter schema and flags. */
 typedef struct method_def {
     const char *name;
@@ -40,7 +49,9 @@ typedef struct method_def {
     const rpc_param *params;
     size_t nparams;
     unsigned flags;
-    const size_t *count; /* where nparams comes from (the handler file's np_<name>) */
+    const size_t *count;      /* where nparams comes from (the handler file's np_<name>) */
+    const method_enum *enums; /* its parameters' fixed sets of strings (NULL: none) */
+    const size_t *nenums;     /* how many (the handler file's ne_<name>; NULL: none) */
 } method_def;
 
 /* A tenant request's admission (hooks.tenant_admit). */
@@ -97,5 +108,21 @@ typedef struct net_hooks {
  * methods and its index in *idx, or NULL. */
 const method_def *hooks_method_find(const method_def *t, size_t count, const char *name, size_t n,
                                     size_t *idx);
+
+/* hooks_param_enum returns the words parameter params[k] of m accepts (NULL-terminated),
+ * or NULL when it takes any string. */
+const char *const *hooks_param_enum(const method_def *m, size_t k);
+
+/* hooks_enum_message writes into err "parameter 'WHAT' must be one of a, b, c", the words
+ * (NULL-terminated) listed in order: the one message of every fixed set of strings, also for
+ * those inside a parameter (what "memories[3].type"). Returns RPC_E_INVALID. */
+int hooks_enum_message(const char *what, const char *const *words, char *err, size_t errlen);
+
+/* hooks_check_enums checks the bound arguments args (rpc_bind_params' out[] for m->params)
+ * against m's enums: a string not among its parameter's words fails with "parameter 'mode'
+ * must be one of vector, text, hybrid" ("parameter 'scopes[1]' ..." for an element of an
+ * array) in err. Returns 0 or RPC_E_INVALID. Thread-safe. */
+int hooks_check_enums(const method_def *m, const msgpack_object *const *args, char *err,
+                      size_t errlen);
 
 #endif

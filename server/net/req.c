@@ -991,6 +991,8 @@ static void decode_step(req *r, decoded *d)
     if (d->m)
         d->bind_rc = rpc_bind_params(d->rq.params, d->m->params, d->m->nparams, r->args, d->err,
                                      sizeof(d->err));
+    if (d->m && d->bind_rc == 0)
+        d->bind_rc = hooks_check_enums(d->m, r->args, d->err, sizeof(d->err));
 }
 
 /* Checks and runs r once decode_step has filled d (see req_dispatch); on the worker. */

@@ -231,7 +231,7 @@ static void h_whoami(req *r)
 
 #define M(wire, h, flags)                                                                          \
     {                                                                                              \
-        wire, h_##h, p_##h, 0, flags, &np_##h                                                      \
+        wire, h_##h, p_##h, 0, flags, &np_##h, NULL, NULL                                          \
     }
 #define p_admin_only p_none
 #define np_admin_only np_none

@@ -847,7 +847,8 @@ req *fr_call_as(fr_env *e, const conn_auth *a, const char *method, const char *a
         params = &r->params_u.data;
     }
     char err[256];
-    if (rpc_bind_params(params, r->m->params, r->m->nparams, r->args, err, sizeof(err)) != 0) {
+    if (rpc_bind_params(params, r->m->params, r->m->nparams, r->args, err, sizeof(err)) != 0 ||
+        hooks_check_enums(r->m, r->args, err, sizeof(err)) != 0) {
         /* as req.c: an auth's binding failure reveals nothing; others name the parameter */
         r->bind_failed = true;
         if (r->m->flags & M_AUTH)

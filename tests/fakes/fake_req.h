@@ -12,13 +12,13 @@
  * server's own.
  *
  * A request is made from a method name and its arguments as JSON (fr_call): the arguments
- * go through the real binder (rpc_bind_params with the method's schema, as req.c does) and
- * the handler runs. Every database job it (or a domain module) submits is recorded, in
- * order, with its statements' names and parameter values copied (fr_job); the test answers
- * a job with PGresults (tests/fakes/pgres.h), an error or an outage, which runs the job's
- * callback as the pool would. The request ends as the real one does (req_done with its
- * packed result, req_fail with a code, a message and details) and stays inspectable
- * until fr_free: its result or error map is decoded and rendered as JSON.
+ * go through the real binder (rpc_bind_params with the method's schema, then
+ * hooks_check_enums with its enums, as req.c does) and the handler runs. Every database job it (or
+ * a domain module) submits is recorded, in order, with its statements' names and parameter values
+ * copied (fr_job); the test answers a job with PGresults (tests/fakes/pgres.h), an error or an
+ * outage, which runs the job's callback as the pool would. The request ends as the real one does
+ * (req_done with its packed result, req_fail with a code, a message and details) and stays
+ * inspectable until fr_free: its result or error map is decoded and rendered as JSON.
  *
  * What this fake does not do, and where it differs from req.c: a write's lock probe and
  * lane (req_submit records FR_SUBMIT whatever the method's flags), the standby read

@@ -91,6 +91,29 @@ def test_search_drops_low_matches_before_top_k(server, corpus, mode):
         assert got and all(r["similarity"] >= 0 for r in got)
 
 
+@pytest.mark.parametrize("mode", ["vector", "text", "hybrid"])
+def test_search_says_how_many_it_left_out(server, corpus, mode):
+    """below_min_similarity: how many of the candidates ranked for the answer fell below the
+    threshold (top_k of them in vector mode, max(3 * top_k, 50) per ranking otherwise)."""
+    key, q, near, far, sims = corpus
+    args = dict(embedding=vec_bin(q), similarity_weight=0.2, mode=mode)
+    if mode != "vector":
+        args["query"] = "falcon"
+    with server.client(key=key) as c:
+        assert "below_min_similarity" not in c.call("memory.search", top_k=5, **args)
+        r = c.call("memory.search", top_k=20, min_similarity=THRESHOLD, **args)
+        assert len(r["results"]) == len(near)
+        # vector: the index ranks the 8 near ones, then 12 of the far ones; text and hybrid
+        # rank all 38 (each ranking takes 50), the 30 far ones below
+        assert r["below_min_similarity"] == (20 - len(near) if mode == "vector" else len(far))
+        r = c.call("memory.search", top_k=5, min_similarity=THRESHOLD, **args)
+        assert len(r["results"]) == 5
+        assert r["below_min_similarity"] == (0 if mode == "vector" else len(far))
+        r = c.call("memory.search", top_k=5, min_similarity=0.999, **args)
+        assert r["results"] == []
+        assert r["below_min_similarity"] == (5 if mode == "vector" else len(near) + len(far))
+
+
 def test_similarity_ranking_alone(server, corpus):
     """similarity_weight 1 ranks by similarity in the index: the threshold cuts its tail."""
     key, q, near, _, _ = corpus

@@ -148,3 +148,36 @@ def test_errors_match_the_error_schema(server, tenant, doc):
         for op in item.values():
             for st in ("400", "429", "503"):
                 assert op["responses"][st]["$ref"] == f"#/components/responses/E{st}"
+
+
+def expand(schema, components):
+    """schema with each #/components/schemas/NAME reference replaced by the component under
+    a title NAME, as the `methods` answer gives it."""
+    if isinstance(schema, list):
+        return [expand(x, components) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    ref = schema.get("$ref")
+    if ref is not None:
+        name = ref.removeprefix("#/components/schemas/")
+        return {"title": name, **expand(components[name], components)}
+    return {k: expand(v, components) for k, v in schema.items()}
+
+
+def test_methods_answer_carries_the_documents_result_schemas(server, doc):
+    """The `methods` answer (what clients/gen.py types the clients' results from) gives each
+    method the result schema the document declares, its components expanded and titled."""
+    status, _, live = post(server, "methods")
+    assert status == 200
+    comps = doc["components"]["schemas"]
+    with_result = 0
+    for m in live:
+        if m["name"] == "auth":
+            assert "result" not in m  # auth is not in the document (the bearer key does it)
+            continue
+        assert m["result"] == expand(result_schema(doc, m["name"]), comps), m["name"]
+        with_result += 1
+    assert with_result == len(live) - 1 >= 50
+    search = next(m for m in live if m["name"] == "memory.search")["result"]
+    assert search["properties"]["results"]["items"]["title"] == "SearchHit"
+    assert search["properties"]["results"]["items"]["allOf"][0]["title"] == "Memory"

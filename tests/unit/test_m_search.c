@@ -169,7 +169,7 @@ static void test_arguments(void)
     expect_invalid("memory.search", "{\"query\": \"x\", \"top_k\": 1000000}", "top_k");
     expect_invalid("memory.search", "{\"query\": \"x\", \"similarity_weight\": 2}",
                    "similarity_weight");
-    expect_invalid("memory.search", "{\"query\": \"x\", \"scopes\": [\"planet\"]}", "scopes");
+    expect_invalid("memory.search", "{\"query\": \"x\", \"scopes\": [\"planet\"]}", "scopes[0]");
     expect_invalid("memory.search", "{\"query\": \"x\", \"budget_tokens\": 5}", "budget_tokens");
     expect_invalid("memory.context", "{\"query\": \"x\", \"format\": \"html\"}", "format");
     expect_invalid("memory.context", "{\"query\": \"x\", \"order\": \"random\"}", "order");

@@ -111,11 +111,11 @@ export async function listResources(ctx: ToolContext, cursor: string | undefined
   const at: Cursor = cursor === undefined ? { k: "s" } : decodeCursor(cursor);
   return guard(ctx, undefined, async () => {
     if (at.k === "s") {
-      const r = (await ctx.client.session.list({
+      const r = await ctx.client.session.list({
         limit: PAGE_SIZE, ...(ctx.agentId !== undefined ? { agent_id: ctx.agentId } : {}),
         ...(typeof at.c === "number" ? { cursor: at.c } : {}),
-      })) as Rec;
-      const resources = (Array.isArray(r.sessions) ? r.sessions as Rec[] : []).map(sessionResource);
+      });
+      const resources = r.sessions.map((x) => sessionResource(x as unknown as Rec));
       const next = r.next_cursor;
       return { resources, nextCursor: encodeCursor(next != null ? { k: "s", c: Number(next) } : { k: "m" }) };
     }
@@ -154,7 +154,7 @@ export async function readResource(ctx: ToolContext, uri: string): Promise<{ con
     }
     const [g, pad] = await Promise.all([ctx.client.session.get({ session_id: sid }),
       ctx.client.session.scratchpad.get({ session_id: sid })]);
-    return sessionText(g as Rec, pad as unknown as Rec);
+    return sessionText(g as unknown as Rec, pad as unknown as Rec);
   });
   return { contents: [{ uri, mimeType: TEXT, text }] };
 }

@@ -255,24 +255,20 @@ export const TOOLS: Tool[] = [
       const minSim = num(a, "min_similarity");
       if (minSim !== undefined && (minSim < 0 || minSim > 1)) throw new ArgumentError("argument 'min_similarity' must be 0 to 1");
       const mode = oneOf<string>(a, "mode", ["vector", "hybrid", "text"], "vector")! as "vector" | "hybrid" | "text";
-      // engramd does not take min_similarity on memory.search yet: until it does, the filter is
-      // applied here to the cosine it returns. Results are ranked by a blend of similarity and
-      // composite importance, so a memory above the threshold may rank below top_k others that
-      // are not: ask for more than top_k and cut after filtering.
-      const ask = minSim === undefined ? topK : Math.min(Math.max(topK * 4, topK + 20), 200);
+      // engramd applies min_similarity before it cuts the ranking to top_k (so a memory that
+      // passes is not crowded out by ones that do not) and says how many of the candidates
+      // it ranked fell below it (below_min_similarity, docs/protocol.md memory.search)
       const r = await ctx.client.memory.search({
         query: str(a, "query", true),
-        top_k: ask,
+        top_k: topK,
         type_filter: strs(a, "types") as MemoryType[] | undefined,
         tokens: strs(a, "tags"),
         mode,
+        min_similarity: minSim,
         agent_id: ctx.agentId,
       });
-      let hits = r.results as unknown as Record<string, unknown>[];
-      const total = hits.length;
-      if (minSim !== undefined) hits = hits.filter((h) => typeof h.similarity === "number" && h.similarity >= minSim);
-      const left = total - hits.length;
-      hits = hits.slice(0, topK);
+      const hits = r.results;
+      const left = r.below_min_similarity ?? 0;
       if (hits.length === 0) {
         return left > 0
           ? `No memories with similarity ${minSim!.toFixed(2)} or more (${left} weaker left out).`
@@ -280,7 +276,7 @@ export const TOOLS: Tool[] = [
       }
       const lv = ctx.levels;
       const lines = hits.map((h) => {
-        const sim = typeof h.similarity === "number" ? h.similarity : undefined;
+        const sim = h.similarity ?? undefined;
         const match = sim === undefined
           ? `keyword match, text rank ${Number(h.score).toFixed(3)}`
           : `${relevance(sim, lv)}: similarity ${sim.toFixed(2)}` +
@@ -304,6 +300,10 @@ export const TOOLS: Tool[] = [
       properties: {
         query: { type: "string", minLength: 1, description: "The task or topic at hand." },
         budget_tokens: { type: "integer", minimum: 1, maximum: 100000, default: 1500, description: "The most tokens the block may take." },
+        min_similarity: {
+          type: "number", minimum: 0, maximum: 1,
+          description: "Leave out memories whose similarity to the query is below this, so the budget is not filled with unrelated ones (e.g. 0.4).",
+        },
         types: { type: "array", items: { type: "string", enum: MEMORY_TYPES }, description: "Only these kinds of memory." },
         tags: { type: "array", items: { type: "string" }, description: "Only memories sharing at least one of these tags." },
       },
@@ -312,6 +312,8 @@ export const TOOLS: Tool[] = [
     },
     annotations: { readOnlyHint: true, openWorldHint: false },
     async run(a, ctx) {
+      const minSim = num(a, "min_similarity");
+      if (minSim !== undefined && (minSim < 0 || minSim > 1)) throw new ArgumentError("argument 'min_similarity' must be 0 to 1");
       const r = await ctx.client.memory.context({
         query: str(a, "query", true),
         budget_tokens: int(a, "budget_tokens") ?? 1500,
@@ -319,8 +321,10 @@ export const TOOLS: Tool[] = [
         tokens: strs(a, "tags"),
         mode: "hybrid",
         top_k: 50,
+        min_similarity: minSim,
         agent_id: ctx.agentId,
       });
+      if (minSim !== undefined && r.ids.length === 0) return `No memories with similarity ${minSim.toFixed(2)} or more.`;
       return contextText(r.text ?? "");
     },
   },

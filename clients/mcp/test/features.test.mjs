@@ -192,6 +192,10 @@ both("recall ranks by meaning, says how strong each match is, and takes min_simi
   assert.doesNotMatch(t, /Tuesdays/);
   t = await ok(c, "recall", { query: "the user's favourite editor", min_similarity: 0.99 });
   assert.equal(t, "No memories with similarity 0.99 or more (2 weaker left out).");
+  // the count is engramd's (below_min_similarity): of the top_k candidates it ranked in
+  // vector mode, here 1 (filtering on the client, engram-mcp used to ask for 21 and say 2)
+  t = await ok(c, "recall", { query: "the user's favourite editor", min_similarity: 0.99, top_k: 1 });
+  assert.equal(t, "No memories with similarity 0.99 or more (1 weaker left out).");
   assert.match(await fails(c, "recall", { query: "x", min_similarity: 2 }), /min_similarity/);
 
   t = await ok(c, "recall", { query: "Tuesdays", mode: "text" });
@@ -232,6 +236,11 @@ both("memory_context reads without XML entity noise, and stored markup stays ine
   assert.match(t, /^<agent_memory>\n/);
   assert.match(t, /Ana's "north star" metric: uptime & &lt;b&gt;latency&lt;\/b&gt;/);
   assert.doesNotMatch(t, /&apos;|&quot;|&amp;/);
+  // min_similarity goes to engramd's memory.context: nothing unrelated fills the budget
+  assert.match(await ok(c, "memory_context", { query: "Ana's north star metric", min_similarity: 0.1 }), /north star/);
+  assert.equal(await ok(c, "memory_context", { query: "Ana's north star metric", min_similarity: 0.99 }),
+    "No memories with similarity 0.99 or more.");
+  assert.match(await fails(c, "memory_context", { query: "x", min_similarity: 2 }), /min_similarity/);
 });
 
 both("unknown arguments are refused, naming them and what the tool takes", async (c) => {

@@ -11,16 +11,44 @@ required parameter by position) still work, with a DeprecationWarning.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, cast
 
 from ._compat import legacy_positional
 
 if TYPE_CHECKING:
+    from .results import (
+        AdminKeyCreateResult,
+        AdminKeyListResult,
+        AdminKeyRevokeResult,
+        AdminTenantDeleteResult,
+        Tenant,
+        AdminTenantListResult,
+        MemoryConsolidateResult,
+        MemoryConsolidationRunsResult,
+        MemoryFeedbackResult,
+        MemoryProvenanceResult,
+        SessionAuditResult,
+        SessionCheckpointsResult,
+        SessionChildrenResult,
+        SessionCompleteResult,
+        SessionContextResult,
+        SessionDeleteResult,
+        SessionEndResult,
+        SessionGetResult,
+        SessionHandoffResult,
+        WorkItem,
+        SessionListResult,
+        SessionSpawnResult,
+        SessionSummarizeResult,
+        SessionTaskCompleteResult,
+        SessionTombstoneResult,
+        SessionWorkItemListResult,
+        TenantUsageResult,
+    )
     from .types import (
         AppendResult,
         ArchiveResult,
         AuthResult,
-        BranchType,
         CheckpointResult,
         ContextResult,
         DeleteResult,
@@ -166,24 +194,29 @@ class SyncAdminKey:
         name: str,
         tenant_id: int | None = None,
         tenant: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> AdminKeyCreateResult:
         """Creates a named API key for a tenant; the key is shown only in this answer. (``admin.key.create``)"""
-        return cast("dict[str, Any]", self._r._call("admin.key.create", {
+        return cast("AdminKeyCreateResult", self._r._call("admin.key.create", {
             "tenant_id": tenant_id,
             "tenant": tenant,
             "name": name,
         }))
 
-    def list(self, *, tenant_id: int | None = None, tenant: str | None = None) -> dict[str, Any]:
+    def list(
+        self,
+        *,
+        tenant_id: int | None = None,
+        tenant: str | None = None,
+    ) -> AdminKeyListResult:
         """Lists a tenant's API keys (public prefixes only). (``admin.key.list``)"""
-        return cast("dict[str, Any]", self._r._call("admin.key.list", {
+        return cast("AdminKeyListResult", self._r._call("admin.key.list", {
             "tenant_id": tenant_id,
             "tenant": tenant,
         }))
 
-    def revoke(self, key_id: int) -> dict[str, Any]:
+    def revoke(self, key_id: int) -> AdminKeyRevokeResult:
         """Revokes an API key; connections using it fail from their next request. (``admin.key.revoke``)"""
-        return cast("dict[str, Any]", self._r._call("admin.key.revoke", {"key_id": key_id}))
+        return cast("AdminKeyRevokeResult", self._r._call("admin.key.revoke", {"key_id": key_id}))
 
 
 class SyncAdminTenant:
@@ -201,7 +234,7 @@ class SyncAdminTenant:
         name: str,
         tier: Tier,
         embedding: EmbeddingConfig | None = None,
-        index_engine: str | None = None,
+        index_engine: Literal["native", "faiss"] | None = None,
     ) -> TenantCreateResult:
         """Creates a tenant with its first API key (shown only in this answer). (``admin.tenant.create``)"""
         return cast("TenantCreateResult", self._r._call("admin.tenant.create", {
@@ -211,23 +244,28 @@ class SyncAdminTenant:
             "index_engine": index_engine,
         }))
 
-    def delete(self, *, tenant_id: int | None = None, name: str | None = None) -> dict[str, Any]:
+    def delete(
+        self,
+        *,
+        tenant_id: int | None = None,
+        name: str | None = None,
+    ) -> AdminTenantDeleteResult:
         """Deletes a tenant and everything it owns. (``admin.tenant.delete``)"""
-        return cast("dict[str, Any]", self._r._call("admin.tenant.delete", {
+        return cast("AdminTenantDeleteResult", self._r._call("admin.tenant.delete", {
             "tenant_id": tenant_id,
             "name": name,
         }))
 
-    def get(self, *, tenant_id: int | None = None, name: str | None = None) -> dict[str, Any]:
+    def get(self, *, tenant_id: int | None = None, name: str | None = None) -> Tenant:
         """Returns a tenant by id or name. (``admin.tenant.get``)"""
-        return cast("dict[str, Any]", self._r._call("admin.tenant.get", {
+        return cast("Tenant", self._r._call("admin.tenant.get", {
             "tenant_id": tenant_id,
             "name": name,
         }))
 
-    def list(self, *, cursor: int | None = None, limit: int | None = None) -> dict[str, Any]:
+    def list(self, *, cursor: int | None = None, limit: int | None = None) -> AdminTenantListResult:
         """Lists tenants in id order, one page at a time. (``admin.tenant.list``)"""
-        return cast("dict[str, Any]", self._r._call("admin.tenant.list", {
+        return cast("AdminTenantListResult", self._r._call("admin.tenant.list", {
             "cursor": cursor,
             "limit": limit,
         }))
@@ -239,11 +277,11 @@ class SyncAdminTenant:
         name: str | None = None,
         new_name: str | None = None,
         tier: Tier | None = None,
-        index_engine: str | None = None,
+        index_engine: Literal["native", "faiss", "default"] | None = None,
         chat_model: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Tenant:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
-        return cast("dict[str, Any]", self._r._call("admin.tenant.update", {
+        return cast("Tenant", self._r._call("admin.tenant.update", {
             "tenant_id": tenant_id,
             "name": name,
             "new_name": new_name,
@@ -272,9 +310,14 @@ class SyncMemoryConsolidation:
     def __init__(self, r: Any) -> None:
         self._r = r
 
-    def runs(self, *, limit: int | None = None, cursor: int | None = None) -> dict[str, Any]:
+    def runs(
+        self,
+        *,
+        limit: int | None = None,
+        cursor: int | None = None,
+    ) -> MemoryConsolidationRunsResult:
         """Lists the tenant's consolidation runs, newest first. (``memory.consolidation.runs``)"""
-        return cast("dict[str, Any]", self._r._call("memory.consolidation.runs", {
+        return cast("MemoryConsolidationRunsResult", self._r._call("memory.consolidation.runs", {
             "limit": limit,
             "cursor": cursor,
         }))
@@ -296,9 +339,9 @@ class SyncMemory:
             "reason": reason,
         }))
 
-    def consolidate(self) -> dict[str, Any]:
+    def consolidate(self) -> MemoryConsolidateResult:
         """Runs a consolidation of the tenant now (premium tier). (``memory.consolidate``)"""
-        return cast("dict[str, Any]", self._r._call("memory.consolidate", {}))
+        return cast("MemoryConsolidateResult", self._r._call("memory.consolidate", {}))
 
     def context(
         self,
@@ -325,8 +368,8 @@ class SyncMemory:
         min_similarity: float | None = None,
         count_access: bool | None = None,
         budget_tokens: int | None = None,
-        format: str | None = None,
-        order: str | None = None,
+        format: Literal["xml", "search_results"] | None = None,
+        order: Literal["rank", "stable"] | None = None,
     ) -> ContextResult:
         """Searches and renders the results as an <agent_memory> block or search-result items within a token budget. (``memory.context``)"""
         return cast("ContextResult", self._r._call("memory.context", {
@@ -377,9 +420,9 @@ class SyncMemory:
         *,
         cited: Sequence[int] | None = None,
         injected: Sequence[int] | None = None,
-    ) -> dict[str, Any]:
+    ) -> MemoryFeedbackResult:
         """Records which injected memories an answer cited (provenance feedback). (``memory.feedback``)"""
-        return cast("dict[str, Any]", self._r._call("memory.feedback", {
+        return cast("MemoryFeedbackResult", self._r._call("memory.feedback", {
             "cited": cited,
             "injected": injected,
         }))
@@ -493,9 +536,9 @@ class SyncMemory:
         }))
 
     @legacy_positional("memory.provenance", ("response", "injected", ))
-    def provenance(self, *, response: str, injected: Sequence[int]) -> dict[str, Any]:
+    def provenance(self, *, response: str, injected: Sequence[int]) -> MemoryProvenanceResult:
         """Estimates which injected memories a response used (word overlap or sentence embeddings) and records it. (``memory.provenance``)"""
-        return cast("dict[str, Any]", self._r._call("memory.provenance", {
+        return cast("MemoryProvenanceResult", self._r._call("memory.provenance", {
             "response": response,
             "injected": injected,
         }))
@@ -711,9 +754,14 @@ class SyncSessionTask:
     def __init__(self, r: Any) -> None:
         self._r = r
 
-    def complete(self, session_id: int, *, work_item_id: int | None = None) -> dict[str, Any]:
+    def complete(
+        self,
+        session_id: int,
+        *,
+        work_item_id: int | None = None,
+    ) -> SessionTaskCompleteResult:
         """Marks the current task done: clears its current_task notes. (``session.task.complete``)"""
-        return cast("dict[str, Any]", self._r._call("session.task.complete", {
+        return cast("SessionTaskCompleteResult", self._r._call("session.task.complete", {
             "session_id": session_id,
             "work_item_id": work_item_id,
         }))
@@ -734,12 +782,12 @@ class SyncSessionWorkItem:
         *,
         title: str,
         description: str | None = None,
-        status: str | None = None,
+        status: Literal["open", "in_progress", "blocked"] | None = None,
         owner_agent_id: int | None = None,
         agent_id: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> WorkItem:
         """Adds a work item to a session (a sub-agent's: to its parent). (``session.work_item.add``)"""
-        return cast("dict[str, Any]", self._r._call("session.work_item.add", {
+        return cast("WorkItem", self._r._call("session.work_item.add", {
             "session_id": session_id,
             "title": title,
             "description": description,
@@ -752,13 +800,13 @@ class SyncSessionWorkItem:
         self,
         session_id: int,
         *,
-        statuses: Sequence[str] | None = None,
+        statuses: Sequence[Literal["open", "in_progress", "blocked", "done", "cancelled"]] | None = None,
         owner_agent_id: int | None = None,
         cursor: int | None = None,
         limit: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionWorkItemListResult:
         """Lists a session's work items in id order, one page at a time. (``session.work_item.list``)"""
-        return cast("dict[str, Any]", self._r._call("session.work_item.list", {
+        return cast("SessionWorkItemListResult", self._r._call("session.work_item.list", {
             "session_id": session_id,
             "statuses": statuses,
             "owner_agent_id": owner_agent_id,
@@ -773,13 +821,13 @@ class SyncSessionWorkItem:
         *,
         title: str | None = None,
         description: str | None = None,
-        status: str | None = None,
+        status: Literal["open", "in_progress", "blocked", "done", "cancelled"] | None = None,
         owner_agent_id: int | None = None,
         expected_version: int | None = None,
         agent_id: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> WorkItem:
         """Changes a work item's title, description, status or owner. (``session.work_item.update``)"""
-        return cast("dict[str, Any]", self._r._call("session.work_item.update", {
+        return cast("WorkItem", self._r._call("session.work_item.update", {
             "session_id": session_id,
             "work_item_id": work_item_id,
             "title": title,
@@ -833,9 +881,9 @@ class SyncSession:
         since: int | None = None,
         cursor: int | None = None,
         limit: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionAuditResult:
         """Returns one page of a session's append-only audit log, in seq order. (``session.audit``)"""
-        return cast("dict[str, Any]", self._r._call("session.audit", {
+        return cast("SessionAuditResult", self._r._call("session.audit", {
             "session_id": session_id,
             "since": since,
             "cursor": cursor,
@@ -857,20 +905,22 @@ class SyncSession:
             "metadata": metadata,
         }))
 
-    def checkpoints(self, session_id: int) -> dict[str, Any]:
+    def checkpoints(self, session_id: int) -> SessionCheckpointsResult:
         """Lists a session's unexpired checkpoints, oldest first. (``session.checkpoints``)"""
-        return cast("dict[str, Any]", self._r._call("session.checkpoints", {
+        return cast("SessionCheckpointsResult", self._r._call("session.checkpoints", {
             "session_id": session_id,
         }))
 
-    def children(self, session_id: int) -> dict[str, Any]:
+    def children(self, session_id: int) -> SessionChildrenResult:
         """Lists a session's sub-agents in spawn order. (``session.children``)"""
-        return cast("dict[str, Any]", self._r._call("session.children", {"session_id": session_id}))
+        return cast("SessionChildrenResult", self._r._call("session.children", {
+            "session_id": session_id,
+        }))
 
     @legacy_positional("session.complete", ("session_id", "output", ))
-    def complete(self, session_id: int, *, output: str) -> dict[str, Any]:
+    def complete(self, session_id: int, *, output: str) -> SessionCompleteResult:
         """Records a sub-agent's output and marks it completed. (``session.complete``)"""
-        return cast("dict[str, Any]", self._r._call("session.complete", {
+        return cast("SessionCompleteResult", self._r._call("session.complete", {
             "session_id": session_id,
             "output": output,
         }))
@@ -881,9 +931,9 @@ class SyncSession:
         *,
         budget_tokens: int | None = None,
         agent_id: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionContextResult:
         """Renders a session's <working_memory> block (and resumed-session context) within a token budget. (``session.context``)"""
-        return cast("dict[str, Any]", self._r._call("session.context", {
+        return cast("SessionContextResult", self._r._call("session.context", {
             "session_id": session_id,
             "budget_tokens": budget_tokens,
             "agent_id": agent_id,
@@ -897,23 +947,23 @@ class SyncSession:
             "config": config,
         }))
 
-    def delete(self, session_id: int, *, cascade: bool | None = None) -> dict[str, Any]:
+    def delete(self, session_id: int, *, cascade: bool | None = None) -> SessionDeleteResult:
         """Deletes a session, its sub-agents and everything they own (branches only with cascade). (``session.delete``)"""
-        return cast("dict[str, Any]", self._r._call("session.delete", {
+        return cast("SessionDeleteResult", self._r._call("session.delete", {
             "session_id": session_id,
             "cascade": cascade,
         }))
 
-    def end(self, session_id: int, *, summary: str | None = None) -> dict[str, Any]:
+    def end(self, session_id: int, *, summary: str | None = None) -> SessionEndResult:
         """Ends a session, optionally with a summary. (``session.end``)"""
-        return cast("dict[str, Any]", self._r._call("session.end", {
+        return cast("SessionEndResult", self._r._call("session.end", {
             "session_id": session_id,
             "summary": summary,
         }))
 
-    def get(self, session_id: int) -> dict[str, Any]:
+    def get(self, session_id: int) -> SessionGetResult:
         """Returns a session with its costs, counters and constraints. (``session.get``)"""
-        return cast("dict[str, Any]", self._r._call("session.get", {"session_id": session_id}))
+        return cast("SessionGetResult", self._r._call("session.get", {"session_id": session_id}))
 
     @legacy_positional("session.handoff", ("session_id", "mode", ))
     def handoff(
@@ -922,9 +972,9 @@ class SyncSession:
         *,
         mode: HandoffMode,
         agent_id: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionHandoffResult:
         """Returns the package another agent, a human or a recovering process needs. (``session.handoff``)"""
-        return cast("dict[str, Any]", self._r._call("session.handoff", {
+        return cast("SessionHandoffResult", self._r._call("session.handoff", {
             "session_id": session_id,
             "mode": mode,
             "agent_id": agent_id,
@@ -937,9 +987,9 @@ class SyncSession:
         state: SessionState | None = None,
         cursor: int | None = None,
         limit: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionListResult:
         """Lists sessions, newest first, one page at a time. (``session.list``)"""
-        return cast("dict[str, Any]", self._r._call("session.list", {
+        return cast("SessionListResult", self._r._call("session.list", {
             "agent_id": agent_id,
             "state": state,
             "cursor": cursor,
@@ -989,7 +1039,7 @@ class SyncSession:
         checkpoint_id: int,
         *,
         config_override: Mapping[str, Any] | None = None,
-        branch_type: BranchType | None = None,
+        branch_type: Literal["resume", "sim", "pre_steer", "pre-steer", "dream"] | None = None,
         session_id: int | None = None,
     ) -> ResumeResult:
         """Creates a new session from a checkpoint. (``session.resume``)"""
@@ -1011,9 +1061,9 @@ class SyncSession:
         context: str | None = None,
         max_tokens: int | None = None,
         agent_id: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionSpawnResult:
         """Creates a sub-agent session under a parent. (``session.spawn``)"""
-        return cast("dict[str, Any]", self._r._call("session.spawn", {
+        return cast("SessionSpawnResult", self._r._call("session.spawn", {
             "parent_id": parent_id,
             "task": task,
             "model": model,
@@ -1031,9 +1081,9 @@ class SyncSession:
         summary: str,
         through_entry_id: int,
         messages_compacted: int,
-    ) -> dict[str, Any]:
+    ) -> SessionSummarizeResult:
         """Records a compaction summary standing in for the entries it covers. (``session.summarize``)"""
-        return cast("dict[str, Any]", self._r._call("session.summarize", {
+        return cast("SessionSummarizeResult", self._r._call("session.summarize", {
             "session_id": session_id,
             "summary": summary,
             "through_entry_id": through_entry_id,
@@ -1041,9 +1091,9 @@ class SyncSession:
         }))
 
     @legacy_positional("session.tombstone", ("entry_id", ))
-    def tombstone(self, session_id: int | None = None, *, entry_id: int) -> dict[str, Any]:
+    def tombstone(self, session_id: int | None = None, *, entry_id: int) -> SessionTombstoneResult:
         """Hides a transcript entry from the transcript from now on. (``session.tombstone``)"""
-        return cast("dict[str, Any]", self._r._call("session.tombstone", {
+        return cast("SessionTombstoneResult", self._r._call("session.tombstone", {
             "entry_id": entry_id,
             "session_id": session_id,
         }))
@@ -1057,9 +1107,9 @@ class SyncTenant:
     def __init__(self, r: Any) -> None:
         self._r = r
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> TenantUsageResult:
         """Returns the tenant's usage and limits. (``tenant.usage``)"""
-        return cast("dict[str, Any]", self._r._call("tenant.usage", {}))
+        return cast("TenantUsageResult", self._r._call("tenant.usage", {}))
 
 
 class SyncRoot:
@@ -1103,9 +1153,9 @@ class AsyncAdminKey:
         name: str,
         tenant_id: int | None = None,
         tenant: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> AdminKeyCreateResult:
         """Creates a named API key for a tenant; the key is shown only in this answer. (``admin.key.create``)"""
-        return cast("dict[str, Any]", await self._r._acall("admin.key.create", {
+        return cast("AdminKeyCreateResult", await self._r._acall("admin.key.create", {
             "tenant_id": tenant_id,
             "tenant": tenant,
             "name": name,
@@ -1116,16 +1166,18 @@ class AsyncAdminKey:
         *,
         tenant_id: int | None = None,
         tenant: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> AdminKeyListResult:
         """Lists a tenant's API keys (public prefixes only). (``admin.key.list``)"""
-        return cast("dict[str, Any]", await self._r._acall("admin.key.list", {
+        return cast("AdminKeyListResult", await self._r._acall("admin.key.list", {
             "tenant_id": tenant_id,
             "tenant": tenant,
         }))
 
-    async def revoke(self, key_id: int) -> dict[str, Any]:
+    async def revoke(self, key_id: int) -> AdminKeyRevokeResult:
         """Revokes an API key; connections using it fail from their next request. (``admin.key.revoke``)"""
-        return cast("dict[str, Any]", await self._r._acall("admin.key.revoke", {"key_id": key_id}))
+        return cast("AdminKeyRevokeResult", await self._r._acall("admin.key.revoke", {
+            "key_id": key_id,
+        }))
 
 
 class AsyncAdminTenant:
@@ -1143,7 +1195,7 @@ class AsyncAdminTenant:
         name: str,
         tier: Tier,
         embedding: EmbeddingConfig | None = None,
-        index_engine: str | None = None,
+        index_engine: Literal["native", "faiss"] | None = None,
     ) -> TenantCreateResult:
         """Creates a tenant with its first API key (shown only in this answer). (``admin.tenant.create``)"""
         return cast("TenantCreateResult", await self._r._acall("admin.tenant.create", {
@@ -1158,23 +1210,28 @@ class AsyncAdminTenant:
         *,
         tenant_id: int | None = None,
         name: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> AdminTenantDeleteResult:
         """Deletes a tenant and everything it owns. (``admin.tenant.delete``)"""
-        return cast("dict[str, Any]", await self._r._acall("admin.tenant.delete", {
+        return cast("AdminTenantDeleteResult", await self._r._acall("admin.tenant.delete", {
             "tenant_id": tenant_id,
             "name": name,
         }))
 
-    async def get(self, *, tenant_id: int | None = None, name: str | None = None) -> dict[str, Any]:
+    async def get(self, *, tenant_id: int | None = None, name: str | None = None) -> Tenant:
         """Returns a tenant by id or name. (``admin.tenant.get``)"""
-        return cast("dict[str, Any]", await self._r._acall("admin.tenant.get", {
+        return cast("Tenant", await self._r._acall("admin.tenant.get", {
             "tenant_id": tenant_id,
             "name": name,
         }))
 
-    async def list(self, *, cursor: int | None = None, limit: int | None = None) -> dict[str, Any]:
+    async def list(
+        self,
+        *,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> AdminTenantListResult:
         """Lists tenants in id order, one page at a time. (``admin.tenant.list``)"""
-        return cast("dict[str, Any]", await self._r._acall("admin.tenant.list", {
+        return cast("AdminTenantListResult", await self._r._acall("admin.tenant.list", {
             "cursor": cursor,
             "limit": limit,
         }))
@@ -1186,11 +1243,11 @@ class AsyncAdminTenant:
         name: str | None = None,
         new_name: str | None = None,
         tier: Tier | None = None,
-        index_engine: str | None = None,
+        index_engine: Literal["native", "faiss", "default"] | None = None,
         chat_model: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Tenant:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
-        return cast("dict[str, Any]", await self._r._acall("admin.tenant.update", {
+        return cast("Tenant", await self._r._acall("admin.tenant.update", {
             "tenant_id": tenant_id,
             "name": name,
             "new_name": new_name,
@@ -1219,9 +1276,14 @@ class AsyncMemoryConsolidation:
     def __init__(self, r: Any) -> None:
         self._r = r
 
-    async def runs(self, *, limit: int | None = None, cursor: int | None = None) -> dict[str, Any]:
+    async def runs(
+        self,
+        *,
+        limit: int | None = None,
+        cursor: int | None = None,
+    ) -> MemoryConsolidationRunsResult:
         """Lists the tenant's consolidation runs, newest first. (``memory.consolidation.runs``)"""
-        return cast("dict[str, Any]", await self._r._acall("memory.consolidation.runs", {
+        return cast("MemoryConsolidationRunsResult", await self._r._acall("memory.consolidation.runs", {
             "limit": limit,
             "cursor": cursor,
         }))
@@ -1243,9 +1305,9 @@ class AsyncMemory:
             "reason": reason,
         }))
 
-    async def consolidate(self) -> dict[str, Any]:
+    async def consolidate(self) -> MemoryConsolidateResult:
         """Runs a consolidation of the tenant now (premium tier). (``memory.consolidate``)"""
-        return cast("dict[str, Any]", await self._r._acall("memory.consolidate", {}))
+        return cast("MemoryConsolidateResult", await self._r._acall("memory.consolidate", {}))
 
     async def context(
         self,
@@ -1272,8 +1334,8 @@ class AsyncMemory:
         min_similarity: float | None = None,
         count_access: bool | None = None,
         budget_tokens: int | None = None,
-        format: str | None = None,
-        order: str | None = None,
+        format: Literal["xml", "search_results"] | None = None,
+        order: Literal["rank", "stable"] | None = None,
     ) -> ContextResult:
         """Searches and renders the results as an <agent_memory> block or search-result items within a token budget. (``memory.context``)"""
         return cast("ContextResult", await self._r._acall("memory.context", {
@@ -1324,9 +1386,9 @@ class AsyncMemory:
         *,
         cited: Sequence[int] | None = None,
         injected: Sequence[int] | None = None,
-    ) -> dict[str, Any]:
+    ) -> MemoryFeedbackResult:
         """Records which injected memories an answer cited (provenance feedback). (``memory.feedback``)"""
-        return cast("dict[str, Any]", await self._r._acall("memory.feedback", {
+        return cast("MemoryFeedbackResult", await self._r._acall("memory.feedback", {
             "cited": cited,
             "injected": injected,
         }))
@@ -1440,9 +1502,9 @@ class AsyncMemory:
         }))
 
     @legacy_positional("memory.provenance", ("response", "injected", ))
-    async def provenance(self, *, response: str, injected: Sequence[int]) -> dict[str, Any]:
+    async def provenance(self, *, response: str, injected: Sequence[int]) -> MemoryProvenanceResult:
         """Estimates which injected memories a response used (word overlap or sentence embeddings) and records it. (``memory.provenance``)"""
-        return cast("dict[str, Any]", await self._r._acall("memory.provenance", {
+        return cast("MemoryProvenanceResult", await self._r._acall("memory.provenance", {
             "response": response,
             "injected": injected,
         }))
@@ -1658,9 +1720,14 @@ class AsyncSessionTask:
     def __init__(self, r: Any) -> None:
         self._r = r
 
-    async def complete(self, session_id: int, *, work_item_id: int | None = None) -> dict[str, Any]:
+    async def complete(
+        self,
+        session_id: int,
+        *,
+        work_item_id: int | None = None,
+    ) -> SessionTaskCompleteResult:
         """Marks the current task done: clears its current_task notes. (``session.task.complete``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.task.complete", {
+        return cast("SessionTaskCompleteResult", await self._r._acall("session.task.complete", {
             "session_id": session_id,
             "work_item_id": work_item_id,
         }))
@@ -1681,12 +1748,12 @@ class AsyncSessionWorkItem:
         *,
         title: str,
         description: str | None = None,
-        status: str | None = None,
+        status: Literal["open", "in_progress", "blocked"] | None = None,
         owner_agent_id: int | None = None,
         agent_id: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> WorkItem:
         """Adds a work item to a session (a sub-agent's: to its parent). (``session.work_item.add``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.work_item.add", {
+        return cast("WorkItem", await self._r._acall("session.work_item.add", {
             "session_id": session_id,
             "title": title,
             "description": description,
@@ -1699,13 +1766,13 @@ class AsyncSessionWorkItem:
         self,
         session_id: int,
         *,
-        statuses: Sequence[str] | None = None,
+        statuses: Sequence[Literal["open", "in_progress", "blocked", "done", "cancelled"]] | None = None,
         owner_agent_id: int | None = None,
         cursor: int | None = None,
         limit: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionWorkItemListResult:
         """Lists a session's work items in id order, one page at a time. (``session.work_item.list``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.work_item.list", {
+        return cast("SessionWorkItemListResult", await self._r._acall("session.work_item.list", {
             "session_id": session_id,
             "statuses": statuses,
             "owner_agent_id": owner_agent_id,
@@ -1720,13 +1787,13 @@ class AsyncSessionWorkItem:
         *,
         title: str | None = None,
         description: str | None = None,
-        status: str | None = None,
+        status: Literal["open", "in_progress", "blocked", "done", "cancelled"] | None = None,
         owner_agent_id: int | None = None,
         expected_version: int | None = None,
         agent_id: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> WorkItem:
         """Changes a work item's title, description, status or owner. (``session.work_item.update``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.work_item.update", {
+        return cast("WorkItem", await self._r._acall("session.work_item.update", {
             "session_id": session_id,
             "work_item_id": work_item_id,
             "title": title,
@@ -1780,9 +1847,9 @@ class AsyncSession:
         since: int | None = None,
         cursor: int | None = None,
         limit: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionAuditResult:
         """Returns one page of a session's append-only audit log, in seq order. (``session.audit``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.audit", {
+        return cast("SessionAuditResult", await self._r._acall("session.audit", {
             "session_id": session_id,
             "since": since,
             "cursor": cursor,
@@ -1804,22 +1871,22 @@ class AsyncSession:
             "metadata": metadata,
         }))
 
-    async def checkpoints(self, session_id: int) -> dict[str, Any]:
+    async def checkpoints(self, session_id: int) -> SessionCheckpointsResult:
         """Lists a session's unexpired checkpoints, oldest first. (``session.checkpoints``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.checkpoints", {
+        return cast("SessionCheckpointsResult", await self._r._acall("session.checkpoints", {
             "session_id": session_id,
         }))
 
-    async def children(self, session_id: int) -> dict[str, Any]:
+    async def children(self, session_id: int) -> SessionChildrenResult:
         """Lists a session's sub-agents in spawn order. (``session.children``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.children", {
+        return cast("SessionChildrenResult", await self._r._acall("session.children", {
             "session_id": session_id,
         }))
 
     @legacy_positional("session.complete", ("session_id", "output", ))
-    async def complete(self, session_id: int, *, output: str) -> dict[str, Any]:
+    async def complete(self, session_id: int, *, output: str) -> SessionCompleteResult:
         """Records a sub-agent's output and marks it completed. (``session.complete``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.complete", {
+        return cast("SessionCompleteResult", await self._r._acall("session.complete", {
             "session_id": session_id,
             "output": output,
         }))
@@ -1830,9 +1897,9 @@ class AsyncSession:
         *,
         budget_tokens: int | None = None,
         agent_id: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionContextResult:
         """Renders a session's <working_memory> block (and resumed-session context) within a token budget. (``session.context``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.context", {
+        return cast("SessionContextResult", await self._r._acall("session.context", {
             "session_id": session_id,
             "budget_tokens": budget_tokens,
             "agent_id": agent_id,
@@ -1846,23 +1913,23 @@ class AsyncSession:
             "config": config,
         }))
 
-    async def delete(self, session_id: int, *, cascade: bool | None = None) -> dict[str, Any]:
+    async def delete(self, session_id: int, *, cascade: bool | None = None) -> SessionDeleteResult:
         """Deletes a session, its sub-agents and everything they own (branches only with cascade). (``session.delete``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.delete", {
+        return cast("SessionDeleteResult", await self._r._acall("session.delete", {
             "session_id": session_id,
             "cascade": cascade,
         }))
 
-    async def end(self, session_id: int, *, summary: str | None = None) -> dict[str, Any]:
+    async def end(self, session_id: int, *, summary: str | None = None) -> SessionEndResult:
         """Ends a session, optionally with a summary. (``session.end``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.end", {
+        return cast("SessionEndResult", await self._r._acall("session.end", {
             "session_id": session_id,
             "summary": summary,
         }))
 
-    async def get(self, session_id: int) -> dict[str, Any]:
+    async def get(self, session_id: int) -> SessionGetResult:
         """Returns a session with its costs, counters and constraints. (``session.get``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.get", {
+        return cast("SessionGetResult", await self._r._acall("session.get", {
             "session_id": session_id,
         }))
 
@@ -1873,9 +1940,9 @@ class AsyncSession:
         *,
         mode: HandoffMode,
         agent_id: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionHandoffResult:
         """Returns the package another agent, a human or a recovering process needs. (``session.handoff``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.handoff", {
+        return cast("SessionHandoffResult", await self._r._acall("session.handoff", {
             "session_id": session_id,
             "mode": mode,
             "agent_id": agent_id,
@@ -1888,9 +1955,9 @@ class AsyncSession:
         state: SessionState | None = None,
         cursor: int | None = None,
         limit: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionListResult:
         """Lists sessions, newest first, one page at a time. (``session.list``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.list", {
+        return cast("SessionListResult", await self._r._acall("session.list", {
             "agent_id": agent_id,
             "state": state,
             "cursor": cursor,
@@ -1940,7 +2007,7 @@ class AsyncSession:
         checkpoint_id: int,
         *,
         config_override: Mapping[str, Any] | None = None,
-        branch_type: BranchType | None = None,
+        branch_type: Literal["resume", "sim", "pre_steer", "pre-steer", "dream"] | None = None,
         session_id: int | None = None,
     ) -> ResumeResult:
         """Creates a new session from a checkpoint. (``session.resume``)"""
@@ -1962,9 +2029,9 @@ class AsyncSession:
         context: str | None = None,
         max_tokens: int | None = None,
         agent_id: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionSpawnResult:
         """Creates a sub-agent session under a parent. (``session.spawn``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.spawn", {
+        return cast("SessionSpawnResult", await self._r._acall("session.spawn", {
             "parent_id": parent_id,
             "task": task,
             "model": model,
@@ -1982,9 +2049,9 @@ class AsyncSession:
         summary: str,
         through_entry_id: int,
         messages_compacted: int,
-    ) -> dict[str, Any]:
+    ) -> SessionSummarizeResult:
         """Records a compaction summary standing in for the entries it covers. (``session.summarize``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.summarize", {
+        return cast("SessionSummarizeResult", await self._r._acall("session.summarize", {
             "session_id": session_id,
             "summary": summary,
             "through_entry_id": through_entry_id,
@@ -1992,9 +2059,14 @@ class AsyncSession:
         }))
 
     @legacy_positional("session.tombstone", ("entry_id", ))
-    async def tombstone(self, session_id: int | None = None, *, entry_id: int) -> dict[str, Any]:
+    async def tombstone(
+        self,
+        session_id: int | None = None,
+        *,
+        entry_id: int,
+    ) -> SessionTombstoneResult:
         """Hides a transcript entry from the transcript from now on. (``session.tombstone``)"""
-        return cast("dict[str, Any]", await self._r._acall("session.tombstone", {
+        return cast("SessionTombstoneResult", await self._r._acall("session.tombstone", {
             "entry_id": entry_id,
             "session_id": session_id,
         }))
@@ -2008,9 +2080,9 @@ class AsyncTenant:
     def __init__(self, r: Any) -> None:
         self._r = r
 
-    async def usage(self) -> dict[str, Any]:
+    async def usage(self) -> TenantUsageResult:
         """Returns the tenant's usage and limits. (``tenant.usage``)"""
-        return cast("dict[str, Any]", await self._r._acall("tenant.usage", {}))
+        return cast("TenantUsageResult", await self._r._acall("tenant.usage", {}))
 
 
 class AsyncRoot:
@@ -2054,9 +2126,9 @@ class FutureAdminKey:
         name: str,
         tenant_id: int | None = None,
         tenant: str | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[AdminKeyCreateResult]:
         """Creates a named API key for a tenant; the key is shown only in this answer. (``admin.key.create``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("admin.key.create", {
+        return cast("Future[AdminKeyCreateResult]", self._r._submit("admin.key.create", {
             "tenant_id": tenant_id,
             "tenant": tenant,
             "name": name,
@@ -2067,16 +2139,16 @@ class FutureAdminKey:
         *,
         tenant_id: int | None = None,
         tenant: str | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[AdminKeyListResult]:
         """Lists a tenant's API keys (public prefixes only). (``admin.key.list``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("admin.key.list", {
+        return cast("Future[AdminKeyListResult]", self._r._submit("admin.key.list", {
             "tenant_id": tenant_id,
             "tenant": tenant,
         }))
 
-    def revoke(self, key_id: int) -> Future[dict[str, Any]]:
+    def revoke(self, key_id: int) -> Future[AdminKeyRevokeResult]:
         """Revokes an API key; connections using it fail from their next request. (``admin.key.revoke``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("admin.key.revoke", {
+        return cast("Future[AdminKeyRevokeResult]", self._r._submit("admin.key.revoke", {
             "key_id": key_id,
         }))
 
@@ -2096,7 +2168,7 @@ class FutureAdminTenant:
         name: str,
         tier: Tier,
         embedding: EmbeddingConfig | None = None,
-        index_engine: str | None = None,
+        index_engine: Literal["native", "faiss"] | None = None,
     ) -> Future[TenantCreateResult]:
         """Creates a tenant with its first API key (shown only in this answer). (``admin.tenant.create``)"""
         return cast("Future[TenantCreateResult]", self._r._submit("admin.tenant.create", {
@@ -2111,21 +2183,16 @@ class FutureAdminTenant:
         *,
         tenant_id: int | None = None,
         name: str | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[AdminTenantDeleteResult]:
         """Deletes a tenant and everything it owns. (``admin.tenant.delete``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("admin.tenant.delete", {
+        return cast("Future[AdminTenantDeleteResult]", self._r._submit("admin.tenant.delete", {
             "tenant_id": tenant_id,
             "name": name,
         }))
 
-    def get(
-        self,
-        *,
-        tenant_id: int | None = None,
-        name: str | None = None,
-    ) -> Future[dict[str, Any]]:
+    def get(self, *, tenant_id: int | None = None, name: str | None = None) -> Future[Tenant]:
         """Returns a tenant by id or name. (``admin.tenant.get``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("admin.tenant.get", {
+        return cast("Future[Tenant]", self._r._submit("admin.tenant.get", {
             "tenant_id": tenant_id,
             "name": name,
         }))
@@ -2135,9 +2202,9 @@ class FutureAdminTenant:
         *,
         cursor: int | None = None,
         limit: int | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[AdminTenantListResult]:
         """Lists tenants in id order, one page at a time. (``admin.tenant.list``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("admin.tenant.list", {
+        return cast("Future[AdminTenantListResult]", self._r._submit("admin.tenant.list", {
             "cursor": cursor,
             "limit": limit,
         }))
@@ -2149,11 +2216,11 @@ class FutureAdminTenant:
         name: str | None = None,
         new_name: str | None = None,
         tier: Tier | None = None,
-        index_engine: str | None = None,
+        index_engine: Literal["native", "faiss", "default"] | None = None,
         chat_model: str | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[Tenant]:
         """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("admin.tenant.update", {
+        return cast("Future[Tenant]", self._r._submit("admin.tenant.update", {
             "tenant_id": tenant_id,
             "name": name,
             "new_name": new_name,
@@ -2187,9 +2254,9 @@ class FutureMemoryConsolidation:
         *,
         limit: int | None = None,
         cursor: int | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[MemoryConsolidationRunsResult]:
         """Lists the tenant's consolidation runs, newest first. (``memory.consolidation.runs``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("memory.consolidation.runs", {
+        return cast("Future[MemoryConsolidationRunsResult]", self._r._submit("memory.consolidation.runs", {
             "limit": limit,
             "cursor": cursor,
         }))
@@ -2211,9 +2278,9 @@ class FutureMemory:
             "reason": reason,
         }))
 
-    def consolidate(self) -> Future[dict[str, Any]]:
+    def consolidate(self) -> Future[MemoryConsolidateResult]:
         """Runs a consolidation of the tenant now (premium tier). (``memory.consolidate``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("memory.consolidate", {}))
+        return cast("Future[MemoryConsolidateResult]", self._r._submit("memory.consolidate", {}))
 
     def context(
         self,
@@ -2240,8 +2307,8 @@ class FutureMemory:
         min_similarity: float | None = None,
         count_access: bool | None = None,
         budget_tokens: int | None = None,
-        format: str | None = None,
-        order: str | None = None,
+        format: Literal["xml", "search_results"] | None = None,
+        order: Literal["rank", "stable"] | None = None,
     ) -> Future[ContextResult]:
         """Searches and renders the results as an <agent_memory> block or search-result items within a token budget. (``memory.context``)"""
         return cast("Future[ContextResult]", self._r._submit("memory.context", {
@@ -2292,9 +2359,9 @@ class FutureMemory:
         *,
         cited: Sequence[int] | None = None,
         injected: Sequence[int] | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[MemoryFeedbackResult]:
         """Records which injected memories an answer cited (provenance feedback). (``memory.feedback``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("memory.feedback", {
+        return cast("Future[MemoryFeedbackResult]", self._r._submit("memory.feedback", {
             "cited": cited,
             "injected": injected,
         }))
@@ -2408,9 +2475,14 @@ class FutureMemory:
         }))
 
     @legacy_positional("memory.provenance", ("response", "injected", ))
-    def provenance(self, *, response: str, injected: Sequence[int]) -> Future[dict[str, Any]]:
+    def provenance(
+        self,
+        *,
+        response: str,
+        injected: Sequence[int],
+    ) -> Future[MemoryProvenanceResult]:
         """Estimates which injected memories a response used (word overlap or sentence embeddings) and records it. (``memory.provenance``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("memory.provenance", {
+        return cast("Future[MemoryProvenanceResult]", self._r._submit("memory.provenance", {
             "response": response,
             "injected": injected,
         }))
@@ -2631,9 +2703,9 @@ class FutureSessionTask:
         session_id: int,
         *,
         work_item_id: int | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[SessionTaskCompleteResult]:
         """Marks the current task done: clears its current_task notes. (``session.task.complete``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.task.complete", {
+        return cast("Future[SessionTaskCompleteResult]", self._r._submit("session.task.complete", {
             "session_id": session_id,
             "work_item_id": work_item_id,
         }))
@@ -2654,12 +2726,12 @@ class FutureSessionWorkItem:
         *,
         title: str,
         description: str | None = None,
-        status: str | None = None,
+        status: Literal["open", "in_progress", "blocked"] | None = None,
         owner_agent_id: int | None = None,
         agent_id: int | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[WorkItem]:
         """Adds a work item to a session (a sub-agent's: to its parent). (``session.work_item.add``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.work_item.add", {
+        return cast("Future[WorkItem]", self._r._submit("session.work_item.add", {
             "session_id": session_id,
             "title": title,
             "description": description,
@@ -2672,13 +2744,13 @@ class FutureSessionWorkItem:
         self,
         session_id: int,
         *,
-        statuses: Sequence[str] | None = None,
+        statuses: Sequence[Literal["open", "in_progress", "blocked", "done", "cancelled"]] | None = None,
         owner_agent_id: int | None = None,
         cursor: int | None = None,
         limit: int | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[SessionWorkItemListResult]:
         """Lists a session's work items in id order, one page at a time. (``session.work_item.list``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.work_item.list", {
+        return cast("Future[SessionWorkItemListResult]", self._r._submit("session.work_item.list", {
             "session_id": session_id,
             "statuses": statuses,
             "owner_agent_id": owner_agent_id,
@@ -2693,13 +2765,13 @@ class FutureSessionWorkItem:
         *,
         title: str | None = None,
         description: str | None = None,
-        status: str | None = None,
+        status: Literal["open", "in_progress", "blocked", "done", "cancelled"] | None = None,
         owner_agent_id: int | None = None,
         expected_version: int | None = None,
         agent_id: int | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[WorkItem]:
         """Changes a work item's title, description, status or owner. (``session.work_item.update``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.work_item.update", {
+        return cast("Future[WorkItem]", self._r._submit("session.work_item.update", {
             "session_id": session_id,
             "work_item_id": work_item_id,
             "title": title,
@@ -2753,9 +2825,9 @@ class FutureSession:
         since: int | None = None,
         cursor: int | None = None,
         limit: int | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[SessionAuditResult]:
         """Returns one page of a session's append-only audit log, in seq order. (``session.audit``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.audit", {
+        return cast("Future[SessionAuditResult]", self._r._submit("session.audit", {
             "session_id": session_id,
             "since": since,
             "cursor": cursor,
@@ -2777,22 +2849,22 @@ class FutureSession:
             "metadata": metadata,
         }))
 
-    def checkpoints(self, session_id: int) -> Future[dict[str, Any]]:
+    def checkpoints(self, session_id: int) -> Future[SessionCheckpointsResult]:
         """Lists a session's unexpired checkpoints, oldest first. (``session.checkpoints``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.checkpoints", {
+        return cast("Future[SessionCheckpointsResult]", self._r._submit("session.checkpoints", {
             "session_id": session_id,
         }))
 
-    def children(self, session_id: int) -> Future[dict[str, Any]]:
+    def children(self, session_id: int) -> Future[SessionChildrenResult]:
         """Lists a session's sub-agents in spawn order. (``session.children``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.children", {
+        return cast("Future[SessionChildrenResult]", self._r._submit("session.children", {
             "session_id": session_id,
         }))
 
     @legacy_positional("session.complete", ("session_id", "output", ))
-    def complete(self, session_id: int, *, output: str) -> Future[dict[str, Any]]:
+    def complete(self, session_id: int, *, output: str) -> Future[SessionCompleteResult]:
         """Records a sub-agent's output and marks it completed. (``session.complete``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.complete", {
+        return cast("Future[SessionCompleteResult]", self._r._submit("session.complete", {
             "session_id": session_id,
             "output": output,
         }))
@@ -2803,9 +2875,9 @@ class FutureSession:
         *,
         budget_tokens: int | None = None,
         agent_id: int | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[SessionContextResult]:
         """Renders a session's <working_memory> block (and resumed-session context) within a token budget. (``session.context``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.context", {
+        return cast("Future[SessionContextResult]", self._r._submit("session.context", {
             "session_id": session_id,
             "budget_tokens": budget_tokens,
             "agent_id": agent_id,
@@ -2819,23 +2891,28 @@ class FutureSession:
             "config": config,
         }))
 
-    def delete(self, session_id: int, *, cascade: bool | None = None) -> Future[dict[str, Any]]:
+    def delete(
+        self,
+        session_id: int,
+        *,
+        cascade: bool | None = None,
+    ) -> Future[SessionDeleteResult]:
         """Deletes a session, its sub-agents and everything they own (branches only with cascade). (``session.delete``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.delete", {
+        return cast("Future[SessionDeleteResult]", self._r._submit("session.delete", {
             "session_id": session_id,
             "cascade": cascade,
         }))
 
-    def end(self, session_id: int, *, summary: str | None = None) -> Future[dict[str, Any]]:
+    def end(self, session_id: int, *, summary: str | None = None) -> Future[SessionEndResult]:
         """Ends a session, optionally with a summary. (``session.end``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.end", {
+        return cast("Future[SessionEndResult]", self._r._submit("session.end", {
             "session_id": session_id,
             "summary": summary,
         }))
 
-    def get(self, session_id: int) -> Future[dict[str, Any]]:
+    def get(self, session_id: int) -> Future[SessionGetResult]:
         """Returns a session with its costs, counters and constraints. (``session.get``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.get", {
+        return cast("Future[SessionGetResult]", self._r._submit("session.get", {
             "session_id": session_id,
         }))
 
@@ -2846,9 +2923,9 @@ class FutureSession:
         *,
         mode: HandoffMode,
         agent_id: int | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[SessionHandoffResult]:
         """Returns the package another agent, a human or a recovering process needs. (``session.handoff``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.handoff", {
+        return cast("Future[SessionHandoffResult]", self._r._submit("session.handoff", {
             "session_id": session_id,
             "mode": mode,
             "agent_id": agent_id,
@@ -2861,9 +2938,9 @@ class FutureSession:
         state: SessionState | None = None,
         cursor: int | None = None,
         limit: int | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[SessionListResult]:
         """Lists sessions, newest first, one page at a time. (``session.list``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.list", {
+        return cast("Future[SessionListResult]", self._r._submit("session.list", {
             "agent_id": agent_id,
             "state": state,
             "cursor": cursor,
@@ -2913,7 +2990,7 @@ class FutureSession:
         checkpoint_id: int,
         *,
         config_override: Mapping[str, Any] | None = None,
-        branch_type: BranchType | None = None,
+        branch_type: Literal["resume", "sim", "pre_steer", "pre-steer", "dream"] | None = None,
         session_id: int | None = None,
     ) -> Future[ResumeResult]:
         """Creates a new session from a checkpoint. (``session.resume``)"""
@@ -2935,9 +3012,9 @@ class FutureSession:
         context: str | None = None,
         max_tokens: int | None = None,
         agent_id: int | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[SessionSpawnResult]:
         """Creates a sub-agent session under a parent. (``session.spawn``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.spawn", {
+        return cast("Future[SessionSpawnResult]", self._r._submit("session.spawn", {
             "parent_id": parent_id,
             "task": task,
             "model": model,
@@ -2955,9 +3032,9 @@ class FutureSession:
         summary: str,
         through_entry_id: int,
         messages_compacted: int,
-    ) -> Future[dict[str, Any]]:
+    ) -> Future[SessionSummarizeResult]:
         """Records a compaction summary standing in for the entries it covers. (``session.summarize``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.summarize", {
+        return cast("Future[SessionSummarizeResult]", self._r._submit("session.summarize", {
             "session_id": session_id,
             "summary": summary,
             "through_entry_id": through_entry_id,
@@ -2965,9 +3042,14 @@ class FutureSession:
         }))
 
     @legacy_positional("session.tombstone", ("entry_id", ))
-    def tombstone(self, session_id: int | None = None, *, entry_id: int) -> Future[dict[str, Any]]:
+    def tombstone(
+        self,
+        session_id: int | None = None,
+        *,
+        entry_id: int,
+    ) -> Future[SessionTombstoneResult]:
         """Hides a transcript entry from the transcript from now on. (``session.tombstone``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("session.tombstone", {
+        return cast("Future[SessionTombstoneResult]", self._r._submit("session.tombstone", {
             "entry_id": entry_id,
             "session_id": session_id,
         }))
@@ -2981,9 +3063,9 @@ class FutureTenant:
     def __init__(self, r: Any) -> None:
         self._r = r
 
-    def usage(self) -> Future[dict[str, Any]]:
+    def usage(self) -> Future[TenantUsageResult]:
         """Returns the tenant's usage and limits. (``tenant.usage``)"""
-        return cast("Future[dict[str, Any]]", self._r._submit("tenant.usage", {}))
+        return cast("Future[TenantUsageResult]", self._r._submit("tenant.usage", {}))
 
 
 class FutureRoot:

@@ -6,7 +6,7 @@ checkers. Times are integers, milliseconds since the Unix epoch (UTC).
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING, Any, Literal, Sequence, TypedDict, Union
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, Sequence, TypedDict, Union
 
 if TYPE_CHECKING:
     import numpy as np
@@ -100,12 +100,15 @@ class MethodParam(TypedDict):
     name: str
     type: str
     required: bool
+    aliases: NotRequired[list[str]]  # further names of it (a seed's)
+    enum: NotRequired[list[str]]  # the strings it takes (each of its strings, for string[])
 
 
 class MethodInfo(TypedDict):
     name: str
     flags: list[str]
     params: list[MethodParam]
+    result: NotRequired[dict[str, Any]]  # the JSON Schema of its result, components expanded
 
 
 class AuthResult(TypedDict, total=False):
@@ -173,6 +176,8 @@ class ListResult(TypedDict):
 
 class SearchResult(TypedDict):
     results: list[SearchHit]
+    # with min_similarity: how many ranked candidates fell below it (docs/protocol.md)
+    below_min_similarity: NotRequired[int]
 
 
 class SearchResultItem(TypedDict):
@@ -300,6 +305,7 @@ class StatsResult(TypedDict):
     oldest_at: int | None
     newest_at: int | None
     storage_bytes: int
+    index: NotRequired[dict[str, Any]]  # the tenant's vector index here (docs/protocol.md)
 
 
 class TenantCreateResult(TypedDict):

@@ -51,6 +51,8 @@ def test_snapshot_matches_live_server(server):
     for a, b in zip(live, snap):
         assert sorted(a["flags"]) == sorted(b["flags"]), a["name"]
         assert a["params"] == b["params"], a["name"]
+        assert a.get("result") == b.get("result"), \
+            f"{a['name']}: the result schema differs from clients/methods.json: run gen.py --fetch"
 
 
 def test_generated_code_is_current():

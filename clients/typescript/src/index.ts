@@ -11,3 +11,4 @@ export { METHODS, METHOD_PATHS } from "./api.js";
 export * from "./api.js";
 export * from "./errors.js";
 export type * from "./types.js";
+export type * from "./results.js";

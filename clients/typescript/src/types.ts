@@ -123,7 +123,11 @@ export interface SessionConfig {
 export interface MethodInfo {
   name: string;
   flags: string[];
-  params: { name: string; type: string; required: boolean }[];
+  /** `aliases`: further names of the parameter (a seed's); `enum`: the strings it takes
+   * (each of its strings, for a `string[]`). */
+  params: { name: string; type: string; required: boolean; aliases?: string[]; enum?: string[] }[];
+  /** The JSON Schema of the method's result, its components expanded (titled). */
+  result?: Record<string, unknown>;
 }
 
 export interface AuthResult<I extends Id = number> {
@@ -170,7 +174,8 @@ export interface StoreBatchResult<I extends Id = number> { ids: I[]; created_at:
 /** `missing`: the ids asked for that are not there (from servers that send it). */
 export interface MemoriesResult<I extends Id = number> { memories: Memory<I>[]; missing?: I[] }
 export interface ListResult<I extends Id = number> { memories: Memory<I>[]; next_cursor: string | null }
-export interface SearchResult<I extends Id = number> { results: SearchHit<I>[] }
+/** `below_min_similarity` (with `min_similarity`): how many ranked candidates fell below it. */
+export interface SearchResult<I extends Id = number> { results: SearchHit<I>[]; below_min_similarity?: number }
 export interface SearchResultItem { source: string; title: string; content: string }
 /** `text` with format "xml" (the default), `items` with format "search_results". */
 export interface ContextResult<I extends Id = number> { text?: string; items?: SearchResultItem[]; ids: I[]; tokens_used: number }
@@ -218,6 +223,8 @@ export interface StatsResult<I extends Id = number> {
   oldest_at: number | null;
   newest_at: number | null;
   storage_bytes: number;
+  /** The tenant's vector index on the engramd that answers (docs/protocol.md). */
+  index?: Record<string, unknown>;
 }
 export interface TenantCreateResult<I extends Id = number> { tenant_id: I; api_key: string; key_id: I }
 export interface SessionCreateResult<I extends Id = number> { session_id: I; created_at: number; config: SessionConfig }

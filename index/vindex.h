@@ -455,6 +455,12 @@ int vindex_maintenance_scored(vindex *vi, double target, const vindex_query *sha
  * measured, 0 when nothing was due, -ENOMEM. Any thread; blocks maintenance meanwhile. */
 int vindex_settle(vindex *vi, double target, const vindex_query *shape);
 
+/* vindex_settle_due tells whether vindex_settle has work that searches would otherwise
+ * pay for: ANN codes no measurement covers (searches scan exactly until one does), or a
+ * centre gone stale (the index doubled since its sign codes' centre was taken). Compaction
+ * alone is not counted: vindex_maintenance does it in the background. Any thread. */
+bool vindex_settle_due(vindex *vi);
+
 /* vindex_get_recall fills *out with what the last completed calibration found (no probe
  * runs; it never waits for a calibration in progress). */
 void vindex_get_recall(vindex *vi, vindex_recall *out);

@@ -137,3 +137,95 @@ def test_index_built_from_the_database_is_measured_before_it_answers(engramd):
         check_answers(c, ids, vecs.astype(np.float64), queries)
     assert metric(srv, "engram_index_loads_total", 'source="database"') == 1
     wait_log(srv, f"tenant {tid}: index settled after a bulk build")
+
+
+def test_mapped_rows_across_kill_restart_and_damaged_files(engramd):
+    dsn = new_database("rowsmap")
+    srv = engramd(dsn, extra=ANN_MIN + ["--index-snapshot-interval-s", "1"])
+    tid, key = srv.create_tenant(embedding={"provider": "builtin", "dim": DIM})
+    vecs, queries = data(N + 300, 7)
+    with srv.client(key=key) as c:
+        c.call("memory.search", embedding=vec_bin(queries[0]), top_k=1)
+        store(c, vecs[:N])
+    wait_metric(srv, "engram_index_snapshots_written_total", lambda v: v >= 1, "at least 1",
+                default=0.0)
+    # the snapshot's rows are mapped: the heap holds the codes only
+    wait_metric(srv, "engram_index_rows_mapped_bytes", lambda v: v >= N * DIM * 4,
+                "all rows mapped", default=0.0)
+    with srv.client(key=key) as c:
+        check_answers(c, *db_vectors(dsn, tid), queries)
+        # changes after the snapshot: on the heap, then in the change log
+        c.call("memory.delete", ids=db_vectors(dsn, tid)[0][:40])
+        store(c, vecs[N:])
+    srv.kill()  # kill -9: no shutdown snapshot; the periodic one plus the change log
+    srv.start()
+    with srv.client(key=key) as c:
+        ids, vecs = db_vectors(dsn, tid)
+        assert len(ids) == N - 40 + 300
+        check_answers(c, ids, vecs, queries)
+        assert index_stats(c)["vectors"] == len(ids)
+    assert metric(srv, "engram_index_loads_total", 'source="snapshot"') == 1
+    srv.stop()  # writes a snapshot of everything
+
+    path = snapshot_file(srv, tid)
+    with open(path, "r+b") as f:
+        head = f.read(128)
+        rows_off = int.from_bytes(head[96:104], "little")
+        rows_len = int.from_bytes(head[104:112], "little")
+        assert rows_off % 4096 == 0 and rows_len >= len(ids) * DIM * 4
+        # one float of a row in the middle (a sign bit: a row that points elsewhere)
+        at = rows_off + (len(ids) // 2) * DIM * 4 + 3
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x80]))
+    srv.start()
+    with srv.client(key=key) as c:
+        check_answers(c, ids, vecs, queries)
+    assert metric(srv, "engram_index_snapshots_rejected_total") == 1
+    assert metric(srv, "engram_index_loads_total", 'source="database"') == 1
+    assert "not used: corrupt" in srv.log_text()
+    srv.stop()
+
+    # a torn tail: the file cut inside its rows (as a copy or a disk that lost its end)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - 4096 - 100)
+    srv.start()
+    with srv.client(key=key) as c:
+        check_answers(c, ids, vecs, queries)
+    assert metric(srv, "engram_index_snapshots_rejected_total") == 1
+    assert metric(srv, "engram_index_loads_total", 'source="database"') == 1
+    srv.stop()
+
+    # a missing file: rebuilt from PostgreSQL too
+    os.unlink(path)
+    srv.start()
+    with srv.client(key=key) as c:
+        check_answers(c, ids, vecs, queries)
+    assert metric(srv, "engram_index_loads_total", 'source="database"') == 1
+
+
+def test_evicted_approximate_indexes_come_back_from_their_mapped_snapshots(engramd):
+    dsn = new_database("rowsevict")
+    srv = engramd(dsn, extra=ANN_MIN + ["--index-memory-mb", "1"])
+    tenants = []
+    for t in range(4):
+        tid, key = srv.create_tenant(embedding={"provider": "builtin", "dim": DIM})
+        vecs, queries = data(N + 10, 60 + t, queries=10)
+        with srv.client(key=key) as c:
+            c.call("memory.search", embedding=vec_bin(queries[0]), top_k=1)
+            store(c, vecs[:N])
+        tenants.append((tid, key, vecs, queries))
+    wait_metric(srv, "engram_index_evictions_total", lambda v: v >= 2, "at least 2",
+                default=0.0)
+    for rnd in range(2):
+        for tid, key, vecs, queries in tenants:
+            with srv.client(key=key) as c:
+                if rnd == 1:  # a write to an evicted index is not lost
+                    store(c, vecs[N:])
+                ids, dbv = db_vectors(dsn, tid)
+                check_answers(c, ids, dbv, queries)
+                assert index_stats(c)["vectors"] == len(ids)
+    assert metric(srv, "engram_index_loads_total", 'source="snapshot"') >= 2
+    assert metric(srv, "engram_index_snapshots_rejected_total") == 0

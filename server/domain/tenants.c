@@ -287,6 +287,14 @@ void tn_settle(tenant *t, vindex *vi)
                  r.exact_fallback ? ", exact scans" : "");
 }
 
+void tn_drop_cold_rows(vindex *vi)
+{
+    vindex_stats st;
+    vindex_get_stats(vi, &st);
+    if (st.kind == VINDEX_KIND_ANN && st.rows_mapped > 0)
+        vindex_trim(vi);
+}
+
 typedef struct settle_job {
     tenant *t; /* a reference, released by the job */
     server_poster where;

@@ -371,6 +371,7 @@ static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *chang
     *rows = vindex_count(vi);
     *changes = rp.changes;
     atomic_fetch_add(&ts->n_snap_loads, 1);
+    tn_drop_cold_rows(vi);
     return 0;
 }
 

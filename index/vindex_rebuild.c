@@ -10,6 +10,7 @@
 #include "vindex.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -302,13 +303,25 @@ static bool unmeasured(vindex *vi)
     return !measured;
 }
 
-/* vindex_settle_due: codes to measure or a stale centre; see vindex.h. */
+/* vindex_settle_due: codes to measure or a stale centre; see vindex.h. It reads the
+ * published state and what the last calibration published for readers (pub_mu), never
+ * cal_mu, which a calibration holds for all its probes: a worker thread asks this after
+ * every store_batch. */
 bool vindex_settle_due(vindex *vi)
 {
-    pthread_mutex_lock(&vi->wmu);
+    rdlock(vi);
     bool stale = center_stale(vi);
-    pthread_mutex_unlock(&vi->wmu);
-    return stale || unmeasured(vi);
+    bool ann = vi->s.kind == VINDEX_KIND_ANN && vi->s.live > 0;
+    uint64_t gen = vi->code_gen;
+    unlock(vi);
+    if (stale)
+        return true;
+    if (!ann)
+        return false;
+    pthread_mutex_lock(&vi->pub_mu);
+    bool measured = vi->pub_gen == gen && !isnan(vi->pub_est);
+    pthread_mutex_unlock(&vi->pub_mu);
+    return !measured;
 }
 
 /* vindex_settle finishes a bulk build: a rebuild when due, a measurement when missing; see

@@ -25,6 +25,9 @@
  *   --memory    at sizes of 5,000 and more, the resident bytes with the float rows mapped
  *               from a snapshot: saved, pages dropped, after cold and warm search passes,
  *               and loaded (its time, its first query and its first pass cold)
+ *   --tie-margin Z  vindex_opts.tie_margin: ANN hits ranked from their int8 codes, float
+ *               rows read for near-ties within Z standard deviations (default: the
+ *               index's, 3); negative: every candidate re-ranked on its float row
  * Data and queries come from bench/dataset.c: queries follow the data's distribution but are
  * not stored vectors. Recall@10 is against the exact answer over the same filter and score:
  * candidates from an sgemm pass (float) within a margin that covers float rounding, ranked
@@ -120,6 +123,7 @@ static double pct(double *t, int n, double p)
 static float *X, *Q;
 static meta *M;
 static int NQ = 300;
+static double TIE = 0; /* vindex_opts.tie_margin (0: the index's default) */
 
 enum { MODE_PLAIN, MODE_SCORE, MODE_RARE, NMODES };
 static const char *mode_name[] = {"k=10", "k=10 keep 1/2, 0.7 sim + 0.3 v", "k=10 keep 1%"};
@@ -448,7 +452,9 @@ static void snapshots(vindex *vi, size_t n, const char *dir)
     double best = 1e30;
     for (int i = 0; i < 3 && rc == 0; i++) { /* warm page cache: the best of three */
         a = now_us();
-        rc = vindex_load(path, &(vindex_opts){.dim = DIM, .meta_size = sizeof(meta)}, &lv, &seq);
+        rc = vindex_load(path,
+                         &(vindex_opts){.dim = DIM, .meta_size = sizeof(meta), .tie_margin = TIE},
+                         &lv, &seq);
         double tl = now_us() - a;
         if (tl < best)
             best = tl;
@@ -477,6 +483,10 @@ static void one_pass(vindex *vi, const truth_set *gt, double *p50, double *p99, 
 {
     double *t = malloc((size_t)NQ * sizeof(double));
     vindex_hit hits[K];
+    vindex_stats st0, st1;
+    vindex_get_stats(vi, &st0);
+    double sim_err = 0.0;
+    vindex_query plain = {0};
     *rec = 0;
     for (int q = 0; q < NQ; q++) {
         vindex_query qq = {.vec = Q + (size_t)q * DIM, .k = K};
@@ -486,8 +496,18 @@ static void one_pass(vindex *vi, const truth_set *gt, double *p50, double *p99, 
             exit(1);
         t[q] = now_us() - a;
         *rec += recall_of(hits, nh, gt, q);
+        for (size_t j = 0; j < nh; j++) {
+            double e = fabs((double)hits[j].similarity -
+                            exact_score(hits[j].id - 1, Q + (size_t)q * DIM, &plain));
+            sim_err = e > sim_err ? e : sim_err;
+        }
     }
     *rec /= NQ;
+    vindex_get_stats(vi, &st1);
+    printf("  memory   %d queries: float rows read %llu (%.1f a query), largest similarity "
+           "error %.2e\n",
+           NQ, (unsigned long long)(st1.rows_read - st0.rows_read),
+           (double)(st1.rows_read - st0.rows_read) / NQ, sim_err);
     *p50 = pct(t, NQ, 0.5);
     *p99 = pct(t, NQ, 0.99);
     free(t);
@@ -539,7 +559,8 @@ static void rows_memory(vindex **vip, size_t n, const truth_set *gt, const char 
     vindex *lv = NULL;
     uint64_t seq = 0;
     double a = now_us();
-    int rc = vindex_load(path, &(vindex_opts){.dim = DIM, .meta_size = sizeof(meta)}, &lv, &seq);
+    int rc = vindex_load(
+        path, &(vindex_opts){.dim = DIM, .meta_size = sizeof(meta), .tie_margin = TIE}, &lv, &seq);
     double tl = now_us() - a;
     if (rc == 0) {
         printf("  memory   n=%-6zu load (mapped, page cache warm) %.1f ms\n", n, tl / 1e3);
@@ -584,6 +605,8 @@ int main(int argc, char **argv)
             nthreads = 0;
             for (char *p = strtok(argv[++i], ","); p && nthreads < 8; p = strtok(NULL, ","))
                 threads[nthreads++] = atoi(p);
+        } else if (!strcmp(argv[i], "--tie-margin") && i + 1 < argc) {
+            TIE = strtod(argv[++i], NULL);
         } else if (!strcmp(argv[i], "--memory")) {
             rows_mem = true;
         } else if (!strcmp(argv[i], "-d") && i + 1 < argc) {
@@ -617,7 +640,7 @@ int main(int argc, char **argv)
                     "[--dim D] [--seed S] [--text-dir DIR] [-q N] [-s sizes|max] [-t threads] "
                     "[-d dir] [--compare] [--hnsw] [--engine native|faiss] [--generic] [--avx2] "
                     "[--quick] "
-                    "[--check-truth]\n",
+                    "[--check-truth] [--memory] [--tie-margin Z]\n",
                     argv[0]);
             return 2;
         }
@@ -696,6 +719,7 @@ int main(int argc, char **argv)
         double per_add;
         vindex_opts o = {.dim = DIM,
                          .meta_size = sizeof(meta),
+                         .tie_margin = TIE,
                          .engine = engine,
                          .faiss_factory = "HNSW32,Flat",
                          .faiss_ef_search = 64,

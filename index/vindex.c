@@ -60,7 +60,7 @@ int vi_resolve_opts(const vindex_opts *in, vindex_opts *o)
 {
     if (!in || in->dim == 0 || in->dim > MAX_DIM || in->meta_size > MAX_META ||
         in->compact_percent > 100 || in->recall_target < 0 || in->recall_target >= 1 ||
-        isnan(in->recall_target))
+        isnan(in->recall_target) || isnan(in->tie_margin) || in->tie_margin > 1e6)
         return -EINVAL;
     if (in->meta_atomic_len && (in->meta_atomic_off % 8 || in->meta_atomic_len % 8 ||
                                 in->meta_size % 8 || in->meta_atomic_off > in->meta_size ||
@@ -83,6 +83,8 @@ int vi_resolve_opts(const vindex_opts *in, vindex_opts *o)
         o->ann_max_candidates = o->ann_candidates;
     if (o->recall_target == 0)
         o->recall_target = DEF_RECALL_TARGET;
+    if (o->tie_margin == 0)
+        o->tie_margin = DEF_TIE_MARGIN;
     return 0;
 }
 
@@ -287,6 +289,7 @@ void vindex_get_stats(vindex *vi, vindex_stats *st)
     st->maintenance_due = vi_rebuild_due(vi) || vi_fx_due(vi);
     st->engine = vi->fx ? VINDEX_ENGINE_FAISS : VINDEX_ENGINE_NATIVE;
     st->page_ins = atomic_load_explicit(&vi->page_ins, memory_order_relaxed);
+    st->rows_read = atomic_load_explicit(&vi->rows_read, memory_order_relaxed);
     unlock(vi);
 }
 

@@ -43,8 +43,11 @@
  * caller's thread, and queries parallelize across callers.
  *
  * Memory. From the SQ8 kind on, a search reads a float row only to re-rank a candidate that
- * the int8 bound could not rule out (about a dozen a query at 50,000 x 768); everything it
- * touches on every query (int8 and sign codes, metadata, ids) stays on the heap. Once the
+ * the int8 bound could not rule out; an ANN search ranks its candidates by their int8
+ * estimates and reads the float rows of near-ties across the k-th place only (0.7 to 2.4 a
+ * query on the 768-d benchmark sets at 50,000, 7 on the text set; see vindex_opts.tie_margin).
+ * Everything a search touches on every query (int8 and sign codes, metadata, ids) stays on
+ * the heap. Once the
  * index has been saved (or loaded), its float rows are read from that snapshot, mapped,
  * instead of the heap: the kernel keeps the pages that searches use and may drop the rest;
  * rows added since sit on the heap until the next save. vindex_bytes counts what is
@@ -140,6 +143,12 @@ typedef struct vindex_opts {
     /* The recall a rebuild's own measurement aims for (vindex_maintenance; default 0.99;
      * vindex_maintenance_scored and vindex_settle take theirs). */
     double recall_target;
+    /* tie_margin: an ANN search ranks its candidates by their int8 estimates and reads the
+     * float rows only of near-ties across the k-th place: hits whose score intervals (the
+     * estimate plus or minus tie_margin standard deviations of its error, default 3; 0 takes
+     * the default) overlap there. Negative: every candidate the int8 bound cannot rule out
+     * is re-ranked on its float row (exact similarities; the behaviour before issue 34). */
+    double tie_margin;
 } vindex_opts;
 
 enum vindex_engine {
@@ -229,6 +238,7 @@ typedef struct vindex_stats {
     size_t rows_mapped;    /* bytes of float rows mapped from the last snapshot */
     size_t rows_resident;  /* of them in RAM at the last vindex_resident (in bytes) */
     uint64_t page_ins;     /* major page faults of searches reading mapped rows */
+    uint64_t rows_read;    /* float rows searches read (re-ranks and near-ties), heap or map */
 } vindex_stats;
 
 /* vindex_get_stats fills *st with one consistent snapshot of the counters above (shared
@@ -360,18 +370,23 @@ typedef struct vindex_query {
  *
  * Filters never under-fill: when at least k vectors pass keep, exactly k are returned.
  * Kinds FLAT and SQ8 are exact: the hits are the best k of all kept vectors. On an ANN
- * index the hits are the best k (exactly ranked, exact similarities) among the candidates
- * the candidate stage (the native codes, or FAISS) found among the kept vectors; when the
- * filter keeps at most the budget, all of them are candidates and the result is exact. A
- * filter that a sample of 128 vectors shows to keep under a tenth of them (or under half
- * the budget) is answered by scanning the metadata and bounding every kept vector: exact.
- * A query with a score function searches past the measured depth while candidates keep
- * entering its top k (native), or four times as deep (FAISS). An ANN index answers exactly
- * (scanning the int8 codes) when k is large against it (live at most twice the budget),
- * until its codes are measured, and while its recall monitor finds no depth that reaches
- * the target. The reported similarity of a
- * vector depends only on it and the query (not on where it is stored or on the CPU), so two copies
- * of one vector tie exactly and are ordered by id.
+ * index the hits are the best k among the candidates the candidate stage (the native codes,
+ * or FAISS) found among the kept vectors, ranked by their int8 estimates: a hit's similarity
+ * is its estimate (the int8 code's product, within |q| rn of the exact value: about 1e-3 on
+ * the benchmark sets, 0.01 at most for dense unit vectors), except where hits' score
+ * intervals (vindex_opts.tie_margin) overlap across the k-th place, whose float rows decide
+ * which are in and whose similarities are then exact. The order among the k follows the
+ * estimates: hits closer than the codes' error may come in either order. With a negative
+ * tie_margin, or a score function that is not monotone, every candidate is ranked exactly on its
+ * float row. When the filter keeps at most the budget, all of them are candidates. A filter that a
+ * sample of 128 vectors shows to keep under a tenth of them (or under half the budget) is answered
+ * by scanning the metadata and bounding every kept vector: exact. A query with a score function
+ * searches past the measured depth while candidates keep entering its top k (native), or four times
+ * as deep (FAISS). An ANN index answers exactly (scanning the int8 codes) when k is large against
+ * it (live at most twice the budget), until its codes are measured, and while its recall monitor
+ * finds no depth that reaches the target. The reported similarity of a vector depends only on it
+ * and the query (not on where it is stored or on the CPU) and on whether it was ranked on its code
+ * or its row, so two copies of one vector tie exactly and are ordered by id.
  *
  * Returns 0, VINDEX_E_ZERO for a query vector without direction, or -ENOMEM. Runs on the
  * caller's thread under the shared lock (keep and score run under it); allocates scratch
@@ -439,6 +454,12 @@ int vindex_maintenance_scored(vindex *vi, double target, const vindex_query *sha
  * that searches start at the measured depth. No FAISS build. Returns 1 when it rebuilt or
  * measured, 0 when nothing was due, -ENOMEM. Any thread; blocks maintenance meanwhile. */
 int vindex_settle(vindex *vi, double target, const vindex_query *shape);
+
+/* vindex_settle_due tells whether vindex_settle has work that searches would otherwise
+ * pay for: ANN codes no measurement covers (searches scan exactly until one does), or a
+ * centre gone stale (the index doubled since its sign codes' centre was taken). Compaction
+ * alone is not counted: vindex_maintenance does it in the background. Any thread. */
+bool vindex_settle_due(vindex *vi);
 
 /* vindex_get_recall fills *out with what the last completed calibration found (no probe
  * runs; it never waits for a calibration in progress). */

@@ -104,6 +104,11 @@ static inline size_t vi_chunk_shift(size_t dim)
 #define DEF_ANN_MAX 16384
 #endif
 #define DEF_RECALL_TARGET 0.99
+/* the near-tie margin of the code ranking, in standard deviations of an int8 estimate's
+ * error (vindex_opts.tie_margin) */
+#ifndef DEF_TIE_MARGIN
+#define DEF_TIE_MARGIN 3.0
+#endif
 #define ROT_SEED 0x656e6772616d5254ULL /* the sign-code rotation: the same for every index */
 #define ENC_STACK 4096                 /* dims encoded with a stack buffer; larger: heap */
 #define CAL_RING 2048                  /* true-neighbour positions the calibration keeps */
@@ -261,7 +266,8 @@ struct vindex {
     size_t qs_head, qs_n;
     _Atomic uint64_t qs_tick;
 
-    _Atomic uint64_t page_ins; /* major faults while searches read mapped rows */
+    _Atomic uint64_t page_ins;  /* major faults while searches read mapped rows */
+    _Atomic uint64_t rows_read; /* float rows searches' re-ranks read */
     /* the heap bytes of cal's rings and of qs_buf, for vi_heap_bytes, which holds neither
      * cal_mu nor qs_mu (set by whoever allocates them) */
     _Atomic size_t cal_bytes, qs_bytes;
@@ -362,16 +368,31 @@ static inline bool view_tomb(const view *v, size_t s)
 
 /* ---- searches, shared with the calibration (vindex_search.c) ---- */
 
-/* The best hits so far: a heap whose root is the worst (util/heap.h). */
+/* A hit ranked from its int8 code (the ANN search, vindex_search.c): h holds the estimated
+ * similarity and score, [lo, hi] the interval its exact score lies in with the tie margin's
+ * confidence, slot where to read its row when it is a near-tie. */
+typedef struct rhit {
+    vindex_hit h;
+    double lo, hi;
+    uint32_t slot;
+} rhit;
+
+/* The best hits so far: a heap whose root is the worst (util/heap.h). With r set (the ANN
+ * search ranking from codes), the heap is r, of rk >= k entries: the k best estimates and
+ * the runners-up that near-ties are decided among; h receives the final k. */
 typedef struct topk {
     vindex_hit *h; /* not owned: k entries */
     size_t n, k;
     size_t entered; /* hits offer took in (ANN patience) */
+    rhit *r;        /* not owned: rk entries, or NULL (exact re-rank into h) */
+    size_t rk;
 } topk;
 
 typedef struct cand {
     double ubs; /* upper bound of the score */
     double ub;  /* upper bound of the similarity */
+    double est; /* the int8 estimate of the similarity (0 without codes) */
+    double err; /* its error within the tie margin's confidence */
     uint32_t slot;
 } cand;
 
@@ -384,6 +405,7 @@ typedef struct qprep {
     double qs;       /* int16 step: qn ~ qs * qq */
     double qnorm;    /* |qn| */
     double snorm;    /* |qn - qs * qq|, rounded up */
+    double tie;      /* tie margin / sqrt(dim): an estimate's error is at most tie |q| rn */
     bool bounded;    /* the query declares a score bound */
 } qprep;
 
@@ -393,6 +415,8 @@ typedef struct sctx {
     const qprep *p;
     topk *t;
     bool kept_checked; /* keep already ran on every candidate */
+    size_t reads;      /* float rows the re-rank read */
+    rhit *rfree;       /* a code-ranked heap the search allocated (freed by vindex_search) */
 } sctx;
 
 /* ---- shared by the vindex files ---- */
@@ -489,7 +513,7 @@ int vi_prepare(const vindex *vi, const vindex_query *q, float *qn, int16_t *qq, 
  * centre), using scratch (dim floats). */
 void vi_prepare_codes(const vindex *vi, const vstore *st, qprep *p, int kind, float *scratch);
 /* vi_search_exact scans every slot of sc->st exactly (see vindex_search.c). */
-void vi_search_exact(const sctx *sc, bool use_sq8, bool filter_first);
+void vi_search_exact(sctx *sc, bool use_sq8, bool filter_first);
 
 /* vindex_cal.c */
 /* vi_cal_free frees a calibration's rings (allocated at its first probe) and zeroes it. */

@@ -10,6 +10,7 @@
 #include "vindex.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -287,6 +288,42 @@ int vindex_maintenance_scored(vindex *vi, double target, const vindex_query *sha
     return rc;
 }
 
+/* unmeasured tells whether the index is of the ANN kind with codes no calibration covers. */
+static bool unmeasured(vindex *vi)
+{
+    rdlock(vi);
+    bool ann = vi->s.kind == VINDEX_KIND_ANN && vi->s.live > 0;
+    uint64_t gen = vi->code_gen;
+    unlock(vi);
+    if (!ann)
+        return false;
+    pthread_mutex_lock(&vi->cal_mu);
+    bool measured = vi->cal.measured && vi->cal.gen == gen;
+    pthread_mutex_unlock(&vi->cal_mu);
+    return !measured;
+}
+
+/* vindex_settle_due: codes to measure or a stale centre; see vindex.h. It reads the
+ * published state and what the last calibration published for readers (pub_mu), never
+ * cal_mu, which a calibration holds for all its probes: a worker thread asks this after
+ * every store_batch. */
+bool vindex_settle_due(vindex *vi)
+{
+    rdlock(vi);
+    bool stale = center_stale(vi);
+    bool ann = vi->s.kind == VINDEX_KIND_ANN && vi->s.live > 0;
+    uint64_t gen = vi->code_gen;
+    unlock(vi);
+    if (stale)
+        return true;
+    if (!ann)
+        return false;
+    pthread_mutex_lock(&vi->pub_mu);
+    bool measured = vi->pub_gen == gen && !isnan(vi->pub_est);
+    pthread_mutex_unlock(&vi->pub_mu);
+    return !measured;
+}
+
 /* vindex_settle finishes a bulk build: a rebuild when due, a measurement when missing; see
  * vindex.h. */
 int vindex_settle(vindex *vi, double target, const vindex_query *shape)
@@ -299,14 +336,7 @@ int vindex_settle(vindex *vi, double target, const vindex_query *shape)
     pthread_mutex_unlock(&vi->maint_mu);
     if (rc < 0)
         return rc;
-    rdlock(vi);
-    bool ann = vi->s.kind == VINDEX_KIND_ANN && vi->s.live > 0;
-    uint64_t gen = vi->code_gen;
-    unlock(vi);
-    pthread_mutex_lock(&vi->cal_mu);
-    bool measured = vi->cal.measured && vi->cal.gen == gen;
-    pthread_mutex_unlock(&vi->cal_mu);
-    if (!ann || measured)
+    if (!unmeasured(vi))
         return rc;
     int crc = vindex_calibrate_scored(vi, CAL_BUILD_PROBES, target, shape, NULL);
     return crc < 0 ? crc : 1;

@@ -249,6 +249,96 @@ static double blend_score(float sim, const void *meta, void *ctx)
     return score_blend(b->w, sim, c);
 }
 
+/* The default blend of the server's searches (similarity_weight with the composite), for
+ * the calibration to measure the depth searches with it use: shape, with bc as its
+ * context. NULL when the weight is 1 (similarity alone). */
+static const vindex_query *blend_shape(const tenants *ts, blend_ctx *bc, vindex_query *shape)
+{
+    const config *c = &ts->srv->cfg;
+    *bc = (blend_ctx){.sp = &ts->srv->score, .w = c->similarity_weight, .now_ms = server_now_ms()};
+    *shape = (vindex_query){.score = blend_score,
+                            .score_slope = bc->w,
+                            .score_bound = 1.0 - bc->w,
+                            .score_monotone = true,
+                            .ctx = bc};
+    return bc->w < 1.0 ? shape : NULL;
+}
+
+void tn_settle(tenant *t, vindex *vi)
+{
+    if (!vi || !vindex_settle_due(vi))
+        return;
+    blend_ctx bc;
+    vindex_query q;
+    const vindex_query *shape = blend_shape(t->ts, &bc, &q);
+    uint64_t t0 = server_mono_ns();
+    int rc = vindex_settle(vi, t->ts->srv->cfg.index_recall_target, shape);
+    double ms = (double)(server_mono_ns() - t0) / 1e6;
+    vindex_recall r;
+    vindex_get_recall(vi, &r);
+    if (rc < 0)
+        log_warn("tenant %lld: settling the index after a bulk build: out of memory (the "
+                 "recall monitor measures it later)",
+                 (long long)t->id);
+    else
+        log_info("tenant %lld: index settled after a bulk build in %.1f ms: depth %zu, recall@10 "
+                 "estimate %.3f%s",
+                 (long long)t->id, ms, r.depth, r.estimate,
+                 r.exact_fallback ? ", exact scans" : "");
+}
+
+void tn_drop_cold_rows(vindex *vi)
+{
+    vindex_stats st;
+    vindex_get_stats(vi, &st);
+    if (st.kind == VINDEX_KIND_ANN && st.rows_mapped > 0)
+        vindex_trim(vi);
+}
+
+typedef struct settle_job {
+    tenant *t; /* a reference, released by the job */
+    server_poster where;
+    void (*cb)(void *arg);
+    void *arg;
+} settle_job;
+
+static void settle_job_run(bg_ctx *ctx, void *arg)
+{
+    settle_job *j = arg;
+    tenant *t = j->t;
+    if (!bg_cancelled(ctx)) {
+        pthread_mutex_lock(&t->mu);
+        vindex *vi = t->state == T_READY ? t->vi : NULL;
+        pthread_mutex_unlock(&t->mu);
+        tn_settle(t, vi); /* our reference keeps vi: no eviction or drop while refs > 2 */
+    }
+    if (j->where.post(j->where.target, j->cb, j->arg) < 0)
+        log_error("cannot deliver the end of a settle (out of memory): a request is lost");
+    tenants_put(t);
+    free(j);
+}
+
+int tenants_settle(tenant *t, server_poster where, void (*cb)(void *arg), void *arg)
+{
+    pthread_mutex_lock(&t->mu);
+    vindex *vi = t->state == T_READY ? t->vi : NULL;
+    pthread_mutex_unlock(&t->mu);
+    if (!vi || !vindex_settle_due(vi))
+        return 1;
+    settle_job *j = malloc(sizeof(*j));
+    if (!j)
+        return -ENOMEM;
+    *j = (settle_job){.t = t, .where = where, .cb = cb, .arg = arg};
+    atomic_fetch_add(&t->refs, 1);
+    int rc = bg_submit(t->ts->srv->bg, settle_job_run, j);
+    if (rc < 0) {
+        atomic_fetch_sub(&t->refs, 1); /* the caller's reference remains */
+        free(j);
+        return rc;
+    }
+    return 0;
+}
+
 /* recall_check runs the recall monitor on t's index, when it is approximate: a first
  * measurement of new codes whatever the budget, then a few probes whenever the CPU budget
  * (index_recall_budget_percent of one core, averaged) allows. Logs once when the measured
@@ -271,15 +361,11 @@ static void recall_check(tenants *ts, tenant *t)
     else
         return;
     /* the default blend is measured too, so that default searches get their own depth */
-    blend_ctx bc = {.sp = &ts->srv->score, .w = c->similarity_weight, .now_ms = server_now_ms()};
-    vindex_query shape = {.score = blend_score,
-                          .score_slope = bc.w,
-                          .score_bound = 1.0 - bc.w,
-                          .score_monotone = true,
-                          .ctx = &bc};
+    blend_ctx bc;
+    vindex_query q;
+    const vindex_query *shape = blend_shape(ts, &bc, &q);
     uint64_t t0 = server_mono_ns();
-    int rc = vindex_calibrate_scored(t->vi, probes, c->index_recall_target,
-                                     bc.w < 1.0 ? &shape : NULL, &r);
+    int rc = vindex_calibrate_scored(t->vi, probes, c->index_recall_target, shape, &r);
     uint64_t dt = server_mono_ns() - t0;
     ts->rm_allow_ns -= (double)dt;
     atomic_fetch_add(&ts->n_probes, probes);

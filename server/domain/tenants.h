@@ -144,6 +144,16 @@ typedef struct tenants_index {
  * process; false (and *out zeroed) when it is not. Never loads it. Any thread. */
 bool tenants_index_info(tenants *ts, int64_t id, tenants_index *out);
 
+/* tenants_settle finishes t's index after a bulk write (memory.store_batch) when
+ * vindex_settle_due: on a job thread, a rebuild when the sign codes' centre is stale and a
+ * measurement of codes no calibration covers (vindex_settle), then cb(arg) on where's
+ * thread; returns 0 then, and the reference on t must be held until cb has run. Returns 1
+ * when there is nothing to settle (or the index is not loaded: its load settles it), cb not
+ * called; a negative errno (-ENOMEM, -ESHUTDOWN) when the job cannot be queued, cb not
+ * called. So the first searches after a bulk load run at the measured depth instead of
+ * scanning exactly until the recall monitor gets to the index. Any thread. */
+int tenants_settle(tenant *t, server_poster where, void (*cb)(void *arg), void *arg);
+
 /* tenants_touch counts one access to each of the n memories at now_ms in the index (the
  * database is updated in batches elsewhere). */
 void tenants_touch(tenant *t, const uint64_t *ids, size_t n, int64_t now_ms);

@@ -152,6 +152,18 @@ void tn_record_load(tenants *ts, int source, uint64_t us);
 void tn_pending_free_all(tenant *t);
 /* vindex_foreach callback: frees one memory's tag array (the index owns them). */
 int tn_free_tags(uint64_t id, const float *vec, const void *meta, void *ctx);
+/* tn_settle finishes vi, t's index after a bulk build (a load from PostgreSQL, a
+ * store_batch): vindex_settle for index_recall_target and the default blend, in the
+ * caller's time, when vindex_settle_due. Job thread (it takes up to a rebuild and 24
+ * probes: about 0.1 to 1 s at 50,000 x 768). */
+void tn_settle(tenant *t, vindex *vi);
+/* tn_drop_cold_rows asks the kernel to drop from RAM the float rows an approximate index
+ * maps from its snapshot (vindex_trim), which a save (the file just written) or a load (its
+ * checksum read every page) left there: its searches read a row only for a near-tie (1 to 7
+ * a query, bench/README), so the budget, which counts resident bytes, then sees the codes
+ * and the rows in use, not the whole file. Below the ANN kind (an exact re-rank reads a row
+ * per candidate it cannot rule out) the rows stay. Any thread. */
+void tn_drop_cold_rows(vindex *vi);
 
 /* tenants_apply.c */
 /* metadata for a memory we have no vector for yet: re-read from the log */

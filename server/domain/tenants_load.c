@@ -371,6 +371,7 @@ static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *chang
     *rows = vindex_count(vi);
     *changes = rp.changes;
     atomic_fetch_add(&ts->n_snap_loads, 1);
+    tn_drop_cold_rows(vi);
     return 0;
 }
 
@@ -620,6 +621,15 @@ static int load_now(bg_ctx *ctx, tenant *t)
             if (rc < 0 && PQstatus(pg) != CONNECTION_OK)
                 bg_conn_failed(ctx);
         }
+    }
+    if (rc == 0) {
+        /* an index built from rows (or grown past a threshold by the changes replayed) is
+         * measured before the first search waiting for it runs, not scanned exactly until
+         * the recall monitor gets to it; a snapshot carries its measurement */
+        pthread_mutex_lock(&t->mu);
+        vindex *vi = t->vi;
+        pthread_mutex_unlock(&t->mu);
+        tn_settle(t, vi);
     }
     pthread_mutex_lock(&t->mu);
     waiter *ws = t->waiters;

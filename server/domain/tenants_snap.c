@@ -410,6 +410,7 @@ int tn_save_snapshot(tenant *t)
                  strerror(-rc));
         return -EIO;
     }
+    tn_drop_cold_rows(vi); /* the rows now read from the file just written: still in RAM */
     atomic_fetch_add(&ts->n_snapshots, 1);
     log_debug("tenant %lld: snapshot at change %llu written in %.1f ms", (long long)t->id,
               (unsigned long long)upto, (double)(server_mono_ns() - t0) / 1e6);

@@ -191,6 +191,12 @@ static void store_fail(req *r, const db_result *res)
     mo_write_fail(r, res, (int64_t)st->n);
 }
 
+/* tenants_settle callback: the index is settled, the answer packed. */
+static void store_settled(void *arg)
+{
+    req_done(arg);
+}
+
 /* Completes r from its rows of a store's result: rows off .. off + n - 1, in the order of
  * its items. */
 static void store_finish(req *r, const PGresult *pr, int off)
@@ -232,7 +238,6 @@ static void store_finish(req *r, const PGresult *pr, int off)
         tenants_apply_upsert(t, mm.seq, mm.id, st->items[k].vec, &m);
         free((void *)m.tags);
     }
-    tenants_put(t);
     msgpack_packer *pk = req_result(r);
     if (!st->batch) {
         msgpack_pack_map(pk, 3);
@@ -251,7 +256,13 @@ static void store_finish(req *r, const PGresult *pr, int off)
             msgpack_pack_int64(pk, memrow_i64(pr, off + k, 2, 0));
         rpc_pack_kv_bool(pk, "replayed", replayed);
     }
-    req_done(r);
+    /* a batch that took the index into the approximate tier (or doubled it) answers once
+     * the index is measured: the searches that follow a bulk load run at the measured
+     * depth (issue 34) */
+    int rc = st->batch && t ? tenants_settle(t, worker_poster(req_worker(r)), store_settled, r) : 1;
+    tenants_put(t);
+    if (rc != 0)
+        req_done(r);
 }
 
 static void store_done(req *r, const db_result *res)

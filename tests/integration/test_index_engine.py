@@ -63,7 +63,8 @@ class Data:
 
 def check_search(c, d, seed, queries=12):
     """Filtered searches (a filter keeping fewer memories than the candidate budget) are
-    exact; unfiltered ones return live memories with their exact similarities, best first,
+    exact; unfiltered ones return live memories with their similarities (the codes'
+    estimates), best first,
     and find most true neighbours (a floor that a broken candidate stage would miss: the
     approximate tier's recall is the subject of bench/, not of this test, and the budget here
     is tiny); deleted memories never come back."""
@@ -84,8 +85,10 @@ def check_search(c, d, seed, queries=12):
         assert len(got) == 10 and all(g["id"] in d.live for g in got)
         qn = np.asarray(q, np.float64) / np.linalg.norm(q)
         for g in got:
+            # ranked from the int8 codes: a hit that was no near-tie reports the codes'
+            # estimate of its similarity (within about 0.001 here; 0.01 bounds it)
             v = np.asarray(d.live[g["id"]][0], np.float64)
-            assert g["similarity"] == pytest.approx(float(v @ qn), abs=2e-5)
+            assert g["similarity"] == pytest.approx(float(v @ qn), abs=0.01)
         sims = [g["similarity"] for g in got]
         assert sims == sorted(sims, reverse=True)
         hits += len({g["id"] for g in got} & {m for m, _ in want})

@@ -585,7 +585,9 @@ static void build_time(void)
         vindex_get_stats(vi, &st);
         CHECK(st.kind == VINDEX_KIND_ANN && isnan(r.estimate) && r.depth == 0);
         CHECK_MSG(recall_of(vi) == 1.0, "%s: unmeasured codes are scanned exactly", dist_name[d]);
+        CHECK(vindex_settle_due(vi));              /* what engramd asks after a store_batch */
         CHECK(vindex_settle(vi, 0.99, NULL) == 1); /* a new centre, measured before the swap */
+        CHECK(!vindex_settle_due(vi));
         vindex_get_recall(vi, &r);
         vindex_get_stats(vi, &st);
         CHECK(!st.maintenance_due && r.samples >= 200 && !isnan(r.estimate));

@@ -160,7 +160,8 @@ static void *searcher(void *arg)
         }
         for (size_t i = 0; i < nh; i++) {
             uint64_t id = h[i].id;
-            if (id == 0 || id > KEYS || fabs(exact_sim(id, q) - h[i].similarity) > 1e-5 ||
+            /* 0.01: an ANN hit ranked from its code reports the int8 estimate */
+            if (id == 0 || id > KEYS || fabs(exact_sim(id, q) - h[i].similarity) > 0.01 ||
                 (i > 0 && h[i].score > h[i - 1].score) || (mode == 1 && id % GROUPS != group))
                 atomic_fetch_add(&s->bad, 1);
         }

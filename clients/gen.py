@@ -63,6 +63,7 @@ DOCS = {
     "session.create": "Creates a session for an agent.",
     "session.delete": "Deletes a session, its sub-agents and everything they own (branches only with cascade).",
     "session.end": "Ends a session, optionally with a summary.",
+    "session.extract": "Extracts the durable facts of a session's new messages into memories (chat model).",
     "session.get": "Returns a session with its costs, counters and constraints.",
     "session.handoff": "Returns the package another agent, a human or a recovering process needs.",
     "session.list": "Lists sessions, newest first, one page at a time.",

@@ -310,67 +310,6 @@ static void groups_free(group *g, size_t ng)
 
 /* ---- JSON for prompts and records ------------------------------------------------------------ */
 
-/* Appends s (n bytes of UTF-8) as a JSON string, escaping '"', '\\', control characters and
- * '<', '>', '&' (so that no text can write a tag of the prompt's). Returns 0 or -ENOMEM. */
-static int json_str(ubuf *b, const char *s, size_t n)
-{
-    if (ubuf_putc(b, '"') < 0)
-        return -ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        int rc;
-        if (c == '"' || c == '\\')
-            rc = ubuf_putc(b, '\\') < 0 ? -ENOMEM : ubuf_putc(b, (char)c);
-        else if (c < 0x20 || c == '<' || c == '>' || c == '&' || c == 0x7f)
-            rc = ubuf_printf(b, "\\u%04x", c);
-        else
-            rc = ubuf_putc(b, (char)c);
-        if (rc < 0)
-            return -ENOMEM;
-    }
-    return ubuf_putc(b, '"');
-}
-
-static int json_cstr(ubuf *b, const char *s)
-{
-    return json_str(b, s, strlen(s));
-}
-
-/* The length of s cut to at most max bytes, never inside a UTF-8 sequence. */
-static size_t utf8_cut(const char *s, size_t len, size_t max)
-{
-    if (len <= max)
-        return len;
-    while (max > 0 && ((unsigned char)s[max] & 0xC0) == 0x80)
-        max--;
-    return max;
-}
-
-static const char *type_name(int type)
-{
-    switch (type) {
-    case MEM_FACT:
-        return "fact";
-    case MEM_PREFERENCE:
-        return "preference";
-    case MEM_EPISODE:
-        return "episode";
-    case MEM_STRATEGY_OUTCOME:
-        return "strategy_outcome";
-    default:
-        return "constraint";
-    }
-}
-
-/* UTC date and time of ms since the epoch: "2024-06-10T14:03:00Z" (or the date only). */
-static void utc(int64_t ms, bool date_only, char *out, size_t outlen)
-{
-    time_t t = (time_t)(ms / 1000);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    strftime(out, outlen, date_only ? "%Y-%m-%d" : "%Y-%m-%dT%H:%M:%SZ", &tm);
-}
-
 /* The texts of the groups' memories (read from one snapshot). */
 typedef struct texts {
     int64_t *ids; /* sorted */
@@ -454,13 +393,13 @@ static int group_prompt(run *r, group *g, const texts *t, ubuf *out)
     for (size_t i = 0; i < g->n && rc == 0; i++) {
         const cmem *mi = &r->l.m[g->idx[i]];
         const char *text = text_of(t, mi->id);
-        size_t len = strlen(text), shown = utf8_cut(text, len, PROMPT_TEXT_MAX);
+        size_t len = strlen(text), shown = prompts_utf8_cut(text, len, PROMPT_TEXT_MAX);
         g->cut |= shown < len;
-        utc(mi->created_ms, false, created, sizeof(created));
+        prompts_utc(mi->created_ms, false, created, sizeof(created));
         rc = ubuf_printf(&mems, "%s{\"id\": %lld, \"created\": \"%s\", \"text\": ", i ? "\n" : "",
                          (long long)mi->id, created);
         if (rc >= 0)
-            rc = json_str(&mems, text, shown);
+            rc = prompts_json_str(&mems, text, shown);
         if (rc >= 0)
             rc = ubuf_puts(&mems, shown < len ? ", \"cut\": true}" : "}");
     }
@@ -468,10 +407,10 @@ static int group_prompt(run *r, group *g, const texts *t, ubuf *out)
         ubuf_fini(&mems);
         return -ENOMEM;
     }
-    utc(r->started, true, today, sizeof(today));
+    prompts_utc(r->started, true, today, sizeof(today));
     snprintf(count, sizeof(count), "%zu", g->n);
     const char *keys[] = {"today", "count", "type", "memories"};
-    const char *vals[] = {today, count, type_name(r->l.m[g->idx[0]].type), mems.data};
+    const char *vals[] = {today, count, memrow_type_name(r->l.m[g->idx[0]].type), mems.data};
     rc = prompts_render("consolidate_user.txt", keys, vals, 4, out);
     ubuf_fini(&mems);
     if (rc == 0 && ubuf_putc(out, '\0') < 0)
@@ -532,7 +471,7 @@ static void add_error(model_run *mr, const cmem *m, const group *g, const char *
     for (size_t i = 0; i < g->n; i++)
         ubuf_printf(b, "%s%lld", i ? ", " : "", (long long)m[g->idx[i]].id);
     ubuf_printf(b, "], \"status\": \"%s\", \"reason\": ", status);
-    json_cstr(b, reason);
+    prompts_json_cstr(b, reason);
     ubuf_putc(b, '}');
     if (!mr->reason[0])
         snprintf(mr->reason, sizeof(mr->reason), "%s: %s", status, reason);
@@ -720,10 +659,10 @@ static void add_log(model_run *mr, const cmem *m, const answer *d, uint32_t keep
     else
         ubuf_printf(b, "%lld", (long long)m[keep].id);
     ubuf_printf(b, ", \"applied\": %s, \"why\": ", applied ? "true" : "false");
-    json_str(b, reason, rlen);
+    prompts_json_str(b, reason, rlen);
     if (note) {
         ubuf_puts(b, ", \"note\": ");
-        json_cstr(b, note);
+        prompts_json_cstr(b, note);
     }
     ubuf_putc(b, '}');
 }
@@ -1089,11 +1028,11 @@ int consolidate_model_record(const run *r, ubuf *b)
     if (!mr->status)
         return ubuf_puts(b, ", \"model\": null");
     int rc = ubuf_puts(b, ", \"model\": {\"status\": ");
-    rc = rc < 0 ? rc : json_cstr(b, mr->status);
+    rc = rc < 0 ? rc : prompts_json_cstr(b, mr->status);
     rc = rc < 0 ? rc : ubuf_puts(b, ", \"reason\": ");
-    rc = rc < 0 ? rc : mr->reason[0] ? json_cstr(b, mr->reason) : ubuf_puts(b, "null");
+    rc = rc < 0 ? rc : mr->reason[0] ? prompts_json_cstr(b, mr->reason) : ubuf_puts(b, "null");
     rc = rc < 0 ? rc : ubuf_puts(b, ", \"model\": ");
-    rc = rc < 0 ? rc : json_cstr(b, mr->model);
+    rc = rc < 0 ? rc : prompts_json_cstr(b, mr->model);
     rc = rc < 0 ? rc
                 : ubuf_printf(b,
                               ", \"floor\": %g, \"groups\": %d, \"judged\": %d, \"rejected\": %d, "

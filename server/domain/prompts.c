@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 const char *prompts_get(const char *name, size_t *len)
 {
@@ -45,4 +46,45 @@ int prompts_render(const char *name, const char *const *keys, const char *const 
         t = close + 2;
     }
     return 0;
+}
+
+int prompts_json_str(ubuf *b, const char *s, size_t n)
+{
+    if (ubuf_putc(b, '"') < 0)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        int rc;
+        if (c == '"' || c == '\\')
+            rc = ubuf_putc(b, '\\') < 0 ? -ENOMEM : ubuf_putc(b, (char)c);
+        else if (c < 0x20 || c == '<' || c == '>' || c == '&' || c == 0x7f)
+            rc = ubuf_printf(b, "\\u%04x", c);
+        else
+            rc = ubuf_putc(b, (char)c);
+        if (rc < 0)
+            return -ENOMEM;
+    }
+    return ubuf_putc(b, '"');
+}
+
+int prompts_json_cstr(ubuf *b, const char *s)
+{
+    return prompts_json_str(b, s, strlen(s));
+}
+
+size_t prompts_utf8_cut(const char *s, size_t len, size_t max)
+{
+    if (len <= max)
+        return len;
+    while (max > 0 && ((unsigned char)s[max] & 0xC0) == 0x80)
+        max--;
+    return max;
+}
+
+void prompts_utc(int64_t ms, bool date_only, char *out, size_t outlen)
+{
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(out, outlen, date_only ? "%Y-%m-%d" : "%Y-%m-%dT%H:%M:%SZ", &tm);
 }

@@ -79,6 +79,9 @@ HANDLER(session_work_item_add);
 HANDLER(session_work_item_list);
 HANDLER(session_work_item_update);
 
+/* m_extract.c */
+HANDLER(session_extract);
+
 /* m_consolidate.c */
 HANDLER(memory_consolidate);
 HANDLER(memory_consolidation_runs);

@@ -53,6 +53,7 @@ static method_def table[] = {
     M("session.create", session_create, M_TENANT | M_WRITE),
     M("session.delete", session_delete, M_TENANT | M_WRITE),
     M("session.end", session_end, M_TENANT | M_WRITE),
+    M("session.extract", session_extract, M_TENANT | M_WRITE),
     M("session.get", session_get, M_TENANT),
     M("session.handoff", session_handoff, M_TENANT),
     M("session.list", session_list, M_TENANT),

@@ -215,10 +215,29 @@ static const result_schema table[] = {
             P("session_id", INT) "," P("deleted", INT) "," P("session_ids", ARR(INT)))},
     {"session.end", OBJECT(Q("session_id") "," Q("state") "," Q("ended_at"),
                            P("session_id", INT) "," P("state", STR) "," P("ended_at", INT))},
-    {"session.get", "{\"allOf\":[" REF("SessionSummary") "," OBJECT(
-                        Q("config") "," Q("position") "," Q("constraints"),
-                        P("config", OBJ) "," P("position", INT) "," P("constraints", OBJ) "," P(
-                            "summary", STRN) "," P("ended_at", INTN)) "]}"},
+    {"session.extract",
+     OBJECT(
+         Q("session_id") "," Q("status") "," Q("added") "," Q("model"),
+         P("session_id", INT) "," P("status", STR) "," P("reason", STRN) "," P("entries", INT) "," P("more", BOOL) "," P(
+             "facts",
+             INT) "," P("dropped",
+                        INT) "," P("added",
+                                   INT) "," P("updated",
+                                              INT) "," P("unchanged",
+                                                         INT) "," P("skipped",
+                                                                    INT) "," P("memory_ids",
+                                                                               ARR(INT)) "," P("cos"
+                                                                                               "t_"
+                                                                                               "us"
+                                                                                               "d",
+                                                                                               NUM) "," P("trigger",
+                                                                                                          STR) "," P("model",
+                                                                                                                     OBJ))},
+    {"session.get",
+     "{\"allOf\":[" REF("SessionSummary") "," OBJECT(
+         Q("config") "," Q("position") "," Q("constraints") "," Q("extraction"),
+         P("config", OBJ) "," P("position", INT) "," P("constraints", OBJ) "," P(
+             "summary", STRN) "," P("ended_at", INTN) "," P("extraction", OBJ)) "]}"},
     {"session.handoff",
      OBJECT(
          Q("session_id") "," Q("mode") "," Q("state") "," Q("generated_at") "," Q("metrics"),

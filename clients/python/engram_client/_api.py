@@ -78,6 +78,7 @@ WRITE_METHODS = frozenset({
     "session.create",
     "session.delete",
     "session.end",
+    "session.extract",
     "session.note.add",
     "session.resume",
     "session.scratchpad.update",
@@ -132,6 +133,7 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "session.create": ("agent_id", "config", ),
     "session.delete": ("session_id", "cascade", ),
     "session.end": ("session_id", "summary", ),
+    "session.extract": ("session_id", "through_entry_id", ),
     "session.get": ("session_id", ),
     "session.handoff": ("session_id", "mode", "agent_id", ),
     "session.list": ("agent_id", "state", "cursor", "limit", ),
@@ -909,6 +911,13 @@ class SyncSession:
         return cast("dict[str, Any]", self._r._call("session.end", {
             "session_id": session_id,
             "summary": summary,
+        }))
+
+    def extract(self, session_id: int, *, through_entry_id: int | None = None) -> dict[str, Any]:
+        """Extracts the durable facts of a session's new messages into memories (chat model). (``session.extract``)"""
+        return cast("dict[str, Any]", self._r._call("session.extract", {
+            "session_id": session_id,
+            "through_entry_id": through_entry_id,
         }))
 
     def get(self, session_id: int) -> dict[str, Any]:
@@ -1856,6 +1865,18 @@ class AsyncSession:
         return cast("dict[str, Any]", await self._r._acall("session.end", {
             "session_id": session_id,
             "summary": summary,
+        }))
+
+    async def extract(
+        self,
+        session_id: int,
+        *,
+        through_entry_id: int | None = None,
+    ) -> dict[str, Any]:
+        """Extracts the durable facts of a session's new messages into memories (chat model). (``session.extract``)"""
+        return cast("dict[str, Any]", await self._r._acall("session.extract", {
+            "session_id": session_id,
+            "through_entry_id": through_entry_id,
         }))
 
     async def get(self, session_id: int) -> dict[str, Any]:
@@ -2827,6 +2848,18 @@ class FutureSession:
         return cast("Future[dict[str, Any]]", self._r._submit("session.end", {
             "session_id": session_id,
             "summary": summary,
+        }))
+
+    def extract(
+        self,
+        session_id: int,
+        *,
+        through_entry_id: int | None = None,
+    ) -> Future[dict[str, Any]]:
+        """Extracts the durable facts of a session's new messages into memories (chat model). (``session.extract``)"""
+        return cast("Future[dict[str, Any]]", self._r._submit("session.extract", {
+            "session_id": session_id,
+            "through_entry_id": through_entry_id,
         }))
 
     def get(self, session_id: int) -> Future[dict[str, Any]]:

@@ -92,6 +92,7 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "session.create": { params: ["agent_id", "config"], required: ["agent_id", "config"], flags: ["tenant", "write"] },
   "session.delete": { params: ["session_id", "cascade"], required: ["session_id"], flags: ["tenant", "write"] },
   "session.end": { params: ["session_id", "summary"], required: ["session_id"], flags: ["tenant", "write"] },
+  "session.extract": { params: ["session_id", "through_entry_id"], required: ["session_id"], flags: ["tenant", "write"] },
   "session.get": { params: ["session_id"], required: ["session_id"], flags: ["tenant"] },
   "session.handoff": { params: ["session_id", "mode", "agent_id"], required: ["session_id", "mode"], flags: ["tenant"] },
   "session.list": { params: ["agent_id", "state", "cursor", "limit"], required: [], flags: ["tenant"] },
@@ -424,6 +425,12 @@ export interface SessionDeleteParams {
 export interface SessionEndParams {
   session_id: Id;
   summary?: string;
+}
+
+/** Parameters of `session.extract`. */
+export interface SessionExtractParams {
+  session_id: Id;
+  through_entry_id?: Id;
 }
 
 /** Parameters of `session.get`. */
@@ -828,6 +835,10 @@ export class ApiSession<I extends Id = number> {
   end(params: SessionEndParams, options?: CallOptions): Promise<Record<string, unknown>> {
     return this._caller.call("session.end", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
   }
+  /** Extracts the durable facts of a session's new messages into memories (chat model). (`session.extract`) */
+  extract(params: SessionExtractParams, options?: CallOptions): Promise<Record<string, unknown>> {
+    return this._caller.call("session.extract", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
+  }
   /** Returns a session with its costs, counters and constraints. (`session.get`) */
   get(params: SessionGetParams, options?: CallOptions): Promise<Record<string, unknown>> {
     return this._caller.call("session.get", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
@@ -948,6 +959,7 @@ export const METHOD_PATHS: Readonly<Record<string, readonly string[]>> = {
   "session.create": ["session", "create"],
   "session.delete": ["session", "delete"],
   "session.end": ["session", "end"],
+  "session.extract": ["session", "extract"],
   "session.get": ["session", "get"],
   "session.handoff": ["session", "handoff"],
   "session.list": ["session", "list"],

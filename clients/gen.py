@@ -80,6 +80,7 @@ DOCS = {
     "session.work_item.add": "Adds a work item to a session (a sub-agent's: to its parent).",
     "session.work_item.list": "Lists a session's work items in id order, one page at a time.",
     "session.work_item.update": "Changes a work item's title, description, status or owner.",
+    "tenant.dream": "Returns the tenant's auto-dream state; with run, dreams now (chat model).",
     "tenant.usage": "Returns the tenant's usage and limits.",
 }
 

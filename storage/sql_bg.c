@@ -83,4 +83,8 @@ const db_stmt_def sql_bg_stmts[SQLB__COUNT] = {
                            "SELECT type, count(*) FROM memories WHERE tenant_id = $1 "
                            "AND archived_at IS NULL GROUP BY type ORDER BY type",
                            1},
+    [SQLB_DREAM_TOUCH] = {"dream_touch",
+                          "UPDATE dream_state SET lock_at = now() WHERE tenant_id = $1 "
+                          "AND lock_holder = $2 RETURNING 1",
+                          2},
 };

@@ -54,6 +54,7 @@ typedef enum sqlb_stmt {
                             -> {locked, sessions, ...} */
     SQLB_DREAM_UNLOCK,   /* (tenant, holder, status, error, last session, result) -> held */
     SQLB_DREAM_ORIENT,   /* (tenant) -> type, live memories of it */
+    SQLB_DREAM_TOUCH,    /* (tenant, holder) -> a row while holder still holds the lock */
     SQLB__COUNT
 } sqlb_stmt;
 

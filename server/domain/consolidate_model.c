@@ -230,7 +230,8 @@ static long make_groups(run *r, const idmap *memo, group **groups)
                 busy[m[i].into] = true;
         }
     }
-    qsort(mr->pairs, mr->npairs, sizeof(*mr->pairs), cmp_pair);
+    if (mr->npairs > 1) /* pairs is NULL when there are none: not for qsort */
+        qsort(mr->pairs, mr->npairs, sizeof(*mr->pairs), cmp_pair);
     for (size_t p = 0; p < mr->npairs; p++) {
         uint32_t a = mr->pairs[p].a, b = mr->pairs[p].b;
         if (busy[a] || busy[b])

@@ -81,6 +81,7 @@ HANDLER(session_work_item_update);
 
 /* m_extract.c */
 HANDLER(session_extract);
+HANDLER(tenant_dream);
 
 /* m_consolidate.c */
 HANDLER(memory_consolidate);

@@ -70,6 +70,7 @@ static method_def table[] = {
     M("session.work_item.add", session_work_item_add, M_TENANT | M_WRITE),
     M("session.work_item.list", session_work_item_list, M_TENANT),
     M("session.work_item.update", session_work_item_update, M_TENANT | M_WRITE),
+    M("tenant.dream", tenant_dream, M_TENANT | M_WRITE),
     M("tenant.usage", tenant_usage, M_TENANT),
 };
 

@@ -292,6 +292,9 @@ static const result_schema table[] = {
      OBJECT(Q("session_id") "," Q("work_items"),
             P("session_id", INT) "," P("work_items", ARR(REF("WorkItem"))) "," CURSOR)},
     {"session.work_item.update", REF("WorkItem")},
+    {"tenant.dream", OBJECT(Q("enabled") "," Q("hours") "," Q("state") "," Q("pass"),
+                            P("enabled", BOOL) "," P("hours", NUM) "," P("min_sessions", INT) "," P(
+                                "lock_stale_s", INT) "," P("state", OBJ) "," P("pass", OBJN))},
     {"tenant.usage",
      OBJECT(
          Q("tenant_id") "," Q("name") "," Q("tier") "," Q("memories") "," Q("queries") "," Q(

@@ -252,6 +252,7 @@ CREATE OR REPLACE FUNCTION engram_dream_state(p_tenant bigint) RETURNS jsonb
     LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
         'last_run_at', engram_ms(d.last_run_at), 'runs', COALESCE(d.runs, 0),
+        'last_attempt_at', engram_ms(d.last_attempt_at),
         'last_session_id', COALESCE(d.last_session_id, 0),
         'new_sessions', (SELECT count(*) FROM sessions s WHERE s.tenant_id = p_tenant
                            AND s.id > COALESCE(d.last_session_id, 0)),
@@ -276,6 +277,9 @@ CREATE OR REPLACE FUNCTION engram_dream_due(p_hours double precision, p_min_sess
       AND (SELECT count(*) FROM sessions s WHERE s.tenant_id = t.id
              AND s.id > COALESCE(d.last_session_id, 0)) >= p_min_sessions
       AND (d.lock_holder IS NULL OR d.lock_at < now() - make_interval(secs => p_stale_s))
+      -- a pass that failed is retried after a pause
+      AND (d.last_status IS NULL OR d.last_status = 'ok'
+           OR d.last_attempt_at < now() - interval '15 minutes')
     ORDER BY d.last_run_at NULLS FIRST, t.id
     LIMIT p_limit
 $$;
@@ -318,18 +322,19 @@ BEGIN
             ORDER BY s.id LIMIT p_max_sessions) x), '[]'));
 END $$;
 
--- engram_dream_unlock: ends a pass of p_holder: on success (p_status 'ok') the time and the
--- newest session covered move on; either way the outcome is recorded and the lock released.
--- A pass whose lock was taken over (another holder now) records nothing. Returns whether it
--- still held the lock.
+-- engram_dream_unlock: ends a pass of p_holder: the newest session it covered (every session
+-- up to p_last_session was extracted) moves on; on success (p_status 'ok') the time gate
+-- restarts too; either way the outcome is recorded and the lock released. A pass whose lock
+-- was taken over (another holder now) records nothing. Returns whether it still held the
+-- lock.
 CREATE OR REPLACE FUNCTION engram_dream_unlock(p_tenant bigint, p_holder text, p_status text,
         p_error text, p_last_session bigint, p_result jsonb)
     RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE dream_state SET
         last_run_at = CASE WHEN p_status = 'ok' THEN now() ELSE last_run_at END,
-        last_session_id = CASE WHEN p_status = 'ok' THEN greatest(last_session_id, p_last_session)
-                               ELSE last_session_id END,
+        last_attempt_at = now(),
+        last_session_id = greatest(last_session_id, COALESCE(p_last_session, 0)),
         runs = runs + CASE WHEN p_status = 'ok' THEN 1 ELSE 0 END,
         last_status = p_status, last_error = p_error, last_result = p_result,
         lock_holder = NULL, lock_at = NULL

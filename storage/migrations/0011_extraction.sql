@@ -35,12 +35,13 @@ CREATE POLICY tenant_rows ON session_extraction USING (tenant_id = engram_curren
 GRANT SELECT, INSERT, UPDATE, DELETE ON session_extraction TO engram_app;
 
 -- dream_state: per tenant, the auto-dream pass (seed 001's three gates): when the last pass
--- completed and the newest session it covered (sessions with a higher id are new), and the
--- lock of a pass in progress (lock_holder, lock_at: a pass holding it for less than
+-- completed and the newest session passes have covered (sessions with a higher id are new),
+-- and the lock of a pass in progress (lock_holder, lock_at: a pass holding it for less than
 -- dream_lock_stale_s keeps every other engramd process out; an older one is taken over).
 CREATE TABLE dream_state (
     tenant_id        bigint PRIMARY KEY REFERENCES tenants (id) ON DELETE CASCADE,
-    last_run_at      timestamptz,
+    last_run_at      timestamptz,                -- the last pass that completed
+    last_attempt_at  timestamptz,                -- the last pass, whatever its outcome
     last_session_id  bigint NOT NULL DEFAULT 0,
     runs             bigint NOT NULL DEFAULT 0,
     last_status      text,
@@ -53,3 +54,8 @@ CREATE TABLE dream_state (
 ALTER TABLE dream_state ENABLE ROW LEVEL SECURITY;
 CREATE POLICY tenant_rows ON dream_state USING (tenant_id = engram_current_tenant());
 GRANT SELECT, INSERT, UPDATE, DELETE ON dream_state TO engram_app;
+
+-- A dream's prune phase is a consolidation run of its own, recorded with trigger 'dream'.
+ALTER TABLE consolidation_runs DROP CONSTRAINT consolidation_runs_trigger_check;
+ALTER TABLE consolidation_runs ADD CONSTRAINT consolidation_runs_trigger_check
+    CHECK (trigger IN ('schedule', 'on_demand', 'dream'));

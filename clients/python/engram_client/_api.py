@@ -88,6 +88,7 @@ WRITE_METHODS = frozenset({
     "session.tombstone",
     "session.work_item.add",
     "session.work_item.update",
+    "tenant.dream",
 })
 IDEMPOTENT_METHODS = frozenset({
     "memory.store",
@@ -150,6 +151,7 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "session.work_item.add": ("session_id", "title", "description", "status", "owner_agent_id", "agent_id", ),
     "session.work_item.list": ("session_id", "statuses", "owner_agent_id", "cursor", "limit", ),
     "session.work_item.update": ("session_id", "work_item_id", "title", "description", "status", "owner_agent_id", "expected_version", "agent_id", ),
+    "tenant.dream": ("run", ),
     "tenant.usage": (),
 }
 
@@ -1063,6 +1065,10 @@ class SyncTenant:
 
     def __init__(self, r: Any) -> None:
         self._r = r
+
+    def dream(self, *, run: bool | None = None) -> dict[str, Any]:
+        """Returns the tenant's auto-dream state; with run, dreams now (chat model). (``tenant.dream``)"""
+        return cast("dict[str, Any]", self._r._call("tenant.dream", {"run": run}))
 
     def usage(self) -> dict[str, Any]:
         """Returns the tenant's usage and limits. (``tenant.usage``)"""
@@ -2024,6 +2030,10 @@ class AsyncTenant:
 
     def __init__(self, r: Any) -> None:
         self._r = r
+
+    async def dream(self, *, run: bool | None = None) -> dict[str, Any]:
+        """Returns the tenant's auto-dream state; with run, dreams now (chat model). (``tenant.dream``)"""
+        return cast("dict[str, Any]", await self._r._acall("tenant.dream", {"run": run}))
 
     async def usage(self) -> dict[str, Any]:
         """Returns the tenant's usage and limits. (``tenant.usage``)"""
@@ -3007,6 +3017,10 @@ class FutureTenant:
 
     def __init__(self, r: Any) -> None:
         self._r = r
+
+    def dream(self, *, run: bool | None = None) -> Future[dict[str, Any]]:
+        """Returns the tenant's auto-dream state; with run, dreams now (chat model). (``tenant.dream``)"""
+        return cast("Future[dict[str, Any]]", self._r._submit("tenant.dream", {"run": run}))
 
     def usage(self) -> Future[dict[str, Any]]:
         """Returns the tenant's usage and limits. (``tenant.usage``)"""

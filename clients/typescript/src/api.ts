@@ -109,6 +109,7 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "session.work_item.add": { params: ["session_id", "title", "description", "status", "owner_agent_id", "agent_id"], required: ["session_id", "title"], flags: ["tenant", "write"] },
   "session.work_item.list": { params: ["session_id", "statuses", "owner_agent_id", "cursor", "limit"], required: ["session_id"], flags: ["tenant"] },
   "session.work_item.update": { params: ["session_id", "work_item_id", "title", "description", "status", "owner_agent_id", "expected_version", "agent_id"], required: ["session_id", "work_item_id"], flags: ["tenant", "write"] },
+  "tenant.dream": { params: ["run"], required: [], flags: ["tenant", "write"] },
   "tenant.usage": { params: [], required: [], flags: ["tenant"] },
 };
 
@@ -565,6 +566,11 @@ export interface SessionWorkItemUpdateParams {
   agent_id?: Id;
 }
 
+/** Parameters of `tenant.dream`. */
+export interface TenantDreamParams {
+  run?: boolean;
+}
+
 /** `admin.key.*` methods. */
 export class ApiAdminKey<I extends Id = number> {
   /** @internal */
@@ -884,6 +890,10 @@ export class ApiTenant<I extends Id = number> {
   constructor(caller: Caller) {
     this._caller = caller;
   }
+  /** Returns the tenant's auto-dream state; with run, dreams now (chat model). (`tenant.dream`) */
+  dream(params: TenantDreamParams = {}, options?: CallOptions): Promise<Record<string, unknown>> {
+    return this._caller.call("tenant.dream", params as unknown as Record<string, unknown>, options) as Promise<Record<string, unknown>>;
+  }
   /** Returns the tenant's usage and limits. (`tenant.usage`) */
   usage(options?: CallOptions): Promise<Record<string, unknown>> {
     return this._caller.call("tenant.usage", {}, options) as Promise<Record<string, unknown>>;
@@ -976,5 +986,6 @@ export const METHOD_PATHS: Readonly<Record<string, readonly string[]>> = {
   "session.work_item.add": ["session", "workItem", "add"],
   "session.work_item.list": ["session", "workItem", "list"],
   "session.work_item.update": ["session", "workItem", "update"],
+  "tenant.dream": ["tenant", "dream"],
   "tenant.usage": ["tenant", "usage"],
 };

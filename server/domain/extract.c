@@ -817,7 +817,7 @@ static int apply(xrun *x)
     ubuf L[L__COUNT], emb = {0}, rj = {0};
     memset(L, 0, sizeof(L));
     int unchanged = 0;
-    char err[400], dim[16], last[24], agent[24], un[16], tin[24], tout[24];
+    char err[400] = "", dim[16], last[24], agent[24], un[16], tin[24], tout[24];
     int rc = finish_arrays(x, L, &emb, &unchanged);
     rc = rc < 0 ? rc : result_json(x, &rj);
     if (rc < 0) {
@@ -874,7 +874,12 @@ static int apply(xrun *x)
         ok = false;
     if (rc == 0)
         rc = pgsync_tx_end(x->pg, ok && !busy, ok ? err : NULL, ok ? sizeof(err) : 0);
-    if (rc < 0 || !ok) {
+    if ((rc < 0 || !ok) && strstr(err, "limit reached")) {
+        /* the tier's memory count or byte quota (EG429): a fault of this run, recorded */
+        fail(x, EXTRACT_FAULT, "quota_exceeded", "storing the facts: %s", err);
+        x->out->model_status = "used";
+        rc = 1;
+    } else if (rc < 0 || !ok) {
         fail(x, EXTRACT_FAILED, NULL, "applying the extraction: %s", err);
         rc = -EIO;
     } else if (busy) {

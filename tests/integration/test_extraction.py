@@ -394,3 +394,22 @@ def test_restart_mid_run_is_safe(dsn, mock):
             assert r["status"] == "completed" and r["updated"] == 1 and r["added"] == 1
     finally:
         s.finish()
+
+
+def test_memory_limit_stores_nothing(dsn, mock):
+    s = model_server(dsn, mock, "openai", ["--premium-max-memories", "2"])
+    try:
+        tid, key = s.create_tenant(tier="premium", embedding={"dim": DIM})
+        with s.client(key=key) as c:
+            sid, entries = conversation(c)
+            mock.reset()
+            mock.script([facts_rule(entries)])  # three facts, room for two
+            r = c.call("session.extract", session_id=sid)
+            assert r["status"] == "failed" and "memory limit reached" in r["reason"]
+            assert c.call("memory.list", limit=10)["memories"] == []
+            ex = c.call("session.get", session_id=sid)["extraction"]
+            assert ex["last_status"] == "quota_exceeded" and ex["through_entry_id"] is None
+            # the tokens were spent: counted
+            assert c.call("tenant.usage")["model"]["calls_today"] == 1
+    finally:
+        s.finish()

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "mcall.h"
 #include "memrow.h"
+#include "metrics.h"
 #include "pgsync.h"
 #include "prompts.h"
 #include "rpc.h"
@@ -310,6 +311,8 @@ void dream_tenant(bg_ctx *ctx, server *s, int64_t tenant_id, uint32_t dim, bool 
     int rc = lock(&p, force);
     if (rc != 0) {
         out->status = rc < 0 ? DREAM_FAILED : rc;
+        if (rc == DREAM_LOCKED)
+            metrics_dream(5);
         goto out;
     }
     set_status(&p, "ok", NULL, NULL);
@@ -320,6 +323,11 @@ void dream_tenant(bg_ctx *ctx, server *s, int64_t tenant_id, uint32_t dim, bool 
         set_status(&p, "failed", NULL, NULL);
     unlock(&p);
     out->status = DREAM_OK;
+    static const char *const outcomes[] = {"ok", "partial", "no_model", "taken_over", "failed"};
+    int oi = 0;
+    while (oi < 4 && strcmp(outcomes[oi], out->status_name) != 0)
+        oi++;
+    metrics_dream(oi);
     log_info("tenant %lld dream (%s): %d sessions, %d extracted, %d facts, %d added, %d updated, "
              "prune %s%s%s",
              (long long)tenant_id, out->status_name, out->sessions, out->extracted, out->facts,

@@ -20,6 +20,7 @@
 #include "mcall.h"
 #include "memmeta.h"
 #include "memrow.h"
+#include "metrics.h"
 #include "pgsync.h"
 #include "prompts.h"
 #include "rpc.h"
@@ -1019,13 +1020,23 @@ void extract_session(bg_ctx *ctx, server *s, int64_t tenant_id, uint32_t dim, in
     }
     if (claim(&x) == 0 && run_claimed(&x) != 0 && x.claimed && PQstatus(x.pg) == CONNECTION_OK)
         record_failure(&x);
+    static const int result_of[] = {[EXTRACT_OK] = 0,
+                                    [EXTRACT_BUSY] = 1,
+                                    [EXTRACT_NOT_FOUND] = 2,
+                                    [EXTRACT_NO_MODEL] = 3,
+                                    [EXTRACT_FAULT] = 4};
+    metrics_extraction(trigger[0] == 'o'   ? 0
+                       : trigger[0] == 'a' ? 1
+                                           : 2,
+                       out->status < 0 ? 5 : result_of[out->status], (uint64_t)out->added,
+                       (uint64_t)out->updated, (uint64_t)out->unchanged, (uint64_t)out->dropped);
     if (out->status == EXTRACT_OK)
-        log_info("tenant_id %lld session %lld extraction (%s): %d messages, %d facts, %d added, %d "
+        log_info("tenant %lld session %lld extraction (%s): %d messages, %d facts, %d added, %d "
                  "updated, %d unchanged",
                  (long long)tenant_id, (long long)session, trigger, out->entries, out->facts,
                  out->added, out->updated, out->unchanged);
     else if (out->status != EXTRACT_BUSY)
-        log_warn("tenant_id %lld session %lld extraction (%s): %s", (long long)tenant_id,
+        log_warn("tenant %lld session %lld extraction (%s): %s", (long long)tenant_id,
                  (long long)session, trigger, out->error);
     if (PQstatus(x.pg) != CONNECTION_OK)
         bg_conn_failed(ctx);

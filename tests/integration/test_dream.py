@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from harness import Server, new_database, server_pair, wait_for
+from harness import Server, metric, new_database, server_pair, wait_for
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "llm"))
 from mockctl import MockLLM  # noqa: E402
@@ -165,6 +165,8 @@ def test_gates_and_two_processes_dream_once(mock):
             assert len(c.call("memory.list", limit=100)["memories"]) == 3
         with b.client(key=key) as c:
             assert state(c)["runs"] == 1  # the same state, seen from the other process
+        # one pass in all, by one of the two processes
+        assert sum(metric(x, "engram_dream_passes_total", 'outcome="ok"') for x in (a, b)) == 1
     finally:
         b.finish()
         a.finish()

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from harness import Server, new_database, wait_for
+from harness import Server, metric, new_database, wait_for
 from rpc import RpcError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "llm"))
@@ -191,6 +191,8 @@ def test_extract_add_update_none(srv, mock):
         assert ex["last_trigger"] == "on_demand" and ex["tokens_in"] == r["model"]["tokens_in"]
         # tokens counted against the tenant's day
         assert c.call("tenant.usage")["model"]["calls_today"] == 2
+        assert metric(srv, "engram_extraction_runs_total", 'trigger="on_demand",result="ok"') >= 1
+        assert metric(srv, "engram_extraction_facts_total", 'action="updated"') >= 1
         # nothing new: no call
         mock.reset()
         r2 = c.call("session.extract", session_id=sid)
@@ -256,6 +258,7 @@ def test_fault_changes_nothing(srv, mock, fault):
         r = c.call("session.extract", session_id=sid)
         assert r["status"] == "failed" and r["added"] == 0 and r["memory_ids"] == []
         assert r["model"]["status"] == status
+        assert metric(srv, "engram_extraction_runs_total", 'trigger="on_demand",result="fault"') >= 1
         assert snapshot(c, [dark, deadline, other]) == before
         assert c.call("memory.list", limit=100) == count
         ex = c.call("session.get", session_id=sid)["extraction"]

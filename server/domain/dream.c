@@ -51,14 +51,9 @@ static PGresult *tx_exec(pass *p, sqlb_stmt st, const char *const *v, size_t n, 
 {
     /* the connection again: an extraction or consolidation in between may have dropped it */
     p->pg = bg_conn(p->ctx, err, errlen);
-    if (!p->pg || pgsync_tenant_begin(p->pg, p->tenant, PGSYNC_TX_WRITE, err, errlen) < 0)
-        return NULL;
-    PGresult *res = pgsync_exec_stmt(p->pg, sqlb_def(st), v, n, err, errlen);
-    if (pgsync_tx_end(p->pg, res != NULL, err, errlen) < 0) {
-        PQclear(res);
-        return NULL;
-    }
-    return res;
+    return p->pg ? pgsync_tenant_exec(p->pg, p->tenant, PGSYNC_TX_WRITE, sqlb_def(st), v, n, err,
+                                      errlen)
+                 : NULL;
 }
 
 static void set_status(pass *p, const char *name, const char *fmt, const char *a)

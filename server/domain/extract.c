@@ -138,14 +138,7 @@ static bool str_is(const msgpack_object *o, const char *s)
 static PGresult *tx_exec(xrun *x, sqlb_stmt st, const char *const *v, size_t n, pgsync_tx_mode mode,
                          char *err, size_t errlen)
 {
-    if (pgsync_tenant_begin(x->pg, x->tenant, mode, err, errlen) < 0)
-        return NULL;
-    PGresult *res = pgsync_exec_stmt(x->pg, sqlb_def(st), v, n, err, errlen);
-    if (pgsync_tx_end(x->pg, res != NULL, err, errlen) < 0) {
-        PQclear(res);
-        return NULL;
-    }
-    return res;
+    return pgsync_tenant_exec(x->pg, x->tenant, mode, sqlb_def(st), v, n, err, errlen);
 }
 
 static void facts_free(xrun *x)

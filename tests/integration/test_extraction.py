@@ -416,3 +416,35 @@ def test_memory_limit_stores_nothing(dsn, mock):
             assert c.call("tenant.usage")["model"]["calls_today"] == 1
     finally:
         s.finish()
+
+
+def test_long_transcript_in_parts(dsn, mock):
+    """At most extract_max_entries messages a run: the rest wait for the next (more: true);
+    each run asks about its own part only, and the parts together cover the transcript."""
+    s = model_server(dsn, mock, "anthropic", ["--extract-max-entries", "4"])
+    try:
+        tid, key = s.create_tenant(tier="premium", embedding={"dim": DIM})
+        with s.client(key=key) as c:
+            sid, entries = conversation(c)  # 6 messages
+            c.call("session.tombstone", entry_id=entries[1])  # not read
+            mock.reset()
+            mock.script([{"match": FACTS_MATCH, "reply": {"json": {"facts": []}}}])
+            r = c.call("session.extract", session_id=sid)
+            assert (r["entries"], r["more"]) == (4, True)
+            ex = c.call("session.get", session_id=sid)["extraction"]
+            assert ex["through_entry_id"] == entries[4] and ex["pending_messages"] >= 1
+            r = c.call("session.extract", session_id=sid)
+            assert (r["entries"], r["more"]) == (1, False)
+            ex = c.call("session.get", session_id=sid)["extraction"]
+            assert ex["runs"] == 2 and ex["pending_messages"] == 0
+            shown = []
+            for call in mock.calls():
+                user = call["body"]["messages"][-1]["content"]
+                user = user if isinstance(user, str) else "".join(p.get("text", "") for p in user)
+                shown.append(user)
+            assert len(shown) == 2
+            assert "Noted: dark mode everywhere." not in shown[0] + shown[1]  # tombstoned
+            assert "Okay." in shown[1] and "Okay." not in shown[0]
+            assert "Python 3.8" in shown[0]
+    finally:
+        s.finish()

@@ -448,3 +448,46 @@ def test_long_transcript_in_parts(dsn, mock):
             assert "Python 3.8" in shown[0]
     finally:
         s.finish()
+
+
+def test_openai_embedder_and_its_failure(dsn, mock):
+    """A tenant on the openai embedding provider: its facts are embedded by the endpoint from
+    a background thread (its own event base), their neighbours found in its index; an
+    endpoint failing changes nothing and is recorded."""
+    from test_embedder_openai import DIM as EDIM, Endpoint
+    ep = Endpoint()
+    s = model_server(dsn, mock, "openai", [
+        "--openai-url", f"http://127.0.0.1:{ep.port}/v1/embeddings", "--openai-dim", str(EDIM),
+        "--openai-model", "test-embed-1", "--openai-retries", "0", "--openai-timeout-ms", "2000"])
+    try:
+        with s.admin() as a:
+            key = a.call("admin.tenant.create", name="oai-extract", tier="premium",
+                         embedding={"provider": "openai"})["api_key"]
+        with s.client(key=key) as c:
+            old = c.call("memory.store", content="The launch deadline of project Atlas is 2026-02-01",
+                         type="fact", importance=0.5, agent_id=7)["id"]
+            sid, entries = conversation(c)
+            ep.take()
+            mock.reset()
+            mock.script([facts_rule(entries), {"name": "decide", "match": DECIDE_MATCH, "reply": {
+                "json": {"decisions": [{"fact": 2, "action": "update", "memory": old,
+                                        "reason": "moved"}]}}}])
+            r = c.call("session.extract", session_id=sid)
+            assert r["status"] == "completed" and r["updated"] == 1, r
+            inputs = [t for q in ep.take() for t in q["body"]["input"]]
+            assert "The launch deadline of project Atlas is 2026-03-01" in inputs
+            assert c.call("memory.get", ids=[old])["memories"][0]["superseded_by"] in r["memory_ids"]
+            # the endpoint fails: nothing stored, the reason on the session
+            sid2, entries2 = conversation(c, turns=[("user", "FAIL please remember this")])
+            mock.reset()
+            mock.script([{"match": FACTS_MATCH, "reply": {"json": {"facts": [
+                fact("project", "FAIL is the name of the build server", 0.9, [entries2[0]])]}}}])
+            before = c.call("memory.list", limit=100)
+            r = c.call("session.extract", session_id=sid2)
+            assert r["status"] == "failed" and "embedding the facts" in r["reason"]
+            assert c.call("memory.list", limit=100) == before
+            ex = c.call("session.get", session_id=sid2)["extraction"]
+            assert ex["last_status"] == "embedder" and ex["through_entry_id"] is None
+    finally:
+        s.finish()
+        ep.close()

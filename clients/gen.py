@@ -98,6 +98,7 @@ BASE = {
     "vector": ("Embedding", "EmbeddingInput"),
     "string[]": ("Sequence[str]", "string[]"),
     "uint[]": ("Sequence[int]", "Id[]"),
+    "time": ("int | str", "number | string"),
 }
 
 # Narrower parameter types: (method or "*", param) -> (Python, TypeScript). Each narrowing

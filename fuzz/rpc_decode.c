@@ -85,6 +85,7 @@ static const rpc_param any_schema[] = {
     {"list", RPC_T_ARRAY, RPC_P_RANGE, 0, 32},
     {"blob", RPC_T_BIN, RPC_P_RANGE, 0, 1024},
     {"any", RPC_T_ANY, RPC_P_NULLABLE, 0, 0},
+    {"since", RPC_T_TIME, RPC_P_NULLABLE | RPC_P_RANGE, 0, 9.2e18},
 };
 
 #define SCHEMA(name, s)                                                                            \

@@ -127,6 +127,8 @@ static int parse_request_line(const uint8_t *buf, size_t le, http1_request *out,
         out->method = HTTP1_HEAD;
     else if (p == 4 && memcmp(buf, "POST", 4) == 0)
         out->method = HTTP1_POST;
+    else if (p == 5 && memcmp(buf, "PATCH", 5) == 0)
+        out->method = HTTP1_PATCH;
     else if (p == 7 && memcmp(buf, "OPTIONS", 7) == 0)
         out->method = HTTP1_OPTIONS;
     size_t t = ++p;

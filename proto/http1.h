@@ -31,6 +31,7 @@ typedef enum http1_method {
     HTTP1_HEAD,
     HTTP1_POST,
     HTTP1_OPTIONS,
+    HTTP1_PATCH,
 } http1_method;
 
 /* A parsed head. Pointers reference the buffer given to http1_parse_head. */

@@ -198,6 +198,9 @@ typedef enum rpc_type {
     RPC_T_VECTOR,     /* bin of little-endian float32 or array of numbers; min/max: dimension */
     RPC_T_STR_ARRAY,  /* array of strings (each as RPC_T_STR); min/max bound the count */
     RPC_T_UINT_ARRAY, /* array of non-negative integers; min/max bound the element count */
+    RPC_T_TIME,       /* a time: milliseconds since the epoch (non-negative integer; min/max
+                       * apply), or an RFC 3339 string (2026-02-24T10:00:00Z; fractions of a
+                       * second and offsets allowed) of a time at or after the epoch */
 } rpc_type;
 
 enum {
@@ -292,6 +295,15 @@ uint64_t rpc_get_uint(const msgpack_object *o, uint64_t def);
 int64_t rpc_get_int(const msgpack_object *o, int64_t def);
 double rpc_get_num(const msgpack_object *o, double def);
 bool rpc_get_bool(const msgpack_object *o, bool def);
+
+/* rpc_get_time returns a RPC_T_TIME value in milliseconds since the epoch (an RFC 3339
+ * string's fraction cut to milliseconds), or def for NULL or a value it does not take. */
+int64_t rpc_get_time(const msgpack_object *o, int64_t def);
+
+/* rpc_time_parse reads an RFC 3339 date-time (YYYY-MM-DDTHH:MM:SS[.frac](Z|+HH:MM|-HH:MM),
+ * 't', 'z' and a space for 'T' accepted) of n bytes into milliseconds since the epoch.
+ * Returns 0, or -EINVAL for anything else (a date that does not exist, a leap second). */
+int rpc_time_parse(const char *s, size_t n, int64_t *ms);
 
 /* rpc_get_str returns a NUL-terminated copy of the string o in memory from alloc(ud, n)
  * (the caller owns it and frees it as alloc requires), or NULL when o is NULL, not a

@@ -3,6 +3,7 @@
 #include "rpc.h"
 #include "rpc_internal.h"
 
+#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -78,6 +79,9 @@ static const char *type_desc(rpc_type t)
         return "an array of strings";
     case RPC_T_UINT_ARRAY:
         return "an array of unsigned integers";
+    case RPC_T_TIME:
+        return "a time (milliseconds since the epoch, or an RFC 3339 string such as "
+               "2026-02-24T10:00:00Z)";
     }
     return "a value of a known type";
 }
@@ -282,6 +286,95 @@ static int check_vector(const msgpack_object *o, unsigned flags, double min, dou
  * o is not of that type at all (rpc_check_value words that error). */
 #define WRONG_TYPE (-1)
 
+/* Reads exactly n decimal digits at s into *v. */
+static bool digits(const char *s, size_t n, int *v)
+{
+    *v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+        *v = *v * 10 + (s[i] - '0');
+    }
+    return true;
+}
+
+/* Days from 1970-01-01 to the proleptic Gregorian date y-m-d (H. Hinnant's days_from_civil). */
+static int64_t days_from_civil(int64_t y, int m, int d)
+{
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    int64_t yoe = y - era * 400;
+    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+int rpc_time_parse(const char *s, size_t n, int64_t *ms)
+{
+    static const int mdays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int y, mo, d, h, mi, sec;
+    if (n < 20 || !digits(s, 4, &y) || s[4] != '-' || !digits(s + 5, 2, &mo) || s[7] != '-' ||
+        !digits(s + 8, 2, &d) || (s[10] != 'T' && s[10] != 't' && s[10] != ' ') ||
+        !digits(s + 11, 2, &h) || s[13] != ':' || !digits(s + 14, 2, &mi) || s[16] != ':' ||
+        !digits(s + 17, 2, &sec))
+        return -EINVAL;
+    bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    if (mo < 1 || mo > 12 || d < 1 || d > mdays[mo - 1] || (mo == 2 && d == 29 && !leap) ||
+        h > 23 || mi > 59 || sec > 59)
+        return -EINVAL;
+    size_t i = 19;
+    int frac_ms = 0, scale = 100;
+    if (i < n && s[i] == '.') {
+        size_t start = ++i;
+        for (; i < n && s[i] >= '0' && s[i] <= '9'; i++, scale /= 10)
+            frac_ms += scale * (s[i] - '0');
+        if (i == start)
+            return -EINVAL;
+    }
+    int off = 0; /* minutes east of UTC */
+    if (i + 1 == n && (s[i] == 'Z' || s[i] == 'z')) {
+        i++;
+    } else if (i + 6 == n && (s[i] == '+' || s[i] == '-') && s[i + 3] == ':') {
+        int oh, om;
+        if (!digits(s + i + 1, 2, &oh) || !digits(s + i + 4, 2, &om) || oh > 23 || om > 59)
+            return -EINVAL;
+        off = (s[i] == '-' ? -1 : 1) * (oh * 60 + om);
+        i += 6;
+    }
+    if (i != n)
+        return -EINVAL;
+    int64_t secs = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec - off * 60;
+    *ms = secs * 1000 + frac_ms;
+    return 0;
+}
+
+/* RPC_T_TIME: a non-negative integer of milliseconds, or an RFC 3339 string at or after the
+ * epoch; min/max bound the milliseconds either way. */
+static int check_time(const msgpack_object *o, bool ranged, double min, double max,
+                      const char *what, char *err, size_t errlen)
+{
+    int64_t ms;
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        if (ranged && !u64_in_range(o->via.u64, min, max))
+            return range_err(what, "must be", min, max, " (milliseconds since the epoch)", err,
+                             errlen);
+        return 0;
+    }
+    if (o->type != MSGPACK_OBJECT_STR)
+        return WRONG_TYPE;
+    if (o->via.str.size > 64 || rpc_time_parse(o->via.str.ptr, o->via.str.size, &ms) != 0) {
+        rpc_set_err(err, errlen,
+                    "parameter '%s' must be milliseconds since the epoch or an RFC 3339 time "
+                    "such as 2026-02-24T10:00:00Z",
+                    what);
+        return RPC_E_INVALID;
+    }
+    if (ms < 0 || (ranged && !u64_in_range((uint64_t)ms, min, max)))
+        return range_err(what, "must be", ranged ? min : 0, ranged ? max : INFINITY,
+                         " (milliseconds since the epoch)", err, errlen);
+    return 0;
+}
+
 static int check_int(const msgpack_object *o, bool ranged, double min, double max, const char *what,
                      char *err, size_t errlen)
 {
@@ -430,6 +523,8 @@ static int check_typed(const msgpack_object *o, rpc_type type, unsigned flags, d
     case RPC_T_STR_ARRAY:
     case RPC_T_UINT_ARRAY:
         return check_list(o, type, ranged, min, max, what, err, errlen);
+    case RPC_T_TIME:
+        return check_time(o, ranged, min, max, what, err, errlen);
     }
     rpc_set_err(err, errlen, "parameter '%s' has an unknown schema type %d", what, (int)type);
     return RPC_E_INVALID;
@@ -714,6 +809,15 @@ int64_t rpc_get_int(const msgpack_object *o, int64_t def)
     if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT64_MAX)
         return (int64_t)o->via.u64;
     return def;
+}
+
+int64_t rpc_get_time(const msgpack_object *o, int64_t def)
+{
+    int64_t ms;
+    if (o && o->type == MSGPACK_OBJECT_STR &&
+        rpc_time_parse(o->via.str.ptr, o->via.str.size, &ms) == 0)
+        return ms;
+    return rpc_get_int(o, def);
 }
 
 double rpc_get_num(const msgpack_object *o, double def)

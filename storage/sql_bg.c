@@ -57,6 +57,24 @@ const db_stmt_def sql_bg_stmts[SQLB__COUNT] = {
                                       "$2::bigint[], $3::text[], $4::bigint[], $5::bigint[], "
                                       "$6::bigint[], $7::bigint[], $8::text[], $9::text[], $10)",
                                       10},
+    [SQLB_COMPACT_DUE] = {"compact_due", "SELECT * FROM engram_compact_due($1)", 1},
+    [SQLB_COMPACT_LOCK] = {"compact_lock",
+                           "SELECT pg_try_advisory_lock(hashtextextended('engram.compact.' || "
+                           "$1::bigint || '.' || $2::bigint, 0))",
+                           2},
+    [SQLB_COMPACT_UNLOCK] = {"compact_unlock",
+                             "SELECT pg_advisory_unlock(hashtextextended('engram.compact.' || "
+                             "$1::bigint || '.' || $2::bigint, 0))",
+                             2},
+    [SQLB_COMPACT_STATE] = {"compact_state", "SELECT * FROM engram_compact_state($1, $2, $3)", 3},
+    [SQLB_COMPACT_ENTRIES] = {"compact_entries", "SELECT * FROM engram_compact_entries($1, $2, $3)",
+                              3},
+    [SQLB_COMPACT_FINISH] = {"compact_finish",
+                             "SELECT engram_compact_finish($1, $2, $3, $4, $5, $6::bigint[], $7, "
+                             "$8::jsonb, $9, $10)",
+                             10},
+    [SQLB_COMPACT_FAILED] = {"compact_failed",
+                             "SELECT engram_compact_failed($1, $2, $3, $4, $5::boolean, $6)", 6},
     [SQLB_EXTRACT_BEGIN] = {"extract_begin",
                             "SELECT engram_extract_begin($1, $2, $3, $4, $5, $6, $7)::text", 7},
     [SQLB_EXTRACT_FAIL] = {"extract_fail",

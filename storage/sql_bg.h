@@ -38,6 +38,16 @@ typedef enum sqlb_stmt {
     SQLB_CONSOLIDATE_MODEL_APPLY, /* (tenant, own ids[], kinds[], keep[], keep seq[], other[],
                                    * other seq[], texts[], reasons[], model) -> merged,
                                    * superseded, flagged, rewritten, skipped, changed ids[] */
+    SQLB_COMPACT_DUE,             /* (limit) -> tenant, session: sessions due for auto-compact */
+    SQLB_COMPACT_LOCK,            /* (tenant, session) -> locked: one compaction per session */
+    SQLB_COMPACT_UNLOCK,          /* (tenant, session) -> released */
+    SQLB_COMPACT_STATE,           /* (tenant, session, windows) -> state, due, off, position,
+                                   * model, window, enabled, threshold, keep_recent, budget,
+                                   * live bytes, summary, summary seq (37_compact.sql) */
+    SQLB_COMPACT_ENTRIES,         /* (tenant, session, upto) -> id, seq, session, role, content */
+    SQLB_COMPACT_FINISH,          /* (tenant, session, through, summary, compacted, truncated
+                                   * ids[], budget, data, max entries, max bytes) -> jsonb */
+    SQLB_COMPACT_FAILED,          /* (tenant, session, status, reason, counted, bytes) -> jsonb */
     SQLB_EXTRACT_BEGIN,  /* (tenant, session, through entry, holder, stale s, max entries, max
                             bytes) -> the claim and the transcript as JSON (55_extraction.sql) */
     SQLB_EXTRACT_FAIL,   /* (tenant, session, holder, trigger, status, error, tokens in, out,

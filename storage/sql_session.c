@@ -13,8 +13,9 @@ const db_stmt_def sql_session_stmts[SQLS__COUNT] = {
     [SQLS_DELETE] = {"session_delete", FN("delete", "$1::bigint, $2::bigint, $3::boolean"), 3},
     [SQLS_APPEND] = {"session_append",
                      FN("append", "$1::bigint, $2::bigint, $3::text, $4::text, $5::bigint, "
-                                  "$6::bigint, $7::numeric, $8::bigint, $9::bigint, $10::bigint"),
-                     10},
+                                  "$6::bigint, $7::numeric, $8::bigint, $9::bigint, $10::bigint, "
+                                  "$11::text"),
+                     11},
     [SQLS_TOMBSTONE] = {"session_tombstone", FN("tombstone", "$1::bigint, $2::bigint, $3::bigint"),
                         3},
     [SQLS_SUMMARIZE] =
@@ -50,7 +51,9 @@ const db_stmt_def sql_session_stmts[SQLS__COUNT] = {
                          6},
     [SQLS_CHECKPOINTS] = {"session_checkpoints", FN("checkpoints", "$1::bigint, $2::bigint"), 2},
     [SQLS_RESUME] = {"session_resume",
-                     FN("resume", "$1::bigint, $2::bigint, $3::jsonb, $4::text, $5::bigint"), 5},
+                     FN("resume",
+                        "$1::bigint, $2::bigint, $3::jsonb, $4::text, $5::bigint, $6::bigint"),
+                     6},
     [SQLS_SPAWN] = {"session_spawn",
                     FN("spawn", "$1::bigint, $2::bigint, $3::text, $4::text, $5::text, $6::bigint, "
                                 "$7::text, $8::bigint, $9::bigint, $10::bigint, $11::bigint"),

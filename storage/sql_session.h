@@ -18,7 +18,7 @@ typedef enum sqls_stmt {
     SQLS_END,    /* (tenant, session, summary) -> {session_id, state, ended_at} */
     SQLS_DELETE, /* (tenant, session, cascade) -> {session_id, deleted, session_ids} */
     SQLS_APPEND, /* (tenant, session, role, content, parent, tokens, cost, agent, max entries, max
-                    bytes) -> {entry_id, seq, total_cost_usdc} */
+                    bytes, compact_context_windows) -> {entry_id, seq, total_cost_usdc} */
     SQLS_TOMBSTONE, /* (tenant, session or NULL, entry) -> {entry_id, tombstone_id, session_id} */
     SQLS_SUMMARIZE, /* (tenant, session or NULL, summary, through, compacted, max entries, max
                        bytes) -> {entry_id, session_id, compaction_count} */
@@ -34,8 +34,8 @@ typedef enum sqls_stmt {
     SQLS_CHECKPOINT,    /* (tenant, session, label, metadata, ttl s, max checkpoints) ->
                            {checkpoint_id, ...} */
     SQLS_CHECKPOINTS,   /* (tenant, session) -> {checkpoints} */
-    SQLS_RESUME,        /* (tenant, checkpoint, config override, branch type, max live sessions) ->
-                           {session_id, ...} */
+    SQLS_RESUME,        /* (tenant, checkpoint, config override, branch type, max live sessions,
+                           the checkpoint's session or NULL) -> {session_id, ...} */
     SQLS_SPAWN,    /* (tenant, parent, task, model, context, max tokens, return format, agent, max
                       children, max entries, max bytes) -> {session_id} */
     SQLS_COMPLETE, /* (tenant, session, output) -> {session_id, state, completed_at} */

@@ -290,6 +290,14 @@ static const config_def defs[] = {
      "(default: Claude Haiku 4.5's list price)"},
     {"llm_price_out_per_mtok", T_DOUBLE, OFF(llm_price_out_per_mtok), "5", 0, 1e6, 0,
      "USD per million output tokens"},
+    {"compact_context_windows", T_STR, OFF(compact_context_windows),
+     "claude=200000,gpt-4o=128000,gpt-4-turbo=128000,gemini-2.0-flash=1000000,*=200000", 0, 0, 0,
+     "context window in tokens of a session's model (config.model), for auto-compact: "
+     "comma-separated prefix=tokens, the longest prefix of the model name wins (case-insensitive), "
+     "* for every other model"},
+    {"compact_check_interval_ms", T_INT, OFF(compact_check_interval_ms), "1000", 50, 3600000, 0,
+     "milliseconds between looks for sessions an append made due for auto-compact (with "
+     "llm_provider: the summarizing call is the tenant's chat model)"},
     {"extract_check_interval_s", T_INT, OFF(extract_check_interval_s), "60", 1, 86400, 0,
      "with a chat model: seconds between looks for sessions whose automatic extraction is due"},
     {"extract_min_messages", T_INT, OFF(extract_min_messages), "10", 0, 1000000, 0,
@@ -467,7 +475,7 @@ static const struct {
     {"data_dir", "Data directory and indexes"},
     {"admin_key_file", "Keys and logging"},
     {"embed_dim", "Embeddings"},
-    {"llm_provider", "Chat model (consolidation)"},
+    {"llm_provider", "Chat model (consolidation, auto-compact)"},
     {"max_content_bytes", "Memories and ranking"},
     {"free_max_memories", "Tiers (free, standard, premium)"},
 };
@@ -742,6 +750,34 @@ static int load_flags(config *cfg, int argc, char **argv, FILE *err)
     return 0;
 }
 
+/* compact_context_windows: prefix=tokens entries, comma-separated, tokens 1000 to 100000000,
+ * prefixes of letters, digits and . _ - / : (or *). Returns 0 or -EINVAL (reported on err). */
+static int check_windows(const char *list, FILE *err)
+{
+    const char *p = list;
+    while (*p) {
+        const char *comma = strchr(p, ','), *end = comma ? comma : p + strlen(p);
+        const char *eq = memchr(p, '=', (size_t)(end - p));
+        bool ok = eq && eq > p && eq + 1 < end && eq - p <= 128;
+        for (const char *c = p; ok && c < eq; c++)
+            ok = isalnum((unsigned char)*c) || strchr("._-/:", *c) || (*c == '*' && eq - p == 1);
+        long long v = 0;
+        for (const char *c = ok ? eq + 1 : end; c < end; c++) {
+            ok = ok && isdigit((unsigned char)*c) && v < 1000000000LL;
+            v = v * 10 + (*c - '0');
+        }
+        if (!ok || v < 1000 || v > 100000000) {
+            fprintf(err,
+                    "engramd: invalid value for compact_context_windows: '%s' (prefix=tokens, "
+                    "comma-separated, tokens 1000 to 100000000; * for every other model)\n",
+                    list);
+            return -EINVAL;
+        }
+        p = comma ? comma + 1 : end;
+    }
+    return 0;
+}
+
 /* The chat model's settings: a known provider, a model name, one source of the key. Returns 0
  * or -EINVAL (reported on err). */
 static int check_llm(const config *cfg, FILE *err)
@@ -762,6 +798,8 @@ static int check_llm(const config *cfg, FILE *err)
         fprintf(err, "engramd: set llm_api_key or llm_api_key_file, not both\n");
         return -EINVAL;
     }
+    if (check_windows(cfg->compact_context_windows, err) < 0)
+        return -EINVAL;
     if (cfg->llm_url[0] && strncmp(cfg->llm_url, "http://", 7) != 0 &&
         strncmp(cfg->llm_url, "https://", 8) != 0) {
         fprintf(err, "engramd: llm_url must start with http:// or https://\n");

@@ -118,6 +118,9 @@ typedef struct config {
     int llm_max_output_tokens;
     double llm_price_in_per_mtok;
     double llm_price_out_per_mtok;
+    /* auto-compact (server/domain/autocompact.h) */
+    char *compact_context_windows; /* "prefix=tokens,...,*=tokens" */
+    int compact_check_interval_ms;
     /* memory extraction from transcripts and auto-dream (extract.h, dream.h) */
     int extract_check_interval_s;
     int extract_min_messages;

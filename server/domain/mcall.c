@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <event2/event.h>
+
 #include "memrow.h"
 #include "pgsync.h"
 #include "sql_bg.h"
@@ -74,20 +76,89 @@ bool mcall_allowed(mcall *m)
     return true;
 }
 
-int mcall_ask(mcall *m, const llm_request *req, llm_result *out)
+/* The provider of m's model, or NULL after saying why in m (status "failed"). */
+static llm_provider *provider(mcall *m)
 {
-    if (!mcall_allowed(m))
-        return -EAGAIN;
     char err[200];
     llm_provider *p = chat_provider(m->model, err, sizeof(err));
     if (!p) {
         m->status = "failed";
         snprintf(m->reason, sizeof(m->reason), "%s", err);
-        return -EAGAIN;
     }
+    return p;
+}
+
+static void count(mcall *m, const llm_result *out);
+
+int mcall_ask(mcall *m, const llm_request *req, llm_result *out)
+{
+    if (!mcall_allowed(m))
+        return -EAGAIN;
+    llm_provider *p = provider(m);
+    if (!p)
+        return -EAGAIN;
     int rc = llm_call_sync(p, req, out);
     if (rc < 0)
         return rc;
+    count(m, out);
+    return 0;
+}
+
+/* mcall_ask_bg's call: its result and whether it is done. */
+typedef struct bg_wait {
+    struct event_base *base;
+    llm_provider *p;
+    bg_ctx *ctx;
+    bool done;
+    llm_result res;
+} bg_wait;
+
+static void bg_done(llm_result *res, void *arg)
+{
+    bg_wait *w = arg;
+    llm_result_move(&w->res, res);
+    w->done = true;
+}
+
+/* Every 200 ms: a server stopping ends the call (its callback runs, cancelled). */
+static void bg_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    bg_wait *w = arg;
+    if (bg_cancelled(w->ctx))
+        llm_detach(w->p, w->base);
+}
+
+int mcall_ask_bg(mcall *m, bg_ctx *ctx, const llm_request *req, llm_result *out)
+{
+    if (!mcall_allowed(m))
+        return -EAGAIN;
+    llm_provider *p = provider(m);
+    if (!p)
+        return -EAGAIN;
+    bg_wait w = {.base = event_base_new(), .p = p, .ctx = ctx};
+    struct event *tick = w.base ? event_new(w.base, -1, EV_PERSIST, bg_tick, &w) : NULL;
+    struct timeval tv = {0, 200000};
+    int rc = tick && event_add(tick, &tv) == 0 ? llm_call(p, w.base, req, bg_done, &w) : -ENOMEM;
+    while (rc == 0 && !w.done)
+        if (event_base_loop(w.base, EVLOOP_ONCE) < 0)
+            break;
+    if (tick)
+        event_free(tick);
+    if (w.base) {
+        llm_detach(p, w.base); /* a call still running ends here, cancelled */
+        event_base_free(w.base);
+    }
+    if (rc < 0)
+        return rc;
+    llm_result_move(out, &w.res);
+    count(m, out);
+    return 0;
+}
+
+static void count(mcall *m, const llm_result *out)
+{
     m->calls++;
     m->pending_calls++;
     m->tokens_in += out->tokens_in;
@@ -96,7 +167,6 @@ int mcall_ask(mcall *m, const llm_request *req, llm_result *out)
     m->pending_out += out->tokens_out;
     m->cost_usd += out->cost_usd;
     m->pending_cost += out->cost_usd;
-    return 0;
 }
 
 int mcall_record(mcall *m, PGconn *c, bool own_tx, char *err, size_t errlen)

@@ -19,6 +19,7 @@
 
 #include <libpq-fe.h>
 
+#include "bg.h"
 #include "chat.h"
 #include "llm.h"
 #include "server.h"
@@ -51,6 +52,12 @@ bool mcall_allowed(mcall *m);
  * is LLM_OK or an LLM_E_*; free it with llm_result_fini) and its tokens counted in m;
  * -EAGAIN when mcall_allowed says no (out untouched); -EINVAL or -ENOMEM (out untouched). */
 int mcall_ask(mcall *m, const llm_request *req, llm_result *out);
+
+/* mcall_ask_bg is mcall_ask for a job of bg.h: the call runs on an event base of its own on
+ * this thread, and ends (out->status LLM_E_CANCELLED) within about 200 ms once
+ * bg_cancelled(ctx) says the server is stopping, so a slow model never holds up a shutdown.
+ * Returns as mcall_ask. */
+int mcall_ask_bg(mcall *m, bg_ctx *ctx, const llm_request *req, llm_result *out);
 
 /* mcall_record adds the calls not yet recorded to the tenant's day. With own_tx it runs in a
  * write transaction of its own on c (c idle); without, inside the caller's transaction

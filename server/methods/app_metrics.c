@@ -5,6 +5,7 @@
 
 #include <event2/buffer.h>
 
+#include "autocompact.h"
 #include "chat.h"
 #include "llm.h"
 #include "metrics.h"
@@ -157,6 +158,25 @@ static void render_model(struct evbuffer *b)
         (unsigned long long)cs.llm.in_flight, (unsigned long long)cs.llm.waiting,
         (unsigned long long)cs.fallbacks[CHAT_FB_CAP],
         (unsigned long long)cs.fallbacks[CHAT_FB_UNAVAILABLE]);
+    autocompact_stats as;
+    autocompact_stats_get(&as);
+    evbuffer_add_printf(
+        b,
+        "# HELP engram_autocompact_total Auto-compact attempts by result: done (written), "
+        "failed (counted against the session), skipped (could not be made: no model, the "
+        "tenant's token cap, nothing to summarize, under the threshold).\n"
+        "# TYPE engram_autocompact_total counter\n"
+        "engram_autocompact_total{result=\"done\"} %llu\n"
+        "engram_autocompact_total{result=\"failed\"} %llu\n"
+        "engram_autocompact_total{result=\"skipped\"} %llu\n"
+        "# HELP engram_autocompact_sessions_off_total Sessions whose failures in a row turned "
+        "auto-compact off.\n# TYPE engram_autocompact_sessions_off_total counter\n"
+        "engram_autocompact_sessions_off_total %llu\n"
+        "# HELP engram_autocompact_tokens_freed_total Tokens (estimated, 4 bytes each) the "
+        "compactions freed.\n# TYPE engram_autocompact_tokens_freed_total counter\n"
+        "engram_autocompact_tokens_freed_total %llu\n",
+        (unsigned long long)as.done, (unsigned long long)as.failed, (unsigned long long)as.skipped,
+        (unsigned long long)as.turned_off, (unsigned long long)as.tokens_freed);
 }
 
 /* How long index loads took, by source (a histogram). */

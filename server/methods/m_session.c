@@ -21,6 +21,7 @@
 #include "plimits.h"
 #include "json.h"
 #include "log.h"
+#include "chat.h"
 #include "sq.h"
 #include "sql_session.h"
 
@@ -213,7 +214,9 @@ static const char *const states[] = {"active", "ended", "completed", NULL};
 static const char *const categories[] = {"decision", "discovery", "blocker",
                                          "context",  "handoff",   NULL};
 static const char *const scopes[] = {"current_task", "session", "carry_forward", NULL};
-static const char *const branch_types[] = {"resume", "sim", "pre_steer", "dream", NULL};
+/* "pre-steer" is seed 000's spelling of pre_steer (stored as pre_steer) */
+static const char *const branch_types[] = {"resume",    "sim",   "pre_steer",
+                                           "pre-steer", "dream", NULL};
 static const char *const return_formats[] = {"summary", "full", NULL};
 static const char *const modes[] = {"continue", "takeover", "review", "recovery", NULL};
 
@@ -332,6 +335,8 @@ void h_session_append(req *r)
     sq_u64(&q, req_arg(r, P_AP_AGENT));
     sq_i64(&q, tl->max_session_entries);
     sq_i64(&q, tl->max_session_bytes);
+    /* auto-compact's trigger (autocompact.h): none without a chat model */
+    sq_add(&q, chat_available() ? req_server(r)->cfg.compact_context_windows : NULL);
     sq_run(&q, SQLS_APPEND);
 }
 
@@ -441,11 +446,21 @@ void h_session_scratchpad_update(req *r)
     sq_run(&q, SQLS_SCRATCHPAD_UPDATE);
 }
 
-enum { P_NA_SESSION, P_NA_CATEGORY, P_NA_KEY, P_NA_VALUE, P_NA_SCOPE, P_NA_WORK, P_NA_AGENT };
+enum {
+    P_NA_SESSION,
+    P_NA_CATEGORY,
+    P_NA_KEY,
+    P_NA_VALUE,
+    P_NA_SCOPE,
+    P_NA_WORK,
+    P_NA_WORK_SEED, /* related_work_item_id, seed 004's name: binds to P_NA_WORK */
+    P_NA_AGENT
+};
 PARAMS(session_note_add, ID_PARAM("session_id"), {"category", RPC_T_STR, RPC_P_REQUIRED, 0, 0},
        {"key", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE, 1, NOTE_KEY_MAX},
        {"value", RPC_T_STR, RPC_P_REQUIRED | RPC_P_RANGE | RPC_P_LIMIT(PLIM_NOTE), 1, 0},
        {"scope", RPC_T_STR, RPC_P_REQUIRED, 0, 0}, OPT_ID_PARAM("work_item_id"),
+       {"related_work_item_id", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_ALIAS, 0, 0},
        OPT_ID_PARAM("agent_id"));
 
 static const char category_list[] = "decision, discovery, blocker, context, handoff";
@@ -475,7 +490,7 @@ enum { P_NO_SESSION, P_NO_SCOPES, P_NO_CATEGORIES, P_NO_SINCE, P_NO_AGENT };
 PARAMS(session_notes, ID_PARAM("session_id"),
        {"scopes", RPC_T_STR_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 3},
        {"categories", RPC_T_STR_ARRAY, RPC_P_NULLABLE | RPC_P_RANGE, 1, 5},
-       {"since", RPC_T_UINT, RPC_P_NULLABLE | RPC_P_RANGE, 0, 9.2e18}, OPT_ID_PARAM("agent_id"));
+       {"since", RPC_T_TIME, RPC_P_NULLABLE | RPC_P_RANGE, 0, 9.2e18}, OPT_ID_PARAM("agent_id"));
 
 /* session.notes: live notes in creation order, filtered by scope, category, time, agent. */
 void h_session_notes(req *r)
@@ -489,7 +504,7 @@ void h_session_notes(req *r)
     sq_u64(&q, req_arg(r, P_NO_SESSION));
     sq_words(&q, sc);
     sq_words(&q, ca);
-    sq_u64(&q, req_arg(r, P_NO_SINCE));
+    sq_time(&q, req_arg(r, P_NO_SINCE));
     sq_u64(&q, req_arg(r, P_NO_AGENT));
     sq_run(&q, SQLS_NOTES);
 }
@@ -546,17 +561,18 @@ void h_session_checkpoints(req *r)
     session_only(r, SQLS_CHECKPOINTS);
 }
 
-enum { P_RE_CHECKPOINT, P_RE_OVERRIDE, P_RE_BRANCH };
+enum { P_RE_CHECKPOINT, P_RE_OVERRIDE, P_RE_BRANCH, P_RE_SESSION };
 PARAMS(session_resume, ID_PARAM("checkpoint_id"),
        {"config_override", RPC_T_MAP, RPC_P_NULLABLE | RPC_P_LIMIT(PLIM_MESSAGE), 0, 0},
-       {"branch_type", RPC_T_STR, RPC_P_NULLABLE, 0, 0});
+       {"branch_type", RPC_T_STR, RPC_P_NULLABLE, 0, 0}, OPT_ID_PARAM("session_id"));
 
 /* session.resume: a new session holding exactly the state of a checkpoint. */
 void h_session_resume(req *r)
 {
     const msgpack_object *override = req_arg(r, P_RE_OVERRIDE);
     const msgpack_object *branch = req_arg(r, P_RE_BRANCH);
-    if (!sq_check_word(r, branch, "branch_type", branch_types, "resume, sim, pre_steer, dream"))
+    if (!sq_check_word(r, branch, "branch_type", branch_types,
+                       "resume, sim, pre_steer (or pre-steer), dream"))
         return;
     if (override && !check_config(r, override, "config_override", false))
         return;
@@ -567,11 +583,14 @@ void h_session_resume(req *r)
         return;
     if (!override)
         sq_add(&q, NULL);
-    if (branch)
-        sq_str(&q, branch);
-    else
+    if (!branch)
         sq_add(&q, "resume");
+    else if (rpc_str_eq(branch, "pre-steer"))
+        sq_add(&q, "pre_steer");
+    else
+        sq_str(&q, branch);
     sq_i64(&q, tier_of(r)->max_live_sessions);
+    sq_u64(&q, req_arg(r, P_RE_SESSION));
     sq_run(&q, SQLS_RESUME);
 }
 

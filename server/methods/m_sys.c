@@ -195,6 +195,8 @@ static const char *type_name(rpc_type t)
         return "string[]";
     case RPC_T_UINT_ARRAY:
         return "uint[]";
+    case RPC_T_TIME:
+        return "time";
     }
     return "any";
 }

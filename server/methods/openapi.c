@@ -3,12 +3,14 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <event2/buffer.h>
 
 #include "methods.h"
 #include "plimits.h"
+#include "rest.h"
 #include "results.h"
 
 /* The HTTP status each error code is answered with (hapi.c uses the same table). */
@@ -135,6 +137,16 @@ static void put_schema(struct evbuffer *b, const rpc_param *p)
         put_bound(b, "minItems", lo, true);
         put_bound(b, "maxItems", hi, true);
         break;
+    case RPC_T_TIME:
+        evbuffer_add_printf(b, "\"oneOf\":[{\"type\":\"integer\"");
+        put_bound(b, "minimum", lo > 0 ? lo : 0, true);
+        put_bound(b, "maximum", hi, true);
+        evbuffer_add_printf(b,
+                            "},{\"type\":\"string\",\"format\":\"date-time\"}%s],"
+                            "\"description\":\"milliseconds since the epoch, or an RFC 3339 "
+                            "time\"",
+                            nul ? ",{\"type\":\"null\"}" : "");
+        break;
     }
     if (container) {
         /* the binder's byte bound on the value's MessagePack form (about its JSON length) */
@@ -147,27 +159,42 @@ static void put_schema(struct evbuffer *b, const rpc_param *p)
     evbuffer_add(b, "}", 1);
 }
 
-static void put_method(struct evbuffer *b, const method_def *m)
+/* "operationId", "tags", "summary", "description" and "security" of an operation running m,
+ * each followed by a comma; id_prefix goes before the operationId (REST routes). */
+static void put_op_head(struct evbuffer *b, const method_def *m, const char *id_prefix,
+                        const char *summary)
 {
-    evbuffer_add_printf(b, "\"/v1/rpc/%s\":{\"post\":{\"operationId\":\"", m->name);
+    evbuffer_add_printf(b, "\"operationId\":\"%s", id_prefix);
     for (const char *c = m->name; *c; c++)
         evbuffer_add(b, *c == '.' ? "_" : c, 1);
     const char *dot = strchr(m->name, '.');
     evbuffer_add_printf(b, "\",\"tags\":[\"%.*s\"],",
                         dot ? (int)(dot - m->name) : (int)strlen(m->name), m->name);
-    evbuffer_add_printf(b, "\"summary\":\"%s (docs/protocol.md)\",\"description\":\"%s%s%s\",",
-                        m->name, (m->flags & M_ADMIN) ? "Needs the admin key. " : "",
+    if (summary)
+        evbuffer_add_printf(b, "\"summary\":\"%s: runs %s\",", summary, m->name);
+    else
+        evbuffer_add_printf(b, "\"summary\":\"%s (docs/protocol.md)\",", m->name);
+    evbuffer_add_printf(b, "\"description\":\"%s%s%s\",",
+                        (m->flags & M_ADMIN) ? "Needs the admin key. " : "",
                         (m->flags & M_TENANT) ? "Needs a tenant API key. " : "",
                         (m->flags & M_QUERY) ? "Counts toward the tier's daily query limit." : "");
     if (m->flags & M_PUBLIC)
         evbuffer_add_printf(b, "\"security\":[],");
-    /* the body: one object of named parameters (aliases are further names of the one before) */
-    bool any_required = false;
+}
+
+/* "requestBody": one object of m's named parameters (aliases are further names of the one
+ * before) but skip (a REST route's path parameter, or NULL), followed by a comma. */
+static void put_body(struct evbuffer *b, const method_def *m, const char *skip)
+{
+    bool any_required = false, first = true;
     evbuffer_add_printf(b, "\"requestBody\":{\"content\":{\"application/json\":{\"schema\":{"
                            "\"type\":\"object\",\"additionalProperties\":false,\"properties\":{");
     for (size_t k = 0; k < m->nparams; k++) {
         const rpc_param *p = &m->params[k];
-        evbuffer_add_printf(b, "%s\"%s\":", k ? "," : "", p->name);
+        if (skip && strcmp(p->name, skip) == 0)
+            continue;
+        evbuffer_add_printf(b, "%s\"%s\":", first ? "" : ",", p->name);
+        first = false;
         if (p->flags & RPC_P_ALIAS) {
             /* the schema of the parameter it names, and which that is */
             size_t j = k;
@@ -187,9 +214,10 @@ static void put_method(struct evbuffer *b, const method_def *m)
     evbuffer_add_printf(b, "}");
     if (any_required) {
         evbuffer_add_printf(b, ",\"required\":[");
-        bool first = true;
+        first = true;
         for (size_t k = 0; k < m->nparams; k++) {
-            if (!(m->params[k].flags & RPC_P_REQUIRED) || (m->params[k].flags & RPC_P_ALIAS))
+            if (!(m->params[k].flags & RPC_P_REQUIRED) || (m->params[k].flags & RPC_P_ALIAS) ||
+                (skip && strcmp(m->params[k].name, skip) == 0))
                 continue;
             evbuffer_add_printf(b, "%s\"%s\"", first ? "" : ",", m->params[k].name);
             first = false;
@@ -197,6 +225,11 @@ static void put_method(struct evbuffer *b, const method_def *m)
         evbuffer_add_printf(b, "]");
     }
     evbuffer_add_printf(b, "}}},\"required\":%s},", any_required ? "true" : "false");
+}
+
+/* "responses": m's result schema and the error answers. */
+static void put_responses(struct evbuffer *b, const method_def *m)
+{
     const char *result = results_find(m->name);
     evbuffer_add_printf(b,
                         "\"responses\":{\"200\":{\"description\":\"the result (see "
@@ -205,7 +238,103 @@ static void put_method(struct evbuffer *b, const method_def *m)
     for (size_t i = 0; i < sizeof(statuses) / sizeof(statuses[0]); i++)
         evbuffer_add_printf(b, ",\"%d\":{\"$ref\":\"#/components/responses/E%d\"}", statuses[i],
                             statuses[i]);
-    evbuffer_add_printf(b, "}}}");
+    evbuffer_add(b, "}", 1);
+}
+
+static void put_method(struct evbuffer *b, const method_def *m)
+{
+    evbuffer_add_printf(b, "\"/v1/rpc/%s\":{\"post\":{", m->name);
+    put_op_head(b, m, "", NULL);
+    put_body(b, m, NULL);
+    put_responses(b, m);
+    evbuffer_add_printf(b, "}}");
+}
+
+static const method_def *method_named(const char *name)
+{
+    for (size_t i = 0; i < methods_count; i++)
+        if (strcmp(methods_table[i].name, name) == 0)
+            return &methods_table[i];
+    return NULL;
+}
+
+static const rpc_param *param_named(const method_def *m, const char *name)
+{
+    for (size_t k = 0; k < m->nparams; k++)
+        if (strcmp(m->params[k].name, name) == 0)
+            return &m->params[k];
+    return NULL;
+}
+
+/* One REST route's operation (rest.h): its path and query parameters, and the body of its
+ * method's parameters but the one the path fills. */
+static void put_route(struct evbuffer *b, const rest_route *rr, const method_def *m)
+{
+    char lower[16], id[32], prefix[80];
+    const char *verb = rest_verb_name(rr->verb);
+    size_t n = 0;
+    for (; verb[n] && n < sizeof(lower) - 1; n++)
+        lower[n] = (char)(verb[n] - 'A' + 'a');
+    lower[n] = '\0';
+    rest_id_name(rr, id, sizeof(id));
+    snprintf(prefix, sizeof(prefix), "rest_%s_", lower);
+    evbuffer_add_printf(b, "\"%s\":{", lower);
+    put_op_head(b, m, prefix, rr->summary);
+    evbuffer_add_printf(b, "\"parameters\":[");
+    bool first = true;
+    if (id[0]) {
+        evbuffer_add_printf(b,
+                            "{\"name\":\"%s\",\"in\":\"path\",\"required\":true,"
+                            "\"description\":\"the method's parameter %s\",\"schema\":"
+                            "{\"type\":\"integer\",\"minimum\":0}}",
+                            id, rr->id_param);
+        first = false;
+    }
+    for (size_t q = 0; q < REST_QUERY_MAX && rr->query[q].key; q++) {
+        const rpc_param *p = param_named(m, rr->query[q].param);
+        if (!p)
+            continue;
+        evbuffer_add_printf(b,
+                            "%s{\"name\":\"%s\",\"in\":\"query\",\"description\":"
+                            "\"the method's parameter %s%s\",",
+                            first ? "" : ",", rr->query[q].key, p->name,
+                            p->type == RPC_T_STR_ARRAY ? ", a comma-separated list" : "");
+        if (p->type == RPC_T_STR_ARRAY)
+            evbuffer_add_printf(b, "\"style\":\"form\",\"explode\":false,");
+        evbuffer_add_printf(b, "\"schema\":");
+        put_schema(b, p);
+        evbuffer_add(b, "}", 1);
+        first = false;
+    }
+    evbuffer_add_printf(b, "],");
+    if (rr->verb != HTTP1_GET)
+        put_body(b, m, rr->id_param);
+    put_responses(b, m);
+    evbuffer_add(b, "}", 1);
+}
+
+/* The seeds' REST paths, each path once with the operations of its routes. */
+static void put_routes(struct evbuffer *b)
+{
+    for (size_t i = 0; i < rest_routes_count; i++) {
+        bool seen = false;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = strcmp(rest_routes[j].path, rest_routes[i].path) == 0;
+        if (seen)
+            continue;
+        evbuffer_add_printf(b, ",\"%s\":{", rest_routes[i].path);
+        bool first = true;
+        for (size_t j = i; j < rest_routes_count; j++) {
+            const method_def *m = method_named(rest_routes[j].method);
+            if (strcmp(rest_routes[j].path, rest_routes[i].path) != 0 || !m)
+                continue;
+            if (!first)
+                evbuffer_add(b, ",", 1);
+            first = false;
+            put_route(b, &rest_routes[j], m);
+        }
+        evbuffer_add(b, "}", 1);
+    }
 }
 
 int openapi_render(const server *s, struct evbuffer *out)
@@ -217,7 +346,8 @@ int openapi_render(const server *s, struct evbuffer *out)
     evbuffer_add_printf(
         b, "{\"openapi\":\"3.1.0\",\"info\":{\"title\":\"Engram HTTP/JSON API\",\"version\":\"1\","
            "\"description\":\"Every method of the MessagePack-RPC protocol (docs/protocol.md) as "
-           "POST /v1/rpc/{method} with a JSON object of its named parameters. Binary values are "
+           "POST /v1/rpc/{method} with a JSON object of its named parameters, and the seeds' REST "
+           "paths (/v1/memory, /v1/sessions...) over the same methods. Binary values are "
            "base64 strings; embeddings are also accepted as arrays of numbers and returned as "
            "arrays with ?embeddings=array.\"},"
            "\"servers\":[{\"url\":\"/\",\"description\":\"the engramd that served this "
@@ -233,6 +363,7 @@ int openapi_render(const server *s, struct evbuffer *out)
         first = false;
         put_method(b, m);
     }
+    put_routes(b);
     evbuffer_add_printf(
         b, "},\"components\":{\"securitySchemes\":{\"bearer\":{\"type\":\"http\",\"scheme\":"
            "\"bearer\",\"description\":\"a tenant API key, or the admin key for admin.* "

@@ -237,7 +237,8 @@ static const result_schema table[] = {
      "{\"allOf\":[" REF("SessionSummary") "," OBJECT(
          Q("config") "," Q("position") "," Q("constraints") "," Q("extraction"),
          P("config", OBJ) "," P("position", INT) "," P("constraints", OBJ) "," P(
-             "summary", STRN) "," P("ended_at", INTN) "," P("extraction", OBJ)) "]}"},
+             "summary", STRN) "," P("ended_at", INTN) "," P("auto_compact", OBJ) "," P("extraction",
+                                                                                       OBJ)) "]}"},
     {"session.handoff",
      OBJECT(
          Q("session_id") "," Q("mode") "," Q("state") "," Q("generated_at") "," Q("metrics"),

@@ -50,6 +50,11 @@ void sq_u64(sq *q, const msgpack_object *o)
     sq_add(q, o ? sq_fmt_i64(q, (int64_t)o->via.u64) : NULL);
 }
 
+void sq_time(sq *q, const msgpack_object *o)
+{
+    sq_add(q, o ? sq_fmt_i64(q, rpc_get_time(o, 0)) : NULL);
+}
+
 void sq_str(sq *q, const msgpack_object *o)
 {
     char *s = NULL;

@@ -54,6 +54,9 @@ void sq_i64(sq *q, int64_t v);
  * schema stores them. */
 void sq_u64(sq *q, const msgpack_object *o);
 
+/* sq_time adds a RPC_T_TIME value (o NULL: SQL NULL) as milliseconds since the epoch. */
+void sq_time(sq *q, const msgpack_object *o);
+
 /* sq_str adds a string (o NULL: SQL NULL). */
 void sq_str(sq *q, const msgpack_object *o);
 

@@ -22,6 +22,7 @@
 #include "hooks.h"
 #include "metrics.h"
 #include "req.h"
+#include "rest.h"
 
 /* A request head longer than this is refused (431). */
 #define HEAD_MAX 16384
@@ -574,11 +575,36 @@ static int read_body(hapi *h, const uint8_t *body, size_t body_len, msgpack_sbuf
 /* Packs the call of method name (m: its entry, or NULL when unknown) with the named
  * parameters top (a map, or nil for none) into msg, each converted to its type (pack_param).
  * Returns 0, or -1 after answering the error. */
+/* The index of key in map top, or -1. */
+static long map_index(const msgpack_object *top, const msgpack_object *key)
+{
+    for (uint32_t k = 0; top->type == MSGPACK_OBJECT_MAP && k < top->via.map.size; k++)
+        if (msgpack_object_equal(top->via.map.ptr[k].key, *key))
+            return (long)k;
+    return -1;
+}
+
+/* Packs the call of method name with the body's parameters (top: a map, or anything else
+ * for none) and the path's and query's (x[0..nx), a REST route's; a body naming one of
+ * them must give the same value). Returns 0, or -1 after answering the error. */
 static int pack_call(hapi *h, const method_def *m, const char *name, size_t name_len,
-                     const msgpack_object *top, msgpack_sbuffer *msg)
+                     const msgpack_object *top, const msgpack_object_kv *x, size_t nx,
+                     msgpack_sbuffer *msg)
 {
     char err[300];
-    bool no_args = top->type != MSGPACK_OBJECT_MAP;
+    bool no_args = top->type != MSGPACK_OBJECT_MAP && nx == 0;
+    uint32_t n = top->type == MSGPACK_OBJECT_MAP ? top->via.map.size : 0, size = n;
+    for (size_t i = 0; i < nx; i++) {
+        long at = map_index(top, &x[i].key);
+        if (at < 0) {
+            size++;
+        } else if (!msgpack_object_equal(top->via.map.ptr[at].val, x[i].val)) {
+            local_error(h, 400, RPC_INVALID_ARGUMENT, NULL,
+                        "parameter '%.*s' differs between the path or query and the body",
+                        (int)x[i].key.via.str.size, x[i].key.via.str.ptr);
+            return -1;
+        }
+    }
     msgpack_packer pk;
     msgpack_packer_init(&pk, msg, msgpack_sbuffer_write);
     msgpack_pack_array(&pk, 4);
@@ -587,9 +613,11 @@ static int pack_call(hapi *h, const method_def *m, const char *name, size_t name
     rpc_pack_strn(&pk, name, name_len);
     msgpack_pack_array(&pk, no_args ? 0 : 1);
     if (!no_args) {
-        msgpack_pack_map(&pk, top->via.map.size);
-        for (uint32_t k = 0; k < top->via.map.size; k++) {
-            const msgpack_object_kv *kv = &top->via.map.ptr[k];
+        msgpack_pack_map(&pk, size);
+        for (uint32_t k = 0; k < n + nx; k++) {
+            const msgpack_object_kv *kv = k < n ? &top->via.map.ptr[k] : &x[k - n];
+            if (k >= n && map_index(top, &kv->key) >= 0)
+                continue; /* given in the body too, with the same value */
             msgpack_pack_object(&pk, kv->key);
             int rc = pack_param(&pk, param_named(m, &kv->key), &kv->val, false, err, sizeof(err));
             if (rc == -ENOMEM) {
@@ -670,8 +698,55 @@ static int rpc_call(hapi *h, const http1_request *rq, const char *name, size_t n
     msgpack_object top;
     int ret = HAPI_AGAIN;
     if (read_body(h, body, body_len, &params, &zone, &top) == 0 &&
-        pack_call(h, m, name, name_len, &top, &msg) == 0)
+        pack_call(h, m, name, name_len, &top, NULL, 0, &msg) == 0)
         ret = send_call(h, key, key_len, &msg);
+    msgpack_zone_destroy(&zone);
+    msgpack_sbuffer_destroy(&params);
+    msgpack_sbuffer_destroy(&msg);
+    return ret;
+}
+
+/* A seed's REST path (rest.h): the route's method with the body's parameters, the path's id
+ * and the query's, then as rpc_call. */
+static int rest_call(hapi *h, const http1_request *rq, const rest_route *rr, uint64_t id,
+                     const uint8_t *body, size_t body_len)
+{
+    size_t idx = SIZE_MAX, name_len = strlen(rr->method);
+    const net_hooks *hk = h->srv->hooks;
+    const method_def *m = hooks_method_find(hk->methods, hk->nmethods, rr->method, name_len, &idx);
+    h->midx = m ? idx : SIZE_MAX;
+    const char *key;
+    size_t key_len;
+    if (!m) {
+        local_error(h, 404, RPC_UNKNOWN_METHOD, NULL, "%s is not served", rr->method);
+        return HAPI_AGAIN;
+    }
+    if (call_checks(h, rq, m, &key, &key_len) < 0)
+        return HAPI_AGAIN;
+    msgpack_sbuffer params, msg;
+    msgpack_sbuffer_init(&params);
+    msgpack_sbuffer_init(&msg);
+    msgpack_zone zone;
+    msgpack_zone_init(&zone, 2048);
+    msgpack_object top;
+    msgpack_object_kv x[1 + REST_QUERY_MAX];
+    char err[200];
+    int ret = HAPI_AGAIN;
+    if (read_body(h, body, body_len, &params, &zone, &top) == 0) {
+        long nx = top.type != MSGPACK_OBJECT_MAP && top.type != MSGPACK_OBJECT_NIL
+                      ? -EBADMSG
+                      : rest_args(rr, id, rq->query, rq->query_len, m->params, m->nparams, &zone, x,
+                                  err, sizeof(err));
+        if (nx == -EBADMSG)
+            local_error(h, 400, RPC_INVALID_ARGUMENT, NULL,
+                        "the body must be a JSON object of %s's parameters", rr->method);
+        else if (nx == -ENOMEM)
+            local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
+        else if (nx < 0)
+            local_error(h, 400, RPC_INVALID_ARGUMENT, NULL, "%s", err);
+        else if (pack_call(h, m, rr->method, name_len, &top, x, (size_t)nx, &msg) == 0)
+            ret = send_call(h, key, key_len, &msg);
+    }
     msgpack_zone_destroy(&zone);
     msgpack_sbuffer_destroy(&params);
     msgpack_sbuffer_destroy(&msg);
@@ -770,7 +845,8 @@ static int serve_get(hapi *h, const http1_request *rq)
             respond(h, status, ctype, p, n, NULL);
     } else {
         local_error(h, 404, RPC_NOT_FOUND, NULL,
-                    "no such path: POST /v1/rpc/{method}, GET /v1/openapi.json, /healthz, "
+                    "no such path: POST /v1/rpc/{method}, the seeds' REST paths (/v1/memory, "
+                    "/v1/sessions...: see /v1/openapi.json), GET /v1/openapi.json, /healthz, "
                     "/readyz, /livez, /metrics, /metrics/history or /console");
     }
     evbuffer_free(b);
@@ -790,7 +866,7 @@ static void cors_preflight(hapi *h, const http1_request *rq)
     }
     extra x = {.retry_after = -1,
                .cache = "no-store",
-               .headers = "Access-Control-Allow-Methods: GET, HEAD, POST, OPTIONS\r\n"
+               .headers = "Access-Control-Allow-Methods: GET, HEAD, POST, PATCH, OPTIONS\r\n"
                           "Access-Control-Allow-Headers: Authorization, Content-Type\r\n"
                           "Access-Control-Max-Age: 600\r\n"};
     respond(h, 204, "", "", 0, &x);
@@ -830,6 +906,18 @@ static int route(hapi *h, const http1_request *rq, const uint8_t *body, size_t b
             return HAPI_AGAIN;
         }
         return rpc_call(h, rq, name, n, body, body_len);
+    }
+    uint64_t id;
+    char allow[64];
+    const rest_route *rr = rest_match(rq->method == HTTP1_HEAD ? HTTP1_OTHER : rq->method, rq->path,
+                                      rq->path_len, &id, allow, sizeof(allow));
+    if (rr)
+        return rest_call(h, rq, rr, id, body, body_len);
+    if (allow[0]) {
+        extra x = {.retry_after = -1, .allow = allow};
+        local_error(h, 405, RPC_INVALID_ARGUMENT, &x, "use %s for %.*s", allow,
+                    (int)(rq->path_len > 100 ? 100 : rq->path_len), rq->path);
+        return HAPI_AGAIN;
     }
     const console_file *cf;
     if (console_find(rq->path, rq->path_len, &cf)) {

@@ -132,6 +132,10 @@ CREATE OR REPLACE FUNCTION engram_session_entry_json(e session_entries) RETURNS 
         'messages_compacted', e.messages_compacted)
     || CASE WHEN e.kind = 'event' THEN jsonb_build_object('event', e.event, 'data', e.data)
             ELSE '{}'::jsonb END
+    -- a tool result auto-compact cut: how long it was (its full text stays stored)
+    || CASE WHEN e.original_content IS NOT NULL
+            THEN jsonb_build_object('truncated_from_chars', char_length(e.original_content))
+            ELSE '{}'::jsonb END
 $$;
 
 -- engram_session_config: a session's configuration with the seed's auto-compaction
@@ -211,6 +215,26 @@ CREATE OR REPLACE FUNCTION engram_session_tail(p_tenant bigint, p_session bigint
     LANGUAGE sql STABLE
     AS $$ SELECT engram_session_items(p_tenant, p_session, p_upto, p_agent, p_tail, true) $$;
 
+-- engram_session_agents: the agents that took part in p_session's transcript as of p_upto:
+-- authors of its live messages, and the sub-agents its events name
+-- (child_agent_id: a delegation to them, their completion), each with the position of its
+-- last item there, most recently active first, at most 64.
+CREATE OR REPLACE FUNCTION engram_session_agents(p_tenant bigint, p_session bigint, p_upto bigint)
+    RETURNS TABLE (agent_id bigint, last_seq bigint)
+    LANGUAGE sql STABLE AS $$
+    WITH live AS MATERIALIZED (SELECT * FROM engram_session_live(p_tenant, p_session, p_upto)),
+    who AS (
+        SELECT l.agent_id, l.seq FROM live l WHERE l.kind = 'message'
+        UNION ALL
+        SELECT CASE WHEN v.u >= 9223372036854775808 THEN (v.u - 18446744073709551616)::bigint
+                    ELSE v.u::bigint END, l.seq
+        FROM live l CROSS JOIN LATERAL (SELECT (l.data ->> 'child_agent_id')::numeric AS u) v
+        WHERE l.kind = 'event' AND v.u IS NOT NULL
+    )
+    SELECT w.agent_id, max(w.seq) FROM who w GROUP BY w.agent_id
+    ORDER BY max(w.seq) DESC LIMIT 64
+$$;
+
 -- engram_session_find_entry: entry p_entry if it is part of p_session's transcript as of
 -- p_upto (its own or inherited), else a row of NULLs.
 CREATE OR REPLACE FUNCTION engram_session_find_entry(p_tenant bigint, p_session bigint, p_upto bigint,
@@ -275,6 +299,13 @@ CREATE OR REPLACE FUNCTION engram_session_json(s sessions) RETURNS jsonb
                           - engram_ms(s.created_at)),
         'task', s.task, 'return_format', s.return_format, 'max_tokens', s.max_tokens,
         'output', s.output, 'completed_at', engram_ms(s.completed_at))
+    || jsonb_build_object(
+        'auto_compact', jsonb_build_object(
+            'enabled', COALESCE((engram_session_config(s.config) -> 'compaction' ->> 'enabled')::boolean,
+                                true) AND NOT s.compact_off,
+            'off_after_failures', s.compact_off, 'due', s.compact_due,
+            'failures', s.compact_failures, 'compactions', s.compact_runs,
+            'live_tokens', (s.compact_bytes + 3) / 4, 'last', s.compact_last))
 $$;
 
 -- engram_session_check_live: raises EG429 when the tenant already has p_max_live active
@@ -365,11 +396,16 @@ END $$;
 
 -- engram_session_append: one message. The cost is checked against the session's cap and,
 -- for a sub-agent, its parent's (which also pays it), under both locks: concurrent appends
--- can never pass a cap, and a rejected append stores nothing.
+-- can never pass a cap, and a rejected append stores nothing. An append that takes the live
+-- history past config.compaction.threshold of the window of the session's model (p_windows:
+-- the setting compact_context_windows) marks the session due for auto-compact
+-- (37_compact.sql); the compaction runs in the background, never in this transaction.
+DROP FUNCTION IF EXISTS engram_session_append(bigint, bigint, text, text, bigint, bigint, numeric,
+                                              bigint, bigint, bigint);
 CREATE OR REPLACE FUNCTION engram_session_append(p_tenant bigint, p_session bigint, p_role text,
                                       p_content text, p_parent bigint, p_tokens bigint,
                                       p_cost numeric, p_agent bigint, p_max_entries bigint,
-                                      p_max_bytes bigint)
+                                      p_max_bytes bigint, p_windows text)
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     s sessions := engram_session_lock(p_tenant, p_session);
@@ -378,6 +414,7 @@ DECLARE
     v_bytes bigint := octet_length(p_content);
     v_now timestamptz := engram_session_now();
     v_id bigint;
+    v_ac record;
 BEGIN
     PERFORM engram_session_require_active(s);
     PERFORM engram_session_check_size(s, 1, v_bytes, p_max_entries, p_max_bytes);
@@ -408,11 +445,12 @@ BEGIN
         VALUES (p_tenant, s.id, s.position + 1, 'message', p_role, p_content, p_parent,
                 p_tokens, p_cost, COALESCE(p_agent, s.agent_id), v_now)
         RETURNING id INTO v_id;
+    v_ac := engram_compact_check(s, v_bytes, p_windows);  -- 37_compact.sql
     UPDATE sessions
         SET position = position + 1, entry_count = entry_count + 1,
             entry_bytes = entry_bytes + v_bytes, total_cost_usdc = total_cost_usdc + v_cost,
             rounds = rounds + CASE WHEN p_role = 'assistant' THEN 1 ELSE 0 END,
-            updated_at = v_now
+            updated_at = v_now, compact_bytes = v_ac.bytes, compact_due = v_ac.due
         WHERE tenant_id = p_tenant AND id = s.id;
     IF s.parent_id IS NOT NULL AND v_cost <> 0 THEN
         UPDATE sessions
@@ -461,7 +499,8 @@ BEGIN
                                  target_seq, created_at)
         VALUES (p_tenant, s.id, s.position + 1, 'tombstone', s.agent_id, p_entry, e.seq, v_now)
         RETURNING id INTO v_id;
-    UPDATE sessions SET position = position + 1, updated_at = v_now
+    -- the live history's size is counted again at the next append (auto-compact)
+    UPDATE sessions SET position = position + 1, updated_at = v_now, compact_bytes = NULL
         WHERE tenant_id = p_tenant AND id = s.id;
     RETURN jsonb_build_object('entry_id', p_entry, 'tombstone_id', v_id, 'session_id', s.id);
 END $$;
@@ -527,7 +566,8 @@ BEGIN
     UPDATE sessions
         SET position = position + 1, entry_count = entry_count + 1,
             entry_bytes = entry_bytes + octet_length(p_summary),
-            compaction_count = compaction_count + 1, updated_at = v_now
+            compaction_count = compaction_count + 1, updated_at = v_now,
+            compact_bytes = NULL  -- counted again when needed (auto-compact)
         WHERE tenant_id = p_tenant AND id = s.id;
     RETURN jsonb_build_object('entry_id', v_id, 'session_id', s.id,
                               'compaction_count', s.compaction_count + 1);
@@ -908,8 +948,10 @@ END $$;
 -- session counts against the tier's live-session cap (p_max_live, 0: none). Returns the new
 -- ids and every agent's conversation tail (its messages and the events involving it).
 DROP FUNCTION IF EXISTS engram_session_resume(bigint, bigint, jsonb, text);
+DROP FUNCTION IF EXISTS engram_session_resume(bigint, bigint, jsonb, text, bigint);
 CREATE OR REPLACE FUNCTION engram_session_resume(p_tenant bigint, p_checkpoint bigint, p_override jsonb,
-                                                 p_branch text, p_max_live bigint)
+                                                 p_branch text, p_max_live bigint,
+                                                 p_session bigint)
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     k session_checkpoints;
@@ -931,12 +973,18 @@ DECLARE
     v_csnap session_scratchpad_snaps;
     v_missing jsonb := '[]';
 BEGIN
-    PERFORM engram_session_check_live(p_tenant, p_max_live);
+    -- an unknown checkpoint is not_found whatever the quota: nothing would be created
     SELECT session_id INTO v_source FROM session_checkpoints
-        WHERE tenant_id = p_tenant AND id = p_checkpoint AND expires_at > now();
+        WHERE tenant_id = p_tenant AND id = p_checkpoint AND expires_at > now()
+          AND (p_session IS NULL OR session_id = p_session);
     IF NOT FOUND THEN
+        IF p_session IS NOT NULL THEN
+            RAISE EXCEPTION 'checkpoint % of session % not found', p_checkpoint, p_session
+                USING ERRCODE = 'EG404';
+        END IF;
         RAISE EXCEPTION 'checkpoint % not found', p_checkpoint USING ERRCODE = 'EG404';
     END IF;
+    PERFORM engram_session_check_live(p_tenant, p_max_live);
     -- the purge folds checkpoints under the session's lock: hold it shared while reading
     SELECT * INTO src FROM sessions WHERE tenant_id = p_tenant AND id = v_source FOR SHARE;
     SELECT * INTO k FROM session_checkpoints
@@ -1061,10 +1109,7 @@ BEGIN
                'tail', engram_session_tail(p_tenant, v_id, k.position, a.agent_id, v_depth))
                ORDER BY a.last_seq DESC), '[]')
         INTO v_agents
-        FROM (SELECT l.agent_id, max(l.seq) AS last_seq
-              FROM engram_session_live(p_tenant, v_id, k.position) l
-              WHERE l.kind = 'message' GROUP BY l.agent_id
-              ORDER BY max(l.seq) DESC LIMIT 64) a;
+        FROM engram_session_agents(p_tenant, v_id, k.position) a;
     RETURN jsonb_build_object(
         'session_id', v_id, 'checkpoint_id', k.id, 'resumed_from', src.id,
         'branch_type', p_branch, 'simulation', v_sim,
@@ -1509,14 +1554,17 @@ $$;
 -- is 4 bytes of text, as memory.context counts), for session.context and memory.prompt:
 -- the scratchpad, then the live notes, then (p_work_items) the open work items of the
 -- session (a sub-agent's: its parent's) by title. Under the cap, what is kept first: the
--- scratchpad (cut at the end, marked [truncated], if it alone does not fit), then notes in
--- the order carry_forward, blockers, current_task, decisions, the rest (newest first within
--- each), then work items in id order; a note or work item that does not fit is left out and
--- the next one tried. Notes are shown in creation order whatever was dropped. Returns
--- {text, pad_cut, note_ids, notes_total, work_item_ids, work_items_total}; text is the whole
--- block, at most p_cap bytes when p_cap holds its frame.
+-- with p_keep_cf (session.context) the carry_forward notes, always (seed 004: they are
+-- never dropped, even past p_cap); then the scratchpad in what they leave (cut at the end,
+-- marked [truncated], if it does not fit), then the other notes in the order carry_forward,
+-- blockers, current_task, decisions, the rest (newest first within each), then work items
+-- in id order; a note or work item that does not fit is left out and the next one tried.
+-- Notes are shown in creation order whatever was dropped. Returns {text, pad_cut, note_ids,
+-- notes_total, work_item_ids, work_items_total}; text is the whole block, at most p_cap
+-- bytes when p_cap holds its frame (and, with p_keep_cf, the carry_forward notes).
+DROP FUNCTION IF EXISTS engram_session_wm(bigint, sessions, bigint, boolean);
 CREATE OR REPLACE FUNCTION engram_session_wm(p_tenant bigint, s sessions, p_cap bigint,
-                                             p_work_items boolean)
+                                             p_work_items boolean, p_keep_cf boolean)
     RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     c_open constant text := E'<working_memory>\n';
@@ -1527,6 +1575,7 @@ DECLARE
     v_pad_cut boolean := false;
     v_keep bigint[] := '{}';
     v_notes_total bigint;
+    v_cf bigint;
     v_items bigint[] := '{}';
     v_items_text text := '';
     v_items_total bigint := 0;
@@ -1539,16 +1588,25 @@ DECLARE
     v_mid integer;
 BEGIN
     v_bytes := octet_length(c_open) + octet_length(c_close);
+    -- carry-forward notes are never dropped (seed 004: "relevant beyond this session"): their
+    -- room is taken first, even past p_cap, and the scratchpad gets what is left
+    SELECT COALESCE(sum(octet_length(format(E'<note id="%s" category="%s" scope="%s" key="%s">%s</note>\n',
+                                            x.id, x.category, x.scope,
+                                            replace(engram_session_xml(x.key), '"', '&quot;'),
+                                            engram_session_xml(x.value)))) + 17, 0)
+        INTO v_cf FROM session_notes x
+        WHERE x.tenant_id = p_tenant AND x.session_id = s.id AND x.dead_rev IS NULL
+          AND x.scope = 'carry_forward' AND p_keep_cf;
     -- the scratchpad
     IF s.scratchpad <> '' THEN
         v_pad := engram_session_xml(s.scratchpad) || E'\n';
-        IF v_bytes + octet_length(v_pad) > p_cap THEN
+        IF v_bytes + v_cf + octet_length(v_pad) > p_cap THEN
             -- the longest prefix (in characters) that fits, found by bisection
             v_lo := 0;
             v_hi := length(v_pad);
             WHILE v_lo < v_hi LOOP
                 v_mid := (v_lo + v_hi + 1) / 2;
-                IF octet_length(left(v_pad, v_mid)) <= p_cap - v_bytes - 13 THEN
+                IF octet_length(left(v_pad, v_mid)) <= p_cap - v_cf - v_bytes - 13 THEN
                     v_lo := v_mid;
                 ELSE
                     v_hi := v_mid - 1;
@@ -1562,7 +1620,7 @@ BEGIN
     -- the live notes by priority
     SELECT count(*) INTO v_notes_total FROM session_notes x
         WHERE x.tenant_id = p_tenant AND x.session_id = s.id AND x.dead_rev IS NULL;
-    FOR n IN SELECT x.id, format(E'<note id="%s" category="%s" scope="%s" key="%s">%s</note>\n',
+    FOR n IN SELECT x.id, x.scope, format(E'<note id="%s" category="%s" scope="%s" key="%s">%s</note>\n',
                                  x.id, x.category, x.scope,
                                  replace(engram_session_xml(x.key), '"', '&quot;'),
                                  engram_session_xml(x.value)) AS line
@@ -1572,7 +1630,7 @@ BEGIN
                            WHEN x.category = 'blocker' THEN 1
                            WHEN x.scope = 'current_task' THEN 2
                            WHEN x.category = 'decision' THEN 3 ELSE 4 END, x.id DESC LOOP
-        IF v_bytes + octet_length(n.line) + 17 <= p_cap THEN
+        IF (p_keep_cf AND n.scope = 'carry_forward') OR v_bytes + octet_length(n.line) + 17 <= p_cap THEN
             v_keep := v_keep || n.id;
             v_bytes := v_bytes + octet_length(n.line);
         END IF;
@@ -1654,17 +1712,14 @@ DECLARE
     v_kept integer;
     v_all integer;
 BEGIN
-    v_wm := engram_session_wm(p_tenant, s, v_cap, false);
+    v_wm := engram_session_wm(p_tenant, s, v_cap, false, true);
     v_bytes := octet_length(v_wm ->> 'text');
     -- the resumed-session context
     IF v_resumed THEN
         v_bytes := v_bytes + octet_length(c_head) + 1;
-        FOR a IN SELECT y.agent_id FROM (
-                     SELECT l.agent_id, max(l.seq) AS last_seq
-                     FROM engram_session_live(p_tenant, s.id, s.base_seq) l
-                     WHERE l.kind = 'message' GROUP BY l.agent_id) y
+        FOR a IN SELECT y.agent_id FROM engram_session_agents(p_tenant, s.id, s.base_seq) y
                  WHERE p_agent IS NULL OR y.agent_id = p_agent
-                 ORDER BY y.last_seq DESC LIMIT 64 LOOP
+                 ORDER BY y.last_seq DESC LOOP
             v_lines := '{}';
             v_all := 0;
             v_kept := 0;

@@ -152,7 +152,7 @@ CREATE OR REPLACE FUNCTION engram_session_prompt(p_tenant bigint, p_session bigi
     RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     s sessions := engram_session_get_row(p_tenant, p_session);
-    v_wm jsonb := engram_session_wm(p_tenant, s, p_wm_cap - 1, true);
+    v_wm jsonb := engram_session_wm(p_tenant, s, p_wm_cap - 1, true, false);
     v_wm_text text;
     v_tr_cap bigint;
     v_tr jsonb;

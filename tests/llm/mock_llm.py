@@ -16,8 +16,14 @@ A rule (JSON):
                                         # (text when the request has no tool), OpenAI's
                                         # message content
            or {"echo": true},           # the last user message, as text
+           or {"summarize": {"prefix": "S", "field": "summary"}},  # a structured answer
+                                        # {field: "S of entries 1,2 (roles user,tool)"}: the
+                                        # ids and roles of the JSON lines between
+                                        # <transcript> and </transcript> (auto-compact)
      "usage": {"input_tokens": 10, "output_tokens": 3},  # default: about len/4 of each
      "delay_ms": 0,                     # every answer of the rule waits this long
+     "hold": true,                      # every answer of the rule waits for POST /_release
+                                        # (at most 600 s; a new script holds again)
      "fault": {...}}                    # see below
 
 A fault applies to every request the rule answers, or with "fail_n": N to its first N
@@ -54,6 +60,7 @@ plain HTTP on 127.0.0.1 whatever --host and TLS say):
                                         ("ok", "missing", "wrong"), headers (without the
                                         key), body (parsed) and error (why the mock refused it)
     POST /_reset                        forget calls and counters (rules stay)
+    POST /_release                      let the answers of rules with "hold" go
 
 Usage: mock_llm.py [--host 127.0.0.1|::1] [--port 0] [--rules FILE] [--tls-cert PEM --tls-key PEM]
 The API key expected is $MOCK_LLM_KEY (default "sk-mock-key"). The first line printed is
@@ -95,6 +102,7 @@ class State:
         self.max_inflight = 0
         self.epoch = 0  # a reset starts a new one: requests still running from before
         self.seq = 0    # (a slow answer its client gave up on) no longer count
+        self.released = threading.Event()  # rules with "hold" wait for it (POST /_release)
 
     def load(self, rules):
         for i, r in enumerate(rules):
@@ -108,6 +116,7 @@ class State:
         with self.lock:
             self.rules = [dict(r, name=r.get("name", str(i))) for i, r in enumerate(rules)]
             self.hits = {}
+            self.released.clear()
 
     def reset(self):
         with self.lock:
@@ -147,6 +156,25 @@ def last_user(body):
             if isinstance(c, list):
                 return "".join(b.get("text", "") for b in c if isinstance(b, dict))
     return ""
+
+
+def summarize(spec, text):
+    """A structured summary of the transcript a request carries (auto-compact's prompt: JSON
+    lines {"id": N, "role": ..., "text": ...} between <transcript> and </transcript>):
+    {field: "<prefix> of entries 1,2,3 (roles user,assistant,tool)"}, so a test can check
+    which entries were summarized."""
+    m = re.search(r"<transcript>\n(.*?)\n</transcript>", text, re.S)
+    ids, roles = [], []
+    for line in (m.group(1).splitlines() if m else []):
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        ids.append(str(e.get("id")))
+        roles.append(str(e.get("role")))
+    return {spec.get("field", "summary"):
+            "%s of entries %s (roles %s)" % (spec.get("prefix", "Summary"), ",".join(ids),
+                                             ",".join(roles))}
 
 
 def check_anthropic(h, body):
@@ -293,6 +321,9 @@ def make_handler(st):
             elif path == "/_reset":
                 st.reset()
                 self.send_json(200, {"ok": True})
+            elif path == "/_release":
+                st.released.set()
+                self.send_json(200, {"ok": True})
             elif path == "/v1/messages" and not self.server.control_only:
                 self.model_call("anthropic", raw)
             elif path in ("/v1/chat/completions", "/chat/completions") \
@@ -414,6 +445,8 @@ def make_handler(st):
                                              "echo_key", "slow_ms") if k in fault), None)
             if rule.get("delay_ms"):
                 time.sleep(rule["delay_ms"] / 1000)
+            if rule.get("hold"):
+                st.released.wait(600)
             if fault.get("slow_ms"):
                 time.sleep(fault["slow_ms"] / 1000)
             if fault.get("drop"):
@@ -459,6 +492,8 @@ def make_handler(st):
             reply = rule.get("reply") or {"text": ""}
             name, schema = requested_schema(api, body)
             value = reply.get("json")
+            if reply.get("summarize") is not None:
+                value = summarize(reply["summarize"], last_user(body))
             if fault.get("schema_break"):
                 value = break_value(value, schema)
             if reply.get("echo"):

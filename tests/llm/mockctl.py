@@ -75,6 +75,10 @@ class MockLLM:
     def reset(self):
         self._ctl("POST", "/_reset", {})
 
+    def release(self):
+        """Lets the answers of rules with "hold" go (held ones and later ones)."""
+        self._ctl("POST", "/_release", {})
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.stdin.close()

@@ -30,7 +30,7 @@ static void test_schemas(void)
         CHECK_MSG(s && llm_schema_root_is_object(s), "%s: root not an object", f->name);
         llm_schema_destroy(s);
     }
-    CHECK(schemas == 3); /* consolidate, extract, extract_decide */
+    CHECK(schemas == 4); /* compact, consolidate, extract, extract_decide */
 }
 
 /* The templates render with their own placeholders, and an unknown one is an error. */

@@ -1788,6 +1788,51 @@ static void test_limits(void)
     rpc_limits_set(NULL, 0);
 }
 
+/* RPC_T_TIME: ms or RFC 3339, parsed to ms since the epoch. */
+static void test_time(void)
+{
+    int64_t ms = -1;
+    CHECK(rpc_time_parse("1970-01-01T00:00:00Z", 20, &ms) == 0 && ms == 0);
+    CHECK(rpc_time_parse("2026-02-24T10:00:00Z", 20, &ms) == 0 && ms == 1771927200000LL);
+    const char *frac = "2026-02-24T10:00:00.1239z";
+    CHECK(rpc_time_parse(frac, strlen(frac), &ms) == 0 && ms == 1771927200123LL);
+    const char *off = "2026-02-24T12:30:00+02:30";
+    CHECK(rpc_time_parse(off, strlen(off), &ms) == 0 && ms == 1771927200000LL);
+    const char *neg = "2026-02-24 09:00:00-01:00";
+    CHECK(rpc_time_parse(neg, strlen(neg), &ms) == 0 && ms == 1771927200000LL);
+    const char *leap = "2024-02-29T00:00:00Z";
+    CHECK(rpc_time_parse(leap, strlen(leap), &ms) == 0 && ms == 1709164800000LL);
+    static const char *const bad[] = {"2026-02-24",
+                                      "2026-02-24T10:00:00",
+                                      "2026-02-30T10:00:00Z",
+                                      "2025-02-29T00:00:00Z",
+                                      "2026-13-01T00:00:00Z",
+                                      "2026-02-24T24:00:00Z",
+                                      "2026-02-24T10:00:60Z",
+                                      "2026-02-24T10:00:00.Z",
+                                      "2026-02-24T10:00:00+0200",
+                                      "2026-02-24T10:00:00Zx",
+                                      "yesterday",
+                                      "2026/02/24T10:00:00Z"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        CHECK(rpc_time_parse(bad[i], strlen(bad[i]), &ms) == -EINVAL);
+    /* the binder: a number, a string, and what it refuses */
+    char err[256];
+    msgpack_object num = {.type = MSGPACK_OBJECT_POSITIVE_INTEGER, .via.u64 = 5};
+    msgpack_object str = {.type = MSGPACK_OBJECT_STR, .via.str = {20, "2026-02-24T10:00:00Z"}};
+    msgpack_object pre = {.type = MSGPACK_OBJECT_STR, .via.str = {20, "1969-12-31T23:59:59Z"}};
+    msgpack_object junk = {.type = MSGPACK_OBJECT_STR, .via.str = {3, "now"}};
+    msgpack_object flt = {.type = MSGPACK_OBJECT_FLOAT64, .via.f64 = 1.5};
+    CHECK(rpc_check_value(&num, RPC_T_TIME, 0, 0, 0, "since", err, sizeof(err)) == 0);
+    CHECK(rpc_check_value(&str, RPC_T_TIME, 0, 0, 0, "since", err, sizeof(err)) == 0);
+    CHECK(rpc_check_value(&pre, RPC_T_TIME, 0, 0, 0, "since", err, sizeof(err)) == RPC_E_INVALID);
+    CHECK(rpc_check_value(&junk, RPC_T_TIME, 0, 0, 0, "since", err, sizeof(err)) == RPC_E_INVALID &&
+          strstr(err, "RFC 3339") && strstr(err, "'since'"));
+    CHECK(rpc_check_value(&flt, RPC_T_TIME, 0, 0, 0, "since", err, sizeof(err)) == RPC_E_INVALID);
+    CHECK(rpc_get_time(&str, -1) == 1771927200000LL && rpc_get_time(&num, -1) == 5 &&
+          rpc_get_time(NULL, -1) == -1);
+}
+
 int main(void)
 {
     test_basics();
@@ -1802,6 +1847,7 @@ int main(void)
     test_limits();
     test_getters();
     test_check_value();
+    test_time();
     test_encode();
     CHECK_RETURN();
 }

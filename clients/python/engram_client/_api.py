@@ -141,7 +141,7 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "session.messages": ("session_id", "tail", "agent_id", "cursor", "limit", "include_events", ),
     "session.note.add": ("session_id", "category", "key", "value", "scope", "work_item_id", "agent_id", ),
     "session.notes": ("session_id", "scopes", "categories", "since", "agent_id", ),
-    "session.resume": ("checkpoint_id", "config_override", "branch_type", ),
+    "session.resume": ("checkpoint_id", "config_override", "branch_type", "session_id", ),
     "session.scratchpad.get": ("session_id", ),
     "session.scratchpad.update": ("session_id", "content", "expected_version", "token_count", ),
     "session.spawn": ("parent_id", "task", "model", "context", "max_tokens", "return_format", "agent_id", ),
@@ -983,7 +983,7 @@ class SyncSession:
         *,
         scopes: Sequence[NoteScope] | None = None,
         categories: Sequence[NoteCategory] | None = None,
-        since: int | None = None,
+        since: int | str | None = None,
         agent_id: int | None = None,
     ) -> NotesResult:
         """Returns a session's live notes in creation order. (``session.notes``)"""
@@ -1001,12 +1001,14 @@ class SyncSession:
         *,
         config_override: Mapping[str, Any] | None = None,
         branch_type: BranchType | None = None,
+        session_id: int | None = None,
     ) -> ResumeResult:
         """Creates a new session from a checkpoint. (``session.resume``)"""
         return cast("ResumeResult", self._r._call("session.resume", {
             "checkpoint_id": checkpoint_id,
             "config_override": config_override,
             "branch_type": branch_type,
+            "session_id": session_id,
         }))
 
     @legacy_positional("session.spawn", ("parent_id", "task", "return_format", ))
@@ -1948,7 +1950,7 @@ class AsyncSession:
         *,
         scopes: Sequence[NoteScope] | None = None,
         categories: Sequence[NoteCategory] | None = None,
-        since: int | None = None,
+        since: int | str | None = None,
         agent_id: int | None = None,
     ) -> NotesResult:
         """Returns a session's live notes in creation order. (``session.notes``)"""
@@ -1966,12 +1968,14 @@ class AsyncSession:
         *,
         config_override: Mapping[str, Any] | None = None,
         branch_type: BranchType | None = None,
+        session_id: int | None = None,
     ) -> ResumeResult:
         """Creates a new session from a checkpoint. (``session.resume``)"""
         return cast("ResumeResult", await self._r._acall("session.resume", {
             "checkpoint_id": checkpoint_id,
             "config_override": config_override,
             "branch_type": branch_type,
+            "session_id": session_id,
         }))
 
     @legacy_positional("session.spawn", ("parent_id", "task", "return_format", ))
@@ -2935,7 +2939,7 @@ class FutureSession:
         *,
         scopes: Sequence[NoteScope] | None = None,
         categories: Sequence[NoteCategory] | None = None,
-        since: int | None = None,
+        since: int | str | None = None,
         agent_id: int | None = None,
     ) -> Future[NotesResult]:
         """Returns a session's live notes in creation order. (``session.notes``)"""
@@ -2953,12 +2957,14 @@ class FutureSession:
         *,
         config_override: Mapping[str, Any] | None = None,
         branch_type: BranchType | None = None,
+        session_id: int | None = None,
     ) -> Future[ResumeResult]:
         """Creates a new session from a checkpoint. (``session.resume``)"""
         return cast("Future[ResumeResult]", self._r._submit("session.resume", {
             "checkpoint_id": checkpoint_id,
             "config_override": config_override,
             "branch_type": branch_type,
+            "session_id": session_id,
         }))
 
     @legacy_positional("session.spawn", ("parent_id", "task", "return_format", ))

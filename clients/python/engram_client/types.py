@@ -375,6 +375,7 @@ class Entry(TypedDict, total=False):
     messages_compacted: int | None
     event: str
     data: dict[str, Any]
+    truncated_from_chars: int  # a tool result auto-compact cut: its length before
 
 
 class MessagesResult(TypedDict):

@@ -99,7 +99,7 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "session.messages": { params: ["session_id", "tail", "agent_id", "cursor", "limit", "include_events"], required: ["session_id"], flags: ["tenant"] },
   "session.note.add": { params: ["session_id", "category", "key", "value", "scope", "work_item_id", "agent_id"], required: ["session_id", "category", "key", "value", "scope"], flags: ["tenant", "write"] },
   "session.notes": { params: ["session_id", "scopes", "categories", "since", "agent_id"], required: ["session_id"], flags: ["tenant"] },
-  "session.resume": { params: ["checkpoint_id", "config_override", "branch_type"], required: ["checkpoint_id"], flags: ["tenant", "write"] },
+  "session.resume": { params: ["checkpoint_id", "config_override", "branch_type", "session_id"], required: ["checkpoint_id"], flags: ["tenant", "write"] },
   "session.scratchpad.get": { params: ["session_id"], required: ["session_id"], flags: ["tenant"] },
   "session.scratchpad.update": { params: ["session_id", "content", "expected_version", "token_count"], required: ["session_id", "content"], flags: ["tenant", "write"] },
   "session.spawn": { params: ["parent_id", "task", "model", "context", "max_tokens", "return_format", "agent_id"], required: ["parent_id", "task", "return_format"], flags: ["tenant", "write"] },
@@ -480,7 +480,7 @@ export interface SessionNotesParams {
   session_id: Id;
   scopes?: NoteScope[];
   categories?: NoteCategory[];
-  since?: Id;
+  since?: number | string;
   agent_id?: Id;
 }
 
@@ -489,6 +489,7 @@ export interface SessionResumeParams {
   checkpoint_id: Id;
   config_override?: Record<string, unknown>;
   branch_type?: BranchType;
+  session_id?: Id;
 }
 
 /** Parameters of `session.scratchpad.get`. */

@@ -265,6 +265,8 @@ export interface Entry<I extends Id = number> {
   messages_compacted: number | null;
   event?: string;
   data?: Record<string, unknown>;
+  /** a tool result auto-compact cut: its length before */
+  truncated_from_chars?: number;
 }
 export interface MessagesResult<I extends Id = number> {
   session_id: I;

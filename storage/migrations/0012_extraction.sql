@@ -1,4 +1,4 @@
--- 0011_extraction: memory extraction from session transcripts and auto-dream (issue 32,
+-- 0012_extraction: memory extraction from session transcripts and auto-dream (issue 32,
 -- items 4 and 6; seed 001).
 --
 -- session_extraction: per session, how far its transcript has been extracted into memories

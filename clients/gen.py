@@ -14,6 +14,7 @@ only what the server cannot say: a narrower type for some parameters, the result
 and one line of documentation per method.
 """
 import json
+import keyword
 import os
 import re
 import sys
@@ -65,6 +66,7 @@ DOCS = {
     "session.create": "Creates a session for an agent.",
     "session.delete": "Deletes a session, its sub-agents and everything they own (branches only with cascade).",
     "session.end": "Ends a session, optionally with a summary.",
+    "session.extract": "Extracts the durable facts of a session's new messages into memories (chat model).",
     "session.get": "Returns a session with its costs, counters and constraints.",
     "session.handoff": "Returns the package another agent, a human or a recovering process needs.",
     "session.list": "Lists sessions, newest first, one page at a time.",
@@ -81,6 +83,7 @@ DOCS = {
     "session.work_item.add": "Adds a work item to a session (a sub-agent's: to its parent).",
     "session.work_item.list": "Lists a session's work items in id order, one page at a time.",
     "session.work_item.update": "Changes a work item's title, description, status or owner.",
+    "tenant.dream": "Returns the tenant's auto-dream state; with run, dreams now (chat model).",
     "tenant.usage": "Returns the tenant's usage and limits.",
 }
 
@@ -340,6 +343,16 @@ class ResultTypes:
         return ref
 
     def render(self, name, base, fields):
+        if self.lang == "py" and any(keyword.iskeyword(k) or not k.isidentifier()
+                                     for k, _, _ in fields):
+            # a field Python cannot name in a class body (tenant.dream's "pass"): the
+            # functional form, whose keys are strings
+            if base:
+                raise SystemExit(f"gen.py: {name} extends {base} and has a field that is not "
+                                 "a Python identifier")
+            items = ", ".join(f"{json.dumps(k)}: {t if req else f'NotRequired[{t}]'}"
+                              for k, t, req in fields)
+            return f"{name} = TypedDict({json.dumps(name)}, {{{items}}})\n"
         if self.lang == "py":
             head = f"class {name}({base or 'TypedDict'}):"
             lines = [head]

@@ -25,6 +25,8 @@
 #include "climits.h"
 #include "autocompact.h"
 #include "consolidate.h"
+#include "dream.h"
+#include "extract.h"
 #include "db.h"
 #include "pgsync.h"
 #include "embedder.h"
@@ -549,7 +551,7 @@ static int start_domain(proc *a)
     s->rows = rc_create((size_t)s->cfg.row_cache_mb << 20);
     if (!s->rows || !s->tenants || !s->bg || !s->tenancy || tenants_start(s->tenants) < 0 ||
         maint_start(s) < 0 || tenancy_start(s->tenancy) < 0 || consolidate_start(s) < 0 ||
-        autocompact_start(s) < 0)
+        autocompact_start(s) < 0 || extract_start(s) < 0 || dream_start(s) < 0)
         return -1;
     return 0;
 }

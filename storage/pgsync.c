@@ -141,3 +141,16 @@ int pgsync_tx_end(PGconn *c, bool commit, char *err, size_t errlen)
     }
     return 0;
 }
+
+PGresult *pgsync_tenant_exec(PGconn *c, int64_t tenant, pgsync_tx_mode mode, const db_stmt_def *s,
+                             const char *const *values, size_t nvalues, char *err, size_t errlen)
+{
+    if (pgsync_tenant_begin(c, tenant, mode, err, errlen) < 0)
+        return NULL;
+    PGresult *res = pgsync_exec_stmt(c, s, values, nvalues, err, errlen);
+    if (pgsync_tx_end(c, res != NULL, err, errlen) < 0) {
+        PQclear(res);
+        return NULL;
+    }
+    return res;
+}

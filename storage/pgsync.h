@@ -61,6 +61,13 @@ typedef enum pgsync_tx_mode {
  * the reason in err (nothing is left open then). */
 int pgsync_tenant_begin(PGconn *c, int64_t tenant, pgsync_tx_mode mode, char *err, size_t errlen);
 
+/* pgsync_tenant_exec runs statement s with its values in a transaction of its own (mode),
+ * bound to tenant, committed when the statement succeeded and rolled back otherwise. Returns
+ * the result (the caller frees it with PQclear) or NULL with the reason in err; c must be
+ * idle. */
+PGresult *pgsync_tenant_exec(PGconn *c, int64_t tenant, pgsync_tx_mode mode, const db_stmt_def *s,
+                             const char *const *values, size_t nvalues, char *err, size_t errlen);
+
 /* pgsync_tx_end commits (commit true) or rolls back the transaction c has open. Returns 0,
  * or -EIO with the reason in err when the commit failed (the transaction is rolled back
  * then, also when it had failed before: COMMIT answers ROLLBACK). A rollback's own failure

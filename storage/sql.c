@@ -245,6 +245,7 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
                                 "consolidation_runs r WHERE r.tenant_id = $1 AND ($3::bigint IS "
                                 "NULL OR r.id < $3) ORDER BY r.id DESC LIMIT $2::int",
                                 3},
+    [SQL_DREAM_STATE] = {"dream_state", "SELECT engram_dream_state($1)::text", 1},
     /* first in a read sent to a hot standby: the tenant's change number as the standby has
      * replayed it (no row: the standby has not replayed the tenant's creation) */
     [SQL_READ_FLOOR] = {"read_floor", "SELECT change_seq FROM tenants WHERE id = $1::bigint", 1},

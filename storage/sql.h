@@ -56,6 +56,7 @@ typedef enum sql_stmt {
     SQL_ADMIN_KEY_LIST,      /* (id, name) -> json array */
     SQL_ADMIN_KEY_REVOKE,    /* (key row) -> tenant id */
     SQL_CONSOLIDATION_RUNS,  /* (tenant, limit, before id) -> run rows, newest first */
+    SQL_DREAM_STATE,         /* (tenant) -> the auto-dream state as JSON (tenant.dream) */
     SQL_READ_FLOOR,          /* (tenant) -> change_seq, on a standby: see req_submit_read */
     SQL__COUNT
 } sql_stmt;

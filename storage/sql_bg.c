@@ -75,4 +75,34 @@ const db_stmt_def sql_bg_stmts[SQLB__COUNT] = {
                              10},
     [SQLB_COMPACT_FAILED] = {"compact_failed",
                              "SELECT engram_compact_failed($1, $2, $3, $4, $5::boolean, $6)", 6},
+    [SQLB_EXTRACT_BEGIN] = {"extract_begin",
+                            "SELECT engram_extract_begin($1, $2, $3, $4, $5, $6, $7)::text", 7},
+    [SQLB_EXTRACT_FAIL] = {"extract_fail",
+                           "SELECT engram_extract_fail($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb)",
+                           9},
+    [SQLB_EXTRACT_FINISH] = {"extract_finish",
+                             "SELECT engram_extract_finish($1, $2, $3, $4, $5::bigint[], $6, $7, "
+                             "$8, $9::text[], $10::text[], $11::float8[], $12::text[], "
+                             "$13::bytea, $14::integer[], $15::bigint[], $16::bigint[], "
+                             "$17::text[], $18, $19, $20, $21, $22::jsonb)::text",
+                             22},
+    [SQLB_EXTRACT_DUE] = {"extract_due", "SELECT * FROM engram_extract_due($1, $2, $3, $4, $5, $6)",
+                          6},
+    [SQLB_EXTRACT_MEMS] = {"extract_mems",
+                           "SELECT id, seq, content FROM memories WHERE tenant_id = $1 "
+                           "AND id = ANY ($2::bigint[]) AND archived_at IS NULL ORDER BY id",
+                           2},
+    [SQLB_DREAM_DUE] = {"dream_due", "SELECT * FROM engram_dream_due($1, $2, $3, $4)", 4},
+    [SQLB_DREAM_LOCK] = {"dream_lock", "SELECT engram_dream_lock($1, $2, $3, $4, $5, $6, $7)::text",
+                         7},
+    [SQLB_DREAM_UNLOCK] = {"dream_unlock",
+                           "SELECT engram_dream_unlock($1, $2, $3, $4, $5, $6::jsonb)", 6},
+    [SQLB_DREAM_ORIENT] = {"dream_orient",
+                           "SELECT type, count(*) FROM memories WHERE tenant_id = $1 "
+                           "AND archived_at IS NULL GROUP BY type ORDER BY type",
+                           1},
+    [SQLB_DREAM_TOUCH] = {"dream_touch",
+                          "UPDATE dream_state SET lock_at = now() WHERE tenant_id = $1 "
+                          "AND lock_holder = $2 RETURNING 1",
+                          2},
 };

@@ -516,6 +516,15 @@
           `${s.compaction_count} compactions, ${s.rounds} rounds`],
         ['notes / checkpoints / sub-agents', `${s.note_count} / ${s.checkpoint_count} / ` +
           `${s.child_count} (${s.active_children} active)`],
+        ['memory extraction', s.extraction ? (s.extraction.through_entry_id
+          ? `through entry ${s.extraction.through_entry_id}` : 'nothing extracted yet') +
+          `, ${s.extraction.pending_messages} messages pending; ${s.extraction.runs} runs: ` +
+          `${s.extraction.facts_added} added, ${s.extraction.facts_updated} updated, ` +
+          `${s.extraction.facts_unchanged} known` +
+          (s.extraction.last_status ? `; last ${fmtTime(s.extraction.last_run_at)} ` +
+            `(${s.extraction.last_trigger}): ${s.extraction.last_status}` +
+            (s.extraction.last_error ? ` \u2014 ${s.extraction.last_error}` : '') : '') +
+          (s.extraction.running ? ' (running)' : '') : ''],
         ['task', s.task ? h('span', { class: 'clip' }, s.task) : ''],
         ['summary', s.summary ? h('span', { class: 'clip' }, s.summary) : ''],
       ])),

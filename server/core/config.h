@@ -121,6 +121,23 @@ typedef struct config {
     /* auto-compact (server/domain/autocompact.h) */
     char *compact_context_windows; /* "prefix=tokens,...,*=tokens" */
     int compact_check_interval_ms;
+    /* memory extraction from transcripts and auto-dream (extract.h, dream.h) */
+    int extract_check_interval_s;
+    int extract_min_messages;
+    long extract_min_tokens;
+    int extract_idle_s;
+    int extract_stale_s;
+    int extract_retry_s;
+    int extract_max_entries;
+    long extract_max_bytes;
+    double extract_min_confidence;
+    int extract_neighbours;
+    double extract_floor;
+    double dream_hours;
+    int dream_min_sessions;
+    int dream_lock_stale_s;
+    int dream_check_interval_s;
+    int dream_max_sessions;
     long max_content_bytes;
     long max_metadata_bytes;
     int max_metadata_entries;

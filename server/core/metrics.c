@@ -48,6 +48,8 @@ static atomic_uint_fast64_t config_reloads_ok, config_reloads_failed;
 static atomic_uint_fast64_t gc_batches, gc_requests, qa_reservations;
 /* consolidation runs by trigger (0 schedule, 1 on demand) and result (0 ok, 1 busy, 2 failed) */
 static atomic_uint_fast64_t cons_runs[2][3], cons_ms, cons_actions[4];
+/* extraction runs by trigger and result, their facts by action; dream passes by outcome */
+static atomic_uint_fast64_t ext_runs[3][6], ext_facts[4], dream_passes[6];
 static db_slot db_slots[MAX_WORKERS];
 /* reads that may use a standby: by target (standby, primary), fallbacks by reason; the
  * standby pools' connections and ready ones per worker */
@@ -284,6 +286,23 @@ void metrics_consolidation(bool scheduled, int status, uint64_t merged, uint64_t
         atomic_fetch_add_explicit(&cons_actions[i], n[i], memory_order_relaxed);
 }
 
+void metrics_extraction(int trigger, int result, uint64_t added, uint64_t updated,
+                        uint64_t unchanged, uint64_t dropped)
+{
+    if (trigger < 0 || trigger > 2 || result < 0 || result > 5)
+        return;
+    atomic_fetch_add_explicit(&ext_runs[trigger][result], 1, memory_order_relaxed);
+    const uint64_t n[4] = {added, updated, unchanged, dropped};
+    for (int i = 0; i < 4; i++)
+        atomic_fetch_add_explicit(&ext_facts[i], n[i], memory_order_relaxed);
+}
+
+void metrics_dream(int outcome)
+{
+    if (outcome >= 0 && outcome < 6)
+        atomic_fetch_add_explicit(&dream_passes[outcome], 1, memory_order_relaxed);
+}
+
 void metrics_malformed(void)
 {
     atomic_fetch_add_explicit(&malformed, 1, memory_order_relaxed);
@@ -517,6 +536,39 @@ static void render_connections(struct evbuffer *out)
                         (unsigned long long)atomic_load(&config_reloads_failed));
 }
 
+/* Memory extraction from transcripts and auto-dream. */
+static void render_extraction(struct evbuffer *out)
+{
+    evbuffer_add_printf(out, "# HELP engram_extraction_runs_total Memory extraction runs by "
+                             "trigger and result (no_model: not configured, off or over the "
+                             "daily cap; fault: the model or the embedder failed).\n"
+                             "# TYPE engram_extraction_runs_total counter\n");
+    static const char *const triggers[3] = {"on_demand", "auto", "dream"};
+    static const char *const results[6] = {"ok",       "busy",  "not_found",
+                                           "no_model", "fault", "failed"};
+    for (int t = 0; t < 3; t++)
+        for (int r = 0; r < 6; r++)
+            evbuffer_add_printf(
+                out, "engram_extraction_runs_total{trigger=\"%s\",result=\"%s\"} %llu\n",
+                triggers[t], results[r], (unsigned long long)atomic_load(&ext_runs[t][r]));
+    evbuffer_add_printf(out, "# HELP engram_extraction_facts_total Facts extraction runs "
+                             "added, stored as updates, found known, or dropped under the "
+                             "confidence floor.\n"
+                             "# TYPE engram_extraction_facts_total counter\n");
+    static const char *const actions[4] = {"added", "updated", "unchanged", "dropped"};
+    for (int i = 0; i < 4; i++)
+        evbuffer_add_printf(out, "engram_extraction_facts_total{action=\"%s\"} %llu\n", actions[i],
+                            (unsigned long long)atomic_load(&ext_facts[i]));
+    evbuffer_add_printf(out, "# HELP engram_dream_passes_total Auto-dream passes by outcome "
+                             "(locked: another pass held the tenant's lock).\n"
+                             "# TYPE engram_dream_passes_total counter\n");
+    static const char *const outcomes[6] = {"ok",         "partial", "no_model",
+                                            "taken_over", "failed",  "locked"};
+    for (int i = 0; i < 6; i++)
+        evbuffer_add_printf(out, "engram_dream_passes_total{outcome=\"%s\"} %llu\n", outcomes[i],
+                            (unsigned long long)atomic_load(&dream_passes[i]));
+}
+
 /* Group commit, query admission and consolidation. */
 static void render_writes(struct evbuffer *out)
 {
@@ -558,6 +610,7 @@ static void render_writes(struct evbuffer *out)
     for (int i = 0; i < 4; i++)
         evbuffer_add_printf(out, "engram_consolidation_memories_total{action=\"%s\"} %llu\n",
                             actions[i], (unsigned long long)atomic_load(&cons_actions[i]));
+    render_extraction(out);
 }
 
 /* The workers' database pools and the standby reads. */

@@ -75,6 +75,16 @@ void metrics_group_commit(size_t requests);
 void metrics_consolidation(bool scheduled, int status, uint64_t merged, uint64_t superseded,
                            uint64_t archived, uint64_t rescored, uint64_t duration_ms);
 
+/* metrics_extraction counts one memory extraction run (extract.h): trigger 0 on_demand, 1
+ * auto, 2 dream; result 0 ok, 1 busy, 2 not_found, 3 no_model, 4 fault, 5 failed; and its
+ * facts: added, updated, unchanged, dropped. */
+void metrics_extraction(int trigger, int result, uint64_t added, uint64_t updated,
+                        uint64_t unchanged, uint64_t dropped);
+
+/* metrics_dream counts one auto-dream attempt (dream.h) by outcome: 0 ok, 1 partial, 2
+ * no_model, 3 taken_over, 4 failed, 5 locked (another pass held the lock). */
+void metrics_dream(int outcome);
+
 /* metrics_config_reload counts a reload of the configuration (SIGHUP) by its outcome. */
 void metrics_config_reload(bool ok);
 

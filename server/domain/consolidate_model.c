@@ -230,7 +230,8 @@ static long make_groups(run *r, const idmap *memo, group **groups)
                 busy[m[i].into] = true;
         }
     }
-    qsort(mr->pairs, mr->npairs, sizeof(*mr->pairs), cmp_pair);
+    if (mr->npairs > 1) /* pairs is NULL when there are none: not for qsort */
+        qsort(mr->pairs, mr->npairs, sizeof(*mr->pairs), cmp_pair);
     for (size_t p = 0; p < mr->npairs; p++) {
         uint32_t a = mr->pairs[p].a, b = mr->pairs[p].b;
         if (busy[a] || busy[b])
@@ -309,36 +310,6 @@ static void groups_free(group *g, size_t ng)
 }
 
 /* ---- JSON for prompts and records ------------------------------------------------------------ */
-
-static int json_cstr(ubuf *b, const char *s)
-{
-    return prompts_json_str(b, s, strlen(s));
-}
-
-static const char *type_name(int type)
-{
-    switch (type) {
-    case MEM_FACT:
-        return "fact";
-    case MEM_PREFERENCE:
-        return "preference";
-    case MEM_EPISODE:
-        return "episode";
-    case MEM_STRATEGY_OUTCOME:
-        return "strategy_outcome";
-    default:
-        return "constraint";
-    }
-}
-
-/* UTC date and time of ms since the epoch: "2024-06-10T14:03:00Z" (or the date only). */
-static void utc(int64_t ms, bool date_only, char *out, size_t outlen)
-{
-    time_t t = (time_t)(ms / 1000);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    strftime(out, outlen, date_only ? "%Y-%m-%d" : "%Y-%m-%dT%H:%M:%SZ", &tm);
-}
 
 /* The texts of the groups' memories (read from one snapshot). */
 typedef struct texts {
@@ -425,7 +396,7 @@ static int group_prompt(run *r, group *g, const texts *t, ubuf *out)
         const char *text = text_of(t, mi->id);
         size_t len = strlen(text), shown = prompts_utf8_cut(text, len, PROMPT_TEXT_MAX);
         g->cut |= shown < len;
-        utc(mi->created_ms, false, created, sizeof(created));
+        prompts_utc(mi->created_ms, false, created, sizeof(created));
         rc = ubuf_printf(&mems, "%s{\"id\": %lld, \"created\": \"%s\", \"text\": ", i ? "\n" : "",
                          (long long)mi->id, created);
         if (rc >= 0)
@@ -437,10 +408,10 @@ static int group_prompt(run *r, group *g, const texts *t, ubuf *out)
         ubuf_fini(&mems);
         return -ENOMEM;
     }
-    utc(r->started, true, today, sizeof(today));
+    prompts_utc(r->started, true, today, sizeof(today));
     snprintf(count, sizeof(count), "%zu", g->n);
     const char *keys[] = {"today", "count", "type", "memories"};
-    const char *vals[] = {today, count, type_name(r->l.m[g->idx[0]].type), mems.data};
+    const char *vals[] = {today, count, memrow_type_name(r->l.m[g->idx[0]].type), mems.data};
     rc = prompts_render("consolidate_user.txt", keys, vals, 4, out);
     ubuf_fini(&mems);
     if (rc == 0 && ubuf_putc(out, '\0') < 0)
@@ -501,7 +472,7 @@ static void add_error(model_run *mr, const cmem *m, const group *g, const char *
     for (size_t i = 0; i < g->n; i++)
         ubuf_printf(b, "%s%lld", i ? ", " : "", (long long)m[g->idx[i]].id);
     ubuf_printf(b, "], \"status\": \"%s\", \"reason\": ", status);
-    json_cstr(b, reason);
+    prompts_json_cstr(b, reason);
     ubuf_putc(b, '}');
     if (!mr->reason[0])
         snprintf(mr->reason, sizeof(mr->reason), "%s: %s", status, reason);
@@ -692,7 +663,7 @@ static void add_log(model_run *mr, const cmem *m, const answer *d, uint32_t keep
     prompts_json_str(b, reason, rlen);
     if (note) {
         ubuf_puts(b, ", \"note\": ");
-        json_cstr(b, note);
+        prompts_json_cstr(b, note);
     }
     ubuf_putc(b, '}');
 }
@@ -1058,11 +1029,11 @@ int consolidate_model_record(const run *r, ubuf *b)
     if (!mr->status)
         return ubuf_puts(b, ", \"model\": null");
     int rc = ubuf_puts(b, ", \"model\": {\"status\": ");
-    rc = rc < 0 ? rc : json_cstr(b, mr->status);
+    rc = rc < 0 ? rc : prompts_json_cstr(b, mr->status);
     rc = rc < 0 ? rc : ubuf_puts(b, ", \"reason\": ");
-    rc = rc < 0 ? rc : mr->reason[0] ? json_cstr(b, mr->reason) : ubuf_puts(b, "null");
+    rc = rc < 0 ? rc : mr->reason[0] ? prompts_json_cstr(b, mr->reason) : ubuf_puts(b, "null");
     rc = rc < 0 ? rc : ubuf_puts(b, ", \"model\": ");
-    rc = rc < 0 ? rc : json_cstr(b, mr->model);
+    rc = rc < 0 ? rc : prompts_json_cstr(b, mr->model);
     rc = rc < 0 ? rc
                 : ubuf_printf(b,
                               ", \"floor\": %g, \"groups\": %d, \"judged\": %d, \"rejected\": %d, "

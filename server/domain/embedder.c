@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,8 @@
 #include "log.h"
 
 #define MAX_WORKERS 256
+#define BG_SLOTS 16 /* embedder_run_sync's slots, after the workers' */
+#define MAX_SLOTS (MAX_WORKERS + BG_SLOTS)
 #define CONNS_PER_WORKER 4
 
 typedef struct provider {
@@ -52,7 +55,8 @@ typedef struct wconns {
     unsigned next;
 } wconns;
 
-static wconns *per_worker[MAX_WORKERS];
+static wconns *per_worker[MAX_SLOTS];
+static atomic_uint bg_slots_used; /* a bit per slot of embedder_run_sync */
 
 int embedder_init(const config *cfg, char *err, size_t errlen)
 {
@@ -134,7 +138,7 @@ bool embedder_available(const char *provider_name)
 
 void embedder_worker_fini(unsigned idx)
 {
-    if (idx >= MAX_WORKERS || !per_worker[idx])
+    if (idx >= MAX_SLOTS || !per_worker[idx])
         return;
     for (int i = 0; i < CONNS_PER_WORKER; i++)
         if (per_worker[idx]->c[i])
@@ -146,7 +150,7 @@ void embedder_worker_fini(unsigned idx)
 /* A connection of this worker to the provider; created on first use. */
 static struct evhttp_connection *conn_for(struct event_base *base, unsigned idx, const config *cfg)
 {
-    if (idx >= MAX_WORKERS)
+    if (idx >= MAX_SLOTS)
         return NULL;
     if (!per_worker[idx] && !(per_worker[idx] = calloc(1, sizeof(wconns))))
         return NULL;
@@ -435,4 +439,62 @@ void embedder_run(const embedder_ctx *ctx, const char *const *texts, const size_
     j->dim = ctx->dim;
     j->done = done;
     job_send(j);
+}
+
+/* ---- blocking use, from background threads ------------------------------------------------ */
+
+typedef struct sync_wait {
+    struct event_base *base;
+    bool done;
+    rpc_code code;
+    char msg[256];
+} sync_wait;
+
+static void sync_done(void *arg, rpc_code code, const char *message)
+{
+    sync_wait *w = arg;
+    w->done = true;
+    w->code = code;
+    snprintf(w->msg, sizeof(w->msg), "%s", message ? message : "");
+    event_base_loopbreak(w->base);
+}
+
+int embedder_run_sync(const char *provider_name, uint32_t dim, const char *const *texts,
+                      const size_t *lens, float *const *outs, const char *const *whats, size_t n,
+                      char *err, size_t errlen)
+{
+    unsigned slot = BG_SLOTS;
+    unsigned used = atomic_load(&bg_slots_used);
+    for (;;) {
+        for (slot = 0; slot < BG_SLOTS && (used & (1u << slot)); slot++)
+            ;
+        if (slot == BG_SLOTS) {
+            snprintf(err, errlen, "every background embedding slot is busy");
+            return RPC_UNAVAILABLE;
+        }
+        if (atomic_compare_exchange_weak(&bg_slots_used, &used, used | (1u << slot)))
+            break;
+    }
+    sync_wait w = {.base = event_base_new()};
+    if (!w.base) {
+        atomic_fetch_and(&bg_slots_used, ~(1u << slot));
+        snprintf(err, errlen, "out of memory");
+        return RPC_INTERNAL;
+    }
+    embedder_ctx ctx = {
+        .provider = provider_name, .dim = dim, .base = w.base, .slot = MAX_WORKERS + slot};
+    embedder_run(&ctx, texts, lens, outs, whats, n, sync_done, &w);
+    while (!w.done && event_base_dispatch(w.base) == 0)
+        ;
+    /* the slot's connections belong to this base: closed with it */
+    embedder_worker_fini(MAX_WORKERS + slot);
+    event_base_free(w.base);
+    atomic_fetch_and(&bg_slots_used, ~(1u << slot));
+    if (!w.done) {
+        snprintf(err, errlen, "the embedding did not finish");
+        return RPC_UNAVAILABLE;
+    }
+    if (w.code != RPC_OK)
+        snprintf(err, errlen, "%s", w.msg);
+    return w.code;
 }

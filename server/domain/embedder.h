@@ -41,6 +41,15 @@ void embedder_run(const embedder_ctx *ctx, const char *const *texts, const size_
                   float *const *outs, const char *const *whats, size_t n, embedder_done done,
                   void *arg);
 
+/* embedder_run_sync is embedder_run for a thread that may block (background work): it runs
+ * the embedding on an event base of its own, with one of 16 slots kept for such callers
+ * (their connections are closed when it returns), and waits. Returns RPC_OK, or the code
+ * embedder_run would give with the message in err (RPC_UNAVAILABLE also when every slot is
+ * busy). Any thread but a worker's. */
+int embedder_run_sync(const char *provider, uint32_t dim, const char *const *texts,
+                      const size_t *lens, float *const *outs, const char *const *whats, size_t n,
+                      char *err, size_t errlen);
+
 /* embedder_init reads the providers' settings (openai_*) at start, before workers run; cfg
  * must live until embedder_fini.
  * Returns 0, or with err -EINVAL for a bad URL, -EIO when TLS cannot be set up, -ENOMEM. */

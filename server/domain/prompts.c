@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 const char *prompts_get(const char *name, size_t *len)
 {
@@ -66,6 +67,11 @@ int prompts_json_str(ubuf *b, const char *s, size_t n)
     return ubuf_putc(b, '"');
 }
 
+int prompts_json_cstr(ubuf *b, const char *s)
+{
+    return prompts_json_str(b, s, strlen(s));
+}
+
 size_t prompts_utf8_cut(const char *s, size_t len, size_t max)
 {
     if (len <= max)
@@ -73,4 +79,12 @@ size_t prompts_utf8_cut(const char *s, size_t len, size_t max)
     while (max > 0 && ((unsigned char)s[max] & 0xC0) == 0x80)
         max--;
     return max;
+}
+
+void prompts_utc(int64_t ms, bool date_only, char *out, size_t outlen)
+{
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(out, outlen, date_only ? "%Y-%m-%d" : "%Y-%m-%dT%H:%M:%SZ", &tm);
 }

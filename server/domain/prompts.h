@@ -9,7 +9,9 @@
 #ifndef ENGRAM_SERVER_PROMPTS_H
 #define ENGRAM_SERVER_PROMPTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ubuf.h"
 
@@ -34,13 +36,18 @@ int prompts_render(const char *name, const char *const *keys, const char *const 
                    ubuf *out);
 
 /* prompts_json_str appends s (n bytes of UTF-8) to b as a JSON string, escaping '"', '\\',
- * control characters and also '<', '>' and '&' (as \\u00XX), so that no text put into a
- * prompt this way can close or open a tag of the prompt's (<memories>, <transcript>): what
- * it says stays data. Returns 0 or -ENOMEM. Any thread. */
+ * control characters and also '<', '>' and '&', so that no text put into a prompt can write
+ * one of its delimiting tags (</memories>, </transcript>): what a memory or a message says
+ * stays data. prompts_json_cstr does it for a NUL-terminated s. Return 0 or -ENOMEM. */
 int prompts_json_str(ubuf *b, const char *s, size_t n);
+int prompts_json_cstr(ubuf *b, const char *s);
 
 /* prompts_utf8_cut returns the length of s (len bytes) cut to at most max bytes, never
  * inside a UTF-8 sequence. */
 size_t prompts_utf8_cut(const char *s, size_t len, size_t max);
+
+/* prompts_utc writes the UTC time of ms since the epoch into out: "2024-06-10T14:03:00Z",
+ * or the date only ("2024-06-10"). */
+void prompts_utc(int64_t ms, bool date_only, char *out, size_t outlen);
 
 #endif

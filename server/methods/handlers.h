@@ -82,6 +82,10 @@ HANDLER(session_work_item_add);
 HANDLER(session_work_item_list);
 HANDLER(session_work_item_update);
 
+/* m_extract.c */
+HANDLER(session_extract);
+HANDLER(tenant_dream);
+
 /* m_consolidate.c */
 HANDLER(memory_consolidate);
 HANDLER(memory_consolidation_runs);

@@ -68,6 +68,7 @@ static method_def table[] = {
     M("session.create", session_create, M_TENANT | M_WRITE),
     M("session.delete", session_delete, M_TENANT | M_WRITE),
     M("session.end", session_end, M_TENANT | M_WRITE),
+    M("session.extract", session_extract, M_TENANT | M_WRITE),
     M("session.get", session_get, M_TENANT),
     ME("session.handoff", session_handoff, M_TENANT),
     ME("session.list", session_list, M_TENANT),
@@ -84,6 +85,7 @@ static method_def table[] = {
     ME("session.work_item.add", session_work_item_add, M_TENANT | M_WRITE),
     ME("session.work_item.list", session_work_item_list, M_TENANT),
     ME("session.work_item.update", session_work_item_update, M_TENANT | M_WRITE),
+    M("tenant.dream", tenant_dream, M_TENANT | M_WRITE),
     M("tenant.usage", tenant_usage, M_TENANT),
 };
 

@@ -219,11 +219,30 @@ static const result_schema table[] = {
             P("session_id", INT) "," P("deleted", INT) "," P("session_ids", ARR(INT)))},
     {"session.end", OBJECT(Q("session_id") "," Q("state") "," Q("ended_at"),
                            P("session_id", INT) "," P("state", STR) "," P("ended_at", INT))},
+    {"session.extract",
+     OBJECT(
+         Q("session_id") "," Q("status") "," Q("added") "," Q("model"),
+         P("session_id", INT) "," P("status", STR) "," P("reason", STRN) "," P("entries", INT) "," P("more", BOOL) "," P(
+             "facts",
+             INT) "," P("dropped",
+                        INT) "," P("added",
+                                   INT) "," P("updated",
+                                              INT) "," P("unchanged",
+                                                         INT) "," P("skipped",
+                                                                    INT) "," P("memory_ids",
+                                                                               ARR(INT)) "," P("cos"
+                                                                                               "t_"
+                                                                                               "us"
+                                                                                               "d",
+                                                                                               NUM) "," P("trigger",
+                                                                                                          STR) "," P("model",
+                                                                                                                     OBJ))},
     {"session.get",
      "{\"allOf\":[" REF("SessionSummary") "," OBJECT(
-         Q("config") "," Q("position") "," Q("constraints"),
+         Q("config") "," Q("position") "," Q("constraints") "," Q("extraction"),
          P("config", OBJ) "," P("position", INT) "," P("constraints", OBJ) "," P(
-             "summary", STRN) "," P("ended_at", INTN) "," P("auto_compact", OBJ)) "]}"},
+             "summary", STRN) "," P("ended_at", INTN) "," P("auto_compact", OBJ) "," P("extraction",
+                                                                                       OBJ)) "]}"},
     {"session.handoff",
      OBJECT(
          Q("session_id") "," Q("mode") "," Q("state") "," Q("generated_at") "," Q("metrics"),
@@ -278,6 +297,9 @@ static const result_schema table[] = {
      OBJECT(Q("session_id") "," Q("work_items"),
             P("session_id", INT) "," P("work_items", ARR(REF("WorkItem"))) "," CURSOR)},
     {"session.work_item.update", REF("WorkItem")},
+    {"tenant.dream", OBJECT(Q("enabled") "," Q("hours") "," Q("state") "," Q("pass"),
+                            P("enabled", BOOL) "," P("hours", NUM) "," P("min_sessions", INT) "," P(
+                                "lock_stale_s", INT) "," P("state", OBJ) "," P("pass", OBJN))},
     {"tenant.usage",
      OBJECT(
          Q("tenant_id") "," Q("name") "," Q("tier") "," Q("memories") "," Q("queries") "," Q(

@@ -351,7 +351,8 @@ END $$;
 CREATE OR REPLACE FUNCTION engram_session_get(p_tenant bigint, p_session bigint) RETURNS jsonb
     LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    RETURN engram_session_json(engram_session_get_row(p_tenant, p_session));
+    RETURN engram_session_json(engram_session_get_row(p_tenant, p_session))
+        || jsonb_build_object('extraction', engram_extract_state(p_tenant, p_session));
 END $$;
 
 -- engram_session_list: newest first, p_limit per page; p_cursor is the next_cursor of the

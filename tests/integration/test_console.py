@@ -390,6 +390,9 @@ def test_console_in_browser(server, world, shots):
         assert any("tombstone" in c and f"entry {ids['tombstoned']} tombstoned" in t
                    for c, t in tr)
         assert not any("retracted" in t for _, t in tr), "a tombstoned entry was shown"
+        # the session's extraction state (no model here: nothing extracted)
+        card = b.js("document.querySelector('.card').textContent")
+        assert "memory extraction" in card and "nothing extracted yet" in card
         assert any(c == "entry event" and "spawn" in t for c, t in tr)
         assert text(b, f"#transcript [data-entry='{ids['xss_entry']}'] .body") == TRANSCRIPT_XSS
         no_injection(b)

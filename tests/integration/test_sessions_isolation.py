@@ -21,6 +21,7 @@ def calls(sid, entry, ck, child, work):
         "session.create": None,
         "session.list": None,
         "session.get": {"session_id": sid},
+        "session.extract": {"session_id": sid, "through_entry_id": entry},
         "session.end": {"session_id": sid, "summary": "x"},
         "session.append": {"session_id": sid, "role": "user", "content": "x"},
         "session.tombstone": {"entry_id": entry},

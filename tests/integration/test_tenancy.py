@@ -124,10 +124,14 @@ def test_delete_removes_everything(srv):
         sid = c.call("session.create", agent_id=1, config={"model": "m"})["session_id"]
         c.call("session.append", session_id=sid, role="user", content="hi")
         c.call("memory.search", query="d1")
+        # no model here: both record why they did nothing (session_extraction, dream_state)
+        assert c.call("session.extract", session_id=sid)["status"] == "skipped"
+        assert c.call("tenant.dream", run=True)["state"]["last_status"] == "no_model"
         admin_call(srv, "admin.tenant.delete", tenant_id=tid)
         assert c.call_err("memory.stats")["code"] == "unauthenticated"
     for table in ["memories", "memory_changes", "api_keys", "sessions", "session_entries",
-                  "tenant_usage", "memory_versions", "idempotency_keys"]:
+                  "tenant_usage", "memory_versions", "idempotency_keys", "session_extraction",
+                  "dream_state"]:
         assert psql(srv.dsn_plain, f"SELECT count(*) FROM {table} WHERE tenant_id = {tid}") == "0", table
     assert psql(srv.dsn_plain, f"SELECT count(*) FROM tenants WHERE id = {tid}") == "0"
     with srv.client() as c:

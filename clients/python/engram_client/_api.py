@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         SessionContextResult,
         SessionDeleteResult,
         SessionEndResult,
+        SessionExtractResult,
         SessionGetResult,
         SessionHandoffResult,
         WorkItem,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
         SessionTaskCompleteResult,
         SessionTombstoneResult,
         SessionWorkItemListResult,
+        TenantDreamResult,
         TenantUsageResult,
     )
     from .types import (
@@ -106,6 +108,7 @@ WRITE_METHODS = frozenset({
     "session.create",
     "session.delete",
     "session.end",
+    "session.extract",
     "session.note.add",
     "session.resume",
     "session.scratchpad.update",
@@ -115,6 +118,7 @@ WRITE_METHODS = frozenset({
     "session.tombstone",
     "session.work_item.add",
     "session.work_item.update",
+    "tenant.dream",
 })
 IDEMPOTENT_METHODS = frozenset({
     "memory.store",
@@ -160,6 +164,7 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "session.create": ("agent_id", "config", ),
     "session.delete": ("session_id", "cascade", ),
     "session.end": ("session_id", "summary", ),
+    "session.extract": ("session_id", "through_entry_id", ),
     "session.get": ("session_id", ),
     "session.handoff": ("session_id", "mode", "agent_id", ),
     "session.list": ("agent_id", "state", "cursor", "limit", ),
@@ -176,6 +181,7 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "session.work_item.add": ("session_id", "title", "description", "status", "owner_agent_id", "agent_id", ),
     "session.work_item.list": ("session_id", "statuses", "owner_agent_id", "cursor", "limit", ),
     "session.work_item.update": ("session_id", "work_item_id", "title", "description", "status", "owner_agent_id", "expected_version", "agent_id", ),
+    "tenant.dream": ("run", ),
     "tenant.usage": (),
 }
 
@@ -961,6 +967,18 @@ class SyncSession:
             "summary": summary,
         }))
 
+    def extract(
+        self,
+        session_id: int,
+        *,
+        through_entry_id: int | None = None,
+    ) -> SessionExtractResult:
+        """Extracts the durable facts of a session's new messages into memories (chat model). (``session.extract``)"""
+        return cast("SessionExtractResult", self._r._call("session.extract", {
+            "session_id": session_id,
+            "through_entry_id": through_entry_id,
+        }))
+
     def get(self, session_id: int) -> SessionGetResult:
         """Returns a session with its costs, counters and constraints. (``session.get``)"""
         return cast("SessionGetResult", self._r._call("session.get", {"session_id": session_id}))
@@ -1106,6 +1124,10 @@ class SyncTenant:
 
     def __init__(self, r: Any) -> None:
         self._r = r
+
+    def dream(self, *, run: bool | None = None) -> TenantDreamResult:
+        """Returns the tenant's auto-dream state; with run, dreams now (chat model). (``tenant.dream``)"""
+        return cast("TenantDreamResult", self._r._call("tenant.dream", {"run": run}))
 
     def usage(self) -> TenantUsageResult:
         """Returns the tenant's usage and limits. (``tenant.usage``)"""
@@ -1927,6 +1949,18 @@ class AsyncSession:
             "summary": summary,
         }))
 
+    async def extract(
+        self,
+        session_id: int,
+        *,
+        through_entry_id: int | None = None,
+    ) -> SessionExtractResult:
+        """Extracts the durable facts of a session's new messages into memories (chat model). (``session.extract``)"""
+        return cast("SessionExtractResult", await self._r._acall("session.extract", {
+            "session_id": session_id,
+            "through_entry_id": through_entry_id,
+        }))
+
     async def get(self, session_id: int) -> SessionGetResult:
         """Returns a session with its costs, counters and constraints. (``session.get``)"""
         return cast("SessionGetResult", await self._r._acall("session.get", {
@@ -2079,6 +2113,10 @@ class AsyncTenant:
 
     def __init__(self, r: Any) -> None:
         self._r = r
+
+    async def dream(self, *, run: bool | None = None) -> TenantDreamResult:
+        """Returns the tenant's auto-dream state; with run, dreams now (chat model). (``tenant.dream``)"""
+        return cast("TenantDreamResult", await self._r._acall("tenant.dream", {"run": run}))
 
     async def usage(self) -> TenantUsageResult:
         """Returns the tenant's usage and limits. (``tenant.usage``)"""
@@ -2910,6 +2948,18 @@ class FutureSession:
             "summary": summary,
         }))
 
+    def extract(
+        self,
+        session_id: int,
+        *,
+        through_entry_id: int | None = None,
+    ) -> Future[SessionExtractResult]:
+        """Extracts the durable facts of a session's new messages into memories (chat model). (``session.extract``)"""
+        return cast("Future[SessionExtractResult]", self._r._submit("session.extract", {
+            "session_id": session_id,
+            "through_entry_id": through_entry_id,
+        }))
+
     def get(self, session_id: int) -> Future[SessionGetResult]:
         """Returns a session with its costs, counters and constraints. (``session.get``)"""
         return cast("Future[SessionGetResult]", self._r._submit("session.get", {
@@ -3062,6 +3112,10 @@ class FutureTenant:
 
     def __init__(self, r: Any) -> None:
         self._r = r
+
+    def dream(self, *, run: bool | None = None) -> Future[TenantDreamResult]:
+        """Returns the tenant's auto-dream state; with run, dreams now (chat model). (``tenant.dream``)"""
+        return cast("Future[TenantDreamResult]", self._r._submit("tenant.dream", {"run": run}))
 
     def usage(self) -> Future[TenantUsageResult]:
         """Returns the tenant's usage and limits. (``tenant.usage``)"""

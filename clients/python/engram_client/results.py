@@ -34,6 +34,7 @@ __all__ = [
     "SessionContextResult",
     "SessionDeleteResult",
     "SessionEndResult",
+    "SessionExtractResult",
     "SessionSummary",
     "SessionGetResult",
     "SessionHandoffResult",
@@ -44,6 +45,7 @@ __all__ = [
     "SessionTaskCompleteResult",
     "SessionTombstoneResult",
     "SessionWorkItemListResult",
+    "TenantDreamResult",
     "TenantUsageResult",
     "TenantUsageResultMemories",
 ]
@@ -200,6 +202,24 @@ class SessionEndResult(TypedDict):
     state: str
 
 
+class SessionExtractResult(TypedDict):
+    added: int
+    cost_usd: NotRequired[float]
+    dropped: NotRequired[int]
+    entries: NotRequired[int]
+    facts: NotRequired[int]
+    memory_ids: NotRequired[list[int]]
+    model: dict[str, Any]
+    more: NotRequired[bool]
+    reason: NotRequired[str | None]
+    session_id: int
+    skipped: NotRequired[int]
+    status: str
+    trigger: NotRequired[str]
+    unchanged: NotRequired[int]
+    updated: NotRequired[int]
+
+
 class SessionSummary(TypedDict):
     agent_id: int
     created_at: int
@@ -216,6 +236,7 @@ class SessionGetResult(SessionSummary):
     config: dict[str, Any]
     constraints: dict[str, Any]
     ended_at: NotRequired[int | None]
+    extraction: dict[str, Any]
     position: int
     summary: NotRequired[str | None]
 
@@ -282,6 +303,9 @@ class SessionWorkItemListResult(TypedDict):
     next_cursor: NotRequired[str | int | None]
     session_id: int
     work_items: list[WorkItem]
+
+
+TenantDreamResult = TypedDict("TenantDreamResult", {"enabled": bool, "hours": float, "lock_stale_s": NotRequired[int], "min_sessions": NotRequired[int], "pass": dict[str, Any] | None, "state": dict[str, Any]})
 
 
 class TenantUsageResult(TypedDict):

@@ -18,6 +18,7 @@ import type {
   SessionContextResult,
   SessionDeleteResult,
   SessionEndResult,
+  SessionExtractResult,
   SessionGetResult,
   SessionHandoffResult,
   WorkItem,
@@ -27,6 +28,7 @@ import type {
   SessionTaskCompleteResult,
   SessionTombstoneResult,
   SessionWorkItemListResult,
+  TenantDreamResult,
   TenantUsageResult,
 } from "./results.js";
 import type {
@@ -120,6 +122,7 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "session.create": { params: ["agent_id", "config"], required: ["agent_id", "config"], flags: ["tenant", "write"] },
   "session.delete": { params: ["session_id", "cascade"], required: ["session_id"], flags: ["tenant", "write"] },
   "session.end": { params: ["session_id", "summary"], required: ["session_id"], flags: ["tenant", "write"] },
+  "session.extract": { params: ["session_id", "through_entry_id"], required: ["session_id"], flags: ["tenant", "write"] },
   "session.get": { params: ["session_id"], required: ["session_id"], flags: ["tenant"] },
   "session.handoff": { params: ["session_id", "mode", "agent_id"], required: ["session_id", "mode"], flags: ["tenant"] },
   "session.list": { params: ["agent_id", "state", "cursor", "limit"], required: [], flags: ["tenant"] },
@@ -136,6 +139,7 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "session.work_item.add": { params: ["session_id", "title", "description", "status", "owner_agent_id", "agent_id"], required: ["session_id", "title"], flags: ["tenant", "write"] },
   "session.work_item.list": { params: ["session_id", "statuses", "owner_agent_id", "cursor", "limit"], required: ["session_id"], flags: ["tenant"] },
   "session.work_item.update": { params: ["session_id", "work_item_id", "title", "description", "status", "owner_agent_id", "expected_version", "agent_id"], required: ["session_id", "work_item_id"], flags: ["tenant", "write"] },
+  "tenant.dream": { params: ["run"], required: [], flags: ["tenant", "write"] },
   "tenant.usage": { params: [], required: [], flags: ["tenant"] },
 };
 
@@ -454,6 +458,12 @@ export interface SessionEndParams {
   summary?: string;
 }
 
+/** Parameters of `session.extract`. */
+export interface SessionExtractParams {
+  session_id: Id;
+  through_entry_id?: Id;
+}
+
 /** Parameters of `session.get`. */
 export interface SessionGetParams {
   session_id: Id;
@@ -585,6 +595,11 @@ export interface SessionWorkItemUpdateParams {
   owner_agent_id?: Id;
   expected_version?: Id;
   agent_id?: Id;
+}
+
+/** Parameters of `tenant.dream`. */
+export interface TenantDreamParams {
+  run?: boolean;
 }
 
 /** `admin.key.*` methods. */
@@ -857,6 +872,10 @@ export class ApiSession<I extends Id = number> {
   end(params: SessionEndParams, options?: CallOptions): Promise<SessionEndResult<I>> {
     return this._caller.call("session.end", params as unknown as Record<string, unknown>, options) as Promise<SessionEndResult<I>>;
   }
+  /** Extracts the durable facts of a session's new messages into memories (chat model). (`session.extract`) */
+  extract(params: SessionExtractParams, options?: CallOptions): Promise<SessionExtractResult<I>> {
+    return this._caller.call("session.extract", params as unknown as Record<string, unknown>, options) as Promise<SessionExtractResult<I>>;
+  }
   /** Returns a session with its costs, counters and constraints. (`session.get`) */
   get(params: SessionGetParams, options?: CallOptions): Promise<SessionGetResult<I>> {
     return this._caller.call("session.get", params as unknown as Record<string, unknown>, options) as Promise<SessionGetResult<I>>;
@@ -901,6 +920,10 @@ export class ApiTenant<I extends Id = number> {
   protected readonly _caller: Caller;
   constructor(caller: Caller) {
     this._caller = caller;
+  }
+  /** Returns the tenant's auto-dream state; with run, dreams now (chat model). (`tenant.dream`) */
+  dream(params: TenantDreamParams = {}, options?: CallOptions): Promise<TenantDreamResult<I>> {
+    return this._caller.call("tenant.dream", params as unknown as Record<string, unknown>, options) as Promise<TenantDreamResult<I>>;
   }
   /** Returns the tenant's usage and limits. (`tenant.usage`) */
   usage(options?: CallOptions): Promise<TenantUsageResult<I>> {
@@ -977,6 +1000,7 @@ export const METHOD_PATHS: Readonly<Record<string, readonly string[]>> = {
   "session.create": ["session", "create"],
   "session.delete": ["session", "delete"],
   "session.end": ["session", "end"],
+  "session.extract": ["session", "extract"],
   "session.get": ["session", "get"],
   "session.handoff": ["session", "handoff"],
   "session.list": ["session", "list"],
@@ -993,5 +1017,6 @@ export const METHOD_PATHS: Readonly<Record<string, readonly string[]>> = {
   "session.work_item.add": ["session", "workItem", "add"],
   "session.work_item.list": ["session", "workItem", "list"],
   "session.work_item.update": ["session", "workItem", "update"],
+  "tenant.dream": ["tenant", "dream"],
   "tenant.usage": ["tenant", "usage"],
 };

@@ -158,6 +158,24 @@ export interface SessionEndResult<I extends Id = number> {
   state: string;
 }
 
+export interface SessionExtractResult<I extends Id = number> {
+  added: number;
+  cost_usd?: number;
+  dropped?: number;
+  entries?: number;
+  facts?: number;
+  memory_ids?: I[];
+  model: Record<string, unknown>;
+  more?: boolean;
+  reason?: string | null;
+  session_id: I;
+  skipped?: number;
+  status: string;
+  trigger?: string;
+  unchanged?: number;
+  updated?: number;
+}
+
 export interface SessionSummary<I extends Id = number> {
   agent_id: I;
   created_at: number;
@@ -174,6 +192,7 @@ export interface SessionGetResult<I extends Id = number> extends SessionSummary<
   config: Record<string, unknown>;
   constraints: Record<string, unknown>;
   ended_at?: number | null;
+  extraction: Record<string, unknown>;
   position: number;
   summary?: string | null;
 }
@@ -240,6 +259,15 @@ export interface SessionWorkItemListResult<I extends Id = number> {
   next_cursor?: string | number | null;
   session_id: I;
   work_items: WorkItem<I>[];
+}
+
+export interface TenantDreamResult<I extends Id = number> {
+  enabled: boolean;
+  hours: number;
+  lock_stale_s?: number;
+  min_sessions?: number;
+  pass: Record<string, unknown> | null;
+  state: Record<string, unknown>;
 }
 
 export interface TenantUsageResult<I extends Id = number> {

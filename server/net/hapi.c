@@ -678,9 +678,31 @@ static int send_call(hapi *h, const char *key, size_t key_len, msgpack_sbuffer *
     return dispatch(h, (const uint8_t *)msg->data, msg->size);
 }
 
-/* POST /v1/rpc/{name} with its JSON body. */
+/* The parameters a REST route adds to the body's (rest_args), into x; the count, or -1
+ * after answering the error. */
+static long route_args(hapi *h, const http1_request *rq, const rest_route *rr, uint64_t id,
+                       const method_def *m, const msgpack_object *top, msgpack_zone *zone,
+                       msgpack_object_kv *x)
+{
+    char err[200];
+    if (top->type != MSGPACK_OBJECT_MAP && top->type != MSGPACK_OBJECT_NIL) {
+        local_error(h, 400, RPC_INVALID_ARGUMENT, NULL,
+                    "the body must be a JSON object of %s's parameters", rr->method);
+        return -1;
+    }
+    long nx = rest_args(rr, id, rq->query, rq->query_len, m->params, m->nparams, zone, x, err,
+                        sizeof(err));
+    if (nx == -ENOMEM)
+        local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
+    else if (nx < 0)
+        local_error(h, 400, RPC_INVALID_ARGUMENT, NULL, "%s", err);
+    return nx < 0 ? -1 : nx;
+}
+
+/* POST /v1/rpc/{name} with its JSON body (rr NULL), or a seed's REST path (rest.h): rr's
+ * method with the body's parameters, the path's id and the query's. */
 static int rpc_call(hapi *h, const http1_request *rq, const char *name, size_t name_len,
-                    const uint8_t *body, size_t body_len)
+                    const rest_route *rr, uint64_t id, const uint8_t *body, size_t body_len)
 {
     size_t idx = SIZE_MAX;
     const net_hooks *hk = h->srv->hooks;
@@ -688,36 +710,7 @@ static int rpc_call(hapi *h, const http1_request *rq, const char *name, size_t n
     h->midx = m ? idx : SIZE_MAX;
     const char *key;
     size_t key_len;
-    if (call_checks(h, rq, m, &key, &key_len) < 0)
-        return HAPI_AGAIN;
-    msgpack_sbuffer params, msg;
-    msgpack_sbuffer_init(&params);
-    msgpack_sbuffer_init(&msg);
-    msgpack_zone zone;
-    msgpack_zone_init(&zone, 2048);
-    msgpack_object top;
-    int ret = HAPI_AGAIN;
-    if (read_body(h, body, body_len, &params, &zone, &top) == 0 &&
-        pack_call(h, m, name, name_len, &top, NULL, 0, &msg) == 0)
-        ret = send_call(h, key, key_len, &msg);
-    msgpack_zone_destroy(&zone);
-    msgpack_sbuffer_destroy(&params);
-    msgpack_sbuffer_destroy(&msg);
-    return ret;
-}
-
-/* A seed's REST path (rest.h): the route's method with the body's parameters, the path's id
- * and the query's, then as rpc_call. */
-static int rest_call(hapi *h, const http1_request *rq, const rest_route *rr, uint64_t id,
-                     const uint8_t *body, size_t body_len)
-{
-    size_t idx = SIZE_MAX, name_len = strlen(rr->method);
-    const net_hooks *hk = h->srv->hooks;
-    const method_def *m = hooks_method_find(hk->methods, hk->nmethods, rr->method, name_len, &idx);
-    h->midx = m ? idx : SIZE_MAX;
-    const char *key;
-    size_t key_len;
-    if (!m) {
+    if (rr && !m) {
         local_error(h, 404, RPC_UNKNOWN_METHOD, NULL, "%s is not served", rr->method);
         return HAPI_AGAIN;
     }
@@ -730,23 +723,12 @@ static int rest_call(hapi *h, const http1_request *rq, const rest_route *rr, uin
     msgpack_zone_init(&zone, 2048);
     msgpack_object top;
     msgpack_object_kv x[1 + REST_QUERY_MAX];
-    char err[200];
+    long nx = 0;
     int ret = HAPI_AGAIN;
-    if (read_body(h, body, body_len, &params, &zone, &top) == 0) {
-        long nx = top.type != MSGPACK_OBJECT_MAP && top.type != MSGPACK_OBJECT_NIL
-                      ? -EBADMSG
-                      : rest_args(rr, id, rq->query, rq->query_len, m->params, m->nparams, &zone, x,
-                                  err, sizeof(err));
-        if (nx == -EBADMSG)
-            local_error(h, 400, RPC_INVALID_ARGUMENT, NULL,
-                        "the body must be a JSON object of %s's parameters", rr->method);
-        else if (nx == -ENOMEM)
-            local_error(h, 500, RPC_INTERNAL, NULL, "out of memory");
-        else if (nx < 0)
-            local_error(h, 400, RPC_INVALID_ARGUMENT, NULL, "%s", err);
-        else if (pack_call(h, m, rr->method, name_len, &top, x, (size_t)nx, &msg) == 0)
-            ret = send_call(h, key, key_len, &msg);
-    }
+    if (read_body(h, body, body_len, &params, &zone, &top) == 0 &&
+        (!rr || (nx = route_args(h, rq, rr, id, m, &top, &zone, x)) >= 0) &&
+        pack_call(h, m, name, name_len, &top, x, (size_t)nx, &msg) == 0)
+        ret = send_call(h, key, key_len, &msg);
     msgpack_zone_destroy(&zone);
     msgpack_sbuffer_destroy(&params);
     msgpack_sbuffer_destroy(&msg);
@@ -905,14 +887,14 @@ static int route(hapi *h, const http1_request *rq, const uint8_t *body, size_t b
             local_error(h, 404, RPC_UNKNOWN_METHOD, NULL, "unknown method");
             return HAPI_AGAIN;
         }
-        return rpc_call(h, rq, name, n, body, body_len);
+        return rpc_call(h, rq, name, n, NULL, 0, body, body_len);
     }
     uint64_t id;
     char allow[64];
     const rest_route *rr = rest_match(rq->method == HTTP1_HEAD ? HTTP1_OTHER : rq->method, rq->path,
                                       rq->path_len, &id, allow, sizeof(allow));
     if (rr)
-        return rest_call(h, rq, rr, id, body, body_len);
+        return rpc_call(h, rq, rr->method, strlen(rr->method), rr, id, body, body_len);
     if (allow[0]) {
         extra x = {.retry_after = -1, .allow = allow};
         local_error(h, 405, RPC_INVALID_ARGUMENT, &x, "use %s for %.*s", allow,

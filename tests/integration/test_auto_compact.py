@@ -16,27 +16,20 @@ the transcript intact and the session is compacted once after the restart; with 
 processes a session is compacted once.
 """
 import json
-import os
-import sys
 import time
 
 import pytest
 
 from harness import Server, metric, new_database, server_pair, wait_for
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "llm"))
-from mockctl import MockLLM  # noqa: E402
+from llm_mock import llm_args, mock_fixture
 
 KEY = "sk-test-2c4e6a8b0d1f3a5c7e9b1d3f5a7c9e1b"
 WINDOWS = "tiny=2000,claude=200000,*=200000"
 ASK = "Compact the older part of session"  # in every compaction prompt (compact_user.txt)
 
 
-@pytest.fixture(scope="module")
-def mock():
-    m = MockLLM(key=KEY)
-    yield m
-    m.stop()
+mock = mock_fixture(KEY)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +38,7 @@ def dsn():
 
 
 def compact_server(dsn, mock, api="anthropic", extra=(), timeout_ms=1500, start=True):
-    args = ["--llm-provider", api, "--llm-url", mock.url(api), "--llm-model", "mock-haiku",
-            "--llm-api-key", KEY, "--llm-timeout-ms", str(timeout_ms), "--llm-retries", "0",
+    args = llm_args(mock, api, KEY, timeout_ms, 0) + [
             "--compact-context-windows", WINDOWS, "--compact-check-interval-ms", "100"]
     s = Server(dsn, extra=args + list(extra))
     return s.start() if start else s

@@ -12,7 +12,6 @@ changes nothing; a hostile memory cannot change the fate of a memory outside its
 """
 import json
 import os
-import sys
 import threading
 
 import numpy as np
@@ -21,8 +20,7 @@ import pytest
 from harness import Server, new_database, vec_bin, wait_for, metric
 from memmodel import DAY_MS, now_ms
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "llm"))
-from mockctl import MockLLM  # noqa: E402
+from llm_mock import mock_fixture
 
 DIM = 16
 KEY = "sk-test-7f3a9c1e5b2d4068a1b3c5d7e9f1a3b5"
@@ -86,11 +84,7 @@ def last_run(c):
     return c.call("memory.consolidation.runs", limit=1)["runs"][0]
 
 
-@pytest.fixture(scope="module")
-def mock():
-    m = MockLLM(key=KEY)
-    yield m
-    m.stop()
+mock = mock_fixture(KEY)
 
 
 @pytest.fixture(scope="module")

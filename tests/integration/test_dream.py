@@ -5,32 +5,22 @@ consolidation run). The real engramd and PostgreSQL against the scripted model s
 the state lives in PostgreSQL: two engramd processes on one database dream once, and a lock
 whose holder died is taken over once stale.
 """
-import os
-import sys
 import threading
 import time
 
-import pytest
-
 from harness import Server, metric, new_database, server_pair, wait_for
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "llm"))
-from mockctl import MockLLM  # noqa: E402
+from llm_mock import llm_args, mock_fixture
 
 DIM = 256
 KEY = "sk-test-5b2d40687f3a9c1e3c1ea1b3c5d7e9f1"
 
 
-@pytest.fixture(scope="module")
-def mock():
-    m = MockLLM(key=KEY)
-    yield m
-    m.stop()
+mock = mock_fixture(KEY)
 
 
 def model_args(mock, extra=(), api="openai", timeout_ms=1500):
-    return ["--llm-provider", api, "--llm-url", mock.url(api), "--llm-model", "mock-haiku",
-            "--llm-api-key", KEY, "--llm-timeout-ms", str(timeout_ms), "--llm-retries", "0",
+    return llm_args(mock, api, KEY, timeout_ms, 0) + [
             "--extract-min-messages", "0", "--premium-consolidation-hours", "0",
             "--standard-consolidation-hours", "0", "--free-consolidation-hours", "0"] + list(extra)
 

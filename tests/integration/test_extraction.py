@@ -12,18 +12,14 @@ gates pass; a restart in the middle of a run changes nothing and its claim is ta
 once stale.
 """
 import json
-import os
-import sys
 import threading
 import time
 
 import pytest
 
 from harness import Server, metric, new_database, wait_for
-from rpc import RpcError
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "llm"))
-from mockctl import MockLLM  # noqa: E402
+from llm_mock import llm_args, mock_fixture
 
 DIM = 256
 KEY = "sk-test-3c1e5b2d40687f3a9a1b3c5d7e9f1a3b"
@@ -40,11 +36,7 @@ CONVERSATION = [
 ]
 
 
-@pytest.fixture(scope="module")
-def mock():
-    m = MockLLM(key=KEY)
-    yield m
-    m.stop()
+mock = mock_fixture(KEY)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +45,8 @@ def dsn():
 
 
 def model_server(dsn, mock, api, extra=(), timeout_ms=1500, retries=1):
-    args = ["--llm-provider", api, "--llm-url", mock.url(api), "--llm-model", "mock-haiku",
-            "--llm-api-key", KEY, "--llm-timeout-ms", str(timeout_ms),
-            "--llm-retries", str(retries), "--extract-floor", "0.3",
+    args = llm_args(mock, api, KEY, timeout_ms, retries) + [
+            "--extract-floor", "0.3",
             "--extract-min-messages", "0", "--dream-hours", "0"] + list(extra)
     return Server(dsn, extra=args).start()
 

@@ -290,6 +290,8 @@ void vindex_get_stats(vindex *vi, vindex_stats *st)
     st->engine = vi->fx ? VINDEX_ENGINE_FAISS : VINDEX_ENGINE_NATIVE;
     st->page_ins = atomic_load_explicit(&vi->page_ins, memory_order_relaxed);
     st->rows_read = atomic_load_explicit(&vi->rows_read, memory_order_relaxed);
+    st->tie_reads = atomic_load_explicit(&vi->tie_reads, memory_order_relaxed);
+    st->searches = atomic_load_explicit(&vi->searches, memory_order_relaxed);
     unlock(vi);
 }
 

@@ -239,6 +239,8 @@ typedef struct vindex_stats {
     size_t rows_resident;  /* of them in RAM at the last vindex_resident (in bytes) */
     uint64_t page_ins;     /* major page faults of searches reading mapped rows */
     uint64_t rows_read;    /* float rows searches read (re-ranks and near-ties), heap or map */
+    uint64_t tie_reads;    /* of rows_read: those read to order near-ties at the k-th place */
+    uint64_t searches;     /* searches answered (vindex_search calls that returned hits) */
 } vindex_stats;
 
 /* vindex_get_stats fills *st with one consistent snapshot of the counters above (shared

@@ -268,6 +268,8 @@ struct vindex {
 
     _Atomic uint64_t page_ins;  /* major faults while searches read mapped rows */
     _Atomic uint64_t rows_read; /* float rows searches' re-ranks read */
+    _Atomic uint64_t tie_reads; /* of them, those resolve_ties read */
+    _Atomic uint64_t searches;  /* vindex_search calls that reached dispatch */
     /* the heap bytes of cal's rings and of qs_buf, for vi_heap_bytes, which holds neither
      * cal_mu nor qs_mu (set by whoever allocates them) */
     _Atomic size_t cal_bytes, qs_bytes;
@@ -416,6 +418,7 @@ typedef struct sctx {
     topk *t;
     bool kept_checked; /* keep already ran on every candidate */
     size_t reads;      /* float rows the re-rank read */
+    size_t tie_reads;  /* of them, read by resolve_ties */
     rhit *rfree;       /* a code-ranked heap the search allocated (freed by vindex_search) */
 } sctx;
 

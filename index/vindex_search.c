@@ -810,6 +810,7 @@ static void resolve_ties(sctx *sc)
         r[i].h.similarity = sim;
         r[i].h.score = r[i].lo = r[i].hi = score_of(q, sim, meta_in(vi, ch, off));
         sc->reads++;
+        sc->tie_reads++;
         sort_best(r, n);
     }
     /* the caller sorts h: an array sorted worst first is a valid heap */
@@ -909,6 +910,9 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
         resolve_ties(&sc);
     if (sc.reads)
         atomic_fetch_add_explicit(&vi->rows_read, sc.reads, memory_order_relaxed);
+    if (sc.tie_reads)
+        atomic_fetch_add_explicit(&vi->tie_reads, sc.tie_reads, memory_order_relaxed);
+    atomic_fetch_add_explicit(&vi->searches, 1, memory_order_relaxed);
     if (vi->s.rows) {
         uint64_t d = vi_faults() - faults;
         if (d)

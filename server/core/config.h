@@ -71,6 +71,7 @@ typedef struct config {
     int index_ann_candidates;
     int index_ann_max_candidates;
     double index_recall_target;
+    double index_tie_margin; /* vindex_opts.tie_margin; 0: every candidate re-ranked exactly */
     double index_recall_budget_percent;
     int index_compact_percent;
     char *index_engine; /* "native" or "faiss" */

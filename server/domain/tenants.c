@@ -62,7 +62,9 @@ tenants *tenants_create(server *s)
                            .ann_min = (size_t)c->index_ann_min,
                            .ann_candidates = (size_t)c->index_ann_candidates,
                            .ann_max_candidates = (size_t)c->index_ann_max_candidates,
-                           .compact_percent = (unsigned)c->index_compact_percent};
+                           .compact_percent = (unsigned)c->index_compact_percent,
+                           /* the index reads 0 as its default: the setting's 0 is exact */
+                           .tie_margin = c->index_tie_margin > 0 ? c->index_tie_margin : -1};
 #ifdef ENGRAM_FAULT_INJECTION
     const char *fault = getenv("ENGRAM_FAULT_INDEX_UPSERT");
     if (fault && atol(fault) > 0) {
@@ -705,6 +707,9 @@ static int stats_one(uint64_t key, uint64_t value, void *arg)
         m->rows_mapped += st.rows_mapped;
         m->rows_resident += st.rows_resident;
         m->page_ins += st.page_ins;
+        m->rows_read += st.rows_read;
+        m->tie_reads += st.tie_reads;
+        m->searches += st.searches;
         m->by_kind[st.kind < 3 ? st.kind : 2]++;
         if (st.kind == VINDEX_KIND_ANN) {
             vindex_recall r;

@@ -178,6 +178,9 @@ typedef struct tenants_metrics {
     /* float rows mapped from snapshots, of them in RAM at the last measurement, and the
      * page-ins of searches reading them, over the loaded indexes */
     uint64_t rows_mapped, rows_resident, page_ins;
+    /* float rows searches read (re-ranks and near-ties), of them near-ties, and the searches,
+     * over the loaded indexes */
+    uint64_t rows_read, tie_reads, searches;
     uint64_t budget;     /* the memory budget in bytes */
     uint64_t by_kind[3]; /* loaded indexes by structure (flat, sq8, ann) */
     uint64_t snapshot_loads, snapshots_rejected, database_loads, snapshots_written, evictions,

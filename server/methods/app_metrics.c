@@ -43,6 +43,18 @@ static void render_index_gauges(const server *s, const tenants_metrics *tm, stru
          "Page-ins of searches reading mapped rows, over the loaded indexes (falls when an "
          "index is unloaded).",
          (double)tm->page_ins},
+        {"engram_index_rows_read",
+         "Float rows searches read, heap or mapped (exact re-ranks and near-ties), over the "
+         "loaded indexes (falls when an index is unloaded).",
+         (double)tm->rows_read},
+        {"engram_index_tie_reads",
+         "Of engram_index_rows_read, the rows read to order near-ties at the k-th place of "
+         "searches ranked from int8 codes (index_tie_margin), over the loaded indexes.",
+         (double)tm->tie_reads},
+        {"engram_index_searches",
+         "Index searches answered by the loaded indexes (falls when an index is unloaded): "
+         "the denominator of rows read per search.",
+         (double)tm->searches},
         {"engram_index_recall_target",
          "The recall@10 the recall monitor keeps approximate indexes at "
          "(index_recall_target).",

@@ -113,6 +113,10 @@ def test_restart_loads_the_snapshot_and_replays_later_changes(engramd):
     # 700 memories: the SQ8 kind, whose float rows are read from the snapshot, mapped
     assert metric(srv, "engram_index_rows_mapped_bytes") >= 670 * DIM * 4
     assert metric(srv, "engram_index_page_ins") >= 0
+    # the four searches above re-ranked on float rows (SQ8: exact, no near-tie reading)
+    assert metric(srv, "engram_index_searches") >= 4
+    assert metric(srv, "engram_index_rows_read") >= 10
+    assert 0 <= metric(srv, "engram_index_tie_reads") <= metric(srv, "engram_index_rows_read")
     m = re.search(r"loaded from its snapshot, (\d+) memories, (\d+) changes replayed",
                   srv.log_text())
     assert m, srv.log_text()[-3000:]

@@ -104,10 +104,12 @@ def test_recall_is_measured_and_kept():
         mins = metric_lines(srv, 'engram_index_recall_estimate{kind="ann",stat="min"}')
         assert len(mins) == 1 and 0.99 <= float(mins[0].split()[-1]) <= 1.0
         assert float(metric_lines(srv, "engram_index_exact_fallbacks ")[0].split()[-1]) == 1
-        # probes are counted when their measurement ends
+        # the monitor keeps probing within its CPU budget, 4 probes a round, counted when a
+        # round ends (the first measurement of each tenant's codes is the bulk build's settle,
+        # in its own time, since 658e0c1; it is logged, not counted here): two rounds at least
         wait_value(lambda: float(metric_lines(srv, "engram_index_recall_probes_total ")[0]
-                                 .split()[-1]), lambda v: v >= 40,
-                   "engram_index_recall_probes_total at 40 or more", timeout=30)
+                                 .split()[-1]), lambda v: v >= 8,
+                   "engram_index_recall_probes_total at 8 or more", timeout=60)
     finally:
         try:
             srv.stop()

@@ -8,6 +8,7 @@
 # each run starts from an empty database. The report is AL_OUT/report.txt and report.json.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../deploy/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/own-engramd.sh"
 cd "$ENGRAM_ROOT"
 build=${1:-build-bench}
 out=${AL_OUT:-var/after-load}
@@ -15,27 +16,7 @@ bin=$build/server/engramd
 [ -x "$bin" ] || die "$bin missing: build a release first"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-pg_cluster_init "$out/pg" >/dev/null
-pg_cluster_start "$out/pg" postgres
-db=engram_al
-pg_as_owner "$PG_BINDIR/dropdb" -h "$out/pg/run" -U postgres --if-exists "$db"
-pg_as_owner "$PG_BINDIR/createdb" -h "$out/pg/run" -U postgres "$db"
-dsn="host=$out/pg/run dbname=$db user=postgres"
-rm -rf "$out/data"
-pid=
-stop() {
-    [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
-    pid=
-}
-trap 'stop; pg_cluster_stop "$out/pg"' EXIT
-"$bin" --pg-dsn "$dsn" --rpc-port 7640 --http-port 7641 --data-dir "$out/data" \
-    --admin-key-file "$out/admin.key" --premium-max-memories 0 --premium-rate-per-s 0 \
-    >"$out/engramd.log" 2>&1 &
-pid=$!
-for _ in $(seq 600); do
-    curl -sf http://127.0.0.1:7641/healthz 2>/dev/null | grep -q '"indexes":"loaded"' && break
-    sleep 0.2
-done
+own_engramd "$bin" "$out" engram_al 7640 7641
 {
     echo "engramd $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ)," \
         "load average $(cut -d' ' -f1-3 /proc/loadavg)"

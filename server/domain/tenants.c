@@ -266,6 +266,13 @@ static const vindex_query *blend_shape(const tenants *ts, blend_ctx *bc, vindex_
     return bc->w < 1.0 ? shape : NULL;
 }
 
+static void warn_exact(const tenant *t, double estimate, double target)
+{
+    log_warn("tenant %lld: approximate search measured recall@10 %.3f at the deepest allowed "
+             "depth, below the target %.3f: searching exactly",
+             (long long)t->id, estimate, target);
+}
+
 void tn_settle(tenant *t, vindex *vi)
 {
     if (!vi || !vindex_settle_due(vi))
@@ -287,6 +294,10 @@ void tn_settle(tenant *t, vindex *vi)
                  "estimate %.3f%s",
                  (long long)t->id, ms, r.depth, r.estimate,
                  r.exact_fallback ? ", exact scans" : "");
+    /* the same warning as the monitor's, once, whichever of the two measured first */
+    if (rc >= 0 && r.exact_fallback && !isnan(r.ann_estimate) &&
+        !atomic_exchange(&t->recall_warned, true))
+        warn_exact(t, r.ann_estimate, t->ts->srv->cfg.index_recall_target);
 }
 
 void tn_drop_cold_rows(vindex *vi)
@@ -376,18 +387,15 @@ static void recall_check(tenants *ts, tenant *t)
         log_warn("tenant %lld: recall monitor: out of memory", (long long)t->id);
         return;
     }
-    if ((r.was_below || r.exact_fallback) && !t->recall_warned && !isnan(r.ann_estimate)) {
-        t->recall_warned = true;
+    if ((r.was_below || r.exact_fallback) && !isnan(r.ann_estimate) &&
+        !atomic_exchange(&t->recall_warned, true)) {
         if (r.exact_fallback)
-            log_warn("tenant %lld: approximate search measured recall@10 %.3f at the deepest "
-                     "allowed depth, below the target %.3f: searching exactly",
-                     (long long)t->id, r.ann_estimate, c->index_recall_target);
+            warn_exact(t, r.ann_estimate, c->index_recall_target);
         else
             log_warn("tenant %lld: approximate search measured below the recall target %.3f: "
                      "now %zu candidates deep (recall@10 %.3f)",
                      (long long)t->id, c->index_recall_target, r.depth, r.ann_estimate);
-    } else if (t->recall_warned && !r.was_below && !r.exact_fallback) {
-        t->recall_warned = false;
+    } else if (!r.was_below && !r.exact_fallback && atomic_exchange(&t->recall_warned, false)) {
         log_info("tenant %lld: approximate search back at recall@10 %.3f, %zu candidates deep",
                  (long long)t->id, r.ann_estimate, r.depth);
     }

@@ -76,7 +76,9 @@ struct tenant {
     bool dead;                       /* the tenant was deleted: write no snapshot */
     atomic_uint_least64_t used_ns;   /* last use, for eviction */
     atomic_int_least64_t nonlive_ms; /* see tenants_nonlive_seen; 0: never */
-    bool recall_warned;              /* housekeeping only: a low recall was logged */
+    /* a low recall was logged: set by the monitor (housekeeping) or a bulk build's settle
+     * (a bg thread), cleared by the monitor when recall is back */
+    atomic_bool recall_warned;
     /* warming the row cache after the last load (enum tenants_rows_warm; tenants_load.c) */
     atomic_int rows_warm;
     atomic_uint rows_warm_gen; /* bumped by each load: an older warming stops */

@@ -118,7 +118,10 @@ CREATE OR REPLACE FUNCTION engram_session_live(p_tenant bigint, p_session bigint
     WITH l AS MATERIALIZED (SELECT * FROM engram_session_log(p_tenant, p_session, p_upto))
     SELECT l.* FROM l
     WHERE l.kind <> 'tombstone'
-      AND NOT EXISTS (SELECT 1 FROM l t WHERE t.kind = 'tombstone' AND t.target_id = l.id)
+      -- NOT IN over a subquery runs as one hashed lookup; a NOT EXISTS here was planned as a
+      -- nested loop over the CTE (estimated at one row): quadratic in the transcript's length
+      AND l.id NOT IN (SELECT t.target_id FROM l t
+                       WHERE t.kind = 'tombstone' AND t.target_id IS NOT NULL)
 $$;
 
 CREATE OR REPLACE FUNCTION engram_session_entry_json(e session_entries) RETURNS jsonb

@@ -2,6 +2,7 @@
 #include "metrics.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -740,6 +741,29 @@ static void render_process(struct evbuffer *out)
                             p.max_fds);
 }
 
+/* engram_heap_bytes and engram_heap_free_bytes: what the C allocator has handed out and what
+ * it holds free (glibc's mallinfo2: every arena, mmapped blocks included). Resident memory
+ * minus the first is the code, the stacks, the mapped files and what the allocator keeps;
+ * the per-tenant cost of bench/many-tenants.sh is read from the first. mallinfo2 takes each
+ * arena's lock for a walk of its free lists: a scrape's cost, not a request's. */
+static void render_heap(struct evbuffer *out)
+{
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+    struct mallinfo2 mi = mallinfo2();
+    evbuffer_add_printf(out,
+                        "# HELP engram_heap_bytes Bytes the C allocator has handed out and not "
+                        "had back (malloc'd blocks, mmapped ones included).\n"
+                        "# TYPE engram_heap_bytes gauge\nengram_heap_bytes %llu\n"
+                        "# HELP engram_heap_free_bytes Bytes the C allocator holds free in its "
+                        "arenas (resident or not).\n"
+                        "# TYPE engram_heap_free_bytes gauge\nengram_heap_free_bytes %llu\n",
+                        (unsigned long long)(mi.uordblks + mi.hblkhd),
+                        (unsigned long long)mi.fordblks);
+#else
+    (void)out;
+#endif
+}
+
 /* engram_build_info: 1, with the version and (when built from a git checkout) the commit. */
 static void render_build(struct evbuffer *out)
 {
@@ -756,6 +780,7 @@ static void render_build(struct evbuffer *out)
 void metrics_render(struct evbuffer *out, const metrics_gauge *gauges, size_t n)
 {
     render_process(out);
+    render_heap(out);
     render_build(out);
     render_requests(out);
     render_connections(out);

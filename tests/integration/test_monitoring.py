@@ -155,6 +155,10 @@ def test_process_and_build_metrics(live):
     assert s["process_resident_memory_bytes"] > 10 * 2**20
     assert s["process_virtual_memory_bytes"] >= s["process_resident_memory_bytes"]
     assert s["engram_process_resident_bytes"] == s["process_resident_memory_bytes"]
+    # the allocator's figures: some heap in use (the method table, the pools), and under ASan
+    # (its own allocator) possibly none, but never more than the address space
+    assert 0 <= s["engram_heap_bytes"] <= s["process_virtual_memory_bytes"]
+    assert s["engram_heap_free_bytes"] >= 0
     with open(os.path.join(ROOT, "meson.build")) as f:
         version = re.search(r"version:\s*'([^']+)'", f.read()).group(1)
     info = [k for k in s if k.startswith("engram_build_info{")]

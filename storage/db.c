@@ -41,7 +41,8 @@ typedef struct db_job {
     const char *rls_val[1];
     char lockwait[24]; /* the lock_timeout query's one value: milliseconds as text */
     const char *lockwait_val[1];
-    int hidden; /* set-up queries first in q (RLS, lock_timeout): not the caller's */
+    int hidden;   /* set-up queries first in q (RLS, lock_timeout): not the caller's */
+    int trailing; /* queries after the caller's (the lock_timeout's reset): not the caller's */
     uint64_t queued_ms;
     uint64_t sent_ms;
     /* result collection */
@@ -203,7 +204,7 @@ static void job_complete(db_job *j, db_status st)
         r.nres = j->nq;
         /* the set-up queries (RLS, lock_timeout), when present, are hidden from the caller */
         r.res = j->res + j->hidden;
-        r.nres = j->nq - j->hidden;
+        r.nres = j->nq - j->hidden - j->trailing;
     } else {
         snprintf(msg, sizeof(msg), "%s", j->errmsg ? j->errmsg : "database unavailable");
         size_t n = strlen(msg);
@@ -403,6 +404,16 @@ static void conn_read_results(db_conn *c)
         if (r == NULL)
             continue;
         ExecStatusType st = PQresultStatus(r);
+        if (st == PGRES_FATAL_ERROR) {
+            /* the implicit transaction failed at its commit, which the sync runs (a deferred
+             * constraint, a lock the commit takes): the job failed and changed nothing; the
+             * connection is sound, and the sync follows */
+            job_set_error(j, PQresultErrorField(r, PG_DIAG_SQLSTATE),
+                          PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY),
+                          PQresultErrorField(r, PG_DIAG_MESSAGE_DETAIL));
+            PQclear(r);
+            continue;
+        }
         PQclear(r);
         if (st != PGRES_PIPELINE_SYNC) {
             conn_fail(c, "unexpected result order on database connection");
@@ -820,13 +831,15 @@ void db_pool_destroy(db_pool *p)
 }
 
 /* Builds the job for nq caller queries (after the RLS query when o->rls_tenant >= 0 and the
- * lock_timeout query when o->lock_timeout_ms > 0), copying every parameter into one
- * allocation owned by the job. Returns NULL when out of memory. */
+ * lock_timeout query when o->lock_timeout_ms > 0, and before that timeout's reset), copying
+ * every parameter into one allocation owned by the job. Returns NULL when out of memory. */
 static db_job *job_build(const db_opts *o, const db_query *qs, int nq)
 {
     static const int text_fmt[1] = {0};
+    static const char *const no_wait[1] = {"0"};
     int base = (o->rls_tenant >= 0 ? 1 : 0) + (o->lock_timeout_ms > 0 ? 1 : 0);
-    db_job *j = job_alloc(base + nq);
+    int trailing = o->lock_timeout_ms > 0 ? 1 : 0;
+    db_job *j = job_alloc(base + nq + trailing);
     db_query copy[DB_MAX_QUERIES];
     if (!j || db_query_copy(qs, nq, copy, &j->blob) < 0) {
         free(j);
@@ -863,6 +876,20 @@ static db_job *job_build(const db_opts *o, const db_query *qs, int nq)
                                         .formats = copy[i].formats,
                                         .result_format = copy[i].result_format};
     j->nq = base + nq;
+    if (trailing) {
+        /* the timeout is for the caller's statements (a tenant's row lock). The commit takes
+         * locks of its own: a transaction that notifies takes one of the whole database and
+         * holds it while its commit record is flushed, so under concurrent writers a commit
+         * waits for others' fsyncs; under the statements' timeout (write_lock_probe_ms: 50)
+         * such commits failed after every statement had succeeded */
+        j->q[j->nq++] = (db_job_query){.kind = Q_EXEC_PREPARED,
+                                       .stmt = "__lockwait",
+                                       .nparams = 1,
+                                       .values = no_wait,
+                                       .lengths = text_fmt,
+                                       .formats = text_fmt};
+        j->trailing = trailing;
+    }
     return j;
 }
 

@@ -51,7 +51,11 @@ tenants *tenants_create(server *s)
     pthread_mutex_init(&ts->mu, NULL);
     pthread_mutex_init(&ts->dir_mu, NULL);
     ts->map = idmap_create(64);
-    if (!ts->map) {
+    /* the change floors matter to reads on a standby only (tenants_read_floor) */
+    bool standby = s->cfg.pg_read_dsn && s->cfg.pg_read_dsn[0];
+    ts->floors = standby ? idmap_create(64) : NULL;
+    if (!ts->map || (standby && !ts->floors)) {
+        idmap_destroy(ts->map);
         pthread_mutex_destroy(&ts->dir_mu);
         pthread_mutex_destroy(&ts->mu);
         free(ts);
@@ -129,6 +133,7 @@ void tenants_destroy(tenants *ts)
         return;
     idmap_foreach(ts->map, free_one, NULL);
     idmap_destroy(ts->map);
+    idmap_destroy(ts->floors);
     free(ts->dir);
     if (ts->dir_lock >= 0)
         close(ts->dir_lock);
@@ -159,12 +164,16 @@ tenant *tenants_get(tenants *ts, int64_t id, uint32_t dim)
     atomic_init(&t->refs, 2); /* the map's and the caller's */
     t->want_engine = -1;
     pthread_mutex_init(&t->mu, NULL);
-    t->deleted = idmap_create(16);
-    if (!t->deleted || idmap_put(ts->map, (uint64_t)id, (uint64_t)(uintptr_t)t) < 0) {
-        idmap_destroy(t->deleted);
+    if (idmap_put(ts->map, (uint64_t)id, (uint64_t)(uintptr_t)t) < 0) {
         pthread_mutex_destroy(&t->mu);
         free(t);
         t = NULL;
+        goto out;
+    }
+    /* back in the registry: what it knew when it left (tenants_int.h, floors) */
+    if (ts->floors && idmap_get(ts->floors, (uint64_t)id, &v)) {
+        t->known = v;
+        idmap_del(ts->floors, (uint64_t)id);
     }
 out:
     pthread_mutex_unlock(&ts->mu);
@@ -407,9 +416,12 @@ static int by_use(const void *a, const void *b)
     return x->used_ns < y->used_ns ? -1 : x->used_ns > y->used_ns ? 1 : 0;
 }
 
-/* Unloads t when nobody but the map and the caller holds it. Returns true when evicted
- * (the map's reference is dropped; the caller's last put frees the index). */
-static bool try_evict(tenants *ts, tenant *t)
+/* Takes t out of the registry when nobody but the map and the caller holds it and it is in
+ * state (T_READY: an eviction, and not while a snapshot is written; T_UNLOADED: a tenant
+ * that was written to or looked up but never loaded, retired). Its change floor stays in
+ * ts->floors; a retirement fails rather than lose it. Returns true when taken out (the
+ * map's reference is dropped; the caller's last put frees the tenant and its index). */
+static bool unmap(tenants *ts, tenant *t, int state)
 {
     bool ok = false;
     uint64_t v;
@@ -417,8 +429,13 @@ static bool try_evict(tenants *ts, tenant *t)
     if (atomic_load(&t->refs) == 2 && idmap_get(ts->map, (uint64_t)t->id, &v) &&
         (tenant *)(uintptr_t)v == t) {
         pthread_mutex_lock(&t->mu);
-        ok = t->state == T_READY && !t->saving;
+        ok = t->state == state && !t->saving && !t->waiters;
+        uint64_t floor = tn_floor_locked(t);
         pthread_mutex_unlock(&t->mu);
+        /* out of memory for the floor: an eviction goes ahead without it (as every eviction
+         * did before floors were kept), a retirement waits */
+        if (ok && ts->floors && floor && idmap_put(ts->floors, (uint64_t)t->id, floor) < 0)
+            ok = state == T_READY;
         if (ok)
             idmap_del(ts->map, (uint64_t)t->id);
     }
@@ -426,6 +443,11 @@ static bool try_evict(tenants *ts, tenant *t)
     if (ok)
         tenants_put(t);
     return ok;
+}
+
+static bool try_evict(tenants *ts, tenant *t)
+{
+    return unmap(ts, t, T_READY);
 }
 
 /* Drops t's index, loaded with another engine than the tenant now has, when nobody but the
@@ -480,8 +502,15 @@ static void housekeeping(bg_ctx *ctx, void *arg)
             tn_schedule_catch_up(t);
         }
         pthread_mutex_unlock(&t->mu);
-        if (!ready)
+        if (!ready) {
+            /* a tenant stored to or looked up, never loaded: after TENANT_RETIRE_NS it leaves
+             * the registry (unmap keeps what a read on a standby needs), so that an idle
+             * tenant costs this process nothing (bench/README, many tenants) */
+            uint64_t used = atomic_load(&t->used_ns);
+            if (used < now && now - used >= TENANT_RETIRE_NS && unmap(ts, t, T_UNLOADED))
+                atomic_fetch_add(&ts->n_retired, 1);
             continue;
+        }
         if (stale) {
             /* its engine changed while requests used it: dropped once idle, no snapshot */
             drop_stale(ts, t);
@@ -688,6 +717,8 @@ void tenants_forget(tenants *ts, int64_t id)
         t = (tenant *)(uintptr_t)v;
         idmap_del(ts->map, (uint64_t)id);
     }
+    if (ts->floors)
+        idmap_del(ts->floors, (uint64_t)id);
     pthread_mutex_unlock(&ts->mu);
     if (t) {
         pthread_mutex_lock(&t->mu);
@@ -740,6 +771,7 @@ void tenants_stats(tenants *ts, tenants_metrics *m)
     memset(m, 0, sizeof(*m));
     pthread_mutex_lock(&ts->mu);
     idmap_foreach(ts->map, stats_one, m);
+    m->floors = ts->floors ? idmap_count(ts->floors) : 0;
     pthread_mutex_unlock(&ts->mu);
     m->budget = ts->budget;
     m->snapshot_loads = atomic_load(&ts->n_snap_loads);
@@ -747,6 +779,7 @@ void tenants_stats(tenants *ts, tenants_metrics *m)
     m->database_loads = atomic_load(&ts->n_db_loads);
     m->snapshots_written = atomic_load(&ts->n_snapshots);
     m->evictions = atomic_load(&ts->n_evictions);
+    m->retired = atomic_load(&ts->n_retired);
     m->rebuilds = atomic_load(&ts->n_rebuilds);
     m->recall_probes = atomic_load(&ts->n_probes);
     m->recall_probe_ns = atomic_load(&ts->probe_ns);

@@ -74,8 +74,9 @@ void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq);
  * announced (change notifications), whether or not the index is loaded. A read that is
  * combined with the index, or that must show this process's own writes, may run on a hot
  * standby only if the standby's copy of the tenant has replayed at least this change (see
- * req_submit_read). tenants_read_floor is the same for tenant id, 0 when the registry does
- * not hold it (this process has seen nothing of it). Any thread. */
+ * req_submit_read). tenants_read_floor is the same for tenant id: for a tenant out of the
+ * registry (evicted, retired) the floor it had when it left, 0 when this process has seen
+ * nothing of it. Any thread. */
 uint64_t tenants_floor_of(tenant *t);
 uint64_t tenants_read_floor(tenants *ts, int64_t id);
 
@@ -196,6 +197,9 @@ typedef struct tenants_metrics {
     double recall_min, recall_sum;
     uint64_t exact_fallbacks, recall_probes, recall_probe_ns;
     uint64_t rows_warmed; /* rows read into the row cache after loads, since start */
+    /* never-loaded tenants retired from the registry since start (idle TENANT_RETIRE_NS),
+     * and the change floors kept for tenants out of it (with pg_read_dsn only) */
+    uint64_t retired, floors;
 } tenants_metrics;
 
 /* tenants_stats fills m. Any thread. */

@@ -81,12 +81,17 @@ void tn_mark_applied(tenant *t, uint64_t seq)
             t->nabove -= k;
         }
         /* tombstones at or below the watermark can no longer be undone by a late write */
-        if (idmap_count(t->deleted)) {
+        if (t->deleted) {
             prune_ctx pc = {.watermark = t->applied};
             idmap_foreach(t->deleted, collect_old, &pc);
             for (size_t i = 0; i < pc.n; i++)
                 idmap_del(t->deleted, pc.ids[i]);
             free(pc.ids);
+            if (idmap_count(t->deleted) == 0) {
+                /* most tenants have no delete in flight: no map (tenants_int.h) */
+                idmap_destroy(t->deleted);
+                t->deleted = NULL;
+            }
         }
         return;
     }
@@ -129,7 +134,7 @@ static bool fault_upsert(tenants *ts)
 int tn_do_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const mem_meta *m)
 {
     uint64_t dseq;
-    if (idmap_get(t->deleted, id, &dseq) && dseq >= seq)
+    if (t->deleted && idmap_get(t->deleted, id, &dseq) && dseq >= seq)
         return 0; /* deleted by a later change */
     mem_meta cur, own;
     bool present = vindex_get_meta(t->vi, id, &cur) == 0;
@@ -186,9 +191,11 @@ int tn_do_delete(tenant *t, uint64_t seq, uint64_t id)
         vindex_remove(t->vi, id);
         free((void *)cur.tags); /* the index's, unreachable now */
     }
-    if (seq > t->applied && idmap_put(t->deleted, id, seq) < 0)
+    if (seq <= t->applied)
+        return 0;
+    if (!t->deleted && !(t->deleted = idmap_create(16)))
         return -ENOMEM;
-    return 0;
+    return idmap_put(t->deleted, id, seq) < 0 ? -ENOMEM : 0;
 }
 
 /* A change that could not be applied (do_upsert or do_delete did not return 0) stays
@@ -386,11 +393,24 @@ void tn_schedule_catch_up(tenant *t)
     }
 }
 
+/* Raises the kept floor of tenant id (out of the registry), if one is kept, to seq. A tenant
+ * this process has seen nothing of gets none: its reads need no floor. */
+static void raise_floor(tenants *ts, int64_t id, uint64_t seq)
+{
+    uint64_t f;
+    pthread_mutex_lock(&ts->mu);
+    if (ts->floors && idmap_get(ts->floors, (uint64_t)id, &f) && seq > f)
+        idmap_put(ts->floors, (uint64_t)id, seq); /* replaces: never allocates */
+    pthread_mutex_unlock(&ts->mu);
+}
+
 void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq)
 {
     tenant *t = tn_lookup(ts, id);
-    if (!t)
+    if (!t) {
+        raise_floor(ts, id, seq);
         return;
+    }
     pthread_mutex_lock(&t->mu);
     if (seq > t->known)
         t->known = seq;
@@ -400,14 +420,20 @@ void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq)
     tenants_put(t);
 }
 
-uint64_t tenants_floor_of(tenant *t)
+uint64_t tn_floor_locked(const tenant *t)
 {
-    pthread_mutex_lock(&t->mu);
     uint64_t f = t->known;
     if (t->applied > f)
         f = t->applied;
     if (t->nabove && t->above[t->nabove - 1] > f)
         f = t->above[t->nabove - 1];
+    return f;
+}
+
+uint64_t tenants_floor_of(tenant *t)
+{
+    pthread_mutex_lock(&t->mu);
+    uint64_t f = tn_floor_locked(t);
     pthread_mutex_unlock(&t->mu);
     return f;
 }
@@ -415,8 +441,14 @@ uint64_t tenants_floor_of(tenant *t)
 uint64_t tenants_read_floor(tenants *ts, int64_t id)
 {
     tenant *t = tn_lookup(ts, id);
-    if (!t)
-        return 0;
+    if (!t) {
+        uint64_t f = 0;
+        pthread_mutex_lock(&ts->mu);
+        if (ts->floors)
+            idmap_get(ts->floors, (uint64_t)id, &f);
+        pthread_mutex_unlock(&ts->mu);
+        return f;
+    }
     uint64_t f = tenants_floor_of(t);
     tenants_put(t);
     return f;

@@ -21,6 +21,11 @@
 
 enum { T_UNLOADED, T_LOADING, T_READY };
 
+/* A tenant in the registry that was never loaded (a store, a memory.stats, a notification
+ * kept it) and that nothing used for this long is retired from it by the housekeeping. Longer
+ * than TENANT_NONLIVE_MS, so that nothing a request noted on it is lost. */
+#define TENANT_RETIRE_NS ((uint64_t)(TENANT_NONLIVE_MS + 5000) * 1000000u)
+
 typedef struct waiter {
     struct waiter *next;
     server_poster where; /* the thread cb runs on */
@@ -55,7 +60,9 @@ struct tenant {
     uint64_t known;
     uint64_t *above; /* applied changes > applied, sorted */
     size_t nabove, cabove;
-    idmap *deleted; /* id -> change number of its delete, while above the watermark */
+    /* id -> change number of its delete, while above the watermark; NULL while there is
+     * none (most tenants: the map is made by the first delete and freed when empty) */
+    idmap *deleted;
     pending *phead, *ptail;
     waiter *waiters;
     bool catchup_queued;
@@ -87,8 +94,12 @@ struct tenant {
 
 struct tenants {
     server *srv;
-    pthread_mutex_t mu;    /* guards map and refs */
-    idmap *map;            /* tenant id -> tenant* */
+    pthread_mutex_t mu; /* guards map and refs */
+    idmap *map;         /* tenant id -> tenant* */
+    /* tenant id -> the change floor (tenants_floor_of) of a tenant taken out of map (evicted
+     * or retired), given back to it when it returns: kept only when reads may go to a
+     * standby (pg_read_dsn), NULL otherwise; 16 to 32 bytes a tenant (guarded by mu) */
+    idmap *floors;
     atomic_bool preloaded; /* the start-up preload has finished */
     atomic_int preload_left;
     vindex_opts vo; /* index options but dim and meta_size */
@@ -102,7 +113,7 @@ struct tenants {
     unsigned hk_runs;  /* housekeeping rounds (only the running round touches it) */
     uint64_t hk_freed; /* evictions + rebuilds at the end of the last round (likewise) */
     atomic_uint_least64_t n_snap_loads, n_snap_rejected, n_db_loads, n_snapshots, n_evictions,
-        n_rebuilds;
+        n_rebuilds, n_retired;
     /* successful loads by source (0 snapshot, 1 database): duration histogram and sum */
     atomic_uint_least64_t load_hist[2][TENANTS_LOAD_BUCKETS];
     atomic_uint_least64_t load_us[2];
@@ -192,6 +203,9 @@ int tn_do_delete(tenant *t, uint64_t seq, uint64_t id);
 int tn_do_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const mem_meta *m);
 /* Records seq as applied and advances the watermark over any contiguous run. */
 void tn_mark_applied(tenant *t, uint64_t seq);
+/* The highest change number of t this process knows was committed (tenants_floor_of;
+ * t->mu held). */
+uint64_t tn_floor_locked(const tenant *t);
 /* Tells whether change seq is already in t's index (t->mu held). */
 bool tn_seq_applied(tenant *t, uint64_t seq);
 

@@ -115,7 +115,8 @@ static int load_from_db(PGconn *pg, tenant *t, size_t *rows, char *err, size_t e
     t->vi = lc.vi;
     t->applied = seq;
     t->nabove = 0;
-    idmap_clear(t->deleted);
+    idmap_destroy(t->deleted);
+    t->deleted = NULL;
     t->saved_seq = 0;
     t->saved_mono_ns = 0;
     t->dirty = true; /* snapshotted by the next housekeeping round */
@@ -265,7 +266,8 @@ static void uninstall(tenant *t)
     t->vi = NULL;
     t->applied = 0;
     t->nabove = 0;
-    idmap_clear(t->deleted);
+    idmap_destroy(t->deleted);
+    t->deleted = NULL;
     pthread_mutex_unlock(&t->mu);
     index_free(vi);
 }
@@ -336,7 +338,8 @@ static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *chang
     t->vi = vi;
     t->applied = upto;
     t->nabove = 0;
-    idmap_clear(t->deleted);
+    idmap_destroy(t->deleted);
+    t->deleted = NULL;
     pthread_mutex_unlock(&t->mu);
     replay_ctx rp = {.t = t, .next = upto + 1};
     rc = loader_changes(pg, t->id, t->dim, upto, &now_seq, replay_change, &rp, err, errlen);

@@ -88,6 +88,13 @@ static void render_index_counters(const server *s, const tenants_metrics *tm, st
         "# HELP engram_index_rebuilds_total Background index rebuilds (deleted vectors "
         "dropped, structure changed).\n# TYPE engram_index_rebuilds_total counter\n"
         "engram_index_rebuilds_total %llu\n"
+        "# HELP engram_index_tenants_retired_total Tenants never loaded (stored to, looked up) "
+        "taken out of the index registry after a spell unused.\n"
+        "# TYPE engram_index_tenants_retired_total counter\n"
+        "engram_index_tenants_retired_total %llu\n"
+        "# HELP engram_index_change_floors Change floors kept for tenants out of the index "
+        "registry, for reads on a standby (pg_read_dsn only).\n"
+        "# TYPE engram_index_change_floors gauge\nengram_index_change_floors %llu\n"
         "# HELP engram_row_cache_entries Memory rows cached for search results.\n"
         "# TYPE engram_row_cache_entries gauge\nengram_row_cache_entries %llu\n"
         "# HELP engram_row_cache_bytes Bytes of cached memory rows.\n"
@@ -103,6 +110,7 @@ static void render_index_counters(const server *s, const tenants_metrics *tm, st
         (unsigned long long)tm->snapshot_loads, (unsigned long long)tm->database_loads,
         (unsigned long long)tm->snapshots_rejected, (unsigned long long)tm->snapshots_written,
         (unsigned long long)tm->evictions, (unsigned long long)tm->rebuilds,
+        (unsigned long long)tm->retired, (unsigned long long)tm->floors,
         (unsigned long long)rc_entries, (unsigned long long)rc_bytes, (unsigned long long)rc_hits,
         (unsigned long long)rc_misses, (unsigned long long)tm->rows_warmed);
 }

@@ -285,6 +285,43 @@ def test_least_recently_used_indexes_are_evicted_under_the_budget(engramd):
     assert metric(srv, "engram_index_snapshots_rejected_total") == 0
 
 
+def test_tenants_never_loaded_leave_the_registry(engramd):
+    """A store to a tenant whose index is not loaded puts the tenant in the index registry
+    without loading it; unused for TENANT_RETIRE_NS (15 s) it is retired from it, so that an
+    idle tenant costs the process nothing (bench/README, many tenants). A loaded index is not
+    retired (only evicted under the budget), and a retired tenant's next search builds its
+    index with every memory, those stored before and after the retirement."""
+    dsn = new_database("retire")
+    srv = engramd(dsn)
+    stored = []
+    for t in range(3):
+        tid, key = srv.create_tenant()
+        vecs = structured_vectors(40, DIM, seed=70 + t)
+        with srv.client(key=key) as c:
+            ids = store(c, vecs)
+            assert c.call("memory.stats")["index"].get("loaded") is False
+        stored.append((tid, key, vecs, ids))
+    tid, key = srv.create_tenant()
+    with srv.client(key=key) as c:
+        loaded_ids = store(c, structured_vectors(40, DIM, seed=80))
+        assert index_ids(c, 100) == sorted(loaded_ids)  # loaded by the search
+    assert metric(srv, "engram_index_tenants_known") == 4
+    wait_metric(srv, "engram_index_tenants_retired_total", lambda v: v == 3, "3", default=0.0,
+                timeout=45.0)
+    assert metric(srv, "engram_index_tenants_known") == 1  # the loaded one stays
+    for n, (tid, key, vecs, ids) in enumerate(stored):
+        with srv.client(key=key) as c:
+            if n == 0:  # a write after the retirement, before the first load
+                ids.append(c.call("memory.store", content="late", type="fact", importance=0.5,
+                                  embedding=vec_bin(vecs[1]))["id"])
+            assert index_ids(c, 100) == sorted(ids) == db_ids(dsn, tid)
+            res = c.call("memory.search", embedding=vec_bin(vecs[7]), top_k=1,
+                         similarity_weight=1.0)["results"]
+            assert res[0]["id"] == ids[7]
+    assert metric(srv, "engram_index_tenants_known") == 4
+    assert metric(srv, "engram_index_change_floors") == 0  # no pg_read_dsn: none kept
+
+
 def test_typed_metadata_filters_after_a_rebuild_from_the_database(engramd):
     """Tags come three ways: from a store's request, from an update's row and, when an index
     is built from PostgreSQL, from the metadata fields the loader selects. Filters on every

@@ -91,7 +91,7 @@ static bool applied(tenant *t, uint64_t seq)
 static size_t tombstones(tenant *t)
 {
     pthread_mutex_lock(&t->mu);
-    size_t n = idmap_count(t->deleted);
+    size_t n = t->deleted ? idmap_count(t->deleted) : 0;
     pthread_mutex_unlock(&t->mu);
     return n;
 }

@@ -29,7 +29,7 @@ struct tenancy {
     idmap *tenant_conns; /* tenant id -> connections authenticated as it */
     idmap *revoked;      /* key row ids revoked while in use */
     idmap *deleted;      /* tenant ids deleted */
-    idmap *tiers;        /* tenant id -> tier + 1 */
+    idmap *tiers;        /* tenant id -> tier + 1, while it has connections */
     idmap *bucket_at;    /* tenant id -> index in buckets */
     tenancy_bucket *buckets;
     size_t nbuckets, cbuckets;
@@ -119,9 +119,12 @@ void tenancy_key_released(tenancy *t, int64_t key_id)
         uint64_t tid = 0, c = 0;
         if (idmap_get(t->key_tenant, (uint64_t)key_id, &tid) &&
             idmap_get(t->tenant_conns, tid, &c)) {
-            if (c <= 1)
+            if (c <= 1) {
+                /* its next connection reads the tier afresh (key_in_use): an idle tenant
+                 * costs no entry here */
                 idmap_del(t->tenant_conns, tid);
-            else
+                idmap_del(t->tiers, tid);
+            } else
                 idmap_put(t->tenant_conns, tid, c - 1);
         }
         if (n <= 1) {
@@ -176,7 +179,10 @@ void tenancy_tier_changed(tenancy *t, int64_t tenant_id, int tier)
     if (tier < 0 || tier >= TIER_COUNT)
         return;
     pthread_mutex_lock(&t->mu);
-    idmap_put(t->tiers, (uint64_t)tenant_id, (uint64_t)tier + 1);
+    /* only tenants with connections are tracked: the others read theirs when they connect
+     * (one that connects meanwhile read it from the database, or check_keys corrects it) */
+    if (idmap_get(t->tenant_conns, (uint64_t)tenant_id, NULL))
+        idmap_put(t->tiers, (uint64_t)tenant_id, (uint64_t)tier + 1);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -236,12 +242,57 @@ bool tenancy_rate_take(tenancy *t, int64_t tenant_id, int tier, uint64_t *retry_
             t->cbuckets = cap;
         }
         at = t->nbuckets++;
-        t->buckets[at] = (tenancy_bucket){.tokens = lim->rate_burst, .last_ns = now};
+        t->buckets[at] =
+            (tenancy_bucket){.tokens = lim->rate_burst, .last_ns = now, .tenant = tenant_id};
         idmap_put(t->bucket_at, (uint64_t)tenant_id, at);
     }
     bool ok = tenancy_bucket_take(&t->buckets[at], lim->rate_per_s, lim->rate_burst, now, retry_ms);
     pthread_mutex_unlock(&t->mu);
     return ok;
+}
+
+size_t tenancy_sweep_buckets(tenancy *t, uint64_t now_ns)
+{
+    /* the longest any tier's bucket takes to fill from empty: a bucket idle that long is
+     * full whatever tier its tenant has (after a reload that lowered a rate, one forgotten a
+     * little early starts full: the old limits' leniency, once) */
+    const tier_limits *lim = server_tiers(t->srv);
+    double full_s = 0;
+    for (int i = 0; i < TIER_COUNT; i++)
+        if (lim[i].rate_per_s > 0 && lim[i].rate_burst / lim[i].rate_per_s > full_s)
+            full_s = lim[i].rate_burst / lim[i].rate_per_s;
+    uint64_t full_ns = full_s * 1e9 < 1e18 ? (uint64_t)(full_s * 1e9) : UINT64_MAX;
+    size_t gone = 0;
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->nbuckets;) {
+        tenancy_bucket *b = &t->buckets[i];
+        if (now_ns < b->last_ns || now_ns - b->last_ns < full_ns) {
+            i++;
+            continue;
+        }
+        idmap_del(t->bucket_at, (uint64_t)b->tenant);
+        if (i != --t->nbuckets) {
+            *b = t->buckets[t->nbuckets];
+            idmap_put(t->bucket_at, (uint64_t)b->tenant, i); /* replaces: never allocates */
+        }
+        gone++;
+    }
+    if (t->cbuckets > 64 && t->nbuckets < t->cbuckets / 4) {
+        size_t cap = t->cbuckets / 2;
+        tenancy_bucket *b = realloc(t->buckets, cap * sizeof(*b));
+        if (b) { /* else the larger table stays */
+            t->buckets = b;
+            t->cbuckets = cap;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    return gone;
+}
+
+static void sweep_job(bg_ctx *ctx, void *arg)
+{
+    (void)ctx;
+    tenancy_sweep_buckets(arg, server_mono_ns());
 }
 
 void tenancy_count_query(tenancy *t, int64_t tenant_id)
@@ -391,7 +442,8 @@ static void flush_queries(bg_ctx *ctx, void *arg)
 int tenancy_start(tenancy *t)
 {
     if (bg_every(t->srv->bg, CHECK_INTERVAL_MS, check_keys, t) < 0 ||
-        bg_every(t->srv->bg, COUNT_FLUSH_MS, flush_queries, t) < 0)
+        bg_every(t->srv->bg, COUNT_FLUSH_MS, flush_queries, t) < 0 ||
+        bg_every(t->srv->bg, CHECK_INTERVAL_MS, sweep_job, t) < 0)
         return -ENOMEM;
     return 0;
 }

@@ -27,7 +27,7 @@ tenancy *tenancy_create(server *s);
 void tenancy_destroy(tenancy *t);
 
 /* tenancy_start registers the periodic tasks (key checks, tier refresh, query count
- * flush) with s->bg. Returns 0 or -ENOMEM. */
+ * flush, idle buckets forgotten) with s->bg. Returns 0 or -ENOMEM. */
 int tenancy_start(tenancy *t);
 
 /* tenancy_key_in_use / tenancy_key_released keep the count of connections using a key
@@ -45,7 +45,8 @@ void tenancy_key_released(tenancy *t, int64_t key_id);
 /* tenancy_key_ok tells whether a key (and its tenant) may still make requests. */
 bool tenancy_key_ok(tenancy *t, int64_t key_id, int64_t tenant_id);
 
-/* tenancy_tier returns the tenant's current tier, or fallback when unknown. */
+/* tenancy_tier returns the tenant's current tier, or fallback when unknown (a tenant without
+ * connections is not tracked: its next authentication reads the tier). */
 int tenancy_tier(tenancy *t, int64_t tenant_id, int fallback);
 
 /* tenancy_revoked / tenancy_deleted / tenancy_tier_changed record an administrative change
@@ -68,6 +69,7 @@ bool tenancy_rate_take(tenancy *t, int64_t tenant_id, int tier, uint64_t *retry_
 typedef struct tenancy_bucket {
     double tokens;
     uint64_t last_ns;
+    int64_t tenant; /* whose, in tenancy's table (tenancy_bucket_take ignores it) */
 } tenancy_bucket;
 
 /* tenancy_bucket_take refills b for the time from b->last_ns to now_ns (monotonic; a now_ns
@@ -77,6 +79,13 @@ typedef struct tenancy_bucket {
  * serializes calls on one bucket. */
 bool tenancy_bucket_take(tenancy_bucket *b, double rate_per_s, double burst, uint64_t now_ns,
                          uint64_t *retry_ms);
+
+/* tenancy_sweep_buckets forgets the buckets of tenants idle long enough that theirs is full
+ * again under every tier's limits (a new bucket starts full: nothing changes for them) and
+ * gives back the table's spare room, so that a tenant that stopped sending costs nothing
+ * here. Returns the number forgotten. Runs every 5 s on a background thread (tenancy_start);
+ * any thread. */
+size_t tenancy_sweep_buckets(tenancy *t, uint64_t now_ns);
 
 /* tenancy_count_query counts one query of a tenant whose tier has no daily limit. */
 void tenancy_count_query(tenancy *t, int64_t tenant_id);

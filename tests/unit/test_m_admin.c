@@ -205,7 +205,11 @@ static void test_tenant_update(void)
     CHECK(rn->done && fr_is_str(fr_get(rn, "chat_model"), "none"));
     fr_free(rn);
 
+    /* tiers are tracked for tenants with connections (a tenant without one reads its tier
+     * when it connects): tenant 4 has one, at the free tier */
     CHECK(tenancy_tier(env.srv.tenancy, 4, -1) == -1);
+    tenancy_key_in_use(env.srv.tenancy, 40, 4, TIER_FREE);
+    CHECK(tenancy_tier(env.srv.tenancy, 4, -1) == TIER_FREE);
     req *r = call("admin.tenant.update",
                   "{\"tenant_id\": 4, \"tier\": \"premium\", \"new_name\": \"beta\", "
                   "\"index_engine\": \"default\"}");

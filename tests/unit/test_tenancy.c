@@ -150,6 +150,37 @@ static void test_rates(void)
     teardown();
 }
 
+static void test_sweep_buckets(void)
+{
+    /* free: burst 5 at 0.001/s fills in 5000 s; premium: 3 in 3000 s: 5000 s is the longest,
+     * so a bucket is forgotten once idle that long, not before */
+    setup();
+    tenancy *t = srv.tenancy;
+    uint64_t retry = 0;
+    /* tenants 1..100 empty their buckets before mid, 101..200 after it */
+    for (int64_t id = 1; id <= 100; id++)
+        CHECK(admitted(t, id, id % 2 ? TIER_FREE : TIER_PREMIUM, 10, &retry) == (id % 2 ? 5 : 3));
+    uint64_t mid = server_mono_ns();
+    for (int64_t id = 101; id <= 200; id++)
+        CHECK(admitted(t, id, TIER_FREE, 10, &retry) == 5);
+    CHECK(tenancy_sweep_buckets(t, mid) == 0);
+    CHECK(tenancy_sweep_buckets(t, mid + 4999 * S) == 0);
+    /* at mid + 5000 s the first hundred have been idle 5000 s: full, forgotten; the others,
+     * moved into the freed places, keep their own (empty) buckets */
+    size_t gone = tenancy_sweep_buckets(t, mid + 5000 * S);
+    CHECK_MSG(gone == 100, "%zu forgotten", gone);
+    for (int64_t id = 101; id <= 200; id++)
+        CHECK_MSG(admitted(t, id, TIER_FREE, 10, &retry) == 0, "tenant %lld", (long long)id);
+    /* a forgotten tenant starts full, as after that long it would have */
+    CHECK(admitted(t, 7, TIER_FREE, 10, &retry) == 5);
+    CHECK(admitted(t, 8, TIER_PREMIUM, 10, &retry) == 3);
+    CHECK(admitted(t, 7, TIER_FREE, 10, &retry) == 0);
+    /* everything idle: the table empties */
+    CHECK(tenancy_sweep_buckets(t, server_mono_ns() + 5000 * S) == 102);
+    CHECK(admitted(t, 150, TIER_FREE, 10, &retry) == 5);
+    teardown();
+}
+
 typedef struct hammer_arg {
     tenancy *t;
     int passed;
@@ -231,8 +262,18 @@ static void test_tiers(void)
     tenancy_tier_changed(t, 1, TIER_STANDARD);
     CHECK(tenancy_tier(t, 1, TIER_PREMIUM) == TIER_STANDARD);
     /* TIER_FREE is 0: stored so that it is not taken for "unknown" */
+    tenancy_key_in_use(t, 20, 2, TIER_STANDARD);
     tenancy_tier_changed(t, 2, TIER_FREE);
     CHECK(tenancy_tier(t, 2, TIER_PREMIUM) == TIER_FREE);
+    /* a tenant without connections is not tracked: a change names no entry, and the last
+     * connection's end forgets the tier (the next authentication reads it) */
+    tenancy_tier_changed(t, 3, TIER_STANDARD);
+    CHECK(tenancy_tier(t, 3, TIER_PREMIUM) == TIER_PREMIUM);
+    tenancy_key_in_use(t, 21, 2, TIER_FREE); /* a second connection of tenant 2 */
+    tenancy_key_released(t, 20);
+    CHECK(tenancy_tier(t, 2, TIER_PREMIUM) == TIER_FREE);
+    tenancy_key_released(t, 21);
+    CHECK(tenancy_tier(t, 2, TIER_PREMIUM) == TIER_PREMIUM);
     /* a tier that does not exist changes nothing */
     tenancy_tier_changed(t, 1, -1);
     tenancy_tier_changed(t, 1, TIER_COUNT);
@@ -277,6 +318,7 @@ int main(void)
     test_bucket_clock_order();
     test_rates();
     test_rates_threads();
+    test_sweep_buckets();
     test_keys();
     test_tiers();
     test_notify();

@@ -8,6 +8,7 @@ replay resumes the reads go to the standby again (engram_db_reads_total{target})
 built while the standby lags takes the bulk from the standby and the missing changes from
 the primary; with the standby down, reads go to the primary without waiting."""
 import os
+import time
 
 import pytest
 
@@ -184,3 +185,34 @@ def test_reads_go_to_the_primary_while_the_standby_is_down(cluster, srv):
         s0 = reads(srv)[0]
         assert c.call("memory.get", ids=[mid])["memories"][0]["content"] == "while the standby is down"
         assert reads(srv)[0] == s0 + 1
+
+
+def test_a_tenant_out_of_the_index_registry_keeps_its_change_floor(cluster, srv):
+    """A tenant written to and never loaded leaves the index registry after 15 s unused
+    (engram_index_tenants_retired_total); what the process knows of its changes stays
+    (engram_index_change_floors), so a read while the standby lags still goes to the
+    primary and sees the write."""
+    primary, standby, _, sdsn = cluster
+    tid, key = srv.create_tenant()
+    vecs = structured_vectors(2, DIM, seed=11)
+    with srv.client(key=key) as c:
+        first = store(c, vecs[0], "before the pause")
+        assert wait_for(lambda: standby.caught_up(primary), timeout=30)
+        standby.pause()
+        try:
+            retired0 = metric(srv, "engram_index_tenants_retired_total")
+            new = store(c, vecs[1], "stored while the standby is paused")
+            t_store = time.monotonic()
+            assert on_standby(sdsn, tid, new) is None
+            # retired 15 s after its last use (the store), by the housekeeping's next round
+            assert wait_for(lambda: time.monotonic() - t_store > 17
+                            and metric(srv, "engram_index_tenants_retired_total") > retired0,
+                            timeout=60, interval=0.5)
+            assert metric(srv, "engram_index_change_floors") >= 1
+            behind0 = metric(srv, "engram_db_read_fallbacks_total", 'reason="behind"')
+            got = c.call("memory.get", ids=[first, new])["memories"]
+            assert [(m["id"], m["content"]) for m in got] == \
+                [(first, "before the pause"), (new, "stored while the standby is paused")]
+            assert metric(srv, "engram_db_read_fallbacks_total", 'reason="behind"') > behind0
+        finally:
+            standby.resume()

@@ -227,7 +227,7 @@ size_t vi_heap_bytes(const vindex *vi)
     for (size_t i = 0; i < st->nchunks; i++)
         b += vi_chunk_bytes(vi, st->chunks[i]);
     if (st->center)
-        b += vi->dim * sizeof(float);
+        b += vi->dim * (sizeof(float) + sizeof(double)); /* and its rotation */
     if (st->rows)
         b += sizeof(vrows);
     if (vi->fx)

@@ -44,8 +44,8 @@
  *
  * Memory. From the SQ8 kind on, a search reads a float row only to re-rank a candidate that
  * the int8 bound could not rule out; an ANN search ranks its candidates by their int8
- * estimates and reads the float rows of near-ties across the k-th place only (0.7 to 2.4 a
- * query on the 768-d benchmark sets at 50,000, 7 on the text set; see vindex_opts.tie_margin).
+ * estimates and reads the float rows of near-ties across the k-th place only (0.5 to 1.1 a
+ * query on the 768-d benchmark sets at 50,000, 1 on the text set; see vindex_opts.tie_margin).
  * Everything a search touches on every query (int8 and sign codes, metadata, ids) stays on
  * the heap. Once the
  * index has been saved (or loaded), its float rows are read from that snapshot, mapped,
@@ -145,7 +145,7 @@ typedef struct vindex_opts {
     double recall_target;
     /* tie_margin: an ANN search ranks its candidates by their int8 estimates and reads the
      * float rows only of near-ties across the k-th place: hits whose score intervals (the
-     * estimate plus or minus tie_margin standard deviations of its error, default 3; 0 takes
+     * estimate plus or minus tie_margin standard deviations of its error, default 2; 0 takes
      * the default) overlap there. Negative: every candidate the int8 bound cannot rule out
      * is re-ranked on its float row (exact similarities; the behaviour before issue 34). */
     double tie_margin;
@@ -374,8 +374,8 @@ typedef struct vindex_query {
  * Kinds FLAT and SQ8 are exact: the hits are the best k of all kept vectors. On an ANN
  * index the hits are the best k among the candidates the candidate stage (the native codes,
  * or FAISS) found among the kept vectors, ranked by their int8 estimates: a hit's similarity
- * is its estimate (the int8 code's product, within |q| rn of the exact value: about 1e-3 on
- * the benchmark sets, 0.01 at most for dense unit vectors), except where hits' score
+ * is its estimate (the int8 code's product, within its bound of the exact value: 3e-4 to
+ * 1e-3 on the benchmark sets, 0.01 at most for dense unit vectors), except where hits' score
  * intervals (vindex_opts.tie_margin) overlap across the k-th place, whose float rows decide
  * which are in and whose similarities are then exact. The order among the k follows the
  * estimates: hits closer than the codes' error may come in either order. With a negative
@@ -386,9 +386,9 @@ typedef struct vindex_query {
  * searches past the measured depth while candidates keep entering its top k (native), or four times
  * as deep (FAISS). An ANN index answers exactly (scanning the int8 codes) when k is large against
  * it (live at most twice the budget), until its codes are measured, and while its recall monitor
- * finds no depth that reaches the target. The reported similarity of a vector depends only on it
- * and the query (not on where it is stored or on the CPU) and on whether it was ranked on its code
- * or its row, so two copies of one vector tie exactly and are ordered by id.
+ * finds no depth that reaches the target. The reported similarity of a vector depends only on it,
+ * the query and the index's centre (not on where it is stored or on the CPU) and on whether it was
+ * ranked on its code or its row, so two copies of one vector tie exactly and are ordered by id.
  *
  * Returns 0, VINDEX_E_ZERO for a query vector without direction, or -ENOMEM. Runs on the
  * caller's thread under the shared lock (keep and score run under it); allocates scratch
@@ -469,9 +469,9 @@ void vindex_get_recall(vindex *vi, vindex_recall *out);
 
 /* ---- snapshots ----
  *
- * File format (version 4), little-endian, fields at fixed offsets:
+ * File format (version 5), little-endian, fields at fixed offsets:
  *   0  magic "ENGVIDX\0"         8 bytes
- *   8  u32 format version (4)    12 u32 header size (128)
+ *   8  u32 format version (5)    12 u32 header size (128)
  *   16 u64 dim                   24 u64 meta_size
  *   32 u64 slots (stored: live and tombstoned)   40 u64 seq (the caller's change number)
  *   48 u32 kind (which code sections follow)     52 u32 byte-order mark 0x01020304
@@ -481,8 +481,9 @@ void vindex_get_recall(vindex *vi, vindex_recall *out);
  *   96 u64 offset of the rows    104 u64 length of the rows (bytes)
  *   112 u64 length of the calibration section     120 u64 length of the FAISS section
  * then, in order: ids (slots u64), tombstones ((slots + 63) / 64 u64, bit s of word s / 64),
- * metadata (slots * meta_size bytes), if kind >= SQ8: scales (slots f32), error norms
- * (slots f32), codes (slots * stride int8), if kind == ANN: sign codes (slots * words u64),
+ * metadata (slots * meta_size bytes), if kind >= SQ8: steps (slots f32), errors along the
+ * centre (slots f32), error norms (slots f32), codes (slots * stride int8), all of the row
+ * rotated around the centre (vindex_store.c), if kind == ANN: sign codes (slots * words u64),
  * the centre they are taken around (dim f32) and the live count it was computed from (u64);
  * the calibration (the recall monitor's samples of these codes and the depth they set; see
  * vindex_cal.c), the FAISS engine's section (u64 bytes, u64 labels, the bytes, u32 slot per
@@ -490,8 +491,12 @@ void vindex_get_recall(vindex *vi, vindex_recall *out);
  * offset, the float rows (slots * dim f32 in slot order; when kind >= SQ8 the offset is a
  * multiple of 4096 and the rows are padded with zeros to whole chunks, so that a load can map
  * them), then the extra bytes. The file is exactly that long. Every slot is stored, so a
- * mapped row and its codes keep their slot; files of earlier versions are refused
- * (VINDEX_E_MISMATCH): the caller rebuilds from its own data once.
+ * mapped row and its codes keep their slot. Format 4 (the same without the errors along the
+ * centre, its int8 codes of the unrotated row, its sign codes of 257 to 448 dimensions
+ * widened to 8 words) loads: its rows, ids, metadata, centre and tombstones are kept, every
+ * code is taken anew and an ANN index measured again (24 probes) in the load's time. Files
+ * of earlier versions are refused (VINDEX_E_MISMATCH): the caller rebuilds from its own data
+ * once.
  */
 
 /* vindex_save writes the live vectors, metadata and codes to path atomically: a temporary

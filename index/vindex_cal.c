@@ -175,15 +175,15 @@ static int probe_positions(const vindex *vi, const vstore *st, const float *prob
                            size_t fx_depth, const vindex_query *shape, uint32_t *spos, int *nspos)
 {
     size_t dim = vi->dim, n = st->nslots;
-    size_t scratch = 2 * dim * sizeof(float) + vi->sq_stride * sizeof(int16_t) +
-                     vi->words * sizeof(uint64_t) + n * sizeof(uint16_t);
+    size_t scratch = dim * sizeof(double) + vi->words * sizeof(uint64_t) + dim * sizeof(float) +
+                     vi->sq_stride * sizeof(int16_t) + n * sizeof(uint16_t);
     unsigned char *mem = malloc(scratch);
     if (!mem)
         return -ENOMEM;
-    uint64_t *bits = (uint64_t *)mem;
+    double *rot = (double *)mem;
+    uint64_t *bits = (uint64_t *)(rot + dim);
     float *qn = (float *)(bits + vi->words);
-    float *rot = qn + dim;
-    int16_t *qq = (int16_t *)(rot + dim);
+    int16_t *qq = (int16_t *)(qn + dim);
     uint16_t *hd = (uint16_t *)(qq + vi->sq_stride);
     vindex_query q = {.vec = probe, .k = CAL_K};
     qprep p = {0};

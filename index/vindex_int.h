@@ -73,15 +73,12 @@
 #define MAX_SLOTS 0xfffffff0u /* slots are uint32 in search scratch and in the map */
 
 /* vi_code_words is the width of a sign code in 64-bit words, the stride of the codes: one bit
- * per dimension, except that codes of 5 to 7 words are widened to 8 (zero words at the end,
- * in the stored codes and in queries' alike, so distances do not change): a 64-byte code is
- * one aligned 512-bit load where a 48-byte one (384 dimensions) straddled cache lines and
- * needed a masked load, and the Hamming pass over 50,000 of them took 50 to 57 us at 8 words
- * against 75 to 89 at 6. */
+ * per dimension, the bits past dim zero. (Format 4 snapshots widened codes of 5 to 7 words
+ * to 8, which made the Hamming pass faster with AVX-512 but not with AVX2, for 16 bytes a
+ * 384-d vector; vi_snap_words.) */
 static inline size_t vi_code_words(size_t dim)
 {
-    size_t w = (dim + 63) / 64;
-    return w > 4 && w < 8 ? 8 : w;
+    return (dim + 63) / 64;
 }
 
 /* vi_chunk_shift is log2 of the slots per chunk: about 1 MiB of float rows, 64..4096 slots.
@@ -107,7 +104,7 @@ static inline size_t vi_chunk_shift(size_t dim)
 /* the near-tie margin of the code ranking, in standard deviations of an int8 estimate's
  * error (vindex_opts.tie_margin) */
 #ifndef DEF_TIE_MARGIN
-#define DEF_TIE_MARGIN 3.0
+#define DEF_TIE_MARGIN 2.0
 #endif
 #define ROT_SEED 0x656e6772616d5254ULL /* the sign-code rotation: the same for every index */
 #define ENC_STACK 4096                 /* dims encoded with a stack buffer; larger: heap */
@@ -123,10 +120,20 @@ static inline size_t vi_chunk_shift(size_t dim)
 
 /* ---- the snapshot format (vindex.h; vindex_snap.c writes it, vindex_load.c reads it) ---- */
 #define SNAP_MAGIC "ENGVIDX"
-#define SNAP_VERSION 4
+#define SNAP_VERSION 5
+/* format 4: the same layout, its int8 codes of the unrotated row around the origin and its
+ * sign codes rotated in float: loaded with every code taken anew (vindex_load.c) */
+#define SNAP_VERSION_OLD_CODES 4
 #define SNAP_HEADER 128
 #define SNAP_BOM 0x01020304u
 #define SNAP_CK_OFF 56
+
+/* vi_snap_words is the sign codes' width in a snapshot of format version. */
+static inline size_t vi_snap_words(uint32_t version, size_t dim)
+{
+    size_t w = vi_code_words(dim);
+    return version == SNAP_VERSION_OLD_CODES && w > 4 && w < 8 ? 8 : w;
+}
 
 /* The sections' sizes, from the header's numbers. */
 typedef struct snap_layout {
@@ -137,17 +144,20 @@ typedef struct snap_layout {
     uint64_t extra, total;                   /* total: the file's length */
 } snap_layout;
 
-/* vi_snap_layout computes the layout of a snapshot of slots slots of dim, meta_size and
- * kind, with cal_len, fx_len and extra_len bytes in those sections. Returns false when a size
- * overflows. Rows are page-aligned and padded to whole chunks from the SQ8 kind on. */
-bool vi_snap_layout(uint64_t dim, uint64_t meta_size, uint64_t slots, uint32_t kind,
-                    uint64_t cal_len, uint64_t fx_len, uint64_t extra_len, snap_layout *l);
+/* vi_snap_layout computes the layout of a snapshot of format version of slots slots of dim,
+ * meta_size and kind, with cal_len, fx_len and extra_len bytes in those sections. Returns
+ * false when a size overflows. Rows are page-aligned and padded to whole chunks from the
+ * SQ8 kind on. */
+bool vi_snap_layout(uint32_t version, uint64_t dim, uint64_t meta_size, uint64_t slots,
+                    uint32_t kind, uint64_t cal_len, uint64_t fx_len, uint64_t extra_len,
+                    snap_layout *l);
 
 typedef struct chunk {
     float *rows;         /* cap * dim: heap, or in the storage's mapped rows (rows_mapped) */
     int8_t *sq;          /* cap * sq_stride, NULL below SQ8 */
-    float *sq_scale;     /* cap */
-    float *sq_rn;        /* cap */
+    float *sq_scale;     /* cap: the code's step a */
+    float *sq_e;         /* cap: the coding error's part along the centre (vindex_store.c) */
+    float *sq_rn;        /* cap: the norm of the rest of the coding error, rounded up */
     uint64_t *bin;       /* cap * words, NULL below ANN */
     uint64_t *ids;       /* cap */
     unsigned char *meta; /* cap * meta_size, NULL when meta_size is 0 */
@@ -184,10 +194,14 @@ typedef struct vstore {
     size_t nchunks, tcap;
     size_t nslots, live, ntomb;
     int kind;
-    /* The sign codes are taken around center (dim floats, NULL below ANN), computed from
-     * the live vectors by the kind change to ANN and by every rebuild that stays there;
-     * center_live is the live count then. */
+    /* The codes are taken around center (dim floats, NULL below ANN: the origin), computed
+     * from the live vectors by the kind change to ANN and by every rebuild that stays there;
+     * center_live is the live count then. rcenter is the centre rotated (vk_rotate, dim
+     * doubles; NULL with center) and cnorm its norm (0 without one): codes and queries are
+     * taken in the rotated frame (vindex_search.c, "SQ8 codes"). */
     float *center;
+    double *rcenter;
+    double cnorm; /* |rcenter| */
     size_t center_live;
     vmap map;
     vrows *rows; /* the chunks below rows->slots read their rows here; NULL: all on heap */
@@ -404,9 +418,13 @@ typedef struct qprep {
     const float *qn; /* normalized, dim floats */
     int16_t *qq;     /* sq_stride entries */
     uint64_t *bits;  /* words */
-    double qs;       /* int16 step: qn ~ qs * qq */
+    double qs;       /* int16 step: R qn ~ qs * qq (R: the rotation) */
     double qnorm;    /* |qn| */
-    double snorm;    /* |qn - qs * qq|, rounded up */
+    double snorm;    /* |R qn - qs * qq|, rounded up (with the rotation's slack) */
+    double qmu;      /* qn . centre (0 without one) */
+    double alpha;    /* qn . u, u the centre's direction (0 without a centre) */
+    double qperp;    /* |qn - alpha u|, rounded up */
+    double ynorm;    /* a bound of |R (x - centre)| for a stored unit x: 1 + |centre| */
     double tie;      /* tie margin / sqrt(dim): an estimate's error is at most tie |q| rn */
     bool bounded;    /* the query declares a score bound */
 } qprep;
@@ -443,9 +461,16 @@ int vi_chunk_alloc_codes(const vindex *vi, chunk *c, int kind);
 size_t vi_chunk_bytes(const vindex *vi, const chunk *c); /* heap bytes */
 void vi_copy_slot(const vindex *vi, chunk *d, size_t dof, const chunk *s, size_t so,
                   bool with_meta);
-/* vi_encode_slot fills the codes c has for slot off beyond have_kind (sign codes around
- * center). */
-void vi_encode_slot(const vindex *vi, const float *center, chunk *c, size_t off, int have_kind);
+/* vi_encode_slot fills the codes c has for slot off beyond have_kind, around the rotated
+ * centre rcenter of norm cnorm (NULL: the origin). Both codes depend on the centre: a caller whose
+ * source codes were taken around another one passes VINDEX_KIND_FLAT. */
+void vi_encode_slot(const vindex *vi, const double *rcenter, double cnorm, chunk *c, size_t off,
+                    int have_kind);
+/* vi_rotate_center returns center rotated (dim doubles, malloc'd, the caller owns it) and
+ * its norm in *norm, or NULL when out of memory. */
+double *vi_rotate_center(const vindex *vi, const float *center, double *norm);
+/* vi_same_center tells whether storages a and b take their codes around the same centre. */
+bool vi_same_center(const vindex *vi, const vstore *a, const vstore *b);
 /* vi_center_of returns the mean of the live rows of nslots slots (malloc'd) or NULL. */
 float *vi_center_of(const vindex *vi, chunk *const *chunks, size_t nslots,
                     const uint64_t *tomb_override);
@@ -512,9 +537,9 @@ void vi_topk_sort(topk *t);
 /* vi_prepare normalizes q into qn and fills p; 0 or VINDEX_E_ZERO. */
 int vi_prepare(const vindex *vi, const vindex_query *q, float *qn, int16_t *qq, uint64_t *bits,
                qprep *p);
-/* vi_prepare_codes fills the int16 query (SQ8 and up) and the sign bits (ANN, around st's
- * centre), using scratch (dim floats). */
-void vi_prepare_codes(const vindex *vi, const vstore *st, qprep *p, int kind, float *scratch);
+/* vi_prepare_codes fills the int16 query (SQ8 and up) and the sign bits (ANN), in st's
+ * rotated frame around st's centre, using scratch (dim doubles). */
+void vi_prepare_codes(const vindex *vi, const vstore *st, qprep *p, int kind, double *scratch);
 /* vi_search_exact scans every slot of sc->st exactly (see vindex_search.c). */
 void vi_search_exact(sctx *sc, bool use_sq8, bool filter_first);
 

@@ -80,7 +80,7 @@ static void rskip(rbuf *r, uint64_t len)
 /* What the header says, checked. */
 typedef struct snap_hdr {
     uint64_t dim, msz, slots, seq, live;
-    uint32_t kind;
+    uint32_t kind, version;
     uint64_t ck;
     snap_layout l;
 } snap_hdr;
@@ -97,9 +97,9 @@ static int read_header(rbuf *r, uint64_t size, snap_hdr *h)
         return r->err;
     if (memcmp(hdr, SNAP_MAGIC, 8) != 0 || rd32(hdr + 52) != SNAP_BOM)
         return VINDEX_E_CORRUPT;
-    if (rd32(hdr + 8) != SNAP_VERSION)
-        return rd32(hdr + 8) >= 2 && rd32(hdr + 8) < SNAP_VERSION ? VINDEX_E_MISMATCH
-                                                                  : VINDEX_E_CORRUPT;
+    h->version = rd32(hdr + 8);
+    if (h->version != SNAP_VERSION && h->version != SNAP_VERSION_OLD_CODES)
+        return h->version >= 2 && h->version < SNAP_VERSION ? VINDEX_E_MISMATCH : VINDEX_E_CORRUPT;
     h->ck = rd64(hdr + SNAP_CK_OFF);
     /* the checksum covers the header with its own field zero: rehash the header */
     memset(hdr + SNAP_CK_OFF, 0, 8);
@@ -113,14 +113,15 @@ static int read_header(rbuf *r, uint64_t size, snap_hdr *h)
     h->live = rd64(hdr + 88);
     if (rd32(hdr + 12) != SNAP_HEADER || h->kind > VINDEX_KIND_ANN || h->dim == 0 ||
         h->dim > MAX_DIM || h->msz > MAX_META || h->slots >= MAX_SLOTS || h->live > h->slots ||
-        rd64(hdr + 64) != (h->dim + 31) / 32 * 32 || rd64(hdr + 72) != vi_code_words(h->dim) ||
-        rd64(hdr + 112) > size || rd64(hdr + 120) > size || rd64(hdr + 80) > size)
+        rd64(hdr + 64) != (h->dim + 31) / 32 * 32 ||
+        rd64(hdr + 72) != vi_snap_words(h->version, h->dim) || rd64(hdr + 112) > size ||
+        rd64(hdr + 120) > size || rd64(hdr + 80) > size)
         return VINDEX_E_CORRUPT;
     if ((rd64(hdr + 112) && h->kind != VINDEX_KIND_ANN) ||
         (rd64(hdr + 120) && h->kind != VINDEX_KIND_ANN))
         return VINDEX_E_CORRUPT;
-    if (!vi_snap_layout(h->dim, h->msz, h->slots, h->kind, rd64(hdr + 112), rd64(hdr + 120),
-                        rd64(hdr + 80), &h->l) ||
+    if (!vi_snap_layout(h->version, h->dim, h->msz, h->slots, h->kind, rd64(hdr + 112),
+                        rd64(hdr + 120), rd64(hdr + 80), &h->l) ||
         h->l.total != size || h->l.rows_off != rd64(hdr + 96) || h->l.rows_len != rd64(hdr + 104))
         return VINDEX_E_CORRUPT;
     return 0;
@@ -182,10 +183,16 @@ static void read_slots(loading *ld)
     rbuf *r = &ld->r;
     vstore *st = &ld->st;
     size_t slots = st->nslots;
-    for (int sec = 0; sec < 7 && !r->err; sec++) {
-        if (sec >= 3 && ld->h.kind < (sec == 6 ? VINDEX_KIND_ANN : VINDEX_KIND_SQ8))
+    /* format 4 has no errors along the centre (section 4), and its codes are taken anew:
+     * skipped (hashed) */
+    bool old = ld->h.version == SNAP_VERSION_OLD_CODES;
+    for (int sec = 0; sec < 8 && !r->err; sec++) {
+        if (sec >= 3 && ld->h.kind < (sec == 7 ? VINDEX_KIND_ANN : VINDEX_KIND_SQ8))
             continue;
-        size_t per[7] = {8, 0, vi->meta_size, 4, 4, vi->sq_stride, vi->words * 8};
+        if (sec == 4 && old)
+            continue;
+        size_t per[8] = {8, 0, vi->meta_size, 4,
+                         4, 4, vi->sq_stride, vi_snap_words(ld->h.version, vi->dim) * 8};
         if (sec == 1) { /* tombstones: whole words of the file, chunk words in memory */
             for (size_t i = 0; i < st->nchunks && !r->err; i++) {
                 chunk *c = st->chunks[i];
@@ -198,9 +205,10 @@ static void read_slots(loading *ld)
         for (size_t i = 0; i < st->nchunks && !r->err; i++) {
             chunk *c = st->chunks[i];
             size_t m = slots - (i << vi->ch_shift) < c->cap ? slots - (i << vi->ch_shift) : c->cap;
-            void *dst[7] = {c->ids, NULL, c->meta, c->sq_scale, c->sq_rn, c->sq, c->bin};
+            void *dst[8] = {c->ids,  c->tomb,  c->meta, c->sq_scale,
+                            c->sq_e, c->sq_rn, c->sq,   c->bin};
             if (dst[sec] &&
-                (sec < 3 || ld->target >= (sec == 6 ? VINDEX_KIND_ANN : VINDEX_KIND_SQ8)))
+                (sec < 3 || (!old && ld->target >= (sec == 7 ? VINDEX_KIND_ANN : VINDEX_KIND_SQ8))))
                 rget(r, dst[sec], m * per[sec]);
             else
                 rskip(r, (uint64_t)m * per[sec]);
@@ -343,8 +351,9 @@ static void read_rows(loading *ld)
     rskip(r, ld->h.l.rows_len - (uint64_t)st->nslots * vi->dim * sizeof(float));
 }
 
-/* finish completes a verified load: the codes the file lacks, then the map (duplicate or
- * reserved ids: corrupt). Returns 0, VINDEX_E_CORRUPT or -ENOMEM. */
+/* finish completes a verified load: the codes the file lacks or took around another centre
+ * (or, format 4, another way), then the map (duplicate or reserved ids: corrupt). Returns 0,
+ * VINDEX_E_CORRUPT or -ENOMEM. */
 static int finish(loading *ld)
 {
     vindex *vi = ld->vi;
@@ -357,13 +366,20 @@ static int finish(loading *ld)
         if (!st->center)
             return -ENOMEM;
     }
+    /* codes around a new centre, or around the origin where the file's had one, or of
+     * format 4: taken anew */
+    if ((ld->target >= VINDEX_KIND_ANN) != (usable >= VINDEX_KIND_ANN) ||
+        ld->h.version == SNAP_VERSION_OLD_CODES)
+        usable = VINDEX_KIND_FLAT;
+    if (st->center && !(st->rcenter = vi_rotate_center(vi, st->center, &st->cnorm)))
+        return -ENOMEM;
     if (vm_init(&st->map, (size_t)ld->h.live))
         return -ENOMEM;
     for (size_t s = 0; s < st->nslots; s++) {
         chunk *c = st_chunk(vi, st, s);
         size_t off = off_of(vi, s);
         if (ld->target > usable)
-            vi_encode_slot(vi, st->center, c, off, usable);
+            vi_encode_slot(vi, st->rcenter, st->cnorm, c, off, usable);
         if (tomb_at(c, off))
             continue;
         uint64_t id = c->ids[off];
@@ -374,6 +390,25 @@ static int finish(loading *ld)
     st->live = (size_t)ld->h.live;
     st->ntomb = st->nslots - st->live;
     return 0;
+}
+
+/* remeasure measures the codes a format 4 file's ANN index got anew (its sign codes' recall
+ * was measured on codes rotated in float), in the load's time as a build does, unless the
+ * file's measurement is of the FAISS engine's candidates, which the codes do not change. A
+ * failure (memory) leaves the index unmeasured: exact scans until the monitor measures. */
+static void remeasure(loading *ld)
+{
+    if (ld->h.version != SNAP_VERSION_OLD_CODES || ld->target != VINDEX_KIND_ANN ||
+        ld->h.kind != VINDEX_KIND_ANN || (ld->has_cal && ld->cal.fx_depth != 0 && ld->fx) ||
+        ld->st.live == 0)
+        return;
+    vi_cal_free(&ld->cal);
+    ld->has_cal = false;
+    if (vi_cal_build(ld->vi, &ld->st, &ld->cal, ld->vi->o.recall_target, NULL) == 0 &&
+        ld->cal.measured)
+        ld->has_cal = true;
+    else
+        vi_cal_free(&ld->cal);
 }
 
 /* install hands the loaded storage, FAISS index and calibration to the new index. */
@@ -387,7 +422,10 @@ static void install(loading *ld)
     ld->rows = NULL;
     if (vi->s.kind < VINDEX_KIND_ANN) {
         free(vi->s.center);
+        free(vi->s.rcenter);
         vi->s.center = NULL;
+        vi->s.rcenter = NULL;
+        vi->s.cnorm = 0.0;
     }
     if (ld->fx) {
         vi->fx = ld->fx;
@@ -433,7 +471,12 @@ static int load_body(loading *ld, const vindex_opts *ro)
     }
     if (!ld->r.err && xxh64_digest(&ld->r.h) != ld->h.ck)
         ld->r.err = VINDEX_E_CORRUPT;
-    return ld->r.err ? ld->r.err : finish(ld);
+    if (ld->r.err)
+        return ld->r.err;
+    int rc = finish(ld);
+    if (rc == 0)
+        remeasure(ld);
+    return rc;
 }
 
 static void loading_free(loading *ld)

@@ -56,7 +56,8 @@ static void rebuild_free(const vindex *vi, rebuild *rb)
 
 /* copy_live (no lock; the index is pinned) copies the live slots of the view into the new
  * storage with its id map; an ANN storage gets a new centre from the view's live rows and
- * every sign code is taken anew around it. Returns 0 or -ENOMEM. */
+ * every code is taken anew around it (and around the origin when an ANN index goes down).
+ * Returns 0 or -ENOMEM. */
 static int copy_live(const vindex *vi, rebuild *rb)
 {
     view *v = &rb->v;
@@ -74,11 +75,12 @@ static int copy_live(const vindex *vi, rebuild *rb)
         st->center = vi_center_of(vi, tab, v->nslots, v->tomb);
         st->center_live = v->live;
         free(tab);
-        if (!st->center)
+        if (!st->center || !(st->rcenter = vi_rotate_center(vi, st->center, &st->cnorm)))
             return -ENOMEM;
-        if (have > VINDEX_KIND_SQ8)
-            have = VINDEX_KIND_SQ8;
     }
+    /* codes taken around another centre (a new one, or the origin after one) are taken anew */
+    if (st->kind >= VINDEX_KIND_ANN || v->kind >= VINDEX_KIND_ANN)
+        have = VINDEX_KIND_FLAT;
     for (size_t s = 0; s < v->nslots; s++) {
         if (view_tomb(v, s))
             continue;
@@ -102,17 +104,22 @@ static int carry_kind_up(const vindex *vi, rebuild *rb)
         return 0;
     if (vi->s.kind >= VINDEX_KIND_ANN) {
         st->center = malloc(vi->dim * sizeof(float));
-        if (!st->center)
+        st->rcenter = malloc(vi->dim * sizeof(double));
+        if (!st->center || !st->rcenter)
             return -ENOMEM;
         memcpy(st->center, vi->s.center, vi->dim * sizeof(float));
+        memcpy(st->rcenter, vi->s.rcenter, vi->dim * sizeof(double));
+        st->cnorm = vi->s.cnorm;
         st->center_live = vi->s.center_live;
     }
+    /* a new centre: every code is taken again (the storage is private: in place) */
+    int have = vi->s.kind >= VINDEX_KIND_ANN ? VINDEX_KIND_FLAT : st->kind;
     for (size_t i = 0; i < st->nchunks; i++) {
         if (vi_chunk_alloc_codes(vi, st->chunks[i], vi->s.kind))
             return -ENOMEM;
         for (size_t off = 0; off < st->chunks[i]->cap; off++) {
             if ((i << vi->ch_shift) + off < st->nslots)
-                vi_encode_slot(vi, st->center, st->chunks[i], off, st->kind);
+                vi_encode_slot(vi, st->rcenter, st->cnorm, st->chunks[i], off, have);
         }
     }
     st->kind = vi->s.kind;
@@ -137,12 +144,9 @@ static int carry_over(const vindex *vi, rebuild *rb)
     }
     if (carry_kind_up(vi, rb))
         return -ENOMEM;
-    /* slots added meanwhile: their sign codes are around the old centre, unless the storage
-     * took that centre just above */
-    int added_have = cur->kind;
-    if (added_have > VINDEX_KIND_SQ8 && st->center &&
-        (!cur->center || memcmp(st->center, cur->center, vi->dim * sizeof(float)) != 0))
-        added_have = VINDEX_KIND_SQ8;
+    /* slots added meanwhile: their codes are around the published centre, unless the
+     * storage took that centre just above */
+    int added_have = vi_same_center(vi, st, cur) ? cur->kind : VINDEX_KIND_FLAT;
     size_t grow = cur->nslots - rb->v.nslots;
     if (grow && vm_room(&st->map) < grow) {
         vmap nm;
@@ -188,7 +192,10 @@ static void swap_in(vindex *vi, rebuild *rb)
     vi->s = rb->st;
     if (vi->s.kind < VINDEX_KIND_ANN) {
         free(vi->s.center);
+        free(vi->s.rcenter);
         vi->s.center = NULL;
+        vi->s.rcenter = NULL;
+        vi->s.cnorm = 0.0;
     }
     vi->nrebuilds++;
     vi->code_gen++;

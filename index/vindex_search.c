@@ -4,15 +4,21 @@
  * vindex_int.h; the recall calibration, which runs the exact search on its probes, is in
  * vindex_cal.c.
  *
- * SQ8 codes and their bound. A row x (unit length in float) is coded as c = round(x / a),
- * |c| <= 127, a = max|x_j| / 127, and r = x - a c is computed in double at encode time; its
- * norm is stored rounded up (rn). The query q is coded in int16 the same way:
- * q = b qq + s, with |s| computed per query. Then
- *   q.x = a b (qq.c) + a (s.c) + q.r,   |a (s.c)| <= |s| |x - r| <= |s| (1 + rn),
- *   |q.r| <= |q| rn,
- * and qq.c is an exact integer, so sim <= a b (qq.c) + |q| rn + |s| (1 + rn) + 1e-6 (the
- * last term covers float rounding, including that of the exact similarity we compare
- * against). At 768 dimensions rn is about 0.008, so few vectors survive the bound.
+ * SQ8 codes and their bound. The codes are taken in a rotated frame around the storage's
+ * centre m (the origin below ANN; vindex_store.c): for a row x (unit length in float),
+ * y = R x - R m (R orthogonal: vk_rotate, in double), c = round(y / a), |c| <= 127,
+ * a = max|y_j| / 127, and the error r = y - a c is split along u = R m / |R m|: e = r.u is
+ * stored (a float) and rn, the norm of r' = r - e u, rounded up. The query is rotated too,
+ * R q = b qq + s, qq in int16, |s| computed per query. With alpha = q.m / |m| (= R q . u):
+ *   q.x = q.m + R q . y = q.m + a b (qq.c) + a (s.c) + alpha e + R q . r',
+ *   |a (s.c)| <= |s| |y - r| <= |s| (1 + |m| + |e| + rn),
+ *   |R q . r'| <= |q - alpha u| rn (r' is orthogonal to u up to the rounding of e),
+ * and qq.c is an exact integer, so sim <= q.m + a b (qq.c) + alpha e + |q - alpha u| rn +
+ * |s| (1 + |m| + |e| + rn) + 1e-6 (the last term covers float rounding, including that of the
+ * exact similarity we compare against and the rotation's, under 1e-12). At 768 dimensions
+ * rn is about 0.008 (less when the vectors share a direction), so few vectors survive the
+ * bound. Queries share the centre's direction as stored vectors do, so |q - alpha u| is
+ * small where the centre is large: 0.4 on the text set, whose mean cosine is 0.84.
  *
  * Exact search (FLAT, SQ8). Blocks of BLK slots: an upper bound of every slot's similarity
  * (FLAT: the float product plus its rounding bound; SQ8: the bound above) turns into an
@@ -42,16 +48,18 @@
  * of 1.1 ms for the deep gather).
  *
  * Ranking from codes (ANN). The candidates an ANN search bounds are ranked by their int8
- * estimate a (qq.c) qs, not by their float rows: the error of that estimate, q.r plus the
- * query's rounding, has a rigorous bound |q| rn (above) but a standard deviation of about
- * |q| rn / sqrt(dim), the rounding errors of the coordinates being independent and uniform.
+ * estimate q.m + a b (qq.c) + alpha e, not by their float rows: the error of that estimate,
+ * R q . r' plus the query's rounding, has a rigorous bound (above) but a standard deviation
+ * of about |q - alpha u| rn / sqrt(dim) plus the query's part over sqrt(dim), the rounding
+ * errors of the rotated coordinates being independent and uniform.
  * Each hit carries the interval of its score within tie_margin such deviations; the k best
  * estimates and as many runners-up are kept, and where intervals overlap across the k-th
  * place the float rows of the hits at the overlap's ends are read (one at a time, the
  * nearest first: resolve_ties) until the k-th place is settled. On the text set this read
- * 7 rows a query where the exact re-rank read 52 (60% of the rows in 300 queries), at the
- * same recall (bench/README). A score function that is not monotone gives no interval:
- * such queries, the exact kinds and the exact fallbacks re-rank on the rows.
+ * 1 row a query (tie margin 2; 7 at margin 3 with codes of x itself) where the exact re-rank
+ * read 52 (60% of the rows in 300 queries), at recall 0.9987 against 0.9993 (bench/README).
+ * A score function that is not monotone gives no interval: such queries, the exact kinds and
+ * the exact fallbacks re-rank on the rows.
  *
  * Float rows. The re-rank reads a candidate's float row, from the heap or from the
  * snapshot's mapping; a row not in RAM is read from the file then (a major page fault),
@@ -254,9 +262,9 @@ static void rerank(sctx *sc, cand *c, size_t n)
 /* sq8_ub returns the upper bound of the similarity of slot off of c from its code product. */
 static double sq8_ub(const qprep *p, const chunk *c, size_t off, int64_t dot)
 {
-    double rn = c->sq_rn[off];
-    return (double)c->sq_scale[off] * p->qs * (double)dot + p->qnorm * rn +
-           p->snorm * (1.00001 + rn) + 1e-6;
+    double rn = c->sq_rn[off], e = c->sq_e[off];
+    return p->qmu + (double)c->sq_scale[off] * p->qs * (double)dot + p->alpha * e + p->qperp * rn +
+           p->snorm * (p->ynorm + fabs(e) + rn) + 1e-6;
 }
 
 /* sq8_cand returns the candidate of slot s (offset off of c) from its code product: the
@@ -266,10 +274,11 @@ static double sq8_ub(const qprep *p, const chunk *c, size_t off, int64_t dot)
  * where the rigorous bound above is |q| rn. The query's own rounding (|s|) is kept whole. */
 static cand sq8_cand(const qprep *p, const chunk *c, size_t off, int64_t dot, uint32_t s)
 {
-    double rn = c->sq_rn[off];
-    double est = (double)c->sq_scale[off] * p->qs * (double)dot;
-    double ub = est + p->qnorm * rn + p->snorm * (1.00001 + rn) + 1e-6;
-    double err = p->tie * p->qnorm * rn + p->snorm * (1.00001 + rn) + 1e-7;
+    double rn = c->sq_rn[off], e = c->sq_e[off];
+    double est = p->qmu + (double)c->sq_scale[off] * p->qs * (double)dot + p->alpha * e;
+    double qerr = p->snorm * (p->ynorm + fabs(e) + rn); /* the query's int16 rounding */
+    double ub = est + p->qperp * rn + qerr + 1e-6;
+    double err = p->tie * (p->qperp * rn + qerr) + 1e-7;
     return (cand){.ubs = score_ub(p, ub), .ub = ub, .est = est, .err = err, .slot = s};
 }
 
@@ -677,12 +686,9 @@ int vi_prepare(const vindex *vi, const vindex_query *q, float *qn, int16_t *qq, 
     if (inv == 0.0)
         return VINDEX_E_ZERO;
     double n2 = 0.0;
-    float m = 0.0f;
     for (size_t i = 0; i < dim; i++) {
         qn[i] = (float)(q->vec[i] * inv);
         n2 += (double)qn[i] * qn[i];
-        if (fabsf(qn[i]) > m)
-            m = fabsf(qn[i]);
     }
     p->q = q;
     p->qn = qn;
@@ -690,40 +696,58 @@ int vi_prepare(const vindex *vi, const vindex_query *q, float *qn, int16_t *qq, 
     p->bits = bits;
     p->qnorm = sqrt(n2) * (1.0 + 1e-12);
     p->bounded = q->score_slope != 0.0 || q->score_bound != 0.0;
-    p->qs = m > 0.0f ? (double)m / 32767.0 : 1.0;
+    p->qs = 1.0;
     p->snorm = 0.0;
+    p->qmu = 0.0;
+    p->alpha = 0.0;
+    p->qperp = p->qnorm;
+    p->ynorm = 1.00001;
     return 0;
 }
 
-/* vi_prepare_codes fills the int16 query (kind SQ8 and up) and the sign bits (ANN, around
- * st's centre), using scratch (dim floats). Any rounding works: the bound uses the exact
+/* vi_prepare_codes fills the int16 query (kind SQ8 and up) and the sign bits (ANN) in st's
+ * frame: the query rotated in double (scratch, dim doubles), coded in int16, and its
+ * product with the centre. Any rounding of the int16 code works: the bound uses the exact
  * remainder. */
-void vi_prepare_codes(const vindex *vi, const vstore *st, qprep *p, int kind, float *scratch)
+void vi_prepare_codes(const vindex *vi, const vstore *st, qprep *p, int kind, double *scratch)
 {
     size_t dim = vi->dim;
     const float *qn = p->qn;
     if (kind < VINDEX_KIND_SQ8)
         return;
+    double *qr = scratch, m = 0.0;
+    for (size_t i = 0; i < dim; i++)
+        qr[i] = (double)qn[i];
+    vk_rotate(qr, dim, vi->rot);
+    for (size_t i = 0; i < dim; i++)
+        m = fabs(qr[i]) > m ? fabs(qr[i]) : m;
+    p->qs = m > 0.0 ? m / 32767.0 : 1.0;
     double s2 = 0.0, inv = 1.0 / p->qs;
     for (size_t i = 0; i < dim; i++) {
-        double x = (double)qn[i] * inv;
+        double x = qr[i] * inv;
         long v = (long)(x >= 0 ? x + 0.5 : x - 0.5);
         v = v > 32767 ? 32767 : v < -32767 ? -32767 : v;
         p->qq[i] = (int16_t)v;
-        double r = (double)qn[i] - p->qs * (double)v;
+        double r = qr[i] - p->qs * (double)v;
         s2 += r * r;
     }
     for (size_t i = dim; i < vi->sq_stride; i++)
         p->qq[i] = 0;
-    p->snorm = sqrt(s2) * (1.0 + 1e-9) + 1e-300;
+    p->snorm = sqrt(s2) * (1.0 + 1e-9) + VK_ROT_SLACK;
+    /* the codes are of R x - R c: the centre's part of the product is exact */
+    p->qmu = st->center ? vk_dot_exact(qn, st->center, dim) : 0.0;
+    p->ynorm = (1.0 + st->cnorm) * 1.00001;
+    /* the query's part along the centre's direction, and the norm of the rest (rounded up:
+     * the difference of squares loses up to about 1e-8 where the query is the direction) */
+    p->alpha = st->cnorm > 0.0 ? p->qmu / st->cnorm : 0.0;
+    double perp2 = p->qnorm * p->qnorm - p->alpha * p->alpha;
+    p->qperp = sqrt(perp2 > 0.0 ? perp2 : 0.0) * (1.0 + 1e-9) + 1e-7;
     if (kind < VINDEX_KIND_ANN)
         return;
-    /* the stored codes' definition, around the same centre */
-    for (size_t j = 0; j < dim; j++)
-        scratch[j] = qn[j] - st->center[j];
-    vk_rotate(scratch, dim, vi->rot);
+    /* the stored codes' definition: the signs of R q - R c */
     memset(p->bits, 0, vi->words * sizeof(uint64_t)); /* the words past dim (vi_code_words) */
-    vk_sign_bits(scratch, dim, p->bits);
+    for (size_t j = 0; j < dim; j++)
+        p->bits[j / 64] |= (uint64_t)(qr[j] - st->rcenter[j] > 0.0) << (j % 64);
 }
 
 /* search_faiss answers through the FAISS engine's candidates (share: the filter's estimated
@@ -868,22 +892,24 @@ int vindex_search(vindex *vi, const vindex_query *q, vindex_hit *out, size_t *n)
 {
     *n = 0;
     size_t dim = vi->dim;
-    float qbuf[QBUF], rbuf[QBUF];
+    float qbuf[QBUF];
+    double rbuf[QBUF];
     int16_t qqbuf[QBUF];
     uint64_t bbuf[QBUF / 64];
-    float *qn = qbuf, *rot = rbuf;
+    float *qn = qbuf;
+    double *rot = rbuf;
     int16_t *qq = qqbuf;
     uint64_t *bits = bbuf;
     void *heap = NULL;
     if (vi->sq_stride > QBUF) {
-        heap = malloc(2 * dim * sizeof(float) + vi->sq_stride * sizeof(int16_t) +
-                      vi->words * sizeof(uint64_t));
+        heap = malloc(dim * sizeof(double) + vi->words * sizeof(uint64_t) + dim * sizeof(float) +
+                      vi->sq_stride * sizeof(int16_t));
         if (!heap)
             return -ENOMEM;
-        bits = heap;
+        rot = heap;
+        bits = (uint64_t *)(rot + dim);
         qn = (float *)(bits + vi->words);
-        rot = qn + dim;
-        qq = (int16_t *)(rot + dim);
+        qq = (int16_t *)(qn + dim);
     }
     qprep p = {0};
     if (vi_prepare(vi, q, qn, qq, bits, &p) || q->k == 0) {

@@ -34,18 +34,21 @@ static bool mul_add(uint64_t a, uint64_t b, uint64_t *acc)
 }
 
 /* vi_snap_layout computes a snapshot's section sizes; see vindex_int.h. */
-bool vi_snap_layout(uint64_t dim, uint64_t meta_size, uint64_t slots, uint32_t kind,
-                    uint64_t cal_len, uint64_t fx_len, uint64_t extra_len, snap_layout *l)
+bool vi_snap_layout(uint32_t version, uint64_t dim, uint64_t meta_size, uint64_t slots,
+                    uint32_t kind, uint64_t cal_len, uint64_t fx_len, uint64_t extra_len,
+                    snap_layout *l)
 {
     memset(l, 0, sizeof(*l));
-    uint64_t stride = (dim + 31) / 32 * 32, words = vi_code_words((size_t)dim);
+    uint64_t stride = (dim + 31) / 32 * 32, words = vi_snap_words(version, (size_t)dim);
     uint64_t ch = (uint64_t)1 << vi_chunk_shift((size_t)dim);
     if (dim == 0 || dim > MAX_DIM || meta_size > MAX_META || slots > MAX_SLOTS)
         return false;
     l->ids = slots * 8;
     l->tombs = (slots + 63) / 64 * 8;
     l->meta = slots * meta_size;
-    l->sq8 = kind >= VINDEX_KIND_SQ8 ? slots * (8 + stride) : 0;
+    /* per slot: scale, (format 5) the error along the centre, error norm; the code */
+    uint64_t sq_per = (version == SNAP_VERSION_OLD_CODES ? 8 : 12) + stride;
+    l->sq8 = kind >= VINDEX_KIND_SQ8 ? slots * sq_per : 0;
     l->ann = kind >= VINDEX_KIND_ANN ? slots * words * 8 + dim * 4 + 8 : 0;
     l->cal = cal_len;
     l->fx = fx_len;
@@ -250,12 +253,12 @@ static void write_header(const vindex *vi, wbuf *w, const snap_src *src, const s
     wput(w, hdr, sizeof(hdr));
 }
 
-/* write_codes writes the per-slot sections after the metadata: the int8 scales, error norms
- * and codes, then the sign codes. */
+/* write_codes writes the per-slot sections after the metadata: the int8 steps, errors along
+ * the centre, error norms and codes, then the sign codes. */
 static void write_codes(const vindex *vi, wbuf *w, const view *v)
 {
-    for (int sec = 0; sec < 4 && !w->err; sec++) {
-        if (v->kind < (sec == 3 ? VINDEX_KIND_ANN : VINDEX_KIND_SQ8))
+    for (int sec = 0; sec < 5 && !w->err; sec++) {
+        if (v->kind < (sec == 4 ? VINDEX_KIND_ANN : VINDEX_KIND_SQ8))
             continue;
         for (size_t s = 0; s < v->nslots && !w->err; s++) {
             const chunk *c = &v->ch[s >> vi->ch_shift];
@@ -263,8 +266,10 @@ static void write_codes(const vindex *vi, wbuf *w, const view *v)
             if (sec == 0)
                 wput(w, &c->sq_scale[off], sizeof(float));
             else if (sec == 1)
-                wput(w, &c->sq_rn[off], sizeof(float));
+                wput(w, &c->sq_e[off], sizeof(float));
             else if (sec == 2)
+                wput(w, &c->sq_rn[off], sizeof(float));
+            else if (sec == 3)
                 wput(w, c->sq + off * vi->sq_stride, vi->sq_stride);
             else
                 wput(w, c->bin + off * vi->words, vi->words * sizeof(uint64_t));
@@ -370,8 +375,9 @@ int vindex_save_extra(vindex *vi, const char *path, uint64_t seq, const void *ex
     if (rc == 0)
         take_fx(vi, &src);
     vrows *r = NULL;
-    if (rc == 0 && !vi_snap_layout(vi->dim, vi->meta_size, src.v.nslots, (uint32_t)src.v.kind,
-                                   src.cal_len, fx_section_len(&src), extra_len, &l))
+    if (rc == 0 &&
+        !vi_snap_layout(SNAP_VERSION, vi->dim, vi->meta_size, src.v.nslots, (uint32_t)src.v.kind,
+                        src.cal_len, fx_section_len(&src), extra_len, &l))
         rc = -EOVERFLOW;
     if (rc == 0 && !(w.buf = malloc(w.cap)))
         rc = -ENOMEM;

@@ -7,6 +7,7 @@
 #include "vindex.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -68,47 +69,110 @@ void vi_unpin(vindex *vi)
 
 /* ---- codes ---- */
 
-/* encode_sq8 codes row x (dim floats) into code (sq_stride bytes, zero padded), *scale and
- * *rn (the rounded-up norm of the coding error). */
-static void encode_sq8(const vindex *vi, const float *x, int8_t *code, float *scale, float *rn)
-{
-    vk_sq8_encode(x, vi->dim, code, scale, rn);
-    memset(code + vi->dim, 0, vi->sq_stride - vi->dim);
-}
+/* The codes of a row x (unit length) are taken in the rotated frame, around the centre c of
+ * the storage (the origin below ANN): y = R x - R c in double (vk_rotate; R c is the
+ * storage's rcenter). The int8 code quantizes y with its own step a, so neither a component
+ * all vectors share (the text set's mean cosine is 0.84) nor a few large coordinates eat
+ * its range. The sign code is the signs of y: it spreads the variance of every direction
+ * over all bits, and the centre removes what all vectors share, so each bit carries
+ * information on any distribution (non-negative features, a dominant common direction, or
+ * a spectrum that sits in a few dimensions).
+ *
+ * The coding error r = y - a c is split along u = R c / |R c|: e = r . u is kept (a float),
+ * and rn bounds the norm of the rest, r - e u. Queries share the centre's direction as the
+ * vectors do (on the text set q . u is about 0.9), and that part of a query's product with
+ * r is then known exactly (alpha e): what is left of the estimate's error is the product of
+ * the query's part across u (|q - alpha u|, about 0.4 on the text set) with r - e u.
+ * vindex_search.c, "SQ8 codes", gives the bound. */
 
-/* encode_bin writes the sign code of x around center: the signs of the rotated x - center
- * (words = vi_code_words(dim)). The rotation spreads the variance of every direction over all
- * bits, and the centre removes what all vectors share, so each bit carries information on
- * any distribution: non-negative features, a dominant common direction, or a spectrum that
- * sits in a few dimensions. Out of memory (dimensions above ENC_STACK only) leaves a zero
- * code: searches stay correct, the calibration sees the lost recall. */
-static void encode_bin(const vindex *vi, const float *center, const float *x, uint64_t *bits)
+/* encode_row writes the codes c holds for slot off (int8 unless have_kind has it, sign bits
+ * unless have_kind has them) from row x. Out of memory (dimensions above ENC_STACK only)
+ * leaves a zero sign code and an int8 code whose error norm bounds any unit row's distance
+ * to any centre: searches stay correct, the calibration sees the lost recall. */
+static void encode_row(const vindex *vi, const double *rcenter, double cnorm, const float *x,
+                       chunk *c, size_t off, int have_kind)
 {
-    float sbuf[ENC_STACK];
-    float *t = vi->dim <= ENC_STACK ? sbuf : malloc(vi->dim * sizeof(float));
-    if (!t) {
-        memset(bits, 0, vi->words * sizeof(uint64_t));
+    bool sq = c->sq && have_kind < VINDEX_KIND_SQ8, bin = c->bin && have_kind < VINDEX_KIND_ANN;
+    if (!sq && !bin)
+        return;
+    double sbuf[ENC_STACK];
+    double *y = vi->dim <= ENC_STACK ? sbuf : malloc(vi->dim * sizeof(double));
+    uint64_t *bits = bin ? c->bin + off * vi->words : NULL;
+    if (bits)
+        memset(bits, 0, vi->words * sizeof(uint64_t)); /* the words past dim (vi_code_words) */
+    if (!y) {
+        if (sq) {
+            memset(c->sq + off * vi->sq_stride, 0, vi->sq_stride);
+            c->sq_scale[off] = 1.0f;
+            c->sq_e[off] = 0.0f;
+            c->sq_rn[off] = 4.0f; /* >= |y| for any unit row and centre */
+        }
         return;
     }
     for (size_t j = 0; j < vi->dim; j++)
-        t[j] = x[j] - center[j];
-    vk_rotate(t, vi->dim, vi->rot);
-    memset(bits, 0, vi->words * sizeof(uint64_t)); /* the words past dim (vi_code_words) */
-    vk_sign_bits(t, vi->dim, bits);
-    if (t != sbuf)
-        free(t);
+        y[j] = (double)x[j];
+    vk_rotate(y, vi->dim, vi->rot);
+    if (rcenter) {
+        for (size_t j = 0; j < vi->dim; j++)
+            y[j] -= rcenter[j];
+    }
+    if (bits) {
+        for (size_t j = 0; j < vi->dim; j++)
+            bits[j / 64] |= (uint64_t)(y[j] > 0.0) << (j % 64);
+    }
+    if (sq) {
+        int8_t *code = c->sq + off * vi->sq_stride;
+        vk_sq8_encode_d(y, vi->dim, code, &c->sq_scale[off]); /* y is now the error r */
+        memset(code + vi->dim, 0, vi->sq_stride - vi->dim);
+        double e = 0.0, s2 = 0.0;
+        if (rcenter && cnorm > 0.0) {
+            for (size_t j = 0; j < vi->dim; j++)
+                e += y[j] * rcenter[j];
+            e /= cnorm;
+        }
+        float ef = (float)e;
+        for (size_t j = 0; j < vi->dim; j++) {
+            double d = y[j] - (rcenter && cnorm > 0.0 ? (double)ef * (rcenter[j] / cnorm) : 0.0);
+            s2 += d * d;
+        }
+        /* rounded up, with slack for the rotation's rounding (vkernel.h) */
+        c->sq_e[off] = ef;
+        c->sq_rn[off] = nextafterf((float)(sqrt(s2) * (1.0 + 1e-9) + VK_ROT_SLACK), INFINITY);
+    }
+    if (y != sbuf)
+        free(y);
 }
 
 /* vi_encode_slot fills the codes c has for slot off from its row, unless have_kind says the
- * source already provided them; sign codes are taken around center (needed when c has
- * them). */
-void vi_encode_slot(const vindex *vi, const float *center, chunk *c, size_t off, int have_kind)
+ * source already provided them (taken around the same centre). */
+void vi_encode_slot(const vindex *vi, const double *rcenter, double cnorm, chunk *c, size_t off,
+                    int have_kind)
 {
-    const float *x = row_in(vi, c, off);
-    if (c->sq && have_kind < VINDEX_KIND_SQ8)
-        encode_sq8(vi, x, c->sq + off * vi->sq_stride, &c->sq_scale[off], &c->sq_rn[off]);
-    if (c->bin && have_kind < VINDEX_KIND_ANN)
-        encode_bin(vi, center, x, c->bin + off * vi->words);
+    encode_row(vi, rcenter, cnorm, row_in(vi, c, off), c, off, have_kind);
+}
+
+/* vi_rotate_center returns center rotated and its norm rounded up (see vindex_int.h). */
+double *vi_rotate_center(const vindex *vi, const float *center, double *norm)
+{
+    double *r = malloc(vi->dim * sizeof(double));
+    if (!r)
+        return NULL;
+    for (size_t j = 0; j < vi->dim; j++)
+        r[j] = (double)center[j];
+    vk_rotate(r, vi->dim, vi->rot);
+    double n2 = 0.0;
+    for (size_t j = 0; j < vi->dim; j++)
+        n2 += r[j] * r[j];
+    *norm = sqrt(n2);
+    return r;
+}
+
+/* vi_same_center: both without a centre, or both with equal ones. */
+bool vi_same_center(const vindex *vi, const vstore *a, const vstore *b)
+{
+    if (!a->center || !b->center)
+        return !a->center && !b->center;
+    return memcmp(a->center, b->center, vi->dim * sizeof(float)) == 0;
 }
 
 /* vi_center_of computes the mean of the live rows of the n slots in chunks (tombstones per
@@ -153,6 +217,7 @@ void vi_chunk_free(chunk *c)
         free(c->rows);
     free(c->sq);
     free(c->sq_scale);
+    free(c->sq_e);
     free(c->sq_rn);
     free(c->bin);
     free(c->ids);
@@ -168,14 +233,17 @@ int vi_chunk_alloc_codes(const vindex *vi, chunk *c, int kind)
     if (kind >= VINDEX_KIND_SQ8 && !c->sq) {
         int8_t *sq = amalloc(c->cap * vi->sq_stride);
         float *sc = amalloc(c->cap * sizeof(float)), *rn = amalloc(c->cap * sizeof(float));
-        if (!sq || !sc || !rn) {
+        float *e = amalloc(c->cap * sizeof(float));
+        if (!sq || !sc || !rn || !e) {
             free(sq);
             free(sc);
             free(rn);
+            free(e);
             return -ENOMEM;
         }
         c->sq = sq;
         c->sq_scale = sc;
+        c->sq_e = e;
         c->sq_rn = rn;
     }
     if (kind >= VINDEX_KIND_ANN && !c->bin) {
@@ -234,7 +302,7 @@ size_t vi_chunk_bytes(const vindex *vi, const chunk *c)
     if (!c->rows_mapped)
         per += vi->dim * sizeof(float);
     if (c->sq)
-        per += vi->sq_stride + 2 * sizeof(float);
+        per += vi->sq_stride + 3 * sizeof(float);
     if (c->bin)
         per += vi->words * sizeof(uint64_t);
     return sizeof(*c) + c->cap * per + (c->cap + 63) / 64 * sizeof(uint64_t);
@@ -251,6 +319,7 @@ void vi_copy_slot(const vindex *vi, chunk *d, size_t dof, const chunk *s, size_t
     if (d->sq && s->sq) {
         memcpy(d->sq + dof * vi->sq_stride, s->sq + so * vi->sq_stride, vi->sq_stride);
         d->sq_scale[dof] = s->sq_scale[so];
+        d->sq_e[dof] = s->sq_e[so];
         d->sq_rn[dof] = s->sq_rn[so];
     }
     if (d->bin && s->bin)
@@ -266,6 +335,7 @@ void vi_store_free(const vindex *vi, vstore *st)
         vi_chunk_free(st->chunks[i]);
     free(st->chunks);
     free(st->center);
+    free(st->rcenter);
     vm_free(&st->map);
     vi_rows_unmap(st->rows);
     memset(st, 0, sizeof(*st));
@@ -313,8 +383,8 @@ static int add_chunk(const vindex *vi, vstore *st)
 }
 
 /* vi_store_append copies slot so of chunk s (whose codes cover have_kind) as the next slot of
- * st, encoding the codes st's kind needs beyond that (sign codes around st->center: pass a
- * have_kind below ANN when s's were taken around another centre). Returns 0 or -ENOMEM. */
+ * st, encoding the codes st's kind needs beyond that (around st's centre: pass
+ * VINDEX_KIND_FLAT when s's were taken around another one). Returns 0 or -ENOMEM. */
 int vi_store_append(const vindex *vi, vstore *st, const chunk *s, size_t so, int have_kind,
                     bool with_meta)
 {
@@ -325,7 +395,7 @@ int vi_store_append(const vindex *vi, vstore *st, const chunk *s, size_t so, int
         return -ENOMEM;
     chunk *d = st->chunks[ci];
     vi_copy_slot(vi, d, off, s, so, with_meta);
-    vi_encode_slot(vi, st->center, d, off, have_kind);
+    vi_encode_slot(vi, st->rcenter, st->cnorm, d, off, have_kind);
     st->nslots++;
     return 0;
 }

@@ -50,7 +50,7 @@ static int grow_chunk0(vindex *vi)
     *c0 = *grown;
     unlock(vi);
     /* old's arrays: a pinned reader may still use them */
-    void *arrays[] = {old.rows, old.sq,  old.sq_scale, old.sq_rn,
+    void *arrays[] = {old.rows, old.sq,  old.sq_scale, old.sq_e, old.sq_rn,
                       old.bin,  old.ids, old.meta,     old.tomb};
     for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++)
         vi_free_later(vi, arrays[i], 0);
@@ -106,6 +106,7 @@ static void free_shadow(vindex *vi, chunk *shadow, size_t n, int have)
         if (have < VINDEX_KIND_SQ8 && shadow[i].sq != vi->s.chunks[i]->sq) {
             free(shadow[i].sq);
             free(shadow[i].sq_scale);
+            free(shadow[i].sq_e);
             free(shadow[i].sq_rn);
         }
         if (have < VINDEX_KIND_ANN && shadow[i].bin != vi->s.chunks[i]->bin)
@@ -116,53 +117,82 @@ static void free_shadow(vindex *vi, chunk *shadow, size_t n, int have)
 
 /* tier_up gives every chunk the codes of kind, encodes the published slots, and switches
  * the kind under a short exclusive lock. wmu held; searches continue meanwhile (they do not
- * read the new arrays until the kind says so). New sign codes are not measured yet: the
- * index scans exactly until the recall monitor measures them. Returns 0 or -ENOMEM. */
+ * read the new arrays until the kind says so). The change to ANN takes a centre, around
+ * which the int8 codes are taken anew too (in new arrays: searches read the old ones until
+ * the switch). New sign codes are not measured yet: the index scans exactly until the
+ * recall monitor measures them. Returns 0 or -ENOMEM. */
 static int tier_up(vindex *vi, int kind)
 {
     vstore *st = &vi->s;
-    int have = st->kind;
+    int was = st->kind, have = was;
     size_t n = st->nchunks;
     /* new arrays go into shadow structs, attached under the lock, so that a failure leaves
      * the published chunks as they were */
     chunk *shadow = calloc(n ? n : 1, sizeof(*shadow));
     float *center = NULL;
+    double *rcenter = st->rcenter, cnorm = st->cnorm;
     if (!shadow)
         return -ENOMEM;
-    if (kind >= VINDEX_KIND_ANN && have < VINDEX_KIND_ANN) {
+    if (kind >= VINDEX_KIND_ANN && was < VINDEX_KIND_ANN) {
         /* writers are excluded (wmu): the published rows are the ones to centre */
         center = vi_center_of(vi, st->chunks, st->nslots, NULL);
-        if (!center) {
+        rcenter = center ? vi_rotate_center(vi, center, &cnorm) : NULL;
+        if (!rcenter) {
+            free(center);
             free(shadow);
             return -ENOMEM;
         }
+        have = VINDEX_KIND_FLAT; /* the int8 codes were taken around the origin */
     }
     for (size_t i = 0; i < n; i++) {
         shadow[i] = *st->chunks[i];
         if (have < VINDEX_KIND_SQ8)
-            shadow[i].sq = NULL, shadow[i].sq_scale = NULL, shadow[i].sq_rn = NULL;
+            shadow[i].sq = NULL, shadow[i].sq_scale = NULL, shadow[i].sq_e = NULL,
+            shadow[i].sq_rn = NULL;
         if (have < VINDEX_KIND_ANN)
             shadow[i].bin = NULL;
         if (vi_chunk_alloc_codes(vi, &shadow[i], kind)) {
             free_shadow(vi, shadow, n, have);
             free(center);
+            if (center)
+                free(rcenter);
             return -ENOMEM;
         }
         size_t base = i << vi->ch_shift;
         size_t used = base < st->nslots ? st->nslots - base : 0;
         for (size_t off = 0; off < used && off < shadow[i].cap; off++)
-            vi_encode_slot(vi, center, &shadow[i], off, have);
+            vi_encode_slot(vi, rcenter, cnorm, &shadow[i], off, have);
+    }
+    chunk *old = was >= VINDEX_KIND_SQ8 && have < VINDEX_KIND_SQ8 ? malloc(n * sizeof(*old)) : NULL;
+    if (was >= VINDEX_KIND_SQ8 && have < VINDEX_KIND_SQ8 && !old && n) {
+        free_shadow(vi, shadow, n, have);
+        free(center);
+        free(rcenter);
+        return -ENOMEM;
     }
     wrlock(vi);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
+        if (old)
+            old[i] = *st->chunks[i];
         *st->chunks[i] = shadow[i];
+    }
     st->kind = kind;
     if (center) {
         st->center = center; /* there was none below ANN */
+        st->rcenter = rcenter;
+        st->cnorm = cnorm;
         st->center_live = st->live;
         vi->code_gen++;
     }
     unlock(vi);
+    /* the int8 arrays taken around the origin: a pinned reader may still use them */
+    for (size_t i = 0; old && i < n; i++) {
+        vi_free_later(vi, old[i].sq, 0);
+        vi_free_later(vi, old[i].sq_scale, 0);
+        vi_free_later(vi, old[i].sq_e, 0);
+        vi_free_later(vi, old[i].sq_rn, 0);
+    }
+    free(old);
     free(shadow);
     return 0;
 }
@@ -211,7 +241,7 @@ static int put(vindex *vi, uint64_t id, const float *vec, const void *meta, bool
     c->ids[off] = id;
     if (vi->meta_size)
         memcpy(c->meta + off * vi->meta_size, meta, vi->meta_size);
-    vi_encode_slot(vi, st->center, c, off, VINDEX_KIND_FLAT);
+    vi_encode_slot(vi, st->rcenter, st->cnorm, c, off, VINDEX_KIND_FLAT);
 
     wrlock(vi);
     if (old >= 0)

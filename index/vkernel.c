@@ -625,41 +625,98 @@ void vk_rot_signs(uint64_t seed, size_t dim, float *signs)
     }
 }
 
-/* fwht transforms the n (a power of two) floats at x: unnormalized Walsh-Hadamard, then a
+/* fwht transforms the n (a power of two) doubles at x: unnormalized Walsh-Hadamard, then a
  * scale by 1/sqrt(n). The butterflies of one stage are independent, so the inner loop
  * vectorizes; the order of operations per element is fixed, so the result does not depend
  * on whether it did. */
-static void fwht(float *x, size_t n)
+static void fwht(double *x, size_t n)
 {
     for (size_t h = 1; h < n; h *= 2) {
         for (size_t i = 0; i < n; i += 2 * h) {
-            float *a = x + i, *b = x + i + h;
+            double *a = x + i, *b = x + i + h;
             for (size_t j = 0; j < h; j++) {
-                float u = a[j], v = b[j];
+                double u = a[j], v = b[j];
                 a[j] = u + v;
                 b[j] = u - v;
             }
         }
     }
-    float s = (float)(1.0 / sqrt((double)n));
+    double s = 1.0 / sqrt((double)n);
     for (size_t j = 0; j < n; j++)
         x[j] *= s;
 }
 
+#ifdef VK_X86
+/* fwht_avx2 is fwht with the stages of 4 and more butterflies a block four at a time: the
+ * same additions, subtractions and products, each rounded as in fwht (no fusion), so the
+ * same result. */
+AVX2 static void fwht_avx2(double *x, size_t n)
+{
+    for (size_t h = 1; h < n; h *= 2) {
+        for (size_t i = 0; i < n; i += 2 * h) {
+            double *a = x + i, *b = x + i + h;
+            size_t j = 0;
+            for (; h >= 4 && j < h; j += 4) {
+                __m256d u = _mm256_loadu_pd(a + j), v = _mm256_loadu_pd(b + j);
+                _mm256_storeu_pd(a + j, _mm256_add_pd(u, v));
+                _mm256_storeu_pd(b + j, _mm256_sub_pd(u, v));
+            }
+            for (; j < h; j++) {
+                double u = a[j], v = b[j];
+                a[j] = u + v;
+                b[j] = u - v;
+            }
+        }
+    }
+    __m256d s = _mm256_set1_pd(1.0 / sqrt((double)n));
+    size_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        _mm256_storeu_pd(x + j, _mm256_mul_pd(_mm256_loadu_pd(x + j), s));
+    for (; j < n; j++)
+        x[j] *= 1.0 / sqrt((double)n);
+}
+#endif
+
 /* vk_rotate: sign flips and two overlapping Hadamard blocks per round (see vkernel.h). */
-void vk_rotate(float *x, size_t dim, const float *signs)
+void vk_rotate(double *x, size_t dim, const float *signs)
 {
     size_t p = 1;
     while (p * 2 <= dim)
         p *= 2;
+    void (*wht)(double *, size_t) = fwht;
+#ifdef VK_X86
+    if (use_avx2())
+        wht = fwht_avx2;
+#endif
     for (int r = 0; r < VK_ROT_ROUNDS; r++) {
         const float *sg = signs + (size_t)r * dim;
         for (size_t j = 0; j < dim; j++)
-            x[j] *= sg[j];
-        fwht(x, p);
+            x[j] *= (double)sg[j];
+        wht(x, p);
         if (p < dim)
-            fwht(x + dim - p, p);
+            wht(x + dim - p, p);
     }
+}
+
+/* vk_sq8_encode_d codes a rotated row (see vkernel.h): the scale is the float m / 127 (as
+ * sq8_scale), the codes y / a rounded in double. */
+void vk_sq8_encode_d(double *y, size_t dim, int8_t *code, float *scale)
+{
+    double m = 0.0;
+    for (size_t j = 0; j < dim; j++) {
+        double v = fabs(y[j]);
+        if (v > m)
+            m = v;
+    }
+    float a = sq8_scale((float)m);
+    for (size_t j = 0; j < dim; j++) {
+        double f = y[j] / (double)a;
+        long c = (long)(f + copysign(0.5, f)); /* half away from zero, without a branch */
+        c = c > 127 ? 127 : c < -127 ? -127 : c;
+        code[j] = (int8_t)c;
+        y[j] -= (double)a * (double)c;
+    }
+    *scale = a;
 }
 
 /* vk_sign_bits sets one bit per positive coordinate (see vkernel.h). */

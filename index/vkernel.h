@@ -66,13 +66,26 @@ void vk_sign_bits(const float *x, size_t dim, uint64_t *bits);
  * random part of a rotation. The same seed and dim always give the same signs. */
 void vk_rot_signs(uint64_t seed, size_t dim, float *signs);
 
-/* vk_rotate applies an orthogonal transform to x (dim floats) in place: VK_ROT_ROUNDS rounds
+/* vk_rotate applies an orthogonal transform to x (dim doubles) in place: VK_ROT_ROUNDS rounds
  * of a sign flip by signs (from vk_rot_signs) followed by normalized Walsh-Hadamard
  * transforms of the first and the last P coordinates (P the largest power of two <= dim;
  * one transform when P == dim). It spreads the variance of any direction over all
- * coordinates (as a random rotation does) in O(dim log dim). One portable implementation
- * for every kernel level, so results are the same on every CPU the build runs on. */
-void vk_rotate(float *x, size_t dim, const float *signs);
+ * coordinates (as a random rotation does) in O(dim log dim). In double, the computed
+ * transform is orthogonal to within about 1e-14 of |x| at any dim the index takes (the int8
+ * codes' bound relies on it: VK_ROT_SLACK). One portable implementation for every kernel
+ * level, so results are the same on every CPU the build runs on. */
+void vk_rotate(double *x, size_t dim, const float *signs);
+
+/* vk_sq8_encode_d codes a rotated row y of dim finite doubles as int8: *scale = a (the
+ * largest magnitude over 127, rounded to float), code[j] = y[j] / a rounded half away from
+ * zero and clamped to [-127, 127] (the caller pads code to its stride); y is overwritten
+ * with the coding error y - a code (a code is exact in double: one rounding a coordinate).
+ * One portable implementation: the same codes on every CPU. */
+void vk_sq8_encode_d(double *y, size_t dim, int8_t *code, float *scale);
+
+/* VK_ROT_SLACK: what vk_rotate's rounding may add to a vector of norm at most 2, and to a
+ * product with one, with a wide margin (the bound is about 1e-14). */
+#define VK_ROT_SLACK 1e-12
 
 /* vk_hamming writes the Hamming distances between q and n consecutive binary codes of words
  * 64-bit words each into out: bits set at most 65,535 (the index uses it only for dimensions

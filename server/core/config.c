@@ -205,7 +205,7 @@ static const config_def defs[] = {
     {"index_recall_target", T_DOUBLE, OFF(index_recall_target), "0.99", 0.5, 1.0, 0,
      "recall@10 each approximate index keeps, as measured by its recall monitor: below it, "
      "the index searches deeper, or exactly"},
-    {"index_tie_margin", T_DOUBLE, OFF(index_tie_margin), "3", 0, 1000, 0,
+    {"index_tie_margin", T_DOUBLE, OFF(index_tie_margin), "2", 0, 1000, 0,
      "approximate search: hits are ranked by their int8 estimates and the float rows read "
      "only for near-ties at the k-th place, those whose estimates are within this many "
      "standard deviations of their error (higher: more rows read, recall nearer exact); 0 "

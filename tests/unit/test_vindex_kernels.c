@@ -265,6 +265,59 @@ static void searches(void)
     free(v);
 }
 
+/* rotations: vk_rotate is orthogonal to within its slack (norms and inner products kept to
+ * 1e-12, VK_ROT_SLACK);
+ * vk_sq8_encode_d codes every coordinate within half a step (the clamp aside) and leaves the
+ * exact error y - a c, and a vector rotated and coded that way has its products with a
+ * rotated query within |q| |r| of the exact ones. */
+static void rotations(void)
+{
+    static const size_t dims[] = {1, 7, 64, 96, 384, 385, 768};
+    for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++) {
+        size_t d = dims[di];
+        float *signs = malloc(VK_ROT_ROUNDS * d * sizeof(float));
+        double *x = malloc(d * sizeof(double)), *q = malloc(d * sizeof(double));
+        double *x0 = malloc(d * sizeof(double)), *q0 = malloc(d * sizeof(double));
+        int8_t *code = malloc(d);
+        vk_rot_signs(0x656e6772616d5254ULL, d, signs);
+        int bad = 0;
+        for (int t = 0; t < 20; t++) {
+            double xn = 0, qn = 0, xq = 0;
+            for (size_t j = 0; j < d; j++) {
+                x0[j] = x[j] = unit() + (t % 2 ? 0.7 : 0.0); /* a common component */
+                q0[j] = q[j] = unit();
+                xn += x[j] * x[j], qn += q[j] * q[j], xq += x[j] * q[j];
+            }
+            vk_rotate(x, d, signs);
+            vk_rotate(q, d, signs);
+            double rxn = 0, rqn = 0, rxq = 0;
+            for (size_t j = 0; j < d; j++)
+                rxn += x[j] * x[j], rqn += q[j] * q[j], rxq += x[j] * q[j];
+            bad += fabs(rxn - xn) > 1e-12 * xn || fabs(rqn - qn) > 1e-12 * qn ||
+                   fabs(rxq - xq) > VK_ROT_SLACK * sqrt(xn * qn);
+            float a;
+            double *y = x0; /* code the rotated x */
+            memcpy(y, x, d * sizeof(double));
+            vk_sq8_encode_d(y, d, code, &a);
+            double rn = 0, est = 0;
+            for (size_t j = 0; j < d; j++) {
+                bad += fabs(x[j] - (double)a * code[j] - y[j]) > 0 || code[j] == -128 ||
+                       fabs(y[j]) > 0.5001 * a;
+                rn += y[j] * y[j];
+                est += q[j] * (double)a * code[j];
+            }
+            bad += fabs(xq - est) > sqrt(qn * rn) + VK_ROT_SLACK;
+        }
+        CHECK_MSG(bad == 0, "dim %zu: %d", d, bad);
+        free(signs);
+        free(x);
+        free(q);
+        free(x0);
+        free(q0);
+        free(code);
+    }
+}
+
 int main(void)
 {
     int cpu = vk_cpu_level();
@@ -279,6 +332,7 @@ int main(void)
     kernels();
     encodes();
     searches();
+    rotations();
     vk_set_level(cpu);
     CHECK_RETURN();
 }

@@ -109,35 +109,35 @@ static void rotation_is_orthogonal(void)
     for (size_t t = 0; t < sizeof(dims) / sizeof(dims[0]); t++) {
         size_t d = dims[t];
         float *s = malloc(VK_ROT_ROUNDS * d * sizeof(float));
-        float *a = malloc(d * sizeof(float)), *b = malloc(d * sizeof(float));
+        double *a = malloc(d * sizeof(double)), *b = malloc(d * sizeof(double));
         vk_rot_signs(42, d, s);
         double aa = 0, bb = 0, ab = 0;
         for (size_t j = 0; j < d; j++) {
-            a[j] = (float)gauss();
-            b[j] = (float)gauss();
-            aa += (double)a[j] * a[j];
-            bb += (double)b[j] * b[j];
-            ab += (double)a[j] * b[j];
+            a[j] = gauss();
+            b[j] = gauss();
+            aa += a[j] * a[j];
+            bb += b[j] * b[j];
+            ab += a[j] * b[j];
         }
         vk_rotate(a, d, s);
         vk_rotate(b, d, s);
         double aa2 = 0, bb2 = 0, ab2 = 0;
         for (size_t j = 0; j < d; j++) {
-            aa2 += (double)a[j] * a[j];
-            bb2 += (double)b[j] * b[j];
-            ab2 += (double)a[j] * b[j];
+            aa2 += a[j] * a[j];
+            bb2 += b[j] * b[j];
+            ab2 += a[j] * b[j];
         }
-        CHECK_MSG(fabs(aa2 - aa) < 1e-4 * aa && fabs(bb2 - bb) < 1e-4 * bb, "norm at dim %zu", d);
-        CHECK_MSG(fabs(ab2 - ab) < 1e-4 * sqrt(aa * bb), "inner product at dim %zu", d);
+        CHECK_MSG(fabs(aa2 - aa) < 1e-12 * aa && fabs(bb2 - bb) < 1e-12 * bb, "norm at dim %zu", d);
+        CHECK_MSG(fabs(ab2 - ab) < 1e-12 * sqrt(aa * bb), "inner product at dim %zu", d);
         /* a rotation spreads one coordinate over many (d >= 64: no coordinate keeps half) */
         if (d >= 64) {
-            memset(a, 0, d * sizeof(float));
-            a[3] = 1.0f;
+            memset(a, 0, d * sizeof(double));
+            a[3] = 1.0;
             vk_rotate(a, d, s);
-            float mx = 0;
+            double mx = 0;
             for (size_t j = 0; j < d; j++)
-                mx = fabsf(a[j]) > mx ? fabsf(a[j]) : mx;
-            CHECK_MSG(mx < 0.5f, "dim %zu: a unit vector stays concentrated (%.3f)", d, mx);
+                mx = fabs(a[j]) > mx ? fabs(a[j]) : mx;
+            CHECK_MSG(mx < 0.5, "dim %zu: a unit vector stays concentrated (%.3f)", d, mx);
         }
         free(s);
         free(a);

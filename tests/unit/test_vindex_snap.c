@@ -276,11 +276,17 @@ static void damage(const vindex_opts *base, size_t dim, size_t n)
      * caller rebuilds from its data; a version above ours is not a snapshot we know */
     vindex_opts o3 = {.dim = 4, .meta_size = 8, .quant_min = 4, .ann_min = 8};
     CHECK(vindex_load(VINDEX_V3_SNAP, &o3, &lv, &seq) == VINDEX_E_MISMATCH && !lv);
-    uint32_t version = 5;
+    uint32_t version = 6;
     memcpy(b + 8, &version, 4);
     spit(bad, b, len);
     CHECK(vindex_load(bad, &o, &lv, &seq) == VINDEX_E_CORRUPT && !lv);
+    /* format 4 (the codes of issue 34 before they were centred) has another layout: this
+     * file relabelled 4 is refused, whatever its checksum says */
     version = 4;
+    memcpy(b + 8, &version, 4);
+    spit(bad, b, len);
+    CHECK(vindex_load(bad, &o, &lv, &seq) == VINDEX_E_CORRUPT && !lv);
+    version = 5;
     memcpy(b + 8, &version, 4);
     /* missing file; a directory; the good file still loads */
     CHECK(vindex_load(path_in("none.snap"), &o, &lv, &seq) == VINDEX_E_NOT_FOUND && !lv);
@@ -293,6 +299,120 @@ static void damage(const vindex_opts *base, size_t dim, size_t n)
     vindex_destroy(vi);
     unlink(bad);
     unlink(good);
+}
+
+/* ---- a snapshot of format 4 ----
+ *
+ * tests/data/vindex_v4.snap was written by the index of commit 82750e4 (format 4: int8 codes
+ * of the unrotated rows around the origin, sign codes rotated in float and widened to 8
+ * words at 257 to 448 dimensions) from the vectors v4_vec makes: 1,000 of 32 dimensions,
+ * ids 1000 + 7 i, metadata {i, i % 5}, every 13th removed, calibrated (40 probes) and saved
+ * with seq 44 on the ANN kind (quant_min 4, ann_min 64, ann_candidates 16). It loads: its
+ * rows, ids, metadata and tombstones are kept, its codes are taken anew and measured, and
+ * searches rank on those codes: every hit's similarity is within the codes' error of the
+ * exact one (the old codes read as new ones would be far off), at full recall; saved again it
+ * is a file of the current format. */
+
+static uint64_t v4_rs;
+
+static double v4_rnd(void)
+{
+    v4_rs ^= v4_rs << 13;
+    v4_rs ^= v4_rs >> 7;
+    v4_rs ^= v4_rs << 17;
+    return (double)(v4_rs >> 11) / 9007199254740992.0 - 0.5;
+}
+
+/* v4_vec writes vector i of the fixture (called for i = 0, 1, ... in order) */
+static void v4_vec(float *v)
+{
+    double z[3] = {v4_rnd(), v4_rnd(), v4_rnd()};
+    for (int j = 0; j < 32; j++)
+        v[j] = (float)(z[j % 3] * (1.0 + 0.1 * j) - z[(j + 1) % 3] * 0.5 + 0.05 * v4_rnd() + 0.3);
+}
+
+static void old_format(void)
+{
+    enum { N = 1000, D = 32 };
+    static float vecs[N][D];
+    v4_rs = 0x5eed0f0f5eed0f0fULL;
+    for (int i = 0; i < N; i++)
+        v4_vec(vecs[i]);
+    vindex_opts o = {
+        .dim = D, .meta_size = sizeof(meta), .quant_min = 4, .ann_min = 64, .ann_candidates = 16};
+    vindex *lv = NULL;
+    uint64_t seq = 0;
+    CHECK(vindex_load(VINDEX_V4_SNAP, &o, &lv, &seq) == 0 && lv && seq == 44);
+    if (!lv)
+        return;
+    vindex_stats st;
+    vindex_get_stats(lv, &st);
+    CHECK(st.kind == VINDEX_KIND_ANN && st.count == N - (N + 12) / 13 && st.slots == N);
+    /* measured at the load: searches use the codes from the first one */
+    vindex_recall rc;
+    vindex_get_recall(lv, &rc);
+    CHECK_MSG(rc.depth > 0 && rc.samples >= 200 && !rc.exact_fallback,
+              "depth %zu samples %zu fallback %d", rc.depth, rc.samples, rc.exact_fallback);
+    for (int i = 0; i < N; i++) {
+        meta m;
+        float v[D];
+        int want = i % 13 ? 0 : VINDEX_E_NOT_FOUND;
+        CHECK(vindex_get_meta(lv, 1000 + (uint64_t)i * 7, &m) == want);
+        CHECK(want || (m.tag == (uint32_t)i && m.level == (uint32_t)(i % 5)));
+        CHECK(vindex_get_vector(lv, 1000 + (uint64_t)i * 7, v) == want);
+    }
+    size_t found = 0, total = 0;
+    double worst = 0.0;
+    for (int t = 0; t < 50; t++) {
+        float q[D];
+        v4_vec(q);
+        vindex_hit hits[10];
+        size_t n = 0;
+        CHECK(vindex_search(lv, &(vindex_query){.vec = q, .k = 10}, hits, &n) == 0 && n == 10);
+        /* exact answer by brute force over the fixture's live vectors */
+        double qn = 0.0, best[10];
+        for (int j = 0; j < D; j++)
+            qn += (double)q[j] * q[j];
+        for (int j = 0; j < 10; j++)
+            best[j] = -2.0;
+        for (int i = 0; i < N; i++) {
+            if (i % 13 == 0)
+                continue;
+            double dot = 0.0, vn = 0.0;
+            for (int j = 0; j < D; j++)
+                dot += (double)q[j] * vecs[i][j], vn += (double)vecs[i][j] * vecs[i][j];
+            double s = dot / sqrt(qn * vn);
+            for (int j = 0; j < 10; j++) {
+                if (s > best[j]) {
+                    memmove(best + j + 1, best + j, (9 - j) * sizeof(double));
+                    best[j] = s;
+                    break;
+                }
+            }
+        }
+        for (size_t h = 0; h < n; h++) {
+            int i = (int)((hits[h].id - 1000) / 7);
+            double dot = 0.0, vn = 0.0;
+            for (int j = 0; j < D; j++)
+                dot += (double)q[j] * vecs[i][j], vn += (double)vecs[i][j] * vecs[i][j];
+            double s = dot / sqrt(qn * vn);
+            double e = fabs(s - hits[h].similarity);
+            worst = e > worst ? e : worst;
+            found += s >= best[9] - 1e-4;
+            total++;
+        }
+    }
+    /* codes of the old kind read as centred ones would be off by far more than 0.01 */
+    CHECK_MSG(worst < 0.01, "largest similarity error %.3e", worst);
+    CHECK_MSG(found >= total * 97 / 100, "recall %zu of %zu", found, total);
+    /* saved again, it is of the current format and loads as it is */
+    const char *p = path_in("v4-again.snap");
+    vindex *again = NULL;
+    CHECK(vindex_save(lv, p, 45) == 0);
+    CHECK(vindex_load(p, &o, &again, &seq) == 0 && seq == 45 && same_results(lv, again, D) == 0);
+    vindex_destroy(again);
+    unlink(p);
+    vindex_destroy(lv);
 }
 
 /* ---- the engine section without FAISS ----
@@ -582,7 +702,7 @@ int main(void)
     round_trip(48, 700, &sq8, "sq8");
     round_trip(48, 700, &ann, "ann");
     round_trip(200, 1500, &ann, "ann 200");
-    round_trip(384, 1500, &ann, "ann 384 (codes widened to 8 words)");
+    round_trip(384, 1500, &ann, "ann 384 (6-word sign codes)");
     round_trip(48, 0, &flat, "empty");
     /* a file of one kind loaded with options calling for another */
     {
@@ -649,6 +769,7 @@ int main(void)
     damage(&ann, 8, 6);
     damage(&sq8, 40, 3);
     engine_section();
+    old_format();
     check_clean();
     rmdir(dir);
     CHECK_RETURN();

@@ -101,6 +101,12 @@ void tenants_save_all(tenants *ts);
 /* tenants_preloaded tells whether the start-up preload has finished. */
 bool tenants_preloaded(tenants *ts);
 
+/* tenants_dim_changed drops a tenant's index and snapshot as tenants_forget does, after its
+ * embedding model changed (a re-embedding's swap): its next load reads the new vectors, at
+ * dimension dim whatever dimension the caller of tenants_get names (a request that read the
+ * old one before the swap). Any thread. */
+void tenants_dim_changed(tenants *ts, int64_t id, uint32_t dim);
+
 /* tenants_forget drops a tenant's index (tenant deleted). */
 void tenants_forget(tenants *ts, int64_t id);
 

@@ -89,6 +89,8 @@ struct tenants {
     server *srv;
     pthread_mutex_t mu;    /* guards map and refs */
     idmap *map;            /* tenant id -> tenant* */
+    idmap *dims;           /* tenant id -> its dimension since a re-embedding changed it (under
+                            * mu): what a new entry gets, whatever its caller's copy says */
     atomic_bool preloaded; /* the start-up preload has finished */
     atomic_int preload_left;
     vindex_opts vo; /* index options but dim and meta_size */

@@ -134,15 +134,15 @@ out:
     return written;
 }
 
-/* Tries the swap: returns true when it was made (or the job is gone). */
+/* Tries the swap: returns true when it was made, false when not (vectors are missing: the
+ * job's cursor went back to the first memory; the job is gone; the database failed,
+ * logged). */
 static bool try_swap(job *j)
 {
     const char *v[] = {j->tid};
     PGresult *r = BG_EXEC(j, SQLB_REEMBED_SWAP, v);
-    if (!r)
-        return false;
-    bool done = !PQgetisnull(r, 0, 0);
-    if (done) {
+    bool swapped = r && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0);
+    if (swapped) {
         int64_t gen = memrow_i64(r, 0, 0, 0);
         atomic_fetch_add(&n_swaps, 1);
         log_info("tenant %lld: re-embedding done: now %s at dimension %u (generation %lld)",
@@ -151,7 +151,7 @@ static bool try_swap(job *j)
         tenancy_embedding_changed(j->s->tenancy, j->tenant, gen, j->provider, j->dim, true);
     }
     PQclear(r);
-    return done;
+    return swapped;
 }
 
 /* Works on one tenant's job for at most SLICE_NS, when no other process does. */
@@ -167,15 +167,22 @@ static void work(job *j)
     if (!locked)
         return; /* another process works on it (or the database failed: next look) */
     uint64_t until = server_mono_ns() + SLICE_NS;
+    bool refused = false; /* the last swap found vectors missing behind the cursor */
     while (!bg_cancelled(j->ctx) && server_mono_ns() < until) {
         const char *v[] = {j->tid, batch};
         PGresult *todo = BG_EXEC(j, SQLB_REEMBED_TODO, v);
         if (!todo)
             break;
-        long long got = PQntuples(todo) == 0 ? (try_swap(j) ? 0 : 1) : embed_batch(j, todo);
+        int n = PQntuples(todo);
+        long long got = n > 0 ? embed_batch(j, todo) : 0;
         PQclear(todo);
+        if (n == 0 && !refused && !try_swap(j)) {
+            refused = true; /* once more from the first memory (none left: the job is gone) */
+            continue;
+        }
         if (got <= 0)
-            break; /* swapped, gone or failed */
+            break; /* swapped, gone, failed, or nothing found after a refused swap */
+        refused = false;
     }
     /* a connection that broke meanwhile took the lock with it (bg_exec dropped it) */
     PQclear(BG_EXEC(j, SQLB_UNLOCK, kv));

@@ -84,14 +84,18 @@ CREATE OR REPLACE FUNCTION engram_reembed_due(p_limit integer)
     ORDER BY j.started_at, j.tenant_id LIMIT p_limit
 $$;
 
--- engram_reembed_todo: up to p_limit memories of the tenant (archived included) that have no
--- side vector of their current content, in id order, with the content's hash.
+-- engram_reembed_todo: up to p_limit memories of the tenant (archived included) after the
+-- job's cursor that have no side vector of their current content, in id order, with the
+-- content's hash. From the cursor on, so that a batch reads about p_limit rows, not every
+-- memory done before it.
 CREATE OR REPLACE FUNCTION engram_reembed_todo(p_tenant bigint, p_limit integer)
     RETURNS TABLE (id bigint, content text, content_hash bytea)
     LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
     SELECT m.id, m.content, engram_content_hash(m.content) FROM memories m
     LEFT JOIN memory_reembed s ON s.tenant_id = m.tenant_id AND s.memory_id = m.id
     WHERE m.tenant_id = p_tenant
+      -- no job (cancelled, swapped): NULL, no row
+      AND m.id > (SELECT j.cursor FROM reembed_jobs j WHERE j.tenant_id = p_tenant)
       AND (s.memory_id IS NULL OR s.content_hash <> engram_content_hash(m.content))
     ORDER BY m.id LIMIT p_limit
 $$;
@@ -126,7 +130,10 @@ BEGIN
     ON CONFLICT (tenant_id, memory_id) DO UPDATE
         SET content_hash = EXCLUDED.content_hash, embedding = EXCLUDED.embedding;
     GET DIAGNOSTICS n = ROW_COUNT;
-    UPDATE reembed_jobs SET done = done + n, retry_at = NULL, backoff_ms = 0
+    -- the cursor passes the batch whatever was skipped: a changed memory is found again
+    -- when the swap sends the job round once more
+    UPDATE reembed_jobs SET done = done + n, retry_at = NULL, backoff_ms = 0,
+                            cursor = GREATEST(cursor, (SELECT max(u) FROM unnest(p_ids) AS u))
         WHERE tenant_id = p_tenant;
     RETURN n;
 END $$;
@@ -152,7 +159,8 @@ $$;
 -- generation, drops the job and announces it (engram_admin 'embedding:<tenant>:<gen>:
 -- <provider>:<dim>', engram_changes). All under the tenant row's lock: a store embedded
 -- under the old generation that commits later is refused (EG412). Returns the new
--- generation, or NULL when vectors are missing (the job goes on) or no job runs.
+-- generation, or NULL when vectors are missing (the job goes round again from the first
+-- memory: its cursor back at 0) or no job runs.
 CREATE OR REPLACE FUNCTION engram_reembed_swap(p_tenant bigint) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
@@ -171,6 +179,7 @@ BEGIN
                WHERE m.tenant_id = p_tenant
                  AND (s.memory_id IS NULL
                       OR s.content_hash <> engram_content_hash(m.content))) THEN
+        UPDATE reembed_jobs SET cursor = 0 WHERE tenant_id = p_tenant;
         RETURN NULL;
     END IF;
     SELECT count(*) INTO v_n FROM memories m WHERE m.tenant_id = p_tenant;

@@ -10,7 +10,9 @@ ALTER TABLE tenants ADD COLUMN embed_gen bigint NOT NULL DEFAULT 0;
 -- reembed_jobs: a tenant's re-embedding in progress (at most one): the target model, the
 -- progress (done counts vectors written to the side table, failures the provider's failed
 -- batches), the last error and when the job may try the provider again (retry_at, its
--- backoff after a failure: backoff_ms). The job is worked on by one engramd at a time (a
+-- backoff after a failure: backoff_ms). cursor is the highest memory id written: the job
+-- goes through the memories in id order from there, and starts again from 0 when the swap
+-- finds a memory whose vector went stale behind it. The job is worked on by one engramd at a time (a
 -- session-level advisory lock, server/domain/reembed.c); a process that dies drops its lock
 -- with its connection, and the next one resumes from what memory_reembed holds.
 CREATE TABLE reembed_jobs (
@@ -25,7 +27,8 @@ CREATE TABLE reembed_jobs (
     last_error    text,
     last_error_at timestamptz,
     retry_at      timestamptz,
-    backoff_ms    integer NOT NULL DEFAULT 0
+    backoff_ms    integer NOT NULL DEFAULT 0,
+    cursor        bigint NOT NULL DEFAULT 0
 );
 ALTER TABLE reembed_jobs ENABLE ROW LEVEL SECURITY;
 CREATE POLICY tenant_rows ON reembed_jobs USING (tenant_id = engram_current_tenant());

@@ -44,13 +44,23 @@ typedef struct job {
     uint32_t dim;
 } job;
 
-/* Records a failed batch and its backoff. */
+/* Records a failed batch and its backoff: reembed_retry_min_ms doubling up to
+ * reembed_retry_max_ms, and at least what the provider asked for (a Retry-After in the
+ * embedder's message, up to an hour). */
 static void failed(job *j, const char *why)
 {
     const config *c = &j->s->cfg;
-    char lo[16], hi[16];
-    snprintf(lo, sizeof(lo), "%d", c->reembed_retry_min_ms);
-    snprintf(hi, sizeof(hi), "%d", c->reembed_retry_max_ms);
+    long lo_ms = c->reembed_retry_min_ms, hi_ms = c->reembed_retry_max_ms;
+    const char *ra = strstr(why, "Retry-After: ");
+    long asked = ra ? strtol(ra + 13, NULL, 10) : 0;
+    if (asked > 0) {
+        asked = (asked > 3600 ? 3600 : asked) * 1000;
+        lo_ms = asked > lo_ms ? asked : lo_ms;
+        hi_ms = asked > hi_ms ? asked : hi_ms;
+    }
+    char lo[24], hi[24];
+    snprintf(lo, sizeof(lo), "%ld", lo_ms);
+    snprintf(hi, sizeof(hi), "%ld", hi_ms);
     const char *v[] = {j->tid, why, lo, hi};
     PGresult *r = BG_EXEC(j, SQLB_REEMBED_FAIL, v);
     atomic_fetch_add(&n_failures, 1);

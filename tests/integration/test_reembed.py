@@ -160,9 +160,15 @@ def test_provider_failures_back_off_and_complete(setup):
     ep.faults = ["429", "500", "wrongdim", "timeout"]
     with srv.admin() as a:
         a.call("admin.tenant.update", tenant_id=tid, embedding={"provider": "openai"})
-    seen = wait_for(lambda: (lambda j: j if j and j["failures"] >= 2 else None)(
+    # the 429's Retry-After (1 s) is waited at least, above reembed_retry_max_ms (800 ms)
+    first = wait_for(lambda: (lambda j: j if j and j["failures"] >= 1 else None)(
+        tenant_get(srv, tid)["reembed"]), interval=0.02, what="the first failure recorded")
+    assert first["failures"] == 1 and first["state"] == "backoff"
+    assert "429" in first["last_error"] and "Retry-After: 1 s" in first["last_error"]
+    assert first["retry_at"] - first["last_error_at"] >= 999
+    seen = wait_for(lambda: (lambda j: j if j and j["failures"] == 2 else None)(
         tenant_get(srv, tid)["reembed"]), what="two failures recorded")
-    assert seen["last_error"] and seen["last_error_at"]
+    assert "500" in seen["last_error"] and seen["retry_at"] - seen["last_error_at"] <= 800
     wait_swapped(srv, tid, "openai", 1)
     assert metric(srv, "engram_reembed_failures_total") - failures0 == 4
     reqs = ep.take()

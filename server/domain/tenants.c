@@ -175,6 +175,11 @@ out:
     return t;
 }
 
+bool tenants_dim_is(const tenant *t, uint32_t dim)
+{
+    return t->dim == dim; /* fixed at the entry's creation */
+}
+
 void tenants_put(tenant *t)
 {
     if (t && atomic_fetch_sub(&t->refs, 1) == 1)

@@ -90,6 +90,10 @@ static int apply_deletes(req *r, const PGresult *pr)
 {
     const conn_auth *a = req_auth(r);
     tenant *t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
+    if (t && !tenants_dim_is(t, a->dim)) {
+        tenants_put(t); /* another model since: its load reads the database */
+        t = NULL;
+    }
     int n = PQntuples(pr);
     for (int i = 0; t && i < n; i++)
         tenants_apply_delete(t, (uint64_t)memrow_i64(pr, i, 1, 0),

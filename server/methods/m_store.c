@@ -210,6 +210,10 @@ static void store_finish(req *r, const PGresult *pr, int off)
     rows = (int)st->n;
     const conn_auth *a = req_auth(r);
     tenant *t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
+    if (t && !tenants_dim_is(t, a->dim)) {
+        tenants_put(t); /* another model since: its load reads the database */
+        t = NULL;
+    }
     bool replayed = false;
     for (int k = 0; k < rows; k++) {
         int i = off + k;

@@ -147,7 +147,7 @@ CREATE OR REPLACE FUNCTION engram_reembed_fail(p_tenant bigint, p_error text, p_
     UPDATE reembed_jobs SET failures = failures + 1, last_error = left(p_error, 500),
         last_error_at = date_trunc('milliseconds', now()),
         backoff_ms = LEAST(p_max_ms, GREATEST(p_min_ms, backoff_ms * 2)),
-        retry_at = now() + make_interval(
+        retry_at = date_trunc('milliseconds', now()) + make_interval(
             secs => LEAST(p_max_ms, GREATEST(p_min_ms, backoff_ms * 2)) / 1000.0)
     WHERE tenant_id = p_tenant
     RETURNING backoff_ms

@@ -56,9 +56,9 @@ void tenancy_tier_changed(tenancy *t, int64_t tenant_id, int tier);
 
 /* tenancy_embedding_changed records that tenant_id embeds with provider at dim from
  * generation gen on: swapped true for a re-embedding's swap (here or notified), false for
- * the periodic check. When gen is newer than the generation known (for a swap, also when
- * none was known), the tenant's index and snapshot are dropped (tenants_forget: its next
- * use builds it from PostgreSQL's new vectors). */
+ * what the periodic check or an authentication read. When gen is newer than the generation known
+ * (for a swap, also when none was known), the tenant's index and snapshot are dropped
+ * (tenants_forget: its next use builds it from PostgreSQL's new vectors). */
 void tenancy_embedding_changed(tenancy *t, int64_t tenant_id, int64_t gen, const char *provider,
                                uint32_t dim, bool swapped);
 

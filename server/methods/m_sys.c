@@ -110,6 +110,9 @@ static void auth_done(req *r, const db_result *res)
         return;
     }
     a.claimed = true;
+    /* this process learns the tenant's model (or, newer than it knew, that a swap it missed
+     * happened: the tenant's index goes) */
+    tenancy_embedding_changed(s->tenancy, a.tenant_id, a.embed_gen, a.provider, a.dim, false);
     req_set_auth(r, &a);
     /* last_used_at: written after the answer, nothing waits for it */
     char *kid = req_alloc(r, 24);

@@ -58,6 +58,17 @@ def top(c, query, k=1):
                   include_archived=True)["results"]
 
 
+def filled_tenant(srv, n, tag):
+    """A new tenant of srv (built-in model) holding n memories of texts(n, tag): (tenant id,
+    key, contents, ids)."""
+    tid, key = srv.create_tenant()
+    contents = texts(n, tag)
+    with srv.client(key=key) as c:
+        ids = c.call("memory.store_batch", memories=[
+            {"content": t, "type": "fact", "importance": 0.5} for t in contents])["ids"]
+    return tid, key, contents, ids
+
+
 def assert_new_model(c, contents, ids, which):
     """Each memory which[k] is its own query's best match, at the new model's similarity 1."""
     for i in which:
@@ -68,11 +79,8 @@ def assert_new_model(c, contents, ids, which):
 
 def test_builtin_to_openai_and_back(setup):
     srv, ep, dsn = setup
-    tid, key = srv.create_tenant()
-    contents = texts(60, "a")
+    tid, key, contents, ids = filled_tenant(srv, 60, "a")
     with srv.client(key=key) as c:
-        ids = c.call("memory.store_batch", memories=[
-            {"content": t, "type": "fact", "importance": 0.5} for t in contents])["ids"]
         c.call("memory.archive", ids=[ids[7]])
         before = top(c, contents[3])
         assert before[0]["id"] == ids[3]
@@ -150,11 +158,7 @@ def test_builtin_to_openai_and_back(setup):
 
 def test_provider_failures_back_off_and_complete(setup):
     srv, ep, dsn = setup
-    tid, key = srv.create_tenant()
-    contents = texts(40, "f")
-    with srv.client(key=key) as c:
-        ids = c.call("memory.store_batch", memories=[
-            {"content": t, "type": "episode", "importance": 0.3} for t in contents])["ids"]
+    tid, key, contents, ids = filled_tenant(srv, 40, "f")
     failures0 = metric(srv, "engram_reembed_failures_total")
     ep.take()
     ep.faults = ["429", "500", "wrongdim", "timeout"]
@@ -179,11 +183,7 @@ def test_provider_failures_back_off_and_complete(setup):
 
 def test_kill_midway_resumes(setup):
     srv, ep, dsn = setup
-    tid, key = srv.create_tenant()
-    contents = texts(120, "k")
-    with srv.client(key=key) as c:
-        ids = c.call("memory.store_batch", memories=[
-            {"content": t, "type": "fact", "importance": 0.4} for t in contents])["ids"]
+    tid, key, contents, ids = filled_tenant(srv, 120, "k")
     ep.take()
     ep.gate.clear()
     ep.hold_after = 2  # two batches of 16 go through, the third is held: the kill comes midway
@@ -263,8 +263,9 @@ def test_invalid_requests_and_cancel(setup):
 
 
 def test_second_process_rebuilds_on_the_swap():
-    """b runs the job (a looks for jobs every 10 minutes, first after 10); a, whose index of the tenant is loaded,
-    learns of the swap by NOTIFY engram_admin, drops its index and searches the new model."""
+    """b runs the job (a looks for jobs every 10 minutes, the first time 10 minutes after its
+    start); a, whose index of the tenant is loaded, learns of the swap by NOTIFY engram_admin,
+    drops its index and searches the new model."""
     ep = Endpoint()
     dsn = new_database("reembed2")
     a = Server(dsn, extra=provider_args(ep, 0) + reembed_args(600000), env=KEY_ENV)
@@ -275,11 +276,8 @@ def test_second_process_rebuilds_on_the_swap():
     try:
         a.start()
         b.start()
-        tid, key = a.create_tenant()
-        contents = texts(30, "p")
+        tid, key, contents, ids = filled_tenant(a, 30, "p")
         with a.client(key=key) as ca:
-            ids = ca.call("memory.store_batch", memories=[
-                {"content": t, "type": "fact", "importance": 0.5} for t in contents])["ids"]
             old = top(ca, contents[4])  # a loads its index, on the built-in model
             assert old[0]["id"] == ids[4]
             since_a, since_b = len(a.log_text()), len(b.log_text())

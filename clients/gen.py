@@ -35,7 +35,8 @@ DOCS = {
     "admin.tenant.delete": "Deletes a tenant and everything it owns.",
     "admin.tenant.get": "Returns a tenant by id or name.",
     "admin.tenant.list": "Lists tenants in id order, one page at a time.",
-    "admin.tenant.update": "Renames a tenant or moves it to another tier.",
+    "admin.tenant.update": "Renames a tenant, moves it to another tier, or changes its "
+                           "embedding model (re-embedded online; cancel_reembed stops it).",
     "auth": "Authenticates the connection with a tenant key or the admin key.",
     "memory.archive": "Archives live memories: kept, but skipped by searches.",
     "memory.consolidate": "Runs a consolidation of the tenant now (premium tier).",
@@ -294,9 +295,12 @@ class ResultTypes:
         if "enum" in schema:
             vals = [json.dumps(v) for v in schema["enum"]]
             return f"Literal[{', '.join(vals)}]" if py else " | ".join(vals)
+        t = schema.get("type")
+        if ("allOf" in schema or "properties" in schema) and isinstance(t, list) and "null" in t:
+            # a nullable object (an object or null): its named type, or None
+            return self.named(schema, name) + (" | None" if py else " | null")
         if "allOf" in schema or "properties" in schema:
             return self.named(schema, name)
-        t = schema.get("type")
         if isinstance(t, list):
             return " | ".join(self.type_of({**schema, "type": x}, name, key) for x in t)
         if t == "array" and "items" in schema:

@@ -26,6 +26,7 @@
 #include "autocompact.h"
 #include "consolidate.h"
 #include "dream.h"
+#include "reembed.h"
 #include "extract.h"
 #include "db.h"
 #include "pgsync.h"
@@ -551,7 +552,8 @@ static int start_domain(proc *a)
     s->rows = rc_create((size_t)s->cfg.row_cache_mb << 20);
     if (!s->rows || !s->tenants || !s->bg || !s->tenancy || tenants_start(s->tenants) < 0 ||
         maint_start(s) < 0 || tenancy_start(s->tenancy) < 0 || consolidate_start(s) < 0 ||
-        autocompact_start(s) < 0 || extract_start(s) < 0 || dream_start(s) < 0)
+        autocompact_start(s) < 0 || extract_start(s) < 0 || dream_start(s) < 0 ||
+        reembed_start(s) < 0)
         return -1;
     return 0;
 }

@@ -68,16 +68,16 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
          "SELECT * FROM engram_memory_store_batch($1, $2::bigint[], $3, $4, $5, "
          "$6::bigint[], $7::bigint[], $8::text[], $9::text[], $10::text[], "
          "$11::float8[], $12::text[], $13, $14::bigint[], $15::bigint[], "
-         "$16::bigint[], $17::bigint[], $18::bigint[], $19::boolean[])",
-         19},
+         "$16::bigint[], $17::bigint[], $18::bigint[], $19::boolean[], $20::bigint)",
+         20},
     /* the stores of several requests of any tenants (gcommit.h): no engram.tenant_id */
     [SQL_MEMORY_STORE_GROUP] =
         {"memory_store_group",
          "SELECT * FROM engram_memory_store_group($1::bigint[], $2::integer[], $3::integer[], "
          "$4::bigint[], $5::bigint[], $6::bigint[], $7::text[], $8::text[], $9::text[], "
          "$10::float8[], $11::text[], $12, $13::bigint[], $14::bigint[], $15::bigint[], "
-         "$16::bigint[], $17::bigint[], $18::boolean[], $19::integer)",
-         19},
+         "$16::bigint[], $17::bigint[], $18::boolean[], $19::bigint[], $20::integer)",
+         20},
     /* One statement, no function: engram_memory_store_group's work for one request of one
      * tenant, for the common case (it fits its tier's limit; the parameters agree). A
      * durable store of one memory took 0.373 to 0.412 ms by pgbench this way against 0.482
@@ -100,6 +100,9 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
           * through engram_memory_store_group, which waits a little (p_probe_ms) */
          "AND t.id IN (SELECT x.id FROM tenants x WHERE x.id = p.tenant FOR UPDATE SKIP LOCKED) "
          "AND length(p.emb) = p.n::bigint * p.dim * 4 "
+         /* vectors of the tenant's current embedding model only (else the group statement
+          * refuses it: EG412, migration 0013) */
+         "AND t.embed_gen = ($19::bigint[])[1] "
          "AND (engram_tier_limit(p.lim, t.tier) IS NULL "
          "OR t.memory_count + p.n <= engram_tier_limit(p.lim, t.tier)) "
          "AND (engram_tier_byte_limit(p.lim, t.tier) IS NULL "
@@ -129,7 +132,7 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
          "engram_ms(m.last_accessed_at), m.access_count, engram_ms(m.expires_at), "
          "engram_ms(m.archived_at), m.pinned, NULL::text, NULL::text, NULL::text, NULL::text "
          "FROM ins m ORDER BY m.seq",
-         18},
+         19},
     /* The tenant goes in as an InitPlan value (SELECT $1) that the planner cannot see: with
      * the value itself, a tenant its statistics have not seen is estimated at one row and
      * "tenant_id = $1 AND id = ANY ($2)" was planned as a scan of the whole tenant. */
@@ -142,8 +145,8 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
                            "SELECT id, seq FROM engram_memory_delete($1, $2::bigint[])", 2},
     [SQL_MEMORY_UPDATE] = {"memory_update",
                            "SELECT * FROM engram_memory_update($1, $2, $3, $4, $5, $6, $7, $8, "
-                           "$9, $10, $11::bigint[])",
-                           11},
+                           "$9, $10, $11::bigint[], $12::bigint)",
+                           12},
     [SQL_MEMORY_ARCHIVE] =
         {"memory_archive",
          "SELECT 0, 0, x.* FROM engram_memory_set_archived($1, $2::bigint[], $3, "
@@ -228,8 +231,8 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
     [SQL_ADMIN_TENANT_UPDATE] = {"admin_tenant_update",
                                  "SELECT engram_tenant_engine(j, $6)::text, (j ->> "
                                  "'tenant_id')::bigint FROM engram_admin_tenant_update($1, $2, "
-                                 "$3, $4, $5, $7) j",
-                                 7},
+                                 "$3, $4, $5, $7, $8, $9, $10::integer, $11::boolean) j",
+                                 11},
     [SQL_ADMIN_TENANT_DELETE] = {"admin_tenant_delete", "SELECT engram_admin_tenant_delete($1, $2)",
                                  2},
     [SQL_ADMIN_KEY_CREATE] = {"admin_key_create",
@@ -249,6 +252,7 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
     /* first in a read sent to a hot standby: the tenant's change number as the standby has
      * replayed it (no row: the standby has not replayed the tenant's creation) */
     [SQL_READ_FLOOR] = {"read_floor", "SELECT change_seq FROM tenants WHERE id = $1::bigint", 1},
+    [SQL_REEMBED_STATE] = {"reembed_state", "SELECT engram_reembed_state($1)::text", 1},
 };
 
 /* Every statement table, in order; each module with statements of its own adds a line. */

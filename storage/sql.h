@@ -49,8 +49,9 @@ typedef enum sql_stmt {
                             * sessions, memory bytes, model calls, tokens in, out, cost, chat_model */
     SQL_ADMIN_TENANT_GET,  /* (id, name, default engine) -> json */
     SQL_ADMIN_TENANT_LIST, /* (after id, limit, default engine) -> json array */
-    SQL_ADMIN_TENANT_UPDATE, /* (id, name, new name, tier, engine, default engine, chat model)
-                              * -> json, id */
+    SQL_ADMIN_TENANT_UPDATE, /* (id, name, new name, tier, engine, default engine, chat model,
+                              * embedding provider, model, dim, cancel re-embedding) -> json,
+                              * id */
     SQL_ADMIN_TENANT_DELETE, /* (id, name) -> tenant id */
     SQL_ADMIN_KEY_CREATE,    /* (id, name, key name, key id, key hash hex) -> tenant, key row, ms */
     SQL_ADMIN_KEY_LIST,      /* (id, name) -> json array */
@@ -58,6 +59,7 @@ typedef enum sql_stmt {
     SQL_CONSOLIDATION_RUNS,  /* (tenant, limit, before id) -> run rows, newest first */
     SQL_DREAM_STATE,         /* (tenant) -> the auto-dream state as JSON (tenant.dream) */
     SQL_READ_FLOOR,          /* (tenant) -> change_seq, on a standby: see req_submit_read */
+    SQL_REEMBED_STATE,       /* (tenant) -> the re-embedding in progress as JSON, NULL: none */
     SQL__COUNT
 } sql_stmt;
 

@@ -105,4 +105,12 @@ const db_stmt_def sql_bg_stmts[SQLB__COUNT] = {
                           "UPDATE dream_state SET lock_at = now() WHERE tenant_id = $1 "
                           "AND lock_holder = $2 RETURNING 1",
                           2},
+    [SQLB_TENANT_EMBEDDINGS] = {"tenant_embeddings",
+                                "SELECT * FROM engram_tenant_embeddings($1::bigint[])", 1},
+    [SQLB_REEMBED_DUE] = {"reembed_due", "SELECT * FROM engram_reembed_due($1)", 1},
+    [SQLB_REEMBED_TODO] = {"reembed_todo", "SELECT * FROM engram_reembed_todo($1, $2)", 2},
+    [SQLB_REEMBED_PUT] = {"reembed_put",
+                          "SELECT engram_reembed_put($1, $2, $3::bigint[], $4::bytea[], $5)", 5},
+    [SQLB_REEMBED_FAIL] = {"reembed_fail", "SELECT engram_reembed_fail($1, $2, $3, $4)", 4},
+    [SQLB_REEMBED_SWAP] = {"reembed_swap", "SELECT engram_reembed_swap($1)", 1},
 };

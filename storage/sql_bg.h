@@ -48,23 +48,29 @@ typedef enum sqlb_stmt {
     SQLB_COMPACT_FINISH,          /* (tenant, session, through, summary, compacted, truncated
                                    * ids[], budget, data, max entries, max bytes) -> jsonb */
     SQLB_COMPACT_FAILED,          /* (tenant, session, status, reason, counted, bytes) -> jsonb */
-    SQLB_EXTRACT_BEGIN,  /* (tenant, session, through entry, holder, stale s, max entries, max
-                            bytes) -> the claim and the transcript as JSON (55_extraction.sql) */
-    SQLB_EXTRACT_FAIL,   /* (tenant, session, holder, trigger, status, error, tokens in, out,
-                            result) records a run that changed nothing */
-    SQLB_EXTRACT_FINISH, /* (tenant, session, holder, trigger, limits, dim, last seq, agent,
-                            types[], contents[], importances[], metadata[], embeddings, sup
-                            facts[], sup old[], sup seq[], sup why[], model, unchanged, tokens
-                            in, out, result) -> {added, updated, skipped, memory_ids} */
-    SQLB_EXTRACT_DUE,    /* (min messages, min tokens, idle s, stale s, retry s, limit) ->
-                            tenant, session, dim */
-    SQLB_EXTRACT_MEMS,   /* (tenant, ids[]) -> id, seq, content of the live ones */
-    SQLB_DREAM_DUE,      /* (hours, min sessions, stale s, limit) -> tenant, dim */
-    SQLB_DREAM_LOCK,     /* (tenant, holder, hours, min sessions, stale s, force, max sessions)
-                            -> {locked, sessions, ...} */
-    SQLB_DREAM_UNLOCK,   /* (tenant, holder, status, error, last session, result) -> held */
-    SQLB_DREAM_ORIENT,   /* (tenant) -> type, live memories of it */
-    SQLB_DREAM_TOUCH,    /* (tenant, holder) -> a row while holder still holds the lock */
+    SQLB_EXTRACT_BEGIN,     /* (tenant, session, through entry, holder, stale s, max entries, max
+                               bytes) -> the claim and the transcript as JSON (55_extraction.sql) */
+    SQLB_EXTRACT_FAIL,      /* (tenant, session, holder, trigger, status, error, tokens in, out,
+                               result) records a run that changed nothing */
+    SQLB_EXTRACT_FINISH,    /* (tenant, session, holder, trigger, limits, dim, last seq, agent,
+                               types[], contents[], importances[], metadata[], embeddings, sup
+                               facts[], sup old[], sup seq[], sup why[], model, unchanged, tokens
+                               in, out, result) -> {added, updated, skipped, memory_ids} */
+    SQLB_EXTRACT_DUE,       /* (min messages, min tokens, idle s, stale s, retry s, limit) ->
+                               tenant, session, dim */
+    SQLB_EXTRACT_MEMS,      /* (tenant, ids[]) -> id, seq, content of the live ones */
+    SQLB_DREAM_DUE,         /* (hours, min sessions, stale s, limit) -> tenant, dim */
+    SQLB_DREAM_LOCK,        /* (tenant, holder, hours, min sessions, stale s, force, max sessions)
+                               -> {locked, sessions, ...} */
+    SQLB_DREAM_UNLOCK,      /* (tenant, holder, status, error, last session, result) -> held */
+    SQLB_DREAM_ORIENT,      /* (tenant) -> type, live memories of it */
+    SQLB_DREAM_TOUCH,       /* (tenant, holder) -> a row while holder still holds the lock */
+    SQLB_TENANT_EMBEDDINGS, /* (tenants[]) -> tenant, generation, provider, dim */
+    SQLB_REEMBED_DUE,       /* (limit) -> tenant, provider, model, dim of jobs that may run now */
+    SQLB_REEMBED_TODO,      /* (tenant, limit) -> id, content, content hash (39_reembed.sql) */
+    SQLB_REEMBED_PUT,       /* (tenant, dim, ids[], hashes[], embeddings) -> vectors written */
+    SQLB_REEMBED_FAIL,      /* (tenant, error, min ms, max ms) -> backoff ms */
+    SQLB_REEMBED_SWAP,      /* (tenant) -> new generation, NULL when not ready */
     SQLB__COUNT
 } sqlb_stmt;
 

@@ -139,6 +139,10 @@ typedef struct config {
     int dream_lock_stale_s;
     int dream_check_interval_s;
     int dream_max_sessions;
+    int reembed_batch;
+    int reembed_interval_ms;
+    int reembed_retry_min_ms;
+    int reembed_retry_max_ms;
     long max_content_bytes;
     long max_metadata_bytes;
     int max_metadata_entries;

@@ -126,6 +126,20 @@ void bg_read_conn_failed(bg_ctx *ctx)
     ctx->rpg = NULL;
 }
 
+PGresult *bg_exec(bg_ctx *ctx, const db_stmt_def *s, const char *const *values, size_t nvalues,
+                  const char *what)
+{
+    char err[512];
+    PGconn *pg = bg_conn(ctx, err, sizeof(err));
+    PGresult *r = pg ? pgsync_exec_stmt(pg, s, values, nvalues, err, sizeof(err)) : NULL;
+    if (!r) {
+        log_warn("%s: %s", what, err);
+        if (pg && PQstatus(pg) != CONNECTION_OK)
+            bg_conn_failed(ctx);
+    }
+    return r;
+}
+
 void bg_conn_failed(bg_ctx *ctx)
 {
     PQfinish(ctx->pg);

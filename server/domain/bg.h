@@ -12,6 +12,8 @@
 
 #include <libpq-fe.h>
 
+#include "db.h"
+
 #include "server.h"
 
 typedef struct bg bg;
@@ -32,6 +34,13 @@ int bg_submit(bg *b, void (*fn)(bg_ctx *ctx, void *arg), void *arg);
 /* bg_conn returns the job thread's database connection, connecting when needed; NULL with
  * the reason in err when the database cannot be reached. Only inside a job. */
 PGconn *bg_conn(bg_ctx *ctx, char *err, size_t errlen);
+
+/* bg_exec runs statement s with the nvalues values on the job thread's connection
+ * (connecting when needed): the result (PQclear it), or NULL after logging the failure as
+ * "<what>: <error>" at warning level and, when the connection broke, dropping it. Only
+ * inside a job. */
+PGresult *bg_exec(bg_ctx *ctx, const db_stmt_def *s, const char *const *values, size_t nvalues,
+                  const char *what);
 
 /* bg_conn_failed tells the thread its connection broke (it is reopened next time). */
 void bg_conn_failed(bg_ctx *ctx);

@@ -323,8 +323,15 @@ static void on_answer(struct evhttp_request *hr, void *arg)
     }
     int status = evhttp_request_get_response_code(hr);
     if (status != 200) {
-        char why[64];
-        snprintf(why, sizeof(why), "HTTP status %d", status);
+        /* a Retry-After in seconds goes into the message: background callers (reembed.c)
+         * wait at least that long before their next attempt */
+        const char *ra = evhttp_find_header(evhttp_request_get_input_headers(hr), "Retry-After");
+        long secs = ra ? strtol(ra, NULL, 10) : 0;
+        char why[96];
+        if (secs > 0)
+            snprintf(why, sizeof(why), "HTTP status %d (Retry-After: %ld s)", status, secs);
+        else
+            snprintf(why, sizeof(why), "HTTP status %d", status);
         job_failed(j, status == 0 ? "no answer (connection failed or timed out)" : why);
         return;
     }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "db.h"
+#include "embed.h"
 #include "pgsync.h"
 #include "idmap.h"
 #include "log.h"
@@ -34,7 +35,17 @@ struct tenancy {
     tenancy_bucket *buckets;
     size_t nbuckets, cbuckets;
     idmap *queries; /* tenant id -> queries counted, not yet written */
+    idmap *embeds;  /* tenant id -> its embedding model since the last swap seen: see pack */
 };
+
+/* An embedding model in an idmap value: the generation above bit 16, the provider in bits
+ * 13-15 (0 builtin, 1 openai), the dimension (at most 4096) below. */
+#define EMB_DIM_BITS 13
+static uint64_t emb_pack(int64_t gen, const char *provider, uint32_t dim)
+{
+    uint64_t p = strcmp(provider, "openai") == 0 ? 1 : 0;
+    return ((uint64_t)gen << 16) | (p << EMB_DIM_BITS) | (dim & ((1u << EMB_DIM_BITS) - 1));
+}
 
 tenancy *tenancy_create(server *s)
 {
@@ -51,8 +62,9 @@ tenancy *tenancy_create(server *s)
     t->tiers = idmap_create(64);
     t->bucket_at = idmap_create(64);
     t->queries = idmap_create(64);
-    if (!t->key_refs || !t->key_tenant || !t->tenant_conns || !t->revoked || !t->deleted ||
-        !t->tiers || !t->bucket_at || !t->queries) {
+    t->embeds = idmap_create(16);
+    if (!t->embeds || !t->key_refs || !t->key_tenant || !t->tenant_conns || !t->revoked ||
+        !t->deleted || !t->tiers || !t->bucket_at || !t->queries) {
         tenancy_destroy(t);
         return NULL;
     }
@@ -71,6 +83,7 @@ void tenancy_destroy(tenancy *t)
     idmap_destroy(t->tiers);
     idmap_destroy(t->bucket_at);
     idmap_destroy(t->queries);
+    idmap_destroy(t->embeds);
     free(t->buckets);
     pthread_mutex_destroy(&t->mu);
     free(t);
@@ -186,11 +199,48 @@ void tenancy_tier_changed(tenancy *t, int64_t tenant_id, int tier)
     pthread_mutex_unlock(&t->mu);
 }
 
+void tenancy_embedding_changed(tenancy *t, int64_t tenant_id, int64_t gen, const char *provider,
+                               uint32_t dim, bool swapped)
+{
+    if (gen < 0 || dim == 0 || dim >= (1u << EMB_DIM_BITS))
+        return;
+    uint64_t v = 0;
+    pthread_mutex_lock(&t->mu);
+    bool known = idmap_get(t->embeds, (uint64_t)tenant_id, &v);
+    bool newer = !known || (int64_t)(v >> 16) < gen;
+    if (newer)
+        idmap_put(t->embeds, (uint64_t)tenant_id, emb_pack(gen, provider, dim));
+    pthread_mutex_unlock(&t->mu);
+    /* the periodic check's first news of a tenant is no change: it only learns the model */
+    if (newer && (known || swapped)) {
+        log_info("tenant %lld: embedding model now %s (dimension %u, generation %lld): index "
+                 "dropped, rebuilt from the database on its next use",
+                 (long long)tenant_id, provider, dim, (long long)gen);
+        tenants_dim_changed(t->srv->tenants, tenant_id, dim);
+    }
+}
+
+void tenancy_embedding(tenancy *t, int64_t tenant_id, int64_t *gen, uint32_t *dim, char *provider)
+{
+    uint64_t v = 0;
+    pthread_mutex_lock(&t->mu);
+    bool known = idmap_get(t->embeds, (uint64_t)tenant_id, &v);
+    pthread_mutex_unlock(&t->mu);
+    if (!known || (int64_t)(v >> 16) <= *gen)
+        return;
+    *gen = (int64_t)(v >> 16);
+    *dim = (uint32_t)(v & ((1u << EMB_DIM_BITS) - 1));
+    snprintf(provider, 16, "%s", (v >> EMB_DIM_BITS) & 7 ? "openai" : "builtin");
+}
+
 void tenancy_notify(tenancy *t, const char *payload)
 {
-    long long id = 0;
+    long long id = 0, gen = 0;
+    unsigned dim = 0;
     char name[32];
-    if (sscanf(payload, "revoked:%lld", &id) == 1)
+    if (sscanf(payload, "embedding:%lld:%lld:%31[^:]:%u", &id, &gen, name, &dim) == 4)
+        tenancy_embedding_changed(t, id, gen, name, dim, true);
+    else if (sscanf(payload, "revoked:%lld", &id) == 1)
         tenancy_revoked(t, id);
     else if (sscanf(payload, "deleted:%lld", &id) == 1)
         tenancy_deleted(t, id);
@@ -393,7 +443,20 @@ static void check_keys(bg_ctx *ctx, void *arg)
         PQclear(r);
     } else if (PQstatus(pg) != CONNECTION_OK) {
         bg_conn_failed(ctx);
+        goto out;
     }
+    /* and their embedding models: a swap whose notification was lost */
+    r = PGSYNC_EXEC(pg, sqlb_def(SQLB_TENANT_EMBEDDINGS), v2, err, sizeof(err));
+    for (int i = 0; r && i < PQntuples(r); i++) {
+        int64_t dim = memrow_i64_of(r, i, 3, 0, ROWERR_TENANTS);
+        if (dim > 0 && dim <= EMBED_MAX_DIM)
+            tenancy_embedding_changed(t, memrow_i64_of(r, i, 0, 0, ROWERR_TENANTS),
+                                      memrow_i64_of(r, i, 1, 0, ROWERR_TENANTS),
+                                      PQgetvalue(r, i, 2), (uint32_t)dim, false);
+    }
+    PQclear(r);
+    if (!r && PQstatus(pg) != CONNECTION_OK)
+        bg_conn_failed(ctx);
 out:
     free(klit);
     free(tlit);

@@ -55,9 +55,23 @@ void tenancy_revoked(tenancy *t, int64_t key_id);
 void tenancy_deleted(tenancy *t, int64_t tenant_id);
 void tenancy_tier_changed(tenancy *t, int64_t tenant_id, int tier);
 
+/* tenancy_embedding_changed records that tenant_id embeds with provider at dim from
+ * generation gen on: swapped true for a re-embedding's swap (here or notified), false for
+ * what the periodic check or an authentication read. When gen is newer than the generation known
+ * (for a swap, also when none was known), the tenant's index and snapshot are dropped
+ * (tenants_forget: its next use builds it from PostgreSQL's new vectors). */
+void tenancy_embedding_changed(tenancy *t, int64_t tenant_id, int64_t gen, const char *provider,
+                               uint32_t dim, bool swapped);
+
+/* tenancy_embedding brings a connection's copy of its tenant's model up to date: when the
+ * known generation of tenant_id is newer than *gen, sets *gen, *dim and provider (16 bytes,
+ * NUL-terminated). Any thread. */
+void tenancy_embedding(tenancy *t, int64_t tenant_id, int64_t *gen, uint32_t *dim, char *provider);
+
 /* tenancy_notify parses an engram_admin notification payload ("revoked:<key>",
- * "deleted:<tenant>", "tier:<tenant>:<name>", "engine:<tenant>:<native|faiss|default>")
- * and records it (an engine change goes to tenants_engine_changed). */
+ * "deleted:<tenant>", "tier:<tenant>:<name>", "engine:<tenant>:<native|faiss|default>",
+ * "embedding:<tenant>:<gen>:<provider>:<dim>") and records it (an engine change goes to
+ * tenants_engine_changed). */
 void tenancy_notify(tenancy *t, const char *payload);
 
 /* tenancy_rate_take takes one request token of the tenant's bucket. Returns true when the

@@ -54,8 +54,11 @@ tenants *tenants_create(server *s)
     /* the change floors matter to reads on a standby only (tenants_read_floor) */
     bool standby = s->cfg.pg_read_dsn && s->cfg.pg_read_dsn[0];
     ts->floors = standby ? idmap_create(64) : NULL;
-    if (!ts->map || (standby && !ts->floors)) {
+    ts->dims = idmap_create(16);
+    if (!ts->map || !ts->dims || (standby && !ts->floors)) {
         idmap_destroy(ts->map);
+        idmap_destroy(ts->floors);
+        idmap_destroy(ts->dims);
         pthread_mutex_destroy(&ts->dir_mu);
         pthread_mutex_destroy(&ts->mu);
         free(ts);
@@ -134,6 +137,7 @@ void tenants_destroy(tenants *ts)
     idmap_foreach(ts->map, free_one, NULL);
     idmap_destroy(ts->map);
     idmap_destroy(ts->floors);
+    idmap_destroy(ts->dims);
     free(ts->dir);
     if (ts->dir_lock >= 0)
         close(ts->dir_lock);
@@ -160,7 +164,7 @@ tenant *tenants_get(tenants *ts, int64_t id, uint32_t dim)
     atomic_init(&t->used_ns, server_mono_ns());
     t->ts = ts;
     t->id = id;
-    t->dim = dim;
+    t->dim = idmap_get(ts->dims, (uint64_t)id, &v) ? (uint32_t)v : dim;
     atomic_init(&t->refs, 2); /* the map's and the caller's */
     t->want_engine = -1;
     pthread_mutex_init(&t->mu, NULL);
@@ -178,6 +182,11 @@ tenant *tenants_get(tenants *ts, int64_t id, uint32_t dim)
 out:
     pthread_mutex_unlock(&ts->mu);
     return t;
+}
+
+bool tenants_dim_is(const tenant *t, uint32_t dim)
+{
+    return t->dim == dim; /* fixed at the entry's creation */
 }
 
 void tenants_put(tenant *t)
@@ -706,6 +715,15 @@ bool tenants_index_info(tenants *ts, int64_t id, tenants_index *out)
     pthread_mutex_unlock(&t->mu);
     tenants_put(t);
     return ready;
+}
+
+void tenants_dim_changed(tenants *ts, int64_t id, uint32_t dim)
+{
+    pthread_mutex_lock(&ts->mu);
+    /* out of memory: a request still holding the old dimension may load at it (and fail) */
+    idmap_put(ts->dims, (uint64_t)id, dim);
+    pthread_mutex_unlock(&ts->mu);
+    tenants_forget(ts, id);
 }
 
 void tenants_forget(tenants *ts, int64_t id)

@@ -46,6 +46,12 @@ void tenants_destroy(tenants *ts);
 tenant *tenants_get(tenants *ts, int64_t id, uint32_t dim);
 void tenants_put(tenant *t);
 
+/* tenants_dim_is tells whether t's index has dimension dim. A request that read its
+ * tenant's model before a re-embedding's swap holds vectors of the old dimension while the
+ * entry has the new one (tenants_dim_changed): it must neither search nor apply them. Any
+ * thread. */
+bool tenants_dim_is(const tenant *t, uint32_t dim);
+
 /* tenants_when_ready calls cb(arg, 0, NULL) on where's thread once the index is loaded, or
  * cb(arg, -1, reason) when loading failed. When it is already loaded, returns 1 without
  * calling cb (the caller continues at once); otherwise returns 0 and cb runs later. The
@@ -101,6 +107,12 @@ void tenants_save_all(tenants *ts);
 
 /* tenants_preloaded tells whether the start-up preload has finished. */
 bool tenants_preloaded(tenants *ts);
+
+/* tenants_dim_changed drops a tenant's index and snapshot as tenants_forget does, after its
+ * embedding model changed (a re-embedding's swap): its next load reads the new vectors, at
+ * dimension dim whatever dimension the caller of tenants_get names (a request that read the
+ * old one before the swap). Any thread. */
+void tenants_dim_changed(tenants *ts, int64_t id, uint32_t dim);
 
 /* tenants_forget drops a tenant's index (tenant deleted). */
 void tenants_forget(tenants *ts, int64_t id);

@@ -100,6 +100,8 @@ struct tenants {
      * or retired), given back to it when it returns: kept only when reads may go to a
      * standby (pg_read_dsn), NULL otherwise; 16 to 32 bytes a tenant (guarded by mu) */
     idmap *floors;
+    idmap *dims;           /* tenant id -> its dimension since a re-embedding changed it (under mu):
+                            * what a new entry gets, whatever its caller's copy says */
     atomic_bool preloaded; /* the start-up preload has finished */
     atomic_int preload_left;
     vindex_opts vo; /* index options but dim and meta_size */

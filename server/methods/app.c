@@ -113,6 +113,12 @@ static hook_admit tenant_admit(server *s, int64_t key_id, int64_t tenant_id, int
     return HOOK_ADMIT_OK;
 }
 
+static void tenant_embedding(server *s, int64_t tenant_id, int64_t *gen, uint32_t *dim,
+                             char *provider)
+{
+    tenancy_embedding(s->tenancy, tenant_id, gen, dim, provider);
+}
+
 static uint64_t read_floor(server *s, int64_t tenant_id)
 {
     return tenants_read_floor(s->tenants, tenant_id);
@@ -182,6 +188,7 @@ const net_hooks *app_hooks(void)
         .key_in_use = key_in_use,
         .key_released = key_released,
         .tenant_admit = tenant_admit,
+        .tenant_embedding = tenant_embedding,
         .read_floor = read_floor,
         .health = health,
         .metrics = app_metrics,

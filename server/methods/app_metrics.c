@@ -9,6 +9,7 @@
 #include "chat.h"
 #include "llm.h"
 #include "metrics.h"
+#include "reembed.h"
 #include "rowcache.h"
 #include "tenants.h"
 
@@ -145,6 +146,25 @@ static void render_recall(const tenants_metrics *tm, struct evbuffer *b)
         (unsigned long long)tm->recall_probes, (double)tm->recall_probe_ns / 1e9);
 }
 
+/* Re-embedding (reembed.h): this process's side vectors, failed batches and swaps. */
+static void render_reembed(struct evbuffer *b)
+{
+    reembed_metrics m;
+    reembed_get_metrics(&m);
+    evbuffer_add_printf(
+        b,
+        "# HELP engram_reembed_vectors_total Vectors of a tenant's new embedding model written "
+        "by re-embedding jobs (admin.tenant.update embedding).\n"
+        "# TYPE engram_reembed_vectors_total counter\nengram_reembed_vectors_total %llu\n"
+        "# HELP engram_reembed_failures_total Re-embedding batches the embedding provider "
+        "failed (each pauses the job: reembed_retry_min_ms).\n"
+        "# TYPE engram_reembed_failures_total counter\nengram_reembed_failures_total %llu\n"
+        "# HELP engram_reembed_swaps_total Re-embeddings completed (tenants moved to their new "
+        "model) by this process.\n"
+        "# TYPE engram_reembed_swaps_total counter\nengram_reembed_swaps_total %llu\n",
+        (unsigned long long)m.vectors, (unsigned long long)m.failures, (unsigned long long)m.swaps);
+}
+
 /* The chat model's calls, tokens and cost (process totals), and consolidation's fallbacks. */
 static void render_model(struct evbuffer *b)
 {
@@ -237,5 +257,6 @@ void app_metrics(server *s, struct evbuffer *b)
     render_index_counters(s, &tm, b);
     render_recall(&tm, b);
     render_model(b);
+    render_reembed(b);
     render_load_histogram(&tm, b);
 }

@@ -107,60 +107,93 @@ static void tenant_created(req *r, const db_result *res)
     req_done(r);
 }
 
-void h_admin_tenant_create(req *r)
+/* A tenant's embedding model as admin.tenant.create and admin.tenant.update name it. */
+typedef struct emb_choice {
+    const char *provider; /* "builtin" or "openai" */
+    const char *model;    /* "" for builtin, the server's openai_model */
+    long dim;
+} emb_choice;
+
+/* The embedding parameter of create and update ({provider?, model?, dim?}; NULL: the
+ * defaults, the built-in provider at embed_dim): checks it and fills *out. A model, when
+ * given, must be the one the server's provider serves. Returns 0, or fails the request and
+ * returns -EINVAL. */
+static int embedding_arg(req *r, const msgpack_object *emb, emb_choice *out)
 {
     server *s = req_server(r);
-    const msgpack_object *tier = req_arg(r, P_TC_TIER); /* one of enum_tiers (ENUMS) */
-    const char *provider = "builtin";
-    const char *model = "";
-    long dim = s->cfg.embed_dim;
+    *out = (emb_choice){.provider = "builtin", .model = "", .dim = s->cfg.embed_dim};
     bool dim_given = false;
-    const msgpack_object *emb = req_arg(r, P_TC_EMBEDDING);
+    const msgpack_object *model = NULL;
     char err[256];
     for (uint32_t i = 0; emb && i < emb->via.map.size; i++) {
         const msgpack_object_kv *kv = &emb->via.map.ptr[i];
         if (rpc_str_eq(&kv->key, "provider")) {
             if (rpc_str_eq(&kv->val, "builtin")) {
-                provider = "builtin";
+                out->provider = "builtin";
             } else if (rpc_str_eq(&kv->val, "openai")) {
                 if (!embedder_available("openai")) {
                     req_fail(r, RPC_INVALID_ARGUMENT,
                              "embedding provider 'openai' is not configured on this server "
                              "(openai_url)");
-                    return;
+                    return -EINVAL;
                 }
-                provider = "openai";
+                out->provider = "openai";
             } else {
                 req_fail(r, RPC_INVALID_ARGUMENT,
                          "parameter 'embedding.provider' must be builtin or openai");
-                return;
+                return -EINVAL;
             }
         } else if (rpc_str_eq(&kv->key, "dim")) {
             if (rpc_check_value(&kv->val, RPC_T_UINT, RPC_P_RANGE, EMBED_MIN_DIM, EMBED_MAX_DIM,
                                 "embedding.dim", err, sizeof(err)) != 0) {
                 req_fail(r, RPC_INVALID_ARGUMENT, "%s", err);
-                return;
+                return -EINVAL;
             }
-            dim = (long)kv->val.via.u64;
+            out->dim = (long)kv->val.via.u64;
             dim_given = true;
+        } else if (rpc_str_eq(&kv->key, "model")) {
+            if (kv->val.type != MSGPACK_OBJECT_STR) {
+                req_fail(r, RPC_INVALID_ARGUMENT, "parameter 'embedding.model' must be a string");
+                return -EINVAL;
+            }
+            model = &kv->val;
         } else {
             req_fail(r, RPC_INVALID_ARGUMENT, "unknown parameter 'embedding.%.*s'",
                      (int)(kv->key.type == MSGPACK_OBJECT_STR ? kv->key.via.str.size : 1),
                      kv->key.type == MSGPACK_OBJECT_STR ? kv->key.via.str.ptr : "?");
-            return;
+            return -EINVAL;
         }
     }
-    if (strcmp(provider, "openai") == 0) {
+    if (strcmp(out->provider, "openai") == 0) {
         /* the provider's vectors have one dimension; a tenant cannot choose another */
-        if (dim_given && dim != s->cfg.openai_dim) {
+        if (dim_given && out->dim != s->cfg.openai_dim) {
             req_fail(r, RPC_INVALID_ARGUMENT,
                      "parameter 'embedding.dim' must be %d for the openai provider",
                      s->cfg.openai_dim);
-            return;
+            return -EINVAL;
         }
-        dim = s->cfg.openai_dim;
-        model = s->cfg.openai_model;
+        out->dim = s->cfg.openai_dim;
+        out->model = s->cfg.openai_model;
     }
+    /* one model per provider on a server: naming another is a mistake, not a choice */
+    if (model && !rpc_str_eq(model, out->model)) {
+        req_fail(r, RPC_INVALID_ARGUMENT,
+                 "parameter 'embedding.model' must be '%s' for the %s provider on this server",
+                 out->model, out->provider);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+void h_admin_tenant_create(req *r)
+{
+    server *s = req_server(r);
+    const msgpack_object *tier = req_arg(r, P_TC_TIER); /* one of enum_tiers (ENUMS) */
+    emb_choice ec;
+    if (embedding_arg(r, req_arg(r, P_TC_EMBEDDING), &ec) < 0)
+        return;
+    const char *provider = ec.provider, *model = ec.model;
+    long dim = ec.dim;
     const char *engine;
     if (engine_arg(r, req_arg(r, P_TC_INDEX_ENGINE), &engine) < 0)
         return;
@@ -270,14 +303,25 @@ void h_admin_tenant_list(req *r)
     req_submit(r, -1, &q, 1, tenants_listed);
 }
 
-enum { P_TU_TENANT_ID, P_TU_NAME, P_TU_NEW_NAME, P_TU_TIER, P_TU_INDEX_ENGINE, P_TU_CHAT_MODEL };
+enum {
+    P_TU_TENANT_ID,
+    P_TU_NAME,
+    P_TU_NEW_NAME,
+    P_TU_TIER,
+    P_TU_INDEX_ENGINE,
+    P_TU_CHAT_MODEL,
+    P_TU_EMBEDDING,
+    P_TU_CANCEL_REEMBED
+};
 static const char *const engines_or_default[] = {"native", "faiss", "default", NULL};
 ENUMS(admin_tenant_update, {"tier", enum_tiers}, {"index_engine", engines_or_default});
 PARAMS(admin_tenant_update, {"tenant_id", RPC_T_UINT, RPC_P_NULLABLE, 0, 0},
        {"name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},
        {"new_name", RPC_T_STR, RPC_P_NULLABLE | RPC_P_RANGE, 1, 128},
        {"tier", RPC_T_STR, RPC_P_NULLABLE, 0, 0}, {"index_engine", RPC_T_STR, RPC_P_NULLABLE, 0, 0},
-       {"chat_model", RPC_T_STR, RPC_P_NULLABLE, 0, 0});
+       {"chat_model", RPC_T_STR, RPC_P_NULLABLE, 0, 0},
+       {"embedding", RPC_T_MAP, RPC_P_NULLABLE, 0, 0},
+       {"cancel_reembed", RPC_T_BOOL, RPC_P_NULLABLE, 0, 0});
 
 /* The chat_model parameter of update: NULL when absent; "default" (the server's model),
  * "none" (no model for the tenant) or a model name, which needs a provider configured here.
@@ -332,17 +376,36 @@ static void tenant_updated(req *r, const db_result *res)
 
 void h_admin_tenant_update(req *r)
 {
-    const char *vals[7];
+    const char *vals[11] = {NULL};
     if (tenant_ref(r, P_TU_TENANT_ID, P_TU_NAME, vals) < 0)
         return;
     const msgpack_object *tier = req_arg(r, P_TU_TIER), *nn = req_arg(r, P_TU_NEW_NAME);
     const msgpack_object *engine = req_arg(r, P_TU_INDEX_ENGINE);
     const msgpack_object *chat = req_arg(r, P_TU_CHAT_MODEL);
-    if (!tier && !nn && !engine && !chat) {
+    const msgpack_object *emb = req_arg(r, P_TU_EMBEDDING);
+    bool cancel = rpc_get_bool(req_arg(r, P_TU_CANCEL_REEMBED), false);
+    if (!tier && !nn && !engine && !chat && !emb && !cancel) {
         req_fail(r, RPC_INVALID_ARGUMENT,
-                 "admin.tenant.update needs 'tier', 'new_name', 'index_engine' or 'chat_model'");
+                 "admin.tenant.update needs 'tier', 'new_name', 'index_engine', 'chat_model', "
+                 "'embedding' or 'cancel_reembed'");
         return;
     }
+    /* a new embedding model: re-embedded in the background (server/domain/reembed.h) */
+    emb_choice ec;
+    if (emb) {
+        if (embedding_arg(r, emb, &ec) < 0)
+            return;
+        char *dim = req_alloc(r, 16);
+        if (!dim) {
+            req_fail(r, RPC_INTERNAL, "out of memory");
+            return;
+        }
+        snprintf(dim, 16, "%ld", ec.dim);
+        vals[7] = ec.provider;
+        vals[8] = ec.model;
+        vals[9] = dim;
+    }
+    vals[10] = cancel ? "true" : "false";
     if (chat_model_arg(r, chat, &vals[6]) < 0)
         return;
     if (engine_arg(r, engine, &vals[4]) < 0)

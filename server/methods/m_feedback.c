@@ -201,6 +201,10 @@ static void feedback_done(req *r, const db_result *res)
     const PGresult *pr = res->res[0];
     const conn_auth *a = req_auth(r);
     tenant *t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
+    if (t && !tenants_dim_is(t, a->dim)) {
+        tenants_put(t); /* another model since: its load reads the database */
+        t = NULL;
+    }
     for (int i = 0; i < PQntuples(pr); i++) {
         memrow_meta mm;
         mem_meta m;
@@ -487,6 +491,12 @@ static void provenance_embedded(req *r, rpc_code code, const char *message)
     st->t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
     if (!st->t) {
         req_fail(r, RPC_INTERNAL, "out of memory");
+        return;
+    }
+    if (!tenants_dim_is(st->t, a->dim)) {
+        tenants_put(st->t);
+        st->t = NULL;
+        req_fail(r, RPC_UNAVAILABLE, "%s", MODEL_CHANGED);
         return;
     }
     int rc = tenants_when_ready(st->t, worker_poster(req_worker(r)), provenance_index_ready, r);

@@ -270,7 +270,7 @@ static void stats_rows(req *r, const db_result *res)
     }
     static const char *const kinds[] = {"flat", "sq8", "ann"};
     msgpack_packer *pk = req_result(r);
-    msgpack_pack_map(pk, 8);
+    msgpack_pack_map(pk, 9);
     rpc_pack_kv_int(pk, "total", total);
     rpc_pack_kv_int(pk, "archived", archived);
     rpc_pack_cstr(pk, "by_type");
@@ -318,6 +318,14 @@ static void stats_rows(req *r, const db_result *res)
         rpc_pack_kv_nil(pk, "row_cache_warm");
         rpc_pack_kv_nil(pk, "rows_warmed");
     }
+    /* a re-embedding in progress (engram_reembed_state): null when none runs */
+    const PGresult *rr = res->nres > 2 ? res->res[2] : NULL;
+    if (rr && PQntuples(rr) == 1 && !PQgetisnull(rr, 0, 0)) {
+        rpc_pack_cstr(pk, "reembed");
+        mp_pack_json(pk, PQgetvalue(rr, 0, 0), (size_t)PQgetlength(rr, 0, 0));
+    } else {
+        rpc_pack_kv_nil(pk, "reembed");
+    }
     req_done(r);
 }
 
@@ -329,7 +337,8 @@ void h_memory_stats(req *r)
         return;
     }
     const char *vals[] = {tid};
-    db_query q[2] = {{.stmt = sql_def(SQL_MEMORY_STATS), DB_VALUES(vals)},
-                     {.stmt = sql_def(SQL_TENANT_INDEX_ENGINE), DB_VALUES(vals)}};
-    req_submit_read(r, q, 2, stats_rows);
+    db_query q[3] = {{.stmt = sql_def(SQL_MEMORY_STATS), DB_VALUES(vals)},
+                     {.stmt = sql_def(SQL_TENANT_INDEX_ENGINE), DB_VALUES(vals)},
+                     {.stmt = sql_def(SQL_REEMBED_STATE), DB_VALUES(vals)}};
+    req_submit_read(r, q, 3, stats_rows);
 }

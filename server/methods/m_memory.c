@@ -90,6 +90,10 @@ static int apply_deletes(req *r, const PGresult *pr)
 {
     const conn_auth *a = req_auth(r);
     tenant *t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
+    if (t && !tenants_dim_is(t, a->dim)) {
+        tenants_put(t); /* another model since: its load reads the database */
+        t = NULL;
+    }
     int n = PQntuples(pr);
     for (int i = 0; t && i < n; i++)
         tenants_apply_delete(t, (uint64_t)memrow_i64(pr, i, 1, 0),
@@ -316,14 +320,16 @@ static void update_submit(req *r, rpc_code code, const char *message)
     }
     const conn_auth *a = req_auth(r);
     const char *tid = mp_tenant_param(r);
-    char *id = req_alloc(r, 24);
-    if (!tid || !id) {
+    char *id = req_alloc(r, 24), *gen = req_alloc(r, 24);
+    if (!tid || !id || !gen) {
         req_fail(r, RPC_INTERNAL, "out of memory");
         return;
     }
     snprintf(id, 24, "%lld", (long long)rpc_get_uint(req_arg(r, P_UP_ID), 0));
+    /* the generation the new vector was computed under (EG412 when the tenant left it) */
+    snprintf(gen, 24, "%lld", (long long)a->embed_gen);
     const msgpack_object *pinned = req_arg(r, P_UP_PINNED);
-    const char *vals[11] = {tid,
+    const char *vals[12] = {tid,
                             id,
                             st->content,
                             st->type,
@@ -333,8 +339,9 @@ static void update_submit(req *r, rpc_code code, const char *message)
                             st->expires[0] ? st->expires : NULL,
                             st->clear_expiry ? "true" : "false",
                             pinned ? (rpc_get_bool(pinned, false) ? "true" : "false") : NULL,
-                            server_memory_limits(req_server(r))};
-    int lens[11] = {0}, fmts[11] = {0};
+                            server_memory_limits(req_server(r)),
+                            gen};
+    int lens[12] = {0}, fmts[12] = {0};
     lens[6] = (int)(a->dim * sizeof(float));
     fmts[6] = 1;
     db_query q = {

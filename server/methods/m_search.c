@@ -530,6 +530,13 @@ static void search_index(req *r)
     search_state *st = req_state(r);
     const conn_auth *a = req_auth(r);
     st->t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
+    if (st->t && !tenants_dim_is(st->t, a->dim)) {
+        /* the query was embedded with the model the tenant left a moment ago */
+        tenants_put(st->t);
+        st->t = NULL;
+        req_fail(r, RPC_UNAVAILABLE, "%s", MODEL_CHANGED);
+        return;
+    }
     if (!st->t || req_on_free(r, release_tenant, st) < 0) {
         tenants_put(st->t);
         st->t = NULL;

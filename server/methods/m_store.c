@@ -210,6 +210,10 @@ static void store_finish(req *r, const PGresult *pr, int off)
     rows = (int)st->n;
     const conn_auth *a = req_auth(r);
     tenant *t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
+    if (t && !tenants_dim_is(t, a->dim)) {
+        tenants_put(t); /* another model since: its load reads the database */
+        t = NULL;
+    }
     bool replayed = false;
     for (int k = 0; k < rows; k++) {
         int i = off + k;
@@ -286,7 +290,7 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
     const store_state *st0 = req_state(m[0]);
     mp_array agent = {0}, clade = {0}, scope = {0}, type = {0}, content = {0}, imp = {0}, md = {0},
              cr = {0}, up = {0}, acc = {0}, cnt = {0}, ex = {0}, pin = {0}, tens = {0},
-             counts = {0}, dims = {0};
+             counts = {0}, dims = {0}, gens = {0};
     size_t vbytes = 0;
     for (size_t j = 0; j < nm; j++)
         vbytes += ((const store_state *)req_state(m[j]))->n * req_auth(m[j])->dim * sizeof(float);
@@ -299,7 +303,8 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
         size_t row = a->dim * sizeof(float);
         ok = mp_array_i64(&tens, a->tenant_id, false) == 0 &&
              mp_array_i64(&counts, (int64_t)st->n, false) == 0 &&
-             mp_array_i64(&dims, (int64_t)a->dim, false) == 0;
+             mp_array_i64(&dims, (int64_t)a->dim, false) == 0 &&
+             mp_array_i64(&gens, a->embed_gen, false) == 0;
         for (size_t i = 0; ok && i < st->n; i++, at += row) {
             const mem_item *it = &st->items[i];
             memcpy(emb + at, it->vec, row);
@@ -320,10 +325,10 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
                  mp_array_bool(&pin, it->pinned) == 0;
         }
     }
-    char *lits[16] = {NULL};
-    mp_array *arrs[16] = {&agent, &clade, &scope, &type, &content, &imp,  &md,     &cr,
-                          &up,    &acc,   &cnt,   &ex,   &pin,     &tens, &counts, &dims};
-    for (int i = 0; i < 16; i++) {
+    char *lits[17] = {NULL};
+    mp_array *arrs[17] = {&agent, &clade, &scope, &type, &content, &imp,    &md,   &cr,  &up,
+                          &acc,   &cnt,   &ex,    &pin,  &tens,    &counts, &dims, &gens};
+    for (int i = 0; i < 17; i++) {
         if (ok)
             ok = (lits[i] = mp_array_finish(m[0], arrs[i])) != NULL;
         else
@@ -331,8 +336,8 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
     }
     if (!ok)
         return -ENOMEM;
-    memset(lens, 0, 19 * sizeof(*lens));
-    memset(fmts, 0, 19 * sizeof(*fmts));
+    memset(lens, 0, 20 * sizeof(*lens));
+    memset(fmts, 0, 20 * sizeof(*fmts));
     if (group) {
         /* the database picks the limit of each tenant's tier as it is when the rows go in */
         /* a tenant whose row another transaction holds: waited for at most
@@ -343,27 +348,30 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
             return -ENOMEM;
         if (probe)
             snprintf(probe, 16, "%d", s->cfg.write_lock_probe_ms);
-        const char *v[19] = {lits[13], lits[14], lits[15], server_memory_limits(s),
+        /* lits[16]: each request's embedding generation (conn_auth.embed_gen): a request
+         * embedded with a model its tenant has left since is refused (EG412) */
+        const char *v[20] = {lits[13], lits[14], lits[15], server_memory_limits(s),
                              lits[0],  lits[1],  lits[2],  lits[3],
                              lits[4],  lits[5],  lits[6],  emb,
                              lits[7],  lits[8],  lits[9],  lits[10],
-                             lits[11], lits[12], probe};
+                             lits[11], lits[12], lits[16], probe};
         memcpy(vals, v, sizeof(v));
         lens[11] = (int)vbytes;
         fmts[11] = 1;
         *q = (db_query){.stmt = sql_def(SQL_MEMORY_STORE_GROUP),
-                        .nvalues = 19, /* v[19] */
+                        .nvalues = 20, /* v[20] */
                         .values = vals,
                         .lengths = lens,
                         .formats = fmts};
         return 0;
     }
     const char *tid = mp_tenant_param(m[0]);
-    char *dim = req_alloc(m[0], 16);
-    if (!tid || !dim)
+    char *dim = req_alloc(m[0], 16), *gen = req_alloc(m[0], 24);
+    if (!tid || !dim || !gen)
         return -ENOMEM;
     snprintf(dim, 16, "%u", req_auth(m[0])->dim);
-    const char *v[19] = {tid,       server_memory_limits(s),
+    snprintf(gen, 24, "%lld", (long long)req_auth(m[0])->embed_gen);
+    const char *v[20] = {tid,       server_memory_limits(s),
                          st0->idem, st0->idem ? st0->fingerprint : NULL,
                          dim,       lits[0],
                          lits[1],   lits[2],
@@ -372,12 +380,12 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
                          emb,       lits[7],
                          lits[8],   lits[9],
                          lits[10],  lits[11],
-                         lits[12]};
+                         lits[12],  gen};
     memcpy(vals, v, sizeof(v));
     lens[12] = (int)vbytes;
     fmts[12] = 1;
     *q = (db_query){.stmt = sql_def(SQL_MEMORY_STORE_BATCH),
-                    .nvalues = 19, /* v[19] */
+                    .nvalues = 20, /* v[20] */
                     .values = vals,
                     .lengths = lens,
                     .formats = fmts};

@@ -82,6 +82,7 @@ static void auth_done(req *r, const db_result *res)
     }
     a.dim = (uint32_t)dim;
     snprintf(a.provider, sizeof(a.provider), "%s", PQgetvalue(pr, 0, 6));
+    a.embed_gen = PQnfields(pr) > 7 ? memrow_i64_of(pr, 0, 7, 0, ROWERR_API_KEYS) : 0;
     if (req_auth(r)->reserved) {
         /* the slots past max_connections are the admin's */
         req_close_after(r);
@@ -109,6 +110,9 @@ static void auth_done(req *r, const db_result *res)
         return;
     }
     a.claimed = true;
+    /* this process learns the tenant's model (or, newer than it knew, that a swap it missed
+     * happened: the tenant's index goes) */
+    tenancy_embedding_changed(s->tenancy, a.tenant_id, a.embed_gen, a.provider, a.dim, false);
     req_set_auth(r, &a);
     /* last_used_at: written after the answer, nothing waits for it */
     char *kid = req_alloc(r, 24);

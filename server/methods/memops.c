@@ -78,6 +78,10 @@ void mo_apply_meta_rows(req *r, const PGresult *pr, int col, const float *vec)
 {
     const conn_auth *a = req_auth(r);
     tenant *t = tenants_get(req_server(r)->tenants, a->tenant_id, a->dim);
+    if (t && !tenants_dim_is(t, a->dim)) {
+        tenants_put(t); /* another model since: its load reads the database */
+        return;
+    }
     if (!t)
         return;
     for (int i = 0; i < PQntuples(pr); i++) {

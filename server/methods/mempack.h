@@ -15,6 +15,11 @@
 #include "req.h"
 #include "ubuf.h"
 
+/* The unavailable message of a request whose vectors are of the tenant's previous embedding
+ * model (a re-embedding swapped it while the request ran): sent again, it is embedded with the
+ * new one. The same words as the database's refusal (engram_embed_gen_message). */
+#define MODEL_CHANGED "the tenant's embedding model changed while this request was embedded; retry"
+
 /* Overrides for the fields of a memory the index knows fresher than the database row. */
 typedef struct mp_fresh {
     bool set;

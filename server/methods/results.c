@@ -29,6 +29,8 @@
     ENUM(Q("fact") "," Q("preference") "," Q("episode") "," Q("strategy_outcome") "," Q(           \
         "constraint"))
 #define SCOPES ENUM(Q("agent") "," Q("clade") "," Q("tenant"))
+#define OBJECTN(req, props)                                                                        \
+    "{\"type\":[\"object\",\"null\"],\"required\":[" req "],\"properties\":{" props "}}"
 
 const result_schema results_components[] = {
     {"Memory",
@@ -79,11 +81,32 @@ const result_schema results_components[] = {
          P("tenant_id", INT) "," P("name", STR) "," P("tier", STR) "," P(
              "embedding",
              OBJECT(Q("provider") "," Q("dim"),
-                    P("provider", STR) "," P("dim", INT) "," P(
-                        "model", STR))) "," P("keys", INT) "," P("memories",
-                                                                 INT) "," P("created_at",
-                                                                            INT) "," P("updated_at",
-                                                                                       INT))},
+                    P("provider", STR) "," P("dim", INT) "," P("model", STR) "," P(
+                        "generation",
+                        INT))) "," P("reembed",
+                                     REF("Reembed")) "," P("keys",
+                                                           INT) "," P("memories",
+                                                                      INT) "," P("created_at",
+                                                                                 INT) "," P("update"
+                                                                                            "d_at",
+                                                                                            INT))},
+    /* a tenant's re-embedding in progress (engram_reembed_state), null when none runs */
+    {"Reembed",
+     OBJECTN(
+         Q("state") "," Q("provider") "," Q("dim") "," Q("total") "," Q("done") "," Q(
+             "failures") "," Q("started_at"),
+         P("state", ENUM(Q("running") "," Q("backoff"))) "," P("provider", STR) "," P("model", STR) "," P(
+             "dim",
+             INT) "," P("total",
+                        INT) "," P("done",
+                                   INT) "," P("failures",
+                                              INT) "," P("last_error",
+                                                         STRN) "," P("last_error_at",
+                                                                     INTN) "," P("retry_at",
+                                                                                 INTN) "," P("start"
+                                                                                             "ed_"
+                                                                                             "at",
+                                                                                             INT))},
     {"Scratchpad", OBJECT(Q("session_id") "," Q("content") "," Q("version"),
                           P("session_id", INT) "," P("content", STR) "," P("version", INT) "," P(
                               "token_count", INT) "," P("last_updated_at", INTN))},
@@ -169,8 +192,10 @@ static const result_schema table[] = {
      OBJECT(
          Q("total") "," Q("archived") "," Q("by_type") "," Q("by_scope") "," Q("storage_bytes"),
          P("total", INT) "," P("archived", INT) "," P("by_type", OBJ) "," P("by_scope", OBJ) "," P(
-             "oldest_at", INTN) "," P("newest_at", INTN) "," P("storage_bytes", INT) "," P("index",
-                                                                                           OBJ))},
+             "oldest_at", INTN) "," P("newest_at",
+                                      INTN) "," P("storage_bytes",
+                                                  INT) "," P("index", OBJ) "," P("reembed",
+                                                                                 REF("Reembed")))},
     {"memory.store", OBJECT(Q("id") "," Q("created_at") "," Q("replayed"),
                             P("id", INT) "," P("created_at", INT) "," P("replayed", BOOL))},
     {"memory.store_batch",

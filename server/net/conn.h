@@ -25,10 +25,13 @@ typedef struct conn_auth {
     int tier; /* tier_id */
     uint32_t dim;
     char provider[16];
-    bool claimed;  /* the key's place is counted already (tenancy_key_claim): conn_set_auth
-                    * does not count it again */
-    bool reserved; /* accepted into the slots kept for the admin (admin_reserved_connections):
-                    * only the admin key may authenticate on it */
+    int64_t embed_gen; /* tenants.embed_gen of dim and provider: the model's generation (a
+                        * re-embedding moves a tenant to the next one; hooks.tenant_admit
+                        * brings a connection authenticated before up to date) */
+    bool claimed;      /* the key's place is counted already (tenancy_key_claim): conn_set_auth
+                        * does not count it again */
+    bool reserved;     /* accepted into the slots kept for the admin (admin_reserved_connections):
+                        * only the admin key may authenticate on it */
 } conn_auth;
 
 /* conn_create wraps fd (taking ownership) on worker w; the connection releases addr_key (see

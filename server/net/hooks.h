@@ -91,6 +91,12 @@ typedef struct net_hooks {
     void (*key_released)(server *s, int64_t key_id);
     hook_admit (*tenant_admit)(server *s, int64_t key_id, int64_t tenant_id, int *tier,
                                uint64_t *retry_ms);
+    /* tenant_embedding (optional), after a tenant request's admission: when the tenant's
+     * embedding model generation is newer than *gen (a re-embedding swapped it after the
+     * connection authenticated), sets *gen, *dim and provider (16 bytes) to the current
+     * one, so the request embeds with the tenant's model now. Any worker thread. */
+    void (*tenant_embedding)(server *s, int64_t tenant_id, int64_t *gen, uint32_t *dim,
+                             char *provider);
 
     /* read_floor returns the tenant's change number a hot standby must have replayed for
      * its answers to be used (req_submit_read); any thread. */

@@ -436,10 +436,15 @@ static const struct {
     const char *sqlstate;
     rpc_code code;
 } sqlstate_codes[] = {
-    {"EG400", RPC_INVALID_ARGUMENT},    {"EG403", RPC_PERMISSION_DENIED},
-    {"EG404", RPC_NOT_FOUND},           {"EG409", RPC_CONFLICT},
-    {"EG410", RPC_ALREADY_EXISTS},      {"EG429", RPC_QUOTA_EXCEEDED},
+    {"EG400", RPC_INVALID_ARGUMENT},
+    {"EG403", RPC_PERMISSION_DENIED},
+    {"EG404", RPC_NOT_FOUND},
+    {"EG409", RPC_CONFLICT},
+    {"EG410", RPC_ALREADY_EXISTS},
+    {"EG429", RPC_QUOTA_EXCEEDED},
     {"EG402", RPC_COST_LIMIT_EXCEEDED},
+    /* a write embedded with the model its tenant left meanwhile (re-embedding): again */
+    {"EG412", RPC_UNAVAILABLE},
 };
 
 void req_fail_db(req *r, const db_result *res)
@@ -1057,6 +1062,10 @@ static int dispatch_rest(req *r, decoded *d)
                              tier_name(r->auth.tier), (unsigned long long)retry_ms);
             return 0;
         }
+        /* the request's copy only: every request of the connection asks again (a lookup) */
+        if (h->tenant_embedding)
+            h->tenant_embedding(r->srv, r->auth.tenant_id, &r->auth.embed_gen, &r->auth.dim,
+                                r->auth.provider);
     }
     if (d->bind_rc != 0) {
         if (m->flags & M_AUTH) /* one answer whatever is wrong with a key: it reveals nothing */

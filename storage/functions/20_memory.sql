@@ -67,17 +67,38 @@ BEGIN
     END IF;
 END $$;
 
+-- The refusal of a write whose vectors were computed with the tenant's previous embedding
+-- model (EG412, the client's unavailable: sent again, it is embedded with the new one).
+CREATE OR REPLACE FUNCTION engram_embed_gen_message() RETURNS text
+    LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'the tenant''s embedding model changed while this write was embedded; retry'::text
+$$;
+
+-- Raises EG412 when p_gen is set and is not tenant p_tenant's embedding generation (the
+-- caller holds the tenant row's lock).
+CREATE OR REPLACE FUNCTION engram_embed_gen_check(p_tenant bigint, p_gen bigint) RETURNS void
+    LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_gen IS NOT NULL AND p_gen <> (SELECT t.embed_gen FROM tenants t WHERE t.id = p_tenant)
+    THEN
+        RAISE EXCEPTION '%', engram_embed_gen_message() USING ERRCODE = 'EG412';
+    END IF;
+END $$;
+
 -- engram_memory_update: changes the given fields of one memory (NULL: unchanged), keeping
 -- the previous version. p_clear_expiry removes an expiry. Raises EG404 when the memory does
 -- not exist for this tenant, EG429 when the kept version and the new text would pass the
 -- tier's byte limit (p_limits; the memory's bytes grow by its new size: the old text stays
--- as the version).
+-- as the version). A new p_embedding computed under the tenant's embedding generation p_gen
+-- is refused with EG412 when the tenant moved to another model since (migration 0013).
 DROP FUNCTION IF EXISTS engram_memory_update(bigint, bigint, text, text, double precision, text,
                                             bytea, bigint, boolean, boolean);
+DROP FUNCTION IF EXISTS engram_memory_update(bigint, bigint, text, text, double precision, text,
+                                            bytea, bigint, boolean, boolean, bigint[]);
 CREATE OR REPLACE FUNCTION engram_memory_update(
         p_tenant bigint, p_id bigint, p_content text, p_type text, p_importance double precision,
         p_metadata text, p_embedding bytea, p_expires_ms bigint, p_clear_expiry boolean,
-        p_pinned boolean, p_limits bigint[])
+        p_pinned boolean, p_limits bigint[], p_gen bigint DEFAULT NULL)
     RETURNS TABLE (r_version integer, r_updated_ms bigint, m_id bigint, m_seq bigint,
                    m_agent_id bigint, m_clade_id bigint, m_scope text, m_type text,
                    m_importance double precision, m_created_ms bigint, m_accessed_ms bigint,
@@ -91,6 +112,7 @@ DECLARE
     v_new bigint;
 BEGIN
     PERFORM engram_next_seq(p_tenant, 0);
+    PERFORM engram_embed_gen_check(p_tenant, CASE WHEN p_embedding IS NOT NULL THEN p_gen END);
     SELECT * INTO m FROM memories WHERE tenant_id = p_tenant AND id = p_id FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'memory % not found', p_id USING ERRCODE = 'EG404';
@@ -231,12 +253,19 @@ ALTER FUNCTION engram_purge_expired(integer, integer) SECURITY DEFINER SET searc
 -- same key is EG409. Ids and change numbers come from the tenant row, moved in one UPDATE.
 -- The rows come back from the INSERT itself (RETURNING): reading them back by id was
 -- planned as a scan of the tenant for a tenant PostgreSQL had no statistics on yet.
+-- p_gen: the tenant's embedding generation the vectors were computed under; EG412 when the
+-- tenant has moved to another model since, or when p_dim is not the tenant's dimension
+-- (checked under the lock; migration 0013).
+DROP FUNCTION IF EXISTS engram_memory_store_batch(bigint, bigint[], text, bytea, integer,
+    bigint[], bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[],
+    bigint[], bigint[], bigint[], bigint[], boolean[]);
 CREATE OR REPLACE FUNCTION engram_memory_store_batch(
         p_tenant bigint, p_limits bigint[], p_idem text, p_fingerprint bytea, p_dim integer,
         p_agent bigint[], p_clade bigint[], p_scope text[], p_type text[], p_content text[],
         p_importance double precision[], p_metadata text[], p_embeddings bytea,
         p_created_ms bigint[], p_updated_ms bigint[], p_accessed_ms bigint[],
-        p_access_count bigint[], p_expires_ms bigint[], p_pinned boolean[])
+        p_access_count bigint[], p_expires_ms bigint[], p_pinned boolean[],
+        p_gen bigint DEFAULT NULL)
     RETURNS TABLE (idx integer, replay boolean, r_created_ms bigint, m_id bigint, m_seq bigint,
                    m_agent_id bigint, m_clade_id bigint, m_scope text, m_type text,
                    m_importance double precision, m_created_ms bigint, m_accessed_ms bigint,
@@ -256,6 +285,8 @@ DECLARE
     v_tsv tsvector[];
     v_md jsonb[];
     v_bytes bigint;
+    v_gen bigint;
+    v_dim integer;
     k record;
 BEGIN
     -- the text search vectors, the metadata and the bytes (memories.bytes) before the lock
@@ -266,7 +297,8 @@ BEGIN
     SELECT COALESCE(sum(octet_length(u.c) + octet_length(u.md::text)), 0) INTO v_bytes
         FROM unnest(p_content, v_md) AS u (c, md);
     -- the tenant row's lock, before anything else
-    SELECT t.change_seq, t.memory_count, t.tier INTO v_last, v_count, v_tier
+    SELECT t.change_seq, t.memory_count, t.tier, t.embed_gen, t.embed_dim
+        INTO v_last, v_count, v_tier, v_gen, v_dim
         FROM tenants t WHERE t.id = p_tenant FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'tenant not found' USING ERRCODE = 'EG404';
@@ -287,6 +319,11 @@ BEGIN
                 ORDER BY o.i;
             RETURN;
         END IF;
+    END IF;
+    -- vectors of another dimension than the tenant's (a caller that passes no generation,
+    -- such as extraction, across a re-embedding's swap) are as stale
+    IF (p_gen IS NOT NULL AND p_gen <> v_gen) OR p_dim <> v_dim THEN
+        RAISE EXCEPTION '%', engram_embed_gen_message() USING ERRCODE = 'EG412';
     END IF;
     IF length(p_embeddings) <> n * p_dim * 4 THEN
         RAISE EXCEPTION 'embeddings do not match the dimension' USING ERRCODE = 'EG400';
@@ -347,7 +384,7 @@ BEGIN
 END $$;
 ALTER FUNCTION engram_memory_store_batch(bigint, bigint[], text, bytea, integer, bigint[],
     bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[], bigint[],
-    bigint[], bigint[], bigint[], boolean[])
+    bigint[], bigint[], bigint[], boolean[], bigint)
     SET plan_cache_mode = force_generic_plan;
 
 -- engram_memory_store_group: the stores of several requests, of any tenants, in one
@@ -389,16 +426,23 @@ ALTER FUNCTION engram_memory_store_batch(bigint, bigint[], text, bytea, integer,
 -- EG503 ('tenant busy'), so the other tenants of the group commit, and the server sends the
 -- refused requests again alone with p_probe_ms NULL (wait), on a connection of their own
 -- with a lock_timeout (server/methods/gcommit.c, write_lock_wait_ms).
+--
+-- p_gens[s]: the tenant's embedding generation segment s's vectors were computed under; a
+-- segment whose tenant has moved to another model since is refused with EG412 (migration
+-- 0013). NULL: not checked.
 DROP FUNCTION IF EXISTS engram_memory_store_group(bigint[], integer[], integer[], bigint[],
     bigint[], bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[],
     bigint[], bigint[], bigint[], bigint[], boolean[]);
+DROP FUNCTION IF EXISTS engram_memory_store_group(bigint[], integer[], integer[], bigint[],
+    bigint[], bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[],
+    bigint[], bigint[], bigint[], bigint[], boolean[], integer);
 CREATE OR REPLACE FUNCTION engram_memory_store_group(
         p_tenants bigint[], p_counts integer[], p_dims integer[], p_limits bigint[],
         p_agent bigint[], p_clade bigint[], p_scope text[], p_type text[], p_content text[],
         p_importance double precision[], p_metadata text[], p_embeddings bytea,
         p_created_ms bigint[], p_updated_ms bigint[], p_accessed_ms bigint[],
         p_access_count bigint[], p_expires_ms bigint[], p_pinned boolean[],
-        p_probe_ms integer DEFAULT NULL)
+        p_gens bigint[] DEFAULT NULL, p_probe_ms integer DEFAULT NULL)
     RETURNS TABLE (idx integer, replay boolean, r_created_ms bigint, m_id bigint, m_seq bigint,
                    m_agent_id bigint, m_clade_id bigint, m_scope text, m_type text,
                    m_importance double precision, m_created_ms bigint, m_accessed_ms bigint,
@@ -437,6 +481,7 @@ DECLARE
     v_bmax bigint;
     v_btook bigint;
     v_busy boolean;
+    v_gen bigint;
     v_lt text := current_setting('lock_timeout');
 BEGIN
     IF cardinality(p_counts) <> ns OR cardinality(p_dims) <> ns OR ns = 0 THEN
@@ -493,6 +538,7 @@ BEGIN
                 OR t.memory_count + v_total <= engram_tier_limit(p_limits, t.tier))
            AND (engram_tier_byte_limit(p_limits, t.tier) IS NULL
                 OR t.memory_bytes + v_tb <= engram_tier_byte_limit(p_limits, t.tier))
+           AND (p_gens IS NULL OR t.embed_gen = ALL (p_gens[s:r]))
         RETURNING t.change_seq - v_total, t.memory_id_last - v_total INTO v_last, v_idl;
         v_busy := false;
         IF FOUND THEN
@@ -533,8 +579,8 @@ BEGIN
             -- (the row is ours: the UPDATE's SKIP LOCKED or the wait above took it)
             SELECT t.change_seq, t.memory_id_last, t.memory_count,
                    engram_tier_limit(p_limits, t.tier), t.memory_bytes,
-                   engram_tier_byte_limit(p_limits, t.tier)
-                INTO v_last, v_idl, v_count, v_max, v_bytes, v_bmax
+                   engram_tier_byte_limit(p_limits, t.tier), t.embed_gen
+                INTO v_last, v_idl, v_count, v_max, v_bytes, v_bmax, v_gen
                 FROM tenants t WHERE t.id = p_tenants[s] FOR UPDATE;
             v_took := 0;
             v_btook := 0;
@@ -542,6 +588,9 @@ BEGIN
                 IF v_last IS NULL THEN
                     v_state[q] := 'EG404';
                     v_msg[q] := 'tenant not found';
+                ELSIF p_gens IS NOT NULL AND p_gens[q] <> v_gen THEN
+                    v_state[q] := 'EG412';
+                    v_msg[q] := engram_embed_gen_message();
                 ELSIF v_max IS NOT NULL AND v_count + v_took + p_counts[q] > v_max THEN
                     v_state[q] := 'EG429';
                     v_msg[q] := 'memory limit reached';
@@ -633,7 +682,7 @@ BEGIN
 END $$;
 ALTER FUNCTION engram_memory_store_group(bigint[], integer[], integer[], bigint[], bigint[],
     bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[], bigint[],
-    bigint[], bigint[], bigint[], boolean[], integer)
+    bigint[], bigint[], bigint[], boolean[], bigint[], integer)
     SET plan_cache_mode = force_generic_plan;
 
 -- engram_memory_touch adds a batch of access counts (the server's, about once a second per

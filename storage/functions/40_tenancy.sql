@@ -184,11 +184,13 @@ CREATE OR REPLACE FUNCTION engram_model_usage_add(p_tenant bigint, p_calls bigin
 $$;
 
 -- Authentication: the key row for a public key id (revoked keys are not found).
+DROP FUNCTION IF EXISTS engram_auth_lookup(text);
 CREATE OR REPLACE FUNCTION engram_auth_lookup(p_key_id text)
     RETURNS TABLE (key_id bigint, tenant_id bigint, key_hash bytea, tier text, name text,
-                   embed_dim integer, embed_provider text)
+                   embed_dim integer, embed_provider text, embed_gen bigint)
     LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
-    SELECT k.id, k.tenant_id, k.key_hash, t.tier, t.name, t.embed_dim, t.embed_provider
+    SELECT k.id, k.tenant_id, k.key_hash, t.tier, t.name, t.embed_dim, t.embed_provider,
+           t.embed_gen
     FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
     WHERE k.key_id = p_key_id AND k.revoked_at IS NULL
 $$;
@@ -226,7 +228,8 @@ CREATE OR REPLACE FUNCTION engram_tenant_json(t tenants) RETURNS jsonb
     SELECT jsonb_build_object(
         'tenant_id', t.id, 'name', t.name, 'tier', t.tier,
         'embedding', jsonb_build_object('provider', t.embed_provider, 'model', t.embed_model,
-                                        'dim', t.embed_dim),
+                                        'dim', t.embed_dim, 'generation', t.embed_gen),
+        'reembed', engram_reembed_state(t.id),
         'index_engine', t.index_engine,
         'chat_model', t.chat_model,
         'memories', t.memory_count, 'created_at', engram_ms(t.created_at),
@@ -354,13 +357,27 @@ DROP FUNCTION IF EXISTS engram_admin_tenant_update(bigint, text, text, text, tex
 -- p_chat_model: NULL leaves it, 'default' clears the tenant's override (the server's model),
 -- 'none' keeps the tenant off the model, another value names the model (the server checks
 -- it: admin.tenant.update).
+-- p_embed_provider (with p_embed_model, p_embed_dim; the server validated them) starts a
+-- re-embedding to that model (engram_reembed_start: EG400 the same model, EG409 one runs);
+-- p_cancel_reembed drops the one running first. Either fails the whole update.
+DROP FUNCTION IF EXISTS engram_admin_tenant_update(bigint, text, text, text, text, text);
 CREATE OR REPLACE FUNCTION engram_admin_tenant_update(p_id bigint, p_name text, p_new_name text,
-                                           p_tier text, p_engine text, p_chat_model text)
+                                           p_tier text, p_engine text, p_chat_model text,
+                                           p_embed_provider text DEFAULT NULL,
+                                           p_embed_model text DEFAULT NULL,
+                                           p_embed_dim integer DEFAULT NULL,
+                                           p_cancel_reembed boolean DEFAULT false)
     RETURNS jsonb
     LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     t tenants := engram_admin_find(p_id, p_name);
 BEGIN
+    IF p_cancel_reembed THEN
+        PERFORM engram_reembed_cancel(t.id, NULL);
+    END IF;
+    IF p_embed_provider IS NOT NULL THEN
+        PERFORM engram_reembed_start(t.id, NULL, p_embed_provider, p_embed_model, p_embed_dim);
+    END IF;
     UPDATE tenants SET name = COALESCE(p_new_name, name), tier = COALESCE(p_tier, tier),
                        index_engine = CASE WHEN p_engine IS NULL THEN index_engine
                                            WHEN p_engine = 'default' THEN NULL

@@ -780,7 +780,8 @@ int fr_env_init(fr_env *e, void (*tweak)(config *cfg), bool with_bg)
                             .key_id = 70,
                             .tier = TIER_STANDARD,
                             .dim = 8,
-                            .provider = "builtin"};
+                            .provider = "builtin",
+                            .embed_gen = 3};
     return 0;
 }
 

@@ -1,5 +1,6 @@
 """The openai embedding provider against a small OpenAI-compatible endpoint the test runs on
 loopback: requests, batching, the API key, retries, timeouts, and nothing stored on failure."""
+import contextlib
 import hashlib
 import json
 import threading
@@ -26,9 +27,19 @@ def fake_embedding(text):
 
 
 class Endpoint:
+    """An OpenAI-compatible POST /v1/embeddings on loopback. Faults by content (FAIL: 500,
+    WRONGDIM, SLOW) or scripted: faults is a list of what the next requests get, one each
+    ("429": 429 with Retry-After: 1, "500", "wrongdim", "timeout": an answer after 1.5 s);
+    clearing gate holds every request until it is set again (at most 60 s), or, with
+    hold_after n, every request after the next n."""
+
     def __init__(self):
         self.requests = []
         self.lock = threading.Lock()
+        self.faults = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.hold_after = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -38,16 +49,26 @@ class Endpoint:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with outer.lock:
+                    hold = outer.hold_after is None or outer.hold_after <= 0
+                    if outer.hold_after is not None:
+                        outer.hold_after -= 1
+                if hold:
+                    outer.gate.wait(60)
+                with outer.lock:
                     outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"),
                                            "body": body})
+                    fault = outer.faults.pop(0) if outer.faults else None
                 inputs = body["input"]
-                if any("SLOW" in t for t in inputs):
-                    time.sleep(3)  # wall clock: a slow provider, for the embed timeout
-                if any("FAIL" in t for t in inputs):
-                    self.send_response(500)
+                if any("SLOW" in t for t in inputs) or fault == "timeout":
+                    time.sleep(3 if fault is None else 1.5)  # wall clock: a slow provider
+                if any("FAIL" in t for t in inputs) or fault in ("429", "500"):
+                    self.send_response(429 if fault == "429" else 500)
+                    if fault == "429":
+                        self.send_header("Retry-After", "1")
+                    self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                dim = DIM - 1 if any("WRONGDIM" in t for t in inputs) else DIM
+                dim = DIM - 1 if any("WRONGDIM" in t for t in inputs) or fault == "wrongdim" else DIM
                 data = [{"object": "embedding", "index": i,
                          "embedding": [float(x) for x in fake_embedding(t)[:dim]]}
                         for i, t in enumerate(inputs)]
@@ -73,24 +94,40 @@ class Endpoint:
         return r
 
 
-@pytest.fixture(scope="module")
-def setup():
+KEY_ENV = {"ENGRAM_TEST_OPENAI_KEY": "sk-test-sekrit"}
+
+
+def provider_args(ep, retries=2):
+    """engramd's options for the openai provider at ep (model test-embed-1, DIM)."""
+    return ["--openai-url", f"http://127.0.0.1:{ep.port}/v1/embeddings", "--openai-dim", str(DIM),
+            "--openai-model", "test-embed-1", "--openai-key-env", "ENGRAM_TEST_OPENAI_KEY",
+            "--openai-batch", "128", "--openai-retries", str(retries), "--openai-timeout-ms",
+            "800"]
+
+
+@contextlib.contextmanager
+def endpoint_server(prefix, retries=2, extra=()):
+    """The mock endpoint and an engramd using it on a new database: (srv, ep, dsn) for the
+    block; then engramd stops, its log is checked for the API key, and both are removed."""
     ep = Endpoint()
-    srv = Server(new_database("oai"), extra=[
-        "--openai-url", f"http://127.0.0.1:{ep.port}/v1/embeddings", "--openai-dim", str(DIM),
-        "--openai-model", "test-embed-1", "--openai-key-env", "ENGRAM_TEST_OPENAI_KEY",
-        "--openai-batch", "128", "--openai-retries", "2", "--openai-timeout-ms", "800"],
-        env={"ENGRAM_TEST_OPENAI_KEY": "sk-test-sekrit"}).start()
-    with srv.admin() as a:
-        key = a.call("admin.tenant.create", name="oai", tier="premium",
-                     embedding={"provider": "openai"})["api_key"]
-    yield srv, ep, key
+    dsn = new_database(prefix)
+    srv = Server(dsn, extra=provider_args(ep, retries) + list(extra), env=KEY_ENV).start()
     try:
+        yield srv, ep, dsn
         srv.stop()
         assert "sk-test-sekrit" not in srv.log_text()
     finally:
         srv.cleanup()
         ep.close()
+
+
+@pytest.fixture(scope="module")
+def setup():
+    with endpoint_server("oai") as (srv, ep, _):
+        with srv.admin() as a:
+            key = a.call("admin.tenant.create", name="oai", tier="premium",
+                         embedding={"provider": "openai"})["api_key"]
+        yield srv, ep, key
 
 
 def test_store_and_search_use_the_endpoint(setup):

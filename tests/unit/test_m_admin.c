@@ -214,9 +214,11 @@ static void test_tenant_update(void)
                   "{\"tenant_id\": 4, \"tier\": \"premium\", \"new_name\": \"beta\", "
                   "\"index_engine\": \"default\"}");
     fr_job *j = fr_take();
-    CHECK(j && strcmp(j->q[0].name, "admin_tenant_update") == 0 && j->q[0].nvalues == 7);
+    CHECK(j && strcmp(j->q[0].name, "admin_tenant_update") == 0 && j->q[0].nvalues == 11);
     /* id, name, new name, tier, engine ("default" clears the tenant's), the server's, the
-     * chat model (none given) */
+     * chat model (none given), the embedding's provider, model, dim (none given), cancel */
+    CHECK(j && val_is(j, 7, NULL) && val_is(j, 8, NULL) && val_is(j, 9, NULL) &&
+          val_is(j, 10, "false"));
     CHECK(j && val_is(j, 0, "4") && val_is(j, 1, NULL) && val_is(j, 2, "beta"));
     CHECK(j && val_is(j, 3, "premium") && val_is(j, 4, "default") &&
           val_is(j, 5, env.srv.cfg.index_engine) && val_is(j, 6, NULL));

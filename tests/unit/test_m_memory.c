@@ -256,9 +256,9 @@ static void test_update(void)
                      "\"metadata\": {\"tokens\": [\"ETH\"]}}");
     fr_job *j = fr_take();
     CHECK(j && j->kind == FR_SUBMIT && j->rls == 7 && strcmp(j->q[0].name, "memory_update") == 0);
-    CHECK(j && j->q[0].nvalues == 11);
+    CHECK(j && j->q[0].nvalues == 12 && val_is(j, 0, 11, "3"));
     /* tenant, id, content, type, importance, metadata, vector, expires, clear expiry,
-     * pinned, the tiers' memory limits */
+     * pinned, the tiers' memory limits, the embedding generation of the vector */
     CHECK(j && val_is(j, 0, 0, "7") && val_is(j, 0, 1, "5") &&
           val_is(j, 0, 2, "the bridge is closed"));
     CHECK(j && val_is(j, 0, 3, NULL) && val_is(j, 0, 4, NULL));
@@ -497,7 +497,8 @@ static void test_stats(void)
     other.tenant_id = 99; /* no index loaded in this process */
     req *r = fr_call_as(&env, &other, "memory.stats", NULL);
     fr_job *j = fr_take();
-    CHECK(j && j->kind == FR_READ && j->nq == 2 && j->rls == 99);
+    CHECK(j && j->kind == FR_READ && j->nq == 3 && j->rls == 99);
+    CHECK(j && strcmp(j->q[2].name, "reembed_state") == 0 && val_is(j, 2, 0, "99"));
     CHECK(j && strcmp(j->q[0].name, "memory_stats") == 0 && val_is(j, 0, 0, "99"));
     CHECK(j && strcmp(j->q[1].name, "tenant_index_engine") == 0);
     PGresult *res[2] = {fr_rows("type|scope|n|archived|lo|hi|bytes", 3,

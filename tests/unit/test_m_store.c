@@ -223,9 +223,11 @@ static void test_store_alone(void)
     fr_job *j = fr_take();
     /* one request alone, of few memories: the solo statement, for its tenant */
     CHECK(j && j->kind == FR_POOL && j->rls == 7);
-    CHECK(j && strcmp(j->q[0].name, "memory_store_solo") == 0 && j->q[0].nvalues == 18);
+    CHECK(j && strcmp(j->q[0].name, "memory_store_solo") == 0 && j->q[0].nvalues == 19);
     /* tenants, counts, dims, limits, agents, clades, scopes, types, contents, importances,
-     * metadata, vectors, created, updated, accessed, access counts, expiry, pinned */
+     * metadata, vectors, created, updated, accessed, access counts, expiry, pinned, the
+     * embedding generations */
+    CHECK(j && val_is(j, 18, "{3}"));
     CHECK(j && val_is(j, 0, "{7}") && val_is(j, 1, "{1}") && val_is(j, 2, "{8}"));
     CHECK(j && val_is(j, 3, env.memory_limits));
     CHECK(j && val_is(j, 4, "{12}") && val_is(j, 5, "{0}") && val_is(j, 6, "{\"agent\"}"));
@@ -271,10 +273,10 @@ static void test_store_alone(void)
     CHECK(r->ends == 0);
     j = fr_take();
     CHECK(j && j->kind == FR_POOL && j->rls == -1);
-    CHECK(j && strcmp(j->q[0].name, "memory_store_group") == 0 && j->q[0].nvalues == 19);
+    CHECK(j && strcmp(j->q[0].name, "memory_store_group") == 0 && j->q[0].nvalues == 20);
     char probe[16];
     snprintf(probe, sizeof(probe), "%d", env.srv.cfg.write_lock_probe_ms);
-    CHECK(j && val_is(j, 0, "{7}") && val_is(j, 3, env.memory_limits) && val_is(j, 18, probe));
+    CHECK(j && val_is(j, 0, "{7}") && val_is(j, 3, env.memory_limits) && val_is(j, 19, probe));
     res = store_result();
     refusal_row(res, 0, "EG429", "memory limit of the tenant's tier reached",
                 "limit=10 usage=10 requested=1");
@@ -422,7 +424,7 @@ static void test_group_failures(void)
     CHECK(fr_blocked_marks() == marks + 1);
     j = fr_take();
     CHECK(j && j->kind == FR_LANE && j->r == c && j->rls == -1);
-    CHECK(j && strcmp(j->q[0].name, "memory_store_group") == 0 && val_is(j, 18, NULL));
+    CHECK(j && strcmp(j->q[0].name, "memory_store_group") == 0 && val_is(j, 19, NULL));
     res = store_result();
     store_row(res, 0, 5, 5, false);
     fr_answer1(j, res);
@@ -437,7 +439,7 @@ static void test_group_failures(void)
                 "{\"content\": \"a\", \"type\": \"fact\", "
                 "\"importance\": 0.5}");
     j = fr_take();
-    CHECK(j && j->kind == FR_LANE && val_is(j, 18, NULL));
+    CHECK(j && j->kind == FR_LANE && val_is(j, 19, NULL));
     fr_answer_error(j, "55P03", "waited write_lock_wait_ms", NULL);
     CHECK(a->fail_db && strcmp(a->db_sqlstate, "55P03") == 0);
     fr_free(a);
@@ -481,7 +483,8 @@ static void test_large_and_idempotent(void)
         r = fr_call(&env, "memory.store", variants[v]);
         j = fr_take();
         CHECK(j && j->kind == FR_SUBMIT && j->rls == 7);
-        CHECK(j && strcmp(j->q[0].name, "memory_store_batch") == 0 && j->q[0].nvalues == 19);
+        CHECK(j && strcmp(j->q[0].name, "memory_store_batch") == 0 && j->q[0].nvalues == 20);
+        CHECK(j && val_is(j, 19, "3")); /* the embedding generation */
         CHECK(j && val_is(j, 0, "7") && val_is(j, 1, env.memory_limits) && val_is(j, 2, "op-1"));
         CHECK(j && val_is(j, 4, "8") && val_is(j, 9, "{\"k\"}"));
         CHECK(j && j->q[0].formats[12] == 1 && j->q[0].lengths[12] == DIM * 4);

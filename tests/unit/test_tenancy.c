@@ -311,6 +311,46 @@ static void test_notify(void)
     teardown();
 }
 
+/* The embedding model a connection embeds with follows the tenant's swaps: the periodic
+ * check's first news only teaches the model; a newer generation (a swap, notified) also
+ * drops the tenant's index entry; older or malformed news changes nothing. */
+static void test_embedding(void)
+{
+    setup();
+    tenancy *t = srv.tenancy;
+    int64_t gen = 0;
+    uint32_t dim = 384;
+    char provider[16] = "builtin";
+    tenancy_embedding(t, 80, &gen, &dim, provider); /* nothing known: unchanged */
+    CHECK(gen == 0 && dim == 384 && strcmp(provider, "builtin") == 0);
+    tenant *e1 = tenants_get(srv.tenants, 80, 384);
+    tenancy_embedding_changed(t, 80, 2, "openai", 64, false);
+    tenant *e2 = tenants_get(srv.tenants, 80, 384);
+    CHECK(e1 == e2); /* learnt, not a change: the entry stays */
+    tenancy_embedding(t, 80, &gen, &dim, provider);
+    CHECK(gen == 2 && dim == 64 && strcmp(provider, "openai") == 0);
+    tenancy_notify(t, "embedding:80:3:builtin:128");
+    tenant *e3 = tenants_get(srv.tenants, 80, 64); /* a request that read the old model */
+    CHECK(e3 != e1); /* dropped: a new entry (at dimension 128, tenants_dim_changed) */
+    tenancy_embedding(t, 80, &gen, &dim, provider);
+    CHECK(gen == 3 && dim == 128 && strcmp(provider, "builtin") == 0);
+    /* older, malformed or impossible news: no effect */
+    tenancy_notify(t, "embedding:80:1:openai:64");
+    tenancy_notify(t, "embedding:80:4:openai:0");
+    tenancy_notify(t, "embedding:80:4:openai:9000");
+    tenancy_notify(t, "embedding:80:x");
+    tenancy_notify(t, "embedding:");
+    tenancy_embedding(t, 80, &gen, &dim, provider);
+    CHECK(gen == 3 && dim == 128 && strcmp(provider, "builtin") == 0);
+    int64_t later = 5; /* a connection ahead of what this process knows keeps its own */
+    tenancy_embedding(t, 80, &later, &dim, provider);
+    CHECK(later == 5);
+    tenants_put(e1);
+    tenants_put(e2);
+    tenants_put(e3);
+    teardown();
+}
+
 int main(void)
 {
     test_bucket_burst_and_refill();
@@ -322,5 +362,6 @@ int main(void)
     test_keys();
     test_tiers();
     test_notify();
+    test_embedding();
     CHECK_RETURN();
 }

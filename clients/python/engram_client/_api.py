@@ -133,7 +133,7 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "admin.tenant.delete": ("tenant_id", "name", ),
     "admin.tenant.get": ("tenant_id", "name", ),
     "admin.tenant.list": ("cursor", "limit", ),
-    "admin.tenant.update": ("tenant_id", "name", "new_name", "tier", "index_engine", "chat_model", ),
+    "admin.tenant.update": ("tenant_id", "name", "new_name", "tier", "index_engine", "chat_model", "embedding", "cancel_reembed", ),
     "auth": ("api_key", ),
     "memory.archive": ("ids", "reason", ),
     "memory.consolidate": (),
@@ -285,8 +285,10 @@ class SyncAdminTenant:
         tier: Tier | None = None,
         index_engine: Literal["native", "faiss", "default"] | None = None,
         chat_model: str | None = None,
+        embedding: Mapping[str, Any] | None = None,
+        cancel_reembed: bool | None = None,
     ) -> Tenant:
-        """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
+        """Renames a tenant, moves it to another tier, or changes its embedding model (re-embedded online; cancel_reembed stops it). (``admin.tenant.update``)"""
         return cast("Tenant", self._r._call("admin.tenant.update", {
             "tenant_id": tenant_id,
             "name": name,
@@ -294,6 +296,8 @@ class SyncAdminTenant:
             "tier": tier,
             "index_engine": index_engine,
             "chat_model": chat_model,
+            "embedding": embedding,
+            "cancel_reembed": cancel_reembed,
         }))
 
 
@@ -1267,8 +1271,10 @@ class AsyncAdminTenant:
         tier: Tier | None = None,
         index_engine: Literal["native", "faiss", "default"] | None = None,
         chat_model: str | None = None,
+        embedding: Mapping[str, Any] | None = None,
+        cancel_reembed: bool | None = None,
     ) -> Tenant:
-        """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
+        """Renames a tenant, moves it to another tier, or changes its embedding model (re-embedded online; cancel_reembed stops it). (``admin.tenant.update``)"""
         return cast("Tenant", await self._r._acall("admin.tenant.update", {
             "tenant_id": tenant_id,
             "name": name,
@@ -1276,6 +1282,8 @@ class AsyncAdminTenant:
             "tier": tier,
             "index_engine": index_engine,
             "chat_model": chat_model,
+            "embedding": embedding,
+            "cancel_reembed": cancel_reembed,
         }))
 
 
@@ -2256,8 +2264,10 @@ class FutureAdminTenant:
         tier: Tier | None = None,
         index_engine: Literal["native", "faiss", "default"] | None = None,
         chat_model: str | None = None,
+        embedding: Mapping[str, Any] | None = None,
+        cancel_reembed: bool | None = None,
     ) -> Future[Tenant]:
-        """Renames a tenant or moves it to another tier. (``admin.tenant.update``)"""
+        """Renames a tenant, moves it to another tier, or changes its embedding model (re-embedded online; cancel_reembed stops it). (``admin.tenant.update``)"""
         return cast("Future[Tenant]", self._r._submit("admin.tenant.update", {
             "tenant_id": tenant_id,
             "name": name,
@@ -2265,6 +2275,8 @@ class FutureAdminTenant:
             "tier": tier,
             "index_engine": index_engine,
             "chat_model": chat_model,
+            "embedding": embedding,
+            "cancel_reembed": cancel_reembed,
         }))
 
 

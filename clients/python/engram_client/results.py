@@ -19,6 +19,7 @@ __all__ = [
     "AdminTenantDeleteResult",
     "Tenant",
     "TenantEmbedding",
+    "Reembed",
     "AdminTenantListResult",
     "MemoryConsolidateResult",
     "MemoryConsolidationRunsResult",
@@ -89,6 +90,7 @@ class Tenant(TypedDict):
     keys: NotRequired[int]
     memories: NotRequired[int]
     name: str
+    reembed: NotRequired[Reembed | None]
     tenant_id: int
     tier: str
     updated_at: NotRequired[int]
@@ -96,8 +98,23 @@ class Tenant(TypedDict):
 
 class TenantEmbedding(TypedDict):
     dim: int
+    generation: NotRequired[int]
     model: NotRequired[str]
     provider: str
+
+
+class Reembed(TypedDict):
+    dim: int
+    done: int
+    failures: int
+    last_error: NotRequired[str | None]
+    last_error_at: NotRequired[int | None]
+    model: NotRequired[str]
+    provider: str
+    retry_at: NotRequired[int | None]
+    started_at: int
+    state: Literal["running", "backoff"]
+    total: int
 
 
 class AdminTenantListResult(TypedDict):

@@ -91,7 +91,7 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "admin.tenant.delete": { params: ["tenant_id", "name"], required: [], flags: ["admin"] },
   "admin.tenant.get": { params: ["tenant_id", "name"], required: [], flags: ["admin"] },
   "admin.tenant.list": { params: ["cursor", "limit"], required: [], flags: ["admin"] },
-  "admin.tenant.update": { params: ["tenant_id", "name", "new_name", "tier", "index_engine", "chat_model"], required: [], flags: ["admin"] },
+  "admin.tenant.update": { params: ["tenant_id", "name", "new_name", "tier", "index_engine", "chat_model", "embedding", "cancel_reembed"], required: [], flags: ["admin"] },
   "auth": { params: ["api_key"], required: ["api_key"], flags: ["public", "auth"] },
   "memory.archive": { params: ["ids", "reason"], required: ["ids"], flags: ["tenant", "write"] },
   "memory.consolidate": { params: [], required: [], flags: ["tenant", "write"] },
@@ -195,6 +195,8 @@ export interface AdminTenantUpdateParams {
   tier?: Tier;
   index_engine?: "native" | "faiss" | "default";
   chat_model?: string;
+  embedding?: Record<string, unknown>;
+  cancel_reembed?: boolean;
 }
 
 /** Parameters of `auth`. */
@@ -646,7 +648,7 @@ export class ApiAdminTenant<I extends Id = number> {
   list(params: AdminTenantListParams = {}, options?: CallOptions): Promise<AdminTenantListResult<I>> {
     return this._caller.call("admin.tenant.list", params as unknown as Record<string, unknown>, options) as Promise<AdminTenantListResult<I>>;
   }
-  /** Renames a tenant or moves it to another tier. (`admin.tenant.update`) */
+  /** Renames a tenant, moves it to another tier, or changes its embedding model (re-embedded online; cancel_reembed stops it). (`admin.tenant.update`) */
   update(params: AdminTenantUpdateParams = {}, options?: CallOptions): Promise<Tenant<I>> {
     return this._caller.call("admin.tenant.update", params as unknown as Record<string, unknown>, options) as Promise<Tenant<I>>;
   }

@@ -45,6 +45,7 @@ export interface Tenant<I extends Id = number> {
   keys?: number;
   memories?: number;
   name: string;
+  reembed?: Reembed<I> | null;
   tenant_id: I;
   tier: string;
   updated_at?: number;
@@ -52,8 +53,23 @@ export interface Tenant<I extends Id = number> {
 
 export interface TenantEmbedding<I extends Id = number> {
   dim: number;
+  generation?: number;
   model?: string;
   provider: string;
+}
+
+export interface Reembed<I extends Id = number> {
+  dim: number;
+  done: number;
+  failures: number;
+  last_error?: string | null;
+  last_error_at?: number | null;
+  model?: string;
+  provider: string;
+  retry_at?: number | null;
+  started_at: number;
+  state: "running" | "backoff";
+  total: number;
 }
 
 export interface AdminTenantListResult<I extends Id = number> {

@@ -14,7 +14,9 @@
 #include "pgparams.h"
 
 /* Kinds of statement a job can hold: internal set-up work uses the raw and prepare kinds. */
-enum { Q_EXEC_PREPARED, Q_EXEC_RAW, Q_PREPARE };
+/* Q_END_TX: "COMMIT" sent after a sync of its own (db_config.rls_set_local): whatever the
+ * queries before it did, it ends their transaction block (an aborted one rolls back) */
+enum { Q_EXEC_PREPARED, Q_EXEC_RAW, Q_PREPARE, Q_END_TX };
 
 struct db_conn;
 
@@ -37,11 +39,14 @@ typedef struct db_job {
     int nq;                                                     /* queries in q */
     db_job_query *q; /* nq entries, allocated with the job */
     char *blob;      /* owns copies of parameter values (db_query_copy) */
-    char rls[24];    /* the RLS query's one value: the tenant id as text */
+    char rls[64];    /* the RLS query's one value: the tenant id as text; or the whole
+                      * SET LOCAL statement (db_config.rls_set_local) */
     const char *rls_val[1];
     char lockwait[24]; /* the lock_timeout query's one value: milliseconds as text */
     const char *lockwait_val[1];
-    int hidden; /* set-up queries first in q (RLS, lock_timeout): not the caller's */
+    int hidden;    /* set-up queries first in q (RLS, lock_timeout): not the caller's */
+    int trailing;  /* the Q_END_TX query last in q (0 or 1): not the caller's */
+    bool mid_sync; /* the sync before Q_END_TX has been read */
     uint64_t queued_ms;
     uint64_t sent_ms;
     /* result collection */
@@ -203,7 +208,7 @@ static void job_complete(db_job *j, db_status st)
         r.nres = j->nq;
         /* the set-up queries (RLS, lock_timeout), when present, are hidden from the caller */
         r.res = j->res + j->hidden;
-        r.nres = j->nq - j->hidden;
+        r.nres = j->nq - j->hidden - j->trailing;
     } else {
         snprintf(msg, sizeof(msg), "%s", j->errmsg ? j->errmsg : "database unavailable");
         size_t n = strlen(msg);
@@ -322,6 +327,10 @@ static bool conn_send(db_conn *c, db_job *j)
         case Q_EXEC_RAW:
             ok = PQsendQueryParams(c->pg, q->sql, 0, NULL, NULL, NULL, NULL, 0);
             break;
+        case Q_END_TX:
+            ok = PQpipelineSync(c->pg) &&
+                 PQsendQueryParams(c->pg, "COMMIT", 0, NULL, NULL, NULL, NULL, 0);
+            break;
         default:
             ok = PQsendPrepare(c->pg, q->stmt, q->sql, q->nparams, NULL);
             break;
@@ -386,6 +395,12 @@ static void conn_read_results(db_conn *c)
                 continue;
             }
             ExecStatusType st = PQresultStatus(r);
+            if (st == PGRES_PIPELINE_SYNC && j->trailing && j->cur == j->nq - 1 && !j->mid_sync) {
+                /* the sync before Q_END_TX */
+                j->mid_sync = true;
+                PQclear(r);
+                continue;
+            }
             if (st == PGRES_FATAL_ERROR) {
                 job_set_error(j, PQresultErrorField(r, PG_DIAG_SQLSTATE),
                               PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY),
@@ -822,18 +837,26 @@ void db_pool_destroy(db_pool *p)
 /* Builds the job for nq caller queries (after the RLS query when o->rls_tenant >= 0 and the
  * lock_timeout query when o->lock_timeout_ms > 0), copying every parameter into one
  * allocation owned by the job. Returns NULL when out of memory. */
-static db_job *job_build(const db_opts *o, const db_query *qs, int nq)
+static db_job *job_build(const db_pool *p, const db_opts *o, const db_query *qs, int nq)
 {
     static const int text_fmt[1] = {0};
-    int base = (o->rls_tenant >= 0 ? 1 : 0) + (o->lock_timeout_ms > 0 ? 1 : 0);
-    db_job *j = job_alloc(base + nq);
+    /* Citus: BEGIN, SET LOCAL (the coordinator passes it on to the workers only inside a
+     * transaction block), the queries, a sync, COMMIT */
+    bool block = o->rls_tenant >= 0 && p->cfg.rls_set_local;
+    int base = (o->rls_tenant >= 0 ? 1 : 0) + (o->lock_timeout_ms > 0 ? 1 : 0) + block;
+    db_job *j = job_alloc(base + nq + block);
     db_query copy[DB_MAX_QUERIES];
     if (!j || db_query_copy(qs, nq, copy, &j->blob) < 0) {
         free(j);
         return NULL;
     }
     int k = 0;
-    if (o->rls_tenant >= 0) {
+    if (block) {
+        snprintf(j->rls, sizeof(j->rls), "SET LOCAL engram.tenant_id = '%lld'",
+                 (long long)o->rls_tenant);
+        j->q[k++] = (db_job_query){.kind = Q_EXEC_RAW, .sql = "BEGIN"};
+        j->q[k++] = (db_job_query){.kind = Q_EXEC_RAW, .sql = j->rls};
+    } else if (o->rls_tenant >= 0) {
         snprintf(j->rls, sizeof(j->rls), "%lld", (long long)o->rls_tenant);
         j->rls_val[0] = j->rls;
         j->q[k++] = (db_job_query){.kind = Q_EXEC_PREPARED,
@@ -863,6 +886,10 @@ static db_job *job_build(const db_opts *o, const db_query *qs, int nq)
                                         .formats = copy[i].formats,
                                         .result_format = copy[i].result_format};
     j->nq = base + nq;
+    if (block) {
+        j->q[j->nq++] = (db_job_query){.kind = Q_END_TX};
+        j->trailing = 1;
+    }
     return j;
 }
 
@@ -888,7 +915,7 @@ int db_submit_opts(db_pool *p, const db_opts *o, const db_query *qs, int nq, db_
     }
     if (p->nqueued >= p->cfg.max_queue)
         return -EAGAIN;
-    db_job *j = job_build(o, qs, nq);
+    db_job *j = job_build(p, o, qs, nq);
     if (!j)
         return -ENOMEM;
     j->cb = cb;

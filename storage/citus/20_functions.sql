@@ -8,6 +8,47 @@
 -- co-located with tenants, delegated even inside a transaction block (engramd sets
 -- engram.tenant_id and calls the function in one transaction).
 
+-- Tenant names: Citus keeps no unique constraint on tenants.name (10_tables.sql), so the
+-- two admin functions that set a name check it themselves, under a transaction-level
+-- advisory lock on the coordinator (where they run: they have no p_tenant), and raise the
+-- unique_violation their handlers already turn into EG410. A function file that changes
+-- the lines patched here fails this block, on Citus only, rather than losing the check.
+DO $$
+DECLARE
+    def text;
+    fixed text;
+BEGIN
+    def := pg_get_functiondef('engram_admin_tenant_create'::regproc);
+    IF strpos(def, 'engram: unique tenant name') = 0 THEN
+        fixed := replace(def, E'BEGIN\n    INSERT INTO tenants (name,', E'BEGIN\n' ||
+            E'    -- engram: unique tenant name (storage/citus/20_functions.sql)\n' ||
+            E'    PERFORM pg_advisory_xact_lock(7420002);\n' ||
+            E'    IF EXISTS (SELECT 1 FROM tenants x WHERE x.name = p_name) THEN\n' ||
+            E'        RAISE unique_violation;\n' ||
+            E'    END IF;\n' ||
+            E'    INSERT INTO tenants (name,');
+        IF fixed = def THEN
+            RAISE EXCEPTION 'engram_admin_tenant_create changed: patch its name check';
+        END IF;
+        EXECUTE fixed;
+    END IF;
+    def := pg_get_functiondef('engram_admin_tenant_update'::regproc);
+    IF strpos(def, 'engram: unique tenant name') = 0 THEN
+        fixed := replace(def, E'BEGIN\n    UPDATE tenants SET name =', E'BEGIN\n' ||
+            E'    -- engram: unique tenant name (storage/citus/20_functions.sql)\n' ||
+            E'    PERFORM pg_advisory_xact_lock(7420002);\n' ||
+            E'    IF p_new_name IS NOT NULL AND EXISTS (SELECT 1 FROM tenants x\n' ||
+            E'        WHERE x.name = p_new_name AND x.id <> t.id) THEN\n' ||
+            E'        RAISE unique_violation;\n' ||
+            E'    END IF;\n' ||
+            E'    UPDATE tenants SET name =');
+        IF fixed = def THEN
+            RAISE EXCEPTION 'engram_admin_tenant_update changed: patch its name check';
+        END IF;
+        EXECUTE fixed;
+    END IF;
+END $$;
+
 -- Citus cannot plan a statement of a LANGUAGE sql function that takes parameters ("could
 -- not create distributed plan ... parameters in SQL functions"). Every SQL function that
 -- names a distributed or reference table is defined again as PL/pgSQL with the same

@@ -128,6 +128,54 @@ build_faiss() {
     log "FAISS ready in $FAISS_PREFIX"
 }
 
+# ---- Citus ----------------------------------------------------------------------------
+# Citus (the scale-out extension, docs/scaling.md) is not in Debian 12: it is built from its
+# release source, ../shared/vendor/citus-<ver>.tar.gz or ENGRAM_CITUS_TARBALL when present,
+# otherwise the same release downloaded from GitHub. On a machine with Citus' own apt
+# repository, its postgresql-15-citus-13.0 package installs the same files.
+CITUS_VERSION=13.0.5
+CITUS_URL="https://github.com/citusdata/citus/archive/refs/tags/v$CITUS_VERSION.tar.gz"
+# Debian packages the build needs (PostgreSQL's server headers and what its pg_config links).
+CITUS_BUILD_PACKAGES=(postgresql-server-dev-15 liblz4-dev libzstd-dev libkrb5-dev
+    libselinux1-dev libxslt1-dev libpam0g-dev libreadline-dev curl ca-certificates)
+
+# build_citus: builds Citus once into .deps/citus-<ver>/stage (make install DESTDIR=...),
+# then copies the staged files into PostgreSQL's lib and extension directories unless the
+# installed citus.so is already that build. A second run with both in place does nothing.
+build_citus() {
+    local dir="$ENGRAM_DEPS/citus-$CITUS_VERSION" pglib
+    pglib=$("$PG_BINDIR/pg_config" --pkglibdir 2>/dev/null || echo /usr/lib/postgresql/15/lib)
+    if [ -f "$dir/.complete" ] && cmp -s "$dir/stage$pglib/citus.so" "$pglib/citus.so"; then
+        return 0
+    fi
+    if [ ! -f "$dir/.complete" ]; then
+        install_deps "${CITUS_BUILD_PACKAGES[@]}"
+        log "building Citus $CITUS_VERSION; this takes a few minutes once"
+        local tarball=${ENGRAM_CITUS_TARBALL:-$ENGRAM_ROOT/../shared/vendor/citus-$CITUS_VERSION.tar.gz}
+        rm -rf "$dir" && mkdir -p "$dir"
+        if [ ! -f "$tarball" ]; then
+            log "no $tarball: downloading $CITUS_URL"
+            tarball="$dir/citus-$CITUS_VERSION.tar.gz"
+            curl -fsSL -o "$tarball" "$CITUS_URL" || die "cannot download Citus $CITUS_VERSION"
+        fi
+        tar -xzf "$tarball" -C "$dir" || die "cannot unpack $tarball"
+        local src="$dir/citus-$CITUS_VERSION"
+        [ -d "$src" ] || die "$tarball holds no citus-$CITUS_VERSION/"
+        (cd "$src" && ./configure --without-libcurl PG_CONFIG="$PG_BINDIR/pg_config" \
+            >"$dir/configure.log" 2>&1) || die "Citus configure failed, see $dir/configure.log"
+        make -C "$src" -j "$(nproc)" >"$dir/build.log" 2>&1 ||
+            die "Citus build failed, see $dir/build.log"
+        make -C "$src" install DESTDIR="$dir/stage" >>"$dir/build.log" 2>&1 ||
+            die "Citus staging failed, see $dir/build.log"
+        rm -rf "$src"
+        touch "$dir/.complete"
+    fi
+    log "installing Citus $CITUS_VERSION into $pglib"
+    # tar keeps the system's own directories (their modes and owners) as they are
+    tar -C "$dir/stage" -cf - . | as_root tar -C / -xf - --no-overwrite-dir ||
+        die "cannot install Citus"
+}
+
 # ---- embedded PostgreSQL --------------------------------------------------------------
 # A private cluster: unix socket only (listen_addresses = ''), socket in DIR/run, trust
 # authentication on that socket (only its owner and root can reach the directory). As

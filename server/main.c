@@ -501,6 +501,15 @@ static int prepare_database(server *s, command cmd, const char *const ct[3], int
     }
     if (applied)
         log_info("applied %d schema migration(s); schema version %d", applied, migrate_latest());
+    int citus = migrate_citus(pg, err, sizeof(err));
+    if (citus < 0) {
+        log_error("cannot tell whether the database is a Citus cluster: %s", err);
+        ret = -1;
+        goto done;
+    }
+    s->on_citus = citus == 1;
+    if (s->on_citus)
+        log_info("the database is a Citus coordinator: schema distributed by tenant");
     if (cmd == CMD_MIGRATE) {
         *rc = 0;
         ret = 1;

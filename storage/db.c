@@ -14,7 +14,9 @@
 #include "pgparams.h"
 
 /* Kinds of statement a job can hold: internal set-up work uses the raw and prepare kinds. */
-enum { Q_EXEC_PREPARED, Q_EXEC_RAW, Q_PREPARE };
+/* Q_END_TX: "COMMIT" sent after a sync of its own (db_config.rls_set_local): whatever the
+ * queries before it did, it ends their transaction block (an aborted one rolls back) */
+enum { Q_EXEC_PREPARED, Q_EXEC_RAW, Q_PREPARE, Q_END_TX };
 
 struct db_conn;
 
@@ -37,12 +39,15 @@ typedef struct db_job {
     int nq;                                                     /* queries in q */
     db_job_query *q; /* nq entries, allocated with the job */
     char *blob;      /* owns copies of parameter values (db_query_copy) */
-    char rls[24];    /* the RLS query's one value: the tenant id as text */
+    char rls[64];    /* the RLS query's one value: the tenant id as text; or the whole
+                      * SET LOCAL statement (db_config.rls_set_local) */
     const char *rls_val[1];
     char lockwait[24]; /* the lock_timeout query's one value: milliseconds as text */
     const char *lockwait_val[1];
-    int hidden;   /* set-up queries first in q (RLS, lock_timeout): not the caller's */
-    int trailing; /* queries after the caller's (the lock_timeout's reset): not the caller's */
+    int hidden;    /* set-up queries first in q (RLS, lock_timeout): not the caller's */
+    int trailing;  /* queries after the caller's (the lock_timeout's reset, then Q_END_TX
+                    * when in a block): not the caller's */
+    bool mid_sync; /* the sync before Q_END_TX has been read */
     uint64_t queued_ms;
     uint64_t sent_ms;
     /* result collection */
@@ -323,6 +328,10 @@ static bool conn_send(db_conn *c, db_job *j)
         case Q_EXEC_RAW:
             ok = PQsendQueryParams(c->pg, q->sql, 0, NULL, NULL, NULL, NULL, 0);
             break;
+        case Q_END_TX:
+            ok = PQpipelineSync(c->pg) &&
+                 PQsendQueryParams(c->pg, "COMMIT", 0, NULL, NULL, NULL, NULL, 0);
+            break;
         default:
             ok = PQsendPrepare(c->pg, q->stmt, q->sql, q->nparams, NULL);
             break;
@@ -387,6 +396,13 @@ static void conn_read_results(db_conn *c)
                 continue;
             }
             ExecStatusType st = PQresultStatus(r);
+            if (st == PGRES_PIPELINE_SYNC && j->cur == j->nq - 1 && j->q[j->cur].kind == Q_END_TX &&
+                !j->mid_sync) {
+                /* the sync before Q_END_TX */
+                j->mid_sync = true;
+                PQclear(r);
+                continue;
+            }
             if (st == PGRES_FATAL_ERROR) {
                 job_set_error(j, PQresultErrorField(r, PG_DIAG_SQLSTATE),
                               PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY),
@@ -833,12 +849,15 @@ void db_pool_destroy(db_pool *p)
 /* Builds the job for nq caller queries (after the RLS query when o->rls_tenant >= 0 and the
  * lock_timeout query when o->lock_timeout_ms > 0, and before that timeout's reset), copying
  * every parameter into one allocation owned by the job. Returns NULL when out of memory. */
-static db_job *job_build(const db_opts *o, const db_query *qs, int nq)
+static db_job *job_build(const db_pool *p, const db_opts *o, const db_query *qs, int nq)
 {
     static const int text_fmt[1] = {0};
     static const char *const no_wait[1] = {"0"};
-    int base = (o->rls_tenant >= 0 ? 1 : 0) + (o->lock_timeout_ms > 0 ? 1 : 0);
-    int trailing = o->lock_timeout_ms > 0 ? 1 : 0;
+    /* Citus: BEGIN, SET LOCAL (the coordinator passes it on to the workers only inside a
+     * transaction block), the queries, a sync, COMMIT */
+    bool block = o->rls_tenant >= 0 && p->cfg.rls_set_local;
+    int base = (o->rls_tenant >= 0 ? 1 : 0) + (o->lock_timeout_ms > 0 ? 1 : 0) + block;
+    int trailing = (o->lock_timeout_ms > 0 ? 1 : 0) + block;
     db_job *j = job_alloc(base + nq + trailing);
     db_query copy[DB_MAX_QUERIES];
     if (!j || db_query_copy(qs, nq, copy, &j->blob) < 0) {
@@ -846,7 +865,12 @@ static db_job *job_build(const db_opts *o, const db_query *qs, int nq)
         return NULL;
     }
     int k = 0;
-    if (o->rls_tenant >= 0) {
+    if (block) {
+        snprintf(j->rls, sizeof(j->rls), "SET LOCAL engram.tenant_id = '%lld'",
+                 (long long)o->rls_tenant);
+        j->q[k++] = (db_job_query){.kind = Q_EXEC_RAW, .sql = "BEGIN"};
+        j->q[k++] = (db_job_query){.kind = Q_EXEC_RAW, .sql = j->rls};
+    } else if (o->rls_tenant >= 0) {
         snprintf(j->rls, sizeof(j->rls), "%lld", (long long)o->rls_tenant);
         j->rls_val[0] = j->rls;
         j->q[k++] = (db_job_query){.kind = Q_EXEC_PREPARED,
@@ -876,7 +900,7 @@ static db_job *job_build(const db_opts *o, const db_query *qs, int nq)
                                         .formats = copy[i].formats,
                                         .result_format = copy[i].result_format};
     j->nq = base + nq;
-    if (trailing) {
+    if (o->lock_timeout_ms > 0) {
         /* the timeout is for the caller's statements (a tenant's row lock). The commit takes
          * locks of its own: a transaction that notifies takes one of the whole database and
          * holds it while its commit record is flushed, so under concurrent writers a commit
@@ -888,8 +912,10 @@ static db_job *job_build(const db_opts *o, const db_query *qs, int nq)
                                        .values = no_wait,
                                        .lengths = text_fmt,
                                        .formats = text_fmt};
-        j->trailing = trailing;
     }
+    if (block)
+        j->q[j->nq++] = (db_job_query){.kind = Q_END_TX};
+    j->trailing = trailing;
     return j;
 }
 
@@ -915,7 +941,7 @@ int db_submit_opts(db_pool *p, const db_opts *o, const db_query *qs, int nq, db_
     }
     if (p->nqueued >= p->cfg.max_queue)
         return -EAGAIN;
-    db_job *j = job_build(o, qs, nq);
+    db_job *j = job_build(p, o, qs, nq);
     if (!j)
         return -ENOMEM;
     j->cb = cb;

@@ -63,6 +63,10 @@ typedef struct db_config {
     unsigned stall_ms;         /* no answer on any connection for this long while jobs wait:
                                 * the database is stalled (default 3000), see below */
     const char *role;          /* SET ROLE to this after connecting, or NULL */
+    bool rls_set_local;        /* a job's tenant (db_opts.rls_tenant) by a SET LOCAL statement,
+                                * not the prepared set_config(): a Citus coordinator passes
+                                * SET LOCAL on to the workers, whose row-level security reads
+                                * it (citus.propagate_set_commands = local) */
     const db_stmt_def *stmts;  /* prepared on each connection (not copied: static) */
     size_t nstmts;
     /* on_event reports connection state changes (connected, lost, retrying) as text; may be

@@ -5,7 +5,9 @@ Usage: gen_migrations.py OUTPUT.c INPUT.sql...
 Inputs named NNNN_name.sql (storage/migrations/) become numbered migrations
 {version, name, sql}; versions must be unique and contiguous from 1. Inputs under a
 directory named functions (storage/functions/NN_name.sql) become repeatable function files
-{name, checksum, sql}, applied in name order; the checksum is the SHA-256 of the file.
+{name, checksum, sql}, applied in name order; the checksum is the SHA-256 of the file. The
+inputs storage/citus/10_tables.sql and 20_functions.sql become migrate_citus_tables and
+migrate_citus_functions, the schema's distribution on a Citus cluster.
 """
 import hashlib
 import os
@@ -23,11 +25,16 @@ def c_string(text):
 
 def main():
     output, inputs = sys.argv[1], sys.argv[2:]
-    steps, funcs = [], []
+    steps, funcs, citus = [], [], {}
     for path in inputs:
         base = os.path.basename(path)
         with open(path, encoding='utf-8') as f:
             text = f.read()
+        if os.path.basename(os.path.dirname(path)) == 'citus':
+            if base not in ('10_tables.sql', '20_functions.sql'):
+                sys.exit('bad citus file name: %s' % path)
+            citus[base[3:-4]] = text
+            continue
         if os.path.basename(os.path.dirname(path)) == 'functions':
             if not re.match(r'^\d{2}_[a-z0-9_]+\.sql$', base):
                 sys.exit('bad function file name: %s' % path)
@@ -57,7 +64,9 @@ def main():
         for name, digest, sql in funcs:
             f.write('    {"%s", "%s",\n%s},\n' % (name, digest, c_string(sql)))
         f.write('};\n')
-        f.write('const int migrate_nfunction_files = %d;\n' % len(funcs))
+        f.write('const int migrate_nfunction_files = %d;\n\n' % len(funcs))
+        for part in ('tables', 'functions'):
+            f.write('const char migrate_citus_%s[] =\n%s;\n' % (part, c_string(citus.get(part, ''))))
 
 
 if __name__ == '__main__':

@@ -56,38 +56,98 @@ fail:
     return -EIO;
 }
 
+/* A function file as Citus takes it: Citus refuses to distribute a function defined with
+ * "SET search_path FROM CURRENT", so each one names search_path, the value the migrating
+ * connection has (what FROM CURRENT would have captured). Returns a malloc'd copy, or NULL
+ * when out of memory. */
+static char *citus_text(const char *sql, const char *search_path)
+{
+    static const char from[] = "SET search_path FROM CURRENT";
+    size_t nfrom = sizeof(from) - 1, nto = strlen("SET search_path TO ") + strlen(search_path);
+    size_t n = 0;
+    for (const char *p = strstr(sql, from); p; p = strstr(p + nfrom, from))
+        n++;
+    char *out = malloc(strlen(sql) + n * (nto > nfrom ? nto - nfrom : 0) + 1);
+    if (!out)
+        return NULL;
+    char *o = out;
+    const char *p = sql;
+    for (const char *q = strstr(p, from); q; p = q + nfrom, q = strstr(p, from)) {
+        memcpy(o, p, (size_t)(q - p));
+        o += q - p;
+        o += sprintf(o, "SET search_path TO %s", search_path);
+    }
+    strcpy(o, p);
+    return out;
+}
+
 /* Runs each function file of plan whose checksum differs from the recorded one, in one
- * transaction per file, and sets *ran to how many ran. Returns 0, or -EIO with the reason in
- * err (*ran counts those that committed before). */
-static int apply_functions(PGconn *c, const migrate_plan *plan, int *ran, char *err, size_t errlen)
+ * transaction per file, and sets *ran to how many ran. On Citus (search_path not NULL: the
+ * connection's) the files run as citus_text makes them and their checksums are recorded
+ * with a "citus:" prefix, so a database moved onto Citus runs every file again. Returns 0,
+ * or -EIO with the reason in err (*ran counts those that committed before). */
+static int apply_functions(PGconn *c, const migrate_plan *plan, const char *search_path, int *ran,
+                           char *err, size_t errlen)
 {
     *ran = 0;
     for (int i = 0; i < plan->nfunctions; i++) {
         const migrate_functions *f = &plan->functions[i];
         const char *nv[] = {f->name};
+        char sum[80];
+        snprintf(sum, sizeof(sum), "%s%s", search_path ? "citus:" : "", f->checksum);
         PGresult *r = pgsync_exec(c, "SELECT checksum FROM schema_functions WHERE name = $1", 1, nv,
                                   err, errlen);
         if (!r)
             return -EIO;
-        bool same = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), f->checksum) == 0;
+        bool same = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), sum) == 0;
         PQclear(r);
         if (same)
             continue;
         char what[160];
         snprintf(what, sizeof(what), "functions %s", f->name);
+        char *text = search_path ? citus_text(f->sql, search_path) : NULL;
+        if (search_path && !text) {
+            snprintf(err, errlen, "%s: out of memory", what);
+            return -EIO;
+        }
         /* bodies are checked when called: files may refer to each other in any order; the
          * grants follow whatever the file defined */
-        const char *const scripts[] = {"SET LOCAL check_function_bodies = off", f->sql,
-                                       FUNCTION_GRANTS};
-        const char *vals[] = {f->name, f->checksum};
-        if (apply_in_tx(c, what, scripts, 3,
-                        "INSERT INTO schema_functions (name, checksum) VALUES ($1, $2) "
-                        "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, "
-                        "applied_at = now()",
-                        2, vals, err, errlen) < 0)
+        const char *const scripts[] = {"SET LOCAL check_function_bodies = off",
+                                       text ? text : f->sql, FUNCTION_GRANTS};
+        const char *vals[] = {f->name, sum};
+        int rc = apply_in_tx(c, what, scripts, 3,
+                             "INSERT INTO schema_functions (name, checksum) VALUES ($1, $2) "
+                             "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, "
+                             "applied_at = now()",
+                             2, vals, err, errlen);
+        free(text);
+        if (rc < 0)
             return -EIO;
         (*ran)++;
     }
+    return 0;
+}
+
+/* On a database with the citus extension, sets *path to the connection's search_path
+ * (malloc'd); elsewhere to NULL. Returns 0 or -EIO with err set. */
+static int citus_search_path(PGconn *c, char **path, char *err, size_t errlen)
+{
+    *path = NULL;
+    PGresult *r = pgsync_exec(c,
+                              "SELECT current_setting('search_path') FROM pg_extension "
+                              "WHERE extname = 'citus'",
+                              0, NULL, err, errlen);
+    if (!r)
+        return -EIO;
+    if (PQntuples(r) == 1) {
+        *path = strdup(PQgetvalue(r, 0, 0));
+        if (!*path) {
+            PQclear(r);
+            snprintf(err, errlen, "out of memory");
+            return -EIO;
+        }
+    }
+    PQclear(r);
     return 0;
 }
 
@@ -133,8 +193,8 @@ static int read_version(PGconn *c, int *current, char *err, size_t errlen)
 }
 
 /* Applies the migrations of plan newer than the database's version, then its function
- * files; the caller holds the advisory lock. Returns as migrate_run_plan, with the count in
- * *n. */
+ * files, then on Citus its Citus file; the caller holds the advisory lock. Returns as
+ * migrate_run_plan, with the count in *n. */
 static int run_locked(PGconn *c, const migrate_plan *plan, int *n, char *err, size_t errlen)
 {
     int current = 0;
@@ -162,9 +222,24 @@ static int run_locked(PGconn *c, const migrate_plan *plan, int *n, char *err, si
             return -EIO;
         (*n)++;
     }
+    /* on Citus: the tables distributed before the functions are defined (a function is
+     * created on the workers too only when what it refers to is distributed already), the
+     * functions distributed after */
+    char *path = NULL;
+    if (plan->citus_tables && citus_search_path(c, &path, err, errlen) < 0)
+        return -EIO;
+    if (path && apply_in_tx(c, "the Citus tables (storage/citus/10_tables.sql)",
+                            &plan->citus_tables, 1, "SELECT 1", 0, NULL, err, errlen) < 0) {
+        free(path);
+        return -EIO;
+    }
     int nf = 0;
-    rc = apply_functions(c, plan, &nf, err, errlen);
+    rc = apply_functions(c, plan, path, &nf, err, errlen);
     *n += nf;
+    if (rc == 0 && path)
+        rc = apply_in_tx(c, "the Citus functions (storage/citus/20_functions.sql)",
+                         &plan->citus_functions, 1, "SELECT 1", 0, NULL, err, errlen);
+    free(path);
     return rc;
 }
 
@@ -183,6 +258,16 @@ int migrate_run_plan(PGconn *c, const migrate_plan *plan, int *applied, char *er
     return rc;
 }
 
+int migrate_citus(PGconn *c, char *err, size_t errlen)
+{
+    char *path = NULL;
+    if (citus_search_path(c, &path, err, errlen) < 0)
+        return -EIO;
+    int yes = path != NULL;
+    free(path);
+    return yes;
+}
+
 int migrate_run(PGconn *c, int *applied, char *err, size_t errlen)
 {
     const migrate_plan plan = {
@@ -190,6 +275,8 @@ int migrate_run(PGconn *c, int *applied, char *err, size_t errlen)
         .nsteps = migrate_nsteps,
         .functions = migrate_function_files,
         .nfunctions = migrate_nfunction_files,
+        .citus_tables = migrate_citus_tables,
+        .citus_functions = migrate_citus_functions,
     };
     return migrate_run_plan(c, &plan, applied, err, errlen);
 }

@@ -10,6 +10,13 @@
  *   bodies are checked when called, not when created, so files may refer to each other
  *   in any order), followed by the privileges every function gets (engram_app only), and
  *   its checksum is recorded. A changed function is a diff of its file.
+ * - storage/citus/10_tables.sql and 20_functions.sql: on a Citus cluster (the database has
+ *   the citus extension), the schema's distribution: tables distributed by tenant_id or made
+ *   reference tables (after the migrations, before the function files), functions
+ *   propagated and delegated by p_tenant (after the function files). Idempotent, each run in
+ *   one transaction at every migrate_run. A single PostgreSQL never sees them; the function
+ *   files run there with "SET search_path FROM CURRENT" spelled out (Citus refuses it).
+ *   docs/scaling.md.
  * A session-level advisory lock keeps two engramd processes from migrating at once.
  */
 #ifndef ENGRAM_STORAGE_MIGRATE_H
@@ -35,6 +42,10 @@ typedef struct migrate_functions {
 extern const migrate_functions migrate_function_files[];
 extern const int migrate_nfunction_files;
 
+/* storage/citus/10_tables.sql and 20_functions.sql */
+extern const char migrate_citus_tables[];
+extern const char migrate_citus_functions[];
+
 /* migrate_run applies every migration newer than the database's version, then every
  * function file whose checksum changed, blocking on c (a connection whose user owns the
  * schema: not engram_app). Sets *applied (may be NULL) to how many migrations and function
@@ -43,8 +54,14 @@ extern const int migrate_nfunction_files;
  * checksums stay those of the last step that committed; earlier steps stay applied);
  * -EPROTONOSUPPORT when the database is newer than this binary knows, or was created before
  * the baseline (pre-release numbering), and nothing ran. The reason is in err either way.
+ * On a database with the citus extension the Citus files run too (not counted in
+ * *applied); their failure is -EIO.
  * The advisory lock is released before it returns. */
 int migrate_run(PGconn *c, int *applied, char *err, size_t errlen);
+
+/* migrate_citus says whether c's database has the citus extension (a Citus coordinator,
+ * whose schema migrate_run distributed): 1 yes, 0 no, -EIO with the reason in err. */
+int migrate_citus(PGconn *c, char *err, size_t errlen);
 
 /* migrate_latest returns the newest version this binary carries. */
 int migrate_latest(void);
@@ -56,6 +73,8 @@ typedef struct migrate_plan {
     int nsteps;
     const migrate_functions *functions;
     int nfunctions;
+    const char *citus_tables;    /* on a Citus database, before the functions; NULL: never */
+    const char *citus_functions; /* on a Citus database, after the functions */
 } migrate_plan;
 
 /* migrate_run_plan is migrate_run with plan in place of the embedded schema, for tests of

@@ -110,10 +110,11 @@ int pgsync_tenant_begin(PGconn *c, int64_t tenant, pgsync_tx_mode mode, char *er
     if (!r)
         return -EIO;
     PQclear(r);
-    char t[24];
-    snprintf(t, sizeof(t), "%lld", (long long)tenant);
-    const char *tv[] = {t};
-    r = pgsync_exec(c, "SELECT set_config('engram.tenant_id', $1, true)", 1, tv, err, errlen);
+    /* SET LOCAL rather than set_config(): on Citus the coordinator passes it on to the
+     * workers (citus.propagate_set_commands = local), whose row-level security reads it */
+    char set[64];
+    snprintf(set, sizeof(set), "SET LOCAL engram.tenant_id = '%lld'", (long long)tenant);
+    r = pgsync_exec(c, set, 0, NULL, err, errlen);
     if (!r) {
         pgsync_tx_end(c, false, NULL, 0);
         return -EIO;

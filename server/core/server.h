@@ -48,6 +48,7 @@ typedef struct server {
     struct rowcache *rows; /* memory rows for search results */
     uint8_t secret[32];    /* keys the API-key hashes */
     bool have_admin;
+    bool on_citus; /* the database is a Citus coordinator (found at start: migrate_citus) */
     uint8_t admin_hash[32];        /* keyed hash of the admin key */
     atomic_bool ready;             /* start-up finished: listening, indexes loadable */
     atomic_bool draining;          /* shutdown has begun */

@@ -428,7 +428,11 @@ static void store_submit(req *r, rpc_code code, const char *message)
         req_fail(r, code, "%s", message ? message : "embedding failed");
         return;
     }
-    if (!st->idem) {
+    /* On Citus a request goes alone through engram_memory_store_batch, which the
+     * coordinator delegates to the node holding the tenant: one local transaction there. A
+     * group of several tenants' requests could span two nodes (a two-phase commit), and the
+     * group's own statement does not run on Citus (docs/scaling.md). */
+    if (!st->idem && !req_server(r)->on_citus) {
         gc_submit(r, &store_ops);
         return;
     }

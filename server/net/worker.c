@@ -207,6 +207,7 @@ worker *worker_create(server *s, unsigned idx)
         .backoff_max_ms = (unsigned)cfg->db_backoff_max_ms,
         .max_queue = 65536,
         .role = cfg->pg_role[0] ? cfg->pg_role : NULL,
+        .rls_set_local = s->on_citus,
         .stmts = stmts,
         .nstmts = nstmts,
         .on_event = on_db_event,

@@ -6,6 +6,11 @@ Environment (set by meson / deploy/test):
   ENGRAM_TEST_PG_DSN    a libpq DSN of the throwaway cluster's maintenance database
   ENGRAM_TEST_PG_BINDIR PostgreSQL's binaries (initdb, pg_ctl) for tests that need their
                         own cluster
+  ENGRAM_TEST_CITUS     1: every database new_database() makes lives on a Citus cluster
+                        (deploy/citus: a coordinator and two workers) started once for the
+                        test session, so the same tests run against Citus (meson suite citus)
+  ENGRAM_TEST_CITUS_PORT with ENGRAM_TEST_CITUS=1: use the running deploy/citus cluster on
+                        this port (ENGRAM_CITUS_DIR its directory) instead, and leave it running
 A missing ENGRAM_TEST_PG_DSN is a failure, never a skip: these tests exist to run.
 """
 import contextlib
@@ -32,6 +37,8 @@ BIN = os.environ.get("ENGRAM_BIN", "")
 CLI = os.environ.get("ENGRAM_CLI", "")
 PG_DSN = os.environ.get("ENGRAM_TEST_PG_DSN", "")
 PG_BINDIR = os.environ.get("ENGRAM_TEST_PG_BINDIR", "/usr/lib/postgresql/15/bin")
+CITUS = os.environ.get("ENGRAM_TEST_CITUS", "") == "1"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
                    "Sanitizer:DEADLYSIGNAL", "WARNING: ThreadSanitizer")
@@ -100,11 +107,95 @@ def with_dbname(dsn, name):
 
 
 def new_database(prefix="t"):
-    """Creates an empty database in the test cluster; returns its DSN."""
+    """Creates an empty database in the test cluster (with ENGRAM_TEST_CITUS=1: on every node
+    of the session's Citus cluster, workers registered); returns its DSN."""
     require_env()
     name = f"engram_{prefix}_" + "".join(random.choices(string.ascii_lowercase, k=8))
+    if CITUS:
+        return citus_cluster().add_database(name)
     psql(PG_DSN, f"CREATE DATABASE {name}")
     return with_dbname(PG_DSN, name)
+
+
+class CitusCluster:
+    """deploy/citus's coordinator and two workers, in a temporary directory on three
+    consecutive loopback ports; stopped and removed when the test process exits."""
+
+    def __init__(self, port=None):
+        self.own = port is None
+        if self.own:
+            self.dir = tempfile.mkdtemp(prefix="engram-citus-")
+            os.chmod(self.dir, 0o755)
+            self.port = self._free_ports(3)
+        else:
+            self.dir, self.port = os.environ["ENGRAM_CITUS_DIR"], port
+        self.env = dict(os.environ, ENGRAM_CITUS_DIR=self.dir,
+                        ENGRAM_CITUS_PORT=str(self.port), ENGRAM_BIN=BIN,
+                        PG_BINDIR=PG_BINDIR)
+
+    @staticmethod
+    def _free_ports(n):
+        for _ in range(50):
+            base = random.randrange(20000, 40000)
+            try:
+                socks = []
+                for i in range(n):
+                    s = socket.socket()
+                    socks.append(s)
+                    s.bind(("127.0.0.1", base + i))
+                return base
+            except OSError:
+                continue
+            finally:
+                for s in socks:
+                    s.close()
+        raise AssertionError(f"no {n} consecutive free loopback ports")
+
+    def run(self, *args):
+        out = subprocess.run([os.path.join(ROOT, "deploy", "citus"), *args], env=self.env,
+                             capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, (f"deploy/citus {' '.join(args)} failed:\n"
+                                     f"{out.stdout[-3000:]}{out.stderr[-3000:]}")
+        return out.stdout.strip()
+
+    def start(self):
+        # each test's database gets the schema from its engramd
+        self.run("start", "--no-schema")
+        return self
+
+    def add_database(self, name):
+        return self.run("add-db", name).splitlines()[-1]
+
+    def sql(self, node, sql, dbname="postgres"):
+        """psql on node 0 (the coordinator), 1 or 2 (the workers)."""
+        return psql(f"host=127.0.0.1 port={self.port + node} user=postgres dbname={dbname}",
+                    sql)
+
+    def stop(self):
+        if not self.own:
+            return
+        try:
+            self.run("stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_citus = None
+
+
+def citus_cluster():
+    """The session's Citus cluster (ENGRAM_TEST_CITUS=1), started at the first call."""
+    global _citus
+    if _citus is None:
+        import atexit
+        port = os.environ.get("ENGRAM_TEST_CITUS_PORT")
+        if port:
+            _citus = CitusCluster(int(port))
+        else:
+            cluster = CitusCluster()
+            atexit.register(cluster.stop)
+            _citus = cluster.start()
+    return _citus
 
 
 def free_port():

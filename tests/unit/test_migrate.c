@@ -74,7 +74,8 @@ static migrate_plan plan_with(const migrate_step *more, int nmore, const migrate
     memcpy(funcs, migrate_function_files, sizeof(funcs[0]) * (size_t)migrate_nfunction_files);
     if (nfmore)
         memcpy(funcs + migrate_nfunction_files, fmore, sizeof(funcs[0]) * (size_t)nfmore);
-    return (migrate_plan){steps, migrate_nsteps + nmore, funcs, migrate_nfunction_files + nfmore};
+    return (migrate_plan){
+        steps, migrate_nsteps + nmore, funcs, migrate_nfunction_files + nfmore, NULL, NULL};
 }
 
 static void test_fresh(void)

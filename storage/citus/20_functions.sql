@@ -1,0 +1,141 @@
+-- storage/citus/20_functions.sql: the functions on a Citus cluster (docs/scaling.md), run
+-- by migrate.c after the function files whenever the database has the citus extension.
+-- Idempotent, one transaction.
+--
+-- Every function of the schema is propagated to the workers (a function created before the
+-- tables it refers to were distributed exists on the coordinator only), and every function
+-- with a bigint argument p_tenant is distributed with p_tenant as its distribution argument,
+-- co-located with tenants, delegated even inside a transaction block (engramd sets
+-- engram.tenant_id and calls the function in one transaction).
+
+-- Tenant names: Citus keeps no unique constraint on tenants.name (10_tables.sql), so the
+-- two admin functions that set a name check it themselves, under a transaction-level
+-- advisory lock on the coordinator (where they run: they have no p_tenant), and raise the
+-- unique_violation their handlers already turn into EG410. A function file that changes
+-- the lines patched here fails this block, on Citus only, rather than losing the check.
+DO $$
+DECLARE
+    def text;
+    fixed text;
+BEGIN
+    def := pg_get_functiondef('engram_admin_tenant_create'::regproc);
+    IF strpos(def, 'engram: unique tenant name') = 0 THEN
+        fixed := replace(def, E'BEGIN\n    INSERT INTO tenants (name,', E'BEGIN\n' ||
+            E'    -- engram: unique tenant name (storage/citus/20_functions.sql)\n' ||
+            E'    PERFORM pg_advisory_xact_lock(7420002);\n' ||
+            E'    IF EXISTS (SELECT 1 FROM tenants x WHERE x.name = p_name) THEN\n' ||
+            E'        RAISE unique_violation;\n' ||
+            E'    END IF;\n' ||
+            E'    INSERT INTO tenants (name,');
+        IF fixed = def THEN
+            RAISE EXCEPTION 'engram_admin_tenant_create changed: patch its name check';
+        END IF;
+        EXECUTE fixed;
+    END IF;
+    def := pg_get_functiondef('engram_admin_tenant_update'::regproc);
+    IF strpos(def, 'engram: unique tenant name') = 0 THEN
+        fixed := replace(def, E'BEGIN\n    UPDATE tenants SET name =', E'BEGIN\n' ||
+            E'    -- engram: unique tenant name (storage/citus/20_functions.sql)\n' ||
+            E'    PERFORM pg_advisory_xact_lock(7420002);\n' ||
+            E'    IF p_new_name IS NOT NULL AND EXISTS (SELECT 1 FROM tenants x\n' ||
+            E'        WHERE x.name = p_new_name AND x.id <> t.id) THEN\n' ||
+            E'        RAISE unique_violation;\n' ||
+            E'    END IF;\n' ||
+            E'    UPDATE tenants SET name =');
+        IF fixed = def THEN
+            RAISE EXCEPTION 'engram_admin_tenant_update changed: patch its name check';
+        END IF;
+        EXECUTE fixed;
+    END IF;
+END $$;
+
+-- Citus cannot plan a statement of a LANGUAGE sql function that takes parameters ("could
+-- not create distributed plan ... parameters in SQL functions"). Every SQL function that
+-- names a distributed or reference table is defined again as PL/pgSQL with the same
+-- signature, volatility, security and settings: RETURN QUERY for a set, the result INTO a
+-- variable for a scalar, the statements as they are for void. Column names win over
+-- same-named OUT parameters, as they did in SQL. Runs at every start, after the function
+-- files have defined them as SQL again.
+DO $$
+DECLARE
+    f record;
+    pat text;
+    body text;
+    def text;
+BEGIN
+    SELECT '\m(' || string_agg(logicalrelid::regclass::text, '|') || ')\M' INTO pat
+      FROM pg_dist_partition;
+    FOR f IN
+        SELECT p.oid, p.prosrc, p.proretset, p.prorettype, pg_get_functiondef(p.oid) AS def,
+               (SELECT count(*) FROM unnest(p.proargmodes) m WHERE m IN ('o', 't', 'b')) AS nout
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'public' AND p.prolang = (SELECT oid FROM pg_language
+                                                      WHERE lanname = 'sql')
+           AND p.prosrc ~ pat
+    LOOP
+        body := regexp_replace(f.prosrc, ';\s*$', '');
+        IF f.proretset THEN
+            body := 'BEGIN RETURN QUERY ' || body || '; END';
+        ELSIF f.prorettype = 'void'::regtype THEN
+            body := 'BEGIN ' || body || '; END';
+        ELSIF f.nout > 1 THEN
+            -- a composite of OUT parameters: they are the variables
+            body := 'BEGIN ' || body || ' INTO ' ||
+                    (SELECT string_agg(quote_ident(a.n), ', ' ORDER BY a.i)
+                       FROM pg_proc p,
+                            unnest(p.proargnames, p.proargmodes) WITH ORDINALITY AS a (n, m, i)
+                      WHERE p.oid = f.oid AND a.m IN ('o', 'b')) || '; RETURN; END';
+        ELSE
+            body := 'DECLARE engram_result ' || format_type(f.prorettype, NULL) ||
+                    '; BEGIN ' || body || ' INTO engram_result; RETURN engram_result; END';
+        END IF;
+        body := E'#variable_conflict use_column\n' || body;
+        -- the header pg_get_functiondef printed, the language and the body replaced
+        def := substr(f.def, 1, strpos(f.def, 'AS $function$') - 1);
+        def := regexp_replace(def, 'LANGUAGE sql', 'LANGUAGE plpgsql');
+        EXECUTE def || ' AS ' || quote_literal(body);
+    END LOOP;
+END $$;
+
+-- Functions whose rows are one tenant's: run on the node holding that tenant.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'public' AND p.prokind = 'f'
+           AND p.proargnames IS NOT NULL
+           AND array_position(p.proargnames, 'p_tenant') IS NOT NULL
+           AND (CASE WHEN p.proallargtypes IS NULL
+                     THEN p.proargtypes[array_position(p.proargnames, 'p_tenant') - 1]
+                     ELSE p.proallargtypes[array_position(p.proargnames, 'p_tenant')]
+                END) = 'bigint'::regtype
+           AND NOT EXISTS (SELECT 1 FROM pg_dist_object o
+                            WHERE o.classid = 'pg_proc'::regclass AND o.objid = p.oid
+                              AND o.distribution_argument_index IS NOT NULL)
+    LOOP
+        PERFORM create_distributed_function(f, 'p_tenant'::text, 'tenants'::text, true);
+    END LOOP;
+END $$;
+
+-- The rest: on every node as they are (helpers the delegated functions call, trigger
+-- functions, the row-level security function).
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'public'
+           AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                            WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                              AND d.deptype = 'e')
+           AND NOT EXISTS (SELECT 1 FROM pg_dist_object o
+                            WHERE o.classid = 'pg_proc'::regclass AND o.objid = p.oid)
+    LOOP
+        PERFORM create_distributed_function(f);
+    END LOOP;
+END $$;

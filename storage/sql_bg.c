@@ -84,8 +84,8 @@ const db_stmt_def sql_bg_stmts[SQLB__COUNT] = {
                              "SELECT engram_extract_finish($1, $2, $3, $4, $5::bigint[], $6, $7, "
                              "$8, $9::text[], $10::text[], $11::float8[], $12::text[], "
                              "$13::bytea, $14::integer[], $15::bigint[], $16::bigint[], "
-                             "$17::text[], $18, $19, $20, $21, $22::jsonb)::text",
-                             22},
+                             "$17::text[], $18, $19, $20, $21, $22::jsonb, $23)::text",
+                             23},
     [SQLB_EXTRACT_DUE] = {"extract_due", "SELECT * FROM engram_extract_due($1, $2, $3, $4, $5, $6)",
                           6},
     [SQLB_EXTRACT_MEMS] = {"extract_mems",

@@ -78,6 +78,7 @@ typedef struct xrun {
     const msgpack_object *entries;
     int64_t agent, last_seq;
     char provider[64];
+    char gen[24]; /* the tenant's embedding generation at the claim ("" when not known) */
     fact *f;
     size_t nf;
     char fail_status[32]; /* the reason recorded on the session when the run changes nothing */
@@ -200,6 +201,9 @@ static int claim(xrun *x)
     snprintf(x->provider, sizeof(x->provider), "%.*s",
              p && p->type == MSGPACK_OBJECT_STR ? (int)p->via.str.size : 0,
              p && p->type == MSGPACK_OBJECT_STR ? p->via.str.ptr : "");
+    int64_t gen;
+    if (as_i64(rpc_map_get(o, "embed_gen"), &gen))
+        snprintf(x->gen, sizeof(x->gen), "%lld", (long long)gen);
     x->entries = rpc_map_get(o, "entries");
     if (!as_i64(rpc_map_get(o, "agent_id"), &x->agent) ||
         !as_i64(rpc_map_get(o, "last_seq"), &x->last_seq) || !x->entries ||
@@ -845,7 +849,8 @@ static int apply(xrun *x)
                        un,
                        tin,
                        tout,
-                       rj.data};
+                       rj.data,
+                       x->gen[0] ? x->gen : NULL};
     rc = pgsync_tenant_begin(x->pg, x->tenant, PGSYNC_TX_WRITE, err, sizeof(err));
     PGresult *res =
         rc == 0 ? PGSYNC_EXEC(x->pg, sqlb_def(SQLB_EXTRACT_FINISH), v, err, sizeof(err)) : NULL;

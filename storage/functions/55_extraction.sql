@@ -103,6 +103,10 @@ BEGIN
     RETURN jsonb_build_object('agent_id', s.agent_id, 'state', s.state,
                               'embed_provider', (SELECT t.embed_provider FROM tenants t
                                                  WHERE t.id = p_tenant),
+                              -- the generation of that model: the facts' store is refused
+                              -- after a re-embedding's swap (engram_embed_gen_check)
+                              'embed_gen', (SELECT t.embed_gen FROM tenants t
+                                            WHERE t.id = p_tenant),
                               'through_seq', v_from,
                               -- with nothing to read, the run may still move past entries
                               -- that are not messages (events, tombstones)
@@ -136,12 +140,15 @@ $$;
 -- the model and the session in its history; an older memory that changed since it was read
 -- is left alone (counted skipped). Then the session's state moves to p_last_seq.
 -- Returns {added, updated, skipped, memory_ids}.
+DROP FUNCTION IF EXISTS engram_extract_finish(bigint, bigint, text, text, bigint[], integer,
+    bigint, bigint, text[], text[], double precision[], text[], bytea, integer[], bigint[],
+    bigint[], text[], text, integer, bigint, bigint, jsonb);
 CREATE OR REPLACE FUNCTION engram_extract_finish(p_tenant bigint, p_session bigint,
         p_holder text, p_trigger text, p_limits bigint[], p_dim integer, p_last_seq bigint,
         p_agent bigint, p_type text[], p_content text[], p_importance double precision[],
         p_metadata text[], p_embeddings bytea, p_sup_fact integer[], p_sup_old bigint[],
         p_sup_seq bigint[], p_sup_why text[], p_model text, p_unchanged integer,
-        p_tokens_in bigint, p_tokens_out bigint, p_result jsonb)
+        p_tokens_in bigint, p_tokens_out bigint, p_result jsonb, p_gen bigint DEFAULT NULL)
     RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     e session_extraction;
@@ -169,7 +176,7 @@ BEGIN
                 p_metadata, p_embeddings, array_fill(NULL::bigint, ARRAY[n]),
                 array_fill(NULL::bigint, ARRAY[n]), array_fill(NULL::bigint, ARRAY[n]),
                 array_fill(NULL::bigint, ARRAY[n]), array_fill(NULL::bigint, ARRAY[n]),
-                array_fill(NULL::boolean, ARRAY[n])) AS b;
+                array_fill(NULL::boolean, ARRAY[n]), p_gen) AS b;
     END IF;
     FOR k IN 1 .. COALESCE(cardinality(p_sup_fact), 0) LOOP
         SELECT * INTO o FROM memories

@@ -256,8 +256,23 @@ def test_invalid_requests_and_cancel(setup):
     with pytest.raises(RuntimeError, match="embedding model changed"):
         psql(dsn, f"SELECT * FROM engram_memory_update({tid}, {mid}, 'x', NULL, NULL, NULL, "
                   f"'\\x00'::bytea, NULL, false, NULL, '{{0,0,0}}', 0)")
+    # so are an extraction run's facts embedded under it (same dimension: only the
+    # generation its claim read tells), and the run changes nothing
     with srv.client(key=key) as c:
-        assert c.call("memory.stats")["total"] == 1
+        sid = c.call("session.create", agent_id=1, config={"model": "sonnet"})["session_id"]
+    psql(dsn, f"INSERT INTO session_extraction (tenant_id, session_id, running_by, "
+              f"running_since) VALUES ({tid}, {sid}, 'h', now())")
+    vec = "'\\x" + "00" * 64 * 4 + "'::bytea"
+    finish = (f"SELECT engram_extract_finish({tid}, {sid}, 'h', 'on_demand', '{{0,0,0}}', 64, 0, "
+              f"1, ARRAY['fact'], ARRAY['an extracted fact'], ARRAY[0.5], ARRAY['{{}}'], {vec}, "
+              f"NULL, NULL, NULL, NULL, 'm', 0, 0, 0, '{{}}'::jsonb, %d)")
+    with pytest.raises(RuntimeError, match="embedding model changed"):
+        psql(dsn, finish % 0)
+    assert psql(dsn, f"SELECT count(*) FROM memories WHERE tenant_id = {tid} "
+                     f"AND content = 'an extracted fact'") == "0"
+    assert '"added": 1' in psql(dsn, finish % 1)  # the tenant's generation: stored
+    with srv.client(key=key) as c:
+        assert c.call("memory.stats")["total"] == 2
         c.call("memory.store", content="stored at dimension 64", type="fact", importance=0.5)
         assert top(c, "stored at dimension 64")[0]["similarity"] == pytest.approx(1.0, abs=1e-4)
 

@@ -34,7 +34,7 @@ BEGIN
     END IF;
     def := pg_get_functiondef('engram_admin_tenant_update'::regproc);
     IF strpos(def, 'engram: unique tenant name') = 0 THEN
-        fixed := replace(def, E'BEGIN\n    UPDATE tenants SET name =', E'BEGIN\n' ||
+        fixed := replace(def, E'\n    UPDATE tenants SET name =', E'\n' ||
             E'    -- engram: unique tenant name (storage/citus/20_functions.sql)\n' ||
             E'    PERFORM pg_advisory_xact_lock(7420002);\n' ||
             E'    IF p_new_name IS NOT NULL AND EXISTS (SELECT 1 FROM tenants x\n' ||

@@ -110,8 +110,10 @@ static float sq8_scale(float m)
 /* sq8_code rounds f half away from zero and clamps it to [-127, 127]. */
 static int sq8_code(float f)
 {
-    long c = (long)(f >= 0 ? f + 0.5f : f - 0.5f);
-    return c > 127 ? 127 : c < -127 ? -127 : (int)c;
+    float r = f >= 0 ? f + 0.5f : f - 0.5f;
+    /* clamped before the conversion, which is undefined out of range; NaN codes as 0 */
+    r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+    return r == r ? (int)r : 0;
 }
 
 /* sq8_finish turns the eight partial sums of squared coding errors into *rn: the error norm
@@ -711,8 +713,10 @@ void vk_sq8_encode_d(double *y, size_t dim, int8_t *code, float *scale)
     float a = sq8_scale((float)m);
     for (size_t j = 0; j < dim; j++) {
         double f = y[j] / (double)a;
-        long c = (long)(f + copysign(0.5, f)); /* half away from zero, without a branch */
-        c = c > 127 ? 127 : c < -127 ? -127 : c;
+        double r = f + copysign(0.5, f); /* half away from zero, without a branch */
+        /* clamped before the conversion, which is undefined out of range; NaN codes as 0 */
+        r = r > 127.0 ? 127.0 : r < -127.0 ? -127.0 : r;
+        long c = r == r ? (long)r : 0;
         code[j] = (int8_t)c;
         y[j] -= (double)a * (double)c;
     }

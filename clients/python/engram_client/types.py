@@ -306,6 +306,8 @@ class StatsResult(TypedDict):
     newest_at: int | None
     storage_bytes: int
     index: NotRequired[dict[str, Any]]  # the tenant's vector index here (docs/protocol.md)
+    # the re-embedding in progress, or None (results.Reembed; docs/protocol.md)
+    reembed: NotRequired[dict[str, Any] | None]
 
 
 class TenantCreateResult(TypedDict):

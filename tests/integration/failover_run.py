@@ -14,13 +14,13 @@ Run directly (python3 failover_run.py ENGRAMD [RUNS]) it prints one line per fai
 """
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+from harness import free_port_base
 from rpc import Client, RpcError
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -33,33 +33,6 @@ QUEUE_TIMEOUT_MS = 2000
 QUERY_TIMEOUT_MS = 5000
 ENGRAMD_ARGS = (f"--db-queue-timeout-ms {QUEUE_TIMEOUT_MS} --db-query-timeout-ms "
                 f"{QUERY_TIMEOUT_MS} --db-backoff-max-ms 500 --log-level info")
-
-
-def free_port_base(span=40):
-    """A base port whose span ports are all free now (deploy/ha/common.sh's layout), below
-    the kernel's ephemeral range: a port in it can be taken between this check and the
-    server's bind by any outgoing connection (a clean CI run lost node1's port that way)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    top = max(low, 20000 + 4 * span)
-    for _ in range(200):
-        base = random.randrange(20000, top - span)
-        socks = []
-        try:
-            for p in range(base, base + span):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no free port range")
 
 
 def read_env(path):

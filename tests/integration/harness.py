@@ -126,30 +126,13 @@ class CitusCluster:
         if self.own:
             self.dir = tempfile.mkdtemp(prefix="engram-citus-")
             os.chmod(self.dir, 0o755)
-            self.port = self._free_ports(3)
+            self.port = free_port_base(3)
         else:
             self.dir, self.port = os.environ["ENGRAM_CITUS_DIR"], port
         self.env = dict(os.environ, ENGRAM_CITUS_DIR=self.dir,
                         ENGRAM_CITUS_PORT=str(self.port), ENGRAM_BIN=BIN,
                         PG_BINDIR=PG_BINDIR)
 
-    @staticmethod
-    def _free_ports(n):
-        for _ in range(50):
-            base = random.randrange(20000, 40000)
-            try:
-                socks = []
-                for i in range(n):
-                    s = socket.socket()
-                    socks.append(s)
-                    s.bind(("127.0.0.1", base + i))
-                return base
-            except OSError:
-                continue
-            finally:
-                for s in socks:
-                    s.close()
-        raise AssertionError(f"no {n} consecutive free loopback ports")
 
     def run(self, *args):
         out = subprocess.run([os.path.join(ROOT, "deploy", "citus"), *args], env=self.env,
@@ -196,6 +179,34 @@ def citus_cluster():
             atexit.register(cluster.stop)
             _citus = cluster.start()
     return _citus
+
+
+def free_port_base(span=40):
+    """A base port whose span ports are all free now (deploy/ha/common.sh's layout,
+    deploy/citus's three nodes), below the kernel's ephemeral range: a port in it can be
+    taken between this check and the server's bind by any outgoing connection (a clean CI
+    run lost node1's port that way)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    top = max(low, 20000 + 4 * span)
+    for _ in range(200):
+        base = random.randrange(20000, top - span)
+        socks = []
+        try:
+            for p in range(base, base + span):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no free port range")
 
 
 def free_port():

@@ -7,6 +7,9 @@ FAISS_VERSION=1.7.3
 PG_BINDIR=${PG_BINDIR:-/usr/lib/postgresql/15/bin}
 
 log() { printf '[deploy] %s\n' "$*" >&2; }
+# The machine's cores. Not nproc: it honours OMP_NUM_THREADS, which this file sets to 1 for
+# engramd (below), and so built FAISS and Citus on one core.
+ncpu() { getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2; }
 die() { printf '[deploy] error: %s\n' "$*" >&2; exit 1; }
 
 as_root() {
@@ -115,7 +118,7 @@ build_faiss() {
         -DFAISS_ENABLE_PYTHON=OFF -DBUILD_TESTING=OFF -DBUILD_SHARED_LIBS=OFF \
         -DBLA_VENDOR=OpenBLAS -DCMAKE_POSITION_INDEPENDENT_CODE=ON >"$work/cmake.log" 2>&1 ||
         die "FAISS cmake failed, see $work/cmake.log"
-    cmake --build "$work/build" --target "$lib" faiss_c -j "$(nproc)" >"$work/build.log" 2>&1 ||
+    cmake --build "$work/build" --target "$lib" faiss_c -j "$(ncpu)" >"$work/build.log" 2>&1 ||
         die "FAISS build failed, see $work/build.log"
     rm -rf "$FAISS_PREFIX"
     mkdir -p "$FAISS_PREFIX/lib" "$FAISS_PREFIX/include/faiss/c_api"
@@ -163,9 +166,11 @@ build_citus() {
         [ -d "$src" ] || die "$tarball holds no citus-$CITUS_VERSION/"
         (cd "$src" && ./configure --without-libcurl PG_CONFIG="$PG_BINDIR/pg_config" \
             >"$dir/configure.log" 2>&1) || die "Citus configure failed, see $dir/configure.log"
-        make -C "$src" -j "$(nproc)" >"$dir/build.log" 2>&1 ||
+        # with_llvm=no: no LLVM bitcode for PostgreSQL's JIT to inline (a clang compile of
+        # every file, half the build's time; JIT still runs, without inlining Citus' code)
+        make -C "$src" -j "$(ncpu)" with_llvm=no >"$dir/build.log" 2>&1 ||
             die "Citus build failed, see $dir/build.log"
-        make -C "$src" install DESTDIR="$dir/stage" >>"$dir/build.log" 2>&1 ||
+        make -C "$src" install with_llvm=no DESTDIR="$dir/stage" >>"$dir/build.log" 2>&1 ||
             die "Citus staging failed, see $dir/build.log"
         rm -rf "$src"
         touch "$dir/.complete"

@@ -176,8 +176,11 @@ build_citus() {
         touch "$dir/.complete"
     fi
     log "installing Citus $CITUS_VERSION into $pglib"
-    # tar keeps the system's own directories (their modes and owners) as they are
-    tar -C "$dir/stage" -cf - . | as_root tar -C / -xf - --no-overwrite-dir ||
+    # cp leaves existing directories alone (tar, even with --no-overwrite-dir, makes each one
+    # it passes, / and /usr included, mode 0700 for a moment: another user's initdb or
+    # runuser failed with "Permission denied" meanwhile) and replaces each file with a new
+    # one (a running server keeps its mapped citus.so)
+    as_root cp -R --no-preserve=all --remove-destination "$dir/stage/." / ||
         die "cannot install Citus"
 }
 

@@ -97,6 +97,28 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Generic plans: the single-node files give the hot writers plan_cache_mode =
+-- force_generic_plan (planned once per connection). Citus cannot build a distributed plan
+-- for a statement whose parameters stay unresolved: the INSERT ... SELECT in a modifying CTE
+-- of engram_memory_store_batch failed with "could not create distributed plan ... parameters
+-- in SQL functions" under a generic plan and plans and runs with the values bound (checked
+-- in psql, the same call, the setting alone changed). On Citus those functions plan each
+-- call with its values (force_custom_plan, not auto: auto tries a generic plan after five
+-- calls).
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'public'
+           AND 'plan_cache_mode=force_generic_plan' = ANY (p.proconfig)
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SET plan_cache_mode = force_custom_plan', f);
+    END LOOP;
+END $$;
+
 -- Functions whose rows are one tenant's: run on the node holding that tenant.
 DO $$
 DECLARE

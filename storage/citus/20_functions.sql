@@ -97,6 +97,100 @@ BEGIN
     END LOOP;
 END $$;
 
+-- engram_admin_key_create: Citus allows no STABLE function (engram_ms) in the RETURNING
+-- clause of a distributed INSERT ("non-IMMUTABLE functions are not allowed in the
+-- RETURNING clause"); the creation time is read back from the new row instead.
+DO $$
+DECLARE
+    def text;
+    fixed text;
+BEGIN
+    def := pg_get_functiondef('engram_admin_key_create'::regproc);
+    IF strpos(def, 'engram: created_ms read back') = 0 THEN
+        fixed := replace(def, E'RETURNING id, engram_ms(created_at) INTO key_row, created_ms;',
+            E'RETURNING id INTO key_row;\n' ||
+            E'    -- engram: created_ms read back (storage/citus/20_functions.sql)\n' ||
+            E'    SELECT engram_ms(k.created_at) INTO created_ms FROM api_keys k\n' ||
+            E'     WHERE k.tenant_id = t.id AND k.id = key_row;');
+        IF fixed = def THEN
+            RAISE EXCEPTION 'engram_admin_key_create changed: patch its RETURNING';
+        END IF;
+        EXECUTE fixed;
+    END IF;
+END $$;
+
+-- engram_memory_set_archived: Citus allows no non-IMMUTABLE function inside CASE of a
+-- distributed statement; the archive time is now() plus an interval that is NULL when
+-- restoring (the same value, and NULL as before).
+DO $$
+DECLARE
+    def text;
+    fixed text;
+BEGIN
+    def := pg_get_functiondef('engram_memory_set_archived'::regproc);
+    fixed := replace(def, E'archived_at = CASE WHEN p_archive THEN date_trunc(''milliseconds'', now()) END',
+        E'archived_at = date_trunc(''milliseconds'', now()) + CASE WHEN p_archive THEN interval ''0'' END');
+    IF fixed = def AND strpos(def, E'+ CASE WHEN p_archive THEN interval ''0'' END') = 0 THEN
+        RAISE EXCEPTION 'engram_memory_set_archived changed: patch its archived_at';
+    END IF;
+    IF fixed <> def THEN
+        EXECUTE fixed;
+    END IF;
+END $$;
+
+-- The background writers that take several tenants' rows in one call (the access-count
+-- flush, the query counts of unlimited tiers) run on the coordinator. Citus plans neither
+-- single-node statement (an UPDATE ... FROM unnest() calling the STABLE timestamptz +
+-- interval on a column; an INSERT ... SELECT from unnest() with a correlated EXISTS), so on
+-- Citus they write row by row, each statement routed to one tenant's shard, in (tenant,
+-- id) order as before. One call still commits once (a two-phase commit when its tenants
+-- live on two workers: these are counters flushed in the background, not stores).
+CREATE OR REPLACE FUNCTION engram_memory_touch(p_tenant bigint[], p_ids bigint[],
+                                               p_counts bigint[], p_at_ms bigint[])
+    RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER AS $f$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT u.tenant, u.id, u.cnt,
+                    'epoch'::timestamptz + u.at * interval '1 millisecond' AS at
+               FROM unnest(p_tenant, p_ids, p_counts, p_at_ms) AS u (tenant, id, cnt, at)
+              ORDER BY u.tenant, u.id
+    LOOP
+        INSERT INTO memory_access AS a (tenant_id, id, access_count, last_accessed_at)
+            VALUES (r.tenant, r.id, r.cnt, r.at)
+            ON CONFLICT (tenant_id, id) DO UPDATE SET
+                access_count = a.access_count + excluded.access_count,
+                last_accessed_at = greatest(a.last_accessed_at, excluded.last_accessed_at);
+    END LOOP;
+    RETURN cardinality(p_ids);
+END $f$;
+
+CREATE OR REPLACE FUNCTION engram_query_count(p_tenants bigint[], p_counts bigint[])
+    RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER AS $f$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT c.tenant, c.n FROM unnest(p_tenants, p_counts) AS c (tenant, n)
+              ORDER BY c.tenant
+    LOOP
+        IF EXISTS (SELECT 1 FROM tenants t WHERE t.id = r.tenant) THEN
+            INSERT INTO tenant_usage AS u (tenant_id, day, queries)
+                VALUES (r.tenant, (now() AT TIME ZONE 'UTC')::date, r.n)
+                ON CONFLICT (tenant_id, day) DO UPDATE SET queries = u.queries + EXCLUDED.queries;
+        END IF;
+    END LOOP;
+END $f$;
+
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION engram_memory_touch(bigint[], bigint[], bigint[], bigint[]) '
+                   'SET search_path = %s', current_setting('search_path'));
+    EXECUTE format('ALTER FUNCTION engram_query_count(bigint[], bigint[]) SET search_path = %s',
+                   current_setting('search_path'));
+END $$;
+
 -- Generic plans: the single-node files give the hot writers plan_cache_mode =
 -- force_generic_plan (planned once per connection). Citus cannot build a distributed plan
 -- for a statement whose parameters stay unresolved: the INSERT ... SELECT in a modifying CTE

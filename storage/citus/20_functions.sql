@@ -183,11 +183,29 @@ BEGIN
     END LOOP;
 END $f$;
 
+-- engram_key_touch: "WHERE id = p_key" alone names no tenant, so Citus sent the UPDATE to
+-- every shard of api_keys and committed each authentication's touch in two phases on both
+-- workers (seen in pg_dist_transaction). The key's tenant is read first (a read on every
+-- shard commits in one phase), then the one row is updated on its tenant's worker.
+CREATE OR REPLACE FUNCTION engram_key_touch(p_key bigint) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER AS $f$
+DECLARE
+    v_tenant bigint;
+BEGIN
+    SELECT k.tenant_id INTO v_tenant FROM api_keys k WHERE k.id = p_key;
+    IF FOUND THEN
+        UPDATE api_keys SET last_used_at = date_trunc('milliseconds', now())
+         WHERE tenant_id = v_tenant AND id = p_key;
+    END IF;
+END $f$;
+
 DO $$
 BEGIN
     EXECUTE format('ALTER FUNCTION engram_memory_touch(bigint[], bigint[], bigint[], bigint[]) '
                    'SET search_path = %s', current_setting('search_path'));
     EXECUTE format('ALTER FUNCTION engram_query_count(bigint[], bigint[]) SET search_path = %s',
+                   current_setting('search_path'));
+    EXECUTE format('ALTER FUNCTION engram_key_touch(bigint) SET search_path = %s',
                    current_setting('search_path'));
 END $$;
 

@@ -37,12 +37,6 @@ def test_schema_is_distributed_by_tenant(server):
                           "WHERE objid = 'engram_memory_store_batch'::regproc") == "0"
 
 
-# Known break (docs/scaling.md, "Not done yet"): on Citus 13 engram_memory_store_batch's
-# INSERT ... RETURNING into memories fails with "could not create distributed plan", so no
-# store is acknowledged yet. Strict: the day stores work this test passes and must lose the
-# mark.
-@pytest.mark.xfail(strict=True, reason="stores fail on Citus: could not create distributed "
-                   "plan (engram_memory_store_batch)")
 def test_stores_never_span_two_workers(server):
     assert CITUS, "run with ENGRAM_TEST_CITUS=1 (meson suite citus)"
     # records of two-phase commits stay until we look (no recovery sweeps them meanwhile)
@@ -57,7 +51,7 @@ def test_stores_never_span_two_workers(server):
     assert len(by_worker) == 2, f"tenants on one worker only: {by_worker}"
     tenants = [t for v in by_worker.values() for t in v[:2]]
     _coord(server, "DELETE FROM pg_dist_transaction")
-    vecs = structured_vectors(4 * 25, 384, seed=5)
+    vecs = structured_vectors(4 * 30, 384, seed=5)
     stored = {}
     errors = []
 
@@ -67,10 +61,10 @@ def test_stores_never_span_two_workers(server):
                 ids = []
                 for j in range(25):
                     ids.append(c.call("memory.store", content=f"t{i} m{j}", type="fact",
-                                      importance=0.5, embedding=vec_bin(vecs[i * 25 + j]))["id"])
+                                      importance=0.5, embedding=vec_bin(vecs[i * 30 + j]))["id"])
                 ids += c.call("memory.store_batch", memories=[
                     {"content": f"t{i} b{j}", "type": "fact", "importance": 0.5,
-                     "embedding": vec_bin(vecs[i * 25 + j])} for j in range(5)])["ids"]
+                     "embedding": vec_bin(vecs[i * 30 + 25 + j])} for j in range(5)])["ids"]
                 stored[i] = ids
         except Exception as e:  # reported below
             errors.append(e)
@@ -88,7 +82,7 @@ def test_stores_never_span_two_workers(server):
         with server.client(key=key) as c:
             got = c.call("memory.get", ids=stored[i])["memories"]
             assert len(got) == 30
-            res = c.call("memory.search", embedding=vec_bin(vecs[i * 25]), top_k=5)["results"]
+            res = c.call("memory.search", embedding=vec_bin(vecs[i * 30]), top_k=5)["results"]
             assert res and res[0]["id"] == stored[i][0]
     # the check can fail: a write to tenants on both workers is a two-phase commit
     a, b = (v[0][0] for v in by_worker.values())

@@ -4,7 +4,6 @@ holding its tenant, never a two-phase commit across workers."""
 import re
 import threading
 
-import pytest
 
 from harness import CITUS, citus_cluster, structured_vectors, vec_bin
 

@@ -97,6 +97,90 @@ BEGIN
     END LOOP;
 END $$;
 
+-- engram_admin_key_list (PL/pgSQL by the block above): the tenant's row is found before
+-- the query, not inside it: engram_admin_find in the WHERE clause went down to the shard
+-- with the query and ran its own distributed query there ("cannot execute a distributed
+-- query from a query on a shard").
+DO $$
+DECLARE
+    def text;
+    fixed text;
+BEGIN
+    def := pg_get_functiondef('engram_admin_key_list'::regproc);
+    fixed := replace(replace(def, 'WHERE k.tenant_id = (engram_admin_find(p_id, p_name)).id',
+                             'WHERE k.tenant_id = engram_tenant'),
+                     E'DECLARE engram_result jsonb;',
+                     E'DECLARE engram_result jsonb;\n' ||
+                     E'    engram_tenant bigint := (engram_admin_find(p_id, p_name)).id;');
+    IF strpos(def, 'engram_tenant bigint :=') > 0 THEN
+        RETURN; -- patched at an earlier start
+    END IF;
+    IF fixed = def OR strpos(fixed, 'engram_admin_find(p_id, p_name)).id;') = 0 THEN
+        RAISE EXCEPTION 'engram_admin_key_list changed: patch its tenant lookup';
+    END IF;
+    EXECUTE fixed;
+END $$;
+
+-- engram_tenant_usage (PL/pgSQL by the block above): Citus 13 on PostgreSQL 15 plans no
+-- outer join whose planner-derived quals are pseudoconstant ("Distributed queries with
+-- outer joins and pseudoconstant quals are not supported"): the LEFT JOIN to today's
+-- tenant_usage row, with t.id = p_tenant, is one. Today's row (unique by tenant and day)
+-- is read as an aggregate instead: one row always, NULLs when there is none, as before.
+DO $$
+DECLARE
+    def text;
+    fixed text;
+BEGIN
+    def := pg_get_functiondef('engram_tenant_usage'::regproc);
+    IF strpos(def, 'engram: usage without outer join') > 0 THEN
+        RETURN; -- patched at an earlier start
+    END IF;
+    fixed := replace(def,
+        E'LEFT JOIN tenant_usage u ON u.tenant_id = t.id AND u.day = (now() AT TIME ZONE ''UTC'')::date',
+        E'-- engram: usage without outer join (storage/citus/20_functions.sql)\n' ||
+        E'    CROSS JOIN (SELECT max(x.queries) AS queries, max(x.model_calls) AS model_calls,\n' ||
+        E'                       max(x.model_tokens_in) AS model_tokens_in,\n' ||
+        E'                       max(x.model_tokens_out) AS model_tokens_out,\n' ||
+        E'                       max(x.model_cost_usd) AS model_cost_usd\n' ||
+        E'                  FROM tenant_usage x\n' ||
+        E'                 WHERE x.tenant_id = p_tenant\n' ||
+        E'                   AND x.day = (now() AT TIME ZONE ''UTC'')::date) u');
+    IF fixed = def THEN
+        RAISE EXCEPTION 'engram_tenant_usage changed: patch its join';
+    END IF;
+    EXECUTE fixed;
+END $$;
+
+-- engram_tenant_json (PL/pgSQL by the block above): the re-embedding's state and the key
+-- count are computed before the JSON is built: inside its query, which reads api_keys of
+-- one tenant and so went down to that tenant's shard, engram_reembed_state ran its own
+-- distributed query on the worker ("cannot execute a distributed query from a query on a
+-- shard").
+DO $$
+DECLARE
+    def text;
+    fixed text;
+BEGIN
+    def := pg_get_functiondef('engram_tenant_json'::regproc);
+    IF strpos(def, 'engram_keys bigint :=') > 0 THEN
+        RETURN; -- patched at an earlier start
+    END IF;
+    fixed := replace(replace(replace(def,
+        $s$'reembed', engram_reembed_state(t.id),$s$, $s$'reembed', engram_reembed,$s$),
+        $s$'keys', (SELECT count(*) FROM api_keys k WHERE k.tenant_id = t.id AND k.revoked_at IS NULL))$s$,
+        $s$'keys', engram_keys)$s$),
+        'DECLARE engram_result jsonb;',
+        E'DECLARE engram_result jsonb;\n' ||
+        E'    engram_reembed jsonb := engram_reembed_state(t.id);\n' ||
+        E'    engram_keys bigint := (SELECT count(*) FROM api_keys k\n' ||
+        E'                            WHERE k.tenant_id = t.id AND k.revoked_at IS NULL);');
+    IF strpos(fixed, 'engram_reembed_state(t.id),') > 0 OR strpos(fixed, 'engram_keys)') = 0
+       OR strpos(fixed, 'engram_keys bigint :=') = 0 THEN
+        RAISE EXCEPTION 'engram_tenant_json changed: patch its reembed state and key count';
+    END IF;
+    EXECUTE fixed;
+END $$;
+
 -- engram_admin_key_create: Citus allows no STABLE function (engram_ms) in the RETURNING
 -- clause of a distributed INSERT ("non-IMMUTABLE functions are not allowed in the
 -- RETURNING clause"); the creation time is read back from the new row instead.

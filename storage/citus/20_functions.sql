@@ -126,6 +126,7 @@ END $$;
 -- outer joins and pseudoconstant quals are not supported"): the LEFT JOIN to today's
 -- tenant_usage row, with t.id = p_tenant, is one. Today's row (unique by tenant and day)
 -- is read as an aggregate instead: one row always, NULLs when there is none, as before.
+-- (engramd calls it in FROM, so it runs on the coordinator, not delegated.)
 DO $$
 DECLARE
     def text;
@@ -148,6 +149,10 @@ BEGIN
     IF fixed = def THEN
         RAISE EXCEPTION 'engram_tenant_usage changed: patch its join';
     END IF;
+    -- the subqueries name the tenant by the argument: routed to its shard (correlated on
+    -- t.id, the statement went to every worker, and with engramd's SET LOCAL in the block
+    -- Citus failed it: "the backend has already been assigned a transaction id")
+    fixed := replace(fixed, '.tenant_id = t.id', '.tenant_id = p_tenant');
     EXECUTE fixed;
 END $$;
 
@@ -177,6 +182,33 @@ BEGIN
     IF strpos(fixed, 'engram_reembed_state(t.id),') > 0 OR strpos(fixed, 'engram_keys)') = 0
        OR strpos(fixed, 'engram_keys bigint :=') = 0 THEN
         RAISE EXCEPTION 'engram_tenant_json changed: patch its reembed state and key count';
+    END IF;
+    EXECUTE fixed;
+END $$;
+
+-- engram_admin_find: by name, the single-node query (id = p_id OR name = p_name, each
+-- guarded by p_id IS NULL) found no tenant on Citus ("tenant 'acme' not found" for a
+-- tenant that exists): the shards are pruned on id = NULL. Each lookup is its own query.
+DO $$
+DECLARE
+    def text;
+    fixed text;
+BEGIN
+    def := pg_get_functiondef('engram_admin_find'::regproc);
+    IF strpos(def, 'engram: one lookup a query') > 0 THEN
+        RETURN; -- patched at an earlier start
+    END IF;
+    fixed := replace(def,
+        E'SELECT * INTO t FROM tenants WHERE (p_id IS NOT NULL AND id = p_id)\n' ||
+        E'                                    OR (p_id IS NULL AND name = p_name);',
+        E'-- engram: one lookup a query (storage/citus/20_functions.sql)\n' ||
+        E'    IF p_id IS NOT NULL THEN\n' ||
+        E'        SELECT * INTO t FROM tenants WHERE id = p_id;\n' ||
+        E'    ELSE\n' ||
+        E'        SELECT * INTO t FROM tenants WHERE name = p_name;\n' ||
+        E'    END IF;');
+    IF fixed = def THEN
+        RAISE EXCEPTION 'engram_admin_find changed: patch its lookup';
     END IF;
     EXECUTE fixed;
 END $$;

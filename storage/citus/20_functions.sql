@@ -97,6 +97,292 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Session transcripts: engram_session_chain (a distributed function) in the FROM of a query
+-- that joins session_entries went down to the tenant's shard with the query, and ran its own
+-- distributed query there ("cannot execute a distributed query from a query on a shard").
+-- Its callers (PL/pgSQL by the block above) read the chain into two arrays first, in a
+-- statement of its own (as engram_session_messages does on one node), and join
+-- unnest(chain, uptos) instead. engram_compact_entries reads its marks the same way (the
+-- cut and the tombstoned ids) before its query; engram_session_items builds its JSON from
+-- its own CTE of live entries instead of joining session_entries again. Every replaced
+-- text must be found: a function file that changes them fails this block, on Citus only.
+DO $$
+DECLARE
+    f text;
+    def text;
+    fixed text;
+    r text[];
+    c_chain constant text := 'engram_session_chain(p_tenant, p_session, p_upto) c';
+BEGIN
+    FOREACH f IN ARRAY ARRAY['engram_session_log', 'engram_session_find_entry',
+                             'engram_compact_marks', 'engram_compact_entries'] LOOP
+        def := pg_get_functiondef(f::regproc);
+        CONTINUE WHEN strpos(def, 'engram: chain read first') > 0; -- patched at an earlier start
+        IF strpos(def, c_chain) = 0 OR strpos(def, E'#variable_conflict use_column\n') = 0 THEN
+            RAISE EXCEPTION '% changed: patch its session chain', f;
+        END IF;
+        fixed := replace(def, c_chain, 'unnest(engram_chain, engram_uptos) AS c (session_id, upto)');
+        fixed := replace(fixed, E'#variable_conflict use_column\n',
+            E'#variable_conflict use_column\n' ||
+            E'-- engram: chain read first (storage/citus/20_functions.sql)\n' ||
+            E'DECLARE engram_chain bigint[]; engram_uptos bigint[];\n');
+        fixed := regexp_replace(fixed, '\mBEGIN\M',
+            E'BEGIN\n    SELECT array_agg(c.session_id), array_agg(c.upto)\n' ||
+            E'      INTO engram_chain, engram_uptos\n' ||
+            E'      FROM engram_session_chain(p_tenant, p_session, p_upto) c;\n');
+        IF f = 'engram_compact_entries' THEN
+            FOREACH r SLICE 1 IN ARRAY ARRAY[
+                [E'WITH m AS MATERIALIZED (SELECT * FROM engram_compact_marks(p_tenant, p_session, p_upto)),\n' ||
+                 E'    cut AS (SELECT COALESCE(max(m.target_seq) FILTER (WHERE m.kind = ''summary'' AND m.live), 0)\n' ||
+                 E'                   AS seq FROM m)\n',
+                 ''],
+                ['e.seq > (SELECT cut.seq FROM cut)', 'e.seq > engram_cut'],
+                [E'e.id NOT IN (SELECT m.target_id FROM m WHERE m.kind = ''tombstone'')',
+                 'e.id <> ALL (engram_dead)'],
+                [E'DECLARE engram_chain bigint[]; engram_uptos bigint[];\n',
+                 E'DECLARE engram_chain bigint[]; engram_uptos bigint[];\n' ||
+                 E'    engram_cut bigint; engram_dead bigint[];\n'],
+                [E'FROM engram_session_chain(p_tenant, p_session, p_upto) c;\n',
+                 E'FROM engram_session_chain(p_tenant, p_session, p_upto) c;\n' ||
+                 E'    SELECT COALESCE(max(m.target_seq) FILTER (WHERE m.kind = ''summary'' AND m.live), 0),\n' ||
+                 E'           COALESCE(array_agg(m.target_id) FILTER (WHERE m.kind = ''tombstone''), ''{}'')\n' ||
+                 E'      INTO engram_cut, engram_dead\n' ||
+                 E'      FROM engram_compact_marks(p_tenant, p_session, p_upto) m;\n']] LOOP
+                IF strpos(fixed, r[1]) = 0 THEN
+                    RAISE EXCEPTION 'engram_compact_entries changed: patch its marks';
+                END IF;
+                fixed := replace(fixed, r[1], r[2]);
+            END LOOP;
+        END IF;
+        EXECUTE fixed;
+    END LOOP;
+
+    def := pg_get_functiondef('engram_session_items'::regproc);
+    IF strpos(def, 'engram: items from live') = 0 THEN
+        fixed := replace(replace(def,
+            'FROM picked p JOIN session_entries e ON e.tenant_id = p_tenant AND e.id = p.id',
+            E'-- engram: items from live (storage/citus/20_functions.sql)\n' ||
+            E'    FROM picked p JOIN live e ON e.id = p.id'),
+            'engram_session_entry_json(e) ORDER BY p.pos',
+            'engram_session_entry_json(e::session_entries) ORDER BY p.pos');
+        IF strpos(fixed, 'engram: items from live') = 0
+           OR strpos(fixed, 'engram_session_entry_json(e::session_entries)') = 0 THEN
+            RAISE EXCEPTION 'engram_session_items changed: patch its entries join';
+        END IF;
+        EXECUTE fixed;
+    END IF;
+END $$;
+
+-- Whole rows as arguments: a query that goes down to a shard passes the shard's row
+-- (session_notes_102676) where the function takes the table's type ("function
+-- engram_session_note_json(session_notes_102676) does not exist"). The row is built
+-- from its columns and cast to the table's type instead, in every function that passes one.
+DO $$
+DECLARE
+    f record;
+    fixed text;
+    r text[];
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure AS oid, pg_get_functiondef(p.oid) AS def
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'public'
+           AND (p.prosrc LIKE '%engram_session_note_json(n)%'
+                OR p.prosrc LIKE '%engram_session_entry_json(x)%'
+                OR p.prosrc LIKE '%engram_work_item_json(w)%')
+    LOOP
+        fixed := f.def;
+        FOREACH r SLICE 1 IN ARRAY ARRAY[
+            ['engram_session_note_json(n)', 'engram_session_note_json(ROW(n.*)::session_notes)'],
+            ['engram_session_entry_json(x)', 'engram_session_entry_json(ROW(x.*)::session_entries)'],
+            ['engram_work_item_json(w)', 'engram_work_item_json(ROW(w.*)::session_work_items)']]
+        LOOP
+            fixed := replace(fixed, r[1], r[2]);
+        END LOOP;
+        EXECUTE fixed;
+    END LOOP;
+END $$;
+
+-- engram_session_json (PL/pgSQL by the block above): its four counts are read before its
+-- query, each a query of its own routed to the tenant's shard: as subqueries of one
+-- statement Citus refused it ("Distributed queries with outer joins and pseudoconstant
+-- quals are not supported in PG15 and PG16").
+DO $$
+DECLARE
+    def text;
+    fixed text;
+    r text[];
+    v_decl text := '';
+    i integer := 0;
+BEGIN
+    def := pg_get_functiondef('engram_session_json'::regproc);
+    IF strpos(def, 'engram: counts read first') > 0 THEN
+        RETURN; -- patched at an earlier start
+    END IF;
+    fixed := def;
+    FOREACH r SLICE 1 IN ARRAY ARRAY[
+        [E'(SELECT count(*) FROM session_notes n\n' ||
+         E'                       WHERE n.tenant_id = s.tenant_id AND n.session_id = s.id\n' ||
+         E'                         AND n.dead_rev IS NULL)'],
+        [E'(SELECT count(*) FROM session_checkpoints k\n' ||
+         E'                             WHERE k.tenant_id = s.tenant_id AND k.session_id = s.id\n' ||
+         E'                               AND k.expires_at > now())'],
+        [E'(SELECT count(*) FROM sessions c\n' ||
+         E'                        WHERE c.tenant_id = s.tenant_id AND c.parent_id = s.id)'],
+        [E'(SELECT count(*) FROM sessions c\n' ||
+         E'                            WHERE c.tenant_id = s.tenant_id AND c.parent_id = s.id\n' ||
+         E'                              AND c.state = ''active'')']]
+    LOOP
+        i := i + 1;
+        IF strpos(fixed, r[1]) = 0 THEN
+            RAISE EXCEPTION 'engram_session_json changed: patch its counts';
+        END IF;
+        fixed := replace(fixed, r[1], 'engram_count' || i);
+        v_decl := v_decl || format(E'    engram_count%s bigint := %s;\n', i, r[1]);
+    END LOOP;
+    IF strpos(fixed, 'DECLARE engram_result jsonb;') = 0 THEN
+        RAISE EXCEPTION 'engram_session_json changed: patch its counts';
+    END IF;
+    fixed := replace(fixed, 'DECLARE engram_result jsonb;',
+        E'-- engram: counts read first (storage/citus/20_functions.sql)\n' ||
+        E'DECLARE engram_result jsonb;\n' || v_decl);
+    EXECUTE fixed;
+END $$;
+
+-- engram_extract_state (PL/pgSQL by the block above): its LEFT JOIN to session_extraction
+-- is one Citus 13 on PostgreSQL 15 refuses ("outer joins and pseudoconstant quals", as in
+-- engram_tenant_usage below). The extraction row is read first into a variable named as the
+-- join's alias was (a row of NULLs when there is none, as the outer join gave).
+DO $$
+DECLARE
+    def text;
+    fixed text;
+BEGIN
+    def := pg_get_functiondef('engram_extract_state'::regproc);
+    IF strpos(def, 'engram: extraction row read first') > 0 THEN
+        RETURN; -- patched at an earlier start
+    END IF;
+    fixed := replace(replace(def,
+        E'\n    LEFT JOIN session_extraction e ON e.tenant_id = s.tenant_id AND e.session_id = s.id', ''),
+        'DECLARE engram_result jsonb; BEGIN',
+        E'DECLARE engram_result jsonb;\n' ||
+        E'    e session_extraction;\n' ||
+        E'BEGIN\n' ||
+        E'    -- engram: extraction row read first (storage/citus/20_functions.sql)\n' ||
+        E'    SELECT * INTO e FROM session_extraction x\n' ||
+        E'     WHERE x.tenant_id = p_tenant AND x.session_id = p_session;');
+    IF strpos(fixed, 'LEFT JOIN session_extraction') > 0
+       OR strpos(fixed, 'engram: extraction row read first') = 0 THEN
+        RAISE EXCEPTION 'engram_extract_state changed: patch its join';
+    END IF;
+    EXECUTE fixed;
+END $$;
+
+-- engram_session_children: a 'full' child's transcript (engram_session_history) was read
+-- inside the query over sessions, which went down to the tenant's shard with the call in
+-- it ("cannot execute a distributed query from a query on a shard"). The children are read
+-- one by one instead, each JSON built outside any query on a table.
+-- engram_session_handoff: engram_work_item_counts, called in the statement whose
+-- subqueries count the session's notes and checkpoints, is added to the metrics in a
+-- statement of its own; engram_work_item_handoff and the audit tail, called in the
+-- statement that reads the carry-forward notes and blockers, likewise; the live summaries
+-- the events list (engram_session_live) are read into an array first.
+DO $$
+DECLARE
+    def text;
+    fixed text;
+BEGIN
+    def := pg_get_functiondef('engram_session_children'::regproc);
+    IF strpos(def, 'engram: children one by one') = 0 THEN
+        fixed := replace(replace(def,
+            E'    RETURN jsonb_build_object(''session_id'', s.id, ''children'', COALESCE((\n' ||
+        E'        SELECT jsonb_agg(jsonb_build_object(\n' ||
+        E'                   ''session_id'', c.id, ''agent_id'', engram_session_u64(c.agent_id),\n' ||
+        E'                   ''task'', c.task, ''model'', c.config ->> ''model'', ''state'', c.state,\n' ||
+        E'                   ''return_format'', c.return_format, ''max_tokens'', c.max_tokens,\n' ||
+        E'                   ''output'', c.output, ''total_cost_usdc'', c.total_cost_usdc,\n' ||
+        E'                   ''entry_count'', c.entry_count, ''created_at'', engram_ms(c.created_at),\n' ||
+        E'                   ''completed_at'', engram_ms(c.completed_at))\n' ||
+        E'               || CASE WHEN c.return_format = ''full'' AND c.state = ''completed'' THEN\n' ||
+        E'                      jsonb_build_object(''messages'', engram_session_history(\n' ||
+        E'                          p_tenant, c.id, c.position, NULL, NULL))\n' ||
+        E'                  ELSE ''{}''::jsonb END\n' ||
+        E'               ORDER BY c.id)\n' ||
+        E'        FROM sessions c WHERE c.tenant_id = p_tenant AND c.parent_id = s.id), ''[]''::jsonb));\n',
+            E'    -- engram: children one by one (storage/citus/20_functions.sql)\n' ||
+        E'    FOR c IN SELECT x.* FROM sessions x WHERE x.tenant_id = p_tenant AND x.parent_id = s.id\n' ||
+        E'              ORDER BY x.id LOOP\n' ||
+        E'        v_children := v_children || jsonb_build_array(jsonb_build_object(\n' ||
+        E'                   ''session_id'', c.id, ''agent_id'', engram_session_u64(c.agent_id),\n' ||
+        E'                   ''task'', c.task, ''model'', c.config ->> ''model'', ''state'', c.state,\n' ||
+        E'                   ''return_format'', c.return_format, ''max_tokens'', c.max_tokens,\n' ||
+        E'                   ''output'', c.output, ''total_cost_usdc'', c.total_cost_usdc,\n' ||
+        E'                   ''entry_count'', c.entry_count, ''created_at'', engram_ms(c.created_at),\n' ||
+        E'                   ''completed_at'', engram_ms(c.completed_at))\n' ||
+        E'               || CASE WHEN c.return_format = ''full'' AND c.state = ''completed'' THEN\n' ||
+        E'                      jsonb_build_object(''messages'', engram_session_history(\n' ||
+        E'                          p_tenant, c.id, c.position, NULL, NULL))\n' ||
+        E'                  ELSE ''{}''::jsonb END);\n' ||
+        E'    END LOOP;\n' ||
+        E'    RETURN jsonb_build_object(''session_id'', s.id, ''children'', v_children);\n'),
+            E'DECLARE\n    s sessions := engram_session_get_row(p_tenant, p_session);\n',
+            E'DECLARE\n    s sessions := engram_session_get_row(p_tenant, p_session);\n' ||
+            E'    v_children jsonb := ''[]'';\n    c sessions;\n');
+        IF strpos(fixed, 'engram: children one by one') = 0
+           OR strpos(fixed, 'v_children jsonb') = 0 THEN
+            RAISE EXCEPTION 'engram_session_children changed: patch its children';
+        END IF;
+        EXECUTE fixed;
+    END IF;
+    def := pg_get_functiondef('engram_session_handoff'::regproc);
+    IF strpos(def, 'engram: work item sections apart') = 0 THEN
+        -- the work items and the audit tail likewise, apart from the notes' subqueries
+        fixed := replace(def,
+            E'''[]''::jsonb))\n            || engram_work_item_handoff(p_tenant, s, p_mode = ''takeover'')\n',
+            E'''[]''::jsonb));\n' ||
+            E'        -- engram: work item sections apart (storage/citus/20_functions.sql)\n' ||
+            E'        v := v || engram_work_item_handoff(p_tenant, s, p_mode = ''takeover'')\n');
+        IF fixed = def THEN
+            RAISE EXCEPTION 'engram_session_handoff changed: patch its work item sections';
+        END IF;
+        EXECUTE fixed;
+        def := pg_get_functiondef('engram_session_handoff'::regproc);
+    END IF;
+    IF strpos(def, 'engram: summaries read first') = 0 THEN
+        -- the compaction events: the live summaries are read before the events' query
+        fixed := replace(replace(replace(def,
+            E'                    FROM engram_session_live(p_tenant, s.id, s.position) l\n' ||
+            E'                    WHERE l.kind = ''summary''\n',
+            E'                    FROM unnest(engram_summaries) l\n'),
+            E'        v := v || jsonb_build_object(''events'', COALESCE((\n',
+            E'        -- engram: summaries read first (storage/citus/20_functions.sql)\n' ||
+            E'        engram_summaries := ARRAY(SELECT l FROM engram_session_live(p_tenant, s.id,\n' ||
+            E'                                  s.position) l WHERE l.kind = ''summary'');\n' ||
+            E'        v := v || jsonb_build_object(''events'', COALESCE((\n'),
+            E'    v_events bigint;\n',
+            E'    v_events bigint;\n    engram_summaries session_entries[];\n');
+        IF strpos(fixed, 'FROM unnest(engram_summaries) l') = 0
+           OR strpos(fixed, 'engram: summaries read first') = 0
+           OR strpos(fixed, 'engram_summaries session_entries[]') = 0 THEN
+            RAISE EXCEPTION 'engram_session_handoff changed: patch its compaction events';
+        END IF;
+        EXECUTE fixed;
+        def := pg_get_functiondef('engram_session_handoff'::regproc);
+    END IF;
+    IF strpos(def, 'engram: work item counts apart') = 0 THEN
+        fixed := replace(def,
+            E'\n            || engram_work_item_counts(p_tenant, COALESCE(s.parent_id, s.id)));\n',
+            E');\n' ||
+            E'    -- engram: work item counts apart (storage/citus/20_functions.sql)\n' ||
+            E'    v := v || jsonb_build_object(''metrics'', (v -> ''metrics'')\n' ||
+            E'        || engram_work_item_counts(p_tenant, COALESCE(s.parent_id, s.id)));\n');
+        IF fixed = def THEN
+            RAISE EXCEPTION 'engram_session_handoff changed: patch its work item counts';
+        END IF;
+        EXECUTE fixed;
+    END IF;
+END $$;
+
 -- engram_admin_key_list (PL/pgSQL by the block above): the tenant's row is found before
 -- the query, not inside it: engram_admin_find in the WHERE clause went down to the shard
 -- with the query and ran its own distributed query there ("cannot execute a distributed
@@ -252,6 +538,32 @@ BEGIN
     IF fixed <> def THEN
         EXECUTE fixed;
     END IF;
+END $$;
+
+-- engram_dream_unlock: the same for the pass's time, now() inside CASE ("non-IMMUTABLE
+-- functions are not allowed in CASE or COALESCE statements"): now() is read into a variable
+-- first (the transaction's time either way).
+DO $$
+DECLARE
+    def text;
+    fixed text;
+BEGIN
+    def := pg_get_functiondef('engram_dream_unlock'::regproc);
+    IF strpos(def, 'engram: time read first') > 0 THEN
+        RETURN; -- patched at an earlier start
+    END IF;
+    fixed := replace(replace(def,
+        'last_run_at = CASE WHEN p_status = ''ok'' THEN now() ELSE last_run_at END',
+        'last_run_at = CASE WHEN p_status = ''ok'' THEN engram_now ELSE last_run_at END'),
+        E'BEGIN\n    UPDATE dream_state SET',
+        E'-- engram: time read first (storage/citus/20_functions.sql)\n' ||
+        E'DECLARE\n    engram_now timestamptz := now();\n' ||
+        E'BEGIN\n    UPDATE dream_state SET');
+    IF strpos(fixed, 'THEN engram_now ELSE') = 0
+       OR strpos(fixed, 'engram: time read first') = 0 THEN
+        RAISE EXCEPTION 'engram_dream_unlock changed: patch its last_run_at';
+    END IF;
+    EXECUTE fixed;
 END $$;
 
 -- The background writers that take several tenants' rows in one call (the access-count

@@ -566,6 +566,30 @@ BEGIN
     EXECUTE fixed;
 END $$;
 
+-- engram_memory_store_batch: an idempotent replay passed the whole memories row to
+-- engram_meta_of; in the query sent to the shard that row is of the shard's type
+-- ("function engram_meta_of(memories_102209) does not exist"). The row is built from its
+-- columns and cast to memories, as the session functions' rows above.
+DO $$
+DECLARE
+    def text;
+    fixed text;
+BEGIN
+    def := pg_get_functiondef('engram_memory_store_batch'::regproc);
+    IF strpos(def, '(SELECT ROW(m.*)::memories FROM memories m') > 0 THEN
+        RETURN; -- patched at an earlier start
+    END IF;
+    fixed := replace(def,
+        E'CROSS JOIN LATERAL engram_meta_of(\n' ||
+        E'                    (SELECT m FROM memories m WHERE m.tenant_id = p_tenant AND m.id = o.id))',
+        E'CROSS JOIN LATERAL engram_meta_of(\n' ||
+        E'                    (SELECT ROW(m.*)::memories FROM memories m WHERE m.tenant_id = p_tenant AND m.id = o.id))');
+    IF fixed = def THEN
+        RAISE EXCEPTION 'engram_memory_store_batch changed: patch its idempotent replay';
+    END IF;
+    EXECUTE fixed;
+END $$;
+
 -- The background writers that take several tenants' rows in one call (the access-count
 -- flush, the query counts of unlimited tiers) run on the coordinator. Citus plans neither
 -- single-node statement (an UPDATE ... FROM unnest() calling the STABLE timestamptz +
@@ -627,6 +651,62 @@ BEGIN
     END IF;
 END $f$;
 
+-- engram_access_fold (the background fold of idle access counts into memories) selected
+-- FOR UPDATE SKIP LOCKED across tenants, which Citus refuses ("could not run distributed
+-- query with FOR UPDATE/SHARE commands"). On Citus it takes one tenant at a time, in
+-- tenant order as before, the same statement with the tenant named (routed to its shard),
+-- until p_limit counts are moved. A fold that touches tenants on both workers commits in
+-- two phases (background counters, not stores). The single-node definition it replaces is
+-- checked first: a function file that changes it fails the Citus migration.
+DO $$
+DECLARE
+    def text := pg_get_functiondef('engram_access_fold(integer, integer)'::regprocedure);
+BEGIN
+    IF strpos(def, 'engram: one tenant at a time') = 0
+       AND (strpos(def, 'FOR UPDATE SKIP LOCKED') = 0
+            OR strpos(def, 'DELETE FROM memory_access a USING picked p') = 0
+            OR strpos(def, 'ORDER BY tenant_id, id LIMIT p_limit') = 0) THEN
+        RAISE EXCEPTION 'engram_access_fold changed: redo its Citus version';
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION engram_access_fold(p_limit integer, p_idle_s integer)
+    RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER AS $f$
+DECLARE
+    -- engram: one tenant at a time (storage/citus/20_functions.sql)
+    v_tenant bigint;
+    v_done bigint := 0;
+    v_n bigint;
+BEGIN
+    FOR v_tenant IN SELECT DISTINCT a.tenant_id FROM memory_access a
+                     WHERE a.last_accessed_at <= now() - make_interval(secs => p_idle_s)
+                     ORDER BY a.tenant_id
+    LOOP
+        EXIT WHEN v_done >= p_limit;
+        WITH picked AS (
+            SELECT x.tenant_id, x.id FROM memory_access x
+             WHERE x.tenant_id = v_tenant
+               AND x.last_accessed_at <= now() - make_interval(secs => p_idle_s)
+             ORDER BY x.id LIMIT p_limit - v_done
+               FOR UPDATE SKIP LOCKED
+        ), gone AS (
+            DELETE FROM memory_access a USING picked p
+             WHERE a.tenant_id = v_tenant AND a.tenant_id = p.tenant_id AND a.id = p.id
+            RETURNING a.tenant_id, a.id, a.access_count, a.last_accessed_at
+        ), folded AS (
+            UPDATE memories m SET
+                access_count = m.access_count + g.access_count,
+                last_accessed_at = greatest(m.last_accessed_at, g.last_accessed_at)
+              FROM gone g
+             WHERE m.tenant_id = v_tenant AND m.tenant_id = g.tenant_id AND m.id = g.id
+            RETURNING 1)
+        SELECT (SELECT count(*) FROM gone) + 0 * (SELECT count(*) FROM folded) INTO v_n;
+        v_done := v_done + v_n;
+    END LOOP;
+    RETURN v_done;
+END $f$;
+
 DO $$
 BEGIN
     EXECUTE format('ALTER FUNCTION engram_memory_touch(bigint[], bigint[], bigint[], bigint[]) '
@@ -634,6 +714,8 @@ BEGIN
     EXECUTE format('ALTER FUNCTION engram_query_count(bigint[], bigint[]) SET search_path = %s',
                    current_setting('search_path'));
     EXECUTE format('ALTER FUNCTION engram_key_touch(bigint) SET search_path = %s',
+                   current_setting('search_path'));
+    EXECUTE format('ALTER FUNCTION engram_access_fold(integer, integer) SET search_path = %s',
                    current_setting('search_path'));
 END $$;
 

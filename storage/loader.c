@@ -324,7 +324,8 @@ int loader_live(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
     return rc;
 }
 
-int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64_t *upto,
+int loader_changes(PGconn *c, int64_t tenant, size_t dim, bool citus, uint64_t after,
+                   uint64_t *upto,
                    int (*fn)(uint64_t seq, uint64_t id, const loader_row *row, void *ctx),
                    void *ctx, char *err, size_t errlen)
 {
@@ -335,15 +336,22 @@ int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64
     snprintf(t, sizeof(t), "%lld", (long long)tenant);
     snprintf(a, sizeof(a), "%llu", (unsigned long long)after);
     const char *vals[] = {t, a};
-    /* the memories' side sees the tenant as an InitPlan value (SELECT $1): with the value,
-     * a tenant the statistics have not seen is estimated at one row, and the join may be
-     * planned as a scan of the whole tenant per change */
-    int rc = in_snapshot(c, tenant, upto,
-                         "SELECT c.seq, c.memory_id, " LOADER_COLS
-                         " FROM memory_changes c LEFT JOIN memories m ON m.tenant_id = (SELECT"
-                         " $1::bigint) AND m.id = c.memory_id" LOADER_ACCESS
-                         " WHERE c.tenant_id = $1 AND c.seq > $2 ORDER BY c.seq",
-                         2, vals, each_change, &lc, err, errlen);
+    /* On one node the memories' side sees the tenant as an InitPlan value (SELECT $1): with
+     * the value, a tenant the statistics have not seen is estimated at one row, and the join
+     * may be planned as a scan of the whole tenant per change. Citus routes a query to the
+     * tenant's shard only when every table is tied to the tenant by value or by join
+     * ("complex joins are only supported when all distributed tables are co-located and
+     * joined on their distribution columns" otherwise). */
+    static const char q_node[] =
+        "SELECT c.seq, c.memory_id, " LOADER_COLS
+        " FROM memory_changes c LEFT JOIN memories m ON m.tenant_id = (SELECT $1::bigint) AND "
+        "m.id = c.memory_id" LOADER_ACCESS " WHERE c.tenant_id = $1 AND c.seq > $2 ORDER BY c.seq";
+    static const char q_citus[] =
+        "SELECT c.seq, c.memory_id, " LOADER_COLS
+        " FROM memory_changes c LEFT JOIN memories m ON m.tenant_id = c.tenant_id AND "
+        "m.id = c.memory_id" LOADER_ACCESS " WHERE c.tenant_id = $1 AND c.seq > $2 ORDER BY c.seq";
+    int rc = in_snapshot(c, tenant, upto, citus ? q_citus : q_node, 2, vals, each_change, &lc, err,
+                         errlen);
     free(lc.vec);
     return rc;
 }

@@ -52,8 +52,11 @@ int loader_tenant(PGconn *c, int64_t tenant, size_t dim, uint64_t *seq,
 /* loader_changes streams the tenant's changes numbered after `after`, in order: for each,
  * fn(seq, memory id, row) where row is the memory's current state or NULL when it no longer
  * exists (a NULL seq or memory id in the log is -EBADMSG). Sets *upto to the tenant's change
- * number as of the read. Same returns as loader_tenant. */
-int loader_changes(PGconn *c, int64_t tenant, size_t dim, uint64_t after, uint64_t *upto,
+ * number as of the read. citus: c is connected to a Citus cluster (the query is written so
+ * Citus routes it to the tenant's shard; on one node the other form plans better). Same
+ * returns as loader_tenant. */
+int loader_changes(PGconn *c, int64_t tenant, size_t dim, bool citus, uint64_t after,
+                   uint64_t *upto,
                    int (*fn)(uint64_t seq, uint64_t id, const loader_row *row, void *ctx),
                    void *ctx, char *err, size_t errlen);
 

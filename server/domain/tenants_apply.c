@@ -348,8 +348,8 @@ static void catch_up_job(bg_ctx *ctx, void *arg)
             log_warn("tenant %lld: catch-up failed: %s", (long long)t->id, err);
             break;
         }
-        if (loader_changes(pg, t->id, t->dim, after, &upto, catch_up_change, t, err, sizeof(err)) >=
-            0) {
+        if (loader_changes(pg, t->id, t->dim, t->ts->srv->on_citus, after, &upto, catch_up_change,
+                           t, err, sizeof(err)) >= 0) {
             if (upto < top) {
                 /* the database is behind the index: changes this index applied are gone (a
                  * failover to a standby that had not received them: asynchronous

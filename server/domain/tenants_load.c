@@ -342,7 +342,8 @@ static int load_from_snapshot(PGconn *pg, tenant *t, size_t *rows, size_t *chang
     t->deleted = NULL;
     pthread_mutex_unlock(&t->mu);
     replay_ctx rp = {.t = t, .next = upto + 1};
-    rc = loader_changes(pg, t->id, t->dim, upto, &now_seq, replay_change, &rp, err, errlen);
+    rc = loader_changes(pg, t->id, t->dim, t->ts->srv->on_citus, upto, &now_seq, replay_change, &rp,
+                        err, errlen);
     if (rc < 0 || rp.oom) {
         if (rp.oom)
             snprintf(err, errlen, "out of memory");
@@ -404,7 +405,8 @@ static int load_from_standby(bg_ctx *ctx, PGconn *pg, tenant *t, size_t *rows, s
     pthread_mutex_unlock(&t->mu);
     replay_ctx rp = {.t = t, .next = upto + 1};
     uint64_t now_seq = 0;
-    rc = loader_changes(pg, t->id, t->dim, upto, &now_seq, replay_change, &rp, err, errlen);
+    rc = loader_changes(pg, t->id, t->dim, t->ts->srv->on_citus, upto, &now_seq, replay_change, &rp,
+                        err, errlen);
     if (rc < 0 || rp.oom) {
         if (rp.oom)
             snprintf(err, errlen, "out of memory");

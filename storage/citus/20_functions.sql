@@ -383,6 +383,20 @@ BEGIN
     END IF;
 END $$;
 
+-- engram_session_handoff runs as the owner on Citus. Its last statement records the handoff
+-- with engram_audit_write (SECURITY DEFINER: the server's role may only read the log), and
+-- on the coordinator the owner's connections and the server role's connections may not
+-- both touch the tenant's placements in one transaction ("cannot perform query on
+-- placements that were modified in this transaction by a different user"); as the owner
+-- the whole call uses the owner's. Its tenant stays bound: every query names p_tenant, and
+-- engram_audit_write raises EG403 (the call rolls back, nothing returned) when p_tenant is
+-- not the tenant the transaction acts for.
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER',
+                   'engram_session_handoff'::regproc::regprocedure);
+END $$;
+
 -- engram_admin_key_list (PL/pgSQL by the block above): the tenant's row is found before
 -- the query, not inside it: engram_admin_find in the WHERE clause went down to the shard
 -- with the query and ran its own distributed query there ("cannot execute a distributed

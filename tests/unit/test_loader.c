@@ -228,12 +228,13 @@ static void test_live(void)
     CHECK(s.vecs[1][0] == 10 && s.vecs[1][2] == 12);
 }
 
-static void test_changes(void)
+/* citus: the query form for a Citus cluster, which must stream the same changes here */
+static void test_changes_form(bool citus)
 {
     char err[300] = "";
     seen s = {0};
     uint64_t upto = 0;
-    int rc = loader_changes(app, 1, DIM, 1, &upto, take_change, &s, err, sizeof(err));
+    int rc = loader_changes(app, 1, DIM, citus, 1, &upto, take_change, &s, err, sizeof(err));
     CHECK_MSG(rc == 0, "%d %s", rc, err);
     CHECK(upto == 6);
     /* after change 1: 2..6 in order; memory 9 no longer exists */
@@ -250,12 +251,18 @@ static void test_changes(void)
 
     /* caught up: nothing after 6 */
     seen none = {0};
-    CHECK(loader_changes(app, 1, DIM, 6, &upto, take_change, &none, err, sizeof(err)) == 0);
+    CHECK(loader_changes(app, 1, DIM, citus, 6, &upto, take_change, &none, err, sizeof(err)) == 0);
     CHECK(none.n == 0 && upto == 6);
     /* another tenant's log is not this one's */
     seen t2 = {0};
-    CHECK(loader_changes(app, 2, DIM, 0, &upto, take_change, &t2, err, sizeof(err)) == 0);
+    CHECK(loader_changes(app, 2, DIM, citus, 0, &upto, take_change, &t2, err, sizeof(err)) == 0);
     CHECK(t2.n == 1 && upto == 1 && t2.vecs[0][0] == 100);
+}
+
+static void test_changes(void)
+{
+    test_changes_form(false);
+    test_changes_form(true);
 }
 
 static void test_missing_tenant(void)
@@ -265,7 +272,8 @@ static void test_missing_tenant(void)
     uint64_t seq = 0;
     CHECK(loader_tenant(app, 42, DIM, &seq, take, &s, err, sizeof(err)) == -ENOENT);
     CHECK_STR_CONTAINS(err, "tenant 42 not found");
-    CHECK(loader_changes(app, 42, DIM, 0, &seq, take_change, &s, err, sizeof(err)) == -ENOENT);
+    CHECK(loader_changes(app, 42, DIM, false, 0, &seq, take_change, &s, err, sizeof(err)) ==
+          -ENOENT);
     CHECK(loader_live(app, 42, DIM, &seq, take, &s, err, sizeof(err)) == -ENOENT);
     CHECK(loader_index_engine(app, 42, out, sizeof(out), err, sizeof(err)) == -ENOENT);
     CHECK(s.n == 0);
@@ -286,7 +294,7 @@ static void test_bad_row(void)
     /* the same row through the change log */
     seen c = {0};
     err[0] = '\0';
-    rc = loader_changes(app, 3, DIM, 0, &seq, take_change, &c, err, sizeof(err));
+    rc = loader_changes(app, 3, DIM, false, 0, &seq, take_change, &c, err, sizeof(err));
     CHECK_MSG(rc == -EBADMSG, "%d %s", rc, err);
     CHECK_STR_CONTAINS(err, "memory 2");
     CHECK(c.n == 1 && c.seqs[0] == 1);
@@ -324,7 +332,7 @@ static void test_stop(void)
     CHECK(loader_rows(app, 1, 0, 10, warm, &w, &last, &n, err, sizeof(err)) == -EPIPE);
     CHECK_STR_CONTAINS(err, strerror(EPIPE));
     seen c = {.stop_at = 3, .stop_rc = 1};
-    CHECK(loader_changes(app, 1, DIM, 0, &seq, take_change, &c, err, sizeof(err)) == 1);
+    CHECK(loader_changes(app, 1, DIM, false, 0, &seq, take_change, &c, err, sizeof(err)) == 1);
     CHECK(c.n == 3);
     /* the rest of each result was drained: the connection serves the next call */
     CHECK(PQtransactionStatus(app) == PQTRANS_IDLE);
@@ -411,7 +419,8 @@ static void test_out_of_memory(void)
     size_t dim = SIZE_MAX / sizeof(float) + 1;
     CHECK(loader_tenant(app, 1, dim, &seq, take, &s, err, sizeof(err)) == -ENOMEM);
     CHECK_STR_CONTAINS(err, "out of memory");
-    CHECK(loader_changes(app, 1, dim, 0, &seq, take_change, &s, err, sizeof(err)) == -ENOMEM);
+    CHECK(loader_changes(app, 1, dim, false, 0, &seq, take_change, &s, err, sizeof(err)) ==
+          -ENOMEM);
     CHECK(loader_live(app, 1, dim, &seq, take, &s, err, sizeof(err)) == -ENOMEM);
     CHECK(s.n == 0);
 }
@@ -426,7 +435,7 @@ static void test_statement_error(void)
     pgtest_exec(own, "REVOKE SELECT ON memories FROM engram_app");
     CHECK(loader_tenant(app, 1, DIM, &seq, take, &s, err, sizeof(err)) == -EIO);
     CHECK_STR_CONTAINS(err, "permission denied");
-    CHECK(loader_changes(app, 1, DIM, 0, &seq, take_change, &s, err, sizeof(err)) == -EIO);
+    CHECK(loader_changes(app, 1, DIM, false, 0, &seq, take_change, &s, err, sizeof(err)) == -EIO);
     CHECK(s.n == 0);
     CHECK(PQtransactionStatus(app) == PQTRANS_IDLE);
     pgtest_exec(own, "GRANT SELECT ON memories TO engram_app");
@@ -447,7 +456,7 @@ static void test_broken_connection(const char *dsn)
     err[0] = '\0';
     CHECK(loader_tenant(c, 1, DIM, &seq, take, &s, err, sizeof(err)) == -EIO);
     CHECK(err[0] != '\0');
-    CHECK(loader_changes(c, 1, DIM, 0, &seq, take_change, &s, err, sizeof(err)) == -EIO);
+    CHECK(loader_changes(c, 1, DIM, false, 0, &seq, take_change, &s, err, sizeof(err)) == -EIO);
     char out[16];
     CHECK(loader_index_engine(c, 1, out, sizeof(out), err, sizeof(err)) == -EIO);
     CHECK(loader_instance(c, out, sizeof(out), err, sizeof(err)) == -EIO);

@@ -61,6 +61,36 @@ fail:
     return -ENOMEM;
 }
 
+int pgparams_set(pgparams *p, const char *key, const char *val)
+{
+    size_t n = 0, at = (size_t)-1;
+    for (; p->keys[n]; n++)
+        if (strcmp(p->keys[n], key) == 0)
+            at = n;
+    if (at == (size_t)-1) {
+        if (!val)
+            return 0;
+        /* keys has a slot for every keyword libpq knows (pgparams_init), so room is left
+         * for one not given yet; the keyword's own string comes from opts */
+        for (PQconninfoOption *o = p->opts; o->keyword; o++)
+            if (strcmp(o->keyword, key) == 0) {
+                p->keys[n] = o->keyword;
+                p->vals[n] = val;
+                p->keys[n + 1] = NULL;
+                p->vals[n + 1] = NULL;
+                return 0;
+            }
+        return -EINVAL;
+    }
+    if (val) {
+        p->vals[at] = val;
+        return 0;
+    }
+    memmove(&p->keys[at], &p->keys[at + 1], (n - at) * sizeof(*p->keys));
+    memmove(&p->vals[at], &p->vals[at + 1], (n - at) * sizeof(*p->vals));
+    return 0;
+}
+
 void pgparams_fini(pgparams *p)
 {
     free(p->keys);

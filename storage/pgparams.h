@@ -37,6 +37,11 @@ typedef struct pgparams {
  * or -ENOMEM; p is then zeroed and needs no pgparams_fini. Any thread. */
 int pgparams_init(pgparams *p, const char *dsn, unsigned timeout_ms, char *err, size_t errlen);
 
+/* pgparams_set sets key to val in p (replacing the DSN's value or adding it), or removes
+ * key when val is NULL. key must be a libpq keyword (a static string such as "host"); val
+ * must outlive p's use. Returns 0, or -EINVAL for a keyword libpq does not know. */
+int pgparams_set(pgparams *p, const char *key, const char *val);
+
 /* pgparams_fini frees what pgparams_init allocated and zeroes p; a zeroed p is a no-op. */
 void pgparams_fini(pgparams *p);
 

@@ -21,9 +21,21 @@ static void set_err(char *err, size_t errlen, const char *msg)
 PGconn *pgsync_connect(const char *dsn, const char *role, unsigned timeout_ms, char *err,
                        size_t errlen)
 {
+    return pgsync_connect_at(dsn, NULL, NULL, role, timeout_ms, err, errlen);
+}
+
+PGconn *pgsync_connect_at(const char *dsn, const char *host, const char *port, const char *role,
+                          unsigned timeout_ms, char *err, size_t errlen)
+{
     pgparams pp;
     if (pgparams_init(&pp, dsn, timeout_ms, err, errlen) < 0)
         return NULL;
+    if (host && (pgparams_set(&pp, "host", host) < 0 || pgparams_set(&pp, "hostaddr", NULL) < 0 ||
+                 pgparams_set(&pp, "port", port) < 0)) {
+        set_err(err, errlen, "cannot set the node's host and port");
+        pgparams_fini(&pp);
+        return NULL;
+    }
     PGconn *c = PQconnectdbParams(pp.keys, pp.vals, 0);
     pgparams_fini(&pp);
     if (!c || PQstatus(c) != CONNECTION_OK) {

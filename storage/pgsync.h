@@ -28,6 +28,13 @@
 PGconn *pgsync_connect(const char *dsn, const char *role, unsigned timeout_ms, char *err,
                        size_t errlen);
 
+/* pgsync_connect_at is pgsync_connect to another node of the same database: dsn's
+ * credentials, database and options with host and port replaced (hostaddr dropped; port
+ * NULL: the default port). host NULL: dsn as it is. A Citus coordinator's workers are
+ * reached this way. */
+PGconn *pgsync_connect_at(const char *dsn, const char *host, const char *port, const char *role,
+                          unsigned timeout_ms, char *err, size_t errlen);
+
 /* pgsync_exec runs one statement sql with nparams text parameters (values; NULL entries are
  * SQL NULL) and checks for PGRES_COMMAND_OK or PGRES_TUPLES_OK. Returns the result (the
  * caller frees it with PQclear) or NULL with the error in err. */

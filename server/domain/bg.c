@@ -10,12 +10,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bg_int.h"
 #include "db.h"
 #include "pgsync.h"
 #include "log.h"
-#include "sql_bg.h"
-#include "tenancy.h"
-#include "tenants.h"
 
 typedef struct job {
     struct job *next;
@@ -40,24 +38,6 @@ typedef struct periodic {
     void *arg;
     bg *b;
 } periodic;
-
-struct bg {
-    server *srv;
-    periodic *periodics;
-    pthread_t ticker;
-    bool ticker_started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    job *head, *tail;
-    bool stopping;
-    unsigned nthreads;
-    pthread_t *threads;
-    bg_ctx *ctxs;
-    pthread_t listener;
-    bool listener_started;
-    atomic_bool listener_ok;
-    int wake[2]; /* pipe that interrupts the listener's poll on stop */
-};
 
 /* Tells whether idle connection c was closed by its server while it sat unused: after a
  * failover the old primary's backends say FATAL and close, but libpq only learns it when it
@@ -210,8 +190,6 @@ int bg_listener_ok(bg *b)
     return atomic_load(&b->listener_ok);
 }
 
-static bool stopping(bg *b);
-
 static uint64_t mono_ms(void)
 {
     return server_mono_ns() / 1000000u;
@@ -267,7 +245,7 @@ int bg_every_set(bg *b, void (*fn)(bg_ctx *ctx, void *arg), void *arg, unsigned 
 static void *ticker_thread(void *arg)
 {
     bg *b = arg;
-    while (!stopping(b)) {
+    while (!bg_stopping(b)) {
         struct pollfd pfd = {.fd = b->wake[0], .events = POLLIN};
         poll(&pfd, 1, 100);
         uint64_t now = mono_ms();
@@ -288,138 +266,12 @@ static void *ticker_thread(void *arg)
     return NULL;
 }
 
-/* Parses "tenant:seq" and tells the registry. */
-static void handle_notify(bg *b, const char *payload)
-{
-    long long tid = 0;
-    unsigned long long seq = 0;
-    if (sscanf(payload, "%lld:%llu", &tid, &seq) == 2)
-        tenants_notify_change(b->srv->tenants, tid, seq);
-}
-
-/* Compares the loaded tenants' change numbers with PostgreSQL's (one query on the listener's
- * connection c) and has every index that lacks a committed change catch up: the backstop
- * for changes whose NOTIFY was never sent (store groups announce theirs after the commit,
- * gcommit.c; a process that died in between sent none). Returns false when the query
- * failed (the connection is then re-made). */
-static bool check_change_seqs(bg *b, PGconn *c)
-{
-    int64_t *ids = NULL;
-    size_t n = 0;
-    if (tenants_loaded_ids(b->srv->tenants, &ids, &n) < 0 || n == 0)
-        return true; /* out of memory: the next check tries again */
-    char *lit = malloc(n * 21 + 3);
-    if (!lit) {
-        free(ids);
-        return true;
-    }
-    size_t len = 0;
-    lit[len++] = '{';
-    for (size_t i = 0; i < n; i++)
-        len += (size_t)sprintf(lit + len, "%s%lld", i ? "," : "", (long long)ids[i]);
-    lit[len++] = '}';
-    lit[len] = '\0';
-    free(ids);
-    const char *vals[1] = {lit};
-    char err[256];
-    PGresult *r = PGSYNC_EXEC(c, sqlb_def(SQLB_CHANGE_SEQS), vals, err, sizeof(err));
-    free(lit);
-    if (!r) {
-        log_warn("change check failed: %s", err);
-        return false;
-    }
-    for (int i = 0; i < PQntuples(r); i++) {
-        long long tid = strtoll(PQgetvalue(r, i, 0), NULL, 10);
-        unsigned long long seq = strtoull(PQgetvalue(r, i, 1), NULL, 10);
-        tenants_notify_change(b->srv->tenants, tid, seq);
-    }
-    PQclear(r);
-    return true;
-}
-
-static bool stopping(bg *b)
+bool bg_stopping(bg *b)
 {
     pthread_mutex_lock(&b->mu);
     bool s = b->stopping;
     pthread_mutex_unlock(&b->mu);
     return s;
-}
-
-/* The listener: LISTEN engram_changes on a dedicated connection; reconnect with backoff;
- * after each (re)connection every loaded index catches up, since notifications sent while
- * it was away are lost. */
-static void *listener_thread(void *arg)
-{
-    bg *b = arg;
-    const config *cfg = &b->srv->cfg;
-    unsigned backoff = 100;
-    bool first = true;
-    while (!stopping(b)) {
-        char err[256];
-        PGconn *c = pgsync_connect(cfg->pg_dsn, cfg->pg_role[0] ? cfg->pg_role : NULL,
-                                   (unsigned)cfg->db_queue_timeout_ms, err, sizeof(err));
-        PGresult *r =
-            c ? pgsync_exec_stmt(c, sqlb_def(SQLB_LISTEN_CHANGES), NULL, 0, err, sizeof(err))
-              : NULL;
-        if (r) {
-            PQclear(r);
-            r = pgsync_exec_stmt(c, sqlb_def(SQLB_LISTEN_ADMIN), NULL, 0, err, sizeof(err));
-        }
-        if (!r) {
-            PQfinish(c);
-            struct pollfd pfd = {.fd = b->wake[0], .events = POLLIN};
-            poll(&pfd, 1, (int)backoff);
-            backoff = backoff * 2 > (unsigned)cfg->db_backoff_max_ms
-                          ? (unsigned)cfg->db_backoff_max_ms
-                          : backoff * 2;
-            continue;
-        }
-        PQclear(r);
-        backoff = 100;
-        atomic_store(&b->listener_ok, true);
-        if (!first)
-            log_info("change listener reconnected; catching up loaded indexes");
-        if (!first)
-            tenants_catch_up_all(b->srv->tenants);
-        first = false;
-        uint64_t poll_ms = (uint64_t)cfg->change_poll_ms;
-        uint64_t next_check = server_mono_ns() / 1000000u + poll_ms;
-        while (!stopping(b)) {
-            struct pollfd pfd[2] = {{.fd = PQsocket(c), .events = POLLIN},
-                                    {.fd = b->wake[0], .events = POLLIN}};
-            uint64_t now = server_mono_ns() / 1000000u;
-            int wait = next_check <= now         ? 0
-                       : next_check - now > 1000 ? 1000
-                                                 : (int)(next_check - now);
-            int n = poll(pfd, 2, wait);
-            if (n < 0 && errno != EINTR)
-                break;
-            if (pfd[1].revents)
-                break;
-            if (!PQconsumeInput(c))
-                break;
-            PGnotify *nt;
-            while ((nt = PQnotifies(c)) != NULL) {
-                if (strcmp(nt->relname, "engram_admin") == 0)
-                    tenancy_notify(b->srv->tenancy, nt->extra);
-                else if (!db_is_own_backend(nt->be_pid))
-                    handle_notify(b, nt->extra); /* a worker applies its own writes */
-                PQfreemem(nt);
-            }
-            if (PQstatus(c) != CONNECTION_OK)
-                break;
-            if (server_mono_ns() / 1000000u >= next_check) {
-                if (!check_change_seqs(b, c))
-                    break;
-                next_check = server_mono_ns() / 1000000u + poll_ms;
-            }
-        }
-        atomic_store(&b->listener_ok, false);
-        if (!stopping(b))
-            log_warn("change listener lost its database connection: %s", PQerrorMessage(c));
-        PQfinish(c);
-    }
-    return NULL;
 }
 
 bg *bg_create(server *s, unsigned nthreads)
@@ -442,7 +294,7 @@ bg *bg_create(server *s, unsigned nthreads)
             goto fail;
         b->nthreads++;
     }
-    if (pthread_create(&b->listener, NULL, listener_thread, b) != 0)
+    if (pthread_create(&b->listener, NULL, bg_listener_thread, b) != 0)
         goto fail;
     b->listener_started = true;
     if (pthread_create(&b->ticker, NULL, ticker_thread, b) != 0)

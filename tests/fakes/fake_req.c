@@ -252,6 +252,14 @@ PGconn *pgsync_connect(const char *dsn, const char *role, unsigned timeout_ms, c
     return NULL;
 }
 
+PGconn *pgsync_connect_at(const char *dsn, const char *host, const char *port, const char *role,
+                          unsigned timeout_ms, char *err, size_t errlen)
+{
+    (void)host;
+    (void)port;
+    return pgsync_connect(dsn, role, timeout_ms, err, errlen);
+}
+
 PGresult *pgsync_exec(PGconn *c, const char *sql, int nparams, const char *const *values, char *err,
                       size_t errlen)
 {

@@ -60,6 +60,29 @@ static void test_params(void)
     CHECK(v && strcmp(v, "u") == 0);
     pgparams_fini(&p);
 
+    /* another node of the same database: host and port replaced, hostaddr dropped, a
+     * keyword the DSN did not give added, an unknown one refused */
+    CHECK(pgparams_init(&p, "host=a hostaddr=10.0.0.1 port=5 dbname=x user=u", 1000, err,
+                        sizeof(err)) == 0);
+    CHECK(pgparams_set(&p, "host", "w1") == 0);
+    CHECK(pgparams_set(&p, "hostaddr", NULL) == 0);
+    CHECK(pgparams_set(&p, "port", "9701") == 0);
+    CHECK(pgparams_set(&p, "sslmode", "disable") == 0);
+    CHECK(pgparams_set(&p, "no_such_keyword", "1") == -EINVAL);
+    CHECK(pgparams_set(&p, "options", NULL) == 0); /* absent and removed: nothing */
+    v = param(&p, "host");
+    CHECK(v && strcmp(v, "w1") == 0);
+    v = param(&p, "port");
+    CHECK(v && strcmp(v, "9701") == 0);
+    v = param(&p, "sslmode");
+    CHECK(v && strcmp(v, "disable") == 0);
+    CHECK(param(&p, "hostaddr") == NULL);
+    v = param(&p, "dbname"); /* the rest stays */
+    CHECK(v && strcmp(v, "x") == 0);
+    v = param(&p, "user");
+    CHECK(v && strcmp(v, "u") == 0);
+    pgparams_fini(&p);
+
     err[0] = '\0';
     CHECK(pgparams_init(&p, "this is not a dsn", 1000, err, sizeof(err)) == -EINVAL);
     CHECK(err[0] != '\0' && err[strlen(err) - 1] != '\n');
@@ -79,6 +102,28 @@ static void test_connect(const char *dsn)
     c = pgsync_connect("nonsense", NULL, 2000, err, sizeof(err));
     CHECK(c == NULL);
     CHECK(err[0] != '\0');
+
+    /* the same database at another node: the DSN's host replaced (here by a socket
+     * directory nobody listens in, then by the DSN's own one, found in PQhost) */
+    err[0] = '\0';
+    c = pgsync_connect_at(dsn, "/nonexistent/node", NULL, NULL, 2000, err, sizeof(err));
+    CHECK(c == NULL);
+    CHECK_STR_CONTAINS(err, "/nonexistent/node");
+    PGconn *probe = pgsync_connect(dsn, NULL, 5000, err, sizeof(err));
+    CHECK_MSG(probe != NULL, "%s", err);
+    if (probe) {
+        char host[256], port[16], elsewhere[512];
+        snprintf(host, sizeof(host), "%s", PQhost(probe));
+        snprintf(port, sizeof(port), "%s", PQport(probe));
+        snprintf(elsewhere, sizeof(elsewhere), "host=/nonexistent/node port=1 dbname=%s user=%s",
+                 PQdb(probe), PQuser(probe));
+        PQfinish(probe);
+        c = pgsync_connect_at(elsewhere, host, port, NULL, 5000, err, sizeof(err));
+        CHECK_MSG(c != NULL, "%s", err);
+        if (c)
+            CHECK(strcmp(PQhost(c), host) == 0);
+        PQfinish(c);
+    }
 
     /* a role of this test's own (roles belong to the cluster: dropped at the end) */
     PGconn *own = pgsync_connect(dsn, NULL, 5000, err, sizeof(err));

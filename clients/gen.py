@@ -35,6 +35,8 @@ DOCS = {
     "admin.tenant.delete": "Deletes a tenant and everything it owns.",
     "admin.tenant.get": "Returns a tenant by id or name.",
     "admin.tenant.list": "Lists tenants in id order, one page at a time.",
+    "admin.tenant.move": "On a Citus cluster: moves a tenant to another worker (isolated into "
+                         "its own shard group first), online.",
     "admin.tenant.update": "Renames a tenant, moves it to another tier, or changes its "
                            "embedding model (re-embedded online; cancel_reembed stops it).",
     "auth": "Authenticates the connection with a tenant key or the admin key.",

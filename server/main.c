@@ -508,6 +508,7 @@ static int prepare_database(server *s, command cmd, const char *const ct[3], int
         goto done;
     }
     s->on_citus = citus == 1;
+    pgsync_set_citus(s->on_citus); /* before any thread: the background writers' split fence */
     if (s->on_citus)
         log_info("the database is a Citus coordinator: schema distributed by tenant");
     if (cmd == CMD_MIGRATE) {

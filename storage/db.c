@@ -11,6 +11,7 @@
 
 #include <event2/event.h>
 
+#include "citusmove.h"
 #include "pgparams.h"
 
 /* Kinds of statement a job can hold: internal set-up work uses the raw and prepare kinds. */
@@ -42,6 +43,7 @@ typedef struct db_job {
     char rls[64];    /* the RLS query's one value: the tenant id as text; or the whole
                       * SET LOCAL statement (db_config.rls_set_local) */
     const char *rls_val[1];
+    char fence[192];   /* Citus: the split fence's statement (citusmove.h) */
     char lockwait[24]; /* the lock_timeout query's one value: milliseconds as text */
     const char *lockwait_val[1];
     int hidden;    /* set-up queries first in q (RLS, lock_timeout): not the caller's */
@@ -854,9 +856,9 @@ static db_job *job_build(const db_pool *p, const db_opts *o, const db_query *qs,
     static const int text_fmt[1] = {0};
     static const char *const no_wait[1] = {"0"};
     /* Citus: BEGIN, SET LOCAL (the coordinator passes it on to the workers only inside a
-     * transaction block), the queries, a sync, COMMIT */
+     * transaction block), the split fence (citusmove.h), the queries, a sync, COMMIT */
     bool block = o->rls_tenant >= 0 && p->cfg.rls_set_local;
-    int base = (o->rls_tenant >= 0 ? 1 : 0) + (o->lock_timeout_ms > 0 ? 1 : 0) + block;
+    int base = (o->rls_tenant >= 0 ? 1 : 0) + (o->lock_timeout_ms > 0 ? 1 : 0) + 2 * block;
     int trailing = (o->lock_timeout_ms > 0 ? 1 : 0) + block;
     db_job *j = job_alloc(base + nq + trailing);
     db_query copy[DB_MAX_QUERIES];
@@ -868,8 +870,11 @@ static db_job *job_build(const db_pool *p, const db_opts *o, const db_query *qs,
     if (block) {
         snprintf(j->rls, sizeof(j->rls), "SET LOCAL engram.tenant_id = '%lld'",
                  (long long)o->rls_tenant);
+        snprintf(j->fence, sizeof(j->fence), CMOVE_FENCE_SQL_FMT, CMOVE_FENCE_CLASS,
+                 (long long)o->rls_tenant);
         j->q[k++] = (db_job_query){.kind = Q_EXEC_RAW, .sql = "BEGIN"};
         j->q[k++] = (db_job_query){.kind = Q_EXEC_RAW, .sql = j->rls};
+        j->q[k++] = (db_job_query){.kind = Q_EXEC_RAW, .sql = j->fence};
     } else if (o->rls_tenant >= 0) {
         snprintf(j->rls, sizeof(j->rls), "%lld", (long long)o->rls_tenant);
         j->rls_val[0] = j->rls;

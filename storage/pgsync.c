@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "citusmove.h"
 #include "pgparams.h"
 
 /* Copies libpq's message into err as one line. */
@@ -107,6 +108,14 @@ int pgsync_script(PGconn *c, const char *sql, char *err, size_t errlen)
     return rc;
 }
 
+/* Set once at start (pgsync_set_citus), read by every thread after. */
+static bool citus;
+
+void pgsync_set_citus(bool on)
+{
+    citus = on;
+}
+
 int pgsync_tenant_begin(PGconn *c, int64_t tenant, pgsync_tx_mode mode, char *err, size_t errlen)
 {
     static const char *const begin[] = {
@@ -127,6 +136,12 @@ int pgsync_tenant_begin(PGconn *c, int64_t tenant, pgsync_tx_mode mode, char *er
     char set[64];
     snprintf(set, sizeof(set), "SET LOCAL engram.tenant_id = '%lld'", (long long)tenant);
     r = pgsync_exec(c, set, 0, NULL, err, errlen);
+    if (r && citus && mode == PGSYNC_TX_WRITE) {
+        char fence[192];
+        snprintf(fence, sizeof(fence), CMOVE_FENCE_SQL_FMT, CMOVE_FENCE_CLASS, (long long)tenant);
+        PQclear(r);
+        r = pgsync_exec(c, fence, 0, NULL, err, errlen);
+    }
     if (!r) {
         pgsync_tx_end(c, false, NULL, 0);
         return -EIO;

@@ -63,6 +63,11 @@ typedef enum pgsync_tx_mode {
     PGSYNC_TX_SNAPSHOT, /* repeatable read, read-only: one consistent view */
 } pgsync_tx_mode;
 
+/* pgsync_set_citus tells pgsync that the database is a Citus cluster: from then on
+ * pgsync_tenant_begin's write transactions take the split fence (citusmove.h). Call once at
+ * start, before any other thread uses pgsync. */
+void pgsync_set_citus(bool on);
+
 /* pgsync_tenant_begin starts a transaction of the given mode on c and binds row-level
  * security to tenant (engram.tenant_id, for this transaction only). Returns 0, or -EIO with
  * the reason in err (nothing is left open then). */

@@ -99,6 +99,8 @@ HANDLER(admin_tenant_delete);
 HANDLER(admin_key_create);
 HANDLER(admin_key_list);
 HANDLER(admin_key_revoke);
+/* m_move.c */
+HANDLER(admin_tenant_move);
 HANDLER(tenant_usage);
 
 #define PARAMS(name, ...)                                                                          \

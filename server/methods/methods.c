@@ -37,6 +37,7 @@ static method_def table[] = {
     M("admin.tenant.delete", admin_tenant_delete, M_ADMIN),
     M("admin.tenant.get", admin_tenant_get, M_ADMIN),
     M("admin.tenant.list", admin_tenant_list, M_ADMIN),
+    M("admin.tenant.move", admin_tenant_move, M_ADMIN),
     ME("admin.tenant.update", admin_tenant_update, M_ADMIN),
     M("auth", auth, M_PUBLIC | M_AUTH),
     M("memory.archive", memory_archive, M_TENANT | M_WRITE),

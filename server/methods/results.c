@@ -136,6 +136,11 @@ static const result_schema table[] = {
      OBJECT(Q("tenant_id") "," Q("deleted"), P("tenant_id", INT) "," P("deleted", BOOL))},
     {"admin.tenant.get", REF("Tenant")},
     {"admin.tenant.list", OBJECT(Q("tenants"), P("tenants", ARR(REF("Tenant"))) "," CURSOR)},
+    {"admin.tenant.move",
+     OBJECT(Q("tenant_id") "," Q("shard_id") "," Q("from") "," Q("node") "," Q("isolated") "," Q(
+                "moved") "," Q("duration_ms"),
+            P("tenant_id", INT) "," P("shard_id", INT) "," P("from", STR) "," P("node", STR) "," P(
+                "isolated", BOOL) "," P("moved", BOOL) "," P("duration_ms", INT))},
     {"admin.tenant.update", REF("Tenant")},
     {"memory.archive", IDS_OF("archived")},
     {"memory.consolidate",

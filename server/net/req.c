@@ -445,7 +445,18 @@ static const struct {
     {"EG402", RPC_COST_LIMIT_EXCEEDED},
     /* a write embedded with the model its tenant left meanwhile (re-embedding): again */
     {"EG412", RPC_UNAVAILABLE},
+    /* Citus: the tenant's shard group was split or moved under the statement (a tenant
+     * move, storage/citusmove.h): nothing was written; again */
+    {"EG503", RPC_UNAVAILABLE},
 };
+
+/* Citus raises this as an internal error (XX000) when a statement was routed to a shard
+ * that a split or move has just replaced: transient, nothing was written. */
+static bool citus_stale_shard(const db_result *res)
+{
+    return res->sqlstate && strcmp(res->sqlstate, "XX000") == 0 && res->message &&
+           strstr(res->message, "could not find valid entry for shard") != NULL;
+}
 
 void req_fail_db(req *r, const db_result *res)
 {
@@ -462,6 +473,11 @@ void req_fail_db(req *r, const db_result *res)
     }
     if (res->sqlstate && strcmp(res->sqlstate, "55P03") == 0) {
         req_fail(r, RPC_UNAVAILABLE, "%s", res->message ? res->message : "lock not available");
+        return;
+    }
+    if (citus_stale_shard(res)) {
+        req_fail(r, RPC_UNAVAILABLE, "the tenant's shard moved under the request, retry (%s)",
+                 res->message);
         return;
     }
     /* serialization failures and deadlocks are transient: the client may retry */

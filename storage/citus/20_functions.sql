@@ -383,6 +383,30 @@ BEGIN
     END IF;
 END $$;
 
+-- engram_next_id (PL/pgSQL by the block above) hands out a tenant's ids from
+-- tenant_counters. While a tenant move splits the tenant's shard group
+-- (storage/citusmove.h), a statement on a worker may be routed by metadata the split has
+-- just replaced, and the counter's INSERT ... RETURNING then returns no row: the id would be
+-- NULL and the insert fail on a constraint, reported as an internal error. It raises EG503
+-- (the server answers `unavailable`: nothing was written, retry) instead.
+DO $$
+DECLARE
+    def text;
+    fixed text;
+BEGIN
+    def := pg_get_functiondef('engram_next_id'::regproc);
+    IF strpos(def, 'EG503') = 0 THEN
+        fixed := replace(def, ' INTO engram_result; RETURN engram_result; END',
+            ' INTO engram_result; IF engram_result IS NULL THEN RAISE EXCEPTION ' ||
+            '''no counter row for tenant %: its shard group is being split or moved'', ' ||
+            'p_tenant USING ERRCODE = ''EG503''; END IF; RETURN engram_result; END');
+        IF fixed = def THEN
+            RAISE EXCEPTION 'engram_next_id changed: patch its missing-row check';
+        END IF;
+        EXECUTE fixed;
+    END IF;
+END $$;
+
 -- engram_session_handoff runs as the owner on Citus. Its last statement records the handoff
 -- with engram_audit_write (SECURITY DEFINER: the server's role may only read the log), and
 -- on the coordinator the owner's connections and the server role's connections may not

@@ -1,11 +1,16 @@
 """Engram on a Citus cluster (meson suite citus, ENGRAM_TEST_CITUS=1: harness.CitusCluster):
 the schema is distributed by tenant, and a store is one local transaction on the worker
 holding its tenant, never a two-phase commit across workers."""
+import json
 import re
 import threading
+import time
 
+import pytest
 
-from harness import CITUS, citus_cluster, structured_vectors, vec_bin
+from harness import CITUS, citus_cluster, running_pair, structured_vectors, vec_bin
+from rpc import RpcError
+from test_result_schemas import result_schema, validator
 
 
 def _db(server):
@@ -87,3 +92,154 @@ def test_stores_never_span_two_workers(server):
     a, b = (v[0][0] for v in by_worker.values())
     _coord(server, f"UPDATE tenants SET updated_at = updated_at WHERE id IN ({a}, {b})")
     assert int(_coord(server, "SELECT count(*) FROM pg_dist_transaction")) > 0
+
+
+def _placement(server, tenant_id):
+    """(worker port, whether the tenant's shard holds it alone) of tenant_id."""
+    port, alone = _coord(server, "SELECT p.nodeport, s.shardminvalue = s.shardmaxvalue FROM "
+                                 "pg_dist_shard_placement p JOIN pg_dist_shard s USING (shardid) "
+                                 "WHERE s.shardid = get_shard_id_for_distribution_column("
+                                 f"'tenants', {tenant_id})").split("|")
+    return int(port), alone == "t"
+
+
+def _workers(server):
+    return [int(p) for p in _coord(server, "SELECT nodeport FROM pg_dist_node WHERE groupid <> 0 "
+                                           "ORDER BY nodeid").split()]
+
+
+def test_tenant_moved_while_eight_clients_store():
+    """admin.tenant.move isolates a tenant into its own shard group and moves it to the other
+    worker while 8 clients (over two engramd processes) store to it and to other tenants:
+    no acknowledged write is lost or duplicated, and both processes' searches find every
+    acknowledged memory afterwards."""
+    assert CITUS, "run with ENGRAM_TEST_CITUS=1 (meson suite citus)"
+    with running_pair("move") as (a, b, _):
+        moved, moved_key = a.create_tenant(tier="premium")
+        others = [a.create_tenant(tier="premium") for _ in range(2)]
+        source, alone = _placement(a, moved)
+        assert not alone, "a new tenant shares its shard group"
+        target = next(p for p in _workers(a) if p != source)
+        # 8 writers: 4 on the moved tenant, 2 on each other tenant, half through each process
+        plan = [(moved, moved_key)] * 4 + [others[0]] * 2 + [others[1]] * 2
+        vecs = structured_vectors(8 * 60, 384, seed=35)
+        acked = {i: [] for i in range(len(plan))}
+        errors = []
+        retried = []
+        done = threading.Event()
+
+        def writer(i, key):
+            srv = (a, b)[i % 2]
+            try:
+                with srv.client(key=key) as c:
+                    j = 0
+                    # until the move is over, and at least 20 stores each
+                    while (not done.is_set() or j < 20) and j < 60:
+                        args = dict(content=f"w{i} n{j}", type="fact", importance=0.5,
+                                    embedding=vec_bin(vecs[i * 60 + j]),
+                                    idempotency_key=f"w{i}-{j}")
+                        for attempt in range(200):
+                            try:
+                                acked[i].append((c.call("memory.store", **args)["id"], j))
+                                break
+                            except RpcError as e:
+                                # the switch at the end of the move: retried, same key
+                                if e.code != "unavailable":
+                                    raise
+                                retried.append(e.message)
+                                time.sleep(0.05)
+                        else:
+                            raise AssertionError(f"writer {i}: store {j} never acknowledged")
+                        j += 1
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=writer, args=(i, k[1]))
+                   for i, k in enumerate(plan)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(0.5)  # the writers are under way
+            with a.admin() as adm:
+                res = adm.call("admin.tenant.move", tenant_id=moved, node=f"127.0.0.1:{target}")
+        finally:
+            done.set()
+            for t in threads:
+                t.join()
+        assert not errors, errors
+        print(f"move: {res['duration_ms']} ms; stores retried after unavailable: {len(retried)} "
+              f"{sorted(set(retried))[:3]}; acknowledged: {sum(map(len, acked.values()))}")
+        # the answers hold the result schema the OpenAPI document declares
+        status, body = a.http_get("/v1/openapi.json")
+        assert status == 200
+        doc = json.loads(body)
+        schema = validator(doc, result_schema(doc, "admin.tenant.move"))
+        assert not list(schema.iter_errors(res)), res
+        assert res["isolated"] is True and res["moved"] is True
+        assert res["from"] == f"127.0.0.1:{source}" and res["node"] == f"127.0.0.1:{target}"
+        assert _placement(a, moved) == (target, True)
+        # the other tenants stayed where they were
+        for tid, _ in others:
+            assert _placement(a, tid)[0] in _workers(a)
+        for i, (tid, key) in enumerate(plan):
+            ids = [m for m, _ in acked[i]]
+            assert len(ids) >= 20 and len(set(ids)) == len(ids)
+        # per tenant: exactly the acknowledged memories, once each (the idempotency keys'
+        # retries stored nothing twice)
+        by_tenant = {}
+        for i, (tid, _) in enumerate(plan):
+            by_tenant.setdefault(tid, []).extend(acked[i])
+        for tid, key in [(moved, moved_key)] + others:
+            want = sorted(m for m, _ in by_tenant[tid])
+            got = sorted(int(x) for x in _coord(
+                a, f"SELECT id FROM memories WHERE tenant_id = {tid}").split())
+            assert got == want, f"tenant {tid}: stored {len(got)}, acknowledged {len(want)}"
+            # the tenant's counters agree with its rows (no statement skipped in the switch)
+            assert _coord(a, f"SELECT memory_count || ' ' || memory_id_last || ' ' || change_seq "
+                             f"FROM tenants WHERE id = {tid}") == \
+                f"{len(want)} {max(want)} {len(want)}"
+        # both processes' indexes find every acknowledged memory by its own vector
+        for srv in (a, b):
+            for i, (tid, key) in enumerate(plan):
+                with srv.client(key=key) as c:
+                    for mid, j in acked[i]:
+                        hits = c.call("memory.search", embedding=vec_bin(vecs[i * 60 + j]),
+                                      top_k=1, similarity_weight=1.0)["results"]
+                        assert hits and hits[0]["id"] == mid, (srv.port, tid, mid)
+        # moving it again to where it is changes nothing
+        with a.admin() as adm:
+            again = adm.call("admin.tenant.move", tenant_id=moved, node=f"127.0.0.1:{target}")
+        assert not list(schema.iter_errors(again)), again
+        assert again["isolated"] is False and again["moved"] is False
+        assert again["shard_id"] == res["shard_id"]
+
+
+def test_tenant_move_refuses_bad_arguments(server):
+    assert CITUS, "run with ENGRAM_TEST_CITUS=1 (meson suite citus)"
+    tid, _ = server.create_tenant()
+    with server.admin() as adm:
+        for node in ["nohost", ":5432", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:70000",
+                     "127.0.0.1:54x"]:
+            with pytest.raises(RpcError) as e:
+                adm.call("admin.tenant.move", tenant_id=tid, node=node)
+            assert e.value.code == "invalid_argument", node
+        # not a worker of this cluster (the coordinator is not one either)
+        coord = citus_cluster().port
+        for node in ["127.0.0.1:1", f"127.0.0.1:{coord}"]:
+            with pytest.raises(RpcError) as e:
+                adm.call("admin.tenant.move", tenant_id=tid, node=node)
+            assert e.value.code == "invalid_argument" and "not an active primary worker" in \
+                e.value.message
+        worker = _workers(server)[0]
+        with pytest.raises(RpcError) as e:
+            adm.call("admin.tenant.move", tenant_id=987654321, node=f"127.0.0.1:{worker}")
+        assert e.value.code == "not_found"
+        # sharing its shard group, a tenant moves only isolated
+        port, alone = _placement(server, tid)
+        assert not alone
+        other = next(p for p in _workers(server) if p != port)
+        with pytest.raises(RpcError) as e:
+            adm.call("admin.tenant.move", tenant_id=tid, node=f"127.0.0.1:{other}",
+                     isolate=False)
+        assert e.value.code == "invalid_argument" and "shares its shard group" in e.value.message
+        assert _placement(server, tid) == (port, False)

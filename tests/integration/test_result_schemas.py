@@ -121,8 +121,10 @@ def test_every_declared_result_schema_holds(server, tenant, doc):
     rpc = {p: item for p, item in doc["paths"].items() if p.startswith("/v1/rpc/")}
     declared = {p[len("/v1/rpc/"):] for p, item in rpc.items()
                 if item["post"]["responses"]["200"]["content"]["application/json"]["schema"]}
-    # every method has a declared schema, and every one is exercised here
-    assert declared - set(seen) == set()
+    # every method has a declared schema, and every one is exercised here, except
+    # admin.tenant.move, which needs a Citus cluster: test_citus validates its answers
+    # against this document (meson test citus)
+    assert declared - set(seen) == {"admin.tenant.move"}
     assert {p[len("/v1/rpc/"):] for p in rpc} == declared
     for method, answers in seen.items():
         v = validator(doc, result_schema(doc, method))

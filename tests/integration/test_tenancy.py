@@ -74,10 +74,24 @@ def test_admin_methods_need_the_admin_key(srv):
     _, key = srv.create_tenant()
     with srv.client(key=key) as c:
         for m, p in [("admin.tenant.list", {}), ("admin.key.list", {"tenant_id": 1}),
-                     ("admin.key.revoke", {"key_id": 1}), ("admin.tenant.delete", {"tenant_id": 1})]:
+                     ("admin.key.revoke", {"key_id": 1}), ("admin.tenant.delete", {"tenant_id": 1}),
+                     ("admin.tenant.move", {"tenant_id": 1, "node": "127.0.0.1:5432"})]:
             assert c.call_err(m, **p)["code"] == "permission_denied"
     with srv.admin() as a:
         assert a.call_err("memory.stats")["code"] == "permission_denied"
+
+
+def test_tenant_move_needs_citus(srv):
+    """admin.tenant.move moves a tenant between Citus workers (test_citus); on one PostgreSQL
+    there is nowhere to move it to, and it says so."""
+    tid, _ = srv.create_tenant()
+    with srv.admin() as a:
+        e = a.call_err("admin.tenant.move", tenant_id=tid, node="127.0.0.1:1")
+    assert e["code"] == "invalid_argument"
+    if CITUS:
+        assert "not an active primary worker" in e["message"]
+    else:
+        assert "not a Citus cluster" in e["message"]
 
 
 def test_keys_several_named_and_revocable(srv):

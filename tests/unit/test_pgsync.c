@@ -191,6 +191,32 @@ static void test_exec(PGconn *c)
     CHECK(strcmp(pgtest_value(c, "SELECT sum(x) FROM ut_s", buf, sizeof(buf)), "3") == 0);
 }
 
+/* On Citus a write transaction takes the split fence (citusmove.h): a shared advisory lock
+ * on (CMOVE_FENCE_CLASS, the tenant's shard of tenants); read transactions do not. Citus'
+ * shard lookup is played here by a function of the same name. */
+static void test_citus_fence(PGconn *c)
+{
+    char err[300] = "", buf[64];
+    pgtest_exec(c, "CREATE TABLE IF NOT EXISTS tenants (id bigint)");
+    pgtest_exec(c, "CREATE FUNCTION get_shard_id_for_distribution_column(regclass, bigint) "
+                   "RETURNS bigint LANGUAGE sql AS 'SELECT 102008 + $2 % 4'");
+    static const char held[] = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND "
+                               "pid = pg_backend_pid() AND mode = 'ShareLock' AND objsubid = 2 "
+                               "AND classid = 4550247 AND objid = 102009";
+    pgsync_set_citus(true);
+    CHECK_MSG(pgsync_tenant_begin(c, 5, PGSYNC_TX_WRITE, err, sizeof(err)) == 0, "%s", err);
+    CHECK(strcmp(pgtest_value(c, held, buf, sizeof(buf)), "1") == 0);
+    CHECK(pgsync_tx_end(c, true, NULL, 0) == 0);
+    CHECK(strcmp(pgtest_value(c, held, buf, sizeof(buf)), "0") == 0); /* gone with it */
+    CHECK(pgsync_tenant_begin(c, 5, PGSYNC_TX_READ, err, sizeof(err)) == 0);
+    CHECK(strcmp(pgtest_value(c, held, buf, sizeof(buf)), "0") == 0);
+    CHECK(pgsync_tx_end(c, false, NULL, 0) == 0);
+    pgsync_set_citus(false);
+    CHECK(pgsync_tenant_begin(c, 5, PGSYNC_TX_WRITE, err, sizeof(err)) == 0);
+    CHECK(strcmp(pgtest_value(c, held, buf, sizeof(buf)), "0") == 0);
+    CHECK(pgsync_tx_end(c, false, NULL, 0) == 0);
+}
+
 static void test_transactions(PGconn *c, const char *dsn)
 {
     char err[300] = "", buf[64];
@@ -262,6 +288,7 @@ int main(void)
     if (c) {
         test_exec(c);
         test_transactions(c, dsn);
+        test_citus_fence(c);
         PQfinish(c);
     }
     pgtest_drop();

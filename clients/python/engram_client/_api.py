@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         AdminTenantDeleteResult,
         Tenant,
         AdminTenantListResult,
+        AdminTenantMoveResult,
         MemoryConsolidateResult,
         MemoryConsolidationRunsResult,
         MemoryFeedbackResult,
@@ -133,6 +134,7 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "admin.tenant.delete": ("tenant_id", "name", ),
     "admin.tenant.get": ("tenant_id", "name", ),
     "admin.tenant.list": ("cursor", "limit", ),
+    "admin.tenant.move": ("tenant_id", "node", "isolate", ),
     "admin.tenant.update": ("tenant_id", "name", "new_name", "tier", "index_engine", "chat_model", "embedding", "cancel_reembed", ),
     "auth": ("api_key", ),
     "memory.archive": ("ids", "reason", ),
@@ -274,6 +276,21 @@ class SyncAdminTenant:
         return cast("AdminTenantListResult", self._r._call("admin.tenant.list", {
             "cursor": cursor,
             "limit": limit,
+        }))
+
+    @legacy_positional("admin.tenant.move", ("tenant_id", "node", ))
+    def move(
+        self,
+        *,
+        tenant_id: int,
+        node: str,
+        isolate: bool | None = None,
+    ) -> AdminTenantMoveResult:
+        """On a Citus cluster: moves a tenant to another worker (isolated into its own shard group first), online. (``admin.tenant.move``)"""
+        return cast("AdminTenantMoveResult", self._r._call("admin.tenant.move", {
+            "tenant_id": tenant_id,
+            "node": node,
+            "isolate": isolate,
         }))
 
     def update(
@@ -1260,6 +1277,21 @@ class AsyncAdminTenant:
         return cast("AdminTenantListResult", await self._r._acall("admin.tenant.list", {
             "cursor": cursor,
             "limit": limit,
+        }))
+
+    @legacy_positional("admin.tenant.move", ("tenant_id", "node", ))
+    async def move(
+        self,
+        *,
+        tenant_id: int,
+        node: str,
+        isolate: bool | None = None,
+    ) -> AdminTenantMoveResult:
+        """On a Citus cluster: moves a tenant to another worker (isolated into its own shard group first), online. (``admin.tenant.move``)"""
+        return cast("AdminTenantMoveResult", await self._r._acall("admin.tenant.move", {
+            "tenant_id": tenant_id,
+            "node": node,
+            "isolate": isolate,
         }))
 
     async def update(
@@ -2253,6 +2285,21 @@ class FutureAdminTenant:
         return cast("Future[AdminTenantListResult]", self._r._submit("admin.tenant.list", {
             "cursor": cursor,
             "limit": limit,
+        }))
+
+    @legacy_positional("admin.tenant.move", ("tenant_id", "node", ))
+    def move(
+        self,
+        *,
+        tenant_id: int,
+        node: str,
+        isolate: bool | None = None,
+    ) -> Future[AdminTenantMoveResult]:
+        """On a Citus cluster: moves a tenant to another worker (isolated into its own shard group first), online. (``admin.tenant.move``)"""
+        return cast("Future[AdminTenantMoveResult]", self._r._submit("admin.tenant.move", {
+            "tenant_id": tenant_id,
+            "node": node,
+            "isolate": isolate,
         }))
 
     def update(

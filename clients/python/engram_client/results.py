@@ -21,6 +21,7 @@ __all__ = [
     "TenantEmbedding",
     "Reembed",
     "AdminTenantListResult",
+    "AdminTenantMoveResult",
     "MemoryConsolidateResult",
     "MemoryConsolidationRunsResult",
     "MemoryFeedbackResult",
@@ -120,6 +121,9 @@ class Reembed(TypedDict):
 class AdminTenantListResult(TypedDict):
     next_cursor: NotRequired[str | int | None]
     tenants: list[Tenant]
+
+
+AdminTenantMoveResult = TypedDict("AdminTenantMoveResult", {"duration_ms": int, "from": str, "isolated": bool, "moved": bool, "node": str, "shard_id": int, "tenant_id": int})
 
 
 class MemoryConsolidateResult(TypedDict):

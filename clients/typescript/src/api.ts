@@ -7,6 +7,7 @@ import type {
   AdminTenantDeleteResult,
   Tenant,
   AdminTenantListResult,
+  AdminTenantMoveResult,
   MemoryConsolidateResult,
   MemoryConsolidationRunsResult,
   MemoryFeedbackResult,
@@ -91,6 +92,7 @@ export const METHODS: Readonly<Record<string, { params: readonly string[]; requi
   "admin.tenant.delete": { params: ["tenant_id", "name"], required: [], flags: ["admin"] },
   "admin.tenant.get": { params: ["tenant_id", "name"], required: [], flags: ["admin"] },
   "admin.tenant.list": { params: ["cursor", "limit"], required: [], flags: ["admin"] },
+  "admin.tenant.move": { params: ["tenant_id", "node", "isolate"], required: ["tenant_id", "node"], flags: ["admin"] },
   "admin.tenant.update": { params: ["tenant_id", "name", "new_name", "tier", "index_engine", "chat_model", "embedding", "cancel_reembed"], required: [], flags: ["admin"] },
   "auth": { params: ["api_key"], required: ["api_key"], flags: ["public", "auth"] },
   "memory.archive": { params: ["ids", "reason"], required: ["ids"], flags: ["tenant", "write"] },
@@ -185,6 +187,13 @@ export interface AdminTenantGetParams {
 export interface AdminTenantListParams {
   cursor?: Id;
   limit?: Id;
+}
+
+/** Parameters of `admin.tenant.move`. */
+export interface AdminTenantMoveParams {
+  tenant_id: Id;
+  node: string;
+  isolate?: boolean;
 }
 
 /** Parameters of `admin.tenant.update`. */
@@ -648,6 +657,10 @@ export class ApiAdminTenant<I extends Id = number> {
   list(params: AdminTenantListParams = {}, options?: CallOptions): Promise<AdminTenantListResult<I>> {
     return this._caller.call("admin.tenant.list", params as unknown as Record<string, unknown>, options) as Promise<AdminTenantListResult<I>>;
   }
+  /** On a Citus cluster: moves a tenant to another worker (isolated into its own shard group first), online. (`admin.tenant.move`) */
+  move(params: AdminTenantMoveParams, options?: CallOptions): Promise<AdminTenantMoveResult<I>> {
+    return this._caller.call("admin.tenant.move", params as unknown as Record<string, unknown>, options) as Promise<AdminTenantMoveResult<I>>;
+  }
   /** Renames a tenant, moves it to another tier, or changes its embedding model (re-embedded online; cancel_reembed stops it). (`admin.tenant.update`) */
   update(params: AdminTenantUpdateParams = {}, options?: CallOptions): Promise<Tenant<I>> {
     return this._caller.call("admin.tenant.update", params as unknown as Record<string, unknown>, options) as Promise<Tenant<I>>;
@@ -971,6 +984,7 @@ export const METHOD_PATHS: Readonly<Record<string, readonly string[]>> = {
   "admin.tenant.delete": ["admin", "tenant", "delete"],
   "admin.tenant.get": ["admin", "tenant", "get"],
   "admin.tenant.list": ["admin", "tenant", "list"],
+  "admin.tenant.move": ["admin", "tenant", "move"],
   "admin.tenant.update": ["admin", "tenant", "update"],
   "auth": ["auth"],
   "memory.archive": ["memory", "archive"],

@@ -77,6 +77,16 @@ export interface AdminTenantListResult<I extends Id = number> {
   tenants: Tenant<I>[];
 }
 
+export interface AdminTenantMoveResult<I extends Id = number> {
+  duration_ms: number;
+  from: string;
+  isolated: boolean;
+  moved: boolean;
+  node: string;
+  shard_id: I;
+  tenant_id: I;
+}
+
 export interface MemoryConsolidateResult<I extends Id = number> {
   archived?: number;
   duration_ms?: number;

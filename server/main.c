@@ -507,10 +507,12 @@ static int prepare_database(server *s, command cmd, const char *const ct[3], int
         ret = -1;
         goto done;
     }
-    s->on_citus = citus == 1;
+    s->on_citus = citus >= 1;
     pgsync_set_citus(s->on_citus); /* before any thread: the background writers' split fence */
-    if (s->on_citus)
+    if (citus == 1)
         log_info("the database is a Citus coordinator: schema distributed by tenant");
+    else if (citus == 2)
+        log_info("the database is a Citus worker: schema as its coordinator distributed it");
     if (cmd == CMD_MIGRATE) {
         *rc = 0;
         ret = 1;

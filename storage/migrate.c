@@ -118,7 +118,7 @@ static int apply_functions(PGconn *c, const migrate_plan *plan, const char *sear
         int rc = apply_in_tx(c, what, scripts, 3,
                              "INSERT INTO schema_functions (name, checksum) VALUES ($1, $2) "
                              "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, "
-                             "applied_at = now()",
+                             "applied_at = EXCLUDED.applied_at",
                              2, vals, err, errlen);
         free(text);
         if (rc < 0)
@@ -243,12 +243,96 @@ static int run_locked(PGconn *c, const migrate_plan *plan, int *n, char *err, si
     return rc;
 }
 
+/* 1 when c is connected to a Citus worker (the citus extension, not the coordinator), 0
+ * when not, -EIO on failure. */
+static int citus_worker(PGconn *c, char *err, size_t errlen)
+{
+    /* the function exists only with the extension: asked apart */
+    PGresult *r =
+        pgsync_exec(c, "SELECT 1 FROM pg_extension WHERE extname = 'citus'", 0, NULL, err, errlen);
+    if (!r)
+        return -EIO;
+    int has = PQntuples(r) == 1;
+    PQclear(r);
+    if (!has)
+        return 0;
+    r = pgsync_exec(c, "SELECT NOT citus_is_coordinator()", 0, NULL, err, errlen);
+    if (!r)
+        return -EIO;
+    int yes = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    return yes;
+}
+
+/* On a Citus worker nothing is applied (DDL runs through the coordinator, which distributes
+ * it): the schema the coordinator applied must be the one this engramd was built with, its
+ * version and every function file's checksum (schema_migrations and schema_functions are
+ * reference tables on Citus, storage/citus/10_tables.sql, so a worker reads them). Returns
+ * 0, or -EAGAIN (older: migrate through the coordinator first) or -EPROTONOSUPPORT
+ * (newer) or -EIO, with the reason in err. */
+static int check_on_worker(PGconn *c, const migrate_plan *plan, char *err, size_t errlen)
+{
+    /* no schema_migrations here: the coordinator has applied nothing yet, or an engramd
+     * before reference tables kept it on the coordinator alone */
+    PGresult *r =
+        pgsync_exec(c, "SELECT to_regclass('schema_migrations') IS NOT NULL", 0, NULL, err, errlen);
+    if (!r)
+        return -EIO;
+    bool known = PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    long v = -1;
+    if (known) {
+        r = pgsync_exec(c, "SELECT COALESCE(max(version), 0) FROM schema_migrations", 0, NULL, err,
+                        errlen);
+        if (!r)
+            return -EIO;
+        v = strtol(PQgetvalue(r, 0, 0), NULL, 10);
+        PQclear(r);
+    }
+    if (v > plan_latest(plan)) {
+        snprintf(err, errlen,
+                 "database schema version %ld is newer than this engramd knows (%d): upgrade "
+                 "engramd",
+                 v, plan_latest(plan));
+        return -EPROTONOSUPPORT;
+    }
+    bool same = v == plan_latest(plan);
+    for (int i = 0; same && i < plan->nfunctions; i++) {
+        const migrate_functions *f = &plan->functions[i];
+        char sum[80];
+        snprintf(sum, sizeof(sum), "citus:%s", f->checksum);
+        const char *nv[] = {f->name};
+        r = pgsync_exec(c, "SELECT checksum FROM schema_functions WHERE name = $1", 1, nv, err,
+                        errlen);
+        if (!r)
+            return -EIO;
+        same = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), sum) == 0;
+        PQclear(r);
+    }
+    if (!same) {
+        snprintf(err, errlen,
+                 "this is a Citus worker and the schema its coordinator applied is not this "
+                 "engramd's (version %ld of %d, or other functions): start this engramd against "
+                 "the coordinator first (or run engramd migrate there), then here",
+                 v, plan_latest(plan));
+        return -EAGAIN;
+    }
+    return 0;
+}
+
 int migrate_run_plan(PGconn *c, const migrate_plan *plan, int *applied, char *err, size_t errlen)
 {
     int n = 0;
     char msg[512];
     if (applied)
         *applied = 0;
+    if (plan->citus_tables) {
+        int worker = citus_worker(c, err, errlen);
+        if (worker < 0)
+            return -EIO;
+        if (worker)
+            return check_on_worker(c, plan, err, errlen);
+    }
     if (pgsync_script(c, "SELECT pg_advisory_lock(" MIGRATE_LOCK_KEY ")", err, errlen) < 0)
         return -EIO;
     int rc = run_locked(c, plan, &n, err, errlen);
@@ -265,7 +349,10 @@ int migrate_citus(PGconn *c, char *err, size_t errlen)
         return -EIO;
     int yes = path != NULL;
     free(path);
-    return yes;
+    if (!yes)
+        return 0;
+    int worker = citus_worker(c, err, errlen);
+    return worker < 0 ? worker : worker ? 2 : 1;
 }
 
 int migrate_run(PGconn *c, int *applied, char *err, size_t errlen)

@@ -55,12 +55,16 @@ extern const char migrate_citus_functions[];
  * -EPROTONOSUPPORT when the database is newer than this binary knows, or was created before
  * the baseline (pre-release numbering), and nothing ran. The reason is in err either way.
  * On a database with the citus extension the Citus files run too (not counted in
- * *applied); their failure is -EIO.
+ * *applied); their failure is -EIO. On a Citus worker nothing runs: the schema the
+ * coordinator applied is checked to be this binary's (-EAGAIN when it is not yet: migrate
+ * through the coordinator first; -EPROTONOSUPPORT when newer).
  * The advisory lock is released before it returns. */
 int migrate_run(PGconn *c, int *applied, char *err, size_t errlen);
 
-/* migrate_citus says whether c's database has the citus extension (a Citus coordinator,
- * whose schema migrate_run distributed): 1 yes, 0 no, -EIO with the reason in err. */
+/* migrate_citus says whether c's database has the citus extension: 1 on a Citus
+ * coordinator (whose schema migrate_run distributed), 2 on a Citus worker (queries from any
+ * node: the schema as the coordinator distributed it), 0 no Citus, -EIO with the reason in
+ * err. */
 int migrate_citus(PGconn *c, char *err, size_t errlen);
 
 /* migrate_latest returns the newest version this binary carries. */

@@ -8,7 +8,8 @@ const db_stmt_def sql_bg_stmts[SQLB__COUNT] = {
                           "SELECT id, change_seq FROM engram_change_seqs($1::bigint[])", 1},
     [SQLB_CITUS_WORKERS] = {"citus_workers",
                             "SELECT nodename, nodeport::text FROM pg_dist_node WHERE isactive "
-                            "AND noderole = 'primary' AND groupid <> 0 ORDER BY nodeid",
+                            "AND noderole = 'primary' AND groupid <> (SELECT groupid FROM "
+                            "pg_dist_local_group) ORDER BY nodeid",
                             0},
     [SQLB_TRY_LOCK] = {"try_lock", "SELECT pg_try_advisory_lock($1::bigint)", 1},
     [SQLB_UNLOCK] = {"unlock", "SELECT pg_advisory_unlock($1::bigint)", 1},

@@ -15,7 +15,8 @@ typedef enum sqlb_stmt {
     SQLB_LISTEN_ADMIN,            /* () follow engram_admin (tenant, key and engine changes) */
     SQLB_CHANGE_SEQS,             /* (tenant ids[]) -> id, change_seq */
     SQLB_CITUS_WORKERS,           /* () -> host, port of a Citus cluster's active primaries
-                                   * other than the coordinator, in node order */
+                                   * other than the one connected to (the coordinator's
+                                   * workers; a worker's coordinator and other workers) */
     SQLB_TRY_LOCK,                /* (key) -> locked: a session-level advisory lock */
     SQLB_UNLOCK,                  /* (key) -> released */
     SQLB_CONSOLIDATE_APPLY,       /* (tenant, own ids[], survivor ids[], ..., reasons) -> merged,

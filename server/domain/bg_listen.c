@@ -2,11 +2,13 @@
  *
  * One thread LISTENs for engram_changes ("tenant:seq") and engram_admin on the configured
  * database and, every change_poll_ms, compares the loaded tenants' change numbers with the
- * database's (the backstop for announcements never sent). On a Citus coordinator the
- * functions delegated to a worker (a store, an update, an archive, a re-embedding's swap)
- * send their NOTIFY on that worker, which the coordinator never relays: the listener also
- * LISTENs on every active primary worker (pg_dist_node), with the configured DSN's
- * credentials and options at the worker's host and port. A worker that cannot be reached
+ * database's (the backstop for announcements never sent). On Citus a function delegated to
+ * a worker (a store, an update, an archive, a re-embedding's swap) sends its NOTIFY on that
+ * worker, and one that runs on the coordinator (the admin functions) on the coordinator;
+ * neither is relayed. So the listener also LISTENs on every other active primary node of
+ * pg_dist_node (the workers when connected to the coordinator; the coordinator and the
+ * other workers when connected to a worker), with the configured DSN's credentials and
+ * options at that node's host and port. A node that cannot be reached
  * is tried again at each change check, whose catch-up covers what it announced meanwhile;
  * the listener is healthy while its connection to the configured database is.
  */
@@ -27,8 +29,8 @@
 
 #define LISTEN_MAX_WORKERS 64
 
-/* The listener's connections: [0] the configured database, then a Citus cluster's workers
- * (NULL while one cannot be reached). host and port name each worker, as pg_dist_node. */
+/* The listener's connections: [0] the configured database, then a Citus cluster's other
+ * nodes (NULL while one cannot be reached). host and port name each, as pg_dist_node. */
 typedef struct listen_set {
     size_t n;
     PGconn *c[1 + LISTEN_MAX_WORKERS];
@@ -114,7 +116,7 @@ static void workers_close(listen_set *ls)
     ls->n = 1;
 }
 
-/* On Citus: reads the workers from the coordinator's connection ls->c[0]. When the list
+/* On Citus: reads the other nodes through the connection ls->c[0]. When the list
  * changed (a node added, removed or moved) every worker connection is remade; otherwise only
  * the missing ones are tried again. Returns false when the coordinator's query failed. */
 static bool workers_refresh(bg *b, listen_set *ls)
@@ -123,12 +125,12 @@ static bool workers_refresh(bg *b, listen_set *ls)
     PGresult *r =
         pgsync_exec_stmt(ls->c[0], sqlb_def(SQLB_CITUS_WORKERS), NULL, 0, err, sizeof(err));
     if (!r) {
-        log_warn("change listener: cannot read the Citus workers: %s", err);
+        log_warn("change listener: cannot read the Citus nodes: %s", err);
         return false;
     }
     size_t n = (size_t)PQntuples(r);
     if (n > LISTEN_MAX_WORKERS) {
-        log_warn("change listener: %zu Citus workers, listening on the first %d", n,
+        log_warn("change listener: %zu other Citus nodes, listening on the first %d", n,
                  LISTEN_MAX_WORKERS);
         n = LISTEN_MAX_WORKERS;
     }
@@ -152,7 +154,9 @@ static bool workers_refresh(bg *b, listen_set *ls)
         PQfinish(ls->c[i]);
         ls->c[i] = listen_conn(b, ls->host[i], ls->port[i], err, sizeof(err));
         if (!ls->c[i])
-            log_warn("change listener: Citus worker %s:%s: %s", ls->host[i], ls->port[i], err);
+            log_warn("change listener: Citus node %s:%s: %s", ls->host[i], ls->port[i], err);
+        else
+            log_info("change listener: following Citus node %s:%s", ls->host[i], ls->port[i]);
     }
     return true;
 }
@@ -200,7 +204,7 @@ static void listen_loop(bg *b, listen_set *ls)
             return;
         for (size_t i = 1; i < ls->n; i++)
             if (pfd[i + 1].revents && !drain(b, ls, i)) {
-                log_warn("change listener: lost Citus worker %s:%s: %s", ls->host[i], ls->port[i],
+                log_warn("change listener: lost Citus node %s:%s: %s", ls->host[i], ls->port[i],
                          PQerrorMessage(ls->c[i]));
                 PQfinish(ls->c[i]);
                 ls->c[i] = NULL;

@@ -450,12 +450,18 @@ static const struct {
     {"EG503", RPC_UNAVAILABLE},
 };
 
-/* Citus raises this as an internal error (XX000) when a statement was routed to a shard
- * that a split or move has just replaced: transient, nothing was written. */
-static bool citus_stale_shard(const db_result *res)
+/* Citus raises these as internal errors (XX000) when a tenant move overtakes a request: a
+ * statement routed to a shard that a split or move has just replaced, or a function call
+ * delegated to the worker the tenant's shards are leaving, whose statements are then no
+ * longer local. Transient: nothing was written. Outside a move the second would be a
+ * function that Citus cannot run (docs/scaling.md), so each is logged. */
+static bool citus_moved_under(const db_result *res)
 {
-    return res->sqlstate && strcmp(res->sqlstate, "XX000") == 0 && res->message &&
-           strstr(res->message, "could not find valid entry for shard") != NULL;
+    if (!res->sqlstate || strcmp(res->sqlstate, "XX000") != 0 || !res->message)
+        return false;
+    return strstr(res->message, "could not find valid entry for shard") != NULL ||
+           strstr(res->message, "cannot execute a distributed query from a query on a shard") !=
+               NULL;
 }
 
 void req_fail_db(req *r, const db_result *res)
@@ -475,7 +481,9 @@ void req_fail_db(req *r, const db_result *res)
         req_fail(r, RPC_UNAVAILABLE, "%s", res->message ? res->message : "lock not available");
         return;
     }
-    if (citus_stale_shard(res)) {
+    if (citus_moved_under(res)) {
+        log_warn("%s: %s (taken for a tenant move under the request: unavailable)", req_method(r),
+                 res->message);
         req_fail(r, RPC_UNAVAILABLE, "the tenant's shard moved under the request, retry (%s)",
                  res->message);
         return;

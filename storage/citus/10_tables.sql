@@ -8,9 +8,9 @@
 -- - Every table with a tenant_id column is distributed by it and co-located with tenants
 --   (distributed by id): a tenant's rows of every table sit in one shard group on one node,
 --   so a function that touches only p_tenant's rows runs there as one local transaction.
--- - Tables without tenant_id (engram_instance) become reference tables (a copy on every
---   node); schema_migrations and schema_functions stay on the coordinator (migrate.c alone
---   reads them).
+-- - Tables without tenant_id (engram_instance, schema_migrations, schema_functions) become
+--   reference tables (a copy on every node): an engramd connected to a worker reads there
+--   which schema the coordinator applied (migrate.c check_on_worker).
 -- - Every function with a bigint argument p_tenant is distributed with p_tenant as its
 --   distribution argument, co-located with tenants, delegated even inside a transaction
 --   block (engramd sets engram.tenant_id and calls the function in one transaction).
@@ -87,7 +87,6 @@ BEGIN
         SELECT c.oid::regclass AS rel
           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE n.nspname = 'public' AND c.relkind = 'r'
-           AND c.relname NOT IN ('schema_migrations', 'schema_functions')
            AND c.oid NOT IN (SELECT logicalrelid FROM pg_dist_partition)
     LOOP
         PERFORM create_reference_table(r.rel::text);

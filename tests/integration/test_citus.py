@@ -3,12 +3,14 @@ the schema is distributed by tenant, and a store is one local transaction on the
 holding its tenant, never a two-phase commit across workers."""
 import json
 import re
+import subprocess
 import threading
 import time
 
 import pytest
 
-from harness import CITUS, citus_cluster, running_pair, structured_vectors, vec_bin
+from harness import (BIN, CITUS, citus_cluster, new_database, running_pair, structured_vectors,
+                     vec_bin, wait_for, wait_log)
 from rpc import RpcError
 from test_result_schemas import result_schema, validator
 
@@ -243,3 +245,82 @@ def test_tenant_move_refuses_bad_arguments(server):
                      isolate=False)
         assert e.value.code == "invalid_argument" and "shares its shard group" in e.value.message
         assert _placement(server, tid) == (port, False)
+
+
+def _worker_dsn(dsn, port):
+    return re.sub(r"\bport=\d+", f"port={port}", dsn)
+
+
+def test_engramd_connected_to_a_worker(engramd):
+    """Queries from any node: an engramd connected to a worker serves tenants of every
+    worker, and its writes and another engramd's (on the coordinator) reach each other's
+    loaded indexes by their announcements alone (change checks an hour apart): the listener
+    of each follows the cluster's other nodes, the coordinator's admin announcements
+    included. A worker whose coordinator has not applied the schema refuses to start."""
+    assert CITUS, "run with ENGRAM_TEST_CITUS=1 (meson suite citus)"
+    dsn = new_database("anynode")
+    # nothing applied yet: an engramd on a worker does not migrate, and says where to
+    bare = engramd(_worker_dsn(dsn, citus_cluster().port + 1), start=False)
+    proc = subprocess.run([BIN, "--pg-dsn", bare.dsn, "--rpc-port", str(bare.port),
+                           "--http-port", str(bare.http_port), "--data-dir", bare.data_dir],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "start this engramd against the coordinator first" in proc.stderr, proc.stderr
+    slow = ["--change-poll-ms", "3600000"]
+    a = engramd(dsn, extra=slow)
+    b = engramd(_worker_dsn(dsn, citus_cluster().port + 1),
+                extra=slow + ["--secret-file", a.data_dir + "/secret.key",
+                              "--admin-key-file", a.admin_key_file])
+    b.admin_key_file = a.admin_key_file
+    assert "the database is a Citus worker" in b.log_text()
+    # each follows the cluster's other nodes: the coordinator's engramd both workers, the
+    # worker's engramd the coordinator (admin announcements) and the other worker
+    port = citus_cluster().port
+    for srv, own, others in ((a, port, (port + 1, port + 2)), (b, port + 1, (port, port + 2))):
+        for p in others:
+            wait_log(srv, re.compile(rf"following Citus node 127\.0\.0\.1:{p}$", re.M))
+        assert not re.search(rf"following Citus node 127\.0\.0\.1:{own}$", srv.log_text(), re.M)
+    # tenants on both workers
+    tenants = {}
+    for _ in range(40):
+        tid, key = a.create_tenant()
+        tenants.setdefault(_worker_port(a, tid), (tid, key))
+        if len(tenants) == 2:
+            break
+    assert len(tenants) == 2, tenants
+    vecs = structured_vectors(40, 384, seed=77)
+    for n, (tid, key) in enumerate(tenants.values()):
+        v = vecs[n * 20:(n + 1) * 20]
+        with a.client(key=key) as ca, b.client(key=key) as cb:
+            ca.call("memory.search", query="warm up")  # both indexes loaded before the writes
+            cb.call("memory.search", query="warm up")
+            through_b = [cb.call("memory.store", content=f"b{i}", type="fact", importance=0.5,
+                                 embedding=vec_bin(v[i]))["id"] for i in range(10)]
+            through_a = ca.call("memory.store_batch", memories=[
+                {"content": f"a{i}", "type": "fact", "importance": 0.5,
+                 "embedding": vec_bin(v[10 + i])} for i in range(10)])["ids"]
+
+            def top1(c, vec):
+                return [r["id"] for r in c.call("memory.search", embedding=vec_bin(vec), top_k=1,
+                                                similarity_weight=1.0)["results"]]
+
+            for i, mid in enumerate(through_b):
+                assert wait_for(lambda: top1(ca, v[i]) == [mid], timeout=10), \
+                    f"the coordinator's engramd never learnt of a store through the worker's"
+            for i, mid in enumerate(through_a):
+                assert wait_for(lambda: top1(cb, v[10 + i]) == [mid], timeout=10), \
+                    f"the worker's engramd never learnt of a store through the coordinator's"
+            sid = cb.call("session.create", agent_id=1, config={"model": "sonnet"})["session_id"]
+            cb.call("session.append", session_id=sid, role="user", content="hello")
+            assert ca.call("session.get", session_id=sid)["entry_count"] == 1
+    # an admin change made on the coordinator reaches the worker's engramd
+    tid, key = next(iter(tenants.values()))
+    with a.admin() as adm:
+        k2 = adm.call("admin.key.create", tenant_id=tid, name="second")
+    with b.client(key=k2["api_key"]) as cb2:
+        cb2.call("memory.stats")
+        with a.admin() as adm:
+            adm.call("admin.key.revoke", key_id=k2["key_id"])
+        e = wait_for(lambda: cb2.wait(cb2.send("memory.stats", {}))[0], timeout=10)
+        assert e is not None and e["code"] == "unauthenticated", \
+            "the revocation never reached the worker's engramd"

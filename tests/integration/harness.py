@@ -223,6 +223,12 @@ class Server:
         self.dsn = dsn
         self.workers = workers
         self.extra = list(extra or [])
+        if CITUS and "--db-queue-timeout-ms" not in self.extra:
+            # three PostgreSQL servers on the test machine's two cores, beside the other
+            # suites: a pipelined burst (test_sessions' 256 session.spawn) waited past the
+            # default 2 s for a connection in one deploy/test run; a cluster on machines of
+            # its own does not share them
+            self.extra += ["--db-queue-timeout-ms", "20000"]
         self.tmp = tempfile.mkdtemp(prefix="engram-it-")
         self.data_dir = data_dir or os.path.join(self.tmp, "data")
         self.admin_key_file = os.path.join(self.tmp, "admin.key")

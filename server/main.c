@@ -534,6 +534,10 @@ static int start_domain(proc *a)
     plimits_apply(&s->cfg);
     if (methods_check() < 0 || sql_init() < 0)
         return -1;
+    if (s->on_citus && sql_use_citus() < 0) {
+        log_error("a Citus form of a statement names no statement");
+        return -1;
+    }
     s->hooks = app_hooks();
     a->names = method_names();
     if (!a->names || metrics_init(a->names, methods_count) < 0 ||

@@ -331,7 +331,11 @@ static void catch_up_job(bg_ctx *ctx, void *arg)
     tenant *t = arg;
     pthread_mutex_lock(&t->mu);
     t->catchup_queued = false;
-    bool ready = t->state == T_READY;
+    /* announced changes all applied since (no gap below the last one announced) and no
+     * other reason to read the log: nothing to read */
+    bool needed = t->catchup_forced || t->known > t->applied;
+    t->catchup_forced = false;
+    bool ready = t->state == T_READY && needed;
     uint64_t after = t->applied;
     /* the highest change the index holds, read before the catch-up's snapshot: every one of
      * them had committed, so the database's change number cannot be lower (see below) */
@@ -383,6 +387,12 @@ static void catch_up_job(bg_ctx *ctx, void *arg)
 /* Queues one catch-up for t unless one is queued already. Call with t->mu held. */
 void tn_schedule_catch_up(tenant *t)
 {
+    t->catchup_forced = true;
+    tn_schedule_announced_catch_up(t);
+}
+
+void tn_schedule_announced_catch_up(tenant *t)
+{
     if (t->catchup_queued)
         return;
     t->catchup_queued = true;
@@ -415,7 +425,7 @@ void tenants_notify_change(tenants *ts, int64_t id, uint64_t seq)
     if (seq > t->known)
         t->known = seq;
     if (t->state == T_READY && !tn_seq_applied(t, seq))
-        tn_schedule_catch_up(t);
+        tn_schedule_announced_catch_up(t);
     pthread_mutex_unlock(&t->mu);
     tenants_put(t);
 }

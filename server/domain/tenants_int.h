@@ -66,6 +66,8 @@ struct tenant {
     pending *phead, *ptail;
     waiter *waiters;
     bool catchup_queued;
+    bool catchup_forced; /* a queued catch-up reads the log even when every announced change
+                          * is applied (a retry, a reconnection: tn_schedule_catch_up) */
     /* a change could not be applied (out of memory) or remembered: it is not marked applied,
      * and the housekeeping schedules a catch-up that reads it again from the change log */
     bool apply_retry;
@@ -183,6 +185,10 @@ void tn_drop_cold_rows(vindex *vi);
 /* tenants_apply.c */
 /* metadata for a memory we have no vector for yet: re-read from the log */
 void tn_schedule_catch_up(tenant *t);
+/* tn_schedule_announced_catch_up queues a catch-up for an announced change (t->known): it
+ * reads the log only if the change is still not applied when it runs (the process's own
+ * write, announced by a Citus worker, is usually applied by then). t->mu held. */
+void tn_schedule_announced_catch_up(tenant *t);
 
 /* tn_lookup returns tenant id with a reference taken (tenants_put it), or NULL when the
  * registry does not hold it. */

@@ -632,23 +632,28 @@ END $$;
 -- flush, the query counts of unlimited tiers) run on the coordinator. Citus plans neither
 -- single-node statement (an UPDATE ... FROM unnest() calling the STABLE timestamptz +
 -- interval on a column; an INSERT ... SELECT from unnest() with a correlated EXISTS), so on
--- Citus they write row by row, each statement routed to one tenant's shard, in (tenant,
--- id) order as before. One call still commits once (a two-phase commit when its tenants
--- live on two workers: these are counters flushed in the background, not stores).
+-- Citus they write tenant by tenant, each statement routed to one tenant's shard, in tenant
+-- order as before. One call still commits once (a two-phase commit when its tenants live on
+-- two workers: these are counters flushed in the background, not stores).
+-- engram_memory_touch writes each tenant's counts with one INSERT ... SELECT from the
+-- arrays (Citus evaluates the SELECT on the coordinator and sends the rows to the tenant's
+-- shard), the same id's entries summed first (ON CONFLICT may touch a row once per
+-- statement): one statement per tenant and flush where it wrote one per memory read.
 CREATE OR REPLACE FUNCTION engram_memory_touch(p_tenant bigint[], p_ids bigint[],
                                                p_counts bigint[], p_at_ms bigint[])
     RETURNS bigint
-    LANGUAGE plpgsql SECURITY DEFINER AS $f$
+    LANGUAGE plpgsql SECURITY DEFINER SET plan_cache_mode = force_custom_plan AS $f$
 DECLARE
-    r record;
+    t bigint;
 BEGIN
-    FOR r IN SELECT u.tenant, u.id, u.cnt,
-                    'epoch'::timestamptz + u.at * interval '1 millisecond' AS at
-               FROM unnest(p_tenant, p_ids, p_counts, p_at_ms) AS u (tenant, id, cnt, at)
-              ORDER BY u.tenant, u.id
-    LOOP
+    FOR t IN SELECT DISTINCT u.tenant FROM unnest(p_tenant) AS u (tenant) ORDER BY 1 LOOP
         INSERT INTO memory_access AS a (tenant_id, id, access_count, last_accessed_at)
-            VALUES (r.tenant, r.id, r.cnt, r.at)
+            SELECT t, u.id, sum(u.cnt),
+                   max('epoch'::timestamptz + u.at * interval '1 millisecond')
+              FROM unnest(p_tenant, p_ids, p_counts, p_at_ms) AS u (tenant, id, cnt, at)
+             WHERE u.tenant = t
+             GROUP BY u.id
+             ORDER BY u.id
             ON CONFLICT (tenant_id, id) DO UPDATE SET
                 access_count = a.access_count + excluded.access_count,
                 last_accessed_at = greatest(a.last_accessed_at, excluded.last_accessed_at);

@@ -98,6 +98,29 @@ static void test_unique_names(void)
     sql_fini();
 }
 
+/* On Citus memory_get names the tenant by value (routed to its shard): the same name and
+ * parameters, the InitPlan gone; the single-node text stays until then. */
+static void test_citus_forms(void)
+{
+    CHECK(sql_init() == 0);
+    size_t n;
+    const db_stmt_def *all = sql_all(&n);
+    const db_stmt_def *get = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(all[i].name, "memory_get") == 0)
+            get = &all[i];
+    CHECK(get != NULL);
+    if (!get)
+        return;
+    CHECK(strstr(get->sql, "(SELECT $1::bigint)") != NULL);
+    CHECK(sql_use_citus() == 0);
+    CHECK(strstr(get->sql, "(SELECT $1") == NULL);
+    CHECK(strstr(get->sql, "m.tenant_id = $1::bigint") != NULL);
+    CHECK(get->nparams == sql_def(SQL_MEMORY_GET)->nparams);
+    CHECK(strcmp(sql_def(SQL_MEMORY_GET)->sql, get->sql) != 0); /* the table itself unchanged */
+    sql_fini();
+}
+
 static void count_cb(void *arg, const db_result *r)
 {
     CHECK(r->status == DB_UNAVAILABLE);
@@ -160,6 +183,7 @@ int main(void)
 {
     test_tables();
     test_unique_names();
+    test_citus_forms();
     test_counts_checked();
     CHECK_RETURN();
 }

@@ -450,18 +450,32 @@ static const struct {
     {"EG503", RPC_UNAVAILABLE},
 };
 
-/* Citus raises these as internal errors (XX000) when a tenant move overtakes a request: a
- * statement routed to a shard that a split or move has just replaced, or a function call
- * delegated to the worker the tenant's shards are leaving, whose statements are then no
- * longer local. Transient: nothing was written. Outside a move the second would be a
- * function that Citus cannot run (docs/scaling.md), so each is logged. */
+/* Citus raises these when the cluster changes under a request, as internal errors (XX000)
+ * when a tenant move overtakes it (a statement routed to a shard that a split or move has
+ * just replaced, or a function call delegated to the worker the tenant's shards are
+ * leaving, whose statements are then no longer local; a worker that died during the
+ * commit, which may or may not have committed), and as 0A000 when a worker's
+ * primary failed over: until the coordinator has synced its metadata to the promoted
+ * worker it does not delegate calls to it, and a store run on the coordinator sends its
+ * inserts by COPY, which row-level security refuses. Transient: nothing was written, but
+ * for the commit case.
+ * Outside those moments each would be a function that Citus cannot run (docs/scaling.md),
+ * so each is logged. */
 static bool citus_moved_under(const db_result *res)
 {
-    if (!res->sqlstate || strcmp(res->sqlstate, "XX000") != 0 || !res->message)
+    if (!res->sqlstate || !res->message)
+        return false;
+    if (strcmp(res->sqlstate, "0A000") == 0)
+        return strstr(res->message, "COPY FROM not supported with row-level security") != NULL;
+    if (strcmp(res->sqlstate, "XX000") != 0)
         return false;
     return strstr(res->message, "could not find valid entry for shard") != NULL ||
            strstr(res->message, "cannot execute a distributed query from a query on a shard") !=
-               NULL;
+               NULL ||
+           /* the worker died under the commit: committed or not is unknown, as when the
+            * connection to one PostgreSQL breaks there (a retry with the request's
+            * idempotency key tells) */
+           strstr(res->message, "could not commit transaction for shard") != NULL;
 }
 
 void req_fail_db(req *r, const db_result *res)
@@ -482,9 +496,12 @@ void req_fail_db(req *r, const db_result *res)
         return;
     }
     if (citus_moved_under(res)) {
-        log_warn("%s: %s (taken for a tenant move under the request: unavailable)", req_method(r),
-                 res->message);
-        req_fail(r, RPC_UNAVAILABLE, "the tenant's shard moved under the request, retry (%s)",
+        log_warn("%s: %s (taken for a change of the Citus cluster under the request: "
+                 "unavailable)",
+                 req_method(r), res->message);
+        req_fail(r, RPC_UNAVAILABLE,
+                 "the tenant's shard moved or its node failed over under the request, retry "
+                 "(%s)",
                  res->message);
         return;
     }

@@ -1,0 +1,131 @@
+"""Failover per node on Citus (meson test citus_ha; docs/scaling.md "Failover per node"):
+deploy/citus-ha starts a pg_auto_failover monitor, the coordinator, and two workers each
+with a synchronous secondary; engramd runs against the coordinator. The primary of one
+worker is killed (kill -9) while 8 clients store to tenants on both workers: the monitor
+promotes its secondary, the coordinator is pointed at it, and no acknowledged write is
+lost or stored twice (each store retried with its idempotency key while it fails
+`unavailable`, the only error allowed)."""
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+
+from harness import (BIN, PG_BINDIR, ROOT, Server, free_port_base, psql, structured_vectors,
+                     vec_bin, wait_for)
+from rpc import RpcError
+
+SCRIPT = os.path.join(ROOT, "deploy", "citus-ha")
+
+
+def test_worker_primary_killed_under_writes():
+    tmp = tempfile.mkdtemp(prefix="engram-citus-ha-")
+    os.chmod(tmp, 0o755)
+    env = dict(os.environ, CITUS_HA_DIR=os.path.join(tmp, "c"),
+               CITUS_HA_PORT=str(free_port_base(30)), ENGRAM_BIN=BIN, PG_BINDIR=PG_BINDIR)
+
+    def ha(*args, timeout=60):
+        return subprocess.run([SCRIPT, *args], env=env, capture_output=True, text=True,
+                              timeout=timeout, check=True).stdout.strip()
+
+    srv, ok = None, False
+    try:
+        ha("start", timeout=600)
+        dsn = ha("dsn")
+        srv = Server(dsn, extra=["--db-queue-timeout-ms", "20000"])
+        srv.start()
+
+        def group_of(tid):
+            return int(psql(dsn, "SELECT n.groupid FROM pg_dist_shard_placement p JOIN "
+                                 "pg_dist_node n ON n.nodeport = p.nodeport WHERE p.shardid = "
+                                 f"get_shard_id_for_distribution_column('tenants', {tid})"))
+
+        by_group = {}
+        for _ in range(60):
+            tid, key = srv.create_tenant()
+            by_group.setdefault(group_of(tid), []).append((tid, key))
+            if all(len(by_group.get(g, [])) >= 2 for g in (1, 2)):
+                break
+        tenants = by_group[1][:2] + by_group[2][:2]
+        assert len(tenants) == 4, by_group
+        vecs = structured_vectors(8 * 150, 384, seed=51)
+        acked = {i: [] for i in range(8)}
+        retried, errors = [], []
+        failed_over = threading.Event()
+        after = {i: 0 for i in range(8)}
+
+        def writer(i):
+            tid, key = tenants[i % 4]
+            try:
+                with srv.client(key=key) as c:
+                    j = 0
+                    # until 10 stores each were acknowledged after the failover
+                    while j < 150 and (not failed_over.is_set() or after[i] < 10):
+                        args = dict(content=f"w{i} n{j}", type="fact", importance=0.5,
+                                    embedding=vec_bin(vecs[i * 150 + j]),
+                                    idempotency_key=f"w{i}-{j}")
+                        for _ in range(600):
+                            try:
+                                acked[i].append((c.call("memory.store", **args)["id"], j))
+                                break
+                            except RpcError as e:
+                                if e.code != "unavailable":
+                                    raise
+                                retried.append(e.message)
+                                time.sleep(0.05)
+                        else:
+                            raise AssertionError(f"writer {i}: store {j} never acknowledged")
+                        if failed_over.is_set():
+                            after[i] += 1
+                        j += 1
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        before = ha("state")
+        old = next(line.split()[0] for line in before.splitlines()
+                   if line.split()[1] == "1" and line.split()[4] == "primary")
+        ha("kill", "1")
+
+        def promoted():
+            rows = [line.split() for line in ha("state").splitlines()]
+            new = [r for r in rows if r[1] == "1" and r[3] == "primary" and r[4] == "primary"]
+            port = psql(dsn, "SELECT nodeport FROM pg_dist_node WHERE groupid = 1 AND "
+                             "noderole = 'primary'")
+            return bool(new) and new[0][0] != old and port == new[0][2]
+
+        assert wait_for(promoted, timeout=120, interval=0.5), \
+            f"group 1 never failed over: {ha('state')}"
+        failed_over.set()
+        for t in threads:
+            t.join(timeout=300)
+        assert not errors, errors
+        print(f"stores retried after unavailable: {len(retried)} "
+              f"{sorted(set(re.sub(r'[0-9]+', 'N', m) for m in retried))[:4]}")
+        assert all(n >= 10 for n in after.values()), after
+        for w, (tid, key) in enumerate(tenants):
+            want = sorted(m for i in (w, w + 4) for m, _ in acked[i])
+            got = sorted(int(x) for x in psql(
+                dsn, f"SELECT id FROM memories WHERE tenant_id = {tid}").split())
+            assert got == want, f"tenant {tid}: rows {len(got)}, acknowledged {len(want)}"
+            assert psql(dsn, f"SELECT memory_count || ' ' || memory_id_last FROM tenants "
+                             f"WHERE id = {tid}") == f"{len(want)} {max(want)}"
+            with srv.client(key=key) as c:
+                for i in (w, w + 4):
+                    for mid, j in acked[i][::7]:
+                        hits = c.call("memory.search", embedding=vec_bin(vecs[i * 150 + j]),
+                                      top_k=1, similarity_weight=1.0)["results"]
+                        assert hits and hits[0]["id"] == mid
+        ok = True
+    finally:
+        try:
+            if srv:
+                srv.finish(failed=not ok)  # its log kept when the test failed
+        finally:
+            subprocess.run([SCRIPT, "stop"], env=env, timeout=120)
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -30,6 +30,15 @@ DO $$
 BEGIN
     PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
     ALTER ROLE engram_app LOGIN;
+    -- A database moved onto Citus (a single PostgreSQL's dump restored into the coordinator,
+    -- docs/scaling.md) holds rows when its tables are distributed: create_distributed_table
+    -- copies them into the shards, and the copy would fire the tables' triggers on the
+    -- workers (audit records, counters: the rows already hold their effects) before the
+    -- tables they write to exist there. Replica mode fires none, in this transaction only.
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'tenants'::regclass)
+       AND EXISTS (SELECT 1 FROM ONLY tenants) THEN
+        SET LOCAL session_replication_role = replica;
+    END IF;
 END $$;
 
 -- Unique constraints Citus cannot keep, replaced by indexes for the lookups.
@@ -54,6 +63,7 @@ DO $$
 DECLARE
     r record;
     left_over integer;
+    has_rows boolean;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'tenants'::regclass) THEN
         PERFORM create_distributed_table('tenants', 'id');
@@ -92,5 +102,13 @@ BEGIN
         PERFORM create_reference_table(r.rel::text);
         -- the rows now live in the reference table's shards
         PERFORM truncate_local_data_after_distributing_table(r.rel);
+    END LOOP;
+    -- the same for the distributed tables that held rows (a database moved onto Citus):
+    -- their rows are in the shards now, the coordinator's local copies go
+    FOR r IN SELECT logicalrelid AS rel FROM pg_dist_partition WHERE partmethod = 'h' LOOP
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', r.rel) INTO has_rows;
+        IF has_rows THEN
+            PERFORM truncate_local_data_after_distributing_table(r.rel);
+        END IF;
     END LOOP;
 END $$;

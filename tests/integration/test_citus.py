@@ -2,15 +2,18 @@
 the schema is distributed by tenant, and a store is one local transaction on the worker
 holding its tenant, never a two-phase commit across workers."""
 import json
+import os
+import random
 import re
+import string
 import subprocess
 import threading
 import time
 
 import pytest
 
-from harness import (BIN, CITUS, citus_cluster, new_database, running_pair, structured_vectors,
-                     vec_bin, wait_for, wait_log)
+from harness import (BIN, CITUS, PG_BINDIR, PG_DSN, citus_cluster, new_database, psql,
+                     running_pair, structured_vectors, vec_bin, wait_for, wait_log, with_dbname)
 from rpc import RpcError
 from test_result_schemas import result_schema, validator
 
@@ -324,3 +327,55 @@ def test_engramd_connected_to_a_worker(engramd):
         e = wait_for(lambda: cb2.wait(cb2.send("memory.stats", {}))[0], timeout=10)
         assert e is not None and e["code"] == "unauthenticated", \
             "the revocation never reached the worker's engramd"
+
+
+def test_single_node_database_moves_onto_citus(engramd, tmp_path):
+    """The migration path of docs/scaling.md: a single PostgreSQL's database, dumped with
+    pg_dump and restored into a coordinator's database (citus extension, workers
+    registered), is distributed by the first engramd started on it (its rows copied into
+    the shards, the coordinator's local copies emptied), and serves what it held: keys,
+    memories found by search, sessions, and new stores numbered after the old."""
+    assert CITUS, "run with ENGRAM_TEST_CITUS=1 (meson suite citus)"
+    name = "engram_single_" + "".join(random.choices(string.ascii_lowercase, k=8))
+    psql(PG_DSN, f"CREATE DATABASE {name}")
+    single = engramd(with_dbname(PG_DSN, name))
+    vecs = structured_vectors(3 * 30, 384, seed=91)
+    held = []
+    for t in range(3):
+        tid, key = single.create_tenant()
+        with single.client(key=key) as c:
+            ids = c.call("memory.store_batch", memories=[
+                {"content": f"t{t} m{i}", "type": "fact", "importance": 0.5,
+                 "embedding": vec_bin(vecs[t * 30 + i])} for i in range(30)])["ids"]
+            sid = c.call("session.create", agent_id=1, config={"model": "sonnet"})["session_id"]
+            c.call("session.append", session_id=sid, role="user", content="hello")
+        held.append((tid, key, ids, sid))
+    single.stop()
+    dump = tmp_path / "dump.sql"
+    with open(dump, "w") as f:
+        subprocess.run([os.path.join(PG_BINDIR, "pg_dump"), with_dbname(PG_DSN, name)],
+                       stdout=f, check=True, timeout=300)
+    dsn = citus_cluster().add_database(name)
+    # the roles are the cluster's, not the dump's (pg_dumpall --globals-only elsewhere)
+    psql(dsn, "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
+              "'engram_app') THEN CREATE ROLE engram_app; END IF; END $$")
+    out = subprocess.run([os.path.join(PG_BINDIR, "psql"), dsn, "-v", "ON_ERROR_STOP=1", "-q",
+                          "-f", str(dump)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    moved = engramd(dsn, extra=["--secret-file", single.data_dir + "/secret.key"])
+    assert "the database is a Citus coordinator" in moved.log_text()
+    db = _db(moved)
+    assert citus_cluster().sql(0, "SELECT count(*) FROM pg_dist_partition WHERE "
+                                  "logicalrelid = 'memories'::regclass", dbname=db) == "1"
+    # the rows live in the shards; the coordinator's local copy is empty
+    assert citus_cluster().sql(0, "SELECT pg_relation_size('memories')", dbname=db) == "0"
+    for t, (tid, key, ids, sid) in enumerate(held):
+        with moved.client(key=key) as c:
+            for i, mid in enumerate(ids):
+                hits = c.call("memory.search", embedding=vec_bin(vecs[t * 30 + i]), top_k=1,
+                              similarity_weight=1.0)["results"]
+                assert hits and hits[0]["id"] == mid
+            assert c.call("session.get", session_id=sid)["entry_count"] == 1
+            new = c.call("memory.store", content="after the move", type="fact", importance=0.5,
+                         embedding=vec_bin(vecs[t * 30]))["id"]
+            assert new == max(ids) + 1

@@ -63,7 +63,6 @@ DO $$
 DECLARE
     r record;
     left_over integer;
-    has_rows boolean;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'tenants'::regclass) THEN
         PERFORM create_distributed_table('tenants', 'id');
@@ -104,11 +103,16 @@ BEGIN
         PERFORM truncate_local_data_after_distributing_table(r.rel);
     END LOOP;
     -- the same for the distributed tables that held rows (a database moved onto Citus):
-    -- their rows are in the shards now, the coordinator's local copies go
-    FOR r IN SELECT logicalrelid AS rel FROM pg_dist_partition WHERE partmethod = 'h' LOOP
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s)', r.rel) INTO has_rows;
-        IF has_rows THEN
-            PERFORM truncate_local_data_after_distributing_table(r.rel);
-        END IF;
-    END LOOP;
+    -- their rows are in the shards now, the coordinator's local copies go. Only those with
+    -- local storage (a query, ONLY or not, would read the shards), in the transaction that
+    -- distributed them, whose replica mode keeps the tables' TRUNCATE guards (the audit
+    -- log's) from firing.
+    IF current_setting('session_replication_role') = 'replica' THEN
+        FOR r IN SELECT logicalrelid AS rel FROM pg_dist_partition WHERE partmethod = 'h'
+                  ORDER BY logicalrelid LOOP
+            IF pg_relation_size(r.rel) > 0 THEN
+                PERFORM truncate_local_data_after_distributing_table(r.rel);
+            END IF;
+        END LOOP;
+    END IF;
 END $$;

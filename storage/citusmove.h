@@ -3,13 +3,15 @@
  * Citus keeps a tenant's rows of every table in one shard group (storage/citus/10_tables.sql:
  * all co-located with tenants). A move first isolates the tenant into a shard group of its
  * own (isolate_tenant_to_new_shard ... 'CASCADE': the split of the group it shared), then
- * moves that group to the target worker (citus_move_shard_placement). Both run with
+ * moves that group to the target worker (citus_move_shard_placement). The move runs with
  * shard_transfer_mode 'force_logical': Citus copies the rows, follows the writes made
  * meanwhile by logical replication and blocks writes only for the final switch, so stores
  * keep being acknowledged during the move and an acknowledged write is never lost (Citus
  * commits it on the source and replicates it, or it waits for the switch and commits on
- * the target). The nodes need wal_level = logical (and, on PostgreSQL releases that have
- * it, citus in output_plugin_libraries: deploy/citus sets both).
+ * the target). The split blocks the group's writes while it copies ('block_writes': see
+ * split() in citusmove.c for why not 'force_logical'). The nodes need wal_level = logical
+ * (and, on PostgreSQL releases that have it, citus in output_plugin_libraries:
+ * deploy/citus sets both).
  *
  * Runs blocking statements on c, which must be a connection to the coordinator as the
  * tables' owner or a superuser (Citus checks it), outside any transaction block: a move

@@ -4,9 +4,10 @@
  * thread with a connection of its own as the DSN's user (Citus lets only the tables' owner
  * or a superuser split and move shards: the server role of pg_role is not used), outside
  * any transaction, and the answer is sent when it is done. Stores, searches and sessions of
- * the tenant go on meanwhile: Citus moves the rows by logical replication and blocks writes
- * only for the final switch. The indexes of every engramd stay right: the rows, their ids
- * and the tenant's change numbers move unchanged.
+ * the tenant go on meanwhile: the split that isolates the tenant makes the writes of the
+ * tenants sharing its shard group wait for its copy (citusmove.h), the move itself copies
+ * by logical replication and blocks writes only for the final switch. The indexes of every
+ * engramd stay right: the rows, their ids and the tenant's change numbers move unchanged.
  */
 #include <errno.h>
 #include <stdio.h>

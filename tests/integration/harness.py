@@ -269,7 +269,11 @@ class Server:
                 self.port, self.http_port = free_port(), free_port()
         return self
 
-    def wait_ready(self, timeout=60):
+    def wait_ready(self, timeout=None):
+        # the first engramd on a new database applies the schema: on Citus that distributes
+        # every table and function (33 s on the idle machine, past 60 s in a deploy/test run
+        # beside the other Citus tests)
+        timeout = timeout or (240 if CITUS else 60)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

@@ -29,48 +29,17 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "clients", "python"))
 from engram_client import Client  # noqa: E402
+from proc_stats import cpu_s, load_avg, pg_pids  # noqa: E402
 
 A = None  # the parsed arguments, in each process
-
-
-def cpu_s(pids):
-    """user + system CPU seconds of the processes pids (and the children they reaped)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-        except OSError:
-            pass
-    return total / tick
-
-
-def children(postmaster):
-    out = [postmaster]
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == postmaster:
-                        out.append(int(d))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
 
 
 def snapshot():
     """CPU seconds so far of engramd and of each node."""
     s = {"engramd": cpu_s([A.engramd_pid])}
     for name, pm in A.nodes:
-        s[name] = cpu_s(children(pm))
+        s[name] = cpu_s(pg_pids(pm))
     return s
-
-
-def load_avg():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 def vectors(n, seed):

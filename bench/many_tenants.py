@@ -37,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "clients", "python"))
 from engram_client import Client  # noqa: E402
+from proc_stats import cpu_s, load_avg, pg_pids  # noqa: E402
 
 
 def metrics(port):
@@ -57,37 +58,6 @@ def metrics(port):
 def metric_sum(m, prefix):
     return sum(v for k, v in m.items() if k == prefix or k.startswith(prefix + "{"))
 
-
-def cpu_s(pids):
-    """user + system CPU seconds of the processes pids (and the children they reaped)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-        except OSError:
-            pass
-    return total / tick
-
-
-def pg_pids(postmaster):
-    out = [postmaster]
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == postmaster:
-                        out.append(int(d))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
-
-
-def load_avg():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 # ---- the client processes (--procs): one job is a range of tenants ----------------------

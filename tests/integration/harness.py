@@ -77,6 +77,25 @@ def wait_for(pred, timeout=20.0, interval=0.05, what=None):
     return v
 
 
+def store_retrying(c, args, retried, timeout=30.0):
+    """memory.store of args through client c, tried again every 50 ms (with the same
+    idempotency key in args) while it fails `unavailable` (each message appended to
+    retried), for at most timeout seconds; returns its id. Any other error raises, as does
+    running out of time."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return c.call("memory.store", **args)["id"]
+        except RpcError as e:
+            if e.code != "unavailable":
+                raise
+            retried.append(e.message)
+            if time.time() > deadline:
+                raise AssertionError(f"store {args.get('idempotency_key')} never "
+                                     f"acknowledged in {timeout:.0f} s: {e.message}")
+            time.sleep(0.05)
+
+
 def wait_value(get, ok, what, timeout=20.0, interval=0.05):
     """Polls get() until ok(value) holds, at most timeout seconds; returns the value. A
     timeout fails the test naming what it waited for and the last value get() returned."""

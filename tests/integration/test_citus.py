@@ -13,7 +13,8 @@ import time
 import pytest
 
 from harness import (BIN, CITUS, PG_BINDIR, PG_DSN, citus_cluster, new_database, psql,
-                     running_pair, structured_vectors, vec_bin, wait_for, wait_log, with_dbname)
+                     running_pair, store_retrying, structured_vectors, vec_bin, wait_for,
+                     wait_log, with_dbname)
 from rpc import RpcError
 from test_result_schemas import result_schema, validator
 
@@ -143,18 +144,8 @@ def test_tenant_moved_while_eight_clients_store():
                         args = dict(content=f"w{i} n{j}", type="fact", importance=0.5,
                                     embedding=vec_bin(vecs[i * 60 + j]),
                                     idempotency_key=f"w{i}-{j}")
-                        for attempt in range(200):
-                            try:
-                                acked[i].append((c.call("memory.store", **args)["id"], j))
-                                break
-                            except RpcError as e:
-                                # the switch at the end of the move: retried, same key
-                                if e.code != "unavailable":
-                                    raise
-                                retried.append(e.message)
-                                time.sleep(0.05)
-                        else:
-                            raise AssertionError(f"writer {i}: store {j} never acknowledged")
+                        # the switch at the end of the move: retried, same key
+                        acked[i].append((store_retrying(c, args, retried, timeout=20), j))
                         j += 1
             except Exception as e:  # reported below
                 errors.append(e)
@@ -309,10 +300,10 @@ def test_engramd_connected_to_a_worker(engramd):
 
             for i, mid in enumerate(through_b):
                 assert wait_for(lambda: top1(ca, v[i]) == [mid], timeout=10), \
-                    f"the coordinator's engramd never learnt of a store through the worker's"
+                    "the coordinator's engramd never learnt of a store through the worker's"
             for i, mid in enumerate(through_a):
                 assert wait_for(lambda: top1(cb, v[10 + i]) == [mid], timeout=10), \
-                    f"the worker's engramd never learnt of a store through the coordinator's"
+                    "the worker's engramd never learnt of a store through the coordinator's"
             sid = cb.call("session.create", agent_id=1, config={"model": "sonnet"})["session_id"]
             cb.call("session.append", session_id=sid, role="user", content="hello")
             assert ca.call("session.get", session_id=sid)["entry_count"] == 1

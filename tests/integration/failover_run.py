@@ -31,8 +31,15 @@ PG_BINDIR = os.environ.get("ENGRAM_TEST_PG_BINDIR", "/usr/lib/postgresql/15/bin"
 # database (queue) or for an answer (query), so no write may hang longer than their sum
 QUEUE_TIMEOUT_MS = 2000
 QUERY_TIMEOUT_MS = 5000
+# and no cap on a tenant's memories or rate: the writers store for as long as the
+# formation's scripts take. In a CI run beside the citus suite deploy/ha/start took 110 s
+# and all four writers ended on an error other than 'unavailable' during it (their last
+# attempts, printed now); the premium tier's 50,000 memories is the limit such a long run
+# passes (its 5,000 requests/s the one it might)
 ENGRAMD_ARGS = (f"--db-queue-timeout-ms {QUEUE_TIMEOUT_MS} --db-query-timeout-ms "
-                f"{QUERY_TIMEOUT_MS} --db-backoff-max-ms 500 --log-level info")
+                f"{QUERY_TIMEOUT_MS} --db-backoff-max-ms 500 --premium-max-memories 0 "
+                "--premium-rate-per-s 0 "
+                "--log-level info")
 
 
 def read_env(path):
@@ -129,6 +136,17 @@ class Formation:
                 return f.read()
         except OSError:
             return ""
+
+    def diagnosis(self, load=None, lines=40):
+        """What a failure message needs: the monitor's state and events, the writers' last
+        attempts, the tail of each engramd's and HAProxy's log."""
+        parts = [f"state: {self.state()}", "monitor events:\n" + self.events(30)]
+        if load:
+            parts.append("writers:\n" + load.report())
+            parts.append(f"writers' unexpected errors: {load.unexpected()[:8]}")
+        for name in ("engramd-a.log", "engramd-b.log", "haproxy.log"):
+            parts.append(f"{name}:\n" + "\n".join(self.log(name).splitlines()[-lines:]))
+        return "\n".join(parts)
 
     def stop(self, clean=True):
         args = [os.path.join(HA, "stop")] + (["--clean"] if clean else [])
@@ -228,6 +246,16 @@ class Load:
 
     def stuck(self):
         return [w.wid for w in self.ws if w.is_alive()]
+
+    def report(self, n=4):
+        """Each writer's last n attempts (seconds ago, duration, outcome) and whether it is
+        alive, for failure messages."""
+        now = time.time()
+        lines = []
+        for w in self.ws:
+            last = [f"{now - s:.1f}s ago {e - s:.2f}s {o}" for s, e, o in list(w.attempts)[-n:]]
+            lines.append(f"{w.wid} ({'alive' if w.is_alive() else 'ended'}): {last}")
+        return "\n".join(lines)
 
     def acked_since(self, t):
         """How many writes that started at or after t were acknowledged."""

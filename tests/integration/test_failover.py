@@ -140,7 +140,8 @@ def test_rejoin_and_fail_back(capsys):
             assert promoted, f"no failover after killing {killed}: {f.state()}"
             t1 = time.time()
             assert wait_for(lambda: load.acked_since(t1) > 0, timeout=60, interval=0.2), \
-                f"writes did not resume after the failover: {load.unexpected()[:3]}"
+                f"writes did not resume after the failover: {load.unexpected()[:3]}\n" \
+                f"{f.diagnosis(load)}"
             steps.append(f"failover to {f.node_of(promoted)} in {t1 - t0:.1f} s")
             return promoted
 
@@ -165,7 +166,8 @@ def test_rejoin_and_fail_back(capsys):
         assert out.strip() == "node1", out
         assert f.roles() == {"node1": "primary", "node2": "secondary"}, \
             f"{f.state()}; the monitor's events:\n{f.events()}"
-        assert wait_for(lambda: load.acked_since(t_sw + took) > 0, timeout=60, interval=0.2)
+        assert wait_for(lambda: load.acked_since(t_sw + took) > 0, timeout=60, interval=0.2), \
+            f"no write acknowledged in 60 s after the switchover:\n{f.diagnosis(load)}"
         steps.append(f"switchover back to node1 in {took:.1f} s")
 
         # 3. node1 is lost again; deploy/ha/rejoin node1 brings it back

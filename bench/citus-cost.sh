@@ -30,7 +30,7 @@ pm() { head -1 "$1/data/postmaster.pid"; }
         "load average $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "== one PostgreSQL"
     own_engramd "$bin" "$out" engram_cc 7640 7641
-    OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/citus_cost.py --port 7640 \
+    OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/citus_cost.py --port 7640 --http-port 7641 \
         --admin-key-file "$out/admin.key" --engramd-pid "$pid" --node "pg=$(pm "$out/pg")" \
         --label single --out "$out/single.json" "${args[@]}"
     own_engramd_stop
@@ -52,7 +52,7 @@ pm() { head -1 "$1/data/postmaster.pid"; }
             break
         sleep 0.2
     done
-    OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/citus_cost.py --port 7642 \
+    OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/citus_cost.py --port 7642 --http-port 7643 \
         --admin-key-file "$out/admin.key" --engramd-pid "$pid" \
         --node "coordinator=$(pm "$out/citus/coord")" --node "worker1=$(pm "$out/citus/w1")" \
         --node "worker2=$(pm "$out/citus/w2")" --label citus --out "$out/citus.json" "${args[@]}"

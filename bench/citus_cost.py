@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import sys
 import time
+import urllib.request
 
 import numpy as np
 
@@ -80,14 +81,31 @@ def idle(seconds):
     return rate
 
 
+def groups():
+    """(transactions, requests) of engramd's store groups so far (its /metrics), or None
+    without --http-port."""
+    if not A.http_port:
+        return None
+    with urllib.request.urlopen(f"http://127.0.0.1:{A.http_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    got = {}
+    for line in text.splitlines():
+        for name in ("engram_group_commit_batches_total", "engram_group_commit_requests_total"):
+            if line.startswith(name + " "):
+                got[name] = float(line.split()[-1])
+    return (got.get("engram_group_commit_batches_total", 0.0),
+            got.get("engram_group_commit_requests_total", 0.0))
+
+
 def phase(pool, kind, keys, total, idle_rate):
     """Runs total operations; CPU per operation is what the phase used beyond the idle
     rate over its wall time and the settling after it."""
     per = total // A.procs
     jobs = [(kind, p, keys[p::A.procs] or keys, per) for p in range(A.procs)]
-    before, load0, t0 = snapshot(), load_avg(), time.monotonic()
+    before, load0, g0, t0 = snapshot(), load_avg(), groups(), time.monotonic()
     done = sum(pool.map(run_part, jobs))
     wall = time.monotonic() - t0
+    g1 = groups()
     # what the phase left running (autovacuum's analyses of the shards written, flushes)
     # counts towards it: until the servers are back near their idle rate, at most 60 s
     settle_s = 0.0
@@ -110,6 +128,13 @@ def phase(pool, kind, keys, total, idle_rate):
            "gross_cpu_ms_per_op": {k: round(v, 3) for k, v in gross.items()},
            "pg_cpu_ms_per_op": round(sum(v for k, v in cpu.items() if k != "engramd"), 3),
            "load_before": load0, "load_after": load_avg()}
+    if g0 and g1 and g1[0] > g0[0]:
+        row["group_transactions"] = int(g1[0] - g0[0])
+        row["group_requests"] = int(g1[1] - g0[1])
+        print(f"{kind}: store groups: {row['group_requests']} requests in "
+              f"{row['group_transactions']} transactions "
+              f"({row['group_requests'] / row['group_transactions']:.2f} a transaction)",
+              flush=True)
     nodes = ", ".join(f"{k} {v:.3f}" for k, v in cpu.items() if k != "engramd")
     print(f"{kind}: {done} in {wall:.1f} s ({done / wall:.0f}/s), settled {settle_s:.0f} s "
           f"after; CPU ms per op beyond idle: "
@@ -135,6 +160,8 @@ def main():
     ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--idle-seconds", type=float, default=10.0)
+    ap.add_argument("--http-port", type=int, default=0,
+                    help="engramd's HTTP port: report its store groups per phase")
     ap.add_argument("--out", required=True)
     A = ap.parse_args()
     A.nodes = [(n.split("=")[0], int(n.split("=")[1])) for n in A.node]

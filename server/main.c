@@ -22,6 +22,7 @@
 #include "auth.h"
 #include "bg.h"
 #include "chat.h"
+#include "citusmap.h"
 #include "climits.h"
 #include "autocompact.h"
 #include "consolidate.h"
@@ -513,6 +514,18 @@ static int prepare_database(server *s, command cmd, const char *const ct[3], int
         log_info("the database is a Citus coordinator: schema distributed by tenant");
     else if (citus == 2)
         log_info("the database is a Citus worker: schema as its coordinator distributed it");
+    if (s->on_citus && !s->placements) {
+        /* store groups take one node's tenants (gcommit.h); until a load works each store
+         * goes alone */
+        int n = (s->placements = cmap_create()) ? cmap_load(s->placements, pg, err, sizeof(err))
+                                                : -ENOMEM;
+        if (n < 0)
+            log_warn("the tenants' Citus placements are not known yet (%s): stores go one by "
+                     "one until the change listener reads them",
+                     n == -ENOMEM ? "out of memory" : err);
+        else
+            log_info("Citus placements of tenants: %d shard ranges", n);
+    }
     if (cmd == CMD_MIGRATE) {
         *rc = 0;
         ret = 1;
@@ -735,6 +748,7 @@ static void shutdown_all(proc *a, bool clean)
     tenancy_destroy(s->tenancy);
     tls_destroy(s->tls); /* after the workers and the HTTP port: no session is made after */
     rc_destroy(s->rows);
+    cmap_destroy(s->placements); /* after the workers and the background threads */
     metrics_fini();
     sql_fini();
     embedder_fini();

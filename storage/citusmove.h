@@ -39,6 +39,12 @@
     "SELECT pg_advisory_xact_lock_shared(%d, get_shard_id_for_distribution_column('tenants', "     \
     "%lld::bigint)::int)"
 
+/* The split fence of several tenants at once (db_opts.tenants): the class, then the ids as
+ * the text of a bigint array's elements ("1,2,3"). */
+#define CMOVE_FENCE_MANY_SQL_FMT                                                                   \
+    "SELECT count(pg_advisory_xact_lock_shared(%d, "                                               \
+    "get_shard_id_for_distribution_column('tenants', t)::int)) FROM unnest('{%s}'::bigint[]) t"
+
 typedef struct cmove_result {
     int64_t shard_id; /* the tenant's shard of tenants afterwards */
     bool split;       /* the tenant shared its shard group and was isolated now */

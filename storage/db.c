@@ -44,6 +44,7 @@ typedef struct db_job {
                       * SET LOCAL statement (db_config.rls_set_local) */
     const char *rls_val[1];
     char fence[192];   /* Citus: the split fence's statement (citusmove.h) */
+    char *fence_many;  /* Citus, several tenants (db_opts.tenants): their fence; owned */
     char lockwait[24]; /* the lock_timeout query's one value: milliseconds as text */
     const char *lockwait_val[1];
     int hidden;    /* set-up queries first in q (RLS, lock_timeout): not the caller's */
@@ -187,6 +188,7 @@ static void job_free(db_job *j)
     free(j->errmsg);
     free(j->detail);
     free(j->blob);
+    free(j->fence_many);
     free(j);
 }
 
@@ -856,8 +858,10 @@ static db_job *job_build(const db_pool *p, const db_opts *o, const db_query *qs,
     static const int text_fmt[1] = {0};
     static const char *const no_wait[1] = {"0"};
     /* Citus: BEGIN, SET LOCAL (the coordinator passes it on to the workers only inside a
-     * transaction block), the split fence (citusmove.h), the queries, a sync, COMMIT */
-    bool block = o->rls_tenant >= 0 && p->cfg.rls_set_local;
+     * transaction block), the split fence (citusmove.h), the queries, a sync, COMMIT; for
+     * several tenants (o->tenants) BEGIN, their fence, the queries, a sync, COMMIT */
+    bool many = o->ntenants > 0 && p->cfg.rls_set_local;
+    bool block = (o->rls_tenant >= 0 || many) && p->cfg.rls_set_local;
     int base = (o->rls_tenant >= 0 ? 1 : 0) + (o->lock_timeout_ms > 0 ? 1 : 0) + 2 * block;
     int trailing = (o->lock_timeout_ms > 0 ? 1 : 0) + block;
     db_job *j = job_alloc(base + nq + trailing);
@@ -867,7 +871,25 @@ static db_job *job_build(const db_pool *p, const db_opts *o, const db_query *qs,
         return NULL;
     }
     int k = 0;
-    if (block) {
+    if (many) {
+        char *ids = malloc((size_t)o->ntenants * 21 + 1), *sql = NULL;
+        size_t n = 0;
+        for (int i = 0; ids && i < o->ntenants; i++)
+            n += (size_t)sprintf(ids + n, "%s%lld", i ? "," : "", (long long)o->tenants[i]);
+        if (ids) {
+            size_t len = strlen(CMOVE_FENCE_MANY_SQL_FMT) + 16 + n;
+            if ((sql = malloc(len)) != NULL)
+                snprintf(sql, len, CMOVE_FENCE_MANY_SQL_FMT, CMOVE_FENCE_CLASS, ids);
+        }
+        free(ids);
+        if (!sql) {
+            job_free(j);
+            return NULL;
+        }
+        j->fence_many = sql;
+        j->q[k++] = (db_job_query){.kind = Q_EXEC_RAW, .sql = "BEGIN"};
+        j->q[k++] = (db_job_query){.kind = Q_EXEC_RAW, .sql = j->fence_many};
+    } else if (block) {
         snprintf(j->rls, sizeof(j->rls), "SET LOCAL engram.tenant_id = '%lld'",
                  (long long)o->rls_tenant);
         snprintf(j->fence, sizeof(j->fence), CMOVE_FENCE_SQL_FMT, CMOVE_FENCE_CLASS,
@@ -933,6 +955,9 @@ int db_submit(db_pool *p, int64_t rls_tenant, const db_query *qs, int nq, db_cb 
 int db_submit_opts(db_pool *p, const db_opts *o, const db_query *qs, int nq, db_cb cb, void *arg)
 {
     if (!p || !qs || nq < 1 || nq > DB_MAX_QUERIES || p->destroying)
+        return -EINVAL;
+    if (o->ntenants < 0 || o->ntenants > DB_MAX_QUERIES || (o->ntenants > 0 && !o->tenants) ||
+        (o->ntenants > 0 && (o->rls_tenant >= 0 || o->lock_timeout_ms > 0)))
         return -EINVAL;
     for (int i = 0; i < nq; i++) {
         const db_stmt_def *st = qs[i].stmt;

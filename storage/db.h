@@ -40,7 +40,7 @@ struct event_base;
 
 typedef struct db_pool db_pool;
 
-#define DB_MAX_QUERIES 8
+#define DB_MAX_QUERIES 16
 #define DB_MAX_PARAMS 24
 
 /* A statement prepared on every connection under its name. */
@@ -143,6 +143,14 @@ typedef struct db_opts {
     int64_t rls_tenant;       /* >= 0: set engram.tenant_id to it first (as db_submit) */
     unsigned lock_timeout_ms; /* > 0: the transaction's lock_timeout: a statement that waits
                                * longer for a lock fails with SQLSTATE 55P03 */
+    /* Citus only (db_config.rls_set_local), with rls_tenant -1 and no lock_timeout_ms: the
+     * ntenants (1..DB_MAX_QUERIES) tenants whose rows the job's statements write, each
+     * statement binding row-level security to its own tenant (a store group,
+     * server/methods/gcommit.h): the job runs in a transaction block that first takes the
+     * split fence (citusmove.h) of each of them. Not owned; copied at submission. Ignored
+     * on a pool without rls_set_local. */
+    const int64_t *tenants;
+    int ntenants;
 } db_opts;
 
 /* db_submit_opts is db_submit with options. */

@@ -71,6 +71,14 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
          "$11::float8[], $12::text[], $13, $14::bigint[], $15::bigint[], "
          "$16::bigint[], $17::bigint[], $18::bigint[], $19::boolean[], $20::bigint)",
          20},
+    /* the same on one node (unused there); its Citus form (citus_forms) binds the tenant */
+    [SQL_MEMORY_STORE_AS] =
+        {"memory_store_as",
+         "SELECT * FROM engram_memory_store_batch($1, $2::bigint[], $3, $4, $5, "
+         "$6::bigint[], $7::bigint[], $8::text[], $9::text[], $10::text[], "
+         "$11::float8[], $12::text[], $13, $14::bigint[], $15::bigint[], "
+         "$16::bigint[], $17::bigint[], $18::bigint[], $19::boolean[], $20::bigint)",
+         20},
     /* the stores of several requests of any tenants (gcommit.h): no engram.tenant_id */
     [SQL_MEMORY_STORE_GROUP] =
         {"memory_store_group",
@@ -302,6 +310,14 @@ static const struct {
     {"memory_get", "SELECT " SQL_MEMROW_COLS " FROM memories m WHERE m.tenant_id = $1::bigint "
                    "AND m.id = ANY ($2::bigint[]) AND (m.expires_at IS NULL OR m.expires_at > "
                    "now()) ORDER BY array_position($2::bigint[], m.id)"},
+    /* a store group on Citus is one transaction of several tenants' delegated calls, which
+     * run on the tenants' worker where SET LOCAL of the coordinator's block would take a
+     * round trip per tenant: the function sets engram.tenant_id itself (citus/20_functions) */
+    {"memory_store_as",
+     "SELECT * FROM engram_memory_store_as($1, $2::bigint[], $3, $4, $5, "
+     "$6::bigint[], $7::bigint[], $8::text[], $9::text[], $10::text[], "
+     "$11::float8[], $12::text[], $13, $14::bigint[], $15::bigint[], "
+     "$16::bigint[], $17::bigint[], $18::bigint[], $19::boolean[], $20::bigint)"},
 };
 
 int sql_use_citus(void)

@@ -15,6 +15,9 @@ typedef enum sql_stmt {
     SQL_MEMORY_STORE_BATCH, /* engram_memory_store_batch(...) -> idx, replay, created, META */
     SQL_MEMORY_STORE_GROUP, /* engram_memory_store_group(...) -> idx, replay, created, META,
                              * err_state, err_message, err_detail */
+    SQL_MEMORY_STORE_AS,    /* SQL_MEMORY_STORE_BATCH's parameters and rows; on Citus through
+                             * engram_memory_store_as, which binds row-level security to its
+                             * tenant itself (a store group of several tenants, gcommit.h) */
     SQL_MEMORY_STORE_SOLO,  /* the parameters and rows of SQL_MEMORY_STORE_GROUP for a group
                              * of one request of a few memories (run with engram.tenant_id
                              * set); no rows when it does not fit the tier (or the tenant is

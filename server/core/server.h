@@ -49,6 +49,10 @@ typedef struct server {
     uint8_t secret[32];    /* keys the API-key hashes */
     bool have_admin;
     bool on_citus; /* the database is a Citus coordinator (found at start: migrate_citus) */
+    /* on Citus: which node holds each tenant (storage/citusmap.h), for the store groups;
+     * loaded at start, again by the change listener every change_poll_ms and after a
+     * move; NULL on one PostgreSQL */
+    struct cmap *placements;
     uint8_t admin_hash[32];        /* keyed hash of the admin key */
     atomic_bool ready;             /* start-up finished: listening, indexes loadable */
     atomic_bool draining;          /* shutdown has begun */

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "citusmap.h"
 #include "db.h"
 #include "log.h"
 #include "pgsync.h"
@@ -161,6 +162,16 @@ static bool workers_refresh(bg *b, listen_set *ls)
     return true;
 }
 
+/* On Citus: reads the tenants' placements again (a move by any process or operator is seen
+ * within change_poll_ms; until then a store group may hold tenants of two nodes, which
+ * costs that group a two-phase commit, nothing else: citusmap.h). */
+static void placements_refresh(bg *b, PGconn *c)
+{
+    char err[256] = "out of memory";
+    if (cmap_load(b->srv->placements, c, err, sizeof(err)) < 0)
+        log_warn("change listener: cannot read the tenants' Citus placements: %s", err);
+}
+
 /* Hands on what connection i received. Announcements of this process's own writes come back
  * on the configured database's connection only (a worker runs a delegated function under a
  * backend of its own), so only those are told apart. Returns false when the connection
@@ -214,6 +225,8 @@ static void listen_loop(bg *b, listen_set *ls)
                 return;
             if (b->srv->on_citus && !workers_refresh(b, ls))
                 return;
+            if (b->srv->placements)
+                placements_refresh(b, ls->c[0]);
             next_check = server_mono_ns() / 1000000u + poll_ms;
         }
     }

@@ -11,10 +11,12 @@
 #include <string.h>
 
 #include "app.h"
+#include "citusmap.h"
 #include "idmap.h"
 #include "log.h"
 #include "memrow.h"
 #include "metrics.h"
+#include "server.h"
 #include "sql.h"
 #include "worker.h"
 
@@ -56,6 +58,7 @@ typedef struct gc_group {
     bool noting;
     struct event *note_timer; /* armed: notes wait for NOTE_DELAY_MS */
     bool note_armed;
+    struct cmap *placements; /* on Citus: the tenants' nodes (groups of one node); else NULL */
 } gc_group;
 
 typedef struct gc_job {
@@ -63,6 +66,7 @@ typedef struct gc_job {
     bool alone; /* a retry of one request: its failure is its own */
     bool solo;  /* one request through ops->solo_stmt */
     bool large; /* one request of more than GC_LARGE_ITEMS items, outside the group */
+    bool citus; /* ops->build_one's statements, one a request, in one transaction */
     size_t n;
     req *m[]; /* the members, in the statement's order */
 } gc_job;
@@ -127,6 +131,30 @@ static bool tenant_busy(const gc_group *g, req *r)
     return idmap_get(g->busy, (uint64_t)req_auth(r)->tenant_id, &v) && v > 0;
 }
 
+/* On Citus: submits j's requests as one transaction of ops->build_one's statements (their
+ * tenants' split fences first: db_opts.tenants). Returns 0 or a negative errno. */
+static int citus_submit(gc_job *j)
+{
+    size_t n = j->n;
+    if (n > DB_MAX_QUERIES)
+        return -EINVAL; /* pick_group never makes one */
+    gc_params *p = calloc(n, sizeof(*p));
+    int rc = p ? 0 : -ENOMEM;
+    db_query qs[DB_MAX_QUERIES];
+    int64_t tenants[DB_MAX_QUERIES];
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        p[i].wait = true;
+        rc = j->g->ops->build_one(j->m[i], &qs[i], &p[i]);
+        tenants[i] = req_auth(j->m[i])->tenant_id;
+    }
+    if (rc == 0) {
+        db_opts o = {.rls_tenant = -1, .tenants = tenants, .ntenants = (int)n};
+        rc = db_submit_opts(req_db(j->m[0]), &o, qs, (int)n, job_done, j); /* copies all */
+    }
+    free(p);
+    return rc;
+}
+
 /* Sends the n requests m as one job of g (large: one request of more than GC_LARGE_ITEMS
  * items, outside the group's slot); on failure to submit, fails them. */
 static void job_send(gc_group *g, req *const *m, size_t n, bool alone, bool large)
@@ -140,22 +168,28 @@ static void job_send(gc_group *g, req *const *m, size_t n, bool alone, bool larg
     j->g = g;
     j->alone = alone;
     j->large = large;
-    j->solo = n == 1 && !alone && !large && g->ops->solo_stmt >= 0 &&
+    j->citus = g->placements != NULL;
+    j->solo = n == 1 && !alone && !large && !j->citus && g->ops->solo_stmt >= 0 &&
               g->ops->items(m[0]) <= g->ops->solo_max_items;
     j->n = n;
     memcpy(j->m, m, n * sizeof(req *));
-    db_query q;
-    gc_params p = {.wait = false}; /* a tenant held elsewhere is refused, never waited for */
-    int rc = g->ops->build(j->m, n, &q, &p);
-    int64_t rls = -1;
-    if (rc == 0 && j->solo) {
-        const db_stmt_def *st = sql_def((sql_stmt)g->ops->solo_stmt);
-        q.stmt = st;
-        q.nvalues = (size_t)st->nparams; /* the group statement's first parameters */
-        rls = req_auth(j->m[0])->tenant_id;
+    int rc;
+    if (j->citus) {
+        rc = citus_submit(j);
+    } else {
+        db_query q;
+        gc_params p = {.wait = false}; /* a tenant held elsewhere is refused, never waited for */
+        rc = g->ops->build(j->m, n, &q, &p);
+        int64_t rls = -1;
+        if (rc == 0 && j->solo) {
+            const db_stmt_def *st = sql_def((sql_stmt)g->ops->solo_stmt);
+            q.stmt = st;
+            q.nvalues = (size_t)st->nparams; /* the group statement's first parameters */
+            rls = req_auth(j->m[0])->tenant_id;
+        }
+        if (rc == 0)
+            rc = db_submit(req_db(j->m[0]), rls, &q, 1, job_done, j);
     }
-    if (rc == 0)
-        rc = db_submit(req_db(j->m[0]), rls, &q, 1, job_done, j);
     if (rc < 0) {
         for (size_t i = 0; i < n; i++)
             fail_submit(j->m[i], rc);
@@ -320,6 +354,14 @@ static void job_done(void *arg, const db_result *res)
         g->inflight--;
     }
     mark_busy(g, j->m, j->n, -1); /* before any request ends */
+    if (j->citus && res->status == DB_OK) {
+        /* each request's rows are its statement's; the statements announced the changes */
+        for (size_t i = 0; i < j->n; i++)
+            ops->finish(j->m[i], res->res[i], 0);
+        free(j);
+        group_next(g);
+        return;
+    }
     if (j->solo && res->status == DB_OK && PQntuples(res->res[0]) == 0) {
         job_send(g, j->m, 1, true, false); /* refused: the group statement says why */
         free(j);
@@ -466,10 +508,26 @@ static size_t pick_group(gc_group *g, req **m)
         share = 1;
     bool *in = calloc(g->nq + 1, sizeof(*in));
     size_t n = 0, items = 0;
+    /* on Citus: the node of the first request that may go; only its node's requests join
+     * it, at most DB_MAX_QUERIES (one statement each), and one of a tenant whose node is
+     * unknown goes alone */
+    int node = -1;
+    bool one_node = g->placements != NULL;
+    for (size_t i = 0; one_node && i < g->nq; i++) {
+        if (tenant_busy(g, g->q[i]))
+            continue;
+        node = cmap_node(g->placements, req_auth(g->q[i])->tenant_id);
+        if (node < 0)
+            max = g->ops->items(g->q[i]); /* that request alone */
+        break;
+    }
     for (int pass = 0; in && pass < 2; pass++) {
-        for (size_t i = 0; i < g->nq && items < max; i++) {
+        for (size_t i = 0; i < g->nq && items < max && (!one_node || n < DB_MAX_QUERIES); i++) {
             req *r = g->q[i];
             if (in[i] || tenant_busy(g, r))
+                continue;
+            if (one_node &&
+                (node < 0 ? n > 0 : cmap_node(g->placements, req_auth(r)->tenant_id) != node))
                 continue;
             uint64_t t = (uint64_t)req_auth(r)->tenant_id, had = 0;
             size_t k = g->ops->items(r);
@@ -554,6 +612,7 @@ void gc_submit(req *r, const gc_ops *ops)
         g->ops = ops;
         g->map = groups;
         g->w = req_worker(r);
+        g->placements = ops->build_one ? req_server(r)->placements : NULL;
         g->busy = idmap_create(16);
         g->notes = idmap_create(16);
         g->note_timer = evtimer_new(worker_base(g->w), notes_due, g);

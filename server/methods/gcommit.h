@@ -36,6 +36,16 @@
  * than GC_LARGE_ITEMS items goes alone (see above); and a group takes each waiting tenant's
  * requests in turn, so one tenant cannot fill every group while others wait.
  *
+ * On Citus (issue 35 item 2) the group statement does not run; a group is instead one
+ * transaction of ops->build_one's statements, one a request, each delegated by Citus to the
+ * worker that holds its tenant, and a group takes only tenants of one worker by the
+ * placements engramd knows (server.placements, storage/citusmap.h), so it commits there in
+ * one local transaction, never in two phases. A tenant whose placement is unknown goes
+ * alone. Its statements announce their own changes (no seq_col notes). A failure of any of
+ * them fails the transaction, and then each request is retried alone, as above; a group
+ * waits for a tenant's row held elsewhere (no EG503 refusal: the transaction would be lost
+ * with it), and at most DB_MAX_QUERIES requests go in one.
+ *
  * The kind of write is described by a gc_ops table; memory.store and memory.store_batch
  * without an idempotency key are the users (m_store.c). A worker keeps one group
  * (app_store_groups), so one kind of write per worker goes through it. Worker thread
@@ -95,6 +105,12 @@ typedef struct gc_ops {
      * items of the n requests m, in that order (sorted by tenant id; the statement runs
      * without engram.tenant_id: see the result contract above). Returns 0 or -ENOMEM. */
     int (*build)(req *const *m, size_t n, db_query *q, gc_params *p);
+    /* on Citus: build_one writes into q (parameters in p, text in r's arena) the statement
+     * for r alone, which binds row-level security to r's tenant itself and answers rows as
+     * build's for r (a refusal is its error); the job runs it among other tenants'. Returns
+     * 0 or -ENOMEM. NULL: the requests never go through the group on Citus (the caller
+     * must not gc_submit them there) */
+    int (*build_one)(req *r, db_query *q, gc_params *p);
     /* finish completes r from its rows of the result, starting at row off */
     void (*finish)(req *r, const PGresult *pr, int off);
     /* fail ends r for a failed job, or for its refusal row (res->status DB_ERROR with the

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "bg.h"
+#include "citusmap.h"
 #include "citusmove.h"
 #include "handlers.h"
 #include "log.h"
@@ -84,6 +85,13 @@ static void move_on_bg(bg_ctx *ctx, void *arg)
                                  sizeof(j->err))
                   : -EIO;
         PQclear(r);
+        /* this process's store groups see the new placement at once (the others' at their
+         * next read: citusmap.h); a failure leaves the listener's next read to it */
+        char perr[256];
+        if (j->rc == 0 && req_server(j->r)->placements &&
+            cmap_load(req_server(j->r)->placements, c, perr, sizeof(perr)) == -EIO)
+            log_warn("tenant %lld moved; its placement is read again later: %s",
+                     (long long)j->tenant, perr);
         PQfinish(c);
     }
     j->ms = (server_mono_ns() - t0) / 1000000u;

@@ -404,6 +404,16 @@ static int store_build(req *const *m, size_t nm, db_query *q, gc_params *p)
     return store_query(m, nm, true, p->wait, q, p->vals, p->lens, p->fmts);
 }
 
+/* On Citus: r alone through engram_memory_store_as (its tenant bound by the function), one
+ * statement of a store group of its worker's tenants (gcommit.h). */
+static int store_build_one(req *r, db_query *q, gc_params *p)
+{
+    if (store_query(&r, 1, false, false, q, p->vals, p->lens, p->fmts) < 0)
+        return -ENOMEM;
+    q->stmt = sql_def(SQL_MEMORY_STORE_AS); /* the same parameters and rows */
+    return 0;
+}
+
 static const gc_ops store_ops = {
     .max_items = BATCH_MAX,
     .seq_col = 4, /* engram_memory_store_group's m_seq (it sends no NOTIFY itself) */
@@ -416,6 +426,7 @@ static const gc_ops store_ops = {
     .solo_max_items = 16,
     .items = store_items,
     .build = store_build,
+    .build_one = store_build_one,
     .finish = store_finish,
     .fail = store_fail,
 };
@@ -428,11 +439,12 @@ static void store_submit(req *r, rpc_code code, const char *message)
         req_fail(r, code, "%s", message ? message : "embedding failed");
         return;
     }
-    /* On Citus a request goes alone through engram_memory_store_batch, which the
-     * coordinator delegates to the node holding the tenant: one local transaction there. A
-     * group of several tenants' requests could span two nodes (a two-phase commit), and the
-     * group's own statement does not run on Citus (docs/scaling.md). */
-    if (!st->idem && !req_server(r)->on_citus) {
+    /* On Citus a group holds the tenants of one node only, each request through
+     * engram_memory_store_as, which the coordinator delegates to that node: the group is one
+     * local transaction there (gcommit.h). Without the placements a request goes alone
+     * through engram_memory_store_batch, delegated the same way. */
+    server *s = req_server(r);
+    if (!st->idem && (!s->on_citus || s->placements)) {
         gc_submit(r, &store_ops);
         return;
     }

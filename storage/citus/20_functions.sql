@@ -784,6 +784,35 @@ BEGIN
     END LOOP;
 END $$;
 
+-- engram_memory_store_as: engram_memory_store_batch for a store group (issue 35 item 2,
+-- server/methods/gcommit.h): engramd sends the stores of several tenants whose rows live on
+-- one worker as one transaction of calls to this function, each delegated by p_tenant to
+-- that worker, so the group commits there in one local transaction (no two-phase commit).
+-- The coordinator would pass a SET LOCAL of engram.tenant_id on to the worker as a round
+-- trip of its own per tenant, so the call binds row-level security to its tenant itself,
+-- on the worker, for the statements of engram_memory_store_batch that follow (the same
+-- tenant: Citus lets a delegated call touch only its own tenant's shards).
+CREATE OR REPLACE FUNCTION engram_memory_store_as(
+        p_tenant bigint, p_limits bigint[], p_idem text, p_fingerprint bytea, p_dim integer,
+        p_agent bigint[], p_clade bigint[], p_scope text[], p_type text[], p_content text[],
+        p_importance double precision[], p_metadata text[], p_embeddings bytea,
+        p_created_ms bigint[], p_updated_ms bigint[], p_accessed_ms bigint[],
+        p_access_count bigint[], p_expires_ms bigint[], p_pinned boolean[],
+        p_gen bigint DEFAULT NULL)
+    RETURNS TABLE (idx integer, replay boolean, r_created_ms bigint, m_id bigint, m_seq bigint,
+                   m_agent_id bigint, m_clade_id bigint, m_scope text, m_type text,
+                   m_importance double precision, m_created_ms bigint, m_accessed_ms bigint,
+                   m_access_count bigint, m_expires_ms bigint, m_archived_ms bigint,
+                   m_pinned boolean, m_tags text)
+    LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('engram.tenant_id', p_tenant::text, true);
+    RETURN QUERY SELECT * FROM engram_memory_store_batch(
+        p_tenant, p_limits, p_idem, p_fingerprint, p_dim, p_agent, p_clade, p_scope, p_type,
+        p_content, p_importance, p_metadata, p_embeddings, p_created_ms, p_updated_ms,
+        p_accessed_ms, p_access_count, p_expires_ms, p_pinned, p_gen);
+END $$;
+
 -- Functions whose rows are one tenant's: run on the node holding that tenant.
 DO $$
 DECLARE

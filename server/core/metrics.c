@@ -46,7 +46,7 @@ static atomic_uint_fast64_t stuck_ms;
 static atomic_int_fast64_t stuck_tenant;
 static atomic_uint_fast64_t tls_handshake_failures, tls_reloads_ok, tls_reloads_failed;
 static atomic_uint_fast64_t config_reloads_ok, config_reloads_failed;
-static atomic_uint_fast64_t gc_batches, gc_requests, qa_reservations;
+static atomic_uint_fast64_t gc_batches, gc_requests, gc_tenants, qa_reservations;
 /* consolidation runs by trigger (0 schedule, 1 on demand) and result (0 ok, 1 busy, 2 failed) */
 static atomic_uint_fast64_t cons_runs[2][3], cons_ms, cons_actions[4];
 /* extraction runs by trigger and result, their facts by action; dream passes by outcome */
@@ -270,10 +270,11 @@ void metrics_query_reservation(void)
     atomic_fetch_add_explicit(&qa_reservations, 1, memory_order_relaxed);
 }
 
-void metrics_group_commit(size_t requests)
+void metrics_group_commit(size_t requests, size_t tenants)
 {
     atomic_fetch_add_explicit(&gc_batches, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&gc_requests, requests, memory_order_relaxed);
+    atomic_fetch_add_explicit(&gc_tenants, tenants, memory_order_relaxed);
 }
 
 void metrics_consolidation(bool scheduled, int status, uint64_t merged, uint64_t superseded,
@@ -582,12 +583,18 @@ static void render_writes(struct evbuffer *out)
                         "those groups (divided by the batches: the mean group size).\n"
                         "# TYPE engram_group_commit_requests_total counter\n"
                         "engram_group_commit_requests_total %llu\n"
+                        "# HELP engram_group_commit_tenants_total Tenants in those groups, each "
+                        "counted once a group (above the batches: groups held several "
+                        "tenants).\n"
+                        "# TYPE engram_group_commit_tenants_total counter\n"
+                        "engram_group_commit_tenants_total %llu\n"
                         "# HELP engram_query_reservations_total Database round trips of query "
                         "admission: blocks of a daily query limit reserved or given back.\n"
                         "# TYPE engram_query_reservations_total counter\n"
                         "engram_query_reservations_total %llu\n",
                         (unsigned long long)atomic_load(&gc_batches),
                         (unsigned long long)atomic_load(&gc_requests),
+                        (unsigned long long)atomic_load(&gc_tenants),
                         (unsigned long long)atomic_load(&qa_reservations));
     evbuffer_add_printf(out, "# HELP engram_consolidation_runs_total Consolidation runs by "
                              "trigger and result (busy: another run held the tenant).\n"

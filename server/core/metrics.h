@@ -67,8 +67,8 @@ void metrics_tls_reload(bool ok);
 /* metrics_query_reservation counts one query-block reservation job (qadmit.h). */
 void metrics_query_reservation(void);
 
-/* metrics_group_commit counts one group commit of requests writes. */
-void metrics_group_commit(size_t requests);
+/* metrics_group_commit counts one group commit of requests writes of tenants tenants. */
+void metrics_group_commit(size_t requests, size_t tenants);
 
 /* metrics_consolidation counts one consolidation run (status as consolidate_result's: 0
  * completed, 1 busy, -1 failed) with what it did and how long it took. */

@@ -196,7 +196,10 @@ static void job_send(gc_group *g, req *const *m, size_t n, bool alone, bool larg
         free(j);
         return;
     }
-    metrics_group_commit(n);
+    size_t tenants = n > 0;
+    for (size_t i = 1; i < n; i++) /* sorted by tenant */
+        tenants += req_auth(j->m[i])->tenant_id != req_auth(j->m[i - 1])->tenant_id;
+    metrics_group_commit(n, tenants);
     mark_busy(g, j->m, n, 1);
     if (large)
         g->large_busy = true; /* the process's slot was taken by large_next */

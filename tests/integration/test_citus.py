@@ -48,24 +48,24 @@ def test_schema_is_distributed_by_tenant(server):
 
 
 def test_stores_never_span_two_workers(server):
-    """Stores of tenants on both workers, from 4 clients one at a time and then 20 at once
-    each, go through the store groups (issue 35 item 2): groups form, and none is a
-    two-phase commit."""
+    """Stores of 8 tenants, 4 on each worker, from 8 clients one at a time and then 20 at
+    once each, go through the store groups (issue 35 item 2): groups form, some hold several
+    tenants of one worker, and none is a two-phase commit."""
     assert CITUS, "run with ENGRAM_TEST_CITUS=1 (meson suite citus)"
     # records of two-phase commits stay until we look (no recovery sweeps them meanwhile)
     citus_cluster().sql(0, "ALTER SYSTEM SET citus.recover_2pc_interval = -1")
     citus_cluster().sql(0, "SELECT pg_reload_conf()")
     by_worker = {}
-    for _ in range(40):
+    for _ in range(60):
         tid, key = server.create_tenant()
         by_worker.setdefault(_worker_port(server, tid), []).append((tid, key))
-        if len(by_worker) == 2 and all(len(v) >= 2 for v in by_worker.values()):
+        if len(by_worker) == 2 and all(len(v) >= 4 for v in by_worker.values()):
             break
-    assert len(by_worker) == 2, f"tenants on one worker only: {by_worker}"
-    tenants = [t for v in by_worker.values() for t in v[:2]]
+    assert len(by_worker) == 2 and all(len(v) >= 4 for v in by_worker.values()), by_worker
+    tenants = [t for v in by_worker.values() for t in v[:4]]
     tenants_all = _coord(server, "SELECT id FROM tenants").split()
     _coord(server, "DELETE FROM pg_dist_transaction")
-    vecs = structured_vectors(4 * 30, 384, seed=5)
+    vecs = structured_vectors(8 * 30, 384, seed=5)
     stored = {}
     errors = []
 
@@ -100,6 +100,7 @@ def test_stores_never_span_two_workers(server):
     more = {}
     batches = metric(server, "engram_group_commit_batches_total")
     requests = metric(server, "engram_group_commit_requests_total")
+    mixed = metric(server, "engram_group_commit_tenants_total")
     for phase in (writer, piped):
         threads = [threading.Thread(target=phase, args=(i, k))
                    for i, (_, k) in enumerate(tenants)]
@@ -113,8 +114,10 @@ def test_stores_never_span_two_workers(server):
     # one worker's tenants: the empty pg_dist_transaction above)
     batches = metric(server, "engram_group_commit_batches_total") - batches
     requests = metric(server, "engram_group_commit_requests_total") - requests
-    assert requests >= 4 * 46, (batches, requests)  # each store and store_batch
+    mixed = metric(server, "engram_group_commit_tenants_total") - mixed
+    assert requests >= 8 * 46, (batches, requests)  # each store and store_batch
     assert batches < requests, (batches, requests)
+    assert mixed > batches, (batches, mixed)  # some held two tenants (of one worker)
     # engramd places a tenant by PostgreSQL's hashint8 in the shard ranges
     # (storage/citusmap.c): the assumption holds for Citus' own placement of every tenant
     assert _coord(server, "SELECT count(*) FILTER (WHERE hashint8(t.id) BETWEEN "

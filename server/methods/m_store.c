@@ -393,7 +393,8 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
 }
 
 /* Stores go through the worker's group commit (gcommit.h), except those with an
- * idempotency key: a replay must see its own transaction. */
+ * idempotency key on one PostgreSQL (the group statement takes no key; a replay must see
+ * its own transaction); on Citus those group too (store_submit). */
 static size_t store_items(req *r)
 {
     return ((const store_state *)req_state(r))->n;
@@ -441,10 +442,13 @@ static void store_submit(req *r, rpc_code code, const char *message)
     }
     /* On Citus a group holds the tenants of one node only, each request through
      * engram_memory_store_as, which the coordinator delegates to that node: the group is one
-     * local transaction there (gcommit.h). Without the placements a request goes alone
-     * through engram_memory_store_batch, delegated the same way. */
+     * local transaction there (gcommit.h). Each request is engram_memory_store_batch there,
+     * its idempotency key included (checked under its tenant's row lock, as alone), so
+     * requests with a key group too (the client libraries give every store one). Without the
+     * placements a request goes alone through engram_memory_store_batch, delegated the same
+     * way. */
     server *s = req_server(r);
-    if (!st->idem && (!s->on_citus || s->placements)) {
+    if (s->on_citus ? s->placements != NULL : !st->idem) {
         gc_submit(r, &store_ops);
         return;
     }

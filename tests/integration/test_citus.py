@@ -48,9 +48,10 @@ def test_schema_is_distributed_by_tenant(server):
 
 
 def test_stores_never_span_two_workers(server):
-    """Stores of 8 tenants, 4 on each worker, from 8 clients one at a time and then 20 at
-    once each, go through the store groups (issue 35 item 2): groups form, some hold several
-    tenants of one worker, and none is a two-phase commit."""
+    """Stores of 8 tenants, 4 on each worker, from 8 clients one at a time, then 20 at once
+    each, then with idempotency keys (repeats and a conflict among them), go through the
+    store groups (issue 35 item 2): groups form, some hold several tenants of one worker,
+    none is a two-phase commit, and keyed stores replay and conflict as alone."""
     assert CITUS, "run with ENGRAM_TEST_CITUS=1 (meson suite citus)"
     # records of two-phase commits stay until we look (no recovery sweeps them meanwhile)
     citus_cluster().sql(0, "ALTER SYSTEM SET citus.recover_2pc_interval = -1")
@@ -97,11 +98,33 @@ def test_stores_never_span_two_workers(server):
         except Exception as e:  # reported below
             errors.append(e)
 
-    more = {}
+    def keyed(i, key):
+        """10 stores with idempotency keys (as the client libraries send), each sent twice in
+        one burst, and one more under a used key with other content: the groups take keyed
+        stores too, a repeat in the same or the next group is a replay of the same memory, a
+        reused key with other content is refused alone (its group's others commit)."""
+        try:
+            with server.client(key=key) as c:
+                body = [{"content": f"t{i} k{j}", "type": "fact", "importance": 0.5,
+                         "idempotency_key": f"k{i}-{j}"} for j in range(10)]
+                sent = [c.send("memory.store", b) for b in body + body]
+                sent.append(c.send("memory.store", dict(body[0], content="other")))
+                answers = [c.wait(msgid) for msgid in sent]
+                for err, _ in answers[:20]:
+                    assert err is None, err
+                first, again = answers[:10], answers[10:20]
+                assert [a[1]["id"] for a in first] == [a[1]["id"] for a in again]
+                assert sum(bool(a[1].get("replayed")) for a in first + again) == 10
+                assert answers[20][0] and answers[20][0]["code"] == "conflict", answers[20]
+                keyed_ids[i] = [a[1]["id"] for a in first]
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    more, keyed_ids = {}, {}
     batches = metric(server, "engram_group_commit_batches_total")
     requests = metric(server, "engram_group_commit_requests_total")
     mixed = metric(server, "engram_group_commit_tenants_total")
-    for phase in (writer, piped):
+    for phase in (writer, piped, keyed):
         threads = [threading.Thread(target=phase, args=(i, k))
                    for i, (_, k) in enumerate(tenants)]
         for t in threads:
@@ -115,7 +138,7 @@ def test_stores_never_span_two_workers(server):
     batches = metric(server, "engram_group_commit_batches_total") - batches
     requests = metric(server, "engram_group_commit_requests_total") - requests
     mixed = metric(server, "engram_group_commit_tenants_total") - mixed
-    assert requests >= 8 * 46, (batches, requests)  # each store and store_batch
+    assert requests >= 8 * 67, (batches, requests)  # each store and store_batch
     assert batches < requests, (batches, requests)
     assert mixed > batches, (batches, mixed)  # some held two tenants (of one worker)
     # engramd places a tenant by PostgreSQL's hashint8 in the shard ranges
@@ -130,6 +153,10 @@ def test_stores_never_span_two_workers(server):
         assert len(more[i]) == 20 and len(set(more[i])) == 20
         with server.client(key=key) as c:
             assert len(c.call("memory.get", ids=more[i])["memories"]) == 20
+            got = c.call("memory.get", ids=keyed_ids[i])["memories"]
+            assert [m["content"] for m in got] == [f"t{i} k{j}" for j in range(10)]
+            # 30 + 20 + 10 memories: no repeat or refused store left a row
+            assert c.call("memory.stats")["total"] == 60
         with server.client(key=key) as c:
             got = c.call("memory.get", ids=stored[i])["memories"]
             assert len(got) == 30

@@ -791,7 +791,12 @@ END $$;
 -- The coordinator would pass a SET LOCAL of engram.tenant_id on to the worker as a round
 -- trip of its own per tenant, so the call binds row-level security to its tenant itself,
 -- on the worker, for the statements of engram_memory_store_batch that follow (the same
--- tenant: Citus lets a delegated call touch only its own tenant's shards).
+-- tenant: Citus lets a delegated call touch only its own tenant's shards). It does so with
+-- SET LOCAL, not set_config(): when Citus runs the call on the coordinator instead (a
+-- promoted worker whose metadata is not synced yet), the coordinator passes the SET on to
+-- the worker's connection, so the tenant's row is seen there and the store fails as the
+-- one-tenant path does in that state ("COPY ... row-level security": unavailable, retried)
+-- rather than as "tenant not found" (seen in test_citus_ha with set_config()).
 CREATE OR REPLACE FUNCTION engram_memory_store_as(
         p_tenant bigint, p_limits bigint[], p_idem text, p_fingerprint bytea, p_dim integer,
         p_agent bigint[], p_clade bigint[], p_scope text[], p_type text[], p_content text[],
@@ -806,7 +811,7 @@ CREATE OR REPLACE FUNCTION engram_memory_store_as(
                    m_pinned boolean, m_tags text)
     LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM set_config('engram.tenant_id', p_tenant::text, true);
+    EXECUTE format('SET LOCAL engram.tenant_id = %L', p_tenant::text);
     RETURN QUERY SELECT * FROM engram_memory_store_batch(
         p_tenant, p_limits, p_idem, p_fingerprint, p_dim, p_agent, p_clade, p_scope, p_type,
         p_content, p_importance, p_metadata, p_embeddings, p_created_ms, p_updated_ms,

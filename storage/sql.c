@@ -85,8 +85,9 @@ const db_stmt_def sql_stmts[SQL__COUNT] = {
          "SELECT * FROM engram_memory_store_group($1::bigint[], $2::integer[], $3::integer[], "
          "$4::bigint[], $5::bigint[], $6::bigint[], $7::text[], $8::text[], $9::text[], "
          "$10::float8[], $11::text[], $12, $13::bigint[], $14::bigint[], $15::bigint[], "
-         "$16::bigint[], $17::bigint[], $18::boolean[], $19::bigint[], $20::integer)",
-         20},
+         "$16::bigint[], $17::bigint[], $18::boolean[], $19::bigint[], $20::integer, "
+         "$21::text[], $22::text[])",
+         22},
     /* One statement, no function: engram_memory_store_group's work for one request of one
      * tenant, for the common case (it fits its tier's limit; the parameters agree). A
      * durable store of one memory took 0.373 to 0.412 ms by pgbench this way against 0.482

@@ -13,8 +13,9 @@ typedef enum sql_stmt {
     SQL_PING,               /* () -> 1 */
     SQL_AUTH_LOOKUP,        /* (key_id) -> key id, tenant id, key hash, tier, name, dim, provider */
     SQL_MEMORY_STORE_BATCH, /* engram_memory_store_batch(...) -> idx, replay, created, META */
-    SQL_MEMORY_STORE_GROUP, /* engram_memory_store_group(...) -> idx, replay, created, META,
-                             * err_state, err_message, err_detail */
+    SQL_MEMORY_STORE_GROUP, /* engram_memory_store_group(..., idempotency keys, fingerprints)
+                             * -> idx, replay, created, META, err_state, err_message,
+                             * err_detail */
     SQL_MEMORY_STORE_AS,    /* SQL_MEMORY_STORE_BATCH's parameters and rows; on Citus through
                              * engram_memory_store_as, which binds row-level security to its
                              * tenant itself (a store group of several tenants, gcommit.h) */

@@ -170,7 +170,8 @@ static void job_send(gc_group *g, req *const *m, size_t n, bool alone, bool larg
     j->large = large;
     j->citus = g->placements != NULL;
     j->solo = n == 1 && !alone && !large && !j->citus && g->ops->solo_stmt >= 0 &&
-              g->ops->items(m[0]) <= g->ops->solo_max_items;
+              g->ops->items(m[0]) <= g->ops->solo_max_items &&
+              !(g->ops->key && g->ops->key(m[0]));
     j->n = n;
     memcpy(j->m, m, n * sizeof(req *));
     int rc;
@@ -487,6 +488,21 @@ static void large_next(gc_group *g)
         atomic_fetch_sub(&large_slots, 1);
 }
 
+/* Whether one of the n requests m has r's tenant and idempotency key. */
+static bool key_taken(const gc_group *g, req *const *m, size_t n, req *r)
+{
+    const char *key = g->ops->key ? g->ops->key(r) : NULL;
+    if (!key)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        const char *other = g->ops->key(m[i]);
+        if (other && req_auth(m[i])->tenant_id == req_auth(r)->tenant_id &&
+            strcmp(other, key) == 0)
+            return true;
+    }
+    return false;
+}
+
 /* Picks up to max_items items of the waiting requests into m (n of them) for one group job,
  * in turns: first at most an even share of items per waiting tenant (its requests in their
  * order), then, while there is room, the rest in arrival order. Requests of a tenant that a
@@ -536,6 +552,8 @@ static size_t pick_group(gc_group *g, req **m)
             size_t k = g->ops->items(r);
             if (n > 0 && items + k > max)
                 continue;
+            if (key_taken(g, m, n, r))
+                continue; /* the next job: it sees this one's commit */
             idmap_get(taken, t, &had);
             if (pass == 0 && had > 0 && had + k > share)
                 continue; /* its turn is over for now: the next pass */

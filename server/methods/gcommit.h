@@ -101,6 +101,11 @@ typedef struct gc_ops {
     size_t solo_max_items;
     /* items returns how many items (rows) request r writes */
     size_t (*items)(req *r);
+    /* key returns r's idempotency key, or NULL (none, or this kind of write takes none): a
+     * job never holds two requests of one tenant with one key (the second goes in a later
+     * job, where it sees the first's commit), and a keyed request never goes through
+     * solo_stmt */
+    const char *(*key)(req *r);
     /* build writes into q (parameters in p, text in m[0]'s arena) one statement for the
      * items of the n requests m, in that order (sorted by tenant id; the statement runs
      * without engram.tenant_id: see the result contract above). Returns 0 or -ENOMEM. */

@@ -290,7 +290,7 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
     const store_state *st0 = req_state(m[0]);
     mp_array agent = {0}, clade = {0}, scope = {0}, type = {0}, content = {0}, imp = {0}, md = {0},
              cr = {0}, up = {0}, acc = {0}, cnt = {0}, ex = {0}, pin = {0}, tens = {0},
-             counts = {0}, dims = {0}, gens = {0};
+             counts = {0}, dims = {0}, gens = {0}, idems = {0}, fps = {0};
     size_t vbytes = 0;
     for (size_t j = 0; j < nm; j++)
         vbytes += ((const store_state *)req_state(m[j]))->n * req_auth(m[j])->dim * sizeof(float);
@@ -301,10 +301,14 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
         const store_state *st = req_state(m[j]);
         const conn_auth *a = req_auth(m[j]);
         size_t row = a->dim * sizeof(float);
+        /* a request's idempotency key and its fingerprint in hex (without bytea's "\x") */
         ok = mp_array_i64(&tens, a->tenant_id, false) == 0 &&
              mp_array_i64(&counts, (int64_t)st->n, false) == 0 &&
              mp_array_i64(&dims, (int64_t)a->dim, false) == 0 &&
-             mp_array_i64(&gens, a->embed_gen, false) == 0;
+             mp_array_i64(&gens, a->embed_gen, false) == 0 &&
+             mp_array_str(&idems, st->idem, st->idem ? strlen(st->idem) : 0) == 0 &&
+             mp_array_str(&fps, st->idem ? st->fingerprint + 2 : NULL,
+                          st->idem ? strlen(st->fingerprint + 2) : 0) == 0;
         for (size_t i = 0; ok && i < st->n; i++, at += row) {
             const mem_item *it = &st->items[i];
             memcpy(emb + at, it->vec, row);
@@ -325,10 +329,11 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
                  mp_array_bool(&pin, it->pinned) == 0;
         }
     }
-    char *lits[17] = {NULL};
-    mp_array *arrs[17] = {&agent, &clade, &scope, &type, &content, &imp,    &md,   &cr,  &up,
-                          &acc,   &cnt,   &ex,    &pin,  &tens,    &counts, &dims, &gens};
-    for (int i = 0; i < 17; i++) {
+    char *lits[19] = {NULL};
+    mp_array *arrs[19] = {&agent, &clade, &scope,  &type, &content, &imp,  &md,
+                          &cr,    &up,    &acc,    &cnt,  &ex,      &pin,  &tens,
+                          &counts, &dims, &gens,   &idems, &fps};
+    for (int i = 0; i < 19; i++) {
         if (ok)
             ok = (lits[i] = mp_array_finish(m[0], arrs[i])) != NULL;
         else
@@ -336,8 +341,8 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
     }
     if (!ok)
         return -ENOMEM;
-    memset(lens, 0, 20 * sizeof(*lens));
-    memset(fmts, 0, 20 * sizeof(*fmts));
+    memset(lens, 0, 22 * sizeof(*lens));
+    memset(fmts, 0, 22 * sizeof(*fmts));
     if (group) {
         /* the database picks the limit of each tenant's tier as it is when the rows go in */
         /* a tenant whose row another transaction holds: waited for at most
@@ -350,16 +355,25 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
             snprintf(probe, 16, "%d", s->cfg.write_lock_probe_ms);
         /* lits[16]: each request's embedding generation (conn_auth.embed_gen): a request
          * embedded with a model its tenant has left since is refused (EG412) */
-        const char *v[20] = {lits[13], lits[14], lits[15], server_memory_limits(s),
+        /* lits[17], lits[18]: each request's idempotency key and fingerprint (NULL: none):
+         * a keyed request replays or conflicts in the group as alone; a group without keys
+         * passes NULL arrays, which skip the function's key checks */
+        bool keyed = false;
+        for (size_t j = 0; j < nm && !keyed; j++)
+            keyed = ((const store_state *)req_state(m[j]))->idem != NULL;
+        if (!keyed)
+            lits[17] = lits[18] = NULL;
+        const char *v[22] = {lits[13], lits[14], lits[15], server_memory_limits(s),
                              lits[0],  lits[1],  lits[2],  lits[3],
                              lits[4],  lits[5],  lits[6],  emb,
                              lits[7],  lits[8],  lits[9],  lits[10],
-                             lits[11], lits[12], lits[16], probe};
+                             lits[11], lits[12], lits[16], probe,
+                             lits[17], lits[18]};
         memcpy(vals, v, sizeof(v));
         lens[11] = (int)vbytes;
         fmts[11] = 1;
         *q = (db_query){.stmt = sql_def(SQL_MEMORY_STORE_GROUP),
-                        .nvalues = 20, /* v[20] */
+                        .nvalues = 22, /* v[22] */
                         .values = vals,
                         .lengths = lens,
                         .formats = fmts};
@@ -392,12 +406,18 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
     return 0;
 }
 
-/* Stores go through the worker's group commit (gcommit.h), except those with an
- * idempotency key on one PostgreSQL (the group statement takes no key; a replay must see
- * its own transaction); on Citus those group too (store_submit). */
+/* Stores go through the worker's group commit (gcommit.h), those with an idempotency key
+ * too: the group statement checks and records each request's key as
+ * engram_memory_store_batch does alone, and a group never holds one key of a tenant twice
+ * (the second goes in a later group, where it replays the first). */
 static size_t store_items(req *r)
 {
     return ((const store_state *)req_state(r))->n;
+}
+
+static const char *store_key(req *r)
+{
+    return ((const store_state *)req_state(r))->idem;
 }
 
 static int store_build(req *const *m, size_t nm, db_query *q, gc_params *p)
@@ -426,6 +446,7 @@ static const gc_ops store_ops = {
      * function (bench/README.md, "Text search vectors before the lock"). */
     .solo_max_items = 16,
     .items = store_items,
+    .key = store_key,
     .build = store_build,
     .build_one = store_build_one,
     .finish = store_finish,
@@ -435,20 +456,19 @@ static const gc_ops store_ops = {
 /* Sends the store once every memory has its vector. */
 static void store_submit(req *r, rpc_code code, const char *message)
 {
-    store_state *st = req_state(r);
     if (code != RPC_OK) {
         req_fail(r, code, "%s", message ? message : "embedding failed");
         return;
     }
-    /* On Citus a group holds the tenants of one node only, each request through
-     * engram_memory_store_as, which the coordinator delegates to that node: the group is one
-     * local transaction there (gcommit.h). Each request is engram_memory_store_batch there,
-     * its idempotency key included (checked under its tenant's row lock, as alone), so
-     * requests with a key group too (the client libraries give every store one). Without the
-     * placements a request goes alone through engram_memory_store_batch, delegated the same
-     * way. */
+    /* Every store goes through the group (keyed ones too: the client libraries give every
+     * store a key). On Citus a group holds the tenants of one node only, each request
+     * through engram_memory_store_as, which the coordinator delegates to that node: the
+     * group is one local transaction there (gcommit.h); each request is
+     * engram_memory_store_batch there, its key checked under its tenant's row lock as alone.
+     * Without the placements a request goes alone through engram_memory_store_batch,
+     * delegated the same way. */
     server *s = req_server(r);
-    if (s->on_citus ? s->placements != NULL : !st->idem) {
+    if (!s->on_citus || s->placements) {
         gc_submit(r, &store_ops);
         return;
     }

@@ -430,9 +430,21 @@ ALTER FUNCTION engram_memory_store_batch(bigint, bigint[], text, bytea, integer,
 -- p_gens[s]: the tenant's embedding generation segment s's vectors were computed under; a
 -- segment whose tenant has moved to another model since is refused with EG412 (migration
 -- 0013). NULL: not checked.
+--
+-- p_idems[s], p_fingerprints[s] (hex): segment s's idempotency key and request fingerprint,
+-- NULL for none. A keyed segment is what engram_memory_store_batch makes of it alone: under
+-- the tenant row's lock, a key stored before with the same fingerprint replays that
+-- request's memories (replay true, their rows as they are now, no count taken), with
+-- another fingerprint it is refused with EG409; otherwise the segment is stored and its key
+-- recorded with it. A tenant's run that holds a keyed segment takes the one-at-a-time path
+-- below. One key of a tenant twice in one call is an error of the whole call (EG400): the
+-- server never groups them (the second would have to see the first's commit).
 DROP FUNCTION IF EXISTS engram_memory_store_group(bigint[], integer[], integer[], bigint[],
     bigint[], bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[],
     bigint[], bigint[], bigint[], bigint[], boolean[]);
+DROP FUNCTION IF EXISTS engram_memory_store_group(bigint[], integer[], integer[], bigint[],
+    bigint[], bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[],
+    bigint[], bigint[], bigint[], bigint[], boolean[], bigint[], integer);
 DROP FUNCTION IF EXISTS engram_memory_store_group(bigint[], integer[], integer[], bigint[],
     bigint[], bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[],
     bigint[], bigint[], bigint[], bigint[], boolean[], integer);
@@ -442,7 +454,8 @@ CREATE OR REPLACE FUNCTION engram_memory_store_group(
         p_importance double precision[], p_metadata text[], p_embeddings bytea,
         p_created_ms bigint[], p_updated_ms bigint[], p_accessed_ms bigint[],
         p_access_count bigint[], p_expires_ms bigint[], p_pinned boolean[],
-        p_gens bigint[] DEFAULT NULL, p_probe_ms integer DEFAULT NULL)
+        p_gens bigint[] DEFAULT NULL, p_probe_ms integer DEFAULT NULL,
+        p_idems text[] DEFAULT NULL, p_fingerprints text[] DEFAULT NULL)
     RETURNS TABLE (idx integer, replay boolean, r_created_ms bigint, m_id bigint, m_seq bigint,
                    m_agent_id bigint, m_clade_id bigint, m_scope text, m_type text,
                    m_importance double precision, m_created_ms bigint, m_accessed_ms bigint,
@@ -483,9 +496,21 @@ DECLARE
     v_busy boolean;
     v_gen bigint;
     v_lt text := current_setting('lock_timeout');
+    v_keyed boolean;    -- the run holds a keyed segment
+    v_rep boolean[] := '{}'; -- a keyed segment that replays its key's memories
+    v_fp bytea;
 BEGIN
     IF cardinality(p_counts) <> ns OR cardinality(p_dims) <> ns OR ns = 0 THEN
         RAISE EXCEPTION 'segments do not match' USING ERRCODE = 'EG400';
+    END IF;
+    IF p_idems IS NOT NULL AND (cardinality(p_idems) <> ns
+                                OR cardinality(p_fingerprints) IS DISTINCT FROM ns) THEN
+        RAISE EXCEPTION 'segments do not match' USING ERRCODE = 'EG400';
+    END IF;
+    IF p_idems IS NOT NULL
+       AND EXISTS (SELECT 1 FROM unnest(p_tenants, p_idems) AS u (t, k) WHERE u.k IS NOT NULL
+                   GROUP BY u.t, u.k HAVING count(*) > 1) THEN
+        RAISE EXCEPTION 'one idempotency key twice in one group' USING ERRCODE = 'EG400';
     END IF;
     FOR s IN 1 .. ns LOOP
         IF s > 1 AND p_tenants[s] < p_tenants[s - 1] THEN
@@ -524,8 +549,11 @@ BEGIN
             v_total := v_total + p_counts[r];
             v_tb := v_tb + v_sb[r];
         END LOOP;
+        v_keyed := p_idems IS NOT NULL
+                   AND EXISTS (SELECT 1 FROM unnest(p_idems[s:r]) AS k WHERE k IS NOT NULL);
         -- the common case, every segment fits: one UPDATE takes the lock and the numbers (a
-        -- row another transaction holds is skipped here when p_probe_ms is set: see above)
+        -- row another transaction holds is skipped here when p_probe_ms is set: see above);
+        -- a run with a keyed segment goes one at a time below (the lock taken there)
         UPDATE tenants t SET change_seq = t.change_seq + v_total,
                              memory_count = t.memory_count + v_total,
                              memory_bytes = t.memory_bytes + v_tb,
@@ -539,6 +567,7 @@ BEGIN
            AND (engram_tier_byte_limit(p_limits, t.tier) IS NULL
                 OR t.memory_bytes + v_tb <= engram_tier_byte_limit(p_limits, t.tier))
            AND (p_gens IS NULL OR t.embed_gen = ALL (p_gens[s:r]))
+           AND NOT v_keyed
         RETURNING t.change_seq - v_total, t.memory_id_last - v_total INTO v_last, v_idl;
         v_busy := false;
         IF FOUND THEN
@@ -585,9 +614,22 @@ BEGIN
             v_took := 0;
             v_btook := 0;
             FOR q IN s .. r LOOP
+                v_fp := NULL;
+                IF v_last IS NOT NULL AND p_idems IS NOT NULL AND p_idems[q] IS NOT NULL THEN
+                    SELECT i.fingerprint INTO v_fp FROM idempotency_keys i
+                     WHERE i.tenant_id = p_tenants[s] AND i.key = p_idems[q];
+                END IF;
                 IF v_last IS NULL THEN
                     v_state[q] := 'EG404';
                     v_msg[q] := 'tenant not found';
+                ELSIF v_fp IS NOT NULL AND v_fp <> decode(p_fingerprints[q], 'hex') THEN
+                    v_state[q] := 'EG409';
+                    v_msg[q] := 'idempotency_key was used before for a different request';
+                ELSIF v_fp IS NOT NULL THEN
+                    -- the key's request again: its memories, as they are now
+                    v_rep[q] := true;
+                    v_key[q] := v_last + v_took;
+                    CONTINUE;
                 ELSIF p_gens IS NOT NULL AND p_gens[q] <> v_gen THEN
                     v_state[q] := 'EG412';
                     v_msg[q] := engram_embed_gen_message();
@@ -655,13 +697,27 @@ BEGIN
                           pinned),
         ch AS (
             INSERT INTO memory_changes (tenant_id, seq, memory_id, op)
-                SELECT m.tenant_id, m.seq, m.id, 'u' FROM ins m)
+                SELECT m.tenant_id, m.seq, m.id, 'u' FROM ins m),
+        -- the keys of the keyed segments stored now, with their ids and creation times (as
+        -- engram_memory_store_batch records them)
+        kz AS (
+            INSERT INTO idempotency_keys (tenant_id, key, fingerprint, ids, created_ms)
+                SELECT p_tenants[g.s], p_idems[g.s], decode(p_fingerprints[g.s], 'hex'),
+                       ARRAY(SELECT v_id0[g.s] + x FROM generate_series(1, p_counts[g.s]) AS x
+                             ORDER BY x),
+                       ARRAY(SELECT engram_ms(date_trunc('milliseconds', COALESCE(
+                                        engram_ts(p_created_ms[v_first[g.s] + x - 1]), now())))
+                             FROM generate_series(1, p_counts[g.s]) AS x ORDER BY x)
+                FROM generate_series(1, ns) AS g (s)
+                WHERE p_idems IS NOT NULL AND p_idems[g.s] IS NOT NULL
+                  AND v_seq0[g.s] IS NOT NULL)
         SELECT x.idx, x.replay, x.r_created_ms, x.m_id, x.m_seq, x.m_agent_id, x.m_clade_id,
                x.m_scope, x.m_type, x.m_importance, x.m_created_ms, x.m_accessed_ms,
                x.m_access_count, x.m_expires_ms, x.m_archived_ms, x.m_pinned, x.m_tags,
                x.err_state, x.err_message, x.err_detail
         FROM (
-            SELECT m.tenant_id AS t, 2 * m.seq AS o, NULL::integer AS idx, false AS replay,
+            SELECT m.tenant_id AS t, 2 * m.seq AS o, 0 AS sg, NULL::integer AS idx,
+                   false AS replay,
                    engram_ms(m.created_at) AS r_created_ms, m.id AS m_id, m.seq AS m_seq,
                    m.agent_id AS m_agent_id, m.clade_id AS m_clade_id, m.scope AS m_scope,
                    m.type AS m_type, m.importance AS m_importance,
@@ -673,16 +729,28 @@ BEGIN
                    NULL::text AS err_detail
             FROM ins m
             UNION ALL
-            SELECT p_tenants[f.s], 2 * v_key[f.s] + 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                   NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, v_state[f.s],
-                   v_msg[f.s], v_detail[f.s]
+            -- refusals and replays sort after the rows of the tenant's segments before them
+            -- and before those after (several in a row: in segment order, sg)
+            SELECT p_tenants[f.s], 2 * v_key[f.s] + 1, f.s, NULL, NULL, NULL, NULL, NULL, NULL,
+                   NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                   v_state[f.s], v_msg[f.s], v_detail[f.s]
             FROM generate_series(1, ns) AS f (s)
-            WHERE v_state[f.s] IS NOT NULL) x
-        ORDER BY x.t, x.o;
+            WHERE v_state[f.s] IS NOT NULL
+            UNION ALL
+            SELECT p_tenants[f.s], 2 * v_key[f.s] + 1, f.s, o.i::integer, true,
+                   kk.created_ms[o.i], mm.*, NULL, NULL, NULL
+            FROM generate_series(1, ns) AS f (s)
+            JOIN idempotency_keys kk ON kk.tenant_id = p_tenants[f.s] AND kk.key = p_idems[f.s]
+            CROSS JOIN LATERAL unnest(kk.ids) WITH ORDINALITY AS o (id, i)
+            CROSS JOIN LATERAL engram_meta_of(
+                (SELECT m FROM memories m WHERE m.tenant_id = p_tenants[f.s] AND m.id = o.id))
+                AS mm
+            WHERE v_rep[f.s]) x
+        ORDER BY x.t, x.o, x.sg, x.idx;
 END $$;
 ALTER FUNCTION engram_memory_store_group(bigint[], integer[], integer[], bigint[], bigint[],
     bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[], bigint[],
-    bigint[], bigint[], bigint[], boolean[], bigint[], integer)
+    bigint[], bigint[], bigint[], boolean[], bigint[], integer, text[], text[])
     SET plan_cache_mode = force_generic_plan;
 
 -- engram_memory_touch adds a batch of access counts (the server's, about once a second per

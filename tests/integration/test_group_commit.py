@@ -275,7 +275,7 @@ def test_every_store_path_writes_the_text_search_vector():
                           importance=0.5)["id"]
             small = batch("walrus", 16)  # the plain statement, as one request of 16
             big = batch("narwhal", 17)  # the group function
-            idem = batch("ocelot", 3, idempotency_key="tsv-1")  # the batch function
+            idem = batch("ocelot", 3, idempotency_key="tsv-1")  # keyed: the group function
             upd = c.call("memory.store", content="a plain heron", type="fact",
                          importance=0.5)["id"]
             c.call("memory.update", id=upd, content="a changed flamingo")
@@ -289,11 +289,78 @@ def test_every_store_path_writes_the_text_search_vector():
                         "content_tsv IS DISTINCT FROM to_tsvector('english', content)")
         assert bad.strip() == "0"
         assert psql(dsn, f"SELECT count(*) FROM memories WHERE tenant_id = {tid}").strip() == "38"
-        # the request of 17 alone went through the group function (statistics arrive within
-        # a second of the backend going idle)
-        assert wait_for(lambda: calls() >= 1, timeout=10)
+        # the request of 17 and the keyed one went through the group function (statistics
+        # arrive within a second of the backend going idle)
+        assert wait_for(lambda: calls() >= 2, timeout=10)
         time.sleep(2)
-        assert calls() == 1
+        assert calls() == 2
+        srv.stop()
+    finally:
+        srv.cleanup()
+
+
+def test_keyed_stores_group_replay_and_conflict_as_alone():
+    """Stores with idempotency keys (the client libraries give every store one) go through
+    the groups: from 4 tenants at once, 12 keyed stores each sent twice in one burst and one
+    more under a used key with other content, then the same keys again on new connections.
+    A repeat is a replay of the same memory however the groups fell (one key of a tenant is
+    never twice in a group: the repeat sees the first's commit), a reused key with other
+    content is refused `conflict` alone, every key is recorded once with its memory, and
+    no store went through engram_memory_store_batch (the path keyed stores took before)."""
+    dsn = new_database("group_keyed")
+    srv = Server(dsn).start()
+    try:
+        from harness import metric
+        tenants = [srv.create_tenant() for _ in range(4)]
+        psql(dsn, "SELECT pg_stat_reset()")
+        batches = metric(srv, "engram_group_commit_batches_total")
+        requests = metric(srv, "engram_group_commit_requests_total")
+        ids, errors = {}, []
+
+        def burst(w, key):
+            try:
+                with srv.client(key=key) as c:
+                    body = [{"content": f"t{w} keyed {i}", "type": "fact", "importance": 0.5,
+                             "idempotency_key": f"k-{i}"} for i in range(12)]
+                    sent = [c.send("memory.store", b) for b in body + body]
+                    sent.append(c.send("memory.store", dict(body[3], content="other")))
+                    answers = [c.wait(m) for m in sent]
+                    for err, _ in answers[:24]:
+                        assert err is None, err
+                    first = [a[1]["id"] for a in answers[:12]]
+                    assert first == [a[1]["id"] for a in answers[12:24]]
+                    assert sum(bool(a[1].get("replayed")) for a in answers[:24]) == 12
+                    assert answers[24][0] and answers[24][0]["code"] == "conflict", answers[24]
+                    ids[w] = first
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=burst, args=(w, k))
+                   for w, (_, k) in enumerate(tenants)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        grouped = metric(srv, "engram_group_commit_requests_total") - requests
+        assert grouped == 4 * 25, grouped
+        assert metric(srv, "engram_group_commit_batches_total") - batches < grouped
+        for w, (tid, key) in enumerate(tenants):
+            with srv.client(key=key) as c:
+                again = [c.call("memory.store", content=f"t{w} keyed {i}", type="fact",
+                                importance=0.5, idempotency_key=f"k-{i}") for i in range(12)]
+                assert [a["id"] for a in again] == ids[w]
+                assert all(a.get("replayed") for a in again)
+                got = c.call("memory.get", ids=ids[w])["memories"]
+                assert [m["content"] for m in got] == [f"t{w} keyed {i}" for i in range(12)]
+                assert c.call("memory.stats")["total"] == 12
+            rows = psql(dsn, "SELECT key, ids[1] FROM idempotency_keys WHERE tenant_id = "
+                             f"{tid} ORDER BY ids[1]").split()
+            assert rows == [f"k-{i}|{ids[w][i]}" for i in range(12)], rows
+        time.sleep(1.5)  # function statistics arrive once the backends are idle
+        assert psql(dsn, "SELECT pg_stat_clear_snapshot(); SELECT COALESCE(sum(calls), 0) "
+                         "FROM pg_stat_user_functions WHERE funcname = "
+                         "'engram_memory_store_batch'").splitlines()[-1] == "0"
         srv.stop()
     finally:
         srv.cleanup()

@@ -273,7 +273,8 @@ static void test_store_alone(void)
     CHECK(r->ends == 0);
     j = fr_take();
     CHECK(j && j->kind == FR_POOL && j->rls == -1);
-    CHECK(j && strcmp(j->q[0].name, "memory_store_group") == 0 && j->q[0].nvalues == 20);
+    CHECK(j && strcmp(j->q[0].name, "memory_store_group") == 0 && j->q[0].nvalues == 22);
+    CHECK(j && !fr_val(j, 0, 20) && !fr_val(j, 0, 21)); /* no idempotency key: NULL arrays */
     char probe[16];
     snprintf(probe, sizeof(probe), "%d", env.srv.cfg.write_lock_probe_ms);
     CHECK(j && val_is(j, 0, "{7}") && val_is(j, 3, env.memory_limits) && val_is(j, 19, probe));
@@ -471,8 +472,8 @@ static void test_large_and_idempotent(void)
     fr_free(r);
     drain_notes();
 
-    /* an idempotency key: the batch function, for the tenant, with the fingerprint of the
-     * arguments (the same whichever name the type had) */
+    /* an idempotency key: the group statement (never the solo one), the key and the
+     * fingerprint of the arguments in hex (the same whichever name the type had) */
     char fp[2][80] = {"", ""};
     const char *variants[2] = {
         "{\"content\": \"k\", \"type\": \"fact\", \"importance\": 0.5, \"idempotency_key\": "
@@ -482,29 +483,35 @@ static void test_large_and_idempotent(void)
     for (int v = 0; v < 2; v++) {
         r = fr_call(&env, "memory.store", variants[v]);
         j = fr_take();
-        CHECK(j && j->kind == FR_SUBMIT && j->rls == 7);
-        CHECK(j && strcmp(j->q[0].name, "memory_store_batch") == 0 && j->q[0].nvalues == 20);
-        CHECK(j && val_is(j, 19, "3")); /* the embedding generation */
-        CHECK(j && val_is(j, 0, "7") && val_is(j, 1, env.memory_limits) && val_is(j, 2, "op-1"));
-        CHECK(j && val_is(j, 4, "8") && val_is(j, 9, "{\"k\"}"));
-        CHECK(j && j->q[0].formats[12] == 1 && j->q[0].lengths[12] == DIM * 4);
-        if (j && fr_val(j, 0, 3))
-            snprintf(fp[v], sizeof(fp[v]), "%s", fr_val(j, 0, 3));
+        CHECK(j && j->kind == FR_POOL && j->rls == -1);
+        CHECK(j && strcmp(j->q[0].name, "memory_store_group") == 0 && j->q[0].nvalues == 22);
+        CHECK(j && val_is(j, 0, "{7}") && val_is(j, 18, "{3}")); /* the embedding generation */
+        CHECK(j && val_is(j, 3, env.memory_limits) && val_is(j, 20, "{\"op-1\"}"));
+        CHECK(j && val_is(j, 8, "{\"k\"}"));
+        CHECK(j && j->q[0].formats[11] == 1 && j->q[0].lengths[11] == DIM * 4);
+        if (j && fr_val(j, 0, 21))
+            snprintf(fp[v], sizeof(fp[v]), "%s", fr_val(j, 0, 21));
         res = store_result();
         store_row(res, 0, 77, 7, true);
         fr_answer1(j, res);
         CHECK(r->done && fr_is_int(fr_get(r, "id"), 77) && fr_is_bool(fr_get(r, "replayed"), true));
         fr_free(r);
+        drain_notes();
     }
-    CHECK(strlen(fp[0]) == 66 && strncmp(fp[0], "\\x", 2) == 0 && strcmp(fp[0], fp[1]) == 0);
+    /* {"<64 hex digits>"} */
+    CHECK(strlen(fp[0]) == 68 && strncmp(fp[0], "{\"", 2) == 0 && strcmp(fp[0], fp[1]) == 0);
+    CHECK(strspn(fp[0] + 2, "0123456789abcdef") == 64);
     /* other arguments, another fingerprint */
     r = fr_call(&env, "memory.store",
                 "{\"content\": \"k\", \"type\": \"fact\", \"importance\": "
                 "0.6, \"idempotency_key\": \"op-1\"}");
     j = fr_take();
-    CHECK(j && fr_val(j, 0, 3) && strcmp(fr_val(j, 0, 3), fp[0]) != 0);
-    /* the key reused with other arguments: the function refuses (conflict) */
-    fr_answer_error(j, "EG409", "idempotency key reused with other arguments", NULL);
+    CHECK(j && fr_val(j, 0, 21) && strcmp(fr_val(j, 0, 21), fp[0]) != 0);
+    /* the key reused with other arguments: the statement refuses it (conflict) */
+    res = store_result();
+    refusal_row(res, 0, "EG409", "idempotency_key was used before for a different request",
+                NULL);
+    fr_answer1(j, res);
     CHECK(r->fail_db && strcmp(r->db_sqlstate, "EG409") == 0);
     fr_free(r);
     /* a batch's key fingerprints its memories */
@@ -512,11 +519,14 @@ static void test_large_and_idempotent(void)
                 "{\"memories\": [{\"content\": \"k\", \"type\": \"fact\", \"importance\": 0.5}], "
                 "\"idempotency_key\": \"op-2\"}");
     j = fr_take();
-    CHECK(j && strcmp(j->q[0].name, "memory_store_batch") == 0 && val_is(j, 2, "op-2"));
-    CHECK(j && fr_val(j, 0, 3) && strlen(fr_val(j, 0, 3)) == 66 &&
-          strcmp(fr_val(j, 0, 3), fp[0]) != 0);
+    CHECK(j && strcmp(j->q[0].name, "memory_store_group") == 0 && val_is(j, 20, "{\"op-2\"}"));
+    CHECK(j && fr_val(j, 0, 21) && strlen(fr_val(j, 0, 21)) == 68 &&
+          strcmp(fr_val(j, 0, 21), fp[0]) != 0);
     /* a batch over the tier's limit: the numbers of the DETAIL, requested its size */
-    fr_answer_error(j, "EG429", "memory limit of the tenant's tier reached", "limit=5 usage=5");
+    res = store_result();
+    refusal_row(res, 0, "EG429", "memory limit of the tenant's tier reached",
+                "limit=5 usage=5 requested=1");
+    fr_answer1(j, res);
     CHECK(r->code == RPC_QUOTA_EXCEEDED && fr_is_int(fr_get(r, "requested"), 1));
     CHECK(fr_is_int(fr_get(r, "limit"), 5) && fr_is_str(fr_get(r, "quota"), "memories"));
     fr_free(r);

@@ -170,8 +170,7 @@ static void job_send(gc_group *g, req *const *m, size_t n, bool alone, bool larg
     j->large = large;
     j->citus = g->placements != NULL;
     j->solo = n == 1 && !alone && !large && !j->citus && g->ops->solo_stmt >= 0 &&
-              g->ops->items(m[0]) <= g->ops->solo_max_items &&
-              !(g->ops->key && g->ops->key(m[0]));
+              g->ops->items(m[0]) <= g->ops->solo_max_items && !(g->ops->key && g->ops->key(m[0]));
     j->n = n;
     memcpy(j->m, m, n * sizeof(req *));
     int rc;
@@ -496,8 +495,7 @@ static bool key_taken(const gc_group *g, req *const *m, size_t n, req *r)
         return false;
     for (size_t i = 0; i < n; i++) {
         const char *other = g->ops->key(m[i]);
-        if (other && req_auth(m[i])->tenant_id == req_auth(r)->tenant_id &&
-            strcmp(other, key) == 0)
+        if (other && req_auth(m[i])->tenant_id == req_auth(r)->tenant_id && strcmp(other, key) == 0)
             return true;
     }
     return false;

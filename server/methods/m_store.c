@@ -330,9 +330,8 @@ static int store_query(req *const *m, size_t nm, bool group, bool wait, db_query
         }
     }
     char *lits[19] = {NULL};
-    mp_array *arrs[19] = {&agent, &clade, &scope,  &type, &content, &imp,  &md,
-                          &cr,    &up,    &acc,    &cnt,  &ex,      &pin,  &tens,
-                          &counts, &dims, &gens,   &idems, &fps};
+    mp_array *arrs[19] = {&agent, &clade, &scope, &type, &content, &imp,  &md,   &cr,    &up, &acc,
+                          &cnt,   &ex,    &pin,   &tens, &counts,  &dims, &gens, &idems, &fps};
     for (int i = 0; i < 19; i++) {
         if (ok)
             ok = (lits[i] = mp_array_finish(m[0], arrs[i])) != NULL;

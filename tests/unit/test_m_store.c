@@ -509,8 +509,7 @@ static void test_large_and_idempotent(void)
     CHECK(j && fr_val(j, 0, 21) && strcmp(fr_val(j, 0, 21), fp[0]) != 0);
     /* the key reused with other arguments: the statement refuses it (conflict) */
     res = store_result();
-    refusal_row(res, 0, "EG409", "idempotency_key was used before for a different request",
-                NULL);
+    refusal_row(res, 0, "EG409", "idempotency_key was used before for a different request", NULL);
     fr_answer1(j, res);
     CHECK(r->fail_db && strcmp(r->db_sqlstate, "EG409") == 0);
     fr_free(r);

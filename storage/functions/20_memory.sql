@@ -497,7 +497,7 @@ DECLARE
     v_gen bigint;
     v_lt text := current_setting('lock_timeout');
     v_keyed boolean;    -- the run holds a keyed segment
-    v_rep boolean[] := '{}'; -- a keyed segment that replays its key's memories
+    v_reps integer[] := '{}'; -- the keyed segments that replay their key's memories
     v_fp bytea;
 BEGIN
     IF cardinality(p_counts) <> ns OR cardinality(p_dims) <> ns OR ns = 0 THEN
@@ -627,7 +627,7 @@ BEGIN
                     v_msg[q] := 'idempotency_key was used before for a different request';
                 ELSIF v_fp IS NOT NULL THEN
                     -- the key's request again: its memories, as they are now
-                    v_rep[q] := true;
+                    v_reps := v_reps || q;
                     v_key[q] := v_last + v_took;
                     CONTINUE;
                 ELSIF p_gens IS NOT NULL AND p_gens[q] <> v_gen THEN
@@ -737,21 +737,31 @@ BEGIN
             FROM generate_series(1, ns) AS f (s)
             WHERE v_state[f.s] IS NOT NULL
             UNION ALL
+            -- (the replaying segments only, each key looked up by its primary key)
             SELECT p_tenants[f.s], 2 * v_key[f.s] + 1, f.s, o.i::integer, true,
                    kk.created_ms[o.i], mm.*, NULL, NULL, NULL
-            FROM generate_series(1, ns) AS f (s)
-            JOIN idempotency_keys kk ON kk.tenant_id = p_tenants[f.s] AND kk.key = p_idems[f.s]
+            FROM unnest(v_reps) AS f (s)
+            CROSS JOIN LATERAL (SELECT k.ids, k.created_ms FROM idempotency_keys k
+                                WHERE k.tenant_id = p_tenants[f.s] AND k.key = p_idems[f.s])
+                AS kk
             CROSS JOIN LATERAL unnest(kk.ids) WITH ORDINALITY AS o (id, i)
             CROSS JOIN LATERAL engram_meta_of(
                 (SELECT m FROM memories m WHERE m.tenant_id = p_tenants[f.s] AND m.id = o.id))
-                AS mm
-            WHERE v_rep[f.s]) x
+                AS mm) x
         ORDER BY x.t, x.o, x.sg, x.idx;
 END $$;
 ALTER FUNCTION engram_memory_store_group(bigint[], integer[], integer[], bigint[], bigint[],
     bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[], bigint[],
     bigint[], bigint[], bigint[], boolean[], bigint[], integer, text[], text[])
     SET plan_cache_mode = force_generic_plan;
+-- No JIT: the generic plan of the final statement is costed for a thousand segments (the
+-- planner's guess for generate_series and unnest over parameters), over jit_above_cost
+-- since the keys' CTE came, and compiling it took about 20 ms of every call (0.65 ms
+-- without, measured in psql; 23 to 18 ms of PostgreSQL CPU a store in bench/citus-cost.sh).
+ALTER FUNCTION engram_memory_store_group(bigint[], integer[], integer[], bigint[], bigint[],
+    bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[], bigint[],
+    bigint[], bigint[], bigint[], boolean[], bigint[], integer, text[], text[])
+    SET jit = off;
 
 -- engram_memory_touch adds a batch of access counts (the server's, about once a second per
 -- worker) to memory_access. Returns the number of entries.

@@ -96,6 +96,27 @@ def store_retrying(c, args, retried, timeout=30.0):
             time.sleep(0.05)
 
 
+def keyed_burst(c, contents, keys):
+    """Sends memory.store of each content under its idempotency key, every one twice, and
+    then the first key once more with other content, all at once on client c (pipelined,
+    answered in any order). Asserts what a client must get however the server grouped them:
+    the repeats replay the first stores' memories (one of each pair answered `replayed`), the
+    reused key is refused `conflict`. Returns the ids of the first stores, in order."""
+    body = [{"content": t, "type": "fact", "importance": 0.5, "idempotency_key": k}
+            for t, k in zip(contents, keys)]
+    n = len(body)
+    sent = [c.send("memory.store", b) for b in body + body]
+    sent.append(c.send("memory.store", dict(body[0], content=body[0]["content"] + " other")))
+    answers = [c.wait(msgid) for msgid in sent]
+    for err, _ in answers[:2 * n]:
+        assert err is None, err
+    first = [res["id"] for _, res in answers[:n]]
+    assert first == [res["id"] for _, res in answers[n:2 * n]]
+    assert sum(bool(res.get("replayed")) for _, res in answers[:2 * n]) == n
+    assert answers[2 * n][0] and answers[2 * n][0]["code"] == "conflict", answers[2 * n]
+    return first
+
+
 def wait_value(get, ok, what, timeout=20.0, interval=0.05):
     """Polls get() until ok(value) holds, at most timeout seconds; returns the value. A
     timeout fails the test naming what it waited for and the last value get() returned."""

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from harness import (BIN, CITUS, PG_BINDIR, PG_DSN, citus_cluster, metric, new_database, psql,
-                     running_pair, store_retrying, structured_vectors, vec_bin, wait_for,
-                     wait_log, with_dbname)
+from harness import (BIN, CITUS, PG_BINDIR, PG_DSN, citus_cluster, keyed_burst, metric,
+                     new_database, psql, running_pair, store_retrying, structured_vectors,
+                     vec_bin, wait_for, wait_log, with_dbname)
 from rpc import RpcError
 from test_result_schemas import result_schema, validator
 
@@ -105,18 +105,8 @@ def test_stores_never_span_two_workers(server):
         reused key with other content is refused alone (its group's others commit)."""
         try:
             with server.client(key=key) as c:
-                body = [{"content": f"t{i} k{j}", "type": "fact", "importance": 0.5,
-                         "idempotency_key": f"k{i}-{j}"} for j in range(10)]
-                sent = [c.send("memory.store", b) for b in body + body]
-                sent.append(c.send("memory.store", dict(body[0], content="other")))
-                answers = [c.wait(msgid) for msgid in sent]
-                for err, _ in answers[:20]:
-                    assert err is None, err
-                first, again = answers[:10], answers[10:20]
-                assert [a[1]["id"] for a in first] == [a[1]["id"] for a in again]
-                assert sum(bool(a[1].get("replayed")) for a in first + again) == 10
-                assert answers[20][0] and answers[20][0]["code"] == "conflict", answers[20]
-                keyed_ids[i] = [a[1]["id"] for a in first]
+                keyed_ids[i] = keyed_burst(c, [f"t{i} k{j}" for j in range(10)],
+                                           [f"k{i}-{j}" for j in range(10)])
         except Exception as e:  # reported below
             errors.append(e)
 

@@ -7,8 +7,8 @@ import subprocess
 import threading
 import time
 
-from harness import (PG_BINDIR, Server, new_database, psql, structured_vectors, vec_bin,
-                     wait_for)
+from harness import (PG_BINDIR, Server, keyed_burst, metric, new_database, psql,
+                     structured_vectors, vec_bin, wait_for)
 
 
 def test_pipelined_stores_all_land_with_their_own_ids():
@@ -310,7 +310,6 @@ def test_keyed_stores_group_replay_and_conflict_as_alone():
     dsn = new_database("group_keyed")
     srv = Server(dsn).start()
     try:
-        from harness import metric
         tenants = [srv.create_tenant() for _ in range(4)]
         psql(dsn, "SELECT pg_stat_reset()")
         batches = metric(srv, "engram_group_commit_batches_total")
@@ -320,18 +319,8 @@ def test_keyed_stores_group_replay_and_conflict_as_alone():
         def burst(w, key):
             try:
                 with srv.client(key=key) as c:
-                    body = [{"content": f"t{w} keyed {i}", "type": "fact", "importance": 0.5,
-                             "idempotency_key": f"k-{i}"} for i in range(12)]
-                    sent = [c.send("memory.store", b) for b in body + body]
-                    sent.append(c.send("memory.store", dict(body[3], content="other")))
-                    answers = [c.wait(m) for m in sent]
-                    for err, _ in answers[:24]:
-                        assert err is None, err
-                    first = [a[1]["id"] for a in answers[:12]]
-                    assert first == [a[1]["id"] for a in answers[12:24]]
-                    assert sum(bool(a[1].get("replayed")) for a in answers[:24]) == 12
-                    assert answers[24][0] and answers[24][0]["code"] == "conflict", answers[24]
-                    ids[w] = first
+                    ids[w] = keyed_burst(c, [f"t{w} keyed {i}" for i in range(12)],
+                                         [f"k-{i}" for i in range(12)])
             except Exception as e:  # reported below
                 errors.append(e)
 

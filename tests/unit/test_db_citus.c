@@ -19,6 +19,7 @@
 #include <libpq-fe.h>
 
 #include "check.h"
+#include "dbloop.h"
 #include "db.h"
 #include "pgtest.h"
 
@@ -44,9 +45,6 @@ typedef struct outcome {
     char first[8][32]; /* the first value of each result */
 } outcome;
 
-static struct event_base *base;
-static int pending;
-
 static void on_result(void *arg, const db_result *r)
 {
     outcome *o = arg;
@@ -57,32 +55,17 @@ static void on_result(void *arg, const db_result *r)
     for (int i = 0; i < o->nres && i < 8; i++)
         snprintf(o->first[i], sizeof(o->first[i]), "%s",
                  PQntuples(r->res[i]) > 0 ? PQgetvalue(r->res[i], 0, 0) : "");
-    if (--pending == 0)
-        event_base_loopbreak(base);
-}
-
-static void on_deadline(evutil_socket_t fd, short what, void *arg)
-{
-    event_base_loopbreak(base); /* the checks below then fail: nothing hangs the test */
-}
-
-static void run(void)
-{
-    struct event *deadline = evtimer_new(base, on_deadline, NULL);
-    struct timeval tv = {30, 0};
-    evtimer_add(deadline, &tv);
-    event_base_dispatch(base);
-    event_free(deadline);
+    dbloop_answered();
 }
 
 static outcome submit(db_pool *p, const db_opts *o, const db_query *qs, int nq)
 {
     outcome out = {0};
-    pending = 1;
+    dbloop_pending = 1;
     int rc = db_submit_opts(p, o, qs, nq, on_result, &out);
     CHECK_MSG(rc == 0, "db_submit_opts: %d", rc);
     if (rc == 0)
-        run();
+        dbloop_run();
     return out;
 }
 
@@ -98,7 +81,7 @@ int main(void)
                    "RETURNS bigint LANGUAGE sql AS 'SELECT 102000 + $2'");
     pgtest_exec(c, "CREATE TABLE tenants (id bigint)");
 
-    base = event_base_new();
+    dbloop_base = event_base_new();
     db_config cfg = {.dsn = dsn,
                      .connections = 1,
                      .max_inflight = 4,
@@ -110,7 +93,7 @@ int main(void)
                      .rls_set_local = true,
                      .stmts = stmts,
                      .nstmts = sizeof(stmts) / sizeof(stmts[0])};
-    db_pool *p = db_pool_create(base, &cfg);
+    db_pool *p = db_pool_create(dbloop_base, &cfg);
     CHECK(p != NULL);
     if (!p)
         goto out;
@@ -173,7 +156,7 @@ int main(void)
     CHECK(!never.done);
     db_pool_destroy(p);
 out:
-    event_base_free(base);
+    event_base_free(dbloop_base);
     PQfinish(c);
     pgtest_drop();
     CHECK_RETURN();

@@ -17,6 +17,7 @@
 #include <libpq-fe.h>
 
 #include "check.h"
+#include "dbloop.h"
 #include "db.h"
 #include "pgtest.h"
 
@@ -33,9 +34,6 @@ typedef struct outcome {
     char value[32];
 } outcome;
 
-static struct event_base *base;
-static int pending;
-
 static void on_result(void *arg, const db_result *r)
 {
     outcome *o = arg;
@@ -44,23 +42,7 @@ static void on_result(void *arg, const db_result *r)
     snprintf(o->sqlstate, sizeof(o->sqlstate), "%s", r->sqlstate ? r->sqlstate : "");
     if (r->status == DB_OK && r->nres == 1 && PQntuples(r->res[0]) == 1)
         snprintf(o->value, sizeof(o->value), "%s", PQgetvalue(r->res[0], 0, 0));
-    if (--pending == 0)
-        event_base_loopbreak(base);
-}
-
-static void on_deadline(evutil_socket_t fd, short what, void *arg)
-{
-    event_base_loopbreak(base); /* the checks below then fail: nothing hangs the test */
-}
-
-/* Runs the loop until every submitted job answered (or 30 s passed). */
-static void run(void)
-{
-    struct event *deadline = evtimer_new(base, on_deadline, NULL);
-    struct timeval tv = {30, 0};
-    evtimer_add(deadline, &tv);
-    event_base_dispatch(base);
-    event_free(deadline);
+    dbloop_answered();
 }
 
 static PGconn *gate_holder;
@@ -86,7 +68,7 @@ int main(void)
     pgtest_exec(c, "CREATE CONSTRAINT TRIGGER w_gate AFTER INSERT ON w DEFERRABLE INITIALLY "
                    "DEFERRED FOR EACH ROW EXECUTE FUNCTION lock_gate()");
 
-    base = event_base_new();
+    dbloop_base = event_base_new();
     db_config cfg = {.dsn = dsn,
                      .connections = 1,
                      .max_inflight = 8,
@@ -97,7 +79,7 @@ int main(void)
                      .max_queue = 64,
                      .stmts = stmts,
                      .nstmts = sizeof(stmts) / sizeof(stmts[0])};
-    db_pool *p = db_pool_create(base, &cfg);
+    db_pool *p = db_pool_create(dbloop_base, &cfg);
     CHECK(p != NULL);
     if (!p)
         goto out;
@@ -109,10 +91,10 @@ int main(void)
     db_query dup = {.stmt = &stmts[0], DB_VALUES(one)};
     db_query count = {.stmt = &stmts[2]};
     outcome o1 = {0}, o2 = {0};
-    pending = 2;
+    dbloop_pending = 2;
     CHECK(db_submit(p, -1, &dup, 1, on_result, &o1) == 0);
     CHECK(db_submit(p, -1, &count, 1, on_result, &o2) == 0);
-    run();
+    dbloop_run();
     CHECK_MSG(o1.done && o1.status == DB_ERROR && strcmp(o1.sqlstate, "23505") == 0,
               "failed commit: done %d status %d sqlstate %s", o1.done, o1.status, o1.sqlstate);
     CHECK_MSG(o2.done && o2.status == DB_OK && strcmp(o2.value, "0") == 0,
@@ -131,20 +113,20 @@ int main(void)
     CHECK(PQstatus(gate_holder) == CONNECTION_OK);
     pgtest_exec(gate_holder, "BEGIN");
     pgtest_exec(gate_holder, "LOCK TABLE gate IN ACCESS EXCLUSIVE MODE");
-    struct event *rel = evtimer_new(base, release_gate, NULL);
+    struct event *rel = evtimer_new(dbloop_base, release_gate, NULL);
     struct timeval in300 = {0, 300000};
     evtimer_add(rel, &in300);
     db_opts opts = {.rls_tenant = -1, .lock_timeout_ms = 50};
     db_query ins = {.stmt = &stmts[1], DB_VALUES(one)};
     outcome o3 = {0}, o4 = {0};
-    pending = 1;
+    dbloop_pending = 1;
     CHECK(db_submit_opts(p, &opts, &ins, 1, on_result, &o3) == 0);
-    run();
+    dbloop_run();
     CHECK_MSG(o3.done && o3.status == DB_OK, "commit behind a lock: done %d status %d sqlstate %s",
               o3.done, o3.status, o3.sqlstate);
-    pending = 1;
+    dbloop_pending = 1;
     CHECK(db_submit(p, -1, &count, 1, on_result, &o4) == 0);
-    run();
+    dbloop_run();
     CHECK_MSG(o4.done && strcmp(o4.value, "1") == 0, "rows committed: %s", o4.value);
     db_pool_get_stats(p, &st);
     CHECK_MSG(st.reconnects == 0 && st.failures == 0, "reconnects %llu failures %llu",
@@ -153,7 +135,7 @@ int main(void)
     PQfinish(gate_holder);
     db_pool_destroy(p);
 out:
-    event_base_free(base);
+    event_base_free(dbloop_base);
     PQfinish(c);
     pgtest_drop();
     CHECK_RETURN();

@@ -438,6 +438,8 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
     flush(c);
 }
 
+static struct timeval tv_of(double s);
+
 static void on_window_open(evutil_socket_t fd, short what, void *arg)
 {
     lg *g = arg;
@@ -445,6 +447,12 @@ static void on_window_open(evutil_socket_t fd, short what, void *arg)
         g->conf->window(g->conf->ud, true);
     g->m_start = loadgen_now_ns();
     g->measuring = true;
+    /* the window closes duration_s after it opened, however late the loop got here (a
+     * busy machine delayed the opening timer by 0.3 s and the window was that much short) */
+    if (g->conf->duration_s > 0) {
+        struct timeval te = tv_of(g->conf->duration_s);
+        evtimer_add(g->t_end, &te);
+    }
 }
 
 static void on_drain_timeout(evutil_socket_t fd, short what, void *arg)
@@ -489,13 +497,11 @@ static void start_run(lg *g)
     g->cap = cf->max_inflight;
     if (cf->duration_s > 0) {
         double w = cf->warmup_s > 0 ? cf->warmup_s : 0;
-        struct timeval tw = tv_of(w), te = tv_of(w + cf->duration_s);
-        if (w > 0) {
-            evtimer_add(g->t_window, &tw);
-        } else {
+        struct timeval tw = tv_of(w);
+        if (w > 0)
+            evtimer_add(g->t_window, &tw); /* it arms the window's end */
+        else
             on_window_open(-1, 0, g);
-        }
-        evtimer_add(g->t_end, &te);
     } else {
         on_window_open(-1, 0, g);
     }

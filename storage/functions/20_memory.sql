@@ -497,8 +497,15 @@ DECLARE
     v_gen bigint;
     v_lt text := current_setting('lock_timeout');
     v_keyed boolean;    -- the run holds a keyed segment
-    v_reps integer[] := '{}'; -- the keyed segments that replay their key's memories
     v_fp bytea;
+    v_kids bigint[];    -- a replayed key's memory ids and creation times
+    v_kcr bigint[];
+    -- the replayed memories' rows, gathered here so the final statement joins no table
+    -- (Citus could not plan it with a join: the function must still plan there)
+    v_rseg integer[] := '{}';
+    v_ridx integer[] := '{}';
+    v_rcr bigint[] := '{}';
+    v_rmeta engram_memory_meta[] := '{}';
 BEGIN
     IF cardinality(p_counts) <> ns OR cardinality(p_dims) <> ns OR ns = 0 THEN
         RAISE EXCEPTION 'segments do not match' USING ERRCODE = 'EG400';
@@ -616,7 +623,8 @@ BEGIN
             FOR q IN s .. r LOOP
                 v_fp := NULL;
                 IF v_last IS NOT NULL AND p_idems IS NOT NULL AND p_idems[q] IS NOT NULL THEN
-                    SELECT i.fingerprint INTO v_fp FROM idempotency_keys i
+                    SELECT i.fingerprint, i.ids, i.created_ms INTO v_fp, v_kids, v_kcr
+                      FROM idempotency_keys i
                      WHERE i.tenant_id = p_tenants[s] AND i.key = p_idems[q];
                 END IF;
                 IF v_last IS NULL THEN
@@ -626,9 +634,17 @@ BEGIN
                     v_state[q] := 'EG409';
                     v_msg[q] := 'idempotency_key was used before for a different request';
                 ELSIF v_fp IS NOT NULL THEN
-                    -- the key's request again: its memories, as they are now
-                    v_reps := v_reps || q;
+                    -- the key's request again: its memories, as they are now (a deleted one
+                    -- as a row without them, as engram_memory_store_batch answers)
                     v_key[q] := v_last + v_took;
+                    v_rseg := v_rseg || array_fill(q, ARRAY[cardinality(v_kids)]);
+                    v_ridx := v_ridx || ARRAY(SELECT g FROM generate_series(1, cardinality(v_kids))
+                                                   AS g ORDER BY g);
+                    v_rcr := v_rcr || v_kcr;
+                    v_rmeta := v_rmeta || ARRAY(
+                        SELECT engram_meta_of((SELECT ROW(m.*)::memories FROM memories m
+                                               WHERE m.tenant_id = p_tenants[s] AND m.id = o.id))
+                        FROM unnest(v_kids) WITH ORDINALITY AS o (id, i) ORDER BY o.i);
                     CONTINUE;
                 ELSIF p_gens IS NOT NULL AND p_gens[q] <> v_gen THEN
                     v_state[q] := 'EG412';
@@ -737,17 +753,12 @@ BEGIN
             FROM generate_series(1, ns) AS f (s)
             WHERE v_state[f.s] IS NOT NULL
             UNION ALL
-            -- (the replaying segments only, each key looked up by its primary key)
-            SELECT p_tenants[f.s], 2 * v_key[f.s] + 1, f.s, o.i::integer, true,
-                   kk.created_ms[o.i], mm.*, NULL, NULL, NULL
-            FROM unnest(v_reps) AS f (s)
-            CROSS JOIN LATERAL (SELECT k.ids, k.created_ms FROM idempotency_keys k
-                                WHERE k.tenant_id = p_tenants[f.s] AND k.key = p_idems[f.s])
-                AS kk
-            CROSS JOIN LATERAL unnest(kk.ids) WITH ORDINALITY AS o (id, i)
-            CROSS JOIN LATERAL engram_meta_of(
-                (SELECT m FROM memories m WHERE m.tenant_id = p_tenants[f.s] AND m.id = o.id))
-                AS mm) x
+            -- (unnest spreads the composite array's columns: m_id .. m_tags)
+            SELECT p_tenants[r.s], 2 * v_key[r.s] + 1, r.s, r.i, true, r.cr, r.m_id, r.m_seq,
+                   r.m_agent_id, r.m_clade_id, r.m_scope, r.m_type, r.m_importance,
+                   r.m_created_ms, r.m_accessed_ms, r.m_access_count, r.m_expires_ms,
+                   r.m_archived_ms, r.m_pinned, r.m_tags, NULL, NULL, NULL
+            FROM unnest(v_rseg, v_ridx, v_rcr, v_rmeta) AS r (s, i, cr)) x
         ORDER BY x.t, x.o, x.sg, x.idx;
 END $$;
 ALTER FUNCTION engram_memory_store_group(bigint[], integer[], integer[], bigint[], bigint[],

@@ -461,8 +461,8 @@ def test_console_in_browser(server, world, shots):
         assert cells[2] == "completed" and cells[5] == str(run["merged"])
         assert cells[6] == str(run["superseded"])
         # traffic between scrapes, then a QPS line with points and a latency line; the
-        # traffic goes on until the legend is read (the page scrapes every 3 s, and a scrape
-        # of a quiet window after the loop made the legend 0 on a loaded CI machine)
+        # traffic goes on until the legend shows it (a CI run read 0 there twice: the
+        # chart's last point was still a quiet one)
         quiet = threading.Event()
 
         def traffic():
@@ -484,9 +484,19 @@ def test_console_in_browser(server, world, shots):
             assert d.count("L") >= 3, d
             assert b.js("!!document.querySelector('#chart-latency path[data-series=p50]')")
             assert b.js("!!document.querySelector('#chart-memory path[data-series=rssBytes]')")
+            # the legend shows the last point: the server's history fills the chart at once
+            # (its last step may be a quiet one), the live scrapes' points come every 3 s
+            def qps(legend):
+                try:
+                    return float(legend.split(": ")[1].replace(",", ""))
+                except (IndexError, ValueError):  # "–": no point yet
+                    return 0.0
+
             legend = text(b, "#chart-qps .legend span")
-            assert legend.startswith("requests/s: ") and float(legend.split(": ")[1]) > 0, \
-                legend
+            while time.time() < deadline + 30 and not qps(legend) > 0:
+                time.sleep(0.5)
+                legend = text(b, "#chart-qps .legend span")
+            assert legend.startswith("requests/s: ") and qps(legend) > 0, legend
         finally:
             quiet.set()
             pump.join(timeout=10)

@@ -444,9 +444,6 @@ DROP FUNCTION IF EXISTS engram_memory_store_group(bigint[], integer[], integer[]
     bigint[], bigint[], bigint[], bigint[], boolean[]);
 DROP FUNCTION IF EXISTS engram_memory_store_group(bigint[], integer[], integer[], bigint[],
     bigint[], bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[],
-    bigint[], bigint[], bigint[], bigint[], boolean[], bigint[], integer);
-DROP FUNCTION IF EXISTS engram_memory_store_group(bigint[], integer[], integer[], bigint[],
-    bigint[], bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[],
     bigint[], bigint[], bigint[], bigint[], boolean[], integer);
 CREATE OR REPLACE FUNCTION engram_memory_store_group(
         p_tenants bigint[], p_counts integer[], p_dims integer[], p_limits bigint[],
@@ -454,8 +451,7 @@ CREATE OR REPLACE FUNCTION engram_memory_store_group(
         p_importance double precision[], p_metadata text[], p_embeddings bytea,
         p_created_ms bigint[], p_updated_ms bigint[], p_accessed_ms bigint[],
         p_access_count bigint[], p_expires_ms bigint[], p_pinned boolean[],
-        p_gens bigint[] DEFAULT NULL, p_probe_ms integer DEFAULT NULL,
-        p_idems text[] DEFAULT NULL, p_fingerprints text[] DEFAULT NULL)
+        p_gens bigint[], p_probe_ms integer, p_idems text[], p_fingerprints text[])
     RETURNS TABLE (idx integer, replay boolean, r_created_ms bigint, m_id bigint, m_seq bigint,
                    m_agent_id bigint, m_clade_id bigint, m_scope text, m_type text,
                    m_importance double precision, m_created_ms bigint, m_accessed_ms bigint,
@@ -765,6 +761,28 @@ ALTER FUNCTION engram_memory_store_group(bigint[], integer[], integer[], bigint[
     bigint[], text[], text[], text[], double precision[], text[], bytea, bigint[], bigint[],
     bigint[], bigint[], bigint[], boolean[], bigint[], integer, text[], text[])
     SET plan_cache_mode = force_generic_plan;
+-- The form of the previous release (no keys), for its processes while a fleet is upgraded
+-- one process at a time: their statement calls it with twenty arguments (the keyed form
+-- takes no defaults, so a call names one form or the other).
+CREATE OR REPLACE FUNCTION engram_memory_store_group(
+        p_tenants bigint[], p_counts integer[], p_dims integer[], p_limits bigint[],
+        p_agent bigint[], p_clade bigint[], p_scope text[], p_type text[], p_content text[],
+        p_importance double precision[], p_metadata text[], p_embeddings bytea,
+        p_created_ms bigint[], p_updated_ms bigint[], p_accessed_ms bigint[],
+        p_access_count bigint[], p_expires_ms bigint[], p_pinned boolean[],
+        p_gens bigint[] DEFAULT NULL, p_probe_ms integer DEFAULT NULL)
+    RETURNS TABLE (idx integer, replay boolean, r_created_ms bigint, m_id bigint, m_seq bigint,
+                   m_agent_id bigint, m_clade_id bigint, m_scope text, m_type text,
+                   m_importance double precision, m_created_ms bigint, m_accessed_ms bigint,
+                   m_access_count bigint, m_expires_ms bigint, m_archived_ms bigint,
+                   m_pinned boolean, m_tags text, err_state text, err_message text,
+                   err_detail text)
+    LANGUAGE sql AS $$
+    SELECT * FROM engram_memory_store_group(p_tenants, p_counts, p_dims, p_limits, p_agent,
+        p_clade, p_scope, p_type, p_content, p_importance, p_metadata, p_embeddings,
+        p_created_ms, p_updated_ms, p_accessed_ms, p_access_count, p_expires_ms, p_pinned,
+        p_gens, p_probe_ms, NULL::text[], NULL::text[])
+$$;
 -- No JIT: the generic plan of the final statement is costed for a thousand segments (the
 -- planner's guess for generate_series and unnest over parameters), over jit_above_cost
 -- since the keys' CTE came, and compiling it took about 20 ms of every call (0.65 ms

@@ -475,7 +475,10 @@ static bool citus_moved_under(const db_result *res)
            /* the worker died under the commit: committed or not is unknown, as when the
             * connection to one PostgreSQL breaks there (a retry with the request's
             * idempotency key tells) */
-           strstr(res->message, "could not commit transaction for shard") != NULL;
+           strstr(res->message, "could not commit transaction for shard") != NULL ||
+           /* the coordinator's postmaster died under the request (a failover of the
+            * coordinator: test_citus_ha): its backend ends, committed or not unknown */
+           strstr(res->message, "postmaster was shut down, exiting") != NULL;
 }
 
 void req_fail_db(req *r, const db_result *res)

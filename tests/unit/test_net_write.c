@@ -17,6 +17,7 @@ typedef struct script {
     const char *main_state; /* SQLSTATE of the worker's pool's answers; NULL: DB_OK */
     const char *lane_state; /* the lane's */
     bool main_unavailable;
+    const char *main_message; /* the error's message; NULL: "from the script" */
     unsigned main_jobs, lane_jobs;
     int64_t last_rls;
     unsigned last_lock_timeout;
@@ -39,7 +40,7 @@ static void answer(void *ud, const fake_db_job *j, fake_db_answer *out)
     } else if (state) {
         out->status = DB_ERROR;
         out->sqlstate = state;
-        out->message = "from the script";
+        out->message = !lane && sc->main_message ? sc->main_message : "from the script";
     }
 }
 
@@ -155,15 +156,32 @@ static void test_errors(void)
     static const struct {
         const char *sqlstate; /* NULL: DB_UNAVAILABLE */
         int code;
+        const char *message; /* NULL: "from the script" */
     } cases[] = {
-        {NULL, RPC_UNAVAILABLE},       {"EG404", RPC_NOT_FOUND},   {"EG409", RPC_CONFLICT},
-        {"EG429", RPC_QUOTA_EXCEEDED}, {"40001", RPC_UNAVAILABLE}, {"08006", RPC_UNAVAILABLE},
-        {"23505", RPC_INTERNAL},
+        {NULL, RPC_UNAVAILABLE, NULL},
+        {"EG404", RPC_NOT_FOUND, NULL},
+        {"EG409", RPC_CONFLICT, NULL},
+        {"EG429", RPC_QUOTA_EXCEEDED, NULL},
+        {"40001", RPC_UNAVAILABLE, NULL},
+        {"08006", RPC_UNAVAILABLE, NULL},
+        {"23505", RPC_INTERNAL, NULL},
+        /* Citus, the cluster changing under the request: transient */
+        {"XX000", RPC_UNAVAILABLE, "could not find valid entry for shard 102040"},
+        {"XX000", RPC_UNAVAILABLE,
+         "could not commit transaction for shard 102040 on any "
+         "active node"},
+        {"0A000", RPC_UNAVAILABLE, "COPY FROM not supported with row-level security"},
+        /* the coordinator's postmaster killed under the request (test_citus_ha) */
+        {"XX000", RPC_UNAVAILABLE, "postmaster was shut down, exiting"},
+        /* any other internal error stays one */
+        {"XX000", RPC_INTERNAL, NULL},
     };
     rig_reader rd;
     rig_reader_init(&rd);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        script sc = {.main_state = cases[i].sqlstate, .main_unavailable = !cases[i].sqlstate};
+        script sc = {.main_state = cases[i].sqlstate,
+                     .main_unavailable = !cases[i].sqlstate,
+                     .main_message = cases[i].message};
         fake_db_set_answer(answer, &sc);
         int fd = tenant(&rd, 30 + (int64_t)i);
         store(fd, 1);

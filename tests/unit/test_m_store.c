@@ -354,6 +354,58 @@ static void test_group(void)
     fr_free(d);
 }
 
+/* A group never holds one idempotency key of a tenant twice: the repeat waits for the next
+ * job, where it sees the first one's commit (the function refuses such a call: its requests
+ * would then all go alone). The same key of another tenant, and another key of the same
+ * tenant, ride along. */
+static void test_group_keys(void)
+{
+    conn_auth t9 = env.tenant;
+    t9.tenant_id = 9;
+    const char *x = "{\"content\": \"k\", \"type\": \"fact\", \"importance\": 0.5, "
+                    "\"idempotency_key\": \"x\"}";
+    req *a = fr_call(&env, "memory.store",
+                     "{\"content\": \"a\", \"type\": \"fact\", \"importance\": 0.5}");
+    req *k1 = fr_call(&env, "memory.store", x);
+    req *k2 = fr_call(&env, "memory.store", x);
+    req *k3 = fr_call_as(&env, &t9, "memory.store", x);
+    req *k4 = fr_call(&env, "memory.store",
+                      "{\"content\": \"k\", \"type\": \"fact\", \"importance\": 0.5, "
+                      "\"idempotency_key\": \"y\"}");
+    fr_job *j = fr_take(); /* a, alone: the slot was free */
+    PGresult *res = store_result();
+    store_row(res, 0, 600, 40, false);
+    fr_answer1(j, res);
+    CHECK(a->done);
+    /* tenant 7's x and y and tenant 9's x; tenant 7's second x waits */
+    j = fr_take();
+    CHECK(j && strcmp(j->q[0].name, "memory_store_group") == 0 && val_is(j, 0, "{7,7,9}"));
+    CHECK(j && val_is(j, 20, "{\"x\",\"y\",\"x\"}"));
+    CHECK(fr_jobs() == 0 && !k2->done);
+    res = store_result();
+    store_row(res, 0, 601, 41, false);
+    store_row(res, 1, 602, 42, false);
+    store_row(res, 2, 900, 60, false);
+    fr_answer1(j, res);
+    CHECK(k1->done && fr_is_int(fr_get(k1, "id"), 601));
+    CHECK(k4->done && fr_is_int(fr_get(k4, "id"), 602));
+    CHECK(k3->done && fr_is_int(fr_get(k3, "id"), 900));
+    /* then the repeat, alone in its job, replays the first one's memory */
+    j = fr_take();
+    CHECK(j && strcmp(j->q[0].name, "memory_store_group") == 0 && val_is(j, 0, "{7}"));
+    CHECK(j && val_is(j, 20, "{\"x\"}"));
+    res = store_result();
+    store_row(res, 0, 601, 41, true);
+    fr_answer1(j, res);
+    CHECK(k2->done && fr_is_int(fr_get(k2, "id"), 601) && fr_is_bool(fr_get(k2, "replayed"), true));
+    drain_notes();
+    fr_free(a);
+    fr_free(k1);
+    fr_free(k2);
+    fr_free(k3);
+    fr_free(k4);
+}
+
 static void test_group_failures(void)
 {
     conn_auth t9 = env.tenant;
@@ -542,6 +594,7 @@ int main(void)
     test_validation();
     test_store_alone();
     test_group();
+    test_group_keys();
     test_group_failures();
     test_large_and_idempotent();
     fr_env_fini(&env);

@@ -261,6 +261,15 @@ size_t vindex_resident(vindex *vi)
     return b;
 }
 
+/* vindex_rows_keep holds the mapped rows in RAM to cap bytes; see vindex.h. */
+size_t vindex_rows_keep(vindex *vi, size_t cap, size_t *dropped)
+{
+    rdlock(vi);
+    size_t b = vi_heap_bytes(vi) + vi_rows_keep(vi->s.rows, cap, dropped);
+    unlock(vi);
+    return b;
+}
+
 /* vindex_trim drops the mapped rows' pages and returns the resident bytes after. */
 size_t vindex_trim(vindex *vi)
 {

@@ -115,7 +115,7 @@ static size_t exact_slots(const vindex *vi, const vstore *st, const qprep *p,
     }
     sp.q = &sq;
     topk t = {.h = hits, .n = 0, .k = CAL_K};
-    sctx sc = {.vi = vi, .st = st, .p = &sp, .t = &t, .kept_checked = false};
+    sctx sc = {.vi = vi, .st = st, .p = &sp, .t = &t, .kept_checked = false, .probe = true};
     vi_search_exact(&sc, true, false);
     size_t n = 0;
     for (size_t i = 0; i < t.n; i++) {

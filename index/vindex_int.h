@@ -182,6 +182,13 @@ typedef struct vrows {
     size_t len;              /* its length */
     size_t slots;            /* rows mapped: whole chunks */
     _Atomic size_t resident; /* bytes in RAM at the last measurement (vi_rows_measure) */
+    /* one bit a page of the mapping, set by a search that read a row on it (vi_rows_touch)
+     * and cleared by vi_rows_keep: which pages in RAM searches still use (words of 64) */
+    _Atomic uint64_t *touched;
+    size_t pages;
+    size_t cow_page; /* the first page that may hold rows written after the snapshot (the
+                      * last chunk's slots past it, copy-on-write: anonymous pages, never
+                      * dropped by vi_rows_keep); set by whoever maps r (vi_rows_cow_from) */
     /* the file, to drop its cached pages (vi_rows_trim): its path when mapped, its identity
      * (a later file renamed over the path is left alone) and the rows' offset in it */
     char *path;
@@ -435,6 +442,7 @@ typedef struct sctx {
     const qprep *p;
     topk *t;
     bool kept_checked; /* keep already ran on every candidate */
+    bool probe;        /* the recall monitor's: the rows it reads are not marked in use */
     size_t reads;      /* float rows the re-rank read */
     size_t tie_reads;  /* of them, read by resolve_ties */
     rhit *rfree;       /* a code-ranked heap the search allocated (freed by vindex_search) */
@@ -527,6 +535,13 @@ bool vi_rows_attach(vindex *vi, vstore *st, vrows *r, size_t saved, bool publish
  * POSIX_FADV_DONTNEED on its file for the pages reclaim could not free at once). */
 size_t vi_rows_measure(vrows *r);
 void vi_rows_trim(vrows *r);
+/* vi_rows_keep holds r's pages in RAM to cap bytes (see vindex_rows_keep), adds the bytes
+ * it dropped to *dropped and returns the bytes in RAM after; vi_rows_touch marks the pages of the
+ * row at row (dim floats) as read by a search. Any thread, under the index's shared lock. */
+size_t vi_rows_keep(vrows *r, size_t cap, size_t *dropped);
+/* vi_rows_cow_from records that r's rows from slot s on may be written (copy-on-write). */
+void vi_rows_cow_from(const vindex *vi, vrows *r, size_t s);
+void vi_rows_touch(const vindex *vi, vrows *r, const float *row);
 /* vi_faults returns the calling thread's major page faults so far. */
 uint64_t vi_faults(void);
 

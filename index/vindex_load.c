@@ -456,6 +456,8 @@ static int load_body(loading *ld, const vindex_opts *ro)
     if (map &&
         !(ld->rows = vi_rows_map(vi, ld->r.fd, ld->h.l.rows_off, ld->h.l.rows_slots, ld->path)))
         return errno ? -errno : -ENOMEM;
+    if (ld->rows)
+        vi_rows_cow_from(vi, ld->rows, (size_t)ld->h.slots);
     if (alloc_chunks(ld))
         return -ENOMEM;
     read_slots(ld);

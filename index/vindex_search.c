@@ -173,6 +173,17 @@ static float exact_sim(const float *x, const float *qn, size_t dim)
     return sim > 1.0 ? 1.0f : sim < -1.0 ? -1.0f : (float)sim;
 }
 
+/* read_row returns the float row of slot off of ch for an exact score, marking its pages as
+ * in use when they are mapped (vi_rows_touch: the rows kept in RAM are those searches read;
+ * the recall monitor's probes, random by design, mark nothing). */
+static const float *read_row(const sctx *sc, const chunk *ch, size_t off)
+{
+    const float *x = row_in(sc->vi, ch, off);
+    if (ch->rows_mapped && sc->st->rows && !sc->probe)
+        vi_rows_touch(sc->vi, sc->st->rows, x);
+    return x;
+}
+
 /* skip_by_bound tells whether a monotone score, evaluated at the candidate's similarity
  * bound, already cannot beat the k-th hit (so its row need not be read). */
 static bool skip_by_bound(const sctx *sc, const cand *c, const void *meta)
@@ -252,7 +263,7 @@ static void rerank(sctx *sc, cand *c, size_t n)
             rank_by_code(sc, &top, ch->ids[off], meta);
             continue;
         }
-        float sim = exact_sim(row_in(vi, ch, off), sc->p->qn, vi->dim);
+        float sim = exact_sim(read_row(sc, ch, off), sc->p->qn, vi->dim);
         sc->reads++;
         vindex_hit hit = {.id = ch->ids[off], .similarity = sim, .score = score_of(q, sim, meta)};
         vi_offer(sc->t, &hit);
@@ -830,7 +841,7 @@ static void resolve_ties(sctx *sc)
         size_t i = in_exact ? out : in;
         const chunk *ch = st_chunk(vi, sc->st, r[i].slot);
         size_t off = off_of(vi, r[i].slot);
-        float sim = exact_sim(row_in(vi, ch, off), sc->p->qn, vi->dim);
+        float sim = exact_sim(read_row(sc, ch, off), sc->p->qn, vi->dim);
         r[i].h.similarity = sim;
         r[i].h.score = r[i].lo = r[i].hi = score_of(q, sim, meta_in(vi, ch, off));
         sc->reads++;

@@ -73,6 +73,7 @@ typedef struct config {
     double index_recall_target;
     double index_tie_margin; /* vindex_opts.tie_margin; 0: every candidate re-ranked exactly */
     double index_recall_budget_percent;
+    double index_rows_ram_percent; /* mapped float rows an ANN index keeps in RAM (100: all) */
     int index_compact_percent;
     char *index_engine; /* "native" or "faiss" */
     char *index_faiss_factory;

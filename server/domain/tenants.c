@@ -549,8 +549,19 @@ static void housekeeping(bg_ctx *ctx, void *arg)
         if (due)
             tn_save_snapshot(t);
         /* resident bytes: the heap and the float rows mapped from the snapshot that are in RAM
-         * now (vindex_resident measures them; the file's length is not memory) */
-        l.v[i].bytes = vindex_resident(t->vi);
+         * now (vindex_resident measures them; the file's length is not memory). An
+         * approximate index reads a row only for a near-tie: its rows in RAM are held to
+         * index_rows_ram_percent of those mapped (the pages searches read last stay) */
+        double pct = ts->srv->cfg.index_rows_ram_percent;
+        if (st.kind == VINDEX_KIND_ANN && st.rows_mapped > 0 && pct < 100) {
+            size_t dropped = 0;
+            l.v[i].bytes =
+                vindex_rows_keep(t->vi, (size_t)((double)st.rows_mapped * pct / 100.0), &dropped);
+            if (dropped)
+                atomic_fetch_add(&ts->n_rows_dropped, dropped);
+        } else {
+            l.v[i].bytes = vindex_resident(t->vi);
+        }
         total += l.v[i].bytes;
     }
     /* the recall monitor, starting at a different tenant each round so that a small budget
@@ -802,6 +813,7 @@ void tenants_stats(tenants *ts, tenants_metrics *m)
     m->recall_probes = atomic_load(&ts->n_probes);
     m->recall_probe_ns = atomic_load(&ts->probe_ns);
     m->rows_warmed = atomic_load(&ts->n_rows_warmed);
+    m->rows_dropped = atomic_load(&ts->n_rows_dropped);
     for (int src = 0; src < 2; src++) {
         for (size_t b = 0; b < TENANTS_LOAD_BUCKETS; b++)
             m->load_hist[src][b] = atomic_load(&ts->load_hist[src][b]);

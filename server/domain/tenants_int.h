@@ -118,6 +118,7 @@ struct tenants {
     uint64_t hk_freed; /* evictions + rebuilds at the end of the last round (likewise) */
     atomic_uint_least64_t n_snap_loads, n_snap_rejected, n_db_loads, n_snapshots, n_evictions,
         n_rebuilds, n_retired;
+    atomic_uint_least64_t n_rows_dropped; /* bytes of mapped rows vindex_rows_keep dropped */
     /* successful loads by source (0 snapshot, 1 database): duration histogram and sum */
     atomic_uint_least64_t load_hist[2][TENANTS_LOAD_BUCKETS];
     atomic_uint_least64_t load_us[2];

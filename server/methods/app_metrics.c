@@ -107,13 +107,18 @@ static void render_index_counters(const server *s, const tenants_metrics *tm, st
         "# HELP engram_row_cache_prewarmed_rows_total Rows read into the row cache after index "
         "loads (row_cache_prewarm_percent).\n"
         "# TYPE engram_row_cache_prewarmed_rows_total counter\n"
-        "engram_row_cache_prewarmed_rows_total %llu\n",
+        "engram_row_cache_prewarmed_rows_total %llu\n"
+        "# HELP engram_index_rows_dropped_bytes_total Bytes of mapped float rows dropped from "
+        "RAM to hold approximate indexes to index_rows_ram_percent.\n"
+        "# TYPE engram_index_rows_dropped_bytes_total counter\n"
+        "engram_index_rows_dropped_bytes_total %llu\n",
         (unsigned long long)tm->snapshot_loads, (unsigned long long)tm->database_loads,
         (unsigned long long)tm->snapshots_rejected, (unsigned long long)tm->snapshots_written,
         (unsigned long long)tm->evictions, (unsigned long long)tm->rebuilds,
         (unsigned long long)tm->retired, (unsigned long long)tm->floors,
         (unsigned long long)rc_entries, (unsigned long long)rc_bytes, (unsigned long long)rc_hits,
-        (unsigned long long)rc_misses, (unsigned long long)tm->rows_warmed);
+        (unsigned long long)rc_misses, (unsigned long long)tm->rows_warmed,
+        (unsigned long long)tm->rows_dropped);
 }
 
 /* The recall monitor's estimates and work. */

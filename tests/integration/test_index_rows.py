@@ -245,3 +245,38 @@ def test_evicted_approximate_indexes_come_back_from_their_mapped_snapshots(engra
                 assert index_stats(c)["vectors"] == len(ids)
     assert metric(srv, "engram_index_loads_total", 'source="snapshot"') >= 2
     assert metric(srv, "engram_index_snapshots_rejected_total") == 0
+
+
+def test_rows_in_ram_are_held_to_index_rows_ram_percent(engramd):
+    """index_rows_ram_percent: past it, the housekeeping drops the mapped rows' pages from
+    RAM (those no search read in the last second first); the answers stay right and the
+    rows read back are page-ins. Every candidate is re-ranked on its row here (tie margin
+    0), so the searches read far more pages than the 3 % allowed."""
+    dsn = new_database("rowscap")
+    srv = engramd(dsn, extra=ANN_MIN + ["--index-snapshot-interval-s", "1",
+                                        "--index-rows-ram-percent", "3",
+                                        "--index-tie-margin", "0"])
+    tid, key = srv.create_tenant(embedding={"provider": "builtin", "dim": DIM})
+    vecs, queries = data(N, 11, queries=300)  # queries of the data's distribution, not stored
+    with srv.client(key=key) as c:
+        c.call("memory.search", embedding=vec_bin(vecs[0]), top_k=1)
+        store(c, vecs)
+    mapped = wait_metric(srv, "engram_index_rows_mapped_bytes", lambda v: v >= N * DIM * 4,
+                         "all rows mapped", default=0.0)
+    cap = mapped * 0.03
+    fs = subprocess.run(["stat", "-f", "-c", "%T", srv.data_dir], capture_output=True,
+                        text=True).stdout.strip()
+    ids, dbv = db_vectors(dsn, tid)
+    with srv.client(key=key) as c:
+        for rnd in range(3):
+            check_answers(c, ids, dbv, queries[rnd * 100:(rnd + 1) * 100])
+            read = metric(srv, "engram_index_rows_read")
+            assert read > N // 4 * (rnd + 1), read  # many rows a search: pages beyond the cap
+        dropped = wait_metric(srv, "engram_index_rows_dropped_bytes_total", lambda v: v > cap,
+                              f"more than the cap ({cap:.0f})", default=0.0)
+        if fs != "tmpfs":  # on tmpfs a file's pages are the file: asked to go, they stay
+            wait_metric(srv, "engram_index_rows_resident_bytes", lambda v: v <= cap,
+                        f"at most {cap:.0f}")
+            assert metric(srv, "engram_index_page_ins") > 0
+        check_answers(c, ids, dbv, queries[:100])  # the rows read back: the same answers
+    assert metric(srv, "engram_index_rows_dropped_bytes_total") >= dropped

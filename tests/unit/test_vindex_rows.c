@@ -13,6 +13,9 @@
  * - Resident bytes: vindex_bytes counts the heap and the mapped pages in RAM, not the file:
  *   after vindex_trim the mapped pages are gone from the count, searches read them back
  *   (page-ins, counted) and answer the same.
+ * - Rows kept to a cap: vindex_rows_keep drops the pages no search read since its last call
+ *   first (those the last searches read stay: reading them again is no page-in), all of them
+ *   when the pages in use are more than the cap, nothing under the cap; answers unchanged.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -31,6 +34,7 @@
 
 #define DIM 256 /* 1,024 slots a chunk: 1 MiB of rows */
 #define N 3000
+#define PAGE_BYTES 4096
 
 static uint64_t rs = 0x853c49e6748fea9bULL;
 
@@ -407,6 +411,86 @@ static void resident_and_trim(void)
     unlink(p);
 }
 
+/* search_set runs 6 searches of seed's queries (top k) and returns the sum of their first
+ * hits' ids, to compare answers. */
+static uint64_t search_set(vindex *vi, uint64_t seed, size_t k)
+{
+    uint64_t keep = rs, sum = 0;
+    rs = seed;
+    float q[DIM];
+    for (int t = 0; t < 6; t++) {
+        vindex_hit h[30];
+        size_t n = 0;
+        vec(q);
+        vindex_query qq = {.vec = q, .k = k};
+        CHECK(vindex_search(vi, &qq, h, &n) == 0 && n == k);
+        sum += n ? h[0].id + 1 : 0;
+    }
+    rs = keep;
+    return sum;
+}
+
+static void rows_kept_to_cap(void)
+{
+    vindex_opts o = base_opts;
+    vindex *vi = make(&o, N);
+    const char *p = path_in("keep.snap");
+    CHECK(vindex_save(vi, p, 1) == 0);
+    vindex_destroy(vi);
+    vi = NULL;
+    uint64_t seq;
+    CHECK(vindex_load(p, &o, &vi, &seq) == 0);
+    if (!vi)
+        return;
+    vindex_stats st = stats(vi);
+    CHECK(st.kind == VINDEX_KIND_ANN && st.rows_mapped > 0);
+    uint64_t a_ref = search_set(vi, 11, 30), b_ref = search_set(vi, 11, 1);
+    size_t dropped = 0;
+    /* under the cap: nothing goes, however cold */
+    vindex_rows_keep(vi, st.rows_mapped, &dropped);
+    CHECK(dropped == 0);
+    /* no search since the last call: every page goes */
+    vindex_rows_keep(vi, st.rows_mapped / 100, &dropped);
+    st = stats(vi);
+    fprintf(stderr, "kept: cold pages dropped %zu, resident %zu of %zu\n", dropped,
+            st.rows_resident, st.rows_mapped);
+    CHECK(dropped > 0 && st.rows_resident < st.rows_mapped / 2);
+    /* set B (top 1: few near-ties) alone in RAM; then set A (the same queries, top 30),
+     * each after a call under the cap (which clears the marks), and B again: at a cap
+     * between B's pages and A's and B's, A's alone go */
+    vindex_trim(vi);
+    CHECK(search_set(vi, 11, 1) == b_ref);
+    size_t b_alone = vindex_resident(vi) - st.heap_bytes;
+    vindex_rows_keep(vi, st.rows_mapped, &dropped);
+    CHECK(search_set(vi, 11, 30) == a_ref);
+    vindex_rows_keep(vi, st.rows_mapped, &dropped);
+    CHECK(search_set(vi, 11, 1) == b_ref);
+    size_t both = vindex_resident(vi) - st.heap_bytes;
+    fprintf(stderr, "kept: A and B %zu bytes in RAM, B alone %zu\n", both, b_alone);
+    CHECK(b_alone > 0 && b_alone + 8 * PAGE_BYTES < both);
+    size_t before = dropped;
+    size_t cap = (b_alone + both) / 2;
+    vindex_rows_keep(vi, cap, &dropped);
+    st = stats(vi);
+    fprintf(stderr, "kept to %zu: dropped %zu, resident %zu\n", cap, dropped - before,
+            st.rows_resident);
+    CHECK(dropped > before && st.rows_resident <= cap);
+    uint64_t pi = st.page_ins;
+    CHECK(search_set(vi, 11, 1) == b_ref);
+    st = stats(vi);
+    CHECK_MSG(st.page_ins == pi, "B's pages were dropped: %llu page-ins",
+              (unsigned long long)(st.page_ins - pi));
+    /* the pages in use are more than the cap: all go, the answers stay */
+    before = dropped;
+    vindex_rows_keep(vi, PAGE_BYTES, &dropped);
+    st = stats(vi);
+    CHECK(dropped > before && st.rows_resident < b_alone);
+    CHECK(search_set(vi, 11, 1) == b_ref && search_set(vi, 11, 30) == a_ref);
+    CHECK(stats(vi).page_ins > st.page_ins);
+    vindex_destroy(vi);
+    unlink(p);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/test_vindex_rows.XXXXXX");
@@ -421,6 +505,7 @@ int main(void)
     checksum_and_tail();
     growth_while_mapped();
     resident_and_trim();
+    rows_kept_to_cap();
     CHECK_MSG(rmdir(dir) == 0, "%s left behind: %s", dir, strerror(errno));
     CHECK_RETURN();
 }

@@ -10,8 +10,12 @@
 #      index (from the database, or from its snapshot on later runs);
 #   3. after a restart (the index snapshot is written at shutdown) and one second of
 #      searches: the index loaded from its snapshot, nothing else warm;
-#   4. after 15 s of searches (the row cache holds the rows searches returned).
-# Environment: TM_MEMORIES (50000), TM_DIM (768), TM_OUT (var/tenant-memory).
+#   4. after 15 s of searches (the row cache holds the rows searches returned);
+#   5. after TM_IDLE_S (60) s without searches: only the recall monitor's probes read rows.
+# Each line also gives the float rows mapped from the snapshot and those of them in RAM, and
+# the bytes the index dropped to hold them to index_rows_ram_percent.
+# Environment: TM_MEMORIES (50000), TM_DIM (768), TM_OUT (var/tenant-memory), TM_IDLE_S;
+# ENGRAM_* settings reach engramd (ENGRAM_INDEX_ROWS_RAM_PERCENT=100: no cap).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../deploy/lib.sh"
 cd "$ENGRAM_ROOT"
@@ -44,13 +48,17 @@ start() {
     die "engramd did not start, see $out/engramd.log"
 }
 metric() { curl -sf http://127.0.0.1:7621/metrics | awk -v m="$1" '$1 == m { printf "%.0f", $2 }'; }
+mib() { echo "${1:-0} / 1048576" | bc -l; }
 report() {
     local rss idx vec
     rss=$(metric engram_process_resident_bytes)
     idx=$(metric engram_index_bytes)
     vec=$(metric engram_index_vectors)
-    printf '%-44s RSS %7.1f MiB   index %7.1f MiB   vectors %s\n' "$1" \
-        "$(echo "$rss / 1048576" | bc -l)" "$(echo "$idx / 1048576" | bc -l)" "$vec" | tee -a "$out/report.txt"
+    printf '%-44s RSS %7.1f MiB   index %7.1f MiB (%.2f B per dim)   vectors %s   rows in RAM %.1f of %.1f MiB, dropped %.1f MiB\n' \
+        "$1" "$(mib "$rss")" "$(mib "$idx")" "$(echo "${idx:-0} / ($n * $dim)" | bc -l)" "$vec" \
+        "$(mib "$(metric engram_index_rows_resident_bytes)")" \
+        "$(mib "$(metric engram_index_rows_mapped_bytes)")" \
+        "$(mib "$(metric engram_index_rows_dropped_bytes_total)")" | tee -a "$out/report.txt"
 }
 : >"$out/report.txt"
 echo "engramd $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $n x $dim, $(date -u +%FT%TZ)" | tee -a "$out/report.txt"
@@ -75,5 +83,11 @@ report "3. restarted, index from its snapshot"
     --tenants 1 --memories "$n" --dim "$dim" --reuse --state-file "$out/bench.state" \
     --tenant-prefix tm --duration 15 --warmup 1 --connections 4 --quiet >"$out/search.log" 2>&1 ||
     die "search failed, see $out/search.log"
+sleep 1.5 # the housekeeping's next measurement
 report "4. after 15 s of searches (row cache warm)"
+idle=${TM_IDLE_S:-60}
+for t in $(seq 20 20 "$idle"); do
+    sleep 20
+    report "5. idle ${t} s (recall monitor only)"
+done
 grep -E "index loaded|snapshot" "$out/engramd.log" | tail -3 || true

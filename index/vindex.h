@@ -452,6 +452,14 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
 int vindex_calibrate_scored(vindex *vi, size_t probes, double target, const vindex_query *shape,
                             vindex_recall *out);
 
+/* vindex_recall_steady tells whether the calibration's samples are all of the index as it is:
+ * a measured estimate, and a whole ring of probes (VINDEX_STEADY_PROBES) run since the
+ * stored vectors last changed (an add, a remove, a rebuild). More probes of a steady index
+ * add nothing but what time changes in a blended score (recency, access counts): a monitor
+ * may probe it far less often. Any thread. */
+#define VINDEX_STEADY_PROBES 205 /* CAL_RING / CAL_K, rounded up */
+bool vindex_recall_steady(vindex *vi);
+
 /* vindex_maintenance_scored is vindex_maintenance whose rebuild measures its new codes for
  * target with shape (a blended ranking, as vindex_calibrate_scored; NULL: similarity only)
  * before they answer. */

@@ -253,7 +253,24 @@ static void cal_account(vindex *vi)
 static void cal_reset(vcal *c)
 {
     c->n = c->head = c->qn = c->sn = c->shead = 0;
+    c->since = 0;
     c->measured = false;
+}
+
+/* same_data tells whether the probes since c->since ran on st as it is now (code generation,
+ * slots, tombstones: every add, remove and rebuild changes one), and records it as the data
+ * of the next probes when not. Caller holds cal_mu and the index's lock. */
+static bool same_data(const vindex *vi, vcal *c)
+{
+    const vstore *st = &vi->s;
+    bool same =
+        c->data_gen == vi->code_gen && c->data_slots == st->nslots && c->data_tombs == st->ntomb;
+    if (!same) {
+        c->data_gen = vi->code_gen;
+        c->data_slots = st->nslots;
+        c->data_tombs = st->ntomb;
+    }
+    return same;
 }
 
 /* cal_record appends one probe's positions to the rings. */
@@ -523,6 +540,21 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
     return vindex_calibrate_scored(vi, probes, target, NULL, out);
 }
 
+_Static_assert(VINDEX_STEADY_PROBES *CAL_K >= CAL_RING, "a steady ring is a whole one");
+
+bool vindex_recall_steady(vindex *vi)
+{
+    pthread_mutex_lock(&vi->cal_mu);
+    vcal *c = &vi->cal;
+    rdlock(vi);
+    bool steady = c->measured && c->gen == vi->code_gen && c->data_gen == vi->code_gen &&
+                  c->data_slots == vi->s.nslots && c->data_tombs == vi->s.ntomb &&
+                  c->since >= VINDEX_STEADY_PROBES;
+    unlock(vi);
+    pthread_mutex_unlock(&vi->cal_mu);
+    return steady;
+}
+
 /* vindex_calibrate_scored is vindex_calibrate that also measures a blended ranking; see
  * vindex.h. */
 int vindex_calibrate_scored(vindex *vi, size_t probes, double target, const vindex_query *shape,
@@ -543,6 +575,8 @@ int vindex_calibrate_scored(vindex *vi, size_t probes, double target, const vind
     fxm = vi->fx != NULL;
     live = vi->s.live;
     bool fresh = c->gen == vi->code_gen;
+    if (!same_data(vi, c))
+        c->since = 0;
     unlock(vi);
     if (!fresh)
         cal_reset(c); /* the decision below must not use samples of other codes */
@@ -550,6 +584,7 @@ int vindex_calibrate_scored(vindex *vi, size_t probes, double target, const vind
         rc = one_probe(vi, probe, shape, &ann, &fxm, &live);
         if (!ann)
             break;
+        c->since++;
     }
     bool cur_fb = atomic_load(&vi->exact_fb) != 0;
     if (rc == 0 && !ann) {

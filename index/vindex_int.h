@@ -224,6 +224,10 @@ typedef struct vcal {
     size_t probes;   /* probes made (the next one's kind: even perturbed, odd midpoint) */
     size_t fx_depth; /* FAISS engine: the depth the ring's samples were taken at */
     uint64_t gen;    /* the code generation the samples are of */
+    /* the stored vectors the last probes ran on (code generation, slots, tombstones) and the
+     * probes run since they last changed: vindex_recall_steady */
+    uint64_t data_gen;
+    size_t data_slots, data_tombs, since;
     uint64_t rng;
     double est, ann_est;
     /* decided from the samples */

@@ -212,7 +212,8 @@ static const config_def defs[] = {
      "re-ranks every candidate on its float row (exact similarities, more rows read)"},
     {"index_recall_budget_percent", T_DOUBLE, OFF(index_recall_budget_percent), "1", 0, 100, 0,
      "CPU the recall monitor may use, in percent of one core, on average (0: off; a new or "
-     "rebuilt index is still measured once)"},
+     "rebuilt index is still measured once; an index whose vectors did not change during "
+     "its last 205 probes is probed once a minute only)"},
     {"index_rows_ram_percent", T_DOUBLE, OFF(index_rows_ram_percent), "2", 0, 100, 0,
      "approximate search reads a memory's full-precision vector only for near-ties, from "
      "the snapshot's mapped file: the part of those vectors a tenant keeps in RAM, in "

@@ -374,7 +374,9 @@ int tenants_settle(tenant *t, server_poster where, void (*cb)(void *arg), void *
  * measurement of new codes whatever the budget, then a few probes whenever the CPU budget
  * (index_recall_budget_percent of one core, averaged) allows. Logs once when the measured
  * recall fell below index_recall_target and the index had to search deeper or exactly, and
- * once when it recovered. Housekeeping thread. */
+ * once when it recovered. An index whose samples are all of its current vectors
+ * (vindex_recall_steady) is probed once every RM_STEADY_PERIOD_NS only. Housekeeping thread. */
+#define RM_STEADY_PERIOD_NS 60000000000ull
 static void recall_check(tenants *ts, tenant *t)
 {
     const config *c = &ts->srv->cfg;
@@ -391,6 +393,16 @@ static void recall_check(tenants *ts, tenant *t)
         probes = 4;
     else
         return;
+    /* an index whose samples are all of its vectors as they are: probed once a minute (a
+     * blended score moves with time), not every round: an idle tenant costs no CPU, and no
+     * page-ins of the random rows probes read */
+    uint64_t now = server_mono_ns();
+    if (!isnan(r.estimate) && vindex_recall_steady(t->vi) &&
+        now - t->probed_ns < RM_STEADY_PERIOD_NS) {
+        atomic_fetch_add(&ts->n_probe_skips, 1);
+        return;
+    }
+    t->probed_ns = now;
     /* the default blend is measured too, so that default searches get their own depth */
     blend_ctx bc;
     vindex_query q;
@@ -811,6 +823,7 @@ void tenants_stats(tenants *ts, tenants_metrics *m)
     m->retired = atomic_load(&ts->n_retired);
     m->rebuilds = atomic_load(&ts->n_rebuilds);
     m->recall_probes = atomic_load(&ts->n_probes);
+    m->recall_steady_skips = atomic_load(&ts->n_probe_skips);
     m->recall_probe_ns = atomic_load(&ts->probe_ns);
     m->rows_warmed = atomic_load(&ts->n_rows_warmed);
     m->rows_dropped = atomic_load(&ts->n_rows_dropped);

@@ -208,7 +208,8 @@ typedef struct tenants_metrics {
     uint64_t recall_measured;
     double recall_min, recall_sum;
     uint64_t exact_fallbacks, recall_probes, recall_probe_ns;
-    uint64_t rows_warmed;  /* rows read into the row cache after loads, since start */
+    uint64_t recall_steady_skips; /* rounds the monitor passed over a steady index */
+    uint64_t rows_warmed;         /* rows read into the row cache after loads, since start */
     uint64_t rows_dropped; /* bytes of mapped float rows dropped from RAM at the cap, since start */
     /* never-loaded tenants retired from the registry since start (idle TENANT_RETIRE_NS),
      * and the change floors kept for tenants out of it (with pg_read_dsn only) */

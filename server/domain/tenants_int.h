@@ -88,6 +88,7 @@ struct tenant {
     /* a low recall was logged: set by the monitor (housekeeping) or a bulk build's settle
      * (a bg thread), cleared by the monitor when recall is back */
     atomic_bool recall_warned;
+    uint64_t probed_ns; /* the recall monitor's last probes of this index (housekeeping only) */
     /* warming the row cache after the last load (enum tenants_rows_warm; tenants_load.c) */
     atomic_int rows_warm;
     atomic_uint rows_warm_gen; /* bumped by each load: an older warming stops */
@@ -126,7 +127,7 @@ struct tenants {
     double rm_allow_ns; /* probe time the CPU budget allows now (negative: a debt) */
     uint64_t rm_last_ns;
     size_t rm_next; /* where the next round starts among the tenants */
-    atomic_uint_least64_t n_probes, probe_ns;
+    atomic_uint_least64_t n_probes, probe_ns, n_probe_skips;
     atomic_uint_least64_t n_rows_warmed; /* rows read into the row cache after loads */
 #ifdef ENGRAM_FAULT_INJECTION
     /* tests only: index upserts still to fail with -ENOMEM (ENGRAM_FAULT_INDEX_UPSERT) */

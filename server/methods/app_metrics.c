@@ -146,9 +146,15 @@ static void render_recall(const tenants_metrics *tm, struct evbuffer *b)
         "# TYPE engram_index_recall_probes_total counter\nengram_index_recall_probes_total %llu\n"
         "# HELP engram_index_recall_probe_seconds_total Time the recall monitor spent.\n"
         "# TYPE engram_index_recall_probe_seconds_total counter\n"
-        "engram_index_recall_probe_seconds_total %.6f\n",
+        "engram_index_recall_probe_seconds_total %.6f\n"
+        "# HELP engram_index_recall_steady_skips_total Rounds in which the recall monitor "
+        "passed over an index whose samples were all taken on its vectors as they are (probed "
+        "once a minute only).\n"
+        "# TYPE engram_index_recall_steady_skips_total counter\n"
+        "engram_index_recall_steady_skips_total %llu\n",
         (unsigned long long)tm->recall_measured, (unsigned long long)tm->exact_fallbacks,
-        (unsigned long long)tm->recall_probes, (double)tm->recall_probe_ns / 1e9);
+        (unsigned long long)tm->recall_probes, (double)tm->recall_probe_ns / 1e9,
+        (unsigned long long)tm->recall_steady_skips);
 }
 
 /* Re-embedding (reembed.h): this process's side vectors, failed batches and swaps. */

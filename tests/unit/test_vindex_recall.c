@@ -12,6 +12,8 @@
  *   vindex_settle finishes a bulk build, a snapshot carries the measurement, and codes not
  *   measured yet are scanned exactly (so data that defeats the codes is exact from the
  *   first query).
+ * - Steady: an index is steady once a whole ring of probes ran on its vectors as they are;
+ *   an add, a remove or a rebuild makes it unsteady until as many probes ran again.
  * - The FAISS engine: its index is built by maintenance, answers searches (with the vectors
  *   added since searched exactly), is measured by the same monitor, and survives a
  *   snapshot; a program without the FAISS engine loads that snapshot without its FAISS
@@ -229,6 +231,31 @@ static vindex *build(enum dist d)
     while (vindex_maintenance(vi) > 0)
         ;
     return vi;
+}
+
+static void steady(void)
+{
+    vindex *vi = build(D_RELU);
+    CHECK(!vindex_recall_steady(vi)); /* not measured yet */
+    CHECK(vindex_calibrate(vi, VINDEX_STEADY_PROBES - 1, 0.99, NULL) == 0);
+    CHECK(!vindex_recall_steady(vi));
+    CHECK(vindex_calibrate(vi, 1, 0.99, NULL) == 0);
+    CHECK(vindex_recall_steady(vi));
+    CHECK(vindex_calibrate(vi, 4, 0.99, NULL) == 0);
+    CHECK(vindex_recall_steady(vi));
+    /* an add: the samples are of other vectors now */
+    CHECK(vindex_add(vi, N, X, NULL) == 0);
+    CHECK(!vindex_recall_steady(vi));
+    CHECK(vindex_calibrate(vi, VINDEX_STEADY_PROBES - 1, 0.99, NULL) == 0);
+    CHECK(!vindex_recall_steady(vi));
+    CHECK(vindex_calibrate(vi, 1, 0.99, NULL) == 0);
+    CHECK(vindex_recall_steady(vi));
+    /* a remove */
+    CHECK(vindex_remove(vi, 3) == 0);
+    CHECK(!vindex_recall_steady(vi));
+    CHECK(vindex_calibrate(vi, VINDEX_STEADY_PROBES, 0.99, NULL) == 0);
+    CHECK(vindex_recall_steady(vi));
+    vindex_destroy(vi);
 }
 
 static void distributions(void)
@@ -637,6 +664,7 @@ int main(void)
         MEAN[j] *= 0.84f;
 #ifndef VINDEX_TEST_FAISS
     rotation_is_orthogonal();
+    steady();
     distributions();
     blended();
     build_time();

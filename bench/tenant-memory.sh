@@ -11,7 +11,9 @@
 #   3. after a restart (the index snapshot is written at shutdown) and one second of
 #      searches: the index loaded from its snapshot, nothing else warm;
 #   4. after 15 s of searches (the row cache holds the rows searches returned);
-#   5. after TM_IDLE_S (60) s without searches: only the recall monitor's probes read rows.
+#   5. every 20 s of TM_IDLE_S (60) without searches: only the recall monitor's probes read
+#      rows, until the index is steady (its vectors unchanged during its last 205 probes:
+#      about 4 minutes at this machine's probe rate) and probed once a minute.
 # Each line also gives the float rows mapped from the snapshot and those of them in RAM, and
 # the bytes the index dropped to hold them to index_rows_ram_percent.
 # Environment: TM_MEMORIES (50000), TM_DIM (768), TM_OUT (var/tenant-memory), TM_IDLE_S;
@@ -59,6 +61,9 @@ report() {
         "$(mib "$(metric engram_index_rows_resident_bytes)")" \
         "$(mib "$(metric engram_index_rows_mapped_bytes)")" \
         "$(mib "$(metric engram_index_rows_dropped_bytes_total)")" | tee -a "$out/report.txt"
+    printf '%-44s recall monitor: %s probes, %s rounds passed over a steady index\n' "" \
+        "$(metric engram_index_recall_probes_total)" \
+        "$(metric engram_index_recall_steady_skips_total)" | tee -a "$out/report.txt"
 }
 : >"$out/report.txt"
 echo "engramd $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $n x $dim, $(date -u +%FT%TZ)" | tee -a "$out/report.txt"

@@ -540,7 +540,9 @@ int vindex_calibrate(vindex *vi, size_t probes, double target, vindex_recall *ou
     return vindex_calibrate_scored(vi, probes, target, NULL, out);
 }
 
-_Static_assert(VINDEX_STEADY_PROBES *CAL_K >= CAL_RING, "a steady ring is a whole one");
+#if CAL_K * VINDEX_STEADY_PROBES < CAL_RING
+#error "VINDEX_STEADY_PROBES must fill the calibration ring"
+#endif
 
 bool vindex_recall_steady(vindex *vi)
 {

@@ -438,7 +438,11 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
     flush(c);
 }
 
-static struct timeval tv_of(double s);
+static struct timeval tv_of(double s)
+{
+    struct timeval tv = {(time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6)};
+    return tv;
+}
 
 static void on_window_open(evutil_socket_t fd, short what, void *arg)
 {
@@ -481,12 +485,6 @@ static void on_window_close(evutil_socket_t fd, short what, void *arg)
     evtimer_add(g->t_drain, &tv);
     for (size_t i = 0; i < g->conf->conns; i++)
         maybe_done(&g->conns[i]);
-}
-
-static struct timeval tv_of(double s)
-{
-    struct timeval tv = {(time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6)};
-    return tv;
 }
 
 static void start_run(lg *g)

@@ -261,11 +261,15 @@ size_t vindex_resident(vindex *vi)
     return b;
 }
 
-/* vindex_rows_keep holds the mapped rows in RAM to cap bytes; see vindex.h. */
-size_t vindex_rows_keep(vindex *vi, size_t cap, size_t *dropped)
+/* vindex_rows_keep holds the mapped rows in RAM to percent of them; see vindex.h. */
+size_t vindex_rows_keep(vindex *vi, double percent, size_t *dropped)
 {
     rdlock(vi);
-    size_t b = vi_heap_bytes(vi) + vi_rows_keep(vi->s.rows, cap, dropped);
+    /* the ANN kind reads a row for a near-tie only; the others re-rank on rows: kept */
+    size_t rows = vi->s.kind == VINDEX_KIND_ANN && percent < 100
+                      ? vi_rows_keep(vi->s.rows, percent, dropped)
+                      : vi_rows_measure(vi->s.rows);
+    size_t b = vi_heap_bytes(vi) + rows;
     unlock(vi);
     return b;
 }

@@ -221,13 +221,15 @@ size_t vindex_resident(vindex *vi);
  * process maps too stay. Shared lock. */
 size_t vindex_trim(vindex *vi);
 
-/* vindex_rows_keep is vindex_resident that also holds the mapped float rows in RAM to cap
- * bytes: past it, the pages no search read since the last call are dropped (MADV_PAGEOUT and
- * the file's POSIX_FADV_DONTNEED), then all of them if the pages searches read are more than
- * cap. Adds the bytes it dropped to *dropped and returns vindex_bytes measured after. Meant to be
- * called about once a second (the clock's period); the rows of adds since the snapshot
- * (copy-on-write, anonymous) are counted but neither capped nor dropped. Shared lock. */
-size_t vindex_rows_keep(vindex *vi, size_t cap, size_t *dropped);
+/* vindex_rows_keep is vindex_resident that also holds an ANN index's mapped float rows in RAM
+ * to percent of them (its searches read a row for a near-tie only; the other kinds re-rank
+ * on rows, and 100 leaves them to the kernel: both are measured only): past it, the pages no
+ * search read since the last call are dropped (MADV_PAGEOUT and the file's
+ * POSIX_FADV_DONTNEED), all of them if the pages searches read are more. Adds the bytes it
+ * dropped to *dropped and returns vindex_bytes measured after. Meant to be called about once
+ * a second (the clock's period); the rows of adds since the snapshot (copy-on-write,
+ * anonymous) are counted but neither capped nor dropped. Shared lock. */
+size_t vindex_rows_keep(vindex *vi, double percent, size_t *dropped);
 
 typedef struct vindex_stats {
     size_t count;          /* live vectors */

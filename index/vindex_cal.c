@@ -257,20 +257,13 @@ static void cal_reset(vcal *c)
     c->measured = false;
 }
 
-/* same_data tells whether the probes since c->since ran on st as it is now (code generation,
- * slots, tombstones: every add, remove and rebuild changes one), and records it as the data
- * of the next probes when not. Caller holds cal_mu and the index's lock. */
-static bool same_data(const vindex *vi, vcal *c)
+/* same_data tells whether the last probes ran on the stored vectors as they are now (code
+ * generation, slots, tombstones: every add, remove and rebuild changes one). Caller holds
+ * cal_mu and the index's lock. */
+static bool same_data(const vindex *vi, const vcal *c)
 {
-    const vstore *st = &vi->s;
-    bool same =
-        c->data_gen == vi->code_gen && c->data_slots == st->nslots && c->data_tombs == st->ntomb;
-    if (!same) {
-        c->data_gen = vi->code_gen;
-        c->data_slots = st->nslots;
-        c->data_tombs = st->ntomb;
-    }
-    return same;
+    return c->data_gen == vi->code_gen && c->data_slots == vi->s.nslots &&
+           c->data_tombs == vi->s.ntomb;
 }
 
 /* cal_record appends one probe's positions to the rings. */
@@ -549,9 +542,7 @@ bool vindex_recall_steady(vindex *vi)
     pthread_mutex_lock(&vi->cal_mu);
     vcal *c = &vi->cal;
     rdlock(vi);
-    bool steady = c->measured && c->gen == vi->code_gen && c->data_gen == vi->code_gen &&
-                  c->data_slots == vi->s.nslots && c->data_tombs == vi->s.ntomb &&
-                  c->since >= VINDEX_STEADY_PROBES;
+    bool steady = c->measured && same_data(vi, c) && c->since >= VINDEX_STEADY_PROBES;
     unlock(vi);
     pthread_mutex_unlock(&vi->cal_mu);
     return steady;
@@ -577,8 +568,12 @@ int vindex_calibrate_scored(vindex *vi, size_t probes, double target, const vind
     fxm = vi->fx != NULL;
     live = vi->s.live;
     bool fresh = c->gen == vi->code_gen;
-    if (!same_data(vi, c))
+    if (!same_data(vi, c)) {
+        c->data_gen = vi->code_gen;
+        c->data_slots = vi->s.nslots;
+        c->data_tombs = vi->s.ntomb;
         c->since = 0;
+    }
     unlock(vi);
     if (!fresh)
         cal_reset(c); /* the decision below must not use samples of other codes */

@@ -539,10 +539,10 @@ bool vi_rows_attach(vindex *vi, vstore *st, vrows *r, size_t saved, bool publish
  * POSIX_FADV_DONTNEED on its file for the pages reclaim could not free at once). */
 size_t vi_rows_measure(vrows *r);
 void vi_rows_trim(vrows *r);
-/* vi_rows_keep holds r's pages in RAM to cap bytes (see vindex_rows_keep), adds the bytes
+/* vi_rows_keep holds r's pages in RAM to percent of them (see vindex_rows_keep), adds the bytes
  * it dropped to *dropped and returns the bytes in RAM after; vi_rows_touch marks the pages of the
  * row at row (dim floats) as read by a search. Any thread, under the index's shared lock. */
-size_t vi_rows_keep(vrows *r, size_t cap, size_t *dropped);
+size_t vi_rows_keep(vrows *r, double percent, size_t *dropped);
 /* vi_rows_cow_from records that r's rows from slot s on may be written (copy-on-write). */
 void vi_rows_cow_from(const vindex *vi, vrows *r, size_t s);
 void vi_rows_touch(const vindex *vi, vrows *r, const float *row);

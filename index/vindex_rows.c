@@ -152,25 +152,40 @@ bool vi_rows_attach(vindex *vi, vstore *st, vrows *r, size_t saved, bool publish
     return true;
 }
 
+/* in_core returns which of r's pages are in RAM (mincore: bit 0 of each byte), a vector the
+ * caller frees, or NULL. */
+static unsigned char *in_core(const vrows *r)
+{
+    unsigned char *vec = malloc(r->pages);
+    if (vec && mincore(r->base, r->len, vec)) {
+        free(vec);
+        return NULL;
+    }
+    return vec;
+}
+
+/* set_resident keeps and returns the bytes of n pages of r in RAM (its last page may be
+ * short). */
+static size_t set_resident(vrows *r, size_t n)
+{
+    size_t bytes = n * PAGE < r->len ? n * PAGE : r->len;
+    atomic_store_explicit(&r->resident, bytes, memory_order_relaxed);
+    return bytes;
+}
+
 /* vi_rows_measure returns the bytes of r in RAM now, and keeps them in r->resident. */
 size_t vi_rows_measure(vrows *r)
 {
     if (!r)
         return 0;
-    size_t pages = (r->len + PAGE - 1) / PAGE;
-    unsigned char *vec = malloc(pages);
+    unsigned char *vec = in_core(r);
     if (!vec)
         return atomic_load_explicit(&r->resident, memory_order_relaxed); /* the last stands */
     size_t in = 0;
-    if (mincore(r->base, r->len, vec) == 0) {
-        for (size_t i = 0; i < pages; i++)
-            in += vec[i] & 1;
-    }
+    for (size_t p = 0; p < r->pages; p++)
+        in += vec[p] & 1;
     free(vec);
-    size_t bytes = in * PAGE;
-    bytes = bytes < r->len ? bytes : r->len;
-    atomic_store_explicit(&r->resident, bytes, memory_order_relaxed);
-    return bytes;
+    return set_resident(r, in);
 }
 
 /* open_same opens r's file again by its path, when the path still names the file r maps:
@@ -232,62 +247,64 @@ void vi_rows_touch(const vindex *vi, vrows *r, const float *row)
     }
 }
 
+/* cold tells whether page p is in RAM (vec) and no search read it since the last call (used). */
+static bool cold(const unsigned char *vec, const uint64_t *used, size_t p)
+{
+    return (vec[p] & 1) && !(used[p >> 6] >> (p & 63) & 1);
+}
+
 /* vi_rows_keep: see vindex_int.h and "Rows kept in RAM" above. */
-size_t vi_rows_keep(vrows *r, size_t cap, size_t *dropped_bytes)
+size_t vi_rows_keep(vrows *r, double percent, size_t *dropped_bytes)
 {
     if (!r)
         return 0;
     size_t words = (r->pages + 63) / 64;
-    unsigned char *vec = malloc(r->pages);
     uint64_t *used = malloc(words * sizeof(uint64_t));
-    if (!vec || !used || mincore(r->base, r->len, vec)) {
-        free(vec);
+    unsigned char *vec = used ? in_core(r) : NULL;
+    if (!vec) {
         free(used);
         return vi_rows_measure(r);
     }
     /* which pages searches read since the last call, cleared for the next */
     for (size_t w = 0; w < words; w++)
         used[w] = atomic_exchange_explicit(&r->touched[w], 0, memory_order_relaxed);
-    size_t file_in = 0, cow_in = 0;
+    size_t nhot = 0, ncold = 0, ncow = 0;
     for (size_t p = 0; p < r->pages; p++) {
-        if (p < r->cow_page)
-            file_in += vec[p] & 1;
+        if (p >= r->cow_page)
+            ncow += vec[p] & 1;
+        else if (cold(vec, used, p))
+            ncold++;
         else
-            cow_in += vec[p] & 1;
+            nhot += vec[p] & 1;
     }
-    size_t dropped = 0;
-    if (file_in * PAGE > cap) {
+    size_t cap = (size_t)((double)r->len * percent / 100.0), dropped = 0;
+    if ((nhot + ncold) * PAGE > cap) {
         int fd = open_same(r);
-        size_t run = SIZE_MAX, kept = 0;
-        for (size_t p = 0; p <= r->cow_page; p++) {
-            bool go = p < r->cow_page && (vec[p] & 1) && !(used[p >> 6] >> (p & 63) & 1);
-            kept += p < r->cow_page && (vec[p] & 1) && !go;
-            if (go && run == SIZE_MAX)
-                run = p;
-            if (!go && run != SIZE_MAX) {
-                drop(r, fd, run, p);
-                dropped += p - run;
-                run = SIZE_MAX;
-            }
-        }
-        if (kept * PAGE > cap) {
+        if (nhot * PAGE > cap) {
             /* the pages searches use are more than the cap: all of them go */
             drop(r, fd, 0, r->cow_page);
-            dropped += kept;
+            dropped = nhot + ncold;
+        } else {
+            for (size_t p = 0; p < r->cow_page; p++) {
+                if (!cold(vec, used, p))
+                    continue;
+                size_t q = p + 1;
+                while (q < r->cow_page && cold(vec, used, q))
+                    q++;
+                drop(r, fd, p, q);
+                dropped += q - p;
+                p = q;
+            }
         }
         if (fd >= 0)
             close(fd);
     }
     free(vec);
     free(used);
-    if (!dropped) {
-        size_t bytes = (file_in + cow_in) * PAGE;
-        bytes = bytes < r->len ? bytes : r->len;
-        atomic_store_explicit(&r->resident, bytes, memory_order_relaxed);
-        return bytes;
-    }
+    if (!dropped)
+        return set_resident(r, nhot + ncold + ncow);
     *dropped_bytes += dropped * PAGE;
-    return vi_rows_measure(r);
+    return vi_rows_measure(r); /* what the kernel could not drop stays counted */
 }
 
 /* vi_faults returns the calling thread's major page faults so far. */

@@ -564,16 +564,10 @@ static void housekeeping(bg_ctx *ctx, void *arg)
          * now (vindex_resident measures them; the file's length is not memory). An
          * approximate index reads a row only for a near-tie: its rows in RAM are held to
          * index_rows_ram_percent of those mapped (the pages searches read last stay) */
-        double pct = ts->srv->cfg.index_rows_ram_percent;
-        if (st.kind == VINDEX_KIND_ANN && st.rows_mapped > 0 && pct < 100) {
-            size_t dropped = 0;
-            l.v[i].bytes =
-                vindex_rows_keep(t->vi, (size_t)((double)st.rows_mapped * pct / 100.0), &dropped);
-            if (dropped)
-                atomic_fetch_add(&ts->n_rows_dropped, dropped);
-        } else {
-            l.v[i].bytes = vindex_resident(t->vi);
-        }
+        size_t dropped = 0;
+        l.v[i].bytes = vindex_rows_keep(t->vi, ts->srv->cfg.index_rows_ram_percent, &dropped);
+        if (dropped)
+            atomic_fetch_add(&ts->n_rows_dropped, dropped);
         total += l.v[i].bytes;
     }
     /* the recall monitor, starting at a different tenant each round so that a small budget

@@ -805,27 +805,33 @@ ALTER FUNCTION engram_memory_store_group(bigint[], integer[], integer[], bigint[
 -- whichever drives the join, the sorted input or the table's scan order; should a batch
 -- still fail (a deadlock between processes), the server keeps its counts for the next
 -- one. A row that the maintenance folds away meanwhile is not updated, and its count is
--- inserted again.
+-- inserted again. The insert takes exactly the entries the update did not reach (it
+-- returns the ones it did): filtering on the rows the insert's own snapshot sees lost the
+-- counts of a row another worker inserted between the two statements (test_access_counts:
+-- 178 of 181 accesses written).
 CREATE OR REPLACE FUNCTION engram_memory_touch(p_tenant bigint[], p_ids bigint[], p_counts bigint[],
                                     p_at_ms bigint[])
     RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
-    v_n bigint;
+    v_t bigint[];
+    v_i bigint[];
 BEGIN
-    UPDATE memory_access a SET
-        access_count = a.access_count + u.cnt,
-        last_accessed_at = greatest(a.last_accessed_at,
-                                    'epoch'::timestamptz + u.at * interval '1 millisecond')
-      FROM unnest(p_tenant, p_ids, p_counts, p_at_ms) AS u (tenant, id, cnt, at)
-     WHERE a.tenant_id = u.tenant AND a.id = u.id;
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    IF v_n < cardinality(p_ids) THEN
+    WITH done AS (
+        UPDATE memory_access a SET
+            access_count = a.access_count + u.cnt,
+            last_accessed_at = greatest(a.last_accessed_at,
+                                        'epoch'::timestamptz + u.at * interval '1 millisecond')
+          FROM unnest(p_tenant, p_ids, p_counts, p_at_ms) AS u (tenant, id, cnt, at)
+         WHERE a.tenant_id = u.tenant AND a.id = u.id
+        RETURNING a.tenant_id, a.id)
+    SELECT array_agg(done.tenant_id), array_agg(done.id) INTO v_t, v_i FROM done;
+    IF coalesce(cardinality(v_i), 0) < cardinality(p_ids) THEN
         INSERT INTO memory_access AS a (tenant_id, id, access_count, last_accessed_at)
         SELECT u.tenant, u.id, u.cnt, 'epoch'::timestamptz + u.at * interval '1 millisecond'
           FROM unnest(p_tenant, p_ids, p_counts, p_at_ms) AS u (tenant, id, cnt, at)
-         WHERE NOT EXISTS (SELECT 1 FROM memory_access m
-                            WHERE m.tenant_id = u.tenant AND m.id = u.id)
+         WHERE NOT EXISTS (SELECT 1 FROM unnest(v_t, v_i) AS d (tenant, id)
+                            WHERE d.tenant = u.tenant AND d.id = u.id)
          ORDER BY u.tenant, u.id
         ON CONFLICT (tenant_id, id) DO UPDATE SET
             access_count = a.access_count + excluded.access_count,

@@ -224,7 +224,10 @@ def test_mapped_rows_across_kill_restart_and_damaged_files(engramd):
 
 def test_evicted_approximate_indexes_come_back_from_their_mapped_snapshots(engramd):
     dsn = new_database("rowsevict")
-    srv = engramd(dsn, extra=ANN_MIN + ["--index-memory-mb", "1"])
+    # a budget that holds one tenant's index (1.1 MiB with its metadata and the rows in use)
+    # but not four: the one just searched stays while the others are evicted (at 1 MiB it
+    # could be evicted between its search and its memory.stats)
+    srv = engramd(dsn, extra=ANN_MIN + ["--index-memory-mb", "2"])
     tenants = []
     for t in range(4):
         tid, key = srv.create_tenant(embedding={"provider": "builtin", "dim": DIM})

@@ -23,6 +23,13 @@ def reads(srv):
             metric(srv, "engram_db_reads_total", 'target="primary"'))
 
 
+def standby_ready(srv):
+    """Every worker's standby connections are connected and prepared (a read on a worker
+    with none goes to the primary)."""
+    return 0 < metric(srv, "engram_db_read_pool_connections") == \
+        metric(srv, "engram_db_read_pool_ready")
+
+
 @pytest.fixture(scope="module")
 def cluster():
     primary = PgCluster()
@@ -45,6 +52,10 @@ def srv(cluster):
     s = Server(dsn, extra=["--pg-read-dsn", sdsn, "--embed-dim", str(DIM),
                            "--db-queue-timeout-ms", "1000", "--db-backoff-max-ms", "500"])
     s.start()
+    # the standby replays the schema the server just migrated on the primary a moment later:
+    # until then its connections' set-up fails and reads go to the primary (as they should);
+    # the tests start from a standby every worker is connected to
+    wait_for(lambda: standby_ready(s), timeout=30, what="every standby connection ready")
     yield s
     try:
         s.stop()
@@ -180,7 +191,7 @@ def test_reads_go_to_the_primary_while_the_standby_is_down(cluster, srv):
             assert metric(srv, "engram_db_read_fallbacks_total", 'reason="unavailable"') - un0 == 5
         finally:
             standby.start()
-        assert wait_for(lambda: metric(srv, "engram_db_read_pool_ready") > 0, timeout=30)
+        wait_for(lambda: standby_ready(srv), timeout=30, what="every standby connection ready")
         assert wait_for(lambda: standby.caught_up(primary), timeout=30)
         s0 = reads(srv)[0]
         assert c.call("memory.get", ids=[mid])["memories"][0]["content"] == "while the standby is down"

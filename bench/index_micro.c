@@ -83,12 +83,12 @@ typedef struct meta {
     float value;    /* 0..1 */
 } meta;
 
-static bool keep_half(const void *m, void *ctx)
+static bool keep_half(uint64_t id, const void *m, void *ctx)
 {
     return ((const meta *)m)->agent % 2 == 0;
 }
 
-static bool keep_1pct(const void *m, void *ctx)
+static bool keep_1pct(uint64_t id, const void *m, void *ctx)
 {
     return ((const meta *)m)->agent == 7;
 }
@@ -198,7 +198,7 @@ static void truth(size_t n, truth_set *gt)
                 double top[K];
                 size_t nt = 0;
                 for (size_t i = 0; i < n; i++) { /* the K best float scores */
-                    if (qq.keep && !qq.keep(&M[i], NULL))
+                    if (qq.keep && !qq.keep((uint64_t)i, &M[i], NULL))
                         continue;
                     double f = qq.score ? qq.score(crow[i], &M[i], NULL) : crow[i];
                     if (nt == K && f <= top[K - 1])
@@ -213,7 +213,7 @@ static void truth(size_t n, truth_set *gt)
                 double floor = nt == K ? top[K - 1] - 2 * margin : -INFINITY;
                 size_t m = 0;
                 for (size_t i = 0; i < n; i++) {
-                    if (qq.keep && !qq.keep(&M[i], NULL))
+                    if (qq.keep && !qq.keep((uint64_t)i, &M[i], NULL))
                         continue;
                     double f = qq.score ? qq.score(crow[i], &M[i], NULL) : crow[i];
                     if (f < floor)
@@ -243,7 +243,7 @@ static size_t check_truth(size_t n, const truth_set *gt)
         for (int q = 0; q < NQ && q < 20; q++) {
             size_t m = 0;
             for (size_t i = 0; i < n; i++) {
-                if (qq.keep && !qq.keep(&M[i], NULL))
+                if (qq.keep && !qq.keep((uint64_t)i, &M[i], NULL))
                     continue;
                 all[m++] = (sd){exact_score(i, Q + (size_t)q * DIM, &qq), i + 1};
             }

@@ -310,14 +310,14 @@ int vindex_get_meta(vindex *vi, uint64_t id, void *meta_out);
  * mutex and exclusive lock (as vindex_update_meta). */
 int vindex_set_meta(vindex *vi, uint64_t id, const void *meta);
 
-/* vindex_touch_meta calls fn(meta, ctx) on the stored metadata of each of the n ids that
+/* vindex_touch_meta calls fn(id, meta, ctx) on the stored metadata of each of the n ids that
  * are present, under the writer mutex only: searches go on meanwhile. fn may change only the
  * words of the atomic range (vindex_opts.meta_atomic_off), with vindex_meta_word_store; it
  * must be quick and must not call back into the index. Counters that every search bumps
  * (access counts) use it instead of vindex_update_meta, whose exclusive lock would make the
  * searches of one tenant take turns. Returns the number of ids found. */
 size_t vindex_touch_meta(vindex *vi, const uint64_t *ids, size_t n,
-                         void (*fn)(void *meta, void *ctx), void *ctx);
+                         void (*fn)(uint64_t id, void *meta, void *ctx), void *ctx);
 
 /* A word of the atomic range of a stored metadata block, read or written as
  * vindex_touch_meta's concurrency needs (relaxed atomics: each word stands alone). */
@@ -331,12 +331,12 @@ static inline void vindex_meta_word_store(uint64_t *w, uint64_t v)
     __atomic_store_n(w, v, __ATOMIC_RELAXED);
 }
 
-/* vindex_update_meta calls fn(meta, ctx) on the stored metadata of each of the n ids that
+/* vindex_update_meta calls fn(id, meta, ctx) on the stored metadata of each of the n ids that
  * are present, under one exclusive lock; fn must be quick and must not call back into the
  * index. Returns the number of ids found. Everywhere metadata is handed to a callback
  * (here, vindex_foreach, keep, score), the pointer is NULL when meta_size is 0. */
 size_t vindex_update_meta(vindex *vi, const uint64_t *ids, size_t n,
-                          void (*fn)(void *meta, void *ctx), void *ctx);
+                          void (*fn)(uint64_t id, void *meta, void *ctx), void *ctx);
 
 /* vindex_get_vector copies the stored (normalized) vector of id into out (dim floats).
  * Returns 0 or VINDEX_E_NOT_FOUND. */
@@ -357,9 +357,9 @@ typedef struct vindex_hit {
 typedef struct vindex_query {
     const float *vec; /* dim floats; need not be normalized, must not be zero */
     size_t k;         /* how many hits at most */
-    /* keep: NULL keeps every vector; else called with each candidate's metadata, and only
+    /* keep: NULL keeps every vector; else called with each candidate's id and metadata, and only
      * candidates it returns true for can be hits. Must be pure and quick. */
-    bool (*keep)(const void *meta, void *ctx);
+    bool (*keep)(uint64_t id, const void *meta, void *ctx);
     /* score: NULL ranks by similarity; else the ranking score of a candidate. Scores must
      * satisfy score <= score_slope * similarity + score_bound (score_slope >= 0), which
      * lets the search skip candidates (without calling keep or score) that cannot beat the

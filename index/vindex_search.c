@@ -255,7 +255,7 @@ static void rerank(sctx *sc, cand *c, size_t n)
         const chunk *ch = st_chunk(vi, sc->st, top.slot);
         size_t off = off_of(vi, top.slot);
         const void *meta = meta_in(vi, ch, off);
-        if (!sc->kept_checked && q->keep && !q->keep(meta, q->ctx))
+        if (!sc->kept_checked && q->keep && !q->keep(ch->ids[off], meta, q->ctx))
             continue;
         if (skip_by_bound(sc, &top, meta))
             continue;
@@ -341,7 +341,7 @@ void vi_search_exact(sctx *sc, bool use_sq8, bool filter_first)
                 continue;
             if (filter_first) {
                 /* a selective filter: keep first, codes of the kept vectors only */
-                if (!p->q->keep(meta_in(vi, c, off), p->q->ctx))
+                if (!p->q->keep(c->ids[off], meta_in(vi, c, off), p->q->ctx))
                     continue;
                 dots[r] = vk_sq8_dot(c->sq + off * vi->sq_stride, p->qq, vi->sq_stride);
             }
@@ -433,7 +433,7 @@ static void gather_keep(gather *g, size_t limit)
         g->examined++;
         if (g->q->keep) {
             const chunk *c = st_chunk(vi, g->st, s);
-            if (!g->q->keep(meta_in(vi, c, off_of(vi, s)), g->q->ctx))
+            if (!g->q->keep(c->ids[off_of(vi, s)], meta_in(vi, c, off_of(vi, s)), g->q->ctx))
                 continue;
         }
         g->kept++;
@@ -612,7 +612,7 @@ static void bound_slots(sctx *sc, const uint32_t *list, size_t n)
         size_t off = off_of(vi, s);
         if (tomb_at(c, off))
             continue;
-        if (q->keep && !q->keep(meta_in(vi, c, off), q->ctx))
+        if (q->keep && !q->keep(c->ids[off], meta_in(vi, c, off), q->ctx))
             continue;
         int64_t dot = vk_sq8_dot(c->sq + off * vi->sq_stride, sc->p->qq, vi->sq_stride);
         cand cd = sq8_cand(sc->p, c, off, dot, s);
@@ -678,7 +678,7 @@ static double keep_share(const vindex *vi, const vstore *st, const vindex_query 
         if (tomb_at(c, off))
             continue;
         seen++;
-        kept += q->keep(meta_in(vi, c, off), q->ctx);
+        kept += q->keep(c->ids[off], meta_in(vi, c, off), q->ctx);
     }
     if (seen < SAMPLE / 2)
         return 1.0;

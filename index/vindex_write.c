@@ -347,13 +347,13 @@ int vindex_set_meta(vindex *vi, uint64_t id, const void *meta)
 
 /* apply_meta calls fn on the metadata of each present id of ids; returns how many. */
 static size_t apply_meta(vindex *vi, const uint64_t *ids, size_t n,
-                         void (*fn)(void *meta, void *ctx), void *ctx)
+                         void (*fn)(uint64_t id, void *meta, void *ctx), void *ctx)
 {
     size_t found = 0;
     for (size_t i = 0; i < n; i++) {
         int64_t slot = vm_find(vi, &vi->s, ids[i]);
         if (slot >= 0) {
-            fn(meta_in(vi, st_chunk(vi, &vi->s, slot), off_of(vi, slot)), ctx);
+            fn(ids[i], meta_in(vi, st_chunk(vi, &vi->s, slot), off_of(vi, slot)), ctx);
             found++;
         }
     }
@@ -362,7 +362,7 @@ static size_t apply_meta(vindex *vi, const uint64_t *ids, size_t n,
 
 /* vindex_update_meta applies fn to each present id's metadata under one exclusive lock. */
 size_t vindex_update_meta(vindex *vi, const uint64_t *ids, size_t n,
-                          void (*fn)(void *meta, void *ctx), void *ctx)
+                          void (*fn)(uint64_t id, void *meta, void *ctx), void *ctx)
 {
     pthread_mutex_lock(&vi->wmu);
     wrlock(vi);
@@ -376,7 +376,7 @@ size_t vindex_update_meta(vindex *vi, const uint64_t *ids, size_t n,
  * everything that moves slots or writes metadata otherwise holds it, so the map and the
  * chunks stay put, and searches under the shared lock read the atomic range atomically. */
 size_t vindex_touch_meta(vindex *vi, const uint64_t *ids, size_t n,
-                         void (*fn)(void *meta, void *ctx), void *ctx)
+                         void (*fn)(uint64_t id, void *meta, void *ctx), void *ctx)
 {
     if (!vi->o.meta_atomic_len)
         return vindex_update_meta(vi, ids, n, fn, ctx);

@@ -462,11 +462,11 @@ typedef struct nb_filter {
 } nb_filter;
 
 /* Live memories the session's agent sees: its own and the tenant's. */
-static bool nb_keep(const void *meta, void *ctx)
+static bool nb_keep(uint64_t id, const void *meta, void *ctx)
 {
     const mem_meta *m = meta;
     const nb_filter *f = ctx;
-    if (m->archived_ms != 0 || m->expires_ms <= f->now_ms)
+    if (m->archived || m->expires_ms <= f->now_ms)
         return false;
     return m->scope == SCOPE_TENANT ||
            (m->scope == SCOPE_AGENT && m->agent_id == (uint64_t)f->agent);

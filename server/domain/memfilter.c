@@ -480,7 +480,7 @@ bool mf_keep(const mem_filter *f, uint64_t id, const mem_meta *m)
 {
     if (!(f->type_mask & (1u << m->type)))
         return false;
-    if (m->archived_ms && !f->include_archived)
+    if (m->archived && !f->include_archived)
         return false;
     if (m->expires_ms <= f->now_ms)
         return false;

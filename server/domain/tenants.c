@@ -834,15 +834,14 @@ typedef struct touch_ctx {
 
 /* Under the index's writer mutex (vindex_touch_meta), searches reading meanwhile: the
  * writers of these words take turns, the readers load them atomically. */
-static void touch_one(void *meta, void *arg)
+static void touch_one(uint64_t id, void *meta, void *arg)
 {
     mem_meta *m = meta;
     const touch_ctx *tc = arg;
-    uint64_t n = vindex_meta_word(&m->access_count);
-    if (n < UINT32_MAX)
-        vindex_meta_word_store(&m->access_count, n + 1);
-    if (tc->now_ms > mem_meta_last_access(m))
-        vindex_meta_word_store((uint64_t *)(void *)&m->last_access_ms, (uint64_t)tc->now_ms);
+    uint64_t w = vindex_meta_word(&m->access);
+    int64_t last = mem_access_word_last(w);
+    mem_meta_set_access(m, tc->now_ms > last ? tc->now_ms : last,
+                        (uint64_t)mem_access_word_count(w) + 1);
 }
 
 void tenants_nonlive_seen(tenant *t, int64_t now_ms)

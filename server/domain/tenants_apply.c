@@ -150,13 +150,10 @@ int tn_do_upsert(tenant *t, uint64_t seq, uint64_t id, const float *vec, const m
                   (unsigned long long)id);
         return -ENOMEM;
     }
-    own.id = id;
     own.seq = seq; /* the version is the change's, whatever the caller's copy says */
     /* reads (access counts) are not changes: keep the higher count the index already has */
-    if (present && cur.access_count > own.access_count) {
-        own.access_count = cur.access_count;
-        own.last_access_ms = cur.last_access_ms;
-    }
+    if (present && mem_meta_access_count(&cur) > mem_meta_access_count(&own))
+        own.access = cur.access;
     /* feedback counts only grow, and the meta a change function returns carries none (0):
      * the higher of the two is the newest whatever order changes arrive in */
     if (present && cur.cited > own.cited)

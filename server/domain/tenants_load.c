@@ -207,19 +207,17 @@ static int access_row(uint64_t id, int64_t count, int64_t last_ms, void *arg)
     return 0;
 }
 
-static void access_fix_one(void *meta, void *arg)
+static void access_fix_one(uint64_t id, void *meta, void *arg)
 {
     const access_fix *af = arg;
     mem_meta *m = meta;
     uint64_t i;
-    if (!idmap_get(af->at, m->id, &i))
+    if (!idmap_get(af->at, id, &i))
         return;
-    /* capped at 32 bits, as every other path into the index does (mem_meta_from_db) */
-    uint32_t c = af->counts[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)af->counts[i];
-    if (c > m->access_count)
-        m->access_count = c;
-    if (af->last[i] > m->last_access_ms)
-        m->last_access_ms = af->last[i];
+    uint64_t c = mem_meta_access_count(m);
+    uint64_t db = af->counts[i] < 0 ? 0 : (uint64_t)af->counts[i];
+    int64_t last = mem_meta_last_access(m);
+    mem_meta_set_access(m, af->last[i] > last ? af->last[i] : last, db > c ? db : c);
 }
 
 /* Brings the access counts of a restored index up to the database's (reads are not

@@ -252,7 +252,7 @@ typedef struct tagfix {
 /* Points one loaded memory's metadata at a fresh copy of its tags (vindex_update_meta
  * callback). Memories written after the snapshot's change number are set aside: their
  * tags may be newer than the record, and the replay brings them back. */
-static void tags_fix_one(void *meta, void *arg)
+static void tags_fix_one(uint64_t id, void *meta, void *arg)
 {
     tagfix *tf = arg;
     mem_meta *m = meta;
@@ -270,12 +270,12 @@ static void tags_fix_one(void *meta, void *arg)
             tf->drop = d;
             tf->cdrop = cap;
         }
-        tf->drop[tf->ndrop++] = m->id;
+        tf->drop[tf->ndrop++] = id;
         return;
     }
     uint64_t off, seq;
     uint32_t ntags;
-    if (!tf->at || !idmap_get(tf->at, m->id, &off)) {
+    if (!tf->at || !idmap_get(tf->at, id, &off)) {
         tf->bad = true;
         return;
     }
@@ -294,7 +294,7 @@ static void tags_fix_one(void *meta, void *arg)
     }
     memcpy(tags, tf->x + off + TAGS_RECORD, ntags * sizeof(*tags));
     m->tags = tags;
-    m->ntags = ntags;
+    m->ntags = (uint16_t)ntags;
 }
 
 static int collect_id(uint64_t id, const float *vec, const void *meta, void *arg)

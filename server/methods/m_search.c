@@ -111,11 +111,10 @@ static void free_attr_ids(void *arg)
     idmap_destroy(arg);
 }
 
-static bool keep_cb(const void *meta, void *ctx)
+static bool keep_cb(uint64_t id, const void *meta, void *ctx)
 {
     const search_state *st = ctx;
-    const mem_meta *m = meta;
-    return mf_keep(&st->f, m->id, m);
+    return mf_keep(&st->f, id, meta);
 }
 
 /* Whether every hit passes the request's filter, by the index's metadata as it is now (a
@@ -228,9 +227,12 @@ static void search_finish(req *r, search_state *st)
         if (!st->have[i])
             continue;
         const result *x = &st->res[i];
-        mp_fresh fresh = {.set = true,
-                          .access_count = x->meta.access_count,
-                          .last_access_ms = x->meta.last_access_ms};
+        /* the index's count saturates (MEM_ACCESS_COUNT_MAX): past it the row's is truer */
+        uint64_t count = mem_meta_access_count(&x->meta);
+        if (count == MEM_ACCESS_COUNT_MAX && st->rows[i].access_count > (int64_t)count)
+            count = (uint64_t)st->rows[i].access_count;
+        mp_fresh fresh = {
+            .set = true, .access_count = count, .last_access_ms = mem_meta_last_access(&x->meta)};
         mp_pack_memory(pk, &st->rows[i], &fresh, 3);
         if (x->has_sim)
             rpc_pack_kv_num(pk, "similarity", x->similarity);
@@ -293,8 +295,8 @@ static void describe(search_state *st, vindex *vi)
             x->meta.tags = NULL;
             x->meta.ntags = 0;
             x->composite =
-                score_composite(st->f.sp, x->meta.created_ms, x->meta.access_count, x->meta.cited,
-                                x->meta.injected, x->meta.importance, st->f.now_ms);
+                score_composite(st->f.sp, x->meta.created_ms, mem_meta_access_count(&x->meta),
+                                x->meta.cited, x->meta.injected, x->meta.importance, st->f.now_ms);
         }
         if (!x->has_sim && v && qn > 0 && vindex_get_vector(vi, x->id, v) == 0) {
             double dot = 0;

@@ -237,7 +237,7 @@ static void store_finish(req *r, const PGresult *pr, int off)
             }
             free((void *)m.tags);
             m.tags = tags;
-            m.ntags = ntags;
+            m.ntags = (uint16_t)ntags; /* at most 193: mf_check_metadata passed the request */
         }
         tenants_apply_upsert(t, mm.seq, mm.id, st->items[k].vec, &m);
         free((void *)m.tags);

@@ -136,9 +136,7 @@ static void test_delete_ids(void)
     float v[DIM];
     embed_text("alpha", 5, DIM, v);
     mem_meta m = {.created_ms = NOW_MS, .expires_ms = INT64_MAX, .importance = 0.5f};
-    m.id = 4;
     tenants_apply_upsert(t, 1, 4, v, &m);
-    m.id = 6;
     tenants_apply_upsert(t, 2, 6, v, &m);
     CHECK(vindex_count(tenants_vindex(t)) == 2);
 
@@ -249,7 +247,7 @@ static void test_update(void)
     tenant *t = fr_index_loaded(&env, 7, DIM, 10);
     float old[DIM];
     embed_text("old text", 8, DIM, old);
-    mem_meta m = {.id = 5, .created_ms = NOW_MS, .expires_ms = INT64_MAX, .importance = 0.5f};
+    mem_meta m = {.created_ms = NOW_MS, .expires_ms = INT64_MAX, .importance = 0.5f};
     tenants_apply_upsert(t, 11, 5, old, &m);
     req *r = fr_call(&env, "memory.update",
                      "{\"id\": 5, \"content\": \"the bridge is closed\", \"pinned\": true, "

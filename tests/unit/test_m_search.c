@@ -138,10 +138,9 @@ static void load_index(void)
 {
     tenant *t = fr_index_loaded(&env, 7, DIM, 0);
     for (size_t i = 0; i < NMEMS; i++) {
-        mem_meta m = {.id = mems[i].id,
-                      .created_ms = server_now_ms() - 3600 * 1000,
+        mem_meta m = {.created_ms = server_now_ms() - 3600 * 1000,
                       .expires_ms = INT64_MAX,
-                      .archived_ms = mems[i].archived ? NOW_MS : 0,
+                      .archived = mems[i].archived,
                       .importance = 0.5f,
                       .type = (uint8_t)memrow_type_parse(mems[i].type, strlen(mems[i].type)),
                       .scope = SCOPE_TENANT};
@@ -343,7 +342,7 @@ static void test_vector(void)
     mem_meta after;
     vindex_get_meta(tenants_vindex(t), 2, &after);
     CHECK(r->done && access_log_count(app_access(env.w)) == logged);
-    CHECK(after.access_count == before.access_count);
+    CHECK(mem_meta_access_count(&after) == mem_meta_access_count(&before));
     fr_free(r);
     tenants_put(t);
     env.again = false;
@@ -621,8 +620,7 @@ static void test_provenance(void)
     CHECK(embed_text(s1, strlen(s1), DIM, e[1]) == 0);
     CHECK(embed_text(s2, strlen(s2), DIM, e[2]) == 0);
     tenant *t = tenants_get(env.srv.tenants, 7, DIM);
-    mem_meta m = {.id = 10,
-                  .created_ms = server_now_ms() - 3600 * 1000,
+    mem_meta m = {.created_ms = server_now_ms() - 3600 * 1000,
                   .expires_ms = INT64_MAX,
                   .importance = 0.5f,
                   .type = MEM_FACT,
@@ -703,7 +701,6 @@ static void test_provenance(void)
     /* a memory the index holds but PostgreSQL no longer has (deleted meanwhile): no text, no
      * overlap, its cosine alone decides; a failed read fails the request */
     t = tenants_get(env.srv.tenants, 7, DIM);
-    m.id = 11;
     tenants_apply_upsert(t, 33, 11, v10, &m);
     tenants_put(t);
     r = fr_call(&env, "memory.provenance",

@@ -106,8 +106,7 @@ static uint32_t tags_of(const char *md, uint64_t **tags)
 /* A live, fresh fact in tenant scope, created a day ago, never expiring. */
 static mem_meta base_meta(void)
 {
-    return (mem_meta){.id = 1,
-                      .created_ms = NOW - DAY_MS,
+    return (mem_meta){.created_ms = NOW - DAY_MS,
                       .expires_ms = INT64_MAX,
                       .importance = 0.5f,
                       .type = MEM_FACT,
@@ -144,7 +143,7 @@ static void test_defaults(void)
             m.scope = (uint8_t)s;
             m.agent_id = 5;
             m.clade_id = 6;
-            CHECK(mf_keep(&f, m.id, &m));
+            CHECK(mf_keep(&f, 1, &m));
         }
     fx_release(&r);
     fx_release(&r2);
@@ -315,7 +314,7 @@ static void test_time_and_lifecycle(void)
     m.expires_ms = NOW + 1;
     CHECK(mf_keep(&f, 1, &m));
     /* archived ones only on request */
-    m.archived_ms = NOW - 1;
+    m.archived = 1;
     CHECK(!mf_keep(&f, 1, &m));
     const char *vals2[SQL_FILTER_NPARAMS];
     CHECK(mf_sql_params(&r.mem, &f, vals2) == 0 && strcmp(vals2[1], "false") == 0);
@@ -481,7 +480,7 @@ static void test_min_importance(void)
     CHECK(mf_keep(&f, 1, &m));
     m.importance = 0.49f;
     m.created_ms = NOW;
-    m.access_count = 100; /* a high composite does not help */
+    m.access = mem_access_word(0, 100); /* a high composite does not help */
     CHECK(!mf_keep(&f, 1, &m));
     const char *vals[SQL_FILTER_NPARAMS];
     CHECK(mf_sql_params(&r.mem, &f, vals) == 0);
@@ -508,7 +507,7 @@ static void test_min_composite(void)
     m.importance = 0.25f; /* 0.4 */
     CHECK(!mf_keep(&f, 1, &m));
     /* reads lift it: 0.4 + 0.3 * 5 / 10 = 0.55 */
-    m.access_count = 5;
+    m.access = mem_access_word(0, 5);
     CHECK(mf_keep(&f, 1, &m));
     /* age lowers it: 60 days old, 0.3 * e^-2 + 0.1 + 0.15 < 0.5 */
     m.created_ms = NOW - 60 * DAY_MS;
@@ -538,7 +537,6 @@ static void test_attrs(void)
     CHECK(ids && idmap_put(ids, 1, 1) == 0);
     f.attr_ids = ids;
     CHECK(mf_keep(&f, 1, &m));
-    m.id = 2;
     CHECK(!mf_keep(&f, 2, &m));
     idmap_destroy(ids);
     fx_release(&r);
@@ -695,6 +693,26 @@ static void test_check_metadata(void)
     }
 }
 
+/* The access word: 44 bits of milliseconds above a 20-bit count, each clamped, never
+ * spilling into the other. */
+static void test_access_word(void)
+{
+    mem_meta m = base_meta();
+    CHECK(mem_meta_access_count(&m) == 0 && mem_meta_last_access(&m) == 0);
+    mem_meta_set_access(&m, NOW, 7);
+    CHECK(mem_meta_access_count(&m) == 7 && mem_meta_last_access(&m) == NOW);
+    mem_meta_set_access(&m, NOW, (uint64_t)MEM_ACCESS_COUNT_MAX + 5); /* saturates */
+    CHECK(mem_meta_access_count(&m) == MEM_ACCESS_COUNT_MAX && mem_meta_last_access(&m) == NOW);
+    mem_meta_set_access(&m, INT64_MAX, 1); /* clamped, the count intact */
+    CHECK(mem_meta_last_access(&m) == MEM_ACCESS_MS_MAX && mem_meta_access_count(&m) == 1);
+    CHECK(MEM_ACCESS_MS_MAX > INT64_C(17000000000000)); /* past the year 2500 */
+    mem_meta_set_access(&m, -5, 2);
+    CHECK(mem_meta_last_access(&m) == 0 && mem_meta_access_count(&m) == 2);
+    /* a saturated count still ranks as accessed (score_access_saturation is far below) */
+    mem_meta_set_access(&m, NOW, UINT64_MAX);
+    CHECK(mem_meta_access_count(&m) == MEM_ACCESS_COUNT_MAX);
+}
+
 int main(void)
 {
     test_defaults();
@@ -709,5 +727,6 @@ int main(void)
     test_attrs();
     test_sql_params();
     test_check_metadata();
+    test_access_word();
     CHECK_RETURN();
 }

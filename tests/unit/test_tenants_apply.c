@@ -33,8 +33,7 @@ static void unit(float *v, int axis, float other)
 
 static mem_meta meta(uint64_t id, uint64_t seq, float importance)
 {
-    return (mem_meta){.id = id,
-                      .seq = seq,
+    return (mem_meta){.seq = seq,
                       .created_ms = 1700000000000,
                       .expires_ms = INT64_MAX,
                       .importance = importance,
@@ -199,19 +198,18 @@ static void test_metadata(void)
      * change carries no access or feedback counts (0): the index's higher ones stay */
     uint64_t tags[2] = {111, 222};
     m = meta(1, 3, 0.8f);
-    m.archived_ms = 1700000009000;
+    m.archived = 1;
     m.tags = tags;
     m.ntags = 2;
     tenants_apply_upsert(t, 3, 1, NULL, &m);
     tags[0] = 0; /* the index holds its own copy */
-    CHECK(get(t, 1, &got) && got.importance == 0.8f && got.archived_ms == 1700000009000);
+    CHECK(get(t, 1, &got) && got.importance == 0.8f && got.archived);
     CHECK(axis_of(t, 1) == 2 && got.seq == 3);
     CHECK(mem_meta_access_count(&got) == 3 && got.cited == 4 && got.injected == 9);
     CHECK(got.ntags == 2 && got.tags && got.tags[0] == 111 && got.tags[1] == 222);
     /* a change bringing higher counts (from the database) raises them */
     m = meta(1, 4, 0.8f);
-    m.access_count = 10;
-    m.last_access_ms = 1700000010000;
+    m.access = mem_access_word(1700000010000, 10);
     m.cited = 5;
     tenants_apply_upsert(t, 4, 1, NULL, &m);
     CHECK(get(t, 1, &got) && mem_meta_access_count(&got) == 10 && got.cited == 5);
@@ -349,7 +347,7 @@ static void test_snapshot(void)
         CHECK(vindex_get_meta(vi, id, &a) == 0 && get(t, id, &b));
         CHECK(vindex_get_vector(vi, id, va) == 0 &&
               vindex_get_vector(tenants_vindex(t), id, vb) == 0 && memcmp(va, vb, sizeof(va)) == 0);
-        CHECK(a.id == id && a.seq == id && a.importance == b.importance && a.agent_id == 100 + id);
+        CHECK(a.seq == id && a.importance == b.importance && a.agent_id == 100 + id);
         CHECK(a.scope == SCOPE_AGENT && a.type == MEM_FACT && a.expires_ms == INT64_MAX);
         CHECK_MSG(a.ntags == id - 1, "memory %llu: %u tags", (unsigned long long)id, a.ntags);
         /* fresh copies in this process, not the saved pointers */

@@ -127,7 +127,7 @@ typedef struct qctx {
     double w;
 } qctx;
 
-static bool keep_fn(const void *mp, void *ctx)
+static bool keep_fn(uint64_t id, const void *mp, void *ctx)
 {
     const meta *m = mp;
     const qctx *c = ctx;
@@ -278,7 +278,7 @@ static long check_search(vindex *vi, ref *r, const vindex_query *q, const char *
     size_t nb = 0;
     for (size_t i = 0; i < r->n; i++) {
         entry *e = &r->e[i];
-        if (!e->live || (q->keep && !q->keep(&e->m, q->ctx)))
+        if (!e->live || (q->keep && !q->keep(e->id, &e->m, q->ctx)))
             continue;
         double s = 0;
         for (size_t j = 0; j < dim; j++)
@@ -310,7 +310,7 @@ static long check_search(vindex *vi, ref *r, const vindex_query *q, const char *
             bad_rank++;
         /* The hit is a real candidate and its numbers are its own. */
         entry *e = ref_find(r, hits[i].id);
-        if (!e || !e->live || (q->keep && !q->keep(&e->m, q->ctx))) {
+        if (!e || !e->live || (q->keep && !q->keep(e->id, &e->m, q->ctx))) {
             bad_hit++;
             continue;
         }
@@ -437,7 +437,7 @@ static void check_state(vindex *vi, ref *r)
 
 /* ---- the randomized workload ---- */
 
-static void bump_level(void *mp, void *ctx)
+static void bump_level(uint64_t id, void *mp, void *ctx)
 {
     meta *m = mp;
     m->level = (uint16_t)((m->level + 1) % 5);
@@ -914,7 +914,7 @@ typedef struct tmeta {
     uint64_t hits; /* the atomic range */
 } tmeta;
 
-static void touch_hits(void *m, void *ctx)
+static void touch_hits(uint64_t id, void *m, void *ctx)
 {
     tmeta *t = m;
     vindex_meta_word_store(&t->hits, vindex_meta_word(&t->hits) + *(const uint64_t *)ctx);

@@ -6,6 +6,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,9 +74,15 @@ typedef struct fctx {
     uint32_t mod, rem; /* keep group % mod == rem */
 } fctx;
 
-static bool keep_fn(const void *m, void *ctx)
+/* keep calls handed an id whose metadata is not the one handed with it (the metadata of
+ * id is M[id - 1], and M[0] for the ids above N that code_ranking adds) */
+static atomic_uint keep_wrong_id;
+
+static bool keep_fn(uint64_t id, const void *m, void *ctx)
 {
     const fctx *f = ctx;
+    if (id < 1 || memcmp(id <= N ? &M[id - 1] : &M[0], m, sizeof(meta)) != 0)
+        atomic_fetch_add(&keep_wrong_id, 1);
     return ((const meta *)m)->group % f->mod == f->rem;
 }
 
@@ -118,7 +125,7 @@ static size_t brute(const float *q, bool fresh, const vindex_query *qq, sd *all,
     }
     size_t m = 0, nt = 0;
     for (size_t i = 0; i < N; i++) {
-        if (!live[i + 1] || (qq->keep && !qq->keep(&M[i], qq->ctx)))
+        if (!live[i + 1] || (qq->keep && !qq->keep(i + 1, &M[i], qq->ctx)))
             continue;
         m++;
         sd c = {qq->score ? qq->score((float)sims[i], &M[i], NULL) : sims[i], i + 1};
@@ -180,7 +187,7 @@ static void recall_and_filters(vindex *vi)
         CHECK(vindex_search(vi, &qt, hits, &n) == 0);
         fill_bad += n != 64;
         for (size_t i = 0; i < n; i++)
-            fill_bad += !keep_fn(&M[hits[i].id - 1], &third);
+            fill_bad += !keep_fn(hits[i].id, &M[hits[i].id - 1], &third);
     }
     rec_plain /= (double)NQ * K;
     rec_scored /= (double)NQ * K;
@@ -289,6 +296,24 @@ static void code_ranking(vindex *vi)
 /* One distance shared by more vectors than the candidate list holds: 9000 copies of a
  * vector, a filter that keeps five of them (the metadata-scan plan), then one that keeps
  * one in 50 (the gather). */
+/* crowded_bucket's filter: its metadata is group 1 for the ids 77 + 1800 k */
+static bool keep_crowded(uint64_t id, const void *m, void *ctx)
+{
+    uint32_t g = ((const meta *)m)->group;
+    if (g != (id % 1800 == 77))
+        atomic_fetch_add(&keep_wrong_id, 1);
+    return g == 1;
+}
+
+/* crowded_bucket's second filter: the group of id is a hash of it, mod 20; keeps 7 */
+static bool keep_hashed(uint64_t id, const void *m, void *ctx)
+{
+    uint32_t g = ((const meta *)m)->group;
+    if (g != (uint32_t)((id * 0x9e3779b97f4a7c15ULL) >> 40) % 20)
+        atomic_fetch_add(&keep_wrong_id, 1);
+    return g == 7;
+}
+
 static void crowded_bucket(void)
 {
     vindex_opts o = {.dim = 64,
@@ -304,8 +329,7 @@ static void crowded_bucket(void)
         meta m = {i % 1800 == 77 ? 1u : 0u, 0};
         CHECK(vindex_add(vi, i, v, &m) == 0);
     }
-    fctx f = {2, 1};
-    vindex_query q = {.vec = v, .k = 10, .keep = keep_fn, .ctx = &f};
+    vindex_query q = {.vec = v, .k = 10, .keep = keep_crowded};
     vindex_hit h[10];
     size_t n = 0;
     CHECK(vindex_search(vi, &q, h, &n) == 0 && n == 5);
@@ -327,8 +351,7 @@ static void crowded_bucket(void)
         if (g == 7 && nw < 10)
             want[nw++] = i;
     }
-    fctx f20 = {20, 7};
-    q.ctx = &f20;
+    q.keep = keep_hashed;
     CHECK(vindex_search(vi, &q, h, &n) == 0 && n == 10);
     for (size_t i = 0; i < n && i < nw; i++)
         CHECK(h[i].id == want[i]);
@@ -429,7 +452,7 @@ static void *searcher(void *arg)
                 sim += (double)X[(id - 1) * D + j] * q[j];
             if (fabs(sim - h[i].similarity) > 0.01 || (i && h[i].score > h[i - 1].score))
                 bad++;
-            if (qq.keep && !keep_fn(&M[id - 1], &f))
+            if (qq.keep && !keep_fn(id, &M[id - 1], &f))
                 bad++;
         }
         n++;
@@ -657,5 +680,7 @@ out:
     free(Qs);
     free(M);
     free(sims);
+    /* the filters saw each candidate's own id beside its metadata */
+    CHECK(atomic_load(&keep_wrong_id) == 0);
     CHECK_RETURN();
 }

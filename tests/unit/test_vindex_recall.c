@@ -325,7 +325,7 @@ static void distributions(void)
 #define CAL_K_TEST 10 /* true neighbours a probe records (the index's CAL_K) */
 
 /* A filter that keeps nothing (every search answered by an exact scan). */
-static bool keep_none(const void *meta, void *ctx)
+static bool keep_none(uint64_t id, const void *meta, void *ctx)
 {
     (void)meta;
     (void)ctx;

@@ -72,7 +72,7 @@ static const vindex_opts base_opts = {
 
 /* same_results compares 40 searches (plain, filtered by id parity, k up to 30) on a and b:
  * identical ids and similarities. */
-static bool odd(const void *m, void *ctx)
+static bool odd(uint64_t id, const void *m, void *ctx)
 {
     return *(const uint64_t *)m % 2 == 1;
 }

@@ -44,7 +44,7 @@ static char *path_in(const char *name)
     return b;
 }
 
-static bool keep_even(const void *m, void *ctx)
+static bool keep_even(uint64_t id, const void *m, void *ctx)
 {
     return ((const meta *)m)->tag % 2 == 0;
 }

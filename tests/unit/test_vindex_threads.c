@@ -99,7 +99,7 @@ static void pause_ms(long ms)
     nanosleep(&t, NULL);
 }
 
-static bool keep_group(const void *m, void *ctx)
+static bool keep_group(uint64_t id, const void *m, void *ctx)
 {
     return ((const meta *)m)->group == *(const uint32_t *)ctx;
 }
@@ -114,14 +114,14 @@ static double score_fn(float sim, const void *m, void *ctx)
            0.005 * (double)(vindex_meta_word(&x->touches) % 2);
 }
 
-static void touch_fn(void *m, void *ctx)
+static void touch_fn(uint64_t id, void *m, void *ctx)
 {
     (void)ctx;
     meta *x = m;
     vindex_meta_word_store(&x->touches, vindex_meta_word(&x->touches) + 1);
 }
 
-static void bump_version(void *m, void *ctx)
+static void bump_version(uint64_t id, void *m, void *ctx)
 {
     (void)ctx;
     ((meta *)m)->version++;

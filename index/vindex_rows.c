@@ -14,8 +14,10 @@
  * Rows kept in RAM. A search marks the pages of every mapped row it reads (vi_rows_touch, one
  * bit a page); vi_rows_keep, called about once a second, holds the file pages in RAM to a
  * cap: past it, the pages no search read since the last call go first (the recall monitor's
- * probes and queries that came once), then, if that was not enough, all of them. A clock
- * with one bit, at the cost of one bit per 4 KiB mapped (0.03 % of the rows).
+ * probes and queries that came once), then, if that was not enough, those read past the
+ * cap's worth of them (in file order), so a working set larger than the cap keeps the cap's
+ * worth in RAM instead of reading all of it back. A clock with one bit, at the cost of one
+ * bit per 4 KiB mapped (0.03 % of the rows).
  */
 #define _GNU_SOURCE /* MADV_PAGEOUT, RUSAGE_THREAD */
 
@@ -279,23 +281,27 @@ size_t vi_rows_keep(vrows *r, double percent, size_t *dropped_bytes)
     }
     size_t cap = (size_t)((double)r->len * percent / 100.0), dropped = 0;
     if ((nhot + ncold) * PAGE > cap) {
+        /* the cold pages go; if the pages searches use are more than the cap too, those
+         * past the cap's worth of them (in file order: one bit tells no more) go as well */
+        size_t keep_hot = nhot * PAGE > cap ? cap / PAGE : nhot, seen_hot = 0;
         int fd = open_same(r);
-        if (nhot * PAGE > cap) {
-            /* the pages searches use are more than the cap: all of them go */
-            drop(r, fd, 0, r->cow_page);
-            dropped = nhot + ncold;
-        } else {
-            for (size_t p = 0; p < r->cow_page; p++) {
-                if (!cold(vec, used, p))
-                    continue;
-                size_t q = p + 1;
-                while (q < r->cow_page && cold(vec, used, q))
-                    q++;
-                drop(r, fd, p, q);
-                dropped += q - p;
-                p = q;
+        /* runs of pages to drop, one call each; pages not in RAM do not break a run */
+        size_t run = 0, end = 0; /* [run, end): the run so far, empty when end == run */
+        for (size_t p = 0; p < r->cow_page; p++) {
+            if (!(vec[p] & 1))
+                continue;
+            if (cold(vec, used, p) || seen_hot++ >= keep_hot) {
+                if (end == run)
+                    run = p;
+                end = p + 1;
+                dropped++;
+            } else if (end != run) {
+                drop(r, fd, run, end);
+                run = end = 0;
             }
         }
+        if (end != run)
+            drop(r, fd, run, end);
         if (fd >= 0)
             close(fd);
     }

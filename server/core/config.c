@@ -214,11 +214,12 @@ static const config_def defs[] = {
      "CPU the recall monitor may use, in percent of one core, on average (0: off; a new or "
      "rebuilt index is still measured once; an index whose vectors did not change during "
      "its last 205 probes is probed once a minute only)"},
-    {"index_rows_ram_percent", T_DOUBLE, OFF(index_rows_ram_percent), "2", 0, 100, 0,
+    {"index_rows_ram_percent", T_DOUBLE, OFF(index_rows_ram_percent), "1", 0, 100, 0,
      "approximate search reads a memory's full-precision vector only for near-ties, from "
      "the snapshot's mapped file: the part of those vectors a tenant keeps in RAM, in "
-     "percent (past it the pages no search read in the last second are dropped first; the "
-     "index budget counts what is in RAM; 100: as much as the kernel keeps)"},
+     "percent, checked each second (past it the pages no search read in the last second "
+     "are dropped first, then those read past the cap's worth; the index budget counts "
+     "what is in RAM; 100: as much as the kernel keeps)"},
     {"index_engine", T_STR, OFF(index_engine), "native", 0, 0, 0,
      "engine of the approximate tier for tenants that chose none (admin.tenant.create and "
      "update take index_engine): native (the index's own codes) or faiss (a FAISS index "

@@ -209,8 +209,9 @@ def test_concurrent_searches_of_one_tenant_count_every_access():
         with srv.client(key=key) as c:
             res = search(c, vecs[0])
             assert res[0]["id"] == ids[0] and res[0]["access_count"] == 180
-        # a clean CI run once waited the 20 s out here (cause not found; the message says
-        # whether a count was lost or written twice)
+        # CI runs that waited out here (178 of 181 once) found a lost-update race in
+        # engram_memory_touch, fixed in 07f5077; the message says whether a count was lost
+        # or written twice
         assert wait_for(lambda: counted(dsn, tid, ids[0]) == 181, timeout=30), \
             f"the database counts {counted(dsn, tid, ids[0])} accesses, not 181"
         srv.stop()

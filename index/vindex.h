@@ -225,7 +225,8 @@ size_t vindex_trim(vindex *vi);
  * to percent of them (its searches read a row for a near-tie only; the other kinds re-rank
  * on rows, and 100 leaves them to the kernel: both are measured only): past it, the pages no
  * search read since the last call are dropped (MADV_PAGEOUT and the file's
- * POSIX_FADV_DONTNEED), all of them if the pages searches read are more. Adds the bytes it
+ * POSIX_FADV_DONTNEED), then, if the pages searches read are more than the cap, those past
+ * the cap's worth of them. Adds the bytes it
  * dropped to *dropped and returns vindex_bytes measured after. Meant to be called about once
  * a second (the clock's period); the rows of adds since the snapshot (copy-on-write,
  * anonymous) are counted but neither capped nor dropped. Shared lock. */

@@ -76,6 +76,10 @@ static uint64_t index_seq(uint64_t id, uint64_t def)
     return seq;
 }
 
+/* the database's access count answer_rows gives memory row_count_id (0: none; else 0) */
+static uint64_t row_count_id;
+static const char *row_count = "0";
+
 /* Answers a memory_get job with the rows of the ids it asks for (its "{a,b}" parameter). */
 static void answer_rows(fr_job *j)
 {
@@ -94,6 +98,8 @@ static void answer_rows(fr_job *j)
         fr_memrow_cells(bufs[i], cells + i * 22, ids[i], m->type, "tenant", m->content, 0.5, "{}",
                         base_ms - 3 * 3600 * 1000 - 10000 + 1000 * (int64_t)ids[i],
                         index_seq(ids[i], m->seq));
+        if (ids[i] == row_count_id)
+            cells[i * 22 + 11] = row_count;
     }
     fr_answer1(j, pgres_make(22, memrow_names, n, cells));
 }
@@ -746,6 +752,46 @@ static void test_provenance(void)
 
 /* ---- an index that cannot load ------------------------------------------------------------ */
 
+static void set_access(uint64_t id, void *meta, void *ctx)
+{
+    mem_meta_set_access(meta, server_now_ms(), *(const uint64_t *)ctx);
+}
+
+/* A result's access_count is the index's (the one ranking used) unless the index's count is
+ * saturated (MEM_ACCESS_COUNT_MAX): then the database row's, when higher. */
+static void test_saturated_access_count(void)
+{
+    tenant *t = tenants_get(env.srv.tenants, 7, DIM);
+    /* memory 1 at a new change (its row is not cached at it), its count saturated */
+    mem_meta m = {.seq = index_seq(1, 0) + 100,
+                  .created_ms = server_now_ms() - 3600 * 1000,
+                  .access = mem_access_word(server_now_ms(), UINT64_MAX),
+                  .expires_ms = INT64_MAX,
+                  .importance = 0.5f,
+                  .type = MEM_FACT,
+                  .scope = SCOPE_TENANT};
+    tenants_apply_upsert(t, m.seq, 1, mems[0].vec, &m);
+    CHECK(index_accesses(1) == MEM_ACCESS_COUNT_MAX);
+    row_count_id = 1;
+    row_count = "5000000";
+    const char *q = "{\"embedding\": [1, 0, 0, 0, 0, 0, 0, 0], \"top_k\": 1, "
+                    "\"similarity_weight\": 1, \"count_access\": false}";
+    req *r = fr_call(&env, "memory.search", q);
+    finish_rows(r);
+    CHECK(r->done && fr_is_int(fr_path(r, "results.0.id"), 1));
+    CHECK(fr_is_int(fr_path(r, "results.0.access_count"), 5000000));
+    fr_free(r);
+    /* below the saturation the index's count stands, the row's higher one (cached) not */
+    uint64_t id = 1, seven = 7;
+    CHECK(vindex_update_meta(tenants_vindex(t), &id, 1, set_access, &seven) == 1);
+    r = fr_call(&env, "memory.search", q);
+    finish_rows(r);
+    CHECK(r->done && fr_is_int(fr_path(r, "results.0.access_count"), 7));
+    fr_free(r);
+    row_count_id = 0;
+    tenants_put(t);
+}
+
 static void test_index_unavailable(void)
 {
     conn_auth other = env.tenant;
@@ -778,6 +824,7 @@ int main(void)
     test_context();
     test_feedback();
     test_provenance();
+    test_saturated_access_count();
     test_index_unavailable();
     CHECK(fr_jobs() == 0);
     fr_env_fini(&env);
